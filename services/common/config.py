@@ -1,0 +1,123 @@
+"""Engine configuration: frozen dataclasses validated in __post_init__.
+
+Values derived at run time (the number of KV blocks a worker can hold) live in their
+own result objects and are never written back here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+PREEMPTION_MODES = ("recompute", "swap")
+SCHEDULING_POLICIES = ("fcfs", "priority")
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+
+
+def parse_size(value: int | float | str, name: str = "size") -> int:
+    """Parse a byte count such as 4294967296, "4GiB", "512MiB" or "1.5GB"."""
+    if isinstance(value, int | float):
+        return int(value)
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
+    if match is None or match.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(f"{name} must be a byte count such as 4GiB or 512MiB, got {value!r}.")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+
+
+def _positive(name: str, value: int) -> None:
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}.")
+
+
+def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}.")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory: int | None = None  # bytes; CPU default is 4 GiB (see resolved_kv_bytes)
+    swap_space: int = 4 * 1024**3  # bytes of CPU swap pool
+    cache_dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+            raise ValueError(
+                f"block_size must be a power of two in [1, 256], got {self.block_size}."
+            )
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}."
+            )
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            raise ValueError(f"kv_cache_memory must be > 0 bytes, got {self.kv_cache_memory}.")
+        if self.swap_space < 0:
+            raise ValueError(f"swap_space must be >= 0 bytes, got {self.swap_space}.")
+        _one_of("cache_dtype", self.cache_dtype, DTYPES)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 2048
+    enable_chunked_prefill: bool = True
+    # Cap on prefill tokens one request may take in a step (0: no cap beyond the budget).
+    long_prefill_token_threshold: int = 0
+    preemption_mode: str = "recompute"
+    policy: str = "fcfs"
+
+    def __post_init__(self) -> None:
+        _positive("max_num_seqs", self.max_num_seqs)
+        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        _positive("max_model_len", self.max_model_len)
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError(
+                "long_prefill_token_threshold must be >= 0, "
+                f"got {self.long_prefill_token_threshold}."
+            )
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_model_len ({self.max_model_len}) when chunked prefill is off, "
+                "or long prompts could never be scheduled."
+            )
+        _one_of("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
+        _one_of("policy", self.policy, SCHEDULING_POLICIES)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str = DEFAULT_MODEL
+    dtype: str = "auto"
+    seed: int = 0
+    max_model_len: int | None = None  # None: the model's own context length
+    attention_backend: str = "auto"
+    device: str = "auto"  # auto: cuda when available, else cpu
+
+    def __post_init__(self) -> None:
+        _one_of("dtype", self.dtype, DTYPES)
+        _one_of("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        _one_of("device", self.device, ("auto", "cpu", "cuda"))
+        if self.max_model_len is not None:
+            _positive("max_model_len", self.max_model_len)

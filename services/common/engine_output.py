@@ -1,0 +1,45 @@
+"""What the engine core sends to its clients (frontends) after each step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.common.runner_output import TokenLogprobs
+
+
+@dataclass(frozen=True)
+class EngineCoreOutput:
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None  # stop, length, abort, error
+    stop_reason: int | str | None = None  # the stop token id (or the stop string, set by frontends)
+    new_logprobs: list[TokenLogprobs] | None = None
+    new_prompt_logprobs: list[TokenLogprobs | None] | None = None
+    num_cached_tokens: int = 0
+    # n > 1: the client's request id and this sequence's index within it.
+    parent_request_id: str | None = None
+    index: int = 0
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    num_swapped_reqs: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+
+
+@dataclass(frozen=True)
+class EngineCoreOutputs:
+    """One step's outputs for one client."""
+
+    outputs: list[EngineCoreOutput] = field(default_factory=list)
+    scheduler_stats: SchedulerStats | None = None

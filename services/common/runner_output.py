@@ -1,0 +1,34 @@
+"""RunnerOutput: what a worker returns for one SchedulerOutput."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """Logprobs at one position: the chosen token first, then the top-k alternatives."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    ranks: list[int]  # 1-based rank of each token in the full distribution
+
+
+@dataclass(frozen=True)
+class StepTimings:
+    prepare_s: float = 0.0
+    forward_s: float = 0.0
+    sample_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class RunnerOutput:
+    # Parallel columns over the requests scheduled this step.
+    request_ids: list[str] = field(default_factory=list)
+    # Sampled ids per request; empty for a request in the middle of a chunked prefill.
+    sampled_token_ids: list[list[int]] = field(default_factory=list)
+    # request_id -> logprobs of each sampled token (only when sampling_params.logprobs is set).
+    logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    # request_id -> logprobs of the prompt tokens computed this step (first one is None).
+    prompt_logprobs: dict[str, list[TokenLogprobs | None]] = field(default_factory=dict)
+    timings: StepTimings = field(default_factory=StepTimings)

@@ -1,0 +1,58 @@
+"""SchedulerOutput: one step's plan for the workers, in vLLM's diff form.
+
+New requests are sent once in full; requests the worker already holds are sent as
+deltas (columns of parallel lists); finished ids ride on the next plan. The worker
+keeps per-request state between steps and appends the tokens it samples itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.common.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class NewRequestData:
+    """A request the worker has not seen (or has dropped, after a preemption or fork)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    # Tokens generated before this request reached the worker (resumed after a
+    # recompute preemption, or a forked n > 1 / beam sequence). Empty for fresh ones.
+    output_token_ids: list[int]
+    sampling_params: SamplingParams
+    block_ids: list[int]  # the whole block table
+    num_computed_tokens: int  # tokens already in the KV cache (prefix hits, forks)
+
+
+@dataclass(frozen=True)
+class CachedRequestData:
+    """Deltas for requests the worker already holds, as parallel columns."""
+
+    request_ids: list[str] = field(default_factory=list)
+    new_block_ids: list[list[int]] = field(default_factory=list)  # blocks appended this step
+    num_computed_tokens: list[int] = field(default_factory=list)
+    # True when the request comes back from swap: new_block_ids is then its whole table.
+    resumed_from_preemption: list[bool] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.request_ids)
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData] = field(default_factory=list)
+    scheduled_cached_reqs: CachedRequestData = field(default_factory=CachedRequestData)
+    # request_id -> number of tokens to run this step, for every scheduled request.
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    total_num_scheduled_tokens: int = 0
+    # Requests the worker must drop (finished, aborted, preempted by recompute, pruned beams).
+    finished_req_ids: set[str] = field(default_factory=set)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) on device
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu, device)
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, cpu)
+
+    @property
+    def is_empty(self) -> bool:
+        return self.total_num_scheduled_tokens == 0

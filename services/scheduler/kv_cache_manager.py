@@ -1,0 +1,176 @@
+"""KVCacheManager: block tables per request over the BlockPool, prefix hits, fork,
+copy-on-write and swapping against a CPU pool."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+from services.scheduler.block_pool import BlockPool, KVCacheBlock
+from services.scheduler.request import Request
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    def __init__(
+        self,
+        block_size: int,
+        num_blocks: int,
+        num_cpu_blocks: int = 0,
+        enable_caching: bool = True,
+    ) -> None:
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.pool = BlockPool(num_blocks, enable_caching)
+        self.num_cpu_blocks = num_cpu_blocks
+        self.cpu_free: deque[int] = deque(range(num_cpu_blocks))
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.num_cached_blocks: dict[str, int] = {}
+        self.swapped: dict[str, list[int]] = {}  # request_id -> CPU block ids, in table order
+        self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for the plan
+        self.rewritten_tables: set[str] = set()  # tables changed in place (not just appended)
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+
+    # ---- queries -------------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        return self.pool.usage
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """The longest cached prefix of full blocks; never the request's last token."""
+        if not self.enable_caching:
+            return [], 0
+        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        blocks: list[KVCacheBlock] = []
+        for block_hash in request.block_hashes[:max_hit_blocks]:
+            block = self.pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks, len(blocks) * self.block_size
+
+    def record_prefix_query(self, num_tokens: int, num_hit_tokens: int) -> None:
+        self.prefix_cache_queries += num_tokens
+        self.prefix_cache_hits += num_hit_tokens
+
+    # ---- allocation ----------------------------------------------------------------
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock] = (),
+    ) -> list[KVCacheBlock] | None:
+        """Blocks for num_new_tokens more tokens; None (and nothing changed) if too few are free."""
+        rid = request.request_id
+        blocks = self.req_to_blocks.setdefault(rid, [])
+        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
+        num_required = cdiv(num_computed + num_new_tokens, self.block_size)
+        num_new = max(num_required - len(blocks) - len(new_computed_blocks), 0)
+        cow_index = self._cow_index(blocks, num_computed) if num_new_tokens else None
+        num_evictable = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        needed = num_new + (cow_index is not None) + num_evictable
+        if needed > self.pool.num_free_blocks:
+            if not blocks:
+                del self.req_to_blocks[rid]
+            return None
+        self.pool.touch(new_computed_blocks)
+        blocks.extend(new_computed_blocks)
+        if cow_index is not None:
+            self._copy_on_write(rid, blocks, cow_index)
+        new_blocks = self.pool.get_new_blocks(num_new)
+        blocks.extend(new_blocks)
+        self._cache_full_blocks(request, num_computed + num_new_tokens)
+        return new_blocks
+
+    def _cow_index(self, blocks: list[KVCacheBlock], write_pos: int) -> int | None:
+        """Index of a shared, partially filled block the next write would land in."""
+        index = write_pos // self.block_size
+        if write_pos % self.block_size == 0 or index >= len(blocks):
+            return None
+        return index if blocks[index].ref_cnt > 1 else None
+
+    def _copy_on_write(self, rid: str, blocks: list[KVCacheBlock], index: int) -> None:
+        (private,) = self.pool.get_new_blocks(1)
+        shared = blocks[index]
+        self.pending_copies.append((shared.block_id, private.block_id))
+        self.pool.free_blocks([shared])
+        blocks[index] = private
+        self.rewritten_tables.add(rid)
+
+    def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
+        if not self.enable_caching:
+            return
+        rid = request.request_id
+        blocks = self.req_to_blocks[rid]
+        start = self.num_cached_blocks.get(rid, 0)
+        end = min(num_tokens // self.block_size, len(request.block_hashes), len(blocks))
+        for i in range(start, end):
+            self.pool.cache_full_block(blocks[i], request.block_hashes[i])
+        self.num_cached_blocks[rid] = max(start, end)
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks, tail first so a chain's tail is evicted before its head."""
+        rid = request.request_id
+        blocks = self.req_to_blocks.pop(rid, [])
+        self.pool.free_blocks(reversed(blocks))
+        self.num_cached_blocks.pop(rid, None)
+        self.rewritten_tables.discard(rid)
+        self.cpu_free.extend(self.swapped.pop(rid, []))
+
+    def fork(self, parent: Request, child: Request) -> None:
+        """The child shares every block of the parent (ref counts bumped)."""
+        blocks = self.req_to_blocks.get(parent.request_id, [])
+        self.pool.touch(blocks)
+        self.req_to_blocks[child.request_id] = list(blocks)
+        self.num_cached_blocks[child.request_id] = self.num_cached_blocks.get(parent.request_id, 0)
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
+
+    # ---- swapping ------------------------------------------------------------------
+    def swap_out(self, request: Request) -> list[tuple[int, int]] | None:
+        """Move the request's KV to the CPU pool: (device, cpu) pairs, or None if it won't fit."""
+        rid = request.request_id
+        blocks = self.req_to_blocks.get(rid, [])
+        if len(blocks) > len(self.cpu_free):
+            return None
+        cpu_ids = [self.cpu_free.popleft() for _ in blocks]
+        mapping = [(b.block_id, c) for b, c in zip(blocks, cpu_ids, strict=True)]
+        self.pool.free_blocks(reversed(self.req_to_blocks.pop(rid, [])))
+        self.num_cached_blocks.pop(rid, None)
+        self.swapped[rid] = cpu_ids
+        return mapping
+
+    def swap_in(self, request: Request, num_new_tokens: int) -> list[tuple[int, int]] | None:
+        """Bring the request back with room for num_new_tokens: (cpu, device) pairs, or None."""
+        rid = request.request_id
+        cpu_ids = self.swapped[rid]
+        num_required = cdiv(request.num_computed_tokens + num_new_tokens, self.block_size)
+        if max(num_required, len(cpu_ids)) > self.pool.num_free_blocks:
+            return None
+        blocks = self.pool.get_new_blocks(len(cpu_ids))
+        self.req_to_blocks[rid] = blocks
+        del self.swapped[rid]
+        self.cpu_free.extend(cpu_ids)
+        mapping = [(c, b.block_id) for c, b in zip(cpu_ids, blocks, strict=True)]
+        self.allocate_slots(request, num_new_tokens)
+        return mapping
+
+    def reset_prefix_cache(self) -> bool:
+        return self.pool.reset_prefix_cache()

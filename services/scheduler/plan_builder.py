@@ -1,0 +1,81 @@
+"""PlanBuilder: accumulates one step's scheduling decisions into a SchedulerOutput diff."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.common.scheduler_output import (
+    CachedRequestData,
+    NewRequestData,
+    SchedulerOutput,
+)
+from services.scheduler.block_pool import KVCacheBlock
+from services.scheduler.request import Request
+
+
+@dataclass
+class PlanBuilder:
+    token_budget: int
+    new_reqs: list[NewRequestData] = field(default_factory=list)
+    cached_ids: list[str] = field(default_factory=list)
+    cached_new_block_ids: list[list[int]] = field(default_factory=list)
+    cached_num_computed: list[int] = field(default_factory=list)
+    cached_resumed: list[bool] = field(default_factory=list)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    scheduled: list[Request] = field(default_factory=list)
+
+    def add_new(self, request: Request, block_ids: list[int], num_tokens: int) -> None:
+        """A request the worker does not hold: sent in full."""
+        self.new_reqs.append(
+            NewRequestData(
+                request_id=request.request_id,
+                prompt_token_ids=request.prompt_token_ids,
+                output_token_ids=list(request.output_token_ids),
+                sampling_params=request.sampling_params,
+                block_ids=block_ids,
+                num_computed_tokens=request.num_computed_tokens,
+            )
+        )
+        self._schedule(request, num_tokens)
+
+    def add_cached(
+        self,
+        request: Request,
+        new_blocks: list[KVCacheBlock] | list[int],
+        num_tokens: int,
+        replace_table: bool = False,
+    ) -> None:
+        """A request the worker holds: only the delta (or the whole table when it changed)."""
+        ids = [b if isinstance(b, int) else b.block_id for b in new_blocks]
+        self.cached_ids.append(request.request_id)
+        self.cached_new_block_ids.append(ids)
+        self.cached_num_computed.append(request.num_computed_tokens)
+        self.cached_resumed.append(replace_table)
+        self._schedule(request, num_tokens)
+
+    def _schedule(self, request: Request, num_tokens: int) -> None:
+        self.num_scheduled_tokens[request.request_id] = num_tokens
+        self.token_budget -= num_tokens
+        self.scheduled.append(request)
+
+    def build(
+        self, finished_req_ids: set[str], blocks_to_copy: list[tuple[int, int]]
+    ) -> SchedulerOutput:
+        cached = CachedRequestData(
+            request_ids=self.cached_ids,
+            new_block_ids=self.cached_new_block_ids,
+            num_computed_tokens=self.cached_num_computed,
+            resumed_from_preemption=self.cached_resumed,
+        )
+        return SchedulerOutput(
+            scheduled_new_reqs=self.new_reqs,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=self.num_scheduled_tokens,
+            total_num_scheduled_tokens=sum(self.num_scheduled_tokens.values()),
+            finished_req_ids=finished_req_ids,
+            blocks_to_copy=blocks_to_copy,
+            blocks_to_swap_in=self.blocks_to_swap_in,
+            blocks_to_swap_out=self.blocks_to_swap_out,
+        )

@@ -1,0 +1,117 @@
+"""Request: one sequence's state in the engine core."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from services.common.sampling_params import SamplingParams
+from services.scheduler.block_hash import BlockHash, hash_request_tokens
+
+
+class RequestStatus(enum.IntEnum):
+    """Ordered so that `status > SWAPPED` means finished."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    SWAPPED = 3
+    FINISHED_STOPPED = 4
+    FINISHED_LENGTH_CAPPED = 5
+    FINISHED_ABORTED = 6
+    FINISHED_IGNORED = 7
+    FINISHED_ERROR = 8
+
+    @property
+    def is_finished(self) -> bool:
+        return self > RequestStatus.SWAPPED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+    RequestStatus.FINISHED_IGNORED: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
+}
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_id: int | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+    priority: int = 0
+    cache_salt: str | None = None
+    client_id: int = 0
+    # n > 1: the request every sequence of the group belongs to, and this sequence's index.
+    parent_request_id: str | None = None
+    index: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prefix-cache hit at first scheduling (reported to clients)
+    status: RequestStatus = RequestStatus.WAITING
+    stop_reason: int | str | None = None
+    block_hashes: list[BlockHash] = field(default_factory=list)
+    block_size: int = 16
+    # n > 1 groups are prefilled once as this request, then forked into n sequences.
+    pending_fork: bool = False
+    first_scheduled_time: float | None = None
+
+    def __post_init__(self) -> None:
+        self.prompt_token_ids = list(self.prompt_token_ids)
+        self.pending_fork = self.sampling_params.n > 1 and not self.sampling_params.use_beam_search
+        self.update_block_hashes()
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_tokens_to_compute(self) -> int:
+        """Tokens not yet in the KV cache; a group waiting to fork stops one short."""
+        target = self.num_prompt_tokens - 1 if self.pending_fork else self.num_tokens
+        return max(target - self.num_computed_tokens, 0)
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.num_computed_tokens < self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def group_id(self) -> str:
+        return self.parent_request_id or self.request_id
+
+    def append_output_token_ids(self, token_ids: list[int]) -> None:
+        self.output_token_ids.extend(token_ids)
+        self.update_block_hashes()
+
+    def update_block_hashes(self) -> None:
+        """Extend block_hashes over every newly completed full block of tokens."""
+        if self.num_tokens // self.block_size <= len(self.block_hashes):
+            return
+        self.block_hashes = hash_request_tokens(
+            self.all_token_ids, self.block_size, self.block_hashes, self.cache_salt
+        )

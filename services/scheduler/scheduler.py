@@ -1,0 +1,362 @@
+"""Scheduler: V1-style token budget over running, swapped and waiting requests.
+
+There are no prefill and decode phases: every request gets min(remaining, budget)
+tokens per step, which covers chunked prefill, prefix hits and resumed requests.
+Running requests first (preempting the newest when blocks run out), then swapped
+ones, then waiting ones in FCFS (or priority) order.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+
+from services.common.config import CacheConfig, SchedulerConfig
+from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
+from services.common.runner_output import RunnerOutput
+from services.common.scheduler_output import SchedulerOutput
+from services.scheduler.kv_cache_manager import KVCacheManager, cdiv
+from services.scheduler.plan_builder import PlanBuilder
+from services.scheduler.request import Request, RequestStatus
+from services.scheduler.stop_checker import check_stop
+
+logger = logging.getLogger(__name__)
+
+
+class RequestRejectedError(ValueError):
+    """A request that can never be served; the message says why."""
+
+
+class Scheduler:
+    def __init__(
+        self,
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
+        num_gpu_blocks: int,
+        num_cpu_blocks: int = 0,
+    ) -> None:
+        self.config = scheduler_config
+        self.block_size = cache_config.block_size
+        self.kv = KVCacheManager(
+            self.block_size, num_gpu_blocks, num_cpu_blocks, cache_config.enable_prefix_caching
+        )
+        # A sequence can never outgrow the whole cache: that is a length cap too.
+        self.max_model_len = min(scheduler_config.max_model_len, num_gpu_blocks * self.block_size)
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.swapped: deque[Request] = deque()
+        self.on_worker: set[str] = set()  # requests whose state the worker holds
+        self.finished_req_ids: set[str] = set()  # to drop on the worker with the next plan
+        # Finals not tied to a step (aborted, ignored), with their client ids.
+        self.pending_outputs: list[tuple[int, EngineCoreOutput]] = []
+        self.num_preemptions = 0
+        self.pending_swap_out: list[tuple[int, int]] = []  # for the next plan
+
+    # ---- admission -----------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        self._validate(request)
+        if request.block_size != self.block_size:
+            request.block_size = self.block_size
+            request.block_hashes = []
+            request.update_block_hashes()
+        self.requests[request.request_id] = request
+        self._enqueue_waiting(request)
+
+    def _validate(self, request: Request) -> None:
+        num_prompt = request.num_prompt_tokens
+        if request.request_id in self.requests:
+            raise RequestRejectedError(f"request_id {request.request_id!r} is already in use.")
+        if num_prompt == 0:
+            raise RequestRejectedError("the prompt is empty; give at least one token.")
+        if num_prompt > self.config.max_model_len:
+            raise RequestRejectedError(
+                f"the prompt has {num_prompt} tokens, more than max_model_len "
+                f"({self.config.max_model_len})."
+            )
+        num_blocks = cdiv(num_prompt, self.block_size)
+        if num_blocks > self.kv.num_blocks:
+            raise RequestRejectedError(
+                f"the prompt has {num_prompt} tokens and needs {num_blocks} KV-cache blocks, "
+                f"but the whole cache holds {self.kv.num_blocks} blocks of {self.block_size}."
+            )
+        if request.sampling_params.n > self.config.max_num_seqs:
+            raise RequestRejectedError(
+                f"n={request.sampling_params.n} exceeds max_num_seqs ({self.config.max_num_seqs})."
+            )
+
+    def _enqueue_waiting(self, request: Request) -> None:
+        if self.config.policy == "priority":
+            key = (request.priority, request.arrival_time)
+            index = next(
+                (i for i, r in enumerate(self.waiting) if (r.priority, r.arrival_time) > key),
+                len(self.waiting),
+            )
+            self.waiting.insert(index, request)
+        else:
+            self.waiting.append(request)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is None or request.is_finished:
+                continue
+            self._remove_from_queues(request)
+            self._finish(request, RequestStatus.FINISHED_ABORTED)
+            self.pending_outputs.append((request.client_id, self._output(request, [])))
+
+    def _remove_from_queues(self, request: Request) -> None:
+        for queue in (self.waiting, self.swapped):
+            if request in queue:
+                queue.remove(request)
+        if request in self.running:
+            self.running.remove(request)
+
+    # ---- scheduling ----------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        plan = PlanBuilder(token_budget=self.config.max_num_batched_tokens)
+        num_preemptions = self.num_preemptions
+        self._schedule_running(plan)
+        if self.num_preemptions == num_preemptions:
+            self._schedule_swapped(plan)
+        if self.num_preemptions == num_preemptions and not self.swapped:
+            self._schedule_waiting(plan)
+        plan.blocks_to_swap_out = self.pending_swap_out
+        output = plan.build(self.finished_req_ids, self.kv.take_pending_copies())
+        self.finished_req_ids = set()
+        self.pending_swap_out = []
+        now = time.monotonic()
+        for request in plan.scheduled:
+            request.num_computed_tokens += plan.num_scheduled_tokens[request.request_id]
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+        return output
+
+    def _num_new_tokens(self, request: Request, budget: int) -> int:
+        num_new = request.num_tokens_to_compute
+        threshold = self.config.long_prefill_token_threshold
+        if threshold and request.is_prefill:
+            num_new = min(num_new, threshold)
+        return min(num_new, budget)
+
+    def _schedule_running(self, plan: PlanBuilder) -> None:
+        index = 0
+        while index < len(self.running) and plan.token_budget > 0:
+            request = self.running[index]
+            if request.pending_fork and request.num_tokens_to_compute == 0:
+                self._fork(request)
+            num_new = self._num_new_tokens(request, plan.token_budget)
+            if num_new == 0:
+                index += 1
+                continue
+            new_blocks = self._allocate_or_preempt(request, num_new)
+            if new_blocks is None:
+                break  # the request preempted itself; everything after it is gone too
+            self._add_to_plan(plan, request, new_blocks, num_new)
+            index += 1
+
+    def _allocate_or_preempt(self, request: Request, num_new: int):
+        while True:
+            new_blocks = self.kv.allocate_slots(request, num_new)
+            if new_blocks is not None:
+                return new_blocks
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is request:
+                return None
+
+    def _add_to_plan(
+        self, plan: PlanBuilder, request: Request, new_blocks, num_new: int, replace=False
+    ) -> None:
+        rid = request.request_id
+        if rid not in self.on_worker:
+            self.on_worker.add(rid)
+            self.kv.rewritten_tables.discard(rid)
+            plan.add_new(request, self.kv.get_block_ids(rid), num_new)
+        elif replace or rid in self.kv.rewritten_tables:
+            self.kv.rewritten_tables.discard(rid)
+            plan.add_cached(request, self.kv.get_block_ids(rid), num_new, replace_table=True)
+        else:
+            plan.add_cached(request, new_blocks, num_new)
+
+    def _preempt(self, victim: Request) -> None:
+        """Free the victim's device blocks: swap them to the CPU pool or drop them."""
+        self.running.remove(victim)
+        self.num_preemptions += 1
+        mapping = None
+        if self.config.preemption_mode == "swap":
+            mapping = self.kv.swap_out(victim)
+        if mapping is not None:
+            self.pending_swap_out.extend(mapping)
+            victim.status = RequestStatus.SWAPPED
+            self.swapped.append(victim)
+            logger.debug("swapped out %s (%d blocks)", victim.request_id, len(mapping))
+            return
+        self.kv.free(victim)
+        victim.num_computed_tokens = 0
+        victim.status = RequestStatus.PREEMPTED
+        self._drop_from_worker(victim)
+        self.waiting.appendleft(victim)
+        logger.debug("preempted %s for recompute", victim.request_id)
+
+    def _schedule_swapped(self, plan: PlanBuilder) -> None:
+        while self.swapped and plan.token_budget > 0:
+            request = self.swapped[0]
+            if len(self.running) >= self.config.max_num_seqs:
+                return
+            num_new = self._num_new_tokens(request, plan.token_budget)
+            mapping = self.kv.swap_in(request, num_new)
+            if mapping is None:
+                return
+            self.swapped.popleft()
+            plan.blocks_to_swap_in.extend(mapping)
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            self._add_to_plan(plan, request, [], num_new, replace=True)
+
+    def _schedule_waiting(self, plan: PlanBuilder) -> None:
+        while self.waiting and plan.token_budget > 0:
+            request = self.waiting[0]
+            if len(self.running) + request.sampling_params.n > self.config.max_num_seqs:
+                return
+            if cdiv(request.num_tokens, self.block_size) > self.kv.num_blocks:
+                self.waiting.popleft()
+                self._finish(request, RequestStatus.FINISHED_IGNORED)
+                self.pending_outputs.append((request.client_id, self._output(request, [])))
+                continue
+            if not self._admit(request, plan):
+                return
+
+    def _admit(self, request: Request, plan: PlanBuilder) -> bool:
+        computed_blocks, num_hit = self.kv.get_computed_blocks(request)
+        target = request.num_prompt_tokens - 1 if request.pending_fork else request.num_tokens
+        num_new = max(target - num_hit, 0)
+        if not self.config.enable_chunked_prefill and num_new > plan.token_budget:
+            return False  # strict FCFS: nothing behind it may overtake
+        threshold = self.config.long_prefill_token_threshold
+        num_new = min(num_new, plan.token_budget, threshold or num_new)
+        new_blocks = self.kv.allocate_slots(request, num_new, computed_blocks)
+        if new_blocks is None:
+            return False
+        self.waiting.popleft()
+        self.kv.record_prefix_query(request.num_tokens, num_hit)
+        if request.status == RequestStatus.WAITING:
+            request.num_cached_tokens = num_hit
+        request.num_computed_tokens = num_hit
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        if num_new:
+            self._add_to_plan(plan, request, new_blocks, num_new)
+        return True
+
+    def _fork(self, parent: Request) -> None:
+        """Split an n > 1 group into n sequences sharing the prefilled blocks."""
+        parent.pending_fork = False
+        params = parent.sampling_params
+        position = self.running.index(parent) + 1
+        for index in range(1, params.n):
+            seed = None if params.seed is None else params.seed + index
+            child = Request(
+                request_id=f"{parent.request_id}#{index}",
+                prompt_token_ids=parent.prompt_token_ids,
+                sampling_params=params.clone(n=1, seed=seed),
+                eos_token_id=parent.eos_token_id,
+                arrival_time=parent.arrival_time,
+                priority=parent.priority,
+                cache_salt=parent.cache_salt,
+                client_id=parent.client_id,
+                parent_request_id=parent.request_id,
+                index=index,
+                num_computed_tokens=parent.num_computed_tokens,
+                num_cached_tokens=parent.num_cached_tokens,
+                status=RequestStatus.RUNNING,
+                block_size=self.block_size,
+                first_scheduled_time=parent.first_scheduled_time,
+            )
+            self.requests[child.request_id] = child
+            self.kv.fork(parent, child)
+            self.running.insert(position + index - 1, child)
+        parent.parent_request_id = parent.request_id
+
+    # ---- results -------------------------------------------------------------------
+    def update_from_output(
+        self, plan: SchedulerOutput, runner_output: RunnerOutput
+    ) -> dict[int, EngineCoreOutputs]:
+        outputs: dict[int, list[EngineCoreOutput]] = {}
+        for client_id, output in self.pending_outputs:
+            outputs.setdefault(client_id, []).append(output)
+        self.pending_outputs = []
+        for rid, token_ids in zip(
+            runner_output.request_ids, runner_output.sampled_token_ids, strict=True
+        ):
+            request = self.requests.get(rid)
+            if request is None or request.is_finished:
+                continue  # aborted while its step ran
+            output = self._process_tokens(request, token_ids, runner_output)
+            if output is not None:
+                outputs.setdefault(request.client_id, []).append(output)
+        self.running = [r for r in self.running if not r.is_finished]
+        stats = self.get_stats()
+        return {c: EngineCoreOutputs(outs, stats) for c, outs in outputs.items()}
+
+    def _process_tokens(
+        self, request: Request, token_ids: list[int], runner_output: RunnerOutput
+    ) -> EngineCoreOutput | None:
+        prompt_logprobs = runner_output.prompt_logprobs.get(request.request_id)
+        if not token_ids and prompt_logprobs is None:
+            return None
+        new_ids: list[int] = []
+        status = None
+        for token_id in token_ids:
+            request.append_output_token_ids([token_id])
+            new_ids.append(token_id)
+            status = check_stop(request, self.max_model_len)
+            if status is not None:
+                break
+        if status is not None:
+            self._finish(request, status)
+        logprobs = runner_output.logprobs.get(request.request_id)
+        return self._output(request, new_ids, logprobs, prompt_logprobs)
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        request.status = status
+        self.kv.free(request)
+        self._drop_from_worker(request)
+        self.requests.pop(request.request_id, None)
+
+    def _drop_from_worker(self, request: Request) -> None:
+        if request.request_id in self.on_worker:
+            self.on_worker.discard(request.request_id)
+            self.finished_req_ids.add(request.request_id)
+
+    def _output(self, request: Request, new_ids, logprobs=None, prompt_logprobs=None):
+        return EngineCoreOutput(
+            request_id=request.request_id,
+            new_token_ids=new_ids,
+            finish_reason=request.status.finish_reason,
+            stop_reason=request.stop_reason,
+            new_logprobs=logprobs,
+            new_prompt_logprobs=prompt_logprobs,
+            num_cached_tokens=request.num_cached_tokens,
+            parent_request_id=request.parent_request_id,
+            index=request.index,
+        )
+
+    # ---- introspection -------------------------------------------------------------
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    def has_pending_outputs(self) -> bool:
+        return bool(self.pending_outputs)
+
+    def get_stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting),
+            num_swapped_reqs=len(self.swapped),
+            kv_cache_usage=self.kv.usage,
+            prefix_cache_queries=self.kv.prefix_cache_queries,
+            prefix_cache_hits=self.kv.prefix_cache_hits,
+            num_preemptions=self.num_preemptions,
+        )

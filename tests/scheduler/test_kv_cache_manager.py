@@ -1,0 +1,142 @@
+"""Block pool, prefix caching, copy-on-write and swapping (behaviours 1, 2, 7, 9)."""
+
+from services.scheduler.block_hash import hash_block_tokens, hash_request_tokens
+from services.scheduler.block_pool import BlockPool
+from services.scheduler.kv_cache_manager import KVCacheManager
+from tests.scheduler.stand_in_worker import make_request
+
+
+def _admit(kv: KVCacheManager, request, num_new=None):
+    blocks, num_hit = kv.get_computed_blocks(request)
+    num_new = request.num_tokens - num_hit if num_new is None else num_new
+    new = kv.allocate_slots(request, num_new, blocks)
+    assert new is not None
+    request.num_computed_tokens = num_hit + num_new
+    return num_hit, new
+
+
+def test_hash_is_chained_sha256_and_salted():
+    a = hash_block_tokens(None, [1, 2, 3])
+    assert len(a) == 32
+    assert hash_block_tokens(None, [1, 2, 3]) == a
+    assert hash_block_tokens(None, [1, 2, 4]) != a
+    assert hash_block_tokens(a, [1, 2, 3]) != a  # the parent is part of the key
+    assert hash_block_tokens(None, [1, 2, 3], ("salt",)) != a
+    tokens = list(range(40))
+    plain = hash_request_tokens(tokens, 16)
+    salted = hash_request_tokens(tokens, 16, cache_salt="tenant-a")
+    assert len(plain) == 2  # full blocks only
+    assert plain[0] != salted[0] and plain[1] != salted[1]  # the salt flows down the chain
+    assert hash_request_tokens(tokens, 16, plain[:1]) == plain
+
+
+def test_shared_prefix_hits_48_tokens_and_allocates_one_block():
+    kv = KVCacheManager(block_size=16, num_blocks=10)
+    first = make_request("a", list(range(55)))
+    num_hit, blocks = _admit(kv, first)
+    assert num_hit == 0 and len(blocks) == 4
+    second = make_request("b", list(range(48)) + [900, 901, 902, 903, 904])
+    num_hit, new = _admit(kv, second)
+    assert num_hit == 48
+    assert len(new) == 1
+    assert kv.get_block_ids("b")[:3] == kv.get_block_ids("a")[:3]
+    assert kv.num_free_blocks == 10 - 5
+
+
+def test_block_aligned_fully_cached_prompt_hits_all_but_last_block():
+    kv = KVCacheManager(block_size=16, num_blocks=10)
+    _admit(kv, make_request("a", list(range(32))))
+    num_hit, new = _admit(kv, make_request("b", list(range(32))))
+    assert num_hit == 16  # the hit never covers the last token
+    assert len(new) == 1
+
+
+def test_allocate_slots_returns_none_without_side_effects():
+    kv = KVCacheManager(block_size=16, num_blocks=4)
+    _admit(kv, make_request("a", list(range(40))))  # 3 blocks
+    before = (kv.num_free_blocks, dict(kv.req_to_blocks), [b.ref_cnt for b in kv.pool.blocks])
+    request = make_request("b", list(range(40)))
+    blocks, num_hit = kv.get_computed_blocks(request)
+    assert num_hit == 32
+    assert kv.allocate_slots(request, 40, []) is None
+    after = (kv.num_free_blocks, dict(kv.req_to_blocks), [b.ref_cnt for b in kv.pool.blocks])
+    assert before == after
+
+
+def test_lru_eviction_tail_of_chain_first():
+    kv = KVCacheManager(block_size=4, num_blocks=6)
+    old = make_request("old", [1, 2, 3, 4, 5, 6, 7, 8, 9], block_size=4)  # 2 full blocks + 1 partial
+    _admit(kv, old)
+    old_ids = kv.get_block_ids("old")
+    kv.free(old)
+    newer = make_request("newer", [50, 51, 52, 53, 54], block_size=4)
+    _admit(kv, newer)
+    kv.free(newer)
+    # Free queue: the never-used block, then old's chain tail-first, then newer's.
+    order = [b.block_id for b in kv.pool.free_queue]
+    assert order.index(old_ids[2]) < order.index(old_ids[1]) < order.index(old_ids[0])
+    # Still hittable after finishing:
+    again = make_request("again", [1, 2, 3, 4, 5, 6, 7, 8, 100], block_size=4)
+    assert kv.get_computed_blocks(again)[1] == 8
+    # Allocate until the old chain's tail is evicted: its head survives longer.
+    filler = make_request("filler", list(range(200, 212)), block_size=4)  # 3 blocks
+    _admit(kv, filler)
+    # It took the unused block, old's partial block, then old's chain tail: the head stays.
+    assert set(kv.get_block_ids("filler")) == {5, old_ids[2], old_ids[1]}
+    assert kv.pool.get_cached_block(old.block_hashes[1]) is None
+    assert kv.pool.get_cached_block(old.block_hashes[0]) is kv.pool.blocks[old_ids[0]]
+    assert kv.get_computed_blocks(again)[1] == 4
+    assert kv.pool.num_evictions == 1
+
+
+def test_fork_shares_blocks_and_copy_on_write_on_partial_block():
+    kv = KVCacheManager(block_size=16, num_blocks=20)
+    parent = make_request("p", list(range(40)))
+    _admit(kv, parent, num_new=39)
+    children = [make_request(f"p#{i}", list(range(40))) for i in range(1, 4)]
+    for child in children:
+        child.num_computed_tokens = 39
+        kv.fork(parent, child)
+    table = kv.get_block_ids("p")
+    assert len(table) == 3
+    assert all(kv.pool.blocks[b].ref_cnt == 4 for b in table)
+    new = kv.allocate_slots(children[0], 1)
+    assert new == []
+    copies = kv.take_pending_copies()
+    assert len(copies) == 1 and copies[0][0] == table[2]
+    assert kv.get_block_ids("p#1")[:2] == table[:2]
+    assert kv.get_block_ids("p#1")[2] == copies[0][1]
+    assert kv.pool.blocks[table[2]].ref_cnt == 3
+    assert "p#1" in kv.rewritten_tables
+    for seq in [children[1], children[2], parent]:
+        kv.allocate_slots(seq, 1)
+    # The last holder writes in place: three copies for four sequences.
+    assert len(kv.take_pending_copies()) == 2
+    assert kv.get_block_ids("p")[2] == table[2]
+
+
+def test_swap_out_and_in_round_trip():
+    kv = KVCacheManager(block_size=16, num_blocks=8, num_cpu_blocks=4)
+    request = make_request("a", list(range(40)))
+    _admit(kv, request)
+    device_ids = kv.get_block_ids("a")
+    out = kv.swap_out(request)
+    assert [d for d, _ in out] == device_ids
+    assert kv.num_free_blocks == 8 and len(kv.cpu_free) == 1
+    back = kv.swap_in(request, 1)
+    assert [c for c, _ in back] == [c for _, c in out]
+    assert len(kv.get_block_ids("a")) == 3
+    assert len(kv.cpu_free) == 4
+    kv.free(request)
+    assert kv.num_free_blocks == 8
+
+
+def test_free_queue_operations_are_consistent():
+    pool = BlockPool(5)
+    blocks = pool.get_new_blocks(3)
+    assert pool.num_free_blocks == 2
+    pool.free_blocks(reversed(blocks))
+    assert [b.block_id for b in pool.free_queue] == [3, 4, 2, 1, 0]
+    pool.touch([pool.blocks[1]])
+    assert [b.block_id for b in pool.free_queue] == [3, 4, 2, 0]
+    assert pool.blocks[1].ref_cnt == 1
