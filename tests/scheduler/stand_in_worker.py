@@ -39,9 +39,9 @@ def reference_generate(
         token = next_token(tokens, params.seed)
         tokens.append(token)
         out.append(token)
-        if len(out) >= params.min_tokens:
-            if (token == eos and not params.ignore_eos) or token in params.all_stop_token_ids:
-                return out
+        stopped = (token == eos and not params.ignore_eos) or token in params.all_stop_token_ids
+        if stopped and len(out) >= params.min_tokens:
+            return out
         if params.max_tokens is not None and len(out) >= params.max_tokens:
             return out
         if len(tokens) >= max_model_len:
@@ -127,7 +127,7 @@ class StandInWorker:
             return []  # a middle chunk of a prefill: nothing to sample
         for pos in range(end):  # "attention": read the whole context back from the cache
             cell = self.kv[self._slot(state, pos)]
-            assert cell == (state.token_ids[pos], pos), f"{rid}: KV slot of position {pos} is {cell}"
+            assert cell == (state.token_ids[pos], pos), f"{rid}: KV slot {pos} holds {cell}"
         token = next_token(state.token_ids, state.seed)
         state.token_ids.append(token)
         return [token]

@@ -35,7 +35,7 @@ def test_shared_prefix_hits_48_tokens_and_allocates_one_block():
     first = make_request("a", list(range(55)))
     num_hit, blocks = _admit(kv, first)
     assert num_hit == 0 and len(blocks) == 4
-    second = make_request("b", list(range(48)) + [900, 901, 902, 903, 904])
+    second = make_request("b", [*list(range(48)), 900, 901, 902, 903, 904])
     num_hit, new = _admit(kv, second)
     assert num_hit == 48
     assert len(new) == 1
@@ -56,7 +56,7 @@ def test_allocate_slots_returns_none_without_side_effects():
     _admit(kv, make_request("a", list(range(40))))  # 3 blocks
     before = (kv.num_free_blocks, dict(kv.req_to_blocks), [b.ref_cnt for b in kv.pool.blocks])
     request = make_request("b", list(range(40)))
-    blocks, num_hit = kv.get_computed_blocks(request)
+    _blocks, num_hit = kv.get_computed_blocks(request)
     assert num_hit == 32
     assert kv.allocate_slots(request, 40, []) is None
     after = (kv.num_free_blocks, dict(kv.req_to_blocks), [b.ref_cnt for b in kv.pool.blocks])
@@ -65,7 +65,7 @@ def test_allocate_slots_returns_none_without_side_effects():
 
 def test_lru_eviction_tail_of_chain_first():
     kv = KVCacheManager(block_size=4, num_blocks=6)
-    old = make_request("old", [1, 2, 3, 4, 5, 6, 7, 8, 9], block_size=4)  # 2 full blocks + 1 partial
+    old = make_request("old", [1, 2, 3, 4, 5, 6, 7, 8, 9], block_size=4)  # 2 full + 1 partial
     _admit(kv, old)
     old_ids = kv.get_block_ids("old")
     kv.free(old)

@@ -20,9 +20,7 @@ def _step(scheduler, worker):
 
 
 def test_token_budget_with_prefill_cap(build):
-    scheduler, worker = build(
-        200, max_num_batched_tokens=1024, long_prefill_token_threshold=400
-    )
+    scheduler, worker = build(200, max_num_batched_tokens=1024, long_prefill_token_threshold=400)
     requests = [make_request(rid, [ord(rid)] * 800, max_tokens=8) for rid in "abc"]
     for request in requests:
         scheduler.add_request(request)
@@ -65,7 +63,7 @@ def test_impossible_prompts_are_rejected_without_blocking_the_queue(build):
     with pytest.raises(RequestRejectedError, match="max_model_len"):
         scheduler.add_request(make_request("long", [1] * 101))
     scheduler_small, _ = build(4, max_model_len=1000)
-    with pytest.raises(RequestRejectedError, match="needs 5 KV-cache blocks.*holds 4"):
+    with pytest.raises(RequestRejectedError, match=r"needs 5 KV-cache blocks.*holds 4"):
         scheduler_small.add_request(make_request("huge", [1] * 70))
     with pytest.raises(RequestRejectedError, match="empty"):
         scheduler.add_request(make_request("empty", []))

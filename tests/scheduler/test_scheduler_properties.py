@@ -104,4 +104,3 @@ def test_random_interleavings_keep_invariants(ops, mode, caching, chunked, budge
             continue
         expected = reference_generate(request.prompt_token_ids, request.sampling_params, 64)
         assert request.output_token_ids == expected, rid
-
