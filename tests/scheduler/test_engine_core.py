@@ -1,0 +1,33 @@
+from services.scheduler.engine_core import EngineCore
+from tests.scheduler.stand_in_worker import make_request, reference_generate
+
+
+def test_engine_core_runs_requests_to_completion(build):
+    scheduler, worker = build(30, max_num_batched_tokens=64)
+    core = EngineCore(scheduler, worker)
+    requests = [make_request(f"r{i}", list(range(i, 20 + 7 * i)), max_tokens=9) for i in range(6)]
+    for request in requests:
+        core.add_request(request)
+    finished = {}
+    while core.has_work():
+        for batch in core.step().values():
+            for out in batch.outputs:
+                if out.finished:
+                    finished[out.request_id] = out.finish_reason
+    assert finished == {r.request_id: "length" for r in requests}
+    for request in requests:
+        assert request.output_token_ids == reference_generate(
+            request.prompt_token_ids, request.sampling_params, 2048
+        )
+    assert core.num_steps > 1
+    assert scheduler.kv.num_free_blocks == 30
+
+
+def test_abort_of_waiting_request_reports_final_output(build):
+    scheduler, worker = build(30)
+    core = EngineCore(scheduler, worker)
+    core.add_request(make_request("a", [1, 2, 3]))
+    core.abort_requests(["a"])
+    outputs = core.step()
+    assert [(o.request_id, o.finish_reason) for o in outputs[0].outputs] == [("a", "abort")]
+    assert not core.has_work()
