@@ -98,9 +98,11 @@ class Scheduler:
             self.waiting.append(request)
 
     def abort_requests(self, request_ids: list[str]) -> None:
-        for request_id in request_ids:
-            request = self.requests.get(request_id)
-            if request is None or request.is_finished:
+        """Abort requests by id; a group's id (n > 1) aborts all its sequences."""
+        ids = set(request_ids)
+        targets = [r for r in self.requests.values() if r.request_id in ids or r.group_id in ids]
+        for request in targets:
+            if request.is_finished:
                 continue
             self._remove_from_queues(request)
             self._finish(request, RequestStatus.FINISHED_ABORTED)

@@ -208,3 +208,16 @@ def test_parallel_sampling_shares_prompt_blocks_with_copy_on_write(build):
         assert sequence.parent_request_id == "g" and sequence.index == index
     assert len({tuple(s.output_token_ids) for s in sequences}) == 4
     assert scheduler.kv.num_free_blocks == 40
+
+
+def test_aborting_a_group_aborts_every_sequence(build):
+    scheduler, worker = build(40)
+    scheduler.add_request(make_request("g", list(range(20)), n=3, seed=1, max_tokens=50))
+    for _ in range(3):
+        _step(scheduler, worker)
+    assert len(scheduler.running) == 3
+    scheduler.abort_requests(["g"])
+    _, outputs = _step(scheduler, worker)
+    finals = {(o.request_id, o.finish_reason) for o in outputs[0].outputs}
+    assert finals == {("g", "abort"), ("g#1", "abort"), ("g#2", "abort")}
+    assert scheduler.kv.num_free_blocks == 40 and not scheduler.has_unfinished_requests()
