@@ -1,6 +1,33 @@
 """pagestream: an LLM inference and serving engine in the vLLM mould."""
 
+from services.common.outputs import CompletionOutput, RequestOutput
 from services.common.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
-__all__ = ["BeamSearchParams", "RequestOutputKind", "SamplingParams"]
+__all__ = [
+    "LLM",
+    "AsyncEngine",
+    "BeamSearchParams",
+    "CompletionOutput",
+    "EngineArgs",
+    "RequestOutput",
+    "RequestOutputKind",
+    "SamplingParams",
+]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # The engine classes pull in torch and transformers: import them on first use.
+    if name == "LLM":
+        from pagestream.llm import LLM
+
+        return LLM
+    if name == "AsyncEngine":
+        from pagestream.async_engine import AsyncEngine
+
+        return AsyncEngine
+    if name == "EngineArgs":
+        from pagestream.engine_args import EngineArgs
+
+        return EngineArgs
+    raise AttributeError(name)

@@ -81,3 +81,19 @@ class IncrementalDetokenizer:
                     held = size
                     break
         return len(text) - held
+
+
+class NullDetokenizer:
+    """For engines started without a tokenizer: token ids only, no text."""
+
+    output_text = ""
+    stop_string = None
+
+    def update(self, new_token_ids: list[int], finished: bool) -> DetokenizerUpdate:
+        return DetokenizerUpdate("")
+
+
+def make_detokenizer(tokenizer, prompt_token_ids: list[int], params: SamplingParams):
+    if tokenizer is None:
+        return NullDetokenizer()
+    return IncrementalDetokenizer(tokenizer, prompt_token_ids, params)

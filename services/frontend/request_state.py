@@ -9,13 +9,13 @@ from services.common.engine_output import EngineCoreOutput
 from services.common.outputs import CompletionOutput, Logprob, RequestOutput
 from services.common.runner_output import TokenLogprobs
 from services.common.sampling_params import RequestOutputKind, SamplingParams
-from services.frontend.detokenizer import IncrementalDetokenizer
+from services.frontend.detokenizer import IncrementalDetokenizer, NullDetokenizer, make_detokenizer
 
 
 @dataclass
 class SequenceState:
     index: int
-    detokenizer: IncrementalDetokenizer
+    detokenizer: IncrementalDetokenizer | NullDetokenizer
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float | None = None
@@ -61,7 +61,7 @@ class RequestState:
 
     def _sequence(self, index: int) -> SequenceState:
         if index not in self.sequences:
-            detok = IncrementalDetokenizer(self.tokenizer, self.prompt_token_ids, self.params)
+            detok = make_detokenizer(self.tokenizer, self.prompt_token_ids, self.params)
             self.sequences[index] = SequenceState(
                 index, detok, logprobs=[] if self.params.logprobs is not None else None
             )
@@ -79,7 +79,10 @@ class RequestState:
             return None  # ended by a stop string; the engine's late outputs are dropped
         self.num_cached_tokens = max(self.num_cached_tokens, out.num_cached_tokens)
         if out.new_prompt_logprobs is not None and self.prompt_logprobs is not None:
-            self.prompt_logprobs.extend(to_logprob_dicts(out.new_prompt_logprobs, self.tokenizer))
+            # A recompute after preemption scores the prompt again: keep the first pass.
+            room = len(self.prompt_token_ids) - len(self.prompt_logprobs)
+            new = out.new_prompt_logprobs[: max(room, 0)]
+            self.prompt_logprobs.extend(to_logprob_dicts(new, self.tokenizer))
         if out.new_token_ids and self.first_token_time is None:
             self.first_token_time = time.monotonic()
         seq.token_ids.extend(out.new_token_ids)
@@ -91,7 +94,16 @@ class RequestState:
             return None if out.finished else out.request_id
         if out.finished:
             seq.finish_reason, seq.stop_reason = out.finish_reason, out.stop_reason
+            if out.parent_request_id is None and self.params.n > 1:
+                self._finish_unforked(out.finish_reason)
         return None
+
+    def _finish_unforked(self, reason: str | None) -> None:
+        """An n > 1 group that ended before it forked: its other sequences end with it."""
+        for index in range(self.params.n):
+            other = self._sequence(index)
+            if other.finish_reason is None:
+                other.finish_reason = reason
 
     def _add_logprobs(self, seq: SequenceState, entries: list[TokenLogprobs] | None) -> None:
         if seq.logprobs is None or not entries:

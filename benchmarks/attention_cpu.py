@@ -1,0 +1,147 @@
+"""CPU timings of the torch paged attention on realistic varlen mixes (SmolLM2-135M shapes).
+
+Compares the shipped grouping (decode sequences sorted by length in groups of about
+DECODE_GROUP_TOKENS padded keys, prefills in groups of PREFILL_GROUP_AREA query x key pairs)
+with the forms it was chosen over, by changing the module's two budgets:
+
+  grouped       the defaults (8192 decode tokens, 32768 prefill pairs)
+  per-seq loop  every sequence alone (budgets 1): a Python loop of one SDPA per sequence
+  one-padded    one padded batch of all decode rows plus one of all prefill rows
+  decode-4k/16k other decode budgets
+
+    .venv/bin/python benchmarks/attention_cpu.py [--repeats 15] [--threads N] [--mallopt]
+
+``--mallopt`` turns off glibc's returning of freed memory to the OS (as a long-running
+worker would); without it, multi-MiB buffers are fresh pages on every call and page faults
+dominate and vary a lot on a small VM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib
+import random
+import statistics
+import time
+
+import torch
+
+from kernels.paged_attention import paged_attention
+from kernels.reshape_and_cache import reshape_and_cache
+
+# The module itself (the package re-exports the function under the module's name).
+module = importlib.import_module("kernels.paged_attention")
+
+NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
+VARIANTS = {  # name: (DECODE_GROUP_TOKENS, PREFILL_GROUP_AREA)
+    "grouped": (module.DECODE_GROUP_TOKENS, module.PREFILL_GROUP_AREA),
+    "per-seq loop": (1, 1),
+    "one-padded": (10**12, 10**12),
+    "decode-4k": (4096, module.PREFILL_GROUP_AREA),
+    "decode-16k": (16384, module.PREFILL_GROUP_AREA),
+}
+
+
+def mixes() -> dict[str, list[tuple[int, int]]]:
+    """Named batches as (cached context tokens, query tokens) per sequence."""
+    rng = random.Random(0)
+
+    def decode(n: int, lo: int, hi: int) -> list[tuple[int, int]]:
+        return [(rng.randint(lo, hi) - 1, 1) for _ in range(n)]
+
+    return {
+        "64 decode (ctx 300-800) + 512 prefill": [*decode(64, 300, 800), (0, 512)],
+        "64 decode (ctx 300-800)": decode(64, 300, 800),
+        "256 decode (ctx 100-2000)": decode(256, 100, 2000),
+        "32 decode + 4 chunks on context": [
+            *decode(32, 300, 800),
+            *[(0, 64), (256, 128), (512, 256), (1024, 512)],
+        ],
+        "32 prompts (20-60 tokens)": [(0, rng.randint(20, 60)) for _ in range(32)],
+        "one 512-token prompt": [(0, 512)],
+    }
+
+
+def build(specs: list[tuple[int, int]], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """A filled cache with shuffled block tables, and the step's query/metadata tensors."""
+    gen = torch.Generator().manual_seed(0)
+    seq_lens = [cached + q_len for cached, q_len in specs]
+    num_seq_blocks = [-(-n // BLOCK_SIZE) for n in seq_lens]
+    perm = torch.randperm(sum(num_seq_blocks), generator=gen)
+    block_table = torch.zeros(len(specs), max(num_seq_blocks), dtype=torch.int32)
+    slots, used = [], 0
+    for i, (n, num_blocks) in enumerate(zip(seq_lens, num_seq_blocks, strict=True)):
+        block_table[i, :num_blocks] = perm[used : used + num_blocks]
+        used += num_blocks
+        positions = torch.arange(n)
+        slots.append(
+            block_table[i, positions // BLOCK_SIZE].long() * BLOCK_SIZE + positions % BLOCK_SIZE
+        )
+    shape = (2, len(perm), BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    kv_cache = torch.zeros(shape, dtype=dtype)
+    key = torch.randn(sum(seq_lens), NUM_KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
+    reshape_and_cache(key, key.flip(0), kv_cache, torch.cat(slots))
+    q_lens = torch.tensor([q for _, q in specs], dtype=torch.int32)
+    query_start_loc = torch.cat([torch.zeros(1, dtype=torch.int32), q_lens.cumsum(0).int()])
+    query = torch.randn(int(q_lens.sum()), NUM_Q_HEADS, HEAD_DIM, generator=gen).to(dtype)
+    seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32)
+    return query, kv_cache, block_table, seq_lens_t, query_start_loc
+
+
+def time_variants(
+    names: list[str], args: tuple[torch.Tensor, ...], repeats: int
+) -> list[tuple[float, float]]:
+    """(median, min) ms per variant; samples interleaved so a noisy stretch hits all alike."""
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(repeats + 1):
+        for name in names:
+            module.DECODE_GROUP_TOKENS, module.PREFILL_GROUP_AREA = VARIANTS[name]
+            start = time.perf_counter()
+            paged_attention(*args, HEAD_DIM**-0.5)
+            if round_index > 0:  # round 0 warms up
+                samples[name].append((time.perf_counter() - start) * 1e3)
+    return [(statistics.median(samples[n]), min(samples[n])) for n in names]
+
+
+def tune_malloc() -> None:
+    """Keep freed memory in the heap (glibc mallopt: mmap threshold 32 MiB, no trimming)."""
+    libc = ctypes.CDLL("libc.so.6")
+    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
+    libc.mallopt(m_mmap_threshold, 32 * 1024**2)
+    libc.mallopt(m_trim_threshold, 2**30)
+    libc.mallopt(m_top_pad, 256 * 1024**2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--mallopt", action="store_true", help="tune glibc malloc first")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    opts = parser.parse_args()
+    if opts.mallopt:
+        tune_malloc()
+    torch.set_num_threads(opts.threads)
+    names = opts.variants.split(",")
+    defaults = VARIANTS["grouped"]
+    if not set(names) <= set(VARIANTS):
+        parser.error(f"--variants must be among {', '.join(VARIANTS)}")
+    print(
+        f"torch {torch.__version__}, {opts.threads} threads, mallopt={opts.mallopt}, "
+        f"median (min) of {opts.repeats} interleaved runs, ms per layer call"
+    )
+    print(f"{'batch':38s} {'dtype':9s}" + "".join(f"{n:>16s}" for n in names))
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            for label, specs in mixes().items():
+                args = build(specs, dtype)
+                cells = time_variants(names, args, opts.repeats)
+                row = "".join(f"{f'{med:.1f} ({low:.1f})':>16s}" for med, low in cells)
+                print(f"{label:38s} {str(dtype).removeprefix('torch.'):9s}{row}")
+    finally:
+        module.DECODE_GROUP_TOKENS, module.PREFILL_GROUP_AREA = defaults
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""The `pagestream` command: generate (offline batches) and serve."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import asdict
+
+from pagestream.engine_args import EngineArgs
+from services.common.config import DEFAULT_MODEL
+from services.common.sampling_params import SamplingParams
+
+logger = logging.getLogger("pagestream")
+
+DEMO_PROMPTS = [
+    [{"role": "user", "content": "What is a paged KV cache, in one sentence?"}],
+    [{"role": "user", "content": "Name three uses of a large language model."}],
+    [{"role": "user", "content": "Write a haiku about continuous batching."}],
+]
+
+
+def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--max-tokens", type=int, default=64)
+    add("--temperature", type=float, default=0.0)
+    add("--top-p", type=float, default=1.0)
+    add("--top-k", type=int, default=0)
+    add("--min-p", type=float, default=0.0)
+    add("--n", type=int, default=1)
+    add("--sampling-seed", type=int, default=None, help="per-request sampling seed")
+    add("--stop", action="append", default=None, help="a stop string (repeatable)")
+    add("--presence-penalty", type=float, default=0.0)
+    add("--frequency-penalty", type=float, default=0.0)
+    add("--repetition-penalty", type=float, default=1.0)
+    add("--min-tokens", type=int, default=0)
+    add("--ignore-eos", action="store_true")
+    add("--logprobs", type=int, default=None)
+
+
+def sampling_params_from_args(args: argparse.Namespace, **overrides) -> SamplingParams:
+    values = dict(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        n=args.n,
+        seed=args.sampling_seed,
+        stop=args.stop,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        repetition_penalty=args.repetition_penalty,
+        min_tokens=args.min_tokens,
+        ignore_eos=args.ignore_eos,
+        logprobs=args.logprobs,
+    )
+    values.update(overrides)
+    return SamplingParams(**values)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pagestream", description=__doc__)
+    parser.add_argument("--log-level", default="INFO")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="offline batch: prompts in, JSONL results out")
+    gen.add_argument("model", nargs="?", default=DEFAULT_MODEL)
+    gen.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
+    gen.add_argument("--input", help="JSONL: {prompt | prompt_token_ids | messages, ...}")
+    gen.add_argument("--output", help="JSONL results (default: stdout)")
+    gen.add_argument("--chat", action="store_true", help="wrap --prompt in the chat template")
+    add_sampling_args(gen)
+    EngineArgs.add_cli_args(gen)
+    serve = sub.add_parser("serve", help="run the engine (see README for what it serves)")
+    serve.add_argument("model", nargs="?", default=DEFAULT_MODEL)
+    add_sampling_args(serve)
+    EngineArgs.add_cli_args(serve)
+    return parser
+
+
+def _engine_args(args: argparse.Namespace) -> EngineArgs:
+    engine_args = EngineArgs.from_cli_args(args)
+    engine_args.model = args.model
+    return engine_args
+
+
+def _read_items(args: argparse.Namespace) -> list[dict]:
+    items = []
+    for prompt in args.prompt:
+        items.append(
+            {"messages": [{"role": "user", "content": prompt}]} if args.chat else {"prompt": prompt}
+        )
+    if args.input:
+        with open(args.input, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    items.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise SystemExit(f"{args.input}:{number}: not JSON: {exc}") from exc
+    if not items:
+        raise SystemExit("no prompts: give --prompt TEXT or --input FILE.jsonl")
+    return items
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    """All prompts in one batch (continuous batching); results in input order."""
+    from pagestream.llm import LLM
+
+    items = _read_items(args)
+    llm = LLM(**asdict(_engine_args(args)))
+    prompts = [_prompt_of(llm, item) for item in items]
+    params = [sampling_params_from_args(args, **item.get("sampling_params", {})) for item in items]
+    results = llm.generate(prompts, params, use_tqdm=args.output is not None)
+    lines = "".join(json.dumps(_result_json(r)) + "\n" for r in results)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(lines)
+    else:
+        sys.stdout.write(lines)
+    return 0
+
+
+def _prompt_of(llm, item: dict) -> dict:
+    if "messages" in item:
+        text = _chat_prompt(llm.engine, item["messages"])
+        ids = llm.get_tokenizer().encode(text, add_special_tokens=False)
+        return {"prompt": text, "prompt_token_ids": ids}
+    prompt = {k: item[k] for k in ("prompt", "prompt_token_ids") if k in item}
+    if not prompt:
+        raise ValueError("each input line needs prompt, prompt_token_ids or messages.")
+    return prompt
+
+
+def _result_json(result) -> dict:
+    return {
+        "request_id": result.request_id,
+        "prompt": result.prompt,
+        "prompt_token_ids": result.prompt_token_ids,
+        "num_cached_tokens": result.num_cached_tokens,
+        "outputs": [
+            {
+                "index": o.index,
+                "text": o.text,
+                "token_ids": o.token_ids,
+                "finish_reason": o.finish_reason,
+                "stop_reason": o.stop_reason,
+                "cumulative_logprob": o.cumulative_logprob,
+            }
+            for o in result.outputs
+        ],
+    }
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Until the gRPC and HTTP services land: stream demo chats through the async engine."""
+    import asyncio
+
+    from pagestream.async_engine import AsyncEngine
+    from services.common.sampling_params import RequestOutputKind
+
+    engine = AsyncEngine.from_engine_args(_engine_args(args))
+    params = sampling_params_from_args(args, output_kind=RequestOutputKind.DELTA)
+
+    async def chat(messages) -> None:
+        async for out in engine.generate(
+            {"prompt": _chat_prompt(engine, messages)}, params, add_special_tokens=False
+        ):
+            print(out.outputs[0].text, end="", flush=True)
+        print()
+
+    async def main() -> None:
+        for messages in DEMO_PROMPTS:
+            print(f"\n>>> {messages[-1]['content']}")
+            await chat(messages)
+        await engine.shutdown()
+
+    asyncio.run(main())
+    return 0
+
+
+def _chat_prompt(engine, messages) -> str:
+    from services.frontend.tokenizer import apply_chat_template
+
+    return apply_chat_template(engine.tokenizer, messages)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        if args.command == "generate":
+            return run_generate(args)
+        return run_serve(args)
+    except ValueError as exc:
+        logger.error("%s", exc)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

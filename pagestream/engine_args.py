@@ -1,0 +1,116 @@
+"""EngineArgs: vLLM's engine argument names, turned into the validated configs."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+
+from services.common.config import (
+    ATTENTION_BACKENDS,
+    DEFAULT_MODEL,
+    DTYPES,
+    PREEMPTION_MODES,
+    SCHEDULING_POLICIES,
+    CacheConfig,
+    ModelConfig,
+    SchedulerConfig,
+    parse_size,
+)
+
+GIB = 1024**3
+
+
+@dataclass
+class EngineArgs:
+    model: str = DEFAULT_MODEL
+    dtype: str = "auto"
+    seed: int = 0
+    device: str = "auto"
+    max_model_len: int | None = None
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None  # default 2048 (max_model_len without chunking)
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    preemption_mode: str = "recompute"
+    scheduling_policy: str = "fcfs"
+    swap_space: float = 4  # GiB of CPU swap space, as in vLLM
+    kv_cache_memory: int | str | None = None  # bytes or "4GiB"; CPU default 4 GiB
+    gpu_memory_utilization: float = 0.9
+    attention_backend: str = "auto"
+
+    def model_config(self) -> ModelConfig:
+        return ModelConfig(
+            model=self.model,
+            dtype=self.dtype,
+            seed=self.seed,
+            max_model_len=self.max_model_len,
+            attention_backend=self.attention_backend,
+            device=self.device,
+        )
+
+    def cache_config(self) -> CacheConfig:
+        kv_bytes = self.kv_cache_memory
+        return CacheConfig(
+            block_size=self.block_size,
+            enable_prefix_caching=self.enable_prefix_caching,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            kv_cache_memory=None if kv_bytes is None else parse_size(kv_bytes, "kv_cache_memory"),
+            swap_space=int(self.swap_space * GIB),
+        )
+
+    def scheduler_config(self, model_max_len: int) -> SchedulerConfig:
+        """The scheduler's limits once the model's own context length is known."""
+        max_model_len = self.max_model_len or model_max_len
+        if self.max_model_len and self.max_model_len > model_max_len:
+            raise ValueError(
+                f"max_model_len ({self.max_model_len}) is larger than the model's context "
+                f"length ({model_max_len})."
+            )
+        batched = self.max_num_batched_tokens
+        if batched is None:
+            batched = 2048 if self.enable_chunked_prefill else max(2048, max_model_len)
+        return SchedulerConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=batched,
+            max_model_len=max_model_len,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
+            preemption_mode=self.preemption_mode,
+            policy=self.scheduling_policy,
+        )
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> EngineArgs:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise TypeError(f"unknown engine arguments: {', '.join(unknown)}")
+        return cls(**kwargs)
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        """vLLM's flag names for the engine settings."""
+        add = parser.add_argument
+        add("--dtype", default="auto", choices=DTYPES)
+        add("--seed", type=int, default=0)
+        add("--device", default="auto", choices=("auto", "cpu", "cuda"))
+        add("--max-model-len", type=int, default=None)
+        add("--block-size", type=int, default=16)
+        add("--max-num-seqs", type=int, default=256)
+        add("--max-num-batched-tokens", type=int, default=None)
+        add("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+        add("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
+        add("--long-prefill-token-threshold", type=int, default=0)
+        add("--preemption-mode", default="recompute", choices=PREEMPTION_MODES)
+        add("--scheduling-policy", default="fcfs", choices=SCHEDULING_POLICIES)
+        add("--swap-space", type=float, default=4, help="GiB of CPU swap space")
+        add("--kv-cache-memory", default=None, help="KV cache bytes on CPU, e.g. 4GiB")
+        add("--gpu-memory-utilization", type=float, default=0.9)
+        add("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
+        values = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+        return cls(**values)

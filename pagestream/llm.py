@@ -1,0 +1,109 @@
+"""LLM: vLLM's offline API — generate, chat and beam search over a batch of prompts."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from tqdm import tqdm
+
+from pagestream.engine_args import EngineArgs
+from pagestream.llm_engine import LLMEngine
+from services.common.outputs import RequestOutput
+from services.common.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
+from services.frontend.tokenizer import apply_chat_template
+
+
+class LLM:
+    """LLM(model=None, **engine_args): model=None runs the default SmolLM2-135M-Instruct."""
+
+    def __init__(self, model: str | None = None, **engine_args) -> None:
+        if model is not None:
+            engine_args["model"] = model
+        self.engine = LLMEngine(EngineArgs.from_kwargs(**engine_args))
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Outputs in input order; prompts: a str, a list of str, or {"prompt_token_ids": [...]}."""
+        prompts = _as_list(prompts)
+        return self._run(prompts, _params_per_prompt(sampling_params, len(prompts)), use_tqdm)
+
+    def chat(
+        self,
+        messages,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+    ) -> list[RequestOutput]:
+        """One conversation (a list of messages) or a list of conversations."""
+        if self.engine.tokenizer is None:
+            raise ValueError("chat needs a tokenizer, and this model folder has none.")
+        conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        prompts = [
+            apply_chat_template(self.engine.tokenizer, c, add_generation_prompt, chat_template)
+            for c in conversations
+        ]
+        params = _params_per_prompt(sampling_params, len(prompts))
+        return self._run(prompts, params, use_tqdm, add_special_tokens=False)
+
+    def beam_search(self, prompts, params: BeamSearchParams) -> list[RequestOutput]:
+        from pagestream.beam_search import run_beam_search
+
+        return run_beam_search(self.engine, _as_list(prompts), params)
+
+    def _run(self, prompts, params, use_tqdm: bool, add_special_tokens: bool = True):
+        engine = self.engine
+        ids = []
+        try:
+            for prompt, sp in zip(prompts, params, strict=True):
+                final = sp.clone(output_kind=RequestOutputKind.FINAL_ONLY)
+                state = engine.add_request(
+                    None, prompt, final, add_special_tokens=add_special_tokens
+                )
+                ids.append(state.request_id)
+        except ValueError:
+            engine.abort_request(ids)
+            raise
+        return self._collect(ids, use_tqdm)
+
+    def _collect(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        results: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm)
+        start, num_tokens = time.perf_counter(), 0
+        while len(results) < len(ids) and self.engine.has_unfinished_requests():
+            for output in self.engine.step():
+                if output.finished:
+                    results[output.request_id] = output
+                    num_tokens += sum(len(o.token_ids) for o in output.outputs)
+                    bar.update(1)
+                    rate = num_tokens / max(time.perf_counter() - start, 1e-9)
+                    bar.set_postfix_str(f"output {rate:.1f} tok/s")
+        bar.close()
+        return [results[i] for i in ids]
+
+
+def _as_list(prompts) -> list:
+    if isinstance(prompts, str | dict):
+        return [prompts]
+    return list(prompts)
+
+
+def _params_per_prompt(params, num_prompts: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams() for _ in range(num_prompts)]
+    if isinstance(params, SamplingParams):
+        return [params] * num_prompts
+    params = list(params)
+    if len(params) != num_prompts:
+        raise ValueError(
+            f"got {len(params)} sampling_params for {num_prompts} prompts; give one or one each."
+        )
+    return params

@@ -1,0 +1,64 @@
+"""Tokenizer loading and chat templates (transformers' fast tokenizers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+
+class TokenizerLoadError(ValueError):
+    pass
+
+
+def load_tokenizer(folder: str | Path) -> PreTrainedTokenizerBase:
+    """The fast tokenizer saved with the model folder (no hub access)."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise TokenizerLoadError(
+            f"no usable tokenizer in {folder} (looked for tokenizer.json / tokenizer_config.json):"
+            f" {exc}"
+        ) from exc
+    if not tokenizer.is_fast:
+        raise TokenizerLoadError(f"the tokenizer in {folder} is not a fast tokenizer.")
+    return tokenizer
+
+
+def apply_chat_template(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict],
+    add_generation_prompt: bool = True,
+    chat_template: str | None = None,
+) -> str:
+    """Render a conversation to the prompt text the model was trained on."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts.")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or "role" not in message:
+            raise ValueError(f"messages[{i}] must be a dict with a 'role' and a 'content'.")
+    if chat_template is None and tokenizer.chat_template is None:
+        raise ValueError("the model's tokenizer has no chat template; pass chat_template.")
+    return tokenizer.apply_chat_template(
+        [_flatten_content(m) for m in messages],
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
+        chat_template=chat_template,
+    )
+
+
+def _flatten_content(message: dict) -> dict:
+    """OpenAI-style content parts [{"type": "text", "text": ...}] joined into one string."""
+    content = message.get("content")
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise ValueError("only text content parts are supported in messages.")
+            texts.append(part.get("text", ""))
+        content = "".join(texts)
+    if content is None:
+        content = ""
+    if not isinstance(content, str):
+        raise ValueError("message content must be a string or a list of text parts.")
+    return {**message, "content": content}

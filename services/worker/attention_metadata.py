@@ -1,0 +1,65 @@
+"""Per-step attention metadata: where this step's tokens live in the paged KV cache.
+
+The model runner builds one `AttentionMetadata` per forward pass from the InputBatch's
+tensors of the same names; every attention layer of the model reads it unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """The flattened batch's layout, shared by every layer of one forward pass.
+
+    slot_mapping:    [num_tokens] int64, cache slot (block_id * block_size + offset) of each
+                     scheduled token; a negative slot means "do not write" (padding).
+    block_table:     [num_seqs, max_num_blocks] int32, the physical blocks of each sequence.
+    seq_lens:        [num_seqs] int32, context length of each sequence including this step's
+                     tokens (num_computed_tokens + num_scheduled_tokens).
+    query_start_loc: [num_seqs + 1] int32, prefix sums of num_scheduled_tokens.
+    max_query_len:   host int, the largest num_scheduled_tokens in the batch.
+    max_seq_len:     host int, the largest seq_len in the batch.
+    """
+
+    slot_mapping: torch.Tensor
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
+
+    def __post_init__(self) -> None:
+        num_seqs = self.seq_lens.shape[0]
+        if self.query_start_loc.shape[0] != num_seqs + 1:
+            raise ValueError(
+                f"query_start_loc must have num_seqs + 1 = {num_seqs + 1} entries, "
+                f"got {self.query_start_loc.shape[0]}."
+            )
+        if self.block_table.dim() != 2 or self.block_table.shape[0] != num_seqs:
+            raise ValueError(
+                f"block_table must be [num_seqs={num_seqs}, max_num_blocks], "
+                f"got {tuple(self.block_table.shape)}."
+            )
+
+    @property
+    def num_seqs(self) -> int:
+        return self.seq_lens.shape[0]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.slot_mapping.shape[0]
+
+    def to(self, device: torch.device | str) -> AttentionMetadata:
+        """A copy with every tensor on `device` (host ints unchanged)."""
+        return AttentionMetadata(
+            slot_mapping=self.slot_mapping.to(device),
+            block_table=self.block_table.to(device),
+            seq_lens=self.seq_lens.to(device),
+            query_start_loc=self.query_start_loc.to(device),
+            max_query_len=self.max_query_len,
+            max_seq_len=self.max_seq_len,
+        )

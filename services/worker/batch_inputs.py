@@ -1,0 +1,131 @@
+"""BatchInputs: one step's flattened varlen batch (no padding), and the numpy that builds it.
+
+Request i with num_computed_tokens c and num_scheduled_tokens n feeds token_ids[c:c+n]
+at positions c..c+n-1; slot = block_table[pos // block_size] * block_size + pos %
+block_size; seq_len = c + n. It samples iff c + n == its number of known tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from services.worker.sampling_metadata import SamplingMetadata
+
+
+@dataclass(frozen=True)
+class PromptLogprobsInputs:
+    """Flat rows whose logits score prompt tokens, grouped per request in row order."""
+
+    request_ids: list[str]
+    num_rows: list[int]  # per request: how many of the rows below are its own
+    # per request: prompt position of its first target token (1 = the first scored
+    # token, whose predecessor, position 0, has no logprob and is reported as None)
+    first_positions: list[int]
+    num_logprobs: list[int]  # per request: sampling_params.prompt_logprobs
+    token_indices: torch.Tensor  # [Np] int64 flat token rows of the batch
+    target_ids: torch.Tensor  # [Np] int64 the prompt token each row predicts
+
+    @property
+    def max_num_logprobs(self) -> int:
+        return max(self.num_logprobs)
+
+
+@dataclass(frozen=True)
+class BatchInputs:
+    """All tensors live on the worker's device; *_host values are plain ints."""
+
+    request_ids: list[str]  # scheduled requests, in row order
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    slot_mapping: torch.Tensor  # [T] int64
+    query_start_loc: torch.Tensor  # [S+1] int32
+    seq_lens: torch.Tensor  # [S] int32
+    block_table: torch.Tensor  # [S, max_blocks] int32 (columns past a row's table are 0)
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc_host: list[int]  # [S+1]
+    seq_lens_host: list[int]  # [S]
+    logits_indices: torch.Tensor  # [R] int64 flat row of each sampling request's last token
+    sampling_request_ids: list[str]  # [R]
+    sampling_metadata: SamplingMetadata | None  # None when no request samples
+    prompt_logprobs: PromptLogprobsInputs | None
+
+    @property
+    def num_tokens(self) -> int:
+        return self.query_start_loc_host[-1]
+
+
+@dataclass(frozen=True)
+class FlatBatch:
+    """Host (numpy) form of the flattened batch."""
+
+    input_ids: np.ndarray  # [T] int64
+    positions: np.ndarray  # [T] int64
+    slot_mapping: np.ndarray  # [T] int64
+    query_start_loc: np.ndarray  # [S+1] int32
+    seq_lens: np.ndarray  # [S] int32
+    block_table: np.ndarray  # [S, max_blocks] int32
+    samples: np.ndarray  # [S] bool: the request has caught up and samples
+    logits_indices: np.ndarray  # [S] int64 flat row of each request's last scheduled token
+
+
+def flatten_batch(
+    token_ids: np.ndarray,  # [capacity, max_model_len] every slot's prompt + output ids
+    block_tables: np.ndarray,  # [capacity, max_blocks_per_req] int32
+    num_blocks: np.ndarray,  # [capacity] int64 blocks in each slot's table
+    num_tokens: np.ndarray,  # [capacity] int64 known tokens per slot
+    slots: np.ndarray,  # [S] int64 the scheduled requests' slots, in row order
+    num_computed: np.ndarray,  # [S] int64
+    num_scheduled: np.ndarray,  # [S] int64, each >= 1
+    block_size: int,
+) -> FlatBatch:
+    query_start_loc = np.zeros(len(slots) + 1, np.int64)  # [S+1]
+    np.cumsum(num_scheduled, out=query_start_loc[1:])
+    total = int(query_start_loc[-1])
+    row_of_token = np.repeat(np.arange(len(slots)), num_scheduled)  # [T]
+    slot_of_token = slots[row_of_token]  # [T]
+    offsets = np.arange(total, dtype=np.int64) - query_start_loc[row_of_token]  # [T]
+    positions = num_computed[row_of_token] + offsets  # [T]
+    blocks = block_tables[slot_of_token, positions // block_size].astype(np.int64)  # [T]
+    seq_lens = num_computed + num_scheduled  # [S]
+    width = int(num_blocks[slots].max(initial=0))
+    return FlatBatch(
+        input_ids=token_ids[slot_of_token, positions].astype(np.int64),
+        positions=positions,
+        slot_mapping=blocks * block_size + positions % block_size,
+        query_start_loc=query_start_loc.astype(np.int32),
+        seq_lens=seq_lens.astype(np.int32),
+        block_table=block_tables[slots, :width],
+        samples=seq_lens == num_tokens[slots],
+        logits_indices=query_start_loc[1:] - 1,
+    )
+
+
+def schedule_problem(
+    num_computed: np.ndarray,  # [S] int64
+    num_scheduled: np.ndarray,  # [S] int64
+    num_tokens: np.ndarray,  # [S] int64 known tokens
+    num_slots: np.ndarray,  # [S] int64 KV slots in each block table
+    total_num_scheduled_tokens: int,
+) -> tuple[int | None, str] | None:
+    """What makes a schedule impossible, as (row or None, message); None when it is fine."""
+    seq_lens = num_computed + num_scheduled  # [S]
+    checks = (
+        (num_scheduled < 1, "schedules fewer than 1 token"),
+        (seq_lens > num_tokens, "schedules tokens past its known token ids"),
+        (seq_lens > num_slots, "schedules tokens past the end of its block table"),
+    )
+    for bad, message in checks:
+        if bad.any():
+            row = int(np.argmax(bad))
+            counts = f"num_computed_tokens {num_computed[row]}, num_scheduled_tokens"
+            return row, f"{message} ({counts} {num_scheduled[row]})"
+    if int(num_scheduled.sum()) != total_num_scheduled_tokens:
+        return None, (
+            f"total_num_scheduled_tokens {total_num_scheduled_tokens} != "
+            f"the sum of num_scheduled_tokens {int(num_scheduled.sum())}"
+        )
+    return None

@@ -1,0 +1,357 @@
+"""InputBatch: the worker's persistent per-request state, updated from each SchedulerOutput.
+
+Every request the worker holds owns a slot: a row of numpy arrays (token ids, block
+table, counters, sampling columns). `update` applies a plan's diff (drop finished, add
+new requests in full, apply cached deltas) and is all-or-nothing: a bad plan raises
+before anything changes. `prepare` gathers the scheduled slots into the flattened
+varlen batch with vectorised numpy, and `append_sampled` adds the sampled tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from services.common.sampling_params import SamplingParams
+from services.common.scheduler_output import NewRequestData, SchedulerOutput
+from services.worker.batch_inputs import (
+    BatchInputs,
+    PromptLogprobsInputs,
+    flatten_batch,
+    schedule_problem,
+)
+from services.worker.sampling_table import SamplingParamsTable
+
+logger = logging.getLogger(__name__)
+
+
+class InvalidPlanError(ValueError):
+    """A plan the worker cannot apply (inconsistent with its state or its limits)."""
+
+
+class UnknownRequestError(InvalidPlanError):
+    def __init__(self, request_id: str) -> None:
+        super().__init__(f"the worker holds no request with id {request_id!r}")
+        self.request_id = request_id
+
+
+@dataclass
+class _RequestState:
+    slot: int
+    sampling_params: SamplingParams
+
+
+class InputBatch:
+    def __init__(
+        self,
+        block_size: int,
+        max_num_seqs: int,
+        max_model_len: int,
+        vocab_size: int,
+        eos_token_id: int | None,
+        device: torch.device | str,
+    ) -> None:
+        for name, value in (
+            ("block_size", block_size),
+            ("max_num_seqs", max_num_seqs),
+            ("max_model_len", max_model_len),
+            ("vocab_size", vocab_size),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}.")
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.max_blocks_per_req = -(-max_model_len // block_size)
+        self.device = torch.device(device)
+        self.capacity = 0
+        self._token_ids = np.zeros((0, max_model_len), np.int32)
+        self._block_tables = np.zeros((0, self.max_blocks_per_req), np.int32)
+        self._num_tokens = np.zeros(0, np.int64)
+        self._num_prompt_tokens = np.zeros(0, np.int64)
+        self._num_computed = np.zeros(0, np.int64)
+        self._num_blocks = np.zeros(0, np.int64)
+        self._sampling = SamplingParamsTable(0, vocab_size, eos_token_id)
+        self._requests: dict[str, _RequestState] = {}
+        self._prompt_logprobs_ids: set[str] = set()
+        self._free_slots: list[int] = []
+        self._grow(max_num_seqs)
+
+    # ---- queries -------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._requests
+
+    @property
+    def request_ids(self) -> list[str]:
+        return list(self._requests)
+
+    def token_ids(self, request_id: str) -> list[int]:
+        slot = self._slot(request_id)
+        return self._token_ids[slot, : self._num_tokens[slot]].tolist()
+
+    def num_prompt_tokens(self, request_id: str) -> int:
+        return int(self._num_prompt_tokens[self._slot(request_id)])
+
+    def num_computed_tokens(self, request_id: str) -> int:
+        return int(self._num_computed[self._slot(request_id)])
+
+    def block_ids(self, request_id: str) -> list[int]:
+        slot = self._slot(request_id)
+        return self._block_tables[slot, : self._num_blocks[slot]].tolist()
+
+    def sampling_params(self, request_id: str) -> SamplingParams:
+        return self._state(request_id).sampling_params
+
+    # ---- update --------------------------------------------------------------------------
+
+    def update(self, plan: SchedulerOutput) -> None:
+        self._validate_update(plan)
+        for request_id in plan.finished_req_ids:
+            self._remove(request_id)
+        for new in plan.scheduled_new_reqs:
+            self._add(new)
+        cached = plan.scheduled_cached_reqs
+        for request_id, new_block_ids, num_computed, resumed in zip(
+            cached.request_ids,
+            cached.new_block_ids,
+            cached.num_computed_tokens,
+            cached.resumed_from_preemption,
+            strict=True,
+        ):
+            slot = self._slot(request_id)
+            start = 0 if resumed else int(self._num_blocks[slot])
+            self._set_blocks(slot, start, new_block_ids)
+            self._num_computed[slot] = num_computed
+
+    def _validate_update(self, plan: SchedulerOutput) -> None:
+        cached = plan.scheduled_cached_reqs
+        columns = (cached.new_block_ids, cached.num_computed_tokens, cached.resumed_from_preemption)
+        if any(len(column) != len(cached.request_ids) for column in columns):
+            raise InvalidPlanError("scheduled_cached_reqs columns differ in length")
+        num_blocks = {}
+        for new in plan.scheduled_new_reqs:
+            self._validate_new(new)
+            num_blocks[new.request_id] = len(new.block_ids)
+        for request_id, new_block_ids, resumed in zip(
+            cached.request_ids, cached.new_block_ids, cached.resumed_from_preemption, strict=True
+        ):
+            if request_id not in num_blocks:
+                if request_id not in self._requests or request_id in plan.finished_req_ids:
+                    raise UnknownRequestError(request_id)
+                num_blocks[request_id] = int(self._num_blocks[self._slot(request_id)])
+            num_blocks[request_id] = (0 if resumed else num_blocks[request_id]) + len(new_block_ids)
+            self._check_num_blocks(request_id, num_blocks[request_id])
+
+    def _validate_new(self, new: NewRequestData) -> None:
+        num_tokens = len(new.prompt_token_ids) + len(new.output_token_ids)
+        if not new.prompt_token_ids or num_tokens > self.max_model_len:
+            raise InvalidPlanError(
+                f"request {new.request_id!r} has {num_tokens} tokens "
+                f"({len(new.prompt_token_ids)} prompt); allowed 1..{self.max_model_len}"
+            )
+        if not 0 <= new.num_computed_tokens <= num_tokens:
+            raise InvalidPlanError(
+                f"request {new.request_id!r}: num_computed_tokens {new.num_computed_tokens} "
+                f"outside 0..{num_tokens}"
+            )
+        self._check_num_blocks(new.request_id, len(new.block_ids))
+
+    def _check_num_blocks(self, request_id: str, num_blocks: int) -> None:
+        if num_blocks > self.max_blocks_per_req:
+            raise InvalidPlanError(
+                f"request {request_id!r} would hold {num_blocks} blocks; "
+                f"max_model_len allows {self.max_blocks_per_req}"
+            )
+
+    def _add(self, new: NewRequestData) -> None:
+        if new.request_id in self._requests:
+            self._remove(new.request_id)
+        if not self._free_slots:
+            self._grow(2 * self.capacity)
+        slot = self._free_slots.pop()
+        tokens = list(new.prompt_token_ids) + list(new.output_token_ids)
+        self._token_ids[slot, : len(tokens)] = tokens
+        self._num_tokens[slot] = len(tokens)
+        self._num_prompt_tokens[slot] = len(new.prompt_token_ids)
+        self._num_computed[slot] = new.num_computed_tokens
+        self._set_blocks(slot, 0, new.block_ids)
+        self._sampling.set_row(slot, new.sampling_params)
+        self._requests[new.request_id] = _RequestState(slot, new.sampling_params)
+        if new.sampling_params.prompt_logprobs is not None:
+            self._prompt_logprobs_ids.add(new.request_id)
+
+    def _remove(self, request_id: str) -> None:
+        state = self._requests.pop(request_id, None)
+        if state is None:
+            return  # finished before the worker ever saw it (aborted while waiting)
+        self._prompt_logprobs_ids.discard(request_id)
+        self._sampling.clear_row(state.slot)
+        self._free_slots.append(state.slot)
+
+    def _set_blocks(self, slot: int, start: int, block_ids: Sequence[int]) -> None:
+        end = start + len(block_ids)
+        self._block_tables[slot, start:end] = block_ids
+        if start == 0:
+            self._block_tables[slot, end:] = 0
+        self._num_blocks[slot] = end
+
+    def _grow(self, capacity: int) -> None:
+        extra = capacity - self.capacity
+        if self.capacity:
+            logger.info("InputBatch grows from %d to %d slots", self.capacity, capacity)
+
+        def pad(array: np.ndarray) -> np.ndarray:
+            return np.concatenate([array, np.zeros((extra, *array.shape[1:]), array.dtype)])
+
+        self._token_ids = pad(self._token_ids)
+        self._block_tables = pad(self._block_tables)
+        self._num_tokens = pad(self._num_tokens)
+        self._num_prompt_tokens = pad(self._num_prompt_tokens)
+        self._num_computed = pad(self._num_computed)
+        self._num_blocks = pad(self._num_blocks)
+        self._sampling.grow(capacity)
+        self._free_slots.extend(range(capacity - 1, self.capacity - 1, -1))
+        self.capacity = capacity
+
+    def _state(self, request_id: str) -> _RequestState:
+        state = self._requests.get(request_id)
+        if state is None:
+            raise UnknownRequestError(request_id)
+        return state
+
+    def _slot(self, request_id: str) -> int:
+        return self._state(request_id).slot
+
+    # ---- prepare -------------------------------------------------------------------------
+
+    def prepare(self, plan: SchedulerOutput) -> BatchInputs:
+        request_ids = list(plan.num_scheduled_tokens)
+        slots = np.fromiter((self._slot(r) for r in request_ids), np.int64, len(request_ids))
+        num_scheduled = np.fromiter(plan.num_scheduled_tokens.values(), np.int64, len(slots))
+        num_computed = self._num_computed[slots]
+        self._check_schedule(plan, request_ids, slots, num_computed, num_scheduled)
+        flat = flatten_batch(
+            self._token_ids,
+            self._block_tables,
+            self._num_blocks,
+            self._num_tokens,
+            slots,
+            num_computed,
+            num_scheduled,
+            self.block_size,
+        )
+        sample_rows = np.nonzero(flat.samples)[0]  # [R]
+        metadata = None
+        if len(sample_rows):
+            metadata = self._sampling.make_metadata(
+                slots[sample_rows],
+                self._token_ids,
+                self._num_prompt_tokens,
+                self._num_tokens,
+                self.device,
+            )
+        return BatchInputs(
+            request_ids=request_ids,
+            input_ids=self._to_device(flat.input_ids),
+            positions=self._to_device(flat.positions),
+            slot_mapping=self._to_device(flat.slot_mapping),
+            query_start_loc=self._to_device(flat.query_start_loc),
+            seq_lens=self._to_device(flat.seq_lens),
+            block_table=self._to_device(flat.block_table),
+            max_query_len=int(num_scheduled.max(initial=0)),
+            max_seq_len=int(flat.seq_lens.max(initial=0)),
+            query_start_loc_host=flat.query_start_loc.tolist(),
+            seq_lens_host=flat.seq_lens.tolist(),
+            logits_indices=self._to_device(flat.logits_indices[sample_rows]),
+            sampling_request_ids=[request_ids[row] for row in sample_rows.tolist()],
+            sampling_metadata=metadata,
+            prompt_logprobs=self._prompt_logprobs_inputs(
+                request_ids, slots, num_computed, num_scheduled, flat.query_start_loc
+            ),
+        )
+
+    def _check_schedule(
+        self,
+        plan: SchedulerOutput,
+        request_ids: list[str],
+        slots: np.ndarray,
+        num_computed: np.ndarray,
+        num_scheduled: np.ndarray,
+    ) -> None:
+        problem = schedule_problem(
+            num_computed,
+            num_scheduled,
+            self._num_tokens[slots],
+            self._num_blocks[slots] * self.block_size,
+            plan.total_num_scheduled_tokens,
+        )
+        if problem is not None:
+            row, message = problem
+            name = "plan" if row is None else f"plan for request {request_ids[row]!r}"
+            raise InvalidPlanError(f"{name} {message}")
+
+    def _prompt_logprobs_inputs(
+        self,
+        request_ids: list[str],
+        slots: np.ndarray,
+        num_computed: np.ndarray,
+        num_scheduled: np.ndarray,
+        query_start_loc: np.ndarray,
+    ) -> PromptLogprobsInputs | None:
+        if not self._prompt_logprobs_ids:
+            return None
+        names, num_rows, firsts, ks, indices, targets = [], [], [], [], [], []
+        for row, request_id in enumerate(request_ids):
+            if request_id not in self._prompt_logprobs_ids:
+                continue
+            slot, start = int(slots[row]), int(num_computed[row])
+            stop = min(start + int(num_scheduled[row]), int(self._num_prompt_tokens[slot]) - 1)
+            if stop <= start:
+                continue
+            names.append(request_id)
+            num_rows.append(stop - start)
+            firsts.append(start + 1)
+            ks.append(self._requests[request_id].sampling_params.prompt_logprobs)
+            indices.append(query_start_loc[row] + np.arange(stop - start, dtype=np.int64))
+            targets.append(self._token_ids[slot, start + 1 : stop + 1].astype(np.int64))
+        if not names:
+            return None
+        return PromptLogprobsInputs(
+            request_ids=names,
+            num_rows=num_rows,
+            first_positions=firsts,
+            num_logprobs=ks,
+            token_indices=self._to_device(np.concatenate(indices).astype(np.int64)),
+            target_ids=self._to_device(np.concatenate(targets)),
+        )
+
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+
+    # ---- after sampling ------------------------------------------------------------------
+
+    def append_sampled(self, request_ids: list[str], token_ids: list[list[int]]) -> None:
+        if len(request_ids) != len(token_ids) or len(set(request_ids)) != len(request_ids):
+            raise ValueError("append_sampled needs unique request ids, one token list each")
+        slots = np.fromiter((self._slot(r) for r in request_ids), np.int64, len(request_ids))
+        counts = np.fromiter((len(t) for t in token_ids), np.int64, len(token_ids))  # [S]
+        new_num_tokens = self._num_tokens[slots] + counts
+        if (new_num_tokens > self.max_model_len).any():
+            row = int(np.argmax(new_num_tokens > self.max_model_len))
+            raise InvalidPlanError(
+                f"request {request_ids[row]!r} would exceed max_model_len {self.max_model_len}"
+            )
+        total = int(counts.sum())
+        flat_tokens = np.fromiter(itertools.chain.from_iterable(token_ids), np.int64, total)
+        starts = np.cumsum(counts) - counts  # [S]
+        cols = np.repeat(self._num_tokens[slots] - starts, counts) + np.arange(total)  # [N]
+        self._token_ids[np.repeat(slots, counts), cols] = flat_tokens
+        self._num_tokens[slots] = new_num_tokens

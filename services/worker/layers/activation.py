@@ -1,0 +1,32 @@
+"""Gated activations over a fused [gate | up] projection (SwiGLU and friends)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.activations import ACT2FN
+
+
+class GatedActivation(nn.Module):
+    """act(gate) * up, where the input is the fused [..., 2 * d] = [gate | up] projection."""
+
+    def __init__(self, hidden_act: str = "silu") -> None:
+        super().__init__()
+        if hidden_act not in ACT2FN:
+            raise ValueError(f"hidden_act {hidden_act!r} is not a known activation.")
+        self.hidden_act = hidden_act
+        self.act_fn = ACT2FN[hidden_act]
+
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)  # [num_tokens, d] each
+        return self.act_fn(gate) * up
+
+    def extra_repr(self) -> str:
+        return self.hidden_act
+
+
+class SiluAndMul(GatedActivation):
+    """SwiGLU: silu(gate) * up."""
+
+    def __init__(self) -> None:
+        super().__init__("silu")

@@ -1,0 +1,138 @@
+"""Paged attention layer: writes this step's K/V into the cache, attends over the context.
+
+The layer works on the flattened batch ([num_tokens, num_heads * head_dim], no padding); the
+per-step layout (slot_mapping, block_table, seq_lens, query_start_loc) comes from
+`AttentionMetadata`. The kernels (causal within each sequence, GQA, optional sliding window
+and logit soft-cap) come from an `AttentionOps` backend: "torch" is `kernels`' reference and
+CPU path; a Triton backend registers itself with `register_attention_backend`, and
+`resolve_attention_backend` picks one for --attention-backend auto|torch|triton.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kernels import paged_attention, reshape_and_cache
+from services.worker.attention_metadata import AttentionMetadata
+
+
+@dataclass(frozen=True)
+class AttentionOps:
+    """One attention backend: the two kernels of `kernels/`, same signatures."""
+
+    name: str
+    reshape_and_cache: Callable[..., None]
+    paged_attention: Callable[..., torch.Tensor]
+
+    def attend(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        scale: float,
+        sliding_window: int | None = None,
+        soft_cap: float | None = None,
+    ) -> torch.Tensor:
+        """One layer's attention for one step: cache this step's K/V, attend over the context.
+
+        query: [num_tokens, num_heads, head_dim]; key, value: [num_tokens, num_kv_heads,
+        head_dim]; kv_cache: [2, num_blocks, block_size, num_kv_heads, head_dim].
+        Returns [num_tokens, num_heads, head_dim]. An empty kv_cache (a memory-profiling run
+        before the cache exists) skips attention and returns zeros.
+        """
+        if kv_cache.numel() == 0:
+            return torch.zeros_like(query)
+        self.reshape_and_cache(key, value, kv_cache, attn_metadata.slot_mapping)
+        return self.paged_attention(
+            query,
+            kv_cache,
+            attn_metadata.block_table,
+            attn_metadata.seq_lens,
+            attn_metadata.query_start_loc,
+            scale,
+            max_query_len=attn_metadata.max_query_len,
+            max_seq_len=attn_metadata.max_seq_len,
+            sliding_window=sliding_window,
+            soft_cap=soft_cap,
+        )
+
+
+TORCH_ATTENTION = AttentionOps("torch", reshape_and_cache, paged_attention)
+_BACKENDS: dict[str, AttentionOps] = {TORCH_ATTENTION.name: TORCH_ATTENTION}
+
+
+def register_attention_backend(ops: AttentionOps) -> None:
+    """Make `ops` selectable by its name (e.g. "triton")."""
+    _BACKENDS[ops.name] = ops
+
+
+def resolve_attention_backend(name: str, device: torch.device) -> AttentionOps:
+    """ "auto" -> triton on CUDA when registered, else torch; other names must be registered."""
+    if name == "auto":
+        name = "triton" if device.type == "cuda" and "triton" in _BACKENDS else "torch"
+    if name not in _BACKENDS:
+        raise ValueError(
+            f"attention backend {name!r} is not available; have {', '.join(sorted(_BACKENDS))}."
+        )
+    return _BACKENDS[name]
+
+
+class Attention(nn.Module):
+    """Multi-head / grouped-query attention over the paged cache; `ops` is set by the model's
+    `set_attention_ops` (default: the torch kernels)."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        scale: float,
+        num_kv_heads: int | None = None,
+        sliding_window: int | None = None,
+        soft_cap: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.num_kv_heads = num_kv_heads or num_heads
+        if self.num_heads % self.num_kv_heads != 0:
+            raise ValueError(
+                f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})."
+            )
+        self.sliding_window = sliding_window
+        self.soft_cap = soft_cap
+        self.ops = TORCH_ATTENTION
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """query [num_tokens, H * D], key/value [num_tokens, K * D] -> [num_tokens, H * D]."""
+        num_tokens = query.shape[0]
+        out = self.ops.attend(
+            query.reshape(num_tokens, self.num_heads, self.head_dim),
+            key.reshape(num_tokens, self.num_kv_heads, self.head_dim),
+            value.reshape(num_tokens, self.num_kv_heads, self.head_dim),
+            kv_cache,
+            attn_metadata,
+            self.scale,
+            self.sliding_window,
+            self.soft_cap,
+        )
+        return out.reshape(num_tokens, self.num_heads * self.head_dim)
+
+    def extra_repr(self) -> str:
+        return (
+            f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
+            f"sliding_window={self.sliding_window}, backend={self.ops.name}"
+        )

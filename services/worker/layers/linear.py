@@ -1,0 +1,207 @@
+"""Linear layers with weight-loader hooks, ready to be sharded for tensor parallelism.
+
+Every parameter carries a `weight_loader(param, loaded_weight, shard_id)` attribute that copies
+a checkpoint tensor into it. The column layers split their output features across
+`tp_size` ranks and the row layer splits its input features (all-reducing its output), so a
+tensor-parallel model only passes `tp_rank`/`tp_size`; with the defaults (0, 1) they are
+plain linear layers. Fused layers (QKV, gate/up) take the separate HF tensors by `shard_id`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+
+def _new_param(*shape: int) -> nn.Parameter:
+    # Uninitialised on purpose: every weight comes from the checkpoint (loads stay fast).
+    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+
+
+def _check_divisible(name: str, size: int, tp_size: int) -> None:
+    if size % tp_size != 0:
+        raise ValueError(f"{name} ({size}) must be divisible by tp_size ({tp_size}).")
+
+
+class LinearBase(nn.Module):
+    """y = x W^T (+ b); weight is [output_size, input_size] as in the checkpoint."""
+
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = False,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+    ) -> None:
+        super().__init__()
+        self.input_size = input_size
+        self.output_size = output_size
+        self.tp_rank = tp_rank
+        self.tp_size = tp_size
+        self.weight = _new_param(output_size, input_size)
+        self.weight.weight_loader = self.weight_loader
+        if bias:
+            self.bias = _new_param(output_size)
+            self.bias.weight_loader = self.weight_loader
+        else:
+            self.register_parameter("bias", None)
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
+    ) -> None:
+        _copy_checked(param.data, loaded_weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}, "
+            f"tp={self.tp_rank}/{self.tp_size}"
+        )
+
+
+def _copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:
+    if dst.shape != src.shape:
+        raise ValueError(
+            f"checkpoint tensor has shape {tuple(src.shape)}, expected {tuple(dst.shape)}"
+        )
+    dst.copy_(src)
+
+
+class ColumnLinear(LinearBase):
+    """Output features split across ranks; each rank keeps rows [rank*n, (rank+1)*n)."""
+
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = False,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+    ) -> None:
+        _check_divisible("output_size", output_size, tp_size)
+        super().__init__(input_size, output_size // tp_size, bias, tp_rank, tp_size)
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
+    ) -> None:
+        size = param.shape[0]
+        _copy_checked(param.data, loaded_weight.narrow(0, self.tp_rank * size, size))
+
+
+class MergedColumnLinear(ColumnLinear):
+    """Several column layers fused along the output (e.g. gate_proj and up_proj).
+
+    shard_id is the index into `output_sizes` of the checkpoint tensor being loaded.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        output_sizes: Sequence[int],
+        bias: bool = False,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+    ) -> None:
+        for size in output_sizes:
+            _check_divisible("each of output_sizes", size, tp_size)
+        self.output_sizes = tuple(output_sizes)
+        super().__init__(input_size, sum(output_sizes), bias, tp_rank, tp_size)
+
+    def shard_range(self, shard_id: int) -> tuple[int, int]:
+        """(offset, size) of shard `shard_id` inside this rank's fused output."""
+        sizes = [size // self.tp_size for size in self.output_sizes]
+        return sum(sizes[:shard_id]), sizes[shard_id]
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
+    ) -> None:
+        if shard_id is None:  # an already-fused checkpoint tensor
+            super().weight_loader(param, loaded_weight)
+            return
+        offset, size = self.shard_range(int(shard_id))  # type: ignore[call-overload]
+        shard = loaded_weight.narrow(0, self.tp_rank * size, size)
+        _copy_checked(param.data.narrow(0, offset, size), shard)
+
+
+class QKVLinear(MergedColumnLinear):
+    """Fused query/key/value projection; shard_id is "q", "k" or "v".
+
+    With tensor parallelism each rank holds num_heads/tp_size query heads and
+    num_kv_heads/tp_size key/value heads.
+    """
+
+    SHARD_INDEX: ClassVar[dict[str, int]] = {"q": 0, "k": 1, "v": 2}
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_dim: int,
+        num_heads: int,
+        num_kv_heads: int,
+        bias: bool = False,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+    ) -> None:
+        self.head_dim = head_dim
+        self.num_heads = num_heads // tp_size
+        self.num_kv_heads = num_kv_heads // tp_size
+        q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+        super().__init__(hidden_size, (q_size, kv_size, kv_size), bias, tp_rank, tp_size)
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
+    ) -> None:
+        index = None if shard_id is None else self.SHARD_INDEX[str(shard_id)]
+        super().weight_loader(param, loaded_weight, index)
+
+    def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[num_tokens, (H + 2*K) * D] -> q [num_tokens, H*D], k, v [num_tokens, K*D]."""
+        q_size = self.num_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        return q, k, v
+
+
+class RowLinear(LinearBase):
+    """Input features split across ranks; partial outputs are summed (all-reduce).
+
+    The bias is added once, after the reduction.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = False,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        reduce_results: bool = True,
+    ) -> None:
+        _check_divisible("input_size", input_size, tp_size)
+        super().__init__(input_size // tp_size, output_size, bias, tp_rank, tp_size)
+        self.reduce_results = reduce_results
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
+    ) -> None:
+        if param.dim() == 1:  # bias: replicated
+            _copy_checked(param.data, loaded_weight)
+            return
+        size = param.shape[1]
+        _copy_checked(param.data, loaded_weight.narrow(1, self.tp_rank * size, size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.linear(x, self.weight)
+        if self.tp_size > 1 and self.reduce_results:
+            dist.all_reduce(out)
+        if self.bias is not None and (self.tp_rank == 0 or self.reduce_results):
+            out = out + self.bias
+        return out

@@ -1,0 +1,104 @@
+"""Rotary position embedding (GPT-NeoX "rotate half" style) applied per token.
+
+The inverse frequencies come from the model config: plain RoPE, or any scaled variant HF
+transformers knows (linear, dynamic, llama3, yarn, longrope) through its ROPE_INIT_FUNCTIONS,
+so the angles match HF bit for bit. cos/sin are computed on the fly from the per-token
+`positions` ([num_tokens] int64), so there is no table to size or overflow.
+
+"dynamic" NTK scaling is computed for sequences within max_position_embeddings (where it equals
+HF's); HF rescales beyond that from the batch's longest sequence, which has no per-token
+equivalent in a mixed batch.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+
+def rope_parameters(config: PretrainedConfig) -> dict:
+    """The config's RoPE settings as one dict (transformers 5 `rope_parameters` or 4.x keys)."""
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    legacy = getattr(config, "rope_scaling", None) or {}
+    for key, value in legacy.items():
+        params.setdefault(key, value)
+    if "rope_type" not in params:
+        params["rope_type"] = params.get("type", "default")
+    params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
+    return params
+
+
+def default_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
+    """1 / theta^(2i / head_dim) for i in [0, head_dim / 2), float32."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
+    return 1.0 / (theta**exponents)  # [head_dim // 2]
+
+
+def compute_inv_freq(config: PretrainedConfig, head_dim: int) -> tuple[torch.Tensor, float]:
+    """(inv_freq [rotary_dim // 2] float32, attention_scaling) for this config's RoPE type."""
+    params = rope_parameters(config)
+    rope_type = params["rope_type"]
+    if rope_type == "default":
+        return default_inv_freq(head_dim, float(params["rope_theta"])), 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if rope_type not in ROPE_INIT_FUNCTIONS:
+        raise ValueError(f"rope_type {rope_type!r} is not supported.")
+    inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+    return inv_freq.to(torch.float32), float(attention_scaling)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first rotary_dim features of every head.
+
+    x: [num_tokens, num_heads, head_dim]; cos, sin: [num_tokens, 1, rotary_dim] float32.
+    """
+    rotary_dim = cos.shape[-1]
+    x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
+    x_rot32 = x_rot.to(torch.float32)
+    rotated = (x_rot32 * cos + rotate_half(x_rot32) * sin).to(x.dtype)
+    if x_pass.shape[-1] == 0:
+        return rotated
+    return torch.cat((rotated, x_pass), dim=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_dim: int, inv_freq: torch.Tensor, attention_scaling: float = 1.0):
+        super().__init__()
+        self.head_dim = head_dim
+        self.rotary_dim = 2 * inv_freq.shape[0]
+        if self.rotary_dim > head_dim:
+            raise ValueError(f"rotary_dim {self.rotary_dim} exceeds head_dim {head_dim}.")
+        self.attention_scaling = attention_scaling
+        self.register_buffer("inv_freq", inv_freq.to(torch.float32), persistent=False)
+
+    @classmethod
+    def from_config(cls, config: PretrainedConfig, head_dim: int) -> RotaryEmbedding:
+        inv_freq, attention_scaling = compute_inv_freq(config, head_dim)
+        return cls(head_dim, inv_freq, attention_scaling)
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [num_tokens] -> cos, sin [num_tokens, 1, rotary_dim] float32."""
+        inv_freq = self.inv_freq.to(device=positions.device, dtype=torch.float32)
+        freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # [num_tokens, rot/2]
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [num_tokens, 1, rotary_dim]
+        return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
+
+    def forward(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """query [num_tokens, H * D], key [num_tokens, K * D] -> rotated, same shapes."""
+        num_tokens = positions.shape[0]
+        cos, sin = self.cos_sin(positions)
+        q = apply_rotary(query.reshape(num_tokens, -1, self.head_dim), cos, sin)
+        k = apply_rotary(key.reshape(num_tokens, -1, self.head_dim), cos, sin)
+        return q.reshape(num_tokens, -1), k.reshape(num_tokens, -1)
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}"

@@ -1,0 +1,263 @@
+"""Native Llama family: Llama (incl. llama3 RoPE scaling, SmolLM), Mistral, Qwen2.
+
+Runs on the flattened batch ([num_tokens, hidden_size], no padding) with the paged KV cache.
+Fused QKV and gate/up projections are filled from HF's separate q/k/v and gate/up tensors
+through `stacked_params_mapping`; every other tensor loads by its HF name. The layers take
+`tp_rank`/`tp_size` so the same code runs tensor-parallel.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from services.worker.attention_metadata import AttentionMetadata
+from services.worker.layers.activation import GatedActivation
+from services.worker.layers.attention import Attention
+from services.worker.layers.layernorm import RMSNorm
+from services.worker.layers.linear import MergedColumnLinear, QKVLinear, RowLinear
+from services.worker.layers.rotary_embedding import RotaryEmbedding
+from services.worker.layers.vocab_embedding import LMHead, VocabEmbedding
+from services.worker.models.causal_lm import CausalLM, config_head_dim, config_num_kv_heads
+from services.worker.models.errors import ModelLoadError
+from services.worker.models.weight_utils import default_weight_loader
+
+logger = logging.getLogger(__name__)
+
+
+def layer_sliding_window(config: PretrainedConfig, layer_idx: int) -> int | None:
+    """The attention window of one layer: per `layer_types` when the config has them."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and layer_types[layer_idx] != "sliding_attention":
+        return None
+    return int(window) if window else None
+
+
+class LlamaAttention(nn.Module):
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        layer_idx: int,
+        biases: tuple[bool, bool],
+        tp_rank: int = 0,
+        tp_size: int = 1,
+    ) -> None:
+        super().__init__()
+        num_heads, num_kv_heads = config.num_attention_heads, config_num_kv_heads(config)
+        head_dim = config_head_dim(config)
+        qkv_bias, o_bias = biases
+        self.qkv_proj = QKVLinear(
+            config.hidden_size, head_dim, num_heads, num_kv_heads, qkv_bias, tp_rank, tp_size
+        )
+        self.o_proj = RowLinear(num_heads * head_dim, config.hidden_size, o_bias, tp_rank, tp_size)
+        self.rotary_emb = RotaryEmbedding.from_config(config, head_dim)
+        self.attn = Attention(
+            num_heads // tp_size,
+            head_dim,
+            head_dim**-0.5,
+            num_kv_heads // tp_size,
+            sliding_window=layer_sliding_window(config, layer_idx),
+        )
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden_states)  # [num_tokens, (H + 2K) * D]
+        q, k, v = self.qkv_proj.split(qkv)
+        q, k = self.rotary_emb(positions, q, k)
+        attn_out = self.attn(q, k, v, kv_cache, attn_metadata)  # [num_tokens, H * D]
+        return self.o_proj(attn_out)
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: PretrainedConfig, tp_rank: int = 0, tp_size: int = 1) -> None:
+        super().__init__()
+        bias = bool(getattr(config, "mlp_bias", False))
+        hidden, inter = config.hidden_size, config.intermediate_size
+        self.gate_up_proj = MergedColumnLinear(hidden, [inter, inter], bias, tp_rank, tp_size)
+        self.down_proj = RowLinear(inter, hidden, bias, tp_rank, tp_size)
+        self.act_fn = GatedActivation(getattr(config, "hidden_act", "silu"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        layer_idx: int,
+        biases: tuple[bool, bool],
+        tp_rank: int = 0,
+        tp_size: int = 1,
+    ) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer_idx, biases, tp_rank, tp_size)
+        self.mlp = LlamaMLP(config, tp_rank, tp_size)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        normed = self.input_layernorm(hidden_states)
+        hidden_states = hidden_states + self.self_attn(positions, normed, kv_cache, attn_metadata)
+        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+
+
+class LlamaModel(nn.Module):
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        biases: tuple[bool, bool],
+        tp_rank: int = 0,
+        tp_size: int = 1,
+    ) -> None:
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, i, biases, tp_rank, tp_size)
+            for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: Sequence[torch.Tensor],
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        hidden_states = self.embed_tokens(input_ids)  # [num_tokens, hidden_size]
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden_states = layer(positions, hidden_states, kv_cache, attn_metadata)
+        return self.norm(hidden_states)
+
+
+class LlamaForCausalLM(CausalLM):
+    # (fused param, checkpoint name, shard id): HF's separate tensors -> our fused layers.
+    stacked_params_mapping: tuple[tuple[str, str, str | int], ...] = (
+        (".qkv_proj", ".q_proj", "q"),
+        (".qkv_proj", ".k_proj", "k"),
+        (".qkv_proj", ".v_proj", "v"),
+        (".gate_up_proj", ".gate_proj", 0),
+        (".gate_up_proj", ".up_proj", 1),
+    )
+    # Checkpoint tensors that are recomputed, never loaded.
+    skipped_weight_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq",)
+
+    def __init__(self, config: PretrainedConfig, tp_rank: int = 0, tp_size: int = 1) -> None:
+        super().__init__(config)
+        self.tp_size = tp_size
+        self.model = LlamaModel(config, self.attention_biases(config), tp_rank, tp_size)
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        if self.tie_word_embeddings:
+            self.lm_head.tie_to(self.model.embed_tokens)
+
+    @classmethod
+    def attention_biases(cls, config: PretrainedConfig) -> tuple[bool, bool]:
+        """(qkv_bias, o_proj_bias)."""
+        bias = bool(getattr(config, "attention_bias", False))
+        return bias, bias
+
+    @property
+    def num_kv_heads(self) -> int:
+        return config_num_kv_heads(self.config) // self.tp_size
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: Sequence[torch.Tensor],
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, attn_metadata)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden_states)  # [num_rows, vocab_size] float32
+
+    def _skip_weight(self, name: str) -> bool:
+        if name.endswith(self.skipped_weight_suffixes):
+            return True
+        return self.tie_word_embeddings and name == "lm_head.weight"
+
+    def _target_param(self, name: str) -> tuple[str, str | int | None]:
+        """The name of the parameter a checkpoint tensor loads into, and its shard id."""
+        for fused, separate, shard_id in self.stacked_params_mapping:
+            if separate in name:
+                return name.replace(separate, fused), shard_id
+        return name, None
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load HF-named checkpoint tensors; returns the parameter names that were filled.
+
+        Raises ModelLoadError when a parameter got no tensor or a tensor has the wrong shape.
+        """
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        unexpected: list[str] = []
+        for name, tensor in weights:
+            if self._skip_weight(name):
+                continue
+            target, shard_id = self._target_param(name)
+            param = params.get(target)
+            if param is None:
+                unexpected.append(name)
+                continue
+            loader = getattr(param, "weight_loader", default_weight_loader)
+            try:
+                loader(param, tensor, shard_id)
+            except ValueError as exc:
+                raise ModelLoadError(f"cannot load checkpoint tensor {name!r}: {exc}") from exc
+            loaded.add(f"{target}#{shard_id}" if shard_id is not None else target)
+        if unexpected:
+            logger.warning(
+                "ignored %d unexpected checkpoint tensors: %s",
+                len(unexpected),
+                ", ".join(unexpected[:8]),
+            )
+        self._check_all_loaded(params, loaded)
+        return {name.split("#")[0] for name in loaded}
+
+    def _check_all_loaded(self, params: dict[str, nn.Parameter], loaded: set[str]) -> None:
+        expected: set[str] = set()
+        for name in params:
+            shard_ids = [
+                sid for fused, _, sid in self.stacked_params_mapping if f"{fused}." in name
+            ]
+            if shard_ids:
+                expected.update(f"{name}#{sid}" for sid in shard_ids)
+            else:
+                expected.add(name)
+        missing = sorted(expected - loaded)
+        if missing:
+            raise ModelLoadError(
+                f"checkpoint has no tensor for {len(missing)} parameter(s) of "
+                f"{type(self).__name__}: {', '.join(missing[:8])}"
+            )
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    """Llama with an optional sliding attention window (config.sliding_window)."""
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    """Llama with biases on the q/k/v projections (none on o_proj)."""
+
+    @classmethod
+    def attention_biases(cls, config: PretrainedConfig) -> tuple[bool, bool]:
+        return True, False

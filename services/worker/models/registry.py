@@ -1,0 +1,23 @@
+"""Which model class runs a checkpoint: native for the Llama family, else the HF fallback."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from services.worker.models.causal_lm import CausalLM
+from services.worker.models.llama import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
+
+# HF `architectures` name -> native implementation.
+NATIVE_MODELS: dict[str, type[CausalLM]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+}
+
+
+def native_model_class(architectures: Sequence[str] | None) -> type[CausalLM] | None:
+    """The native class for the first supported architecture, or None (use the fallback)."""
+    for name in architectures or ():
+        if name in NATIVE_MODELS:
+            return NATIVE_MODELS[name]
+    return None

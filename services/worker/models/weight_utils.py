@@ -1,0 +1,77 @@
+"""Reading checkpoint tensors from an HF folder's safetensors files (single or sharded)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from safetensors import SafetensorError, safe_open
+
+from services.worker.models.errors import ModelLoadError
+
+if TYPE_CHECKING:  # torch is imported by safe_open(framework="pt") when weights are read
+    import torch
+    from torch import nn
+
+logger = logging.getLogger(__name__)
+
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The weight files of `folder`: the shards named by its index, else every *.safetensors."""
+    index_path = folder / INDEX_FILE
+    if index_path.exists():
+        try:
+            weight_map = json.loads(index_path.read_text())["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise ModelLoadError(
+                f"{index_path} is not a valid safetensors index ({exc}); "
+                "re-save the model with save_pretrained()."
+            ) from exc
+        missing = [name for name in names if not (folder / name).is_file()]
+        if missing:
+            raise ModelLoadError(
+                f"{index_path} names shard(s) that are missing from {folder}: "
+                f"{', '.join(missing)}. Copy the complete checkpoint folder."
+            )
+        return [folder / name for name in names]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(
+            f"No *.safetensors weights in {folder} (only safetensors checkpoints are supported; "
+            "convert .bin weights with save_pretrained(..., safe_serialization=True))."
+        )
+    return files
+
+
+def iterate_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) for every checkpoint tensor, on the CPU, one file at a time."""
+    for path in safetensors_files(folder):
+        logger.debug("reading %s", path)
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as handle:
+                names = list(handle.keys())
+                tensors = ((name, handle.get_tensor(name)) for name in names)
+                yield from tensors
+        except SafetensorError as exc:
+            raise ModelLoadError(
+                f"Weights file {path} is corrupt or truncated ({exc}). Delete the model folder "
+                "and convert or copy it again (for the default model: run `make setup`)."
+            ) from exc
+
+
+def default_weight_loader(
+    param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
+) -> None:
+    """Copy a checkpoint tensor into a parameter of the same shape (dtype/device converted)."""
+    if param.shape != loaded_weight.shape:
+        raise ValueError(
+            f"checkpoint tensor has shape {tuple(loaded_weight.shape)}, "
+            f"expected {tuple(param.shape)}"
+        )
+    param.data.copy_(loaded_weight)

@@ -1,0 +1,227 @@
+"""The torch paged-attention kernels against a naive loop and an independent SDPA reference.
+
+Every batch is built from contiguous per-sequence keys/values (the ground truth), written into
+a NaN-filled cache through shuffled, non-contiguous block tables whose padding points at NaN
+blocks, so any stray read of a slot that was never written poisons the result.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import paged_attention, paged_attention_naive, reshape_and_cache
+
+# The package re-exports the function under the module's name, so fetch the module itself.
+paged_attention_module = importlib.import_module("kernels.paged_attention")
+
+# (cached context tokens, query tokens) per sequence: decode rows, a whole prompt, chunked
+# prefills on top of cached context, a short prompt, a sequence with nothing scheduled.
+MIXED = [(37, 1), (0, 23), (5, 1), (40, 19), (70, 1), (0, 2), (16, 1), (12, 0), (33, 16), (1, 1)]
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
+
+
+@dataclass
+class Batch:
+    query: torch.Tensor  # [num_tokens, num_q_heads, head_dim]
+    kv_cache: torch.Tensor  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+    block_table: torch.Tensor  # [num_seqs, max_blocks] int32
+    seq_lens: torch.Tensor  # [num_seqs] int32
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+    keys: list[torch.Tensor]  # per sequence [seq_len, num_kv_heads, head_dim]
+    values: list[torch.Tensor]
+    specs: list[tuple[int, int]]
+
+    def args(self) -> tuple[torch.Tensor, ...]:
+        return self.query, self.kv_cache, self.block_table, self.seq_lens, self.query_start_loc
+
+
+def build_batch(
+    specs: list[tuple[int, int]],
+    *,
+    block_size: int = 16,
+    num_kv_heads: int = 2,
+    group: int = 2,
+    head_dim: int = 64,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+) -> Batch:
+    gen = torch.Generator().manual_seed(seed)
+    seq_lens = [cached + q_len for cached, q_len in specs]
+    num_seq_blocks = [math.ceil(n / block_size) for n in seq_lens]
+    num_blocks = sum(num_seq_blocks) + 3  # a few blocks nobody owns: they stay NaN
+    perm = torch.randperm(num_blocks, generator=gen)
+    nan_block = int(perm[-1])
+    block_table = torch.full((len(specs), max(num_seq_blocks) + 2), nan_block, dtype=torch.int32)
+    shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
+    kv_cache = torch.full(shape, float("nan"), dtype=dtype)
+    keys, values, slots, new_keys, new_values = [], [], [], [], []
+    used = 0
+    for i, ((cached, _), seq_len) in enumerate(zip(specs, seq_lens, strict=True)):
+        blocks = perm[used : used + num_seq_blocks[i]]
+        used += num_seq_blocks[i]
+        block_table[i, : len(blocks)] = blocks
+        k = torch.randn(seq_len, num_kv_heads, head_dim, generator=gen).to(dtype)
+        v = torch.randn(seq_len, num_kv_heads, head_dim, generator=gen).to(dtype)
+        keys.append(k)
+        values.append(v)
+        positions = torch.arange(seq_len)
+        seq_slots = blocks[positions // block_size] * block_size + positions % block_size
+        # Earlier context straight into the cache; this step's tokens via reshape_and_cache.
+        kv_cache[0].view(-1, num_kv_heads, head_dim)[seq_slots[:cached]] = k[:cached]
+        kv_cache[1].view(-1, num_kv_heads, head_dim)[seq_slots[:cached]] = v[:cached]
+        slots.append(seq_slots[cached:])
+        new_keys.append(k[cached:])
+        new_values.append(v[cached:])
+    reshape_and_cache(torch.cat(new_keys), torch.cat(new_values), kv_cache, torch.cat(slots))
+    q_lens = torch.tensor([q_len for _, q_len in specs])
+    query_start_loc = torch.zeros(len(specs) + 1, dtype=torch.int32)
+    query_start_loc[1:] = q_lens.cumsum(0)
+    query = torch.randn(int(q_lens.sum()), num_kv_heads * group, head_dim, generator=gen)
+    return Batch(
+        query=query.to(dtype),
+        kv_cache=kv_cache,
+        block_table=block_table,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        query_start_loc=query_start_loc,
+        keys=keys,
+        values=values,
+        specs=specs,
+    )
+
+
+def reference_attention(
+    batch: Batch,
+    scale: float,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+) -> torch.Tensor:
+    """Per sequence, on the contiguous ground-truth K/V: offset causal mask + SDPA (float32)."""
+    outs = []
+    group = batch.query.shape[1] // batch.keys[0].shape[1]
+    start = 0
+    for (cached, q_len), k, v in zip(batch.specs, batch.keys, batch.values, strict=True):
+        q = batch.query[start : start + q_len].float().transpose(0, 1)  # [q_heads, q_len, hd]
+        start += q_len
+        k = k.float().transpose(0, 1).repeat_interleave(group, dim=0)  # [q_heads, L, hd]
+        v = v.float().transpose(0, 1).repeat_interleave(group, dim=0)
+        q_pos = cached + torch.arange(q_len)[:, None]  # [q_len, 1]
+        k_pos = torch.arange(k.shape[1])[None, :]  # [1, L]
+        mask = k_pos <= q_pos
+        if sliding_window is not None:
+            mask &= k_pos > q_pos - sliding_window
+        if soft_cap is None:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        else:
+            scores = soft_cap * torch.tanh(q @ k.transpose(1, 2) * scale / soft_cap)
+            o = scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v
+        outs.append(o.transpose(0, 1))  # [q_len, q_heads, hd]
+    return torch.cat(outs)
+
+
+def check_all(
+    batch: Batch, sliding_window: int | None = None, soft_cap: float | None = None
+) -> None:
+    scale = batch.query.shape[-1] ** -0.5
+    kwargs = {"sliding_window": sliding_window, "soft_cap": soft_cap}
+    expected = reference_attention(batch, scale, **kwargs)
+    naive = paged_attention_naive(*batch.args(), scale, **kwargs)
+    fast = paged_attention(*batch.args(), scale, **kwargs)
+    tol = TOLERANCE[batch.query.dtype]
+    assert fast.dtype == batch.query.dtype and fast.shape == batch.query.shape
+    torch.testing.assert_close(naive.float(), expected, atol=tol, rtol=tol)
+    torch.testing.assert_close(fast.float(), expected, atol=tol, rtol=tol)
+    torch.testing.assert_close(fast.float(), naive.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_mixed_batch_matches_references(block_size: int, group: int, head_dim: int) -> None:
+    batch = build_batch(MIXED, block_size=block_size, group=group, head_dim=head_dim, seed=group)
+    check_all(batch)
+
+
+@pytest.mark.parametrize(("block_size", "group"), [(16, 1), (32, 4), (16, 8)])
+def test_bfloat16(block_size: int, group: int) -> None:
+    batch = build_batch(MIXED, block_size=block_size, group=group, dtype=torch.bfloat16)
+    check_all(batch)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("sliding_window", "soft_cap"), [(8, None), (None, 5.0), (20, 2.5), (1, None)]
+)
+def test_sliding_window_and_soft_cap(
+    dtype: torch.dtype, sliding_window: int | None, soft_cap: float | None
+) -> None:
+    batch = build_batch(MIXED, group=3, num_kv_heads=3, dtype=dtype, seed=7)
+    check_all(batch, sliding_window=sliding_window, soft_cap=soft_cap)
+
+
+@pytest.mark.parametrize(("decode_tokens", "prefill_area"), [(64, 256), (1, 1), (10**9, 10**9)])
+def test_grouping_budgets_do_not_change_results(
+    monkeypatch: pytest.MonkeyPatch, decode_tokens: int, prefill_area: int
+) -> None:
+    # Many sequences of varied shapes, split into many groups, one group each, or one group.
+    gen = torch.Generator().manual_seed(3)
+    specs = [(int(torch.randint(0, 90, (1,), generator=gen)), 1) for _ in range(24)]
+    specs += [(0, 3), (0, 5), (9, 4), (0, 30), (50, 12), (2, 2)]
+    monkeypatch.setattr(paged_attention_module, "DECODE_GROUP_TOKENS", decode_tokens)
+    monkeypatch.setattr(paged_attention_module, "PREFILL_GROUP_AREA", prefill_area)
+    check_all(build_batch(specs, group=4, seed=11))
+
+
+def test_decode_only_and_prefill_only_batches_with_hints() -> None:
+    for specs in ([(60, 1), (3, 1), (129, 1)], [(0, 40), (17, 9)]):
+        batch = build_batch(specs, block_size=32, group=2)
+        scale = 0.125
+        q_lens = [q for _, q in specs]
+        hinted = paged_attention(
+            *batch.args(),
+            scale,
+            max_query_len=max(q_lens),
+            max_seq_len=int(batch.seq_lens.max()),
+        )
+        torch.testing.assert_close(hinted, reference_attention(batch, scale), atol=2e-5, rtol=0)
+
+
+def test_single_token_prompt_attends_only_to_itself() -> None:
+    batch = build_batch([(0, 1)], group=2)
+    out = paged_attention(*batch.args(), 0.1)
+    expected = batch.values[0][0].repeat_interleave(2, dim=0)  # softmax over one key = 1
+    torch.testing.assert_close(out[0], expected)
+
+
+def test_reshape_and_cache_writes_slots_and_skips_negative() -> None:
+    for dtype in (torch.float32, torch.bfloat16):
+        gen = torch.Generator().manual_seed(5)
+        num_blocks, block_size, heads, head_dim = 6, 16, 3, 64
+        kv_cache = torch.full((2, num_blocks, block_size, heads, head_dim), float("nan"))
+        kv_cache = kv_cache.to(dtype)
+        key = torch.randn(12, heads, head_dim, generator=gen).to(dtype)
+        value = torch.randn(12, heads, head_dim, generator=gen).to(dtype)
+        slots = torch.randperm(num_blocks * block_size, generator=gen)[:12]
+        slots[[2, 7]] = -1
+        expected = kv_cache.clone()
+        for token, slot in enumerate(slots.tolist()):
+            if slot >= 0:
+                block, offset = divmod(slot, block_size)
+                expected[0, block, offset] = key[token]
+                expected[1, block, offset] = value[token]
+        reshape_and_cache(key, value, kv_cache, slots)
+        assert torch.equal(kv_cache.isnan(), expected.isnan())  # skipped rows untouched
+        assert kv_cache.isnan().sum() == 2 * heads * head_dim * (num_blocks * block_size - 10)
+        assert torch.equal(kv_cache.nan_to_num(0.0), expected.nan_to_num(0.0))
+
+
+def test_reshape_and_cache_rejects_non_contiguous_cache() -> None:
+    kv_cache = torch.zeros(2, 4, 2, 16, 8).transpose(2, 3)  # [2, blocks, 16, 2, 8] strided
+    key = torch.ones(1, 2, 8)
+    with pytest.raises(RuntimeError):
+        reshape_and_cache(key, key, kv_cache, torch.tensor([3]))

@@ -1,0 +1,217 @@
+"""Tiny random HF models saved as real folders, and a hand-built paged batch to drive them.
+
+Every model is built from a config with a fixed seed, its weights randomised (biases and norm
+weights included, so nothing is trivially zero or one) and saved with save_pretrained, so the
+real loading path is exercised. `PagedSession` plays the part of the scheduler + InputBatch:
+it hands out blocks, builds block tables and slot mappings, and runs one step at a time.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    LlamaConfig,
+    MistralConfig,
+    OPTConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    Qwen2Config,
+)
+
+from services.worker.attention_metadata import AttentionMetadata
+
+VOCAB = 128
+_LLAMA_COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
+def tiny_config(name: str) -> PretrainedConfig:
+    if name == "llama":  # GQA, untied embeddings, llama3 RoPE scaling that changes inv_freq
+        scaling = dict(
+            rope_type="llama3",
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=16,
+            rope_theta=500000.0,
+        )
+        return LlamaConfig(**_LLAMA_COMMON, tie_word_embeddings=False, rope_parameters=scaling)
+    if name == "llama_tied":
+        return LlamaConfig(**_LLAMA_COMMON, tie_word_embeddings=True)
+    if name == "qwen2":  # biases on q/k/v
+        return Qwen2Config(**_LLAMA_COMMON, tie_word_embeddings=False)
+    if name == "qwen2_sliding":  # layer 0 full attention, layer 1 a 5-token window
+        return Qwen2Config(
+            **_LLAMA_COMMON,
+            tie_word_embeddings=False,
+            use_sliding_window=True,
+            sliding_window=5,
+            max_window_layers=1,
+        )
+    if name == "mistral":  # a sliding window shorter than the test prompts
+        return MistralConfig(**_LLAMA_COMMON, sliding_window=6, tie_word_embeddings=False)
+    if name == "gpt2":
+        return GPT2Config(
+            vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=128, eos_token_id=2
+        )
+    if name == "opt":
+        return OPTConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            ffn_dim=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=128,
+            word_embed_proj_dim=64,
+            eos_token_id=2,
+        )
+    raise KeyError(name)
+
+
+def randomize_(model: torch.nn.Module, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator) * 0.15
+            is_norm = param.dim() == 1 and (
+                "norm" in name or ".ln_" in name or "layer_norm" in name
+            )
+            param.copy_(1.0 + noise if is_norm and name.endswith("weight") else noise)
+
+
+def build_tiny_model(name: str, seed: int = 0, **overrides: object) -> PreTrainedModel:
+    config = tiny_config(name)
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    randomize_(model, seed)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """name -> folder with config.json + model.safetensors (built once per session)."""
+    folders: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in folders:
+            folder = tmp_path_factory.mktemp(f"tiny-{name}")
+            build_tiny_model(name).save_pretrained(folder)
+            folders[name] = folder
+        return folders[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def hf_logits() -> Callable[[Path, list[int]], torch.Tensor]:
+    """(folder, token_ids) -> HF transformers eager float32 logits [len, vocab]."""
+    models: dict[Path, PreTrainedModel] = {}
+
+    def run(folder: Path, token_ids: list[int]) -> torch.Tensor:
+        if folder not in models:
+            models[folder] = AutoModelForCausalLM.from_pretrained(
+                folder, attn_implementation="eager", dtype=torch.float32
+            ).eval()
+        with torch.no_grad():
+            ids = torch.tensor([token_ids])
+            return models[folder](input_ids=ids).logits[0].float()
+
+    return run
+
+
+@dataclass
+class SeqState:
+    """A request as the test sees it: its full token ids and its cache blocks."""
+
+    token_ids: list[int]
+    block_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+
+
+class PagedSession:
+    """A KV cache plus the per-step tensors a model runner would build (the test's InputBatch)."""
+
+    def __init__(self, model, num_blocks: int = 48, block_size: int = 4, seed: int = 0):
+        spec = model.kv_cache_spec
+        self.model = model
+        self.block_size = block_size
+        self.kv_caches = [
+            torch.zeros(spec.layer_shape(num_blocks, block_size), dtype=spec.dtype)
+            for _ in range(spec.num_layers)
+        ]
+        self.free_blocks = list(range(num_blocks))
+        random.Random(seed).shuffle(self.free_blocks)  # non-contiguous tables on purpose
+
+    def fork_prefix(self, source: SeqState, token_ids: list[int], num_blocks: int) -> SeqState:
+        """A new sequence whose first `num_blocks` full blocks are `source`'s (a prefix hit)."""
+        shared = num_blocks * self.block_size
+        assert token_ids[:shared] == source.token_ids[:shared]
+        return SeqState(token_ids, list(source.block_ids[:num_blocks]), shared)
+
+    def _ensure_blocks(self, seq: SeqState, num_tokens: int) -> None:
+        while len(seq.block_ids) * self.block_size < num_tokens:
+            seq.block_ids.append(self.free_blocks.pop())
+
+    def build_step(
+        self, rows: list[tuple[SeqState, int]]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        input_ids, positions, slots, seq_lens, starts = [], [], [], [], [0]
+        for seq, num_new in rows:
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
+            self._ensure_blocks(seq, end)
+            input_ids += seq.token_ids[start:end]
+            positions += list(range(start, end))
+            slots += [
+                seq.block_ids[p // self.block_size] * self.block_size + p % self.block_size
+                for p in range(start, end)
+            ]
+            seq_lens.append(end)
+            starts.append(starts[-1] + num_new)
+        width = max(len(seq.block_ids) for seq, _ in rows)
+        table = [seq.block_ids + [0] * (width - len(seq.block_ids)) for seq, _ in rows]
+        metadata = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64),
+            block_table=torch.tensor(table, dtype=torch.int32),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32),
+            max_query_len=max(n for _, n in rows),
+            max_seq_len=max(seq_lens),
+        )
+        return torch.tensor(input_ids), torch.tensor(positions), metadata
+
+    def step(self, rows: list[tuple[SeqState, int]]) -> list[torch.Tensor]:
+        """Run one forward over `rows` ((sequence, num_new_tokens) each); returns each
+        sequence's logits for its new tokens ([num_new, vocab] float32)."""
+        input_ids, positions, metadata = self.build_step(rows)
+        with torch.no_grad():
+            hidden = self.model(input_ids, positions, self.kv_caches, metadata)
+            logits = self.model.compute_logits(hidden)
+        out = []
+        for i, (seq, num_new) in enumerate(rows):
+            start = int(metadata.query_start_loc[i])
+            out.append(logits[start : start + num_new])
+            seq.num_computed_tokens += num_new
+        return out
+
+
+@pytest.fixture
+def make_session() -> Callable[..., PagedSession]:
+    return PagedSession
