@@ -54,10 +54,13 @@ class LLM:
         params = _params_per_prompt(sampling_params, len(prompts))
         return self._run(prompts, params, use_tqdm, add_special_tokens=False)
 
-    def beam_search(self, prompts, params: BeamSearchParams) -> list[RequestOutput]:
-        from pagestream.beam_search import run_beam_search
-
-        return run_beam_search(self.engine, _as_list(prompts), params)
+    def beam_search(
+        self, prompts, params: BeamSearchParams, use_tqdm: bool = False
+    ) -> list[RequestOutput]:
+        """Beam search inside the engine (beams share KV blocks, fork and free as they are
+        pruned); each output holds the beam_width best sequences, best first, with their
+        cumulative logprobs. Matches HF generate(num_beams=beam_width, do_sample=False)."""
+        return self.generate(prompts, params.to_sampling_params(), use_tqdm)
 
     def _run(self, prompts, params, use_tqdm: bool, add_special_tokens: bool = True):
         engine = self.engine

@@ -20,6 +20,7 @@ class EngineCoreOutput:
     parent_request_id: str | None = None
     index: int = 0
     error: str | None = None
+    cumulative_logprob: float | None = None  # set on beam-search results
 
     @property
     def finished(self) -> bool:

@@ -151,3 +151,16 @@ class BeamSearchParams:
             raise ValueError(f"beam_width must be >= 1, got {self.beam_width}.")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}.")
+        if self.temperature != 0.0:
+            raise ValueError("beam search here is deterministic: temperature must be 0.")
+
+    def to_sampling_params(self) -> SamplingParams:
+        """The engine-side form: beam_width sequences searched on shared blocks."""
+        return SamplingParams(
+            n=self.beam_width,
+            temperature=0.0,
+            max_tokens=self.max_tokens,
+            ignore_eos=self.ignore_eos,
+            use_beam_search=True,
+            length_penalty=self.length_penalty,
+        )

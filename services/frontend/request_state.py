@@ -87,6 +87,8 @@ class RequestState:
             self.first_token_time = time.monotonic()
         seq.token_ids.extend(out.new_token_ids)
         self._add_logprobs(seq, out.new_logprobs)
+        if out.cumulative_logprob is not None:  # beam search reports its beam's score
+            seq.cumulative_logprob = out.cumulative_logprob
         update = seq.detokenizer.update(out.new_token_ids, finished=out.finished)
         seq.pending_text += update.text_delta
         if update.stop_string is not None:

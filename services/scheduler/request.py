@@ -63,6 +63,7 @@ class Request:
     block_size: int = 16
     # n > 1 groups are prefilled once as this request, then forked into n sequences.
     pending_fork: bool = False
+    beam_group: str | None = None  # the beam-search group this sequence is a beam of
     first_scheduled_time: float | None = None
 
     def __post_init__(self) -> None:

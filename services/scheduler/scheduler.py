@@ -19,6 +19,7 @@ from services.common.scheduler_output import SchedulerOutput
 from services.scheduler.kv_cache_manager import KVCacheManager, cdiv
 from services.scheduler.plan_builder import PlanBuilder
 from services.scheduler.request import Request, RequestStatus
+from services.scheduler.sequence_groups import SequenceGroups
 from services.scheduler.stop_checker import check_stop
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class Scheduler:
         self.pending_outputs: list[tuple[int, EngineCoreOutput]] = []
         self.num_preemptions = 0
         self.pending_swap_out: list[tuple[int, int]] = []  # for the next plan
+        self.groups = SequenceGroups(self)
 
     # ---- admission -----------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -61,6 +63,8 @@ class Scheduler:
             request.block_size = self.block_size
             request.block_hashes = []
             request.update_block_hashes()
+        if request.sampling_params.use_beam_search:
+            self.groups.add_beam_request(request, self.max_model_len)
         self.requests[request.request_id] = request
         self._enqueue_waiting(request)
 
@@ -98,8 +102,11 @@ class Scheduler:
             self.waiting.append(request)
 
     def abort_requests(self, request_ids: list[str]) -> None:
-        """Abort requests by id; a group's id (n > 1) aborts all its sequences."""
+        """Abort requests by id; a group's id (n > 1, beam search) aborts all its sequences."""
         ids = set(request_ids)
+        for group_id in ids & set(self.groups.beam_groups):
+            client = self.groups.beam_groups[group_id].client_id
+            self.pending_outputs += [(client, o) for o in self.groups.abort_beam_group(group_id)]
         targets = [r for r in self.requests.values() if r.request_id in ids or r.group_id in ids]
         for request in targets:
             if request.is_finished:
@@ -107,6 +114,11 @@ class Scheduler:
             self._remove_from_queues(request)
             self._finish(request, RequestStatus.FINISHED_ABORTED)
             self.pending_outputs.append((request.client_id, self._output(request, [])))
+
+    def retire(self, request: Request) -> None:
+        """End a sequence silently (a pruned beam): its blocks go, the worker drops it."""
+        self._remove_from_queues(request)
+        self._finish(request, RequestStatus.FINISHED_ABORTED)
 
     def _remove_from_queues(self, request: Request) -> None:
         for queue in (self.waiting, self.swapped):
@@ -124,6 +136,8 @@ class Scheduler:
             self._schedule_swapped(plan)
         if self.num_preemptions == num_preemptions and not self.swapped:
             self._schedule_waiting(plan)
+        if not plan.scheduled and (self.waiting or self.swapped):
+            self._unblock(plan)
         plan.blocks_to_swap_out = self.pending_swap_out
         output = plan.build(self.finished_req_ids, self.kv.take_pending_copies())
         self.finished_req_ids = set()
@@ -147,7 +161,7 @@ class Scheduler:
         while index < len(self.running) and plan.token_budget > 0:
             request = self.running[index]
             if request.pending_fork and request.num_tokens_to_compute == 0:
-                self._fork(request)
+                self.groups.fork(request)
             num_new = self._num_new_tokens(request, plan.token_budget)
             if num_new == 0:
                 index += 1
@@ -182,12 +196,12 @@ class Scheduler:
         else:
             plan.add_cached(request, new_blocks, num_new)
 
-    def _preempt(self, victim: Request) -> None:
+    def _preempt(self, victim: Request, mode: str | None = None) -> None:
         """Free the victim's device blocks: swap them to the CPU pool or drop them."""
         self.running.remove(victim)
         self.num_preemptions += 1
         mapping = None
-        if self.config.preemption_mode == "swap":
+        if (mode or self.config.preemption_mode) == "swap":
             mapping = self.kv.swap_out(victim)
         if mapping is not None:
             self.pending_swap_out.extend(mapping)
@@ -201,6 +215,16 @@ class Scheduler:
         self._drop_from_worker(victim)
         self.waiting.appendleft(victim)
         logger.debug("preempted %s for recompute", victim.request_id)
+
+    def _unblock(self, plan: PlanBuilder) -> None:
+        """Nothing ran, yet requests wait: free the blocks of running sequences that have
+        nothing to compute (beams waiting for their siblings) so the queue can move."""
+        stalled = [r for r in self.running if r.num_tokens_to_compute == 0 and not r.pending_fork]
+        while stalled and not plan.scheduled:
+            self._preempt(stalled.pop(), mode="recompute")
+            self._schedule_swapped(plan)
+            if not self.swapped:
+                self._schedule_waiting(plan)
 
     def _schedule_swapped(self, plan: PlanBuilder) -> None:
         while self.swapped and plan.token_budget > 0:
@@ -252,35 +276,6 @@ class Scheduler:
             self._add_to_plan(plan, request, new_blocks, num_new)
         return True
 
-    def _fork(self, parent: Request) -> None:
-        """Split an n > 1 group into n sequences sharing the prefilled blocks."""
-        parent.pending_fork = False
-        params = parent.sampling_params
-        position = self.running.index(parent) + 1
-        for index in range(1, params.n):
-            seed = None if params.seed is None else params.seed + index
-            child = Request(
-                request_id=f"{parent.request_id}#{index}",
-                prompt_token_ids=parent.prompt_token_ids,
-                sampling_params=params.clone(n=1, seed=seed),
-                eos_token_id=parent.eos_token_id,
-                arrival_time=parent.arrival_time,
-                priority=parent.priority,
-                cache_salt=parent.cache_salt,
-                client_id=parent.client_id,
-                parent_request_id=parent.request_id,
-                index=index,
-                num_computed_tokens=parent.num_computed_tokens,
-                num_cached_tokens=parent.num_cached_tokens,
-                status=RequestStatus.RUNNING,
-                block_size=self.block_size,
-                first_scheduled_time=parent.first_scheduled_time,
-            )
-            self.requests[child.request_id] = child
-            self.kv.fork(parent, child)
-            self.running.insert(position + index - 1, child)
-        parent.parent_request_id = parent.request_id
-
     # ---- results -------------------------------------------------------------------
     def update_from_output(
         self, plan: SchedulerOutput, runner_output: RunnerOutput
@@ -295,6 +290,10 @@ class Scheduler:
             request = self.requests.get(rid)
             if request is None or request.is_finished:
                 continue  # aborted while its step ran
+            if request.beam_group is not None:
+                beam_outputs = self.groups.on_beam_output(request, runner_output.logprobs.get(rid))
+                outputs.setdefault(request.client_id, []).extend(beam_outputs)
+                continue
             output = self._process_tokens(request, token_ids, runner_output)
             if output is not None:
                 outputs.setdefault(request.client_id, []).append(output)

@@ -7,7 +7,6 @@ blocks, so any stray read of a slot that was never written poisons the result.
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass
 
@@ -15,10 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import paged_attention, paged_attention_naive, reshape_and_cache
-
-# The package re-exports the function under the module's name, so fetch the module itself.
-paged_attention_module = importlib.import_module("kernels.paged_attention")
+from kernels import paged_attention, paged_attention_naive, reference, reshape_and_cache
 
 # (cached context tokens, query tokens) per sequence: decode rows, a whole prompt, chunked
 # prefills on top of cached context, a short prompt, a sequence with nothing scheduled.
@@ -172,8 +168,8 @@ def test_grouping_budgets_do_not_change_results(
     gen = torch.Generator().manual_seed(3)
     specs = [(int(torch.randint(0, 90, (1,), generator=gen)), 1) for _ in range(24)]
     specs += [(0, 3), (0, 5), (9, 4), (0, 30), (50, 12), (2, 2)]
-    monkeypatch.setattr(paged_attention_module, "DECODE_GROUP_TOKENS", decode_tokens)
-    monkeypatch.setattr(paged_attention_module, "PREFILL_GROUP_AREA", prefill_area)
+    monkeypatch.setattr(reference, "DECODE_GROUP_TOKENS", decode_tokens)
+    monkeypatch.setattr(reference, "PREFILL_GROUP_AREA", prefill_area)
     check_all(build_batch(specs, group=4, seed=11))
 
 
@@ -189,6 +185,25 @@ def test_decode_only_and_prefill_only_batches_with_hints() -> None:
             max_seq_len=int(batch.seq_lens.max()),
         )
         torch.testing.assert_close(hinted, reference_attention(batch, scale), atol=2e-5, rtol=0)
+
+
+def test_query_view_of_fused_qkv_and_float32_query_on_bf16_cache() -> None:
+    batch = build_batch(MIXED, group=4, dtype=torch.bfloat16, seed=2)
+    num_tokens, num_q_heads, head_dim = batch.query.shape
+    qkv = torch.randn(num_tokens, (num_q_heads + 4) * head_dim)  # fused q | k | v projection
+    qkv[:, : num_q_heads * head_dim] = batch.query.float().flatten(1)
+    query = qkv[:, : num_q_heads * head_dim].view(num_tokens, num_q_heads, head_dim)
+    assert not query.is_contiguous()
+    args = (query, batch.kv_cache, batch.block_table, batch.seq_lens, batch.query_start_loc)
+    out = paged_attention(*args, 0.125)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, reference_attention(batch, 0.125), atol=1e-5, rtol=1e-5)
+
+
+def test_heads_must_group_evenly() -> None:
+    batch = build_batch([(3, 2)], num_kv_heads=2, group=2)
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        paged_attention(batch.query[:, :3], *batch.args()[1:], 0.125)
 
 
 def test_single_token_prompt_attends_only_to_itself() -> None:
