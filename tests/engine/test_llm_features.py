@@ -163,3 +163,24 @@ def test_generate_command_writes_jsonl(model_dir, tmp_path):
     rows = [json.loads(line) for line in target.read_text().splitlines()]
     assert [len(r["outputs"][0]["token_ids"]) for r in rows] == [5, 5, 2]
     assert rows[1]["prompt"].startswith("<s>user: hi")
+
+
+def test_prompt_logprobs_match_hf_across_chunks(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    # A budget of 8 tokens splits the 20-token prompt into chunks.
+    llm = LLM(str(model_dir("llama")), kv_cache_memory="8MiB", max_num_batched_tokens=8)
+    prompt = [5, 17, 33, 99, 250, 12, 8, 41, 7, 7, 300, 301, 302, 303, 9, 10, 11, 12, 13, 14]
+    params = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=2)
+    out = llm.generate({"prompt_token_ids": prompt}, params, use_tqdm=False)[0]
+    model = AutoModelForCausalLM.from_pretrained(model_dir("llama"), dtype=torch.float32)
+    with torch.no_grad():
+        ref = torch.log_softmax(model(torch.tensor([prompt])).logits[0], dim=-1)
+    assert len(out.prompt_logprobs) == len(prompt)
+    assert out.prompt_logprobs[0] is None
+    for position in range(1, len(prompt)):
+        entry = out.prompt_logprobs[position]
+        token_id = prompt[position]
+        expected = ref[position - 1, token_id].item()
+        assert entry[token_id].logprob == pytest.approx(expected, abs=1e-4)
+        assert set(ref[position - 1].topk(2).indices.tolist()) <= set(entry)
