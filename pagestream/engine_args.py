@@ -39,6 +39,7 @@ class EngineArgs:
     kv_cache_memory: int | str | None = None  # bytes or "4GiB"; CPU default 4 GiB
     gpu_memory_utilization: float = 0.9
     attention_backend: str = "auto"
+    served_model_name: str | None = None
 
     def model_config(self) -> ModelConfig:
         return ModelConfig(
@@ -109,6 +110,7 @@ class EngineArgs:
         add("--kv-cache-memory", default=None, help="KV cache bytes on CPU, e.g. 4GiB")
         add("--gpu-memory-utilization", type=float, default=0.9)
         add("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
+        add("--served-model-name", default=None, help="the model name clients use")
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:

@@ -6,6 +6,8 @@ import itertools
 import logging
 
 from pagestream.engine_args import EngineArgs
+from services.common.engine_request import EngineCoreRequest
+from services.common.model_info import ServedModelInfo
 from services.common.outputs import RequestOutput
 from services.common.sampling_params import SamplingParams
 from services.frontend.input_processor import InputProcessor
@@ -13,7 +15,6 @@ from services.frontend.output_processor import OutputProcessor
 from services.frontend.request_state import RequestState
 from services.frontend.tokenizer import TokenizerLoadError, load_tokenizer
 from services.scheduler.engine_core import EngineCore
-from services.scheduler.request import Request
 from services.scheduler.scheduler import Scheduler
 from services.worker.default_model import resolve_model
 from services.worker.worker import Worker
@@ -54,6 +55,19 @@ class LLMEngine:
     def new_request_id(self) -> str:
         return f"req-{next(self._ids)}"
 
+    def served_model_info(self) -> ServedModelInfo:
+        info = self.model_info
+        return ServedModelInfo(
+            model=self.args.served_model_name or self.args.model,
+            max_model_len=self.scheduler_config.max_model_len,
+            vocab_size=info.vocab_size,
+            eos_token_ids=info.eos_token_ids,
+            block_size=self.args.block_size,
+            architecture=info.architecture,
+            dtype=info.dtype,
+            num_gpu_blocks=self.cache_info.num_gpu_blocks,
+        )
+
     def add_request(
         self,
         request_id: str | None,
@@ -69,31 +83,23 @@ class LLMEngine:
         if request_id in self.output_processor.states:
             raise ValueError(f"request_id {request_id!r} is already in use.")
         processed = self.input_processor.process(prompt, add_special_tokens)
-        request = self._make_request(request_id, processed.prompt_token_ids, params)
-        request.priority, request.cache_salt = priority, cache_salt
-        if cache_salt:
-            request.block_hashes = []
-            request.update_block_hashes()
+        eos = self.model_info.eos_token_ids
+        self.core.add_request(
+            EngineCoreRequest(
+                request_id=request_id,
+                prompt_token_ids=processed.prompt_token_ids,
+                sampling_params=params,
+                eos_token_id=eos[0] if eos else None,
+                extra_stop_token_ids=tuple(eos[1:]),
+                priority=priority,
+                cache_salt=cache_salt,
+            )
+        )
         state = RequestState(
             request_id, processed.prompt, processed.prompt_token_ids, params, self.tokenizer
         )
-        self.core.add_request(request)
         self.output_processor.add(state)
         return state
-
-    def _make_request(self, request_id: str, prompt_token_ids: list[int], params) -> Request:
-        eos_ids = self.model_info.eos_token_ids
-        request = Request(
-            request_id=request_id,
-            prompt_token_ids=prompt_token_ids,
-            sampling_params=params,
-            eos_token_id=eos_ids[0] if eos_ids else None,
-            block_size=self.args.block_size,
-        )
-        if len(eos_ids) > 1 and not params.ignore_eos:
-            # Extra EOS ids from generation_config stop the request as stop tokens do.
-            params.all_stop_token_ids = params.all_stop_token_ids | set(eos_ids[1:])
-        return request
 
     def abort_request(self, request_ids: list[str]) -> None:
         """Abort; each request still gets a final output (finish_reason "abort") next step."""

@@ -6,6 +6,7 @@ import logging
 from typing import Protocol
 
 from services.common.engine_output import EngineCoreOutputs
+from services.common.engine_request import EngineCoreRequest
 from services.common.runner_output import RunnerOutput
 from services.common.scheduler_output import SchedulerOutput
 from services.scheduler.request import Request
@@ -26,9 +27,12 @@ class EngineCore:
         self.executor = executor
         self.num_steps = 0
 
-    def add_request(self, request: Request) -> None:
+    def add_request(self, request: Request | EngineCoreRequest) -> Request:
         """Admit a request; raises RequestRejectedError (a ValueError) saying why not."""
+        if isinstance(request, EngineCoreRequest):
+            request = Request.from_engine_request(request, self.scheduler.block_size)
         self.scheduler.add_request(request)
+        return request
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.abort_requests(request_ids)

@@ -6,6 +6,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from services.common.engine_request import EngineCoreRequest
 from services.common.sampling_params import SamplingParams
 from services.scheduler.block_hash import BlockHash, hash_request_tokens
 
@@ -65,6 +66,23 @@ class Request:
     pending_fork: bool = False
     beam_group: str | None = None  # the beam-search group this sequence is a beam of
     first_scheduled_time: float | None = None
+
+    @classmethod
+    def from_engine_request(cls, req: EngineCoreRequest, block_size: int) -> Request:
+        params = req.sampling_params
+        if req.extra_stop_token_ids and not params.ignore_eos:
+            params = params.clone()
+            params.all_stop_token_ids = params.all_stop_token_ids | set(req.extra_stop_token_ids)
+        return cls(
+            request_id=req.request_id,
+            prompt_token_ids=req.prompt_token_ids,
+            sampling_params=params,
+            eos_token_id=req.eos_token_id,
+            arrival_time=req.arrival_time,
+            priority=req.priority,
+            cache_salt=req.cache_salt or None,
+            block_size=block_size,
+        )
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)

@@ -1,0 +1,21 @@
+"""ServedModelInfo: what a frontend needs to know about the model behind the engine core."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServedModelInfo:
+    model: str  # the served model name (path or alias)
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    block_size: int = 16
+    architecture: str = ""
+    dtype: str = ""
+    num_gpu_blocks: int = 0
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.eos_token_ids[0] if self.eos_token_ids else None
