@@ -10,7 +10,7 @@ GGUF := $(PAGESTREAM_CACHE)/gguf/$(GGUF_NAME)
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint format serve bench clean
+.PHONY: setup test lint format serve bench clean protos
 
 setup: $(STAMP) $(GGUF)
 
@@ -48,3 +48,7 @@ serve: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# Regenerate the gRPC stubs from protos/ (committed; tests/common/test_protos.py checks drift).
+protos: $(STAMP)
+	$(PY) -m services.common.proto.generate

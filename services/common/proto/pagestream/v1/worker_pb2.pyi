@@ -1,0 +1,156 @@
+from services.common.proto.pagestream.v1 import generation_pb2 as _generation_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DescribeRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WorkerDescription(_message.Message):
+    __slots__ = ("model", "architecture", "dtype", "device", "num_layers", "num_kv_heads", "head_dim", "vocab_size", "eos_token_ids", "max_model_len")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    NUM_KV_HEADS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    architecture: str
+    dtype: str
+    device: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    max_model_len: int
+    def __init__(self, model: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+
+class InitializeCacheRequest(_message.Message):
+    __slots__ = ("max_model_len", "max_num_seqs", "max_num_batched_tokens")
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_BATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    def __init__(self, max_model_len: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ...) -> None: ...
+
+class CacheDescription(_message.Message):
+    __slots__ = ("num_gpu_blocks", "num_cpu_blocks", "block_size", "bytes_per_block")
+    NUM_GPU_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_CPU_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    num_gpu_blocks: int
+    num_cpu_blocks: int
+    block_size: int
+    bytes_per_block: int
+    def __init__(self, num_gpu_blocks: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., bytes_per_block: _Optional[int] = ...) -> None: ...
+
+class NewRequest(_message.Message):
+    __slots__ = ("request_id", "prompt_token_ids", "output_token_ids", "sampling_params", "block_ids", "num_computed_tokens")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    output_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    sampling_params: _generation_pb2.SamplingParams
+    block_ids: _containers.RepeatedScalarFieldContainer[int]
+    num_computed_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ...) -> None: ...
+
+class StepPlan(_message.Message):
+    __slots__ = ("step_id", "new_requests", "cached_request_ids", "cached_num_new_blocks", "cached_new_block_ids", "cached_num_computed_tokens", "cached_resumed", "scheduled_request_ids", "num_scheduled_tokens", "finished_request_ids", "blocks_to_copy", "blocks_to_swap_in", "blocks_to_swap_out")
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_NUM_NEW_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_NEW_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_RESUMED_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULED_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SCHEDULED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_TO_COPY_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_TO_SWAP_IN_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_TO_SWAP_OUT_FIELD_NUMBER: _ClassVar[int]
+    step_id: int
+    new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
+    cached_request_ids: _containers.RepeatedScalarFieldContainer[str]
+    cached_num_new_blocks: _containers.RepeatedScalarFieldContainer[int]
+    cached_new_block_ids: _containers.RepeatedScalarFieldContainer[int]
+    cached_num_computed_tokens: _containers.RepeatedScalarFieldContainer[int]
+    cached_resumed: _containers.RepeatedScalarFieldContainer[bool]
+    scheduled_request_ids: _containers.RepeatedScalarFieldContainer[str]
+    num_scheduled_tokens: _containers.RepeatedScalarFieldContainer[int]
+    finished_request_ids: _containers.RepeatedScalarFieldContainer[str]
+    blocks_to_copy: _containers.RepeatedScalarFieldContainer[int]
+    blocks_to_swap_in: _containers.RepeatedScalarFieldContainer[int]
+    blocks_to_swap_out: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_request_ids: _Optional[_Iterable[str]] = ..., cached_num_new_blocks: _Optional[_Iterable[int]] = ..., cached_new_block_ids: _Optional[_Iterable[int]] = ..., cached_num_computed_tokens: _Optional[_Iterable[int]] = ..., cached_resumed: _Optional[_Iterable[bool]] = ..., scheduled_request_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., finished_request_ids: _Optional[_Iterable[str]] = ..., blocks_to_copy: _Optional[_Iterable[int]] = ..., blocks_to_swap_in: _Optional[_Iterable[int]] = ..., blocks_to_swap_out: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class StepResult(_message.Message):
+    __slots__ = ("step_id", "request_ids", "num_sampled", "sampled_token_ids", "logprob_request_ids", "num_logprob_positions", "num_logprob_entries", "logprob_token_ids", "logprob_values", "logprob_ranks", "prompt_logprob_request_ids", "num_prompt_logprob_positions", "num_prompt_logprob_entries", "prompt_logprob_token_ids", "prompt_logprob_values", "prompt_logprob_ranks", "prepare_s", "forward_s", "sample_s", "error")
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLED_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_LOGPROB_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    NUM_LOGPROB_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_VALUES_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_RANKS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROB_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PROMPT_LOGPROB_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PROMPT_LOGPROB_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROB_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROB_VALUES_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROB_RANKS_FIELD_NUMBER: _ClassVar[int]
+    PREPARE_S_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_S_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_S_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    step_id: int
+    request_ids: _containers.RepeatedScalarFieldContainer[str]
+    num_sampled: _containers.RepeatedScalarFieldContainer[int]
+    sampled_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprob_request_ids: _containers.RepeatedScalarFieldContainer[str]
+    num_logprob_positions: _containers.RepeatedScalarFieldContainer[int]
+    num_logprob_entries: _containers.RepeatedScalarFieldContainer[int]
+    logprob_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprob_values: _containers.RepeatedScalarFieldContainer[float]
+    logprob_ranks: _containers.RepeatedScalarFieldContainer[int]
+    prompt_logprob_request_ids: _containers.RepeatedScalarFieldContainer[str]
+    num_prompt_logprob_positions: _containers.RepeatedScalarFieldContainer[int]
+    num_prompt_logprob_entries: _containers.RepeatedScalarFieldContainer[int]
+    prompt_logprob_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    prompt_logprob_values: _containers.RepeatedScalarFieldContainer[float]
+    prompt_logprob_ranks: _containers.RepeatedScalarFieldContainer[int]
+    prepare_s: float
+    forward_s: float
+    sample_s: float
+    error: str
+    def __init__(self, step_id: _Optional[int] = ..., request_ids: _Optional[_Iterable[str]] = ..., num_sampled: _Optional[_Iterable[int]] = ..., sampled_token_ids: _Optional[_Iterable[int]] = ..., logprob_request_ids: _Optional[_Iterable[str]] = ..., num_logprob_positions: _Optional[_Iterable[int]] = ..., num_logprob_entries: _Optional[_Iterable[int]] = ..., logprob_token_ids: _Optional[_Iterable[int]] = ..., logprob_values: _Optional[_Iterable[float]] = ..., logprob_ranks: _Optional[_Iterable[int]] = ..., prompt_logprob_request_ids: _Optional[_Iterable[str]] = ..., num_prompt_logprob_positions: _Optional[_Iterable[int]] = ..., num_prompt_logprob_entries: _Optional[_Iterable[int]] = ..., prompt_logprob_token_ids: _Optional[_Iterable[int]] = ..., prompt_logprob_values: _Optional[_Iterable[float]] = ..., prompt_logprob_ranks: _Optional[_Iterable[int]] = ..., prepare_s: _Optional[float] = ..., forward_s: _Optional[float] = ..., sample_s: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
+
+class ResetRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ResetResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
