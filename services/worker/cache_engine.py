@@ -56,8 +56,10 @@ class CacheEngine:
             for _ in range(num_layers)
         ]  # per layer [2, num_blocks, block_size, num_kv_heads, head_dim]
         pin = self.device.type == "cuda"
+        # Empty, not zeroed: a swap block is always written (swap_out) before it is read, and
+        # untouched pages of a large swap pool then cost no memory.
         self.cpu_cache: list[torch.Tensor] = [
-            torch.zeros((2, num_cpu_blocks, *block_shape), dtype=dtype, pin_memory=pin)
+            torch.empty((2, num_cpu_blocks, *block_shape), dtype=dtype, pin_memory=pin)
             for _ in range(num_layers)
         ]  # per layer [2, num_cpu_blocks, block_size, num_kv_heads, head_dim]
         logger.info(

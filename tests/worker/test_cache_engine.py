@@ -47,7 +47,6 @@ def test_shapes_and_dtype() -> None:
     assert len(engine.kv_caches) == len(engine.cpu_cache) == 3
     assert all(c.shape == (2, 10, 4, 2, 8) and c.dtype == torch.bfloat16 for c in engine.kv_caches)
     assert all(c.shape == (2, 6, 4, 2, 8) and c.device.type == "cpu" for c in engine.cpu_cache)
-    assert all(not c.any() for c in engine.cpu_cache)  # zero-initialised, never garbage
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -75,10 +74,11 @@ def test_copy_blocks_reads_sources_before_writing() -> None:
 def test_swap_round_trip_is_bit_exact(dtype: torch.dtype) -> None:
     engine = make_engine(dtype)
     before = [bits(c).clone() for c in engine.kv_caches]
+    cpu_before = [bits(c).clone() for c in engine.cpu_cache]  # uninitialised: only ever written
     engine.swap_out([(4, 0), (7, 5), (1, 3)])
     for layer, cpu in enumerate(engine.cpu_cache):
         assert torch.equal(bits(cpu)[:, [0, 5, 3]], before[layer][:, [4, 7, 1]])
-        assert not bits(cpu)[:, [1, 2, 4]].any()  # untouched CPU blocks
+        assert torch.equal(bits(cpu)[:, [1, 2, 4]], cpu_before[layer][:, [1, 2, 4]])  # untouched
     for cache in engine.kv_caches:  # the device blocks get reused by someone else
         cache[:, [4, 7, 1]] = 0
     engine.swap_in([(0, 8), (5, 9), (3, 4)])
