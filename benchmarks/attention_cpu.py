@@ -40,7 +40,6 @@ SDPA with enable_gqa instead of folding the query groups into rows (1.5x).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import random
 import statistics
 import time
@@ -49,6 +48,7 @@ import torch
 
 from kernels import reference
 from kernels.reference import paged_attention, reshape_and_cache
+from services.worker.cpu_tuning import tune_malloc
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 VARIANTS = {  # name: (DECODE_GROUP_TOKENS, PREFILL_GROUP_AREA)
@@ -119,15 +119,6 @@ def time_variants(
             if round_index > 0:  # round 0 warms up
                 samples[name].append((time.perf_counter() - start) * 1e3)
     return [(statistics.median(samples[n]), min(samples[n])) for n in names]
-
-
-def tune_malloc() -> None:
-    """Keep freed memory in the heap (glibc mallopt: mmap threshold 32 MiB, no trimming)."""
-    libc = ctypes.CDLL("libc.so.6")
-    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
-    libc.mallopt(m_mmap_threshold, 32 * 1024**2)
-    libc.mallopt(m_trim_threshold, 2**30)
-    libc.mallopt(m_top_pad, 256 * 1024**2)
 
 
 def main() -> None:

@@ -16,6 +16,7 @@ from services.worker.cache_engine import (
     num_blocks_for_budget,
     profile_num_gpu_blocks,
 )
+from services.worker.cpu_tuning import tune_malloc
 from services.worker.dummy_forward import dummy_forward
 from services.worker.input_batch import InputBatch
 from services.worker.model_loader import load_model, resolve_device, resolve_dtype
@@ -63,6 +64,8 @@ class Worker:
         self.max_num_batched_tokens = 2048
         self.device = resolve_device(model_config.device)
         self.dtype = resolve_dtype(model_config.dtype, self.device)
+        if self.device.type == "cpu":
+            tune_malloc()
         torch.manual_seed(model_config.seed)
         self.model = load_model(model_config, self.device, self.dtype)
         self.runner: ModelRunner | None = None
