@@ -108,7 +108,17 @@ class HFFallbackForCausalLM(CausalLM):
                 f"weights in {folder} are corrupt or truncated ({exc}); copy or convert the "
                 "model again."
             ) from exc
-        except (OSError, ValueError, KeyError) as exc:
+        except KeyError as exc:
+            if exc.args == (ATTN_IMPLEMENTATION,):
+                raise ModelLoadError(
+                    f"the model in {folder} picks its attention classes itself instead of "
+                    "through transformers' attention interface, so pagestream cannot page its "
+                    "KV cache; this architecture is not supported yet."
+                ) from exc
+            raise ModelLoadError(
+                f"transformers cannot load {folder} as a causal LM: {exc}"
+            ) from exc
+        except (OSError, ValueError) as exc:
             raise ModelLoadError(
                 f"transformers cannot load {folder} as a causal LM: {exc}"
             ) from exc
