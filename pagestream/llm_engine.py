@@ -83,6 +83,7 @@ class LLMEngine:
         if request_id in self.output_processor.states:
             raise ValueError(f"request_id {request_id!r} is already in use.")
         processed = self.input_processor.process(prompt, add_special_tokens)
+        self.input_processor.check_params(params)
         eos = self.model_info.eos_token_ids
         self.core.add_request(
             EngineCoreRequest(

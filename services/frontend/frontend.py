@@ -70,6 +70,7 @@ class Frontend:
         if request_id in self._queues:
             raise ValueError(f"request_id {request_id!r} is already in use.")
         processed = self.input_processor.process(prompt, add_special_tokens)
+        self.input_processor.check_params(params)
         queue: asyncio.Queue = asyncio.Queue()
         state = RequestState(
             request_id, processed.prompt, processed.prompt_token_ids, params, self.tokenizer

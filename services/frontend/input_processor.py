@@ -37,6 +37,19 @@ class InputProcessor:
             return self._check(None, prompt)
         raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt)}.")
 
+    def check_params(self, params) -> None:
+        """Token ids in the sampling parameters must exist in this model's vocabulary."""
+        for name, ids in (
+            ("stop_token_ids", params.stop_token_ids or []),
+            ("logit_bias", list(params.logit_bias or {})),
+        ):
+            bad = [t for t in ids if t >= self.vocab_size]
+            if bad:
+                raise ValueError(
+                    f"{name} contains token id {bad[0]}, outside the vocabulary "
+                    f"[0, {self.vocab_size})."
+                )
+
     def _check(self, text: str | None, token_ids) -> ProcessedPrompt:
         ids = list(token_ids)
         if not ids:

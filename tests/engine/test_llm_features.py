@@ -140,6 +140,10 @@ def test_bad_input_is_a_clear_error_and_admits_nothing(llm):
         llm.generate({"prompt_token_ids": [5] * 5000}, use_tqdm=False)
     with pytest.raises(ValueError, match="empty"):
         llm.generate({"prompt_token_ids": []}, use_tqdm=False)
+    with pytest.raises(ValueError, match="stop_token_ids contains token id 99999"):
+        llm.generate("x", SamplingParams(stop_token_ids=[99999]), use_tqdm=False)
+    with pytest.raises(ValueError, match="logit_bias contains"):
+        llm.generate("x", SamplingParams(logit_bias={10**6: 1.0}), use_tqdm=False)
     with pytest.raises(ValueError, match="2 sampling_params for 1 prompts"):
         llm.generate("x", [SamplingParams(), SamplingParams()], use_tqdm=False)
     while engine.has_unfinished_requests():
