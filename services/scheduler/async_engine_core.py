@@ -118,4 +118,4 @@ class AsyncEngineCore:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        self._thread.shutdown(wait=True)
+        await asyncio.to_thread(self._thread.shutdown, wait=True)

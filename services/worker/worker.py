@@ -4,13 +4,13 @@ Execute, Reset). Its gRPC servicer wraps these methods one to one."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
 
 from services.common.config import CacheConfig, ModelConfig
 from services.common.runner_output import RunnerOutput
 from services.common.scheduler_output import SchedulerOutput
+from services.common.worker_info import CacheInfo, ModelInfo
 from services.worker.cache_engine import (
     CacheEngine,
     num_blocks_for_budget,
@@ -26,30 +26,6 @@ from services.worker.sampler import Sampler
 logger = logging.getLogger(__name__)
 
 DEFAULT_CPU_KV_BYTES = 4 * 1024**3
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    model: str
-    architecture: str
-    dtype: str
-    device: str
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    eos_token_ids: tuple[int, ...]
-    max_model_len: int
-
-
-@dataclass(frozen=True)
-class CacheInfo:
-    """How many KV blocks the worker holds: derived at run time, never written to configs."""
-
-    num_gpu_blocks: int
-    num_cpu_blocks: int
-    block_size: int
-    bytes_per_block: int
 
 
 class Worker:

@@ -1,0 +1,158 @@
+"""SchedulerOutput <-> StepPlan and RunnerOutput <-> StepResult (worker.proto's columns).
+
+The row order of num_scheduled_tokens (the order the worker lays out the batch in) is
+the order of scheduled_request_ids. Malformed messages raise ValueError.
+"""
+
+from __future__ import annotations
+
+from itertools import islice
+
+from services.common.convert.logprobs import pack_logprobs, unpack_logprobs
+from services.common.convert.sampling import sampling_params_from_pb, sampling_params_to_pb
+from services.common.proto.pagestream.v1 import worker_pb2
+from services.common.runner_output import RunnerOutput, StepTimings
+from services.common.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+
+
+def _flatten(pairs: list[tuple[int, int]]) -> list[int]:
+    return [i for pair in pairs for i in pair]
+
+
+def _pairs(name: str, flat) -> list[tuple[int, int]]:
+    if len(flat) % 2:
+        raise ValueError(f"{name} must hold (src, dst) pairs, got {len(flat)} ids")
+    return list(zip(flat[::2], flat[1::2], strict=True))
+
+
+def _split(name: str, flat, counts) -> list[list[int]]:
+    """Cut a flattened column into pieces of the given sizes."""
+    flat, counts = list(flat), list(counts)
+    if sum(counts) != len(flat) or (counts and min(counts) < 0):
+        raise ValueError(f"{name}: the counts do not add up to the {len(flat)} values given")
+    if not flat:
+        return [[] for _ in counts]
+    if len(flat) == len(counts) and max(counts) == 1:  # one each: decode steps
+        return [[value] for value in flat]
+    values = iter(flat)
+    return [list(islice(values, count)) if count else [] for count in counts]
+
+
+def _new_request_to_pb(new: NewRequestData) -> worker_pb2.NewRequest:
+    return worker_pb2.NewRequest(
+        request_id=new.request_id,
+        prompt_token_ids=new.prompt_token_ids,
+        output_token_ids=new.output_token_ids,
+        sampling_params=sampling_params_to_pb(new.sampling_params),
+        block_ids=new.block_ids,
+        num_computed_tokens=new.num_computed_tokens,
+    )
+
+
+def _new_request_from_pb(message: worker_pb2.NewRequest) -> NewRequestData:
+    return NewRequestData(
+        request_id=message.request_id,
+        prompt_token_ids=list(message.prompt_token_ids),
+        output_token_ids=list(message.output_token_ids),
+        sampling_params=sampling_params_from_pb(message.sampling_params),
+        block_ids=list(message.block_ids),
+        num_computed_tokens=message.num_computed_tokens,
+    )
+
+
+def plan_to_pb(plan: SchedulerOutput, step_id: int = 0) -> worker_pb2.StepPlan:
+    cached = plan.scheduled_cached_reqs
+    return worker_pb2.StepPlan(
+        step_id=step_id,
+        new_requests=[_new_request_to_pb(new) for new in plan.scheduled_new_reqs],
+        cached_request_ids=cached.request_ids,
+        cached_num_new_blocks=[len(ids) for ids in cached.new_block_ids],
+        cached_new_block_ids=[i for ids in cached.new_block_ids for i in ids],
+        cached_num_computed_tokens=cached.num_computed_tokens,
+        cached_resumed=cached.resumed_from_preemption,
+        scheduled_request_ids=plan.num_scheduled_tokens.keys(),
+        num_scheduled_tokens=plan.num_scheduled_tokens.values(),
+        finished_request_ids=sorted(plan.finished_req_ids),
+        blocks_to_copy=_flatten(plan.blocks_to_copy),
+        blocks_to_swap_in=_flatten(plan.blocks_to_swap_in),
+        blocks_to_swap_out=_flatten(plan.blocks_to_swap_out),
+    )
+
+
+def plan_from_pb(message: worker_pb2.StepPlan) -> SchedulerOutput:
+    request_ids = list(message.cached_request_ids)
+    columns = (message.cached_num_computed_tokens, message.cached_resumed)
+    if any(len(column) != len(request_ids) for column in columns):
+        raise ValueError("the cached_* columns of the StepPlan differ in length")
+    scheduled = list(message.scheduled_request_ids)
+    num_scheduled = list(message.num_scheduled_tokens)
+    if len(scheduled) != len(num_scheduled):
+        raise ValueError("scheduled_request_ids and num_scheduled_tokens differ in length")
+    cached = CachedRequestData(
+        request_ids=request_ids,
+        new_block_ids=_split(
+            "cached_new_block_ids", message.cached_new_block_ids, message.cached_num_new_blocks
+        ),
+        num_computed_tokens=list(message.cached_num_computed_tokens),
+        resumed_from_preemption=list(message.cached_resumed),
+    )
+    if len(cached.new_block_ids) != len(request_ids):
+        raise ValueError("cached_num_new_blocks and cached_request_ids differ in length")
+    return SchedulerOutput(
+        scheduled_new_reqs=[_new_request_from_pb(new) for new in message.new_requests],
+        scheduled_cached_reqs=cached,
+        num_scheduled_tokens=dict(zip(scheduled, num_scheduled, strict=True)),
+        total_num_scheduled_tokens=sum(num_scheduled),
+        finished_req_ids=set(message.finished_request_ids),
+        blocks_to_copy=_pairs("blocks_to_copy", message.blocks_to_copy),
+        blocks_to_swap_in=_pairs("blocks_to_swap_in", message.blocks_to_swap_in),
+        blocks_to_swap_out=_pairs("blocks_to_swap_out", message.blocks_to_swap_out),
+    )
+
+
+def result_to_pb(result: RunnerOutput, step_id: int = 0, error: str = "") -> worker_pb2.StepResult:
+    timings = result.timings
+    message = worker_pb2.StepResult(
+        step_id=step_id,
+        request_ids=result.request_ids,
+        num_sampled=[len(ids) for ids in result.sampled_token_ids],
+        sampled_token_ids=[i for ids in result.sampled_token_ids for i in ids],
+        logprob_request_ids=result.logprobs.keys(),
+        prompt_logprob_request_ids=result.prompt_logprobs.keys(),
+        prepare_s=timings.prepare_s,
+        forward_s=timings.forward_s,
+        sample_s=timings.sample_s,
+        error=error,
+    )
+    if result.logprobs:
+        pack_logprobs(message, "", result.logprobs.values())
+    if result.prompt_logprobs:
+        pack_logprobs(message, "prompt_", result.prompt_logprobs.values())
+    return message
+
+
+def _keyed(name: str, request_ids, items: list) -> dict:
+    if len(request_ids) != len(items):
+        raise ValueError(f"{name} and its position counts differ in length")
+    return dict(zip(request_ids, items, strict=True))
+
+
+def result_from_pb(message: worker_pb2.StepResult) -> RunnerOutput:
+    """The RunnerOutput (the caller checks `message.error` first)."""
+    request_ids = list(message.request_ids)
+    sampled = _split("sampled_token_ids", message.sampled_token_ids, message.num_sampled)
+    if len(sampled) != len(request_ids):
+        raise ValueError("request_ids and num_sampled differ in length")
+    return RunnerOutput(
+        request_ids=request_ids,
+        sampled_token_ids=sampled,
+        logprobs=_keyed(
+            "logprob_request_ids", message.logprob_request_ids, unpack_logprobs(message, "")
+        ),
+        prompt_logprobs=_keyed(
+            "prompt_logprob_request_ids",
+            message.prompt_logprob_request_ids,
+            unpack_logprobs(message, "prompt_"),
+        ),
+        timings=StepTimings(message.prepare_s, message.forward_s, message.sample_s),
+    )

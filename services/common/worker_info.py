@@ -1,0 +1,33 @@
+"""What a worker reports about itself: the model it runs and the KV cache it holds.
+
+Torch-free, so the scheduler can read a remote worker's description. The fields match
+services/worker/worker.py's ModelInfo and CacheInfo one to one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    model: str
+    architecture: str
+    dtype: str
+    device: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    max_model_len: int
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    """How many KV blocks the worker holds: derived at run time, never written to configs."""
+
+    num_gpu_blocks: int
+    num_cpu_blocks: int
+    block_size: int
+    bytes_per_block: int

@@ -1,0 +1,288 @@
+"""Pure conversion for the public Generation API: GenerateRequest in, GenerateResponses out.
+
+Requests become a GenerateCall (prompt, SamplingParams, the Frontend's keyword arguments);
+every invalid value raises ValueError naming the field, so the servicer maps it straight to
+INVALID_ARGUMENT. Responses are built by a ResponseBuilder, one per stream: it turns the
+Frontend's delta RequestOutputs into one message per output index with something new, and
+puts usage on the last message of the stream.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from google.protobuf import unknown_fields
+from google.protobuf.message import Message
+
+from services.common.convert import sampling as convert_sampling
+from services.common.model_info import ServedModelInfo
+from services.common.outputs import CompletionOutput, Logprob, RequestOutput
+from services.common.proto.pagestream.v1 import generation_pb2
+from services.common.sampling_params import RequestOutputKind, SamplingParams
+from services.frontend.tokenizer import apply_chat_template
+
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True)
+class GenerateCall:
+    """One GenerateRequest in the Frontend's terms: `frontend.generate(**call.arguments())`."""
+
+    request_id: str
+    prompt: str | dict
+    sampling_params: SamplingParams
+    priority: int = 0
+    cache_salt: str | None = None
+    add_special_tokens: bool = True
+
+    def arguments(self) -> dict:
+        return {
+            "prompt": self.prompt,
+            "sampling_params": self.sampling_params,
+            "request_id": self.request_id,
+            "priority": self.priority,
+            "cache_salt": self.cache_salt,
+            "add_special_tokens": self.add_special_tokens,
+        }
+
+
+def new_request_id() -> str:
+    return f"gen-{uuid.uuid4().hex}"
+
+
+# ---- requests ----------------------------------------------------------------------------
+def generate_call_from_pb(
+    request: generation_pb2.GenerateRequest, tokenizer, info: ServedModelInfo
+) -> GenerateCall:
+    """Validate and convert; raises ValueError naming the offending field."""
+    reject_unknown_fields(request, "GenerateRequest")
+    prompt, default_special = prompt_from_pb(request, tokenizer)
+    params = sampling_params_from_pb(request.sampling_params)
+    check_token_ids_in_vocab(params, info.vocab_size)
+    special = request.add_special_tokens if request.HasField("add_special_tokens") else None
+    return GenerateCall(
+        request_id=request.request_id or new_request_id(),
+        prompt=prompt,
+        sampling_params=params,
+        priority=request.priority,
+        cache_salt=request.cache_salt if request.HasField("cache_salt") else None,
+        add_special_tokens=default_special if special is None else special,
+    )
+
+
+def reject_unknown_fields(message, path: str) -> None:
+    """Fields this server does not know (a newer client?) must not be silently ignored."""
+    numbers = sorted({f.field_number for f in unknown_fields.UnknownFieldSet(message)})
+    if numbers:
+        raise ValueError(
+            f"{path} has unknown field number(s) {numbers}: this server does not support them."
+        )
+    for field, value in message.ListFields():
+        if field.message_type is None or field.message_type.GetOptions().map_entry:
+            continue
+        if isinstance(value, Message):
+            reject_unknown_fields(value, f"{path}.{field.name}")
+        else:  # a repeated message field
+            for i, item in enumerate(value):
+                reject_unknown_fields(item, f"{path}.{field.name}[{i}]")
+
+
+def prompt_from_pb(request, tokenizer) -> tuple[str | dict, bool]:
+    """The prompt oneof -> (prompt for Frontend.generate, default add_special_tokens)."""
+    which = request.WhichOneof("prompt")
+    if which is None:
+        raise ValueError("prompt: set one of text, token_ids or chat.")
+    if which == "text":
+        if not request.text:
+            raise ValueError("text: the prompt is empty.")
+        return request.text, True
+    if which == "token_ids":
+        if not request.token_ids.token_ids:
+            raise ValueError("token_ids: the prompt is empty.")
+        return {"prompt_token_ids": list(request.token_ids.token_ids)}, True
+    return chat_prompt_from_pb(request.chat, tokenizer), False
+
+
+def chat_prompt_from_pb(chat: generation_pb2.ChatMessages, tokenizer) -> str:
+    """Render chat messages through the model's (or the given) chat template."""
+    if not chat.messages:
+        raise ValueError("chat.messages: give at least one message.")
+    for i, message in enumerate(chat.messages):
+        if message.role not in CHAT_ROLES:
+            raise ValueError(
+                f"chat.messages[{i}].role must be one of {', '.join(CHAT_ROLES)}; "
+                f"got {message.role!r}."
+            )
+    messages = [{"role": m.role, "content": m.content} for m in chat.messages]
+    add_generation_prompt = (
+        chat.add_generation_prompt if chat.HasField("add_generation_prompt") else True
+    )
+    template = chat.chat_template if chat.HasField("chat_template") else None
+    try:
+        return apply_chat_template(tokenizer, messages, add_generation_prompt, template)
+    except ValueError as exc:
+        raise ValueError(f"chat: {exc}") from exc
+    except Exception as exc:  # a broken template (jinja errors) is the client's input too
+        raise ValueError(f"chat.chat_template could not be applied: {exc}") from exc
+
+
+def sampling_params_from_pb(pb: generation_pb2.SamplingParams) -> SamplingParams:
+    """Set fields override vLLM's defaults; unset ones keep them. Streams want deltas."""
+    try:
+        params = convert_sampling.sampling_params_from_pb(pb)
+    except ValueError as exc:
+        raise ValueError(f"sampling_params.{exc}") from exc
+    return params.clone(output_kind=RequestOutputKind.DELTA)
+
+
+def check_token_ids_in_vocab(params: SamplingParams, vocab_size: int) -> None:
+    for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias)):
+        bad = [t for t in ids if t >= vocab_size]
+        if bad:
+            raise ValueError(
+                f"sampling_params.{name} has token id {bad[0]}, "
+                f"outside the vocabulary [0, {vocab_size})."
+            )
+
+
+# ---- responses ---------------------------------------------------------------------------
+def logprobs_to_pb(
+    positions: list[dict[int, Logprob] | None],
+) -> list[generation_pb2.PositionLogprobs]:
+    """One PositionLogprobs per position; None (the first prompt position) is an empty one."""
+    return [
+        generation_pb2.PositionLogprobs(
+            entries=[
+                generation_pb2.TokenLogprob(
+                    token_id=token_id,
+                    logprob=lp.logprob,
+                    rank=lp.rank or 0,
+                    token=lp.decoded_token or "",
+                )
+                for token_id, lp in (position or {}).items()
+            ]
+        )
+        for position in positions
+    ]
+
+
+class ResponseBuilder:
+    """Delta RequestOutputs -> GenerateResponses for one stream (per output index)."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.finished_indices: set[int] = set()
+        self.num_completion_tokens = 0
+        self.sent_prompt_logprobs = False
+        self.sent_final = False
+
+    def responses(self, output: RequestOutput) -> list[generation_pb2.GenerateResponse]:
+        """The messages for one output; the request's last one carries usage."""
+        messages = []
+        for completion in output.outputs:
+            message = self._message(output, completion)
+            if message is not None:
+                messages.append(message)
+        if output.finished and not self.sent_final:
+            if not messages:  # nothing new: the usage still needs a message of its own
+                messages.append(self._base(output, index=0))
+            messages[-1].usage.CopyFrom(self.usage(output))
+            self.sent_final = True
+        return messages
+
+    def usage(self, output: RequestOutput) -> generation_pb2.Usage:
+        return generation_pb2.Usage(
+            prompt_tokens=len(output.prompt_token_ids),
+            completion_tokens=self.num_completion_tokens,
+            cached_tokens=output.num_cached_tokens,
+        )
+
+    def _message(
+        self, output: RequestOutput, completion: CompletionOutput
+    ) -> generation_pb2.GenerateResponse | None:
+        if completion.index in self.finished_indices:
+            return None  # its end was sent; later outputs repeat its finish_reason
+        ends_now = completion.finish_reason is not None
+        if not (completion.token_ids or completion.text or ends_now):
+            return None
+        message = self._base(output, completion.index)
+        message.text = completion.text
+        message.token_ids.extend(completion.token_ids)
+        self.num_completion_tokens += len(completion.token_ids)
+        if completion.logprobs:
+            message.logprobs.extend(logprobs_to_pb(completion.logprobs))
+        if completion.cumulative_logprob is not None:
+            message.cumulative_logprob = completion.cumulative_logprob
+        if ends_now:
+            self.finished_indices.add(completion.index)
+            _set_finish(message, completion)
+        return message
+
+    def _base(self, output: RequestOutput, index: int) -> generation_pb2.GenerateResponse:
+        message = generation_pb2.GenerateResponse(
+            request_id=self.request_id, index=index, num_cached_tokens=output.num_cached_tokens
+        )
+        if output.prompt_logprobs and not self.sent_prompt_logprobs:
+            message.prompt_logprobs.extend(logprobs_to_pb(output.prompt_logprobs))
+            self.sent_prompt_logprobs = True
+        return message
+
+
+def _set_finish(message: generation_pb2.GenerateResponse, completion: CompletionOutput) -> None:
+    message.finish_reason = completion.finish_reason or ""
+    reason = completion.stop_reason
+    if isinstance(reason, bool) or reason is None:
+        return
+    if isinstance(reason, int):
+        message.stop_token_id = reason
+    elif isinstance(reason, str):
+        message.stop_string = reason
+
+
+# ---- the small RPCs ----------------------------------------------------------------------
+def model_info_to_pb(info: ServedModelInfo) -> generation_pb2.ModelInfo:
+    return generation_pb2.ModelInfo(
+        model=info.model,
+        architecture=info.architecture,
+        dtype=info.dtype,
+        max_model_len=info.max_model_len,
+        vocab_size=info.vocab_size,
+        eos_token_ids=list(info.eos_token_ids),
+        block_size=info.block_size,
+        num_gpu_blocks=info.num_gpu_blocks,
+    )
+
+
+def tokenize(
+    request: generation_pb2.TokenizeRequest, tokenizer, info: ServedModelInfo
+) -> generation_pb2.TokenizeResponse:
+    which = request.WhichOneof("input")
+    if which is None:
+        raise ValueError("input: set one of text or chat.")
+    if which == "text":
+        text, default_special = request.text, True
+    else:
+        text, default_special = chat_prompt_from_pb(request.chat, tokenizer), False
+    special = (
+        request.add_special_tokens if request.HasField("add_special_tokens") else default_special
+    )
+    token_ids = tokenizer.encode(text, add_special_tokens=special)
+    return generation_pb2.TokenizeResponse(
+        token_ids=token_ids, count=len(token_ids), max_model_len=info.max_model_len
+    )
+
+
+def detokenize(
+    request: generation_pb2.DetokenizeRequest, tokenizer, info: ServedModelInfo
+) -> generation_pb2.DetokenizeResponse:
+    token_ids = list(request.token_ids)
+    for i, token_id in enumerate(token_ids):
+        if not 0 <= token_id < info.vocab_size:
+            raise ValueError(
+                f"token_ids[{i}] is {token_id}, outside the vocabulary [0, {info.vocab_size})."
+            )
+    skip = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
+    return generation_pb2.DetokenizeResponse(
+        text=tokenizer.decode(token_ids, skip_special_tokens=skip)
+    )

@@ -1,0 +1,111 @@
+"""GenerationServicer: the public pagestream.v1.Generation API over a Frontend.
+
+A thin adapter: pb -> domain call (generation_pb) -> Frontend -> pb, with errors mapped to
+status codes by services/common/grpc_errors. A client that cancels a Generate stream aborts
+its request: the cancellation unwinds the stream (closing the Frontend's iterator aborts it
+in the engine core), and the RPC's done callback aborts it again should the stream be
+elsewhere at that moment. Until the Frontend exists (the split deployment connects to the
+scheduler first) every call answers UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from services.common.grpc_errors import grpc_errors
+from services.common.proto.pagestream.v1 import generation_pb2, generation_pb2_grpc
+from services.frontend import generation_pb
+from services.frontend.frontend import EngineUnavailableError, Frontend
+
+logger = logging.getLogger(__name__)
+
+
+class GenerationServicer(generation_pb2_grpc.GenerationServicer):
+    def __init__(
+        self, frontend: Frontend | None, on_unhealthy: Callable[[], None] | None = None
+    ) -> None:
+        self.frontend = frontend
+        self.on_unhealthy = on_unhealthy
+        self.num_streams = 0
+        self._no_streams = asyncio.Event()
+        self._no_streams.set()
+        self._background: set[asyncio.Task] = set()
+
+    def _ready(self) -> Frontend:
+        if self.frontend is None:
+            raise EngineUnavailableError("the frontend is starting: the engine is not ready yet.")
+        return self.frontend
+
+    async def Generate(self, request, context) -> None:
+        self.num_streams += 1
+        self._no_streams.clear()
+        try:
+            await self._generate(request, context)
+        finally:
+            self.num_streams -= 1
+            if self.num_streams == 0:
+                self._no_streams.set()
+            if self.frontend is not None and not self.frontend.is_healthy and self.on_unhealthy:
+                self.on_unhealthy()
+
+    @grpc_errors
+    async def _generate(self, request, context) -> None:
+        frontend = self._ready()
+        call = generation_pb.generate_call_from_pb(request, frontend.tokenizer, frontend.info)
+        self._abort_when_cancelled(context, call.request_id)
+        builder = generation_pb.ResponseBuilder(call.request_id)
+        stream = frontend.generate(**call.arguments())
+        async with contextlib.aclosing(stream):
+            async for output in stream:
+                for response in builder.responses(output):
+                    await context.write(response)
+
+    @grpc_errors
+    async def Abort(self, request, context) -> generation_pb2.AbortResponse:
+        if not request.request_id:
+            raise ValueError("request_id: give the id of the request to abort.")
+        found = await self._ready().abort(request.request_id)
+        return generation_pb2.AbortResponse(found=found)
+
+    @grpc_errors
+    async def Tokenize(self, request, context) -> generation_pb2.TokenizeResponse:
+        frontend = self._ready()
+        return generation_pb.tokenize(request, frontend.tokenizer, frontend.info)
+
+    @grpc_errors
+    async def Detokenize(self, request, context) -> generation_pb2.DetokenizeResponse:
+        frontend = self._ready()
+        return generation_pb.detokenize(request, frontend.tokenizer, frontend.info)
+
+    @grpc_errors
+    async def GetModelInfo(self, request, context) -> generation_pb2.ModelInfo:
+        return generation_pb.model_info_to_pb(self._ready().info)
+
+    # ---- draining and cancellation -------------------------------------------------------
+    async def drained(self) -> None:
+        """Returns once no Generate stream is in flight."""
+        await self._no_streams.wait()
+
+    def _abort_when_cancelled(self, context, request_id: str) -> None:
+        loop = asyncio.get_running_loop()
+
+        def done(ctx) -> None:
+            if ctx.cancelled():
+                loop.call_soon_threadsafe(self._spawn_abort, request_id)
+
+        context.add_done_callback(done)
+
+    def _spawn_abort(self, request_id: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._abort_quietly(request_id))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _abort_quietly(self, request_id: str) -> None:
+        try:
+            if self.frontend is not None and await self.frontend.abort(request_id):
+                logger.info("client cancelled %s: aborted it", request_id)
+        except Exception:  # the engine is gone: nothing left to abort
+            logger.debug("abort of cancelled %s failed", request_id, exc_info=True)

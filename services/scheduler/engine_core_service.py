@@ -1,0 +1,213 @@
+"""EngineCoreServicer: the AsyncEngineCore over gRPC (pagestream.v1.EngineCore).
+
+Each Connect stream is one `connect()` client of the engine core: AddRequest and
+AbortRequests messages come in, one EngineOutputBatch per step (for this client's
+requests) goes out. A request the core rejects at admission comes back as an output with
+`errors` set and finish_reason "error" (the Frontend raises it as a ValueError to its
+caller); the stream carries on. When the client half-closes its side, cancels, or goes
+away, the stream ends and the core aborts every request that client still had. A dead
+engine loop ends every stream with UNAVAILABLE.
+
+serve_scheduler builds the whole scheduler role around a remote worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Protocol
+
+from services.common.config import CacheConfig, SchedulerConfig
+from services.common.convert.engine_io import (
+    engine_info_to_pb,
+    engine_request_from_pb,
+    outputs_to_pb,
+    stats_to_pb,
+)
+from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs
+from services.common.grpc_errors import grpc_errors
+from services.common.grpc_server import GrpcServer, start_server
+from services.common.model_info import ServedModelInfo
+from services.common.proto.pagestream.v1 import engine_pb2, engine_pb2_grpc
+from services.scheduler.async_engine_core import AsyncEngineCore
+from services.scheduler.engine_core import EngineCore
+from services.scheduler.grpc_executor import GrpcExecutor
+from services.scheduler.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+ENGINE_CORE_SERVICE = engine_pb2.DESCRIPTOR.services_by_name["EngineCore"].full_name
+_END = object()
+
+
+def rejection(request_id: str, error: str) -> EngineCoreOutputs:
+    """The output that tells a client its request was not admitted."""
+    output = EngineCoreOutput(request_id, [], finish_reason="error", error=error)
+    return EngineCoreOutputs([output])
+
+
+class EngineCoreServicer(engine_pb2_grpc.EngineCoreServicer):
+    def __init__(self, core: AsyncEngineCore, info: ServedModelInfo) -> None:
+        self.core = core
+        self.info = info
+        # Called once the engine loop has died (serve_engine_core: health NOT_SERVING).
+        self.on_dead: Callable[[], Awaitable[None]] | None = None
+        self._disconnects: set[asyncio.Task] = set()
+
+    @grpc_errors
+    async def Connect(self, request_iterator, context):
+        client_id = self.core.connect()
+        out: asyncio.Queue = asyncio.Queue()
+        tasks = [
+            asyncio.create_task(self._pump_outputs(client_id, out)),
+            asyncio.create_task(self._read_requests(client_id, request_iterator, out)),
+        ]
+        try:
+            while (item := await out.get()) is not _END:
+                if isinstance(item, BaseException):
+                    raise item
+                yield outputs_to_pb(item)
+        finally:
+            for task in tasks:
+                task.cancel()
+            # Shielded: the abort must happen even when this handler is being cancelled.
+            disconnect = asyncio.create_task(self.core.disconnect(client_id))
+            self._disconnects.add(disconnect)
+            disconnect.add_done_callback(self._disconnects.discard)
+            await asyncio.shield(disconnect)
+
+    async def _pump_outputs(self, client_id: int, out: asyncio.Queue) -> None:
+        try:
+            while True:
+                out.put_nowait(await self.core.outputs(client_id))
+        except Exception as exc:
+            if self.core.dead_error is not None and self.on_dead is not None:
+                await self.on_dead()
+            out.put_nowait(exc)
+
+    async def _read_requests(self, client_id: int, requests, out: asyncio.Queue) -> None:
+        try:
+            async for message in requests:
+                kind = message.WhichOneof("kind")
+                if kind == "add":
+                    await self._add(client_id, message.add, out)
+                elif kind == "abort":
+                    await self.core.abort(list(message.abort.request_ids))
+        except Exception as exc:
+            out.put_nowait(exc)
+        else:
+            out.put_nowait(_END)  # the client closed its side
+
+    async def _add(self, client_id: int, message: engine_pb2.AddRequest, out) -> None:
+        try:
+            await self.core.add_request(client_id, engine_request_from_pb(message))
+        except ValueError as exc:
+            logger.info("rejected %s: %s", message.request_id, exc)
+            out.put_nowait(rejection(message.request_id, str(exc)))
+
+    @grpc_errors
+    async def GetStats(self, request, context):
+        return stats_to_pb(self.core.stats())
+
+    @grpc_errors
+    async def GetEngineInfo(self, request, context):
+        scheduler = self.core.core.scheduler
+        return engine_info_to_pb(
+            self.info,
+            scheduler.config.max_num_seqs,
+            scheduler.config.max_num_batched_tokens,
+            scheduler.kv.num_cpu_blocks,
+        )
+
+
+async def serve_engine_core(
+    core: AsyncEngineCore, info: ServedModelInfo, host: str = "127.0.0.1", port: int = 0
+) -> GrpcServer:
+    """Serve an engine core (over any executor) as the EngineCore service, SERVING.
+
+    Health turns NOT_SERVING when the engine loop dies (e.g. its worker is gone).
+    Stopping the server shuts the engine core's loop down.
+    """
+    servicer = EngineCoreServicer(core, info)
+    server = await start_server(
+        lambda s: engine_pb2_grpc.add_EngineCoreServicer_to_server(servicer, s),
+        [ENGINE_CORE_SERVICE],
+        host,
+        port,
+    )
+    server.servicer = servicer
+    servicer.on_dead = lambda: server.set_serving(False)
+    server.add_cleanup(core.shutdown)
+    await server.set_serving()
+    return server
+
+
+class SchedulerArgs(Protocol):
+    """What serve_scheduler needs from pagestream.engine_args.EngineArgs."""
+
+    served_model_name: str | None
+
+    def cache_config(self) -> CacheConfig: ...
+
+    def scheduler_config(self, model_max_len: int) -> SchedulerConfig: ...
+
+
+async def serve_scheduler(
+    worker_address: str,
+    args: SchedulerArgs,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    worker_timeout_s: float = 600.0,
+) -> GrpcServer:
+    """The scheduler role: wait for the worker, size its KV cache, serve the engine core.
+
+    Stopping the server shuts the engine core down and closes the worker stream.
+    """
+    executor = GrpcExecutor(worker_address)
+    try:
+        core, info = await _build_engine_core(executor, args, worker_timeout_s)
+    except BaseException:
+        executor.close()
+        raise
+    server = await serve_engine_core(core, info, host, port)
+    server.add_cleanup(lambda: asyncio.to_thread(executor.close))  # runs after the core stops
+    return server
+
+
+async def _build_engine_core(
+    executor: GrpcExecutor, args: SchedulerArgs, worker_timeout_s: float
+) -> tuple[AsyncEngineCore, ServedModelInfo]:
+    await asyncio.to_thread(executor.wait_until_ready, worker_timeout_s)
+    model = await asyncio.to_thread(executor.describe)
+    config = args.scheduler_config(model.max_model_len)
+    cache_info = await asyncio.to_thread(
+        executor.initialize_cache,
+        config.max_model_len,
+        config.max_num_seqs,
+        config.max_num_batched_tokens,
+    )
+    cache_config = args.cache_config()
+    if cache_config.block_size != cache_info.block_size:
+        logger.warning(
+            "block_size %d differs from the worker's %d: using the worker's",
+            cache_config.block_size,
+            cache_info.block_size,
+        )
+        cache_config = replace(cache_config, block_size=cache_info.block_size)
+    scheduler = Scheduler(
+        config, cache_config, cache_info.num_gpu_blocks, cache_info.num_cpu_blocks
+    )
+    info = ServedModelInfo(
+        model=args.served_model_name or model.model,
+        max_model_len=config.max_model_len,
+        vocab_size=model.vocab_size,
+        eos_token_ids=model.eos_token_ids,
+        block_size=cache_info.block_size,
+        architecture=model.architecture,
+        dtype=model.dtype,
+        num_gpu_blocks=cache_info.num_gpu_blocks,
+    )
+    return AsyncEngineCore(EngineCore(scheduler, executor)), info

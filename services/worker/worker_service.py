@@ -1,0 +1,143 @@
+"""WorkerServicer: the Worker actor over gRPC (pagestream.v1.Worker).
+
+Thin adapters: pb -> Worker call -> pb. Everything that touches the model (loading,
+cache allocation, the forward pass, and the plan/result conversion around it) runs on one
+worker thread, never on the event loop, and in order.
+
+Execute answers one StepResult per StepPlan, in order. A plan the worker cannot apply (an
+unknown request id, inconsistent columns: any ValueError, which the worker raises before
+it changes any state) is answered with a StepResult whose `error` says why; the stream
+stays open and the server keeps serving. Anything else ends the stream with the status
+services/common/grpc_errors.py maps it to. When an Execute stream ends, its scheduler is
+gone: the worker drops every request's state (the KV cache stays allocated).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+from services.common.config import CacheConfig, ModelConfig
+from services.common.convert.step import plan_from_pb, result_to_pb
+from services.common.convert.worker_info import (
+    cache_description_to_pb,
+    worker_description_to_pb,
+)
+from services.common.grpc_errors import grpc_errors
+from services.common.grpc_server import GrpcServer, start_server
+from services.common.proto.pagestream.v1 import worker_pb2, worker_pb2_grpc
+from services.worker.worker import Worker
+
+logger = logging.getLogger(__name__)
+
+WORKER_SERVICE = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
+
+
+class WorkerLoadingError(ConnectionError):
+    """The worker is still loading its model (UNAVAILABLE: try again shortly)."""
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    def __init__(self, worker: Worker | None = None) -> None:
+        self.worker = worker
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="pagestream-worker")
+
+    async def run(self, fn, *args):
+        """Run fn on the worker thread (the only thread that touches the model)."""
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    def _ready(self) -> Worker:
+        if self.worker is None:
+            raise WorkerLoadingError("the worker is still loading its model")
+        return self.worker
+
+    @grpc_errors
+    async def Describe(self, request, context):
+        return worker_description_to_pb(self._ready().describe())
+
+    @grpc_errors
+    async def InitializeCache(self, request, context):
+        info = await self.run(
+            self._ready().initialize_cache,
+            request.max_model_len or None,
+            request.max_num_seqs or 256,
+            request.max_num_batched_tokens or 2048,
+        )
+        return cache_description_to_pb(info)
+
+    @grpc_errors
+    async def Execute(self, request_iterator, context):
+        worker = self._ready()
+        try:
+            async for plan in request_iterator:
+                yield await self.run(_execute_step, worker, plan)
+        finally:
+            # Queued behind any step still running; not awaited (we may be cancelled).
+            # RuntimeError: the server is shutting down and the thread is gone already.
+            with contextlib.suppress(RuntimeError):
+                self._thread.submit(worker.reset)
+
+    @grpc_errors
+    async def Reset(self, request, context):
+        await self.run(self._ready().reset)
+        return worker_pb2.ResetResponse()
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._thread.shutdown, True)
+
+
+def _execute_step(worker: Worker, message: worker_pb2.StepPlan) -> worker_pb2.StepResult:
+    """One plan on the worker thread: convert, run, convert back."""
+    try:
+        result = worker.execute(plan_from_pb(message))
+    except ValueError as exc:
+        logger.warning("step %d rejected: %s", message.step_id, exc)
+        return worker_pb2.StepResult(step_id=message.step_id, error=str(exc) or repr(exc))
+    return result_to_pb(result, message.step_id)
+
+
+async def start_worker_server(host: str = "127.0.0.1", port: int = 0) -> GrpcServer:
+    """Bind and serve, NOT_SERVING and without a model yet (see load_worker)."""
+    servicer = WorkerServicer()
+    server = await start_server(
+        lambda s: worker_pb2_grpc.add_WorkerServicer_to_server(servicer, s),
+        [WORKER_SERVICE],
+        host,
+        port,
+    )
+    server.servicer = servicer
+    server.add_cleanup(servicer.close)
+    return server
+
+
+async def load_worker(
+    server: GrpcServer, model_config: ModelConfig, cache_config: CacheConfig
+) -> Worker:
+    """Load the model on the worker thread, then report SERVING."""
+    servicer: WorkerServicer = server.servicer
+    worker = await servicer.run(Worker, model_config, cache_config)
+    servicer.worker = worker
+    await server.set_serving()
+    logger.info("worker ready: %s on %s", model_config.model, worker.device)
+    return worker
+
+
+async def serve_worker(
+    model_config: ModelConfig,
+    cache_config: CacheConfig,
+    host: str = "127.0.0.1",
+    port: int = 0,
+) -> GrpcServer:
+    """A Worker service on host:port (0: any free port), returned once SERVING.
+
+    Health is NOT_SERVING while the model loads. Stop it with `await server.stop(grace)`.
+    """
+    server = await start_worker_server(host, port)
+    try:
+        await load_worker(server, model_config, cache_config)
+    except BaseException:
+        await server.stop(0)
+        raise
+    return server

@@ -1,0 +1,320 @@
+"""pb <-> domain conversion: exact round trips, field presence, malformed messages."""
+
+from dataclasses import fields, replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.common.convert.engine_io import (
+    engine_request_from_pb,
+    engine_request_to_pb,
+    outputs_from_pb,
+    outputs_to_pb,
+    served_model_info_from_pb,
+    served_model_info_to_pb,
+    stats_from_pb,
+    stats_to_pb,
+)
+from services.common.convert.sampling import (
+    INT32_MAX,
+    sampling_params_from_pb,
+    sampling_params_to_pb,
+    shortest_float32,
+)
+from services.common.convert.step import plan_from_pb, plan_to_pb, result_from_pb, result_to_pb
+from services.common.convert.worker_info import (
+    cache_description_from_pb,
+    cache_description_to_pb,
+    worker_description_from_pb,
+    worker_description_to_pb,
+)
+from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
+from services.common.engine_request import EngineCoreRequest
+from services.common.model_info import ServedModelInfo
+from services.common.proto.pagestream.v1 import generation_pb2, worker_pb2
+from services.common.runner_output import RunnerOutput, StepTimings, TokenLogprobs
+from services.common.sampling_params import SamplingParams
+from services.common.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from services.common.worker_info import CacheInfo, ModelInfo
+
+# Every field differs from vLLM's default; float values a user would type.
+EVERY_FIELD = SamplingParams(
+    n=3,
+    presence_penalty=0.5,
+    frequency_penalty=-0.3,
+    repetition_penalty=1.1,
+    temperature=0.7,
+    top_p=0.9,
+    top_k=40,
+    min_p=0.05,
+    seed=2**40 + 7,
+    stop=["\n\n", "END"],
+    stop_token_ids=[7, 8],
+    ignore_eos=True,
+    max_tokens=100,
+    min_tokens=3,
+    logprobs=5,
+    prompt_logprobs=2,
+    logit_bias={5: -1.5, 9: 100.0, 0: 0.1},
+    skip_special_tokens=False,
+    spaces_between_special_tokens=False,
+    include_stop_str_in_output=True,
+    length_penalty=0.8,
+)
+
+
+def _wire(message):
+    """Serialize and parse, as the transport does."""
+    return type(message).FromString(message.SerializeToString())
+
+
+def _round_trip_params(params: SamplingParams) -> SamplingParams:
+    return sampling_params_from_pb(_wire(sampling_params_to_pb(params)))
+
+
+# ---- SamplingParams -------------------------------------------------------------------
+def test_every_sampling_field_round_trips_and_is_present_on_the_wire():
+    message = sampling_params_to_pb(EVERY_FIELD)
+    present = {f.name for f, _ in message.ListFields()}
+    expected = {f.name for f in generation_pb2.SamplingParams.DESCRIPTOR.fields}
+    assert expected - present == {"use_beam_search"}  # False is the default
+    back = _round_trip_params(EVERY_FIELD)
+    assert back == EVERY_FIELD
+    assert back.temperature == 0.7 and back.min_p == 0.05  # float32 on the wire, exact back
+
+
+def test_beam_search_params_round_trip():
+    params = SamplingParams(n=4, temperature=0.0, use_beam_search=True, length_penalty=1.5)
+    assert _round_trip_params(params) == params
+
+
+def test_defaults_are_an_empty_message_and_unset_means_default():
+    assert sampling_params_to_pb(SamplingParams()).ByteSize() == 0
+    assert sampling_params_from_pb(generation_pb2.SamplingParams()) == SamplingParams()
+    only = sampling_params_from_pb(generation_pb2.SamplingParams(temperature=0.0, max_tokens=4))
+    assert only == SamplingParams(temperature=0.0, max_tokens=4)
+    assert only.top_p == 1.0 and only.seed is None and only.logprobs is None
+
+
+def test_presence_distinguishes_zero_from_unset():
+    params = SamplingParams(seed=0, logprobs=0, prompt_logprobs=0, temperature=0.0)
+    back = _round_trip_params(params)
+    assert (back.seed, back.logprobs, back.prompt_logprobs, back.temperature) == (0, 0, 0, 0.0)
+
+
+def test_unlimited_max_tokens_round_trips():
+    params = SamplingParams(max_tokens=None)
+    assert sampling_params_to_pb(params).max_tokens == INT32_MAX
+    assert _round_trip_params(params).max_tokens is None
+
+
+@pytest.mark.parametrize(
+    ("message", "field"),
+    [
+        (generation_pb2.SamplingParams(temperature=5.0), "temperature"),
+        (generation_pb2.SamplingParams(top_p=float("nan")), "top_p"),
+        (generation_pb2.SamplingParams(n=0), "n"),
+        (generation_pb2.SamplingParams(max_tokens=0), "max_tokens"),
+        (generation_pb2.SamplingParams(logprobs=99), "logprobs"),
+        (generation_pb2.SamplingParams(logit_bias={3: 250.0}), "logit_bias"),
+        (generation_pb2.SamplingParams(stop=[""]), "stop"),
+    ],
+)
+def test_invalid_values_raise_value_errors_naming_the_field(message, field):
+    with pytest.raises(ValueError, match=field):
+        sampling_params_from_pb(message)
+
+
+def test_values_that_do_not_fit_the_wire_name_the_field():
+    with pytest.raises(ValueError, match="seed"):
+        sampling_params_to_pb(SamplingParams(seed=2**70))
+
+
+@given(st.floats(min_value=0.0, max_value=2.0, width=32))
+def test_float32_values_come_back_to_the_same_float32(value):
+    assert shortest_float32(shortest_float32(value)) == shortest_float32(value)
+    back = _round_trip_params(SamplingParams(temperature=value)).temperature
+    assert generation_pb2.SamplingParams(temperature=back).temperature == value
+
+
+# ---- StepPlan / StepResult -------------------------------------------------------------
+def _plan() -> SchedulerOutput:
+    new = NewRequestData("new-1", [1, 2, 3], [], SamplingParams(temperature=0.0), [4], 0)
+    resumed = NewRequestData("forked", [5, 6], [9, 10], EVERY_FIELD, [7, 8, 11], 2)
+    cached = CachedRequestData(
+        request_ids=["c-a", "c-b", "c-c", "c-d"],
+        new_block_ids=[[], [12, 13], [], [14]],
+        num_computed_tokens=[17, 30, 5, 64],
+        resumed_from_preemption=[False, True, False, False],
+    )
+    # Row order deliberately neither sorted nor new-first.
+    order = {"c-b": 1, "new-1": 3, "c-a": 1, "forked": 1, "c-d": 2, "c-c": 16}
+    return SchedulerOutput(
+        scheduled_new_reqs=[new, resumed],
+        scheduled_cached_reqs=cached,
+        num_scheduled_tokens=order,
+        total_num_scheduled_tokens=sum(order.values()),
+        finished_req_ids={"gone-1", "gone-2"},
+        blocks_to_copy=[(1, 2), (3, 4)],
+        blocks_to_swap_in=[(0, 20)],
+        blocks_to_swap_out=[(21, 1), (22, 2)],
+    )
+
+
+def test_step_plan_round_trips_with_row_order():
+    plan = _plan()
+    message = _wire(plan_to_pb(plan, step_id=41))
+    assert message.step_id == 41
+    back = plan_from_pb(message)
+    assert back == plan
+    assert list(back.num_scheduled_tokens) == list(plan.num_scheduled_tokens)
+
+
+def test_empty_plan_round_trips():
+    assert plan_from_pb(_wire(plan_to_pb(SchedulerOutput()))) == SchedulerOutput()
+
+
+def test_decode_only_plan_round_trips():
+    ids = [f"r{i}" for i in range(256)]
+    plan = SchedulerOutput(
+        scheduled_cached_reqs=CachedRequestData(ids, [[]] * 256, list(range(256)), [False] * 256),
+        num_scheduled_tokens=dict.fromkeys(ids, 1),
+        total_num_scheduled_tokens=256,
+    )
+    assert plan_from_pb(_wire(plan_to_pb(plan))) == plan
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"cached_num_new_blocks": [1, 1]}, "cached_new_block_ids"),
+        ({"blocks_to_copy": [1, 2, 3]}, "blocks_to_copy"),
+        ({"num_scheduled_tokens": [1]}, "num_scheduled_tokens"),
+        ({"cached_resumed": [True]}, "cached_"),
+    ],
+)
+def test_malformed_plans_raise_value_error(changes, match):
+    message = plan_to_pb(_plan())
+    for name, values in changes.items():
+        message.ClearField(name)
+        getattr(message, name).extend(values)
+    with pytest.raises(ValueError, match=match):
+        plan_from_pb(message)
+
+
+def _result() -> RunnerOutput:
+    return RunnerOutput(
+        request_ids=["a", "b", "c"],
+        sampled_token_ids=[[5], [], [7, 8]],  # b is mid chunked prefill
+        logprobs={
+            "a": [TokenLogprobs([5, 1, 2], [-0.25, -1.5, -3.0], [1, 2, 3])],
+            "c": [TokenLogprobs([7], [-0.5], [1]), TokenLogprobs([8, 9], [-2.0, -0.125], [2, 1])],
+        },
+        prompt_logprobs={
+            "b": [None, TokenLogprobs([3, 4], [-4.0, -1.0], [7, 1])],
+            "a": [TokenLogprobs([1], [-6.5], [40])],
+            "c": [],
+        },
+        timings=StepTimings(prepare_s=0.001, forward_s=0.25, sample_s=0.0005),
+    )
+
+
+def test_step_result_round_trips_with_logprobs_and_none_positions():
+    result = _result()
+    message = _wire(result_to_pb(result, step_id=7))
+    assert message.step_id == 7 and message.error == ""
+    assert result_from_pb(message) == result
+
+
+def test_step_result_without_logprobs_round_trips():
+    result = RunnerOutput(["x", "y"], [[1], [2]])
+    assert result_from_pb(_wire(result_to_pb(result))) == result
+
+
+def test_step_result_error_travels():
+    message = _wire(result_to_pb(RunnerOutput(), step_id=3, error="unknown request 'z'"))
+    assert message.error == "unknown request 'z'" and message.step_id == 3
+
+
+def test_malformed_result_raises_value_error():
+    message = result_to_pb(_result())
+    message.logprob_values.append(-1.0)
+    with pytest.raises(ValueError, match="logprob"):
+        result_from_pb(message)
+
+
+# ---- engine.proto ---------------------------------------------------------------------
+def test_engine_request_round_trips():
+    request = EngineCoreRequest(
+        request_id="r-1",
+        prompt_token_ids=[1, 2, 3],
+        sampling_params=EVERY_FIELD,
+        eos_token_id=2,
+        extra_stop_token_ids=(3, 4),
+        priority=-5,
+        cache_salt="tenant-a",
+    )
+    back = engine_request_from_pb(_wire(engine_request_to_pb(request)))
+    assert back == replace(request, arrival_time=back.arrival_time)
+
+
+def test_engine_request_without_eos_or_salt_round_trips():
+    request = EngineCoreRequest("r-2", [4], SamplingParams())
+    back = engine_request_from_pb(_wire(engine_request_to_pb(request)))
+    assert back.eos_token_id is None and back.cache_salt is None
+    assert back == replace(request, arrival_time=back.arrival_time)
+
+
+def test_engine_request_needs_an_id():
+    message = engine_request_to_pb(EngineCoreRequest("r", [1], SamplingParams()))
+    message.request_id = ""
+    with pytest.raises(ValueError, match="request_id"):
+        engine_request_from_pb(message)
+
+
+def test_engine_outputs_round_trip():
+    stats = SchedulerStats(3, 2, 1, 0.375, 10, 4, 1)
+    outputs = [
+        EngineCoreOutput("a", [5, 6], new_logprobs=[TokenLogprobs([5], [-0.5], [1])] * 2),
+        EngineCoreOutput(
+            "grp-1",
+            [9],
+            finish_reason="stop",
+            stop_reason=9,
+            num_cached_tokens=16,
+            parent_request_id="grp",
+            index=1,
+            new_prompt_logprobs=[None, TokenLogprobs([3, 4], [-1.25, -2.0], [2, 1])],
+        ),
+        EngineCoreOutput("beam", [1, 2, 3], finish_reason="length", cumulative_logprob=-3.5),
+        EngineCoreOutput("bad", [], finish_reason="error", error="prompt too long"),
+        EngineCoreOutput("gone", [], finish_reason="abort"),
+    ]
+    batch = EngineCoreOutputs(outputs, stats)
+    assert outputs_from_pb(_wire(outputs_to_pb(batch))) == batch
+    no_stats = EngineCoreOutputs(outputs[:1])
+    assert outputs_from_pb(_wire(outputs_to_pb(no_stats))) == no_stats
+
+
+def test_malformed_output_batch_raises_value_error():
+    message = outputs_to_pb(EngineCoreOutputs([EngineCoreOutput("a", [1])]))
+    message.indices.append(3)
+    with pytest.raises(ValueError, match="indices"):
+        outputs_from_pb(message)
+
+
+def test_stats_and_model_info_round_trip():
+    stats = SchedulerStats(1, 2, 3, 0.5, 100, 50, 7)
+    assert stats_from_pb(_wire(stats_to_pb(stats))) == stats
+    info = ServedModelInfo("tiny", 256, 512, (2, 3), 16, "LlamaForCausalLM", "float32", 1024)
+    assert served_model_info_from_pb(_wire(served_model_info_to_pb(info))) == info
+
+
+def test_worker_description_and_cache_info_round_trip():
+    model = ModelInfo("m", "LlamaForCausalLM", "bfloat16", "cuda:0", 2, 4, 64, 512, (2,), 256)
+    assert worker_description_from_pb(_wire(worker_description_to_pb(model))) == model
+    cache = CacheInfo(1000, 64, 16, 2**20)
+    assert cache_description_from_pb(_wire(cache_description_to_pb(cache))) == cache
+    names = {f.name for f in worker_pb2.WorkerDescription.DESCRIPTOR.fields}
+    assert names == {f.name for f in fields(ModelInfo)}
