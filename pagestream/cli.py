@@ -8,17 +8,13 @@ import logging
 import sys
 from dataclasses import asdict
 
+from pagestream import roles
 from pagestream.engine_args import EngineArgs
 from services.common.config import DEFAULT_MODEL
+from services.common.grpc_server import run
 from services.common.sampling_params import SamplingParams
 
 logger = logging.getLogger("pagestream")
-
-DEMO_PROMPTS = [
-    [{"role": "user", "content": "What is a paged KV cache, in one sentence?"}],
-    [{"role": "user", "content": "Name three uses of a large language model."}],
-    [{"role": "user", "content": "Write a haiku about continuous batching."}],
-]
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -60,6 +56,13 @@ def sampling_params_from_args(args: argparse.Namespace, **overrides) -> Sampling
     return SamplingParams(**values)
 
 
+def _add_serving_args(parser: argparse.ArgumentParser, grpc_port: int) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: all)")
+    parser.add_argument("--grpc-port", type=int, default=grpc_port, help="public gRPC port")
+    parser.add_argument("--port", type=int, default=8000, help="OpenAI HTTP port (-1: off)")
+    parser.add_argument("--api-key", default=None, help="require this bearer key on /v1")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pagestream", description=__doc__)
     parser.add_argument("--log-level", default="INFO")
@@ -72,10 +75,31 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action="store_true", help="wrap --prompt in the chat template")
     add_sampling_args(gen)
     EngineArgs.add_cli_args(gen)
-    serve = sub.add_parser("serve", help="run the engine (see README for what it serves)")
+    serve = sub.add_parser("serve", help="all roles on this machine: gRPC and OpenAI HTTP")
     serve.add_argument("model", nargs="?", default=DEFAULT_MODEL)
-    add_sampling_args(serve)
+    _add_serving_args(serve, 50051)
+    serve.add_argument(
+        "--split-services",
+        action="store_true",
+        help="run worker, scheduler and frontend as three processes",
+    )
     EngineArgs.add_cli_args(serve)
+    worker = sub.add_parser("worker", help="the Worker service (runs the model)")
+    worker.add_argument("model", nargs="?", default=DEFAULT_MODEL)
+    worker.add_argument("--host", default="127.0.0.1")
+    worker.add_argument("--port", type=int, default=50061)
+    EngineArgs.add_cli_args(worker)
+    scheduler = sub.add_parser("scheduler", help="the EngineCore service (scheduler)")
+    scheduler.add_argument("model", nargs="?", default=DEFAULT_MODEL)
+    scheduler.add_argument("--worker", required=True, help="worker address host:port")
+    scheduler.add_argument("--host", default="127.0.0.1")
+    scheduler.add_argument("--port", type=int, default=50062)
+    EngineArgs.add_cli_args(scheduler)
+    frontend = sub.add_parser("frontend", help="the public gRPC and HTTP APIs")
+    frontend.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="for the tokenizer")
+    frontend.add_argument("--scheduler", required=True, help="scheduler address host:port")
+    frontend.add_argument("--served-model-name", default=None)
+    _add_serving_args(frontend, 50051)
     return parser
 
 
@@ -154,33 +178,6 @@ def _result_json(result) -> dict:
     }
 
 
-def run_serve(args: argparse.Namespace) -> int:
-    """Until the gRPC and HTTP services land: stream demo chats through the async engine."""
-    import asyncio
-
-    from pagestream.async_engine import AsyncEngine
-    from services.common.sampling_params import RequestOutputKind
-
-    engine = AsyncEngine.from_engine_args(_engine_args(args))
-    params = sampling_params_from_args(args, output_kind=RequestOutputKind.DELTA)
-
-    async def chat(messages) -> None:
-        async for out in engine.generate(
-            {"prompt": _chat_prompt(engine, messages)}, params, add_special_tokens=False
-        ):
-            print(out.outputs[0].text, end="", flush=True)
-        print()
-
-    async def main() -> None:
-        for messages in DEMO_PROMPTS:
-            print(f"\n>>> {messages[-1]['content']}")
-            await chat(messages)
-        await engine.shutdown()
-
-    asyncio.run(main())
-    return 0
-
-
 def _chat_prompt(engine, messages) -> str:
     from services.frontend.tokenizer import apply_chat_template
 
@@ -195,7 +192,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return run_generate(args)
-        return run_serve(args)
+        if args.command == "serve" and args.split_services:
+            return roles.run_split(args)
+        runner = {
+            "serve": roles.run_serve,
+            "worker": roles.run_worker,
+            "scheduler": roles.run_scheduler,
+            "frontend": roles.run_frontend,
+        }[args.command]
+        run(runner(args))
+        return 0
     except ValueError as exc:
         logger.error("%s", exc)
         return 2
