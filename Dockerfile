@@ -3,7 +3,7 @@
 # time by `make setup` and converted once, so nothing is downloaded at run time.
 #
 #   docker build -t pagestream .
-#   docker run --gpus all -p 50051:50051 -p 8000:8000 pagestream pagestream serve
+#   docker run --gpus all -p 50051:50051 -p 8000:8000 pagestream
 FROM python:3.11-slim
 
 # Triton compiles its kernels at run time with the system C compiler.
@@ -35,4 +35,4 @@ print(resolve_model('smollm2-135m-instruct'))" \
 
 # 50051 gRPC Generation, 8000 OpenAI HTTP, 50061 worker, 50062 scheduler (engine core).
 EXPOSE 50051 8000 50061 50062
-CMD ["pagestream", "serve"]
+CMD ["pagestream", "serve", "--host", "0.0.0.0"]
