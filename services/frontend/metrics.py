@@ -1,0 +1,159 @@
+"""Prometheus metrics for one frontend, in their own CollectorRegistry (vLLM's names).
+
+Engine-side gauges and counters (running/waiting requests, KV-cache usage, prefix-cache
+queries and hits, preemptions) are the engine core's own cumulative numbers, read from
+SchedulerStats at scrape time through a custom collector. Per-request histograms and token
+counters are observed by the HTTP layer as outputs stream (RequestMetrics).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.registry import Collector
+
+from services.common.engine_output import SchedulerStats
+
+logger = logging.getLogger(__name__)
+
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # what generate_latest writes
+FINISH_REASONS = ("stop", "length", "abort", "error")
+# Seconds (vLLM's buckets).
+# fmt: off
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+                0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
+_LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
+                    30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0)
+# fmt: on
+
+
+class EngineStatsCollector(Collector):
+    """Exposes the latest SchedulerStats snapshot (set before each scrape)."""
+
+    def __init__(self) -> None:
+        self.stats = SchedulerStats()
+
+    def collect(self) -> Iterable[Metric]:
+        s = self.stats
+        yield _gauge("num_requests_running", "Requests running in the engine.", s.num_running_reqs)
+        yield _gauge("num_requests_waiting", "Requests waiting to run.", s.num_waiting_reqs)
+        yield _gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use.", s.kv_cache_usage)
+        yield _counter(
+            "prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            s.prefix_cache_queries,
+        )
+        yield _counter(
+            "prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_cache_hits
+        )
+        yield _counter("num_preemptions", "Preempted sequences.", s.num_preemptions)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"pagestream:{name}", doc, value=value)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(f"pagestream:{name}", doc, value=value)
+
+
+class FrontendMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.engine = EngineStatsCollector()
+        self.registry.register(self.engine)
+        reg = self.registry
+        self.prompt_tokens = Counter(
+            "pagestream:prompt_tokens", "Prompt tokens processed.", registry=reg
+        )
+        self.generation_tokens = Counter(
+            "pagestream:generation_tokens", "Tokens generated.", registry=reg
+        )
+        self.request_success = Counter(
+            "pagestream:request_success",
+            "Finished requests by finish reason.",
+            ["finished_reason"],
+            registry=reg,
+        )
+        for reason in FINISH_REASONS:
+            self.request_success.labels(reason)
+        self.ttft = Histogram(
+            "pagestream:time_to_first_token_seconds",
+            "Time to the first token.",
+            buckets=_TTFT_BUCKETS,
+            registry=reg,
+        )
+        self.itl = Histogram(
+            "pagestream:inter_token_latency_seconds",
+            "Time between streamed outputs.",
+            buckets=_ITL_BUCKETS,
+            registry=reg,
+        )
+        self.e2e = Histogram(
+            "pagestream:e2e_request_latency_seconds",
+            "Request latency, arrival to finish.",
+            buckets=_LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.queue_time = Histogram(
+            "pagestream:request_queue_time_seconds",
+            "Time a request waited to be scheduled.",
+            buckets=_LATENCY_BUCKETS,
+            registry=reg,
+        )
+
+    async def refresh(self, frontend) -> None:
+        """Take the engine core's current stats (the last pushed ones if it cannot answer)."""
+        try:
+            self.engine.stats = await frontend.stats()
+        except Exception:
+            logger.warning("engine stats unavailable; using the last reported ones")
+            self.engine.stats = frontend.last_stats
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def start_request(self) -> RequestMetrics:
+        return RequestMetrics(self)
+
+
+class RequestMetrics:
+    """One HTTP request's timings; it may cover several engine requests (prompts)."""
+
+    def __init__(self, metrics: FrontendMetrics) -> None:
+        self.metrics = metrics
+        self.arrival = time.monotonic()
+        self.last_output: float | None = None
+        self.done = False
+
+    def on_prompt(self, num_prompt_tokens: int, queue_time: float | None = None) -> None:
+        self.metrics.prompt_tokens.inc(num_prompt_tokens)
+        if queue_time is not None:
+            self.metrics.queue_time.observe(queue_time)
+
+    def on_tokens(self, num_new_tokens: int) -> None:
+        if num_new_tokens <= 0:
+            return
+        now = time.monotonic()
+        if self.last_output is None:
+            self.metrics.ttft.observe(now - self.arrival)
+        else:
+            self.metrics.itl.observe(now - self.last_output)
+        self.last_output = now
+        self.metrics.generation_tokens.inc(num_new_tokens)
+
+    def finish(self, finish_reasons: Iterable[str | None]) -> None:
+        """Once per HTTP request; unfinished sequences count as aborted."""
+        if self.done:
+            return
+        self.done = True
+        self.metrics.e2e.observe(time.monotonic() - self.arrival)
+        for reason in finish_reasons:
+            self.metrics.request_success.labels(reason or "abort").inc()

@@ -1,0 +1,144 @@
+"""OpenAI error bodies and the one mapping from exceptions to HTTP statuses.
+
+Every failure leaves the server as `{"error": {"message", "type", "param", "code"}}`:
+ValueError (bad input, engine rejections) -> 400 naming the field, unknown model -> 404,
+missing or wrong API key -> 401, overload -> 429, engine gone -> 503. Request validation
+errors from pydantic (wrong types, malformed JSON) are 400 too, never 422 or 500.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from dataclasses import dataclass
+from http import HTTPStatus
+
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from services.common.grpc_errors import OverloadedError
+from services.frontend.frontend import EngineUnavailableError
+from services.scheduler.async_engine_core import EngineDeadError
+
+logger = logging.getLogger(__name__)
+__all__ = [
+    "AuthenticationError",
+    "InvalidRequestError",
+    "ModelNotFoundError",
+    "OpenAIError",
+    "OverloadedError",  # the shared one (gRPC RESOURCE_EXHAUSTED), re-exported
+    "to_openai_error",
+]
+
+
+class InvalidRequestError(ValueError):
+    """A bad request parameter, with the parameter's name (HTTP 400)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class ModelNotFoundError(LookupError):
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model `{model}` does not exist.")
+
+
+class AuthenticationError(PermissionError):
+    pass
+
+
+@dataclass(frozen=True)
+class OpenAIError:
+    status: int
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+    def body(self) -> dict:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+# A ValueError's message starts with the field it is about ("temperature must be in ...").
+_LEADING_NAME = re.compile(r"^([a-z][a-z0-9_]*)\b")
+
+
+@functools.cache
+def _known_params() -> frozenset[str]:
+    """Every request field name (imported late: the request models import this module)."""
+    from services.frontend.openai import protocol
+
+    models = (protocol.CompletionRequest, protocol.ChatCompletionRequest, protocol.TokenizeRequest)
+    return frozenset(name for model in models for name in model.model_fields) | {"prompt_token_ids"}
+
+
+def _param_of(exc: ValueError) -> str | None:
+    param = getattr(exc, "param", None)
+    if param is not None:
+        return param
+    match = _LEADING_NAME.match(str(exc))
+    if match and match.group(1) in _known_params():
+        return "prompt" if match.group(1) == "prompt_token_ids" else match.group(1)
+    return None
+
+
+def _validation_error(exc: RequestValidationError) -> OpenAIError:
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        return OpenAIError(
+            400,
+            "the request body is not valid JSON.",
+            "invalid_request_error",
+            None,
+            "invalid_json",
+        )
+    loc = [part for part in first.get("loc", ()) if part != "body"]
+    param = _format_loc(loc) or None
+    message = first.get("msg", "invalid request")
+    text = f"{param}: {message}" if param else f"request body: {message}"
+    return OpenAIError(400, text, "invalid_request_error", param, "invalid_value")
+
+
+def _format_loc(loc: list) -> str:
+    text = ""
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif part in ("function-after", "function-before") or "[" in str(part):
+            continue  # pydantic's union-member labels, not field names
+        else:
+            text += f".{part}" if text else str(part)
+    return text
+
+
+def to_openai_error(exc: BaseException) -> OpenAIError:
+    """The one mapping from what can go wrong to what the client sees."""
+    if isinstance(exc, RequestValidationError):
+        return _validation_error(exc)
+    if isinstance(exc, ModelNotFoundError):
+        return OpenAIError(404, str(exc), "invalid_request_error", "model", "model_not_found")
+    if isinstance(exc, AuthenticationError):
+        return OpenAIError(401, str(exc), "invalid_request_error", None, "invalid_api_key")
+    if isinstance(exc, OverloadedError):
+        return OpenAIError(429, str(exc), "rate_limit_error", None, "rate_limit_exceeded")
+    if isinstance(exc, EngineUnavailableError | EngineDeadError):
+        return OpenAIError(503, str(exc), "server_error", None, "engine_unavailable")
+    if isinstance(exc, ValueError):
+        return OpenAIError(400, str(exc), "invalid_request_error", _param_of(exc), "invalid_value")
+    if isinstance(exc, StarletteHTTPException):
+        status = HTTPStatus(exc.status_code)
+        code = status.phrase.lower().replace(" ", "_")
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return OpenAIError(exc.status_code, str(exc.detail), kind, None, code)
+    logger.error("unexpected error while serving a request", exc_info=exc)
+    return OpenAIError(500, f"internal error: {type(exc).__name__}", "server_error", None, None)

@@ -1,0 +1,249 @@
+"""OpenAI request bodies (pydantic, OpenAI's field names plus vLLM's sampling extras).
+
+Each request turns itself into SamplingParams; every bad value raises a ValueError that
+names the field (InvalidRequestError, or SamplingParams' own checks), which the error
+mapping turns into HTTP 400. Unknown fields are ignored, as OpenAI's servers do.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.common.sampling_params import MAX_LOGPROBS, SamplingParams
+from services.frontend.openai.errors import InvalidRequestError
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+MAX_N = 128  # choices per prompt, as OpenAI caps n
+
+
+class OpenAIBaseModel(BaseModel):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+class StreamOptions(OpenAIBaseModel):
+    include_usage: bool = False
+
+
+class SamplingRequest(OpenAIBaseModel):
+    """The fields completions and chat share: OpenAI's, then vLLM's extras."""
+
+    model: str | None = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = Field(None, ge=_INT64_MIN, le=_INT64_MAX)
+    stop: str | list[str] | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # vLLM's extras
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    priority: int = 0
+    cache_salt: str | None = None
+
+    def check_stream_options(self) -> None:
+        if self.stream_options is not None and not self.stream:
+            raise InvalidRequestError(
+                "stream_options can only be set when stream is true.", "stream_options"
+            )
+
+    def _logit_bias(self, vocab_size: int) -> dict[int, float] | None:
+        if not self.logit_bias:
+            return None
+        bias = {}
+        for key, value in self.logit_bias.items():
+            try:
+                token_id = int(key)
+            except ValueError:
+                raise InvalidRequestError(
+                    f"logit_bias keys must be token ids, got {key!r}.", "logit_bias"
+                ) from None
+            if not 0 <= token_id < vocab_size:
+                raise InvalidRequestError(
+                    f"logit_bias key {token_id} is outside the vocabulary [0, {vocab_size}).",
+                    "logit_bias",
+                )
+            bias[token_id] = value
+        return bias
+
+    def to_sampling_params(
+        self,
+        max_tokens: int,
+        vocab_size: int,
+        logprobs: int | None = None,
+        prompt_logprobs: int | None = None,
+    ) -> SamplingParams:
+        """SamplingParams for one prompt (ValueError naming the field on a bad value)."""
+        if self.use_beam_search:
+            return SamplingParams(
+                n=self.n,
+                temperature=0.0,
+                max_tokens=max_tokens,
+                ignore_eos=self.ignore_eos,
+                use_beam_search=True,
+                length_penalty=self.length_penalty,
+                logprobs=logprobs,
+            )
+        return SamplingParams(
+            n=self.n,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k or 0,
+            min_p=self.min_p or 0.0,
+            seed=self.seed,
+            stop=self.stop,
+            stop_token_ids=self.stop_token_ids,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=(
+                1.0 if self.repetition_penalty is None else self.repetition_penalty
+            ),
+            logit_bias=self._logit_bias(vocab_size),
+            max_tokens=max_tokens,
+            min_tokens=self.min_tokens,
+            ignore_eos=self.ignore_eos,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
+            spaces_between_special_tokens=self.spaces_between_special_tokens,
+        )
+
+
+PromptInput = list[int] | list[list[int]] | str | list[str]
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: PromptInput
+    best_of: int | None = None
+    echo: bool = False
+    logprobs: int | None = None
+    max_tokens: int | None = 16
+    suffix: str | None = None
+    add_special_tokens: bool = True
+    prompt_logprobs: int | None = None
+
+    def check(self) -> None:
+        self.check_stream_options()
+        if self.suffix is not None:
+            raise InvalidRequestError("suffix is not supported by this server.", "suffix")
+        if self.best_of is not None and self.best_of != self.n:
+            raise InvalidRequestError(
+                f"best_of must equal n when given (got best_of={self.best_of}, n={self.n}).",
+                "best_of",
+            )
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts as a list: strings or token-id lists."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if not prompt:
+            raise InvalidRequestError("prompt must not be empty.", "prompt")
+        if isinstance(prompt[0], int):
+            return [list(prompt)]
+        return list(prompt)
+
+
+ChatRole = Literal["system", "developer", "user", "assistant"]
+
+
+class ContentPart(OpenAIBaseModel):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(OpenAIBaseModel):
+    role: ChatRole
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    def as_template_message(self) -> dict:
+        """The dict the chat template sees (content parts stay parts; the template helper
+        joins them and rejects non-text ones)."""
+        content = self.content
+        if isinstance(content, list):
+            content = [part.model_dump(exclude_none=True) for part in content]
+        message = {"role": self.role, "content": content}
+        if self.name is not None:
+            message["name"] = self.name
+        return message
+
+
+class ResponseFormat(OpenAIBaseModel):
+    type: str
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    add_generation_prompt: bool = True
+    chat_template: str | None = None
+    add_special_tokens: bool = False
+    tools: list[dict] | None = None
+    response_format: ResponseFormat | None = None
+
+    def check(self) -> None:
+        self.check_stream_options()
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidRequestError("top_logprobs needs logprobs set to true.", "top_logprobs")
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_LOGPROBS:
+            raise InvalidRequestError(
+                f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {self.top_logprobs}.",
+                "top_logprobs",
+            )
+        if self.tools:
+            raise InvalidRequestError("tools are not supported by this server.", "tools")
+        if self.response_format is not None and self.response_format.type != "text":
+            raise InvalidRequestError(
+                "only response_format type 'text' is supported.", "response_format"
+            )
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class TokenizeRequest(OpenAIBaseModel):
+    """vLLM's /tokenize: a prompt, or chat messages rendered through the template."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool = True
+    chat_template: str | None = None
+    return_token_strs: bool = False
+
+    def check(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise InvalidRequestError("give exactly one of prompt or messages.", "prompt")
+
+
+class DetokenizeRequest(OpenAIBaseModel):
+    model: str | None = None
+    tokens: list[int]

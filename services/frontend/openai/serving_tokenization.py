@@ -1,0 +1,50 @@
+"""POST /tokenize and /detokenize in vLLM's shapes."""
+
+from __future__ import annotations
+
+from services.frontend.openai.errors import InvalidRequestError
+from services.frontend.openai.protocol import DetokenizeRequest, TokenizeRequest
+from services.frontend.openai.responses import DetokenizeResponse, TokenizeResponse
+from services.frontend.openai.serving_base import ServingBase
+from services.frontend.openai.serving_chat import render_chat
+
+
+class OpenAIServingTokenization(ServingBase):
+    def _tokenizer(self, param: str):
+        tokenizer = self.frontend.tokenizer
+        if tokenizer is None:
+            raise InvalidRequestError("this model was loaded without a tokenizer.", param)
+        return tokenizer
+
+    def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
+        self.check_model(request.model)
+        request.check()
+        tokenizer = self._tokenizer("prompt")
+        if request.messages is not None:
+            text = render_chat(
+                tokenizer, request.messages, request.add_generation_prompt, request.chat_template
+            )
+            add_special = bool(request.add_special_tokens)  # the template has the BOS
+        else:
+            text = request.prompt
+            add_special = request.add_special_tokens is not False
+        token_ids = tokenizer.encode(text, add_special_tokens=add_special)
+        return TokenizeResponse(
+            count=len(token_ids),
+            max_model_len=self.max_model_len,
+            tokens=token_ids,
+            token_strs=(
+                tokenizer.convert_ids_to_tokens(token_ids) if request.return_token_strs else None
+            ),
+        )
+
+    def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
+        self.check_model(request.model)
+        tokenizer = self._tokenizer("tokens")
+        bad = [t for t in request.tokens if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(
+                f"tokens contains {bad[0]}, outside the vocabulary [0, {self.vocab_size}).",
+                "tokens",
+            )
+        return DetokenizeResponse(prompt=tokenizer.decode(request.tokens))
