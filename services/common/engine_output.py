@@ -21,6 +21,7 @@ class EngineCoreOutput:
     index: int = 0
     error: str | None = None
     cumulative_logprob: float | None = None  # set on beam-search results
+    queued_s: float | None = None  # arrival to first scheduling, on a request's first output
 
     @property
     def finished(self) -> bool:

@@ -56,6 +56,7 @@ class RequestState:
         self.arrival_time = time.monotonic()
         self.first_token_time: float | None = None
         self.num_cached_tokens = 0
+        self.queued_s: float | None = None  # arrival to first scheduling, from the engine
         self.prompt_logprobs: list | None = [] if params.prompt_logprobs is not None else None
         self.sequences: dict[int, SequenceState] = {}
 
@@ -78,6 +79,8 @@ class RequestState:
         if seq.finish_reason is not None:
             return None  # ended by a stop string; the engine's late outputs are dropped
         self.num_cached_tokens = max(self.num_cached_tokens, out.num_cached_tokens)
+        if out.queued_s is not None and self.queued_s is None:
+            self.queued_s = out.queued_s
         if out.new_prompt_logprobs is not None and self.prompt_logprobs is not None:
             # A recompute after preemption scores the prompt again: keep the first pass.
             room = len(self.prompt_token_ids) - len(self.prompt_logprobs)
@@ -132,6 +135,7 @@ class RequestState:
             finished=finished,
             prompt_logprobs=self.prompt_logprobs,
             num_cached_tokens=self.num_cached_tokens,
+            metrics={} if self.queued_s is None else {"time_in_queue": self.queued_s},
         )
 
     def _completion(self, seq: SequenceState, delta: bool) -> CompletionOutput:

@@ -332,6 +332,10 @@ class Scheduler:
             self.finished_req_ids.add(request.request_id)
 
     def _output(self, request: Request, new_ids, logprobs=None, prompt_logprobs=None):
+        queued_s = None
+        first = new_ids and request.num_output_tokens == len(new_ids)
+        if first and request.first_scheduled_time is not None:
+            queued_s = max(request.first_scheduled_time - request.arrival_time, 0.0)
         return EngineCoreOutput(
             request_id=request.request_id,
             new_token_ids=new_ids,
@@ -342,6 +346,7 @@ class Scheduler:
             num_cached_tokens=request.num_cached_tokens,
             parent_request_id=request.parent_request_id,
             index=request.index,
+            queued_s=queued_s,
         )
 
     # ---- introspection -------------------------------------------------------------

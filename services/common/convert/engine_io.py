@@ -71,6 +71,7 @@ def outputs_to_pb(batch: EngineCoreOutputs) -> engine_pb2.EngineOutputBatch:
             math.nan if o.cumulative_logprob is None else o.cumulative_logprob for o in outputs
         ],
         errors=[o.error or "" for o in outputs],
+        queued_s=[math.nan if o.queued_s is None else o.queued_s for o in outputs],
     )
     pack_logprobs(message, "", (o.new_logprobs for o in outputs))
     pack_logprobs(message, "prompt_", (o.new_prompt_logprobs for o in outputs))
@@ -90,6 +91,7 @@ def _check_columns(message: engine_pb2.EngineOutputBatch) -> int:
         "num_cached_tokens",
         "cumulative_logprobs",
         "errors",
+        "queued_s",
         "num_logprob_positions",
         "num_prompt_logprob_positions",
     )
@@ -126,6 +128,7 @@ def outputs_from_pb(message: engine_pb2.EngineOutputBatch) -> EngineCoreOutputs:
                 index=message.indices[i],
                 error=message.errors[i] or None,
                 cumulative_logprob=None if math.isnan(cumulative) else cumulative,
+                queued_s=None if math.isnan(message.queued_s[i]) else message.queued_s[i],
             )
         )
         start = end
