@@ -4,12 +4,14 @@ The layer works on the flattened batch ([num_tokens, num_heads * head_dim], no p
 per-step layout (slot_mapping, block_table, seq_lens, query_start_loc) comes from
 `AttentionMetadata`. The kernels (causal within each sequence, GQA, optional sliding window
 and logit soft-cap) come from an `AttentionOps` backend: "torch" is `kernels`' reference and
-CPU path; a Triton backend registers itself with `register_attention_backend`, and
-`resolve_attention_backend` picks one for --attention-backend auto|torch|triton.
+CPU path; "triton" (kernels/triton) loads lazily on first use, and other backends register
+with `register_attention_backend`; `resolve_attention_backend` picks one for
+--attention-backend auto|torch|triton.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,6 +20,8 @@ from torch import nn
 
 from kernels import paged_attention, reshape_and_cache
 from services.worker.attention_metadata import AttentionMetadata
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -72,15 +76,44 @@ def register_attention_backend(ops: AttentionOps) -> None:
     _BACKENDS[ops.name] = ops
 
 
+def _load_triton(device: torch.device) -> AttentionOps:
+    """kernels.triton, imported on first use: importing this module never needs triton or a GPU.
+
+    On CPU the kernels run only through Triton's interpreter (TRITON_INTERPRET=1 set before
+    the process imported triton); otherwise, or without triton, a ValueError says why.
+    """
+    try:
+        from kernels import triton as triton_kernels
+    except ImportError as exc:
+        raise ValueError(f"attention backend 'triton' is not available: {exc}") from exc
+    reason = triton_kernels.unavailable_reason(device)
+    if reason is not None:
+        raise ValueError(f"attention backend 'triton' is not available on {device.type}: {reason}.")
+    return AttentionOps("triton", triton_kernels.reshape_and_cache, triton_kernels.paged_attention)
+
+
+# Backends built on first use for a device (registered ones take precedence).
+_LAZY_BACKENDS: dict[str, Callable[[torch.device], AttentionOps]] = {"triton": _load_triton}
+
+
 def resolve_attention_backend(name: str, device: torch.device) -> AttentionOps:
-    """ "auto" -> triton on CUDA when registered, else torch; other names must be registered."""
+    """ "auto" -> triton on CUDA (torch if triton cannot load), torch elsewhere; other names
+    must be registered or load for `device`, else a ValueError says why."""
     if name == "auto":
-        name = "triton" if device.type == "cuda" and "triton" in _BACKENDS else "torch"
-    if name not in _BACKENDS:
-        raise ValueError(
-            f"attention backend {name!r} is not available; have {', '.join(sorted(_BACKENDS))}."
-        )
-    return _BACKENDS[name]
+        if device.type != "cuda":
+            return TORCH_ATTENTION
+        try:
+            return resolve_attention_backend("triton", device)
+        except ValueError as exc:
+            logger.warning("%s; using the torch attention backend", exc)
+            return TORCH_ATTENTION
+    if name in _BACKENDS:
+        return _BACKENDS[name]
+    if name in _LAZY_BACKENDS:
+        return _LAZY_BACKENDS[name](device)
+    raise ValueError(
+        f"attention backend {name!r} is not available; have {', '.join(sorted(_BACKENDS))}."
+    )
 
 
 class Attention(nn.Module):

@@ -1,0 +1,210 @@
+"""Triton kernels vs the torch references, through Triton's interpreter (CPU).
+
+Not collected by a plain pytest run (the name does not match test_*.py): test_triton_interpret
+runs this file in a subprocess with TRITON_INTERPRET=1 set before triton is imported, and
+fails if it fails, skips or runs nothing. Run alone:
+
+    TRITON_INTERPRET=1 .venv/bin/python -m pytest tests/kernels/interpret_cases.py -q
+
+Every cache block no sequence uses, every slot past a sequence's length and every block-table
+entry past a sequence's blocks holds / points at NaN, so a stray read fails the comparison.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import kernels.triton as triton_kernels
+from kernels import reference
+from kernels.triton.launch import run_paged_attention
+from pagestream import LLM, SamplingParams
+from tests.engine.conftest import model_dir  # noqa: F401 - the tiny model fixture
+
+if os.environ.get("TRITON_INTERPRET") != "1" or not triton_kernels.is_interpreted():
+    raise RuntimeError("run with TRITON_INTERPRET=1 set before the process starts")
+
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 3e-3}
+
+
+@dataclass
+class Batch:
+    query: torch.Tensor  # [num_tokens, num_q_heads, head_dim]
+    kv_cache: torch.Tensor  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
+
+    def args(self) -> tuple:
+        return (self.query, self.kv_cache, self.block_table, self.seq_lens, self.query_start_loc)
+
+
+def make_batch(
+    seqs: list[tuple[int, int]],
+    block_size: int,
+    num_kv_heads: int,
+    group_size: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    cache_dtype: torch.dtype | None = None,
+    seed: int = 0,
+) -> Batch:
+    """seqs: (cached context length, query length) per sequence; the whole context is cached."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [-(-(ctx + q) // block_size) for ctx, q in seqs]
+    num_blocks = sum(blocks_per_seq) + 4  # 4 blocks nobody uses: NaN
+    cache_shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
+    kv_cache = torch.full(cache_shape, float("nan"), dtype=cache_dtype or dtype)
+    order = torch.randperm(num_blocks, generator=gen).tolist()
+    unused = order[sum(blocks_per_seq) :]
+    block_table = torch.tensor(unused[:1], dtype=torch.int32).repeat(
+        len(seqs), max(blocks_per_seq) + 2
+    )  # entries past a sequence's blocks point at a NaN block
+    slots, next_block = [], 0
+    for i, ((ctx, q), count) in enumerate(zip(seqs, blocks_per_seq, strict=True)):
+        ids = order[next_block : next_block + count]
+        next_block += count
+        block_table[i, :count] = torch.tensor(ids, dtype=torch.int32)
+        slots += [ids[p // block_size] * block_size + p % block_size for p in range(ctx + q)]
+    shape = (len(slots), num_kv_heads, head_dim)
+    key = torch.randn(shape, generator=gen).to(kv_cache.dtype)
+    value = torch.randn(shape, generator=gen).to(kv_cache.dtype)
+    reference.reshape_and_cache(key, value, kv_cache, torch.tensor(slots, dtype=torch.int64))
+    q_lens = [q for _, q in seqs]
+    query_start_loc = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    num_tokens = sum(q_lens)
+    query = torch.randn(num_tokens, num_kv_heads * group_size, head_dim, generator=gen).to(dtype)
+    return Batch(
+        query=query,
+        kv_cache=kv_cache,
+        block_table=block_table,
+        seq_lens=torch.tensor([ctx + q for ctx, q in seqs], dtype=torch.int32),
+        query_start_loc=query_start_loc,
+        max_query_len=max(q_lens),
+        max_seq_len=max(ctx + q for ctx, q in seqs),
+    )
+
+
+def check_attention(batch: Batch, split_kv=None, **options) -> None:
+    scale = batch.query.shape[-1] ** -0.5
+    got = run_paged_attention(
+        *batch.args(),
+        scale,
+        max_query_len=batch.max_query_len,
+        max_seq_len=batch.max_seq_len,
+        split_kv=split_kv,
+        **options,
+    )
+    expected = reference.paged_attention_naive(*batch.args(), scale, **options)
+    assert got.dtype == batch.query.dtype and got.shape == batch.query.shape
+    assert not got.isnan().any()
+    tol = TOLERANCE[batch.query.dtype]
+    torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
+
+
+# Prefill from scratch, chunked prefill over 1-3 cached blocks, decode rows.
+MIXED = [(0, 7), (21, 5), (40, 1), (3, 1), (0, 1), (50, 2), (33, 1)]
+DECODE = [(0, 1), (16, 1), (47, 1), (130, 1), (31, 1)]
+
+
+@pytest.mark.parametrize(
+    ("block_size", "group_size", "head_dim", "dtype"),
+    [
+        (16, 1, 64, torch.float32),
+        (16, 4, 128, torch.float32),
+        (32, 8, 64, torch.float32),
+        (32, 1, 128, torch.float16),
+        (16, 8, 128, torch.float16),
+        (32, 4, 64, torch.float16),
+    ],
+)
+def test_mixed_batch_matches_reference(block_size, group_size, head_dim, dtype):
+    batch = make_batch(MIXED, block_size, 2, group_size, head_dim, dtype, seed=block_size)
+    check_attention(batch)
+
+
+@pytest.mark.parametrize("split_kv", [False, True])
+@pytest.mark.parametrize(("group_size", "dtype"), [(4, torch.float32), (8, torch.float16)])
+def test_decode_batch_split_and_unsplit(split_kv, group_size, dtype):
+    batch = make_batch(DECODE, 16, 2, group_size, 64, dtype, seed=group_size)
+    check_attention(batch, split_kv=split_kv)
+
+
+@pytest.mark.parametrize(
+    ("seqs", "split_kv", "options"),
+    [
+        (MIXED, None, {"sliding_window": 6}),
+        (MIXED, None, {"soft_cap": 2.5}),
+        (MIXED, None, {"sliding_window": 17, "soft_cap": 4.0}),
+        (DECODE, True, {"sliding_window": 20, "soft_cap": 3.0}),
+    ],
+)
+def test_sliding_window_and_soft_cap(seqs, split_kv, options):
+    batch = make_batch(seqs, 16, 2, 4, 64, torch.float32, seed=3)
+    check_attention(batch, split_kv=split_kv, **options)
+
+
+def test_long_prefill_chunk_spans_several_query_blocks():
+    # 150 query rows over 40 cached tokens: several query blocks per sequence and a group of 3;
+    # the query is a strided view (the q part of a fused qkv projection).
+    batch = make_batch([(40, 150), (0, 70)], 16, 1, 3, 32, torch.float32, seed=5)
+    fused = torch.zeros(batch.query.shape[0], 5, 32)
+    fused[:, :3] = batch.query
+    batch.query = fused[:, :3]
+    assert not batch.query.is_contiguous()
+    check_attention(batch)
+
+
+def test_mixed_cache_and_query_dtypes_and_idle_sequence():
+    # fp16 cache, fp32 query (the reference casts K/V to the query dtype); a sequence with no
+    # tokens this step produces no rows.
+    seqs = [(10, 3), (25, 0), (30, 1)]
+    batch = make_batch(seqs, 16, 2, 2, 64, torch.float32, cache_dtype=torch.float16, seed=7)
+    check_attention(batch)
+
+
+@pytest.mark.parametrize(
+    ("block_size", "num_kv_heads", "head_dim", "dtype"),
+    [(16, 2, 64, torch.float32), (32, 3, 128, torch.float16), (16, 1, 80, torch.float32)],
+)
+def test_reshape_and_cache_matches_reference(block_size, num_kv_heads, head_dim, dtype):
+    gen = torch.Generator().manual_seed(block_size + num_kv_heads)
+    num_blocks, num_tokens = 6, 19
+    cache = torch.full((2, num_blocks, block_size, num_kv_heads, head_dim), float("nan"))
+    cache = cache.to(dtype)
+    expected = cache.clone()
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:num_tokens]
+    slots[[2, 11]] = -1  # padding rows: skipped
+    # key/value as strided views of a fused projection, like the model's qkv split.
+    fused = torch.randn(num_tokens, 3, num_kv_heads, head_dim, generator=gen).to(dtype)
+    key, value = fused[:, 1], fused[:, 2]
+    reference.reshape_and_cache(key, value, expected, slots)
+    triton_kernels.reshape_and_cache(key, value, cache, slots)
+    torch.testing.assert_close(cache, expected, equal_nan=True, atol=0, rtol=0)
+    assert cache.isnan().sum() == expected.isnan().sum() > 0
+
+
+def test_engine_greedy_tokens_match_torch_backend(model_dir):  # noqa: F811 - the fixture
+    folder = str(model_dir("llama"))
+    prompts = [[5, 9, 31, 7, 100, 42, 8, 3, 77, 12, 61, 4, 19, 23, 200, 17, 90, 6], [5, 9, 31, 7]]
+    prompts.append([*prompts[0][:16], 300, 301])  # a prefix-cache hit on one full block
+    params = SamplingParams(temperature=0, max_tokens=5)
+    outputs = {}
+    for backend in ("torch", "triton"):
+        llm = LLM(
+            folder,
+            attention_backend=backend,
+            kv_cache_memory="8MiB",
+            max_num_batched_tokens=16,  # chunked prefill over cached context
+            block_size=16,
+        )
+        assert llm.engine.worker.model.attention_ops.name == backend
+        results = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        outputs[backend] = [r.outputs[0].token_ids for r in results]
+    assert all(len(tokens) == 5 for tokens in outputs["torch"])
+    assert outputs["triton"] == outputs["torch"]
