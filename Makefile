@@ -46,6 +46,10 @@ test: lint
 serve: setup
 	$(VENV)/bin/pagestream serve
 
+# The quick benchmark profile: writes docs/benchmarks.md and its plots.
+bench: setup
+	$(VENV)/bin/pagestream bench all --profile quick
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
 

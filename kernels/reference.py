@@ -96,6 +96,8 @@ def paged_attention(  # noqa: PLR0913 - the kernel signature shared with Triton
 
     max_query_len / max_seq_len are accepted for the Triton kernels' sake; this path plans its
     groups on the host from the lengths (one small ``.tolist()``: free on CPU, a sync on CUDA).
+    The plan (groups, gather indices, masks) depends only on the step's metadata, so it is
+    built once per step and reused by every layer (see ``_PlanCache``).
     """
     del max_query_len, max_seq_len
     if query.shape[1] % kv_cache.shape[3] != 0:
@@ -107,9 +109,96 @@ def paged_attention(  # noqa: PLR0913 - the kernel signature shared with Triton
     if seq_lens.numel() == 0 or query.shape[0] == 0:
         return out
     options = _AttentionOptions(scale, sliding_window, soft_cap)
-    for group in _plan_groups(block_table, seq_lens, query_start_loc):
-        _attend_group(query, kv_cache, group, options, out)
+    layout = (kv_cache.shape[2], query.shape[1] // kv_cache.shape[3], sliding_window)
+    for plan in _PLANS.get(block_table, seq_lens, query_start_loc, layout):
+        _attend_group(query, kv_cache, plan, options, out)
     return out
+
+
+@dataclass(frozen=True)
+class _GroupPlan:
+    """Everything one group's attention needs that does not depend on the layer."""
+
+    num_seqs: int
+    max_query_len: int
+    max_seq_len: int
+    slots: torch.Tensor  # [B*L] cache slot of every padded key position
+    rows: torch.Tensor  # [B*Q] query row of every padded query position
+    out_rows: torch.Tensor  # [n <= B*Q] the real rows among them, in order
+    keep: torch.Tensor | None  # [B*Q] which padded rows are real (None: all, decode)
+    mask: torch.Tensor  # [B, 1, Q*g or 1, L] attend-mask
+
+
+class _PlanCache:
+    """The last step's plans, keyed by its metadata tensors and the layer layout.
+
+    Every layer of a step gets the same block_table / seq_lens / query_start_loc objects;
+    a hit needs those very objects, unchanged contents (compared against copies, so an
+    in-place edit replans), the same grouping budgets and the same (block_size,
+    group_size, sliding_window). One entry: the next step's tensors replace it.
+    """
+
+    def __init__(self) -> None:
+        self._entry: tuple | None = None
+
+    def get(
+        self,
+        block_table: torch.Tensor,
+        seq_lens: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        layout: tuple[int, int, int | None],
+    ) -> list[_GroupPlan]:
+        tensors = (block_table, seq_lens, query_start_loc)
+        budgets = (DECODE_GROUP_TOKENS, PREFILL_GROUP_AREA)
+        entry = self._entry  # one read: another thread may replace it meanwhile
+        if entry is not None and entry[3] == budgets and _same(entry[0], entry[1], tensors):
+            plans = entry[2].get(layout)
+            if plans is None:
+                plans = entry[2][layout] = _build_plans(*tensors, *layout)
+            return plans
+        plans = _build_plans(*tensors, *layout)
+        copies = tuple(t.clone() for t in tensors)
+        self._entry = (tensors, copies, {layout: plans}, budgets)
+        return plans
+
+
+def _same(held: tuple, copies: tuple, tensors: tuple) -> bool:
+    return all(a is b for a, b in zip(held, tensors, strict=True)) and all(
+        torch.equal(c, t) for c, t in zip(copies, tensors, strict=True)
+    )
+
+
+_PLANS = _PlanCache()
+
+
+def _build_plans(
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    block_size: int,
+    group_size: int,
+    sliding_window: int | None,
+) -> list[_GroupPlan]:
+    plans = []
+    for group in _plan_groups(block_table, seq_lens, query_start_loc):
+        steps = torch.arange(group.max_query_len, device=group.q_starts.device)  # [Q]
+        rows = group.q_starts[:, None] + steps  # [B, Q]
+        row_valid = steps < group.q_lens[:, None]  # [B, Q]
+        rows = torch.where(row_valid, rows, group.q_starts[:, None]).flatten()  # padding: real
+        keep = None if group.max_query_len == 1 else row_valid.flatten()
+        plans.append(
+            _GroupPlan(
+                num_seqs=group.seq_lens.shape[0],
+                max_query_len=group.max_query_len,
+                max_seq_len=group.max_seq_len,
+                slots=_gather_slots(group, block_size),
+                rows=rows,
+                out_rows=rows if keep is None else rows[keep],
+                keep=keep,
+                mask=_mask(group, sliding_window, group_size),
+            )
+        )
+    return plans
 
 
 def _plan_groups(
@@ -158,48 +247,45 @@ def _group_end(q_lens: list[int], seq_lens: list[int], start: int) -> int:
 def _attend_group(
     query: torch.Tensor,
     kv_cache: torch.Tensor,
-    group: _SeqGroup,
+    plan: _GroupPlan,
     options: _AttentionOptions,
     out: torch.Tensor,
 ) -> None:
     """Attention for one group, written into its rows of ``out``."""
     num_kv_heads, head_dim = kv_cache.shape[-2:]
-    num_seqs, num_q_heads = group.seq_lens.shape[0], query.shape[1]
-    group_size, max_q = num_q_heads // num_kv_heads, group.max_query_len
-    key = _gather(kv_cache[0], group).to(query.dtype)  # [B, kv_heads, L, head_dim]
-    value = _gather(kv_cache[1], group).to(query.dtype)  # [B, kv_heads, L, head_dim]
-    steps = torch.arange(max_q, device=query.device)  # [Q]
-    rows = group.q_starts[:, None] + steps  # [B, Q]
-    row_valid = steps < group.q_lens[:, None]  # [B, Q]
-    rows = torch.where(row_valid, rows, group.q_starts[:, None])  # padding reads a real row
-    q = query.index_select(0, rows.flatten())  # [B*Q, q_heads, head_dim]
+    num_seqs, num_q_heads, max_q = plan.num_seqs, query.shape[1], plan.max_query_len
+    group_size = num_q_heads // num_kv_heads
+    shape = (num_seqs, plan.max_seq_len, num_kv_heads, head_dim)
+    key = _gather(kv_cache[0], plan.slots, shape).to(query.dtype)  # [B, kv_heads, L, head_dim]
+    value = _gather(kv_cache[1], plan.slots, shape).to(query.dtype)
+    q = query.index_select(0, plan.rows)  # [B*Q, q_heads, head_dim]
     q = q.view(num_seqs, max_q, num_kv_heads, group_size, head_dim).transpose(1, 2)
     q = q.reshape(num_seqs, num_kv_heads, max_q * group_size, head_dim)  # rows ordered (Q, g)
-    mask = _mask(group, options.sliding_window, group_size)  # [B, 1, Q*g or 1, L]
-    o = _attend(q, key, value, mask, options)  # [B, kv_heads, Q*g, head_dim]
+    o = _attend(q, key, value, plan.mask, options)  # [B, kv_heads, Q*g, head_dim]
     o = o.view(num_seqs, num_kv_heads, max_q, group_size, head_dim).transpose(1, 2)
     o = o.reshape(num_seqs * max_q, num_q_heads, head_dim)  # [B*Q, q_heads, head_dim]
-    if max_q == 1:
-        out.index_copy_(0, rows.flatten(), o)
-    else:
-        keep = row_valid.flatten()  # [B*Q]
-        out.index_copy_(0, rows.flatten()[keep], o[keep])
+    out.index_copy_(0, plan.out_rows, o if plan.keep is None else o[plan.keep])
 
 
-def _gather(cache: torch.Tensor, group: _SeqGroup) -> torch.Tensor:
-    """[num_blocks, block_size, kv_heads, head_dim] -> [B, kv_heads, L, head_dim] for the group.
+def _gather(cache: torch.Tensor, slots: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """[num_blocks, block_size, kv_heads, head_dim] at ``slots`` -> [B, kv_heads, L, head_dim].
+
+    One index_select along dim 0 per cache half (~4x faster than one along dim 1 of both).
+    """
+    flat = cache.view(-1, *cache.shape[-2:])  # [num_slots, kv_heads, head_dim]
+    return flat.index_select(0, slots).view(shape).transpose(1, 2)
+
+
+def _gather_slots(group: _SeqGroup, block_size: int) -> torch.Tensor:
+    """[B*L] cache slots of the group's padded key positions.
 
     Positions past a sequence's length read its first slot (always written), never a slot that
     may hold garbage: a masked NaN would still poison the softmax-weighted sum.
     """
-    _, block_size, num_kv_heads, head_dim = cache.shape
-    positions = torch.arange(group.max_seq_len, device=cache.device)  # [L]
+    positions = torch.arange(group.max_seq_len, device=group.block_table.device)  # [L]
     blocks = group.block_table[:, positions // block_size].long()  # [B, L]
     slots = blocks * block_size + positions % block_size  # [B, L]
-    slots = torch.where(positions < group.seq_lens[:, None], slots, slots[:, :1])
-    flat = cache.view(-1, num_kv_heads, head_dim)  # [num_slots, kv_heads, head_dim]
-    gathered = flat.index_select(0, slots.flatten())  # [B*L, kv_heads, head_dim]
-    return gathered.view(*slots.shape, num_kv_heads, head_dim).transpose(1, 2)
+    return torch.where(positions < group.seq_lens[:, None], slots, slots[:, :1]).flatten()
 
 
 def _mask(group: _SeqGroup, sliding_window: int | None, group_size: int) -> torch.Tensor:

@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     frontend.add_argument("--scheduler", required=True, help="scheduler address host:port")
     frontend.add_argument("--served-model-name", default=None)
     _add_serving_args(frontend, 50051)
+    from pagestream.bench import add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 
@@ -192,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return run_generate(args)
+        if args.command == "bench":
+            from pagestream.bench import run_bench
+
+            return run_bench(args)
         if args.command == "serve" and args.split_services:
             return roles.run_split(args)
         runner = {

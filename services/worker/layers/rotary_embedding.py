@@ -77,6 +77,9 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"rotary_dim {self.rotary_dim} exceeds head_dim {head_dim}.")
         self.attention_scaling = attention_scaling
         self.register_buffer("inv_freq", inv_freq.to(torch.float32), persistent=False)
+        # (positions, a copy of them, cos, sin) of the last call: the layers of a model share
+        # one RotaryEmbedding and see the same positions tensor every step.
+        self._last: tuple[torch.Tensor, ...] | None = None
 
     @classmethod
     def from_config(cls, config: PretrainedConfig, head_dim: int) -> RotaryEmbedding:
@@ -95,10 +98,18 @@ class RotaryEmbedding(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """query [num_tokens, H * D], key [num_tokens, K * D] -> rotated, same shapes."""
         num_tokens = positions.shape[0]
-        cos, sin = self.cos_sin(positions)
+        cos, sin = self._cached_cos_sin(positions)
         q = apply_rotary(query.reshape(num_tokens, -1, self.head_dim), cos, sin)
         k = apply_rotary(key.reshape(num_tokens, -1, self.head_dim), cos, sin)
         return q.reshape(num_tokens, -1), k.reshape(num_tokens, -1)
+
+    def _cached_cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        last = self._last
+        if last is not None and last[0] is positions and torch.equal(last[1], positions):
+            return last[2], last[3]
+        cos, sin = self.cos_sin(positions)
+        self._last = (positions, positions.clone(), cos, sin)
+        return cos, sin
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}"

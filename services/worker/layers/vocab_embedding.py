@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from services.worker.layers.linear import linear
+
 
 class VocabEmbedding(nn.Module):
     """input_ids [num_tokens] -> [num_tokens, hidden_size]; weight is [vocab_size, hidden_size]."""
@@ -44,4 +46,4 @@ class LMHead(VocabEmbedding):
         self.weight = embedding.weight
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden_states, self.weight).float()
+        return linear(hidden_states, self.weight).float()

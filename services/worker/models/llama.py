@@ -132,6 +132,9 @@ class LlamaModel(nn.Module):
             LlamaDecoderLayer(config, i, biases, tp_rank, tp_size)
             for i in range(config.num_hidden_layers)
         )
+        # One RoPE for all layers (they have the same): cos/sin are computed once per step.
+        for layer in self.layers[1:]:
+            layer.self_attn.rotary_emb = self.layers[0].self_attn.rotary_emb
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(

@@ -1,0 +1,134 @@
+"""The machine's FLOP ceiling at the model's shapes, and the FLOPs a workload needs.
+
+``measure_matmul_ceiling`` times ``x @ W^T`` for every distinct linear shape of the model (one
+decoder layer's projections and the LM head) with a batch of tokens like the engine's, and
+reports the FLOP-weighted throughput: what the linear layers could reach if nothing else ran.
+``workload_flops`` counts the work a workload needs (linear layers for every token, the LM head
+for every generated token, attention over each token's context), so a measured run can be
+stated as a fraction of the FLOP-bound time.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import PretrainedConfig
+
+from benchmarks.workload import BenchRequest
+
+
+@dataclass(frozen=True)
+class ModelShapes:
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+
+    @classmethod
+    def from_config(cls, config: PretrainedConfig) -> ModelShapes:
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        return cls(
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_layers=config.num_hidden_layers,
+            num_heads=heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=head_dim,
+            vocab_size=config.vocab_size,
+        )
+
+    def layer_linears(self) -> list[tuple[int, int]]:
+        """(in_features, out_features) of one decoder layer: fused QKV, O, gate/up, down."""
+        h, d = self.hidden_size, self.head_dim
+        qkv = (self.num_heads + 2 * self.num_kv_heads) * d
+        return [
+            (h, qkv),
+            (self.num_heads * d, h),
+            (h, 2 * self.intermediate_size),
+            (self.intermediate_size, h),
+        ]
+
+    @property
+    def linear_flops_per_token(self) -> int:
+        """2 * MACs of every decoder layer's projections (no LM head)."""
+        return 2 * self.num_layers * sum(i * o for i, o in self.layer_linears())
+
+    @property
+    def lm_head_flops(self) -> int:
+        return 2 * self.hidden_size * self.vocab_size
+
+    def attention_flops(self, context_len: int) -> int:
+        """QK^T and PV of one query token over ``context_len`` keys, all layers and heads."""
+        return 4 * self.num_layers * self.num_heads * self.head_dim * context_len
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    gflops: float  # FLOP-weighted over the model's shapes
+    per_shape: list[dict]  # {"shape": "MxKxN", "gflops": ...}
+    num_tokens: int
+    dtype: str
+    threads: int
+
+
+def measure_matmul_ceiling(
+    shapes: ModelShapes,
+    num_tokens: int = 256,
+    dtype: torch.dtype = torch.float32,
+    min_time_s: float = 0.3,
+) -> Ceiling:
+    """Median GFLOP/s of [num_tokens, in] @ [in, out] for each of the model's linear shapes."""
+    linears = [*shapes.layer_linears(), (shapes.hidden_size, shapes.vocab_size)]
+    weights = [shapes.num_layers * i * o for i, o in shapes.layer_linears()]
+    weights.append(shapes.hidden_size * shapes.vocab_size)
+    per_shape, seconds_per_flop = [], 0.0
+    for (k, n), weight in zip(linears, weights, strict=True):
+        gflops = _time_matmul(num_tokens, k, n, dtype, min_time_s)
+        per_shape.append({"shape": f"{num_tokens}x{k}x{n}", "gflops": round(gflops, 1)})
+        seconds_per_flop += weight / (gflops * 1e9)
+    total = sum(weights)
+    return Ceiling(
+        gflops=total / seconds_per_flop / 1e9,
+        per_shape=per_shape,
+        num_tokens=num_tokens,
+        dtype=str(dtype).removeprefix("torch."),
+        threads=torch.get_num_threads(),
+    )
+
+
+def _time_matmul(m: int, k: int, n: int, dtype: torch.dtype, min_time_s: float) -> float:
+    x = torch.randn(m, k).to(dtype)
+    w = torch.randn(n, k).to(dtype)
+    with torch.inference_mode():
+        torch.nn.functional.linear(x, w)  # warm up
+        samples: list[float] = []
+        start_all = time.perf_counter()
+        while time.perf_counter() - start_all < min_time_s or len(samples) < 5:
+            start = time.perf_counter()
+            torch.nn.functional.linear(x, w)
+            samples.append(time.perf_counter() - start)
+    return 2 * m * k * n / statistics.median(samples) / 1e9
+
+
+def workload_flops(shapes: ModelShapes, requests: list[BenchRequest]) -> dict[str, float]:
+    """FLOPs a workload needs with a KV cache and no padding: {"linear", "attention", "total"}."""
+    linear = attention = 0.0
+    per_token = shapes.linear_flops_per_token
+    for request in requests:
+        num_tokens = request.prompt_len + request.output_len
+        linear += num_tokens * per_token + request.output_len * shapes.lm_head_flops
+        # token at position p attends to p + 1 keys: sum over p of (p + 1)
+        attention += shapes.attention_flops(1) * num_tokens * (num_tokens + 1) / 2
+    return {"linear": linear, "attention": attention, "total": linear + attention}
+
+
+def flop_bound_fraction(flops: float, elapsed_s: float, ceiling: Ceiling) -> float:
+    """The fraction of the matmul ceiling a run of ``elapsed_s`` reached on ``flops``."""
+    return flops / (ceiling.gflops * 1e9) / elapsed_s if elapsed_s > 0 else 0.0

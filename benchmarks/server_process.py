@@ -1,0 +1,110 @@
+"""`pagestream serve` as a child process for the serving benchmark: start, wait until it is
+healthy on both transports, stop with SIGTERM (the way a user or an orchestrator stops it)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class ServerProcess:
+    model: str
+    split_services: bool = False
+    engine_flags: tuple[str, ...] = ()
+    startup_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        self.grpc_port = free_port()
+        self.http_port = free_port()
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def grpc_address(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def command(self) -> list[str]:
+        command = [sys.executable, "-m", "pagestream.cli", "--log-level", "WARNING", "serve"]
+        command += [self.model, "--grpc-port", str(self.grpc_port), "--port", str(self.http_port)]
+        command += list(self.engine_flags)
+        if self.split_services:
+            command.append("--split-services")
+        return command
+
+    def __enter__(self) -> ServerProcess:
+        self.process = subprocess.Popen(self.command())
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _wait_ready(self) -> None:
+        """Poll /health (HTTP) and grpc.health.v1 until both answer SERVING."""
+        deadline = time.monotonic() + self.startup_timeout_s
+        http_ok = grpc_ok = False
+        with grpc.insecure_channel(self.grpc_address) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            while time.monotonic() < deadline:
+                if self.process is None or self.process.poll() is not None:
+                    raise RuntimeError(f"the server exited before it was ready: {self.command()}")
+                http_ok = http_ok or _http_healthy(f"{self.http_url}/health")
+                grpc_ok = grpc_ok or _grpc_serving(health)
+                if http_ok and grpc_ok:
+                    return
+                time.sleep(0.25)  # polling an external process: nothing to await
+        raise TimeoutError(f"the server was not healthy within {self.startup_timeout_s} s")
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            logger.warning("the server ignored SIGTERM for %.0f s; killing it", timeout_s)
+            process.kill()
+            process.wait()
+
+
+def _http_healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _grpc_serving(stub) -> bool:
+    try:
+        reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
+    except grpc.RpcError:
+        return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING

@@ -1,0 +1,161 @@
+"""Online serving: Poisson arrivals against a running `pagestream serve`, over HTTP and gRPC.
+
+For each request rate the same requests arrive with seeded exponential gaps (rate ``inf``
+sends them all at once: the server's saturated throughput). Each run reports TTFT, TPOT and
+ITL (p50 / p99, milliseconds), output throughput and failures. The same runs against
+``--split-services`` (worker, scheduler and frontend as three processes over loopback gRPC)
+give the cost of the split as ratios.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from benchmarks.load_clients import GrpcClient, HttpClient, RequestRecord
+from benchmarks.server_process import ServerProcess
+from benchmarks.workload import BenchRequest
+
+logger = logging.getLogger(__name__)
+
+INF = math.inf
+
+
+@dataclass
+class ServingOptions:
+    model: str
+    rates: tuple[float, ...] = (1.0, 4.0)
+    transports: tuple[str, ...] = ("http", "grpc")
+    split_services: bool = True
+    split_transports: tuple[str, ...] = ("grpc",)
+    seed: int = 0
+    engine_flags: tuple[str, ...] = ("--kv-cache-memory", "1GiB")
+
+
+def arrival_offsets(num_requests: int, rate: float, seed: int) -> list[float]:
+    """Seconds from the start at which each request is sent (Poisson process)."""
+    if rate == INF:
+        return [0.0] * num_requests
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=num_requests)
+    return np.concatenate([[0.0], np.cumsum(gaps[1:])]).tolist()
+
+
+async def run_load(client, requests: list[BenchRequest], rate: float, seed: int) -> dict:
+    """Send every request at its arrival time; summarise once all have finished."""
+    offsets = arrival_offsets(len(requests), rate, seed)
+    start = time.perf_counter()
+
+    async def one(request: BenchRequest, offset: float) -> RequestRecord:
+        await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))  # the schedule
+        return await client.send(request)
+
+    records = await asyncio.gather(*(one(r, o) for r, o in zip(requests, offsets, strict=True)))
+    return summarize(records, time.perf_counter() - start, rate)
+
+
+def _percentiles(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p99": None}
+    array = np.array(values) * 1e3  # ms
+    return {
+        "p50": round(float(np.percentile(array, 50)), 1),
+        "p99": round(float(np.percentile(array, 99)), 1),
+    }
+
+
+def summarize(records: list[RequestRecord], duration_s: float, rate: float) -> dict:
+    ok = [r for r in records if r.ok]
+    failures = [
+        r.error or f"{r.output_tokens}/{r.expected_tokens} tokens" for r in records if not r.ok
+    ]
+    output_tokens = sum(r.output_tokens for r in ok)
+    return {
+        "rate": "inf" if rate == INF else rate,
+        "num_requests": len(records),
+        "completed": len(ok),
+        "failures": len(failures),
+        "failure_examples": failures[:3],
+        "duration_s": round(duration_s, 2),
+        "requests_per_s": round(len(ok) / duration_s, 3),
+        "output_tokens_per_s": round(output_tokens / duration_s, 2),
+        "ttft_ms": _percentiles([r.ttft for r in ok if r.ttft is not None]),
+        "tpot_ms": _percentiles([r.tpot for r in ok if r.tpot is not None]),
+        "itl_ms": _percentiles([gap for r in ok for gap in r.itls]),
+    }
+
+
+async def _run_transport(server: ServerProcess, transport: str, requests, rates, seed) -> list:
+    client = HttpClient(server.http_url) if transport == "http" else GrpcClient(server.grpc_address)
+    results = []
+    async with client:
+        await client.send(requests[0])  # warm-up (first-request costs)
+        for rate in rates:
+            result = await run_load(client, requests, rate, seed)
+            result["transport"] = client.name
+            results.append(result)
+            logger.info(
+                "%s rate %s: %.1f output tok/s, TTFT p50 %s ms, %d failures",
+                client.name,
+                result["rate"],
+                result["output_tokens_per_s"],
+                result["ttft_ms"]["p50"],
+                result["failures"],
+            )
+    return results
+
+
+def _serve_runs(options: ServingOptions, split: bool, transports, rates, requests) -> list[dict]:
+    server = ServerProcess(options.model, split_services=split, engine_flags=options.engine_flags)
+    with server:
+        runs = []
+        for transport in transports:
+            runs += asyncio.run(_run_transport(server, transport, requests, rates, options.seed))
+    for run in runs:
+        run["deployment"] = "split services" if split else "one process"
+    return runs
+
+
+def run_serving(requests: list[BenchRequest], options: ServingOptions) -> dict:
+    """All rates over each transport against one process, then the split comparison."""
+    rates = (*options.rates, INF)
+    runs = _serve_runs(options, False, options.transports, rates, requests)
+    split_runs: list[dict] = []
+    if options.split_services:
+        split_rates = (max(options.rates), INF) if options.rates else (INF,)
+        split_runs = _serve_runs(options, True, options.split_transports, split_rates, requests)
+    return {
+        "runs": runs + split_runs,
+        "split_ratios": split_ratios(runs, split_runs),
+        "num_requests": len(requests),
+        "prompt_tokens": sum(r.prompt_len for r in requests),
+        "output_tokens": sum(r.output_len for r in requests),
+    }
+
+
+def split_ratios(one: list[dict], split: list[dict]) -> list[dict]:
+    """split / one process, per (transport, rate) measured both ways."""
+    by_key = {(r["transport"], r["rate"]): r for r in one}
+    ratios = []
+    for run in split:
+        base = by_key.get((run["transport"], run["rate"]))
+        if base is None or not base["output_tokens_per_s"]:
+            continue
+        ratios.append(
+            {
+                "transport": run["transport"],
+                "rate": run["rate"],
+                "throughput": round(run["output_tokens_per_s"] / base["output_tokens_per_s"], 3),
+                "ttft_p50": _ratio(run["ttft_ms"]["p50"], base["ttft_ms"]["p50"]),
+                "tpot_p50": _ratio(run["tpot_ms"]["p50"], base["tpot_ms"]["p50"]),
+            }
+        )
+    return ratios
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None

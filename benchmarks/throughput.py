@@ -1,0 +1,166 @@
+"""Offline throughput: pagestream ``LLM.generate`` against HF transformers on one workload.
+
+All engines get the same prompts (token ids) and the same per-request output lengths
+(ignore_eos / no early stop), in one process, one after the other:
+
+- pagestream ``LLM.generate`` (continuous batching, paged KV cache),
+- HF ``generate`` in static padded batches of each size in ``profile.hf_batch_sizes``,
+- HF continuous batching (``generate_batch``'s manager) where transformers has it,
+
+plus the matmul ceiling at the model's shapes and each run's fraction of it. KV-cache
+utilisation is sampled during pagestream's run (see benchmarks/kv_utilization.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from benchmarks.ceiling import (
+    ModelShapes,
+    flop_bound_fraction,
+    measure_matmul_ceiling,
+    workload_flops,
+)
+from benchmarks.hf_baselines import (
+    RunResult,
+    hf_continuous_batching_available,
+    load_hf_model,
+    run_hf_continuous,
+    run_hf_static,
+)
+from benchmarks.kv_utilization import KVUtilizationSampler
+from benchmarks.workload import BenchRequest
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ThroughputOptions:
+    model: str  # a model name or folder (resolved like `pagestream serve`)
+    hf_batch_sizes: tuple[int, ...] = (8, 16, 32)
+    hf_continuous: bool = True
+    kv_cache_memory: str = "2GiB"
+    dtype: str = "float32"
+    extra_dtypes: tuple[str, ...] = ()  # pagestream alone in other dtypes (e.g. bfloat16)
+    engine_kwargs: dict = field(default_factory=dict)
+
+
+def make_llm(model: str, dtype: str, kv_cache_memory: str, **engine_kwargs):
+    from pagestream import LLM
+
+    return LLM(model, dtype=dtype, kv_cache_memory=kv_cache_memory, **engine_kwargs)
+
+
+def run_pagestream(llm, requests: list[BenchRequest], name: str = "pagestream") -> RunResult:
+    """LLM.generate over the workload (after a short warm-up); KV use sampled every step."""
+    from pagestream import SamplingParams
+
+    warm = [{"prompt_token_ids": requests[0].prompt_token_ids[:16]}] * 2
+    llm.generate(warm, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), False)
+    llm.engine.scheduler.kv.reset_prefix_cache()  # the warm-up must not give a prefix hit
+    prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
+    params = [
+        SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests
+    ]
+    sampler = KVUtilizationSampler(llm.engine, requests)
+    with sampler.attached():
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+    generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+    return RunResult(
+        name=name,
+        elapsed_s=elapsed,
+        num_requests=len(requests),
+        prompt_tokens=sum(r.prompt_len for r in requests),
+        output_tokens=generated,
+        generated_tokens=generated,
+        extra={
+            "num_cached_tokens": sum(o.num_cached_tokens or 0 for o in outputs),
+            "num_steps": sampler.num_steps,
+            "kv_utilization": sampler.summary(),
+        },
+    )
+
+
+def run_throughput(requests: list[BenchRequest], options: ThroughputOptions) -> dict:
+    """Every engine on the same requests; returns a JSON-ready dict (runs, ratios, ceiling)."""
+    from services.worker.default_model import resolve_model
+
+    folder = str(resolve_model(options.model))
+    llm = make_llm(folder, options.dtype, options.kv_cache_memory, **options.engine_kwargs)
+    config = llm.engine.worker.model.config
+    ours = run_pagestream(llm, requests, f"pagestream LLM.generate ({options.dtype})")
+    del llm
+    runs = [ours]
+    runs += _run_hf(folder, requests, options)
+    for dtype in options.extra_dtypes:
+        other = make_llm(folder, dtype, options.kv_cache_memory, **options.engine_kwargs)
+        runs.append(run_pagestream(other, requests, f"pagestream LLM.generate ({dtype})"))
+        del other
+    shapes = ModelShapes.from_config(config)
+    ceiling = measure_matmul_ceiling(shapes, dtype=getattr(torch, options.dtype))
+    flops = workload_flops(shapes, requests)
+    return {
+        "runs": [r.as_dict() for r in runs],
+        "ratios": _ratios(ours, runs[1:]),
+        "ceiling": {
+            "gflops": round(ceiling.gflops, 1),
+            "per_shape": ceiling.per_shape,
+            "num_tokens": ceiling.num_tokens,
+            "dtype": ceiling.dtype,
+            "threads": ceiling.threads,
+            "workload_gflop": {k: round(v / 1e9, 1) for k, v in flops.items()},
+            "flop_bound_s": round(flops["total"] / (ceiling.gflops * 1e9), 2),
+            "fraction": {
+                r.name: float(f"{flop_bound_fraction(flops['total'], r.elapsed_s, ceiling):.3g}")
+                for r in runs
+                if "bfloat16" not in r.name
+            },
+        },
+    }
+
+
+def _run_hf(folder: str, requests: list[BenchRequest], options: ThroughputOptions):
+    runs: list[RunResult] = []
+    if not options.hf_batch_sizes and not options.hf_continuous:
+        return runs
+    model = load_hf_model(folder, getattr(torch, options.dtype))
+    pad_id = model.generation_config.pad_token_id or 0
+    for batch_size in options.hf_batch_sizes:
+        runs.append(run_hf_static(model, requests, batch_size, pad_id))
+        logger.info("%s: %.1f output tok/s", runs[-1].name, runs[-1].output_tokens_per_s)
+    if options.hf_continuous and hf_continuous_batching_available(model):
+        try:
+            runs.append(run_hf_continuous(model, requests))
+        except (RuntimeError, TimeoutError) as exc:
+            logger.warning("HF continuous batching failed: %s", exc)
+    elif options.hf_continuous:
+        logger.warning("this transformers has no continuous batching; skipped")
+    return runs
+
+
+def _ratios(ours: RunResult, others: list[RunResult]) -> dict:
+    """pagestream / baseline per metric, against the best static batch and HF CB."""
+    static = [r for r in others if r.name.startswith("HF generate")]
+    continuous = [r for r in others if "continuous" in r.name]
+    ratios: dict = {}
+    if static:
+        best = max(static, key=lambda r: r.output_tokens_per_s)
+        ratios["vs_hf_static_best"] = _ratio_entry(ours, best)
+    if continuous:
+        ratios["vs_hf_continuous"] = _ratio_entry(ours, continuous[0])
+    return ratios
+
+
+def _ratio_entry(ours: RunResult, other: RunResult) -> dict:
+    return {
+        "baseline": other.name,
+        "requests_per_s": round(ours.requests_per_s / other.requests_per_s, 2),
+        "output_tokens_per_s": round(ours.output_tokens_per_s / other.output_tokens_per_s, 2),
+        "total_tokens_per_s": round(ours.total_tokens_per_s / other.total_tokens_per_s, 2),
+    }

@@ -1,0 +1,213 @@
+"""Seeded synthetic workloads with ShareGPT-like shapes (no data set download).
+
+Prompt lengths are lognormal with a median of ~256 tokens (clipped to 16..1024), output lengths
+lognormal with a median of ~128 (clipped to 16..512). The text is real prose: windows of a small
+bundled corpus (benchmarks/data/corpus.txt, read cyclically) tokenized by the model's own
+tokenizer, so every prompt is exactly its target number of tokens and decodes to readable text.
+
+    workload = make_workload(tokenizer, PROFILES["quick"])
+    workload.requests[0].prompt_token_ids, workload.requests[0].output_len
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+CORPUS_PATH = Path(__file__).parent / "data" / "corpus.txt"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The size of a benchmark run; serving and memory runs scale from it."""
+
+    name: str
+    num_requests: int
+    seed: int = 0
+    prompt_median: int = 256
+    prompt_range: tuple[int, int] = (16, 1024)
+    output_median: int = 128
+    output_range: tuple[int, int] = (16, 512)
+    sigma: float = 0.7  # lognormal shape of both lengths
+    serve_rates: tuple[float, ...] = (0.5, 1.0, 2.0)  # requests/s for the Poisson arrivals
+    serve_num_requests: int = 24  # requests per serving run
+    serve_output_scale: float = 0.25  # output lengths of serving runs, scaled down
+    hf_batch_sizes: tuple[int, ...] = (8, 16, 32)
+    prefix_num_requests: int = 16  # prefix caching: requests sharing one system prompt
+    system_prompt_len: int = 512
+    question_len: int = 32
+    prefix_output_len: int = 32
+    sharing_num_prompts: int = 4  # memory sharing: prompts run with n = 4 / beam width 4
+    sharing_output_len: int = 64
+
+    def __post_init__(self) -> None:
+        if self.num_requests < 1:
+            raise ValueError(f"num_requests must be >= 1, got {self.num_requests}.")
+        for name, (low, high) in (
+            ("prompt_range", self.prompt_range),
+            ("output_range", self.output_range),
+        ):
+            if not 1 <= low <= high:
+                raise ValueError(f"{name} must satisfy 1 <= low <= high, got {(low, high)}.")
+
+
+PROFILES: dict[str, Profile] = {
+    # Halved lengths (median 128 / 64 tokens, max 512 / 256) keep `make bench` within ~20
+    # minutes on a 2-core CPU, HF's padded static batches included.
+    "quick": Profile(
+        "quick",
+        num_requests=64,
+        prompt_median=128,
+        prompt_range=(16, 512),
+        output_median=64,
+        output_range=(16, 256),
+        serve_rates=(1.0, 4.0),
+        serve_num_requests=24,
+        serve_output_scale=0.25,
+    ),
+    # A handful of short requests: checks every driver end to end (tests, tiny models).
+    "smoke": Profile(
+        "smoke",
+        num_requests=6,
+        prompt_median=24,
+        prompt_range=(8, 64),
+        output_median=6,
+        output_range=(4, 12),
+        serve_rates=(4.0,),
+        serve_num_requests=4,
+        serve_output_scale=1.0,
+        hf_batch_sizes=(2, 4),
+        prefix_num_requests=4,
+        system_prompt_len=48,
+        question_len=8,
+        prefix_output_len=4,
+        sharing_num_prompts=2,
+        sharing_output_len=8,
+    ),
+    "full": Profile(
+        "full",
+        num_requests=256,
+        serve_rates=(0.5, 1.0, 2.0, 4.0),
+        serve_num_requests=64,
+        serve_output_scale=0.5,
+        prefix_num_requests=32,
+        system_prompt_len=1024,
+        prefix_output_len=64,
+        sharing_num_prompts=8,
+        sharing_output_len=128,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    prompt_token_ids: list[int]
+    output_len: int  # generated with ignore_eos, so exactly this many tokens
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+@dataclass(frozen=True)
+class Workload:
+    requests: list[BenchRequest]
+    profile: Profile
+    description: dict = field(default_factory=dict)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(r.prompt_len for r in self.requests)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(r.output_len for r in self.requests)
+
+    def summary(self) -> dict:
+        prompts = np.array([r.prompt_len for r in self.requests])
+        outputs = np.array([r.output_len for r in self.requests])
+        return {
+            "num_requests": len(self.requests),
+            "prompt_tokens": int(prompts.sum()),
+            "output_tokens": int(outputs.sum()),
+            "prompt_median": float(np.median(prompts)),
+            "prompt_max": int(prompts.max()),
+            "output_median": float(np.median(outputs)),
+            "output_max": int(outputs.max()),
+        }
+
+
+def lognormal_lengths(
+    rng: np.random.Generator, n: int, median: int, bounds: tuple[int, int], sigma: float
+) -> list[int]:
+    """n integer lengths, lognormal around ``median``, clipped to ``bounds``."""
+    raw = rng.lognormal(mean=np.log(median), sigma=sigma, size=n)
+    return np.clip(np.rint(raw), bounds[0], bounds[1]).astype(int).tolist()
+
+
+class CorpusSource:
+    """Token windows of the bundled corpus (benchmarks/data/corpus.txt), read cyclically.
+
+    Every window starts at its own offset, so no two prompts share a first block: the
+    engine's prefix cache gets no accidental hits and the comparison with HF stays fair.
+    """
+
+    def __init__(self, tokenizer, path: Path = CORPUS_PATH) -> None:
+        text = " ".join(path.read_text(encoding="utf-8").split())
+        self.token_ids = np.array(tokenizer.encode(text, add_special_tokens=False), np.int64)
+        if len(self.token_ids) == 0:
+            raise ValueError(f"{path} tokenizes to nothing.")
+
+    def offsets(self, rng: np.random.Generator, n: int) -> list[int]:
+        """n distinct start offsets (distinct as long as the corpus has that many tokens)."""
+        size = len(self.token_ids)
+        return rng.choice(size, size=n, replace=n > size).tolist()
+
+    def window(self, offset: int, num_tokens: int) -> list[int]:
+        """Exactly ``num_tokens`` ids from ``offset``, wrapping around the corpus."""
+        index = (offset + np.arange(num_tokens)) % len(self.token_ids)
+        return self.token_ids[index].tolist()
+
+
+def make_workload(tokenizer, profile: Profile, num_requests: int | None = None) -> Workload:
+    """The profile's seeded requests (the first ``num_requests`` when given)."""
+    n = profile.num_requests if num_requests is None else num_requests
+    rng = np.random.default_rng(profile.seed)
+    prompt_lens = lognormal_lengths(
+        rng, n, profile.prompt_median, profile.prompt_range, profile.sigma
+    )
+    output_lens = lognormal_lengths(
+        rng, n, profile.output_median, profile.output_range, profile.sigma
+    )
+    corpus = CorpusSource(tokenizer)
+    offsets = corpus.offsets(rng, n)
+    requests = [
+        BenchRequest(corpus.window(start, p), o)
+        for start, p, o in zip(offsets, prompt_lens, output_lens, strict=True)
+    ]
+    return Workload(requests, profile)
+
+
+def shared_prefix_workload(
+    tokenizer, num_requests: int, system_len: int, suffix_len: int, output_len: int, seed: int = 1
+) -> list[BenchRequest]:
+    """Requests that share one long system prompt, each with its own short question."""
+    rng = np.random.default_rng(seed)
+    corpus = CorpusSource(tokenizer)
+    system = corpus.window(0, system_len)
+    return [
+        BenchRequest(system + corpus.window(start, suffix_len), output_len)
+        for start in corpus.offsets(rng, num_requests)
+    ]
+
+
+def scaled(
+    requests: list[BenchRequest], output_scale: float, minimum: int = 8
+) -> list[BenchRequest]:
+    """The same prompts with output lengths scaled down (shorter serving runs)."""
+    return [
+        BenchRequest(r.prompt_token_ids, max(minimum, round(r.output_len * output_scale)))
+        for r in requests
+    ]

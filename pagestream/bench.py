@@ -1,0 +1,194 @@
+"""`pagestream bench`: throughput / serve / memory / all against HF transformers.
+
+    pagestream bench all --profile quick     # what `make bench` runs (~15-20 min on 2 cores)
+    pagestream bench throughput --profile full --bf16
+
+Results accumulate in <docs>/benchmarks/results.json and the report is rewritten to
+<docs>/benchmarks.md (tables) with PNG plots in <docs>/benchmarks/ after every section.
+The drivers live in the repository's benchmarks/ package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import logging
+import sys
+from pathlib import Path
+
+from services.common.config import DEFAULT_MODEL
+
+logger = logging.getLogger("pagestream.bench")
+
+SECTIONS = ("throughput", "serve", "memory")
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def add_bench_parser(subparsers) -> argparse.ArgumentParser:
+    bench = subparsers.add_parser(
+        "bench", help="benchmarks against HF transformers; writes docs/benchmarks.md"
+    )
+    add = bench.add_argument
+    add("what", choices=(*SECTIONS, "all"), help="which benchmark to run")
+    add("--model", default=DEFAULT_MODEL, help="model name or folder")
+    add("--profile", default="quick", choices=("quick", "full", "smoke"))
+    add("--num-requests", type=int, default=None, help="override the profile's request count")
+    add("--docs-dir", default="docs", help="where benchmarks.md and its plots go")
+    add("--kv-cache-memory", default="2GiB", help="pagestream's KV cache (CPU)")
+    add("--hf-batch-sizes", default=None, help="HF static batch sizes, e.g. 8,16,32")
+    add("--no-hf", action="store_true", help="skip the HF transformers baselines")
+    add("--no-hf-continuous", action="store_true", help="skip HF continuous batching")
+    add("--bf16", action="store_true", help="also run pagestream in bfloat16")
+    add("--rates", default=None, help="serving request rates (req/s), e.g. 1,4")
+    add("--no-split", action="store_true", help="skip the --split-services comparison")
+    return bench
+
+
+def _import_benchmarks():
+    """The benchmarks package sits next to pagestream/ in the repository (not installed)."""
+    try:
+        return importlib.import_module("benchmarks.workload")
+    except ModuleNotFoundError:
+        if not (REPO_ROOT / "benchmarks" / "workload.py").exists():
+            raise
+        sys.path.insert(0, str(REPO_ROOT))
+        return importlib.import_module("benchmarks.workload")
+
+
+def _floats(text: str | None) -> tuple[float, ...] | None:
+    return None if text is None else tuple(float(x) for x in text.split(",") if x)
+
+
+def _profile(args: argparse.Namespace):
+    workload = _import_benchmarks()
+    profile = workload.PROFILES[args.profile]
+    changes: dict = {}
+    if args.num_requests is not None:
+        changes["num_requests"] = args.num_requests
+        changes["serve_num_requests"] = min(profile.serve_num_requests, args.num_requests)
+    if args.hf_batch_sizes is not None:
+        changes["hf_batch_sizes"] = tuple(int(x) for x in args.hf_batch_sizes.split(","))
+    if args.rates is not None:
+        changes["serve_rates"] = _floats(args.rates)
+    return dataclasses.replace(profile, **changes)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    workload_mod = _import_benchmarks()
+    from benchmarks import report
+    from services.worker.default_model import resolve_model
+
+    profile = _profile(args)
+    folder = str(resolve_model(args.model))
+    from transformers import AutoTokenizer
+
+    workload = workload_mod.make_workload(AutoTokenizer.from_pretrained(folder), profile)
+    docs = Path(args.docs_dir)
+    results_path = docs / "benchmarks" / "results.json"
+    results = report.load_results(results_path)
+    meta = {
+        "profile": profile.name,
+        "model": args.model,
+        "command": command_line(args),
+        "machine": report.machine_info(),
+        "workload": workload.summary(),
+    }
+    old = results.get("meta", {})
+    if (old.get("profile"), old.get("model")) != (meta["profile"], meta["model"]):
+        results = {}  # another profile or model: start a fresh report
+    results["meta"] = meta
+    sections = SECTIONS if args.what == "all" else (args.what,)
+    for section in sections:
+        logger.info("bench %s (profile %s)", section, profile.name)
+        results[_RESULT_KEYS[section]] = _RUNNERS[section](args, folder, profile, workload, results)
+        report.save_results(results_path, results)
+        path = report.write_report(results, docs, notes=_notes(profile))
+    logger.info("report: %s", path)
+    return 0
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The `pagestream bench` command that reproduces this run (defaults left out)."""
+    parts = ["pagestream", "bench", args.what, "--profile", args.profile]
+    for flag, value, default in (
+        ("--model", args.model, DEFAULT_MODEL),
+        ("--num-requests", args.num_requests, None),
+        ("--kv-cache-memory", args.kv_cache_memory, "2GiB"),
+        ("--hf-batch-sizes", args.hf_batch_sizes, None),
+        ("--rates", args.rates, None),
+    ):
+        if value != default:
+            parts += [flag, str(value)]
+    for flag, on in (
+        ("--no-hf", args.no_hf),
+        ("--no-hf-continuous", args.no_hf_continuous),
+        ("--bf16", args.bf16),
+        ("--no-split", args.no_split),
+    ):
+        if on:
+            parts.append(flag)
+    return " ".join(parts)
+
+
+def _run_throughput(args, folder, profile, workload, results) -> dict:
+    from benchmarks.throughput import ThroughputOptions, run_throughput
+
+    options = ThroughputOptions(
+        model=folder,
+        hf_batch_sizes=() if args.no_hf else profile.hf_batch_sizes,
+        hf_continuous=not (args.no_hf or args.no_hf_continuous),
+        kv_cache_memory=args.kv_cache_memory,
+        extra_dtypes=("bfloat16",) if args.bf16 else (),
+    )
+    return run_throughput(workload.requests, options)
+
+
+def _run_serving(args, folder, profile, workload, results) -> dict:
+    from benchmarks.serving import ServingOptions, run_serving
+    from benchmarks.workload import scaled
+
+    requests = scaled(workload.requests[: profile.serve_num_requests], profile.serve_output_scale)
+    options = ServingOptions(
+        model=folder,
+        rates=profile.serve_rates,
+        split_services=not args.no_split,
+        engine_flags=("--kv-cache-memory", args.kv_cache_memory),
+    )
+    return run_serving(requests, options)
+
+
+def _run_memory(args, folder, profile, workload, results) -> dict:
+    from benchmarks.memory import MemoryOptions, run_memory
+
+    options = MemoryOptions(
+        model=folder,
+        kv_cache_memory=args.kv_cache_memory,
+        prefix_num_requests=profile.prefix_num_requests,
+        system_prompt_len=profile.system_prompt_len,
+        question_len=profile.question_len,
+        prefix_output_len=profile.prefix_output_len,
+        sharing_num_prompts=profile.sharing_num_prompts,
+        sharing_output_len=profile.sharing_output_len,
+    )
+    throughput = results.get("throughput") or {}
+    kv = throughput.get("runs", [{}])[0].get("kv_utilization")
+    return run_memory(workload.requests, options, kv_utilization=kv)
+
+
+_RUNNERS = {"throughput": _run_throughput, "serve": _run_serving, "memory": _run_memory}
+_RESULT_KEYS = {"throughput": "throughput", "serve": "serving", "memory": "memory"}
+
+
+def _notes(profile) -> str:
+    if profile.name == "quick":
+        return (
+            "Profile `quick` halves the issue's lengths (prompts: median 128, at most 512 "
+            "tokens; outputs: median 64, at most 256) so that the whole run, HF's padded "
+            "static batches included, fits in ~20 minutes on a 2-core CPU; its serving runs "
+            f"use {profile.serve_num_requests} requests with outputs scaled by "
+            f"{profile.serve_output_scale} at rates {', '.join(map(str, profile.serve_rates))} "
+            "and inf. `--profile full` runs the issue's shapes (256 requests, medians 256 / "
+            "128)."
+        )
+    return ""
