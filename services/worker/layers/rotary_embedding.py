@@ -97,11 +97,18 @@ class RotaryEmbedding(nn.Module):
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """query [num_tokens, H * D], key [num_tokens, K * D] -> rotated, same shapes."""
+        return self.rotate(positions, query), self.rotate(positions, key)
+
+    def rotate(self, positions: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
+        """Any number of heads at once: [num_tokens, N * D] -> rotated [num_tokens, N * D].
+
+        The query and key heads of a fused QKV output sit side by side, so a model can rotate
+        both in one pass (half the kernel launches of rotating them apart).
+        """
         num_tokens = positions.shape[0]
         cos, sin = self._cached_cos_sin(positions)
-        q = apply_rotary(query.reshape(num_tokens, -1, self.head_dim), cos, sin)
-        k = apply_rotary(key.reshape(num_tokens, -1, self.head_dim), cos, sin)
-        return q.reshape(num_tokens, -1), k.reshape(num_tokens, -1)
+        rotated = apply_rotary(heads.reshape(num_tokens, -1, self.head_dim), cos, sin)
+        return rotated.reshape(num_tokens, -1)
 
     def _cached_cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         last = self._last

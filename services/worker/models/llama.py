@@ -73,7 +73,9 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         qkv = self.qkv_proj(hidden_states)  # [num_tokens, (H + 2K) * D]
         q, k, v = self.qkv_proj.split(qkv)
-        q, k = self.rotary_emb(positions, q, k)
+        # q and k are adjacent in qkv: rotate them as one [num_tokens, (H + K) * D] block
+        qk = self.rotary_emb.rotate(positions, qkv[:, : q.shape[1] + k.shape[1]])
+        q, k = qk.split([q.shape[1], k.shape[1]], dim=-1)
         attn_out = self.attn(q, k, v, kv_cache, attn_metadata)  # [num_tokens, H * D]
         return self.o_proj(attn_out)
 
