@@ -7,6 +7,7 @@ frontends can map it straight to HTTP 400 / gRPC INVALID_ARGUMENT.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field, replace
 
 _GREEDY_EPS = 1e-5
@@ -27,9 +28,14 @@ class SamplingType(enum.IntEnum):
 
 def _check_range(name: str, value: float, lo: float, hi: float, *, lo_open: bool = False) -> None:
     below = value <= lo if lo_open else value < lo
-    if below or value > hi:
+    if math.isnan(value) or below or value > hi:
         left = "(" if lo_open else "["
         raise ValueError(f"{name} must be in {left}{lo}, {hi}], got {value}.")
+
+
+def _check_finite(name: str, value: float) -> None:
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value}.")
 
 
 @dataclass
@@ -83,6 +89,7 @@ class SamplingParams:
             if token_id < 0:
                 raise ValueError(f"logit_bias keys must be token ids >= 0, got {token_id}.")
             _check_range("logit_bias values", bias, -100.0, 100.0)
+        _check_finite("length_penalty", self.length_penalty)
         if self.sampling_type == SamplingType.GREEDY and self.n > 1 and not self.use_beam_search:
             raise ValueError(
                 f"n must be 1 when using greedy sampling (temperature 0), got n={self.n}; "
@@ -111,9 +118,10 @@ class SamplingParams:
         _check_range("min_p", self.min_p, 0.0, 1.0)
         _check_range("presence_penalty", self.presence_penalty, -2.0, 2.0)
         _check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
-        if not self.repetition_penalty > 0.0:
+        if not 0.0 < self.repetition_penalty < math.inf:
             raise ValueError(
-                f"repetition_penalty must be > 0 (1 disables it), got {self.repetition_penalty}."
+                "repetition_penalty must be a finite number > 0 (1 disables it), "
+                f"got {self.repetition_penalty}."
             )
 
     def _verify_stops(self) -> None:
@@ -151,6 +159,7 @@ class BeamSearchParams:
             raise ValueError(f"beam_width must be >= 1, got {self.beam_width}.")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}.")
+        _check_finite("length_penalty", self.length_penalty)
         if self.temperature != 0.0:
             raise ValueError("beam search here is deterministic: temperature must be 0.")
 

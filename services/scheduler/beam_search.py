@@ -19,9 +19,20 @@ on the partial block) and frees the beams that were pruned.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from services.common.runner_output import TokenLogprobs
+
+
+def length_normalized(logprob: float, length: int, length_penalty: float) -> float:
+    """logprob / length ** length_penalty, without overflow for extreme penalties."""
+    log_denominator = length_penalty * math.log(length)
+    if log_denominator > 700.0:  # the denominator overflows a float: the score goes to -0
+        return -0.0 if logprob < 0 else 0.0
+    if log_denominator < -700.0:  # the denominator underflows to 0: the score goes to -inf
+        return -math.inf if logprob < 0 else 0.0
+    return logprob / length**length_penalty
 
 
 @dataclass(frozen=True)
@@ -116,7 +127,7 @@ class BeamGroup:
                     BeamHypothesis(
                         token_ids=[*outputs[beam_id], token_id],
                         cumulative_logprob=score,
-                        score=score / generated_len**self.length_penalty,
+                        score=length_normalized(score, generated_len, self.length_penalty),
                         ended_with_eos=token_id in self.eos_token_ids,
                     )
                 )
@@ -126,6 +137,8 @@ class BeamGroup:
     def _update_improvement(self, next_beams: list[NextBeam], generated_len: int) -> None:
         if len(self.finished) < self.beam_width or not next_beams:
             return
-        best_running = next_beams[0].cumulative_logprob / generated_len**self.length_penalty
+        best_running = length_normalized(
+            next_beams[0].cumulative_logprob, generated_len, self.length_penalty
+        )
         if best_running <= self.finished[-1].score:
             self.improvement_possible = False

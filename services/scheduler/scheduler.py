@@ -290,16 +290,26 @@ class Scheduler:
             request = self.requests.get(rid)
             if request is None or request.is_finished:
                 continue  # aborted while its step ran
-            if request.beam_group is not None:
-                beam_outputs = self.groups.on_beam_output(request, runner_output.logprobs.get(rid))
-                outputs.setdefault(request.client_id, []).extend(beam_outputs)
+            try:
+                new_outputs = self._request_outputs(request, token_ids, runner_output)
+            except Exception:
+                # One request's bad state must not take the engine down for everyone else.
+                logger.exception("aborting %s: processing its step output failed", rid)
+                self.abort_requests([request.group_id])
                 continue
-            output = self._process_tokens(request, token_ids, runner_output)
-            if output is not None:
-                outputs.setdefault(request.client_id, []).append(output)
+            outputs.setdefault(request.client_id, []).extend(new_outputs)
         self.running = [r for r in self.running if not r.is_finished]
         stats = self.get_stats()
         return {c: EngineCoreOutputs(outs, stats) for c, outs in outputs.items()}
+
+    def _request_outputs(
+        self, request: Request, token_ids: list[int], runner_output: RunnerOutput
+    ) -> list[EngineCoreOutput]:
+        if request.beam_group is not None:
+            logprobs = runner_output.logprobs.get(request.request_id)
+            return self.groups.on_beam_output(request, logprobs)
+        output = self._process_tokens(request, token_ids, runner_output)
+        return [] if output is None else [output]
 
     def _process_tokens(
         self, request: Request, token_ids: list[int], runner_output: RunnerOutput

@@ -43,6 +43,12 @@ def test_normalisation():
         ({"logit_bias": {1: 101}}, "logit_bias"),
         ({"seed": "x"}, "seed"),
         ({"n": 2, "temperature": 0}, "n must be 1"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": float("nan")}, "top_p"),
+        ({"repetition_penalty": float("inf")}, "repetition_penalty"),
+        ({"logit_bias": {1: float("nan")}}, "logit_bias"),
+        ({"length_penalty": float("inf"), "use_beam_search": True}, "length_penalty"),
+        ({"length_penalty": float("nan"), "use_beam_search": True}, "length_penalty"),
     ],
 )
 def test_invalid_values_name_the_field(kwargs, field):

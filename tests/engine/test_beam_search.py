@@ -74,3 +74,23 @@ def test_beams_share_blocks(model_dir):
     assert shared_seen  # all four beams point at the same prompt blocks
     assert peak < 4 * (10 + 3)  # far below four separate 50-token sequences
     assert kv.usage == 0.0
+
+
+@pytest.mark.parametrize("length_penalty", [1e300, -1e300, 800.0, -800.0])
+def test_extreme_length_penalty_finishes(model_dir, length_penalty):
+    """Penalties whose length ** penalty over- or underflows a float still end the search."""
+    llm = LLM(str(model_dir("llama")), kv_cache_memory="8MiB", block_size=4)
+    params = BeamSearchParams(beam_width=2, max_tokens=4, length_penalty=length_penalty)
+    (result,) = llm.beam_search([{"prompt_token_ids": PROMPTS[0]}], params)
+    assert len(result.outputs) == 2
+    assert all(1 <= len(o.token_ids) <= 4 for o in result.outputs)
+    assert llm.engine.scheduler.kv.usage == 0.0
+
+
+def test_length_normalized_matches_power_and_saturates():
+    from services.scheduler.beam_search import length_normalized
+
+    assert length_normalized(-3.0, 4, 1.5) == -3.0 / 4**1.5
+    assert length_normalized(-3.0, 4, 1e300) == 0.0
+    assert length_normalized(-3.0, 4, -1e300) == float("-inf")
+    assert length_normalized(0.0, 4, -1e300) == 0.0

@@ -2,13 +2,15 @@
 cases per operation: no 5xx answer, and the server still serves afterwards."""
 
 import asyncio
+import os
 
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 
 from tests.engine.openai_helpers import MODEL, running_server
 
-MAX_EXAMPLES = 20
+# More cases per operation for a longer local hunt: PAGESTREAM_FUZZ_EXAMPLES=200.
+MAX_EXAMPLES = int(os.environ.get("PAGESTREAM_FUZZ_EXAMPLES", "20"))
 
 
 def _check_operation(operation, base_url: str) -> int:

@@ -31,3 +31,26 @@ def test_abort_of_waiting_request_reports_final_output(build):
     outputs = core.step()
     assert [(o.request_id, o.finish_reason) for o in outputs[0].outputs] == [("a", "abort")]
     assert not core.has_work()
+
+
+def test_a_failing_request_is_aborted_and_the_others_finish(build, monkeypatch):
+    """An exception while processing one request's step output ends that request only."""
+    scheduler, worker = build(30, max_num_batched_tokens=64)
+    core = EngineCore(scheduler, worker)
+    requests = [make_request(f"r{i}", list(range(i, 12 + i)), max_tokens=5) for i in range(3)]
+    for request in requests:
+        core.add_request(request)
+    process = scheduler._process_tokens
+
+    def flaky(request, token_ids, runner_output):
+        if request.request_id == "r1" and request.num_output_tokens == 2:
+            raise OverflowError("bad state in r1")
+        return process(request, token_ids, runner_output)
+
+    monkeypatch.setattr(scheduler, "_process_tokens", flaky)
+    finished = {}
+    while core.has_work():
+        for batch in core.step().values():
+            finished |= {o.request_id: o.finish_reason for o in batch.outputs if o.finished}
+    assert finished == {"r0": "length", "r1": "abort", "r2": "length"}
+    assert scheduler.kv.num_free_blocks == 30
