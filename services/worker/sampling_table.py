@@ -23,6 +23,9 @@ _FLOAT_COLUMNS = ("temperature", "top_p", "min_p", "presence", "frequency", "rep
 _INT_COLUMNS = ("top_k", "min_tokens")
 
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 class SamplingParamsTable:
     """Sampling columns indexed by slot; grows on demand."""
 
@@ -60,7 +63,7 @@ class SamplingParamsTable:
             params.repetition_penalty,
         )
         for name, value in zip(_FLOAT_COLUMNS, values, strict=True):
-            self._float[name][slot] = value
+            self._float[name][slot] = min(max(value, -_FLOAT32_MAX), _FLOAT32_MAX)
         self._int["top_k"][slot] = min(params.top_k, self.vocab_size)
         self._int["min_tokens"][slot] = params.min_tokens
         self._seeds[slot] = params.seed
