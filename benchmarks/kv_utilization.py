@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import statistics
+import time
 from collections.abc import Iterator
 
 from benchmarks.workload import BenchRequest
@@ -28,6 +29,7 @@ class KVUtilizationSampler:
         self.samples: list[dict] = []
         self.peak_blocks = 0  # distinct blocks held by running requests
         self.peak_pool_blocks = 0  # blocks out of the pool (any holder, beams in waiting too)
+        self.overhead_s = 0.0  # time spent sampling (subtracted from the timed runs)
 
     @property
     def num_steps(self) -> int:
@@ -41,7 +43,9 @@ class KVUtilizationSampler:
 
         def sampled_step():
             outputs = step()
+            start = time.perf_counter()
             self.sample()
+            self.overhead_s += time.perf_counter() - start
             return outputs
 
         engine.step = sampled_step

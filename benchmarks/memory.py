@@ -50,7 +50,7 @@ def drive(llm, prompts: list[dict], params: list) -> dict:
     with sampler.attached():
         while engine.has_unfinished_requests():
             engine.step()
-    elapsed = time.perf_counter() - start
+    elapsed = time.perf_counter() - start - sampler.overhead_s
     ttfts = [s.first_token_time - s.arrival_time for s in states if s.first_token_time]
     return {"elapsed_s": elapsed, "ttfts": ttfts, "sampler": sampler, "states": states}
 

@@ -18,6 +18,9 @@ from benchmarks import plots
 
 logger = logging.getLogger(__name__)
 
+# The profile of the CPU path behind the numbers (written by hand, dated inside).
+CPU_NOTES = Path(__file__).parent / "data" / "cpu_notes.md"
+
 
 def machine_info() -> dict:
     import torch
@@ -154,7 +157,8 @@ def _serving_section(sv: dict) -> list[str]:
         "",
         f"{sv['num_requests']} requests ({sv['prompt_tokens']} prompt tokens, "
         f"{sv['output_tokens']} output tokens, ignore_eos) per run, Poisson arrivals at each "
-        "rate (requests/s; `inf` sends all at once: saturated throughput). Times in ms.",
+        "rate (requests/s; `inf` sends all at once: saturated throughput), prefix caching "
+        "off (every run reuses the prompts). Times in ms.",
         "",
         _table(
             [
@@ -316,6 +320,8 @@ def render(results: dict, notes: str = "") -> str:
         out += _serving_section(results["serving"])
     if results.get("memory"):
         out += _memory_section(results["memory"])
+    if machine and not machine.get("cuda") and CPU_NOTES.exists():
+        out += [CPU_NOTES.read_text(encoding="utf-8").strip(), ""]
     return "\n".join(out)
 
 

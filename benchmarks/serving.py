@@ -1,7 +1,8 @@
 """Online serving: Poisson arrivals against a running `pagestream serve`, over HTTP and gRPC.
 
 For each request rate the same requests arrive with seeded exponential gaps (rate ``inf``
-sends them all at once: the server's saturated throughput). Each run reports TTFT, TPOT and
+sends them all at once: the server's saturated throughput); the server runs without prefix
+caching, so no run gets hits from the prompts of an earlier one. Each run reports TTFT, TPOT and
 ITL (p50 / p99, milliseconds), output throughput and failures. The same runs against
 ``--split-services`` (worker, scheduler and frontend as three processes over loopback gRPC)
 give the cost of the split as ratios.
@@ -34,7 +35,9 @@ class ServingOptions:
     split_services: bool = True
     split_transports: tuple[str, ...] = ("grpc",)
     seed: int = 0
-    engine_flags: tuple[str, ...] = ("--kv-cache-memory", "1GiB")
+    # Every run sends the same prompts, so the prefix cache is off: otherwise every run after
+    # the first would measure prefix hits instead of prefills.
+    engine_flags: tuple[str, ...] = ("--kv-cache-memory", "1GiB", "--no-enable-prefix-caching")
 
 
 def arrival_offsets(num_requests: int, rate: float, seed: int) -> list[float]:

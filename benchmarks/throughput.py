@@ -70,7 +70,7 @@ def run_pagestream(llm, requests: list[BenchRequest], name: str = "pagestream") 
     with sampler.attached():
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
-        elapsed = time.perf_counter() - start
+        elapsed = time.perf_counter() - start - sampler.overhead_s
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     return RunResult(
         name=name,
@@ -82,6 +82,7 @@ def run_pagestream(llm, requests: list[BenchRequest], name: str = "pagestream") 
         extra={
             "num_cached_tokens": sum(o.num_cached_tokens or 0 for o in outputs),
             "num_steps": sampler.num_steps,
+            "sampler_overhead_s": round(sampler.overhead_s, 3),
             "kv_utilization": sampler.summary(),
         },
     )

@@ -153,7 +153,11 @@ def _run_serving(args, folder, profile, workload, results) -> dict:
         model=folder,
         rates=profile.serve_rates,
         split_services=not args.no_split,
-        engine_flags=("--kv-cache-memory", args.kv_cache_memory),
+        engine_flags=(
+            "--kv-cache-memory",
+            args.kv_cache_memory,
+            "--no-enable-prefix-caching",  # runs reuse the prompts: no hits across runs
+        ),
     )
     return run_serving(requests, options)
 

@@ -12,12 +12,16 @@ import logging
 import time
 from collections.abc import Iterable
 
+import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
 from services.common.engine_output import SchedulerStats
+
+# Like vLLM: no `*_created` timestamp series next to every counter and histogram.
+prometheus_client.disable_created_metrics()
 
 logger = logging.getLogger(__name__)
 

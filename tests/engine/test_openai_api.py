@@ -348,6 +348,7 @@ async def test_metrics_count_tokens_and_latencies(server):
     for name in ("kv_cache_usage_perc", "num_preemptions_total", "prefix_cache_hits_total"):
         assert f"pagestream:{name}" in after
     assert delta("pagestream:request_queue_time_seconds_count") == 1
+    assert not [name for name in after if "_created" in name]  # as vLLM: no timestamp series
 
 
 async def test_stop_lets_open_streams_finish_then_closes_the_port(model_dir):
