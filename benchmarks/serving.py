@@ -125,11 +125,12 @@ def _serve_runs(options: ServingOptions, split: bool, transports, rates, request
 
 def run_serving(requests: list[BenchRequest], options: ServingOptions) -> dict:
     """All rates over each transport against one process, then the split comparison."""
-    rates = (*options.rates, INF)
+    finite = tuple(r for r in options.rates if r != INF)
+    rates = (*finite, INF)  # saturation always runs, once
     runs = _serve_runs(options, False, options.transports, rates, requests)
     split_runs: list[dict] = []
     if options.split_services:
-        split_rates = (max(options.rates), INF) if options.rates else (INF,)
+        split_rates = (max(finite), INF) if finite else (INF,)
         split_runs = _serve_runs(options, True, options.split_transports, split_rates, requests)
     return {
         "runs": runs + split_runs,
