@@ -58,7 +58,20 @@ class RequestState:
         self.num_cached_tokens = 0
         self.queued_s: float | None = None  # arrival to first scheduling, from the engine
         self.prompt_logprobs: list | None = [] if params.prompt_logprobs is not None else None
+        self._prompt_pass_pos = 0  # prompt positions the engine's current scoring pass covered
         self.sequences: dict[int, SequenceState] = {}
+
+    def _add_prompt_logprobs(self, entries: list) -> None:
+        """Entries continue the engine's scoring pass; a pass that starts over (position 0,
+        whose entry is None) is a recompute after preemption: positions already kept are
+        skipped, so each position is kept once, from its first pass."""
+        if entries and entries[0] is None:
+            self._prompt_pass_pos = 0
+        start = self._prompt_pass_pos
+        self._prompt_pass_pos += len(entries)
+        kept = len(self.prompt_logprobs)
+        new = entries[max(kept - start, 0) : len(self.prompt_token_ids) - start]
+        self.prompt_logprobs.extend(to_logprob_dicts(new, self.tokenizer))
 
     def _sequence(self, index: int) -> SequenceState:
         if index not in self.sequences:
@@ -82,10 +95,7 @@ class RequestState:
         if out.queued_s is not None and self.queued_s is None:
             self.queued_s = out.queued_s
         if out.new_prompt_logprobs is not None and self.prompt_logprobs is not None:
-            # A recompute after preemption scores the prompt again: keep the first pass.
-            room = len(self.prompt_token_ids) - len(self.prompt_logprobs)
-            new = out.new_prompt_logprobs[: max(room, 0)]
-            self.prompt_logprobs.extend(to_logprob_dicts(new, self.tokenizer))
+            self._add_prompt_logprobs(out.new_prompt_logprobs)
         if out.new_token_ids and self.first_token_time is None:
             self.first_token_time = time.monotonic()
         seq.token_ids.extend(out.new_token_ids)

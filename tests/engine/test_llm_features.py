@@ -188,3 +188,31 @@ def test_prompt_logprobs_match_hf_across_chunks(model_dir):
         expected = ref[position - 1, token_id].item()
         assert entry[token_id].logprob == pytest.approx(expected, abs=1e-4)
         assert set(ref[position - 1].topk(2).indices.tolist()) <= set(entry)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_prompt_logprobs_survive_preemption(model_dir, mode):
+    """Prompt logprobs under preemption (also mid-prompt) equal those of an unpressured run."""
+    prompts = [[(7 * i + 3 * j) % 500 + 3 for j in range(22)] for i in range(6)]
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, prompt_logprobs=1)
+    items = [{"prompt_token_ids": p} for p in prompts]
+    roomy = LLM(str(model_dir("llama")), kv_cache_memory="8MiB", block_size=4)
+    expected = roomy.generate(items, params, use_tqdm=False)
+    tight = LLM(
+        str(model_dir("llama")),
+        block_size=4,
+        kv_cache_memory=24576,  # 12 blocks of 4 tokens for six 32-token sequences
+        swap_space=0.01,
+        preemption_mode=mode,
+        max_num_batched_tokens=8,  # prompts arrive in chunks: preemption can hit mid-prompt
+    )
+    got = tight.generate(items, params, use_tqdm=False)
+    assert tight.engine.scheduler.num_preemptions > 0
+    for ours, ref in zip(got, expected, strict=True):
+        assert len(ours.prompt_logprobs) == len(ref.prompt_logprobs) == 22
+        assert ours.prompt_logprobs[0] is None
+        for mine, theirs in zip(ours.prompt_logprobs[1:], ref.prompt_logprobs[1:], strict=True):
+            assert mine.keys() == theirs.keys()
+            for token_id, entry in mine.items():
+                assert entry.logprob == pytest.approx(theirs[token_id].logprob, abs=1e-4)
+        assert ours.outputs[0].token_ids == ref.outputs[0].token_ids
