@@ -42,7 +42,9 @@ class AsyncEngine:
         """Created on first use, inside the running event loop."""
         if self._frontend is None:
             client = InprocEngineCoreClient(self.engine_core)
-            self._frontend = Frontend(client, self.engine.tokenizer, self.info)
+            self._frontend = Frontend(
+                client, self.engine.tokenizer, self.info, self.engine.default_sampling
+            )
         return self._frontend
 
     @property

@@ -9,7 +9,7 @@ import sys
 from dataclasses import asdict
 
 from pagestream import roles
-from pagestream.engine_args import EngineArgs
+from pagestream.engine_args import EngineArgs, add_generation_config_arg
 from services.common.config import DEFAULT_MODEL
 from services.common.grpc_server import run
 from services.common.sampling_params import SamplingParams
@@ -99,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     frontend.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="for the tokenizer")
     frontend.add_argument("--scheduler", required=True, help="scheduler address host:port")
     frontend.add_argument("--served-model-name", default=None)
+    add_generation_config_arg(frontend)
     _add_serving_args(frontend, 50051)
     from pagestream.bench import add_bench_parser
 

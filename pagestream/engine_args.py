@@ -40,6 +40,8 @@ class EngineArgs:
     gpu_memory_utilization: float = 0.9
     attention_backend: str = "auto"
     served_model_name: str | None = None
+    # Sampling defaults: "auto" (the model's generation_config.json), "vllm" (none), a folder.
+    generation_config: str = "auto"
 
     def model_config(self) -> ModelConfig:
         return ModelConfig(
@@ -111,8 +113,18 @@ class EngineArgs:
         add("--gpu-memory-utilization", type=float, default=0.9)
         add("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
         add("--served-model-name", default=None, help="the model name clients use")
+        add_generation_config_arg(parser)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
         values = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
         return cls(**values)
+
+
+def add_generation_config_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--generation-config",
+        default="auto",
+        help="default sampling values for requests that leave them unset: 'auto' (the model's "
+        "generation_config.json), 'vllm' (vLLM's defaults), or a folder with the file",
+    )

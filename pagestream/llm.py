@@ -25,6 +25,11 @@ class LLM:
     def get_tokenizer(self):
         return self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What generate() uses without sampling_params: vLLM's defaults, overridden by the
+        model's generation_config.json unless generation_config="vllm"."""
+        return SamplingParams(**self.engine.default_sampling)
+
     def generate(
         self,
         prompts,
@@ -33,6 +38,8 @@ class LLM:
     ) -> list[RequestOutput]:
         """Outputs in input order; prompts: a str, a list of str, or {"prompt_token_ids": [...]}."""
         prompts = _as_list(prompts)
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
         return self._run(prompts, _params_per_prompt(sampling_params, len(prompts)), use_tqdm)
 
     def chat(
@@ -51,6 +58,8 @@ class LLM:
             apply_chat_template(self.engine.tokenizer, c, add_generation_prompt, chat_template)
             for c in conversations
         ]
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
         params = _params_per_prompt(sampling_params, len(prompts))
         return self._run(prompts, params, use_tqdm, add_special_tokens=False)
 

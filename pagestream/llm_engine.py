@@ -10,6 +10,7 @@ from services.common.engine_request import EngineCoreRequest
 from services.common.model_info import ServedModelInfo
 from services.common.outputs import RequestOutput
 from services.common.sampling_params import SamplingParams
+from services.frontend.generation_defaults import load_generation_defaults
 from services.frontend.input_processor import InputProcessor
 from services.frontend.output_processor import OutputProcessor
 from services.frontend.request_state import RequestState
@@ -42,6 +43,9 @@ class LLMEngine:
         )
         self.core = EngineCore(scheduler, self.worker)
         self.tokenizer = _try_load_tokenizer(args.model)
+        self.default_sampling = load_generation_defaults(
+            resolve_model(args.model), args.generation_config
+        )
         self.input_processor = InputProcessor(
             self.tokenizer, self.scheduler_config.max_model_len, self.model_info.vocab_size
         )

@@ -77,12 +77,14 @@ async def run_scheduler(ns: argparse.Namespace) -> None:
 
 async def run_frontend(ns: argparse.Namespace) -> None:
     from services.frontend.frontend_server import connect_frontend, serve_frontend
+    from services.frontend.generation_defaults import load_generation_defaults
     from services.frontend.tokenizer import load_tokenizer
     from services.worker.default_model import resolve_model
 
     folder = await asyncio.to_thread(resolve_model, ns.model)
     tokenizer = await asyncio.to_thread(load_tokenizer, folder)
-    ready = asyncio.ensure_future(connect_frontend(ns.scheduler, tokenizer))
+    defaults = load_generation_defaults(folder, ns.generation_config)
+    ready = asyncio.ensure_future(connect_frontend(ns.scheduler, tokenizer, defaults))
     grpc_server = await serve_frontend(ready, ns.host, ns.grpc_port)
     frontend = await ready  # raises (and exits non-zero) when the scheduler never comes up
     http = await start_http(frontend, ns, frontend.info.model)
@@ -136,6 +138,7 @@ def split_commands(ns: argparse.Namespace) -> list[list[str]]:
         frontend += ["--api-key", ns.api_key]
     if ns.served_model_name:
         frontend += ["--served-model-name", ns.served_model_name]
+    frontend += ["--generation-config", ns.generation_config]
     return [
         [*base, "worker", ns.model, "--port", str(worker_port), *flags],
         [

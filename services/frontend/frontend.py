@@ -32,10 +32,18 @@ class EngineUnavailableError(RuntimeError):
 
 
 class Frontend:
-    def __init__(self, client: EngineCoreClient, tokenizer, info: ServedModelInfo) -> None:
+    def __init__(
+        self,
+        client: EngineCoreClient,
+        tokenizer,
+        info: ServedModelInfo,
+        default_sampling: dict | None = None,
+    ) -> None:
         self.client = client
         self.tokenizer = tokenizer
         self.info = info
+        # The model's generation_config defaults for unset fields (generation_defaults.py).
+        self.default_sampling = dict(default_sampling or {})
         self.input_processor = InputProcessor(tokenizer, info.max_model_len, info.vocab_size)
         self.output_processor = OutputProcessor()
         self._queues: dict[str, asyncio.Queue] = {}
@@ -65,7 +73,7 @@ class Frontend:
         if self.dead_error is not None:
             raise EngineUnavailableError(f"the engine is not available: {self.dead_error}")
         self._ensure_pump()
-        params = sampling_params or SamplingParams()
+        params = sampling_params or SamplingParams(**self.default_sampling)
         request_id = request_id or f"req-{uuid.uuid4().hex}"
         if request_id in self._queues:
             raise ValueError(f"request_id {request_id!r} is already in use.")

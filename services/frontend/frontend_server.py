@@ -130,7 +130,11 @@ async def serve_frontend(
 
 
 async def connect_frontend(
-    scheduler_address: str, tokenizer, *, timeout_s: float = 600.0
+    scheduler_address: str,
+    tokenizer,
+    default_sampling: dict | None = None,
+    *,
+    timeout_s: float = 600.0,
 ) -> Frontend:
     """A Frontend over the scheduler's EngineCore service (the split deployment).
 
@@ -146,4 +150,4 @@ async def connect_frontend(
         await client.close()
         raise
     logger.info("connected to the engine core at %s: %s", scheduler_address, info.model)
-    return Frontend(client, tokenizer, info)
+    return Frontend(client, tokenizer, info, default_sampling)

@@ -53,12 +53,15 @@ def new_request_id() -> str:
 
 # ---- requests ----------------------------------------------------------------------------
 def generate_call_from_pb(
-    request: generation_pb2.GenerateRequest, tokenizer, info: ServedModelInfo
+    request: generation_pb2.GenerateRequest,
+    tokenizer,
+    info: ServedModelInfo,
+    defaults: dict | None = None,
 ) -> GenerateCall:
     """Validate and convert; raises ValueError naming the offending field."""
     reject_unknown_fields(request, "GenerateRequest")
     prompt, default_special = prompt_from_pb(request, tokenizer)
-    params = sampling_params_from_pb(request.sampling_params)
+    params = sampling_params_from_pb(request.sampling_params, defaults)
     check_token_ids_in_vocab(params, info.vocab_size)
     special = request.add_special_tokens if request.HasField("add_special_tokens") else None
     return GenerateCall(
@@ -127,10 +130,13 @@ def chat_prompt_from_pb(chat: generation_pb2.ChatMessages, tokenizer) -> str:
         raise ValueError(f"chat.chat_template could not be applied: {exc}") from exc
 
 
-def sampling_params_from_pb(pb: generation_pb2.SamplingParams) -> SamplingParams:
-    """Set fields override vLLM's defaults; unset ones keep them. Streams want deltas."""
+def sampling_params_from_pb(
+    pb: generation_pb2.SamplingParams, defaults: dict | None = None
+) -> SamplingParams:
+    """Set fields win; unset ones take the model's generation_config defaults, else vLLM's.
+    Streams want deltas."""
     try:
-        params = convert_sampling.sampling_params_from_pb(pb)
+        params = convert_sampling.sampling_params_from_pb(pb, defaults)
     except ValueError as exc:
         raise ValueError(f"sampling_params.{exc}") from exc
     return params.clone(output_kind=RequestOutputKind.DELTA)

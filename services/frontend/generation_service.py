@@ -54,7 +54,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     @grpc_errors
     async def _generate(self, request, context) -> None:
         frontend = self._ready()
-        call = generation_pb.generate_call_from_pb(request, frontend.tokenizer, frontend.info)
+        call = generation_pb.generate_call_from_pb(
+            request, frontend.tokenizer, frontend.info, frontend.default_sampling
+        )
         self._abort_when_cancelled(context, call.request_id)
         builder = generation_pb.ResponseBuilder(call.request_id)
         stream = frontend.generate(**call.arguments())

@@ -84,9 +84,11 @@ def _float(name: str, value: float) -> float:
     return shortest_float32(value)
 
 
-def sampling_params_from_pb(message: generation_pb2.SamplingParams) -> SamplingParams:
-    """The domain params; unset fields keep vLLM's defaults. Raises ValueError."""
-    kwargs: dict = {}
+def sampling_params_from_pb(
+    message: generation_pb2.SamplingParams, defaults: dict | None = None
+) -> SamplingParams:
+    """The domain params; unset fields take `defaults`, else vLLM's. Raises ValueError."""
+    kwargs: dict = dict(defaults or {})
     for name in (*_INT_FIELDS, *_BOOL_FIELDS):
         if message.HasField(name):
             kwargs[name] = getattr(message, name)

@@ -18,6 +18,13 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 MAX_N = 128  # choices per prompt, as OpenAI caps n
 
 
+def _pick(value, defaults: dict | None, key: str, fallback):
+    """The request's value, else the model's default, else vLLM's."""
+    if value is not None:
+        return value
+    return (defaults or {}).get(key, fallback)
+
+
 class OpenAIBaseModel(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
@@ -87,8 +94,12 @@ class SamplingRequest(OpenAIBaseModel):
         vocab_size: int,
         logprobs: int | None = None,
         prompt_logprobs: int | None = None,
+        defaults: dict | None = None,
     ) -> SamplingParams:
-        """SamplingParams for one prompt (ValueError naming the field on a bad value)."""
+        """SamplingParams for one prompt (ValueError naming the field on a bad value).
+
+        `defaults` (the model's generation_config, see generation_defaults.py) fill the
+        sampling fields the request left unset."""
         if self.use_beam_search:
             return SamplingParams(
                 n=self.n,
@@ -101,18 +112,16 @@ class SamplingRequest(OpenAIBaseModel):
             )
         return SamplingParams(
             n=self.n,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=self.top_k or 0,
-            min_p=self.min_p or 0.0,
+            temperature=_pick(self.temperature, defaults, "temperature", 1.0),
+            top_p=_pick(self.top_p, defaults, "top_p", 1.0),
+            top_k=_pick(self.top_k, defaults, "top_k", 0),
+            min_p=_pick(self.min_p, defaults, "min_p", 0.0),
             seed=self.seed,
             stop=self.stop,
             stop_token_ids=self.stop_token_ids,
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
-            repetition_penalty=(
-                1.0 if self.repetition_penalty is None else self.repetition_penalty
-            ),
+            repetition_penalty=_pick(self.repetition_penalty, defaults, "repetition_penalty", 1.0),
             logit_bias=self._logit_bias(vocab_size),
             max_tokens=max_tokens,
             min_tokens=self.min_tokens,

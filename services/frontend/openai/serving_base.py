@@ -130,7 +130,7 @@ class ServingBase:
                     f"within the maximum context length of {self.max_model_len} tokens.",
                     prompt_param,
                 )
-            return room
+            return min(room, self.frontend.default_sampling.get("max_tokens", room))
         if requested < 1:
             raise InvalidRequestError(f"{param} must be at least 1, got {requested}.", param)
         if requested > room:

@@ -149,6 +149,7 @@ class OpenAIServingChat(ServingBase):
             self.max_tokens(request.requested_max_tokens, prompt, param, "messages"),
             self.vocab_size,
             logprobs=request.num_logprobs,
+            defaults=self.frontend.default_sampling,
         )
         return Job(
             request_id=random_id("chatcmpl"),

@@ -152,6 +152,7 @@ class OpenAIServingCompletion(ServingBase):
                 self.vocab_size,
                 logprobs=request.logprobs,
                 prompt_logprobs=prompt_logprobs,
+                defaults=self.frontend.default_sampling,
             )
             for p in prompts
         ]
