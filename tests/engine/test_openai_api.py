@@ -363,3 +363,35 @@ async def test_stop_lets_open_streams_finish_then_closes_the_port(model_dir):
         assert [line for line in rest if line][-1] == "data: [DONE]"  # it ran to the end
         with pytest.raises(OSError):
             await asyncio.open_connection("127.0.0.1", other.http.port)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_echo_with_max_tokens_zero_scores_the_prompt_only(server, stream):
+    """lm-eval-harness style scoring: the prompt and its logprobs back, nothing generated."""
+    client = server.async_client()
+    kwargs = {"model": MODEL, "prompt": PROMPT, "logprobs": 1, "echo": True, "max_tokens": 0}
+    num_prompt = len(server.engine.tokenizer.encode(PROMPT))
+    if stream:
+        chunks = [c async for c in await client.completions.create(**kwargs, stream=True)]
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        tokens = [
+            t
+            for c in chunks
+            if c.choices and c.choices[0].logprobs
+            for t in c.choices[0].logprobs.tokens
+        ]
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+    else:
+        response = await client.completions.create(**kwargs)
+        choice = response.choices[0]
+        text, tokens, finish = choice.text, choice.logprobs.tokens, choice.finish_reason
+        assert response.usage.completion_tokens == 0
+        assert response.usage.prompt_tokens == num_prompt
+        scored = await client.completions.create(
+            model=MODEL, prompt=PROMPT, logprobs=1, echo=True, max_tokens=1, temperature=0
+        )
+        expected = scored.choices[0].logprobs.token_logprobs[:num_prompt]
+        assert choice.logprobs.token_logprobs == pytest.approx(expected, abs=1e-5, nan_ok=True)
+    assert text == PROMPT
+    assert len(tokens) == num_prompt
+    assert finish == "length"

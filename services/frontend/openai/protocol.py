@@ -147,6 +147,11 @@ class CompletionRequest(SamplingRequest):
     add_special_tokens: bool = True
     prompt_logprobs: int | None = None
 
+    @property
+    def scores_prompt_only(self) -> bool:
+        """echo with max_tokens=0: return the prompt (and its logprobs), generate nothing."""
+        return self.echo and self.max_tokens == 0
+
     def check(self) -> None:
         self.check_stream_options()
         if self.suffix is not None:

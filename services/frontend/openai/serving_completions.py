@@ -3,9 +3,11 @@ as SSE or returned whole. Choices are indexed prompt_index * n + j, as OpenAI do
 
 from __future__ import annotations
 
+import dataclasses
+
 from fastapi import Request
 
-from services.common.outputs import RequestOutput
+from services.common.outputs import CompletionOutput, RequestOutput
 from services.frontend.openai.logprobs import CompletionLogprobsBuilder
 from services.frontend.openai.protocol import CompletionRequest
 from services.frontend.openai.responses import (
@@ -21,10 +23,15 @@ from services.frontend.openai.serving_base import Job, Prompt, ServingBase
 class _Choice:
     """One choice's text and logprobs so far, and whether its finish was sent."""
 
-    def __init__(self, index: int, prompt: Prompt, echo: bool, builder) -> None:
+    def __init__(
+        self, index: int, prompt: Prompt, echo: bool, builder, *, score_only: bool = False
+    ) -> None:
         self.index = index
         self.prompt = prompt
         self.echo = echo
+        # echo with max_tokens=0 scores the prompt: the one token the engine generates
+        # (it always generates at least one) is not part of the choice.
+        self.score_only = score_only
         self.builder = builder  # CompletionLogprobsBuilder, or None without logprobs
         self.started = False
         self.finish_sent = False
@@ -36,6 +43,8 @@ class _Choice:
 
     def update(self, output, prompt_logprobs) -> CompletionChoice | None:
         """Apply one delta; returns the stream chunk's choice (None when nothing new)."""
+        if self.score_only:
+            output = _without_generation(output)
         text, logprobs = output.text, None
         if self.builder is not None:
             logprobs = CompletionLogProbs()
@@ -73,6 +82,10 @@ class _Choice:
         )
 
 
+def _without_generation(output: CompletionOutput) -> CompletionOutput:
+    return dataclasses.replace(output, text="", token_ids=[], logprobs=None)
+
+
 def _extend(into: CompletionLogProbs, more: CompletionLogProbs) -> None:
     into.tokens += more.tokens
     into.token_logprobs += more.token_logprobs
@@ -90,6 +103,7 @@ class _CompletionTracker:
                 prompt,
                 request.echo,
                 CompletionLogprobsBuilder(tokenizer) if request.logprobs is not None else None,
+                score_only=request.scores_prompt_only,
             )
             for i, prompt in enumerate(job.prompts)
             for j in range(n)
@@ -148,7 +162,9 @@ class OpenAIServingCompletion(ServingBase):
             prompt_logprobs = request.logprobs
         params = [
             request.to_sampling_params(
-                self.max_tokens(request.max_tokens, p, "max_tokens"),
+                self.max_tokens(
+                    1 if request.scores_prompt_only else request.max_tokens, p, "max_tokens"
+                ),
                 self.vocab_size,
                 logprobs=request.logprobs,
                 prompt_logprobs=prompt_logprobs,
