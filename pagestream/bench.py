@@ -185,14 +185,15 @@ _RESULT_KEYS = {"throughput": "throughput", "serve": "serving", "memory": "memor
 
 
 def _notes(profile) -> str:
-    if profile.name == "quick":
-        return (
-            "Profile `quick` halves the issue's lengths (prompts: median 128, at most 512 "
-            "tokens; outputs: median 64, at most 256) so that the whole run, HF's padded "
-            "static batches included, fits in ~20 minutes on a 2-core CPU; its serving runs "
-            f"use {profile.serve_num_requests} requests with outputs scaled by "
-            f"{profile.serve_output_scale} at rates {', '.join(map(str, profile.serve_rates))} "
-            "and inf. `--profile full` runs the issue's shapes (256 requests, medians 256 / "
-            "128)."
-        )
-    return ""
+    """What the profile's serving runs scale down (the offline runs use its full shapes)."""
+    if profile.name == "smoke":
+        return "Profile `smoke`: a handful of short requests to check every driver end to end."
+    return (
+        f"Profile `{profile.name}`: {profile.num_requests} requests, prompts lognormal around "
+        f"{profile.prompt_median} tokens in {profile.prompt_range[0]}..{profile.prompt_range[1]}, "
+        f"outputs around {profile.output_median} in "
+        f"{profile.output_range[0]}..{profile.output_range[1]}. Its serving runs use the first "
+        f"{profile.serve_num_requests} requests with outputs scaled by "
+        f"{profile.serve_output_scale} at rates {', '.join(map(str, profile.serve_rates))} "
+        "and inf, so that every run stays short on a CPU."
+    )
