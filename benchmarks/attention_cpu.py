@@ -8,6 +8,7 @@ with the forms it was chosen over, by changing the module's two budgets:
   per-seq loop  every sequence alone (budgets 1): a Python loop of one SDPA per sequence
   one-padded    one padded batch of all decode rows plus one of all prefill rows
   decode-4k/16k other decode budgets
+  c++ decode    the shipped grouping, decode groups in kernels/cpu's C++ kernel (the CPU default)
 
     .venv/bin/python benchmarks/attention_cpu.py [--repeats 15] [--threads N] [--mallopt]
 
@@ -46,7 +47,7 @@ import time
 
 import torch
 
-from kernels import reference
+from kernels import cpu, reference
 from kernels.reference import paged_attention, reshape_and_cache
 from services.worker.cpu_tuning import tune_malloc
 
@@ -57,6 +58,8 @@ VARIANTS = {  # name: (DECODE_GROUP_TOKENS, PREFILL_GROUP_AREA)
     "one-padded": (10**12, 10**12),
     "decode-4k": (4096, reference.PREFILL_GROUP_AREA),
     "decode-16k": (16384, reference.PREFILL_GROUP_AREA),
+    # The shipped grouping with decode groups in C++ (kernels/cpu, `--attention-backend cpu`).
+    "c++ decode": (reference.DECODE_GROUP_TOKENS, reference.PREFILL_GROUP_AREA),
 }
 
 
@@ -114,8 +117,9 @@ def time_variants(
     for round_index in range(repeats + 1):
         for name in names:
             reference.DECODE_GROUP_TOKENS, reference.PREFILL_GROUP_AREA = VARIANTS[name]
+            kernel = cpu.paged_attention if name == "c++ decode" else paged_attention
             start = time.perf_counter()
-            paged_attention(*args, HEAD_DIM**-0.5)
+            kernel(*args, HEAD_DIM**-0.5)
             if round_index > 0:  # round 0 warms up
                 samples[name].append((time.perf_counter() - start) * 1e3)
     return [(statistics.median(samples[n]), min(samples[n])) for n in names]

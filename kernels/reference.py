@@ -16,6 +16,7 @@ Measured against a per-sequence loop and single padded batches in benchmarks/att
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -42,7 +43,7 @@ class _SeqGroup:
 
 
 @dataclass(frozen=True)
-class _AttentionOptions:
+class AttentionOptions:
     scale: float
     sliding_window: int | None
     soft_cap: float | None
@@ -100,6 +101,27 @@ def paged_attention(  # noqa: PLR0913 - the kernel signature shared with Triton
     built once per step and reused by every layer (see ``_PlanCache``).
     """
     del max_query_len, max_seq_len
+    options = AttentionOptions(scale, sliding_window, soft_cap)
+    return planned_attention(query, kv_cache, block_table, seq_lens, query_start_loc, options)
+
+
+# A kernel for groups of decode rows (one query token each), e.g. kernels.cpu's:
+# (query [B, q_heads, head_dim], kv_cache, block_table [B, max_blocks] int32,
+#  seq_lens [B] int32, options) -> [B, q_heads, head_dim]
+DecodeKernel = Callable[..., torch.Tensor]
+
+
+def planned_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    options: AttentionOptions,
+    decode_kernel: DecodeKernel | None = None,
+) -> torch.Tensor:
+    """paged_attention over the step's cached plan; decode groups go to `decode_kernel`
+    when one is given, every other group (and all of them without one) to masked SDPA."""
     if query.shape[1] % kv_cache.shape[3] != 0:
         raise ValueError(
             f"num_q_heads ({query.shape[1]}) must be a multiple of num_kv_heads "
@@ -108,10 +130,14 @@ def paged_attention(  # noqa: PLR0913 - the kernel signature shared with Triton
     out = torch.zeros_like(query)
     if seq_lens.numel() == 0 or query.shape[0] == 0:
         return out
-    options = _AttentionOptions(scale, sliding_window, soft_cap)
-    layout = (kv_cache.shape[2], query.shape[1] // kv_cache.shape[3], sliding_window)
+    layout = (kv_cache.shape[2], query.shape[1] // kv_cache.shape[3], options.sliding_window)
     for plan in _PLANS.get(block_table, seq_lens, query_start_loc, layout):
-        _attend_group(query, kv_cache, plan, options, out)
+        if decode_kernel is not None and plan.max_query_len == 1:
+            rows = query.index_select(0, plan.rows)  # [B, q_heads, head_dim]
+            attended = decode_kernel(rows, kv_cache, plan.block_table, plan.seq_lens, options)
+            out.index_copy_(0, plan.out_rows, attended)
+        else:
+            _attend_group(query, kv_cache, plan, options, out)
     return out
 
 
@@ -127,6 +153,8 @@ class _GroupPlan:
     out_rows: torch.Tensor  # [n <= B*Q] the real rows among them, in order
     keep: torch.Tensor | None  # [B*Q] which padded rows are real (None: all, decode)
     mask: torch.Tensor  # [B, 1, Q*g or 1, L] attend-mask
+    block_table: torch.Tensor  # [B, max_blocks_per_seq] int32, contiguous
+    seq_lens: torch.Tensor  # [B] int32
 
 
 class _PlanCache:
@@ -196,6 +224,8 @@ def _build_plans(
                 out_rows=rows if keep is None else rows[keep],
                 keep=keep,
                 mask=_mask(group, sliding_window, group_size),
+                block_table=group.block_table.to(torch.int32).contiguous(),
+                seq_lens=group.seq_lens.to(torch.int32),
             )
         )
     return plans
@@ -248,7 +278,7 @@ def _attend_group(
     query: torch.Tensor,
     kv_cache: torch.Tensor,
     plan: _GroupPlan,
-    options: _AttentionOptions,
+    options: AttentionOptions,
     out: torch.Tensor,
 ) -> None:
     """Attention for one group, written into its rows of ``out``."""
@@ -309,7 +339,7 @@ def _attend(
     key: torch.Tensor,
     value: torch.Tensor,
     mask: torch.Tensor,
-    options: _AttentionOptions,
+    options: AttentionOptions,
 ) -> torch.Tensor:
     """Masked attention [B, H, R, D] x [B, H, L, D] -> [B, H, R, D]; float32 accumulation."""
     if options.soft_cap is None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 DEFAULT_MODEL = "smollm2-135m-instruct"
 PREEMPTION_MODES = ("recompute", "swap")
 SCHEDULING_POLICIES = ("fcfs", "priority")
-ATTENTION_BACKENDS = ("auto", "torch", "triton")
+ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 _SIZE_UNITS = {

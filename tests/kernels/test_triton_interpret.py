@@ -47,4 +47,4 @@ def test_triton_backend_on_cpu_without_the_interpreter_is_a_clear_error():
 
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         resolve_attention_backend("triton", torch.device("cpu"))
-    assert resolve_attention_backend("auto", torch.device("cpu")).name == "torch"
+    assert resolve_attention_backend("auto", torch.device("cpu")).name == "cpu"

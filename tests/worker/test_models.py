@@ -200,7 +200,7 @@ def test_attention_backend_is_pluggable(arch, tiny_model_dir, hf_logits, make_se
     ops = AttentionOps("triton", TORCH_ATTENTION.reshape_and_cache, counting_paged_attention)
     monkeypatch.setitem(attention._BACKENDS, "triton", ops)
     assert resolve_attention_backend("auto", torch.device("cuda")) is ops
-    assert resolve_attention_backend("auto", torch.device("cpu")) is TORCH_ATTENTION
+    assert resolve_attention_backend("auto", torch.device("cpu")).name == "cpu"
     folder = tiny_model_dir(arch)
     config = ModelConfig(model=str(folder), attention_backend="triton")
     model = load_model(config, device="cpu", dtype="float32")

@@ -3,10 +3,10 @@
 The layer works on the flattened batch ([num_tokens, num_heads * head_dim], no padding); the
 per-step layout (slot_mapping, block_table, seq_lens, query_start_loc) comes from
 `AttentionMetadata`. The kernels (causal within each sequence, GQA, optional sliding window
-and logit soft-cap) come from an `AttentionOps` backend: "torch" is `kernels`' reference and
-CPU path; "triton" (kernels/triton) loads lazily on first use, and other backends register
-with `register_attention_backend`; `resolve_attention_backend` picks one for
---attention-backend auto|torch|triton.
+and logit soft-cap) come from an `AttentionOps` backend: "torch" is `kernels`' reference;
+"cpu" (kernels/cpu: decode groups in C++, the rest as torch) and "triton" (kernels/triton)
+load lazily on first use, and other backends register with `register_attention_backend`;
+`resolve_attention_backend` picks one for --attention-backend auto|torch|cpu|triton.
 """
 
 from __future__ import annotations
@@ -92,18 +92,35 @@ def _load_triton(device: torch.device) -> AttentionOps:
     return AttentionOps("triton", triton_kernels.reshape_and_cache, triton_kernels.paged_attention)
 
 
+def _load_cpu(device: torch.device) -> AttentionOps:
+    """kernels.cpu: decode attention in C++, built on first use (ValueError if it can't be)."""
+    if device.type != "cpu":
+        raise ValueError(f"attention backend 'cpu' runs on the CPU, not on {device.type}.")
+    from kernels import cpu as cpu_kernels
+
+    reason = cpu_kernels.unavailable_reason()
+    if reason is not None:
+        raise ValueError(f"attention backend 'cpu' is not available: {reason}")
+    return AttentionOps("cpu", reshape_and_cache, cpu_kernels.paged_attention)
+
+
 # Backends built on first use for a device (registered ones take precedence).
-_LAZY_BACKENDS: dict[str, Callable[[torch.device], AttentionOps]] = {"triton": _load_triton}
+_LAZY_BACKENDS: dict[str, Callable[[torch.device], AttentionOps]] = {
+    "triton": _load_triton,
+    "cpu": _load_cpu,
+}
 
 
 def resolve_attention_backend(name: str, device: torch.device) -> AttentionOps:
-    """ "auto" -> triton on CUDA (torch if triton cannot load), torch elsewhere; other names
-    must be registered or load for `device`, else a ValueError says why."""
+    """ "auto" -> triton on CUDA, cpu (C++ decode kernel) on the CPU, torch if that cannot
+    load or elsewhere; other names must be registered or load for `device`, else a ValueError
+    says why."""
     if name == "auto":
-        if device.type != "cuda":
+        preferred = {"cuda": "triton", "cpu": "cpu"}.get(device.type)
+        if preferred is None:
             return TORCH_ATTENTION
         try:
-            return resolve_attention_backend("triton", device)
+            return resolve_attention_backend(preferred, device)
         except ValueError as exc:
             logger.warning("%s; using the torch attention backend", exc)
             return TORCH_ATTENTION

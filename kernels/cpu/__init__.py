@@ -1,0 +1,145 @@
+"""CPU kernels in C++, built on first use by torch's extension loader (gcc and ninja).
+
+`paged_attention` has the signature of `kernels.reference.paged_attention`: groups of decode
+rows (one query token per sequence: most rows of a busy server) run `paged_decode.cpp`, which
+reads each cached key and value once, straight through the block table; prefill groups keep
+the reference's masked SDPA. float32 only (other dtypes take the reference path).
+
+The build lands in $PAGESTREAM_CACHE/torch_extensions under a name keyed by the source, the
+torch version and this CPU's instruction-set flags (it is compiled with -march=native), so a
+cache shared between machines never runs code built for another CPU. `unavailable_reason()`
+says why the kernel cannot be built here (no compiler, say); the "auto" attention backend
+then uses the torch path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from pathlib import Path
+
+import torch
+
+from kernels.reference import AttentionOptions, planned_attention
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("paged_decode.cpp")
+_lock = threading.Lock()
+_state: dict = {}  # "module" once built, or "error" (the reason it cannot be)
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            return next((line for line in info if line.startswith("flags")), "")
+    except OSError:
+        return ""
+
+
+def _extension_name() -> str:
+    key = SOURCE.read_bytes() + torch.__version__.encode() + _cpu_flags().encode()
+    return "pagestream_paged_decode_" + hashlib.sha256(key).hexdigest()[:12]
+
+
+def _build_directory(name: str) -> Path:
+    root = Path(os.environ.get("PAGESTREAM_CACHE", Path.home() / ".cache" / "pagestream"))
+    folder = root / "torch_extensions" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _put_ninja_on_path() -> None:
+    """The `ninja` wheel's binary, for a venv whose bin/ is not on PATH."""
+    try:
+        import ninja
+    except ImportError:
+        return
+    bin_dir = getattr(ninja, "BIN_DIR", None)
+    if bin_dir and bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+
+
+def _build():
+    from torch.utils import cpp_extension
+
+    _put_ninja_on_path()
+    name = _extension_name()
+    logger.info("building the C++ CPU attention kernel %s (once per machine)", name)
+    return cpp_extension.load(
+        name=name,
+        sources=[str(SOURCE)],
+        build_directory=str(_build_directory(name)),
+        extra_cflags=["-O3", "-march=native", "-fopenmp"],
+        extra_ldflags=["-fopenmp"],
+        verbose=False,
+    )
+
+
+def load():
+    """The built extension module (built on first call); raises RuntimeError if it can't be."""
+    with _lock:
+        if "module" not in _state and "error" not in _state:
+            try:
+                _state["module"] = _build()
+            except Exception as exc:  # compiler, ninja, headers: any build failure
+                _state["error"] = f"{type(exc).__name__}: {str(exc).strip()[:500]}"
+        if "error" in _state:
+            raise RuntimeError(f"the C++ CPU attention kernel cannot be built: {_state['error']}")
+        return _state["module"]
+
+
+def unavailable_reason() -> str | None:
+    try:
+        load()
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+def paged_decode(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    options: AttentionOptions,
+) -> torch.Tensor:
+    """Decode rows [B, q_heads, head_dim] over the paged cache -> [B, q_heads, head_dim]."""
+    out = torch.empty_like(query)
+    load().paged_decode(
+        out,
+        query.contiguous(),
+        kv_cache[0],
+        kv_cache[1],
+        block_table,
+        seq_lens,
+        options.scale,
+        options.sliding_window or 0,
+        options.soft_cap or 0.0,
+    )
+    return out
+
+
+def paged_attention(  # noqa: PLR0913 - the kernel signature shared with kernels.reference
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    *,
+    max_query_len: int | None = None,
+    max_seq_len: int | None = None,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+) -> torch.Tensor:
+    """kernels.reference.paged_attention with decode groups in C++ (float32 CPU tensors)."""
+    del max_query_len, max_seq_len
+    options = AttentionOptions(scale, sliding_window, soft_cap)
+    fast = query.dtype == kv_cache.dtype == torch.float32 and query.device.type == "cpu"
+    kernel = paged_decode if fast and kv_cache.is_contiguous() else None
+    return planned_attention(
+        query, kv_cache, block_table, seq_lens, query_start_loc, options, kernel
+    )

@@ -1,0 +1,89 @@
+"""kernels.cpu (decode groups in C++, built on first use) against the torch references.
+
+The same NaN-poisoned batches as test_reference.py: a stray read of an unwritten slot fails.
+The build needs gcc and ninja, which `make setup` provides; a machine without them fails here
+rather than silently testing nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import cpu, paged_attention_naive, reference
+from services.worker.layers.attention import resolve_attention_backend
+from tests.kernels.test_reference import MIXED, build_batch, reference_attention
+
+TOL = 2e-5
+
+
+def _check(batch, sliding_window=None, soft_cap=None) -> None:
+    scale = batch.query.shape[-1] ** -0.5
+    kwargs = {"sliding_window": sliding_window, "soft_cap": soft_cap}
+    ours = cpu.paged_attention(*batch.args(), scale, **kwargs)
+    assert ours.dtype == batch.query.dtype and ours.shape == batch.query.shape
+    expected = reference_attention(batch, scale, **kwargs)
+    torch.testing.assert_close(ours.float(), expected, atol=TOL, rtol=TOL)
+    naive = paged_attention_naive(*batch.args(), scale, **kwargs)
+    torch.testing.assert_close(ours, naive, atol=TOL, rtol=TOL)
+
+
+def test_the_kernel_builds_here():
+    assert cpu.unavailable_reason() is None
+
+
+@pytest.mark.parametrize("block_size", [4, 16, 32])
+@pytest.mark.parametrize(("num_kv_heads", "group"), [(2, 1), (3, 3), (1, 8), (2, 4)])
+@pytest.mark.parametrize("head_dim", [64, 128, 40])
+def test_decode_batch_matches_references(block_size, num_kv_heads, group, head_dim):
+    gen = torch.Generator().manual_seed(block_size + group)
+    specs = [(int(torch.randint(0, 200, (1,), generator=gen)), 1) for _ in range(13)]
+    batch = build_batch(
+        specs, block_size=block_size, num_kv_heads=num_kv_heads, group=group, head_dim=head_dim
+    )
+    _check(batch)
+
+
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_mixed_batch_matches_references(group):
+    _check(build_batch(MIXED, group=group, seed=group))
+
+
+@pytest.mark.parametrize(
+    ("sliding_window", "soft_cap"), [(8, None), (None, 5.0), (20, 2.5), (1, None)]
+)
+def test_sliding_window_and_soft_cap(sliding_window, soft_cap):
+    batch = build_batch(MIXED, group=3, num_kv_heads=3, seed=7)
+    _check(batch, sliding_window=sliding_window, soft_cap=soft_cap)
+
+
+def test_kernel_is_used_for_decode_groups_only(monkeypatch):
+    calls = []
+    real = cpu.paged_decode
+
+    def spy(query, *args):
+        calls.append(query.shape[0])
+        return real(query, *args)
+
+    monkeypatch.setattr(cpu, "paged_decode", spy)
+    monkeypatch.setattr(reference, "DECODE_GROUP_TOKENS", 10**9)  # one decode group
+    batch = build_batch(MIXED, group=2, seed=5)
+    _check(batch)
+    assert calls == [sum(1 for _, q in MIXED if q == 1)]
+
+
+def test_other_dtypes_take_the_torch_path(monkeypatch):
+    def refuse(*args):
+        raise AssertionError("the C++ kernel got a non-float32 batch")
+
+    monkeypatch.setattr(cpu, "paged_decode", refuse)
+    batch = build_batch(MIXED, group=2, dtype=torch.bfloat16, seed=4)
+    out = cpu.paged_attention(*batch.args(), 0.125)
+    torch.testing.assert_close(out.float(), reference_attention(batch, 0.125), atol=3e-2, rtol=3e-2)
+
+
+def test_auto_backend_on_cpu_is_the_cpu_kernel():
+    assert resolve_attention_backend("auto", torch.device("cpu")).name == "cpu"
+    assert resolve_attention_backend("torch", torch.device("cpu")).name == "torch"
+    with pytest.raises(ValueError, match="runs on the CPU"):
+        resolve_attention_backend("cpu", torch.device("meta"))
