@@ -67,11 +67,12 @@ def _build():
 
     _put_ninja_on_path()
     name = _extension_name()
-    logger.info("building the C++ CPU attention kernel %s (once per machine)", name)
+    folder = _build_directory(name)
+    logger.info("loading the C++ CPU attention kernel from %s (built there on first use)", folder)
     return cpp_extension.load(
         name=name,
         sources=[str(SOURCE)],
-        build_directory=str(_build_directory(name)),
+        build_directory=str(folder),
         extra_cflags=["-O3", "-march=native", "-fopenmp"],
         extra_ldflags=["-fopenmp"],
         verbose=False,
