@@ -136,6 +136,17 @@ void paged_decode(torch::Tensor out, torch::Tensor query, torch::Tensor key_cach
   const int32_t* tables = block_table.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   float* o = out.data_ptr<float>();
+  const int64_t num_blocks = key_cache.size(0);
+  for (int64_t seq = 0; seq < num_seqs; ++seq) {  // a bad plan is an error, never a stray read
+    const int64_t needed = (static_cast<int64_t>(lens[seq]) + l.block_size - 1) / l.block_size;
+    TORCH_CHECK(lens[seq] >= 0 && needed <= l.max_blocks, "paged_decode: sequence ", seq,
+                " has length ", lens[seq], ", more than its block table holds");
+    for (int64_t b = 0; b < needed; ++b) {
+      const int64_t block = tables[seq * l.max_blocks + b];
+      TORCH_CHECK(0 <= block && block < num_blocks, "paged_decode: block id ", block,
+                  " is out of range [0, ", num_blocks, ")");
+    }
+  }
   const auto fscale = static_cast<float>(scale);
   const auto fcap = static_cast<float>(soft_cap);
   at::parallel_for(0, num_seqs, 1, [&](int64_t begin, int64_t end) {

@@ -87,3 +87,17 @@ def test_auto_backend_on_cpu_is_the_cpu_kernel():
     assert resolve_attention_backend("torch", torch.device("cpu")).name == "torch"
     with pytest.raises(ValueError, match="runs on the CPU"):
         resolve_attention_backend("cpu", torch.device("meta"))
+
+
+def test_out_of_range_block_ids_are_an_error_not_a_stray_read():
+    batch = build_batch([(40, 1), (9, 1)], block_size=16, group=2)
+    options = reference.AttentionOptions(0.125, None, None)
+    query = batch.query.contiguous()
+    bad = batch.block_table.clone()
+    bad[0, 1] = batch.kv_cache.shape[1] + 5
+    with pytest.raises(RuntimeError, match="out of range"):
+        cpu.paged_decode(query, batch.kv_cache, bad, batch.seq_lens, options)
+    short = batch.seq_lens.clone()
+    short[1] = 16 * batch.block_table.shape[1] + 1
+    with pytest.raises(RuntimeError, match="more than its block table holds"):
+        cpu.paged_decode(query, batch.kv_cache, batch.block_table, short, options)
