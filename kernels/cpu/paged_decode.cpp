@@ -58,59 +58,57 @@ inline void axpy(float* y, float alpha, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
-// One sequence's scores against positions [first, len) for every query head, softmaxed in
-// place; scores is [num_q_heads, n] row-major. The block table is walked block by block, so
-// each cached token's row (all kv heads) is read contiguously.
-void scores_softmax(float* scores, const float* q, const float* key_cache, const int32_t* table,
-                    int64_t first, int64_t n, const Layout& l, float scale, float soft_cap) {
+// Calls visit(t, row) for t = 0..n-1, row = the cached token row of position first + t (all kv
+// heads, contiguous), walking the block table block by block.
+template <typename Visit>
+inline void for_each_row(const float* cache, const int32_t* table, int64_t first, int64_t n,
+                         const Layout& l, Visit visit) {
   const int64_t token_stride = l.num_kv_heads * l.head_dim;
   for (int64_t pos = first, t = 0; pos < first + n;) {
     const int64_t block = table[pos / l.block_size];
     const int64_t stop = std::min(first + n, (pos / l.block_size + 1) * l.block_size);
-    const float* row = key_cache + (block * l.block_size + pos % l.block_size) * token_stride;
-    for (; pos < stop; ++pos, ++t, row += token_stride) {
-      for (int64_t h = 0; h < l.num_q_heads; ++h) {
-        const float* k = row + (h / l.group) * l.head_dim;
-        scores[h * n + t] = dot(q + h * l.head_dim, k, l.head_dim);
-      }
-    }
-  }
-  for (int64_t h = 0; h < l.num_q_heads; ++h) {
-    float* row = scores + h * n;
-    float peak = -std::numeric_limits<float>::infinity();
-    for (int64_t t = 0; t < n; ++t) {
-      float x = row[t] * scale;
-      if (soft_cap > 0.f) x = soft_cap * std::tanh(x / soft_cap);
-      row[t] = x;
-      peak = std::max(peak, x);
-    }
-    float total = 0.f;
-#pragma omp simd reduction(+ : total)
-    for (int64_t t = 0; t < n; ++t) {
-      row[t] = exp_nonpositive(row[t] - peak);
-      total += row[t];
-    }
-    const float inv = 1.f / total;
-    for (int64_t t = 0; t < n; ++t) row[t] *= inv;
+    const float* row = cache + (block * l.block_size + pos % l.block_size) * token_stride;
+    for (; pos < stop; ++pos, ++t, row += token_stride) visit(t, row);
   }
 }
 
-// out [num_q_heads, head_dim] = the softmaxed scores times the values, block by block.
-void weighted_values(float* out, const float* scores, const float* value_cache,
-                     const int32_t* table, int64_t first, int64_t n, const Layout& l) {
-  const int64_t token_stride = l.num_kv_heads * l.head_dim;
-  std::fill(out, out + l.num_q_heads * l.head_dim, 0.f);
-  for (int64_t pos = first, t = 0; pos < first + n;) {
-    const int64_t block = table[pos / l.block_size];
-    const int64_t stop = std::min(first + n, (pos / l.block_size + 1) * l.block_size);
-    const float* row = value_cache + (block * l.block_size + pos % l.block_size) * token_stride;
-    for (; pos < stop; ++pos, ++t, row += token_stride) {
-      for (int64_t h = 0; h < l.num_q_heads; ++h) {
-        axpy(out + h * l.head_dim, scores[h * n + t], row + (h / l.group) * l.head_dim,
-             l.head_dim);
-      }
-    }
+// In place: scale (and soft-cap) one head's scores, then softmax them.
+void softmax_row(float* row, int64_t n, float scale, float soft_cap) {
+  float peak = -std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; t < n; ++t) {
+    float x = row[t] * scale;
+    if (soft_cap > 0.f) x = soft_cap * std::tanh(x / soft_cap);
+    row[t] = x;
+    peak = std::max(peak, x);
   }
+  float total = 0.f;
+#pragma omp simd reduction(+ : total)
+  for (int64_t t = 0; t < n; ++t) {
+    row[t] = exp_nonpositive(row[t] - peak);
+    total += row[t];
+  }
+  const float inv = 1.f / total;
+  for (int64_t t = 0; t < n; ++t) row[t] *= inv;
+}
+
+// One sequence: scores [num_q_heads, n] against its keys, softmaxed; then out [num_q_heads,
+// head_dim] = scores x values. Each cached row is read once per pass.
+void attend_sequence(float* out, float* scores, const float* q, const float* key_cache,
+                     const float* value_cache, const int32_t* table, int64_t first, int64_t n,
+                     const Layout& l, float scale, float soft_cap) {
+  for_each_row(key_cache, table, first, n, l, [&](int64_t t, const float* row) {
+    for (int64_t h = 0; h < l.num_q_heads; ++h) {
+      scores[h * n + t] = dot(q + h * l.head_dim, row + (h / l.group) * l.head_dim, l.head_dim);
+    }
+  });
+  for (int64_t h = 0; h < l.num_q_heads; ++h) softmax_row(scores + h * n, n, scale, soft_cap);
+  std::fill(out, out + l.num_q_heads * l.head_dim, 0.f);
+  for_each_row(value_cache, table, first, n, l, [&](int64_t t, const float* row) {
+    for (int64_t h = 0; h < l.num_q_heads; ++h) {
+      axpy(out + h * l.head_dim, scores[h * n + t], row + (h / l.group) * l.head_dim,
+           l.head_dim);
+    }
+  });
 }
 
 }  // namespace
@@ -162,9 +160,8 @@ void paged_decode(torch::Tensor out, torch::Tensor query, torch::Tensor key_cach
       }
       const int32_t* table = tables + seq * l.max_blocks;
       scores.resize(l.num_q_heads * n);
-      scores_softmax(scores.data(), q + seq * l.num_q_heads * l.head_dim, kc, table, first, n, l,
-                     fscale, fcap);
-      weighted_values(seq_out, scores.data(), vc, table, first, n, l);
+      attend_sequence(seq_out, scores.data(), q + seq * l.num_q_heads * l.head_dim, kc, vc, table,
+                      first, n, l, fscale, fcap);
     }
   });
 }
