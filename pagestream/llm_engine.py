@@ -42,10 +42,9 @@ class LLMEngine:
             self.cache_info.num_cpu_blocks,
         )
         self.core = EngineCore(scheduler, self.worker)
-        self.tokenizer = _try_load_tokenizer(args.model)
-        self.default_sampling = load_generation_defaults(
-            resolve_model(args.model), args.generation_config
-        )
+        folder = resolve_model(args.model)
+        self.tokenizer = _try_load_tokenizer(folder)
+        self.default_sampling = load_generation_defaults(folder, args.generation_config)
         self.input_processor = InputProcessor(
             self.tokenizer, self.scheduler_config.max_model_len, self.model_info.vocab_size
         )
@@ -123,9 +122,9 @@ class LLMEngine:
         return [output for _, output in ready]
 
 
-def _try_load_tokenizer(model: str):
+def _try_load_tokenizer(folder):
     try:
-        return load_tokenizer(resolve_model(model))
+        return load_tokenizer(folder)
     except TokenizerLoadError as exc:
         logger.warning("%s; only token-id prompts will work and outputs have no text", exc)
         return None

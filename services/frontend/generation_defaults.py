@@ -55,8 +55,3 @@ def load_generation_defaults(model_folder: str | Path | None, source: str = "aut
             defaults,
         )
     return defaults
-
-
-def default_sampling_params(defaults: dict) -> SamplingParams:
-    """What a request without SamplingParams runs with."""
-    return SamplingParams(**defaults)

@@ -69,30 +69,28 @@ def test_grpc_unset_fields_take_the_defaults_and_set_fields_win(folder):
 async def test_openai_requests_take_the_defaults(folder):
     async with running_server(folder, api_key=None) as server:
         client = server.async_client()
-        ids = PROMPT["prompt_token_ids"]
-        implicit = await client.completions.create(
-            model=MODEL, prompt=ids, max_tokens=6, extra_body={"ignore_eos": True}
-        )
-        explicit = await client.completions.create(
-            model=MODEL,
-            prompt=ids,
-            max_tokens=6,
-            temperature=0,
-            extra_body={"ignore_eos": True, "repetition_penalty": 1.8},
-        )
-        assert implicit.choices[0].text == explicit.choices[0].text
-        overridden = await client.completions.create(
-            model=MODEL,
-            prompt=ids,
-            max_tokens=6,
-            temperature=0,
-            extra_body={"ignore_eos": True, "repetition_penalty": 1.0},
-        )
+
+        async def complete(**sampling):
+            """Six tokens for PROMPT, ignore_eos, plus the given sampling fields."""
+            extra = {"ignore_eos": True} | sampling.pop("extra", {})
+            reply = await client.completions.create(
+                model=MODEL,
+                prompt=PROMPT["prompt_token_ids"],
+                max_tokens=6,
+                extra_body=extra,
+                **sampling,
+            )
+            return reply.choices[0].text
+
+        implicit = await complete()
+        explicit = await complete(temperature=0, extra={"repetition_penalty": 1.8})
+        assert implicit == explicit
+        overridden = await complete(temperature=0, extra={"repetition_penalty": 1.0})
         plain = LLM(str(folder), kv_cache_memory="8MiB", generation_config="vllm")
         (greedy,) = plain.generate(
             PROMPT, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False
         )
-        assert overridden.choices[0].text == greedy.outputs[0].text
+        assert overridden == greedy.outputs[0].text
         chat = await client.chat.completions.create(
             model=MODEL,
             messages=[{"role": "user", "content": "hi"}],
