@@ -16,6 +16,7 @@ from services.frontend.output_processor import OutputProcessor
 from services.frontend.request_state import RequestState
 from services.frontend.tokenizer import TokenizerLoadError, load_tokenizer
 from services.scheduler.engine_core import EngineCore
+from services.scheduler.executor.uni import UniExecutor
 from services.scheduler.scheduler import Scheduler
 from services.worker.default_model import resolve_model
 from services.worker.worker import Worker
@@ -41,7 +42,7 @@ class LLMEngine:
             self.cache_info.num_gpu_blocks,
             self.cache_info.num_cpu_blocks,
         )
-        self.core = EngineCore(scheduler, self.worker)
+        self.core = EngineCore(scheduler, UniExecutor(self.worker))
         folder = resolve_model(args.model)
         self.tokenizer = _try_load_tokenizer(folder)
         self.default_sampling = load_generation_defaults(folder, args.generation_config)

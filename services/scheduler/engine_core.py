@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import logging
-from typing import Protocol
-
 from services.common.engine_output import EngineCoreOutputs
 from services.common.engine_request import EngineCoreRequest
 from services.common.runner_output import RunnerOutput
 from services.common.scheduler_output import SchedulerOutput
+from services.scheduler.executor.executor import Executor
 from services.scheduler.request import Request
 from services.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
-
-
-class Executor(Protocol):
-    """Runs one plan on the worker(s) and returns the sampled tokens."""
-
-    def execute(self, plan: SchedulerOutput) -> RunnerOutput: ...
 
 
 class EngineCore:
@@ -45,6 +38,6 @@ class EngineCore:
         if not self.scheduler.has_unfinished_requests():
             return self.scheduler.update_from_output(SchedulerOutput(), RunnerOutput())
         plan = self.scheduler.schedule()
-        result = self.executor.execute(plan)
+        result = self.executor.execute(plan).result()
         self.num_steps += 1
         return self.scheduler.update_from_output(plan, result)

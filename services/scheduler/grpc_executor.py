@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from concurrent.futures import Future
 
 import grpc
 
@@ -90,7 +91,17 @@ class GrpcExecutor:
         return WorkerStepError(message)
 
     # ---- the step stream -----------------------------------------------------------
-    def execute(self, plan: SchedulerOutput) -> RunnerOutput:
+    max_concurrent_batches = 1
+
+    def execute(self, plan: SchedulerOutput) -> Future[RunnerOutput]:
+        future: Future[RunnerOutput] = Future()
+        try:
+            future.set_result(self._execute(plan))
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
+
+    def _execute(self, plan: SchedulerOutput) -> RunnerOutput:
         with self._lock:
             self._step_id += 1
             step_id = self._step_id

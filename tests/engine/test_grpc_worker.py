@@ -108,6 +108,10 @@ def _new_plan(request_id: str, prompt: list[int]) -> SchedulerOutput:
     )
 
 
+def _run(executor, plan):
+    return executor.execute(plan).result()
+
+
 async def test_a_plan_for_an_unknown_request_gets_an_error_and_the_stream_goes_on(executor):
     await asyncio.to_thread(executor.initialize_cache, 256, 8, 64)
     ghost = SchedulerOutput(
@@ -116,8 +120,8 @@ async def test_a_plan_for_an_unknown_request_gets_an_error_and_the_stream_goes_o
         total_num_scheduled_tokens=1,
     )
     with pytest.raises(WorkerStepError, match="ghost"):
-        await asyncio.to_thread(executor.execute, ghost)
-    result = await asyncio.to_thread(executor.execute, _new_plan("fresh", [1, 2, 3]))
+        await asyncio.to_thread(_run, executor, ghost)
+    result = await asyncio.to_thread(_run, executor, _new_plan("fresh", [1, 2, 3]))
     assert result.request_ids == ["fresh"] and len(result.sampled_token_ids[0]) == 1
     assert (await asyncio.to_thread(executor.describe)).vocab_size == 512
 
@@ -126,11 +130,11 @@ async def test_executor_raises_connection_error_when_the_worker_is_gone(worker_s
     executor = GrpcExecutor(worker_server.address)
     try:
         await asyncio.to_thread(executor.initialize_cache, 256, 8, 64)
-        await asyncio.to_thread(executor.execute, _new_plan("a", [1, 2]))
+        await asyncio.to_thread(_run, executor, _new_plan("a", [1, 2]))
         await worker_server.stop(0)
         with pytest.raises(ConnectionError, match=worker_server.address):
             await asyncio.wait_for(
-                asyncio.to_thread(executor.execute, _new_plan("b", [3])), TIMEOUT_S
+                asyncio.to_thread(_run, executor, _new_plan("b", [3])), TIMEOUT_S
             )
         with pytest.raises(ConnectionError, match=worker_server.address):
             await asyncio.to_thread(executor.describe, 5.0)

@@ -1,10 +1,11 @@
+from services.scheduler.executor.uni import UniExecutor
 from services.scheduler.engine_core import EngineCore
 from tests.scheduler.stand_in_worker import make_request, reference_generate
 
 
 def test_engine_core_runs_requests_to_completion(build):
     scheduler, worker = build(30, max_num_batched_tokens=64)
-    core = EngineCore(scheduler, worker)
+    core = EngineCore(scheduler, UniExecutor(worker))
     requests = [make_request(f"r{i}", list(range(i, 20 + 7 * i)), max_tokens=9) for i in range(6)]
     for request in requests:
         core.add_request(request)
@@ -25,7 +26,7 @@ def test_engine_core_runs_requests_to_completion(build):
 
 def test_abort_of_waiting_request_reports_final_output(build):
     scheduler, worker = build(30)
-    core = EngineCore(scheduler, worker)
+    core = EngineCore(scheduler, UniExecutor(worker))
     core.add_request(make_request("a", [1, 2, 3]))
     core.abort_requests(["a"])
     outputs = core.step()
@@ -36,7 +37,7 @@ def test_abort_of_waiting_request_reports_final_output(build):
 def test_a_failing_request_is_aborted_and_the_others_finish(build, monkeypatch):
     """An exception while processing one request's step output ends that request only."""
     scheduler, worker = build(30, max_num_batched_tokens=64)
-    core = EngineCore(scheduler, worker)
+    core = EngineCore(scheduler, UniExecutor(worker))
     requests = [make_request(f"r{i}", list(range(i, 12 + i)), max_tokens=5) for i in range(3)]
     for request in requests:
         core.add_request(request)

@@ -1,0 +1,6 @@
+"""Executors: how the engine core runs a step plan on its worker(s).
+
+`Executor` (executor.py) is the protocol the step loop uses; `uni` runs one in-process
+worker, `worker_group` drives `tp * pp` Worker services over gRPC streams, and `mp` starts
+those services as local processes.
+"""

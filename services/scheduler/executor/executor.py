@@ -1,0 +1,30 @@
+"""The Executor protocol: what the engine core's step loop needs from its worker(s).
+
+`execute(plan)` hands one StepPlan to the worker(s) and returns at once with a future of
+the RunnerOutput, so the step loop can keep up to `max_concurrent_batches` plans in flight
+(vLLM's batch queue: `pp` for pipeline parallelism, 2 for async scheduling). Plans run on
+the workers in the order they were submitted. A failed step sets the future's exception:
+ConnectionError (a worker is gone), TimeoutError, or WorkerStepError (a worker rejected
+the plan), each naming the rank and address where it has them.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import Protocol
+
+from services.common.runner_output import RunnerOutput
+from services.common.scheduler_output import SchedulerOutput
+
+
+class WorkerStepError(RuntimeError):
+    """A worker could not run a plan (the scheduler and the worker disagree)."""
+
+
+class Executor(Protocol):
+    # How many plans the step loop may keep in flight at once (>= 1).
+    max_concurrent_batches: int
+
+    def execute(self, plan: SchedulerOutput) -> Future[RunnerOutput]: ...
+
+    def close(self) -> None: ...

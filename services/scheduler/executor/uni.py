@@ -1,0 +1,33 @@
+"""UniExecutor: one worker in this process (world size 1), run on its own thread.
+
+The worker is any object with `execute(plan) -> RunnerOutput` (services.worker.Worker; the
+scheduler never imports it). Plans run one at a time, in submission order, on a single
+thread, so the step loop may plan the next step while this one runs.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Protocol
+
+from services.common.runner_output import RunnerOutput
+from services.common.scheduler_output import SchedulerOutput
+
+
+class StepRunner(Protocol):
+    def execute(self, plan: SchedulerOutput) -> RunnerOutput: ...
+
+
+class UniExecutor:
+    def __init__(self, worker: StepRunner, max_concurrent_batches: int = 1) -> None:
+        if max_concurrent_batches < 1:
+            raise ValueError(f"max_concurrent_batches must be >= 1, got {max_concurrent_batches}.")
+        self.worker = worker
+        self.max_concurrent_batches = max_concurrent_batches
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="pagestream-uni")
+
+    def execute(self, plan: SchedulerOutput) -> Future[RunnerOutput]:
+        return self._thread.submit(self.worker.execute, plan)
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=True)
