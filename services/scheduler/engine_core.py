@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+
 from services.common.engine_output import EngineCoreOutputs
 from services.common.engine_request import EngineCoreRequest
 from services.common.runner_output import RunnerOutput

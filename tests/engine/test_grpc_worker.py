@@ -89,7 +89,9 @@ async def test_grpc_executor_matches_the_in_process_worker(model_dir, executor, 
     local_info = local.initialize_cache(256, 8, 16)
     remote_info = await asyncio.to_thread(executor.initialize_cache, 256, 8, 16)
     assert vars(remote_info) == vars(local_info)  # same fields, whichever side built them
-    expected = _run_to_completion(_core(UniExecutor(local), local_info, args.cache_config()), _requests())
+    expected = _run_to_completion(
+        _core(UniExecutor(local), local_info, args.cache_config()), _requests()
+    )
     core = _core(executor, remote_info, args.cache_config())
     got = await asyncio.wait_for(
         asyncio.to_thread(_run_to_completion, core, _requests()), TIMEOUT_S

@@ -1,5 +1,5 @@
-from services.scheduler.executor.uni import UniExecutor
 from services.scheduler.engine_core import EngineCore
+from services.scheduler.executor.uni import UniExecutor
 from tests.scheduler.stand_in_worker import make_request, reference_generate
 
 
