@@ -1,8 +1,9 @@
 """AsyncEngine: the whole engine in one process behind an asyncio API.
 
-A Frontend (tokenize, detokenize, stream) over an in-process EngineCoreClient, over the
-AsyncEngineCore step loop, over the Worker. The same Frontend runs over gRPC in the split
-deployment; here the calls are direct.
+A Frontend (tokenize, detokenize, stream) over the in-process EngineCoreClient
+(pagestream/inproc_client.py), over the AsyncEngineCore step loop, over the Worker. The
+same Frontend runs over gRPC in the split deployment; here the calls are direct. When the
+engine dies, calls raise EngineUnavailableError (whichever transport carries them).
 """
 
 from __future__ import annotations
@@ -10,14 +11,16 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from pagestream.engine_args import EngineArgs
+from pagestream.inproc_client import InprocEngineCoreClient
 from pagestream.llm_engine import LLMEngine
 from services.common.outputs import RequestOutput
 from services.common.sampling_params import SamplingParams
-from services.frontend.engine_client import InprocEngineCoreClient
+from services.frontend.engine_client import EngineUnavailableError
 from services.frontend.frontend import Frontend
 from services.scheduler.async_engine_core import AsyncEngineCore, EngineDeadError
 
-__all__ = ["AsyncEngine", "EngineDeadError"]
+# EngineDeadError stays importable from here; the Frontend raises EngineUnavailableError.
+__all__ = ["AsyncEngine", "EngineDeadError", "EngineUnavailableError"]
 
 
 class AsyncEngine:

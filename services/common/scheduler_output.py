@@ -2,7 +2,9 @@
 
 New requests are sent once in full; requests the worker already holds are sent as
 deltas (columns of parallel lists); finished ids ride on the next plan. The worker
-keeps per-request state between steps and appends the tokens it samples itself.
+keeps per-request state between steps and appends the tokens it samples itself; cached
+requests also carry their newest output tokens, so the ranks of a worker group that do not
+sample keep the same state as the one that does.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ class CachedRequestData:
     num_computed_tokens: list[int] = field(default_factory=list)
     # True when the request comes back from swap: new_block_ids is then its whole table.
     resumed_from_preemption: list[bool] = field(default_factory=list)
+    # Output tokens from max(num_computed_tokens, prompt length) on: what a rank that does
+    # not sample (tensor/pipeline parallelism) lacks. Empty list: not sent.
+    new_token_ids: list[list[int]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.request_ids)

@@ -21,6 +21,16 @@ class ModelInfo:
     vocab_size: int
     eos_token_ids: tuple[int, ...]
     max_model_len: int
+    rank: int = 0
+    world_size: int = 1
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+
+    def model_fields(self) -> dict:
+        """What every rank of one group must agree on (everything but its own rank)."""
+        values = dict(vars(self))
+        values.pop("rank")
+        return values
 
 
 @dataclass(frozen=True)

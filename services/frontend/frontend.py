@@ -19,16 +19,13 @@ from services.common.engine_request import EngineCoreRequest
 from services.common.model_info import ServedModelInfo
 from services.common.outputs import RequestOutput
 from services.common.sampling_params import SamplingParams
-from services.frontend.engine_client import EngineCoreClient
+from services.frontend.engine_client import EngineCoreClient, EngineUnavailableError
 from services.frontend.input_processor import InputProcessor
 from services.frontend.output_processor import OutputProcessor
 from services.frontend.request_state import RequestState
 
 logger = logging.getLogger(__name__)
-
-
-class EngineUnavailableError(RuntimeError):
-    """The engine core is gone (maps to UNAVAILABLE / HTTP 503)."""
+__all__ = ["EngineUnavailableError", "Frontend"]  # the error is the client interface's
 
 
 class Frontend:

@@ -24,7 +24,7 @@ from services.common.engine_request import EngineCoreRequest
 from services.common.grpc_channel import aio_channel, wait_until_serving
 from services.common.model_info import ServedModelInfo
 from services.common.proto.pagestream.v1 import engine_pb2, engine_pb2_grpc
-from services.frontend.frontend import EngineUnavailableError
+from services.frontend.engine_client import EngineUnavailableError
 
 logger = logging.getLogger(__name__)
 

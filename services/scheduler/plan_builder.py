@@ -21,6 +21,7 @@ class PlanBuilder:
     cached_new_block_ids: list[list[int]] = field(default_factory=list)
     cached_num_computed: list[int] = field(default_factory=list)
     cached_resumed: list[bool] = field(default_factory=list)
+    cached_new_token_ids: list[list[int]] = field(default_factory=list)
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
@@ -53,6 +54,8 @@ class PlanBuilder:
         self.cached_new_block_ids.append(ids)
         self.cached_num_computed.append(request.num_computed_tokens)
         self.cached_resumed.append(replace_table)
+        start = max(request.num_computed_tokens - request.num_prompt_tokens, 0)
+        self.cached_new_token_ids.append(request.output_token_ids[start:])
         self._schedule(request, num_tokens)
 
     def _schedule(self, request: Request, num_tokens: int) -> None:
@@ -68,6 +71,7 @@ class PlanBuilder:
             new_block_ids=self.cached_new_block_ids,
             num_computed_tokens=self.cached_num_computed,
             resumed_from_preemption=self.cached_resumed,
+            new_token_ids=self.cached_new_token_ids,
         )
         return SchedulerOutput(
             scheduled_new_reqs=self.new_reqs,

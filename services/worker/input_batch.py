@@ -130,12 +130,22 @@ class InputBatch:
             start = 0 if resumed else int(self._num_blocks[slot])
             self._set_blocks(slot, start, new_block_ids)
             self._num_computed[slot] = num_computed
+        for request_id, token_ids in zip(cached.request_ids, cached.new_token_ids, strict=False):
+            self._set_output_tail(self._slot(request_id), token_ids)
+
+    def _set_output_tail(self, slot: int, token_ids: Sequence[int]) -> None:
+        """The scheduler's newest output tokens, from max(computed, prompt) on (idempotent)."""
+        start = max(int(self._num_computed[slot]), int(self._num_prompt_tokens[slot]))
+        self._token_ids[slot, start : start + len(token_ids)] = token_ids
+        self._num_tokens[slot] = start + len(token_ids)
 
     def _validate_update(self, plan: SchedulerOutput) -> None:
         cached = plan.scheduled_cached_reqs
         columns = (cached.new_block_ids, cached.num_computed_tokens, cached.resumed_from_preemption)
         if any(len(column) != len(cached.request_ids) for column in columns):
             raise InvalidPlanError("scheduled_cached_reqs columns differ in length")
+        if cached.new_token_ids and len(cached.new_token_ids) != len(cached.request_ids):
+            raise InvalidPlanError("scheduled_cached_reqs.new_token_ids differs in length")
         num_blocks = {}
         for new in plan.scheduled_new_reqs:
             self._validate_new(new)
@@ -149,6 +159,21 @@ class InputBatch:
                 num_blocks[request_id] = int(self._num_blocks[self._slot(request_id)])
             num_blocks[request_id] = (0 if resumed else num_blocks[request_id]) + len(new_block_ids)
             self._check_num_blocks(request_id, num_blocks[request_id])
+        self._validate_output_tails(plan)
+
+    def _validate_output_tails(self, plan: SchedulerOutput) -> None:
+        cached = plan.scheduled_cached_reqs
+        prompt_lens = {n.request_id: len(n.prompt_token_ids) for n in plan.scheduled_new_reqs}
+        for request_id, num_computed, token_ids in zip(
+            cached.request_ids, cached.num_computed_tokens, cached.new_token_ids, strict=False
+        ):
+            prompt_len = prompt_lens.get(request_id)
+            if prompt_len is None:
+                prompt_len = int(self._num_prompt_tokens[self._slot(request_id)])
+            if max(num_computed, prompt_len) + len(token_ids) > self.max_model_len:
+                raise InvalidPlanError(
+                    f"request {request_id!r} would exceed max_model_len {self.max_model_len}"
+                )
 
     def _validate_new(self, new: NewRequestData) -> None:
         num_tokens = len(new.prompt_token_ids) + len(new.output_token_ids)

@@ -27,6 +27,7 @@ from services.worker.models.errors import ModelLoadError
 from services.worker.models.hf_fallback import HFFallbackForCausalLM
 from services.worker.models.registry import native_model_class
 from services.worker.models.weight_utils import iterate_weights
+from services.worker.parallel_state import RankInfo
 
 __all__ = ["ModelLoadError", "load_model", "resolve_device", "resolve_dtype", "resolve_model"]
 
@@ -83,16 +84,30 @@ def read_eos_token_ids(folder: Path, config: PretrainedConfig) -> tuple[int, ...
     return normalize_token_ids(getattr(config.get_text_config(), "eos_token_id", None))
 
 
+def _check_fallback_parallel(config: PretrainedConfig, rank: RankInfo) -> None:
+    if rank.world_size > 1:
+        names = ", ".join(getattr(config, "architectures", None) or ["unknown"])
+        raise ValueError(
+            f"{names} runs through the transformers fallback, which supports only "
+            "--tensor-parallel-size 1 and --pipeline-parallel-size 1 (tensor and pipeline "
+            "parallelism need a native model: Llama, Mistral, Qwen2)."
+        )
+
+
 def load_model(
     model_config: ModelConfig,
     device: torch.device | str | None = None,
     dtype: torch.dtype | str | None = None,
+    rank: RankInfo | None = None,
 ) -> CausalLM:
     """Load `model_config.model` for inference (eval mode, no grad needed).
 
-    device/dtype default to model_config.device/model_config.dtype. Raises ModelLoadError
-    for a missing, corrupt or unsupported model.
+    device/dtype default to model_config.device/model_config.dtype; `rank` says which
+    tensor/pipeline shard this worker holds (only its own tensors are read). Raises
+    ModelLoadError for a missing, corrupt or unsupported model, ValueError for a model
+    that cannot be split as asked.
     """
+    rank = rank or RankInfo()
     start = time.perf_counter()
     folder = resolve_model(model_config.model)
     config = load_config(folder)
@@ -101,11 +116,13 @@ def load_model(
     attention_ops = resolve_attention_backend(model_config.attention_backend, target)
     model_class = native_model_class(getattr(config, "architectures", None))
     if model_class is None:
+        _check_fallback_parallel(config, rank)
         model: CausalLM = HFFallbackForCausalLM.from_pretrained(folder, target, torch_dtype)
     else:
         with _default_dtype(torch_dtype), target:
-            model = model_class(config)
-        model.load_weights(iterate_weights(folder))  # type: ignore[attr-defined]
+            model = model_class(config, rank)  # type: ignore[call-arg]
+        weights = iterate_weights(folder, model.owns_weight)  # type: ignore[attr-defined]
+        model.load_weights(weights)  # type: ignore[attr-defined]
         model.to(target).eval()
     model.eos_token_ids = read_eos_token_ids(folder, config)
     model.set_attention_ops(attention_ops)

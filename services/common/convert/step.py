@@ -76,6 +76,8 @@ def plan_to_pb(plan: SchedulerOutput, step_id: int = 0) -> worker_pb2.StepPlan:
         blocks_to_copy=_flatten(plan.blocks_to_copy),
         blocks_to_swap_in=_flatten(plan.blocks_to_swap_in),
         blocks_to_swap_out=_flatten(plan.blocks_to_swap_out),
+        cached_num_new_tokens=[len(ids) for ids in cached.new_token_ids],
+        cached_new_token_ids=[i for ids in cached.new_token_ids for i in ids],
     )
 
 
@@ -95,9 +97,14 @@ def plan_from_pb(message: worker_pb2.StepPlan) -> SchedulerOutput:
         ),
         num_computed_tokens=list(message.cached_num_computed_tokens),
         resumed_from_preemption=list(message.cached_resumed),
+        new_token_ids=_split(
+            "cached_new_token_ids", message.cached_new_token_ids, message.cached_num_new_tokens
+        ),
     )
     if len(cached.new_block_ids) != len(request_ids):
         raise ValueError("cached_num_new_blocks and cached_request_ids differ in length")
+    if cached.new_token_ids and len(cached.new_token_ids) != len(request_ids):
+        raise ValueError("cached_num_new_tokens and cached_request_ids differ in length")
     return SchedulerOutput(
         scheduled_new_reqs=[_new_request_from_pb(new) for new in message.new_requests],
         scheduled_cached_reqs=cached,

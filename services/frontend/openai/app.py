@@ -35,7 +35,6 @@ from services.frontend.openai.responses import ModelCard, ModelList
 from services.frontend.openai.serving_chat import OpenAIServingChat
 from services.frontend.openai.serving_completions import OpenAIServingCompletion
 from services.frontend.openai.serving_tokenization import OpenAIServingTokenization
-from services.scheduler.async_engine_core import EngineDeadError
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +46,6 @@ _MAPPED_ERRORS = (
     AuthenticationError,
     OverloadedError,
     EngineUnavailableError,
-    EngineDeadError,
     Exception,
 )
 

@@ -18,11 +18,16 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common.grpc_errors import OverloadedError
-from services.frontend.frontend import EngineUnavailableError
-from services.scheduler.async_engine_core import EngineDeadError
+from services.frontend.engine_client import EngineUnavailableError
+from services.frontend.openai import protocol
+from services.frontend.openai.exceptions import (
+    AuthenticationError,
+    InvalidRequestError,
+    ModelNotFoundError,
+)
 
 logger = logging.getLogger(__name__)
-__all__ = [
+__all__ = [  # the exceptions are re-exported: one import for the serving modules
     "AuthenticationError",
     "InvalidRequestError",
     "ModelNotFoundError",
@@ -30,23 +35,6 @@ __all__ = [
     "OverloadedError",  # the shared one (gRPC RESOURCE_EXHAUSTED), re-exported
     "to_openai_error",
 ]
-
-
-class InvalidRequestError(ValueError):
-    """A bad request parameter, with the parameter's name (HTTP 400)."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-class ModelNotFoundError(LookupError):
-    def __init__(self, model: str) -> None:
-        super().__init__(f"The model `{model}` does not exist.")
-
-
-class AuthenticationError(PermissionError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -74,9 +62,7 @@ _LEADING_NAME = re.compile(r"^([a-z][a-z0-9_]*)\b")
 
 @functools.cache
 def _known_params() -> frozenset[str]:
-    """Every request field name (imported late: the request models import this module)."""
-    from services.frontend.openai import protocol
-
+    """Every request field name (a ValueError's leading word is a parameter only if listed)."""
     models = (protocol.CompletionRequest, protocol.ChatCompletionRequest, protocol.TokenizeRequest)
     return frozenset(name for model in models for name in model.model_fields) | {"prompt_token_ids"}
 
@@ -131,7 +117,7 @@ def to_openai_error(exc: BaseException) -> OpenAIError:
         return OpenAIError(401, str(exc), "invalid_request_error", None, "invalid_api_key")
     if isinstance(exc, OverloadedError):
         return OpenAIError(429, str(exc), "rate_limit_error", None, "rate_limit_exceeded")
-    if isinstance(exc, EngineUnavailableError | EngineDeadError):
+    if isinstance(exc, EngineUnavailableError):
         return OpenAIError(503, str(exc), "server_error", None, "engine_unavailable")
     if isinstance(exc, ValueError):
         return OpenAIError(400, str(exc), "invalid_request_error", _param_of(exc), "invalid_value")

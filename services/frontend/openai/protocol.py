@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.common.sampling_params import MAX_LOGPROBS, SamplingParams
-from services.frontend.openai.errors import InvalidRequestError
+from services.frontend.openai.exceptions import InvalidRequestError
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 MAX_N = 128  # choices per prompt, as OpenAI caps n

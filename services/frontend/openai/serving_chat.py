@@ -10,7 +10,7 @@ import jinja2
 from fastapi import Request
 
 from services.common.outputs import RequestOutput
-from services.frontend.openai.errors import InvalidRequestError
+from services.frontend.openai.exceptions import InvalidRequestError
 from services.frontend.openai.logprobs import chat_logprobs
 from services.frontend.openai.protocol import ChatCompletionRequest, ChatMessage
 from services.frontend.openai.responses import (

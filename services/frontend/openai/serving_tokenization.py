@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.frontend.openai.errors import InvalidRequestError
+from services.frontend.openai.exceptions import InvalidRequestError
 from services.frontend.openai.protocol import DetokenizeRequest, TokenizeRequest
 from services.frontend.openai.responses import DetokenizeResponse, TokenizeResponse
 from services.frontend.openai.serving_base import ServingBase

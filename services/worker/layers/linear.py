@@ -10,12 +10,12 @@ plain linear layers. Fused layers (QKV, gate/up) take the separate HF tensors by
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+from services.worker.parallel_state import tp_all_reduce
 
 # float32 CPU matmuls with at most this many rows (tokens) run as W @ x^T (see `linear`).
 SMALL_BATCH_MAX_ROWS = 4
@@ -170,14 +170,26 @@ class MergedColumnLinear(ColumnLinear):
         _copy_checked(param.data.narrow(0, offset, size), shard)
 
 
-class QKVLinear(MergedColumnLinear):
+def kv_heads_per_rank(num_kv_heads: int, tp_size: int) -> int:
+    """KV heads split across ranks, or one replicated head per rank when there are fewer
+    KV heads than ranks (then tp_size must be a multiple of num_kv_heads)."""
+    if num_kv_heads >= tp_size:
+        _check_divisible("num_kv_heads", num_kv_heads, tp_size)
+        return num_kv_heads // tp_size
+    if tp_size % num_kv_heads:
+        raise ValueError(
+            f"num_kv_heads ({num_kv_heads}) must be divisible by or divide tp_size ({tp_size})."
+        )
+    return 1
+
+
+class QKVLinear(LinearBase):
     """Fused query/key/value projection; shard_id is "q", "k" or "v".
 
     With tensor parallelism each rank holds num_heads/tp_size query heads and
-    num_kv_heads/tp_size key/value heads.
+    num_kv_heads/tp_size key/value heads; with fewer KV heads than ranks, rank r keeps
+    KV head r // (tp_size / num_kv_heads) (replicated across those ranks).
     """
-
-    SHARD_INDEX: ClassVar[dict[str, int]] = {"q": 0, "k": 1, "v": 2}
 
     def __init__(
         self,
@@ -189,17 +201,44 @@ class QKVLinear(MergedColumnLinear):
         tp_rank: int = 0,
         tp_size: int = 1,
     ) -> None:
+        _check_divisible("num_heads", num_heads, tp_size)
         self.head_dim = head_dim
         self.num_heads = num_heads // tp_size
-        self.num_kv_heads = num_kv_heads // tp_size
-        q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
-        super().__init__(hidden_size, (q_size, kv_size, kv_size), bias, tp_rank, tp_size)
+        self.num_kv_heads = kv_heads_per_rank(num_kv_heads, tp_size)
+        self.total_num_kv_heads = num_kv_heads
+        out = (self.num_heads + 2 * self.num_kv_heads) * head_dim
+        super().__init__(hidden_size, out, bias, tp_rank, tp_size)
+
+    def _kv_head_start(self) -> int:
+        if self.total_num_kv_heads >= self.tp_size:
+            return self.tp_rank * self.num_kv_heads
+        return self.tp_rank // (self.tp_size // self.total_num_kv_heads)
+
+    def _ranges(self, shard_id: str) -> tuple[int, int, int]:
+        """(offset in this rank's fused output, offset in the checkpoint tensor, size)."""
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        kv_src = self._kv_head_start() * self.head_dim
+        return {
+            "q": (0, self.tp_rank * q_size, q_size),
+            "k": (q_size, kv_src, kv_size),
+            "v": (q_size + kv_size, kv_src, kv_size),
+        }[shard_id]
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
     ) -> None:
-        index = None if shard_id is None else self.SHARD_INDEX[str(shard_id)]
-        super().weight_loader(param, loaded_weight, index)
+        if shard_id is None:  # an already-fused checkpoint tensor: cut it into q, k, v
+            if self.tp_size == 1:
+                _copy_checked(param.data, loaded_weight)
+                return
+            q_total = self.num_heads * self.tp_size * self.head_dim
+            kv_total = self.total_num_kv_heads * self.head_dim
+            parts = loaded_weight.split([q_total, kv_total, kv_total], dim=0)
+            for name, part in zip("qkv", parts, strict=True):
+                self.weight_loader(param, part, name)
+            return
+        dst, src, size = self._ranges(str(shard_id))
+        _copy_checked(param.data.narrow(0, dst, size), loaded_weight.narrow(0, src, size))
 
     def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[num_tokens, (H + 2*K) * D] -> q [num_tokens, H*D], k, v [num_tokens, K*D]."""
@@ -240,7 +279,7 @@ class RowLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = linear(x, self.weight)
         if self.tp_size > 1 and self.reduce_results:
-            dist.all_reduce(out)
+            tp_all_reduce(out)
         if self.bias is not None and (self.tp_rank == 0 or self.reduce_results):
             out = out + self.bias
         return out

@@ -1,4 +1,10 @@
-"""Token embedding and LM head, with weight-loader hooks like the linear layers."""
+"""Token embedding and LM head, vocab-parallel, with weight-loader hooks like the linears.
+
+With tensor parallelism each rank holds ceil(vocab_size / tp_size) rows of the
+[vocab_size, hidden_size] table (the last rank's shard is zero-padded): the embedding
+looks up the ids in its range, zeroes the others and all-reduces; the LM head computes
+its slice of the logits and gathers the slices to TP rank 0 (the rank that samples).
+"""
 
 from __future__ import annotations
 
@@ -7,43 +13,65 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.worker.layers.linear import linear
+from services.worker.parallel_state import tp_all_reduce, tp_gather_last_dim
 
 
 class VocabEmbedding(nn.Module):
-    """input_ids [num_tokens] -> [num_tokens, hidden_size]; weight is [vocab_size, hidden_size]."""
+    """input_ids [num_tokens] -> [num_tokens, hidden_size]."""
 
-    def __init__(self, vocab_size: int, hidden_size: int) -> None:
+    def __init__(
+        self, vocab_size: int, hidden_size: int, tp_rank: int = 0, tp_size: int = 1
+    ) -> None:
         super().__init__()
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
-        self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
+        self.tp_rank = tp_rank
+        self.tp_size = tp_size
+        self.shard_size = -(-vocab_size // tp_size)
+        self.vocab_start = tp_rank * self.shard_size
+        self.vocab_end = min(self.vocab_start + self.shard_size, vocab_size)
+        self.weight = nn.Parameter(torch.empty(self.shard_size, hidden_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
     ) -> None:
-        if param.shape != loaded_weight.shape:
+        expected = (self.vocab_size, self.hidden_size)
+        if tuple(loaded_weight.shape) != expected:
             raise ValueError(
-                f"checkpoint tensor has shape {tuple(loaded_weight.shape)}, "
-                f"expected {tuple(param.shape)}"
+                f"checkpoint tensor has shape {tuple(loaded_weight.shape)}, expected {expected}"
             )
-        param.data.copy_(loaded_weight)
+        rows = self.vocab_end - self.vocab_start
+        param.data[:rows].copy_(loaded_weight.narrow(0, self.vocab_start, rows))
+        param.data[rows:].zero_()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(input_ids, self.weight)
+        if self.tp_size == 1:
+            return F.embedding(input_ids, self.weight)
+        mine = (input_ids >= self.vocab_start) & (input_ids < self.vocab_end)  # [num_tokens]
+        local = torch.where(mine, input_ids - self.vocab_start, 0)
+        out = F.embedding(local, self.weight)  # [num_tokens, hidden_size]
+        out.masked_fill_(~mine.unsqueeze(-1), 0)
+        return tp_all_reduce(out)
 
     def extra_repr(self) -> str:
-        return f"vocab_size={self.vocab_size}, hidden_size={self.hidden_size}"
+        return (
+            f"vocab_size={self.vocab_size}, hidden_size={self.hidden_size}, "
+            f"rows=[{self.vocab_start}, {self.vocab_end}), tp={self.tp_rank}/{self.tp_size}"
+        )
 
 
 class LMHead(VocabEmbedding):
-    """hidden [num_rows, hidden_size] -> logits [num_rows, vocab_size] float32.
-
-    `tie_to(embedding)` shares the embedding's weight (tie_word_embeddings).
-    """
+    """hidden [num_rows, hidden_size] -> logits [num_rows, vocab_size] float32 on TP rank 0
+    (None on the other TP ranks). `tie_to(embedding)` shares the embedding's weight."""
 
     def tie_to(self, embedding: VocabEmbedding) -> None:
         self.weight = embedding.weight
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return linear(hidden_states, self.weight).float()
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        logits = linear(hidden_states, self.weight)  # [num_rows, shard_size]
+        if self.tp_size > 1:
+            logits = tp_gather_last_dim(logits)  # [num_rows, tp * shard_size] on rank 0
+            if logits is None:
+                return None
+        return logits[:, : self.vocab_size].float()

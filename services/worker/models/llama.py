@@ -19,14 +19,36 @@ from services.worker.attention_metadata import AttentionMetadata
 from services.worker.layers.activation import GatedActivation
 from services.worker.layers.attention import Attention
 from services.worker.layers.layernorm import RMSNorm
-from services.worker.layers.linear import MergedColumnLinear, QKVLinear, RowLinear
+from services.worker.layers.linear import (
+    MergedColumnLinear,
+    QKVLinear,
+    RowLinear,
+    kv_heads_per_rank,
+)
 from services.worker.layers.rotary_embedding import RotaryEmbedding
 from services.worker.layers.vocab_embedding import LMHead, VocabEmbedding
 from services.worker.models.causal_lm import CausalLM, config_head_dim, config_num_kv_heads
 from services.worker.models.errors import ModelLoadError
+from services.worker.models.kv_cache_spec import KVCacheSpec
 from services.worker.models.weight_utils import default_weight_loader
+from services.worker.parallel_state import RankInfo
 
 logger = logging.getLogger(__name__)
+
+
+def check_tensor_parallel(config: PretrainedConfig, tp_size: int) -> None:
+    """Fail at start, naming the flag, when the heads cannot be split over tp_size."""
+    heads, kv_heads = config.num_attention_heads, config_num_kv_heads(config)
+    if heads % tp_size:
+        raise ValueError(
+            f"--tensor-parallel-size {tp_size} does not divide the model's {heads} attention "
+            f"heads; use a tensor_parallel_size that divides {heads}."
+        )
+    if kv_heads % tp_size and tp_size % kv_heads:
+        raise ValueError(
+            f"--tensor-parallel-size {tp_size}: the model's {kv_heads} KV heads are neither "
+            "divisible by it nor divide it."
+        )
 
 
 def layer_sliding_window(config: PretrainedConfig, layer_idx: int) -> int | None:
@@ -120,24 +142,45 @@ class LlamaDecoderLayer(nn.Module):
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
 
 
+def stage_layers(num_layers: int, pp_size: int, pp_rank: int) -> range:
+    """The layers of one pipeline stage: an even split, earlier stages take the extra."""
+    if pp_size > num_layers:
+        raise ValueError(
+            f"pipeline_parallel_size ({pp_size}) is larger than the model's {num_layers} layers."
+        )
+    base, extra = divmod(num_layers, pp_size)
+    start = pp_rank * base + min(pp_rank, extra)
+    return range(start, start + base + (pp_rank < extra))
+
+
 class LlamaModel(nn.Module):
-    def __init__(
-        self,
-        config: PretrainedConfig,
-        biases: tuple[bool, bool],
-        tp_rank: int = 0,
-        tp_size: int = 1,
-    ) -> None:
+    """One pipeline stage of the decoder: stage 0 embeds, the last stage applies the final
+    norm; layers of other stages are left out (`nn.Identity` placeholders keep the
+    checkpoint's layer numbering)."""
+
+    def __init__(self, config: PretrainedConfig, biases: tuple[bool, bool], rank: RankInfo) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        tp_rank, tp_size = rank.tp_rank, rank.tensor_parallel_size
+        self.stage = rank
+        self.layer_range = stage_layers(
+            config.num_hidden_layers, rank.pipeline_parallel_size, rank.pp_rank
+        )
+        if rank.is_first_stage:
+            self.embed_tokens = VocabEmbedding(
+                config.vocab_size, config.hidden_size, tp_rank, tp_size
+            )
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i, biases, tp_rank, tp_size)
+            if i in self.layer_range
+            else nn.Identity()
             for i in range(config.num_hidden_layers)
         )
         # One RoPE for all layers (they have the same): cos/sin are computed once per step.
-        for layer in self.layers[1:]:
-            layer.self_attn.rotary_emb = self.layers[0].self_attn.rotary_emb
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        first = self.layers[self.layer_range.start]
+        for i in self.layer_range[1:]:
+            self.layers[i].self_attn.rotary_emb = first.self_attn.rotary_emb
+        if rank.is_last_stage:
+            self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
         self,
@@ -145,11 +188,15 @@ class LlamaModel(nn.Module):
         positions: torch.Tensor,
         kv_caches: Sequence[torch.Tensor],
         attn_metadata: AttentionMetadata,
+        hidden_states: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        hidden_states = self.embed_tokens(input_ids)  # [num_tokens, hidden_size]
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        """hidden_states: the previous stage's output (every stage but the first)."""
+        if self.stage.is_first_stage:
+            hidden_states = self.embed_tokens(input_ids)  # [num_tokens, hidden_size]
+        layers = self.layers[self.layer_range.start : self.layer_range.stop]
+        for layer, kv_cache in zip(layers, kv_caches, strict=True):
             hidden_states = layer(positions, hidden_states, kv_cache, attn_metadata)
-        return self.norm(hidden_states)
+        return self.norm(hidden_states) if self.stage.is_last_stage else hidden_states
 
 
 class LlamaForCausalLM(CausalLM):
@@ -164,14 +211,17 @@ class LlamaForCausalLM(CausalLM):
     # Checkpoint tensors that are recomputed, never loaded.
     skipped_weight_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq",)
 
-    def __init__(self, config: PretrainedConfig, tp_rank: int = 0, tp_size: int = 1) -> None:
+    def __init__(self, config: PretrainedConfig, rank: RankInfo | None = None) -> None:
         super().__init__(config)
-        self.tp_size = tp_size
-        self.model = LlamaModel(config, self.attention_biases(config), tp_rank, tp_size)
-        self.lm_head = LMHead(config.vocab_size, config.hidden_size)
+        self.rank = rank = rank or RankInfo()
+        self.tp_size = rank.tensor_parallel_size
+        check_tensor_parallel(config, self.tp_size)
+        self.model = LlamaModel(config, self.attention_biases(config), rank)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        if self.tie_word_embeddings:
-            self.lm_head.tie_to(self.model.embed_tokens)
+        if rank.is_last_stage:
+            self.lm_head = LMHead(config.vocab_size, config.hidden_size, rank.tp_rank, self.tp_size)
+            if self.tie_word_embeddings and rank.is_first_stage:
+                self.lm_head.tie_to(self.model.embed_tokens)
 
     @classmethod
     def attention_biases(cls, config: PretrainedConfig) -> tuple[bool, bool]:
@@ -181,7 +231,13 @@ class LlamaForCausalLM(CausalLM):
 
     @property
     def num_kv_heads(self) -> int:
-        return config_num_kv_heads(self.config) // self.tp_size
+        """KV heads this rank holds (split, or one replicated head)."""
+        return kv_heads_per_rank(config_num_kv_heads(self.config), self.tp_size)
+
+    @property
+    def kv_cache_spec(self) -> KVCacheSpec:
+        num_layers = len(self.model.layer_range)  # this stage's layers
+        return KVCacheSpec(num_layers, self.num_kv_heads, self.head_dim, self.dtype)
 
     def forward(
         self,
@@ -189,19 +245,38 @@ class LlamaForCausalLM(CausalLM):
         positions: torch.Tensor,
         kv_caches: Sequence[torch.Tensor],
         attn_metadata: AttentionMetadata,
+        hidden_states: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_caches, attn_metadata)
+        return self.model(input_ids, positions, kv_caches, attn_metadata, hidden_states)
 
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden_states)  # [num_rows, vocab_size] float32
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        return self.lm_head(hidden_states)  # [num_rows, vocab_size] float32 (TP rank 0)
 
     def _skip_weight(self, name: str) -> bool:
         if name.endswith(self.skipped_weight_suffixes):
             return True
+        if not self.owns_weight(name):
+            return True
         return self.tie_word_embeddings and name == "lm_head.weight"
+
+    def owns_weight(self, name: str) -> bool:
+        """Whether this pipeline stage holds the parameter a checkpoint tensor loads into."""
+        if name.startswith("model.layers."):
+            return int(name.split(".")[2]) in self.model.layer_range
+        if name.startswith("model.embed_tokens."):
+            return self.rank.is_first_stage or self._lm_head_from_embedding()
+        if name.startswith(("model.norm.", "lm_head.")):
+            return self.rank.is_last_stage
+        return True
+
+    def _lm_head_from_embedding(self) -> bool:
+        """Tied weights on a last stage that has no embedding: the head loads its copy."""
+        return self.tie_word_embeddings and self.rank.is_last_stage and not self.rank.is_first_stage
 
     def _target_param(self, name: str) -> tuple[str, str | int | None]:
         """The name of the parameter a checkpoint tensor loads into, and its shard id."""
+        if name.startswith("model.embed_tokens.") and not self.rank.is_first_stage:
+            return "lm_head.weight", None
         for fused, separate, shard_id in self.stacked_params_mapping:
             if separate in name:
                 return name.replace(separate, fused), shard_id

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,13 +49,18 @@ def safetensors_files(folder: Path) -> list[Path]:
     return files
 
 
-def iterate_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) for every checkpoint tensor, on the CPU, one file at a time."""
+def iterate_weights(
+    folder: Path, wanted: Callable[[str], bool] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) for every checkpoint tensor, on the CPU, one file at a time.
+
+    `wanted(name)` False skips a tensor without reading it (another pipeline stage's).
+    """
     for path in safetensors_files(folder):
         logger.debug("reading %s", path)
         try:
             with safe_open(str(path), framework="pt", device="cpu") as handle:
-                names = list(handle.keys())
+                names = [n for n in handle.keys() if wanted is None or wanted(n)]  # noqa: SIM118
                 tensors = ((name, handle.get_tensor(name)) for name in names)
                 yield from tensors
         except SafetensorError as exc:

@@ -44,6 +44,16 @@ class WorkerStub:
                 request_serializer=pagestream_dot_v1_dot_worker__pb2.InitializeCacheRequest.SerializeToString,
                 response_deserializer=pagestream_dot_v1_dot_worker__pb2.CacheDescription.FromString,
                 _registered_method=True)
+        self.ProfileCache = channel.unary_unary(
+                '/pagestream.v1.Worker/ProfileCache',
+                request_serializer=pagestream_dot_v1_dot_worker__pb2.InitializeCacheRequest.SerializeToString,
+                response_deserializer=pagestream_dot_v1_dot_worker__pb2.CacheDescription.FromString,
+                _registered_method=True)
+        self.AllocateCache = channel.unary_unary(
+                '/pagestream.v1.Worker/AllocateCache',
+                request_serializer=pagestream_dot_v1_dot_worker__pb2.AllocateCacheRequest.SerializeToString,
+                response_deserializer=pagestream_dot_v1_dot_worker__pb2.CacheDescription.FromString,
+                _registered_method=True)
         self.Execute = channel.stream_stream(
                 '/pagestream.v1.Worker/Execute',
                 request_serializer=pagestream_dot_v1_dot_worker__pb2.StepPlan.SerializeToString,
@@ -66,14 +76,30 @@ class WorkerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def InitializeCache(self, request, context):
-        """The worker profiles memory (or takes the explicit budget) and reports num_blocks.
+        """One rank: profile memory (or take the explicit budget), allocate, report num_blocks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProfileCache(self, request, context):
+        """Worker groups, step 1: how many blocks this rank could hold (nothing is allocated).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AllocateCache(self, request, context):
+        """Worker groups, step 2: allocate exactly the group's minimum on every rank.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Execute(self, request_iterator, context):
-        """One StepResult per StepPlan, in order.
+        """One StepResult per StepPlan, in order. Every rank of a group gets every plan; only
+        the output rank (TP rank 0 of the last pipeline stage) returns sampled tokens, the
+        others answer each step with an acknowledgement (step_id, and error if it failed).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -96,6 +122,16 @@ def add_WorkerServicer_to_server(servicer, server):
             'InitializeCache': grpc.unary_unary_rpc_method_handler(
                     servicer.InitializeCache,
                     request_deserializer=pagestream_dot_v1_dot_worker__pb2.InitializeCacheRequest.FromString,
+                    response_serializer=pagestream_dot_v1_dot_worker__pb2.CacheDescription.SerializeToString,
+            ),
+            'ProfileCache': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProfileCache,
+                    request_deserializer=pagestream_dot_v1_dot_worker__pb2.InitializeCacheRequest.FromString,
+                    response_serializer=pagestream_dot_v1_dot_worker__pb2.CacheDescription.SerializeToString,
+            ),
+            'AllocateCache': grpc.unary_unary_rpc_method_handler(
+                    servicer.AllocateCache,
+                    request_deserializer=pagestream_dot_v1_dot_worker__pb2.AllocateCacheRequest.FromString,
                     response_serializer=pagestream_dot_v1_dot_worker__pb2.CacheDescription.SerializeToString,
             ),
             'Execute': grpc.stream_stream_rpc_method_handler(
@@ -162,6 +198,60 @@ class Worker:
             target,
             '/pagestream.v1.Worker/InitializeCache',
             pagestream_dot_v1_dot_worker__pb2.InitializeCacheRequest.SerializeToString,
+            pagestream_dot_v1_dot_worker__pb2.CacheDescription.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProfileCache(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pagestream.v1.Worker/ProfileCache',
+            pagestream_dot_v1_dot_worker__pb2.InitializeCacheRequest.SerializeToString,
+            pagestream_dot_v1_dot_worker__pb2.CacheDescription.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AllocateCache(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pagestream.v1.Worker/AllocateCache',
+            pagestream_dot_v1_dot_worker__pb2.AllocateCacheRequest.SerializeToString,
             pagestream_dot_v1_dot_worker__pb2.CacheDescription.FromString,
             options,
             channel_credentials,
