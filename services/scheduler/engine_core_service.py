@@ -33,7 +33,7 @@ from services.common.model_info import ServedModelInfo
 from services.common.proto.pagestream.v1 import engine_pb2, engine_pb2_grpc
 from services.scheduler.async_engine_core import AsyncEngineCore
 from services.scheduler.engine_core import EngineCore
-from services.scheduler.grpc_executor import GrpcExecutor
+from services.scheduler.executor.worker_group import WorkerGroupExecutor
 from services.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
@@ -148,6 +148,9 @@ class SchedulerArgs(Protocol):
     """What serve_scheduler needs from pagestream.engine_args.EngineArgs."""
 
     served_model_name: str | None
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    async_scheduling: bool
 
     def cache_config(self) -> CacheConfig: ...
 
@@ -155,18 +158,26 @@ class SchedulerArgs(Protocol):
 
 
 async def serve_scheduler(
-    worker_address: str,
+    worker_addresses: str | list[str],
     args: SchedulerArgs,
     host: str = "127.0.0.1",
     port: int = 0,
     *,
     worker_timeout_s: float = 600.0,
 ) -> GrpcServer:
-    """The scheduler role: wait for the worker, size its KV cache, serve the engine core.
+    """The scheduler role: wait for the worker(s) (one per rank, in rank order), size
+    the KV cache, serve the engine core.
 
-    Stopping the server shuts the engine core down and closes the worker stream.
+    Stopping the server shuts the engine core down and closes the worker streams.
     """
-    executor = GrpcExecutor(worker_address)
+    if isinstance(worker_addresses, str):
+        worker_addresses = [worker_addresses]
+    executor = WorkerGroupExecutor(
+        worker_addresses,
+        args.tensor_parallel_size,
+        args.pipeline_parallel_size,
+        args.async_scheduling,
+    )
     try:
         core, info = await _build_engine_core(executor, args, worker_timeout_s)
     except BaseException:
@@ -178,7 +189,7 @@ async def serve_scheduler(
 
 
 async def _build_engine_core(
-    executor: GrpcExecutor, args: SchedulerArgs, worker_timeout_s: float
+    executor: WorkerGroupExecutor, args: SchedulerArgs, worker_timeout_s: float
 ) -> tuple[AsyncEngineCore, ServedModelInfo]:
     await asyncio.to_thread(executor.wait_until_ready, worker_timeout_s)
     model = await asyncio.to_thread(executor.describe)

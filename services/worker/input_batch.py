@@ -257,7 +257,9 @@ class InputBatch:
 
     # ---- prepare -------------------------------------------------------------------------
 
-    def prepare(self, plan: SchedulerOutput) -> BatchInputs:
+    def prepare(self, plan: SchedulerOutput, with_sampling: bool = True) -> BatchInputs:
+        """The flattened batch; `with_sampling` False leaves out the sampling metadata
+        (ranks of a worker group that do not sample)."""
         request_ids = list(plan.num_scheduled_tokens)
         slots = np.fromiter((self._slot(r) for r in request_ids), np.int64, len(request_ids))
         num_scheduled = np.fromiter(plan.num_scheduled_tokens.values(), np.int64, len(slots))
@@ -275,7 +277,7 @@ class InputBatch:
         )
         sample_rows = np.nonzero(flat.samples)[0]  # [R]
         metadata = None
-        if len(sample_rows):
+        if len(sample_rows) and with_sampling:
             metadata = self._sampling.make_metadata(
                 slots[sample_rows],
                 self._token_ids,

@@ -13,6 +13,7 @@ from services.worker.batch_inputs import BatchInputs, PromptLogprobsInputs
 from services.worker.cache_engine import CacheEngine
 from services.worker.input_batch import InputBatch
 from services.worker.models.causal_lm import CausalLM
+from services.worker.parallel_state import RankInfo, StageLink
 from services.worker.sampler import LogprobsTensors, Sampler, compute_token_logprobs
 
 
@@ -32,25 +33,31 @@ class ModelRunner:
         cache_engine: CacheEngine,
         input_batch: InputBatch,
         sampler: Sampler,
+        rank: RankInfo | None = None,
     ) -> None:
         self.model = model
         self.cache_engine = cache_engine
         self.input_batch = input_batch
         self.sampler = sampler
+        self.rank = rank or RankInfo()
+        self.link = StageLink()
 
     @torch.inference_mode()
     def execute(self, plan: SchedulerOutput) -> RunnerOutput:
+        """One step. In a worker group every rank runs every plan; stages pass hidden
+        states on, and only the output rank samples (the others return no tokens)."""
         start = time.perf_counter()
         self._move_blocks(plan)
         self.input_batch.update(plan)
         if plan.total_num_scheduled_tokens == 0:
             return RunnerOutput(timings=StepTimings(prepare_s=time.perf_counter() - start))
-        inputs = self.input_batch.prepare(plan)
+        inputs = self.input_batch.prepare(plan, with_sampling=self.rank.is_output_rank)
         prepared = time.perf_counter()
-        hidden = self.model(
-            inputs.input_ids, inputs.positions, self.cache_engine.kv_caches, _metadata(inputs)
-        )  # [num_tokens, hidden_size]
+        hidden = self._forward(inputs)  # [num_tokens, hidden_size]
         forwarded = time.perf_counter()
+        if not self.rank.is_last_stage:
+            self.link.send(hidden)
+            return RunnerOutput(timings=StepTimings(prepared - start, forwarded - prepared))
         sampled, logprobs = self._sample(hidden, inputs)
         prompt_logprobs = self._prompt_logprobs(hidden, inputs.prompt_logprobs)
         done = time.perf_counter()
@@ -61,6 +68,14 @@ class ModelRunner:
             prompt_logprobs=prompt_logprobs,
             timings=StepTimings(prepared - start, forwarded - prepared, done - forwarded),
         )
+
+    def _forward(self, inputs: BatchInputs) -> torch.Tensor:
+        extra = {}
+        if not self.rank.is_first_stage:  # the previous stage's output, in plan order
+            shape = (len(inputs.positions), self.model.text_config.hidden_size)
+            extra["hidden_states"] = self.link.recv(shape, self.model.dtype, self.model.device)
+        kv_caches = self.cache_engine.kv_caches
+        return self.model(inputs.input_ids, inputs.positions, kv_caches, _metadata(inputs), **extra)
 
     def _move_blocks(self, plan: SchedulerOutput) -> None:
         """Swaps and copies before the forward pass writes into any of these blocks."""
@@ -74,9 +89,11 @@ class ModelRunner:
     def _sample(
         self, hidden: torch.Tensor, inputs: BatchInputs
     ) -> tuple[dict[str, list[int]], dict[str, list[TokenLogprobs]]]:
-        if inputs.sampling_metadata is None:
+        if not len(inputs.sampling_request_ids):
             return {}, {}
         logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [R, vocab]
+        if logits is None or inputs.sampling_metadata is None:
+            return {}, {}  # a tensor-parallel rank that does not sample
         out = self.sampler(logits, inputs.sampling_metadata)
         token_ids = [[t] for t in out.sampled_token_ids.tolist()]
         self.input_batch.append_sampled(inputs.sampling_request_ids, token_ids)
@@ -95,6 +112,8 @@ class ModelRunner:
         if spec is None:
             return {}
         logits = self.model.compute_logits(hidden[spec.token_indices])  # [Np, vocab]
+        if logits is None or not self.rank.is_output_rank:
+            return {}
         tensors = compute_token_logprobs(logits, spec.target_ids, spec.max_num_logprobs)
         result: dict[str, list[TokenLogprobs | None]] = {}
         row = 0

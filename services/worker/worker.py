@@ -4,6 +4,7 @@ Execute, Reset). Its gRPC servicer wraps these methods one to one."""
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -21,6 +22,7 @@ from services.worker.dummy_forward import dummy_forward
 from services.worker.input_batch import InputBatch
 from services.worker.model_loader import load_model, resolve_device, resolve_dtype
 from services.worker.model_runner import ModelRunner
+from services.worker.parallel_state import DEFAULT_TIMEOUT_S, RankInfo, init_parallel_state
 from services.worker.sampler import Sampler
 
 logger = logging.getLogger(__name__)
@@ -29,21 +31,33 @@ DEFAULT_CPU_KV_BYTES = 4 * 1024**3
 
 
 class Worker:
+    """One rank: `rank` says where it sits in its worker group (default: alone). A rank of
+    a group joins the group's process groups at `dist_init_method` before it loads its
+    shard of the model (so every rank must be started within `dist_timeout_s`)."""
+
     def __init__(
         self,
         model_config: ModelConfig,
         cache_config: CacheConfig,
+        rank: RankInfo | None = None,
+        dist_init_method: str | None = None,
+        dist_timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         self.model_config = model_config
         self.cache_config = cache_config
+        self.rank = rank or RankInfo()
         self.max_num_seqs = 256
         self.max_num_batched_tokens = 2048
-        self.device = resolve_device(model_config.device)
+        self.device = _rank_device(resolve_device(model_config.device), local_rank=None)
         self.dtype = resolve_dtype(model_config.dtype, self.device)
         if self.device.type == "cpu":
             tune_malloc()
+        if self.rank.world_size > 1:
+            if not dist_init_method:
+                raise ValueError("a worker group rank needs --dist-init-method (or MASTER_ADDR)")
+            init_parallel_state(self.rank, dist_init_method, self.device, dist_timeout_s)
         torch.manual_seed(model_config.seed)
-        self.model = load_model(model_config, self.device, self.dtype)
+        self.model = load_model(model_config, self.device, self.dtype, self.rank)
         self.runner: ModelRunner | None = None
         self.cache_info: CacheInfo | None = None
 
@@ -61,6 +75,10 @@ class Worker:
             vocab_size=model.vocab_size,
             eos_token_ids=tuple(model.eos_token_ids),
             max_model_len=max_len,
+            rank=self.rank.rank,
+            world_size=self.rank.world_size,
+            tensor_parallel_size=self.rank.tensor_parallel_size,
+            pipeline_parallel_size=self.rank.pipeline_parallel_size,
         )
 
     def initialize_cache(
@@ -69,10 +87,48 @@ class Worker:
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 2048,
     ) -> CacheInfo:
-        """Size the KV cache (profiling on CUDA, an explicit budget on CPU) and allocate it.
+        """One rank alone: size the KV cache (profiling on CUDA, an explicit budget on
+        CPU) and allocate it. The scheduler's limits size the profiling pass and the
+        per-request tables."""
+        profiled = self.profile_cache(max_model_len, max_num_seqs, max_num_batched_tokens)
+        return self.allocate_cache(
+            max_model_len,
+            max_num_seqs,
+            max_num_batched_tokens,
+            profiled.num_gpu_blocks,
+            profiled.num_cpu_blocks,
+        )
 
-        The scheduler's limits size the profiling pass and the per-request tables.
-        """
+    def profile_cache(
+        self,
+        max_model_len: int | None = None,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 2048,
+    ) -> CacheInfo:
+        """How many blocks this rank could hold; allocates nothing (worker groups take
+        the minimum over their ranks and then allocate_cache on every rank)."""
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        block_size = self.cache_config.block_size
+        bytes_per_block = self.model.kv_cache_spec.bytes_per_block(block_size)
+        num_gpu_blocks = self._num_device_blocks(bytes_per_block)
+        num_cpu_blocks = self.cache_config.swap_space // bytes_per_block
+        return CacheInfo(num_gpu_blocks, num_cpu_blocks, block_size, bytes_per_block)
+
+    def allocate_cache(
+        self,
+        max_model_len: int | None,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        num_gpu_blocks: int,
+        num_cpu_blocks: int,
+    ) -> CacheInfo:
+        """Allocate exactly num_gpu_blocks device and num_cpu_blocks swap blocks."""
+        if num_gpu_blocks < 1 or num_cpu_blocks < 0:
+            raise ValueError(
+                f"num_gpu_blocks must be >= 1 and num_cpu_blocks >= 0, "
+                f"got {num_gpu_blocks} and {num_cpu_blocks}."
+            )
         info = self.describe()
         max_model_len = max_model_len or info.max_model_len
         self.max_num_seqs = max_num_seqs
@@ -80,8 +136,6 @@ class Worker:
         spec = self.model.kv_cache_spec
         block_size = self.cache_config.block_size
         bytes_per_block = spec.bytes_per_block(block_size)
-        num_gpu_blocks = self._num_device_blocks(bytes_per_block)
-        num_cpu_blocks = self.cache_config.swap_space // bytes_per_block
         cache_engine = CacheEngine(
             spec.num_layers,
             spec.num_kv_heads,
@@ -101,11 +155,12 @@ class Worker:
             self.device,
         )
         self.runner = ModelRunner(
-            self.model, cache_engine, input_batch, Sampler(self.model_config.seed)
+            self.model, cache_engine, input_batch, Sampler(self.model_config.seed), self.rank
         )
         self.cache_info = CacheInfo(num_gpu_blocks, num_cpu_blocks, block_size, bytes_per_block)
         logger.info(
-            "KV cache: %d device blocks, %d CPU blocks of %d tokens (%.1f MiB each)",
+            "KV cache (rank %d): %d device blocks, %d CPU blocks of %d tokens (%.1f MiB each)",
+            self.rank.rank,
             num_gpu_blocks,
             num_cpu_blocks,
             block_size,
@@ -124,7 +179,7 @@ class Worker:
             self.device,
         )
 
-    def _dummy_forward(self) -> None:
+    def _dummy_forward(self) -> None:  # every rank of a group at once (collectives)
         dummy_forward(
             self.model,
             self.max_num_batched_tokens,
@@ -141,6 +196,7 @@ class Worker:
     def reset(self) -> None:
         """Drop every request's state (the scheduler restarted); the cache stays allocated."""
         if self.runner is not None:
+            self.runner.link.wait()
             self.runner.input_batch = InputBatch(
                 self.cache_config.block_size,
                 self.max_num_seqs,
@@ -149,3 +205,12 @@ class Worker:
                 self.model.eos_token_id,
                 self.device,
             )
+
+
+def _rank_device(device: torch.device, local_rank: int | None) -> torch.device:
+    """On CUDA each local rank takes its own device (LOCAL_RANK), as torchrun does."""
+    if device.type != "cuda" or device.index is not None:
+        return device
+    if local_rank is None:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    return torch.device("cuda", local_rank)

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from services.common.config import CacheConfig, ModelConfig
 from services.common.convert.step import plan_from_pb, result_to_pb
@@ -28,9 +29,20 @@ from services.common.convert.worker_info import (
 from services.common.grpc_errors import grpc_errors
 from services.common.grpc_server import GrpcServer, start_server
 from services.common.proto.pagestream.v1 import worker_pb2, worker_pb2_grpc
+from services.worker.parallel_state import DEFAULT_TIMEOUT_S, RankInfo
 from services.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerGroupRank:
+    """This worker's place in its group and where the group meets (None: alone)."""
+
+    rank: RankInfo = field(default_factory=RankInfo)
+    init_method: str | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
 
 WORKER_SERVICE = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 
@@ -64,6 +76,28 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             request.max_model_len or None,
             request.max_num_seqs or 256,
             request.max_num_batched_tokens or 2048,
+        )
+        return cache_description_to_pb(info)
+
+    @grpc_errors
+    async def ProfileCache(self, request, context):
+        info = await self.run(
+            self._ready().profile_cache,
+            request.max_model_len or None,
+            request.max_num_seqs or 256,
+            request.max_num_batched_tokens or 2048,
+        )
+        return cache_description_to_pb(info)
+
+    @grpc_errors
+    async def AllocateCache(self, request, context):
+        info = await self.run(
+            self._ready().allocate_cache,
+            request.max_model_len or None,
+            request.max_num_seqs or 256,
+            request.max_num_batched_tokens or 2048,
+            request.num_gpu_blocks,
+            request.num_cpu_blocks,
         )
         return cache_description_to_pb(info)
 
@@ -113,11 +147,18 @@ async def start_worker_server(host: str = "127.0.0.1", port: int = 0) -> GrpcSer
 
 
 async def load_worker(
-    server: GrpcServer, model_config: ModelConfig, cache_config: CacheConfig
+    server: GrpcServer,
+    model_config: ModelConfig,
+    cache_config: CacheConfig,
+    group: WorkerGroupRank | None = None,
 ) -> Worker:
-    """Load the model on the worker thread, then report SERVING."""
+    """Join the worker group (if any) and load the model on the worker thread, then
+    report SERVING."""
     servicer: WorkerServicer = server.servicer
-    worker = await servicer.run(Worker, model_config, cache_config)
+    group = group or WorkerGroupRank()
+    worker = await servicer.run(
+        Worker, model_config, cache_config, group.rank, group.init_method, group.timeout_s
+    )
     servicer.worker = worker
     await server.set_serving()
     logger.info("worker ready: %s on %s", model_config.model, worker.device)
@@ -129,6 +170,7 @@ async def serve_worker(
     cache_config: CacheConfig,
     host: str = "127.0.0.1",
     port: int = 0,
+    group: WorkerGroupRank | None = None,
 ) -> GrpcServer:
     """A Worker service on host:port (0: any free port), returned once SERVING.
 
@@ -136,7 +178,7 @@ async def serve_worker(
     """
     server = await start_worker_server(host, port)
     try:
-        await load_worker(server, model_config, cache_config)
+        await load_worker(server, model_config, cache_config, group)
     except BaseException:
         await server.stop(0)
         raise

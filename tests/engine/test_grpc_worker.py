@@ -1,5 +1,6 @@
-"""The Worker service over gRPC: a scheduler-side EngineCore on GrpcExecutor matches the
-in-process path, bad plans are answered without killing the stream, health and reflection."""
+"""The Worker service over gRPC: a scheduler-side EngineCore on WorkerGroupExecutor (one
+rank) matches the in-process path, bad plans are answered without killing the stream,
+health and reflection."""
 
 import asyncio
 from collections import defaultdict
@@ -17,8 +18,9 @@ from services.common.proto.pagestream.v1 import worker_pb2, worker_pb2_grpc
 from services.common.sampling_params import SamplingParams
 from services.common.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from services.scheduler.engine_core import EngineCore
+from services.scheduler.executor.executor import WorkerStepError
 from services.scheduler.executor.uni import UniExecutor
-from services.scheduler.grpc_executor import GrpcExecutor, WorkerStepError
+from services.scheduler.executor.worker_group import WorkerGroupExecutor
 from services.scheduler.scheduler import Scheduler
 from services.worker.worker import Worker
 from services.worker.worker_service import (
@@ -50,7 +52,7 @@ async def worker_server(model_dir):
 
 @pytest.fixture
 async def executor(worker_server):
-    executor = GrpcExecutor(worker_server.address)
+    executor = WorkerGroupExecutor([worker_server.address])
     yield executor
     await asyncio.to_thread(executor.close)
 
@@ -130,7 +132,7 @@ async def test_a_plan_for_an_unknown_request_gets_an_error_and_the_stream_goes_o
 
 
 async def test_executor_raises_connection_error_when_the_worker_is_gone(worker_server):
-    executor = GrpcExecutor(worker_server.address)
+    executor = WorkerGroupExecutor([worker_server.address])
     try:
         await asyncio.to_thread(executor.initialize_cache, 256, 8, 64)
         await asyncio.to_thread(_run, executor, _new_plan("a", [1, 2]))
