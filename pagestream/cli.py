@@ -63,6 +63,21 @@ def _add_serving_args(parser: argparse.ArgumentParser, grpc_port: int) -> None:
     parser.add_argument("--api-key", default=None, help="require this bearer key on /v1")
 
 
+def _add_worker_group_args(parser: argparse.ArgumentParser) -> None:
+    """A rank of a worker group (defaults from RANK / LOCAL_RANK / MASTER_ADDR+PORT)."""
+    add = parser.add_argument
+    add("--rank", type=int, default=None, help="this worker's rank (default: $RANK or 0)")
+    add("--local-rank", type=int, default=None, help="CUDA device index ($LOCAL_RANK)")
+    add(
+        "--dist-init-method",
+        default=None,
+        help="where the group's ranks meet: tcp://HOST:PORT or file:///PATH "
+        "(default: tcp://$MASTER_ADDR:$MASTER_PORT)",
+    )
+    add("--dist-timeout", type=float, default=120.0, help="seconds to wait for the other ranks")
+    add("--ready-file", default=None, help="write the bound address here once listening")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pagestream", description=__doc__)
     parser.add_argument("--log-level", default="INFO")
@@ -87,11 +102,17 @@ def build_parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="the Worker service (runs the model)")
     worker.add_argument("model", nargs="?", default=DEFAULT_MODEL)
     worker.add_argument("--host", default="127.0.0.1")
-    worker.add_argument("--port", type=int, default=50061)
+    worker.add_argument("--port", type=int, default=50061, help="0: any free port")
+    _add_worker_group_args(worker)
     EngineArgs.add_cli_args(worker)
     scheduler = sub.add_parser("scheduler", help="the EngineCore service (scheduler)")
     scheduler.add_argument("model", nargs="?", default=DEFAULT_MODEL)
-    scheduler.add_argument("--worker", required=True, help="worker address host:port")
+    scheduler.add_argument(
+        "--worker",
+        action="append",
+        required=True,
+        help="a worker address host:port; once per rank, in rank order (pp_rank * tp + tp_rank)",
+    )
     scheduler.add_argument("--host", default="127.0.0.1")
     scheduler.add_argument("--port", type=int, default=50062)
     EngineArgs.add_cli_args(scheduler)

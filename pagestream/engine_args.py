@@ -8,11 +8,13 @@ from dataclasses import dataclass, fields
 from services.common.config import (
     ATTENTION_BACKENDS,
     DEFAULT_MODEL,
+    DISTRIBUTED_EXECUTOR_BACKENDS,
     DTYPES,
     PREEMPTION_MODES,
     SCHEDULING_POLICIES,
     CacheConfig,
     ModelConfig,
+    ParallelConfig,
     SchedulerConfig,
     parse_size,
 )
@@ -42,6 +44,33 @@ class EngineArgs:
     served_model_name: str | None = None
     # Sampling defaults: "auto" (the model's generation_config.json), "vllm" (none), a folder.
     generation_config: str = "auto"
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    distributed_executor_backend: str | None = None  # uni (world size 1) or mp by default
+    async_scheduling: bool = False  # plan step t+1 while step t runs (2 plans in flight)
+
+    def parallel_config(self) -> ParallelConfig:
+        return ParallelConfig(
+            tensor_parallel_size=self.tensor_parallel_size,
+            pipeline_parallel_size=self.pipeline_parallel_size,
+            distributed_executor_backend=self.distributed_executor_backend,
+        )
+
+    def to_cli_flags(self) -> list[str]:
+        """These arguments back as CLI flags (only the ones that differ from the defaults;
+        the model is not included)."""
+        defaults = EngineArgs()
+        flags: list[str] = []
+        for f in fields(EngineArgs):
+            value = getattr(self, f.name)
+            if f.name == "model" or value == getattr(defaults, f.name) or value is None:
+                continue
+            name = "--" + f.name.replace("_", "-")
+            if isinstance(value, bool):
+                flags.append(name if value else "--no-" + f.name.replace("_", "-"))
+            else:
+                flags += [name, str(value)]
+        return flags
 
     def model_config(self) -> ModelConfig:
         return ModelConfig(
@@ -114,6 +143,21 @@ class EngineArgs:
         add("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
         add("--served-model-name", default=None, help="the model name clients use")
         add_generation_config_arg(parser)
+        add("--tensor-parallel-size", "-tp", type=int, default=1, help="ranks per stage")
+        add("--pipeline-parallel-size", "-pp", type=int, default=1, help="pipeline stages")
+        add(
+            "--distributed-executor-backend",
+            default=None,
+            choices=DISTRIBUTED_EXECUTOR_BACKENDS,
+            help="how worker ranks are started: uni (this process, world size 1), mp (local "
+            "processes; the default for world size > 1), external (given --worker addresses)",
+        )
+        add(
+            "--async-scheduling",
+            action=argparse.BooleanOptionalAction,
+            default=False,
+            help="plan the next step while the current one runs (two plans in flight)",
+        )
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import itertools
 import logging
+import weakref
 
 from pagestream.engine_args import EngineArgs
+from pagestream.executor_factory import build_executor
 from services.common.engine_request import EngineCoreRequest
 from services.common.model_info import ServedModelInfo
 from services.common.outputs import RequestOutput
@@ -16,10 +18,8 @@ from services.frontend.output_processor import OutputProcessor
 from services.frontend.request_state import RequestState
 from services.frontend.tokenizer import TokenizerLoadError, load_tokenizer
 from services.scheduler.engine_core import EngineCore
-from services.scheduler.executor.uni import UniExecutor
 from services.scheduler.scheduler import Scheduler
 from services.worker.default_model import resolve_model
-from services.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
 
@@ -28,10 +28,21 @@ class LLMEngine:
     def __init__(self, args: EngineArgs) -> None:
         self.args = args
         cache_config = args.cache_config()
-        self.worker = Worker(args.model_config(), cache_config)
-        self.model_info = self.worker.describe()
+        self.executor = build_executor(args)
+        try:
+            self._start(args, cache_config)
+        except BaseException:
+            self.executor.close()
+            raise
+        # Worker processes (mp) stop with this engine, or at exit at the latest.
+        self._finalizer = weakref.finalize(self, self.executor.close)
+
+    def _start(self, args: EngineArgs, cache_config) -> None:
+        executor = self.executor.executor
+        self.worker = self.executor.worker  # the in-process Worker (uni), else None
+        self.model_info = executor.describe()
         self.scheduler_config = args.scheduler_config(self.model_info.max_model_len)
-        self.cache_info = self.worker.initialize_cache(
+        self.cache_info = executor.initialize_cache(
             self.scheduler_config.max_model_len,
             self.scheduler_config.max_num_seqs,
             self.scheduler_config.max_num_batched_tokens,
@@ -42,7 +53,7 @@ class LLMEngine:
             self.cache_info.num_gpu_blocks,
             self.cache_info.num_cpu_blocks,
         )
-        self.core = EngineCore(scheduler, UniExecutor(self.worker))
+        self.core = EngineCore(scheduler, executor)
         folder = resolve_model(args.model)
         self.tokenizer = _try_load_tokenizer(folder)
         self.default_sampling = load_generation_defaults(folder, args.generation_config)
@@ -51,6 +62,10 @@ class LLMEngine:
         )
         self.output_processor = OutputProcessor()
         self._ids = itertools.count()
+
+    def close(self) -> None:
+        """Stop the workers (mp: their processes); the engine cannot step afterwards."""
+        self._finalizer()
 
     @property
     def scheduler(self) -> Scheduler:

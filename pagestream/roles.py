@@ -7,11 +7,12 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
-from dataclasses import fields
+import tempfile
 
 from pagestream.engine_args import EngineArgs
 from services.common.grpc_server import serve_forever
@@ -58,12 +59,54 @@ async def start_http(frontend, ns: argparse.Namespace, model_name: str):
     return await serve_http(app, ns.host, ns.port)
 
 
+def worker_group_rank(ns: argparse.Namespace, args: EngineArgs):
+    """This worker's rank and rendezvous: flags first, then torchrun's environment
+    (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). Raises ValueError naming
+    the flag or variable that disagrees."""
+    from services.worker.parallel_state import RankInfo
+    from services.worker.worker_service import WorkerGroupRank
+
+    env = os.environ
+    parallel = args.parallel_config()
+    world_size = env.get("WORLD_SIZE")
+    if world_size is not None and int(world_size) != parallel.world_size:
+        raise ValueError(
+            f"WORLD_SIZE={world_size} in the environment, but --tensor-parallel-size "
+            f"{parallel.tensor_parallel_size} x --pipeline-parallel-size "
+            f"{parallel.pipeline_parallel_size} = {parallel.world_size}."
+        )
+    rank = ns.rank if ns.rank is not None else int(env.get("RANK", "0"))
+    local_rank = ns.local_rank if ns.local_rank is not None else env.get("LOCAL_RANK")
+    init_method = ns.dist_init_method
+    if init_method is None and env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
+        init_method = f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+    if parallel.world_size > 1 and init_method is None:
+        raise ValueError(
+            "a worker of a group needs a rendezvous: --dist-init-method tcp://HOST:PORT "
+            "(or file:///PATH), or MASTER_ADDR and MASTER_PORT in the environment."
+        )
+    info = RankInfo(rank, parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
+    local = None if local_rank is None else int(local_rank)
+    return WorkerGroupRank(info, init_method, ns.dist_timeout, local)
+
+
 async def run_worker(ns: argparse.Namespace) -> None:
-    from services.worker.worker_service import serve_worker
+    from services.worker.worker_service import load_worker, start_worker_server
 
     args = engine_args(ns)
-    server = await serve_worker(args.model_config(), args.cache_config(), ns.host, ns.port)
-    logger.info("worker serving on %s", server.address)
+    group = worker_group_rank(ns, args)
+    server = await start_worker_server(ns.host, ns.port)
+    if ns.ready_file:  # the mp launcher waits for the bound address
+        tmp = f"{ns.ready_file}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(server.address)
+        os.replace(tmp, ns.ready_file)
+    try:
+        await load_worker(server, args.model_config(), args.cache_config(), group)
+    except BaseException:
+        await server.stop(0)
+        raise
+    logger.info("worker rank %d serving on %s", group.rank.rank, server.address)
     await serve_forever(server, GRACE_S)
 
 
@@ -71,7 +114,7 @@ async def run_scheduler(ns: argparse.Namespace) -> None:
     from services.scheduler.engine_core_service import serve_scheduler
 
     server = await serve_scheduler(ns.worker, engine_args(ns), ns.host, ns.port)
-    logger.info("scheduler serving on %s (worker %s)", server.address, ns.worker)
+    logger.info("scheduler serving on %s (workers %s)", server.address, ", ".join(ns.worker))
     await serve_forever(server, GRACE_S)
 
 
@@ -112,26 +155,14 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _engine_flags(args: EngineArgs) -> list[str]:
-    """EngineArgs back to CLI flags (only the ones that differ from the defaults)."""
-    defaults = EngineArgs()
-    flags: list[str] = []
-    for f in fields(EngineArgs):
-        value = getattr(args, f.name)
-        if f.name == "model" or value == getattr(defaults, f.name) or value is None:
-            continue
-        name = "--" + f.name.replace("_", "-")
-        if isinstance(value, bool):
-            flags.append(name if value else "--no-" + f.name.replace("_", "-"))
-        else:
-            flags += [name, str(value)]
-    return flags
-
-
-def split_commands(ns: argparse.Namespace) -> list[list[str]]:
-    worker_port, scheduler_port = _free_port(), _free_port()
+def split_commands(ns: argparse.Namespace, rendezvous: str = "") -> list[list[str]]:
+    """Worker rank(s), scheduler and frontend; ranks meet at `rendezvous` (world size > 1)."""
+    args = engine_args(ns)
+    world_size = args.parallel_config().world_size
+    worker_ports = [_free_port() for _ in range(world_size)]
+    scheduler_port = _free_port()
     base = [sys.executable, "-m", "pagestream.cli", "--log-level", ns.log_level]
-    flags = _engine_flags(engine_args(ns))
+    flags = args.to_cli_flags()
     frontend = ["--scheduler", f"127.0.0.1:{scheduler_port}", "--host", ns.host]
     frontend += ["--grpc-port", str(ns.grpc_port), "--port", str(ns.port)]
     if ns.api_key:
@@ -139,25 +170,20 @@ def split_commands(ns: argparse.Namespace) -> list[list[str]]:
     if ns.served_model_name:
         frontend += ["--served-model-name", ns.served_model_name]
     frontend += ["--generation-config", ns.generation_config]
-    return [
-        [*base, "worker", ns.model, "--port", str(worker_port), *flags],
-        [
-            *base,
-            "scheduler",
-            ns.model,
-            "--worker",
-            f"127.0.0.1:{worker_port}",
-            "--port",
-            str(scheduler_port),
-            *flags,
-        ],
-        [*base, "frontend", ns.model, *frontend],
-    ]
+    workers = []
+    for rank, port in enumerate(worker_ports):
+        group = ["--rank", str(rank), "--dist-init-method", rendezvous] if world_size > 1 else []
+        workers.append([*base, "worker", ns.model, "--port", str(port), *group, *flags])
+    addresses = [arg for port in worker_ports for arg in ("--worker", f"127.0.0.1:{port}")]
+    scheduler = [*base, "scheduler", ns.model, *addresses, "--port", str(scheduler_port)]
+    return [*workers, [*scheduler, *flags], [*base, "frontend", ns.model, *frontend]]
 
 
 def run_split(ns: argparse.Namespace) -> int:
-    """Start the three roles as child processes; stop them all when one ends or on a signal."""
-    children = [subprocess.Popen(cmd) for cmd in split_commands(ns)]
+    """Start the roles as child processes; stop them all when one ends or on a signal."""
+    folder = tempfile.mkdtemp(prefix="pagestream-split-")
+    commands = split_commands(ns, f"file://{folder}/rendezvous")
+    children = [subprocess.Popen(cmd) for cmd in commands]
     stopping = False
 
     def stop(*_):
@@ -178,6 +204,7 @@ def run_split(ns: argparse.Namespace) -> int:
     finally:
         stop()
         codes = [_wait_or_kill(child, GRACE_S + 5) for child in children]
+        shutil.rmtree(folder, ignore_errors=True)
     logger.info("roles exited with %s", codes)
     return max(abs(code) for code in codes)
 

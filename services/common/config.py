@@ -14,6 +14,9 @@ PREEMPTION_MODES = ("recompute", "swap")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# uni: the worker in this process; mp: the engine starts tp * pp local worker processes;
+# external: workers started by someone else, at the given --worker addresses.
+DISTRIBUTED_EXECUTOR_BACKENDS = ("uni", "mp", "external")
 
 _SIZE_UNITS = {
     "": 1,
@@ -121,3 +124,37 @@ class ModelConfig:
         _one_of("device", self.device, ("auto", "cpu", "cuda"))
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len)
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    distributed_executor_backend: str | None = None  # None: uni at world size 1, else mp
+
+    def __post_init__(self) -> None:
+        _positive("tensor_parallel_size", self.tensor_parallel_size)
+        _positive("pipeline_parallel_size", self.pipeline_parallel_size)
+        if self.distributed_executor_backend is not None:
+            _one_of(
+                "distributed_executor_backend",
+                self.distributed_executor_backend,
+                DISTRIBUTED_EXECUTOR_BACKENDS,
+            )
+        if self.backend == "uni" and self.world_size > 1:
+            raise ValueError(
+                "--distributed-executor-backend uni runs one worker in this process, but "
+                f"--tensor-parallel-size {self.tensor_parallel_size} x "
+                f"--pipeline-parallel-size {self.pipeline_parallel_size} needs "
+                f"{self.world_size} workers: use mp or external."
+            )
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def backend(self) -> str:
+        if self.distributed_executor_backend is not None:
+            return self.distributed_executor_backend
+        return "uni" if self.world_size == 1 else "mp"

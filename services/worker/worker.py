@@ -42,13 +42,14 @@ class Worker:
         rank: RankInfo | None = None,
         dist_init_method: str | None = None,
         dist_timeout_s: float = DEFAULT_TIMEOUT_S,
+        local_rank: int | None = None,
     ) -> None:
         self.model_config = model_config
         self.cache_config = cache_config
         self.rank = rank or RankInfo()
         self.max_num_seqs = 256
         self.max_num_batched_tokens = 2048
-        self.device = _rank_device(resolve_device(model_config.device), local_rank=None)
+        self.device = _rank_device(resolve_device(model_config.device), local_rank)
         self.dtype = resolve_dtype(model_config.dtype, self.device)
         if self.device.type == "cpu":
             tune_malloc()

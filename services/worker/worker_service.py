@@ -42,6 +42,7 @@ class WorkerGroupRank:
     rank: RankInfo = field(default_factory=RankInfo)
     init_method: str | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
+    local_rank: int | None = None  # CUDA device index (LOCAL_RANK)
 
 
 WORKER_SERVICE = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
@@ -157,7 +158,13 @@ async def load_worker(
     servicer: WorkerServicer = server.servicer
     group = group or WorkerGroupRank()
     worker = await servicer.run(
-        Worker, model_config, cache_config, group.rank, group.init_method, group.timeout_s
+        Worker,
+        model_config,
+        cache_config,
+        group.rank,
+        group.init_method,
+        group.timeout_s,
+        group.local_rank,
     )
     servicer.worker = worker
     await server.set_serving()

@@ -17,6 +17,12 @@ from services.common.scheduler_output import SchedulerOutput
 class StepRunner(Protocol):
     def execute(self, plan: SchedulerOutput) -> RunnerOutput: ...
 
+    def describe(self): ...
+
+    def initialize_cache(
+        self, max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int
+    ): ...
+
 
 class UniExecutor:
     def __init__(self, worker: StepRunner, max_concurrent_batches: int = 1) -> None:
@@ -25,6 +31,13 @@ class UniExecutor:
         self.worker = worker
         self.max_concurrent_batches = max_concurrent_batches
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="pagestream-uni")
+
+    def describe(self):
+        """The worker's ModelInfo (the same call a WorkerGroupExecutor answers)."""
+        return self.worker.describe()
+
+    def initialize_cache(self, max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int):
+        return self.worker.initialize_cache(max_model_len, max_num_seqs, max_num_batched_tokens)
 
     def execute(self, plan: SchedulerOutput) -> Future[RunnerOutput]:
         return self._thread.submit(self.worker.execute, plan)
