@@ -82,7 +82,7 @@ class LlamaAttention(nn.Module):
             num_heads // tp_size,
             head_dim,
             head_dim**-0.5,
-            num_kv_heads // tp_size,
+            kv_heads_per_rank(num_kv_heads, tp_size),
             sliding_window=layer_sliding_window(config, layer_idx),
         )
 
