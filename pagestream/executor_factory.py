@@ -58,6 +58,8 @@ def worker_argv(args: EngineArgs, rank: int, rendezvous: str, ready_file: Path) 
         "0",
         "--rank",
         str(rank),
+        "--local-rank",  # one machine: rank r takes CUDA device r
+        str(rank),
         "--dist-init-method",
         rendezvous,
         "--ready-file",

@@ -172,7 +172,8 @@ def split_commands(ns: argparse.Namespace, rendezvous: str = "") -> list[list[st
     frontend += ["--generation-config", ns.generation_config]
     workers = []
     for rank, port in enumerate(worker_ports):
-        group = ["--rank", str(rank), "--dist-init-method", rendezvous] if world_size > 1 else []
+        group = ["--rank", str(rank), "--local-rank", str(rank), "--dist-init-method", rendezvous]
+        group = group if world_size > 1 else []
         workers.append([*base, "worker", ns.model, "--port", str(port), *group, *flags])
     addresses = [arg for port in worker_ports for arg in ("--worker", f"127.0.0.1:{port}")]
     scheduler = [*base, "scheduler", ns.model, *addresses, "--port", str(scheduler_port)]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole GPU check of the Triton attention kernels, in one run (< 5 minutes on an H100/H200):
-# the gpu-marked kernel tests, then benchmarks/kernels.py. Output goes to the terminal and to
+# the gpu-marked kernel tests, tp = 2 over NCCL (with two GPUs), then benchmarks/kernels.py. Output goes to the terminal and to
 # $OUT (or the first argument; default $TMPDIR/pagestream-gpu-check): env.txt, tests.txt,
 # benchmark.txt, kernels.json.
 #
@@ -36,6 +36,11 @@ timeout 170 "$python" -m pytest tests/kernels/test_triton_gpu.py -m gpu -q -rs \
   -p no:cacheprovider 2>&1 | tee "$out_dir/tests.txt"
 tests_rc=${PIPESTATUS[0]}
 
+echo "== tensor parallel over NCCL (tests/engine/test_tensor_parallel_gpu.py; needs 2 GPUs)"
+timeout 150 "$python" -m pytest tests/engine/test_tensor_parallel_gpu.py -m gpu -q -rs \
+  -p no:cacheprovider 2>&1 | tee "$out_dir/tp_tests.txt"
+tp_rc=${PIPESTATUS[0]}
+
 echo "== benchmark (benchmarks/kernels.py)"
 flex_flag=--flex
 [ "${FLEX:-1}" = "0" ] && flex_flag=
@@ -43,5 +48,5 @@ timeout 150 "$python" -u -m benchmarks.kernels $flex_flag --json "$out_dir/kerne
   | tee "$out_dir/benchmark.txt"
 bench_rc=${PIPESTATUS[0]}
 
-echo "gpu_check: tests rc=$tests_rc, benchmark rc=$bench_rc (124 = timed out)"
-[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+echo "gpu_check: tests rc=$tests_rc, tp tests rc=$tp_rc, benchmark rc=$bench_rc (124 = timed out)"
+[ "$tests_rc" -eq 0 ] && [ "$tp_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
