@@ -130,14 +130,20 @@ class InputBatch:
             start = 0 if resumed else int(self._num_blocks[slot])
             self._set_blocks(slot, start, new_block_ids)
             self._num_computed[slot] = num_computed
-        for request_id, token_ids in zip(cached.request_ids, cached.new_token_ids, strict=False):
-            self._set_output_tail(self._slot(request_id), token_ids)
+        if cached.new_token_ids:
+            self._set_output_tails(cached.request_ids, cached.new_token_ids)
 
-    def _set_output_tail(self, slot: int, token_ids: Sequence[int]) -> None:
-        """The scheduler's newest output tokens, from max(computed, prompt) on (idempotent)."""
-        start = max(int(self._num_computed[slot]), int(self._num_prompt_tokens[slot]))
-        self._token_ids[slot, start : start + len(token_ids)] = token_ids
-        self._num_tokens[slot] = start + len(token_ids)
+    def _set_output_tails(self, request_ids: list[str], token_ids: list[list[int]]) -> None:
+        """The scheduler's newest output tokens, from max(computed, prompt) on. Idempotent
+        where this rank sampled them itself; how the other ranks of a group learn them."""
+        slots = np.fromiter((self._slot(r) for r in request_ids), np.int64, len(request_ids))
+        counts = np.fromiter((len(t) for t in token_ids), np.int64, len(token_ids))  # [S]
+        starts = np.maximum(self._num_computed[slots], self._num_prompt_tokens[slots])  # [S]
+        total = int(counts.sum())
+        flat = np.fromiter(itertools.chain.from_iterable(token_ids), np.int64, total)  # [N]
+        offsets = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)  # [N]
+        self._token_ids[np.repeat(slots, counts), np.repeat(starts, counts) + offsets] = flat
+        self._num_tokens[slots] = starts + counts
 
     def _validate_update(self, plan: SchedulerOutput) -> None:
         cached = plan.scheduled_cached_reqs

@@ -263,3 +263,38 @@ def test_empty_plan_gives_an_empty_batch():
     assert inputs.num_tokens == 0 and inputs.request_ids == []
     assert inputs.input_ids.shape == (0,) and tuple(inputs.block_table.shape) == (0, 0)
     assert inputs.sampling_metadata is None and inputs.prompt_logprobs is None
+
+
+def _decode_plan(request_id: str, num_computed: int, new_tokens: list[int]) -> SchedulerOutput:
+    cached = CachedRequestData([request_id], [[]], [num_computed], [False], [new_tokens])
+    return SchedulerOutput(
+        scheduled_cached_reqs=cached,
+        num_scheduled_tokens={request_id: 1},
+        total_num_scheduled_tokens=1,
+    )
+
+
+def test_a_rank_that_does_not_sample_learns_the_tokens_from_the_plan():
+    """Two ranks of a worker group: only `sampler` appends what it sampled; `follower`
+    gets the same tokens through the plan's output tail, and both decode the same ids."""
+    sampler, follower = make_batch(), make_batch()
+    first = plan({"a": 5}, new=[new_req("a", range(10, 15), [1, 2])])
+    for batch in (sampler, follower):
+        batch.update(first)
+    sampler.append_sampled(["a"], [[77]])
+    for step, token in enumerate([77, 78, 79]):
+        if step:
+            sampler.append_sampled(["a"], [[token]])
+        decode = _decode_plan("a", 5 + step, [token])
+        for batch in (sampler, follower):
+            batch.update(decode)
+            assert batch.token_ids("a") == [*range(10, 15), *[77, 78, 79][: step + 1]]
+            assert batch.prepare(decode).input_ids.tolist() == [token]
+
+
+def test_an_output_tail_past_max_model_len_is_refused():
+    batch = make_batch(max_model_len=8)
+    batch.update(plan({"a": 5}, new=[new_req("a", range(10, 15), [1, 2])]))
+    with pytest.raises(InvalidPlanError, match="max_model_len"):
+        batch.update(_decode_plan("a", 5, [1, 2, 3, 4]))
+    assert batch.token_ids("a") == list(range(10, 15))  # nothing changed
