@@ -63,6 +63,18 @@ def _add_serving_args(parser: argparse.ArgumentParser, grpc_port: int) -> None:
     parser.add_argument("--api-key", default=None, help="require this bearer key on /v1")
 
 
+def _add_tls_args(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--tls-cert", default=None, help="PEM certificate: this role's gRPC server speaks TLS")
+    add("--tls-key", default=None, help="PEM private key of --tls-cert")
+    add(
+        "--tls-ca",
+        default=None,
+        help="PEM CA: verify the services this role connects to, and require client "
+        "certificates signed by it on the internal Worker and EngineCore services (mTLS)",
+    )
+
+
 def _add_worker_group_args(parser: argparse.ArgumentParser) -> None:
     """A rank of a worker group (defaults from RANK / LOCAL_RANK / MASTER_ADDR+PORT)."""
     add = parser.add_argument
@@ -104,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--host", default="127.0.0.1")
     worker.add_argument("--port", type=int, default=50061, help="0: any free port")
     _add_worker_group_args(worker)
+    _add_tls_args(worker)
     EngineArgs.add_cli_args(worker)
     scheduler = sub.add_parser("scheduler", help="the EngineCore service (scheduler)")
     scheduler.add_argument("model", nargs="?", default=DEFAULT_MODEL)
@@ -115,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     scheduler.add_argument("--host", default="127.0.0.1")
     scheduler.add_argument("--port", type=int, default=50062)
+    _add_tls_args(scheduler)
     EngineArgs.add_cli_args(scheduler)
     frontend = sub.add_parser("frontend", help="the public gRPC and HTTP APIs")
     frontend.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="for the tokenizer")

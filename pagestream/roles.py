@@ -59,6 +59,25 @@ async def start_http(frontend, ns: argparse.Namespace, model_name: str):
     return await serve_http(app, ns.host, ns.port)
 
 
+def tls_config(ns: argparse.Namespace):
+    """--tls-cert / --tls-key / --tls-ca (None when the role has none of them)."""
+    from services.common.tls import TlsConfig
+
+    tls = TlsConfig(
+        getattr(ns, "tls_cert", None), getattr(ns, "tls_key", None), getattr(ns, "tls_ca", None)
+    )
+    return tls if tls.enabled else None
+
+
+def tls_flags(ns: argparse.Namespace) -> list[str]:
+    """The TLS flags again, for child processes."""
+    flags = []
+    for name in ("tls_cert", "tls_key", "tls_ca"):
+        if getattr(ns, name, None):
+            flags += ["--" + name.replace("_", "-"), getattr(ns, name)]
+    return flags
+
+
 def worker_group_rank(ns: argparse.Namespace, args: EngineArgs):
     """This worker's rank and rendezvous: flags first, then torchrun's environment
     (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). Raises ValueError naming
@@ -95,7 +114,7 @@ async def run_worker(ns: argparse.Namespace) -> None:
 
     args = engine_args(ns)
     group = worker_group_rank(ns, args)
-    server = await start_worker_server(ns.host, ns.port)
+    server = await start_worker_server(ns.host, ns.port, tls_config(ns))
     if ns.ready_file:  # the mp launcher waits for the bound address
         tmp = f"{ns.ready_file}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
@@ -113,7 +132,7 @@ async def run_worker(ns: argparse.Namespace) -> None:
 async def run_scheduler(ns: argparse.Namespace) -> None:
     from services.scheduler.engine_core_service import serve_scheduler
 
-    server = await serve_scheduler(ns.worker, engine_args(ns), ns.host, ns.port)
+    server = await serve_scheduler(ns.worker, engine_args(ns), ns.host, ns.port, tls=tls_config(ns))
     logger.info("scheduler serving on %s (workers %s)", server.address, ", ".join(ns.worker))
     await serve_forever(server, GRACE_S)
 

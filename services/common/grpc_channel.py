@@ -10,6 +10,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.grpc_server import CHANNEL_OPTIONS
+from services.common.tls import PLAINTEXT, TlsConfig
 
 logger = logging.getLogger(__name__)
 
@@ -17,14 +18,20 @@ _SERVING = health_pb2.HealthCheckResponse.SERVING
 _RETRY_S = 0.2
 
 
-def aio_channel(address: str) -> grpc.aio.Channel:
-    """An asyncio channel (create it inside the running loop)."""
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+def aio_channel(address: str, tls: TlsConfig | None = None) -> grpc.aio.Channel:
+    """An asyncio channel (create it inside the running loop); TLS when `tls` is set."""
+    credentials = (tls or PLAINTEXT).channel_credentials()
+    if credentials is None:
+        return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+    return grpc.aio.secure_channel(address, credentials, options=CHANNEL_OPTIONS)
 
 
-def sync_channel(address: str) -> grpc.Channel:
+def sync_channel(address: str, tls: TlsConfig | None = None) -> grpc.Channel:
     """A blocking channel, for callers on their own threads (the engine core's step)."""
-    return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    credentials = (tls or PLAINTEXT).channel_credentials()
+    if credentials is None:
+        return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    return grpc.secure_channel(address, credentials, options=CHANNEL_OPTIONS)
 
 
 def _not_ready(address: str, service: str, timeout_s: float) -> TimeoutError:

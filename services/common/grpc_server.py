@@ -19,6 +19,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from services.common.tls import PLAINTEXT, TlsConfig
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -117,11 +119,15 @@ async def start_server(
     service_names: Sequence[str],
     host: str = "127.0.0.1",
     port: int = 0,
+    tls: TlsConfig | None = None,
+    require_client_auth: bool = False,
 ) -> GrpcServer:
     """Start a server with the role's servicers (added by `register`), health and reflection.
 
     Health starts NOT_SERVING; call `set_serving()` when the role is ready. Port 0 picks
-    a free port: the bound one is `GrpcServer.port`.
+    a free port: the bound one is `GrpcServer.port`. With `tls` carrying a certificate the
+    port speaks TLS; `require_client_auth` (internal services) asks for mutual TLS when
+    `tls` has a CA.
     """
     server = grpc.aio.server(options=SERVER_OPTIONS)
     register(server)
@@ -132,8 +138,12 @@ async def start_server(
     reflection.enable_server_reflection(
         [*service_names, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME], server
     )
+    credentials = (tls or PLAINTEXT).server_credentials(require_client_auth)
     try:
-        bound = server.add_insecure_port(format_address(host, port))
+        if credentials is None:
+            bound = server.add_insecure_port(format_address(host, port))
+        else:
+            bound = server.add_secure_port(format_address(host, port), credentials)
     except RuntimeError as exc:
         raise OSError(f"cannot bind {format_address(host, port)}: {exc}") from exc
     if bound == 0:

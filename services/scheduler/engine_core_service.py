@@ -31,6 +31,7 @@ from services.common.grpc_errors import grpc_errors
 from services.common.grpc_server import GrpcServer, start_server
 from services.common.model_info import ServedModelInfo
 from services.common.proto.pagestream.v1 import engine_pb2, engine_pb2_grpc
+from services.common.tls import TlsConfig
 from services.scheduler.async_engine_core import AsyncEngineCore
 from services.scheduler.engine_core import EngineCore
 from services.scheduler.executor.worker_group import WorkerGroupExecutor
@@ -123,12 +124,17 @@ class EngineCoreServicer(engine_pb2_grpc.EngineCoreServicer):
 
 
 async def serve_engine_core(
-    core: AsyncEngineCore, info: ServedModelInfo, host: str = "127.0.0.1", port: int = 0
+    core: AsyncEngineCore,
+    info: ServedModelInfo,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    tls: TlsConfig | None = None,
 ) -> GrpcServer:
     """Serve an engine core (over any executor) as the EngineCore service, SERVING.
 
     Health turns NOT_SERVING when the engine loop dies (e.g. its worker is gone).
-    Stopping the server shuts the engine core's loop down.
+    Stopping the server shuts the engine core's loop down. With `tls`: TLS, and mutual
+    TLS when it has a CA (only frontends with a certificate from it may connect).
     """
     servicer = EngineCoreServicer(core, info)
     server = await start_server(
@@ -136,6 +142,8 @@ async def serve_engine_core(
         [ENGINE_CORE_SERVICE],
         host,
         port,
+        tls,
+        require_client_auth=True,
     )
     server.servicer = servicer
     servicer.on_dead = lambda: server.set_serving(False)
@@ -164,6 +172,7 @@ async def serve_scheduler(
     port: int = 0,
     *,
     worker_timeout_s: float = 600.0,
+    tls: TlsConfig | None = None,
 ) -> GrpcServer:
     """The scheduler role: wait for the worker(s) (one per rank, in rank order), size
     the KV cache, serve the engine core.
@@ -177,13 +186,14 @@ async def serve_scheduler(
         args.tensor_parallel_size,
         args.pipeline_parallel_size,
         args.async_scheduling,
+        tls,
     )
     try:
         core, info = await _build_engine_core(executor, args, worker_timeout_s)
     except BaseException:
         executor.close()
         raise
-    server = await serve_engine_core(core, info, host, port)
+    server = await serve_engine_core(core, info, host, port, tls)
     server.add_cleanup(lambda: asyncio.to_thread(executor.close))  # runs after the core stops
     return server
 

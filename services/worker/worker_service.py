@@ -29,6 +29,7 @@ from services.common.convert.worker_info import (
 from services.common.grpc_errors import grpc_errors
 from services.common.grpc_server import GrpcServer, start_server
 from services.common.proto.pagestream.v1 import worker_pb2, worker_pb2_grpc
+from services.common.tls import TlsConfig
 from services.worker.parallel_state import DEFAULT_TIMEOUT_S, RankInfo
 from services.worker.worker import Worker
 
@@ -133,14 +134,19 @@ def _execute_step(worker: Worker, message: worker_pb2.StepPlan) -> worker_pb2.St
     return result_to_pb(result, message.step_id)
 
 
-async def start_worker_server(host: str = "127.0.0.1", port: int = 0) -> GrpcServer:
-    """Bind and serve, NOT_SERVING and without a model yet (see load_worker)."""
+async def start_worker_server(
+    host: str = "127.0.0.1", port: int = 0, tls: TlsConfig | None = None
+) -> GrpcServer:
+    """Bind and serve, NOT_SERVING and without a model yet (see load_worker). With `tls`
+    the port speaks TLS, and mutual TLS when it has a CA (only the scheduler may drive it)."""
     servicer = WorkerServicer()
     server = await start_server(
         lambda s: worker_pb2_grpc.add_WorkerServicer_to_server(servicer, s),
         [WORKER_SERVICE],
         host,
         port,
+        tls,
+        require_client_auth=True,
     )
     server.servicer = servicer
     server.add_cleanup(servicer.close)
@@ -178,12 +184,13 @@ async def serve_worker(
     host: str = "127.0.0.1",
     port: int = 0,
     group: WorkerGroupRank | None = None,
+    tls: TlsConfig | None = None,
 ) -> GrpcServer:
     """A Worker service on host:port (0: any free port), returned once SERVING.
 
     Health is NOT_SERVING while the model loads. Stop it with `await server.stop(grace)`.
     """
-    server = await start_worker_server(host, port)
+    server = await start_worker_server(host, port, tls)
     try:
         await load_worker(server, model_config, cache_config, group)
     except BaseException:

@@ -30,6 +30,7 @@ from services.common.grpc_channel import sync_channel, wait_until_serving_sync
 from services.common.proto.pagestream.v1 import worker_pb2, worker_pb2_grpc
 from services.common.runner_output import RunnerOutput
 from services.common.scheduler_output import SchedulerOutput
+from services.common.tls import TlsConfig
 from services.common.worker_info import CacheInfo, ModelInfo
 from services.scheduler.executor.executor import WorkerStepError
 
@@ -47,10 +48,10 @@ def _identity(data: bytes) -> bytes:
 class RankClient:
     """One rank's channel and its Execute stream (plans are pre-serialized bytes)."""
 
-    def __init__(self, rank: int, address: str) -> None:
+    def __init__(self, rank: int, address: str, tls: TlsConfig | None = None) -> None:
         self.rank = rank
         self.address = address
-        self.channel = sync_channel(address)
+        self.channel = sync_channel(address, tls)
         self.stub = worker_pb2_grpc.WorkerStub(self.channel)
         self._execute = self.channel.stream_stream(
             EXECUTE_METHOD,
@@ -106,6 +107,7 @@ class WorkerGroupExecutor:
         tensor_parallel_size: int = 1,
         pipeline_parallel_size: int = 1,
         async_scheduling: bool = False,
+        tls: TlsConfig | None = None,
     ) -> None:
         world_size = tensor_parallel_size * pipeline_parallel_size
         if len(addresses) != world_size:
@@ -120,7 +122,7 @@ class WorkerGroupExecutor:
         self.max_concurrent_batches = pipeline_parallel_size if pipeline_parallel_size > 1 else (
             2 if async_scheduling else 1
         )  # fmt: skip
-        self.ranks = [RankClient(rank, address) for rank, address in enumerate(addresses)]
+        self.ranks = [RankClient(r, address, tls) for r, address in enumerate(addresses)]
         self._lock = threading.Lock()
         self._steps: dict[int, _Step] = {}
         self._step_id = 0
