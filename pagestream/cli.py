@@ -108,7 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--split-services",
         action="store_true",
-        help="run worker, scheduler and frontend as three processes",
+        help="run the worker rank(s), scheduler and frontend as supervised child processes",
+    )
+    serve.add_argument(
+        "--max-restarts",
+        type=int,
+        default=5,
+        help="--split-services: restarts of one role within 5 minutes before giving up",
     )
     EngineArgs.add_cli_args(serve)
     worker = sub.add_parser("worker", help="the Worker service (runs the model)")

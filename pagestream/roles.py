@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 
 from pagestream.engine_args import EngineArgs
+from pagestream.supervisor import Role, Supervisor
 from services.common.grpc_server import serve_forever
 
 logger = logging.getLogger("pagestream")
@@ -174,64 +173,66 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def split_commands(ns: argparse.Namespace, rendezvous: str = "") -> list[list[str]]:
-    """Worker rank(s), scheduler and frontend; ranks meet at `rendezvous` (world size > 1)."""
+@dataclass(frozen=True)
+class SplitLayout:
+    """Where the split roles listen (fixed across restarts, so peers find them again)."""
+
+    worker_ports: list[int]
+    scheduler_port: int
+    folder: str  # rendezvous files of the worker group, one per generation
+
+    @classmethod
+    def create(cls, world_size: int) -> SplitLayout:
+        folder = tempfile.mkdtemp(prefix="pagestream-split-")
+        return cls([_free_port() for _ in range(world_size)], _free_port(), folder)
+
+    def rendezvous(self, generation: int) -> str:
+        return f"file://{self.folder}/rendezvous-{generation}"
+
+
+def split_roles(ns: argparse.Namespace, layout: SplitLayout) -> list[Role]:
+    """Worker rank(s) (one restart group), scheduler and frontend."""
     args = engine_args(ns)
     world_size = args.parallel_config().world_size
-    worker_ports = [_free_port() for _ in range(world_size)]
-    scheduler_port = _free_port()
     base = [sys.executable, "-m", "pagestream.cli", "--log-level", ns.log_level]
-    flags = args.to_cli_flags()
-    frontend = ["--scheduler", f"127.0.0.1:{scheduler_port}", "--host", ns.host]
-    frontend += ["--grpc-port", str(ns.grpc_port), "--port", str(ns.port)]
+    flags, tls = args.to_cli_flags(), tls_flags(ns)
+
+    def worker(rank: int, port: int):
+        def command(generation: int) -> list[str]:
+            group = ["--rank", str(rank), "--local-rank", str(rank)]
+            group += ["--dist-init-method", layout.rendezvous(generation)]
+            group = group if world_size > 1 else []
+            return [*base, "worker", ns.model, "--port", str(port), *group, *tls, *flags]
+
+        return Role(f"worker rank {rank}", command, group="workers")
+
+    addresses = [a for p in layout.worker_ports for a in ("--worker", f"127.0.0.1:{p}")]
+    scheduler = [*base, "scheduler", ns.model, *addresses, "--port", str(layout.scheduler_port)]
+    scheduler += [*tls, *flags]
+    frontend = [*base, "frontend", ns.model, *_frontend_flags(ns, layout.scheduler_port), *tls]
+    return [
+        *(worker(rank, port) for rank, port in enumerate(layout.worker_ports)),
+        Role("scheduler", lambda _: scheduler),
+        Role("frontend", lambda _: frontend),
+    ]
+
+
+def _frontend_flags(ns: argparse.Namespace, scheduler_port: int) -> list[str]:
+    flags = ["--scheduler", f"127.0.0.1:{scheduler_port}", "--host", ns.host]
+    flags += ["--grpc-port", str(ns.grpc_port), "--port", str(ns.port)]
     if ns.api_key:
-        frontend += ["--api-key", ns.api_key]
+        flags += ["--api-key", ns.api_key]
     if ns.served_model_name:
-        frontend += ["--served-model-name", ns.served_model_name]
-    frontend += ["--generation-config", ns.generation_config]
-    workers = []
-    for rank, port in enumerate(worker_ports):
-        group = ["--rank", str(rank), "--local-rank", str(rank), "--dist-init-method", rendezvous]
-        group = group if world_size > 1 else []
-        workers.append([*base, "worker", ns.model, "--port", str(port), *group, *flags])
-    addresses = [arg for port in worker_ports for arg in ("--worker", f"127.0.0.1:{port}")]
-    scheduler = [*base, "scheduler", ns.model, *addresses, "--port", str(scheduler_port)]
-    return [*workers, [*scheduler, *flags], [*base, "frontend", ns.model, *frontend]]
+        flags += ["--served-model-name", ns.served_model_name]
+    return [*flags, "--generation-config", ns.generation_config]
 
 
 def run_split(ns: argparse.Namespace) -> int:
-    """Start the roles as child processes; stop them all when one ends or on a signal."""
-    folder = tempfile.mkdtemp(prefix="pagestream-split-")
-    commands = split_commands(ns, f"file://{folder}/rendezvous")
-    children = [subprocess.Popen(cmd) for cmd in commands]
-    stopping = False
-
-    def stop(*_):
-        nonlocal stopping
-        if stopping:
-            return
-        stopping = True
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    """Start the roles as supervised child processes: a child that dies is restarted
+    (with backoff and a give-up limit); SIGTERM / SIGINT stop them all."""
+    world_size = engine_args(ns).parallel_config().world_size
+    layout = SplitLayout.create(world_size)
     try:
-        while all(child.poll() is None for child in children):
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                children[0].wait(timeout=0.5)
+        return Supervisor(split_roles(ns, layout), max_restarts=ns.max_restarts).run()
     finally:
-        stop()
-        codes = [_wait_or_kill(child, GRACE_S + 5) for child in children]
-        shutil.rmtree(folder, ignore_errors=True)
-    logger.info("roles exited with %s", codes)
-    return max(abs(code) for code in codes)
-
-
-def _wait_or_kill(child: subprocess.Popen, timeout_s: float) -> int:
-    try:
-        return child.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        return child.wait()
+        shutil.rmtree(layout.folder, ignore_errors=True)
