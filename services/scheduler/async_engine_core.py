@@ -3,6 +3,9 @@
 Clients (frontends) connect and get an id; their add/abort calls land between steps; each
 step's outputs are routed to the queue of the client that owns the request. The step
 itself (the executor's forward pass) runs on one worker thread, never on the event loop.
+With a batch queue deeper than one (async scheduling, pipeline parallelism) a step may
+submit a plan and return before any output: the loop runs while the core has work, and
+that counts plans in flight. A step whose executor failed raises, which ends the loop.
 The gRPC EngineCore servicer wraps exactly these methods, one Connect stream per client.
 """
 

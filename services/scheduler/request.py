@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from services.common.engine_request import EngineCoreRequest
 from services.common.sampling_params import SamplingParams
+from services.common.scheduler_output import SchedulerOutput
 from services.scheduler.block_hash import BlockHash, hash_request_tokens
 
 
@@ -66,6 +67,9 @@ class Request:
     pending_fork: bool = False
     beam_group: str | None = None  # the beam-search group this sequence is a beam of
     first_scheduled_time: float | None = None
+    # The plan this request's current step rides on, from schedule() until its output is
+    # processed (or the request ends); None when no step of it is in flight.
+    step_in_flight: SchedulerOutput | None = None
 
     @classmethod
     def from_engine_request(cls, req: EngineCoreRequest, block_size: int) -> Request:
@@ -118,6 +122,11 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
+
+    @property
+    def in_flight(self) -> bool:
+        """A step of this request is on the worker(s) and its output is not processed yet."""
+        return self.step_in_flight is not None
 
     @property
     def group_id(self) -> str:

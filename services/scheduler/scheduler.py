@@ -4,13 +4,21 @@ There are no prefill and decode phases: every request gets min(remaining, budget
 tokens per step, which covers chunked prefill, prefix hits and resumed requests.
 Running requests first (preempting the newest when blocks run out), then swapped
 ones, then waiting ones in FCFS (or priority) order.
+
+Plans in flight: the engine core may schedule the next step before the previous one's
+output is back (its batch queue). A request is then "in flight" from schedule() until
+update_from_output() processes its step (or it ends). An in-flight request is never
+scheduled again nor preempted (the worker is writing its blocks), and no member of a
+sequence group (n > 1, beam search) is scheduled while another member is in flight, so
+forks and beam pruning never race a step. A request that cannot get blocks while the only
+newer requests are in flight waits for the next step instead of preempting itself.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 
 from services.common.config import CacheConfig, SchedulerConfig
 from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
@@ -55,6 +63,8 @@ class Scheduler:
         self.num_preemptions = 0
         self.pending_swap_out: list[tuple[int, int]] = []  # for the next plan
         self.groups = SequenceGroups(self)
+        # group_id -> how many of its sequences have a step in flight (no zero entries).
+        self.in_flight_groups: Counter[str] = Counter()
 
     # ---- admission -----------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -129,14 +139,16 @@ class Scheduler:
 
     # ---- scheduling ----------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        """The next step's plan; every request in it is in flight until its output is processed."""
         plan = PlanBuilder(token_budget=self.config.max_num_batched_tokens)
         num_preemptions = self.num_preemptions
-        self._schedule_running(plan)
-        if self.num_preemptions == num_preemptions:
+        stalled = self._schedule_running(plan)
+        admit = self.num_preemptions == num_preemptions and not stalled
+        if admit:
             self._schedule_swapped(plan)
-        if self.num_preemptions == num_preemptions and not self.swapped:
+        if admit and not self.swapped:
             self._schedule_waiting(plan)
-        if not plan.scheduled and (self.waiting or self.swapped):
+        if not plan.scheduled and (self.waiting or self.swapped) and not self.in_flight_groups:
             self._unblock(plan)
         plan.blocks_to_swap_out = self.pending_swap_out
         output = plan.build(self.finished_req_ids, self.kv.take_pending_copies())
@@ -147,6 +159,7 @@ class Scheduler:
             request.num_computed_tokens += plan.num_scheduled_tokens[request.request_id]
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
+            self._take_off(request, output)
         return output
 
     def _num_new_tokens(self, request: Request, budget: int) -> int:
@@ -156,28 +169,36 @@ class Scheduler:
             num_new = min(num_new, threshold)
         return min(num_new, budget)
 
-    def _schedule_running(self, plan: PlanBuilder) -> None:
+    def _schedule_running(self, plan: PlanBuilder) -> bool:
+        """Schedule running requests in order; True if one ran out of blocks (it preempted
+        itself, or it waits for newer requests whose steps are in flight)."""
         index = 0
         while index < len(self.running) and plan.token_budget > 0:
             request = self.running[index]
+            index += 1
+            if self.is_blocked(request):
+                continue
             if request.pending_fork and request.num_tokens_to_compute == 0:
                 self.groups.fork(request)
             num_new = self._num_new_tokens(request, plan.token_budget)
             if num_new == 0:
-                index += 1
                 continue
             new_blocks = self._allocate_or_preempt(request, num_new)
             if new_blocks is None:
-                break  # the request preempted itself; everything after it is gone too
+                return True  # everything after it is gone or in flight
             self._add_to_plan(plan, request, new_blocks, num_new)
-            index += 1
+        return False
 
     def _allocate_or_preempt(self, request: Request, num_new: int):
+        """Blocks for the request, preempting the newest running requests not in flight;
+        None if it preempted itself or must wait for newer requests' steps to land."""
         while True:
             new_blocks = self.kv.allocate_slots(request, num_new)
             if new_blocks is not None:
                 return new_blocks
-            victim = self.running[-1]
+            victim = next(r for r in reversed(self.running) if not r.in_flight)
+            if victim is request and self.running[-1] is not request:
+                return None  # only in-flight requests are newer: wait for their steps
             self._preempt(victim)
             if victim is request:
                 return None
@@ -197,7 +218,10 @@ class Scheduler:
             plan.add_cached(request, new_blocks, num_new)
 
     def _preempt(self, victim: Request, mode: str | None = None) -> None:
-        """Free the victim's device blocks: swap them to the CPU pool or drop them."""
+        """Free the victim's device blocks: swap them to the CPU pool or drop them.
+
+        The victim must not be in flight (the worker may still be writing its blocks)."""
+        assert not victim.in_flight, f"{victim.request_id} has a step in flight"
         self.running.remove(victim)
         self.num_preemptions += 1
         mapping = None
@@ -217,8 +241,9 @@ class Scheduler:
         logger.debug("preempted %s for recompute", victim.request_id)
 
     def _unblock(self, plan: PlanBuilder) -> None:
-        """Nothing ran, yet requests wait: free the blocks of running sequences that have
-        nothing to compute (beams waiting for their siblings) so the queue can move."""
+        """Nothing ran, nothing is in flight, yet requests wait: free the blocks of running
+        sequences that have nothing to compute (beams waiting for their siblings) so the
+        queue can move."""
         stalled = [r for r in self.running if r.num_tokens_to_compute == 0 and not r.pending_fork]
         while stalled and not plan.scheduled:
             self._preempt(stalled.pop(), mode="recompute")
@@ -229,7 +254,7 @@ class Scheduler:
     def _schedule_swapped(self, plan: PlanBuilder) -> None:
         while self.swapped and plan.token_budget > 0:
             request = self.swapped[0]
-            if len(self.running) >= self.config.max_num_seqs:
+            if len(self.running) >= self.config.max_num_seqs or self.is_blocked(request):
                 return
             num_new = self._num_new_tokens(request, plan.token_budget)
             mapping = self.kv.swap_in(request, num_new)
@@ -246,6 +271,8 @@ class Scheduler:
             request = self.waiting[0]
             if len(self.running) + request.sampling_params.n > self.config.max_num_seqs:
                 return
+            if self.is_blocked(request):
+                return  # a sibling's step is in flight: the queue moves next step
             if cdiv(request.num_tokens, self.block_size) > self.kv.num_blocks:
                 self.waiting.popleft()
                 self._finish(request, RequestStatus.FINISHED_IGNORED)
@@ -284,12 +311,13 @@ class Scheduler:
         for client_id, output in self.pending_outputs:
             outputs.setdefault(client_id, []).append(output)
         self.pending_outputs = []
+        landed = self._land(plan)
         for rid, token_ids in zip(
             runner_output.request_ids, runner_output.sampled_token_ids, strict=True
         ):
-            request = self.requests.get(rid)
+            request = landed.get(rid)
             if request is None or request.is_finished:
-                continue  # aborted while its step ran
+                continue  # aborted while its step ran (its id may be in use again)
             try:
                 new_outputs = self._request_outputs(request, token_ids, runner_output)
             except Exception:
@@ -330,8 +358,37 @@ class Scheduler:
         logprobs = runner_output.logprobs.get(request.request_id)
         return self._output(request, new_ids, logprobs, prompt_logprobs)
 
+    # ---- steps in flight -----------------------------------------------------------
+    def _take_off(self, request: Request, plan: SchedulerOutput) -> None:
+        request.step_in_flight = plan
+        self.in_flight_groups[request.group_id] += 1
+
+    def _clear_in_flight(self, request: Request) -> None:
+        if request.step_in_flight is None:
+            return
+        request.step_in_flight = None
+        group_id = request.group_id
+        self.in_flight_groups[group_id] -= 1
+        if self.in_flight_groups[group_id] <= 0:
+            del self.in_flight_groups[group_id]
+
+    def _land(self, plan: SchedulerOutput) -> dict[str, Request]:
+        """The plan's step is back: its live requests, no longer in flight, by id."""
+        landed = {}
+        for rid in plan.num_scheduled_tokens:
+            request = self.requests.get(rid)
+            if request is not None and request.step_in_flight is plan:
+                self._clear_in_flight(request)
+                landed[rid] = request
+        return landed
+
+    def is_blocked(self, request: Request) -> bool:
+        """It, or a sequence of its group, has a step in flight: not schedulable now."""
+        return request.group_id in self.in_flight_groups
+
     def _finish(self, request: Request, status: RequestStatus) -> None:
         request.status = status
+        self._clear_in_flight(request)
         self.kv.free(request)
         self._drop_from_worker(request)
         self.requests.pop(request.request_id, None)
@@ -365,6 +422,16 @@ class Scheduler:
 
     def has_pending_outputs(self) -> bool:
         return bool(self.pending_outputs)
+
+    def has_schedulable_requests(self) -> bool:
+        """Whether schedule() may find work not blocked by steps in flight (a cheap guess:
+        waiting or swapped requests may still not fit)."""
+        if self.waiting or self.swapped:
+            return True
+        return any(
+            not self.is_blocked(r) and (r.num_tokens_to_compute > 0 or r.pending_fork)
+            for r in self.running
+        )
 
     def get_stats(self) -> SchedulerStats:
         return SchedulerStats(

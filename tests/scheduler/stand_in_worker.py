@@ -6,7 +6,8 @@ which every slot records the (token, position) written there. Before it "samples
 reads the whole context back through the block table and checks every slot, so a
 wrong block table, a missed copy-on-write or a lost swap fails loudly. The next token
 is a pure function of the sequence so far (and the seed), so outputs can be compared
-with a plain reference loop.
+with a plain reference loop. When a request asks for logprobs (beam search does), it also
+returns a deterministic top-k list led by that token.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from services.common.runner_output import RunnerOutput
+from services.common.runner_output import RunnerOutput, TokenLogprobs
 from services.common.sampling_params import SamplingParams
 from services.common.scheduler_output import SchedulerOutput
 from services.scheduler.request import Request
@@ -24,10 +25,31 @@ VOCAB_SIZE = 1000
 EOS_TOKEN_ID = 0
 
 
+def _hash(*key) -> int:
+    return int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(), "little")
+
+
 def next_token(token_ids: list[int], seed: int | None) -> int:
     """The stand-in model: a hash of the sequence so far (never EOS unless by chance)."""
-    digest = hashlib.blake2b(repr((seed, token_ids)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % VOCAB_SIZE
+    return _hash(seed, token_ids) % VOCAB_SIZE
+
+
+def top_logprobs(token_ids: list[int], seed: int | None, k: int) -> TokenLogprobs:
+    """The sampled token, then the top k (next_token first), with falling logprobs."""
+    top: list[int] = [next_token(token_ids, seed)]
+    salt = 0
+    while len(top) < max(k, 1):
+        salt += 1
+        candidate = _hash(seed, token_ids, salt) % VOCAB_SIZE
+        if candidate not in top:
+            top.append(candidate)
+    top = top[: max(k, 1)]
+    logprobs = [-(rank + (_hash(token_ids, t) % 997) / 1000) for rank, t in enumerate(top)]
+    return TokenLogprobs(
+        token_ids=[top[0], *top[:k]],
+        logprobs=[logprobs[0], *logprobs[:k]],
+        ranks=[1, *range(1, k + 1)],
+    )
 
 
 def reference_generate(
@@ -54,6 +76,7 @@ class _SeqState:
     block_ids: list[int]
     num_computed_tokens: int
     seed: int | None
+    logprobs: int | None = None
 
 
 @dataclass
@@ -72,11 +95,15 @@ class StandInWorker:
         self.plans.append(plan)
         self._move_blocks(plan)
         self._apply_diffs(plan)
-        request_ids, sampled = [], []
+        request_ids, sampled, logprobs = [], [], {}
         for rid, num_tokens in plan.num_scheduled_tokens.items():
             request_ids.append(rid)
             sampled.append(self._run(rid, num_tokens))
-        return RunnerOutput(request_ids=request_ids, sampled_token_ids=sampled)
+            state = self.states[rid]
+            if sampled[-1] and state.logprobs is not None:
+                context = state.token_ids[:-1]
+                logprobs[rid] = [top_logprobs(context, state.seed, state.logprobs)]
+        return RunnerOutput(request_ids=request_ids, sampled_token_ids=sampled, logprobs=logprobs)
 
     def _copy(self, src, src_block: int, dst, dst_block: int) -> None:
         bs = self.block_size
@@ -100,6 +127,7 @@ class StandInWorker:
                 block_ids=list(new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
                 seed=new.sampling_params.seed,
+                logprobs=new.sampling_params.logprobs,
             )
         cached = plan.scheduled_cached_reqs
         for i, rid in enumerate(cached.request_ids):

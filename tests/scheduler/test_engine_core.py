@@ -1,11 +1,18 @@
+"""The engine core's step loop over the stand-in worker, at batch-queue depths 1 and 2."""
+
+import pytest
+
 from services.scheduler.engine_core import EngineCore
 from services.scheduler.executor.uni import UniExecutor
 from tests.scheduler.stand_in_worker import make_request, reference_generate
 
+DEPTHS = pytest.mark.parametrize("depth", [1, 2])
 
-def test_engine_core_runs_requests_to_completion(build):
+
+@DEPTHS
+def test_engine_core_runs_requests_to_completion(build, depth):
     scheduler, worker = build(30, max_num_batched_tokens=64)
-    core = EngineCore(scheduler, UniExecutor(worker))
+    core = EngineCore(scheduler, UniExecutor(worker, depth))
     requests = [make_request(f"r{i}", list(range(i, 20 + 7 * i)), max_tokens=9) for i in range(6)]
     for request in requests:
         core.add_request(request)
@@ -24,9 +31,10 @@ def test_engine_core_runs_requests_to_completion(build):
     assert scheduler.kv.num_free_blocks == 30
 
 
-def test_abort_of_waiting_request_reports_final_output(build):
+@DEPTHS
+def test_abort_of_waiting_request_reports_final_output(build, depth):
     scheduler, worker = build(30)
-    core = EngineCore(scheduler, UniExecutor(worker))
+    core = EngineCore(scheduler, UniExecutor(worker, depth))
     core.add_request(make_request("a", [1, 2, 3]))
     core.abort_requests(["a"])
     outputs = core.step()
@@ -34,10 +42,11 @@ def test_abort_of_waiting_request_reports_final_output(build):
     assert not core.has_work()
 
 
-def test_a_failing_request_is_aborted_and_the_others_finish(build, monkeypatch):
+@DEPTHS
+def test_a_failing_request_is_aborted_and_the_others_finish(build, monkeypatch, depth):
     """An exception while processing one request's step output ends that request only."""
     scheduler, worker = build(30, max_num_batched_tokens=64)
-    core = EngineCore(scheduler, UniExecutor(worker))
+    core = EngineCore(scheduler, UniExecutor(worker, depth))
     requests = [make_request(f"r{i}", list(range(i, 12 + i)), max_tokens=5) for i in range(3)]
     for request in requests:
         core.add_request(request)
