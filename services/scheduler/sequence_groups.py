@@ -8,15 +8,26 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections import deque
+from typing import Protocol
 
 from services.common.engine_output import EngineCoreOutput
 from services.common.runner_output import TokenLogprobs
 from services.scheduler.beam_search import BeamGroup, NextBeam
+from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request, RequestStatus
 
-if TYPE_CHECKING:
-    from services.scheduler.scheduler import Scheduler
+
+class SequenceQueues(Protocol):
+    """What sequence groups need of their scheduler (the Scheduler is one): its request
+    table and queues, its KV cache manager, and a way to end a sequence silently."""
+
+    requests: dict[str, Request]
+    running: list[Request]
+    waiting: deque[Request]
+    kv: KVCacheManager
+
+    def retire(self, request: Request) -> None: ...
 
 
 def _derived(parent: Request, request_id: str, **fields) -> Request:
@@ -38,7 +49,7 @@ def _derived(parent: Request, request_id: str, **fields) -> Request:
 
 
 class SequenceGroups:
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: SequenceQueues) -> None:
         self.scheduler = scheduler
         self.beam_groups: dict[str, BeamGroup] = {}
 

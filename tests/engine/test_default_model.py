@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from pagestream import LLM, SamplingParams
-from services.worker.default_model import resolve_model
+from services.common.model_source import resolve_model
 
 pytestmark = pytest.mark.slow
 
