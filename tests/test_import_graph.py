@@ -289,7 +289,6 @@ PB2_MODULES = {
     "services.frontend.generation_pb",  # GenerateRequest/Response <-> the Frontend's terms
     "services.frontend.frontend_server",  # registers the Generation servicer
     "services.frontend.grpc_engine_client",  # frontend -> engine core over EngineCore.Connect
-    "services.scheduler.grpc_executor",  # engine core -> one worker over Worker.Execute
     "services.scheduler.executor.worker_group",  # engine core -> a worker group
 }
 
