@@ -1,8 +1,9 @@
 """The benchmark report: results (JSON) -> docs/benchmarks.md with tables and PNG plots.
 
 Results accumulate in ``<out>/benchmarks/results.json`` section by section (``throughput``,
-``serving``, ``memory``), so `pagestream bench throughput` and `pagestream bench serve` run
-separately still produce one report; every section that has results is rendered.
+``serving``, ``memory``, ``parallel``: benchmarks/report_parallel.py), so `pagestream bench
+throughput` and `pagestream bench serve` run separately still produce one report; every
+section that has results is rendered.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import platform
 from pathlib import Path
 
 from benchmarks import plots
+from benchmarks.report_parallel import parallel_section
 
 logger = logging.getLogger(__name__)
 
@@ -320,6 +322,8 @@ def render(results: dict, notes: str = "") -> str:
         out += _serving_section(results["serving"])
     if results.get("memory"):
         out += _memory_section(results["memory"])
+    if results.get("parallel"):
+        out += parallel_section(results["parallel"])
     if machine and not machine.get("cuda") and CPU_NOTES.exists():
         out += [CPU_NOTES.read_text(encoding="utf-8").strip(), ""]
     return "\n".join(out)

@@ -163,3 +163,91 @@ def split_ratios(one: list[dict], split: list[dict]) -> list[dict]:
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a is not None and b else None
+
+
+# ---- async scheduling on vs off ----------------------------------------------------------
+
+
+@dataclass
+class AsyncServingOptions:
+    model: str
+    rates: tuple[float, ...] = (INF,)
+    deployments: tuple[bool, ...] = (False, True)  # split services?
+    transport: str = "grpc"
+    rounds: int = 2
+    seed: int = 0
+    kv_cache_memory: str | int | None = None  # None: sized to the requests
+    engine_flags: tuple[str, ...] = ("--no-enable-prefix-caching",)
+
+
+def run_async_serving(requests: list[BenchRequest], options: AsyncServingOptions) -> dict:
+    """Per deployment, a server with `--async-scheduling` and one without stay up side by
+    side and take turns, round after round, at every rate; ratios on / off per round."""
+    from benchmarks.parallel import kv_cache_bytes
+
+    rates = (*(r for r in options.rates if r != INF), INF)
+    kv = options.kv_cache_memory or kv_cache_bytes(options.model, requests)
+    flags = ("--kv-cache-memory", str(kv), *options.engine_flags)
+    runs: list[dict] = []
+    for split in options.deployments:
+        servers = {
+            on: ServerProcess(
+                options.model,
+                split_services=split,
+                engine_flags=(*flags, *(("--async-scheduling",) if on else ())),
+            )
+            for on in (False, True)
+        }
+        with servers[False], servers[True]:
+            for round_index in range(options.rounds):
+                for on, server in servers.items():
+                    for run in asyncio.run(
+                        _run_transport(server, options.transport, requests, rates, options.seed)
+                    ):
+                        run.update(
+                            deployment="split services" if split else "one process",
+                            async_scheduling=on,
+                            round=round_index,
+                        )
+                        runs.append(run)
+    return {
+        "runs": runs,
+        "ratios": async_ratios(runs),
+        "rounds": options.rounds,
+        "num_requests": len(requests),
+        "prompt_tokens": sum(r.prompt_len for r in requests),
+        "output_tokens": sum(r.output_len for r in requests),
+    }
+
+
+def async_ratios(runs: list[dict]) -> list[dict]:
+    """on / off per (deployment, rate): the median over rounds of each round's ratio."""
+    by_key: dict[tuple, dict] = {}
+    for run in runs:
+        key = (run["deployment"], run["rate"], run["round"])
+        by_key.setdefault(key, {})[run["async_scheduling"]] = run
+    grouped: dict[tuple, list[dict]] = {}
+    for (deployment, rate, _), pair in by_key.items():
+        if True in pair and False in pair:
+            on, off = pair[True], pair[False]
+            grouped.setdefault((deployment, rate), []).append(
+                {
+                    "throughput": _ratio(on["output_tokens_per_s"], off["output_tokens_per_s"]),
+                    "ttft_p50": _ratio(on["ttft_ms"]["p50"], off["ttft_ms"]["p50"]),
+                    "tpot_p50": _ratio(on["tpot_ms"]["p50"], off["tpot_ms"]["p50"]),
+                }
+            )
+    return [
+        {
+            "deployment": deployment,
+            "rate": rate,
+            "rounds": len(ratios),
+            **{key: _median([r[key] for r in ratios]) for key in ratios[0]},
+        }
+        for (deployment, rate), ratios in grouped.items()
+    ]
+
+
+def _median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(float(np.median(present)), 3) if present else None

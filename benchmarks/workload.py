@@ -41,10 +41,14 @@ class Profile:
     prefix_output_len: int = 32
     sharing_num_prompts: int = 4  # memory sharing: prompts run with n = 4 / beam width 4
     sharing_output_len: int = 64
+    parallel_num_requests: int = 16  # `bench parallel`: the first requests, every layout
+    parallel_output_scale: float = 0.5  # their output lengths, scaled down
+    parallel_rounds: int = 2  # layouts (and async on / off servers) take turns this often
 
     def __post_init__(self) -> None:
-        if self.num_requests < 1:
-            raise ValueError(f"num_requests must be >= 1, got {self.num_requests}.")
+        for name in ("num_requests", "parallel_num_requests", "parallel_rounds"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
         for name, (low, high) in (
             ("prompt_range", self.prompt_range),
             ("output_range", self.output_range),
@@ -81,6 +85,9 @@ PROFILES: dict[str, Profile] = {
         prefix_output_len=4,
         sharing_num_prompts=2,
         sharing_output_len=8,
+        parallel_num_requests=3,
+        parallel_output_scale=1.0,
+        parallel_rounds=1,
     ),
     "full": Profile(
         "full",
@@ -93,6 +100,9 @@ PROFILES: dict[str, Profile] = {
         prefix_output_len=64,
         sharing_num_prompts=8,
         sharing_output_len=128,
+        parallel_num_requests=32,
+        parallel_output_scale=1.0,
+        parallel_rounds=3,
     ),
 }
 

@@ -1,11 +1,15 @@
-"""`pagestream bench`: throughput / serve / memory / all against HF transformers.
+"""`pagestream bench`: throughput / serve / memory / all against HF transformers, and the
+parallel runs (tensor / pipeline parallelism and async scheduling on this machine).
 
-    pagestream bench all --profile quick     # what `make bench` runs (~15-20 min on 2 cores)
+    pagestream bench all --profile quick     # what `make bench` runs (~30 min on 2 cores)
     pagestream bench throughput --profile full --bf16
+    pagestream bench parallel --profile quick   # tp = 1/2/3, pp = 2, async on/off (~15 min)
 
 Results accumulate in <docs>/benchmarks/results.json and the report is rewritten to
 <docs>/benchmarks.md (tables) with PNG plots in <docs>/benchmarks/ after every section.
-The drivers live in the repository's benchmarks/ package.
+`parallel` is not part of `all`: it keeps its own command, date and machine inside its
+section and leaves the others (and their meta) as they are. The drivers live in the
+repository's benchmarks/ package.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ from services.common.config import DEFAULT_MODEL
 
 logger = logging.getLogger("pagestream.bench")
 
-SECTIONS = ("throughput", "serve", "memory")
+SECTIONS = ("throughput", "serve", "memory")  # what `all` runs
+SELF_CONTAINED = ("parallel",)  # sections with their own meta, kept across other runs
 REPO_ROOT = Path(__file__).resolve().parent.parent
+KV_DEFAULT = "2GiB"
 
 
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
@@ -30,18 +36,37 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
         "bench", help="benchmarks against HF transformers; writes docs/benchmarks.md"
     )
     add = bench.add_argument
-    add("what", choices=(*SECTIONS, "all"), help="which benchmark to run")
+    add("what", choices=(*SECTIONS, *SELF_CONTAINED, "all"), help="which benchmark to run")
     add("--model", default=DEFAULT_MODEL, help="model name or folder")
     add("--profile", default="quick", choices=("quick", "full", "smoke"))
     add("--num-requests", type=int, default=None, help="override the profile's request count")
     add("--docs-dir", default="docs", help="where benchmarks.md and its plots go")
-    add("--kv-cache-memory", default="2GiB", help="pagestream's KV cache (CPU)")
+    add(
+        "--kv-cache-memory",
+        default=KV_DEFAULT,
+        help="pagestream's KV cache (CPU); parallel: sized to the requests unless given",
+    )
     add("--hf-batch-sizes", default=None, help="HF static batch sizes, e.g. 8,16,32")
     add("--no-hf", action="store_true", help="skip the HF transformers baselines")
     add("--no-hf-continuous", action="store_true", help="skip HF continuous batching")
     add("--bf16", action="store_true", help="also run pagestream in bfloat16")
     add("--rates", default=None, help="serving request rates (req/s), e.g. 1,4")
     add("--no-split", action="store_true", help="skip the --split-services comparison")
+    parallel = bench.add_argument_group("parallel")
+    parallel.add_argument(
+        "--layouts",
+        default=None,
+        help="parallel: layouts to run, e.g. tp1,tp1-async,tp1-mp,tp2,tp3,pp2,tp2xpp2 "
+        "(-mp: tp=1 in a worker process; -async: --async-scheduling)",
+    )
+    parallel.add_argument(
+        "--rounds", type=int, default=None, help="parallel: override the profile's rounds"
+    )
+    parallel.add_argument(
+        "--no-async-serve",
+        action="store_true",
+        help="parallel: skip the serving runs with async scheduling on vs off",
+    )
     return bench
 
 
@@ -67,6 +92,7 @@ def _profile(args: argparse.Namespace):
     if args.num_requests is not None:
         changes["num_requests"] = args.num_requests
         changes["serve_num_requests"] = min(profile.serve_num_requests, args.num_requests)
+        changes["parallel_num_requests"] = min(profile.parallel_num_requests, args.num_requests)
     if args.hf_batch_sizes is not None:
         changes["hf_batch_sizes"] = tuple(int(x) for x in args.hf_batch_sizes.split(","))
     if args.rates is not None:
@@ -94,16 +120,25 @@ def run_bench(args: argparse.Namespace) -> int:
         "machine": report.machine_info(),
         "workload": workload.summary(),
     }
-    old = results.get("meta", {})
-    if (old.get("profile"), old.get("model")) != (meta["profile"], meta["model"]):
-        results = {}  # another profile or model: start a fresh report
-    results["meta"] = meta
+    if args.what in SELF_CONTAINED:
+        notes = _notes_of(results)
+        results[args.what] = {"meta": meta}
+    else:
+        old = results.get("meta", {})
+        if (old.get("profile"), old.get("model")) != (meta["profile"], meta["model"]):
+            # another profile or model: start a fresh report (self-contained sections stay)
+            results = {k: results[k] for k in SELF_CONTAINED if k in results}
+        results["meta"] = meta
+        notes = _notes(profile)
     sections = SECTIONS if args.what == "all" else (args.what,)
     for section in sections:
         logger.info("bench %s (profile %s)", section, profile.name)
-        results[_RESULT_KEYS[section]] = _RUNNERS[section](args, folder, profile, workload, results)
+        found = _RUNNERS[section](args, folder, profile, workload, results)
+        if section in SELF_CONTAINED:
+            found = {**results[section], **found}
+        results[_RESULT_KEYS[section]] = found
         report.save_results(results_path, results)
-        path = report.write_report(results, docs, notes=_notes(profile))
+        path = report.write_report(results, docs, notes=notes)
     logger.info("report: %s", path)
     return 0
 
@@ -114,9 +149,11 @@ def command_line(args: argparse.Namespace) -> str:
     for flag, value, default in (
         ("--model", args.model, DEFAULT_MODEL),
         ("--num-requests", args.num_requests, None),
-        ("--kv-cache-memory", args.kv_cache_memory, "2GiB"),
+        ("--kv-cache-memory", args.kv_cache_memory, KV_DEFAULT),
         ("--hf-batch-sizes", args.hf_batch_sizes, None),
         ("--rates", args.rates, None),
+        ("--layouts", args.layouts, None),
+        ("--rounds", args.rounds, None),
     ):
         if value != default:
             parts += [flag, str(value)]
@@ -125,6 +162,7 @@ def command_line(args: argparse.Namespace) -> str:
         ("--no-hf-continuous", args.no_hf_continuous),
         ("--bf16", args.bf16),
         ("--no-split", args.no_split),
+        ("--no-async-serve", args.no_async_serve),
     ):
         if on:
             parts.append(flag)
@@ -180,8 +218,58 @@ def _run_memory(args, folder, profile, workload, results) -> dict:
     return run_memory(workload.requests, options, kv_utilization=kv)
 
 
-_RUNNERS = {"throughput": _run_throughput, "serve": _run_serving, "memory": _run_memory}
-_RESULT_KEYS = {"throughput": "throughput", "serve": "serving", "memory": "memory"}
+def _run_parallel(args, folder, profile, workload, results) -> dict:
+    """Offline layouts side by side, then async scheduling on / off behind the servers."""
+    from benchmarks.serving import AsyncServingOptions, run_async_serving
+    from benchmarks.throughput import run_parallel_throughput
+    from benchmarks.workload import scaled
+
+    rounds = args.rounds or profile.parallel_rounds
+    requests = workload.requests[: profile.parallel_num_requests]
+    requests = scaled(requests, profile.parallel_output_scale)
+    layouts = tuple(t for t in (args.layouts or "").split(",") if t.strip()) or None
+    # The KV cache is sized to the requests unless --kv-cache-memory is given: every rank
+    # of every layout would otherwise hold the default 2 GiB.
+    kv = None if args.kv_cache_memory == KV_DEFAULT else args.kv_cache_memory
+    found = {
+        "offline": run_parallel_throughput(
+            requests, folder, layouts, rounds=rounds, kv_cache_memory=kv
+        )
+    }
+    if not args.no_async_serve:
+        serve_requests = scaled(
+            workload.requests[: profile.serve_num_requests], profile.serve_output_scale
+        )
+        options = AsyncServingOptions(
+            model=folder,
+            rates=profile.serve_rates if args.rates else (),  # saturation only, unless asked
+            deployments=(False,) if args.no_split else (False, True),
+            rounds=rounds,
+            kv_cache_memory=kv,
+        )
+        found["async_serving"] = run_async_serving(serve_requests, options)
+    return found
+
+
+_RUNNERS = {
+    "throughput": _run_throughput,
+    "serve": _run_serving,
+    "memory": _run_memory,
+    "parallel": _run_parallel,
+}
+_RESULT_KEYS = {
+    "throughput": "throughput",
+    "serve": "serving",
+    "memory": "memory",
+    "parallel": "parallel",
+}
+
+
+def _notes_of(results: dict) -> str:
+    """The notes of the profile the report's other sections ran with."""
+    workload = _import_benchmarks()
+    name = results.get("meta", {}).get("profile")
+    return _notes(workload.PROFILES[name]) if name in workload.PROFILES else ""
 
 
 def _notes(profile) -> str:

@@ -108,3 +108,113 @@ def test_report_has_every_section_table_and_plot(bench_run):
     for name in ("throughput", "serving", "kv_utilization", "memory"):
         assert f"](benchmarks/{name}.png)" in text
         assert (docs / "benchmarks" / f"{name}.png").read_bytes().startswith(PNG_MAGIC)
+
+
+@pytest.fixture(scope="module")
+def parallel_run(model_dir, tmp_path_factory):
+    """`pagestream bench parallel --profile smoke` on the tiny Llama (4 query / 2 KV heads,
+    2 layers): tp = 1 in process with and without async scheduling, tp = 2, pp = 2, and
+    tp = 3, which the model refuses and no head variant of hidden size 64 can take."""
+    docs = tmp_path_factory.mktemp("docs-parallel")
+    parser = argparse.ArgumentParser()
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    model = str(model_dir("llama"))
+    argv = ["bench", "parallel", "--profile", "smoke", "--model", model, "--docs-dir", str(docs)]
+    argv += ["--kv-cache-memory", "8MiB", "--layouts", "tp1,tp1-async,tp2,pp2,tp3"]
+    assert run_bench(parser.parse_args(argv)) == 0
+    results = json.loads((docs / "benchmarks" / "results.json").read_text())
+    return docs, results
+
+
+def test_parallel_layouts_run_the_same_work(parallel_run):
+    _, results = parallel_run
+    parallel = results["parallel"]
+    assert parallel["meta"]["profile"] == "smoke"
+    assert "pagestream bench parallel --profile smoke" in parallel["meta"]["command"]
+    assert "meta" not in results  # the other sections' meta is left alone
+    offline = parallel["offline"]
+    layouts = [run["layout"] for run in offline["runs"]]
+    assert layouts == [
+        "tp=1 (in process)",
+        "tp=1 (in process), async scheduling",
+        "tp=2",
+        "pp=2",
+    ]
+    assert [s["layout"] for s in offline["skipped"]] == ["tp=3"]
+    assert "--tensor-parallel-size 3" in offline["skipped"][0]["reason"]
+    expected = offline["output_tokens"]
+    for run in offline["runs"]:
+        assert run["output_tokens"] == expected  # every layout produced exactly the lengths
+        assert run["output_tokens_per_s"] > 0 and run["vs_tp1"] > 0
+        assert run["identical_outputs"] == offline["num_requests"]  # greedy parity
+        assert run["processes"] == (0 if run["tp"] * run["pp"] == 1 else 2)
+        steps = run["steps"]
+        assert steps["num_steps"] == steps["decode"]["num_steps"] + steps["prefill"]["num_steps"]
+        assert steps["prefill"]["num_steps"] >= 1 and steps["decode"]["num_steps"] >= 1
+        for kind in ("decode", "prefill"):
+            step = steps[kind]
+            assert 0 < step["forward_ms"] <= step["worker_ms"] <= step["wall_ms"] + 1e-6
+    assert offline["runs"][0]["vs_tp1"] == 1.0
+    by_layout = {run["layout"]: run for run in offline["runs"]}
+    assert by_layout["tp=2"]["collectives_per_step"] == {"all_reduce": 5, "gather_logits": 1}
+    assert by_layout["pp=2"]["collectives_per_step"] == {"recv_hidden": 1}
+    assert by_layout["tp=2"]["steps"]["decode"]["collectives_est_ms"] > 0
+    assert "collectives_est_ms" not in by_layout["tp=1 (in process)"]["steps"]["decode"]
+
+
+def test_collective_timings_cover_decode_and_prefill_sizes(parallel_run):
+    _, results = parallel_run
+    collectives = results["parallel"]["offline"]["collectives"]
+    assert set(collectives) == {"2"}  # tp = 2 and pp = 2 are both two processes
+    two = collectives["2"]
+    assert two["hidden_size"] == 64 and two["threads_per_rank"] >= 1
+    for table in ("all_reduce_us", "send_recv_us", "gather_logits_us"):
+        assert two[table], table
+        for entry in two[table].values():
+            assert 0 < entry["min"] <= entry["median"]
+    assert {"1", "2048"} <= set(two["all_reduce_us"])
+
+
+def test_async_serving_compares_on_and_off_in_both_deployments(parallel_run):
+    _, results = parallel_run
+    serving = results["parallel"]["async_serving"]
+    seen = {(r["deployment"], r["async_scheduling"]) for r in serving["runs"]}
+    assert seen == {(d, on) for d in ("one process", "split services") for on in (False, True)}
+    for run in serving["runs"]:
+        assert run["failures"] == 0, run["failure_examples"]
+        assert run["completed"] == serving["num_requests"]
+    ratios = {(r["deployment"], r["rate"]): r for r in serving["ratios"]}
+    assert set(ratios) == {("one process", "inf"), ("split services", "inf")}
+    assert all(r["throughput"] > 0 and r["rounds"] == 1 for r in ratios.values())
+
+
+def test_parallel_report_section(parallel_run):
+    docs, _ = parallel_run
+    text = (docs / "benchmarks.md").read_text()
+    for heading in (
+        "## Parallel runs",
+        "### Offline throughput by layout",
+        "### Where a step's time goes",
+        "### What one collective costs here",
+        "### Async scheduling on vs off, serving",
+    ):
+        assert heading in text, heading
+    assert "`pagestream bench parallel --profile smoke" in text
+    assert "Not run: tp=3" in text
+    for line in text.splitlines():
+        if line.startswith("|") and not line.startswith("|---"):
+            assert line.endswith("|") and "None" not in line, line
+
+
+def test_layouts_parse_and_head_variants_divide():
+    from benchmarks.head_variant import divisible_heads
+    from benchmarks.parallel import Layout
+
+    assert Layout.parse("tp2xpp2") == Layout(2, 2)
+    assert Layout.parse("tp1-mp-async") == Layout(1, 1, "mp", True)
+    assert Layout.parse("pp2").label == "pp=2"
+    with pytest.raises(ValueError, match="layout 'mp'"):
+        Layout.parse("mp")
+    assert divisible_heads(576, 9, 3, 2) == (8, 2)  # SmolLM2-135M at tp = 2: head_dim 72
+    assert divisible_heads(576, 9, 3, 3) == (9, 3)
+    assert divisible_heads(64, 4, 2, 3) is None

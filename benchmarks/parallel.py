@@ -1,0 +1,336 @@
+"""Offline throughput under tensor / pipeline parallelism on this machine's CPU, and what the
+collectives cost per step.
+
+Every layout (tp = 1 in process, tp = 1 as one worker process, tp = 2, tp = 3, pp = 2, ...)
+runs the same prompts with the same output lengths (greedy, ignore_eos, prefix caching off)
+through ``LLM.generate``. The layouts take turns, round after round (each engine started,
+warmed up, timed and stopped in its turn), so that each figure is measured side by side
+with its tp = 1 baseline (medians over rounds; ratios are taken within a round). A layout
+the model refuses (heads not divisible) runs on a random model of the same sizes with
+divisible heads (benchmarks/head_variant.py), next to that model's own tp = 1 run.
+
+Per step (benchmarks/step_recorder.py): wall time on the scheduler's side, the output rank's
+prepare / forward / sample, and an estimate of the step's collectives from timings of the
+same tensors between idle processes (benchmarks/collectives.py): ``2 * layers + 1``
+all-reduces of ``[num_tokens, hidden]`` plus the logits gather under tp, one hidden-state
+hand-off per stage boundary under pp.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks.collectives import CollectiveSpec, interpolate_us, measure_collectives
+from benchmarks.step_recorder import StepRecord, StepRecorder
+from benchmarks.workload import BenchRequest
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LAYOUTS = ("tp1", "tp1-async", "tp1-mp", "tp2", "tp3", "pp2")
+_LAYOUT = re.compile(r"^(?:tp(\d+))?(?:x?pp(\d+))?(-mp)?(-async)?$")
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int = 1
+    pp: int = 1
+    backend: str | None = None  # None: uni in process at world size 1, else mp
+    async_scheduling: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> Layout:
+        """ "tp1", "tp1-mp" (one worker process), "tp2", "pp2", "tp2xpp2"; "-async" after
+        any of them turns async scheduling on ("tp1-async", "tp1-mp-async")."""
+        match = _LAYOUT.match(text.strip().lower())
+        if not match or not (match.group(1) or match.group(2)):
+            raise ValueError(
+                f"layout {text!r}: expected tpN, ppN or tpNxppM, then -mp and/or -async"
+            )
+        tp, pp = int(match.group(1) or 1), int(match.group(2) or 1)
+        if tp < 1 or pp < 1:
+            raise ValueError(f"layout {text!r}: sizes must be >= 1")
+        return cls(tp, pp, "mp" if match.group(3) else None, bool(match.group(4)))
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def label(self) -> str:
+        parts = [f"tp={self.tp}"] if self.tp > 1 or self.pp == 1 else []
+        parts += [f"pp={self.pp}"] if self.pp > 1 else []
+        text = " x ".join(parts)
+        if self.world_size == 1:
+            text += " (worker process)" if self.backend == "mp" else " (in process)"
+        return text + (", async scheduling" if self.async_scheduling else "")
+
+    def engine_kwargs(self) -> dict:
+        kwargs = {"tensor_parallel_size": self.tp, "pipeline_parallel_size": self.pp}
+        if self.backend:
+            kwargs["distributed_executor_backend"] = self.backend
+        if self.async_scheduling:
+            kwargs["async_scheduling"] = True
+        return kwargs
+
+
+BASELINES = (Layout(), Layout(backend="mp"))  # tp = 1 in process, tp = 1 in a worker process
+
+
+@dataclass
+class ParallelOptions:
+    model: str  # a model folder
+    layouts: tuple[Layout, ...] = tuple(Layout.parse(t) for t in DEFAULT_LAYOUTS)
+    rounds: int = 2
+    kv_cache_memory: str | int | None = None  # None: sized to the workload (kv_cache_bytes)
+    dtype: str = "float32"
+    head_variants: bool = True  # a refused tp runs on a random model with divisible heads
+    collective_repeats: int = 40
+    engine_kwargs: dict = field(default_factory=dict)
+
+
+@dataclass
+class _Run:
+    """One layout on one model and what it measured, round after round."""
+
+    layout: Layout
+    model_name: str
+    folder: str
+    recorder: StepRecorder = field(default_factory=StepRecorder)
+    output_tokens_per_s: list[float] = field(default_factory=list)
+    elapsed_s: list[float] = field(default_factory=list)
+    token_ids: list[list[int]] | None = None
+    startup_s: list[float] = field(default_factory=list)
+
+    @property
+    def key(self) -> tuple[str, Layout]:
+        return self.model_name, self.layout
+
+
+def run_parallel(requests: list[BenchRequest], options: ParallelOptions) -> dict:
+    """Collective timings, then every layout round after round; a JSON-ready dict."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(options.model)
+    with tempfile.TemporaryDirectory(prefix="pagestream-bench-parallel-") as scratch:
+        runs, models, skipped = _plan_runs(options, Path(scratch))
+        collectives = _measure_collectives(config, runs, options)
+        for round_index in range(options.rounds):
+            for run in runs:
+                _run_round(run, requests, options, round_index)
+    return {
+        "num_requests": len(requests),
+        "prompt_tokens": sum(r.prompt_len for r in requests),
+        "output_tokens": sum(r.output_len for r in requests),
+        "rounds": options.rounds,
+        "dtype": options.dtype,
+        "models": models,
+        "collectives": collectives,
+        "runs": [_run_summary(run, runs, config, collectives) for run in runs],
+        "skipped": skipped,
+    }
+
+
+def _plan_runs(options: ParallelOptions, scratch: Path) -> tuple[list[_Run], dict, list]:
+    """Which (layout, model) pairs run: a refused layout moves to a head variant, which gets
+    its own tp = 1 baseline; a layout nothing can run is listed with the reason."""
+    from benchmarks.head_variant import build_head_variant
+    from pagestream.engine_args import EngineArgs
+    from pagestream.executor_factory import check_parallel_model
+
+    def refusal(folder: str, layout: Layout) -> str | None:
+        try:
+            check_parallel_model(EngineArgs(model=folder, **layout.engine_kwargs()))
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    runs: list[_Run] = []
+    models: dict[str, dict] = {"model": _heads(options.model)}
+    skipped = []
+    for layout in options.layouts:
+        reason = refusal(options.model, layout)
+        if reason is None:
+            runs.append(_Run(layout, "model", options.model))
+            continue
+        name, folder = f"head variant for tp={layout.tp}", scratch / f"variant-tp{layout.tp}"
+        if options.head_variants and layout.tp > 1 and name not in models:
+            description = build_head_variant(Path(options.model), layout.tp, folder)
+            if description is not None:
+                models[name] = {**description, "refused": reason}
+                for baseline in BASELINES:  # the variant's own tp = 1 runs
+                    if baseline == Layout() or baseline in options.layouts:
+                        runs.append(_Run(baseline, name, str(folder)))
+        if name in models and refusal(str(folder), layout) is None:
+            runs.append(_Run(layout, name, str(folder)))
+        else:
+            skipped.append({"layout": layout.label, "reason": reason})
+    return runs, models, skipped
+
+
+def _heads(folder: str) -> dict:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(folder)
+    return {
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": getattr(config, "num_key_value_heads", None)
+        or config.num_attention_heads,
+        "num_hidden_layers": config.num_hidden_layers,
+        "hidden_size": config.hidden_size,
+    }
+
+
+def _measure_collectives(config, runs: list[_Run], options: ParallelOptions) -> dict:
+    """Timings at each world size a tensor-parallel group or a stage boundary uses."""
+    sizes = sorted({r.layout.tp for r in runs if r.layout.tp > 1} | _pp_sizes(runs))
+    out = {}
+    for world_size in sizes:
+        spec = CollectiveSpec(
+            world_size=world_size,
+            hidden_size=config.hidden_size,
+            vocab_size=config.vocab_size,
+            repeats=options.collective_repeats,
+        )
+        logger.info("collectives between %d processes", world_size)
+        out[str(world_size)] = measure_collectives(spec)
+    return out
+
+
+def _pp_sizes(runs: list[_Run]) -> set[int]:
+    return {2} if any(r.layout.pp > 1 for r in runs) else set()
+
+
+def kv_cache_bytes(folder: str, requests: list[BenchRequest], block_size: int = 16) -> int:
+    """A KV budget that holds every request at once at tp = 1 (float32), with a margin: no
+    layout preempts, so all run the same plans, and no rank holds gigabytes it never uses."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(folder)
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * 4
+    blocks = sum(-(-(r.prompt_len + r.output_len) // block_size) + 1 for r in requests)
+    return int(blocks * block_size * per_token * 1.25) + 16 * 1024**2
+
+
+def _run_round(run: _Run, requests, options: ParallelOptions, round_index: int) -> None:
+    """Start the layout's engine, warm it up, time the workload, stop it (one engine at a
+    time: a machine with few cores rarely has the memory for all of them at once)."""
+    from pagestream import LLM, SamplingParams
+
+    start = time.perf_counter()
+    llm = LLM(
+        run.folder,
+        dtype=options.dtype,
+        kv_cache_memory=options.kv_cache_memory or kv_cache_bytes(run.folder, requests),
+        enable_prefix_caching=False,
+        **run.layout.engine_kwargs(),
+        **options.engine_kwargs,
+    )
+    try:
+        run.startup_s.append(time.perf_counter() - start)
+        warm = [{"prompt_token_ids": requests[0].prompt_token_ids[:16]}] * 2
+        llm.generate(warm, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), False)
+        prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
+        params = [
+            SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True)
+            for r in requests
+        ]
+        with run.recorder.attached(llm.engine):
+            start = time.perf_counter()
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+            elapsed = time.perf_counter() - start
+    finally:
+        llm.engine.close()
+    generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+    run.elapsed_s.append(elapsed)
+    run.output_tokens_per_s.append(generated / elapsed)
+    run.token_ids = [list(o.outputs[0].token_ids) for o in outputs]
+    logger.info(
+        "round %d, %s on %s: %.1f output tok/s",
+        round_index,
+        run.layout.label,
+        run.model_name,
+        generated / elapsed,
+    )
+
+
+def _baseline(run: _Run, runs: list[_Run], layout: Layout) -> _Run | None:
+    """The run of ``layout`` on the same model."""
+    return next((r for r in runs if r.key == (run.model_name, layout)), None)
+
+
+def _ratio(run: _Run, base: _Run | None) -> float | None:
+    """The median over rounds of each round's output tok/s ratio to ``base``."""
+    if base is None:
+        return None
+    pairs = zip(run.output_tokens_per_s, base.output_tokens_per_s, strict=True)
+    return round(statistics.median(a / b for a, b in pairs), 3)
+
+
+def _run_summary(run: _Run, runs: list[_Run], config, collectives: dict) -> dict:
+    base = _baseline(run, runs, Layout())
+    worker_base = _baseline(run, runs, Layout(backend="mp"))
+    identical = None
+    if base is not None and run.token_ids is not None and base.token_ids is not None:
+        identical = sum(a == b for a, b in zip(run.token_ids, base.token_ids, strict=True))
+    cost = _collective_cost(run.layout, config, collectives)
+    return {
+        "layout": run.layout.label,
+        "tp": run.layout.tp,
+        "pp": run.layout.pp,
+        "model": run.model_name,
+        "processes": 0 if _in_process(run.layout) else run.layout.world_size,
+        "startup_s": round(statistics.median(run.startup_s), 1),
+        "output_tokens": sum(len(t) for t in run.token_ids or []),
+        "elapsed_s": [round(e, 3) for e in run.elapsed_s],
+        "output_tokens_per_s": round(statistics.median(run.output_tokens_per_s), 2),
+        "output_tokens_per_s_rounds": [round(x, 2) for x in run.output_tokens_per_s],
+        "vs_tp1": _ratio(run, base),
+        "vs_tp1_worker_process": _ratio(run, worker_base),
+        "identical_outputs": identical,
+        "steps": run.recorder.summary(cost),
+        "collectives_per_step": _collective_counts(run.layout, config),
+    }
+
+
+def _in_process(layout: Layout) -> bool:
+    return layout.backend is None and layout.world_size == 1
+
+
+def _collective_counts(layout: Layout, config) -> dict:
+    """What the output rank (tp rank 0 of the last stage) does per step."""
+    layers = config.num_hidden_layers // layout.pp  # the last stage's share (even split)
+    counts = {}
+    if layout.tp > 1:
+        counts["all_reduce"] = 2 * layers + (1 if layout.pp == 1 else 0)
+        counts["gather_logits"] = 1
+    if layout.pp > 1:
+        counts["recv_hidden"] = 1
+    return counts
+
+
+def _collective_cost(layout: Layout, config, collectives: dict):
+    """step -> estimated seconds of the output rank's collectives (None: there are none)."""
+    counts = _collective_counts(layout, config)
+    if not counts:
+        return None
+    tp_table = collectives.get(str(layout.tp), {})
+    pp_table = collectives.get("2", {})
+
+    def cost(step: StepRecord) -> float:
+        us = 0.0
+        if "all_reduce" in counts:
+            us += counts["all_reduce"] * interpolate_us(tp_table["all_reduce_us"], step.num_tokens)
+            us += interpolate_us(tp_table["gather_logits_us"], step.num_seqs)
+        if "recv_hidden" in counts:
+            us += interpolate_us(pp_table["send_recv_us"], step.num_tokens)
+        return us * 1e-6
+
+    return cost

@@ -1,0 +1,268 @@
+"""The report's section for `pagestream bench parallel`: layouts side by side, where a step's
+time goes under tensor / pipeline parallelism, and async scheduling on vs off."""
+
+from __future__ import annotations
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join("—" if c is None else str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def parallel_section(par: dict) -> list[str]:
+    meta = par.get("meta", {})
+    machine = meta.get("machine", {})
+    out = [
+        "## Parallel runs: tensor / pipeline parallelism and async scheduling",
+        "",
+        f"Reproduce: `{meta.get('command', 'pagestream bench parallel --profile quick')}` "
+        f"(profile `{meta.get('profile')}`, model `{meta.get('model')}`); measured "
+        f"{machine.get('date')} on {machine.get('cpu')} ({machine.get('cores')} cores, torch "
+        f"{machine.get('torch')}), a machine shared with other jobs: compare the figures "
+        "within this section, which were measured side by side, not with other runs.",
+        "",
+    ]
+    if par.get("offline"):
+        out += _offline(par["offline"])
+    if par.get("async_serving"):
+        out += _async_serving(par["async_serving"])
+    return out
+
+
+def _step_cell(step: dict) -> str:
+    if not step.get("num_steps"):
+        return "—"
+    collectives = step.get("collectives_est_ms")
+    cell = f"{step['wall_ms']} / {step['forward_ms']}"
+    return cell + (f" / {collectives}" if collectives is not None else "")
+
+
+def _offline(off: dict) -> list[str]:
+    runs = off["runs"]
+    rows = [
+        [
+            r["layout"],
+            r["model"],
+            r["processes"] or "in process",
+            r["output_tokens_per_s"],
+            r["vs_tp1"],
+            r.get("vs_tp1_worker_process"),
+            f"{r['identical_outputs']}/{off['num_requests']}"
+            if r["identical_outputs"] is not None
+            else None,
+            _step_cell(r["steps"].get("decode", {})),
+            _step_cell(r["steps"].get("prefill", {})),
+        ]
+        for r in runs
+    ]
+    out = [
+        "### Offline throughput by layout",
+        "",
+        f"{off['num_requests']} requests ({off['prompt_tokens']} prompt tokens, "
+        f"{off['output_tokens']} output tokens), greedy with ignore_eos, prefix caching off, "
+        f"{off['dtype']}, through `LLM.generate`. The layouts take turns (each engine "
+        f"started, warmed up, timed and stopped in its turn), {off['rounds']} round(s): "
+        "output tok/s is the median "
+        "over rounds, `vs tp=1` the median of each round's ratio to tp = 1 in process on the "
+        "same model (and to tp = 1 in one worker process, the same model runner behind the "
+        "same gRPC stream as a worker group's ranks). Identical outputs: requests whose "
+        "tokens equal that tp = 1 run's. "
+        "Step times are medians in ms: wall (the scheduler's submit to result) / forward "
+        "(the output rank's) / the step's collectives as estimated from the timings below. "
+        "A worker process gets cores / world size torch threads (tp = 3: one thread each, "
+        "three processes on the cores); pp = 2 keeps two plans in flight.",
+        "",
+        _table(
+            [
+                "layout",
+                "model",
+                "worker processes",
+                "output tok/s",
+                "vs tp=1",
+                "vs tp=1 (worker process)",
+                "identical outputs",
+                "decode step ms",
+                "prefill step ms",
+            ],
+            rows,
+        ),
+        "",
+    ]
+    for name, model in off["models"].items():
+        if name != "model":
+            out += [
+                f"`{name}`: the model's sizes with {model['num_attention_heads']} query heads "
+                f"of {model['head_dim']} and {model['num_key_value_heads']} KV heads, random "
+                f"weights (the model itself refuses: {model['refused']})",
+                "",
+            ]
+    for skipped in off.get("skipped", []):
+        out += [f"Not run: {skipped['layout']}: {skipped['reason']}", ""]
+    out += _where_time_goes(off)
+    out += _collectives(off["collectives"])
+    return out
+
+
+def _where_time_goes(off: dict) -> list[str]:
+    """Per tp/pp run: its forward against tp = 1's on the same steps, and the estimate."""
+    runs = off["runs"]
+    rows = []
+    for run in runs:
+        if run["tp"] == 1 and run["pp"] == 1:
+            continue
+        base = _step_baseline(run, runs)
+        for kind in ("decode", "prefill"):
+            step = run["steps"].get(kind, {})
+            base_step = (base or {}).get("steps", {}).get(kind, {})
+            if not step.get("num_steps") or not base_step.get("num_steps"):
+                continue
+            rows.append(
+                [
+                    run["layout"],
+                    base["layout"],
+                    kind,
+                    step["median_tokens"],
+                    base_step["forward_ms"],
+                    step["forward_ms"],
+                    round(step["forward_ms"] - base_step["forward_ms"], 2),
+                    step.get("collectives_est_ms"),
+                    step["transport_ms"],
+                    base_step["wall_ms"],
+                    step["wall_ms"],
+                ]
+            )
+    if not rows:
+        return []
+    counts = "; ".join(
+        f"{r['layout']}: " + ", ".join(f"{n} {k}" for k, n in r["collectives_per_step"].items())
+        for r in runs
+        if r["collectives_per_step"]
+    )
+    return [
+        "### Where a step's time goes",
+        "",
+        "Median decode-only and prefill-carrying steps (the scheduler makes the same plans "
+        "in every layout), ms, against tp = 1 in a worker process where it ran (the same "
+        "process set-up as a rank), else in process: the output rank's forward at tp = 1 "
+        "and in the layout, the "
+        "difference, the collectives' estimate (the output rank's collectives per step at "
+        "the step's size, from the idle-process timings below), the transport (wall minus "
+        f"the output rank's own time), and the step's wall at tp = 1 and in the layout. "
+        f"Collectives per step: {counts}.",
+        "",
+        _table(
+            [
+                "layout",
+                "against",
+                "step",
+                "tokens",
+                "tp=1 forward",
+                "forward",
+                "difference",
+                "collectives (est.)",
+                "transport",
+                "tp=1 wall",
+                "wall",
+            ],
+            rows,
+        ),
+        "",
+    ]
+
+
+def _step_baseline(run: dict, runs: list[dict]) -> dict | None:
+    same = [r for r in runs if r["model"] == run["model"] and r["tp"] == r["pp"] == 1]
+    for label in ("tp=1 (worker process)", "tp=1 (in process)"):
+        found = next((r for r in same if r["layout"] == label), None)
+        if found is not None:
+            return found
+    return None
+
+
+def _collectives(collectives: dict) -> list[str]:
+    if not collectives:
+        return []
+    sizes = sorted(collectives)
+    first = collectives[sizes[0]]
+    header = ["tokens x hidden"] + [f"all_reduce, {w} processes" for w in sizes]
+    header += ["send/recv (stage to stage)"]
+    rows = []
+    for n in first["all_reduce_us"]:
+        row = [f"{n} x {first['hidden_size']}"]
+        row += [_us(collectives[w]["all_reduce_us"].get(n)) for w in sizes]
+        row.append(_us(first["send_recv_us"].get(n)))
+        rows.append(row)
+    gather_rows = [
+        [f"{n} x {first['vocab_size']}/{w}", _us(collectives[w]["gather_logits_us"].get(n))]
+        for w in sizes
+        for n in collectives[w]["gather_logits_us"]
+    ]
+    return [
+        "### What one collective costs here (gloo, float32)",
+        "",
+        f"`python -m benchmarks.collectives`: {first['repeats']} barrier-aligned calls per "
+        "size between idle local processes (each with cores / processes torch threads), "
+        "median (minimum) in microseconds. In a real step a rank also waits for its slowest "
+        "peer, so the forward-time difference above can exceed the estimate.",
+        "",
+        _table(header, rows),
+        "",
+        _table(["logits gathered to rank 0 (rows x vocab shard)", "gather"], gather_rows),
+        "",
+    ]
+
+
+def _us(entry: dict | None) -> str | None:
+    return None if entry is None else f"{entry['median']} ({entry['min']})"
+
+
+def _async_serving(sv: dict) -> list[str]:
+    ratio_rows = [
+        [r["deployment"], r["rate"], r["rounds"], r["throughput"], r["ttft_p50"], r["tpot_p50"]]
+        for r in sv["ratios"]
+    ]
+    run_rows = [
+        [
+            r["deployment"],
+            "on" if r["async_scheduling"] else "off",
+            r["round"],
+            r["rate"],
+            r["completed"],
+            r["failures"],
+            r["output_tokens_per_s"],
+            r["ttft_ms"]["p50"],
+            r["tpot_ms"]["p50"],
+            r["itl_ms"]["p50"],
+        ]
+        for r in sv["runs"]
+    ]
+    return [
+        "### Async scheduling on vs off, serving",
+        "",
+        f"`pagestream serve` with and without `--async-scheduling`, in one process and with "
+        f"`--split-services`: both servers of a deployment up side by side, taking turns "
+        f"over {sv['rounds']} round(s); {sv['num_requests']} requests ({sv['prompt_tokens']} "
+        f"prompt tokens, {sv['output_tokens']} output tokens, ignore_eos) over gRPC, prefix "
+        "caching off. Ratios on / off (median of each round's ratio; throughput above 1 and "
+        "latencies below 1 favour async scheduling):",
+        "",
+        _table(["deployment", "rate", "rounds", "throughput", "TTFT p50", "TPOT p50"], ratio_rows),
+        "",
+        _table(
+            [
+                "deployment",
+                "async",
+                "round",
+                "rate",
+                "done",
+                "failed",
+                "output tok/s",
+                "TTFT p50 ms",
+                "TPOT p50 ms",
+                "ITL p50 ms",
+            ],
+            run_rows,
+        ),
+        "",
+    ]
