@@ -10,6 +10,7 @@ from pagestream.engine_args import EngineArgs
 from pagestream.executor_factory import build_executor
 from services.common.engine_request import EngineCoreRequest
 from services.common.model_info import ServedModelInfo
+from services.common.model_source import resolve_model
 from services.common.outputs import RequestOutput
 from services.common.sampling_params import SamplingParams
 from services.frontend.generation_defaults import load_generation_defaults
@@ -19,7 +20,6 @@ from services.frontend.request_state import RequestState
 from services.frontend.tokenizer import TokenizerLoadError, load_tokenizer
 from services.scheduler.engine_core import EngineCore
 from services.scheduler.scheduler import Scheduler
-from services.worker.default_model import resolve_model
 
 logger = logging.getLogger(__name__)
 

@@ -10,6 +10,8 @@ import shutil
 import socket
 import sys
 import tempfile
+import threading
+import time
 from dataclasses import dataclass
 
 from pagestream.engine_args import EngineArgs
@@ -54,7 +56,7 @@ async def start_http(frontend, ns: argparse.Namespace, model_name: str):
     from services.frontend.openai.http_server import serve_http
 
     names = [ns.served_model_name or model_name]
-    app = build_app(frontend, names, api_key=ns.api_key or os.environ.get("PAGESTREAM_API_KEY"))
+    app = build_app(frontend, names, api_key=_api_key(ns))
     return await serve_http(app, ns.host, ns.port)
 
 
@@ -81,7 +83,7 @@ def worker_group_rank(ns: argparse.Namespace, args: EngineArgs):
     """This worker's rank and rendezvous: flags first, then torchrun's environment
     (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). Raises ValueError naming
     the flag or variable that disagrees."""
-    from services.worker.parallel_state import RankInfo
+    from services.common.rank_info import RankInfo
     from services.worker.worker_service import WorkerGroupRank
 
     env = os.environ
@@ -108,9 +110,27 @@ def worker_group_rank(ns: argparse.Namespace, args: EngineArgs):
     return WorkerGroupRank(info, init_method, ns.dist_timeout, local)
 
 
+def exit_with_parent() -> None:
+    """An mp worker (PAGESTREAM_PARENT_PID set) exits as soon as its engine is gone."""
+    from services.scheduler.executor.mp import PARENT_PID_ENV
+
+    parent = os.environ.get(PARENT_PID_ENV)
+    if not parent:
+        return
+
+    def watch() -> None:
+        while os.getppid() == int(parent):
+            time.sleep(1.0)
+        logger.error("the engine (pid %s) is gone: this worker exits", parent)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="pagestream-parent-watch", daemon=True).start()
+
+
 async def run_worker(ns: argparse.Namespace) -> None:
     from services.worker.worker_service import load_worker, start_worker_server
 
+    exit_with_parent()
     args = engine_args(ns)
     group = worker_group_rank(ns, args)
     server = await start_worker_server(ns.host, ns.port, tls_config(ns))
@@ -136,17 +156,27 @@ async def run_scheduler(ns: argparse.Namespace) -> None:
     await serve_forever(server, GRACE_S)
 
 
+def _api_key(ns: argparse.Namespace) -> str | None:
+    return ns.api_key or os.environ.get("PAGESTREAM_API_KEY")
+
+
 async def run_frontend(ns: argparse.Namespace) -> None:
+    """The public APIs over a remote scheduler; TLS flags secure both the public gRPC port
+    (certificate and key) and the connection to the scheduler (CA, plus the same
+    certificate and key for mutual TLS)."""
+    from services.common.model_source import resolve_model
+    from services.frontend.frontend_config import FrontendConfig
     from services.frontend.frontend_server import connect_frontend, serve_frontend
     from services.frontend.generation_defaults import load_generation_defaults
     from services.frontend.tokenizer import load_tokenizer
-    from services.worker.default_model import resolve_model
 
+    tls, config = tls_config(ns), FrontendConfig.from_namespace(ns)
     folder = await asyncio.to_thread(resolve_model, ns.model)
     tokenizer = await asyncio.to_thread(load_tokenizer, folder)
     defaults = load_generation_defaults(folder, ns.generation_config)
-    ready = asyncio.ensure_future(connect_frontend(ns.scheduler, tokenizer, defaults))
-    grpc_server = await serve_frontend(ready, ns.host, ns.grpc_port)
+    connecting = connect_frontend(ns.scheduler, tokenizer, defaults, tls=tls, config=config)
+    ready = asyncio.ensure_future(connecting)
+    grpc_server = await serve_frontend(ready, ns.host, ns.grpc_port, tls=tls, api_key=_api_key(ns))
     frontend = await ready  # raises (and exits non-zero) when the scheduler never comes up
     http = await start_http(frontend, ns, frontend.info.model)
     logger.info("frontend: gRPC on %s, scheduler %s", grpc_server.address, ns.scheduler)
@@ -156,14 +186,31 @@ async def run_frontend(ns: argparse.Namespace) -> None:
 async def run_serve(ns: argparse.Namespace) -> None:
     """Every role in this process: the engine in-process behind gRPC and HTTP."""
     from pagestream.async_engine import AsyncEngine
+    from pagestream.inproc_client import InprocEngineCoreClient
+    from services.frontend.frontend import Frontend
+    from services.frontend.frontend_config import FrontendConfig
     from services.frontend.frontend_server import serve_frontend
 
     engine = await asyncio.to_thread(AsyncEngine.from_engine_args, engine_args(ns))
-    grpc_server = await serve_frontend(engine.frontend, ns.host, ns.grpc_port)
-    http = await start_http(engine.frontend, ns, engine.info.model)
+    frontend = Frontend(
+        InprocEngineCoreClient(engine.engine_core),
+        engine.tokenizer,
+        engine.info,
+        engine.engine.default_sampling,
+        FrontendConfig.from_namespace(ns),
+    )
+    grpc_server = await serve_frontend(
+        frontend, ns.host, ns.grpc_port, tls=tls_config(ns), api_key=_api_key(ns)
+    )
+    http = await start_http(frontend, ns, engine.info.model)
     where = f"gRPC {grpc_server.address}" + (f", HTTP {http.url}" if http else "")
     logger.info("pagestream serving %s on %s", ns.model, where)
-    await serve_forever(ServerGroup(grpc_server, http, engine.shutdown), GRACE_S)
+
+    async def stop() -> None:
+        await frontend.close()
+        await engine.shutdown()
+
+    await serve_forever(ServerGroup(grpc_server, http, stop), GRACE_S)
 
 
 # ---- --split-services: three processes over loopback gRPC --------------------------------

@@ -35,11 +35,6 @@ KNOWN_VIOLATIONS: set[tuple[str, str, str]] = {
     ("benchmarks", "pagestream.bench", "benchmarks.serving"),
     ("benchmarks", "pagestream.bench", "benchmarks.throughput"),
     ("benchmarks", "pagestream.bench", "benchmarks.workload"),
-    # roles.py still takes resolve_model from the worker; it moves to
-    # services.common.model_source (roles.py is being edited elsewhere).
-    ("roles", "pagestream.roles", "services.worker.default_model"),
-    # RankInfo (pure rank arithmetic) belongs beside ParallelConfig in services.common.
-    ("roles", "pagestream.roles", "services.worker.parallel_state"),
 }
 
 

@@ -15,11 +15,13 @@ import asyncio
 import contextlib
 import itertools
 import logging
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from services.common.engine_output import EngineCoreOutputs, SchedulerStats
+from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from services.common.engine_request import EngineCoreRequest
 from services.scheduler.engine_core import EngineCore
+from services.scheduler.executor.executor import WorkerStepError
 from services.scheduler.request import Request
 
 logger = logging.getLogger(__name__)
@@ -29,9 +31,31 @@ class EngineDeadError(RuntimeError):
     """The step loop failed; no request can be served any more."""
 
 
+class EngineUnavailableError(ConnectionError):
+    """The workers are away and the engine is reconnecting: try again shortly."""
+
+
+# Exceptions of a step that mean the workers are lost or out of step (recoverable by
+# reconnecting); anything else is a bug in the engine core and kills the loop.
+WORKER_LOSS = (ConnectionError, TimeoutError, WorkerStepError)
+BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
+
+
 class AsyncEngineCore:
-    def __init__(self, core: EngineCore) -> None:
+    """`rebuild` (optional, blocking) makes a fresh EngineCore over reconnected workers;
+    without it a lost worker kills the loop. `on_ready(bool)` hears readiness changes."""
+
+    def __init__(
+        self,
+        core: EngineCore,
+        rebuild: Callable[[], EngineCore] | None = None,
+        on_ready: Callable[[bool], Awaitable[None]] | None = None,
+    ) -> None:
         self.core = core
+        self.rebuild = rebuild
+        self.on_ready = on_ready
+        self.ready = True
+        self.lost_error: BaseException | None = None
         self._queues: dict[int, asyncio.Queue] = {}
         self._client_ids = itertools.count(1)
         self._lock = asyncio.Lock()
@@ -58,8 +82,13 @@ class AsyncEngineCore:
             await self.abort(owned)
 
     async def add_request(self, client_id: int, request: EngineCoreRequest) -> None:
-        """Admit a request (RequestRejectedError says why not)."""
+        """Admit a request (RequestRejectedError says why not; EngineUnavailableError
+        while the workers are away)."""
         self._check_alive()
+        if not self.ready:
+            raise EngineUnavailableError(
+                f"the workers are not available ({self.lost_error}); reconnecting"
+            )
         engine_request = Request.from_engine_request(request, self.core.scheduler.block_size)
         engine_request.client_id = client_id
         async with self._lock:
@@ -91,17 +120,14 @@ class AsyncEngineCore:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         try:
             while True:
-                self._wakeup.clear()
-                if not self.core.has_work():
-                    await self._wakeup.wait()
-                    continue
-                async with self._lock:
-                    batches = await loop.run_in_executor(self._thread, self.core.step)
-                self._route(batches)
-                await asyncio.sleep(0)  # let adds and aborts in between steps
+                try:
+                    await self._step_while_work()
+                except WORKER_LOSS as exc:
+                    if self.rebuild is None:
+                        raise
+                    await self._recover(exc)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -109,6 +135,62 @@ class AsyncEngineCore:
             self.dead_error = exc
             for queue in self._queues.values():
                 queue.put_nowait(exc)
+
+    async def _step_while_work(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._wakeup.clear()
+            if not self.core.has_work():
+                await self._wakeup.wait()
+                continue
+            async with self._lock:
+                batches = await loop.run_in_executor(self._thread, self.core.step)
+            self._route(batches)
+            await asyncio.sleep(0)  # let adds and aborts in between steps
+
+    # ---- recovery ------------------------------------------------------------------
+    async def _recover(self, exc: BaseException) -> None:
+        """The workers are lost: end every request with an error, report not ready,
+        reconnect with backoff, then serve again with a fresh cache."""
+        logger.error("lost the workers (%s): failing requests and reconnecting", exc)
+        self.ready, self.lost_error = False, exc
+        await self._notify(False)
+        async with self._lock:
+            self._route(self._fail_everything(f"the workers failed: {exc}"))
+        loop = asyncio.get_running_loop()
+        for attempt in itertools.count():
+            try:
+                core = await loop.run_in_executor(self._thread, self.rebuild)
+                break
+            except Exception as err:
+                delay = BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
+                logger.warning(
+                    "reconnect attempt %d failed (%s); next in %.1fs", attempt + 1, err, delay
+                )
+                await asyncio.sleep(delay)
+        async with self._lock:
+            self.core = core
+        self.ready, self.lost_error = True, None
+        await self._notify(True)
+        logger.info("reconnected to the workers: serving again")
+
+    def _fail_everything(self, message: str) -> dict[int, EngineCoreOutputs]:
+        """One error output per client request (n > 1 and beam groups once)."""
+        groups = {(r.client_id, r.group_id) for r in self.core.scheduler.requests.values()}
+        batches: dict[int, list[EngineCoreOutput]] = {}
+        for client_id, group_id in sorted(groups, key=lambda g: (g[0] or 0, g[1])):
+            output = EngineCoreOutput(
+                group_id, [], finish_reason="error", error=message, error_code="unavailable"
+            )
+            batches.setdefault(client_id, []).append(output)
+        return {client: EngineCoreOutputs(outputs) for client, outputs in batches.items()}
+
+    async def _notify(self, ready: bool) -> None:
+        if self.on_ready is not None:
+            try:
+                await self.on_ready(ready)
+            except Exception:
+                logger.exception("readiness callback failed")
 
     def _route(self, batches: dict[int, EngineCoreOutputs]) -> None:
         for client_id, batch in batches.items():

@@ -16,10 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
-from typing import Protocol
 
-from services.common.config import CacheConfig, SchedulerConfig
 from services.common.convert.engine_io import (
     engine_info_to_pb,
     engine_request_from_pb,
@@ -32,10 +29,9 @@ from services.common.grpc_server import GrpcServer, start_server
 from services.common.model_info import ServedModelInfo
 from services.common.proto.pagestream.v1 import engine_pb2, engine_pb2_grpc
 from services.common.tls import TlsConfig
-from services.scheduler.async_engine_core import AsyncEngineCore
-from services.scheduler.engine_core import EngineCore
-from services.scheduler.executor.worker_group import WorkerGroupExecutor
-from services.scheduler.scheduler import Scheduler
+from services.scheduler.async_engine_core import AsyncEngineCore, EngineUnavailableError
+from services.scheduler.scheduler import EngineOverloadedError
+from services.scheduler.worker_connection import SchedulerArgs, WorkerConnection
 
 logger = logging.getLogger(__name__)
 
@@ -43,9 +39,10 @@ ENGINE_CORE_SERVICE = engine_pb2.DESCRIPTOR.services_by_name["EngineCore"].full_
 _END = object()
 
 
-def rejection(request_id: str, error: str) -> EngineCoreOutputs:
-    """The output that tells a client its request was not admitted."""
-    output = EngineCoreOutput(request_id, [], finish_reason="error", error=error)
+def rejection(request_id: str, error: str, code: str | None = None) -> EngineCoreOutputs:
+    """The output that tells a client its request was not admitted (`code`: see
+    EngineCoreOutput.error_code; None: the request itself is invalid)."""
+    output = EngineCoreOutput(request_id, [], finish_reason="error", error=error, error_code=code)
     return EngineCoreOutputs([output])
 
 
@@ -107,6 +104,11 @@ class EngineCoreServicer(engine_pb2_grpc.EngineCoreServicer):
         except ValueError as exc:
             logger.info("rejected %s: %s", message.request_id, exc)
             out.put_nowait(rejection(message.request_id, str(exc)))
+        except EngineUnavailableError as exc:
+            out.put_nowait(rejection(message.request_id, str(exc), "unavailable"))
+        except EngineOverloadedError as exc:
+            logger.debug("refused %s: %s", message.request_id, exc)
+            out.put_nowait(rejection(message.request_id, str(exc), "resource_exhausted"))
 
     @grpc_errors
     async def GetStats(self, request, context):
@@ -147,22 +149,10 @@ async def serve_engine_core(
     )
     server.servicer = servicer
     servicer.on_dead = lambda: server.set_serving(False)
+    core.on_ready = server.set_serving  # NOT_SERVING while the workers are away
     server.add_cleanup(core.shutdown)
     await server.set_serving()
     return server
-
-
-class SchedulerArgs(Protocol):
-    """What serve_scheduler needs from pagestream.engine_args.EngineArgs."""
-
-    served_model_name: str | None
-    tensor_parallel_size: int
-    pipeline_parallel_size: int
-    async_scheduling: bool
-
-    def cache_config(self) -> CacheConfig: ...
-
-    def scheduler_config(self, model_max_len: int) -> SchedulerConfig: ...
 
 
 async def serve_scheduler(
@@ -175,60 +165,16 @@ async def serve_scheduler(
     tls: TlsConfig | None = None,
 ) -> GrpcServer:
     """The scheduler role: wait for the worker(s) (one per rank, in rank order), size
-    the KV cache, serve the engine core.
+    the KV cache, serve the engine core. When the workers are lost it fails their
+    requests, reports NOT_SERVING and reconnects (with backoff) until they are back.
 
     Stopping the server shuts the engine core down and closes the worker streams.
     """
     if isinstance(worker_addresses, str):
         worker_addresses = [worker_addresses]
-    executor = WorkerGroupExecutor(
-        worker_addresses,
-        args.tensor_parallel_size,
-        args.pipeline_parallel_size,
-        args.async_scheduling,
-        tls,
-    )
-    try:
-        core, info = await _build_engine_core(executor, args, worker_timeout_s)
-    except BaseException:
-        executor.close()
-        raise
-    server = await serve_engine_core(core, info, host, port, tls)
-    server.add_cleanup(lambda: asyncio.to_thread(executor.close))  # runs after the core stops
+    connection = WorkerConnection(worker_addresses, args, tls)
+    core, info = await asyncio.to_thread(connection.connect, worker_timeout_s)
+    engine = AsyncEngineCore(core, rebuild=connection.reconnect)
+    server = await serve_engine_core(engine, info, host, port, tls)
+    server.add_cleanup(lambda: asyncio.to_thread(connection.close))  # after the core stops
     return server
-
-
-async def _build_engine_core(
-    executor: WorkerGroupExecutor, args: SchedulerArgs, worker_timeout_s: float
-) -> tuple[AsyncEngineCore, ServedModelInfo]:
-    await asyncio.to_thread(executor.wait_until_ready, worker_timeout_s)
-    model = await asyncio.to_thread(executor.describe)
-    config = args.scheduler_config(model.max_model_len)
-    cache_info = await asyncio.to_thread(
-        executor.initialize_cache,
-        config.max_model_len,
-        config.max_num_seqs,
-        config.max_num_batched_tokens,
-    )
-    cache_config = args.cache_config()
-    if cache_config.block_size != cache_info.block_size:
-        logger.warning(
-            "block_size %d differs from the worker's %d: using the worker's",
-            cache_config.block_size,
-            cache_info.block_size,
-        )
-        cache_config = replace(cache_config, block_size=cache_info.block_size)
-    scheduler = Scheduler(
-        config, cache_config, cache_info.num_gpu_blocks, cache_info.num_cpu_blocks
-    )
-    info = ServedModelInfo(
-        model=args.served_model_name or model.model,
-        max_model_len=config.max_model_len,
-        vocab_size=model.vocab_size,
-        eos_token_ids=model.eos_token_ids,
-        block_size=cache_info.block_size,
-        architecture=model.architecture,
-        dtype=model.dtype,
-        num_gpu_blocks=cache_info.num_gpu_blocks,
-    )
-    return AsyncEngineCore(EngineCore(scheduler, executor)), info

@@ -20,14 +20,14 @@ import torch
 from transformers import AutoConfig, PretrainedConfig
 
 from services.common.config import ModelConfig
-from services.worker.default_model import resolve_model
+from services.common.model_source import resolve_model
+from services.common.rank_info import RankInfo
 from services.worker.layers.attention import resolve_attention_backend
 from services.worker.models.causal_lm import CausalLM, normalize_token_ids
 from services.worker.models.errors import ModelLoadError
 from services.worker.models.hf_fallback import HFFallbackForCausalLM
 from services.worker.models.registry import native_model_class
 from services.worker.models.weight_utils import iterate_weights
-from services.worker.parallel_state import RankInfo
 
 __all__ = ["ModelLoadError", "load_model", "resolve_device", "resolve_dtype", "resolve_model"]
 

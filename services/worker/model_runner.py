@@ -6,6 +6,7 @@ import time
 
 import torch
 
+from services.common.rank_info import RankInfo
 from services.common.runner_output import RunnerOutput, StepTimings, TokenLogprobs
 from services.common.scheduler_output import SchedulerOutput
 from services.worker.attention_metadata import AttentionMetadata
@@ -13,7 +14,7 @@ from services.worker.batch_inputs import BatchInputs, PromptLogprobsInputs
 from services.worker.cache_engine import CacheEngine
 from services.worker.input_batch import InputBatch
 from services.worker.models.causal_lm import CausalLM
-from services.worker.parallel_state import RankInfo, StageLink
+from services.worker.parallel_state import StageLink
 from services.worker.sampler import LogprobsTensors, Sampler, compute_token_logprobs
 
 

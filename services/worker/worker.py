@@ -9,6 +9,7 @@ import os
 import torch
 
 from services.common.config import CacheConfig, ModelConfig
+from services.common.rank_info import RankInfo
 from services.common.runner_output import RunnerOutput
 from services.common.scheduler_output import SchedulerOutput
 from services.common.worker_info import CacheInfo, ModelInfo
@@ -22,7 +23,7 @@ from services.worker.dummy_forward import dummy_forward
 from services.worker.input_batch import InputBatch
 from services.worker.model_loader import load_model, resolve_device, resolve_dtype
 from services.worker.model_runner import ModelRunner
-from services.worker.parallel_state import DEFAULT_TIMEOUT_S, RankInfo, init_parallel_state
+from services.worker.parallel_state import DEFAULT_TIMEOUT_S, init_parallel_state
 from services.worker.sampler import Sampler
 
 logger = logging.getLogger(__name__)

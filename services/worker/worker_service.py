@@ -29,8 +29,9 @@ from services.common.convert.worker_info import (
 from services.common.grpc_errors import grpc_errors
 from services.common.grpc_server import GrpcServer, start_server
 from services.common.proto.pagestream.v1 import worker_pb2, worker_pb2_grpc
+from services.common.rank_info import RankInfo
 from services.common.tls import TlsConfig
-from services.worker.parallel_state import DEFAULT_TIMEOUT_S, RankInfo
+from services.worker.parallel_state import DEFAULT_TIMEOUT_S
 from services.worker.worker import Worker
 
 logger = logging.getLogger(__name__)

@@ -160,22 +160,48 @@ async def test_a_frontend_that_disconnects_aborts_its_requests(stack):
     assert stats.kv_cache_usage == 0.0 and stats.num_waiting_reqs == 0
 
 
-async def test_losing_the_worker_makes_the_engine_unavailable(stack):
+async def _engine_core_status(address: str) -> int:
+    channel = aio_channel(address)
+    try:
+        request = health_pb2.HealthCheckRequest(service=ENGINE_CORE_SERVICE)
+        response = await health_pb2_grpc.HealthStub(channel).Check(request, timeout=TIMEOUT_S)
+        return response.status
+    finally:
+        await channel.close()
+
+
+async def _wait_status(address: str, status: int, timeout_s: float) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while await _engine_core_status(address) != status:
+        assert asyncio.get_running_loop().time() < deadline, f"no health {status} in time"
+        await asyncio.sleep(0.1)
+
+
+async def test_a_lost_worker_fails_its_requests_and_the_engine_recovers(stack, model_dir):
+    """Worker gone mid-stream: the stream ends with EngineUnavailableError within seconds,
+    the EngineCore turns NOT_SERVING and refuses new work as unavailable; a worker back on
+    the same address is found again, and requests succeed with the same outputs."""
+    greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    before = [o async for o in stack.frontend.generate(PROMPT_IDS, greedy, "before")][-1]
     forever = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
     stream = stack.frontend.generate(PROMPT_IDS, forever, "doomed")
     first = await asyncio.wait_for(anext(stream), TIMEOUT_S)
     assert not first.finished
+    port = stack.worker.port
     await stack.worker.stop(0)
-    with pytest.raises(EngineUnavailableError):
-        await asyncio.wait_for(_drain(stream), TIMEOUT_S)
-    assert not stack.frontend.is_healthy
-    channel = aio_channel(stack.scheduler.address)
-    try:
-        request = health_pb2.HealthCheckRequest(service=ENGINE_CORE_SERVICE)
-        response = await health_pb2_grpc.HealthStub(channel).Check(request, timeout=TIMEOUT_S)
-        assert response.status == health_pb2.HealthCheckResponse.NOT_SERVING
-    finally:
-        await channel.close()
+    with pytest.raises(EngineUnavailableError, match="workers failed"):
+        await asyncio.wait_for(_drain(stream), 5)
+    await _wait_status(stack.scheduler.address, health_pb2.HealthCheckResponse.NOT_SERVING, 5)
+    with pytest.raises(EngineUnavailableError, match="workers"):
+        await asyncio.wait_for(_drain(stack.frontend.generate(PROMPT_IDS, greedy, "early")), 5)
+    args = EngineArgs(model=str(model_dir("llama")), **ENGINE)
+    stack.worker = await start_worker_server("127.0.0.1", port)  # the fixture stops it
+    await load_worker(stack.worker, args.model_config(), args.cache_config())
+    await _wait_status(stack.scheduler.address, health_pb2.HealthCheckResponse.SERVING, 30)
+    after = [o async for o in stack.frontend.generate(PROMPT_IDS, greedy, "after")][-1]
+    assert after.outputs[0].token_ids == before.outputs[0].token_ids
+    stats = await stack.frontend.stats()
+    assert stats.num_running_reqs == 0 and stats.num_waiting_reqs == 0
 
 
 async def _drain(stream):

@@ -5,10 +5,10 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
+from services.common.rank_info import RankInfo
 from services.worker.layers.linear import QKVLinear, kv_heads_per_rank
 from services.worker.layers.vocab_embedding import VocabEmbedding
 from services.worker.models.llama import check_tensor_parallel, stage_layers
-from services.worker.parallel_state import RankInfo
 
 
 def test_rank_arithmetic_tp_major_within_a_stage():

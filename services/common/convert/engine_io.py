@@ -71,6 +71,9 @@ def outputs_to_pb(batch: EngineCoreOutputs) -> engine_pb2.EngineOutputBatch:
             math.nan if o.cumulative_logprob is None else o.cumulative_logprob for o in outputs
         ],
         errors=[o.error or "" for o in outputs],
+        error_codes=[o.error_code or "" for o in outputs]
+        if any(o.error_code for o in outputs)
+        else [],
         queued_s=[math.nan if o.queued_s is None else o.queued_s for o in outputs],
     )
     pack_logprobs(message, "", (o.new_logprobs for o in outputs))
@@ -101,6 +104,8 @@ def _check_columns(message: engine_pb2.EngineOutputBatch) -> int:
                 f"EngineOutputBatch.{name} has {len(getattr(message, name))} "
                 f"entries for {count} outputs"
             )
+    if message.error_codes and len(message.error_codes) != count:
+        raise ValueError("EngineOutputBatch.error_codes must be empty or one per output")
     if sum(message.num_new_tokens) != len(message.new_token_ids):
         raise ValueError("EngineOutputBatch.num_new_tokens does not match new_token_ids")
     return count
@@ -127,6 +132,7 @@ def outputs_from_pb(message: engine_pb2.EngineOutputBatch) -> EngineCoreOutputs:
                 parent_request_id=message.parent_request_ids[i] or None,
                 index=message.indices[i],
                 error=message.errors[i] or None,
+                error_code=(message.error_codes[i] or None) if message.error_codes else None,
                 cumulative_logprob=None if math.isnan(cumulative) else cumulative,
                 queued_s=None if math.isnan(message.queued_s[i]) else message.queued_s[i],
             )

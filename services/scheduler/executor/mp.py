@@ -22,6 +22,10 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
+# A worker started with this variable exits when that process is gone (no orphans, even
+# when the engine is killed without cleanup).
+PARENT_PID_ENV = "PAGESTREAM_PARENT_PID"
+
 # rank, rendezvous (file://...), ready file -> argv of that rank's worker process
 WorkerCommand = Callable[[int, str, Path], list[str]]
 
@@ -49,6 +53,7 @@ class MpWorkerGroup:
         rendezvous = f"file://{self.folder / 'rendezvous'}"
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", str(self.threads_per_rank))
+        env[PARENT_PID_ENV] = str(os.getpid())  # the workers exit if this process dies
         for rank in range(self.world_size):
             argv = self.command(rank, rendezvous, self._ready_file(rank))
             self.processes.append(subprocess.Popen(argv, env=env))

@@ -1,8 +1,6 @@
-"""The one error raised when a model cannot be found, converted or loaded."""
+"""The one error raised when a model cannot be found, converted or loaded (shared with the
+frontend, which resolves model names too)."""
 
-from __future__ import annotations
+from services.common.model_errors import ModelLoadError
 
-
-class ModelLoadError(ValueError):
-    """A model is missing, corrupt or unsupported; the message says what was looked for
-    and how to fix it."""
+__all__ = ["ModelLoadError"]

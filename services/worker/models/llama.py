@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from services.common.rank_info import RankInfo
 from services.worker.attention_metadata import AttentionMetadata
 from services.worker.layers.activation import GatedActivation
 from services.worker.layers.attention import Attention
@@ -31,7 +32,6 @@ from services.worker.models.causal_lm import CausalLM, config_head_dim, config_n
 from services.worker.models.errors import ModelLoadError
 from services.worker.models.kv_cache_spec import KVCacheSpec
 from services.worker.models.weight_utils import default_weight_loader
-from services.worker.parallel_state import RankInfo
 
 logger = logging.getLogger(__name__)
 

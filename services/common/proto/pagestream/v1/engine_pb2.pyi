@@ -40,7 +40,7 @@ class EngineRequest(_message.Message):
     def __init__(self, add: _Optional[_Union[AddRequest, _Mapping]] = ..., abort: _Optional[_Union[AbortRequests, _Mapping]] = ...) -> None: ...
 
 class EngineOutputBatch(_message.Message):
-    __slots__ = ("request_ids", "parent_request_ids", "indices", "num_new_tokens", "new_token_ids", "finish_reasons", "stop_token_ids", "num_cached_tokens", "cumulative_logprobs", "errors", "num_logprob_positions", "num_logprob_entries", "logprob_token_ids", "logprob_values", "logprob_ranks", "num_prompt_logprob_positions", "num_prompt_logprob_entries", "prompt_logprob_token_ids", "prompt_logprob_values", "prompt_logprob_ranks", "stats", "queued_s")
+    __slots__ = ("request_ids", "parent_request_ids", "indices", "num_new_tokens", "new_token_ids", "finish_reasons", "stop_token_ids", "num_cached_tokens", "cumulative_logprobs", "errors", "num_logprob_positions", "num_logprob_entries", "logprob_token_ids", "logprob_values", "logprob_ranks", "num_prompt_logprob_positions", "num_prompt_logprob_entries", "prompt_logprob_token_ids", "prompt_logprob_values", "prompt_logprob_ranks", "stats", "queued_s", "error_codes")
     REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
     PARENT_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
     INDICES_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +63,7 @@ class EngineOutputBatch(_message.Message):
     PROMPT_LOGPROB_RANKS_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
     QUEUED_S_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODES_FIELD_NUMBER: _ClassVar[int]
     request_ids: _containers.RepeatedScalarFieldContainer[str]
     parent_request_ids: _containers.RepeatedScalarFieldContainer[str]
     indices: _containers.RepeatedScalarFieldContainer[int]
@@ -85,7 +86,8 @@ class EngineOutputBatch(_message.Message):
     prompt_logprob_ranks: _containers.RepeatedScalarFieldContainer[int]
     stats: SchedulerStats
     queued_s: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, request_ids: _Optional[_Iterable[str]] = ..., parent_request_ids: _Optional[_Iterable[str]] = ..., indices: _Optional[_Iterable[int]] = ..., num_new_tokens: _Optional[_Iterable[int]] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., finish_reasons: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., num_cached_tokens: _Optional[_Iterable[int]] = ..., cumulative_logprobs: _Optional[_Iterable[float]] = ..., errors: _Optional[_Iterable[str]] = ..., num_logprob_positions: _Optional[_Iterable[int]] = ..., num_logprob_entries: _Optional[_Iterable[int]] = ..., logprob_token_ids: _Optional[_Iterable[int]] = ..., logprob_values: _Optional[_Iterable[float]] = ..., logprob_ranks: _Optional[_Iterable[int]] = ..., num_prompt_logprob_positions: _Optional[_Iterable[int]] = ..., num_prompt_logprob_entries: _Optional[_Iterable[int]] = ..., prompt_logprob_token_ids: _Optional[_Iterable[int]] = ..., prompt_logprob_values: _Optional[_Iterable[float]] = ..., prompt_logprob_ranks: _Optional[_Iterable[int]] = ..., stats: _Optional[_Union[SchedulerStats, _Mapping]] = ..., queued_s: _Optional[_Iterable[float]] = ...) -> None: ...
+    error_codes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_ids: _Optional[_Iterable[str]] = ..., parent_request_ids: _Optional[_Iterable[str]] = ..., indices: _Optional[_Iterable[int]] = ..., num_new_tokens: _Optional[_Iterable[int]] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., finish_reasons: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., num_cached_tokens: _Optional[_Iterable[int]] = ..., cumulative_logprobs: _Optional[_Iterable[float]] = ..., errors: _Optional[_Iterable[str]] = ..., num_logprob_positions: _Optional[_Iterable[int]] = ..., num_logprob_entries: _Optional[_Iterable[int]] = ..., logprob_token_ids: _Optional[_Iterable[int]] = ..., logprob_values: _Optional[_Iterable[float]] = ..., logprob_ranks: _Optional[_Iterable[int]] = ..., num_prompt_logprob_positions: _Optional[_Iterable[int]] = ..., num_prompt_logprob_entries: _Optional[_Iterable[int]] = ..., prompt_logprob_token_ids: _Optional[_Iterable[int]] = ..., prompt_logprob_values: _Optional[_Iterable[float]] = ..., prompt_logprob_ranks: _Optional[_Iterable[int]] = ..., stats: _Optional[_Union[SchedulerStats, _Mapping]] = ..., queued_s: _Optional[_Iterable[float]] = ..., error_codes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ()
