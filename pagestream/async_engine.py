@@ -8,6 +8,7 @@ engine dies, calls raise EngineUnavailableError (whichever transport carries the
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from pagestream.engine_args import EngineArgs
@@ -76,3 +77,4 @@ class AsyncEngine:
         if self._frontend is not None:
             await self._frontend.close()
         await self.engine_core.shutdown()
+        await asyncio.to_thread(self.engine.close)  # the workers (mp: their processes)
