@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -35,6 +36,8 @@ from services.worker.parallel_state import DEFAULT_TIMEOUT_S
 from services.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
+
+GROUP_FAILED_EXIT_CODE = 75  # EX_TEMPFAIL: restart me (and my group)
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,22 @@ def _execute_step(worker: Worker, message: worker_pb2.StepPlan) -> worker_pb2.St
     except ValueError as exc:
         logger.warning("step %d rejected: %s", message.step_id, exc)
         return worker_pb2.StepResult(step_id=message.step_id, error=str(exc) or repr(exc))
+    except Exception:
+        if worker.rank.world_size > 1:
+            _leave_group(message.step_id)
+        raise
     return result_to_pb(result, message.step_id)
+
+
+def _leave_group(step_id: int) -> None:
+    """A rank of a worker group failed mid-step (a peer is gone, a collective broke): its
+    process group cannot be mended, so this process exits and the group restarts whole
+    (by its supervisor, compose or Kubernetes); the scheduler reconnects when it is back."""
+    logger.critical(
+        "step %d failed on this rank of a worker group: exiting", step_id, exc_info=True
+    )
+    logging.shutdown()
+    os._exit(GROUP_FAILED_EXIT_CODE)
 
 
 async def start_worker_server(
