@@ -14,10 +14,13 @@ then uses the torch path.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import importlib.util
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -62,13 +65,47 @@ def _put_ninja_on_path() -> None:
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
 
 
+# A build lock older than this was left by a process killed mid-build (torch's file lock
+# would otherwise make every later process wait for it forever).
+STALE_LOCK_S = 600.0
+
+
+def _load_built(name: str, folder: Path):
+    """The module already built in `folder` (its name hashes the source, torch and CPU
+    flags), loaded without torch's build lock; None when there is none or it is broken."""
+    path = folder / f"{name}.so"
+    if not path.is_file():
+        return None
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except (ImportError, OSError) as exc:
+        logger.warning("cannot load %s (%s): building it again", path, exc)
+        return None
+    return module
+
+
+def _clear_stale_lock(folder: Path) -> None:
+    lock = folder / "lock"
+    with contextlib.suppress(FileNotFoundError):
+        age = time.time() - lock.stat().st_mtime
+        if age > STALE_LOCK_S:
+            logger.warning("removing a build lock left %.0f s ago in %s", age, folder)
+            lock.unlink()
+
+
 def _build():
     from torch.utils import cpp_extension
 
-    _put_ninja_on_path()
     name = _extension_name()
     folder = _build_directory(name)
     logger.info("loading the C++ CPU attention kernel from %s (built there on first use)", folder)
+    module = _load_built(name, folder)
+    if module is not None:
+        return module
+    _put_ninja_on_path()
+    _clear_stale_lock(folder)
     return cpp_extension.load(
         name=name,
         sources=[str(SOURCE)],

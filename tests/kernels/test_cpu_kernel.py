@@ -101,3 +101,29 @@ def test_out_of_range_block_ids_are_an_error_not_a_stray_read():
     short[1] = 16 * batch.block_table.shape[1] + 1
     with pytest.raises(RuntimeError, match="more than its block table holds"):
         cpu.paged_decode(query, batch.kv_cache, batch.block_table, short, options)
+
+
+def test_a_stale_build_lock_is_cleared_and_a_fresh_one_kept(tmp_path):
+    """A process killed mid-build leaves torch's lock file; an old one must not make every
+    later worker wait forever, a recent one (a build in progress) must be respected."""
+    import os
+    import time
+
+    from kernels import cpu
+
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    cpu._clear_stale_lock(tmp_path)
+    assert lock.exists()
+    old = time.time() - cpu.STALE_LOCK_S - 5
+    os.utime(lock, (old, old))
+    cpu._clear_stale_lock(tmp_path)
+    assert not lock.exists()
+
+
+def test_a_built_module_loads_without_the_build_machinery(tmp_path):
+    from kernels import cpu
+
+    assert cpu._load_built("missing", tmp_path) is None
+    (tmp_path / "broken.so").write_bytes(b"not a shared object")
+    assert cpu._load_built("broken", tmp_path) is None  # falls back to building
