@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 logger = logging.getLogger("pagestream.supervisor")
 
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0)
+RESTART_GRACE_S = 2.0
 
 
 @dataclass
@@ -112,7 +113,9 @@ class Supervisor:
             self.max_restarts,
             self.window_s,
         )
-        _terminate([r.process for r in group if r.exit_code() is None], self.grace_s)
+        # The others of a broken group cannot serve anyway: no long drain for them.
+        grace = min(self.grace_s, RESTART_GRACE_S) if len(group) > 1 else self.grace_s
+        _terminate([r.process for r in group if r.exit_code() is None], grace)
         self._sleep(delay)
         for member in group:
             if self.stopping:

@@ -39,6 +39,7 @@ class EngineUnavailableError(ConnectionError):
 # reconnecting); anything else is a bug in the engine core and kills the loop.
 WORKER_LOSS = (ConnectionError, TimeoutError, WorkerStepError)
 BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
+IDLE_CHECK_S = 1.0  # how often an idle loop looks whether its workers are still there
 
 
 class AsyncEngineCore:
@@ -141,12 +142,20 @@ class AsyncEngineCore:
         while True:
             self._wakeup.clear()
             if not self.core.has_work():
-                await self._wakeup.wait()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), IDLE_CHECK_S)
+                self._raise_if_workers_failed()
                 continue
             async with self._lock:
                 batches = await loop.run_in_executor(self._thread, self.core.step)
             self._route(batches)
             await asyncio.sleep(0)  # let adds and aborts in between steps
+
+    def _raise_if_workers_failed(self) -> None:
+        """A rank lost while idle is noticed now, not at the next request."""
+        failed = getattr(self.core.executor, "failed", None)
+        if failed is not None:
+            raise failed
 
     # ---- recovery ------------------------------------------------------------------
     async def _recover(self, exc: BaseException) -> None:

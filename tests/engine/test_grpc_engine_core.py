@@ -204,6 +204,12 @@ async def test_a_lost_worker_fails_its_requests_and_the_engine_recovers(stack, m
     assert stats.num_running_reqs == 0 and stats.num_waiting_reqs == 0
 
 
+async def test_a_worker_lost_while_idle_is_noticed_without_a_request(stack):
+    await _wait_status(stack.scheduler.address, health_pb2.HealthCheckResponse.SERVING, 5)
+    await stack.worker.stop(0)
+    await _wait_status(stack.scheduler.address, health_pb2.HealthCheckResponse.NOT_SERVING, 5)
+
+
 async def _drain(stream):
     async for _ in stream:
         pass

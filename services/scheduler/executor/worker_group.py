@@ -131,6 +131,11 @@ class WorkerGroupExecutor:
         self._readers: list[threading.Thread] = []
 
     @property
+    def failed(self) -> BaseException | None:
+        """Why the group failed (a rank is gone), or None; not set by close()."""
+        return None if self._closed else self._failed
+
+    @property
     def addresses(self) -> list[str]:
         return [rank.address for rank in self.ranks]
 
@@ -192,6 +197,7 @@ class WorkerGroupExecutor:
             message = self.ranks[0].unary(
                 "InitializeCache", worker_pb2.InitializeCacheRequest(**limits), timeout_s
             )
+            self._watch()
             return cache_description_from_pb(message)
         profile = worker_pb2.InitializeCacheRequest(**limits)
         profiles = self._each(lambda r: r.unary("ProfileCache", profile, timeout_s))
@@ -201,6 +207,7 @@ class WorkerGroupExecutor:
             num_cpu_blocks=min(p.num_cpu_blocks for p in profiles),
         )
         infos = self._each(lambda r: r.unary("AllocateCache", allocate, timeout_s))
+        self._watch()
         logger.info(
             "worker group of %d: %d device blocks per rank (profiled %s)",
             self.world_size,
@@ -227,6 +234,12 @@ class WorkerGroupExecutor:
             for client in self.ranks:
                 client.send(data)
         return future
+
+    def _watch(self) -> None:
+        """Open the step streams now, so a rank lost before the first step is noticed."""
+        with self._lock:
+            if not self._readers and self._failed is None:
+                self._open_streams()
 
     def _open_streams(self) -> None:
         for client in self.ranks:
