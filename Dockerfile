@@ -29,7 +29,7 @@ COPY . .
 # `make setup` is idempotent: the venv is already there, so this fetches the default model's
 # GGUF; then convert it once into the HF folder the roles load.
 RUN make setup \
-    && python -c "from services.worker.default_model import resolve_model; \
+    && python -c "from services.common.model_source import resolve_model; \
 print(resolve_model('smollm2-135m-instruct'))" \
     && pagestream --help > /dev/null
 
