@@ -102,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action="store_true", help="wrap --prompt in the chat template")
     add_sampling_args(gen)
     EngineArgs.add_cli_args(gen)
+    gen.set_defaults(max_waiting_requests=None)  # an offline batch queues every prompt
     serve = sub.add_parser("serve", help="all roles on this machine: gRPC and OpenAI HTTP")
     serve.add_argument("model", nargs="?", default=DEFAULT_MODEL)
     _add_serving_args(serve, 50051)

@@ -20,6 +20,12 @@ from services.common.config import (
 )
 
 GIB = 1024**3
+# The serving roles' bound on waiting requests (--max-waiting-requests): four batches of the
+# default max_num_seqs. Past it a request would wait minutes behind the queue, longer than
+# most clients wait, so refusing it at once (429, the client retries or goes elsewhere) is
+# kinder; memory stays bounded too. The Python API (LLM, AsyncEngine) keeps no bound by
+# default: an offline batch queues all of its prompts by design.
+SERVING_MAX_WAITING_REQUESTS = 1024
 
 
 @dataclass
@@ -48,6 +54,9 @@ class EngineArgs:
     pipeline_parallel_size: int = 1
     distributed_executor_backend: str | None = None  # uni (world size 1) or mp by default
     async_scheduling: bool = False  # plan step t+1 while step t runs (2 plans in flight)
+    # Refuse new requests while this many wait (0 or None: no bound; the CLI's serving
+    # roles default to SERVING_MAX_WAITING_REQUESTS).
+    max_waiting_requests: int | None = None
 
     def parallel_config(self) -> ParallelConfig:
         return ParallelConfig(
@@ -111,6 +120,7 @@ class EngineArgs:
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             preemption_mode=self.preemption_mode,
             policy=self.scheduling_policy,
+            max_waiting_requests=self.max_waiting_requests or 0,
         )
 
     @classmethod
@@ -157,6 +167,14 @@ class EngineArgs:
             action=argparse.BooleanOptionalAction,
             default=False,
             help="plan the next step while the current one runs (two plans in flight)",
+        )
+        add(
+            "--max-waiting-requests",
+            type=int,
+            default=SERVING_MAX_WAITING_REQUESTS,
+            help="refuse new requests at once (HTTP 429, gRPC RESOURCE_EXHAUSTED) while this "
+            f"many wait to be scheduled; 0: no bound (default {SERVING_MAX_WAITING_REQUESTS}; "
+            "`generate` queues every prompt)",
         )
 
     @classmethod

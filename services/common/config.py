@@ -89,9 +89,15 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0
     preemption_mode: str = "recompute"
     policy: str = "fcfs"
+    # New requests are refused (overload) while this many wait; 0: no bound.
+    max_waiting_requests: int = 0
 
     def __post_init__(self) -> None:
         _positive("max_num_seqs", self.max_num_seqs)
+        if self.max_waiting_requests < 0:
+            raise ValueError(
+                f"max_waiting_requests must be >= 0 (0: no bound), got {self.max_waiting_requests}."
+            )
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
         _positive("max_model_len", self.max_model_len)
         if self.long_prefill_token_threshold < 0:

@@ -25,8 +25,13 @@ _CODES: dict[str, grpc.StatusCode] = {
     # Unknown ids.
     "KeyError": grpc.StatusCode.NOT_FOUND,
     "LookupError": grpc.StatusCode.NOT_FOUND,
-    # Too much work queued.
+    # Too much work queued (the engine core's bound on waiting requests), or a stream
+    # whose client stopped reading it.
     "OverloadedError": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "EngineOverloadedError": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "SlowConsumerError": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    # A missing or wrong API key.
+    "AuthenticationError": grpc.StatusCode.UNAUTHENTICATED,
     # The engine (or a service it needs) is gone.
     "EngineDeadError": grpc.StatusCode.UNAVAILABLE,
     "EngineUnavailableError": grpc.StatusCode.UNAVAILABLE,
@@ -36,6 +41,7 @@ _CODES: dict[str, grpc.StatusCode] = {
 }
 _EXPECTED = {
     grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.UNAUTHENTICATED,
     grpc.StatusCode.NOT_FOUND,
     grpc.StatusCode.RESOURCE_EXHAUSTED,
     grpc.StatusCode.FAILED_PRECONDITION,

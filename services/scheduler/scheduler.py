@@ -37,6 +37,10 @@ class RequestRejectedError(ValueError):
     """A request that can never be served; the message says why."""
 
 
+class EngineOverloadedError(RuntimeError):
+    """Too many requests wait already (max_waiting_requests): try again later."""
+
+
 class Scheduler:
     def __init__(
         self,
@@ -69,6 +73,7 @@ class Scheduler:
     # ---- admission -----------------------------------------------------------------
     def add_request(self, request: Request) -> None:
         self._validate(request)
+        self._check_overload()
         if request.block_size != self.block_size:
             request.block_size = self.block_size
             request.block_hashes = []
@@ -98,6 +103,16 @@ class Scheduler:
         if request.sampling_params.n > self.config.max_num_seqs:
             raise RequestRejectedError(
                 f"n={request.sampling_params.n} exceeds max_num_seqs ({self.config.max_num_seqs})."
+            )
+
+    def _check_overload(self) -> None:
+        """Refuse new work once max_waiting_requests wait (0: no bound); admitted
+        requests, preempted ones included, are never refused."""
+        bound = self.config.max_waiting_requests
+        if bound and len(self.waiting) >= bound:
+            raise EngineOverloadedError(
+                f"the engine is overloaded: {len(self.waiting)} requests are waiting "
+                f"(max_waiting_requests={bound}); try again later."
             )
 
     def _enqueue_waiting(self, request: Request) -> None:
