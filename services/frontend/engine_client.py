@@ -9,19 +9,45 @@ scheduler's classes).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from services.common.engine_output import EngineCoreOutputs, SchedulerStats
 from services.common.engine_request import EngineCoreRequest
 
-__all__ = ["EngineCoreClient", "EngineUnavailableError"]
+__all__ = ["EngineCoreClient", "EngineOverloadedError", "EngineUnavailableError"]
 
 
 class EngineUnavailableError(RuntimeError):
     """The engine core is gone (maps to UNAVAILABLE / HTTP 503); every transport raises it."""
 
 
+class EngineOverloadedError(RuntimeError):
+    """The engine core refused more work for now (RESOURCE_EXHAUSTED / HTTP 429)."""
+
+
+def output_error(code: str | None, message: str) -> Exception:
+    """The exception an engine-core output's error stands for (EngineCoreOutput.error_code)."""
+    if code == "unavailable":
+        return EngineUnavailableError(message)
+    if code == "resource_exhausted":
+        return EngineOverloadedError(message)
+    return ValueError(message)
+
+
 class EngineCoreClient(Protocol):
+    # Set by the Frontend: called with the new value whenever `ready` changes.
+    on_ready_change: Callable[[bool], None] | None
+
+    @property
+    def ready(self) -> bool:
+        """The engine core can take work now (it reports serving: its workers are there)."""
+
+    async def reconnect(self) -> None:
+        """After next_outputs raised EngineUnavailableError: wait until the engine core is
+        back and connect again (the client's requests were lost with the connection).
+        Raises EngineUnavailableError when it can never come back or the client is closed."""
+
     async def add_request(self, request: EngineCoreRequest) -> None:
         """Admit; raises ValueError (naming the problem) when the engine core rejects it.
 
