@@ -60,7 +60,47 @@ def _add_serving_args(parser: argparse.ArgumentParser, grpc_port: int) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: all)")
     parser.add_argument("--grpc-port", type=int, default=grpc_port, help="public gRPC port")
     parser.add_argument("--port", type=int, default=8000, help="OpenAI HTTP port (-1: off)")
-    parser.add_argument("--api-key", default=None, help="require this bearer key on /v1")
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help="require this bearer key on HTTP /v1 and on the gRPC Generation API "
+        "(default: $PAGESTREAM_API_KEY)",
+    )
+
+
+def _add_frontend_limit_args(parser: argparse.ArgumentParser) -> None:
+    """The frontend's protections (services/frontend/frontend_config.py)."""
+    add = parser.add_argument
+    add(
+        "--max-prompt-bytes",
+        type=int,
+        default=None,
+        help="refuse (400) text prompts, or chat messages together, over this many UTF-8 "
+        "bytes, before tokenizing (default: 32 x the context length; 0: no limit)",
+    )
+    add("--max-messages", type=int, default=1024, help="chat messages per request (0: any)")
+    add("--max-n", type=int, default=128, help="sequences (n, beam width) per prompt")
+    add(
+        "--max-request-body-bytes",
+        type=int,
+        default=16 * 1024 * 1024,
+        help="refuse (400) HTTP request bodies over this size (0: no limit)",
+    )
+    add(
+        "--request-timeout",
+        dest="request_timeout_s",
+        type=float,
+        default=None,
+        help="abort requests that run longer than this many seconds (gRPC DEADLINE_EXCEEDED, "
+        "HTTP 504); default: no limit",
+    )
+    add(
+        "--max-unread-tokens",
+        type=int,
+        default=4096,
+        help="abort a stream whose client leaves more than this many tokens unread "
+        "(a client that stopped reading; 0: no bound)",
+    )
 
 
 def _add_tls_args(parser: argparse.ArgumentParser) -> None:
@@ -117,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=5,
         help="--split-services: restarts of one role within 5 minutes before giving up",
     )
+    _add_frontend_limit_args(serve)
+    _add_tls_args(serve)
     EngineArgs.add_cli_args(serve)
     worker = sub.add_parser("worker", help="the Worker service (runs the model)")
     worker.add_argument("model", nargs="?", default=DEFAULT_MODEL)
@@ -143,6 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     frontend.add_argument("--served-model-name", default=None)
     add_generation_config_arg(frontend)
     _add_serving_args(frontend, 50051)
+    _add_frontend_limit_args(frontend)
+    _add_tls_args(frontend)
     from pagestream.bench import add_bench_parser
 
     add_bench_parser(sub)

@@ -4,6 +4,15 @@ It validates and tokenizes (nothing half-admitted on bad input), sends EngineCor
 and turns the engine core's per-step outputs into per-request streams: incremental
 detokenization, stop strings (which abort the sequence in the engine core), output kinds.
 The OpenAI HTTP server and the public gRPC Generation service both sit on this class.
+
+Each stream reads from a RequestOutputQueue, so a consumer that lags never holds up the
+output pump (its deltas merge) and one that stops reading is aborted past a bound. When
+the connection to the engine core breaks, every stream ends with EngineUnavailableError,
+the frontend reports not ready and reconnects (EngineCoreClient.reconnect) until the
+engine core is back; requests that arrive meanwhile are refused at once. Readiness
+(`is_ready`: connected, and the engine core serving) is what health probes report;
+`is_alive` turns false only when the engine core can never come back (an in-process
+engine whose loop died).
 """
 
 from __future__ import annotations
@@ -12,20 +21,29 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from services.common.engine_output import SchedulerStats
 from services.common.engine_request import EngineCoreRequest
 from services.common.model_info import ServedModelInfo
 from services.common.outputs import RequestOutput
 from services.common.sampling_params import SamplingParams
-from services.frontend.engine_client import EngineCoreClient, EngineUnavailableError
+from services.frontend.engine_client import EngineCoreClient, EngineUnavailableError, output_error
+from services.frontend.frontend_config import FrontendConfig
 from services.frontend.input_processor import InputProcessor
 from services.frontend.output_processor import OutputProcessor
+from services.frontend.output_queue import RequestOutputQueue, SlowConsumerError
+from services.frontend.request_limits import RequestLimits
 from services.frontend.request_state import RequestState
 
 logger = logging.getLogger(__name__)
-__all__ = ["EngineUnavailableError", "Frontend"]  # the error is the client interface's
+__all__ = ["EngineUnavailableError", "Frontend", "RequestTimeoutError"]
+
+RECONNECT_BACKOFF_S = (0.0, 0.25, 0.5, 1.0, 2.0)  # between losses with no output in between
+
+
+class RequestTimeoutError(TimeoutError):
+    """The request outlived the server's request timeout and was aborted."""
 
 
 class Frontend:
@@ -35,27 +53,65 @@ class Frontend:
         tokenizer,
         info: ServedModelInfo,
         default_sampling: dict | None = None,
+        config: FrontendConfig | None = None,
     ) -> None:
         self.client = client
         self.tokenizer = tokenizer
         self.info = info
         # The model's generation_config defaults for unset fields (generation_defaults.py).
         self.default_sampling = dict(default_sampling or {})
+        self.config = config or FrontendConfig()
+        self.limits = RequestLimits(self.config, info.max_model_len)
         self.input_processor = InputProcessor(tokenizer, info.max_model_len, info.vocab_size)
         self.output_processor = OutputProcessor()
-        self._queues: dict[str, asyncio.Queue] = {}
+        self._queues: dict[str, RequestOutputQueue] = {}
         self._pump: asyncio.Task | None = None
         self._background: set[asyncio.Task] = set()
         self.last_stats = SchedulerStats()
-        self.dead_error: BaseException | None = None
+        self.dead_error: BaseException | None = None  # the engine core cannot come back
+        self._connected = True
+        self._epoch = 0  # counts lost connections: requests added across one may be orphans
+        self._readiness_listeners: list[Callable[[bool], None]] = []
+        self._last_ready = self.is_ready
+        client.on_ready_change = lambda _ready: self._readiness_changed()
+        with contextlib.suppress(RuntimeError):  # no running loop: the first request starts it
+            self._ensure_pump()
+
+    # ---- liveness and readiness ------------------------------------------------------
+    @property
+    def is_alive(self) -> bool:
+        """False only once the engine core can never come back (restart this process)."""
+        return self.dead_error is None
 
     @property
-    def is_healthy(self) -> bool:
-        return self.dead_error is None
+    def is_ready(self) -> bool:
+        """The whole chain can serve: connected to an engine core that reports serving."""
+        return self.dead_error is None and self._connected and self.client.ready
+
+    def not_ready_reason(self) -> str:
+        if self.dead_error is not None:
+            return f"the engine is not available: {self.dead_error}"
+        if not self._connected:
+            return "the engine core is not available: reconnecting to it"
+        return "the engine core is not ready: its workers are away and it is reconnecting"
+
+    def add_readiness_listener(self, listener: Callable[[bool], None]) -> None:
+        """`listener(is_ready)` is called on every change of readiness."""
+        self._readiness_listeners.append(listener)
+
+    def _readiness_changed(self) -> None:
+        ready = self.is_ready
+        if ready == self._last_ready:
+            return
+        self._last_ready = ready
+        logger.info("frontend %s", "ready" if ready else "not ready: " + self.not_ready_reason())
+        for listener in list(self._readiness_listeners):
+            listener(ready)
 
     def num_live_requests(self) -> int:
         return len(self._queues)
 
+    # ---- requests ----------------------------------------------------------------------
     async def generate(
         self,
         prompt,
@@ -67,28 +123,44 @@ class Frontend:
         add_special_tokens: bool = True,
     ) -> AsyncIterator[RequestOutput]:
         """Stream outputs until the request ends; a consumer that stops iterating aborts it."""
-        if self.dead_error is not None:
-            raise EngineUnavailableError(f"the engine is not available: {self.dead_error}")
+        if not self.is_ready:
+            raise EngineUnavailableError(self.not_ready_reason())
         self._ensure_pump()
         params = sampling_params or SamplingParams(**self.default_sampling)
         request_id = request_id or f"req-{uuid.uuid4().hex}"
         if request_id in self._queues:
             raise ValueError(f"request_id {request_id!r} is already in use.")
+        self._check_limits(prompt, params)
         processed = self.input_processor.process(prompt, add_special_tokens)
         self.input_processor.check_params(params)
-        queue: asyncio.Queue = asyncio.Queue()
+        queue = RequestOutputQueue(params.output_kind, self.config.max_unread_tokens)
         state = RequestState(
             request_id, processed.prompt, processed.prompt_token_ids, params, self.tokenizer
         )
+        deadline = self._deadline()
         self._queues[request_id] = queue
         self.output_processor.add(state)
+        epoch = self._epoch
         try:
             await self.client.add_request(self._engine_request(state, priority, cache_salt))
         except BaseException:
             self._forget(request_id)
             raise
-        async for output in self._stream(request_id, queue):
+        if epoch != self._epoch:  # sent on a new connection after its stream was failed
+            self._spawn(self.client.abort([request_id]))
+        async for output in self._stream(request_id, queue, deadline):
             yield output
+
+    def _check_limits(self, prompt, params: SamplingParams) -> None:
+        """Size limits before tokenizing (the API layers check their own fields first)."""
+        text = _text_to_tokenize(prompt)
+        if text is not None:
+            self.limits.check_prompt_text(text)
+        self.limits.check_n(params.n)
+
+    def _deadline(self) -> float | None:
+        timeout = self.config.request_timeout_s
+        return None if timeout is None else asyncio.get_running_loop().time() + timeout
 
     def _engine_request(self, state: RequestState, priority: int, cache_salt) -> EngineCoreRequest:
         eos = self.info.eos_token_ids
@@ -102,20 +174,38 @@ class Frontend:
             cache_salt=cache_salt,
         )
 
-    async def _stream(self, request_id: str, queue: asyncio.Queue):
+    async def _stream(self, request_id: str, queue: RequestOutputQueue, deadline):
         finished = False
         try:
             while not finished:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                finished = item.finished
-                yield item
+                try:
+                    output = await self._next(request_id, queue, deadline)
+                except Exception:
+                    finished = True  # the request already ended (or was aborted) there
+                    raise
+                finished = output.finished
+                yield output
         finally:
             self._forget(request_id)
             if not finished:
                 self._spawn(self.client.abort([request_id]))
+
+    async def _next(self, request_id: str, queue: RequestOutputQueue, deadline) -> RequestOutput:
+        if deadline is None:
+            return await queue.get()
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await queue.get()
+        except TimeoutError:
+            timeout = self.config.request_timeout_s
+            logger.warning(
+                "request %s ran past the request timeout (%ss): aborting", request_id, timeout
+            )
+            self._spawn(self.client.abort([request_id]))
+            raise RequestTimeoutError(
+                f"the request ran longer than the server's request timeout of {timeout}s "
+                "(--request-timeout) and was aborted."
+            ) from None
 
     def _forget(self, request_id: str) -> None:
         self._queues.pop(request_id, None)
@@ -131,45 +221,84 @@ class Frontend:
     async def stats(self) -> SchedulerStats:
         return await self.client.stats()
 
-    # ---- the output pump -----------------------------------------------------------
+    # ---- the output pump ---------------------------------------------------------------
     def _ensure_pump(self) -> None:
         if self._pump is None or self._pump.done():
             self._pump = asyncio.get_running_loop().create_task(self._run_pump())
 
     def _spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
+        task = asyncio.get_running_loop().create_task(_quietly(coro))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
     async def _run_pump(self) -> None:
-        try:
-            while True:
-                batch = await self.client.next_outputs()
-                if batch.scheduler_stats is not None:
-                    self.last_stats = batch.scheduler_stats
-                self._deliver(batch.outputs)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            logger.exception("lost the engine core")
-            self.dead_error = exc
-            error = EngineUnavailableError(f"the engine is not available: {exc}")
-            for queue in self._queues.values():
-                queue.put_nowait(error)
+        """Route outputs; on a lost connection fail every stream and reconnect."""
+        failures = 0
+        while True:
+            try:
+                while True:
+                    batch = await self.client.next_outputs()
+                    failures = 0
+                    if batch.scheduler_stats is not None:
+                        self.last_stats = batch.scheduler_stats
+                    self._deliver(batch.outputs)
+            except Exception as exc:
+                self._connection_lost(exc)
+            await asyncio.sleep(RECONNECT_BACKOFF_S[min(failures, len(RECONNECT_BACKOFF_S) - 1)])
+            failures += 1
+            try:
+                await self.client.reconnect()
+            except Exception as exc:
+                logger.error("the engine core cannot come back (%s): the frontend is dead", exc)
+                self.dead_error = exc
+                self._readiness_changed()
+                return
+            self._connected = True
+            self._readiness_changed()
+
+    def _connection_lost(self, exc: Exception) -> None:
+        if isinstance(exc, EngineUnavailableError):
+            logger.error("lost the engine core: %s", exc)
+        else:
+            logger.exception("the output pump failed; reconnecting to the engine core")
+        self._connected = False
+        self._epoch += 1
+        error = EngineUnavailableError(f"the engine is not available: {exc}")
+        if self._queues:
+            logger.error("failing %d in-flight request(s)", len(self._queues))
+        for queue in self._queues.values():
+            queue.put_error(error)
+        self._readiness_changed()
 
     def _deliver(self, outputs) -> None:
-        rejected = [o for o in outputs if o.error]
-        for output in rejected:  # admission errors arrive as outputs over gRPC
+        for output in (o for o in outputs if o.error):  # rejections, lost workers
             queue = self._queues.get(output.parent_request_id or output.request_id)
             if queue is not None:
-                queue.put_nowait(ValueError(output.error))
+                queue.put_error(output_error(output.error_code, output.error))
         ready, to_abort = self.output_processor.process([o for o in outputs if not o.error])
-        if to_abort:
-            self._spawn(self.client.abort(to_abort))
         for state, output in ready:
             queue = self._queues.get(state.request_id)
-            if queue is not None:
-                queue.put_nowait(output)
+            if queue is not None and not queue.put(output):
+                self._overflowed(state.request_id, queue)
+                to_abort.append(state.request_id)
+        if to_abort:
+            self._spawn(self.client.abort(to_abort))
+
+    def _overflowed(self, request_id: str, queue: RequestOutputQueue) -> None:
+        """The consumer left more than max_unread_tokens unread: abort the request."""
+        logger.warning(
+            "request %s: its client left %d tokens unread (max_unread_tokens=%d): aborting it",
+            request_id,
+            queue.unread_tokens,
+            queue.max_unread_tokens,
+        )
+        self.output_processor.remove(request_id)  # later outputs are dropped
+        queue.put_error(
+            SlowConsumerError(
+                f"the client stopped reading: more than {queue.max_unread_tokens} tokens "
+                "were left unread (--max-unread-tokens), so the request was aborted."
+            )
+        )
 
     async def close(self) -> None:
         if self._pump is not None:
@@ -177,3 +306,20 @@ class Frontend:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._pump
         await self.client.close()
+
+
+def _text_to_tokenize(prompt) -> str | None:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, dict) and "prompt_token_ids" not in prompt:
+        text = prompt.get("prompt")
+        return text if isinstance(text, str) else None
+    return None
+
+
+async def _quietly(coro) -> None:
+    """Background engine calls (aborts): an engine that is gone has nothing left to abort."""
+    try:
+        await coro
+    except EngineUnavailableError as exc:
+        logger.debug("background engine call skipped: %s", exc)

@@ -1,10 +1,18 @@
 """The frontend's gRPC server: Generation + grpc.health.v1 + reflection, with graceful stop.
 
-Health reads NOT_SERVING until the frontend is ready (and again once its engine is gone).
-On stop (or SIGTERM through services.common.grpc_server.serve_forever) it turns NOT_SERVING
-first, so load balancers stop sending; the server takes no new calls; in-flight Generate
-streams get the grace period to finish; whatever is left then (streams that ran out of time,
-health watchers) is cancelled at once, and cancelled streams abort their requests.
+Health (the whole server "" and pagestream.v1.Generation alike) is readiness: SERVING
+only while the Frontend can serve (connected to an engine core that reports SERVING), so
+NOT_SERVING until the frontend is ready, while its engine core or the workers behind it
+are away, and SERVING again once they are back. With `tls` (a certificate and key) the
+port speaks TLS; clients need no certificate of their own. With `api_key` every
+Generation call needs `authorization: Bearer KEY` metadata (health and reflection stay
+open for probes).
+
+On stop (or SIGTERM through services.common.grpc_server.serve_forever) it turns
+NOT_SERVING first, so load balancers stop sending; the server takes no new calls;
+in-flight Generate streams get the grace period to finish; whatever is left then (streams
+that ran out of time, health watchers) is cancelled at once, and cancelled streams abort
+their requests.
 """
 
 from __future__ import annotations
@@ -16,8 +24,11 @@ from collections.abc import Awaitable
 
 from services.common.grpc_server import GrpcServer, start_server
 from services.common.proto.pagestream.v1 import generation_pb2, generation_pb2_grpc
+from services.common.tls import TlsConfig
+from services.frontend.api_key import ApiKey
 from services.frontend.engine_client import EngineCoreClient
 from services.frontend.frontend import Frontend
+from services.frontend.frontend_config import FrontendConfig
 from services.frontend.generation_service import GenerationServicer
 
 logger = logging.getLogger(__name__)
@@ -56,9 +67,21 @@ class FrontendServer:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _engine_gone(self) -> None:
-        logger.error("the engine is gone: health NOT_SERVING")
-        self._spawn(self.set_serving(False))
+    def _readiness_changed(self, ready: bool) -> None:
+        if ready:
+            logger.info("Generation SERVING again on %s", self.address)
+        else:
+            logger.error("the engine cannot serve: health NOT_SERVING")
+        self._spawn(self._sync_health())
+
+    async def _sync_health(self) -> None:
+        """Health from readiness as it is now (changes may come faster than tasks run)."""
+        frontend = self.servicer.frontend
+        await self.set_serving(frontend is not None and frontend.is_ready)
+
+    def _attach(self, frontend: Frontend) -> None:
+        self.servicer.frontend = frontend
+        frontend.add_readiness_listener(self._readiness_changed)
 
     async def _serve_when_ready(self, ready: Awaitable[Frontend]) -> None:
         future = asyncio.ensure_future(ready)
@@ -71,8 +94,8 @@ class FrontendServer:
         except Exception:
             logger.exception("the frontend did not become ready; health stays NOT_SERVING")
             return
-        self.servicer.frontend = frontend
-        await self.set_serving(frontend.is_healthy)
+        self._attach(frontend)
+        await self.set_serving(frontend.is_ready)
         logger.info("Generation SERVING on %s (model %s)", self.address, frontend.info.model)
 
     async def stop(self, grace: float | None = 5.0) -> None:
@@ -102,6 +125,9 @@ async def serve_frontend(
     frontend: Frontend | Awaitable[Frontend],
     host: str = "0.0.0.0",
     port: int = 50051,
+    *,
+    tls: TlsConfig | None = None,
+    api_key: str | None = None,
 ) -> FrontendServer:
     """Start Generation (+ health, reflection) on host:port; returns once it listens.
 
@@ -111,19 +137,20 @@ async def serve_frontend(
     `services.common.grpc_server.serve_forever(server, grace)` to stop on SIGTERM/SIGINT.
     The caller keeps owning the Frontend (close it after stopping the server).
     """
-    servicer = GenerationServicer(None)
+    servicer = GenerationServicer(None, ApiKey(api_key))
     grpc_server = await start_server(
         lambda server: generation_pb2_grpc.add_GenerationServicer_to_server(servicer, server),
         [GENERATION_SERVICE],
         host,
         port,
+        tls,
+        require_client_auth=False,  # the public API: any client, with the API key if set
     )
     grpc_server.servicer = servicer
     handle = FrontendServer(grpc_server, servicer)
-    servicer.on_unhealthy = handle._engine_gone
     if isinstance(frontend, Frontend):
-        servicer.frontend = frontend
-        await handle.set_serving(frontend.is_healthy)
+        handle._attach(frontend)
+        await handle.set_serving(frontend.is_ready)
     else:
         handle._spawn(handle._serve_when_ready(frontend))
     return handle
@@ -135,19 +162,23 @@ async def connect_frontend(
     default_sampling: dict | None = None,
     *,
     timeout_s: float = 600.0,
+    tls: TlsConfig | None = None,
+    config: FrontendConfig | None = None,
 ) -> Frontend:
     """A Frontend over the scheduler's EngineCore service (the split deployment).
 
     Waits (up to timeout_s) for the scheduler to report SERVING, which it does once its
-    worker has loaded the model; the model facts come from the scheduler.
+    worker has loaded the model; the model facts come from the scheduler. With `tls` the
+    connection is TLS (mutual TLS when it has a certificate and key). Later losses of
+    the scheduler are recovered from by the Frontend itself (it reconnects).
     """
     from services.frontend.grpc_engine_client import GrpcEngineCoreClient
 
-    client: EngineCoreClient = await GrpcEngineCoreClient.connect(scheduler_address, timeout_s)
+    client: EngineCoreClient = await GrpcEngineCoreClient.connect(scheduler_address, timeout_s, tls)
     try:
         info = await client.get_engine_info()
     except BaseException:
         await client.close()
         raise
     logger.info("connected to the engine core at %s: %s", scheduler_address, info.model)
-    return Frontend(client, tokenizer, info, default_sampling)
+    return Frontend(client, tokenizer, info, default_sampling, config)

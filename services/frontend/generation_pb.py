@@ -20,6 +20,7 @@ from services.common.model_info import ServedModelInfo
 from services.common.outputs import CompletionOutput, Logprob, RequestOutput
 from services.common.proto.pagestream.v1 import generation_pb2
 from services.common.sampling_params import RequestOutputKind, SamplingParams
+from services.frontend.request_limits import RequestLimits
 from services.frontend.tokenizer import apply_chat_template
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -72,6 +73,27 @@ def generate_call_from_pb(
         cache_salt=request.cache_salt if request.HasField("cache_salt") else None,
         add_special_tokens=default_special if special is None else special,
     )
+
+
+def check_request_limits(request: generation_pb2.GenerateRequest, limits: RequestLimits) -> None:
+    """The frontend's size limits, before the chat template or the tokenizer runs."""
+    which = request.WhichOneof("prompt")
+    if which == "text":
+        limits.check_prompt_text(request.text, "text")
+    elif which == "token_ids":
+        limits.check_token_ids(request.token_ids.token_ids, "token_ids")
+    elif which == "chat":
+        limits.check_messages([m.content for m in request.chat.messages], "chat.messages")
+    if request.sampling_params.HasField("n"):
+        limits.check_n(request.sampling_params.n, "sampling_params.n")
+
+
+def check_tokenize_limits(request: generation_pb2.TokenizeRequest, limits: RequestLimits) -> None:
+    which = request.WhichOneof("input")
+    if which == "text":
+        limits.check_prompt_text(request.text, "text")
+    elif which == "chat":
+        limits.check_messages([m.content for m in request.chat.messages], "chat.messages")
 
 
 def reject_unknown_fields(message, path: str) -> None:

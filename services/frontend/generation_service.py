@@ -1,10 +1,14 @@
 """GenerationServicer: the public pagestream.v1.Generation API over a Frontend.
 
 A thin adapter: pb -> domain call (generation_pb) -> Frontend -> pb, with errors mapped to
-status codes by services/common/grpc_errors. A client that cancels a Generate stream aborts
-its request: the cancellation unwinds the stream (closing the Frontend's iterator aborts it
-in the engine core), and the RPC's done callback aborts it again should the stream be
-elsewhere at that moment. Until the Frontend exists (the split deployment connects to the
+status codes by services/common/grpc_errors. Every call first checks the API key (when
+one is set: `authorization: Bearer KEY` metadata, else UNAUTHENTICATED); a Generate
+request is held to the frontend's size limits before anything renders or tokenizes it.
+
+A client that cancels a Generate stream, or whose deadline passes, aborts its request:
+the cancellation unwinds the stream (closing the Frontend's iterator aborts it in the
+engine core), and the RPC's done callback aborts it again should the stream be elsewhere
+at that moment. Until the Frontend exists (the split deployment connects to the
 scheduler first) every call answers UNAVAILABLE.
 """
 
@@ -13,28 +17,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
 
 from services.common.grpc_errors import grpc_errors
 from services.common.proto.pagestream.v1 import generation_pb2, generation_pb2_grpc
 from services.frontend import generation_pb
+from services.frontend.api_key import ApiKey
 from services.frontend.frontend import EngineUnavailableError, Frontend
 
 logger = logging.getLogger(__name__)
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
-    def __init__(
-        self, frontend: Frontend | None, on_unhealthy: Callable[[], None] | None = None
-    ) -> None:
+    def __init__(self, frontend: Frontend | None, api_key: ApiKey | None = None) -> None:
         self.frontend = frontend
-        self.on_unhealthy = on_unhealthy
+        self.api_key = api_key or ApiKey(None)
         self.num_streams = 0
         self._no_streams = asyncio.Event()
         self._no_streams.set()
         self._background: set[asyncio.Task] = set()
 
-    def _ready(self) -> Frontend:
+    def _authorize(self, context) -> None:
+        if self.api_key.required:
+            metadata = dict(context.invocation_metadata() or ())
+            self.api_key.check(metadata.get("authorization"))
+
+    def _ready(self, context) -> Frontend:
+        self._authorize(context)
         if self.frontend is None:
             raise EngineUnavailableError("the frontend is starting: the engine is not ready yet.")
         return self.frontend
@@ -48,12 +56,11 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             self.num_streams -= 1
             if self.num_streams == 0:
                 self._no_streams.set()
-            if self.frontend is not None and not self.frontend.is_healthy and self.on_unhealthy:
-                self.on_unhealthy()
 
     @grpc_errors
     async def _generate(self, request, context) -> None:
-        frontend = self._ready()
+        frontend = self._ready(context)
+        generation_pb.check_request_limits(request, frontend.limits)
         call = generation_pb.generate_call_from_pb(
             request, frontend.tokenizer, frontend.info, frontend.default_sampling
         )
@@ -69,22 +76,23 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     async def Abort(self, request, context) -> generation_pb2.AbortResponse:
         if not request.request_id:
             raise ValueError("request_id: give the id of the request to abort.")
-        found = await self._ready().abort(request.request_id)
+        found = await self._ready(context).abort(request.request_id)
         return generation_pb2.AbortResponse(found=found)
 
     @grpc_errors
     async def Tokenize(self, request, context) -> generation_pb2.TokenizeResponse:
-        frontend = self._ready()
+        frontend = self._ready(context)
+        generation_pb.check_tokenize_limits(request, frontend.limits)
         return generation_pb.tokenize(request, frontend.tokenizer, frontend.info)
 
     @grpc_errors
     async def Detokenize(self, request, context) -> generation_pb2.DetokenizeResponse:
-        frontend = self._ready()
+        frontend = self._ready(context)
         return generation_pb.detokenize(request, frontend.tokenizer, frontend.info)
 
     @grpc_errors
     async def GetModelInfo(self, request, context) -> generation_pb2.ModelInfo:
-        return generation_pb.model_info_to_pb(self._ready().info)
+        return generation_pb.model_info_to_pb(self._ready(context).info)
 
     # ---- draining and cancellation -------------------------------------------------------
     async def drained(self) -> None:

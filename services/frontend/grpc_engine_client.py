@@ -2,8 +2,13 @@
 
 Adds and aborts are written to the stream (`add_request` returns once the message is
 sent; a rejection comes back later as an output with `error` set, which the Frontend
-raises as a ValueError). `next_outputs` reads the next step's batch. A broken stream or
-an unreachable engine core raises EngineUnavailableError.
+raises as its exception). `next_outputs` reads the next step's batch. A broken stream or
+an unreachable engine core raises EngineUnavailableError; `reconnect` then waits until
+the scheduler's EngineCore health reads SERVING again (EngineCoreHealth watches it all
+along, which is also what `ready` reports) and opens a new Connect stream. The channel
+retries a lost connection within about a second (capped reconnect backoff), so a
+restarted scheduler is found quickly. With `tls` the channel speaks TLS (mutual TLS when
+the config has a certificate and key).
 """
 
 from __future__ import annotations
@@ -21,45 +26,95 @@ from services.common.convert.engine_io import (
 )
 from services.common.engine_output import EngineCoreOutputs, SchedulerStats
 from services.common.engine_request import EngineCoreRequest
-from services.common.grpc_channel import aio_channel, wait_until_serving
+from services.common.grpc_channel import wait_until_serving
+from services.common.grpc_server import CHANNEL_OPTIONS
 from services.common.model_info import ServedModelInfo
 from services.common.proto.pagestream.v1 import engine_pb2, engine_pb2_grpc
+from services.common.tls import PLAINTEXT, TlsConfig
 from services.frontend.engine_client import EngineUnavailableError
+from services.frontend.engine_core_health import EngineCoreHealth
 
 logger = logging.getLogger(__name__)
 
 ENGINE_CORE_SERVICE = engine_pb2.DESCRIPTOR.services_by_name["EngineCore"].full_name
 _RPC_FAILURES = (grpc.RpcError, grpc.aio.UsageError, asyncio.InvalidStateError)
+# Look for a scheduler that went away every second at most (gRPC's default backoff grows
+# to two minutes, far too slow to notice a restarted scheduler).
+RECONNECT_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+def engine_core_channel(address: str, tls: TlsConfig | None = None) -> grpc.aio.Channel:
+    options = [*CHANNEL_OPTIONS, *RECONNECT_OPTIONS]
+    credentials = (tls or PLAINTEXT).channel_credentials()
+    if credentials is None:
+        return grpc.aio.insecure_channel(address, options=options)
+    return grpc.aio.secure_channel(address, credentials, options=options)
 
 
 class GrpcEngineCoreClient:
-    def __init__(self, address: str, rpc_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, address: str, rpc_timeout_s: float = 30.0, tls: TlsConfig | None = None
+    ) -> None:
         """Create inside the running event loop; `connect` also waits for SERVING."""
         self.address = address
         self.rpc_timeout_s = rpc_timeout_s
-        self._channel = aio_channel(address)
+        self._channel = engine_core_channel(address, tls)
         self._stub = engine_pb2_grpc.EngineCoreStub(self._channel)
+        self.health = EngineCoreHealth(self._channel, ENGINE_CORE_SERVICE, address)
         self._call = None
         self._write_lock = asyncio.Lock()
         self._closed = False
 
     @classmethod
-    async def connect(cls, address: str, timeout_s: float = 60.0) -> GrpcEngineCoreClient:
+    async def connect(
+        cls, address: str, timeout_s: float = 60.0, tls: TlsConfig | None = None
+    ) -> GrpcEngineCoreClient:
         """A client whose engine core reports SERVING, with its Connect stream open."""
-        client = cls(address)
+        client = cls(address, tls=tls)
         try:
             await wait_until_serving(client._channel, ENGINE_CORE_SERVICE, timeout_s, address)
-            client._stream()
+            client._call = client._stub.Connect()
+            client.health.start(serving=True)
         except BaseException:
             await client._channel.close()
             raise
         return client
 
+    @property
+    def on_ready_change(self):
+        return self.health.on_change
+
+    @on_ready_change.setter
+    def on_ready_change(self, callback) -> None:
+        self.health.on_change = callback
+
+    @property
+    def ready(self) -> bool:
+        return self.health.serving and not self._closed
+
+    async def reconnect(self) -> None:
+        """Drop the broken stream; once the engine core reports SERVING, open a new one."""
+        self._drop_call()
+        await self.health.wait_serving()
+        if self._closed:
+            raise EngineUnavailableError("the engine core client is closed")
+        self._call = self._stub.Connect()
+        logger.info("connected to the engine core at %s again", self.address)
+
+    def _drop_call(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
+
     def _stream(self):
         if self._closed:
             raise EngineUnavailableError("the engine core client is closed")
         if self._call is None:
-            self._call = self._stub.Connect()
+            raise EngineUnavailableError(f"reconnecting to the engine core at {self.address}")
         return self._call
 
     def _unavailable(self, exc: BaseException) -> EngineUnavailableError:
@@ -82,8 +137,8 @@ class GrpcEngineCoreClient:
         await self._write(message)
 
     async def abort(self, request_ids: list[str]) -> None:
-        if self._closed:
-            return  # closing the stream already aborted everything
+        if self._closed or self._call is None:
+            return  # the stream's end (close, or its loss) aborted everything it carried
         abort = engine_pb2.AbortRequests(request_ids=request_ids)
         await self._write(engine_pb2.EngineRequest(abort=abort))
 
@@ -119,6 +174,6 @@ class GrpcEngineCoreClient:
         if self._closed:
             return
         self._closed = True
-        if self._call is not None:
-            self._call.cancel()
+        self._drop_call()
+        await self.health.stop()
         await self._channel.close()

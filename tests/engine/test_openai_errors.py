@@ -138,7 +138,8 @@ async def test_openai_client_raises_the_matching_errors(server):
             await wrong.models.list()
 
 
-async def test_dead_engine_is_503_and_health_says_so(server):
+async def test_dead_engine_is_503_and_both_probes_say_so(server):
+    """An engine that can never come back: not ready, and not alive (restart the process)."""
     frontend = server.engine.frontend
     frontend.dead_error = RuntimeError("simulated loss of the engine core")
     try:
@@ -146,8 +147,21 @@ async def test_dead_engine_is_503_and_health_says_so(server):
         assert error["type"] == "server_error"
         async with server.raw() as client:
             _error(await client.get("/health"), 503)
+            _error(await client.get("/ready"), 503)
     finally:
         frontend.dead_error = None
+
+
+async def test_an_engine_that_is_away_is_not_ready_but_alive(server, monkeypatch):
+    """Workers away (the engine core reconnects): /ready 503, /health stays 200."""
+    async with server.raw(api_key=None) as client:
+        assert (await client.get("/ready")).status_code == 200
+        monkeypatch.setattr(server.engine.engine_core, "ready", False)
+        assert (await client.get("/health")).status_code == 200
+        error = _error(await client.get("/ready"), 503)
+        assert "reconnecting" in error["message"]
+    error = _error(await _post(server, COMPLETIONS, _completion()), 503)
+    assert error["code"] == "engine_unavailable"
 
 
 async def test_overload_maps_to_429():

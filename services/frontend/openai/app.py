@@ -2,23 +2,31 @@
 
 Routes are thin: parse (pydantic) -> serving call -> response; every failure goes through
 the one exception mapping in errors.py. With an API key, every /v1 route wants
-`Authorization: Bearer KEY`; /health, /metrics, /version, /tokenize and /detokenize stay
-open, as in vLLM.
+`Authorization: Bearer KEY` (compared in constant time); /health, /ready, /metrics,
+/version, /tokenize and /detokenize stay open, as in vLLM. Request bodies over the
+frontend's max_request_body_bytes are refused before they are read.
+
+Probes: GET /health is liveness (200 while this process can serve at all, even while it
+waits for its engine core or workers to come back; 503 only once its engine can never
+come back, so a restart is the cure). GET /ready is readiness (200 only while the whole
+chain can serve: the engine core connected and serving; 503 otherwise).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import logging
-import secrets
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from services.frontend.api_key import ApiKey
+from services.frontend.engine_client import EngineOverloadedError
 from services.frontend.frontend import EngineUnavailableError
 from services.frontend.metrics import CONTENT_TYPE, FrontendMetrics
+from services.frontend.openai.body_limit import BodyLimitMiddleware
 from services.frontend.openai.errors import (
     AuthenticationError,
     ModelNotFoundError,
@@ -45,6 +53,7 @@ _MAPPED_ERRORS = (
     ModelNotFoundError,
     AuthenticationError,
     OverloadedError,
+    EngineOverloadedError,
     EngineUnavailableError,
     Exception,
 )
@@ -59,17 +68,14 @@ def _version() -> str:
 
 async def _error_response(_request: Request, exc: Exception) -> JSONResponse:
     error = to_openai_error(exc)
-    return JSONResponse(error.body(), status_code=error.status)
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 def _api_key_check(api_key: str | None):
-    expected = f"Bearer {api_key}".encode() if api_key else None
+    key = ApiKey(api_key)
 
     async def check(request: Request) -> None:
-        if expected is None:
-            return
-        given = request.headers.get("authorization", "").encode()
-        if not secrets.compare_digest(given, expected):
+        if not key.allows(request.headers.get("authorization")):
             raise AuthenticationError("missing or invalid API key (Authorization: Bearer KEY).")
 
     return check
@@ -110,10 +116,16 @@ def _open_routes(app: FastAPI) -> None:
 
     @app.get("/health")
     async def health() -> Response:
-        if not state.frontend.is_healthy:
-            raise EngineUnavailableError(
-                f"the engine is not available: {state.frontend.dead_error}"
-            )
+        """Liveness: the process is up and its engine can still come back."""
+        if not state.frontend.is_alive:
+            raise EngineUnavailableError(state.frontend.not_ready_reason())
+        return Response(status_code=200)
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        """Readiness: the whole chain (engine core, workers) can serve now."""
+        if not state.frontend.is_ready:
+            raise EngineUnavailableError(state.frontend.not_ready_reason())
         return Response(status_code=200)
 
     @app.get("/version")
@@ -155,4 +167,5 @@ def build_app(
         app.add_exception_handler(exc_class, _error_response)
     app.include_router(_v1_router(app, api_key))
     _open_routes(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=frontend.config.max_request_body_bytes)
     return app

@@ -1,9 +1,11 @@
 """OpenAI error bodies and the one mapping from exceptions to HTTP statuses.
 
 Every failure leaves the server as `{"error": {"message", "type", "param", "code"}}`:
-ValueError (bad input, engine rejections) -> 400 naming the field, unknown model -> 404,
-missing or wrong API key -> 401, overload -> 429, engine gone -> 503. Request validation
-errors from pydantic (wrong types, malformed JSON) are 400 too, never 422 or 500.
+ValueError (bad input, engine rejections, a limit exceeded) -> 400 naming the field,
+unknown model -> 404, missing or wrong API key -> 401, a client that stopped reading its
+stream -> 408, overload -> 429 with `Retry-After`, engine gone -> 503, the server's
+request timeout -> 504. Request validation errors from pydantic (wrong types, malformed
+JSON) are 400 too, never 422 or 500.
 """
 
 from __future__ import annotations
@@ -18,13 +20,16 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common.grpc_errors import OverloadedError
-from services.frontend.engine_client import EngineUnavailableError
+from services.frontend.engine_client import EngineOverloadedError, EngineUnavailableError
+from services.frontend.frontend import RequestTimeoutError
 from services.frontend.openai import protocol
 from services.frontend.openai.exceptions import (
     AuthenticationError,
     InvalidRequestError,
     ModelNotFoundError,
+    RequestBodyTooLargeError,
 )
+from services.frontend.output_queue import SlowConsumerError
 
 logger = logging.getLogger(__name__)
 __all__ = [  # the exceptions are re-exported: one import for the serving modules
@@ -35,6 +40,7 @@ __all__ = [  # the exceptions are re-exported: one import for the serving module
     "OverloadedError",  # the shared one (gRPC RESOURCE_EXHAUSTED), re-exported
     "to_openai_error",
 ]
+RETRY_AFTER_S = 1  # what an overloaded server asks clients to wait before retrying
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,7 @@ class OpenAIError:
     type: str
     param: str | None = None
     code: str | None = None
+    headers: dict[str, str] | None = None
 
     def body(self) -> dict:
         return {
@@ -115,10 +122,17 @@ def to_openai_error(exc: BaseException) -> OpenAIError:
         return OpenAIError(404, str(exc), "invalid_request_error", "model", "model_not_found")
     if isinstance(exc, AuthenticationError):
         return OpenAIError(401, str(exc), "invalid_request_error", None, "invalid_api_key")
-    if isinstance(exc, OverloadedError):
-        return OpenAIError(429, str(exc), "rate_limit_error", None, "rate_limit_exceeded")
+    if isinstance(exc, OverloadedError | EngineOverloadedError):
+        retry = {"Retry-After": str(RETRY_AFTER_S)}
+        return OpenAIError(429, str(exc), "rate_limit_error", None, "rate_limit_exceeded", retry)
     if isinstance(exc, EngineUnavailableError):
         return OpenAIError(503, str(exc), "server_error", None, "engine_unavailable")
+    if isinstance(exc, RequestTimeoutError):
+        return OpenAIError(504, str(exc), "server_error", None, "request_timeout")
+    if isinstance(exc, SlowConsumerError):
+        return OpenAIError(408, str(exc), "invalid_request_error", None, "slow_consumer")
+    if isinstance(exc, RequestBodyTooLargeError):
+        return OpenAIError(400, str(exc), "invalid_request_error", None, "request_too_large")
     if isinstance(exc, ValueError):
         return OpenAIError(400, str(exc), "invalid_request_error", _param_of(exc), "invalid_value")
     if isinstance(exc, StarletteHTTPException):

@@ -6,7 +6,16 @@ protocol.py can raise them while errors.py reads the request models' field names
 
 from __future__ import annotations
 
-__all__ = ["AuthenticationError", "InvalidRequestError", "ModelNotFoundError"]
+from starlette.exceptions import HTTPException
+
+from services.frontend.api_key import AuthenticationError  # shared with the gRPC API
+
+__all__ = [
+    "AuthenticationError",
+    "InvalidRequestError",
+    "ModelNotFoundError",
+    "RequestBodyTooLargeError",
+]
 
 
 class InvalidRequestError(ValueError):
@@ -22,5 +31,16 @@ class ModelNotFoundError(LookupError):
         super().__init__(f"The model `{model}` does not exist.")
 
 
-class AuthenticationError(PermissionError):
-    pass
+class RequestBodyTooLargeError(HTTPException):
+    """An HTTP request body over max_request_body_bytes (HTTP 400). An HTTPException, so
+    FastAPI passes it on unchanged when it comes out of reading the body."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            400,
+            f"the request body is larger than the limit of {limit} bytes "
+            "(max_request_body_bytes, --max-request-body-bytes).",
+        )
+
+    def __str__(self) -> str:
+        return str(self.detail)

@@ -15,7 +15,6 @@ from services.common.sampling_params import MAX_LOGPROBS, SamplingParams
 from services.frontend.openai.exceptions import InvalidRequestError
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-MAX_N = 128  # choices per prompt, as OpenAI caps n
 
 
 def _pick(value, defaults: dict | None, key: str, fallback):
@@ -37,7 +36,7 @@ class SamplingRequest(OpenAIBaseModel):
     """The fields completions and chat share: OpenAI's, then vLLM's extras."""
 
     model: str | None = None
-    n: int = Field(1, ge=1, le=MAX_N)
+    n: int = Field(1, ge=1)  # the upper bound is the frontend's max_n (request_limits.py)
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = Field(None, ge=_INT64_MIN, le=_INT64_MAX)

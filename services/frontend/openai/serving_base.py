@@ -106,6 +106,17 @@ class ServingBase:
             raise ModelNotFoundError(model)
         return model
 
+    @property
+    def limits(self):
+        return self.frontend.limits
+
+    def check_prompt_size(self, prompt, param: str = "prompt") -> None:
+        """Text by its bytes, token ids by their count: before any tokenizing."""
+        if isinstance(prompt, str):
+            self.limits.check_prompt_text(prompt, param)
+        else:
+            self.limits.check_token_ids(prompt, param)
+
     def process_prompt(self, prompt, add_special_tokens: bool, param: str) -> Prompt:
         """Tokenize and check a prompt (str or token ids); errors name `param`."""
         try:
@@ -144,8 +155,12 @@ class ServingBase:
 
     # ---- running a job -----------------------------------------------------------
     async def outputs(self, job: Job) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """(prompt_index, delta output) pairs from every prompt, as they arrive."""
-        queue: asyncio.Queue = asyncio.Queue()
+        """(prompt_index, delta output) pairs from every prompt, as they arrive.
+
+        The queue holds one item per prompt at most: a reader that lags (a client that
+        reads its SSE stream slowly) holds the pumps back, so the outputs wait merged in
+        the Frontend's per-request queues, whose bound aborts a client that stopped."""
+        queue: asyncio.Queue = asyncio.Queue(maxsize=len(job.prompts))
         tasks = [
             asyncio.create_task(self._pump(job, i, prompt, params, queue))
             for i, (prompt, params) in enumerate(zip(job.prompts, job.params, strict=True))
@@ -180,13 +195,14 @@ class ServingBase:
                 priority=job.priority,
                 cache_salt=job.cache_salt,
             )
-            async for output in stream:
-                queue.put_nowait((index, output))
+            async with contextlib.aclosing(stream):  # aborts it when cancelled mid-put
+                async for output in stream:
+                    await queue.put((index, output))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            queue.put_nowait((index, exc))
-        queue.put_nowait((index, None))
+            await queue.put((index, exc))
+        await queue.put((index, None))
 
     @staticmethod
     def _observe(job: Job, output: RequestOutput, index: int, reasons: dict) -> None:

@@ -137,6 +137,7 @@ class OpenAIServingChat(ServingBase):
         return await self.respond(raw_request, job, tracker, request.stream, include_usage)
 
     def _job(self, request: ChatCompletionRequest, model: str) -> Job:
+        self._check_limits(request)
         text = render_chat(
             self.frontend.tokenizer,
             request.messages,
@@ -160,3 +161,18 @@ class OpenAIServingChat(ServingBase):
             priority=request.priority,
             cache_salt=request.cache_salt,
         )
+
+    def _check_limits(self, request: ChatCompletionRequest) -> None:
+        """The frontend's limits, before the chat template or the tokenizer runs."""
+        self.limits.check_messages([message_text(m) for m in request.messages])
+        self.limits.check_n(request.n)
+        param = "max_tokens" if request.max_completion_tokens is None else "max_completion_tokens"
+        self.limits.check_max_tokens(request.requested_max_tokens, param)
+
+
+def message_text(message: ChatMessage) -> str:
+    """A message's text (its text parts joined), as far as limits are concerned."""
+    content = message.content
+    if isinstance(content, list):
+        return "".join(part.text or "" for part in content)
+    return content or ""

@@ -154,6 +154,7 @@ class OpenAIServingCompletion(ServingBase):
         return await self.respond(raw_request, job, tracker, request.stream, include_usage)
 
     def _job(self, request: CompletionRequest, model: str) -> Job:
+        self._check_limits(request)
         prompts = [
             self.process_prompt(p, request.add_special_tokens, "prompt") for p in request.prompts()
         ]
@@ -181,3 +182,11 @@ class OpenAIServingCompletion(ServingBase):
             priority=request.priority,
             cache_salt=request.cache_salt,
         )
+
+    def _check_limits(self, request: CompletionRequest) -> None:
+        """The frontend's limits, before any prompt is tokenized."""
+        for prompt in request.prompts():
+            self.check_prompt_size(prompt)
+        self.limits.check_n(request.n)
+        if not request.scores_prompt_only:
+            self.limits.check_max_tokens(request.max_tokens)

@@ -6,7 +6,7 @@ from services.frontend.openai.exceptions import InvalidRequestError
 from services.frontend.openai.protocol import DetokenizeRequest, TokenizeRequest
 from services.frontend.openai.responses import DetokenizeResponse, TokenizeResponse
 from services.frontend.openai.serving_base import ServingBase
-from services.frontend.openai.serving_chat import render_chat
+from services.frontend.openai.serving_chat import message_text, render_chat
 
 
 class OpenAIServingTokenization(ServingBase):
@@ -21,12 +21,14 @@ class OpenAIServingTokenization(ServingBase):
         request.check()
         tokenizer = self._tokenizer("prompt")
         if request.messages is not None:
+            self.limits.check_messages([message_text(m) for m in request.messages])
             text = render_chat(
                 tokenizer, request.messages, request.add_generation_prompt, request.chat_template
             )
             add_special = bool(request.add_special_tokens)  # the template has the BOS
         else:
             text = request.prompt
+            self.limits.check_prompt_text(text)
             add_special = request.add_special_tokens is not False
         token_ids = tokenizer.encode(text, add_special_tokens=add_special)
         return TokenizeResponse(

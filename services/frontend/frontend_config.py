@@ -1,0 +1,58 @@
+"""FrontendConfig: the frontend's protections, all checked before the engine sees a request.
+
+Limits checked before tokenizing (request_limits.py), the server-side request timeout and
+the bound on what a slow consumer may leave unread (output_queue.py). The defaults let any
+request that could fit the model's context through and keep a stalled or hostile client
+from costing the engine or the event loop more than a bounded amount.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+MIB = 1024 * 1024
+# A token is rarely more than a few bytes of text (English ~4, CJK ~3 per character, long
+# whitespace or punctuation runs up to ~16); 32 bytes per token of context lets any prompt
+# through that could fit, and bounds the tokenizer's work (on the event loop) per request.
+PROMPT_BYTES_PER_TOKEN = 32
+
+
+@dataclass(frozen=True)
+class FrontendConfig:
+    # Text of one prompt (or all chat messages together), in UTF-8 bytes; None: 32 x the
+    # context length; 0: no limit.
+    max_prompt_bytes: int | None = None
+    max_messages: int = 1024  # chat messages per request; 0: no limit
+    max_n: int = 128  # sequences (n, beam width) per prompt, as OpenAI caps n
+    max_request_body_bytes: int = 16 * MIB  # HTTP request bodies; 0: no limit
+    # Server-side bound on one request's life (admission to last token); None: none.
+    request_timeout_s: float | None = None
+    # Tokens a stream's consumer may leave unread before the request is aborted; 0: none.
+    max_unread_tokens: int = 4096
+
+    def __post_init__(self) -> None:
+        for name in ("max_messages", "max_request_body_bytes", "max_unread_tokens"):
+            _not_negative(name, getattr(self, name))
+        if self.max_prompt_bytes is not None:
+            _not_negative("max_prompt_bytes", self.max_prompt_bytes)
+        if self.max_n < 1:
+            raise ValueError(f"max_n must be >= 1, got {self.max_n}.")
+        if self.request_timeout_s is not None and not self.request_timeout_s > 0:
+            raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}.")
+
+    def prompt_bytes_limit(self, max_model_len: int) -> int:
+        """The prompt-size limit in bytes (0: none)."""
+        if self.max_prompt_bytes is None:
+            return PROMPT_BYTES_PER_TOKEN * max_model_len
+        return self.max_prompt_bytes
+
+    @classmethod
+    def from_namespace(cls, ns) -> FrontendConfig:
+        """From parsed CLI flags of the same names (missing ones keep their defaults)."""
+        values = {f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)}
+        return cls(**values)
+
+
+def _not_negative(name: str, value: int) -> None:
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0 (0: no limit), got {value}.")

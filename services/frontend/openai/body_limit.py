@@ -1,0 +1,54 @@
+"""BodyLimitMiddleware: refuse HTTP request bodies over max_request_body_bytes.
+
+A pure ASGI middleware: a Content-Length over the limit is answered with a 400 before any
+of the body is read; a body sent without one (chunked) is counted as it arrives and the
+read fails with RequestBodyTooLargeError (400, through the app's error mapping) once it
+passes the limit. Nothing past the limit is ever buffered.
+"""
+
+from __future__ import annotations
+
+from fastapi.responses import JSONResponse
+
+from services.frontend.openai.errors import to_openai_error
+from services.frontend.openai.exceptions import RequestBodyTooLargeError
+
+
+class BodyLimitMiddleware:
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or not self.max_bytes:
+            await self.app(scope, receive, send)
+            return
+        if _content_length(scope) > self.max_bytes:
+            error = to_openai_error(RequestBodyTooLargeError(self.max_bytes))
+            await JSONResponse(error.body(), status_code=error.status)(scope, receive, send)
+            return
+        await self.app(scope, self._counting(receive), send)
+
+    def _counting(self, receive):
+        received = 0
+
+        async def counted():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise RequestBodyTooLargeError(self.max_bytes)
+            return message
+
+        return counted
+
+
+def _content_length(scope) -> int:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return 0
+    return 0
