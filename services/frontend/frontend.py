@@ -130,7 +130,7 @@ class Frontend:
         request_id = request_id or f"req-{uuid.uuid4().hex}"
         if request_id in self._queues:
             raise ValueError(f"request_id {request_id!r} is already in use.")
-        self._check_limits(prompt, params)
+        self._check_prompt_size(prompt)
         processed = self.input_processor.process(prompt, add_special_tokens)
         self.input_processor.check_params(params)
         queue = RequestOutputQueue(params.output_kind, self.config.max_unread_tokens)
@@ -151,12 +151,12 @@ class Frontend:
         async for output in self._stream(request_id, queue, deadline):
             yield output
 
-    def _check_limits(self, prompt, params: SamplingParams) -> None:
-        """Size limits before tokenizing (the API layers check their own fields first)."""
+    def _check_prompt_size(self, prompt) -> None:
+        """The prompt-size limit before tokenizing (the public APIs check their own
+        fields, n included, before they get here)."""
         text = _text_to_tokenize(prompt)
         if text is not None:
             self.limits.check_prompt_text(text)
-        self.limits.check_n(params.n)
 
     def _deadline(self) -> float | None:
         timeout = self.config.request_timeout_s
