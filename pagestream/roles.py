@@ -271,7 +271,21 @@ def _frontend_flags(ns: argparse.Namespace, scheduler_port: int) -> list[str]:
         flags += ["--api-key", ns.api_key]
     if ns.served_model_name:
         flags += ["--served-model-name", ns.served_model_name]
+    for name, flag in FRONTEND_LIMIT_FLAGS:
+        if getattr(ns, name, None) is not None:
+            flags += [flag, str(getattr(ns, name))]
     return [*flags, "--generation-config", ns.generation_config]
+
+
+# The frontend's protections, passed on to the frontend child of --split-services.
+FRONTEND_LIMIT_FLAGS = (
+    ("max_prompt_bytes", "--max-prompt-bytes"),
+    ("max_messages", "--max-messages"),
+    ("max_n", "--max-n"),
+    ("max_request_body_bytes", "--max-request-body-bytes"),
+    ("request_timeout_s", "--request-timeout"),
+    ("max_unread_tokens", "--max-unread-tokens"),
+)
 
 
 def run_split(ns: argparse.Namespace) -> int:

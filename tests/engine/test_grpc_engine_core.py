@@ -33,10 +33,13 @@ async def stack(model_dir):
     client = await GrpcEngineCoreClient.connect(scheduler.address, timeout_s=TIMEOUT_S)
     info = await client.get_engine_info()
     frontend = Frontend(client, load_tokenizer(folder), info)
-    yield SimpleNamespace(worker=worker, scheduler=scheduler, frontend=frontend, info=info)
+    stack = SimpleNamespace(worker=worker, scheduler=scheduler, frontend=frontend, info=info)
+    yield stack
     await frontend.close()
     await scheduler.stop(0)
-    await worker.stop(0)
+    await stack.worker.stop(0)  # a test may have replaced it
+    if stack.worker is not worker:
+        await worker.stop(0)
 
 
 @pytest.fixture
