@@ -9,7 +9,7 @@ from benchmarks.soak import KINDS, soak
 def test_short_soak_loses_nothing_and_leaks_nothing(model_dir):
     flags = ["--kv-cache-memory", "128KiB", "--swap-space", "0.01"]
     report = soak(str(model_dir("llama")), duration_s=15, clients=4, engine_flags=flags)
-    assert report.lost == []
+    assert report.lost == [] and report.timed_out == 0
     assert set(report.requests) == set(KINDS)  # every kind of request ran
     assert report.engine_after["num_running_reqs"] == 0
     assert report.engine_after["num_waiting_reqs"] == 0
