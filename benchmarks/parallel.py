@@ -280,7 +280,11 @@ def _run_summary(run: _Run, runs: list[_Run], config, collectives: dict) -> dict
     identical = None
     if base is not None and run.token_ids is not None and base.token_ids is not None:
         identical = sum(a == b for a, b in zip(run.token_ids, base.token_ids, strict=True))
-    cost = _collective_cost(run.layout, config, collectives)
+    estimates = {
+        name: cost
+        for name, stat in (("collectives_est", "median"), ("collectives_min_est", "min"))
+        if (cost := _collective_cost(run.layout, config, collectives, stat)) is not None
+    }
     return {
         "layout": run.layout.label,
         "tp": run.layout.tp,
@@ -295,7 +299,8 @@ def _run_summary(run: _Run, runs: list[_Run], config, collectives: dict) -> dict
         "vs_tp1": _ratio(run, base),
         "vs_tp1_worker_process": _ratio(run, worker_base),
         "identical_outputs": identical,
-        "steps": run.recorder.summary(cost),
+        "steps_per_run": len(run.recorder.records) // max(1, len(run.elapsed_s)),
+        "steps": run.recorder.summary(estimates),
         "collectives_per_step": _collective_counts(run.layout, config),
     }
 
@@ -316,8 +321,9 @@ def _collective_counts(layout: Layout, config) -> dict:
     return counts
 
 
-def _collective_cost(layout: Layout, config, collectives: dict):
-    """step -> estimated seconds of the output rank's collectives (None: there are none)."""
+def _collective_cost(layout: Layout, config, collectives: dict, stat: str = "median"):
+    """step -> estimated seconds of the output rank's collectives at each collective's
+    ``stat`` ("median" or "min") timing; None when the layout has no collectives."""
     counts = _collective_counts(layout, config)
     if not counts:
         return None
@@ -327,10 +333,11 @@ def _collective_cost(layout: Layout, config, collectives: dict):
     def cost(step: StepRecord) -> float:
         us = 0.0
         if "all_reduce" in counts:
-            us += counts["all_reduce"] * interpolate_us(tp_table["all_reduce_us"], step.num_tokens)
-            us += interpolate_us(tp_table["gather_logits_us"], step.num_seqs)
+            all_reduce = interpolate_us(tp_table["all_reduce_us"], step.num_tokens, stat)
+            us += counts["all_reduce"] * all_reduce
+            us += interpolate_us(tp_table["gather_logits_us"], step.num_seqs, stat)
         if "recv_hidden" in counts:
-            us += interpolate_us(pp_table["send_recv_us"], step.num_tokens)
+            us += interpolate_us(pp_table["send_recv_us"], step.num_tokens, stat)
         return us * 1e-6
 
     return cost

@@ -11,46 +11,83 @@ def _table(header: list[str], rows: list[list]) -> str:
 
 
 def parallel_section(par: dict) -> list[str]:
-    meta = par.get("meta", {})
-    machine = meta.get("machine", {})
     out = [
         "## Parallel runs: tensor / pipeline parallelism and async scheduling",
         "",
+        "Each part below was measured in one run whose command, date and machine it names; "
+        "the machine is shared with other jobs (its load average is given), so compare "
+        "figures within a part, which were measured side by side, not across parts or "
+        "with the sections above. Every comparison takes turns over several rounds and "
+        "gives the median of each round's ratio and the ratio of the best rounds (other "
+        "jobs only ever slow a run down, so the best round is the least disturbed one).",
+        "",
+    ]
+    legacy = par.get("meta", {})  # results written before each part had its own meta
+    if par.get("offline"):
+        out += _offline(par["offline"], par["offline"].get("meta", legacy))
+    if par.get("offline") or par.get("async_serving"):
+        out += _async(par.get("offline"), par.get("async_serving"), legacy)
+    return out
+
+
+def _provenance(part: dict, meta: dict) -> str:
+    machine = meta.get("machine", {})
+    load = part.get("load_average")
+    text = (
         f"Reproduce: `{meta.get('command', 'pagestream bench parallel --profile quick')}` "
         f"(profile `{meta.get('profile')}`, model `{meta.get('model')}`); measured "
         f"{machine.get('date')} on {machine.get('cpu')} ({machine.get('cores')} cores, torch "
-        f"{machine.get('torch')}), a machine shared with other jobs: compare the figures "
-        "within this section, which were measured side by side, not with other runs.",
-        "",
-    ]
-    if par.get("offline"):
-        out += _offline(par["offline"])
-    if par.get("async_serving"):
-        out += _async_serving(par["async_serving"])
-    return out
+        f"{machine.get('torch')})"
+    )
+    if load:
+        text += f", load average {load['start']} at the start and {load['end']} at the end"
+    return text + "."
+
+
+def _best_ratio(run: dict, runs: list[dict], label: str) -> float | None:
+    """The best round of ``run`` over the best round of ``label`` on the same model."""
+    base = next((r for r in runs if r["model"] == run["model"] and r["layout"] == label), None)
+    if base is None:
+        return None
+    best = max(run["output_tokens_per_s_rounds"])
+    return round(best / max(base["output_tokens_per_s_rounds"]), 3)
+
+
+def _pair(median, best) -> str | None:
+    return None if median is None else f"{median}; {best}"
 
 
 def _step_cell(step: dict) -> str:
     if not step.get("num_steps"):
         return "—"
-    collectives = step.get("collectives_est_ms")
+    collectives = _collectives_cell(step)
     cell = f"{step['wall_ms']} / {step['forward_ms']}"
     return cell + (f" / {collectives}" if collectives is not None else "")
 
 
-def _offline(off: dict) -> list[str]:
+def _collectives_cell(step: dict) -> str | None:
+    """The collectives' estimate at the idle-process minimum ... median timings."""
+    median, low = step.get("collectives_est_ms"), step.get("collectives_min_est_ms")
+    if median is None:
+        return None
+    return median if low is None else f"{low}–{median}"
+
+
+def _offline(off: dict, meta: dict) -> list[str]:
     runs = off["runs"]
     rows = [
         [
             r["layout"],
             r["model"],
             r["processes"] or "in process",
-            r["output_tokens_per_s"],
-            r["vs_tp1"],
-            r.get("vs_tp1_worker_process"),
+            _pair(r["output_tokens_per_s"], max(r["output_tokens_per_s_rounds"])),
+            _pair(r["vs_tp1"], _best_ratio(r, runs, "tp=1 (in process)")),
+            _pair(r.get("vs_tp1_worker_process"), _best_ratio(r, runs, "tp=1 (worker process)")),
             f"{r['identical_outputs']}/{off['num_requests']}"
             if r["identical_outputs"] is not None
             else None,
+            r.get("steps_per_run"),
+            r["steps"].get("decode", {}).get("median_seqs"),
             _step_cell(r["steps"].get("decode", {})),
             _step_cell(r["steps"].get("prefill", {})),
         ]
@@ -59,17 +96,22 @@ def _offline(off: dict) -> list[str]:
     out = [
         "### Offline throughput by layout",
         "",
+        _provenance(off, meta),
+        "",
         f"{off['num_requests']} requests ({off['prompt_tokens']} prompt tokens, "
         f"{off['output_tokens']} output tokens), greedy with ignore_eos, prefix caching off, "
         f"{off['dtype']}, through `LLM.generate`. The layouts take turns (each engine "
         f"started, warmed up, timed and stopped in its turn), {off['rounds']} round(s): "
-        "output tok/s is the median "
-        "over rounds, `vs tp=1` the median of each round's ratio to tp = 1 in process on the "
-        "same model (and to tp = 1 in one worker process, the same model runner behind the "
+        "output tok/s is the median over rounds; the best round, `vs tp=1` the median of "
+        "each round's ratio to tp = 1 in process on the same model; the ratio of the best "
+        "rounds"
+        " (and the same against tp = 1 in one worker process, the same model runner behind the "
         "same gRPC stream as a worker group's ranks). Identical outputs: requests whose "
-        "tokens equal that tp = 1 run's. "
+        "tokens equal that tp = 1 run's. Steps: plans per run; seqs per decode step: the "
+        "median. "
         "Step times are medians in ms: wall (the scheduler's submit to result) / forward "
-        "(the output rank's) / the step's collectives as estimated from the timings below. "
+        "(the output rank's) / the step's collectives as estimated from the timings below "
+        "(at their minimum–median). "
         "A worker process gets cores / world size torch threads (tp = 3: one thread each, "
         "three processes on the cores); pp = 2 keeps two plans in flight.",
         "",
@@ -78,10 +120,12 @@ def _offline(off: dict) -> list[str]:
                 "layout",
                 "model",
                 "worker processes",
-                "output tok/s",
-                "vs tp=1",
-                "vs tp=1 (worker process)",
+                "output tok/s (median; best)",
+                "vs tp=1 (median; best)",
+                "vs tp=1 worker process (median; best)",
                 "identical outputs",
+                "steps",
+                "seqs per decode step",
                 "decode step ms",
                 "prefill step ms",
             ],
@@ -126,7 +170,7 @@ def _where_time_goes(off: dict) -> list[str]:
                     base_step["forward_ms"],
                     step["forward_ms"],
                     round(step["forward_ms"] - base_step["forward_ms"], 2),
-                    step.get("collectives_est_ms"),
+                    _collectives_cell(step),
                     step["transport_ms"],
                     base_step["wall_ms"],
                     step["wall_ms"],
@@ -143,12 +187,16 @@ def _where_time_goes(off: dict) -> list[str]:
         "### Where a step's time goes",
         "",
         "Median decode-only and prefill-carrying steps (the scheduler makes the same plans "
-        "in every layout), ms, against tp = 1 in a worker process where it ran (the same "
+        "in every layout with one plan in flight), ms, against tp = 1 in a worker process "
+        "where it ran (the same "
         "process set-up as a rank), else in process: the output rank's forward at tp = 1 "
         "and in the layout, the "
         "difference, the collectives' estimate (the output rank's collectives per step at "
-        "the step's size, from the idle-process timings below), the transport (wall minus "
-        f"the output rank's own time), and the step's wall at tp = 1 and in the layout. "
+        "the step's size, from the idle-process timings below: at their minimum–median), "
+        "the transport (wall minus the output rank's own time), and the step's wall at "
+        "tp = 1 and in the layout. Under pp the output rank is the last stage: its forward "
+        "is half the layers plus its wait for the first stage's hidden states, and with "
+        "two plans in flight a plan's wall includes its wait behind the other. "
         f"Collectives per step: {counts}.",
         "",
         _table(
@@ -217,9 +265,45 @@ def _us(entry: dict | None) -> str | None:
     return None if entry is None else f"{entry['median']} ({entry['min']})"
 
 
-def _async_serving(sv: dict) -> list[str]:
+def _async(off: dict | None, sv: dict | None, legacy: dict) -> list[str]:
+    out = ["### Async scheduling on vs off", ""]
+    offline = [r for r in (off or {}).get("runs", []) if "async scheduling" in r["layout"]]
+    for run in offline:
+        sync = next(
+            (
+                r
+                for r in off["runs"]
+                if r["model"] == run["model"]
+                and r["layout"] == run["layout"].removesuffix(", async scheduling")
+            ),
+            None,
+        )
+        if sync is None:
+            continue
+        best = _best_ratio(run, off["runs"], sync["layout"])
+        out += [
+            f"Offline (`LLM.generate`, the runs above): {run['layout']} / without: "
+            f"**{run['vs_tp1']}x** output tok/s (best rounds: {best}x), in "
+            f"{run['steps_per_run']} steps against "
+            f"{sync['steps_per_run']}, {run['steps']['decode'].get('median_seqs')} sequences "
+            f"per decode step against {sync['steps']['decode'].get('median_seqs')} (a request "
+            "is never in two plans in flight, so the running batch alternates between two "
+            "halves).",
+            "",
+        ]
+    if sv:
+        out += _async_serving(sv, sv.get("meta", legacy))
+    return out
+
+
+def _async_serving(sv: dict, meta: dict) -> list[str]:
     ratio_rows = [
-        [r["deployment"], r["rate"], r["rounds"], r["throughput"], r["ttft_p50"], r["tpot_p50"]]
+        [
+            r["deployment"],
+            r["rate"],
+            r["rounds"],
+            *(_pair(r[k], r.get(f"{k}_best")) for k in ("throughput", "ttft_p50", "tpot_p50")),
+        ]
         for r in sv["ratios"]
     ]
     run_rows = [
@@ -238,14 +322,14 @@ def _async_serving(sv: dict) -> list[str]:
         for r in sv["runs"]
     ]
     return [
-        "### Async scheduling on vs off, serving",
+        "Serving. " + _provenance(sv, meta),
         "",
-        f"`pagestream serve` with and without `--async-scheduling`, in one process and with "
-        f"`--split-services`: both servers of a deployment up side by side, taking turns "
+        "`pagestream serve` with and without `--async-scheduling`, in one process and with "
+        "`--split-services`: both servers of a deployment up side by side, taking turns "
         f"over {sv['rounds']} round(s); {sv['num_requests']} requests ({sv['prompt_tokens']} "
         f"prompt tokens, {sv['output_tokens']} output tokens, ignore_eos) over gRPC, prefix "
-        "caching off. Ratios on / off (median of each round's ratio; throughput above 1 and "
-        "latencies below 1 favour async scheduling):",
+        "caching off. Ratios on / off (median of each round's ratio; ratio of the best "
+        "rounds). Throughput above 1 and latencies below 1 favour async scheduling:",
         "",
         _table(["deployment", "rate", "rounds", "throughput", "TTFT p50", "TPOT p50"], ratio_rows),
         "",

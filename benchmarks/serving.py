@@ -221,31 +221,39 @@ def run_async_serving(requests: list[BenchRequest], options: AsyncServingOptions
 
 
 def async_ratios(runs: list[dict]) -> list[dict]:
-    """on / off per (deployment, rate): the median over rounds of each round's ratio."""
+    """on / off per (deployment, rate): the median over rounds of each round's ratio, and
+    the ratio of the bests (highest throughput, lowest latencies over the rounds), which a
+    shared machine's other jobs disturb least: they only ever slow a run down."""
     by_key: dict[tuple, dict] = {}
     for run in runs:
-        key = (run["deployment"], run["rate"], run["round"])
-        by_key.setdefault(key, {})[run["async_scheduling"]] = run
-    grouped: dict[tuple, list[dict]] = {}
-    for (deployment, rate, _), pair in by_key.items():
-        if True in pair and False in pair:
-            on, off = pair[True], pair[False]
-            grouped.setdefault((deployment, rate), []).append(
-                {
-                    "throughput": _ratio(on["output_tokens_per_s"], off["output_tokens_per_s"]),
-                    "ttft_p50": _ratio(on["ttft_ms"]["p50"], off["ttft_ms"]["p50"]),
-                    "tpot_p50": _ratio(on["tpot_ms"]["p50"], off["tpot_ms"]["p50"]),
-                }
+        by_key.setdefault((run["deployment"], run["rate"]), {}).setdefault(
+            run["async_scheduling"], {}
+        )[run["round"]] = run
+    ratios = []
+    for (deployment, rate), modes in by_key.items():
+        on, off = modes.get(True, {}), modes.get(False, {})
+        rounds = sorted(set(on) & set(off))
+        if not rounds:
+            continue
+        entry = {"deployment": deployment, "rate": rate, "rounds": len(rounds)}
+        for name, metric, best in (
+            ("throughput", lambda r: r["output_tokens_per_s"], max),
+            ("ttft_p50", lambda r: r["ttft_ms"]["p50"], min),
+            ("tpot_p50", lambda r: r["tpot_ms"]["p50"], min),
+        ):
+            per_round = [_ratio(metric(on[i]), metric(off[i])) for i in rounds]
+            entry[name] = _median(per_round)
+            entry[f"{name}_best"] = _ratio(
+                _best([metric(on[i]) for i in rounds], best),
+                _best([metric(off[i]) for i in rounds], best),
             )
-    return [
-        {
-            "deployment": deployment,
-            "rate": rate,
-            "rounds": len(ratios),
-            **{key: _median([r[key] for r in ratios]) for key in ratios[0]},
-        }
-        for (deployment, rate), ratios in grouped.items()
-    ]
+        ratios.append(entry)
+    return ratios
+
+
+def _best(values: list[float | None], best) -> float | None:
+    present = [v for v in values if v is not None]
+    return best(present) if present else None
 
 
 def _median(values: list[float | None]) -> float | None:

@@ -77,22 +77,23 @@ class StepRecorder:
             )
         )
 
-    def summary(self, collective_s: Callable[[StepRecord], float] | None = None) -> dict:
+    def summary(self, estimates: dict[str, Callable[[StepRecord], float]] | None = None) -> dict:
         """Medians (ms) over decode-only steps and over steps with a prefill in them;
-        ``collective_s`` (a step -> the seconds its collectives cost) adds an estimate."""
+        each of ``estimates`` (name -> a step's estimated seconds of something, such as its
+        collectives) adds ``<name>_ms``, its median, and ``total_<name>_s``."""
         decode = [r for r in self.records if r.decode]
         prefill = [r for r in self.records if not r.decode]
         return {
             "num_steps": len(self.records),
-            "decode": summarize_steps(decode, collective_s),
-            "prefill": summarize_steps(prefill, collective_s),
+            "decode": summarize_steps(decode, estimates),
+            "prefill": summarize_steps(prefill, estimates),
             "total_wall_s": round(sum(r.wall_s for r in self.records), 3),
             "total_forward_s": round(sum(r.forward_s for r in self.records), 3),
         }
 
 
 def summarize_steps(
-    records: list[StepRecord], collective_s: Callable[[StepRecord], float] | None = None
+    records: list[StepRecord], estimates: dict[str, Callable[[StepRecord], float]] | None = None
 ) -> dict:
     if not records:
         return {"num_steps": 0}
@@ -113,7 +114,7 @@ def summarize_steps(
         "total_wall_s": round(sum(r.wall_s for r in records), 3),
         "total_forward_s": round(sum(r.forward_s for r in records), 3),
     }
-    if collective_s is not None:
-        summary["collectives_est_ms"] = median_ms(collective_s(r) for r in records)
-        summary["total_collectives_est_s"] = round(sum(collective_s(r) for r in records), 3)
+    for name, estimate in (estimates or {}).items():
+        summary[f"{name}_ms"] = median_ms(estimate(r) for r in records)
+        summary[f"total_{name}_s"] = round(sum(estimate(r) for r in records), 3)
     return summary

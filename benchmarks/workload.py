@@ -43,7 +43,7 @@ class Profile:
     sharing_output_len: int = 64
     parallel_num_requests: int = 16  # `bench parallel`: the first requests, every layout
     parallel_output_scale: float = 0.5  # their output lengths, scaled down
-    parallel_rounds: int = 2  # layouts (and async on / off servers) take turns this often
+    parallel_rounds: int = 3  # layouts (and async on / off servers) take turns this often
 
     def __post_init__(self) -> None:
         for name in ("num_requests", "parallel_num_requests", "parallel_rounds"):

@@ -7,9 +7,9 @@ parallel runs (tensor / pipeline parallelism and async scheduling on this machin
 
 Results accumulate in <docs>/benchmarks/results.json and the report is rewritten to
 <docs>/benchmarks.md (tables) with PNG plots in <docs>/benchmarks/ after every section.
-`parallel` is not part of `all`: it keeps its own command, date and machine inside its
-section and leaves the others (and their meta) as they are. The drivers live in the
-repository's benchmarks/ package.
+`parallel` is not part of `all`: each of its parts (offline, async_serving) keeps its own
+command, date and machine, and it leaves the other sections (and their meta) as they are.
+The drivers live in the repository's benchmarks/ package.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import importlib
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -26,7 +27,9 @@ from services.common.config import DEFAULT_MODEL
 logger = logging.getLogger("pagestream.bench")
 
 SECTIONS = ("throughput", "serve", "memory")  # what `all` runs
-SELF_CONTAINED = ("parallel",)  # sections with their own meta, kept across other runs
+# Sections made of parts that each keep their own meta (command, date, machine); a run
+# replaces the parts it ran and keeps the rest, and other sections' runs keep them all.
+SELF_CONTAINED = ("parallel",)
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KV_DEFAULT = "2GiB"
 
@@ -66,6 +69,11 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
         "--no-async-serve",
         action="store_true",
         help="parallel: skip the serving runs with async scheduling on vs off",
+    )
+    parallel.add_argument(
+        "--no-offline",
+        action="store_true",
+        help="parallel: skip the offline layouts (keep their last results)",
     )
     return bench
 
@@ -122,7 +130,6 @@ def run_bench(args: argparse.Namespace) -> int:
     }
     if args.what in SELF_CONTAINED:
         notes = _notes_of(results)
-        results[args.what] = {"meta": meta}
     else:
         old = results.get("meta", {})
         if (old.get("profile"), old.get("model")) != (meta["profile"], meta["model"]):
@@ -135,7 +142,8 @@ def run_bench(args: argparse.Namespace) -> int:
         logger.info("bench %s (profile %s)", section, profile.name)
         found = _RUNNERS[section](args, folder, profile, workload, results)
         if section in SELF_CONTAINED:
-            found = {**results[section], **found}
+            parts = {part: {**value, "meta": meta} for part, value in found.items()}
+            found = {**results.get(section, {}), **parts}
         results[_RESULT_KEYS[section]] = found
         report.save_results(results_path, results)
         path = report.write_report(results, docs, notes=notes)
@@ -163,6 +171,7 @@ def command_line(args: argparse.Namespace) -> str:
         ("--bf16", args.bf16),
         ("--no-split", args.no_split),
         ("--no-async-serve", args.no_async_serve),
+        ("--no-offline", args.no_offline),
     ):
         if on:
             parts.append(flag)
@@ -219,23 +228,29 @@ def _run_memory(args, folder, profile, workload, results) -> dict:
 
 
 def _run_parallel(args, folder, profile, workload, results) -> dict:
-    """Offline layouts side by side, then async scheduling on / off behind the servers."""
+    """Offline layouts side by side, then async scheduling on / off behind the servers;
+    each part with the load average before and after it (the machine may be shared)."""
     from benchmarks.serving import AsyncServingOptions, run_async_serving
     from benchmarks.throughput import run_parallel_throughput
     from benchmarks.workload import scaled
 
     rounds = args.rounds or profile.parallel_rounds
-    requests = workload.requests[: profile.parallel_num_requests]
-    requests = scaled(requests, profile.parallel_output_scale)
-    layouts = tuple(t for t in (args.layouts or "").split(",") if t.strip()) or None
     # The KV cache is sized to the requests unless --kv-cache-memory is given: every rank
     # of every layout would otherwise hold the default 2 GiB.
     kv = None if args.kv_cache_memory == KV_DEFAULT else args.kv_cache_memory
-    found = {
-        "offline": run_parallel_throughput(
-            requests, folder, layouts, rounds=rounds, kv_cache_memory=kv
+    found = {}
+    if not args.no_offline:
+        requests = workload.requests[: profile.parallel_num_requests]
+        requests = scaled(requests, profile.parallel_output_scale)
+        layouts = tuple(t for t in (args.layouts or "").split(",") if t.strip()) or None
+        found["offline"] = _with_load(
+            run_parallel_throughput,
+            requests,
+            folder,
+            layouts,
+            rounds=rounds,
+            kv_cache_memory=kv,
         )
-    }
     if not args.no_async_serve:
         serve_requests = scaled(
             workload.requests[: profile.serve_num_requests], profile.serve_output_scale
@@ -247,8 +262,15 @@ def _run_parallel(args, folder, profile, workload, results) -> dict:
             rounds=rounds,
             kv_cache_memory=kv,
         )
-        found["async_serving"] = run_async_serving(serve_requests, options)
+        found["async_serving"] = _with_load(run_async_serving, serve_requests, options)
     return found
+
+
+def _with_load(run, *args, **kwargs) -> dict:
+    start = os.getloadavg()[0]
+    result = run(*args, **kwargs)
+    end = os.getloadavg()[0]
+    return {**result, "load_average": {"start": round(start, 2), "end": round(end, 2)}}
 
 
 _RUNNERS = {
