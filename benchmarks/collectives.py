@@ -10,7 +10,12 @@ the cores (torch threads), and times on rank 0:
 - ``gather`` of ``[num_rows, vocab_size / world_size]`` float32 logits to rank 0: the LM
   head's, once per step, one row per sampled sequence;
 - ``send``/``recv`` of a ``[num_tokens, hidden_size]`` tensor: the hidden states one
-  pipeline stage hands the next, once per step and stage boundary.
+  pipeline stage hands the next, once per step and stage boundary;
+- all-reduces *inside a step*: every rank runs the model's linear layers on its shard of
+  the weights (``layers`` x QKV, o_proj, gate/up, down_proj), with and without the two
+  all-reduces per layer, turn about; the difference per all-reduce is what one costs
+  between two busy processes (wake-ups and the peer's lag included), which is what a
+  tensor-parallel step pays.
 
 Every timed call starts right after a barrier, so the figures are the collective's own cost
 (idle peers, no skew); in a real step a rank also waits for the slowest peer's compute.
@@ -45,6 +50,13 @@ class CollectiveSpec:
     vocab_size: int = 49152
     token_counts: tuple[int, ...] = (1, 8, 32, 128, 512, 2048)  # decode ... a prefill chunk
     gather_rows: tuple[int, ...] = (1, 8, 32, 128)  # sampled rows per step
+    # The in-step timing: the model's linear shapes (0 layers: skipped).
+    num_layers: int = 0
+    intermediate_size: int = 1536
+    qkv_size: int = 960  # (query heads + 2 * KV heads) * head_dim
+    q_size: int = 576  # query heads * head_dim (o_proj's input)
+    step_token_counts: tuple[int, ...] = (1, 8, 32, 128, 512)
+    step_repeats: int = 10
     repeats: int = 40
     max_bytes_per_size: int = 64 * 1024**2  # fewer repeats for the large tensors
     threads_per_rank: int = 0  # 0: cores // world_size (what the mp backend gives a rank)
@@ -159,7 +171,65 @@ def _time_all(rank: int, spec: CollectiveSpec) -> dict:
         gather[rows] = _timed(
             lambda lg=logits, p=parts: dist.gather(lg, p, dst=0), _repeats(spec, logits.nbytes)
         )
-    return {"all_reduce_us": all_reduce, "send_recv_us": send_recv, "gather_logits_us": gather}
+    timings = {"all_reduce_us": all_reduce, "send_recv_us": send_recv, "gather_logits_us": gather}
+    if spec.num_layers:
+        timings["all_reduce_in_step_us"] = _time_in_step(spec)
+    return timings
+
+
+def _time_in_step(spec: CollectiveSpec) -> dict:
+    """Per token count: a step's linears with and without their all-reduces (medians, ms,
+    measured turn about) and the difference per all-reduce (us)."""
+    import torch
+    import torch.nn.functional as F
+
+    world, hidden = spec.world_size, spec.hidden_size
+    g = torch.Generator().manual_seed(0)
+    layers = [
+        {  # this rank's shards: column-parallel QKV and gate/up, row-parallel o and down
+            "qkv": torch.randn(spec.qkv_size // world, hidden, generator=g) * 0.02,
+            "o": torch.randn(hidden, spec.q_size // world, generator=g) * 0.02,
+            "gate_up": torch.randn(2 * spec.intermediate_size // world, hidden, generator=g) * 0.02,
+            "down": torch.randn(hidden, spec.intermediate_size // world, generator=g) * 0.02,
+        }
+        for _ in range(spec.num_layers)
+    ]
+
+    def step(x, reduce: bool) -> None:
+        import torch.distributed as dist
+
+        for w in layers:
+            q = F.linear(x, w["qkv"])[:, : w["o"].shape[1]]  # [n, q_size / world]
+            attn = F.linear(q, w["o"])  # [n, hidden], a partial sum
+            if reduce:
+                dist.all_reduce(attn)
+            x = x + attn
+            gate, up = F.linear(x, w["gate_up"]).chunk(2, dim=-1)
+            mlp = F.linear(F.silu(gate) * up, w["down"])  # [n, hidden], a partial sum
+            if reduce:
+                dist.all_reduce(mlp)
+            x = x + mlp
+
+    out = {}
+    for n in spec.step_token_counts:
+        x = torch.randn(n, hidden)
+        repeats = max(3, spec.step_repeats * 32 // max(n, 32))
+        with_s, without_s = [], []
+        step(x, True)  # warm-up (and oneDNN's primitives for these shapes)
+        for _ in range(repeats):
+            for reduce, samples in ((False, without_s), (True, with_s)):
+                torch.distributed.barrier()
+                start = time.perf_counter()
+                step(x, reduce)
+                samples.append(time.perf_counter() - start)
+        with_ms, without_ms = statistics.median(with_s) * 1e3, statistics.median(without_s) * 1e3
+        per_call = max(0.0, (with_ms - without_ms) * 1e3 / (2 * spec.num_layers))
+        out[n] = {
+            "with_ms": round(with_ms, 2),
+            "without_ms": round(without_ms, 2),
+            "per_call": round(per_call, 1),
+        }
+    return out
 
 
 def interpolate_us(table: dict, num_tokens: float, stat: str = "median") -> float:
@@ -183,6 +253,9 @@ def main() -> None:
     parser.add_argument("--hidden-size", type=int, default=576)
     parser.add_argument("--vocab-size", type=int, default=49152)
     parser.add_argument("--repeats", type=int, default=40)
+    parser.add_argument(
+        "--num-layers", type=int, default=30, help="layers of the in-step timing (0: skip it)"
+    )
     # One rank of a measurement (what measure_collectives starts).
     parser.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--init-method", default=None, help=argparse.SUPPRESS)
@@ -198,6 +271,7 @@ def main() -> None:
         hidden_size=args.hidden_size,
         vocab_size=args.vocab_size,
         repeats=args.repeats,
+        num_layers=args.num_layers,
     )
     print(json.dumps(measure_collectives(spec), indent=1))
 

@@ -145,7 +145,7 @@ def run_memory(
     """Everything above; ``kv_utilization`` from the throughput run when it already ran."""
     from transformers import AutoTokenizer
 
-    from services.worker.default_model import resolve_model
+    from services.common.model_source import resolve_model
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(options.model))
     if kv_utilization is None:

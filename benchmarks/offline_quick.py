@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pagestream import LLM, SamplingParams
-from services.worker.default_model import resolve_model
+from services.common.model_source import resolve_model
 
 TOPICS = ["the sea", "a paged cache", "trains", "bread", "the moon", "rivers", "music", "chess"]
 

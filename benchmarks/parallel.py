@@ -79,6 +79,7 @@ class Layout:
         return kwargs
 
 
+_IN_STEP = "all_reduce_in_step_us"
 BASELINES = (Layout(), Layout(backend="mp"))  # tp = 1 in process, tp = 1 in a worker process
 
 
@@ -191,11 +192,18 @@ def _measure_collectives(config, runs: list[_Run], options: ParallelOptions) -> 
     sizes = sorted({r.layout.tp for r in runs if r.layout.tp > 1} | _pp_sizes(runs))
     out = {}
     for world_size in sizes:
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         spec = CollectiveSpec(
             world_size=world_size,
             hidden_size=config.hidden_size,
             vocab_size=config.vocab_size,
             repeats=options.collective_repeats,
+            num_layers=config.num_hidden_layers,
+            intermediate_size=config.intermediate_size,
+            qkv_size=(heads + 2 * kv_heads) * head_dim,
+            q_size=heads * head_dim,
         )
         logger.info("collectives between %d processes", world_size)
         out[str(world_size)] = measure_collectives(spec)
@@ -282,7 +290,11 @@ def _run_summary(run: _Run, runs: list[_Run], config, collectives: dict) -> dict
         identical = sum(a == b for a, b in zip(run.token_ids, base.token_ids, strict=True))
     estimates = {
         name: cost
-        for name, stat in (("collectives_est", "median"), ("collectives_min_est", "min"))
+        for name, stat in (
+            ("collectives_est", "median"),
+            ("collectives_min_est", "min"),
+            ("collectives_in_step_est", "per_call"),
+        )
         if (cost := _collective_cost(run.layout, config, collectives, stat)) is not None
     }
     return {
@@ -323,19 +335,23 @@ def _collective_counts(layout: Layout, config) -> dict:
 
 def _collective_cost(layout: Layout, config, collectives: dict, stat: str = "median"):
     """step -> estimated seconds of the output rank's collectives at each collective's
-    ``stat`` ("median" or "min") timing; None when the layout has no collectives."""
+    ``stat`` timing between idle processes ("median" or "min"), or with the all-reduces
+    timed inside a step ("per_call", tensor parallelism only); None when there is none."""
     counts = _collective_counts(layout, config)
-    if not counts:
-        return None
     tp_table = collectives.get(str(layout.tp), {})
     pp_table = collectives.get("2", {})
+    in_step = stat == "per_call"
+    if not counts or (in_step and ("all_reduce" not in counts or not tp_table.get(_IN_STEP))):
+        return None
 
     def cost(step: StepRecord) -> float:
         us = 0.0
         if "all_reduce" in counts:
-            all_reduce = interpolate_us(tp_table["all_reduce_us"], step.num_tokens, stat)
+            table = tp_table[_IN_STEP if in_step else "all_reduce_us"]
+            all_reduce = interpolate_us(table, step.num_tokens, stat)
             us += counts["all_reduce"] * all_reduce
-            us += interpolate_us(tp_table["gather_logits_us"], step.num_seqs, stat)
+            gather_stat = "median" if in_step else stat
+            us += interpolate_us(tp_table["gather_logits_us"], step.num_seqs, gather_stat)
         if "recv_hidden" in counts:
             us += interpolate_us(pp_table["send_recv_us"], step.num_tokens, stat)
         return us * 1e-6

@@ -60,9 +60,7 @@ def _pair(median, best) -> str | None:
 def _step_cell(step: dict) -> str:
     if not step.get("num_steps"):
         return "—"
-    collectives = _collectives_cell(step)
-    cell = f"{step['wall_ms']} / {step['forward_ms']}"
-    return cell + (f" / {collectives}" if collectives is not None else "")
+    return f"{step['wall_ms']} / {step['forward_ms']}"
 
 
 def _collectives_cell(step: dict) -> str | None:
@@ -110,8 +108,7 @@ def _offline(off: dict, meta: dict) -> list[str]:
         "tokens equal that tp = 1 run's. Steps: plans per run; seqs per decode step: the "
         "median. "
         "Step times are medians in ms: wall (the scheduler's submit to result) / forward "
-        "(the output rank's) / the step's collectives as estimated from the timings below "
-        "(at their minimum–median). "
+        "(the output rank's). "
         "A worker process gets cores / world size torch threads (tp = 3: one thread each, "
         "three processes on the cores); pp = 2 keeps two plans in flight.",
         "",
@@ -171,6 +168,7 @@ def _where_time_goes(off: dict) -> list[str]:
                     step["forward_ms"],
                     round(step["forward_ms"] - base_step["forward_ms"], 2),
                     _collectives_cell(step),
+                    step.get("collectives_in_step_est_ms"),
                     step["transport_ms"],
                     base_step["wall_ms"],
                     step["wall_ms"],
@@ -191,8 +189,9 @@ def _where_time_goes(off: dict) -> list[str]:
         "where it ran (the same "
         "process set-up as a rank), else in process: the output rank's forward at tp = 1 "
         "and in the layout, the "
-        "difference, the collectives' estimate (the output rank's collectives per step at "
-        "the step's size, from the idle-process timings below: at their minimum–median), "
+        "difference, the collectives' estimates (the output rank's collectives per step at "
+        "the step's size, from the timings below: between idle processes at their "
+        "minimum–median, and with the all-reduces timed inside a step), "
         "the transport (wall minus the output rank's own time), and the step's wall at "
         "tp = 1 and in the layout. Under pp the output rank is the last stage: its forward "
         "is half the layers plus its wait for the first stage's hidden states, and with "
@@ -208,7 +207,8 @@ def _where_time_goes(off: dict) -> list[str]:
                 "tp=1 forward",
                 "forward",
                 "difference",
-                "collectives (est.)",
+                "collectives, idle (est.)",
+                "collectives, in a step (est.)",
                 "transport",
                 "tp=1 wall",
                 "wall",
@@ -246,6 +246,31 @@ def _collectives(collectives: dict) -> list[str]:
         for w in sizes
         for n in collectives[w]["gather_logits_us"]
     ]
+    in_step = [
+        [
+            w,
+            f"{n} x {collectives[w]['hidden_size']}",
+            e["without_ms"],
+            e["with_ms"],
+            e["per_call"],
+        ]
+        for w in sizes
+        for n, e in collectives[w].get("all_reduce_in_step_us", {}).items()
+    ]
+    in_step_text = []
+    if in_step:
+        in_step_text = [
+            f"Inside a step: each process runs the model's {first['num_layers']} layers of "
+            "linears on its shard of the weights, without and with the two all-reduces per "
+            "layer, turn about (medians, ms); the difference per all-reduce (us) is what one "
+            "costs between busy processes, wake-ups and the peer's lag included:",
+            "",
+            _table(
+                ["processes", "tokens x hidden", "step without", "step with", "per all-reduce"],
+                in_step,
+            ),
+            "",
+        ]
     return [
         "### What one collective costs here (gloo, float32)",
         "",
@@ -258,6 +283,7 @@ def _collectives(collectives: dict) -> list[str]:
         "",
         _table(["logits gathered to rank 0 (rows x vocab shard)", "gather"], gather_rows),
         "",
+        *in_step_text,
     ]
 
 

@@ -90,7 +90,7 @@ def run_pagestream(llm, requests: list[BenchRequest], name: str = "pagestream") 
 
 def run_throughput(requests: list[BenchRequest], options: ThroughputOptions) -> dict:
     """Every engine on the same requests; returns a JSON-ready dict (runs, ratios, ceiling)."""
-    from services.worker.default_model import resolve_model
+    from services.common.model_source import resolve_model
 
     folder = str(resolve_model(options.model))
     llm = make_llm(folder, options.dtype, options.kv_cache_memory, **options.engine_kwargs)

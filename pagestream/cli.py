@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import subprocess
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
 from pagestream import roles
 from pagestream.engine_args import EngineArgs, add_generation_config_arg
@@ -187,9 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serving_args(frontend, 50051)
     _add_frontend_limit_args(frontend)
     _add_tls_args(frontend)
-    from pagestream.bench import add_bench_parser
-
-    add_bench_parser(sub)
+    bench = sub.add_parser(
+        "bench",
+        add_help=False,
+        help="benchmarks vs HF transformers (a source checkout's benchmarks/; bench --help)",
+    )
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     return parser
 
 
@@ -274,7 +280,24 @@ def _chat_prompt(engine, messages) -> str:
     return apply_chat_template(engine.tokenizer, messages)
 
 
+def run_bench_checkout(bench_args: list[str], log_level: str) -> int:
+    """`pagestream bench ...` runs `python -m benchmarks ...` from the source checkout this
+    package lives in (the benchmarks import pagestream, never the other way round)."""
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "benchmarks" / "__main__.py").is_file():
+        raise SystemExit("pagestream bench needs a source checkout (its benchmarks/ folder).")
+    env = dict(os.environ, PAGESTREAM_LOG_LEVEL=log_level)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    return subprocess.call([sys.executable, "-m", "benchmarks", *bench_args], env=env)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "bench" in argv:  # everything after it belongs to `python -m benchmarks`
+        at = argv.index("bench")
+        head = build_parser().parse_args([*argv[:at], "bench"])
+        if head.command == "bench":
+            return run_bench_checkout(argv[at + 1 :], head.log_level)
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -283,9 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "generate":
             return run_generate(args)
         if args.command == "bench":
-            from pagestream.bench import run_bench
-
-            return run_bench(args)
+            return run_bench_checkout(args.bench_args, args.log_level)
         if args.command == "serve" and args.split_services:
             return roles.run_split(args)
         runner = {

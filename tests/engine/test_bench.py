@@ -9,8 +9,8 @@ import json
 
 import pytest
 
+from benchmarks.cli import add_bench_parser, run_bench
 from benchmarks.workload import PROFILES, make_workload, scaled, shared_prefix_workload
-from pagestream.bench import add_bench_parser, run_bench
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -18,7 +18,7 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from services.common import gguf_conversion
 from services.common.config import DEFAULT_MODEL, ModelConfig
-from services.worker.default_model import DEFAULT_GGUF_FILE, cache_dir, resolve_model
+from services.common.model_source import DEFAULT_GGUF_FILE, cache_dir, resolve_model
 from services.worker.model_loader import ModelLoadError, load_model, resolve_dtype
 from services.worker.models.llama import LlamaForCausalLM
 from tests.worker.conftest import SeqState, build_tiny_model

@@ -9,7 +9,9 @@ Results accumulate in <docs>/benchmarks/results.json and the report is rewritten
 <docs>/benchmarks.md (tables) with PNG plots in <docs>/benchmarks/ after every section.
 `parallel` is not part of `all`: each of its parts (offline, async_serving) keeps its own
 command, date and machine, and it leaves the other sections (and their meta) as they are.
-The drivers live in the repository's benchmarks/ package.
+This module is the `benchmarks` package's command line (`python -m benchmarks ...`);
+`pagestream bench ...` runs it in a child process, so the pagestream package never imports
+the benchmarks (they import pagestream).
 """
 
 from __future__ import annotations
@@ -79,14 +81,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _import_benchmarks():
-    """The benchmarks package sits next to pagestream/ in the repository (not installed)."""
-    try:
-        return importlib.import_module("benchmarks.workload")
-    except ModuleNotFoundError:
-        if not (REPO_ROOT / "benchmarks" / "workload.py").exists():
-            raise
-        sys.path.insert(0, str(REPO_ROOT))
-        return importlib.import_module("benchmarks.workload")
+    return importlib.import_module("benchmarks.workload")
 
 
 def _floats(text: str | None) -> tuple[float, ...] | None:
@@ -111,7 +106,7 @@ def _profile(args: argparse.Namespace):
 def run_bench(args: argparse.Namespace) -> int:
     workload_mod = _import_benchmarks()
     from benchmarks import report
-    from services.worker.default_model import resolve_model
+    from services.common.model_source import resolve_model
 
     profile = _profile(args)
     folder = str(resolve_model(args.model))
@@ -307,3 +302,13 @@ def _notes(profile) -> str:
         f"{profile.serve_output_scale} at rates {', '.join(map(str, profile.serve_rates))} "
         "and inf, so that every run stays short on a CPU."
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m benchmarks WHAT [options]` (what `pagestream bench` runs)."""
+    parser = argparse.ArgumentParser(prog="pagestream")
+    add_bench_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
+    level = os.environ.get("PAGESTREAM_LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run_bench(args)
