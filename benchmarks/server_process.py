@@ -66,7 +66,7 @@ class ServerProcess:
         self.stop()
 
     def _wait_ready(self) -> None:
-        """Poll /health (HTTP) and grpc.health.v1 until both answer SERVING."""
+        """Poll /ready (HTTP readiness) and grpc.health.v1 until both answer SERVING."""
         deadline = time.monotonic() + self.startup_timeout_s
         http_ok = grpc_ok = False
         with grpc.insecure_channel(self.grpc_address) as channel:
@@ -74,7 +74,7 @@ class ServerProcess:
             while time.monotonic() < deadline:
                 if self.process is None or self.process.poll() is not None:
                     raise RuntimeError(f"the server exited before it was ready: {self.command()}")
-                http_ok = http_ok or _http_healthy(f"{self.http_url}/health")
+                http_ok = http_ok or _http_healthy(f"{self.http_url}/ready")
                 grpc_ok = grpc_ok or _grpc_serving(health)
                 if http_ok and grpc_ok:
                     return
