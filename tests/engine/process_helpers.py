@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -78,6 +79,17 @@ def wait_for_value(get: Callable[[], object], expected: object, timeout_s: float
     while (value := get()) != expected and time.monotonic() < deadline:
         time.sleep(0.1)
     assert value == expected, f"{what}: {value!r} after {timeout_s}s, expected {expected!r}"
+
+
+def http_status(port: int | str, path: str, timeout_s: float = 5.0) -> int | None:
+    """The HTTP status of GET path on 127.0.0.1:port, or None when nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout_s) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
 
 
 # ---- process trees -------------------------------------------------------------------

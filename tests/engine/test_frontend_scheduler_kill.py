@@ -10,8 +10,6 @@ import os
 import signal
 import subprocess
 import time
-import urllib.error
-import urllib.request
 
 import grpc
 import pytest
@@ -25,6 +23,7 @@ from tests.engine.process_helpers import (
     free_port,
     grpc_token_ids,
     health_status,
+    http_status,
     stop,
     wait_for_value,
     wait_serving,
@@ -33,16 +32,6 @@ from tests.engine.process_helpers import (
 PROMPT_IDS = [5, 17, 33, 99, 250, 12, 8, 41]
 FAIL_WITHIN_S = 5
 BACK_WITHIN_S = 30
-
-
-def _http_status(port: int, path: str) -> int | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
-            return reply.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return None
 
 
 @pytest.fixture
@@ -97,8 +86,8 @@ def test_a_killed_scheduler_process_is_recovered_from_without_restarting_the_fro
         assert time.monotonic() - killed < FAIL_WITHIN_S
 
     wait_for_value(lambda: health_status(public), NOT_SERVING, FAIL_WITHIN_S, "frontend health")
-    assert _http_status(ports["http"], "/ready") == 503
-    assert _http_status(ports["http"], "/health") == 200
+    assert http_status(ports["http"], "/ready") == 503
+    assert http_status(ports["http"], "/health") == 200
     refused_at = time.monotonic()
     with pytest.raises(grpc.RpcError) as refused:
         grpc_token_ids(public, PROMPT_IDS, 6)
@@ -107,6 +96,6 @@ def test_a_killed_scheduler_process_is_recovered_from_without_restarting_the_fro
 
     start("scheduler")
     wait_for_value(lambda: health_status(public), SERVING, BACK_WITHIN_S, "frontend health")
-    assert _http_status(ports["http"], "/ready") == 200
+    assert http_status(ports["http"], "/ready") == 200
     assert grpc_token_ids(public, PROMPT_IDS, 6) == before
     assert processes["frontend"].poll() is None

@@ -10,8 +10,6 @@ import signal
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import grpc
 import pytest
@@ -26,6 +24,7 @@ from tests.engine.process_helpers import (
     descendants,
     free_port,
     grpc_token_ids,
+    http_status,
     kill_pids,
     wait_serving,
 )
@@ -34,19 +33,9 @@ PROMPT = [5, 17, 33, 99, 250, 12, 8, 41]
 RECOVERY_S = 30
 
 
-def _http_status(port: int, path: str) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as reply:
-            return reply.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return -1
-
-
 def _wait_http(port: int, path: str, status: int, timeout_s: float) -> float:
     start = time.monotonic()
-    while _http_status(port, path) != status:
+    while http_status(port, path) != status:
         assert time.monotonic() - start < timeout_s, f"{path} never answered {status}"
         time.sleep(0.1)
     return time.monotonic() - start
@@ -117,7 +106,7 @@ def test_a_killed_role_is_restarted_and_the_deployment_recovers(served, role):
     assert result["code"] == grpc.StatusCode.UNAVAILABLE, result
     assert result["ended"] - killed_at < 5
     _wait_http(http_port, "/ready", 503, 5)
-    assert _http_status(http_port, "/health") == 200  # liveness: the frontend is up
+    assert http_status(http_port, "/health") == 200  # liveness: the frontend is up
     assert not alive(victim)
     _wait_http(http_port, "/ready", 200, RECOVERY_S)
     assert _role_pid(process.pid, role) != victim  # the supervisor started a new one
