@@ -55,7 +55,7 @@ class CollectiveSpec:
     intermediate_size: int = 1536
     qkv_size: int = 960  # (query heads + 2 * KV heads) * head_dim
     q_size: int = 576  # query heads * head_dim (o_proj's input)
-    step_token_counts: tuple[int, ...] = (1, 8, 32, 128, 512)
+    step_token_counts: tuple[int, ...] = (1, 8, 32, 128, 512, 2048)
     step_repeats: int = 10
     repeats: int = 40
     max_bytes_per_size: int = 64 * 1024**2  # fewer repeats for the large tensors

@@ -250,7 +250,7 @@ def _run_round(run: _Run, requests, options: ParallelOptions, round_index: int) 
             SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True)
             for r in requests
         ]
-        with run.recorder.attached(llm.engine):
+        with run.recorder.attached(llm.engine, tag=round_index):
             start = time.perf_counter()
             outputs = llm.generate(prompts, params, use_tqdm=False)
             elapsed = time.perf_counter() - start
@@ -285,6 +285,8 @@ def _ratio(run: _Run, base: _Run | None) -> float | None:
 def _run_summary(run: _Run, runs: list[_Run], config, collectives: dict) -> dict:
     base = _baseline(run, runs, Layout())
     worker_base = _baseline(run, runs, Layout(backend="mp"))
+    rates = run.output_tokens_per_s
+    best_round = max(range(len(rates)), key=rates.__getitem__) if rates else None
     identical = None
     if base is not None and run.token_ids is not None and base.token_ids is not None:
         identical = sum(a == b for a, b in zip(run.token_ids, base.token_ids, strict=True))
@@ -312,7 +314,8 @@ def _run_summary(run: _Run, runs: list[_Run], config, collectives: dict) -> dict
         "vs_tp1_worker_process": _ratio(run, worker_base),
         "identical_outputs": identical,
         "steps_per_run": len(run.recorder.records) // max(1, len(run.elapsed_s)),
-        "steps": run.recorder.summary(estimates),
+        "steps_round": best_round,  # step timings from the best round, the least disturbed
+        "steps": run.recorder.summary(estimates, tag=best_round),
         "collectives_per_step": _collective_counts(run.layout, config),
     }
 

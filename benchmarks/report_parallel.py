@@ -3,6 +3,11 @@ time goes under tensor / pipeline parallelism, and async scheduling on vs off.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+# What the runs say, written by hand and dated inside (rendered after the tables).
+PARALLEL_NOTES = Path(__file__).parent / "data" / "parallel_notes.md"
+
 
 def _table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -27,6 +32,8 @@ def parallel_section(par: dict) -> list[str]:
         out += _offline(par["offline"], par["offline"].get("meta", legacy))
     if par.get("offline") or par.get("async_serving"):
         out += _async(par.get("offline"), par.get("async_serving"), legacy)
+    if PARALLEL_NOTES.exists():
+        out += [PARALLEL_NOTES.read_text(encoding="utf-8").strip(), ""]
     return out
 
 
@@ -61,6 +68,15 @@ def _step_cell(step: dict) -> str:
     if not step.get("num_steps"):
         return "—"
     return f"{step['wall_ms']} / {step['forward_ms']}"
+
+
+def _in_step_cell(step: dict, table: dict) -> float | str | None:
+    """The in-step estimate, where the step's size is within the sizes timed in a step."""
+    sizes = [int(n) for n in table.get("all_reduce_in_step_us", {})]
+    estimate = step.get("collectives_in_step_est_ms")
+    if estimate is None or not sizes or step["median_tokens"] <= max(sizes):
+        return estimate
+    return f"(beyond {max(sizes)} tokens)"
 
 
 def _collectives_cell(step: dict) -> str | None:
@@ -106,7 +122,7 @@ def _offline(off: dict, meta: dict) -> list[str]:
         " (and the same against tp = 1 in one worker process, the same model runner behind the "
         "same gRPC stream as a worker group's ranks). Identical outputs: requests whose "
         "tokens equal that tp = 1 run's. Steps: plans per run; seqs per decode step: the "
-        "median. "
+        "median. Step figures come from each layout's best round. "
         "Step times are medians in ms: wall (the scheduler's submit to result) / forward "
         "(the output rank's). "
         "A worker process gets cores / world size torch threads (tp = 3: one thread each, "
@@ -168,7 +184,7 @@ def _where_time_goes(off: dict) -> list[str]:
                     step["forward_ms"],
                     round(step["forward_ms"] - base_step["forward_ms"], 2),
                     _collectives_cell(step),
-                    step.get("collectives_in_step_est_ms"),
+                    _in_step_cell(step, off["collectives"].get(str(run["tp"]), {})),
                     step["transport_ms"],
                     base_step["wall_ms"],
                     step["wall_ms"],
@@ -184,7 +200,8 @@ def _where_time_goes(off: dict) -> list[str]:
     return [
         "### Where a step's time goes",
         "",
-        "Median decode-only and prefill-carrying steps (the scheduler makes the same plans "
+        "Median decode-only and prefill-carrying steps of each layout's best round (the "
+        "scheduler makes the same plans "
         "in every layout with one plan in flight), ms, against tp = 1 in a worker process "
         "where it ran (the same "
         "process set-up as a rank), else in process: the output rank's forward at tp = 1 "

@@ -28,6 +28,7 @@ class StepRecord:
     prepare_s: float
     forward_s: float
     sample_s: float
+    tag: object = None  # what the caller attached the recorder with (a round, say)
 
     @property
     def worker_s(self) -> float:
@@ -41,8 +42,9 @@ class StepRecorder:
         self.records: list[StepRecord] = []
 
     @contextlib.contextmanager
-    def attached(self, engine) -> Iterator[StepRecorder]:
-        """Record every plan ``engine`` (a pagestream LLMEngine) runs inside the block."""
+    def attached(self, engine, tag: object = None) -> Iterator[StepRecorder]:
+        """Record every plan ``engine`` (a pagestream LLMEngine) runs inside the block,
+        each record tagged with ``tag``."""
         executor = engine.core.executor
         execute = executor.execute
 
@@ -50,7 +52,7 @@ class StepRecorder:
             start = time.perf_counter()
             future = execute(plan)
             if plan.total_num_scheduled_tokens:
-                future.add_done_callback(lambda f: self._record(plan, start, f))
+                future.add_done_callback(lambda f: self._record(plan, start, f, tag))
             return future
 
         executor.execute = recorded
@@ -59,7 +61,7 @@ class StepRecorder:
         finally:
             del executor.execute  # back to the class's method
 
-    def _record(self, plan, start: float, future) -> None:
+    def _record(self, plan, start: float, future, tag: object) -> None:
         wall = time.perf_counter() - start
         if future.exception() is not None:
             return
@@ -74,21 +76,28 @@ class StepRecorder:
                 prepare_s=timings.prepare_s,
                 forward_s=timings.forward_s,
                 sample_s=timings.sample_s,
+                tag=tag,
             )
         )
 
-    def summary(self, estimates: dict[str, Callable[[StepRecord], float]] | None = None) -> dict:
-        """Medians (ms) over decode-only steps and over steps with a prefill in them;
-        each of ``estimates`` (name -> a step's estimated seconds of something, such as its
-        collectives) adds ``<name>_ms``, its median, and ``total_<name>_s``."""
-        decode = [r for r in self.records if r.decode]
-        prefill = [r for r in self.records if not r.decode]
+    def summary(
+        self,
+        estimates: dict[str, Callable[[StepRecord], float]] | None = None,
+        tag: object = None,
+    ) -> dict:
+        """Medians (ms) over decode-only steps and over steps with a prefill in them (of
+        the records tagged ``tag``, or all); each of ``estimates`` (name -> a step's
+        estimated seconds of something, such as its collectives) adds ``<name>_ms``, its
+        median, and ``total_<name>_s``."""
+        records = [r for r in self.records if tag is None or r.tag == tag]
+        decode = [r for r in records if r.decode]
+        prefill = [r for r in records if not r.decode]
         return {
-            "num_steps": len(self.records),
+            "num_steps": len(records),
             "decode": summarize_steps(decode, estimates),
             "prefill": summarize_steps(prefill, estimates),
-            "total_wall_s": round(sum(r.wall_s for r in self.records), 3),
-            "total_forward_s": round(sum(r.forward_s for r in self.records), 3),
+            "total_wall_s": round(sum(r.wall_s for r in records), 3),
+            "total_forward_s": round(sum(r.forward_s for r in records), 3),
         }
 
 

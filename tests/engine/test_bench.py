@@ -162,6 +162,8 @@ def test_parallel_layouts_run_the_same_work(parallel_run):
     assert by_layout["pp=2"]["collectives_per_step"] == {"recv_hidden": 1}
     decode = by_layout["tp=2"]["steps"]["decode"]
     assert 0 < decode["collectives_min_est_ms"] <= decode["collectives_est_ms"]
+    assert decode["collectives_in_step_est_ms"] > 0
+    assert "collectives_in_step_est_ms" not in by_layout["pp=2"]["steps"]["decode"]
     assert "collectives_est_ms" not in by_layout["tp=1 (in process)"]["steps"]["decode"]
 
 
@@ -176,6 +178,8 @@ def test_collective_timings_cover_decode_and_prefill_sizes(parallel_run):
         for entry in two[table].values():
             assert 0 < entry["min"] <= entry["median"]
     assert {"1", "2048"} <= set(two["all_reduce_us"])
+    for entry in two["all_reduce_in_step_us"].values():  # the model's 2 layers, inside a step
+        assert entry["without_ms"] > 0 and entry["with_ms"] > 0 and entry["per_call"] >= 0
 
 
 def test_async_serving_compares_on_and_off_in_both_deployments(parallel_run):
