@@ -6,6 +6,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from services.common.engine_output import EngineCoreOutput
 from services.common.engine_request import EngineCoreRequest
 from services.common.sampling_params import SamplingParams
 from services.common.scheduler_output import SchedulerOutput
@@ -142,4 +143,23 @@ class Request:
             return
         self.block_hashes = hash_request_tokens(
             self.all_token_ids, self.block_size, self.block_hashes, self.cache_salt
+        )
+
+    def to_output(self, new_ids, logprobs=None, prompt_logprobs=None) -> EngineCoreOutput:
+        """This step's output for the client (queue time on the first token only)."""
+        queued_s = None
+        first = new_ids and self.num_output_tokens == len(new_ids)
+        if first and self.first_scheduled_time is not None:
+            queued_s = max(self.first_scheduled_time - self.arrival_time, 0.0)
+        return EngineCoreOutput(
+            request_id=self.request_id,
+            new_token_ids=new_ids,
+            finish_reason=self.status.finish_reason,
+            stop_reason=self.stop_reason,
+            new_logprobs=logprobs,
+            new_prompt_logprobs=prompt_logprobs,
+            num_cached_tokens=self.num_cached_tokens,
+            parent_request_id=self.parent_request_id,
+            index=self.index,
+            queued_s=queued_s,
         )

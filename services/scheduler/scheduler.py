@@ -24,6 +24,13 @@ from services.common.config import CacheConfig, SchedulerConfig
 from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from services.common.runner_output import RunnerOutput
 from services.common.scheduler_output import SchedulerOutput
+from services.scheduler.admission import (
+    EngineOverloadedError,
+    RequestRejectedError,
+    check_overload,
+    enqueue_waiting,
+    validate_request,
+)
 from services.scheduler.kv_cache_manager import KVCacheManager, cdiv
 from services.scheduler.plan_builder import PlanBuilder
 from services.scheduler.request import Request, RequestStatus
@@ -32,13 +39,7 @@ from services.scheduler.stop_checker import check_stop
 
 logger = logging.getLogger(__name__)
 
-
-class RequestRejectedError(ValueError):
-    """A request that can never be served; the message says why."""
-
-
-class EngineOverloadedError(RuntimeError):
-    """Too many requests wait already (max_waiting_requests): try again later."""
+__all__ = ["EngineOverloadedError", "RequestRejectedError", "Scheduler"]
 
 
 class Scheduler:
@@ -72,8 +73,8 @@ class Scheduler:
 
     # ---- admission -----------------------------------------------------------------
     def add_request(self, request: Request) -> None:
-        self._validate(request)
-        self._check_overload()
+        validate_request(request, self.requests, self.config, self.kv.num_blocks, self.block_size)
+        check_overload(len(self.waiting), self.config.max_waiting_requests)
         if request.block_size != self.block_size:
             request.block_size = self.block_size
             request.block_hashes = []
@@ -81,50 +82,7 @@ class Scheduler:
         if request.sampling_params.use_beam_search:
             self.groups.add_beam_request(request, self.max_model_len)
         self.requests[request.request_id] = request
-        self._enqueue_waiting(request)
-
-    def _validate(self, request: Request) -> None:
-        num_prompt = request.num_prompt_tokens
-        if request.request_id in self.requests:
-            raise RequestRejectedError(f"request_id {request.request_id!r} is already in use.")
-        if num_prompt == 0:
-            raise RequestRejectedError("the prompt is empty; give at least one token.")
-        if num_prompt > self.config.max_model_len:
-            raise RequestRejectedError(
-                f"the prompt has {num_prompt} tokens, more than max_model_len "
-                f"({self.config.max_model_len})."
-            )
-        num_blocks = cdiv(num_prompt, self.block_size)
-        if num_blocks > self.kv.num_blocks:
-            raise RequestRejectedError(
-                f"the prompt has {num_prompt} tokens and needs {num_blocks} KV-cache blocks, "
-                f"but the whole cache holds {self.kv.num_blocks} blocks of {self.block_size}."
-            )
-        if request.sampling_params.n > self.config.max_num_seqs:
-            raise RequestRejectedError(
-                f"n={request.sampling_params.n} exceeds max_num_seqs ({self.config.max_num_seqs})."
-            )
-
-    def _check_overload(self) -> None:
-        """Refuse new work once max_waiting_requests wait (0: no bound); admitted
-        requests, preempted ones included, are never refused."""
-        bound = self.config.max_waiting_requests
-        if bound and len(self.waiting) >= bound:
-            raise EngineOverloadedError(
-                f"the engine is overloaded: {len(self.waiting)} requests are waiting "
-                f"(max_waiting_requests={bound}); try again later."
-            )
-
-    def _enqueue_waiting(self, request: Request) -> None:
-        if self.config.policy == "priority":
-            key = (request.priority, request.arrival_time)
-            index = next(
-                (i for i, r in enumerate(self.waiting) if (r.priority, r.arrival_time) > key),
-                len(self.waiting),
-            )
-            self.waiting.insert(index, request)
-        else:
-            self.waiting.append(request)
+        enqueue_waiting(self.waiting, request, self.config.policy)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         """Abort requests by id; a group's id (n > 1, beam search) aborts all its sequences."""
@@ -138,7 +96,7 @@ class Scheduler:
                 continue
             self._remove_from_queues(request)
             self._finish(request, RequestStatus.FINISHED_ABORTED)
-            self.pending_outputs.append((request.client_id, self._output(request, [])))
+            self.pending_outputs.append((request.client_id, request.to_output([])))
 
     def retire(self, request: Request) -> None:
         """End a sequence silently (a pruned beam): its blocks go, the worker drops it."""
@@ -291,7 +249,7 @@ class Scheduler:
             if cdiv(request.num_tokens, self.block_size) > self.kv.num_blocks:
                 self.waiting.popleft()
                 self._finish(request, RequestStatus.FINISHED_IGNORED)
-                self.pending_outputs.append((request.client_id, self._output(request, [])))
+                self.pending_outputs.append((request.client_id, request.to_output([])))
                 continue
             if not self._admit(request, plan):
                 return
@@ -371,7 +329,7 @@ class Scheduler:
         if status is not None:
             self._finish(request, status)
         logprobs = runner_output.logprobs.get(request.request_id)
-        return self._output(request, new_ids, logprobs, prompt_logprobs)
+        return request.to_output(new_ids, logprobs, prompt_logprobs)
 
     # ---- steps in flight -----------------------------------------------------------
     def _take_off(self, request: Request, plan: SchedulerOutput) -> None:
@@ -412,24 +370,6 @@ class Scheduler:
         if request.request_id in self.on_worker:
             self.on_worker.discard(request.request_id)
             self.finished_req_ids.add(request.request_id)
-
-    def _output(self, request: Request, new_ids, logprobs=None, prompt_logprobs=None):
-        queued_s = None
-        first = new_ids and request.num_output_tokens == len(new_ids)
-        if first and request.first_scheduled_time is not None:
-            queued_s = max(request.first_scheduled_time - request.arrival_time, 0.0)
-        return EngineCoreOutput(
-            request_id=request.request_id,
-            new_token_ids=new_ids,
-            finish_reason=request.status.finish_reason,
-            stop_reason=request.stop_reason,
-            new_logprobs=logprobs,
-            new_prompt_logprobs=prompt_logprobs,
-            num_cached_tokens=request.num_cached_tokens,
-            parent_request_id=request.parent_request_id,
-            index=request.index,
-            queued_s=queued_s,
-        )
 
     # ---- introspection -------------------------------------------------------------
     def has_unfinished_requests(self) -> bool:

@@ -1,0 +1,65 @@
+"""Admission: whether a new request can ever be served, whether the queue takes more,
+and where it waits (FCFS or priority order)."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from services.common.config import SchedulerConfig
+from services.scheduler.kv_cache_manager import cdiv
+from services.scheduler.request import Request
+
+
+class RequestRejectedError(ValueError):
+    """A request that can never be served; the message says why."""
+
+
+class EngineOverloadedError(RuntimeError):
+    """Too many requests wait already (max_waiting_requests): try again later."""
+
+
+def validate_request(
+    request: Request, known: dict, config: SchedulerConfig, num_blocks: int, block_size: int
+) -> None:
+    """Raise RequestRejectedError naming the problem (`known`: ids already in use)."""
+    num_prompt = request.num_prompt_tokens
+    if request.request_id in known:
+        raise RequestRejectedError(f"request_id {request.request_id!r} is already in use.")
+    if num_prompt == 0:
+        raise RequestRejectedError("the prompt is empty; give at least one token.")
+    if num_prompt > config.max_model_len:
+        raise RequestRejectedError(
+            f"the prompt has {num_prompt} tokens, more than max_model_len ({config.max_model_len})."
+        )
+    needed = cdiv(num_prompt, block_size)
+    if needed > num_blocks:
+        raise RequestRejectedError(
+            f"the prompt has {num_prompt} tokens and needs {needed} KV-cache blocks, "
+            f"but the whole cache holds {num_blocks} blocks of {block_size}."
+        )
+    if request.sampling_params.n > config.max_num_seqs:
+        raise RequestRejectedError(
+            f"n={request.sampling_params.n} exceeds max_num_seqs ({config.max_num_seqs})."
+        )
+
+
+def check_overload(num_waiting: int, bound: int) -> None:
+    """Refuse new work once `bound` requests wait (0: no bound); admitted requests,
+    preempted ones included, are never refused."""
+    if bound and num_waiting >= bound:
+        raise EngineOverloadedError(
+            f"the engine is overloaded: {num_waiting} requests are waiting "
+            f"(max_waiting_requests={bound}); try again later."
+        )
+
+
+def enqueue_waiting(waiting: deque[Request], request: Request, policy: str) -> None:
+    """FCFS appends; priority inserts before the first request that ranks after it."""
+    if policy != "priority":
+        waiting.append(request)
+        return
+    key = (request.priority, request.arrival_time)
+    index = next(
+        (i for i, r in enumerate(waiting) if (r.priority, r.arrival_time) > key), len(waiting)
+    )
+    waiting.insert(index, request)
