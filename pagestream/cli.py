@@ -106,6 +106,41 @@ def _add_frontend_limit_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_router_args(parser: argparse.ArgumentParser) -> None:
+    """How the frontend picks a data-parallel replica (services/frontend/router.py)."""
+    from services.frontend.router import ROUTER_POLICIES, RouterConfig
+
+    defaults = RouterConfig()
+    add = parser.add_argument
+    add(
+        "--router-policy",
+        default=defaults.policy,
+        choices=ROUTER_POLICIES,
+        help="with several schedulers: cache_aware (the replica holding the longest cached "
+        "prefix unless the load is out of balance), least_loaded, or round_robin",
+    )
+    add(
+        "--router-cache-threshold",
+        type=float,
+        default=defaults.cache_threshold,
+        help="cache_aware: the cached fraction of a prompt's blocks that sends it to the "
+        "replica holding them (below it: the least loaded replica)",
+    )
+    add(
+        "--router-balance-abs-threshold",
+        type=int,
+        default=defaults.balance_abs_threshold,
+        help="cache_aware: route by load alone while the busiest replica has more than this "
+        "many requests over the idlest ...",
+    )
+    add(
+        "--router-balance-rel-threshold",
+        type=float,
+        default=defaults.balance_rel_threshold,
+        help="... and more than this many times the idlest's load",
+    )
+
+
 def _add_tls_args(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--tls-cert", default=None, help="PEM certificate: this role's gRPC server speaks TLS")
@@ -160,6 +195,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=5,
         help="--split-services: restarts of one role within 5 minutes before giving up",
     )
+    serve.add_argument(
+        "--data-parallel-size",
+        "-dp",
+        type=int,
+        default=1,
+        help="engine replicas, each with its own worker group and KV cache, behind one "
+        "routing frontend (runs the roles as supervised processes, as --split-services)",
+    )
+    _add_router_args(serve)
     _add_frontend_limit_args(serve)
     _add_tls_args(serve)
     EngineArgs.add_cli_args(serve)
@@ -184,10 +228,16 @@ def build_parser() -> argparse.ArgumentParser:
     EngineArgs.add_cli_args(scheduler)
     frontend = sub.add_parser("frontend", help="the public gRPC and HTTP APIs")
     frontend.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="for the tokenizer")
-    frontend.add_argument("--scheduler", required=True, help="scheduler address host:port")
+    frontend.add_argument(
+        "--scheduler",
+        action="append",
+        required=True,
+        help="scheduler address host:port; repeat it for data-parallel replicas",
+    )
     frontend.add_argument("--served-model-name", default=None)
     add_generation_config_arg(frontend)
     _add_serving_args(frontend, 50051)
+    _add_router_args(frontend)
     _add_frontend_limit_args(frontend)
     _add_tls_args(frontend)
     bench = sub.add_parser(
@@ -307,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_generate(args)
         if args.command == "bench":
             return run_bench_checkout(args.bench_args, args.log_level)
-        if args.command == "serve" and args.split_services:
+        if args.command == "serve" and (args.split_services or args.data_parallel_size > 1):
             return roles.run_split(args)
         runner = {
             "serve": roles.run_serve,

@@ -12,11 +12,12 @@ engine loop never comes back, so `reconnect` then raises.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 
 from services.common.engine_output import EngineCoreOutputs, SchedulerStats
 from services.common.engine_request import EngineCoreRequest
+from services.common.kv_events import KvEventBatch
 from services.frontend.engine_client import EngineOverloadedError, EngineUnavailableError
 from services.scheduler.async_engine_core import AsyncEngineCore, EngineDeadError
 from services.scheduler.async_engine_core import EngineUnavailableError as CoreUnavailableError
@@ -80,6 +81,19 @@ class InprocEngineCoreClient:
 
     async def stats(self) -> SchedulerStats:
         return self.core.stats()
+
+    def release(self, request_id: str) -> None:
+        """Nothing to forget: one engine core owns every request."""
+
+    async def watch_kv_events(self) -> AsyncIterator[KvEventBatch]:
+        """The engine core's prefix-cache snapshot, then its changes, until it stops."""
+        queue = await self.core.subscribe_kv_events()
+        try:
+            while (batch := await queue.get()) is not None:
+                yield batch
+        finally:
+            self.core.unsubscribe_kv_events(queue)
+        raise EngineUnavailableError("the engine core stopped")
 
     async def close(self) -> None:
         await self.core.disconnect(self.client_id)

@@ -156,6 +156,18 @@ async def run_scheduler(ns: argparse.Namespace) -> None:
     await serve_forever(server, GRACE_S)
 
 
+def router_config(ns: argparse.Namespace):
+    """--router-* flags (services/frontend/router.py); ValueError names a bad one."""
+    from services.frontend.router import RouterConfig
+
+    return RouterConfig(
+        ns.router_policy,
+        ns.router_cache_threshold,
+        ns.router_balance_abs_threshold,
+        ns.router_balance_rel_threshold,
+    )
+
+
 def _api_key(ns: argparse.Namespace) -> str | None:
     return ns.api_key or os.environ.get("PAGESTREAM_API_KEY")
 
@@ -174,12 +186,16 @@ async def run_frontend(ns: argparse.Namespace) -> None:
     folder = await asyncio.to_thread(resolve_model, ns.model)
     tokenizer = await asyncio.to_thread(load_tokenizer, folder)
     defaults = load_generation_defaults(folder, ns.generation_config)
-    connecting = connect_frontend(ns.scheduler, tokenizer, defaults, tls=tls, config=config)
+    router = router_config(ns)
+    connecting = connect_frontend(
+        ns.scheduler, tokenizer, defaults, tls=tls, config=config, router=router
+    )
     ready = asyncio.ensure_future(connecting)
     grpc_server = await serve_frontend(ready, ns.host, ns.grpc_port, tls=tls, api_key=_api_key(ns))
     frontend = await ready  # raises (and exits non-zero) when the scheduler never comes up
     http = await start_http(frontend, ns, frontend.info.model)
-    logger.info("frontend: gRPC on %s, scheduler %s", grpc_server.address, ns.scheduler)
+    schedulers = ", ".join(ns.scheduler)
+    logger.info("frontend: gRPC on %s, scheduler(s) %s", grpc_server.address, schedulers)
     await serve_forever(ServerGroup(grpc_server, http, frontend.close), GRACE_S)
 
 
@@ -222,56 +238,71 @@ def _free_port() -> int:
 
 @dataclass(frozen=True)
 class SplitLayout:
-    """Where the split roles listen (fixed across restarts, so peers find them again)."""
+    """Where the split roles listen (fixed across restarts, so peers find them again):
+    per data-parallel replica, its worker ranks' ports and its scheduler's port."""
 
-    worker_ports: list[int]
-    scheduler_port: int
-    folder: str  # rendezvous files of the worker group, one per generation
+    worker_ports: list[list[int]]
+    scheduler_ports: list[int]
+    folder: str  # rendezvous files of the worker groups, one per replica and generation
 
     @classmethod
-    def create(cls, world_size: int) -> SplitLayout:
+    def create(cls, world_size: int, data_parallel_size: int = 1) -> SplitLayout:
         folder = tempfile.mkdtemp(prefix="pagestream-split-")
-        return cls([_free_port() for _ in range(world_size)], _free_port(), folder)
+        replicas = range(data_parallel_size)
+        workers = [[_free_port() for _ in range(world_size)] for _ in replicas]
+        return cls(workers, [_free_port() for _ in replicas], folder)
 
-    def rendezvous(self, generation: int) -> str:
-        return f"file://{self.folder}/rendezvous-{generation}"
+    def rendezvous(self, replica: int, generation: int) -> str:
+        return f"file://{self.folder}/rendezvous-{replica}-{generation}"
 
 
 def split_roles(ns: argparse.Namespace, layout: SplitLayout) -> list[Role]:
-    """Worker rank(s) (one restart group), scheduler and frontend."""
+    """Per replica: its worker rank(s) (one restart group) and its scheduler; then one
+    frontend that routes over every scheduler."""
+    roles: list[Role] = []
+    for replica in range(len(layout.scheduler_ports)):
+        roles += _replica_roles(ns, layout, replica)
+    base = [sys.executable, "-m", "pagestream.cli", "--log-level", ns.log_level]
+    frontend = [*base, "frontend", ns.model, *_frontend_flags(ns, layout.scheduler_ports)]
+    frontend += tls_flags(ns)
+    return [*roles, Role("frontend", lambda _: frontend)]
+
+
+def _replica_roles(ns: argparse.Namespace, layout: SplitLayout, replica: int) -> list[Role]:
     args = engine_args(ns)
     world_size = args.parallel_config().world_size
     base = [sys.executable, "-m", "pagestream.cli", "--log-level", ns.log_level]
     flags, tls = args.to_cli_flags(), tls_flags(ns)
+    ports = layout.worker_ports[replica]
+    suffix = f" of replica {replica}" if len(layout.scheduler_ports) > 1 else ""
 
     def worker(rank: int, port: int):
         def command(generation: int) -> list[str]:
             group = ["--rank", str(rank), "--local-rank", str(rank)]
-            group += ["--dist-init-method", layout.rendezvous(generation)]
+            group += ["--dist-init-method", layout.rendezvous(replica, generation)]
             group = group if world_size > 1 else []
             return [*base, "worker", ns.model, "--port", str(port), *group, *tls, *flags]
 
-        return Role(f"worker rank {rank}", command, group="workers")
+        return Role(f"worker rank {rank}{suffix}", command, group=f"workers-{replica}")
 
-    addresses = [a for p in layout.worker_ports for a in ("--worker", f"127.0.0.1:{p}")]
-    scheduler = [*base, "scheduler", ns.model, *addresses, "--port", str(layout.scheduler_port)]
-    scheduler += [*tls, *flags]
-    frontend = [*base, "frontend", ns.model, *_frontend_flags(ns, layout.scheduler_port), *tls]
+    addresses = [a for p in ports for a in ("--worker", f"127.0.0.1:{p}")]
+    port = str(layout.scheduler_ports[replica])
+    scheduler = [*base, "scheduler", ns.model, *addresses, "--port", port, *tls, *flags]
     return [
-        *(worker(rank, port) for rank, port in enumerate(layout.worker_ports)),
-        Role("scheduler", lambda _: scheduler),
-        Role("frontend", lambda _: frontend),
+        *(worker(rank, port) for rank, port in enumerate(ports)),
+        Role(f"scheduler{suffix}", lambda _: scheduler),
     ]
 
 
-def _frontend_flags(ns: argparse.Namespace, scheduler_port: int) -> list[str]:
-    flags = ["--scheduler", f"127.0.0.1:{scheduler_port}", "--host", ns.host]
+def _frontend_flags(ns: argparse.Namespace, scheduler_ports: list[int]) -> list[str]:
+    flags = [a for p in scheduler_ports for a in ("--scheduler", f"127.0.0.1:{p}")]
+    flags += ["--host", ns.host]
     flags += ["--grpc-port", str(ns.grpc_port), "--port", str(ns.port)]
     if ns.api_key:
         flags += ["--api-key", ns.api_key]
     if ns.served_model_name:
         flags += ["--served-model-name", ns.served_model_name]
-    for name, flag in FRONTEND_LIMIT_FLAGS:
+    for name, flag in (*FRONTEND_LIMIT_FLAGS, *ROUTER_FLAGS):
         if getattr(ns, name, None) is not None:
             flags += [flag, str(getattr(ns, name))]
     return [*flags, "--generation-config", ns.generation_config]
@@ -288,11 +319,25 @@ FRONTEND_LIMIT_FLAGS = (
 )
 
 
+# The router's settings, passed on to the frontend child (services/frontend/router.py).
+ROUTER_FLAGS = (
+    ("router_policy", "--router-policy"),
+    ("router_cache_threshold", "--router-cache-threshold"),
+    ("router_balance_abs_threshold", "--router-balance-abs-threshold"),
+    ("router_balance_rel_threshold", "--router-balance-rel-threshold"),
+)
+
+
 def run_split(ns: argparse.Namespace) -> int:
     """Start the roles as supervised child processes: a child that dies is restarted
-    (with backoff and a give-up limit); SIGTERM / SIGINT stop them all."""
+    (with backoff and a give-up limit); SIGTERM / SIGINT stop them all. With
+    --data-parallel-size N: N worker groups with a scheduler each, one routing frontend."""
+    dp = getattr(ns, "data_parallel_size", 1)
+    if dp < 1:
+        raise ValueError(f"--data-parallel-size must be >= 1, got {dp}.")
+    router_config(ns)  # a bad --router-* flag fails now, not in the frontend child
     world_size = engine_args(ns).parallel_config().world_size
-    layout = SplitLayout.create(world_size)
+    layout = SplitLayout.create(world_size, dp)
     try:
         return Supervisor(split_roles(ns, layout), max_restarts=ns.max_restarts).run()
     finally:

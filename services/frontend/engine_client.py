@@ -9,11 +9,12 @@ scheduler's classes).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 from services.common.engine_output import EngineCoreOutputs, SchedulerStats
 from services.common.engine_request import EngineCoreRequest
+from services.common.kv_events import KvEventBatch
 
 __all__ = ["EngineCoreClient", "EngineOverloadedError", "EngineUnavailableError"]
 
@@ -60,6 +61,14 @@ class EngineCoreClient(Protocol):
         """The next step's outputs for this client's requests."""
 
     async def stats(self) -> SchedulerStats: ...
+
+    def release(self, request_id: str) -> None:
+        """The Frontend is done with this request (a router forgets which replica had it)."""
+
+    def watch_kv_events(self) -> AsyncIterator[KvEventBatch]:
+        """The engine core's prefix-cache snapshot, then its changes and load, step by step
+        (what a data-parallel router routes by); raises EngineUnavailableError when the
+        engine core goes away."""
 
     async def close(self) -> None:
         """Disconnect; the engine core aborts every request this client still has."""

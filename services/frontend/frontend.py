@@ -210,6 +210,7 @@ class Frontend:
     def _forget(self, request_id: str) -> None:
         self._queues.pop(request_id, None)
         self.output_processor.remove(request_id)
+        self.client.release(request_id)
 
     async def abort(self, request_id: str) -> bool:
         """End a request; its stream gets a final output with finish_reason "abort"."""
@@ -220,6 +221,17 @@ class Frontend:
 
     async def stats(self) -> SchedulerStats:
         return await self.client.stats()
+
+    async def engine_stats(self) -> dict[str, SchedulerStats]:
+        """Per engine core (the `engine` label of the metrics): "0" unless data-parallel."""
+        per_engine = getattr(self.client, "engine_stats", None)
+        if per_engine is not None:
+            return await per_engine()
+        return {"0": await self.client.stats()}
+
+    def routing_counts(self) -> dict[tuple[str, str], int]:
+        """Requests per (engine, reason) a data-parallel router sent; empty otherwise."""
+        return getattr(self.client, "routing_counts", dict)()
 
     # ---- the output pump ---------------------------------------------------------------
     def _ensure_pump(self) -> None:

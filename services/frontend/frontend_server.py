@@ -23,13 +23,16 @@ import logging
 from collections.abc import Awaitable
 
 from services.common.grpc_server import GrpcServer, start_server
+from services.common.model_info import ServedModelInfo
 from services.common.proto.pagestream.v1 import generation_pb2, generation_pb2_grpc
 from services.common.tls import TlsConfig
 from services.frontend.api_key import ApiKey
+from services.frontend.dp_engine_client import DataParallelClient
 from services.frontend.engine_client import EngineCoreClient
 from services.frontend.frontend import Frontend
 from services.frontend.frontend_config import FrontendConfig
 from services.frontend.generation_service import GenerationServicer
+from services.frontend.router import RouterConfig
 
 logger = logging.getLogger(__name__)
 
@@ -157,28 +160,54 @@ async def serve_frontend(
 
 
 async def connect_frontend(
-    scheduler_address: str,
+    scheduler_address: str | list[str],
     tokenizer,
     default_sampling: dict | None = None,
     *,
     timeout_s: float = 600.0,
     tls: TlsConfig | None = None,
     config: FrontendConfig | None = None,
+    router: RouterConfig | None = None,
 ) -> Frontend:
-    """A Frontend over the scheduler's EngineCore service (the split deployment).
+    """A Frontend over the schedulers' EngineCore services (the split deployment).
 
-    Waits (up to timeout_s) for the scheduler to report SERVING, which it does once its
-    worker has loaded the model; the model facts come from the scheduler. With `tls` the
-    connection is TLS (mutual TLS when it has a certificate and key). Later losses of
-    the scheduler are recovered from by the Frontend itself (it reconnects).
+    Waits (up to timeout_s) for every scheduler to report SERVING, which it does once its
+    workers have loaded the model; the model facts come from the schedulers, which must
+    all serve the same model. Several schedulers are data-parallel replicas behind a
+    Router (`router`: its policy and thresholds). With `tls` the connections are TLS
+    (mutual TLS when it has a certificate and key). Later losses of a scheduler are
+    recovered from by the Frontend itself (it reconnects).
     """
     from services.frontend.grpc_engine_client import GrpcEngineCoreClient
 
-    client: EngineCoreClient = await GrpcEngineCoreClient.connect(scheduler_address, timeout_s, tls)
+    addresses = [scheduler_address] if isinstance(scheduler_address, str) else scheduler_address
+    connecting = [GrpcEngineCoreClient.connect(a, timeout_s, tls) for a in addresses]
+    results = await asyncio.gather(*connecting, return_exceptions=True)
+    clients = [r for r in results if isinstance(r, GrpcEngineCoreClient)]
     try:
-        info = await client.get_engine_info()
+        failed = next((r for r in results if isinstance(r, BaseException)), None)
+        if failed is not None:
+            raise failed
+        infos = await asyncio.gather(*(c.get_engine_info() for c in clients))
+        _check_same_model(addresses, infos)
     except BaseException:
-        await client.close()
+        await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
         raise
-    logger.info("connected to the engine core at %s: %s", scheduler_address, info.model)
-    return Frontend(client, tokenizer, info, default_sampling, config)
+    logger.info("connected to the engine core(s) at %s: %s", ", ".join(addresses), infos[0].model)
+    client: EngineCoreClient = clients[0]
+    if len(clients) > 1:
+        client = DataParallelClient(clients, router, addresses)
+    return Frontend(client, tokenizer, infos[0], default_sampling, config)
+
+
+def _check_same_model(addresses: list[str], infos: list[ServedModelInfo]) -> None:
+    """Replicas must be interchangeable: same model, vocabulary, context and block size."""
+    first = infos[0]
+    for address, info in zip(addresses[1:], infos[1:], strict=True):
+        for name in ("model", "vocab_size", "max_model_len", "block_size", "eos_token_ids"):
+            if getattr(info, name) != getattr(first, name):
+                raise ValueError(
+                    f"the schedulers differ: {addresses[0]} serves {name}="
+                    f"{getattr(first, name)!r} but {address} serves {getattr(info, name)!r}; "
+                    "data-parallel replicas must run the same model and settings."
+                )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 
 import grpc
 
@@ -24,10 +25,12 @@ from services.common.convert.engine_io import (
     served_model_info_from_pb,
     stats_from_pb,
 )
+from services.common.convert.kv_events import kv_events_from_pb
 from services.common.engine_output import EngineCoreOutputs, SchedulerStats
 from services.common.engine_request import EngineCoreRequest
 from services.common.grpc_channel import wait_until_serving
 from services.common.grpc_server import CHANNEL_OPTIONS
+from services.common.kv_events import KvEventBatch
 from services.common.model_info import ServedModelInfo
 from services.common.proto.pagestream.v1 import engine_pb2, engine_pb2_grpc
 from services.common.tls import PLAINTEXT, TlsConfig
@@ -159,6 +162,21 @@ class GrpcEngineCoreClient:
         except grpc.RpcError as exc:
             raise self._unavailable(exc) from exc
         return stats_from_pb(message)
+
+    def release(self, request_id: str) -> None:
+        """Nothing to forget: one engine core owns every request."""
+
+    async def watch_kv_events(self) -> AsyncIterator[KvEventBatch]:
+        """The engine core's prefix-cache snapshot, then its changes (waits while the
+        scheduler is away; raises EngineUnavailableError when the stream breaks)."""
+        call = self._stub.WatchKvEvents(engine_pb2.WatchKvEventsRequest(), wait_for_ready=True)
+        try:
+            async for message in call:
+                yield kv_events_from_pb(message)
+        except _RPC_FAILURES as exc:
+            raise self._unavailable(exc) from exc
+        finally:
+            call.cancel()
 
     async def get_engine_info(self) -> ServedModelInfo:
         try:

@@ -39,33 +39,59 @@ _LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.
 
 
 class EngineStatsCollector(Collector):
-    """Exposes the latest SchedulerStats snapshot (set before each scrape)."""
+    """The engine cores' latest SchedulerStats, one `engine` label per engine core (data
+    parallel replicas: "0", "1", ...; set before each scrape), and the router's decisions."""
 
     def __init__(self) -> None:
-        self.stats = SchedulerStats()
+        self.stats: dict[str, SchedulerStats] = {"0": SchedulerStats()}
+        self.routing: dict[tuple[str, str], int] = {}
 
     def collect(self) -> Iterable[Metric]:
-        s = self.stats
-        yield _gauge("num_requests_running", "Requests running in the engine.", s.num_running_reqs)
-        yield _gauge("num_requests_waiting", "Requests waiting to run.", s.num_waiting_reqs)
-        yield _gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use.", s.kv_cache_usage)
-        yield _counter(
-            "prefix_cache_queries",
-            "Prompt tokens looked up in the prefix cache.",
-            s.prefix_cache_queries,
-        )
-        yield _counter(
-            "prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_cache_hits
-        )
-        yield _counter("num_preemptions", "Preempted sequences.", s.num_preemptions)
+        for name, doc, field, family in _ENGINE_SERIES:
+            metric = family(f"pagestream:{name}", doc, labels=["engine"])
+            for engine, stats in sorted(self.stats.items()):
+                metric.add_metric([engine], getattr(stats, field))
+            yield metric
+        if self.routing:
+            routed = CounterMetricFamily(
+                "pagestream:router_requests",
+                "Requests the data-parallel router sent to each engine, by reason.",
+                labels=["engine", "reason"],
+            )
+            for (engine, reason), count in sorted(self.routing.items()):
+                routed.add_metric([engine, reason], count)
+            yield routed
 
 
-def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-    return GaugeMetricFamily(f"pagestream:{name}", doc, value=value)
-
-
-def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-    return CounterMetricFamily(f"pagestream:{name}", doc, value=value)
+# (metric name, help, SchedulerStats field, family); counters get a _total suffix.
+_ENGINE_SERIES = (
+    (
+        "num_requests_running",
+        "Requests running in the engine.",
+        "num_running_reqs",
+        GaugeMetricFamily,
+    ),
+    ("num_requests_waiting", "Requests waiting to run.", "num_waiting_reqs", GaugeMetricFamily),
+    (
+        "kv_cache_usage_perc",
+        "Fraction of KV-cache blocks in use.",
+        "kv_cache_usage",
+        GaugeMetricFamily,
+    ),
+    (
+        "prefix_cache_queries",
+        "Prompt tokens looked up in the prefix cache.",
+        "prefix_cache_queries",
+        CounterMetricFamily,
+    ),
+    (
+        "prefix_cache_hits",
+        "Prompt tokens found in the prefix cache.",
+        "prefix_cache_hits",
+        CounterMetricFamily,
+    ),
+    ("num_preemptions", "Preempted sequences.", "num_preemptions", CounterMetricFamily),
+)
 
 
 class FrontendMetrics:
@@ -114,12 +140,13 @@ class FrontendMetrics:
         )
 
     async def refresh(self, frontend) -> None:
-        """Take the engine core's current stats (the last pushed ones if it cannot answer)."""
+        """Take the engine cores' current stats (the last pushed ones if they cannot answer)."""
         try:
-            self.engine.stats = await frontend.stats()
+            self.engine.stats = await frontend.engine_stats()
         except Exception:
             logger.warning("engine stats unavailable; using the last reported ones")
-            self.engine.stats = frontend.last_stats
+            self.engine.stats = {"0": frontend.last_stats}
+        self.engine.routing = frontend.routing_counts()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

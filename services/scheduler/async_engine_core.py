@@ -22,6 +22,7 @@ from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs, S
 from services.common.engine_request import EngineCoreRequest
 from services.scheduler.engine_core import EngineCore
 from services.scheduler.executor.executor import WorkerStepError
+from services.scheduler.kv_event_publisher import KvEventPublisher
 from services.scheduler.request import Request
 
 logger = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ class AsyncEngineCore:
         self._task: asyncio.Task | None = None
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="pagestream-step")
         self.dead_error: BaseException | None = None
+        self.kv_events = KvEventPublisher(core.scheduler)
 
     # ---- clients -------------------------------------------------------------------
     def connect(self) -> int:
@@ -111,6 +113,14 @@ class AsyncEngineCore:
     def stats(self) -> SchedulerStats:
         return self.core.scheduler.get_stats()
 
+    async def subscribe_kv_events(self) -> asyncio.Queue:
+        """Prefix-cache changes and load (KvEventBatch; None ends): for routers."""
+        async with self._lock:
+            return self.kv_events.subscribe()
+
+    def unsubscribe_kv_events(self, queue: asyncio.Queue) -> None:
+        self.kv_events.unsubscribe(queue)
+
     # ---- the loop ------------------------------------------------------------------
     def _check_alive(self) -> None:
         if self.dead_error is not None:
@@ -134,6 +144,7 @@ class AsyncEngineCore:
         except Exception as exc:
             logger.exception("engine core loop failed")
             self.dead_error = exc
+            self.kv_events.close()
             for queue in self._queues.values():
                 queue.put_nowait(exc)
 
@@ -148,6 +159,7 @@ class AsyncEngineCore:
                 continue
             async with self._lock:
                 batches = await loop.run_in_executor(self._thread, self.core.step)
+                self.kv_events.publish()
             self._route(batches)
             await asyncio.sleep(0)  # let adds and aborts in between steps
 
@@ -179,6 +191,7 @@ class AsyncEngineCore:
                 await asyncio.sleep(delay)
         async with self._lock:
             self.core = core
+            self.kv_events.attach(core.scheduler)
         self.ready, self.lost_error = True, None
         await self._notify(True)
         logger.info("reconnected to the workers: serving again")
@@ -208,6 +221,7 @@ class AsyncEngineCore:
                 queue.put_nowait(batch)
 
     async def shutdown(self) -> None:
+        self.kv_events.close()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from services.scheduler.block_hash import BlockHash
+from services.common.block_hash import BlockHash
+from services.common.kv_events import KvEventLog
 
 
 @dataclass(eq=False)
@@ -78,6 +79,8 @@ class BlockPool:
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
         self.num_evictions = 0
+        # Set by an engine core with routers listening: every change of the hash index.
+        self.events: KvEventLog | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -108,6 +111,8 @@ class BlockPool:
         if self.cached_block_hash_to_block.get(block.block_hash) is block:
             del self.cached_block_hash_to_block[block.block_hash]
             self.num_evictions += 1
+            if self.events is not None:
+                self.events.removed(block.block_hash)
         block.block_hash = None
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -130,7 +135,9 @@ class BlockPool:
         if not self.enable_caching or block.block_hash is not None:
             return
         block.block_hash = block_hash
-        self.cached_block_hash_to_block.setdefault(block_hash, block)
+        registered = self.cached_block_hash_to_block.setdefault(block_hash, block) is block
+        if registered and self.events is not None:
+            self.events.stored(block_hash)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash; only allowed when no block is in use."""
@@ -139,4 +146,6 @@ class BlockPool:
         for block in self.blocks:
             block.block_hash = None
         self.cached_block_hash_to_block.clear()
+        if self.events is not None:
+            self.events.cleared()
         return True

@@ -17,12 +17,15 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+import grpc
+
 from services.common.convert.engine_io import (
     engine_info_to_pb,
     engine_request_from_pb,
     outputs_to_pb,
     stats_to_pb,
 )
+from services.common.convert.kv_events import kv_events_to_pb
 from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs
 from services.common.grpc_errors import grpc_errors
 from services.common.grpc_server import GrpcServer, start_server
@@ -113,6 +116,17 @@ class EngineCoreServicer(engine_pb2_grpc.EngineCoreServicer):
     @grpc_errors
     async def GetStats(self, request, context):
         return stats_to_pb(self.core.stats())
+
+    @grpc_errors
+    async def WatchKvEvents(self, request, context):
+        """A snapshot of the prefix cache, then its changes and the load, step by step."""
+        queue = await self.core.subscribe_kv_events()
+        try:
+            while (batch := await queue.get()) is not None:
+                yield kv_events_to_pb(batch)
+        finally:
+            self.core.unsubscribe_kv_events(queue)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "the engine core is shutting down")
 
     @grpc_errors
     async def GetEngineInfo(self, request, context):

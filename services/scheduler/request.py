@@ -6,11 +6,11 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from services.common.block_hash import BlockHash, hash_request_tokens
 from services.common.engine_output import EngineCoreOutput
 from services.common.engine_request import EngineCoreRequest
 from services.common.sampling_params import SamplingParams
 from services.common.scheduler_output import SchedulerOutput
-from services.scheduler.block_hash import BlockHash, hash_request_tokens
 
 
 class RequestStatus(enum.IntEnum):

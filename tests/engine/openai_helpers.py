@@ -79,9 +79,9 @@ class OpenAIServer:
         while True:
             samples = await self.metrics()
             idle = (
-                samples["pagestream:num_requests_running"] == 0
-                and samples["pagestream:num_requests_waiting"] == 0
-                and samples["pagestream:kv_cache_usage_perc"] == 0
+                samples['pagestream:num_requests_running{engine="0"}'] == 0
+                and samples['pagestream:num_requests_waiting{engine="0"}'] == 0
+                and samples['pagestream:kv_cache_usage_perc{engine="0"}'] == 0
             )
             if idle or time.monotonic() > deadline:
                 return samples

@@ -291,8 +291,8 @@ async def test_client_disconnect_mid_stream_aborts(server):
             if events == 3:
                 break  # leaving the block closes the connection mid-stream
     samples = await server.wait_until_idle()
-    assert samples["pagestream:kv_cache_usage_perc"] == 0
-    assert samples["pagestream:num_requests_running"] == 0
+    assert samples['pagestream:kv_cache_usage_perc{engine="0"}'] == 0
+    assert samples['pagestream:num_requests_running{engine="0"}'] == 0
     assert not server.engine.engine.has_unfinished_requests()
     aborted = 'pagestream:request_success_total{finished_reason="abort"}'
     assert samples[aborted] == before[aborted] + 1
@@ -317,7 +317,7 @@ async def test_client_disconnect_before_the_response_aborts(server):
     with pytest.raises(asyncio.CancelledError):
         await task
     samples = await server.wait_until_idle()
-    assert samples["pagestream:kv_cache_usage_perc"] == 0
+    assert samples['pagestream:kv_cache_usage_perc{engine="0"}'] == 0
     assert frontend.num_live_requests() == 0
     assert not server.engine.engine.has_unfinished_requests()
     aborted = 'pagestream:request_success_total{finished_reason="abort"}'
@@ -342,11 +342,11 @@ async def test_metrics_count_tokens_and_latencies(server):
     assert delta("pagestream:time_to_first_token_seconds_count") == 1
     assert delta("pagestream:e2e_request_latency_seconds_count") == 1
     assert delta("pagestream:inter_token_latency_seconds_count") >= 1
-    assert after["pagestream:prefix_cache_queries_total"] >= before.get(
-        "pagestream:prefix_cache_queries_total", 0
+    assert after['pagestream:prefix_cache_queries_total{engine="0"}'] >= before.get(
+        'pagestream:prefix_cache_queries_total{engine="0"}', 0
     )
     for name in ("kv_cache_usage_perc", "num_preemptions_total", "prefix_cache_hits_total"):
-        assert f"pagestream:{name}" in after
+        assert f'pagestream:{name}{{engine="0"}}' in after
     assert delta("pagestream:request_queue_time_seconds_count") == 1
     assert not [name for name in after if "_created" in name]  # as vLLM: no timestamp series
 

@@ -175,4 +175,4 @@ async def test_server_still_serves_after_the_errors(server):
     assert response.status_code == 200
     assert response.json()["choices"][0]["finish_reason"] == "length"
     samples = await server.wait_until_idle()
-    assert samples["pagestream:kv_cache_usage_perc"] == 0
+    assert samples['pagestream:kv_cache_usage_perc{engine="0"}'] == 0

@@ -32,6 +32,7 @@ class ScriptedClient:
         self.batches: asyncio.Queue = asyncio.Queue()
         self.added: list[str] = []
         self.aborted: list[str] = []
+        self.released: list[str] = []  # requests the Frontend is done with
         self.back = asyncio.Event()
         self.back.set()
         self.gone_for_good = False
@@ -73,6 +74,9 @@ class ScriptedClient:
     async def stats(self) -> SchedulerStats:
         return SchedulerStats()
 
+    def release(self, request_id: str) -> None:
+        self.released.append(request_id)
+
     async def close(self) -> None:
         pass
 
@@ -112,6 +116,7 @@ async def test_a_lost_engine_core_fails_streams_refuses_new_work_and_recovers(se
         await asyncio.wait_for(anext(stream), TIMEOUT)
     await _until(lambda: not frontend.is_ready)
     assert frontend.is_alive and events == [False]
+    assert client.released == ["a"]  # the ended stream let go of its request
     with pytest.raises(EngineUnavailableError, match="reconnecting"):
         await anext(frontend.generate(PROMPT, _params(), "refused"))
     assert client.added == ["a"]  # never sent

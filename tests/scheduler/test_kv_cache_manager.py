@@ -1,6 +1,6 @@
 """Block pool, prefix caching, copy-on-write and swapping (behaviours 1, 2, 7, 9)."""
 
-from services.scheduler.block_hash import hash_block_tokens, hash_request_tokens
+from services.common.block_hash import hash_block_tokens, hash_request_tokens
 from services.scheduler.block_pool import BlockPool
 from services.scheduler.kv_cache_manager import KVCacheManager
 from tests.scheduler.stand_in_worker import make_request

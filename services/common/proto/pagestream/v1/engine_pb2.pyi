@@ -126,3 +126,23 @@ class EngineInfo(_message.Message):
     max_num_batched_tokens: int
     num_cpu_blocks: int
     def __init__(self, model: _Optional[_Union[_generation_pb2.ModelInfo, _Mapping]] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ...) -> None: ...
+
+class WatchKvEventsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class KvEventBatch(_message.Message):
+    __slots__ = ("reset", "stored", "removed", "stats", "block_size", "prefix_caching")
+    RESET_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHING_FIELD_NUMBER: _ClassVar[int]
+    reset: bool
+    stored: _containers.RepeatedScalarFieldContainer[bytes]
+    removed: _containers.RepeatedScalarFieldContainer[bytes]
+    stats: SchedulerStats
+    block_size: int
+    prefix_caching: bool
+    def __init__(self, reset: _Optional[bool] = ..., stored: _Optional[_Iterable[bytes]] = ..., removed: _Optional[_Iterable[bytes]] = ..., stats: _Optional[_Union[SchedulerStats, _Mapping]] = ..., block_size: _Optional[int] = ..., prefix_caching: _Optional[bool] = ...) -> None: ...

@@ -49,6 +49,11 @@ class EngineCoreStub:
                 request_serializer=pagestream_dot_v1_dot_engine__pb2.GetEngineInfoRequest.SerializeToString,
                 response_deserializer=pagestream_dot_v1_dot_engine__pb2.EngineInfo.FromString,
                 _registered_method=True)
+        self.WatchKvEvents = channel.unary_stream(
+                '/pagestream.v1.EngineCore/WatchKvEvents',
+                request_serializer=pagestream_dot_v1_dot_engine__pb2.WatchKvEventsRequest.SerializeToString,
+                response_deserializer=pagestream_dot_v1_dot_engine__pb2.KvEventBatch.FromString,
+                _registered_method=True)
 
 
 class EngineCoreServicer:
@@ -73,6 +78,14 @@ class EngineCoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchKvEvents(self, request, context):
+        """The prefix cache's changes and the engine's load, for routers: first a snapshot
+        (reset = true, every cached block hash), then one batch per step that changed them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EngineCoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -90,6 +103,11 @@ def add_EngineCoreServicer_to_server(servicer, server):
                     servicer.GetEngineInfo,
                     request_deserializer=pagestream_dot_v1_dot_engine__pb2.GetEngineInfoRequest.FromString,
                     response_serializer=pagestream_dot_v1_dot_engine__pb2.EngineInfo.SerializeToString,
+            ),
+            'WatchKvEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchKvEvents,
+                    request_deserializer=pagestream_dot_v1_dot_engine__pb2.WatchKvEventsRequest.FromString,
+                    response_serializer=pagestream_dot_v1_dot_engine__pb2.KvEventBatch.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -173,6 +191,33 @@ class EngineCore:
             '/pagestream.v1.EngineCore/GetEngineInfo',
             pagestream_dot_v1_dot_engine__pb2.GetEngineInfoRequest.SerializeToString,
             pagestream_dot_v1_dot_engine__pb2.EngineInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchKvEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/pagestream.v1.EngineCore/WatchKvEvents',
+            pagestream_dot_v1_dot_engine__pb2.WatchKvEventsRequest.SerializeToString,
+            pagestream_dot_v1_dot_engine__pb2.KvEventBatch.FromString,
             options,
             channel_credentials,
             insecure,

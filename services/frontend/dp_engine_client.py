@@ -1,0 +1,243 @@
+"""DataParallelClient: one EngineCoreClient over several engine cores (replicas).
+
+The Frontend sees one client; behind it a Router picks a replica per request (by cached
+prefix or load, services/frontend/router.py) and the client remembers who owns it, so
+aborts, cancellations and n > 1 / beam groups go to that replica only. Each replica's
+outputs are read by their own task into one queue. When a replica's connection breaks,
+only its own requests end (an "unavailable" error output each), the router stops sending
+it work while it is not ready, and the task reconnects; the others never notice.
+`next_outputs` raises only once the client is closed (or every replica is gone for good).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Sequence
+
+from services.common.block_hash import hash_request_tokens
+from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
+from services.common.engine_request import EngineCoreRequest
+from services.common.kv_events import KvEventBatch
+from services.frontend.engine_client import EngineCoreClient, EngineUnavailableError
+from services.frontend.replica import Replica
+from services.frontend.router import Router, RouterConfig
+
+logger = logging.getLogger(__name__)
+
+RECONNECT_BACKOFF_S = (0.0, 0.25, 0.5, 1.0, 2.0)
+_GONE = object()  # in the output queue: every replica is gone for good
+
+
+class DataParallelClient:
+    def __init__(
+        self,
+        clients: Sequence[EngineCoreClient],
+        config: RouterConfig | None = None,
+        addresses: Sequence[str] | None = None,
+    ) -> None:
+        """Create inside the running event loop, from connected clients."""
+        if not clients:
+            raise ValueError("a data-parallel client needs at least one engine core")
+        addresses = list(addresses or [None] * len(clients))
+        pairs = enumerate(zip(clients, addresses, strict=True))
+        self.replicas = [Replica(str(i), client, address) for i, (client, address) in pairs]
+        self.router = Router(config)
+        self.on_ready_change: Callable[[bool], None] | None = None
+        self.decisions: Counter[tuple[str, str]] = Counter()  # (engine, reason) -> requests
+        self._owner: dict[str, Replica] = {}
+        self._outputs: asyncio.Queue = asyncio.Queue()
+        self._closed = False
+        self._tasks: list[asyncio.Task] = []
+        loop = asyncio.get_running_loop()
+        for replica in self.replicas:
+            replica.client.on_ready_change = lambda _ready: self._ready_changed()
+            self._tasks.append(loop.create_task(self._pump(replica)))
+            self._tasks.append(loop.create_task(replica.watch()))
+
+    # ---- readiness -----------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return not self._closed and any(r.routable for r in self.replicas)
+
+    def _ready_changed(self) -> None:
+        if self.on_ready_change is not None:
+            self.on_ready_change(self.ready)
+
+    async def reconnect(self) -> None:
+        raise EngineUnavailableError(
+            "the data-parallel client is closed" if self._closed else "every replica is gone"
+        )
+
+    # ---- requests ------------------------------------------------------------------------
+    async def add_request(self, request: EngineCoreRequest) -> None:
+        replica = self._route(request)
+        self._owner[request.request_id] = replica
+        replica.in_flight.add(request.request_id)
+        try:
+            await replica.client.add_request(request)
+        except BaseException:
+            self.release(request.request_id)
+            raise
+
+    def _route(self, request: EngineCoreRequest) -> Replica:
+        candidates = [r for r in self.replicas if r.routable]
+        if not candidates:
+            raise EngineUnavailableError("no engine replica is ready: all are reconnecting")
+        hashes = self._hashes(request, candidates)
+        replica, reason = self.router.choose(candidates, hashes)
+        self.decisions[(replica.name, reason)] += 1
+        if hashes:
+            replica.index.predict(hashes)
+        logger.debug("request %s -> replica %s (%s)", request.request_id, replica.name, reason)
+        return replica
+
+    def _hashes(self, request: EngineCoreRequest, candidates: list[Replica]):
+        block_size = next((r.block_size for r in candidates if r.block_size), 0)
+        if not self.router.needs_hashes or len(candidates) < 2 or not block_size:
+            return []
+        return hash_request_tokens(
+            request.prompt_token_ids, block_size, cache_salt=request.cache_salt
+        )
+
+    async def abort(self, request_ids: list[str]) -> None:
+        """To the owners; ids nobody owns (already released) go to every ready replica."""
+        by_replica: dict[Replica, list[str]] = {}
+        for rid in request_ids:
+            owner = self._owner.get(rid)
+            for replica in [owner] if owner else [r for r in self.replicas if r.routable]:
+                by_replica.setdefault(replica, []).append(rid)
+        await asyncio.gather(*(_abort(r, ids) for r, ids in by_replica.items()))
+
+    def release(self, request_id: str) -> None:
+        """The Frontend is done with this request (it ended, or was aborted)."""
+        replica = self._owner.pop(request_id, None)
+        if replica is not None:
+            replica.in_flight.discard(request_id)
+
+    def owner_of(self, request_id: str) -> str | None:
+        replica = self._owner.get(request_id)
+        return None if replica is None else replica.name
+
+    async def next_outputs(self) -> EngineCoreOutputs:
+        item = await self._outputs.get()
+        if item is _GONE or self._closed:
+            raise EngineUnavailableError("the data-parallel client is closed")
+        return item
+
+    # ---- per-replica output pumps --------------------------------------------------------
+    async def _pump(self, replica: Replica) -> None:
+        failures = 0
+        while not self._closed:
+            try:
+                while True:
+                    batch = await replica.client.next_outputs()
+                    failures = 0
+                    _count_finished(replica, batch.outputs)
+                    self._outputs.put_nowait(EngineCoreOutputs(batch.outputs))
+            except Exception as exc:
+                self._replica_lost(replica, exc)
+            await asyncio.sleep(RECONNECT_BACKOFF_S[min(failures, len(RECONNECT_BACKOFF_S) - 1)])
+            failures += 1
+            try:
+                await replica.client.reconnect()
+            except EngineUnavailableError as exc:
+                self._replica_gone(replica, exc)
+                return
+            logger.info("replica %s (%s) is back", replica.name, replica.address)
+            self._ready_changed()
+
+    def _replica_lost(self, replica: Replica, exc: Exception) -> None:
+        """End the replica's own requests with an error; the others carry on."""
+        owned = [rid for rid, owner in self._owner.items() if owner is replica]
+        logger.error(
+            "lost replica %s (%s): %s; failing its %d request(s)",
+            replica.name,
+            replica.address,
+            exc,
+            len(owned),
+        )
+        message = f"engine replica {replica.name} ({replica.address}) failed: {exc}"
+        errors = [
+            EngineCoreOutput(
+                rid, [], finish_reason="error", error=message, error_code="unavailable"
+            )
+            for rid in owned
+        ]
+        for rid in owned:
+            self._owner.pop(rid, None)
+        replica.lost()
+        if errors:
+            self._outputs.put_nowait(EngineCoreOutputs(errors))
+        self._ready_changed()
+
+    def _replica_gone(self, replica: Replica, exc: Exception) -> None:
+        replica.dead = True
+        if not self._closed:
+            logger.error("replica %s can never come back: %s", replica.name, exc)
+        if all(r.dead for r in self.replicas):
+            self._outputs.put_nowait(_GONE)
+        self._ready_changed()
+
+    # ---- statistics ----------------------------------------------------------------------
+    async def stats(self) -> SchedulerStats:
+        """The replicas' numbers added up (KV usage: their mean)."""
+        per_engine = list((await self.engine_stats()).values())
+        total = SchedulerStats()
+        for stats in per_engine:
+            for name in vars(total):
+                setattr(total, name, getattr(total, name) + getattr(stats, name))
+        total.kv_cache_usage /= len(per_engine)
+        return total
+
+    async def engine_stats(self) -> dict[str, SchedulerStats]:
+        """Each replica's stats (the last reported ones where it cannot answer now)."""
+        results = await asyncio.gather(
+            *(r.client.stats() for r in self.replicas), return_exceptions=True
+        )
+        return {
+            r.name: result if isinstance(result, SchedulerStats) else r.stats
+            for r, result in zip(self.replicas, results, strict=True)
+        }
+
+    def routing_counts(self) -> dict[tuple[str, str], int]:
+        return dict(self.decisions)
+
+    async def watch_kv_events(self) -> AsyncIterator[KvEventBatch]:
+        raise NotImplementedError("a data-parallel client has no single prefix cache to watch")
+        yield  # pragma: no cover
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await asyncio.gather(*(r.client.close() for r in self.replicas), return_exceptions=True)
+        self._outputs.put_nowait(_GONE)
+
+
+def _count_finished(replica: Replica, outputs: list[EngineCoreOutput]) -> None:
+    """A request that ended there no longer loads the replica, even before its consumer
+    reads the end (n > 1 groups: when the Frontend releases them)."""
+    for output in outputs:
+        if output.finished and output.parent_request_id is None:
+            replica.in_flight.discard(output.request_id)
+
+
+def _unavailable(request_id: str, message: str) -> EngineCoreOutput:
+    return EngineCoreOutput(
+        request_id, [], finish_reason="error", error=message, error_code="unavailable"
+    )
+
+
+async def _abort(replica: Replica, request_ids: list[str]) -> None:
+    try:
+        await replica.client.abort(request_ids)
+    except EngineUnavailableError as exc:  # its loss ends those requests anyway
+        logger.debug("abort on replica %s skipped: %s", replica.name, exc)
