@@ -5,7 +5,9 @@ prefix or load, services/frontend/router.py) and the client remembers who owns i
 aborts, cancellations and n > 1 / beam groups go to that replica only. Each replica's
 outputs are read by their own task into one queue. When a replica's connection breaks,
 only its own requests end (an "unavailable" error output each), the router stops sending
-it work while it is not ready, and the task reconnects; the others never notice.
+it work while it is not ready, and the task reconnects; the others never notice. A request
+that fails as "unavailable" before it produced anything (it landed on a replica whose
+workers had just died) is sent once more, to another replica: its client never knows.
 `next_outputs` raises only once the client is closed (or every replica is gone for good).
 """
 
@@ -16,6 +18,7 @@ import contextlib
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import fields
 
 from services.common.block_hash import hash_request_tokens
 from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
@@ -48,6 +51,10 @@ class DataParallelClient:
         self.on_ready_change: Callable[[bool], None] | None = None
         self.decisions: Counter[tuple[str, str]] = Counter()  # (engine, reason) -> requests
         self._owner: dict[str, Replica] = {}
+        # Requests with no output yet, kept so that a replica's loss can re-route them.
+        self._unstarted: dict[str, EngineCoreRequest] = {}
+        self._retried: set[str] = set()
+        self._background: set[asyncio.Task] = set()
         self._outputs: asyncio.Queue = asyncio.Queue()
         self._closed = False
         self._tasks: list[asyncio.Task] = []
@@ -75,6 +82,7 @@ class DataParallelClient:
     async def add_request(self, request: EngineCoreRequest) -> None:
         replica = self._route(request)
         self._owner[request.request_id] = replica
+        self._unstarted[request.request_id] = request
         replica.in_flight.add(request.request_id)
         try:
             await replica.client.add_request(request)
@@ -82,8 +90,8 @@ class DataParallelClient:
             self.release(request.request_id)
             raise
 
-    def _route(self, request: EngineCoreRequest) -> Replica:
-        candidates = [r for r in self.replicas if r.routable]
+    def _route(self, request: EngineCoreRequest, avoid: Replica | None = None) -> Replica:
+        candidates = [r for r in self.replicas if r.routable and r is not avoid]
         if not candidates:
             raise EngineUnavailableError("no engine replica is ready: all are reconnecting")
         hashes = self._hashes(request, candidates)
@@ -116,6 +124,8 @@ class DataParallelClient:
         replica = self._owner.pop(request_id, None)
         if replica is not None:
             replica.in_flight.discard(request_id)
+        self._unstarted.pop(request_id, None)
+        self._retried.discard(request_id)
 
     def owner_of(self, request_id: str) -> str | None:
         replica = self._owner.get(request_id)
@@ -136,7 +146,9 @@ class DataParallelClient:
                     batch = await replica.client.next_outputs()
                     failures = 0
                     _count_finished(replica, batch.outputs)
-                    self._outputs.put_nowait(EngineCoreOutputs(batch.outputs))
+                    outputs = [o for o in batch.outputs if not self._retry_later(replica, o)]
+                    if outputs:
+                        self._outputs.put_nowait(EngineCoreOutputs(outputs))
             except Exception as exc:
                 self._replica_lost(replica, exc)
             await asyncio.sleep(RECONNECT_BACKOFF_S[min(failures, len(RECONNECT_BACKOFF_S) - 1)])
@@ -160,18 +172,50 @@ class DataParallelClient:
             len(owned),
         )
         message = f"engine replica {replica.name} ({replica.address}) failed: {exc}"
-        errors = [
-            EngineCoreOutput(
-                rid, [], finish_reason="error", error=message, error_code="unavailable"
-            )
-            for rid in owned
-        ]
-        for rid in owned:
-            self._owner.pop(rid, None)
         replica.lost()
+        errors = [_unavailable(rid, message) for rid in owned]
+        errors = [e for e in errors if not self._retry_later(replica, e)]
+        for output in errors:
+            self._owner.pop(output.request_id, None)
         if errors:
             self._outputs.put_nowait(EngineCoreOutputs(errors))
         self._ready_changed()
+
+    # ---- one more try for requests a dying replica took but never started --------------
+    def _retry_later(self, replica: Replica, output: EngineCoreOutput) -> bool:
+        """True when this output is a lost replica's "unavailable" error for a request
+        that produced nothing yet: it is re-routed instead of ending the request."""
+        rid = output.parent_request_id or output.request_id
+        if output.error is None or output.error_code != "unavailable":
+            if output.new_token_ids or output.finished:
+                self._unstarted.pop(rid, None)
+            return False
+        request = self._unstarted.pop(rid, None)
+        if request is None or rid in self._retried or self._owner.get(rid) is not replica:
+            return False
+        self._retried.add(rid)
+        task = asyncio.get_running_loop().create_task(self._retry(request, replica, output))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return True
+
+    async def _retry(
+        self, request: EngineCoreRequest, failed: Replica, error: EngineCoreOutput
+    ) -> None:
+        rid = request.request_id
+        failed.in_flight.discard(rid)
+        try:
+            replica = self._route(request, avoid=failed)
+            self._owner[rid] = replica
+            replica.in_flight.add(rid)
+            logger.warning(
+                "request %s: replica %s lost it; retrying on %s", rid, failed.name, replica.name
+            )
+            await replica.client.add_request(request)
+        except Exception as exc:
+            logger.error("request %s could not be retried: %s", rid, exc)
+            self._owner.pop(rid, None)
+            self._outputs.put_nowait(EngineCoreOutputs([error]))
 
     def _replica_gone(self, replica: Replica, exc: Exception) -> None:
         replica.dead = True
@@ -185,12 +229,11 @@ class DataParallelClient:
     async def stats(self) -> SchedulerStats:
         """The replicas' numbers added up (KV usage: their mean)."""
         per_engine = list((await self.engine_stats()).values())
-        total = SchedulerStats()
-        for stats in per_engine:
-            for name in vars(total):
-                setattr(total, name, getattr(total, name) + getattr(stats, name))
-        total.kv_cache_usage /= len(per_engine)
-        return total
+        total = {
+            f.name: sum(getattr(s, f.name) for s in per_engine) for f in fields(SchedulerStats)
+        }
+        total["kv_cache_usage"] /= len(per_engine)
+        return SchedulerStats(**total)
 
     async def engine_stats(self) -> dict[str, SchedulerStats]:
         """Each replica's stats (the last reported ones where it cannot answer now)."""
@@ -213,9 +256,9 @@ class DataParallelClient:
         if self._closed:
             return
         self._closed = True
-        for task in self._tasks:
+        for task in [*self._tasks, *self._background]:
             task.cancel()
-        for task in self._tasks:
+        for task in [*self._tasks, *self._background]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await asyncio.gather(*(r.client.close() for r in self.replicas), return_exceptions=True)
