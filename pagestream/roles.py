@@ -277,11 +277,16 @@ def _replica_roles(ns: argparse.Namespace, layout: SplitLayout, replica: int) ->
     suffix = f" of replica {replica}" if len(layout.scheduler_ports) > 1 else ""
 
     def worker(rank: int, port: int):
+        # One machine: replica r's ranks take CUDA devices r * world_size + rank (as vLLM's
+        # data-parallel ranks do), so the replicas never share a GPU.
+        device = ["--local-rank", str(replica * world_size + rank)]
+
         def command(generation: int) -> list[str]:
-            group = ["--rank", str(rank), "--local-rank", str(rank)]
-            group += ["--dist-init-method", layout.rendezvous(replica, generation)]
-            group = group if world_size > 1 else []
-            return [*base, "worker", ns.model, "--port", str(port), *group, *tls, *flags]
+            group = []
+            if world_size > 1:
+                rendezvous = layout.rendezvous(replica, generation)
+                group = ["--rank", str(rank), "--dist-init-method", rendezvous]
+            return [*base, "worker", ns.model, "--port", str(port), *group, *device, *tls, *flags]
 
         return Role(f"worker rank {rank}{suffix}", command, group=f"workers-{replica}")
 
