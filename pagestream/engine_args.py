@@ -160,7 +160,9 @@ class EngineArgs:
             default=None,
             choices=DISTRIBUTED_EXECUTOR_BACKENDS,
             help="how worker ranks are started: uni (this process, world size 1), mp (local "
-            "processes; the default for world size > 1), external (given --worker addresses)",
+            "processes; the default for world size > 1), external (given --worker addresses), "
+            "ray (Ray places one worker per rank: a local Ray, or the cluster at $RAY_ADDRESS; "
+            "pip install 'pagestream[ray]')",
         )
         add(
             "--async-scheduling",

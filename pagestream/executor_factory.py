@@ -3,6 +3,7 @@
 uni       the worker in this process (world size 1)
 mp        tp * pp local `pagestream worker` processes, started and stopped here
 external  workers someone else started, at the given addresses (rank order)
+ray       tp * pp `pagestream worker` processes that Ray places (one actor per rank)
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from pagestream.engine_args import EngineArgs
 from services.scheduler.executor.mp import MpWorkerGroup
+from services.scheduler.executor.ray_group import RayWorkerGroup
 from services.scheduler.executor.uni import UniExecutor
 from services.scheduler.executor.worker_group import WorkerGroupExecutor
 
@@ -29,7 +31,7 @@ class EngineExecutor:
 
     executor: UniExecutor | WorkerGroupExecutor
     worker: object | None = None  # the in-process Worker (uni only)
-    group: MpWorkerGroup | None = None
+    group: MpWorkerGroup | RayWorkerGroup | None = None
     closed: bool = field(default=False)
 
     def close(self) -> None:
@@ -43,9 +45,23 @@ class EngineExecutor:
 
 def worker_argv(args: EngineArgs, rank: int, rendezvous: str, ready_file: Path) -> list[str]:
     """The command line of one mp rank: a Worker service on a free loopback port."""
+    cli = worker_cli_args(args, rank, rendezvous, str(ready_file), "127.0.0.1", rank)
+    return [sys.executable, *cli]  # one machine: rank r takes CUDA device r
+
+
+def ray_worker_args(args: EngineArgs, rank: int, rendezvous: str, host: str, ready_file: str):
+    """The interpreter arguments of one Ray rank: bound to its node's IP (the scheduler
+    may be elsewhere), local rank 0 (Ray shows each actor only its own GPU)."""
+    return worker_cli_args(args, rank, rendezvous, ready_file, host, 0)
+
+
+def worker_cli_args(
+    args: EngineArgs, rank: int, rendezvous: str, ready_file: str, host: str, local_rank: int
+) -> list[str]:
+    """`-m pagestream.cli ... worker`: one rank's Worker service on a free port of `host`,
+    writing the bound address to `ready_file`."""
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
     return [
-        sys.executable,
         "-m",
         "pagestream.cli",
         "--log-level",
@@ -53,17 +69,17 @@ def worker_argv(args: EngineArgs, rank: int, rendezvous: str, ready_file: Path) 
         "worker",
         args.model,
         "--host",
-        "127.0.0.1",
+        host,
         "--port",
         "0",
         "--rank",
         str(rank),
-        "--local-rank",  # one machine: rank r takes CUDA device r
-        str(rank),
+        "--local-rank",
+        str(local_rank),
         "--dist-init-method",
         rendezvous,
         "--ready-file",
-        str(ready_file),
+        ready_file,
         *args.to_cli_flags(),
     ]
 
@@ -116,6 +132,13 @@ def build_executor(args: EngineArgs, worker_addresses: list[str] | None = None) 
     if parallel.backend == "mp":
         group = MpWorkerGroup(
             parallel.world_size, lambda rank, rdzv, ready: worker_argv(args, rank, rdzv, ready)
+        )
+        worker_addresses = group.start()
+    elif parallel.backend == "ray":
+        group = RayWorkerGroup(
+            parallel.world_size,
+            lambda rank, rdzv, host, ready: ray_worker_args(args, rank, rdzv, host, ready),
+            device=args.device,
         )
         worker_addresses = group.start()
     elif not worker_addresses:

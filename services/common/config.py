@@ -15,8 +15,9 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # uni: the worker in this process; mp: the engine starts tp * pp local worker processes;
-# external: workers started by someone else, at the given --worker addresses.
-DISTRIBUTED_EXECUTOR_BACKENDS = ("uni", "mp", "external")
+# external: workers started by someone else, at the given --worker addresses; ray: Ray
+# places tp * pp worker processes (one actor per rank; needs pagestream[ray]).
+DISTRIBUTED_EXECUTOR_BACKENDS = ("uni", "mp", "external", "ray")
 
 _SIZE_UNITS = {
     "": 1,
@@ -152,7 +153,7 @@ class ParallelConfig:
                 "--distributed-executor-backend uni runs one worker in this process, but "
                 f"--tensor-parallel-size {self.tensor_parallel_size} x "
                 f"--pipeline-parallel-size {self.pipeline_parallel_size} needs "
-                f"{self.world_size} workers: use mp or external."
+                f"{self.world_size} workers: use mp, ray or external."
             )
 
     @property
