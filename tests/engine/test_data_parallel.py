@@ -243,3 +243,25 @@ async def test_a_lost_replica_fails_only_its_requests_and_comes_back(cluster, mo
 
 def _sent_to(counts: dict, engine: str) -> int:
     return sum(n for (name, _), n in counts.items() if name == engine)
+
+
+async def test_an_n_3_group_is_served_by_one_replica_like_one_engine(cluster, model_dir):
+    folder = model_dir("llama")
+    params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=5, ignore_eos=True)
+    prompt = [9, 8, 7, 6, 5, 4, 3, 2, 1] * 3
+    llm = LLM(str(folder), dtype="float32", kv_cache_memory="8MiB")
+    offline = llm.generate({"prompt_token_ids": prompt}, params, use_tqdm=False)[0]
+    frontend = await _frontend(cluster, folder, "cache_aware")
+    client: DataParallelClient = frontend.client
+    try:
+        stream = frontend.generate({"prompt_token_ids": prompt}, params, "group")
+        outputs = [await asyncio.wait_for(anext(stream), TIMEOUT_S)]
+        owner = client.owner_of("group")
+        other = client.replicas[1 - int(owner)]
+        outputs += [o async for o in stream]
+        untouched = (await other.client.stats()).prefix_cache_queries == 0
+    finally:
+        await frontend.close()
+    final = outputs[-1]
+    assert [o.token_ids for o in final.outputs] == [o.token_ids for o in offline.outputs]
+    assert other.in_flight == set() and untouched  # no sequence of the group went there
