@@ -219,8 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
     scheduler.add_argument(
         "--worker",
         action="append",
-        required=True,
-        help="a worker address host:port; once per rank, in rank order (pp_rank * tp + tp_rank)",
+        default=[],
+        help="a worker address host:port; once per rank, in rank order (pp_rank * tp + "
+        "tp_rank). None: the scheduler starts its own workers (--distributed-executor-backend "
+        "uni, mp or ray)",
     )
     scheduler.add_argument("--host", default="127.0.0.1")
     scheduler.add_argument("--port", type=int, default=50062)

@@ -149,10 +149,26 @@ async def run_worker(ns: argparse.Namespace) -> None:
 
 
 async def run_scheduler(ns: argparse.Namespace) -> None:
-    from services.scheduler.engine_core_service import serve_scheduler
+    """The EngineCore service over the workers at --worker, or, without --worker, over
+    workers it starts itself (--distributed-executor-backend: uni, mp or ray): one
+    data-parallel replica as one command."""
+    from services.scheduler.engine_core_service import serve_engine_core, serve_scheduler
 
-    server = await serve_scheduler(ns.worker, engine_args(ns), ns.host, ns.port, tls=tls_config(ns))
-    logger.info("scheduler serving on %s (workers %s)", server.address, ", ".join(ns.worker))
+    if ns.worker:
+        server = await serve_scheduler(
+            ns.worker, engine_args(ns), ns.host, ns.port, tls=tls_config(ns)
+        )
+        where = ", ".join(ns.worker)
+    else:
+        from pagestream.async_engine import AsyncEngine
+
+        engine = await asyncio.to_thread(AsyncEngine.from_engine_args, engine_args(ns))
+        server = await serve_engine_core(
+            engine.engine_core, engine.info, ns.host, ns.port, tls_config(ns)
+        )
+        server.add_cleanup(lambda: asyncio.to_thread(engine.engine.close))
+        where = f"its own ({engine_args(ns).parallel_config().backend})"
+    logger.info("scheduler serving on %s (workers %s)", server.address, where)
     await serve_forever(server, GRACE_S)
 
 
