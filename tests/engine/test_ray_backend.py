@@ -27,6 +27,7 @@ ENGINE = dict(dtype="float32", block_size=4, max_num_batched_tokens=48)
 
 @pytest.fixture(scope="module")
 def local_ray():
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # CI has no network to report to
     ray.init(
         address="local",
         num_cpus=4,
