@@ -1,14 +1,17 @@
-"""`pagestream bench`: throughput / serve / memory / all against HF transformers, and the
-parallel runs (tensor / pipeline parallelism and async scheduling on this machine).
+"""`pagestream bench`: throughput / serve / memory / all against HF transformers, the
+parallel runs (tensor / pipeline parallelism and async scheduling on this machine) and
+routing across data-parallel replicas (benchmarks/routing.py).
 
     pagestream bench all --profile quick     # what `make bench` runs (~30 min on 2 cores)
     pagestream bench throughput --profile full --bf16
     pagestream bench parallel --profile quick   # tp = 1/2/3, pp = 2, async on/off (~15 min)
+    pagestream bench routing --profile quick    # serve -dp 2 under each router policy
 
 Results accumulate in <docs>/benchmarks/results.json and the report is rewritten to
 <docs>/benchmarks.md (tables) with PNG plots in <docs>/benchmarks/ after every section.
-`parallel` is not part of `all`: each of its parts (offline, async_serving) keeps its own
-command, date and machine, and it leaves the other sections (and their meta) as they are.
+`parallel` and `routing` are not part of `all`: each of their parts (parallel: offline,
+async_serving; routing: dp2) keeps its own command, date and machine, and they leave the
+other sections (and their meta) as they are.
 This module is the `benchmarks` package's command line (`python -m benchmarks ...`);
 `pagestream bench ...` runs it in a child process, so the pagestream package never imports
 the benchmarks (they import pagestream).
@@ -31,7 +34,7 @@ logger = logging.getLogger("pagestream.bench")
 SECTIONS = ("throughput", "serve", "memory")  # what `all` runs
 # Sections made of parts that each keep their own meta (command, date, machine); a run
 # replaces the parts it ran and keeps the rest, and other sections' runs keep them all.
-SELF_CONTAINED = ("parallel",)
+SELF_CONTAINED = ("parallel", "routing")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KV_DEFAULT = "2GiB"
 
@@ -49,7 +52,8 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     add(
         "--kv-cache-memory",
         default=KV_DEFAULT,
-        help="pagestream's KV cache (CPU); parallel: sized to the requests unless given",
+        help="pagestream's KV cache (CPU); parallel: sized to the requests unless given; "
+        "routing: per replica, sized by the profile unless given",
     )
     add("--hf-batch-sizes", default=None, help="HF static batch sizes, e.g. 8,16,32")
     add("--no-hf", action="store_true", help="skip the HF transformers baselines")
@@ -65,7 +69,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
         "(-mp: tp=1 in a worker process; -async: --async-scheduling)",
     )
     parallel.add_argument(
-        "--rounds", type=int, default=None, help="parallel: override the profile's rounds"
+        "--rounds", type=int, default=None, help="parallel, routing: override the profile's rounds"
     )
     parallel.add_argument(
         "--no-async-serve",
@@ -76,6 +80,19 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
         "--no-offline",
         action="store_true",
         help="parallel: skip the offline layouts (keep their last results)",
+    )
+    routing = bench.add_argument_group("routing")
+    routing.add_argument(
+        "--policies",
+        default=None,
+        help="routing: router policies to compare, e.g. cache_aware,round_robin "
+        "(default: cache_aware,round_robin,least_loaded)",
+    )
+    routing.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="routing: requests in flight (default: the profile's)",
     )
     return bench
 
@@ -105,7 +122,7 @@ def _profile(args: argparse.Namespace):
 
 def run_bench(args: argparse.Namespace) -> int:
     workload_mod = _import_benchmarks()
-    from benchmarks import report
+    from benchmarks import report, report_routing
     from services.common.model_source import resolve_model
 
     profile = _profile(args)
@@ -137,11 +154,13 @@ def run_bench(args: argparse.Namespace) -> int:
         logger.info("bench %s (profile %s)", section, profile.name)
         found = _RUNNERS[section](args, folder, profile, workload, results)
         if section in SELF_CONTAINED:
-            parts = {part: {**value, "meta": meta} for part, value in found.items()}
+            part_meta = _part_meta(meta, section)
+            parts = {part: {**value, "meta": part_meta} for part, value in found.items()}
             found = {**results.get(section, {}), **parts}
         results[_RESULT_KEYS[section]] = found
         report.save_results(results_path, results)
         path = report.write_report(results, docs, notes=notes)
+        report_routing.add_to_report(results, docs)  # report.py renders everything else
     logger.info("report: %s", path)
     return 0
 
@@ -157,6 +176,8 @@ def command_line(args: argparse.Namespace) -> str:
         ("--rates", args.rates, None),
         ("--layouts", args.layouts, None),
         ("--rounds", args.rounds, None),
+        ("--policies", args.policies, None),
+        ("--concurrency", args.concurrency, None),
     ):
         if value != default:
             parts += [flag, str(value)]
@@ -261,6 +282,30 @@ def _run_parallel(args, folder, profile, workload, results) -> dict:
     return found
 
 
+def _run_routing(args, folder, profile, workload, results) -> dict:
+    """serve -dp 2 under each router policy on conversations sharing system prompts; the
+    KV cache per replica is sized by the routing profile unless --kv-cache-memory is given."""
+    from transformers import AutoTokenizer
+
+    from benchmarks.routing import POLICIES, ROUTING_PROFILES, RoutingOptions, run_routing
+
+    policies = tuple(p.strip() for p in (args.policies or "").split(",") if p.strip())
+    options = RoutingOptions(
+        model=folder,
+        profile=ROUTING_PROFILES[profile.name],
+        policies=policies or POLICIES,
+        kv_cache_memory=None if args.kv_cache_memory == KV_DEFAULT else args.kv_cache_memory,
+        concurrency=args.concurrency,
+        rounds=args.rounds,
+    )
+    return {"dp2": run_routing(AutoTokenizer.from_pretrained(folder), options)}
+
+
+def _part_meta(meta: dict, section: str) -> dict:
+    """A part's meta; routing describes its own workload (not the profile's requests)."""
+    return {k: v for k, v in meta.items() if not (section == "routing" and k == "workload")}
+
+
 def _with_load(run, *args, **kwargs) -> dict:
     start = os.getloadavg()[0]
     result = run(*args, **kwargs)
@@ -273,12 +318,14 @@ _RUNNERS = {
     "serve": _run_serving,
     "memory": _run_memory,
     "parallel": _run_parallel,
+    "routing": _run_routing,
 }
 _RESULT_KEYS = {
     "throughput": "throughput",
     "serve": "serving",
     "memory": "memory",
     "parallel": "parallel",
+    "routing": "routing",
 }
 
 

@@ -4,6 +4,7 @@ healthy on both transports, stop with SIGTERM (the way a user or an orchestrator
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -12,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -31,6 +33,7 @@ class ServerProcess:
     split_services: bool = False
     engine_flags: tuple[str, ...] = ()
     startup_timeout_s: float = 300.0
+    env: dict[str, str] | None = None  # set in the server's environment (and its children's)
 
     def __post_init__(self) -> None:
         self.grpc_port = free_port()
@@ -54,7 +57,8 @@ class ServerProcess:
         return command
 
     def __enter__(self) -> ServerProcess:
-        self.process = subprocess.Popen(self.command())
+        env = {**os.environ, **self.env} if self.env else None
+        self.process = subprocess.Popen(self.command(), env=env)
         try:
             self._wait_ready()
         except BaseException:
@@ -85,6 +89,7 @@ class ServerProcess:
         process, self.process = self.process, None
         if process is None or process.poll() is not None:
             return
+        children = descendants(process.pid)  # the roles of --split-services / -dp
         process.send_signal(signal.SIGTERM)
         try:
             process.wait(timeout=timeout_s)
@@ -92,6 +97,45 @@ class ServerProcess:
             logger.warning("the server ignored SIGTERM for %.0f s; killing it", timeout_s)
             process.kill()
             process.wait()
+        _kill_leftovers(children)
+
+
+def descendants(pid: int) -> list[int]:
+    """The process ids below ``pid`` (Linux /proc; empty elsewhere)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], list(parents.get(pid, []))
+    while todo:
+        child = todo.pop()
+        found.append(child)
+        todo += parents.get(child, [])
+    return found
+
+
+def _kill_leftovers(pids: list[int]) -> None:
+    """SIGKILL the children a stopped server left behind (its supervisor stops them)."""
+    for pid in pids:
+        if not _running(pid):
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+            logger.warning("killed process %d, left behind by the server", pid)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _running(pid: int) -> bool:
+    """True while pid runs (a zombie, exited but not reaped, counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def _http_healthy(url: str) -> bool:

@@ -1,0 +1,262 @@
+"""The report's section for `pagestream bench routing` (benchmarks/routing.py): each router
+policy's prefix-cache hit rate, requests per replica, latencies and throughput, a plot, and
+the section spliced into docs/benchmarks.md (before the CPU notes, or at the end), which
+benchmarks/report.py renders without it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from benchmarks.routing import hit_rate_bound
+
+HEADING = "## Routing across data-parallel replicas"
+PLOT = "routing.png"
+DPI = 110
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join("—" if c is None else str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def add_to_report(results: dict, docs_dir: Path) -> bool:
+    """Write the plot and splice the section into docs_dir/benchmarks.md (replacing an
+    earlier one); False when there are no routing results."""
+    part = (results.get("routing") or {}).get("dp2")
+    path = docs_dir / "benchmarks.md"
+    if not part or not path.exists():
+        return False
+    write_plot(part, docs_dir / "benchmarks" / PLOT)
+    text = _without_section(path.read_text(encoding="utf-8"))
+    path.write_text(_splice(text, "\n".join(routing_section(part))), encoding="utf-8")
+    return True
+
+
+def _without_section(text: str) -> str:
+    start = text.find(HEADING + "\n")
+    if start < 0:
+        return text
+    end = text.find("\n## ", start + len(HEADING))
+    return text[:start] + ("" if end < 0 else text[end + 1 :])
+
+
+def _splice(text: str, section: str) -> str:
+    """The section before the CPU notes (the report's last part) when they are there."""
+    from benchmarks.report import CPU_NOTES
+
+    notes = CPU_NOTES.read_text(encoding="utf-8").strip() if CPU_NOTES.exists() else ""
+    at = text.find(notes.splitlines()[0]) if notes else -1
+    if at < 0:
+        return text.rstrip("\n") + "\n\n" + section + "\n"
+    return text[:at] + section + "\n" + text[at:]
+
+
+def routing_section(part: dict) -> list[str]:
+    w, kv = part["workload"], part["kv_cache"]
+    out = [
+        HEADING,
+        "",
+        _provenance(part),
+        "",
+        f"`pagestream serve -dp {part['data_parallel_size']} --router-policy P`, a fresh server "
+        f"per policy and round. Workload: {w['conversations']} conversations x {w['turns']} "
+        f"turns = {w['num_requests']} requests; every turn of a conversation is its "
+        f"{w['system_prompt_len']}-token system prompt plus a {w['question_len']}-token question "
+        f"of its own, {w['output_len']} output tokens (greedy, ignore_eos), "
+        f"{w['prompt_tokens']} prompt tokens in all. The turns of all conversations go in one "
+        f"seeded shuffled order at a fixed concurrency of {w['concurrency']} (closed loop: a "
+        f"client sends its next request when its last one ends) over {w['transport']}. "
+        f"KV cache per replica: {kv['blocks_per_replica']} blocks of {kv['block_size']} tokens "
+        f"(`--kv-cache-memory {kv['kv_cache_memory']}`, float32), "
+        + _kv_words(part)
+        + f" Each replica's worker runs {part['threads_per_replica']} torch thread(s). "
+        "Hit rate: prefix-cache hits / queries (prompt tokens) over both replicas, from the "
+        "frontend's /metrics after a warm-up and after the run; the best any policy can reach "
+        f"(each conversation's prefix computed once) is {part['best_hit_rate']}. "
+        f"Figures are medians over {part['rounds']} round(s) (policies in a rotated order each "
+        "round); times in ms.",
+        "",
+        _table(
+            [
+                "policy",
+                "hit rate",
+                "requests per replica (each round)",
+                "TTFT p50",
+                "TTFT p99",
+                "ITL p50",
+                "ITL p99",
+                "E2E p50",
+                "E2E p99",
+                "output tok/s",
+                "req/s",
+                "seconds",
+                "failed",
+            ],
+            [_summary_row(s) for s in part["summary"]],
+        ),
+        "",
+        "Every run, side by side (round, policy; router decisions per replica by reason):",
+        "",
+        _table(
+            [
+                "round",
+                "policy",
+                "hit rate",
+                "per replica",
+                "TTFT p50",
+                "TTFT p99",
+                "output tok/s",
+                "seconds",
+                "load avg",
+            ],
+            [_run_row(r) for r in part["runs"]],
+        ),
+        "",
+        f"![routing](benchmarks/{PLOT})",
+        "",
+        *_observations(part),
+        "",
+    ]
+    return out
+
+
+def _provenance(part: dict) -> str:
+    meta = part.get("meta", {})
+    machine = meta.get("machine", {})
+    load = part.get("load_average")
+    text = (
+        f"Reproduce: `{meta.get('command', 'pagestream bench routing --profile quick')}` "
+        f"(profile `{meta.get('profile')}`, model `{meta.get('model')}`); measured "
+        f"{machine.get('date')} on {machine.get('cpu')} ({machine.get('cores')} cores, torch "
+        f"{machine.get('torch')})"
+    )
+    if load:
+        text += f", load average {load['start']} at the start and {load['end']} at the end"
+    return (
+        text + ". The machine is shared with other jobs and both replicas (and the frontend "
+        "and the client) share its cores, so latencies and throughput are noisy: compare the "
+        "policies within this run, measured side by side, not with other sections."
+    )
+
+
+def _kv_words(part: dict) -> str:
+    w, kv = part["workload"], part["kv_cache"]
+    held = kv["conversations_held"]
+    if held >= w["conversations"]:
+        return "enough for every conversation on both replicas (no eviction)."
+    spread = hit_rate_bound(
+        w["conversations"], w["turns"], w["system_prompt_len"], w["question_len"], computed=2
+    )
+    return (
+        f"room for the requests of {held:g} of the {w['conversations']} conversations "
+        f"({kv['blocks_per_request']} blocks each, {kv['prefix_blocks_per_conversation']} of "
+        "them the shared system prompt): a policy that keeps each conversation on one replica "
+        "keeps its share cached, one that spreads them over both evicts and recomputes "
+        "(with nothing evicted, computing every prefix once on each replica would still "
+        f"give a hit rate of {spread})."
+    )
+
+
+def _summary_row(s: dict) -> list:
+    per_round = ", ".join(" / ".join(map(str, counts)) for counts in s["requests_per_engine"])
+    return [
+        f"`{s['policy']}`",
+        s["hit_rate"],
+        per_round,
+        s["ttft_p50_ms"],
+        s["ttft_p99_ms"],
+        s["itl_p50_ms"],
+        s["itl_p99_ms"],
+        s["e2e_p50_ms"],
+        s["e2e_p99_ms"],
+        s["output_tokens_per_s"],
+        s["requests_per_s"],
+        s["duration_s"],
+        s["failures"],
+    ]
+
+
+def _run_row(r: dict) -> list:
+    engines = "; ".join(
+        f"{name}: {e['requests']} ("
+        + ", ".join(f"{reason} {n}" for reason, n in e["reasons"].items())
+        + f"), hit rate {e['hit_rate']}"
+        for name, e in r["engines"].items()
+    )
+    return [
+        r["round"],
+        f"`{r['policy']}`",
+        r["hit_rate"],
+        engines,
+        r["ttft_ms"]["p50"],
+        r["ttft_ms"]["p99"],
+        r["output_tokens_per_s"],
+        r["duration_s"],
+        r["load_average"],
+    ]
+
+
+def _observations(part: dict) -> list[str]:
+    """Sentences computed from the medians (no hand-written numbers)."""
+    by = {s["policy"]: s for s in part["summary"]}
+    aware = by.get("cache_aware")
+    if not aware:
+        return []
+    lines = []
+    for other in ("round_robin", "least_loaded"):
+        base = by.get(other)
+        if not base:
+            continue
+        parts = [f"hit rate {aware['hit_rate']} vs {base['hit_rate']}"]
+        for key, label in (
+            ("ttft_p50_ms", "TTFT p50"),
+            ("ttft_p99_ms", "TTFT p99"),
+            ("output_tokens_per_s", "output tok/s"),
+        ):
+            if aware[key] and base[key]:
+                parts.append(f"{label} x{aware[key] / base[key]:.2f}")
+        lines.append(f"- `cache_aware` against `{other}`: " + ", ".join(parts) + ".")
+    return lines
+
+
+def write_plot(part: dict, path: Path) -> Path:
+    summary = part["summary"]
+    names = [s["policy"] for s in summary]
+    fig, (hits, ttft, tput) = plt.subplots(1, 3, figsize=(11, 3.6))
+    bars = hits.bar(names, [s["hit_rate"] for s in summary], color="tab:blue")
+    hits.bar_label(bars, fmt="%.2f")
+    hits.axhline(part["best_hit_rate"], color="gray", linestyle="--", label="best possible")
+    hits.set_ylim(0, 1)
+    hits.set_title("prefix-cache hit rate")
+    hits.legend(fontsize=7, loc="lower right")
+    x = range(len(names))
+    width = 0.38
+    for offset, key, label in (
+        (-width / 2, "ttft_p50_ms", "p50"),
+        (width / 2, "ttft_p99_ms", "p99"),
+    ):
+        values = [s[key] or 0 for s in summary]
+        bars = ttft.bar([i + offset for i in x], values, width, label=label)
+        ttft.bar_label(bars, fmt="%.0f", fontsize=7)
+    ttft.set_xticks(list(x), names)
+    ttft.set_title("TTFT (ms)")
+    ttft.legend(fontsize=7)
+    bars = tput.bar(names, [s["output_tokens_per_s"] for s in summary], color="tab:green")
+    tput.bar_label(bars, fmt="%.1f")
+    tput.set_title("output tokens / s")
+    for ax in (hits, ttft, tput):
+        ax.tick_params(axis="x", labelsize=7)
+    fig.suptitle(
+        f"serve -dp {part['data_parallel_size']}: medians over {part['rounds']} round(s)",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path

@@ -1,0 +1,377 @@
+"""Routing across data-parallel replicas: `pagestream serve -dp 2` under each --router-policy.
+
+The workload is a set of conversations: every conversation's turns share one long system
+prompt (its own window of benchmarks/data/corpus.txt) and each turn adds a short question
+of its own; the turns of all conversations are sent in one seeded shuffled order at a fixed
+concurrency (a closed loop: a client sends its next request when its last one ends) over
+gRPC, greedy with ignore_eos. Each policy gets a fresh server (empty caches) whose KV cache
+per replica holds only some of the conversations' prefixes, so a policy that spreads every
+conversation over both replicas evicts and recomputes them. The frontend's /metrics, read
+after a warm-up and after the run, give each replica's prefix-cache queries and hits
+(prompt tokens) and the router's decisions; the client times TTFT, ITL and end to end.
+Policies take turns over rounds (fresh servers each time), in a rotated order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from benchmarks.load_clients import GrpcClient, RequestRecord
+from benchmarks.server_process import ServerProcess
+from benchmarks.workload import BenchRequest, CorpusSource
+
+logger = logging.getLogger(__name__)
+
+POLICIES = ("cache_aware", "round_robin", "least_loaded")
+DATA_PARALLEL_SIZE = 2
+BLOCK_SIZE = 16  # the engine's default --block-size
+
+
+@dataclass(frozen=True)
+class RoutingProfile:
+    name: str
+    conversations: int
+    turns: int  # requests per conversation
+    system_prompt_len: int
+    question_len: int
+    output_len: int
+    concurrency: int  # requests in flight (closed loop)
+    # How many conversations' requests (system prompt, question and output blocks) one
+    # replica's KV cache holds; None: all of them, twice over (no eviction at all).
+    kv_conversations: float | None
+    rounds: int = 1
+    seed: int = 0
+
+    @property
+    def num_requests(self) -> int:
+        return self.conversations * self.turns
+
+
+ROUTING_PROFILES = {
+    # Concurrency 1 and a cache that never evicts: cache_aware computes each conversation's
+    # prefix once, the least any policy can, so no policy may get more hits.
+    "smoke": RoutingProfile("smoke", 3, 3, 48, 8, 4, concurrency=1, kv_conversations=None),
+    # ~10 minutes on 2 cores: a replica holds 5 of the 8 conversations.
+    "quick": RoutingProfile(
+        "quick", 8, 6, 512, 24, 32, concurrency=4, kv_conversations=5, rounds=2
+    ),
+    "full": RoutingProfile(
+        "full", 16, 8, 1024, 32, 64, concurrency=8, kv_conversations=10, rounds=3
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Turn:
+    conversation: int
+    turn: int
+    request: BenchRequest
+
+
+def conversation_workload(tokenizer, profile: RoutingProfile) -> list[Turn]:
+    """Every conversation's turns, shuffled together (seeded)."""
+    rng = np.random.default_rng(profile.seed)
+    corpus = CorpusSource(tokenizer)
+    offsets = corpus.offsets(rng, profile.conversations + profile.num_requests)
+    systems = [
+        corpus.window(o, profile.system_prompt_len) for o in offsets[: profile.conversations]
+    ]
+    questions = iter(offsets[profile.conversations :])
+    turns = [
+        Turn(
+            c,
+            t,
+            BenchRequest(
+                systems[c] + corpus.window(next(questions), profile.question_len),
+                profile.output_len,
+            ),
+        )
+        for c in range(profile.conversations)
+        for t in range(profile.turns)
+    ]
+    return [turns[i] for i in rng.permutation(len(turns))]
+
+
+def best_hit_rate(profile: RoutingProfile, block_size: int = BLOCK_SIZE) -> float:
+    """Hits / queries when every conversation's prefix is computed exactly once."""
+    return hit_rate_bound(
+        profile.conversations,
+        profile.turns,
+        profile.system_prompt_len,
+        profile.question_len,
+        block_size=block_size,
+    )
+
+
+def hit_rate_bound(
+    conversations: int,
+    turns: int,
+    system_prompt_len: int,
+    question_len: int,
+    computed: int = 1,
+    block_size: int = BLOCK_SIZE,
+) -> float:
+    """The hit rate when each conversation's prefix is computed ``computed`` times (once per
+    replica it went to) and never evicted; the cached part of a prompt is its full blocks of
+    system prompt."""
+    cached = system_prompt_len // block_size * block_size
+    hits = conversations * max(0, turns - computed) * cached
+    return round(hits / (conversations * turns * (system_prompt_len + question_len)), 4)
+
+
+def kv_cache_plan(folder: str, profile: RoutingProfile, block_size: int = BLOCK_SIZE) -> dict:
+    """The KV cache per replica (float32) for the profile's kv_conversations."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(folder)
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    block_bytes = 2 * config.num_hidden_layers * kv_heads * head_dim * 4 * block_size
+    tokens = profile.system_prompt_len + profile.question_len + profile.output_len
+    per_request = -(-tokens // block_size)
+    held = profile.kv_conversations or 2 * profile.conversations
+    blocks = math.ceil(held * per_request)
+    return {
+        "bytes_per_replica": blocks * block_bytes,
+        "blocks_per_replica": blocks,
+        "block_size": block_size,
+        "block_bytes": block_bytes,
+        "conversations_held": held,
+        "prefix_blocks_per_conversation": profile.system_prompt_len // block_size,
+        "blocks_per_request": per_request,
+    }
+
+
+@dataclass
+class RoutingOptions:
+    model: str
+    profile: RoutingProfile
+    policies: tuple[str, ...] = POLICIES
+    kv_cache_memory: str | int | None = None  # None: kv_cache_plan's
+    threads_per_replica: int = max(1, (os.cpu_count() or 2) // DATA_PARALLEL_SIZE)
+    concurrency: int | None = None  # None: the profile's
+    rounds: int | None = None  # None: the profile's
+
+
+def run_routing(tokenizer, options: RoutingOptions) -> dict:
+    """Every policy on a fresh `serve -dp 2`, round after round; runs and their medians."""
+    profile = options.profile
+    turns = conversation_workload(tokenizer, profile)
+    plan = kv_cache_plan(options.model, profile)
+    kv = options.kv_cache_memory or plan["bytes_per_replica"]
+    concurrency = options.concurrency or profile.concurrency
+    rounds = options.rounds or profile.rounds
+    load_start = os.getloadavg()[0]
+    runs = []
+    for round_index in range(rounds):
+        shift = round_index % len(options.policies)
+        for policy in (*options.policies[shift:], *options.policies[:shift]):
+            run = _run_policy(options, policy, turns, kv, concurrency)
+            run["round"] = round_index
+            runs.append(run)
+    return {
+        "workload": _workload_summary(profile, turns, concurrency),
+        "kv_cache": {
+            **plan,
+            "kv_cache_memory": str(kv),
+            "given": options.kv_cache_memory is not None,
+        },
+        "threads_per_replica": options.threads_per_replica,
+        "data_parallel_size": DATA_PARALLEL_SIZE,
+        "best_hit_rate": best_hit_rate(profile),
+        "rounds": rounds,
+        "runs": runs,
+        "summary": summarize_policies(runs),
+        "load_average": {"start": round(load_start, 2), "end": round(os.getloadavg()[0], 2)},
+    }
+
+
+def _workload_summary(profile: RoutingProfile, turns: list[Turn], concurrency: int) -> dict:
+    return {
+        **{k: v for k, v in asdict(profile).items() if k not in ("name", "kv_conversations")},
+        "concurrency": concurrency,
+        "num_requests": len(turns),
+        "prompt_tokens": sum(t.request.prompt_len for t in turns),
+        "output_tokens": sum(t.request.output_len for t in turns),
+        "order": " ".join(str(t.conversation) for t in turns),  # conversation of each request
+        "transport": GrpcClient.name,
+    }
+
+
+def _run_policy(options: RoutingOptions, policy: str, turns: list[Turn], kv, concurrency: int):
+    flags = ("--data-parallel-size", str(DATA_PARALLEL_SIZE), "--router-policy", policy)
+    flags += ("--kv-cache-memory", str(kv), "--dtype", "float32")
+    threads = str(options.threads_per_replica)
+    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    server = ServerProcess(options.model, engine_flags=flags, env=env)
+    start = time.perf_counter()
+    with server:
+        startup_s = time.perf_counter() - start
+        load = os.getloadavg()[0]
+        run = asyncio.run(_drive(server, [t.request for t in turns], concurrency))
+    logger.info(
+        "%s: hit rate %.3f, requests per engine %s, TTFT p50 %s ms, %.1f output tok/s",
+        policy,
+        run["hit_rate"],
+        [e["requests"] for e in run["engines"].values()],
+        run["ttft_ms"]["p50"],
+        run["output_tokens_per_s"],
+    )
+    return {
+        "policy": policy,
+        **run,
+        "startup_s": round(startup_s, 1),
+        "load_average": round(load, 2),
+    }
+
+
+async def _drive(server: ServerProcess, requests: list[BenchRequest], concurrency: int) -> dict:
+    async with GrpcClient(server.grpc_address) as client:
+        await _warm_up(client, requests[0])
+        before = await asyncio.to_thread(read_metrics, server.http_url)
+        records, duration = await closed_loop(client, requests, concurrency)
+        after = await asyncio.to_thread(read_metrics, server.http_url)
+    return {**summarize_run(records, duration), **cache_deltas(before, after)}
+
+
+async def _warm_up(client: GrpcClient, request: BenchRequest) -> None:
+    """Two short requests at once, one per replica under every policy; a prompt shorter than
+    a block leaves nothing in the prefix caches (and the metrics are read after it)."""
+    warm = BenchRequest(request.prompt_token_ids[-(BLOCK_SIZE // 2) :], 4)
+    for record in await asyncio.gather(client.send(warm), client.send(warm)):
+        if not record.ok:
+            raise RuntimeError(f"warm-up failed: {record.error}")
+
+
+async def closed_loop(client, requests: list[BenchRequest], concurrency: int):
+    """(records in request order, seconds): ``concurrency`` senders take the requests in
+    order, each sending its next one when its last one has ended."""
+    records: list[RequestRecord | None] = [None] * len(requests)
+    queue = iter(enumerate(requests))
+
+    async def sender() -> None:
+        for index, request in queue:
+            records[index] = await client.send(request)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(sender() for _ in range(concurrency)))
+    return records, time.perf_counter() - start
+
+
+def read_metrics(base_url: str) -> dict[str, dict]:
+    """Per engine: prefix-cache queries and hits, and router decisions by reason."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=30) as reply:
+        text = reply.read().decode()
+    engines: dict[str, dict] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            engine = sample.labels.get("engine")
+            if engine is None:
+                continue
+            entry = engines.setdefault(engine, {"queries": 0, "hits": 0, "reasons": {}})
+            if sample.name == "pagestream:prefix_cache_queries_total":
+                entry["queries"] = int(sample.value)
+            elif sample.name == "pagestream:prefix_cache_hits_total":
+                entry["hits"] = int(sample.value)
+            elif sample.name == "pagestream:router_requests_total":
+                entry["reasons"][sample.labels["reason"]] = int(sample.value)
+    return engines
+
+
+def cache_deltas(before: dict[str, dict], after: dict[str, dict]) -> dict:
+    """What the run added to each engine's counters, and the hit rate over all engines."""
+    engines = {}
+    for name, end in sorted(after.items()):
+        start = before.get(name, {"queries": 0, "hits": 0, "reasons": {}})
+        reasons = {
+            reason: count - start["reasons"].get(reason, 0)
+            for reason, count in sorted(end["reasons"].items())
+            if count - start["reasons"].get(reason, 0)
+        }
+        queries, hits = end["queries"] - start["queries"], end["hits"] - start["hits"]
+        engines[name] = {
+            "requests": sum(reasons.values()),
+            "queries": queries,
+            "hits": hits,
+            "hit_rate": round(hits / queries, 4) if queries else None,
+            "reasons": reasons,
+        }
+    queries = sum(e["queries"] for e in engines.values())
+    hits = sum(e["hits"] for e in engines.values())
+    return {"hit_rate": round(hits / queries, 4) if queries else 0.0, "engines": engines}
+
+
+def _percentiles(seconds: list[float]) -> dict[str, float | None]:
+    if not seconds:
+        return {"p50": None, "p99": None}
+    ms = np.array(seconds) * 1e3
+    return {
+        "p50": round(float(np.percentile(ms, 50)), 1),
+        "p99": round(float(np.percentile(ms, 99)), 1),
+    }
+
+
+def summarize_run(records: list[RequestRecord], duration_s: float) -> dict:
+    ok = [r for r in records if r.ok]
+    failures = [
+        r.error or f"{r.output_tokens}/{r.expected_tokens} tokens" for r in records if not r.ok
+    ]
+    return {
+        "num_requests": len(records),
+        "completed": len(ok),
+        "failures": len(failures),
+        "failure_examples": failures[:3],
+        "duration_s": round(duration_s, 2),
+        "requests_per_s": round(len(ok) / duration_s, 3),
+        "output_tokens_per_s": round(sum(r.output_tokens for r in ok) / duration_s, 2),
+        "ttft_ms": _percentiles([r.ttft for r in ok if r.ttft is not None]),
+        "itl_ms": _percentiles([gap for r in ok for gap in r.itls]),
+        "tpot_ms": _percentiles([r.tpot for r in ok if r.tpot is not None]),
+        "e2e_ms": _percentiles([r.end - r.sent for r in ok]),
+    }
+
+
+# (summary key, how to read it off a run)
+_SUMMARY_FIELDS = (
+    ("hit_rate", lambda r: r["hit_rate"]),
+    ("ttft_p50_ms", lambda r: r["ttft_ms"]["p50"]),
+    ("ttft_p99_ms", lambda r: r["ttft_ms"]["p99"]),
+    ("itl_p50_ms", lambda r: r["itl_ms"]["p50"]),
+    ("itl_p99_ms", lambda r: r["itl_ms"]["p99"]),
+    ("e2e_p50_ms", lambda r: r["e2e_ms"]["p50"]),
+    ("e2e_p99_ms", lambda r: r["e2e_ms"]["p99"]),
+    ("output_tokens_per_s", lambda r: r["output_tokens_per_s"]),
+    ("requests_per_s", lambda r: r["requests_per_s"]),
+    ("duration_s", lambda r: r["duration_s"]),
+)
+
+
+def summarize_policies(runs: list[dict]) -> list[dict]:
+    """Per policy (in the order first run): the median of each figure over its rounds."""
+    by_policy: dict[str, list[dict]] = {}
+    for run in runs:
+        by_policy.setdefault(run["policy"], []).append(run)
+    summary = []
+    for policy, policy_runs in by_policy.items():
+        entry: dict = {"policy": policy, "rounds": len(policy_runs)}
+        for key, read in _SUMMARY_FIELDS:
+            values = [read(r) for r in policy_runs if read(r) is not None]
+            entry[key] = (
+                round(float(np.median(values)), 4 if key == "hit_rate" else 2) if values else None
+            )
+        entry["requests_per_engine"] = [
+            [e["requests"] for _, e in sorted(r["engines"].items())] for r in policy_runs
+        ]
+        entry["failures"] = sum(r["failures"] for r in policy_runs)
+        summary.append(entry)
+    return summary
