@@ -146,6 +146,34 @@ def kill_pids(pids: Iterable[int]) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+def wait_http(port: int, path: str, status: int, timeout_s: float) -> float:
+    """Poll GET path until it answers `status`; the seconds it took."""
+    start = time.monotonic()
+    while http_status(port, path) != status:
+        assert time.monotonic() - start < timeout_s, f"{path} never answered {status}"
+        time.sleep(0.1)
+    return time.monotonic() - start
+
+
+@contextlib.contextmanager
+def serving(argv: list[str], grpc_port: int, http_port: int):
+    """A `pagestream serve ...` process, yielded once gRPC serves and /ready is 200; then
+    SIGTERM (SIGKILL after 30 s) and whatever it left behind killed."""
+    process = subprocess.Popen(argv)
+    try:
+        wait_serving(f"127.0.0.1:{grpc_port}", [process], START_TIMEOUT_S)
+        wait_http(http_port, "/ready", 200, START_TIMEOUT_S)
+        yield process
+    finally:
+        pids = descendants(process.pid)
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        kill_pids(pids)
+
+
 def stop(processes: Iterable[subprocess.Popen], timeout_s: float = TIMEOUT_S) -> list[int]:
     """SIGTERM each process in turn, last started first (as compose stops its services),
     SIGKILL one that outlives timeout_s; the exit codes in the given order."""

@@ -5,9 +5,6 @@ so), and killing one replica's worker leaves the deployment ready and serving.""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import time
 import urllib.request
 
 import pytest
@@ -15,7 +12,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pagestream import LLM, SamplingParams
 from tests.engine.process_helpers import (
-    START_TIMEOUT_S,
     cli,
     cmdline,
     descendants,
@@ -23,7 +19,7 @@ from tests.engine.process_helpers import (
     grpc_token_ids,
     http_status,
     kill_pids,
-    wait_serving,
+    serving,
 )
 
 PROMPTS = [[5 + i, 17, 33, 99, 250, 12, 8, 41 + i] for i in range(6)]
@@ -38,19 +34,8 @@ def served(model_dir):
         "--grpc-port", str(grpc_port), "--port", str(http_port),
         "--kv-cache-memory", "8MiB", "--swap-space", "0.01", "--dtype", "float32",
     )  # fmt: skip
-    process = subprocess.Popen(argv)
-    try:
-        wait_serving(f"127.0.0.1:{grpc_port}", [process], START_TIMEOUT_S)
-        _wait_http(http_port, "/ready", 200, START_TIMEOUT_S)
+    with serving(argv, grpc_port, http_port) as process:
         yield process, grpc_port, http_port
-    finally:
-        pids = descendants(process.pid)
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        kill_pids(pids)
 
 
 @pytest.fixture(scope="module")
@@ -59,13 +44,6 @@ def expected(model_dir):
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
     return [o.outputs[0].token_ids for o in outputs]
-
-
-def _wait_http(port: int, path: str, status: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while http_status(port, path) != status:
-        assert time.monotonic() < deadline, f"{path} never answered {status}"
-        time.sleep(0.1)
 
 
 def _metrics(port: int) -> dict[str, float]:

@@ -6,8 +6,6 @@ survivors reconnect, and within 30 s requests succeed with the outputs of before
 
 from __future__ import annotations
 
-import signal
-import subprocess
 import threading
 import time
 
@@ -17,7 +15,6 @@ import pytest
 from services.common.proto.pagestream.v1 import generation_pb2 as pb
 from services.common.proto.pagestream.v1 import generation_pb2_grpc
 from tests.engine.process_helpers import (
-    START_TIMEOUT_S,
     alive,
     cli,
     cmdline,
@@ -26,19 +23,12 @@ from tests.engine.process_helpers import (
     grpc_token_ids,
     http_status,
     kill_pids,
-    wait_serving,
+    serving,
+    wait_http,
 )
 
 PROMPT = [5, 17, 33, 99, 250, 12, 8, 41]
 RECOVERY_S = 30
-
-
-def _wait_http(port: int, path: str, status: int, timeout_s: float) -> float:
-    start = time.monotonic()
-    while http_status(port, path) != status:
-        assert time.monotonic() - start < timeout_s, f"{path} never answered {status}"
-        time.sleep(0.1)
-    return time.monotonic() - start
 
 
 def _role_pid(serve_pid: int, role: str) -> int:
@@ -72,19 +62,8 @@ def served(model_dir):
         "--grpc-port", str(grpc_port), "--port", str(http_port),
         "--kv-cache-memory", "8MiB", "--swap-space", "0.01",
     )  # fmt: skip
-    process = subprocess.Popen(argv)
-    try:
-        wait_serving(f"127.0.0.1:{grpc_port}", [process], START_TIMEOUT_S)
-        _wait_http(http_port, "/ready", 200, START_TIMEOUT_S)
+    with serving(argv, grpc_port, http_port) as process:
         yield process, grpc_port, http_port
-    finally:
-        pids = descendants(process.pid)
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        kill_pids(pids)
 
 
 @pytest.mark.parametrize("role", ["worker", "scheduler"])
@@ -105,10 +84,10 @@ def test_a_killed_role_is_restarted_and_the_deployment_recovers(served, role):
     assert not stream.is_alive(), "the stream did not end"
     assert result["code"] == grpc.StatusCode.UNAVAILABLE, result
     assert result["ended"] - killed_at < 5
-    _wait_http(http_port, "/ready", 503, 5)
+    wait_http(http_port, "/ready", 503, 5)
     assert http_status(http_port, "/health") == 200  # liveness: the frontend is up
     assert not alive(victim)
-    _wait_http(http_port, "/ready", 200, RECOVERY_S)
+    wait_http(http_port, "/ready", 200, RECOVERY_S)
     assert _role_pid(process.pid, role) != victim  # the supervisor started a new one
     assert grpc_token_ids(f"127.0.0.1:{grpc_port}", PROMPT, 8) == expected
     assert process.poll() is None
