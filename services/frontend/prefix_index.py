@@ -27,7 +27,9 @@ class PrefixIndex:
         self._clock = clock
 
     def __len__(self) -> int:
-        return len(self.confirmed)
+        """Blocks held or about to be (a recent prediction counts: two first turns that
+        arrive back to back should not both find the same replica emptiest)."""
+        return len(self.confirmed) + len(self.predicted)
 
     def apply(self, batch: KvEventBatch) -> None:
         if batch.reset:

@@ -75,6 +75,15 @@ def test_least_loaded_and_round_robin():
     assert [rr.choose(replicas)[0].name for _ in range(6)] == ["0", "1", "2"] * 2
 
 
+def test_back_to_back_first_turns_go_to_different_replicas():
+    """The second conversation's first turn arrives before the first one's was stored:
+    the prediction already counts, so it goes to the other (emptier) replica."""
+    replicas = [FakeReplica("0"), FakeReplica("1")]
+    replicas[0].index.predict(_hashes(SYSTEM))  # the first turn was just routed to 0
+    second, reason = Router().choose(replicas, _hashes([t + 1 for t in SYSTEM]))
+    assert (second.name, reason) == ("1", "cache_miss")  # a plain tie would pick 0
+
+
 def test_unrelated_prompts_spread_over_equal_replicas():
     replicas = [FakeReplica("0"), FakeReplica("1")]
     router = Router()
@@ -92,9 +101,10 @@ def test_predictions_count_until_confirmed_or_expired():
     index = PrefixIndex(clock=lambda: now[0])
     hashes = _hashes(SYSTEM)
     index.predict(hashes)
-    assert index.match(hashes) == len(hashes) and len(index) == 0  # predicted, not held
+    assert index.match(hashes) == len(hashes) and not index.confirmed  # predicted, not held
+    assert len(index) == len(hashes)  # but counted as about to be held
     index.apply(KvEventBatch(stored=hashes[:2]))
-    assert len(index) == 2 and hashes[0] not in index.predicted
+    assert len(index.confirmed) == 2 and hashes[0] not in index.predicted
     now[0] = PREDICTION_TTL_S + 1
     assert index.match(hashes) == 2  # the predictions expired; the confirmed remain
     index.apply(KvEventBatch(removed=hashes[:1]))
