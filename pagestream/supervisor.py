@@ -6,7 +6,8 @@ log says which role, its pid, its exit code and the attempt. Roles in one `group
 ranks of a worker group: a process group cannot outlive a member) restart together, each
 time with a new generation number (a fresh rendezvous). More than `max_restarts` restarts
 of one role within `window_s` seconds: the supervisor gives up, stops everything and
-returns non-zero. SIGTERM / SIGINT stop every child (SIGTERM, then SIGKILL after a grace).
+returns non-zero. SIGTERM / SIGINT stop every child, the last started first (SIGTERM, then
+SIGKILL after a grace).
 """
 
 from __future__ import annotations
@@ -129,8 +130,12 @@ class Supervisor:
             time.sleep(0.05)
 
     def _stop_all(self) -> list[int | None]:
+        """Last started first (the frontend, then the schedulers, then the workers), as
+        compose stops services: a frontend draining its streams still has its engines."""
         processes = [r.process for r in self.roles if r.process is not None]
-        _terminate([p for p in processes if p.poll() is None], self.grace_s)
+        for process in reversed(processes):
+            if process.poll() is None:
+                _terminate([process], self.grace_s)
         return [p.poll() for p in processes]
 
 

@@ -76,3 +76,30 @@ def test_a_child_that_keeps_dying_is_given_up_on():
     assert result == [1] and sup.gave_up == "crasher"
     assert len(roles[0].restarts) == 2
     assert roles[1].process.poll() is not None  # everything was stopped
+
+
+def test_stopping_stops_the_last_started_role_first(tmp_path):
+    """The frontend goes first, then the scheduler, then the worker: a frontend draining
+    its streams on SIGTERM still has an engine behind it."""
+    log = tmp_path / "stopped"
+
+    def recorder(name: str) -> list[str]:
+        script = (
+            "import signal, sys, time, pathlib\n"
+            f"def bye(*_):\n    open({str(log)!r}, 'a').write({name!r} + '\\n'); sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, bye)\n"
+            f"pathlib.Path({str(tmp_path / name)!r}).touch()\n"
+            "time.sleep(60)\n"
+        )
+        return [sys.executable, "-c", script]
+
+    names = ["worker", "scheduler", "frontend"]
+    sup = Supervisor([Role(n, lambda _, n=n: recorder(n)) for n in names], grace_s=5)
+    thread, result = _run_in_thread(sup)
+    try:
+        _wait_for(lambda: all((tmp_path / n).exists() for n in names))  # handlers are set
+    finally:
+        sup.stop()
+        thread.join(timeout=30)
+    assert result == [0]
+    assert log.read_text().split() == ["frontend", "scheduler", "worker"]
