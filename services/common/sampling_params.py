@@ -10,6 +10,8 @@ import enum
 import math
 from dataclasses import dataclass, field, replace
 
+from services.common.structured_outputs import StructuredOutputsParams
+
 _GREEDY_EPS = 1e-5
 MAX_LOGPROBS = 20
 
@@ -63,6 +65,8 @@ class SamplingParams:
     use_beam_search: bool = False
     length_penalty: float = 1.0
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    # Constrain the output (JSON schema, regex, choice, grammar); a dict is taken as its fields.
+    structured_outputs: StructuredOutputsParams | None = None
     # Derived in __post_init__: stop is always a list afterwards.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 
@@ -74,6 +78,8 @@ class SamplingParams:
         self.logit_bias = {int(k): float(v) for k, v in (self.logit_bias or {}).items()}
         if self.top_k == -1:
             self.top_k = 0
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         self._verify_args()
         self.all_stop_token_ids = set(self.stop_token_ids)
 
@@ -90,6 +96,11 @@ class SamplingParams:
                 raise ValueError(f"logit_bias keys must be token ids >= 0, got {token_id}.")
             _check_range("logit_bias values", bias, -100.0, 100.0)
         _check_finite("length_penalty", self.length_penalty)
+        if self.structured_outputs is not None and self.use_beam_search:
+            raise ValueError(
+                "structured_outputs cannot be combined with beam search: each beam would need "
+                "its own grammar state; use n > 1 sampling instead."
+            )
         if self.sampling_type == SamplingType.GREEDY and self.n > 1 and not self.use_beam_search:
             raise ValueError(
                 f"n must be 1 when using greedy sampling (temperature 0), got n={self.n}; "

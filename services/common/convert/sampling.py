@@ -9,11 +9,13 @@ travel. Invalid values raise ValueError naming the field (SamplingParams' own ch
 
 from __future__ import annotations
 
+import json
 import math
 import struct
 
 from services.common.proto.pagestream.v1 import generation_pb2
 from services.common.sampling_params import SamplingParams
+from services.common.structured_outputs import StructuredOutputsParams
 
 INT32_MAX = 2**31 - 1
 _DEFAULTS = SamplingParams()
@@ -75,7 +77,50 @@ def sampling_params_to_pb(params: SamplingParams) -> generation_pb2.SamplingPara
             message.logit_bias[token_id] = bias
         except (ValueError, TypeError) as exc:
             raise ValueError(f"logit_bias cannot be sent: {token_id!r} ({exc}).") from exc
+    if params.structured_outputs is not None:
+        message.structured_outputs.CopyFrom(structured_outputs_to_pb(params.structured_outputs))
     return message
+
+
+def structured_outputs_to_pb(params: StructuredOutputsParams) -> generation_pb2.StructuredOutputs:
+    message = generation_pb2.StructuredOutputs(
+        disable_any_whitespace=params.disable_any_whitespace,
+        disable_additional_properties=params.disable_additional_properties,
+    )
+    kind = params.kind
+    if kind == "json":
+        schema = params.json
+        message.json = schema if isinstance(schema, str) else json.dumps(schema)
+    elif kind == "choice":
+        message.choice.choices.extend(params.choice)
+    elif kind == "json_object":
+        message.json_object = True
+    else:
+        setattr(message, kind, getattr(params, kind))
+    if params.whitespace_pattern is not None:
+        message.whitespace_pattern = params.whitespace_pattern
+    return message
+
+
+def structured_outputs_from_pb(
+    message: generation_pb2.StructuredOutputs,
+) -> StructuredOutputsParams:
+    """Raises ValueError naming the problem (no constraint set, bad JSON, ...)."""
+    kind = message.WhichOneof("constraint")
+    if kind is None:
+        raise ValueError(
+            "structured_outputs needs one of json, regex, choice, grammar, json_object."
+        )
+    value = list(message.choice.choices) if kind == "choice" else getattr(message, kind)
+    options = {}
+    if message.HasField("whitespace_pattern"):
+        options["whitespace_pattern"] = message.whitespace_pattern
+    return StructuredOutputsParams(
+        **{kind: value},
+        disable_any_whitespace=message.disable_any_whitespace,
+        disable_additional_properties=message.disable_additional_properties,
+        **options,
+    )
 
 
 def _float(name: str, value: float) -> float:
@@ -107,4 +152,6 @@ def sampling_params_from_pb(
             token_id: _float("logit_bias values", bias)
             for token_id, bias in message.logit_bias.items()
         }
+    if message.HasField("structured_outputs"):
+        kwargs["structured_outputs"] = structured_outputs_from_pb(message.structured_outputs)
     return SamplingParams(**kwargs)
