@@ -36,6 +36,7 @@ from services.common.proto.pagestream.v1 import generation_pb2, worker_pb2
 from services.common.runner_output import RunnerOutput, StepTimings, TokenLogprobs
 from services.common.sampling_params import SamplingParams
 from services.common.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from services.common.structured_outputs import StructuredOutputsParams
 from services.common.worker_info import CacheInfo, ModelInfo
 
 # Every field differs from vLLM's default; float values a user would type.
@@ -61,6 +62,7 @@ EVERY_FIELD = SamplingParams(
     spaces_between_special_tokens=False,
     include_stop_str_in_output=True,
     length_penalty=0.8,
+    structured_outputs=StructuredOutputsParams(regex="[a-z]+ [0-9]{2}"),
 )
 
 
@@ -82,6 +84,32 @@ def test_every_sampling_field_round_trips_and_is_present_on_the_wire():
     back = _round_trip_params(EVERY_FIELD)
     assert back == EVERY_FIELD
     assert back.temperature == 0.7 and back.min_p == 0.05  # float32 on the wire, exact back
+
+
+@pytest.mark.parametrize(
+    "constraint",
+    [
+        StructuredOutputsParams(json='{"type": "object"}', disable_any_whitespace=True),
+        StructuredOutputsParams(choice=["yes", "no", 'say "hi"']),
+        StructuredOutputsParams(grammar='start: "a"+', disable_additional_properties=True),
+        StructuredOutputsParams(json_object=True, whitespace_pattern=" ?"),
+    ],
+)
+def test_every_structured_output_kind_round_trips(constraint):
+    back = _round_trip_params(SamplingParams(structured_outputs=constraint)).structured_outputs
+    assert back == constraint and back.grammar_key == constraint.grammar_key
+
+
+def test_a_json_schema_object_travels_as_its_text_and_compiles_the_same():
+    constraint = StructuredOutputsParams(json={"type": "object", "required": ["a"]})
+    back = _round_trip_params(SamplingParams(structured_outputs=constraint)).structured_outputs
+    assert back.grammar_key == constraint.grammar_key
+
+
+def test_an_empty_structured_outputs_message_is_refused_by_name():
+    message = generation_pb2.SamplingParams(structured_outputs=generation_pb2.StructuredOutputs())
+    with pytest.raises(ValueError, match="structured_outputs needs one of"):
+        sampling_params_from_pb(message)
 
 
 def test_beam_search_params_round_trip():
