@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.common.structured_outputs import check_grammar
+
 
 @dataclass(frozen=True)
 class ProcessedPrompt:
@@ -38,7 +40,10 @@ class InputProcessor:
         raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt)}.")
 
     def check_params(self, params) -> None:
-        """Token ids in the sampling parameters must exist in this model's vocabulary."""
+        """Token ids in the sampling parameters must exist in this model's vocabulary, and
+        a structured-output constraint must compile (ValueError naming the problem)."""
+        if params.structured_outputs is not None:
+            check_grammar(params.structured_outputs)
         for name, ids in (
             ("stop_token_ids", params.stop_token_ids or []),
             ("logit_bias", list(params.logit_bias or {})),
