@@ -20,6 +20,10 @@ from services.frontend.request_state import RequestState
 from services.frontend.tokenizer import TokenizerLoadError, load_tokenizer
 from services.scheduler.engine_core import EngineCore
 from services.scheduler.scheduler import Scheduler
+from services.scheduler.structured_output_manager import (
+    StructuredOutputManager,
+    tokenizer_json_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -47,11 +51,17 @@ class LLMEngine:
             self.scheduler_config.max_num_seqs,
             self.scheduler_config.max_num_batched_tokens,
         )
+        structured = StructuredOutputManager(
+            tokenizer_json_of(args.model),
+            self.model_info.vocab_size,
+            self.model_info.eos_token_ids,
+        )
         scheduler = Scheduler(
             self.scheduler_config,
             cache_config,
             self.cache_info.num_gpu_blocks,
             self.cache_info.num_cpu_blocks,
+            structured,
         )
         self.core = EngineCore(scheduler, executor)
         folder = resolve_model(args.model)

@@ -57,6 +57,11 @@ class SchedulerOutput:
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) on device
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu, device)
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, cpu)
+    # Structured outputs: the requests whose token this step is constrained, and their
+    # allowed tokens as packed bits, int32 little-endian [len(ids), ceil(vocab / 32)]
+    # (bit t of word t // 32 set: token t allowed).
+    grammar_request_ids: list[str] = field(default_factory=list)
+    grammar_bitmask: bytes = b""
 
     @property
     def is_empty(self) -> bool:

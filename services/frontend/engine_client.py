@@ -33,6 +33,8 @@ def output_error(code: str | None, message: str) -> Exception:
         return EngineUnavailableError(message)
     if code == "resource_exhausted":
         return EngineOverloadedError(message)
+    if code == "internal":  # the engine's fault, not the request's (HTTP 500)
+        return RuntimeError(message)
     return ValueError(message)
 
 

@@ -64,8 +64,9 @@ class PlanBuilder:
         self.scheduled.append(request)
 
     def build(
-        self, finished_req_ids: set[str], blocks_to_copy: list[tuple[int, int]]
+        self, finished_req_ids: set[str], blocks_to_copy: list[tuple[int, int]], masks=None
     ) -> SchedulerOutput:
+        """The plan; `masks` (StepMasks) are the grammar bitmasks of this step's rows."""
         cached = CachedRequestData(
             request_ids=self.cached_ids,
             new_block_ids=self.cached_new_block_ids,
@@ -82,4 +83,6 @@ class PlanBuilder:
             blocks_to_copy=blocks_to_copy,
             blocks_to_swap_in=self.blocks_to_swap_in,
             blocks_to_swap_out=self.blocks_to_swap_out,
+            grammar_request_ids=masks.request_ids if masks else [],
+            grammar_bitmask=masks.bitmask if masks else b"",
         )

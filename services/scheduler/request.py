@@ -58,6 +58,11 @@ class Request:
     parent_request_id: str | None = None
     index: int = 0
     output_token_ids: list[int] = field(default_factory=list)
+    # Structured outputs: the sequence's grammar state (structured_output_manager.py).
+    grammar: object | None = field(default=None, repr=False)
+    # Why it ended with finish reason "error", and what kind (EngineCoreOutput.error_code).
+    error: str | None = None
+    error_code: str | None = None
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prefix-cache hit at first scheduling (reported to clients)
     status: RequestStatus = RequestStatus.WAITING
@@ -162,4 +167,6 @@ class Request:
             parent_request_id=self.parent_request_id,
             index=self.index,
             queued_s=queued_s,
+            error=self.error,
+            error_code=self.error_code,
         )

@@ -36,6 +36,7 @@ from services.scheduler.plan_builder import PlanBuilder
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.sequence_groups import SequenceGroups
 from services.scheduler.stop_checker import check_stop
+from services.scheduler.structured_output_manager import GrammarError, StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +50,11 @@ class Scheduler:
         cache_config: CacheConfig,
         num_gpu_blocks: int,
         num_cpu_blocks: int = 0,
+        structured: StructuredOutputManager | None = None,
     ) -> None:
         self.config = scheduler_config
+        # Grammars of constrained requests (None: such requests are refused).
+        self.structured = structured or StructuredOutputManager(None, 0)
         self.block_size = cache_config.block_size
         self.kv = KVCacheManager(
             self.block_size, num_gpu_blocks, num_cpu_blocks, cache_config.enable_prefix_caching
@@ -81,6 +85,10 @@ class Scheduler:
             request.update_block_hashes()
         if request.sampling_params.use_beam_search:
             self.groups.add_beam_request(request, self.max_model_len)
+        try:
+            self.structured.admit(request)
+        except ValueError as exc:
+            raise RequestRejectedError(str(exc)) from exc
         self.requests[request.request_id] = request
         enqueue_waiting(self.waiting, request, self.config.policy)
 
@@ -124,7 +132,12 @@ class Scheduler:
         if not plan.scheduled and (self.waiting or self.swapped) and not self.in_flight_groups:
             self._unblock(plan)
         plan.blocks_to_swap_out = self.pending_swap_out
-        output = plan.build(self.finished_req_ids, self.kv.take_pending_copies())
+        samples = [
+            (r, r.num_computed_tokens + plan.num_scheduled_tokens[r.request_id] >= r.num_tokens)
+            for r in plan.scheduled
+        ]
+        masks = self.structured.masks(samples)
+        output = plan.build(self.finished_req_ids, self.kv.take_pending_copies(), masks)
         self.finished_req_ids = set()
         self.pending_swap_out = []
         now = time.monotonic()
@@ -240,19 +253,46 @@ class Scheduler:
             self._add_to_plan(plan, request, [], num_new, replace=True)
 
     def _schedule_waiting(self, plan: PlanBuilder) -> None:
-        while self.waiting and plan.token_budget > 0:
-            request = self.waiting[0]
-            if len(self.running) + request.sampling_params.n > self.config.max_num_seqs:
-                return
-            if self.is_blocked(request):
-                return  # a sibling's step is in flight: the queue moves next step
-            if cdiv(request.num_tokens, self.block_size) > self.kv.num_blocks:
-                self.waiting.popleft()
-                self._finish(request, RequestStatus.FINISHED_IGNORED)
-                self.pending_outputs.append((request.client_id, request.to_output([])))
-                continue
-            if not self._admit(request, plan):
-                return
+        compiling: list[Request] = []  # passed over while their grammars compile
+        try:
+            while self.waiting and plan.token_budget > 0:
+                request = self.waiting[0]
+                if not self._grammar_ready(request):
+                    compiling.append(self.waiting.popleft())
+                    continue
+                if len(self.running) + request.sampling_params.n > self.config.max_num_seqs:
+                    return
+                if self.is_blocked(request):
+                    return  # a sibling's step is in flight: the queue moves next step
+                if cdiv(request.num_tokens, self.block_size) > self.kv.num_blocks:
+                    self.waiting.popleft()
+                    self._finish_now(request, RequestStatus.FINISHED_IGNORED)
+                    continue
+                if not self._admit(request, plan):
+                    return
+        finally:
+            self.waiting.extendleft(reversed(compiling))
+
+    def _grammar_ready(self, request: Request) -> bool:
+        """False while its grammar compiles; a failed or spent grammar ends it here."""
+        try:
+            if not self.structured.ready(request):
+                return False
+        except GrammarError as exc:
+            request.error = str(exc)
+            self._finish_now(request, RequestStatus.FINISHED_ERROR)
+            return False
+        if self.structured.exhausted(request):  # it can only be empty: done
+            self._finish_now(request, RequestStatus.FINISHED_STOPPED)
+            return False
+        return True
+
+    def _finish_now(self, request: Request, status: RequestStatus) -> None:
+        """End a waiting request outside a step (its final output goes with the next)."""
+        if request in self.waiting:
+            self.waiting.remove(request)
+        self._finish(request, status)
+        self.pending_outputs.append((request.client_id, request.to_output([])))
 
     def _admit(self, request: Request, plan: PlanBuilder) -> bool:
         computed_blocks, num_hit = self.kv.get_computed_blocks(request)
@@ -323,7 +363,9 @@ class Scheduler:
         for token_id in token_ids:
             request.append_output_token_ids([token_id])
             new_ids.append(token_id)
-            status = check_stop(request, self.max_model_len)
+            status = self.structured.accept(request, token_id) or check_stop(
+                request, self.max_model_len
+            )
             if status is not None:
                 break
         if status is not None:

@@ -72,6 +72,7 @@ class SequenceGroups:
             )
             s.requests[child.request_id] = child
             s.kv.fork(parent, child)
+            s.structured.fork(parent, child)
             s.running.insert(position + index - 1, child)
         parent.parent_request_id = parent.request_id
 

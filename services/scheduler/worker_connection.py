@@ -20,6 +20,10 @@ from services.common.worker_info import ModelInfo
 from services.scheduler.engine_core import EngineCore
 from services.scheduler.executor.worker_group import WorkerGroupExecutor
 from services.scheduler.scheduler import Scheduler
+from services.scheduler.structured_output_manager import (
+    StructuredOutputManager,
+    tokenizer_json_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +33,7 @@ RECONNECT_WAIT_S = 5.0
 class SchedulerArgs(Protocol):
     """What the scheduler role needs from pagestream.engine_args.EngineArgs."""
 
+    model: str
     served_model_name: str | None
     tensor_parallel_size: int
     pipeline_parallel_size: int
@@ -102,8 +107,11 @@ class WorkerConnection:
                 cache_info.block_size,
             )
             cache_config = replace(cache_config, block_size=cache_info.block_size)
+        structured = StructuredOutputManager(
+            tokenizer_json_of(self.args.model), model.vocab_size, model.eos_token_ids
+        )
         scheduler = Scheduler(
-            config, cache_config, cache_info.num_gpu_blocks, cache_info.num_cpu_blocks
+            config, cache_config, cache_info.num_gpu_blocks, cache_info.num_cpu_blocks, structured
         )
         info = ServedModelInfo(
             model=self.args.served_model_name or model.model,

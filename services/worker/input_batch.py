@@ -9,6 +9,7 @@ varlen batch with vectorised numpy, and `append_sampled` adds the sampled tokens
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ from services.worker.batch_inputs import (
     flatten_batch,
     schedule_problem,
 )
+from services.worker.sampling_metadata import GrammarMask
 from services.worker.sampling_table import SamplingParamsTable
 
 logger = logging.getLogger(__name__)
@@ -282,6 +284,7 @@ class InputBatch:
             self.block_size,
         )
         sample_rows = np.nonzero(flat.samples)[0]  # [R]
+        sampling_ids = [request_ids[row] for row in sample_rows.tolist()]
         metadata = None
         if len(sample_rows) and with_sampling:
             metadata = self._sampling.make_metadata(
@@ -291,6 +294,7 @@ class InputBatch:
                 self._num_tokens,
                 self.device,
             )
+            metadata = self._with_grammar(metadata, plan, sampling_ids)
         return BatchInputs(
             request_ids=request_ids,
             input_ids=self._to_device(flat.input_ids),
@@ -304,12 +308,29 @@ class InputBatch:
             query_start_loc_host=flat.query_start_loc.tolist(),
             seq_lens_host=flat.seq_lens.tolist(),
             logits_indices=self._to_device(flat.logits_indices[sample_rows]),
-            sampling_request_ids=[request_ids[row] for row in sample_rows.tolist()],
+            sampling_request_ids=sampling_ids,
             sampling_metadata=metadata,
             prompt_logprobs=self._prompt_logprobs_inputs(
                 request_ids, slots, num_computed, num_scheduled, flat.query_start_loc
             ),
         )
+
+    def _with_grammar(self, metadata, plan: SchedulerOutput, sampling_ids: list[str]):
+        """The plan's grammar bitmasks, on the rows of the requests they belong to."""
+        if not plan.grammar_request_ids:
+            return metadata
+        row_of = {rid: row for row, rid in enumerate(sampling_ids)}
+        ids = plan.grammar_request_ids
+        words = np.frombuffer(plan.grammar_bitmask, dtype="<i4").reshape(len(ids), -1)
+        keep = [i for i, rid in enumerate(ids) if rid in row_of]
+        if not keep:
+            return metadata
+        rows = np.fromiter((row_of[ids[i]] for i in keep), np.int64, len(keep))
+        mask = GrammarMask(
+            rows=torch.from_numpy(rows).to(self.device),
+            bitmask=torch.from_numpy(words[keep].astype(np.int32)).to(self.device),
+        )
+        return dataclasses.replace(metadata, grammar=mask)
 
     def _check_schedule(
         self,

@@ -1,5 +1,7 @@
 """Sampler: logits [B, V] -> one token per row, vectorised across the batch, vLLM's order.
 
+0. structured outputs: tokens the row's grammar does not allow get -inf (so logprobs,
+   penalties and every later step see the masked logits, as in vLLM)
 1. logit_bias, min_tokens mask (EOS and stop ids banned until min_tokens outputs)
 2. repetition penalty (over prompt + output), frequency and presence penalties (output)
 3. greedy rows: exact argmax of the processed logits
@@ -20,9 +22,11 @@ import torch
 
 from services.worker.sampling_metadata import SamplingMetadata
 from services.worker.sampling_ops import (
+    apply_grammar_mask,
     apply_logits_processors,
     apply_min_p,
     apply_top_k_top_p,
+    revive_dead_rows,
 )
 
 _GREEDY_EPS = 1e-5
@@ -54,10 +58,15 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         logits = logits.float()  # [B, V]
+        if md.grammar is not None:  # before anything else sees the logits (as vLLM)
+            logits = apply_grammar_mask(logits, md.grammar)
         raw_logprobs = None
         if md.max_num_logprobs is not None:
             raw_logprobs = torch.log_softmax(logits, dim=-1)  # [B, V]
+        masked = logits
         logits = apply_logits_processors(logits, md)
+        if md.grammar is not None:
+            logits = revive_dead_rows(logits, masked)
         sampled = self._sample(logits, md)  # [B]
         logprobs = None
         if raw_logprobs is not None:

@@ -30,6 +30,14 @@ class TokenMask:
 
 
 @dataclass(frozen=True)
+class GrammarMask:
+    """Structured outputs: rows[i]'s allowed tokens are the set bits of bitmask[i]."""
+
+    rows: torch.Tensor  # [G] int64
+    bitmask: torch.Tensor  # [G, ceil(V / 32)] int32, bit t % 32 of word t // 32 = token t
+
+
+@dataclass(frozen=True)
 class SamplingMetadata:
     temperature: torch.Tensor  # [B] float32; < 1e-5 means greedy
     top_p: torch.Tensor  # [B] float32; 1.0 = off
@@ -55,6 +63,7 @@ class SamplingMetadata:
     no_top_p: bool
     no_min_p: bool
     no_penalties: bool
+    grammar: GrammarMask | None = None  # rows constrained by a grammar this step
 
     @property
     def num_rows(self) -> int:

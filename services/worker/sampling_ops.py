@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from services.worker.sampling_metadata import LogitBias, SamplingMetadata, TokenMask
+from services.worker.sampling_metadata import GrammarMask, LogitBias, SamplingMetadata, TokenMask
 
 NEG_INF = float("-inf")
 # Rows with top_p but no top_k first look for their nucleus among this many best tokens
@@ -33,6 +33,34 @@ def apply_logits_processors(logits: torch.Tensor, md: SamplingMetadata) -> torch
             md.presence_penalty,
         )
     return logits
+
+
+def apply_grammar_mask(logits: torch.Tensor, mask: GrammarMask) -> torch.Tensor:
+    """-inf for every token the row's grammar does not allow (other rows untouched)."""
+    allowed = unpack_bitmask(mask.bitmask, logits.shape[-1])  # [G, V] bool
+    rows = logits[mask.rows]  # [G, V]
+    logits = logits.clone()
+    logits[mask.rows] = rows.masked_fill(~allowed, NEG_INF)
+    return logits
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[G, W] int32 packed bits -> [G, V] bool (bit t % 32 of word t // 32 is token t)."""
+    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)  # [32]
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1  # [G, W, 32]
+    return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
+
+
+def revive_dead_rows(logits: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """Rows whose every logit is -inf (a grammar that leaves only EOS while min_tokens bans
+    it) take their fallback row (the grammar-masked logits), so nothing becomes NaN."""
+    dead = torch.isneginf(logits).all(dim=-1)  # [B]
+    if not bool(dead.any()):
+        return logits
+    # A grammar that allows no token of the vocabulary at all: any token (the scheduler's
+    # matcher rejects it and ends the request with an error).
+    fallback = torch.where(torch.isneginf(fallback).all(dim=-1, keepdim=True), 0.0, fallback)
+    return torch.where(dead.unsqueeze(-1), fallback, logits)
 
 
 def apply_logit_bias(logits: torch.Tensor, bias: LogitBias) -> torch.Tensor:

@@ -167,9 +167,13 @@ def test_float32_values_come_back_to_the_same_float32(value):
 
 
 # ---- StepPlan / StepResult -------------------------------------------------------------
-def _plan() -> SchedulerOutput:
+# The worker never sees a request's grammar, only each step's masks.
+WORKER_PARAMS = EVERY_FIELD.clone(structured_outputs=None)
+
+
+def _plan(params: SamplingParams = WORKER_PARAMS) -> SchedulerOutput:
     new = NewRequestData("new-1", [1, 2, 3], [], SamplingParams(temperature=0.0), [4], 0)
-    resumed = NewRequestData("forked", [5, 6], [9, 10], EVERY_FIELD, [7, 8, 11], 2)
+    resumed = NewRequestData("forked", [5, 6], [9, 10], params, [7, 8, 11], 2)
     cached = CachedRequestData(
         request_ids=["c-a", "c-b", "c-c", "c-d"],
         new_block_ids=[[], [12, 13], [], [14]],
@@ -187,6 +191,8 @@ def _plan() -> SchedulerOutput:
         blocks_to_copy=[(1, 2), (3, 4)],
         blocks_to_swap_in=[(0, 20)],
         blocks_to_swap_out=[(21, 1), (22, 2)],
+        grammar_request_ids=["c-c", "forked"],
+        grammar_bitmask=bytes(range(16)),
     )
 
 
@@ -197,6 +203,12 @@ def test_step_plan_round_trips_with_row_order():
     back = plan_from_pb(message)
     assert back == plan
     assert list(back.num_scheduled_tokens) == list(plan.num_scheduled_tokens)
+
+
+def test_a_plan_sends_the_grammar_masks_but_not_the_grammars():
+    back = plan_from_pb(_wire(plan_to_pb(_plan(EVERY_FIELD))))
+    assert back.scheduled_new_reqs[1].sampling_params.structured_outputs is None
+    assert back == _plan(WORKER_PARAMS)
 
 
 def test_empty_plan_round_trips():

@@ -39,11 +39,13 @@ def _split(name: str, flat, counts) -> list[list[int]]:
 
 
 def _new_request_to_pb(new: NewRequestData) -> worker_pb2.NewRequest:
+    params = sampling_params_to_pb(new.sampling_params)
+    params.ClearField("structured_outputs")  # the worker only sees the per-step masks
     return worker_pb2.NewRequest(
         request_id=new.request_id,
         prompt_token_ids=new.prompt_token_ids,
         output_token_ids=new.output_token_ids,
-        sampling_params=sampling_params_to_pb(new.sampling_params),
+        sampling_params=params,
         block_ids=new.block_ids,
         num_computed_tokens=new.num_computed_tokens,
     )
@@ -78,6 +80,8 @@ def plan_to_pb(plan: SchedulerOutput, step_id: int = 0) -> worker_pb2.StepPlan:
         blocks_to_swap_out=_flatten(plan.blocks_to_swap_out),
         cached_num_new_tokens=[len(ids) for ids in cached.new_token_ids],
         cached_new_token_ids=[i for ids in cached.new_token_ids for i in ids],
+        grammar_request_ids=plan.grammar_request_ids,
+        grammar_bitmask=plan.grammar_bitmask,
     )
 
 
@@ -114,6 +118,8 @@ def plan_from_pb(message: worker_pb2.StepPlan) -> SchedulerOutput:
         blocks_to_copy=_pairs("blocks_to_copy", message.blocks_to_copy),
         blocks_to_swap_in=_pairs("blocks_to_swap_in", message.blocks_to_swap_in),
         blocks_to_swap_out=_pairs("blocks_to_swap_out", message.blocks_to_swap_out),
+        grammar_request_ids=list(message.grammar_request_ids),
+        grammar_bitmask=message.grammar_bitmask,
     )
 
 

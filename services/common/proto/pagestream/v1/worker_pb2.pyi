@@ -96,7 +96,7 @@ class NewRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ...) -> None: ...
 
 class StepPlan(_message.Message):
-    __slots__ = ("step_id", "new_requests", "cached_request_ids", "cached_num_new_blocks", "cached_new_block_ids", "cached_num_computed_tokens", "cached_resumed", "scheduled_request_ids", "num_scheduled_tokens", "finished_request_ids", "blocks_to_copy", "blocks_to_swap_in", "blocks_to_swap_out", "cached_num_new_tokens", "cached_new_token_ids")
+    __slots__ = ("step_id", "new_requests", "cached_request_ids", "cached_num_new_blocks", "cached_new_block_ids", "cached_num_computed_tokens", "cached_resumed", "scheduled_request_ids", "num_scheduled_tokens", "finished_request_ids", "blocks_to_copy", "blocks_to_swap_in", "blocks_to_swap_out", "cached_num_new_tokens", "cached_new_token_ids", "grammar_request_ids", "grammar_bitmask")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     CACHED_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +112,8 @@ class StepPlan(_message.Message):
     BLOCKS_TO_SWAP_OUT_FIELD_NUMBER: _ClassVar[int]
     CACHED_NUM_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_BITMASK_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
     cached_request_ids: _containers.RepeatedScalarFieldContainer[str]
@@ -127,7 +129,9 @@ class StepPlan(_message.Message):
     blocks_to_swap_out: _containers.RepeatedScalarFieldContainer[int]
     cached_num_new_tokens: _containers.RepeatedScalarFieldContainer[int]
     cached_new_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_request_ids: _Optional[_Iterable[str]] = ..., cached_num_new_blocks: _Optional[_Iterable[int]] = ..., cached_new_block_ids: _Optional[_Iterable[int]] = ..., cached_num_computed_tokens: _Optional[_Iterable[int]] = ..., cached_resumed: _Optional[_Iterable[bool]] = ..., scheduled_request_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., finished_request_ids: _Optional[_Iterable[str]] = ..., blocks_to_copy: _Optional[_Iterable[int]] = ..., blocks_to_swap_in: _Optional[_Iterable[int]] = ..., blocks_to_swap_out: _Optional[_Iterable[int]] = ..., cached_num_new_tokens: _Optional[_Iterable[int]] = ..., cached_new_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    grammar_request_ids: _containers.RepeatedScalarFieldContainer[str]
+    grammar_bitmask: bytes
+    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_request_ids: _Optional[_Iterable[str]] = ..., cached_num_new_blocks: _Optional[_Iterable[int]] = ..., cached_new_block_ids: _Optional[_Iterable[int]] = ..., cached_num_computed_tokens: _Optional[_Iterable[int]] = ..., cached_resumed: _Optional[_Iterable[bool]] = ..., scheduled_request_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., finished_request_ids: _Optional[_Iterable[str]] = ..., blocks_to_copy: _Optional[_Iterable[int]] = ..., blocks_to_swap_in: _Optional[_Iterable[int]] = ..., blocks_to_swap_out: _Optional[_Iterable[int]] = ..., cached_num_new_tokens: _Optional[_Iterable[int]] = ..., cached_new_token_ids: _Optional[_Iterable[int]] = ..., grammar_request_ids: _Optional[_Iterable[str]] = ..., grammar_bitmask: _Optional[bytes] = ...) -> None: ...
 
 class StepResult(_message.Message):
     __slots__ = ("step_id", "request_ids", "num_sampled", "sampled_token_ids", "logprob_request_ids", "num_logprob_positions", "num_logprob_entries", "logprob_token_ids", "logprob_values", "logprob_ranks", "prompt_logprob_request_ids", "num_prompt_logprob_positions", "num_prompt_logprob_entries", "prompt_logprob_token_ids", "prompt_logprob_values", "prompt_logprob_ranks", "prepare_s", "forward_s", "sample_s", "error")

@@ -1,0 +1,213 @@
+"""StructuredOutputManager: grammars for constrained requests, compiled here with llguidance.
+
+A request with `structured_outputs` gets a GrammarState at admission. Its grammar is
+compiled on a worker thread of its own (never the step thread), cached by sha256 of the
+normalised grammar: a new request with a known grammar copies the cached matcher. Until
+the grammar is ready the request waits in the queue while others run past it; past
+`compile_timeout_s` it fails with an error naming the limit. Each step fills one packed
+int32 bitmask row [ceil(vocab / 32)] per sampling row that has a grammar (the worker
+masks the logits with it before any other processing), and `accept` advances the
+sequence's matcher with the sampled token: a token the grammar rejects ends the request
+with an error; a grammar that allows nothing but EOS any more ends it with "stop". Every
+sequence has its own matcher (n > 1 copies the parent's at the fork), so a sequence's
+state survives preemption in both modes: its tokens are never rolled back.
+
+llguidance is torch-free, which is why this lives in the scheduler; its tokenizer view is
+built once, lazily, from the model's tokenizer.json.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from services.scheduler.request import Request, RequestStatus
+
+logger = logging.getLogger(__name__)
+
+COMPILE_TIMEOUT_S = 30.0
+CACHE_SIZE = 256  # compiled grammars kept (pristine matchers to copy)
+
+
+class GrammarError(ValueError):
+    """The request's grammar cannot be used (it failed to compile, or took too long)."""
+
+
+@dataclass(eq=False)
+class GrammarState:
+    key: str
+    future: Future  # -> a pristine LLMatcher
+    deadline: float
+    matcher: object | None = None  # this sequence's own LLMatcher, once compiled
+
+
+@dataclass(frozen=True)
+class StepMasks:
+    request_ids: list[str]
+    bitmask: bytes  # int32 little-endian [len(request_ids), ceil(vocab / 32)]
+
+
+class StructuredOutputManager:
+    def __init__(
+        self,
+        tokenizer_json: Callable[[], str] | None,
+        vocab_size: int,
+        eos_token_ids: Sequence[int] = (),
+        compile_timeout_s: float = COMPILE_TIMEOUT_S,
+    ) -> None:
+        """`tokenizer_json` returns the model's tokenizer.json text (None: no tokenizer,
+        constrained requests are refused)."""
+        self._tokenizer_json = tokenizer_json
+        self.vocab_size = vocab_size
+        self.eos_token_ids = list(eos_token_ids)
+        self.compile_timeout_s = compile_timeout_s
+        self.words = (vocab_size + 31) // 32
+        self._tokenizer = None
+        self._tokenizer_lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._cache: OrderedDict[str, Future] = OrderedDict()
+
+    # ---- admission and compilation -----------------------------------------------------
+    def admit(self, request: Request) -> None:
+        """Start compiling the request's grammar (ValueError when it cannot be served)."""
+        constraint = request.sampling_params.structured_outputs
+        if constraint is None:
+            return
+        if self._tokenizer_json is None:
+            raise ValueError(
+                "structured_outputs needs the model's tokenizer (tokenizer.json), which "
+                "this engine does not have."
+            )
+        key = constraint.grammar_key
+        future = self._cache.get(key)
+        if future is None:
+            future = self._executor().submit(self._compile, constraint.grammar_text)
+            self._cache[key] = future
+            while len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        deadline = time.monotonic() + self.compile_timeout_s
+        request.grammar = GrammarState(key, future, deadline)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(2, thread_name_prefix="pagestream-grammar")
+        return self._pool
+
+    def _compile(self, grammar: str):
+        from llguidance import LLMatcher
+
+        matcher = LLMatcher(self.tokenizer(), grammar, log_level=0)
+        if matcher.is_error():
+            raise GrammarError(f"the grammar does not compile: {matcher.get_error()}")
+        return matcher
+
+    def tokenizer(self):
+        """llguidance's view of the model's tokenizer (built once, ~1 s)."""
+        with self._tokenizer_lock:
+            return self._build_tokenizer()
+
+    def _build_tokenizer(self):
+        if self._tokenizer is None:
+            from llguidance import LLTokenizer
+
+            eos = self.eos_token_ids or None
+            self._tokenizer = LLTokenizer(
+                self._tokenizer_json(), n_vocab=self.vocab_size, eos_token=eos
+            )
+        return self._tokenizer
+
+    def ready(self, request: Request) -> bool:
+        """Whether the request may run; raises GrammarError when its grammar failed."""
+        state: GrammarState | None = request.grammar
+        if state is None or state.matcher is not None:
+            return True
+        if not state.future.done():
+            if time.monotonic() > state.deadline:
+                self._cache.pop(state.key, None)
+                raise GrammarError(
+                    f"the grammar did not compile within {self.compile_timeout_s:.0f}s."
+                )
+            return False
+        error = state.future.exception()
+        if error is not None:
+            self._cache.pop(state.key, None)
+            raise GrammarError(str(error)) from error
+        state.matcher = state.future.result().deep_copy()
+        return True
+
+    @staticmethod
+    def exhausted(request: Request) -> bool:
+        """The grammar allows nothing more (only EOS): the request is complete."""
+        state: GrammarState | None = request.grammar
+        return state is not None and state.matcher is not None and state.matcher.is_stopped()
+
+    # ---- per step ------------------------------------------------------------------------
+    def masks(self, requests: Sequence[tuple[Request, bool]]) -> StepMasks | None:
+        """Bitmask rows for the (request, samples this step) pairs that have a grammar."""
+        rows = [r for r, samples in requests if samples and r.grammar is not None]
+        if not rows:
+            return None
+        from llguidance.numpy import fill_next_token_bitmask
+
+        bitmask = np.zeros((len(rows), self.words), dtype=np.int32)
+        for i, request in enumerate(rows):
+            fill_next_token_bitmask(request.grammar.matcher, bitmask, i)
+        return StepMasks([r.request_id for r in rows], bitmask.astype("<i4").tobytes())
+
+    def accept(self, request: Request, token_id: int) -> RequestStatus | None:
+        """Advance the sequence's matcher; the status it ends in, if any."""
+        state: GrammarState | None = request.grammar
+        if state is None or state.matcher is None:
+            return None
+        matcher = state.matcher
+        if not matcher.consume_token(token_id) or matcher.is_error():
+            request.error = (
+                f"the sampled token {token_id} is not allowed by the request's grammar "
+                f"({matcher.get_error() or 'rejected'})"
+            )
+            request.error_code = "internal"
+            return RequestStatus.FINISHED_ERROR
+        if matcher.is_stopped():
+            return RequestStatus.FINISHED_STOPPED
+        return None
+
+    def fork(self, parent: Request, child: Request) -> None:
+        """An n > 1 sequence continues from its parent's grammar state, with its own copy."""
+        state: GrammarState | None = parent.grammar
+        if state is None:
+            return
+        matcher = state.matcher.deep_copy() if state.matcher is not None else None
+        child.grammar = GrammarState(state.key, state.future, state.deadline, matcher)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def tokenizer_json_of(model: str) -> Callable[[], str]:
+    """Reads the model's tokenizer.json on first use (the model folder is resolved then, so
+    a scheduler that never sees a constrained request never looks for it)."""
+
+    def read() -> str:
+        from pathlib import Path
+
+        from services.common.model_source import resolve_model
+
+        path = Path(resolve_model(model)) / "tokenizer.json"
+        if not path.is_file():
+            raise GrammarError(
+                f"structured outputs need the model's tokenizer.json (a fast tokenizer); "
+                f"{path} does not exist."
+            )
+        return path.read_text(encoding="utf-8")
+
+    return read
