@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, deque
+from collections import deque
 
 from services.common.config import CacheConfig, SchedulerConfig
 from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
@@ -31,6 +31,7 @@ from services.scheduler.admission import (
     enqueue_waiting,
     validate_request,
 )
+from services.scheduler.in_flight import StepsInFlight
 from services.scheduler.kv_cache_manager import KVCacheManager, cdiv
 from services.scheduler.plan_builder import PlanBuilder
 from services.scheduler.request import Request, RequestStatus
@@ -72,8 +73,8 @@ class Scheduler:
         self.num_preemptions = 0
         self.pending_swap_out: list[tuple[int, int]] = []  # for the next plan
         self.groups = SequenceGroups(self)
-        # group_id -> how many of its sequences have a step in flight (no zero entries).
-        self.in_flight_groups: Counter[str] = Counter()
+        self.in_flight = StepsInFlight()
+        self.in_flight_groups = self.in_flight.groups  # group_id -> sequences in flight
 
     # ---- admission -----------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -145,7 +146,7 @@ class Scheduler:
             request.num_computed_tokens += plan.num_scheduled_tokens[request.request_id]
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
-            self._take_off(request, output)
+            self.in_flight.take_off(request, output)
         return output
 
     def _num_new_tokens(self, request: Request, budget: int) -> int:
@@ -324,7 +325,7 @@ class Scheduler:
         for client_id, output in self.pending_outputs:
             outputs.setdefault(client_id, []).append(output)
         self.pending_outputs = []
-        landed = self._land(plan)
+        landed = self.in_flight.land(plan, self.requests)
         for rid, token_ids in zip(
             runner_output.request_ids, runner_output.sampled_token_ids, strict=True
         ):
@@ -374,36 +375,13 @@ class Scheduler:
         return request.to_output(new_ids, logprobs, prompt_logprobs)
 
     # ---- steps in flight -----------------------------------------------------------
-    def _take_off(self, request: Request, plan: SchedulerOutput) -> None:
-        request.step_in_flight = plan
-        self.in_flight_groups[request.group_id] += 1
-
-    def _clear_in_flight(self, request: Request) -> None:
-        if request.step_in_flight is None:
-            return
-        request.step_in_flight = None
-        group_id = request.group_id
-        self.in_flight_groups[group_id] -= 1
-        if self.in_flight_groups[group_id] <= 0:
-            del self.in_flight_groups[group_id]
-
-    def _land(self, plan: SchedulerOutput) -> dict[str, Request]:
-        """The plan's step is back: its live requests, no longer in flight, by id."""
-        landed = {}
-        for rid in plan.num_scheduled_tokens:
-            request = self.requests.get(rid)
-            if request is not None and request.step_in_flight is plan:
-                self._clear_in_flight(request)
-                landed[rid] = request
-        return landed
-
     def is_blocked(self, request: Request) -> bool:
         """It, or a sequence of its group, has a step in flight: not schedulable now."""
-        return request.group_id in self.in_flight_groups
+        return self.in_flight.blocks(request)
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         request.status = status
-        self._clear_in_flight(request)
+        self.in_flight.clear(request)
         self.kv.free(request)
         self._drop_from_worker(request)
         self.requests.pop(request.request_id, None)
