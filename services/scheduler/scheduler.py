@@ -259,7 +259,8 @@ class Scheduler:
             while self.waiting and plan.token_budget > 0:
                 request = self.waiting[0]
                 if not self._grammar_ready(request):
-                    compiling.append(self.waiting.popleft())
+                    if not request.is_finished:  # still compiling: others go first
+                        compiling.append(self.waiting.popleft())
                     continue
                 if len(self.running) + request.sampling_params.n > self.config.max_num_seqs:
                     return

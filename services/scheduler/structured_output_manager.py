@@ -144,11 +144,26 @@ class StructuredOutputManager:
         state.matcher = state.future.result().deep_copy()
         return True
 
-    @staticmethod
-    def exhausted(request: Request) -> bool:
-        """The grammar allows nothing more (only EOS): the request is complete."""
+    def exhausted(self, request: Request) -> bool:
+        """The grammar allows nothing but EOS (an empty output, or the end reached): the
+        request is complete. Checked when it is about to run, so it ends at once."""
         state: GrammarState | None = request.grammar
-        return state is not None and state.matcher is not None and state.matcher.is_stopped()
+        if state is None or state.matcher is None:
+            return False
+        if state.matcher.is_stopped():
+            return True
+        from llguidance.numpy import fill_next_token_bitmask
+
+        row = np.zeros((1, self.words), dtype=np.int32)
+        fill_next_token_bitmask(state.matcher, row, 0)
+        return not np.any(row[0] & ~self._eos_words())
+
+    def _eos_words(self) -> np.ndarray:
+        words = np.zeros(self.words, dtype=np.int64)
+        for token in self.eos_token_ids:
+            if 0 <= token < self.vocab_size:
+                words[token // 32] |= 1 << (token % 32)
+        return words.astype(np.uint32).view(np.int32)
 
     # ---- per step ------------------------------------------------------------------------
     def masks(self, requests: Sequence[tuple[Request, bool]]) -> StepMasks | None:
