@@ -2,6 +2,7 @@
 
 from services.common.outputs import CompletionOutput, RequestOutput
 from services.common.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
+from services.common.structured_outputs import StructuredOutputsParams
 
 __all__ = [
     "LLM",
@@ -12,6 +13,7 @@ __all__ = [
     "RequestOutput",
     "RequestOutputKind",
     "SamplingParams",
+    "StructuredOutputsParams",
 ]
 __version__ = "0.1.0"
 

@@ -197,3 +197,26 @@ def test_bad_constraints_are_refused_naming_the_problem(llm, constraint, problem
 def test_beam_search_with_a_grammar_is_refused():
     with pytest.raises(ValueError, match="beam search"):
         SamplingParams(n=2, temperature=0, use_beam_search=True, structured_outputs={"regex": "a"})
+
+
+def test_constraints_hold_with_async_scheduling(model_dir):
+    llm = LLM(
+        str(model_dir("llama")), dtype="float32", kv_cache_memory="8MiB", async_scheduling=True
+    )
+    params = [
+        SamplingParams(temperature=1.0, seed=i, max_tokens=MAX_TOKENS, structured_outputs=c)
+        for i, c in enumerate([CONSTRAINTS["regex"], CONSTRAINTS["grammar"], CONSTRAINTS["json"]])
+    ]
+    results = llm.generate(PROMPTS[:3], params, use_tqdm=False)
+    for kind, result in zip(["regex", "grammar", "json"], results, strict=True):
+        output = result.outputs[0]
+        assert output.finish_reason == "stop" and _valid(kind, output.text), output.text
+
+
+def test_the_python_api_takes_vllms_params_class(llm):
+    from pagestream import StructuredOutputsParams
+
+    params = SamplingParams(
+        temperature=0.5, seed=3, structured_outputs=StructuredOutputsParams(choice=CHOICES)
+    )
+    assert llm.generate("Hi", params, use_tqdm=False)[0].outputs[0].text in CHOICES
