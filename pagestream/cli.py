@@ -106,6 +106,31 @@ def _add_frontend_limit_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_tool_args(parser: argparse.ArgumentParser) -> None:
+    """Tool calling and the chat template (services/frontend/openai/tool_choice.py)."""
+    from services.frontend.tool_parsers import TOOL_PARSERS
+
+    add = parser.add_argument
+    add(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='allow tool_choice "auto": the model decides, its output is parsed for calls '
+        "(needs --tool-call-parser)",
+    )
+    add(
+        "--tool-call-parser",
+        choices=sorted(TOOL_PARSERS),
+        default=None,
+        help='the model\'s tool-call format: parses "auto" replies and shapes the grammar of '
+        '"required" / named-function requests (default for those: hermes)',
+    )
+    add(
+        "--chat-template",
+        default=None,
+        help="a chat template file, or the template itself, instead of the model's",
+    )
+
+
 def _add_router_args(parser: argparse.ArgumentParser) -> None:
     """How the frontend picks a data-parallel replica (services/frontend/router.py)."""
     from services.frontend.router import ROUTER_POLICIES, RouterConfig
@@ -205,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_router_args(serve)
     _add_frontend_limit_args(serve)
+    _add_tool_args(serve)
     _add_tls_args(serve)
     EngineArgs.add_cli_args(serve)
     worker = sub.add_parser("worker", help="the Worker service (runs the model)")
@@ -241,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serving_args(frontend, 50051)
     _add_router_args(frontend)
     _add_frontend_limit_args(frontend)
+    _add_tool_args(frontend)
     _add_tls_args(frontend)
     bench = sub.add_parser(
         "bench",

@@ -56,8 +56,21 @@ async def start_http(frontend, ns: argparse.Namespace, model_name: str):
     from services.frontend.openai.http_server import serve_http
 
     names = [ns.served_model_name or model_name]
-    app = build_app(frontend, names, api_key=_api_key(ns))
+    app = build_app(frontend, names, api_key=_api_key(ns), tool_options=tool_options(ns))
     return await serve_http(app, ns.host, ns.port)
+
+
+def tool_options(ns: argparse.Namespace):
+    """--enable-auto-tool-choice, --tool-call-parser, --chat-template (a file is read now)."""
+    from services.frontend.chat_templates import load_chat_template
+    from services.frontend.openai.tool_choice import ToolServerOptions
+
+    template = getattr(ns, "chat_template", None)
+    return ToolServerOptions(
+        enable_auto_tool_choice=getattr(ns, "enable_auto_tool_choice", False),
+        tool_call_parser=getattr(ns, "tool_call_parser", None),
+        chat_template=load_chat_template(template) if template is not None else None,
+    )
 
 
 def tls_config(ns: argparse.Namespace):
@@ -323,9 +336,11 @@ def _frontend_flags(ns: argparse.Namespace, scheduler_ports: list[int]) -> list[
         flags += ["--api-key", ns.api_key]
     if ns.served_model_name:
         flags += ["--served-model-name", ns.served_model_name]
-    for name, flag in (*FRONTEND_LIMIT_FLAGS, *ROUTER_FLAGS):
+    for name, flag in (*FRONTEND_LIMIT_FLAGS, *ROUTER_FLAGS, *TOOL_FLAGS):
         if getattr(ns, name, None) is not None:
             flags += [flag, str(getattr(ns, name))]
+    if getattr(ns, "enable_auto_tool_choice", False):
+        flags.append("--enable-auto-tool-choice")
     return [*flags, "--generation-config", ns.generation_config]
 
 
@@ -337,6 +352,13 @@ FRONTEND_LIMIT_FLAGS = (
     ("max_request_body_bytes", "--max-request-body-bytes"),
     ("request_timeout_s", "--request-timeout"),
     ("max_unread_tokens", "--max-unread-tokens"),
+)
+
+
+# Tool calling and the chat template, passed on to the frontend child (tool_choice.py).
+TOOL_FLAGS = (
+    ("tool_call_parser", "--tool-call-parser"),
+    ("chat_template", "--chat-template"),
 )
 
 
@@ -357,6 +379,7 @@ def run_split(ns: argparse.Namespace) -> int:
     if dp < 1:
         raise ValueError(f"--data-parallel-size must be >= 1, got {dp}.")
     router_config(ns)  # a bad --router-* flag fails now, not in the frontend child
+    tool_options(ns)  # a bad --chat-template or tool flag fails now, not in the frontend child
     world_size = engine_args(ns).parallel_config().world_size
     layout = SplitLayout.create(world_size, dp)
     try:

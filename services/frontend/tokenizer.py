@@ -30,8 +30,10 @@ def apply_chat_template(
     messages: list[dict],
     add_generation_prompt: bool = True,
     chat_template: str | None = None,
+    tools: list[dict] | None = None,
 ) -> str:
-    """Render a conversation to the prompt text the model was trained on."""
+    """Render a conversation to the prompt text the model was trained on; `tools` (OpenAI
+    tool definitions) go to the template as HF templates expect them."""
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts.")
     for i, message in enumerate(messages):
@@ -44,6 +46,7 @@ def apply_chat_template(
         tokenize=False,
         add_generation_prompt=add_generation_prompt,
         chat_template=chat_template,
+        tools=tools,
     )
 
 

@@ -43,6 +43,7 @@ from services.frontend.openai.responses import ModelCard, ModelList
 from services.frontend.openai.serving_chat import OpenAIServingChat
 from services.frontend.openai.serving_completions import OpenAIServingCompletion
 from services.frontend.openai.serving_tokenization import OpenAIServingTokenization
+from services.frontend.openai.tool_choice import ToolServerOptions
 
 logger = logging.getLogger(__name__)
 
@@ -151,9 +152,11 @@ def build_app(
     served_model_names: list[str],
     api_key: str | None = None,
     metrics: FrontendMetrics | None = None,
+    tool_options: ToolServerOptions | None = None,
 ) -> FastAPI:
     """The HTTP app for one Frontend; `served_model_names` are the names clients may use
-    (the first is the default when a request names none)."""
+    (the first is the default when a request names none). `tool_options`: the tool-calling
+    and chat-template flags (tool_choice.py)."""
     app = FastAPI(title="pagestream", version=_version(), docs_url=None, redoc_url=None)
     state = app.state
     state.frontend = frontend
@@ -161,8 +164,9 @@ def build_app(
     state.metrics = metrics or FrontendMetrics()
     args = (frontend, state.served_model_names, state.metrics)
     state.completions = OpenAIServingCompletion(*args)
-    state.chat = OpenAIServingChat(*args)
+    state.chat = OpenAIServingChat(*args, tool_options=tool_options)
     state.tokenization = OpenAIServingTokenization(*args)
+    state.tokenization.default_chat_template = state.chat.tool_options.chat_template
     for exc_class in _MAPPED_ERRORS:
         app.add_exception_handler(exc_class, _error_response)
     app.include_router(_v1_router(app, api_key))

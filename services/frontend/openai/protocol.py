@@ -7,12 +7,13 @@ mapping turns into HTTP 400. Unknown fields are ignored, as OpenAI's servers do.
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.common.sampling_params import MAX_LOGPROBS, SamplingParams
+from services.common.structured_outputs import StructuredOutputsParams
+from services.frontend.openai.chat_messages import ChatMessage, ChatTool, ToolChoice
 from services.frontend.openai.exceptions import InvalidRequestError
+from services.frontend.openai.structured_request import StructuredOutputFields
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -32,8 +33,9 @@ class StreamOptions(OpenAIBaseModel):
     include_usage: bool = False
 
 
-class SamplingRequest(OpenAIBaseModel):
-    """The fields completions and chat share: OpenAI's, then vLLM's extras."""
+class SamplingRequest(StructuredOutputFields, OpenAIBaseModel):
+    """The fields completions and chat share: OpenAI's, then vLLM's extras (the
+    structured-output ones are in structured_request.py)."""
 
     model: str | None = None
     n: int = Field(1, ge=1)  # the upper bound is the frontend's max_n (request_limits.py)
@@ -94,11 +96,13 @@ class SamplingRequest(OpenAIBaseModel):
         logprobs: int | None = None,
         prompt_logprobs: int | None = None,
         defaults: dict | None = None,
+        structured_outputs: StructuredOutputsParams | None = None,
     ) -> SamplingParams:
         """SamplingParams for one prompt (ValueError naming the field on a bad value).
 
         `defaults` (the model's generation_config, see generation_defaults.py) fill the
-        sampling fields the request left unset."""
+        sampling fields the request left unset. `structured_outputs` is the constraint
+        (structured_outputs_params(), or the tool-call grammar); beam search refuses one."""
         if self.use_beam_search:
             return SamplingParams(
                 n=self.n,
@@ -108,6 +112,7 @@ class SamplingRequest(OpenAIBaseModel):
                 use_beam_search=True,
                 length_penalty=self.length_penalty,
                 logprobs=logprobs,
+                structured_outputs=structured_outputs,
             )
         return SamplingParams(
             n=self.n,
@@ -130,6 +135,7 @@ class SamplingRequest(OpenAIBaseModel):
             include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,
+            structured_outputs=structured_outputs,
         )
 
 
@@ -173,35 +179,6 @@ class CompletionRequest(SamplingRequest):
         return list(prompt)
 
 
-ChatRole = Literal["system", "developer", "user", "assistant"]
-
-
-class ContentPart(OpenAIBaseModel):
-    type: str
-    text: str | None = None
-
-
-class ChatMessage(OpenAIBaseModel):
-    role: ChatRole
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
-
-    def as_template_message(self) -> dict:
-        """The dict the chat template sees (content parts stay parts; the template helper
-        joins them and rejects non-text ones)."""
-        content = self.content
-        if isinstance(content, list):
-            content = [part.model_dump(exclude_none=True) for part in content]
-        message = {"role": self.role, "content": content}
-        if self.name is not None:
-            message["name"] = self.name
-        return message
-
-
-class ResponseFormat(OpenAIBaseModel):
-    type: str
-
-
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
@@ -211,8 +188,9 @@ class ChatCompletionRequest(SamplingRequest):
     add_generation_prompt: bool = True
     chat_template: str | None = None
     add_special_tokens: bool = False
-    tools: list[dict] | None = None
-    response_format: ResponseFormat | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = True
 
     def check(self) -> None:
         self.check_stream_options()
@@ -222,12 +200,6 @@ class ChatCompletionRequest(SamplingRequest):
             raise InvalidRequestError(
                 f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {self.top_logprobs}.",
                 "top_logprobs",
-            )
-        if self.tools:
-            raise InvalidRequestError("tools are not supported by this server.", "tools")
-        if self.response_format is not None and self.response_format.type != "text":
-            raise InvalidRequestError(
-                "only response_format type 'text' is supported.", "response_format"
             )
 
     @property

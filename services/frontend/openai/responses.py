@@ -78,9 +78,21 @@ class ChatChoiceLogprobs(BaseModel):
     content: list[ChatLogprobEntry] | None = None
 
 
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str  # a JSON object as text
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCallOut] = Field(default_factory=list)
 
 
 class ChatChoice(BaseModel):
@@ -101,14 +113,31 @@ class ChatCompletionResponse(BaseModel):
     system_fingerprint: str | None = None
 
 
+class DeltaFunctionCall(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(BaseModel):
+    """A call's first delta has id, type and name; later ones only argument fragments."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="plain")
     def _only_set(self) -> dict[str, Any]:
         """A delta carries only what it says ({"content": "x"}, never "role": null)."""
-        fields = {"role": self.role, "content": self.content}
+        fields: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls is not None:
+            fields["tool_calls"] = [c.model_dump(exclude_none=True) for c in self.tool_calls]
         return {k: v for k, v in fields.items() if v is not None}
 
 

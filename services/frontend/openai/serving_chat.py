@@ -1,18 +1,22 @@
 """POST /v1/chat/completions: messages through the chat template -> assistant replies.
 
 Streaming sends, per choice, a first chunk with role "assistant", then content deltas,
-then the choice's finish_reason; with include_usage a last chunk with no choices.
+then the choice's finish_reason; with include_usage a last chunk with no choices. With
+tools (tool_choice.py), each choice's text goes through a tool-call parser stream:
+content and tool-call deltas in the stream, `tool_calls` in the message, built from the
+same parsed deltas so both agree.
 """
 
 from __future__ import annotations
 
-import jinja2
 from fastapi import Request
 
 from services.common.outputs import RequestOutput
+from services.frontend.openai.chat_messages import ChatMessage
+from services.frontend.openai.chat_rendering import render_chat
 from services.frontend.openai.exceptions import InvalidRequestError
 from services.frontend.openai.logprobs import chat_logprobs
-from services.frontend.openai.protocol import ChatCompletionRequest, ChatMessage
+from services.frontend.openai.protocol import ChatCompletionRequest
 from services.frontend.openai.responses import (
     ChatChoice,
     ChatChoiceLogprobs,
@@ -25,35 +29,21 @@ from services.frontend.openai.responses import (
     random_id,
 )
 from services.frontend.openai.serving_base import Job, ServingBase
-from services.frontend.tokenizer import apply_chat_template
+from services.frontend.openai.tool_call_output import delta_message, finish_reason, message_out
+from services.frontend.openai.tool_choice import ToolPlan, ToolServerOptions, plan_tools
+from services.frontend.tool_parsers import ParsedDelta, ToolParser, assemble
 
-
-def render_chat(
-    tokenizer, messages: list[ChatMessage], add_generation_prompt: bool, chat_template
-) -> str:
-    """The conversation as prompt text; template problems are the request's (400)."""
-    if tokenizer is None:
-        raise InvalidRequestError("chat needs a tokenizer, and this model has none.", "messages")
-    try:
-        return apply_chat_template(
-            tokenizer,
-            [m.as_template_message() for m in messages],
-            add_generation_prompt,
-            chat_template,
-        )
-    except jinja2.TemplateError as exc:
-        param = "chat_template" if chat_template is not None else "messages"
-        raise InvalidRequestError(f"the chat template failed: {exc}", param) from exc
-    except ValueError as exc:
-        raise InvalidRequestError(str(exc), "messages") from exc
+__all__ = ["OpenAIServingChat", "message_text", "render_chat"]
 
 
 _ROLE = DeltaMessage(role="assistant", content="")
 
 
 class _ChatChoice:
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, parser: ToolParser | None) -> None:
         self.index = index
+        self.tools = parser.stream() if parser is not None else None
+        self.parsed: list[ParsedDelta] = []
         self.content = ""
         self.num_tokens = 0
         self.logprobs: list | None = None
@@ -63,11 +53,13 @@ class _ChatChoice:
 
 
 class _ChatTracker:
-    def __init__(self, request: ChatCompletionRequest, job: Job, tokenizer) -> None:
+    def __init__(
+        self, request: ChatCompletionRequest, job: Job, tokenizer, parser: ToolParser | None
+    ) -> None:
         self.job = job
         self.tokenizer = tokenizer
         self.num_logprobs = request.num_logprobs
-        self.choices = [_ChatChoice(i) for i in range(job.n)]
+        self.choices = [_ChatChoice(i, parser) for i in range(job.n)]
         self.cached_tokens = 0
 
     def update(self, prompt_index: int, output: RequestOutput) -> list[ChatStreamChoice]:
@@ -87,18 +79,38 @@ class _ChatTracker:
             finish = None
             if o.finish_reason is not None and not choice.finish_sent:
                 finish, choice.finish_sent = o.finish_reason, True
-                choice.finish_reason, choice.stop_reason = o.finish_reason, o.stop_reason
-            if o.text or finish is not None or (logprobs is not None and o.token_ids):
+                choice.stop_reason = o.stop_reason
+            delta, has_delta = self._delta(choice, o.text, finish is not None)
+            if finish is not None:
+                num_calls = choice.tools.num_calls if choice.tools is not None else 0
+                finish = choice.finish_reason = finish_reason(finish, num_calls)
+            if has_delta or finish is not None or (logprobs is not None and o.token_ids):
                 updates.append(
                     ChatStreamChoice(
                         index=choice.index,
-                        delta=DeltaMessage(content=o.text),
+                        delta=delta,
                         logprobs=logprobs,
                         finish_reason=finish,
                         stop_reason=choice.stop_reason if finish else None,
                     )
                 )
         return updates
+
+    @staticmethod
+    def _delta(choice: _ChatChoice, text: str, finished: bool) -> tuple[DeltaMessage, bool]:
+        """The stream delta for new text: as is, or through the choice's tool-call parser."""
+        if choice.tools is None:
+            return DeltaMessage(content=text), bool(text)
+        parsed = choice.tools.feed(text)
+        if finished:
+            parsed.extend(choice.tools.finish())
+        choice.parsed.append(parsed)
+        return delta_message(parsed), bool(parsed)
+
+    def _message(self, choice: _ChatChoice) -> ChatMessageOut:
+        if choice.tools is None:
+            return ChatMessageOut(content=choice.content)
+        return message_out(assemble(choice.parsed))
 
     def usage(self) -> UsageInfo:
         completion = sum(c.num_tokens for c in self.choices)
@@ -115,7 +127,7 @@ class _ChatTracker:
         choices = [
             ChatChoice(
                 index=c.index,
-                message=ChatMessageOut(content=c.content),
+                message=self._message(c),
                 logprobs=None if c.logprobs is None else ChatChoiceLogprobs(content=c.logprobs),
                 finish_reason=c.finish_reason or "abort",
                 stop_reason=c.stop_reason,
@@ -128,21 +140,27 @@ class _ChatTracker:
 
 
 class OpenAIServingChat(ServingBase):
+    def __init__(self, *args, tool_options: ToolServerOptions | None = None) -> None:
+        super().__init__(*args)
+        self.tool_options = tool_options or ToolServerOptions()
+
     async def create_chat_completion(self, request: ChatCompletionRequest, raw_request: Request):
         model = self.check_model(request.model)
         request.check()
-        job = self._job(request, model)
-        tracker = _ChatTracker(request, job, self.frontend.tokenizer)
+        plan = plan_tools(request, self.tool_options)
+        job = self._job(request, model, plan)
+        tracker = _ChatTracker(request, job, self.frontend.tokenizer, plan.parser)
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         return await self.respond(raw_request, job, tracker, request.stream, include_usage)
 
-    def _job(self, request: ChatCompletionRequest, model: str) -> Job:
+    def _job(self, request: ChatCompletionRequest, model: str, plan: ToolPlan) -> Job:
         self._check_limits(request)
         text = render_chat(
             self.frontend.tokenizer,
             request.messages,
             request.add_generation_prompt,
-            request.chat_template,
+            request.chat_template or self.tool_options.chat_template,
+            plan.template_tools,
         )
         prompt = self.process_prompt(text, request.add_special_tokens, "messages")
         param = "max_tokens" if request.max_completion_tokens is None else "max_completion_tokens"
@@ -151,7 +169,10 @@ class OpenAIServingChat(ServingBase):
             self.vocab_size,
             logprobs=request.num_logprobs,
             defaults=self.frontend.default_sampling,
+            structured_outputs=_constraint(request, plan),
         )
+        if plan.parser is not None:
+            params.skip_special_tokens = plan.parser.skip_special_tokens
         return Job(
             request_id=random_id("chatcmpl"),
             model=model,
@@ -170,9 +191,20 @@ class OpenAIServingChat(ServingBase):
         self.limits.check_max_tokens(request.requested_max_tokens, param)
 
 
+def _constraint(request: ChatCompletionRequest, plan: ToolPlan):
+    """The request's structured-output constraint, or the tool-call grammar; not both."""
+    own = request.structured_outputs_params()
+    if plan.constraint is None:
+        return own
+    if own is not None:
+        raise InvalidRequestError(
+            "tool_choice 'required' or a named function constrains the output to tool calls; "
+            "it cannot be combined with response_format, structured_outputs or guided_*.",
+            "tool_choice",
+        )
+    return plan.constraint
+
+
 def message_text(message: ChatMessage) -> str:
     """A message's text (its text parts joined), as far as limits are concerned."""
-    content = message.content
-    if isinstance(content, list):
-        return "".join(part.text or "" for part in content)
-    return content or ""
+    return message.text()

@@ -161,6 +161,7 @@ class OpenAIServingCompletion(ServingBase):
         prompt_logprobs = request.prompt_logprobs
         if request.echo and request.logprobs is not None and prompt_logprobs is None:
             prompt_logprobs = request.logprobs
+        constraint = request.structured_outputs_params()
         params = [
             request.to_sampling_params(
                 self.max_tokens(
@@ -170,6 +171,7 @@ class OpenAIServingCompletion(ServingBase):
                 logprobs=request.logprobs,
                 prompt_logprobs=prompt_logprobs,
                 defaults=self.frontend.default_sampling,
+                structured_outputs=constraint,
             )
             for p in prompts
         ]

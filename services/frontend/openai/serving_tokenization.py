@@ -10,6 +10,8 @@ from services.frontend.openai.serving_chat import message_text, render_chat
 
 
 class OpenAIServingTokenization(ServingBase):
+    default_chat_template: str | None = None  # the server's --chat-template
+
     def _tokenizer(self, param: str):
         tokenizer = self.frontend.tokenizer
         if tokenizer is None:
@@ -22,9 +24,8 @@ class OpenAIServingTokenization(ServingBase):
         tokenizer = self._tokenizer("prompt")
         if request.messages is not None:
             self.limits.check_messages([message_text(m) for m in request.messages])
-            text = render_chat(
-                tokenizer, request.messages, request.add_generation_prompt, request.chat_template
-            )
+            template = request.chat_template or self.default_chat_template
+            text = render_chat(tokenizer, request.messages, request.add_generation_prompt, template)
             add_special = bool(request.add_special_tokens)  # the template has the BOS
         else:
             text = request.prompt
