@@ -102,7 +102,10 @@ class RequestState:
         self._add_logprobs(seq, out.new_logprobs)
         if out.cumulative_logprob is not None:  # beam search reports its beam's score
             seq.cumulative_logprob = out.cumulative_logprob
-        update = seq.detokenizer.update(out.new_token_ids, finished=out.finished)
+        text_ids = out.new_token_ids
+        if self._stop_terminated(out):  # as vLLM: the EOS / stop token adds no text
+            text_ids = text_ids[:-1]
+        update = seq.detokenizer.update(text_ids, finished=out.finished)
         seq.pending_text += update.text_delta
         if update.stop_string is not None:
             seq.finish_reason, seq.stop_reason = "stop", update.stop_string
@@ -112,6 +115,19 @@ class RequestState:
             if out.parent_request_id is None and self.params.n > 1:
                 self._finish_unforked(out.finish_reason)
         return None
+
+    def _stop_terminated(self, out) -> bool:
+        """The output ends on the token that stopped it (EOS or a stop token id), whose text
+        never shows, even with skip_special_tokens off (tool parsers turn it off)."""
+        if not out.finished or out.finish_reason != "stop" or not out.new_token_ids:
+            return False
+        if self.params.include_stop_str_in_output:
+            return False
+        last = out.new_token_ids[-1]
+        if isinstance(out.stop_reason, int):
+            return out.stop_reason == last
+        special = getattr(self.tokenizer, "all_special_ids", None) or ()
+        return out.stop_reason is None and last in special
 
     def _finish_unforked(self, reason: str | None) -> None:
         """An n > 1 group that ended before it forked: its other sequences end with it."""
