@@ -1,17 +1,19 @@
 """`pagestream bench`: throughput / serve / memory / all against HF transformers, the
-parallel runs (tensor / pipeline parallelism and async scheduling on this machine) and
-routing across data-parallel replicas (benchmarks/routing.py).
+parallel runs (tensor / pipeline parallelism and async scheduling on this machine),
+routing across data-parallel replicas (benchmarks/routing.py) and what structured outputs
+cost (benchmarks/structured.py).
 
     pagestream bench all --profile quick     # what `make bench` runs (~30 min on 2 cores)
     pagestream bench throughput --profile full --bf16
     pagestream bench parallel --profile quick   # tp = 1/2/3, pp = 2, async on/off (~15 min)
     pagestream bench routing --profile quick    # serve -dp 2 under each router policy
+    pagestream bench structured --profile quick # JSON schema vs none, compile times (~3 min)
 
 Results accumulate in <docs>/benchmarks/results.json and the report is rewritten to
 <docs>/benchmarks.md (tables) with PNG plots in <docs>/benchmarks/ after every section.
-`parallel` and `routing` are not part of `all`: each of their parts (parallel: offline,
-async_serving; routing: dp2) keeps its own command, date and machine, and they leave the
-other sections (and their meta) as they are.
+`parallel`, `routing` and `structured` are not part of `all`: each of their parts (parallel:
+offline, async_serving; routing: dp2; structured: offline) keeps its own command, date and
+machine, and they leave the other sections (and their meta) as they are.
 This module is the `benchmarks` package's command line (`python -m benchmarks ...`);
 `pagestream bench ...` runs it in a child process, so the pagestream package never imports
 the benchmarks (they import pagestream).
@@ -34,7 +36,7 @@ logger = logging.getLogger("pagestream.bench")
 SECTIONS = ("throughput", "serve", "memory")  # what `all` runs
 # Sections made of parts that each keep their own meta (command, date, machine); a run
 # replaces the parts it ran and keeps the rest, and other sections' runs keep them all.
-SELF_CONTAINED = ("parallel", "routing")
+SELF_CONTAINED = ("parallel", "routing", "structured")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KV_DEFAULT = "2GiB"
 
@@ -69,7 +71,10 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
         "(-mp: tp=1 in a worker process; -async: --async-scheduling)",
     )
     parallel.add_argument(
-        "--rounds", type=int, default=None, help="parallel, routing: override the profile's rounds"
+        "--rounds",
+        type=int,
+        default=None,
+        help="parallel, routing, structured: override the profile's rounds",
     )
     parallel.add_argument(
         "--no-async-serve",
@@ -122,7 +127,7 @@ def _profile(args: argparse.Namespace):
 
 def run_bench(args: argparse.Namespace) -> int:
     workload_mod = _import_benchmarks()
-    from benchmarks import report, report_routing
+    from benchmarks import report, report_routing, report_structured
     from services.common.model_source import resolve_model
 
     profile = _profile(args)
@@ -161,6 +166,7 @@ def run_bench(args: argparse.Namespace) -> int:
         report.save_results(results_path, results)
         path = report.write_report(results, docs, notes=notes)
         report_routing.add_to_report(results, docs)  # report.py renders everything else
+        report_structured.add_to_report(results, docs)
     logger.info("report: %s", path)
     return 0
 
@@ -301,9 +307,29 @@ def _run_routing(args, folder, profile, workload, results) -> dict:
     return {"dp2": run_routing(AutoTokenizer.from_pretrained(folder), options)}
 
 
+def _run_structured(args, folder, profile, workload, results) -> dict:
+    """The same JSON-record prompts unconstrained and with a JSON schema, grammar compile
+    times and mask fill per row (benchmarks/structured.py); --num-requests sets the number
+    of prompts."""
+    from transformers import AutoTokenizer
+
+    from benchmarks.structured import STRUCTURED_PROFILES, StructuredOptions, run_structured
+
+    changes = {"num_prompts": args.num_requests, "rounds": args.rounds}
+    structured = dataclasses.replace(
+        STRUCTURED_PROFILES[profile.name], **{k: v for k, v in changes.items() if v}
+    )
+    options = StructuredOptions(
+        model=folder, profile=structured, kv_cache_memory=args.kv_cache_memory
+    )
+    return {"offline": run_structured(AutoTokenizer.from_pretrained(folder), options)}
+
+
 def _part_meta(meta: dict, section: str) -> dict:
-    """A part's meta; routing describes its own workload (not the profile's requests)."""
-    return {k: v for k, v in meta.items() if not (section == "routing" and k == "workload")}
+    """A part's meta; routing and structured describe their own workloads (not the
+    profile's requests)."""
+    own = section in ("routing", "structured")
+    return {k: v for k, v in meta.items() if not (own and k == "workload")}
 
 
 def _with_load(run, *args, **kwargs) -> dict:
@@ -319,6 +345,7 @@ _RUNNERS = {
     "memory": _run_memory,
     "parallel": _run_parallel,
     "routing": _run_routing,
+    "structured": _run_structured,
 }
 _RESULT_KEYS = {
     "throughput": "throughput",
@@ -326,6 +353,7 @@ _RESULT_KEYS = {
     "memory": "memory",
     "parallel": "parallel",
     "routing": "routing",
+    "structured": "structured",
 }
 
 

@@ -1,0 +1,605 @@
+"""Structured outputs: what a JSON schema costs, offline, on one engine.
+
+Three parts, in one process:
+
+- Throughput, side by side: the same prompts (each asks for a small JSON person record),
+  seeds and max_tokens through ``LLM.generate`` unconstrained and constrained by SCHEMA,
+  plus a third run with no grammar whose every request is held to the length its
+  constrained output had (ignore_eos): the same steps and batch sizes as the constrained
+  run, so the two differ only by what the grammar costs. The variants take turns over
+  rounds (rotated order), the prefix cache is emptied before every run, and figures are
+  medians. The scheduler's ``masks`` (bitmask rows filled each step) and ``accept``
+  (matchers advanced) are timed in place, and the steps' own timings recorded.
+- Grammar compile time on a StructuredOutputManager of the model's tokenizer (its build
+  timed apart): cold (admit -> the matcher ready, for a grammar never seen) and cached
+  (the same grammar again: a copy of the cached matcher), plus each one's first mask,
+  over JSON schemas of growing size, regexes and Lark grammars.
+- Mask fill per row: the constrained outputs replayed in lockstep, ``masks`` timed for
+  the rows still going at each position (one after another, as the scheduler does), and
+  again with llguidance's LLExecutor filling the same rows in parallel (checked to give
+  the same bits); each on a fresh manager, cold and then warm.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from benchmarks.step_recorder import StepRecorder, summarize_steps
+
+logger = logging.getLogger(__name__)
+
+VARIANTS = ("unconstrained", "json_schema", "matched_length")
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "role": {"enum": ["engineer", "designer", "manager", "scientist", "teacher"]},
+        "skills": {"type": "array", "items": {"type": "string", "maxLength": 24}, "maxItems": 3},
+        "active": {"type": "boolean"},
+    },
+    "required": ["name", "age", "role", "skills", "active"],
+    "additionalProperties": False,
+}
+NAMES = ("Alice Smith", "Bob Lee", "Chen Wu", "Dana Cruz", "Emeka Obi", "Fatima Khan",
+         "Goran Ivic", "Hana Sato")  # fmt: skip
+ROLES = SCHEMA["properties"]["role"]["enum"]
+CITIES = ("Paris", "Oslo", "Lima", "Cairo", "Osaka", "Quito", "Accra")
+
+
+@dataclass(frozen=True)
+class StructuredProfile:
+    name: str
+    num_prompts: int
+    max_tokens: int
+    rounds: int
+    num_schemas: int  # JSON schemas of growing size for the compile times
+    cached_repeats: int = 3  # cached compiles timed per grammar
+    # JSON with no whitespace at all (smoke: a tiny random model would otherwise spend its
+    # tokens on whitespace); the others keep the default bounded whitespace.
+    compact_json: bool = False
+    temperature: float = 0.7
+    seed: int = 0
+
+
+STRUCTURED_PROFILES = {
+    "smoke": StructuredProfile(
+        "smoke", 8, 160, rounds=1, num_schemas=4, cached_repeats=1, compact_json=True
+    ),
+    "quick": StructuredProfile("quick", 32, 96, rounds=6, num_schemas=30),  # ~3 min
+    "full": StructuredProfile("full", 64, 128, rounds=5, num_schemas=50),
+}
+
+
+@dataclass(frozen=True)
+class StructuredOptions:
+    model: str  # a model folder
+    profile: StructuredProfile
+    kv_cache_memory: str = "2GiB"
+    dtype: str = "float32"
+    executor_threads: int = max(2, min(8, os.cpu_count() or 1))
+
+
+# ---- the workload ----------------------------------------------------------------------
+def person_prompts(tokenizer, count: int) -> list[list[int]]:
+    """Chat prompts (the model's template, if it has one) asking for a person record."""
+    prompts = []
+    for i in range(count):
+        text = (
+            f"Give a JSON record for {NAMES[i % len(NAMES)]}, a {23 + (i * 7) % 40}-year-old "
+            f"{ROLES[i % len(ROLES)]} from {CITIES[i % len(CITIES)]}, with the fields name, "
+            "age, role, skills (up to 3) and active. Reply with the JSON object only."
+        )
+        if getattr(tokenizer, "chat_template", None):
+            messages = [{"role": "user", "content": text}]
+            text = tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+        prompts.append(tokenizer(text, add_special_tokens=False).input_ids)
+    return prompts
+
+
+def sampling_params(variant: str, profile: StructuredProfile, lengths: list[int] | None):
+    from pagestream import SamplingParams
+
+    common = {"temperature": profile.temperature, "max_tokens": profile.max_tokens}
+    params = []
+    for i in range(profile.num_prompts):
+        extra = {}
+        if variant == "json_schema":
+            extra = {"structured_outputs": json_constraint(profile)}
+        elif variant == "matched_length":
+            extra = {"max_tokens": max(1, lengths[i]), "ignore_eos": True}
+        params.append(SamplingParams(**{**common, "seed": profile.seed + i, **extra}))
+    return params
+
+
+def json_constraint(profile: StructuredProfile) -> dict:
+    return {"json": SCHEMA, "disable_any_whitespace": profile.compact_json}
+
+
+def valid_record(text: str) -> bool:
+    import jsonschema
+
+    try:
+        jsonschema.validate(json.loads(text), SCHEMA)
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+# ---- throughput, side by side -----------------------------------------------------------
+class GrammarTimer:
+    """Times the scheduler's StructuredOutputManager.masks and .accept in place."""
+
+    def __init__(self) -> None:
+        self.masks_s = self.accept_s = 0.0
+        self.mask_calls = self.mask_rows = self.accepts = 0
+
+    @contextmanager
+    def attached(self, manager) -> Iterator[GrammarTimer]:
+        masks, accept = manager.masks, manager.accept
+
+        def timed_masks(requests):
+            start = time.perf_counter()
+            found = masks(requests)
+            self.masks_s += time.perf_counter() - start
+            self.mask_calls += 1
+            self.mask_rows += len(found.request_ids) if found else 0
+            return found
+
+        def timed_accept(request, token_id):
+            start = time.perf_counter()
+            status = accept(request, token_id)
+            self.accept_s += time.perf_counter() - start
+            self.accepts += 1
+            return status
+
+        manager.masks, manager.accept = timed_masks, timed_accept
+        try:
+            yield self
+        finally:
+            del manager.masks, manager.accept  # back to the class's methods
+
+
+def run_variant(llm, prompts, params, variant: str, round_index: int) -> tuple[dict, list]:
+    """One LLM.generate over every prompt; its record and outputs."""
+    llm.engine.scheduler.kv.reset_prefix_cache()
+    timer, steps = GrammarTimer(), StepRecorder()
+    load = os.getloadavg()[0]
+    with timer.attached(llm.engine.scheduler.structured), steps.attached(llm.engine):
+        start = time.perf_counter()
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, False)
+        elapsed = time.perf_counter() - start
+    completions = [o.outputs[0] for o in outputs]
+    tokens = sum(len(c.token_ids) for c in completions)
+    decode = summarize_steps([r for r in steps.records if r.decode])
+    record = {
+        "variant": variant,
+        "round": round_index,
+        "seconds": round(elapsed, 3),
+        "num_requests": len(prompts),
+        "output_tokens": tokens,
+        "requests_per_s": round(len(prompts) / elapsed, 4),
+        "output_tokens_per_s": round(tokens / elapsed, 2),
+        "ms_per_output_token": round(1e3 * elapsed / tokens, 3),
+        "mean_output_len": round(tokens / len(prompts), 2),
+        "finish_reasons": dict(Counter(c.finish_reason for c in completions)),
+        "valid": _validity(completions),
+        "num_steps": len(steps.records),
+        "mean_seqs_per_step": round(
+            statistics.fmean(r.num_seqs for r in steps.records) if steps.records else 0, 2
+        ),
+        "decode_step": decode,
+        "total_forward_s": round(sum(r.forward_s for r in steps.records), 3),
+        "total_sample_s": round(sum(r.sample_s for r in steps.records), 3),
+        "masks_s": round(timer.masks_s, 4),
+        "mask_rows": timer.mask_rows,
+        "mask_calls": timer.mask_calls,
+        "accept_s": round(timer.accept_s, 4),
+        "accepts": timer.accepts,
+        "load_average": round(load, 2),
+    }
+    return record, completions
+
+
+def _validity(completions) -> dict:
+    """How many outputs parse as JSON and validate against SCHEMA, over all and over those
+    that finished with "stop" (the ones that ended where the model or grammar chose)."""
+    stopped = [c for c in completions if c.finish_reason == "stop"]
+    return {
+        "valid": sum(valid_record(c.text) for c in completions),
+        "stopped": len(stopped),
+        "stopped_valid": sum(valid_record(c.text) for c in stopped),
+    }
+
+
+def round_order(round_index: int) -> list[str]:
+    """VARIANTS rotated by the round: matched_length never comes before the first
+    json_schema run (it takes that run's lengths)."""
+    shift = round_index % len(VARIANTS)
+    return list(VARIANTS[shift:] + VARIANTS[:shift])
+
+
+def run_side_by_side(llm, prompts, profile: StructuredProfile) -> tuple[list[dict], list]:
+    """Every round's runs and the last constrained run's completions."""
+    warm = sampling_params("json_schema", profile, None)[:2]  # compiles the schema too
+    llm.generate([{"prompt_token_ids": p} for p in prompts[:2]], warm, False)
+    runs, constrained = [], []
+    for round_index in range(profile.rounds):
+        for variant in round_order(round_index):
+            lengths = [len(c.token_ids) for c in constrained] or None
+            params = sampling_params(variant, profile, lengths)
+            record, completions = run_variant(llm, prompts, params, variant, round_index)
+            logger.info(
+                "round %d %s: %.1f output tok/s, %d tokens",
+                round_index,
+                variant,
+                record["output_tokens_per_s"],
+                record["output_tokens"],
+            )
+            runs.append(record)
+            if variant == "json_schema":
+                constrained = completions
+    return runs, constrained
+
+
+def summarize_runs(runs: list[dict]) -> dict:
+    """Medians per variant, the ratios against the constrained run, and validity totals."""
+    summary = {v: _variant_summary([r for r in runs if r["variant"] == v]) for v in VARIANTS}
+    ours = summary["json_schema"]
+    ratios = {}
+    for other in ("unconstrained", "matched_length"):
+        base = summary[other]
+        ratios[other] = {
+            key: round(ours[key] / base[key], 3)
+            for key in ("output_tokens_per_s", "requests_per_s", "ms_per_output_token")
+        }
+    return {"variants": summary, "ratios": ratios}
+
+
+def _variant_summary(runs: list[dict]) -> dict:
+    def median(key):
+        return round(statistics.median(r[key] for r in runs), 4)
+
+    masks_s = sum(r["masks_s"] for r in runs)
+    rows = sum(r["mask_rows"] for r in runs)
+    steps = sum(r["num_steps"] for r in runs)
+    out = {
+        key: median(key)
+        for key in (
+            "seconds",
+            "output_tokens_per_s",
+            "requests_per_s",
+            "ms_per_output_token",
+            "mean_output_len",
+            "num_steps",
+            "mean_seqs_per_step",
+            "total_forward_s",
+            "total_sample_s",
+        )
+    }
+    decode = [r["decode_step"] for r in runs if r["decode_step"]["num_steps"]]
+    for key in ("wall_ms", "forward_ms", "sample_ms"):
+        out[f"decode_{key}"] = round(statistics.median(d[key] for d in decode), 2)
+    totals = Counter()
+    for r in runs:
+        totals.update(r["finish_reasons"])
+        totals.update({f"valid_{k}": n for k, n in r["valid"].items()})
+    return {
+        **out,
+        "runs": len(runs),
+        "outputs": sum(r["num_requests"] for r in runs),
+        "finish_reasons": {k: n for k, n in totals.items() if not k.startswith("valid_")},
+        "valid": {k[6:]: n for k, n in totals.items() if k.startswith("valid_")},
+        "masks_ms_per_step": round(1e3 * masks_s / steps, 3) if steps else 0.0,
+        "masks_us_per_row": round(1e6 * masks_s / rows, 1) if rows else None,
+        "masks_share": round(masks_s / sum(r["seconds"] for r in runs), 4),
+        "accept_us_per_token": (
+            round(1e6 * sum(r["accept_s"] for r in runs) / sum(r["accepts"] for r in runs), 1)
+            if any(r["accepts"] for r in runs)
+            else None
+        ),
+    }
+
+
+# ---- grammar compile times ---------------------------------------------------------------
+FIELD_KINDS = (
+    {"type": "string", "maxLength": 32},
+    {"type": "integer", "minimum": 0, "maximum": 1000},
+    {"type": "number"},
+    {"type": "boolean"},
+    {"enum": ["red", "green", "blue", "cyan", "magenta"]},
+    {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 4},
+    {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
+    {
+        "type": "object",
+        "properties": {"x": {"type": "integer"}, "y": {"type": "string", "maxLength": 8}},
+        "required": ["x"],
+    },
+)
+REGEXES = {
+    "email": r"[a-z0-9._%+-]{1,32}@[a-z0-9-]{1,24}\.[a-z]{2,6}",
+    "phone": r"\+?[0-9]{1,3}[ -][0-9]{3}[ -][0-9]{3}[ -][0-9]{4}",
+    "datetime": r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z",
+    "ipv4": r"((25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])",
+    "uuid": r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+}
+LARK = {
+    "arithmetic": 'start: expr\nexpr: term (("+" | "-") term)*\n'
+    'term: factor (("*" | "/") factor)*\nfactor: NUMBER | "(" expr ")"\nNUMBER: /[0-9]{1,6}/',
+    "sql": 'start: "SELECT " cols " FROM " NAME (" WHERE " cond)? ";"\n'
+    'cols: NAME (", " NAME)*\ncond: NAME " = " (NUMBER | STRING)\n'
+    "NAME: /[a-z_][a-z0-9_]{0,15}/\nNUMBER: /[0-9]{1,6}/\nSTRING: /'[a-z ]{0,20}'/",
+    "config": 'start: line+\nline: KEY "=" VALUE "\\n"\nKEY: /[a-z][a-z0-9_.]{0,23}/\n'
+    "VALUE: /[A-Za-z0-9_.\\/-]{1,32}/",
+    "int_list": 'start: "[" (INT ("," INT)*)? "]"\nINT: /-?[0-9]{1,9}/',
+}
+
+
+def growing_schema(index: int) -> dict:
+    """Schema `index`: 2 + index properties of rotating kinds, every other one required
+    (property names differ between schemas, so every one compiles afresh)."""
+    names = [f"f{index}_{j}" for j in range(2 + index)]
+    properties = {n: FIELD_KINDS[(index + j) % len(FIELD_KINDS)] for j, n in enumerate(names)}
+    return {"type": "object", "properties": properties, "required": names[::2]}
+
+
+def compile_set(num_schemas: int) -> list[tuple[str, str, object]]:
+    """(kind, name, StructuredOutputsParams) for the compile-time measurements."""
+    from services.common.structured_outputs import StructuredOutputsParams
+
+    grammars = [
+        (
+            "json",
+            f"schema {i} ({2 + i} properties)",
+            StructuredOutputsParams(json=growing_schema(i)),
+        )
+        for i in range(num_schemas)
+    ]
+    grammars += [("regex", n, StructuredOutputsParams(regex=r)) for n, r in REGEXES.items()]
+    grammars += [("lark", n, StructuredOutputsParams(grammar=g)) for n, g in LARK.items()]
+    return grammars
+
+
+def _request(request_id: str, constraint):
+    from services.common.sampling_params import SamplingParams
+    from services.scheduler.request import Request
+
+    params = SamplingParams(max_tokens=8, structured_outputs=constraint)
+    return Request(request_id, [0], params)
+
+
+def _time_admission(manager, request) -> tuple[float, float]:
+    """Seconds from admit until the request's matcher is ready, then for its first mask."""
+    start = time.perf_counter()
+    manager.admit(request)
+    request.grammar.future.result()
+    assert manager.ready(request)
+    ready = time.perf_counter()
+    manager.masks([(request, True)])
+    return ready - start, time.perf_counter() - ready
+
+
+def measure_compile(manager, profile: StructuredProfile) -> dict:
+    """Tokenizer build, then cold and cached admissions of every grammar of the set."""
+    start = time.perf_counter()
+    manager.tokenizer()
+    tokenizer_s = time.perf_counter() - start
+    grammars = []
+    for index, (kind, name, constraint) in enumerate(compile_set(profile.num_schemas)):
+        cold = _time_admission(manager, _request(f"cold-{index}", constraint))
+        cached = [
+            _time_admission(manager, _request(f"cached-{index}-{k}", constraint))
+            for k in range(profile.cached_repeats)
+        ]
+        grammars.append(
+            {
+                "kind": kind,
+                "name": name,
+                "grammar_chars": len(constraint.grammar_text),
+                "cold_ms": round(1e3 * cold[0], 3),
+                "cold_first_mask_ms": round(1e3 * cold[1], 3),
+                "cached_ms": [round(1e3 * c[0], 3) for c in cached],
+                "cached_first_mask_ms": [round(1e3 * c[1], 3) for c in cached],
+            }
+        )
+    return {
+        "tokenizer_build_s": round(tokenizer_s, 3),
+        "vocab_size": manager.vocab_size,
+        "grammars": grammars,
+        "summary": _compile_summary(grammars),
+    }
+
+
+def _compile_summary(grammars: list[dict]) -> dict:
+    def flat(key):
+        return [v for g in grammars for v in (g[key] if isinstance(g[key], list) else [g[key]])]
+
+    out = {}
+    for key in ("cold_ms", "cold_first_mask_ms", "cached_ms", "cached_first_mask_ms"):
+        out[key] = percentiles(flat(key))
+    by_kind = {}
+    for kind in sorted({g["kind"] for g in grammars}):
+        cold = [g["cold_ms"] for g in grammars if g["kind"] == kind]
+        by_kind[kind] = {"count": len(cold), "cold_ms": percentiles(cold)}
+    out["by_kind"] = by_kind
+    return out
+
+
+def percentiles(values) -> dict:
+    values = np.asarray(list(values), dtype=float)
+    if not values.size:
+        return {"n": 0}
+    p50, p99 = np.percentile(values, [50, 99])
+    return {
+        "n": int(values.size),
+        "p50": round(float(p50), 4),
+        "p99": round(float(p99), 4),
+        "max": round(float(values.max()), 4),
+    }
+
+
+# ---- mask fill per row --------------------------------------------------------------------
+FILLS = ("serial", "parallel")
+
+
+def measure_mask_fill(
+    make_manager, token_ids: list[list[int]], profile: StructuredProfile, threads: int
+) -> dict:
+    """The constrained outputs replayed in lockstep: at each position, the rows still going
+    filled by `masks` (one row after another) or by an LLExecutor (in parallel). Each fill
+    gets a fresh manager (`make_manager()`: llguidance keeps caches per tokenizer, per
+    compiled grammar and per matcher state): a cold replay, then a warm one on new copies
+    of the same grammar, as an engine has after some requests with that schema."""
+    from llguidance import LLExecutor
+
+    from services.common.structured_outputs import StructuredOutputsParams
+
+    constraint = StructuredOutputsParams(**json_constraint(profile))
+    executor = LLExecutor(num_threads=threads)
+    found, masks, rejected = {}, {}, 0
+    for kind in FILLS:
+        manager = make_manager()
+        try:
+            fill = _fill(kind, manager, executor)
+            for state in ("cold", "warm"):
+                steps, masks[kind, state], bad = _replay(manager, constraint, token_ids, fill)
+                found[f"{kind}_{state}"] = _fill_summary(steps)
+                rejected += bad
+        finally:
+            manager.close()
+    first = masks[FILLS[0], "cold"]
+    mismatches = sum(a != b for other in masks.values() for a, b in zip(first, other, strict=True))
+    rows = [n for n, _ in steps]
+    return {
+        "positions": len(rows),
+        "rows": int(sum(rows)),
+        "rows_per_step": percentiles(rows),
+        "parallel_threads": threads,
+        "fills": found,
+        "parallel_speedup": {
+            state: round(
+                found[f"serial_{state}"]["total_s"] / found[f"parallel_{state}"]["total_s"], 2
+            )
+            for state in ("cold", "warm")
+        },
+        "bitmask_mismatches": mismatches,
+        "tokens_rejected": rejected,
+    }
+
+
+def _fill(kind: str, manager, executor):
+    """rows (requests) -> their packed bitmask bytes, as the scheduler ships them."""
+    from llguidance.numpy import fill_next_token_bitmask_par
+
+    def serial(rows) -> bytes:
+        return manager.masks([(r, True) for r in rows]).bitmask
+
+    def parallel(rows) -> bytes:
+        bitmask = np.zeros((len(rows), manager.words), dtype=np.int32)
+        matchers = [(r.grammar.matcher, i) for i, r in enumerate(rows)]
+        fill_next_token_bitmask_par(executor, matchers, bitmask)
+        return bitmask.astype("<i4").tobytes()
+
+    return serial if kind == "serial" else parallel
+
+
+def _replay(manager, constraint, token_ids: list[list[int]], fill):
+    """[(rows, seconds)] and the bitmask of every position, and the tokens rejected."""
+    requests = [_request(f"replay-{i}", constraint) for i in range(len(token_ids))]
+    for request in requests:
+        manager.admit(request)
+        request.grammar.future.result()
+        manager.ready(request)
+    steps, masks, rejected = [], [], 0
+    for position in range(max(map(len, token_ids), default=0)):
+        live = [
+            (r, ids[position])
+            for r, ids in zip(requests, token_ids, strict=True)
+            if position < len(ids) and not r.grammar.matcher.is_stopped()
+        ]
+        if not live:
+            break
+        start = time.perf_counter()
+        masks.append(fill([r for r, _ in live]))
+        steps.append((len(live), time.perf_counter() - start))
+        for request, token in live:
+            rejected += not request.grammar.matcher.consume_token(token)
+    return steps, masks, rejected
+
+
+def _fill_summary(steps: list[tuple[int, float]]) -> dict:
+    return {
+        "us_per_row": percentiles(1e6 * s / n for n, s in steps),
+        "ms_per_step": percentiles(1e3 * s for _, s in steps),
+        "total_s": round(sum(s for _, s in steps), 5),
+    }
+
+
+# ---- the section ------------------------------------------------------------------------
+def run_structured(tokenizer, options: StructuredOptions) -> dict:
+    """Every part on one engine; a JSON-ready dict."""
+    from benchmarks.throughput import make_llm
+    from services.scheduler.structured_output_manager import (
+        StructuredOutputManager,
+        tokenizer_json_of,
+    )
+
+    profile = options.profile
+    prompts = person_prompts(tokenizer, profile.num_prompts)
+    llm = make_llm(options.model, options.dtype, options.kv_cache_memory)
+    engine_manager = llm.engine.scheduler.structured
+    load_start = os.getloadavg()[0]
+    runs, constrained = run_side_by_side(llm, prompts, profile)
+
+    def make_manager():
+        return StructuredOutputManager(
+            tokenizer_json_of(options.model),
+            engine_manager.vocab_size,
+            engine_manager.eos_token_ids,
+        )
+
+    fresh = make_manager()
+    try:
+        compile_times = measure_compile(fresh, profile)
+    finally:
+        fresh.close()
+    mask_fill = measure_mask_fill(
+        make_manager, [c.token_ids for c in constrained], profile, options.executor_threads
+    )
+    return {
+        "profile": asdict(profile),
+        "schema": SCHEMA,
+        "workload": {
+            "num_prompts": len(prompts),
+            "prompt_tokens": sum(map(len, prompts)),
+            "max_tokens": profile.max_tokens,
+            "temperature": profile.temperature,
+            "compact_json": profile.compact_json,
+            "example_prompt": tokenizer.decode(prompts[0]),
+        },
+        "example_output": constrained[0].text if constrained else None,
+        "torch_threads": _torch_threads(),
+        "runs": runs,
+        "summary": summarize_runs(runs),
+        "compile": compile_times,
+        "mask_fill": mask_fill,
+        "load_average": {"start": round(load_start, 2), "end": round(os.getloadavg()[0], 2)},
+    }
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
