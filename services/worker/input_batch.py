@@ -27,6 +27,7 @@ from services.worker.batch_inputs import (
     schedule_problem,
 )
 from services.worker.sampling_metadata import GrammarMask
+from services.worker.sampling_ops import banned_from_bitmask
 from services.worker.sampling_table import SamplingParamsTable
 
 logger = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class InputBatch:
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}.")
         self.block_size = block_size
+        self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.max_blocks_per_req = -(-max_model_len // block_size)
         self.device = torch.device(device)
@@ -316,19 +318,20 @@ class InputBatch:
         )
 
     def _with_grammar(self, metadata, plan: SchedulerOutput, sampling_ids: list[str]):
-        """The plan's grammar bitmasks, on the rows of the requests they belong to."""
+        """The plan's grammar bitmasks as banned-token masks on the rows they belong to."""
         if not plan.grammar_request_ids:
             return metadata
         row_of = {rid: row for row, rid in enumerate(sampling_ids)}
         ids = plan.grammar_request_ids
         words = np.frombuffer(plan.grammar_bitmask, dtype="<i4").reshape(len(ids), -1)
-        keep = [i for i, rid in enumerate(ids) if rid in row_of]
-        if not keep:
+        pairs = sorted((row_of[rid], i) for i, rid in enumerate(ids) if rid in row_of)
+        if not pairs:
             return metadata
-        rows = np.fromiter((row_of[ids[i]] for i in keep), np.int64, len(keep))
+        rows = np.array([row for row, _ in pairs], np.int64)
+        banned = banned_from_bitmask(words[[i for _, i in pairs]], self.vocab_size)
         mask = GrammarMask(
             rows=torch.from_numpy(rows).to(self.device),
-            bitmask=torch.from_numpy(words[keep].astype(np.int32)).to(self.device),
+            banned=torch.from_numpy(banned).to(self.device),
         )
         return dataclasses.replace(metadata, grammar=mask)
 

@@ -31,10 +31,10 @@ class TokenMask:
 
 @dataclass(frozen=True)
 class GrammarMask:
-    """Structured outputs: rows[i]'s allowed tokens are the set bits of bitmask[i]."""
+    """Structured outputs: banned[i] marks the tokens rows[i]'s grammar does not allow."""
 
-    rows: torch.Tensor  # [G] int64
-    bitmask: torch.Tensor  # [G, ceil(V / 32)] int32, bit t % 32 of word t // 32 = token t
+    rows: torch.Tensor  # [G] int64, ascending
+    banned: torch.Tensor  # [G, V] bool
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ its input. Masked tokens become -inf.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from services.worker.sampling_metadata import GrammarMask, LogitBias, SamplingMetadata, TokenMask
@@ -36,19 +37,25 @@ def apply_logits_processors(logits: torch.Tensor, md: SamplingMetadata) -> torch
 
 
 def apply_grammar_mask(logits: torch.Tensor, mask: GrammarMask) -> torch.Tensor:
-    """-inf for every token the row's grammar does not allow (other rows untouched)."""
-    allowed = unpack_bitmask(mask.bitmask, logits.shape[-1])  # [G, V] bool
-    rows = logits[mask.rows]  # [G, V]
-    logits = logits.clone()
-    logits[mask.rows] = rows.masked_fill(~allowed, NEG_INF)
+    """-inf for every token a row's grammar does not allow (other rows untouched); in place.
+    When every row is constrained it is one masked_fill over the whole batch."""
+    banned, width = mask.banned, logits.shape[-1]
+    if banned.shape[1] != width:  # logits wider than the vocabulary: the rest is banned
+        banned = torch.nn.functional.pad(
+            banned[:, :width], (0, max(width - banned.shape[1], 0)), value=True
+        )
+    if mask.rows.shape[0] == logits.shape[0]:  # rows ascending and complete: 0..B-1
+        return logits.masked_fill_(banned, NEG_INF)
+    logits[mask.rows] = logits[mask.rows].masked_fill_(banned, NEG_INF)
     return logits
 
 
-def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[G, W] int32 packed bits -> [G, V] bool (bit t % 32 of word t // 32 is token t)."""
-    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)  # [32]
-    bits = (bitmask.unsqueeze(-1) >> shifts) & 1  # [G, W, 32]
-    return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
+def banned_from_bitmask(words: np.ndarray, vocab_size: int) -> np.ndarray:
+    """[G, W] int32 packed allowed bits (bit t % 32 of word t // 32 = token t, little
+    endian) -> [G, V] bool, True where the token is banned."""
+    inverted = np.ascontiguousarray(~words.astype("<i4", copy=False))
+    bits = np.unpackbits(inverted.view(np.uint8), axis=1, bitorder="little")
+    return bits[:, :vocab_size].view(bool)
 
 
 def revive_dead_rows(logits: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
