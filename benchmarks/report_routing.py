@@ -12,17 +12,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from benchmarks.report_sections import markdown_table, replace_section
 from benchmarks.routing import hit_rate_bound
 
 HEADING = "## Routing across data-parallel replicas"
 PLOT = "routing.png"
 DPI = 110
-
-
-def _table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join("—" if c is None else str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def add_to_report(results: dict, docs_dir: Path) -> bool:
@@ -33,28 +28,8 @@ def add_to_report(results: dict, docs_dir: Path) -> bool:
     if not part or not path.exists():
         return False
     write_plot(part, docs_dir / "benchmarks" / PLOT)
-    text = _without_section(path.read_text(encoding="utf-8"))
-    path.write_text(_splice(text, "\n".join(routing_section(part))), encoding="utf-8")
+    replace_section(path, HEADING, "\n".join(routing_section(part)))
     return True
-
-
-def _without_section(text: str) -> str:
-    start = text.find(HEADING + "\n")
-    if start < 0:
-        return text
-    end = text.find("\n## ", start + len(HEADING))
-    return text[:start] + ("" if end < 0 else text[end + 1 :])
-
-
-def _splice(text: str, section: str) -> str:
-    """The section before the CPU notes (the report's last part) when they are there."""
-    from benchmarks.report import CPU_NOTES
-
-    notes = CPU_NOTES.read_text(encoding="utf-8").strip() if CPU_NOTES.exists() else ""
-    at = text.find(notes.splitlines()[0]) if notes else -1
-    if at < 0:
-        return text.rstrip("\n") + "\n\n" + section + "\n"
-    return text[:at] + section + "\n" + text[at:]
 
 
 def routing_section(part: dict) -> list[str]:
@@ -82,7 +57,7 @@ def routing_section(part: dict) -> list[str]:
         f"Figures are medians over {part['rounds']} round(s) (policies in a rotated order each "
         "round); times in ms.",
         "",
-        _table(
+        markdown_table(
             [
                 "policy",
                 "hit rate",
@@ -103,7 +78,7 @@ def routing_section(part: dict) -> list[str]:
         "",
         "Every run, side by side (round, policy; router decisions per replica by reason):",
         "",
-        _table(
+        markdown_table(
             [
                 "round",
                 "policy",

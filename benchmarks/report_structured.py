@@ -12,6 +12,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from benchmarks.report_sections import markdown_table, replace_section
+
 HEADING = "## Structured outputs"
 PLOT = "structured.png"
 DPI = 110
@@ -23,12 +25,6 @@ LABELS = {
 }
 
 
-def _table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join("—" if c is None else str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def add_to_report(results: dict, docs_dir: Path) -> bool:
     """Write the plot and splice the section into docs_dir/benchmarks.md; False when there
     are no structured-output results."""
@@ -37,28 +33,8 @@ def add_to_report(results: dict, docs_dir: Path) -> bool:
     if not part or not path.exists():
         return False
     write_plot(part, docs_dir / "benchmarks" / PLOT)
-    text = _without_section(path.read_text(encoding="utf-8"))
-    path.write_text(_splice(text, "\n".join(structured_section(part))), encoding="utf-8")
+    replace_section(path, HEADING, "\n".join(structured_section(part)))
     return True
-
-
-def _without_section(text: str) -> str:
-    start = text.find(HEADING + "\n")
-    if start < 0:
-        return text
-    end = text.find("\n## ", start + len(HEADING))
-    return text[:start] + ("" if end < 0 else text[end + 1 :])
-
-
-def _splice(text: str, section: str) -> str:
-    """The section before the CPU notes (the report's last part) when they are there."""
-    from benchmarks.report import CPU_NOTES
-
-    notes = CPU_NOTES.read_text(encoding="utf-8").strip() if CPU_NOTES.exists() else ""
-    at = text.find(notes.splitlines()[0]) if notes else -1
-    if at < 0:
-        return text.rstrip("\n") + "\n\n" + section + "\n"
-    return text[:at] + section + "\n" + text[at:]
 
 
 def structured_section(part: dict) -> list[str]:
@@ -163,7 +139,7 @@ def _throughput_table(part: dict) -> str:
                 finish,
             ]
         )
-    return _table(
+    return markdown_table(
         [
             "run",
             "output tok/s",
@@ -231,7 +207,7 @@ def _time_table(part: dict) -> str:
                 s["total_sample_s"],
             ]
         )
-    return _table(
+    return markdown_table(
         [
             "run",
             "decode forward ms (p50)",
@@ -312,7 +288,7 @@ def _compile_table(part: dict) -> str:
         ["cached: first mask", *_pcts(s["cached_first_mask_ms"])],
     ]
     rows += [[f"cold compile, {k} only", *_pcts(v["cold_ms"])] for k, v in s["by_kind"].items()]
-    return _table(["", "p50", "p99", "max", "n"], rows)
+    return markdown_table(["", "p50", "p99", "max", "n"], rows)
 
 
 def _pcts(p: dict) -> list:
@@ -368,7 +344,7 @@ def _mask_table(part: dict) -> str:
         "ms per step p99",
         "ms in all",
     ]
-    return _table(header, rows)
+    return markdown_table(header, rows)
 
 
 def write_plot(part: dict, path: Path) -> Path:
