@@ -89,9 +89,13 @@ class OpenAIServer:
 
 
 @contextlib.asynccontextmanager
-async def running_server(folder, api_key: str | None = API_KEY, **engine_args):
-    engine = AsyncEngine.from_args(str(folder), kv_cache_memory="8MiB", **engine_args)
-    app = build_app(engine.frontend, [MODEL], api_key=api_key)
+async def running_server(
+    folder, api_key: str | None = API_KEY, app_options: dict | None = None, **engine_args
+):
+    """An OpenAI server over an in-process engine (`app_options`: more build_app args)."""
+    engine_args.setdefault("kv_cache_memory", "8MiB")
+    engine = AsyncEngine.from_args(str(folder), **engine_args)
+    app = build_app(engine.frontend, [MODEL], api_key=api_key, **(app_options or {}))
     http = await serve_http(app, "127.0.0.1", 0)
     server = OpenAIServer(engine, http, app)
     try:

@@ -6,23 +6,19 @@ requests are 400s; the tool-aware ChatML template stands in for one that ignores
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 
 import jsonschema
 import pytest
 import pytest_asyncio
 
-from pagestream import AsyncEngine
 from pagestream.cli import build_parser
 from pagestream.roles import _frontend_flags, tool_options
-from services.frontend.openai import build_app, serve_http
 from services.frontend.openai.chat_messages import ChatMessage
 from services.frontend.openai.chat_rendering import render_chat
 from services.frontend.openai.tool_choice import ToolServerOptions
 from tests.engine.conftest import VOCAB, build_tokenizer
-from tests.engine.openai_helpers import MODEL, OpenAIServer
+from tests.engine.openai_helpers import MODEL, running_server
 from tests.worker.conftest import build_tiny_model
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -61,18 +57,8 @@ MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 SAMPLING = {"temperature": 1.0, "max_tokens": 800}
 
 
-@contextlib.asynccontextmanager
-async def tool_server(folder, options: ToolServerOptions):
-    engine = AsyncEngine.from_args(str(folder), kv_cache_memory="32MiB")
-    app = build_app(engine.frontend, [MODEL], api_key="test-key", tool_options=options)
-    http = await serve_http(app, "127.0.0.1", 0)
-    server = OpenAIServer(engine, http, app)
-    try:
-        yield server
-    finally:
-        await server.close_clients()
-        await asyncio.wait_for(http.stop(), timeout=30)
-        await engine.shutdown()
+def tool_server(folder, options: ToolServerOptions):
+    return running_server(folder, "test-key", {"tool_options": options}, kv_cache_memory="32MiB")
 
 
 @pytest.fixture(scope="module")
