@@ -26,6 +26,7 @@ import numpy as np
 
 from benchmarks.load_clients import GrpcClient, RequestRecord
 from benchmarks.server_process import ServerProcess
+from benchmarks.serving import INF, percentiles_ms, summarize
 from benchmarks.workload import BenchRequest, CorpusSource
 
 logger = logging.getLogger(__name__)
@@ -311,34 +312,12 @@ def cache_deltas(before: dict[str, dict], after: dict[str, dict]) -> dict:
     return {"hit_rate": round(hits / queries, 4) if queries else 0.0, "engines": engines}
 
 
-def _percentiles(seconds: list[float]) -> dict[str, float | None]:
-    if not seconds:
-        return {"p50": None, "p99": None}
-    ms = np.array(seconds) * 1e3
-    return {
-        "p50": round(float(np.percentile(ms, 50)), 1),
-        "p99": round(float(np.percentile(ms, 99)), 1),
-    }
-
-
 def summarize_run(records: list[RequestRecord], duration_s: float) -> dict:
-    ok = [r for r in records if r.ok]
-    failures = [
-        r.error or f"{r.output_tokens}/{r.expected_tokens} tokens" for r in records if not r.ok
-    ]
-    return {
-        "num_requests": len(records),
-        "completed": len(ok),
-        "failures": len(failures),
-        "failure_examples": failures[:3],
-        "duration_s": round(duration_s, 2),
-        "requests_per_s": round(len(ok) / duration_s, 3),
-        "output_tokens_per_s": round(sum(r.output_tokens for r in ok) / duration_s, 2),
-        "ttft_ms": _percentiles([r.ttft for r in ok if r.ttft is not None]),
-        "itl_ms": _percentiles([gap for r in ok for gap in r.itls]),
-        "tpot_ms": _percentiles([r.tpot for r in ok if r.tpot is not None]),
-        "e2e_ms": _percentiles([r.end - r.sent for r in ok]),
-    }
+    """The serving summary (benchmarks/serving.py) plus end-to-end latency percentiles."""
+    summary = summarize(records, duration_s, INF)
+    del summary["rate"]  # a closed loop at fixed concurrency has no request rate
+    summary["e2e_ms"] = percentiles_ms([r.end - r.sent for r in records if r.ok])
+    return summary
 
 
 # (summary key, how to read it off a run)

@@ -61,7 +61,7 @@ async def run_load(client, requests: list[BenchRequest], rate: float, seed: int)
     return summarize(records, time.perf_counter() - start, rate)
 
 
-def _percentiles(values: list[float]) -> dict[str, float | None]:
+def percentiles_ms(values: list[float]) -> dict[str, float | None]:
     if not values:
         return {"p50": None, "p99": None}
     array = np.array(values) * 1e3  # ms
@@ -86,9 +86,9 @@ def summarize(records: list[RequestRecord], duration_s: float, rate: float) -> d
         "duration_s": round(duration_s, 2),
         "requests_per_s": round(len(ok) / duration_s, 3),
         "output_tokens_per_s": round(output_tokens / duration_s, 2),
-        "ttft_ms": _percentiles([r.ttft for r in ok if r.ttft is not None]),
-        "tpot_ms": _percentiles([r.tpot for r in ok if r.tpot is not None]),
-        "itl_ms": _percentiles([gap for r in ok for gap in r.itls]),
+        "ttft_ms": percentiles_ms([r.ttft for r in ok if r.ttft is not None]),
+        "tpot_ms": percentiles_ms([r.tpot for r in ok if r.tpot is not None]),
+        "itl_ms": percentiles_ms([gap for r in ok for gap in r.itls]),
     }
 
 
