@@ -136,3 +136,33 @@ def test_without_a_tokenizer_constrained_requests_are_refused():
     scheduler = Scheduler(SchedulerConfig(max_model_len=64), CacheConfig(), num_gpu_blocks=8)
     with pytest.raises(ValueError, match="tokenizer"):
         scheduler.add_request(make_request("r", [1, 2], structured_outputs={"regex": "a"}))
+
+
+def test_compiling_and_masking_load_no_torch(tmp_path):
+    """The scheduler's grammar work (llguidance, numpy) never pulls torch in: checked in a
+    fresh interpreter that compiles a grammar and fills a mask."""
+    import subprocess
+    import sys
+
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_text(TOKENIZER_JSON, encoding="utf-8")
+    code = f"""
+import sys
+from services.common.structured_outputs import StructuredOutputsParams
+from services.scheduler.structured_output_manager import StructuredOutputManager
+from services.scheduler.request import Request
+from services.common.sampling_params import SamplingParams
+manager = StructuredOutputManager(lambda: open({str(tokenizer)!r}).read(), 512, [2])
+params = SamplingParams(structured_outputs=StructuredOutputsParams(json={{"type": "object"}}))
+request = Request("r", [1, 2], params)
+manager.admit(request)
+request.grammar.future.result(timeout=30)
+assert manager.ready(request)
+masks = manager.masks([(request, True)])
+assert masks.request_ids == ["r"] and len(masks.bitmask) == 16 * 4
+assert "torch" not in sys.modules, "torch was imported"
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
