@@ -74,7 +74,8 @@ class ModelRunner:
         extra = {}
         if not self.rank.is_first_stage:  # the previous stage's output, in plan order
             shape = (len(inputs.positions), self.model.text_config.hidden_size)
-            extra["hidden_states"] = self.link.recv(shape, self.model.dtype, self.model.device)
+            dtype = getattr(self.model, "hidden_dtype", self.model.dtype)
+            extra["hidden_states"] = self.link.recv(shape, dtype, self.model.device)
         kv_caches = self.cache_engine.kv_caches
         return self.model(inputs.input_ids, inputs.positions, kv_caches, _metadata(inputs), **extra)
 

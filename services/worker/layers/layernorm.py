@@ -1,4 +1,9 @@
-"""RMSNorm, computed in float32 exactly as HF transformers' LlamaRMSNorm."""
+"""RMSNorm, computed in float32 as HF transformers' LlamaRMSNorm.
+
+The output takes the weight's dtype: with a float32 residual stream around bfloat16
+weights (the CPU's mixed precision, see models/llama.py) the norm reads the float32
+residual and hands the next matmul its bfloat16 input; with matching dtypes it is exactly
+HF's computation."""
 
 from __future__ import annotations
 
@@ -6,13 +11,16 @@ import torch
 from torch import nn
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / sqrt(mean(x^2) + eps) * weight, the statistics in float32; output in x's dtype."""
-    input_dtype = x.dtype
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight, the statistics in float32; output in out_dtype
+    (default: the weight's dtype)."""
+    out_dtype = out_dtype or weight.dtype
     x32 = x.to(torch.float32)  # [num_tokens, hidden_size]
     variance = x32.pow(2).mean(-1, keepdim=True)  # [num_tokens, 1]
     normed = x32 * torch.rsqrt(variance + eps)
-    return weight * normed.to(input_dtype)
+    return weight.to(out_dtype) * normed.to(out_dtype)
 
 
 class RMSNorm(nn.Module):
@@ -21,8 +29,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps, out_dtype)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"

@@ -69,9 +69,31 @@ class LMHead(VocabEmbedding):
         self.weight = embedding.weight
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        logits = linear(hidden_states, self.weight)  # [num_rows, shard_size]
+        """float32 hidden states around bfloat16 weights (the CPU's mixed precision): the
+        matmul runs in the weights' dtype, whose output rounding (up to ~0.25 on logits of
+        this size) would flip near-ties, so the top RESCORED_CANDIDATES logits of every row
+        are recomputed in float32 (an exact dot product each), which is what decides greedy
+        tokens, as a float32 LM head on the same weights would."""
+        x = hidden_states.to(self.weight.dtype)
+        logits = linear(x, self.weight)  # [num_rows, shard_size]
         if self.tp_size > 1:
             logits = tp_gather_last_dim(logits)  # [num_rows, tp * shard_size] on rank 0
             if logits is None:
                 return None
-        return logits[:, : self.vocab_size].float()
+        logits = logits[:, : self.vocab_size].float()
+        if hidden_states.dtype == torch.float32 and x.dtype != torch.float32 and self.tp_size == 1:
+            logits = rescore_top(logits, hidden_states, self.weight)
+        return logits
+
+
+RESCORED_CANDIDATES = 16
+
+
+def rescore_top(logits: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """logits [R, V] (from a low-precision matmul) with their top candidates recomputed as
+    float32 dot products of hidden [R, H] (float32) and those rows of weight [V, H]."""
+    k = min(RESCORED_CANDIDATES, logits.shape[-1])
+    top = logits.topk(k, dim=-1).indices  # [R, k]
+    rows = weight[top].float()  # [R, k, H]
+    exact = torch.einsum("rh,rkh->rk", hidden, rows)  # [R, k]
+    return logits.scatter_(1, top, exact)

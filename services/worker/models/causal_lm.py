@@ -111,5 +111,11 @@ class CausalLM(nn.Module):
         return next(self.parameters()).device
 
     @property
+    def hidden_dtype(self) -> torch.dtype:
+        """The dtype of the hidden states between layers (and pipeline stages): float32 on
+        the CPU (a float32 residual stream around the weights' matmuls), else the model's."""
+        return torch.float32 if self.device.type == "cpu" else self.dtype
+
+    @property
     def kv_cache_spec(self) -> KVCacheSpec:
         return KVCacheSpec(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype)

@@ -142,6 +142,14 @@ class LlamaDecoderLayer(nn.Module):
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
 
 
+def residual_dtype(hidden_states: torch.Tensor) -> torch.dtype:
+    """The residual stream's dtype: float32 on the CPU whatever the weights' (llama.cpp's
+    mixed precision: bf16 weights and matmul inputs, everything added and normalised in
+    float32, which keeps bf16 greedy outputs close to float32 for little cost); the
+    model's own dtype elsewhere."""
+    return torch.float32 if hidden_states.device.type == "cpu" else hidden_states.dtype
+
+
 def stage_layers(num_layers: int, pp_size: int, pp_rank: int) -> range:
     """The layers of one pipeline stage: an even split, earlier stages take the extra."""
     if pp_size > num_layers:
@@ -193,10 +201,15 @@ class LlamaModel(nn.Module):
         """hidden_states: the previous stage's output (every stage but the first)."""
         if self.stage.is_first_stage:
             hidden_states = self.embed_tokens(input_ids)  # [num_tokens, hidden_size]
+            hidden_states = hidden_states.to(residual_dtype(hidden_states))
         layers = self.layers[self.layer_range.start : self.layer_range.stop]
         for layer, kv_cache in zip(layers, kv_caches, strict=True):
             hidden_states = layer(positions, hidden_states, kv_cache, attn_metadata)
-        return self.norm(hidden_states) if self.stage.is_last_stage else hidden_states
+        if not self.stage.is_last_stage:
+            return hidden_states
+        # In the residual's dtype: a float32 residual keeps its last norm in float32 too,
+        # which the LM head's exact rescoring of its top candidates reads.
+        return self.norm(hidden_states, hidden_states.dtype)
 
 
 class LlamaForCausalLM(CausalLM):
