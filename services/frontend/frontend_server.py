@@ -116,7 +116,9 @@ class FrontendServer:
         if grace:  # rejects new calls at once; waits for the Generate streams only
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.servicer.drained(), grace)
-        # Cancel the rest now (health watchers would otherwise hold the whole grace).
+        # Cancel the rest now (health watchers would otherwise hold the whole grace); our
+        # own streams first, so none is still writing when the server goes.
+        await self.servicer.cancel_streams()
         await self.grpc_server.server.stop(None)
         await stopping
 

@@ -34,6 +34,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         self.num_streams = 0
         self._no_streams = asyncio.Event()
         self._no_streams.set()
+        self._stream_tasks: set[asyncio.Task] = set()  # the Generate calls in flight
         self._background: set[asyncio.Task] = set()
 
     def _authorize(self, context) -> None:
@@ -50,9 +51,12 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     async def Generate(self, request, context) -> None:
         self.num_streams += 1
         self._no_streams.clear()
+        task = asyncio.current_task()
+        self._stream_tasks.add(task)
         try:
             await self._generate(request, context)
         finally:
+            self._stream_tasks.discard(task)
             self.num_streams -= 1
             if self.num_streams == 0:
                 self._no_streams.set()
@@ -98,6 +102,15 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     async def drained(self) -> None:
         """Returns once no Generate stream is in flight."""
         await self._no_streams.wait()
+
+    async def cancel_streams(self, timeout_s: float = 2.0) -> None:
+        """Cancel the Generate calls still in flight (each aborts its request) and wait
+        for them to end: the server must not stop under a stream that still writes
+        (grpc's aio core can crash when an RPC resumes after its server is gone)."""
+        for task in list(self._stream_tasks):
+            task.cancel()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.drained(), timeout_s)
 
     def _abort_when_cancelled(self, context, request_id: str) -> None:
         loop = asyncio.get_running_loop()
