@@ -7,6 +7,7 @@ Ray the flag fails with the command that installs it.
 One Ray instance for the module, kept small (2 cores on the test machine)."""
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -21,22 +22,32 @@ from tests.engine.parallel_helpers import (
     greedy_params,
     mixed_prompts,
 )
+from tests.engine.process_helpers import free_port
 
 ENGINE = dict(dtype="float32", block_size=4, max_num_batched_tokens=48)
 
 
 @pytest.fixture(scope="module")
 def local_ray():
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # CI has no network to report to
-    ray.init(
-        address="local",
-        num_cpus=4,
-        object_store_memory=100 * 1024 * 1024,
-        include_dashboard=False,
-        log_to_driver=True,
-    )
-    yield ray
-    ray.shutdown()
+    """A one-node Ray started by `ray start` in its own small process: ray.init(address=
+    "local") would fork the test process itself (Ray starts its servers with a preexec_fn,
+    so no vfork), which fails with ENOMEM once the suite has made that process large."""
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}  # CI has no network to report to
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    port = free_port()
+    ray_cli = [sys.executable, "-m", "ray.scripts.scripts"]
+    start = [
+        *ray_cli, "start", "--head", f"--port={port}", "--num-cpus=4",
+        f"--object-store-memory={100 * 1024 * 1024}", "--include-dashboard=false",
+        "--disable-usage-stats",
+    ]  # fmt: skip
+    subprocess.run(start, env=env, check=True, timeout=180, capture_output=True)
+    try:
+        ray.init(address="auto", log_to_driver=True)  # the cluster just started here
+        yield ray
+    finally:
+        ray.shutdown()
+        subprocess.run([*ray_cli, "stop", "--force"], env=env, timeout=120, capture_output=True)
 
 
 @pytest.fixture(scope="module")
