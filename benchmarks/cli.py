@@ -8,6 +8,7 @@ cost (benchmarks/structured.py).
     pagestream bench parallel --profile quick   # tp = 1/2/3, pp = 2, async on/off (~15 min)
     pagestream bench routing --profile quick    # serve -dp 2 under each router policy
     pagestream bench structured --profile quick # JSON schema vs none, compile times (~3 min)
+    pagestream bench precision --profile quick  # bfloat16 vs float32: speed and agreement
 
 Results accumulate in <docs>/benchmarks/results.json and the report is rewritten to
 <docs>/benchmarks.md (tables) with PNG plots in <docs>/benchmarks/ after every section.
@@ -36,7 +37,7 @@ logger = logging.getLogger("pagestream.bench")
 SECTIONS = ("throughput", "serve", "memory")  # what `all` runs
 # Sections made of parts that each keep their own meta (command, date, machine); a run
 # replaces the parts it ran and keeps the rest, and other sections' runs keep them all.
-SELF_CONTAINED = ("parallel", "routing", "structured")
+SELF_CONTAINED = ("parallel", "routing", "structured", "precision")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KV_DEFAULT = "2GiB"
 
@@ -127,7 +128,7 @@ def _profile(args: argparse.Namespace):
 
 def run_bench(args: argparse.Namespace) -> int:
     workload_mod = _import_benchmarks()
-    from benchmarks import report, report_routing, report_structured
+    from benchmarks import report, report_precision, report_routing, report_structured
     from services.common.model_source import resolve_model
 
     profile = _profile(args)
@@ -167,6 +168,7 @@ def run_bench(args: argparse.Namespace) -> int:
         path = report.write_report(results, docs, notes=notes)
         report_routing.add_to_report(results, docs)  # report.py renders everything else
         report_structured.add_to_report(results, docs)
+        report_precision.add_to_report(results, docs)
     logger.info("report: %s", path)
     return 0
 
@@ -327,6 +329,16 @@ def _run_structured(args, folder, profile, workload, results) -> dict:
     return {"offline": run_structured(AutoTokenizer.from_pretrained(folder), options)}
 
 
+def _run_precision(args, folder, profile, workload, results) -> dict:
+    """bfloat16 against float32 on the profile's workload (benchmarks/precision.py):
+    throughput side by side and greedy agreement."""
+    from benchmarks.precision import PrecisionOptions, run_precision
+
+    requests = workload.requests[: args.num_requests or len(workload.requests)]
+    options = PrecisionOptions(folder, args.kv_cache_memory, args.rounds or 2)
+    return {"offline": run_precision(requests, options)}
+
+
 def _part_meta(meta: dict, section: str) -> dict:
     """A part's meta; routing and structured describe their own workloads (not the
     profile's requests)."""
@@ -348,6 +360,7 @@ _RUNNERS = {
     "parallel": _run_parallel,
     "routing": _run_routing,
     "structured": _run_structured,
+    "precision": _run_precision,
 }
 _RESULT_KEYS = {
     "throughput": "throughput",
@@ -356,6 +369,7 @@ _RESULT_KEYS = {
     "parallel": "parallel",
     "routing": "routing",
     "structured": "structured",
+    "precision": "precision",
 }
 
 

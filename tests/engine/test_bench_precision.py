@@ -1,0 +1,47 @@
+"""`pagestream bench precision --profile smoke` on a tiny model: both dtypes run side by
+side over the same requests, agreement counts are consistent, and the report gets its
+section once, however often the benchmark runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from benchmarks.cli import add_bench_parser, run_bench
+from benchmarks.precision import agreement, first_difference
+from benchmarks.report_precision import HEADING
+
+
+def test_first_difference_and_agreement():
+    assert first_difference([1, 2, 3], [1, 2, 3]) == 3
+    assert first_difference([1, 9, 3], [1, 2, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+    summary = agreement({"float32": [[1, 2, 3], [4, 5, 6]], "bfloat16": [[1, 2, 3], [4, 0, 6]]})
+    assert summary == {
+        "requests": 2,
+        "equal": 1,
+        "mean_first_difference": 2.0,
+        "mean_output_len": 3.0,
+    }
+
+
+def test_bench_precision_smoke(model_dir, tmp_path):
+    parser = argparse.ArgumentParser()
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    model = str(model_dir("llama"))
+    argv = ["bench", "precision", "--profile", "smoke", "--model", model]
+    argv += ["--docs-dir", str(tmp_path), "--num-requests", "6", "--kv-cache-memory", "16MiB"]
+    args = parser.parse_args(argv)
+    assert run_bench(args) == 0
+    assert run_bench(args) == 0  # a second run replaces the section
+    part = json.loads((tmp_path / "benchmarks" / "results.json").read_text())["precision"]
+    offline = part["offline"]
+    assert offline["requests"] == 6 and offline["rounds"] == 2
+    for dtype in ("float32", "bfloat16"):
+        assert len(offline["output_tok_s_per_round"][dtype]) == 2
+        assert offline["output_tok_s"][dtype] > 0
+    a = offline["agreement"]
+    assert 0 <= a["equal"] <= 6 and 0 <= a["mean_first_difference"] <= a["mean_output_len"]
+    assert "pagestream bench precision --profile smoke" in offline["meta"]["command"]
+    report = (tmp_path / "benchmarks.md").read_text()
+    assert report.count(HEADING) == 1 and "bf16 / float32 output tok/s" in report
