@@ -12,6 +12,14 @@ from dataclasses import asdict
 from pathlib import Path
 
 from pagestream import roles
+from pagestream.cli_flags import (
+    add_frontend_limit_args,
+    add_router_args,
+    add_serving_args,
+    add_tls_args,
+    add_tool_args,
+    add_worker_group_args,
+)
 from pagestream.engine_args import EngineArgs, add_generation_config_arg
 from services.common.config import DEFAULT_MODEL
 from services.common.grpc_server import run
@@ -59,140 +67,6 @@ def sampling_params_from_args(args: argparse.Namespace, **overrides) -> Sampling
     return SamplingParams(**values)
 
 
-def _add_serving_args(parser: argparse.ArgumentParser, grpc_port: int) -> None:
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: all)")
-    parser.add_argument("--grpc-port", type=int, default=grpc_port, help="public gRPC port")
-    parser.add_argument("--port", type=int, default=8000, help="OpenAI HTTP port (-1: off)")
-    parser.add_argument(
-        "--api-key",
-        default=None,
-        help="require this bearer key on HTTP /v1 and on the gRPC Generation API "
-        "(default: $PAGESTREAM_API_KEY)",
-    )
-
-
-def _add_frontend_limit_args(parser: argparse.ArgumentParser) -> None:
-    """The frontend's protections (services/frontend/frontend_config.py)."""
-    add = parser.add_argument
-    add(
-        "--max-prompt-bytes",
-        type=int,
-        default=None,
-        help="refuse (400) text prompts, or chat messages together, over this many UTF-8 "
-        "bytes, before tokenizing (default: 32 x the context length; 0: no limit)",
-    )
-    add("--max-messages", type=int, default=1024, help="chat messages per request (0: any)")
-    add("--max-n", type=int, default=128, help="sequences (n, beam width) per prompt")
-    add(
-        "--max-request-body-bytes",
-        type=int,
-        default=16 * 1024 * 1024,
-        help="refuse (400) HTTP request bodies over this size (0: no limit)",
-    )
-    add(
-        "--request-timeout",
-        dest="request_timeout_s",
-        type=float,
-        default=None,
-        help="abort requests that run longer than this many seconds (gRPC DEADLINE_EXCEEDED, "
-        "HTTP 504); default: no limit",
-    )
-    add(
-        "--max-unread-tokens",
-        type=int,
-        default=4096,
-        help="abort a stream whose client leaves more than this many tokens unread "
-        "(a client that stopped reading; 0: no bound)",
-    )
-
-
-def _add_tool_args(parser: argparse.ArgumentParser) -> None:
-    """Tool calling and the chat template (services/frontend/openai/tool_choice.py)."""
-    from services.frontend.tool_parsers import TOOL_PARSERS
-
-    add = parser.add_argument
-    add(
-        "--enable-auto-tool-choice",
-        action="store_true",
-        help='allow tool_choice "auto": the model decides, its output is parsed for calls '
-        "(needs --tool-call-parser)",
-    )
-    add(
-        "--tool-call-parser",
-        choices=sorted(TOOL_PARSERS),
-        default=None,
-        help='the model\'s tool-call format: parses "auto" replies and shapes the grammar of '
-        '"required" / named-function requests (default for those: hermes)',
-    )
-    add(
-        "--chat-template",
-        default=None,
-        help="a chat template file, or the template itself, instead of the model's",
-    )
-
-
-def _add_router_args(parser: argparse.ArgumentParser) -> None:
-    """How the frontend picks a data-parallel replica (services/frontend/router.py)."""
-    from services.frontend.router import ROUTER_POLICIES, RouterConfig
-
-    defaults = RouterConfig()
-    add = parser.add_argument
-    add(
-        "--router-policy",
-        default=defaults.policy,
-        choices=ROUTER_POLICIES,
-        help="with several schedulers: cache_aware (the replica holding the longest cached "
-        "prefix unless the load is out of balance), least_loaded, or round_robin",
-    )
-    add(
-        "--router-cache-threshold",
-        type=float,
-        default=defaults.cache_threshold,
-        help="cache_aware: the cached fraction of a prompt's blocks that sends it to the "
-        "replica holding them (below it: the least loaded replica)",
-    )
-    add(
-        "--router-balance-abs-threshold",
-        type=int,
-        default=defaults.balance_abs_threshold,
-        help="cache_aware: route by load alone while the busiest replica has more than this "
-        "many requests over the idlest ...",
-    )
-    add(
-        "--router-balance-rel-threshold",
-        type=float,
-        default=defaults.balance_rel_threshold,
-        help="... and more than this many times the idlest's load",
-    )
-
-
-def _add_tls_args(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
-    add("--tls-cert", default=None, help="PEM certificate: this role's gRPC server speaks TLS")
-    add("--tls-key", default=None, help="PEM private key of --tls-cert")
-    add(
-        "--tls-ca",
-        default=None,
-        help="PEM CA: verify the services this role connects to, and require client "
-        "certificates signed by it on the internal Worker and EngineCore services (mTLS)",
-    )
-
-
-def _add_worker_group_args(parser: argparse.ArgumentParser) -> None:
-    """A rank of a worker group (defaults from RANK / LOCAL_RANK / MASTER_ADDR+PORT)."""
-    add = parser.add_argument
-    add("--rank", type=int, default=None, help="this worker's rank (default: $RANK or 0)")
-    add("--local-rank", type=int, default=None, help="CUDA device index ($LOCAL_RANK)")
-    add(
-        "--dist-init-method",
-        default=None,
-        help="where the group's ranks meet: tcp://HOST:PORT or file:///PATH "
-        "(default: tcp://$MASTER_ADDR:$MASTER_PORT)",
-    )
-    add("--dist-timeout", type=float, default=120.0, help="seconds to wait for the other ranks")
-    add("--ready-file", default=None, help="write the bound address here once listening")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pagestream", description=__doc__)
     parser.add_argument("--log-level", default="INFO")
@@ -208,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(max_waiting_requests=None)  # an offline batch queues every prompt
     serve = sub.add_parser("serve", help="all roles on this machine: gRPC and OpenAI HTTP")
     serve.add_argument("model", nargs="?", default=DEFAULT_MODEL)
-    _add_serving_args(serve, 50051)
+    add_serving_args(serve, 50051)
     serve.add_argument(
         "--split-services",
         action="store_true",
@@ -228,17 +102,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="engine replicas, each with its own worker group and KV cache, behind one "
         "routing frontend (runs the roles as supervised processes, as --split-services)",
     )
-    _add_router_args(serve)
-    _add_frontend_limit_args(serve)
-    _add_tool_args(serve)
-    _add_tls_args(serve)
+    add_router_args(serve)
+    add_frontend_limit_args(serve)
+    add_tool_args(serve)
+    add_tls_args(serve)
     EngineArgs.add_cli_args(serve)
     worker = sub.add_parser("worker", help="the Worker service (runs the model)")
     worker.add_argument("model", nargs="?", default=DEFAULT_MODEL)
     worker.add_argument("--host", default="127.0.0.1")
     worker.add_argument("--port", type=int, default=50061, help="0: any free port")
-    _add_worker_group_args(worker)
-    _add_tls_args(worker)
+    add_worker_group_args(worker)
+    add_tls_args(worker)
     EngineArgs.add_cli_args(worker)
     scheduler = sub.add_parser("scheduler", help="the EngineCore service (scheduler)")
     scheduler.add_argument("model", nargs="?", default=DEFAULT_MODEL)
@@ -252,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     scheduler.add_argument("--host", default="127.0.0.1")
     scheduler.add_argument("--port", type=int, default=50062)
-    _add_tls_args(scheduler)
+    add_tls_args(scheduler)
     EngineArgs.add_cli_args(scheduler)
     frontend = sub.add_parser("frontend", help="the public gRPC and HTTP APIs")
     frontend.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="for the tokenizer")
@@ -264,11 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     frontend.add_argument("--served-model-name", default=None)
     add_generation_config_arg(frontend)
-    _add_serving_args(frontend, 50051)
-    _add_router_args(frontend)
-    _add_frontend_limit_args(frontend)
-    _add_tool_args(frontend)
-    _add_tls_args(frontend)
+    add_serving_args(frontend, 50051)
+    add_router_args(frontend)
+    add_frontend_limit_args(frontend)
+    add_tool_args(frontend)
+    add_tls_args(frontend)
     bench = sub.add_parser(
         "bench",
         add_help=False,

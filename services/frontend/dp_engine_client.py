@@ -17,13 +17,12 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import fields
 
 from services.common.block_hash import hash_request_tokens
 from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from services.common.engine_request import EngineCoreRequest
-from services.common.kv_events import KvEventBatch
 from services.frontend.engine_client import EngineCoreClient, EngineUnavailableError
 from services.frontend.replica import Replica
 from services.frontend.router import Router, RouterConfig
@@ -247,10 +246,6 @@ class DataParallelClient:
 
     def routing_counts(self) -> dict[tuple[str, str], int]:
         return dict(self.decisions)
-
-    async def watch_kv_events(self) -> AsyncIterator[KvEventBatch]:
-        raise NotImplementedError("a data-parallel client has no single prefix cache to watch")
-        yield  # pragma: no cover
 
     async def close(self) -> None:
         if self._closed:

@@ -37,7 +37,7 @@ from services.scheduler.plan_builder import PlanBuilder
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.sequence_groups import SequenceGroups
 from services.scheduler.stop_checker import check_stop
-from services.scheduler.structured_output_manager import GrammarError, StructuredOutputManager
+from services.scheduler.structured_output_manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,6 @@ class Scheduler:
         self.pending_swap_out: list[tuple[int, int]] = []  # for the next plan
         self.groups = SequenceGroups(self)
         self.in_flight = StepsInFlight()
-        self.in_flight_groups = self.in_flight.groups  # group_id -> sequences in flight
 
     # ---- admission -----------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -130,14 +129,10 @@ class Scheduler:
             self._schedule_swapped(plan)
         if admit and not self.swapped:
             self._schedule_waiting(plan)
-        if not plan.scheduled and (self.waiting or self.swapped) and not self.in_flight_groups:
+        if not plan.scheduled and (self.waiting or self.swapped) and not self.in_flight.groups:
             self._unblock(plan)
         plan.blocks_to_swap_out = self.pending_swap_out
-        samples = [
-            (r, r.num_computed_tokens + plan.num_scheduled_tokens[r.request_id] >= r.num_tokens)
-            for r in plan.scheduled
-        ]
-        masks = self.structured.masks(samples)
+        masks = self.structured.masks(plan.scheduled, plan.num_scheduled_tokens)
         output = plan.build(self.finished_req_ids, self.kv.take_pending_copies(), masks)
         self.finished_req_ids = set()
         self.pending_swap_out = []
@@ -258,8 +253,10 @@ class Scheduler:
         try:
             while self.waiting and plan.token_budget > 0:
                 request = self.waiting[0]
-                if not self._grammar_ready(request):
-                    if not request.is_finished:  # still compiling: others go first
+                if (status := self.structured.gate(request)) is not None:
+                    if status.is_finished:  # its grammar failed, or allows only EOS
+                        self._finish_waiting(status)
+                    else:  # still compiling: others go first
                         compiling.append(self.waiting.popleft())
                     continue
                 if len(self.running) + request.sampling_params.n > self.config.max_num_seqs:
@@ -267,32 +264,16 @@ class Scheduler:
                 if self.is_blocked(request):
                     return  # a sibling's step is in flight: the queue moves next step
                 if cdiv(request.num_tokens, self.block_size) > self.kv.num_blocks:
-                    self.waiting.popleft()
-                    self._finish_now(request, RequestStatus.FINISHED_IGNORED)
+                    self._finish_waiting(RequestStatus.FINISHED_IGNORED)
                     continue
                 if not self._admit(request, plan):
                     return
         finally:
             self.waiting.extendleft(reversed(compiling))
 
-    def _grammar_ready(self, request: Request) -> bool:
-        """False while its grammar compiles; a failed or spent grammar ends it here."""
-        try:
-            if not self.structured.ready(request):
-                return False
-        except GrammarError as exc:
-            request.error = str(exc)
-            self._finish_now(request, RequestStatus.FINISHED_ERROR)
-            return False
-        if self.structured.exhausted(request):  # it can only be empty: done
-            self._finish_now(request, RequestStatus.FINISHED_STOPPED)
-            return False
-        return True
-
-    def _finish_now(self, request: Request, status: RequestStatus) -> None:
-        """End a waiting request outside a step (its final output goes with the next)."""
-        if request in self.waiting:
-            self.waiting.remove(request)
+    def _finish_waiting(self, status: RequestStatus) -> None:
+        """End the head of the waiting queue (its final output goes with the next step)."""
+        request = self.waiting.popleft()
         self._finish(request, status)
         self.pending_outputs.append((request.client_id, request.to_output([])))
 
@@ -375,7 +356,6 @@ class Scheduler:
         logprobs = runner_output.logprobs.get(request.request_id)
         return request.to_output(new_ids, logprobs, prompt_logprobs)
 
-    # ---- steps in flight -----------------------------------------------------------
     def is_blocked(self, request: Request) -> bool:
         """It, or a sequence of its group, has a step in flight: not schedulable now."""
         return self.in_flight.blocks(request)

@@ -166,9 +166,27 @@ class StructuredOutputManager:
         return words.astype(np.uint32).view(np.int32)
 
     # ---- per step ------------------------------------------------------------------------
-    def masks(self, requests: Sequence[tuple[Request, bool]]) -> StepMasks | None:
-        """Bitmask rows for the (request, samples this step) pairs that have a grammar."""
-        rows = [r for r, samples in requests if samples and r.grammar is not None]
+    def gate(self, request: Request) -> RequestStatus | None:
+        """None when a waiting request may run; WAITING while its grammar compiles; a
+        finished status when its grammar failed (request.error says why) or allows nothing
+        but EOS from the start (it ends at once, empty)."""
+        try:
+            if not self.ready(request):
+                return RequestStatus.WAITING
+        except GrammarError as exc:
+            request.error = str(exc)
+            return RequestStatus.FINISHED_ERROR
+        return RequestStatus.FINISHED_STOPPED if self.exhausted(request) else None
+
+    def masks(self, scheduled: Sequence[Request], num_tokens: dict[str, int]) -> StepMasks | None:
+        """Bitmask rows for this step's requests that have a grammar and sample (their
+        scheduled tokens reach the end of what they know: no partial prefill chunk)."""
+        rows = [
+            r
+            for r in scheduled
+            if r.grammar is not None
+            and r.num_computed_tokens + num_tokens[r.request_id] >= r.num_tokens
+        ]
         if not rows:
             return None
         from llguidance.numpy import fill_next_token_bitmask

@@ -26,8 +26,7 @@ from services.worker.batch_inputs import (
     flatten_batch,
     schedule_problem,
 )
-from services.worker.sampling_metadata import GrammarMask
-from services.worker.sampling_ops import banned_from_bitmask
+from services.worker.sampling_ops import grammar_mask
 from services.worker.sampling_table import SamplingParamsTable
 
 logger = logging.getLogger(__name__)
@@ -296,7 +295,9 @@ class InputBatch:
                 self._num_tokens,
                 self.device,
             )
-            metadata = self._with_grammar(metadata, plan, sampling_ids)
+            mask = grammar_mask(plan, sampling_ids, self.vocab_size, self.device)
+            if mask is not None:
+                metadata = dataclasses.replace(metadata, grammar=mask)
         return BatchInputs(
             request_ids=request_ids,
             input_ids=self._to_device(flat.input_ids),
@@ -316,24 +317,6 @@ class InputBatch:
                 request_ids, slots, num_computed, num_scheduled, flat.query_start_loc
             ),
         )
-
-    def _with_grammar(self, metadata, plan: SchedulerOutput, sampling_ids: list[str]):
-        """The plan's grammar bitmasks as banned-token masks on the rows they belong to."""
-        if not plan.grammar_request_ids:
-            return metadata
-        row_of = {rid: row for row, rid in enumerate(sampling_ids)}
-        ids = plan.grammar_request_ids
-        words = np.frombuffer(plan.grammar_bitmask, dtype="<i4").reshape(len(ids), -1)
-        pairs = sorted((row_of[rid], i) for i, rid in enumerate(ids) if rid in row_of)
-        if not pairs:
-            return metadata
-        rows = np.array([row for row, _ in pairs], np.int64)
-        banned = banned_from_bitmask(words[[i for _, i in pairs]], self.vocab_size)
-        mask = GrammarMask(
-            rows=torch.from_numpy(rows).to(self.device),
-            banned=torch.from_numpy(banned).to(self.device),
-        )
-        return dataclasses.replace(metadata, grammar=mask)
 
     def _check_schedule(
         self,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from services.common.scheduler_output import SchedulerOutput
 from services.worker.sampling_metadata import GrammarMask, LogitBias, SamplingMetadata, TokenMask
 
 NEG_INF = float("-inf")
@@ -48,6 +49,26 @@ def apply_grammar_mask(logits: torch.Tensor, mask: GrammarMask) -> torch.Tensor:
         return logits.masked_fill_(banned, NEG_INF)
     logits[mask.rows] = logits[mask.rows].masked_fill_(banned, NEG_INF)
     return logits
+
+
+def grammar_mask(
+    plan: SchedulerOutput, sampling_ids: list[str], vocab_size: int, device: torch.device
+) -> GrammarMask | None:
+    """The plan's grammar bitmasks as banned-token masks on the sampling rows they belong
+    to (rows ascending); None when no sampling row has a grammar this step."""
+    if not plan.grammar_request_ids:
+        return None
+    row_of = {rid: row for row, rid in enumerate(sampling_ids)}
+    ids = plan.grammar_request_ids
+    words = np.frombuffer(plan.grammar_bitmask, dtype="<i4").reshape(len(ids), -1)
+    pairs = sorted((row_of[rid], i) for i, rid in enumerate(ids) if rid in row_of)
+    if not pairs:
+        return None
+    rows = np.array([row for row, _ in pairs], np.int64)
+    banned = banned_from_bitmask(words[[i for _, i in pairs]], vocab_size)
+    return GrammarMask(
+        rows=torch.from_numpy(rows).to(device), banned=torch.from_numpy(banned).to(device)
+    )
 
 
 def banned_from_bitmask(words: np.ndarray, vocab_size: int) -> np.ndarray:

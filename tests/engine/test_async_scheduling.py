@@ -87,7 +87,7 @@ def test_preemption_in_both_modes(model_dir, mode):
         assert llm.engine.cache_info.num_gpu_blocks == 12
         results[flag] = _greedy(llm, prompts, max_tokens=12)
         assert scheduler.num_preemptions > 0
-        assert scheduler.kv.num_free_blocks == 12 and not scheduler.in_flight_groups
+        assert scheduler.kv.num_free_blocks == 12 and not scheduler.in_flight.groups
         assert watch.max_in_flight == (2 if flag else 1)
     assert results[True] == results[False]
 

@@ -11,11 +11,9 @@ import json
 import pytest
 
 from benchmarks.cli import add_bench_parser, run_bench
+from benchmarks.grammar_timing import FILLS, LARK, REGEXES
 from benchmarks.report_structured import HEADING
 from benchmarks.structured import (
-    FILLS,
-    LARK,
-    REGEXES,
     STRUCTURED_PROFILES,
     VARIANTS,
     round_order,

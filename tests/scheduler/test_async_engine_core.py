@@ -61,7 +61,7 @@ async def test_adds_and_aborts_between_steps(build, depth):
         params = SamplingParams(max_tokens=6 if rid == "late" else 10, ignore_eos=True)
         assert (tokens, reason) == (reference_generate(prompt, params, 160), "length")
     await core.shutdown()
-    assert scheduler.kv.num_free_blocks == 40 and not scheduler.in_flight_groups
+    assert scheduler.kv.num_free_blocks == 40 and not scheduler.in_flight.groups
 
 
 @DEPTHS

@@ -28,7 +28,7 @@ def check_in_flight(scheduler: Scheduler) -> None:
     """Requests in flight are running, and the per-group counts say exactly which."""
     in_flight = [r for r in scheduler.requests.values() if r.in_flight]
     assert all(r in scheduler.running for r in in_flight)
-    assert Counter(r.group_id for r in in_flight) == scheduler.in_flight_groups
+    assert Counter(r.group_id for r in in_flight) == scheduler.in_flight.groups
 
 
 def test_batch_queue_keeps_order_and_bound():
@@ -123,7 +123,7 @@ def check_all_freed(scheduler: Scheduler, num_blocks: int) -> None:
     assert scheduler.kv.num_free_blocks == num_blocks
     assert len(scheduler.kv.cpu_free) == NUM_CPU_BLOCKS
     assert not scheduler.requests and not scheduler.kv.req_to_blocks
-    assert not scheduler.in_flight_groups and not scheduler.groups.beam_groups
+    assert not scheduler.in_flight.groups and not scheduler.groups.beam_groups
 
 
 POOLS = [(64, 512), (24, 16), (14, 8)]  # (blocks, token budget): roomy to preempting
@@ -207,7 +207,7 @@ def test_abort_of_an_in_flight_request_frees_now_and_ignores_its_step(build):
     scheduler.add_request(make_request("a", list(range(30)), max_tokens=5))
     plan = scheduler.schedule()
     scheduler.abort_requests(["a"])
-    assert scheduler.kv.num_free_blocks == 10 and not scheduler.in_flight_groups
+    assert scheduler.kv.num_free_blocks == 10 and not scheduler.in_flight.groups
     scheduler.add_request(make_request("a", [7, 8, 9], max_tokens=2))  # the id, reused
     reused = scheduler.schedule()
     assert reused.finished_req_ids == {"a"}  # the worker drops the old "a" first

@@ -95,7 +95,7 @@ def test_random_interleavings_at_depth_two(ops, mode, caching, budget, eager):
     assert not core.has_work(), "the engine core hangs"
     assert scheduler.kv.num_free_blocks == NUM_BLOCKS
     assert not scheduler.kv.req_to_blocks and not scheduler.requests
-    assert not scheduler.in_flight_groups and len(core.batch_queue) == 0
+    assert not scheduler.in_flight.groups and len(core.batch_queue) == 0
     for rid, request in added.items():
         if rid in aborted or request.sampling_params.n > 1:
             continue

@@ -158,7 +158,7 @@ request = Request("r", [1, 2], params)
 manager.admit(request)
 request.grammar.future.result(timeout=30)
 assert manager.ready(request)
-masks = manager.masks([(request, True)])
+masks = manager.masks([request], {{"r": 2}})
 assert masks.request_ids == ["r"] and len(masks.bitmask) == 16 * 4
 assert "torch" not in sys.modules, "torch was imported"
 """
