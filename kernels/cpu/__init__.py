@@ -3,7 +3,9 @@
 `paged_attention` has the signature of `kernels.reference.paged_attention`: groups of decode
 rows (one query token per sequence: most rows of a busy server) run `paged_decode.cpp`, which
 reads each cached key and value once, straight through the block table; prefill groups keep
-the reference's masked SDPA. float32 only (other dtypes take the reference path).
+the reference's masked SDPA. float32 and bfloat16 queries over float32 or bfloat16 caches
+(a bfloat16 query over a float32 cache, and other dtypes, take the reference path); the
+arithmetic is float32 either way.
 
 The build lands in $PAGESTREAM_CACHE/torch_extensions under a name keyed by the source, the
 torch version and this CPU's instruction-set flags (it is compiled with -march=native), so a
@@ -160,6 +162,22 @@ def paged_decode(
     return out
 
 
+_KERNEL_DTYPES = {
+    (torch.float32, torch.float32),
+    (torch.bfloat16, torch.bfloat16),
+    (torch.float32, torch.bfloat16),
+}
+
+
+def supports(query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """Whether the C++ kernel takes this query over this cache (else the torch path)."""
+    return (
+        query.device.type == "cpu"
+        and kv_cache.is_contiguous()
+        and (query.dtype, kv_cache.dtype) in _KERNEL_DTYPES
+    )
+
+
 def paged_attention(  # noqa: PLR0913 - the kernel signature shared with kernels.reference
     query: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -173,11 +191,10 @@ def paged_attention(  # noqa: PLR0913 - the kernel signature shared with kernels
     sliding_window: int | None = None,
     soft_cap: float | None = None,
 ) -> torch.Tensor:
-    """kernels.reference.paged_attention with decode groups in C++ (float32 CPU tensors)."""
+    """kernels.reference.paged_attention with decode groups in C++ (CPU tensors, see above)."""
     del max_query_len, max_seq_len
     options = AttentionOptions(scale, sliding_window, soft_cap)
-    fast = query.dtype == kv_cache.dtype == torch.float32 and query.device.type == "cpu"
-    kernel = paged_decode if fast and kv_cache.is_contiguous() else None
+    kernel = paged_decode if supports(query, kv_cache) else None
     return planned_attention(
         query, kv_cache, block_table, seq_lens, query_start_loc, options, kernel
     )

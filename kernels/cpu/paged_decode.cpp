@@ -1,35 +1,124 @@
 // Decode attention straight from the paged KV cache on the CPU: one query token per sequence.
 //
 // The torch path gathers every sequence's keys and values into a padded buffer and runs SDPA
-// over it, so each cached byte is read, written and read again. Here each
-// sequence walks its block table once for the keys and once for the values, reading every cached
-// byte once, block by block. float32 only; the caller falls back to the torch path otherwise.
+// over it, so each cached byte is read, written and read again. Here each (sequence, KV head)
+// walks its block table once for the keys and once for the values, reading every cached byte
+// once, block by block, for all the query heads of its GQA group. float32 or bfloat16 queries
+// and caches (a bfloat16 cache under float32 queries too); all arithmetic is float32.
 //
 // query       [num_seqs, num_q_heads, head_dim]
 // key_cache   [num_blocks, block_size, num_kv_heads, head_dim] (value_cache alike)
 // block_table [num_seqs, max_blocks] int32
 // seq_lens    [num_seqs] int32: context length including this step's token
-// out         [num_seqs, num_q_heads, head_dim]
+// out         [num_seqs, num_q_heads, head_dim] (the query's dtype)
 #include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
 #include <torch/extension.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace {
+
+using bf16 = c10::BFloat16;
 
 struct Layout {
   int64_t num_q_heads, num_kv_heads, group, head_dim, block_size, max_blocks;
 };
 
-inline float dot(const float* a, const float* b, int64_t n) {
-  float sum = 0.f;
+inline float to_float(float x) { return x; }
+inline float to_float(bf16 x) { return static_cast<float>(x); }
+
+#if defined(__AVX512F__)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const bf16* p) {  // bfloat16 is the top half of a float32
+  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+#endif
+
+// One KV head's vectors in one cache block: `rows` of them at `first`, `stride` elements apart.
+template <typename C>
+struct BlockRows {
+  const C* first;
+  int64_t rows, stride;
+};
+
+// scores[j * n + r] = q_j . k_r for the block's rows r and the group's query heads j
+// (q: [group, head_dim] float32). G: the group size when known at compile time (1-8, with
+// AVX-512 and head_dim % 16 == 0: each key chunk loaded once into a register for all heads
+// of the group), else 0 and the portable loop.
+template <int G, typename C>
+inline void score_block(float* scores, int64_t n, const float* q, const BlockRows<C>& b,
+                        const Layout& l) {
+#if defined(__AVX512F__)
+  if constexpr (G > 0) {
+    const C* row = b.first;
+    for (int64_t r = 0; r < b.rows; ++r, row += b.stride) {
+      __m512 acc[G];
+      for (int j = 0; j < G; ++j) acc[j] = _mm512_setzero_ps();
+      for (int64_t c = 0; c < l.head_dim; c += 16) {
+        const __m512 k = load16(row + c);
+        for (int j = 0; j < G; ++j) {
+          acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(q + j * l.head_dim + c), k, acc[j]);
+        }
+      }
+      for (int j = 0; j < G; ++j) scores[j * n + r] = _mm512_reduce_add_ps(acc[j]);
+    }
+    return;
+  }
+#endif
+  const C* row = b.first;
+  for (int64_t r = 0; r < b.rows; ++r, row += b.stride) {
+    for (int64_t j = 0; j < l.group; ++j) {
+      const float* qj = q + j * l.head_dim;
+      float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
-  return sum;
+      for (int64_t i = 0; i < l.head_dim; ++i) sum += qj[i] * to_float(row[i]);
+      scores[j * n + r] = sum;
+    }
+  }
+}
+
+// acc_j += sum_r probs[j * n + r] * v_r for the group's query heads j (acc: [group,
+// head_dim] float32); with G > 0 each accumulator chunk stays in a register over the block.
+template <int G, typename C>
+inline void mix_block(float* acc, const float* probs, int64_t n, const BlockRows<C>& b,
+                      const Layout& l) {
+#if defined(__AVX512F__)
+  if constexpr (G > 0) {
+    for (int64_t c = 0; c < l.head_dim; c += 16) {
+      __m512 a[G];
+      for (int j = 0; j < G; ++j) a[j] = _mm512_loadu_ps(acc + j * l.head_dim + c);
+      const C* row = b.first;
+      for (int64_t r = 0; r < b.rows; ++r, row += b.stride) {
+        const __m512 v = load16(row + c);
+        for (int j = 0; j < G; ++j) {
+          a[j] = _mm512_fmadd_ps(_mm512_set1_ps(probs[j * n + r]), v, a[j]);
+        }
+      }
+      for (int j = 0; j < G; ++j) _mm512_storeu_ps(acc + j * l.head_dim + c, a[j]);
+    }
+    return;
+  }
+#endif
+  const C* row = b.first;
+  for (int64_t r = 0; r < b.rows; ++r, row += b.stride) {
+    for (int64_t j = 0; j < l.group; ++j) {
+      const float p = probs[j * n + r];
+      float* a = acc + j * l.head_dim;
+#pragma omp simd
+      for (int64_t i = 0; i < l.head_dim; ++i) a[i] += p * to_float(row[i]);
+    }
+  }
 }
 
 // exp(x) for x <= 0 (scores minus their row maximum), vectorisable: 2^(x log2 e) split into
@@ -53,22 +142,38 @@ inline float exp_nonpositive(float x) {
   return x <= -87.f ? 0.f : p * scale;
 }
 
-inline void axpy(float* y, float alpha, const float* x, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+// Asks for one KV head's vectors of a whole cache block ahead of use: blocks sit anywhere
+// in the cache, so the hardware prefetcher, which follows one address stream, loses the
+// sequence at every block boundary and each block would start with a row of misses.
+template <typename C>
+inline void prefetch_block(const C* block_start, const Layout& l) {
+  const int64_t token_stride = l.num_kv_heads * l.head_dim;
+  const int64_t bytes = l.head_dim * static_cast<int64_t>(sizeof(C));
+  for (int64_t r = 0; r < l.block_size; ++r) {
+    const char* row = reinterpret_cast<const char*>(block_start + r * token_stride);
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b);
+  }
 }
 
-// Calls visit(t, row) for t = 0..n-1, row = the cached token row of position first + t (all kv
-// heads, contiguous), walking the block table block by block.
-template <typename Visit>
-inline void for_each_row(const float* cache, const int32_t* table, int64_t first, int64_t n,
-                         const Layout& l, Visit visit) {
+// Calls visit(t, rows) for each cache block holding positions first..first+n-1: rows are
+// KV head `head`'s vectors of positions first+t.., walking the block table (and prefetching
+// the next block).
+template <typename C, typename Visit>
+inline void for_each_block(const C* cache, const int32_t* table, int64_t first, int64_t n,
+                           int64_t head, const Layout& l, Visit visit) {
   const int64_t token_stride = l.num_kv_heads * l.head_dim;
-  for (int64_t pos = first, t = 0; pos < first + n;) {
-    const int64_t block = table[pos / l.block_size];
-    const int64_t stop = std::min(first + n, (pos / l.block_size + 1) * l.block_size);
-    const float* row = cache + (block * l.block_size + pos % l.block_size) * token_stride;
-    for (; pos < stop; ++pos, ++t, row += token_stride) visit(t, row);
+  const int64_t block_elems = l.block_size * token_stride;
+  const int64_t last_block = (first + n - 1) / l.block_size;
+  for (int64_t pos = first; pos < first + n;) {
+    const int64_t index = pos / l.block_size;
+    if (index < last_block) {
+      prefetch_block(cache + table[index + 1] * block_elems + head * l.head_dim, l);
+    }
+    const int64_t stop = std::min(first + n, (index + 1) * l.block_size);
+    const C* row = cache + table[index] * block_elems + (pos % l.block_size) * token_stride +
+                   head * l.head_dim;
+    visit(pos - first, BlockRows<C>{row, stop - pos, token_stride});
+    pos = stop;
   }
 }
 
@@ -91,51 +196,36 @@ void softmax_row(float* row, int64_t n, float scale, float soft_cap) {
   for (int64_t t = 0; t < n; ++t) row[t] *= inv;
 }
 
-// One sequence: scores [num_q_heads, n] against its keys, softmaxed; then out [num_q_heads,
-// head_dim] = scores x values. Each cached row is read once per pass.
-void attend_sequence(float* out, float* scores, const float* q, const float* key_cache,
-                     const float* value_cache, const int32_t* table, int64_t first, int64_t n,
-                     const Layout& l, float scale, float soft_cap) {
-  for_each_row(key_cache, table, first, n, l, [&](int64_t t, const float* row) {
-    for (int64_t h = 0; h < l.num_q_heads; ++h) {
-      scores[h * n + t] = dot(q + h * l.head_dim, row + (h / l.group) * l.head_dim, l.head_dim);
-    }
+// Scratch of one thread: the group's float32 queries, scores [group, n], output accumulators.
+struct Scratch {
+  std::vector<float> q, scores, acc;
+};
+
+// One sequence's KV head: scores of its query heads against the keys, softmaxed, then
+// out = scores x values. Each cached vector of the head is read once per pass.
+template <int G, typename Q, typename C>
+void attend_head(Q* out, const Q* q, const C* key_cache, const C* value_cache,
+                 const int32_t* table, int64_t first, int64_t n, int64_t head, const Layout& l,
+                 float scale, float soft_cap, Scratch& s) {
+  const int64_t width = l.group * l.head_dim;
+  s.q.resize(width);
+  s.acc.assign(width, 0.f);
+  s.scores.resize(l.group * n);
+  for (int64_t i = 0; i < width; ++i) s.q[i] = to_float(q[i]);
+  float* scores = s.scores.data();
+  for_each_block(key_cache, table, first, n, head, l, [&](int64_t t, const BlockRows<C>& b) {
+    score_block<G>(scores + t, n, s.q.data(), b, l);
   });
-  for (int64_t h = 0; h < l.num_q_heads; ++h) softmax_row(scores + h * n, n, scale, soft_cap);
-  std::fill(out, out + l.num_q_heads * l.head_dim, 0.f);
-  for_each_row(value_cache, table, first, n, l, [&](int64_t t, const float* row) {
-    for (int64_t h = 0; h < l.num_q_heads; ++h) {
-      axpy(out + h * l.head_dim, scores[h * n + t], row + (h / l.group) * l.head_dim,
-           l.head_dim);
-    }
+  for (int64_t j = 0; j < l.group; ++j) softmax_row(scores + j * n, n, scale, soft_cap);
+  for_each_block(value_cache, table, first, n, head, l, [&](int64_t t, const BlockRows<C>& b) {
+    mix_block<G>(s.acc.data(), scores + t, n, b, l);
   });
+  for (int64_t i = 0; i < width; ++i) out[i] = static_cast<Q>(s.acc[i]);
 }
 
-}  // namespace
-
-void paged_decode(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache,
-                  torch::Tensor value_cache, torch::Tensor block_table, torch::Tensor seq_lens,
-                  double scale, int64_t sliding_window, double soft_cap) {
-  for (const auto& t : {out, query, key_cache, value_cache}) {
-    TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.device().is_cpu(),
-                "paged_decode: float32 contiguous CPU tensors only");
-  }
-  TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.is_contiguous(),
-              "paged_decode: block_table must be contiguous int32");
-  TORCH_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.is_contiguous(),
-              "paged_decode: seq_lens must be contiguous int32");
-  const Layout l{query.size(1), key_cache.size(2), query.size(1) / key_cache.size(2),
-                 query.size(2),  key_cache.size(1), block_table.size(1)};
-  TORCH_CHECK(l.num_q_heads % l.num_kv_heads == 0, "paged_decode: q heads % kv heads != 0");
-  const int64_t num_seqs = query.size(0);
-  const float* q = query.data_ptr<float>();
-  const float* kc = key_cache.data_ptr<float>();
-  const float* vc = value_cache.data_ptr<float>();
-  const int32_t* tables = block_table.data_ptr<int32_t>();
-  const int32_t* lens = seq_lens.data_ptr<int32_t>();
-  float* o = out.data_ptr<float>();
-  const int64_t num_blocks = key_cache.size(0);
-  for (int64_t seq = 0; seq < num_seqs; ++seq) {  // a bad plan is an error, never a stray read
+void check_plan(const int32_t* tables, const int32_t* lens, int64_t num_seqs, int64_t num_blocks,
+                const Layout& l) {  // a bad plan is an error, never a stray read
+  for (int64_t seq = 0; seq < num_seqs; ++seq) {
     const int64_t needed = (static_cast<int64_t>(lens[seq]) + l.block_size - 1) / l.block_size;
     TORCH_CHECK(lens[seq] >= 0 && needed <= l.max_blocks, "paged_decode: sequence ", seq,
                 " has length ", lens[seq], ", more than its block table holds");
@@ -145,27 +235,102 @@ void paged_decode(torch::Tensor out, torch::Tensor query, torch::Tensor key_cach
                   " is out of range [0, ", num_blocks, ")");
     }
   }
-  const auto fscale = static_cast<float>(scale);
-  const auto fcap = static_cast<float>(soft_cap);
-  at::parallel_for(0, num_seqs, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
-    for (int64_t seq = begin; seq < end; ++seq) {
+}
+
+// Work items are (sequence, KV head) pairs, so one long sequence still keeps every thread
+// busy; consecutive items share a sequence, so a thread mostly walks whole cached rows.
+template <int G, typename Q, typename C>
+void decode_items(Q* o, const Q* q, const C* kc, const C* vc, const int32_t* tables,
+                  const int32_t* lens, int64_t num_seqs, const Layout& l, float scale,
+                  int64_t sliding_window, float soft_cap) {
+  const int64_t width = l.group * l.head_dim;  // one KV head's query rows
+  at::parallel_for(0, num_seqs * l.num_kv_heads, 1, [&](int64_t begin, int64_t end) {
+    Scratch scratch;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t seq = item / l.num_kv_heads, head = item % l.num_kv_heads;
       const int64_t len = lens[seq];
       const int64_t first = sliding_window > 0 ? std::max<int64_t>(0, len - sliding_window) : 0;
       const int64_t n = len - first;
-      float* seq_out = o + seq * l.num_q_heads * l.head_dim;
+      const int64_t offset = (seq * l.num_kv_heads + head) * width;
       if (n <= 0) {
-        std::fill(seq_out, seq_out + l.num_q_heads * l.head_dim, 0.f);
+        std::fill(o + offset, o + offset + width, static_cast<Q>(0.f));
         continue;
       }
-      const int32_t* table = tables + seq * l.max_blocks;
-      scores.resize(l.num_q_heads * n);
-      attend_sequence(seq_out, scores.data(), q + seq * l.num_q_heads * l.head_dim, kc, vc, table,
-                      first, n, l, fscale, fcap);
+      attend_head<G>(o + offset, q + offset, kc, vc, tables + seq * l.max_blocks, first, n,
+                     head, l, scale, soft_cap, scratch);
     }
   });
 }
 
+template <typename Q, typename C>
+void decode(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache,
+            torch::Tensor value_cache, torch::Tensor block_table, torch::Tensor seq_lens,
+            float scale, int64_t sliding_window, float soft_cap) {
+  const Layout l{query.size(1), key_cache.size(2), query.size(1) / key_cache.size(2),
+                 query.size(2),  key_cache.size(1), block_table.size(1)};
+  TORCH_CHECK(l.num_q_heads % l.num_kv_heads == 0, "paged_decode: q heads % kv heads != 0");
+  const int64_t num_seqs = query.size(0);
+  const int32_t* tables = block_table.data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  check_plan(tables, lens, num_seqs, key_cache.size(0), l);
+  const auto run = [&](auto group) {
+    decode_items<decltype(group)::value>(out.data_ptr<Q>(), query.data_ptr<Q>(),
+                                         key_cache.data_ptr<C>(), value_cache.data_ptr<C>(),
+                                         tables, lens, num_seqs, l, scale, sliding_window,
+                                         soft_cap);
+  };
+#if defined(__AVX512F__)
+  if (l.head_dim % 16 == 0) {
+    switch (l.group) {  // the common GQA group sizes, unrolled; others take the loop
+      case 1: return run(std::integral_constant<int, 1>{});
+      case 2: return run(std::integral_constant<int, 2>{});
+      case 3: return run(std::integral_constant<int, 3>{});
+      case 4: return run(std::integral_constant<int, 4>{});
+      case 5: return run(std::integral_constant<int, 5>{});
+      case 6: return run(std::integral_constant<int, 6>{});
+      case 7: return run(std::integral_constant<int, 7>{});
+      case 8: return run(std::integral_constant<int, 8>{});
+      default: break;
+    }
+  }
+#endif
+  run(std::integral_constant<int, 0>{});
+}
+
+}  // namespace
+
+void paged_decode(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache,
+                  torch::Tensor value_cache, torch::Tensor block_table, torch::Tensor seq_lens,
+                  double scale, int64_t sliding_window, double soft_cap) {
+  const auto qtype = query.scalar_type(), ctype = key_cache.scalar_type();
+  for (const auto& t : {out, query, key_cache, value_cache}) {
+    TORCH_CHECK(t.is_contiguous() && t.device().is_cpu(),
+                "paged_decode: contiguous CPU tensors only");
+  }
+  TORCH_CHECK(out.scalar_type() == qtype && value_cache.scalar_type() == ctype,
+              "paged_decode: out must match the query's dtype, values the keys'");
+  TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.is_contiguous(),
+              "paged_decode: block_table must be contiguous int32");
+  TORCH_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.is_contiguous(),
+              "paged_decode: seq_lens must be contiguous int32");
+  const auto s = static_cast<float>(scale);
+  const auto cap = static_cast<float>(soft_cap);
+  if (qtype == at::kFloat && ctype == at::kFloat) {
+    decode<float, float>(out, query, key_cache, value_cache, block_table, seq_lens, s,
+                         sliding_window, cap);
+  } else if (qtype == at::kBFloat16 && ctype == at::kBFloat16) {
+    decode<bf16, bf16>(out, query, key_cache, value_cache, block_table, seq_lens, s,
+                       sliding_window, cap);
+  } else if (qtype == at::kFloat && ctype == at::kBFloat16) {
+    decode<float, bf16>(out, query, key_cache, value_cache, block_table, seq_lens, s,
+                        sliding_window, cap);
+  } else {
+    TORCH_CHECK(false, "paged_decode: query ", qtype, " over a ", ctype,
+                " cache is not supported (float32 or bfloat16)");
+  }
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "decode attention over the paged KV cache (float32)");
+  m.def("paged_decode", &paged_decode,
+        "decode attention over the paged KV cache (float32 / bfloat16)");
 }

@@ -7,6 +7,8 @@ rather than silently testing nothing.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -72,12 +74,61 @@ def test_kernel_is_used_for_decode_groups_only(monkeypatch):
     assert calls == [sum(1 for _, q in MIXED if q == 1)]
 
 
-def test_other_dtypes_take_the_torch_path(monkeypatch):
+# A bfloat16 output is the float32 result rounded once: within half an ulp, 2^-8 of it.
+BF16_ROUNDING = 2.0**-8
+
+
+def _decode_batch(dtype: torch.dtype, seed: int, group: int = 3, head_dim: int = 64):
+    gen = torch.Generator().manual_seed(seed)
+    specs = [(int(torch.randint(0, 300, (1,), generator=gen)), 1) for _ in range(11)]
+    return build_batch(specs, num_kv_heads=2, group=group, head_dim=head_dim, dtype=dtype)
+
+
+@pytest.mark.parametrize("head_dim", [64, 40])
+@pytest.mark.parametrize(("sliding_window", "soft_cap"), [(None, None), (20, 2.5)])
+def test_bfloat16_decode_is_the_float32_result_rounded_once(head_dim, sliding_window, soft_cap):
+    batch = _decode_batch(torch.bfloat16, seed=head_dim, head_dim=head_dim)
+    scale = head_dim**-0.5
+    kwargs = {"sliding_window": sliding_window, "soft_cap": soft_cap}
+    ours = cpu.paged_attention(*batch.args(), scale, **kwargs)
+    assert ours.dtype == torch.bfloat16
+    expected = reference_attention(batch, scale, **kwargs)  # float32 over the same bf16 values
+    torch.testing.assert_close(ours.float(), expected, atol=1e-6, rtol=BF16_ROUNDING * 1.01)
+
+
+def test_float32_query_over_a_bfloat16_cache():
+    batch = _decode_batch(torch.bfloat16, seed=11)
+    batch = dataclasses.replace(batch, query=batch.query.float())
+    ours = cpu.paged_attention(*batch.args(), 0.125)
+    assert ours.dtype == torch.float32
+    torch.testing.assert_close(ours, reference_attention(batch, 0.125), atol=TOL, rtol=TOL)
+
+
+def test_the_kernel_takes_float32_and_bfloat16_decode_rows(monkeypatch):
+    calls = []
+    real = cpu.paged_decode
+
+    def spy(query, kv_cache, *args):
+        calls.append((query.dtype, kv_cache.dtype))
+        return real(query, kv_cache, *args)
+
+    monkeypatch.setattr(cpu, "paged_decode", spy)
+    for dtype in (torch.float32, torch.bfloat16):
+        batch = _decode_batch(dtype, seed=3)
+        cpu.paged_attention(*batch.args(), 0.125)
+    assert calls == [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16)]
+
+
+@pytest.mark.parametrize(
+    ("query_dtype", "cache_dtype"), [("bfloat16", "float32"), ("float16", "float16")]
+)
+def test_other_dtypes_take_the_torch_path(monkeypatch, query_dtype, cache_dtype):
     def refuse(*args):
-        raise AssertionError("the C++ kernel got a non-float32 batch")
+        raise AssertionError("the C++ kernel got a batch it does not support")
 
     monkeypatch.setattr(cpu, "paged_decode", refuse)
-    batch = build_batch(MIXED, group=2, dtype=torch.bfloat16, seed=4)
+    batch = build_batch(MIXED, group=2, dtype=getattr(torch, cache_dtype), seed=4)
+    batch = dataclasses.replace(batch, query=batch.query.to(getattr(torch, query_dtype)))
     out = cpu.paged_attention(*batch.args(), 0.125)
     torch.testing.assert_close(out.float(), reference_attention(batch, 0.125), atol=3e-2, rtol=3e-2)
 
