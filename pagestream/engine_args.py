@@ -45,6 +45,7 @@ class EngineArgs:
     scheduling_policy: str = "fcfs"
     swap_space: float = 4  # GiB of CPU swap space, as in vLLM
     kv_cache_memory: int | str | None = None  # bytes or "4GiB"; CPU default 4 GiB
+    kv_cache_dtype: str = "auto"  # the model's dtype, or float32 / bfloat16 / float16
     gpu_memory_utilization: float = 0.9
     attention_backend: str = "auto"
     served_model_name: str | None = None
@@ -99,6 +100,7 @@ class EngineArgs:
             gpu_memory_utilization=self.gpu_memory_utilization,
             kv_cache_memory=None if kv_bytes is None else parse_size(kv_bytes, "kv_cache_memory"),
             swap_space=int(self.swap_space * GIB),
+            cache_dtype=self.kv_cache_dtype,
         )
 
     def scheduler_config(self, model_max_len: int) -> SchedulerConfig:
@@ -149,6 +151,12 @@ class EngineArgs:
         add("--scheduling-policy", default="fcfs", choices=SCHEDULING_POLICIES)
         add("--swap-space", type=float, default=4, help="GiB of CPU swap space")
         add("--kv-cache-memory", default=None, help="KV cache bytes on CPU, e.g. 4GiB")
+        add(
+            "--kv-cache-dtype",
+            default="auto",
+            choices=DTYPES,
+            help="the KV cache's dtype (auto: the model's)",
+        )
         add("--gpu-memory-utilization", type=float, default=0.9)
         add("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
         add("--served-model-name", default=None, help="the model name clients use")

@@ -23,6 +23,7 @@ from services.common.config import ModelConfig
 from services.common.model_source import resolve_model
 from services.common.rank_info import RankInfo
 from services.worker.layers.attention import resolve_attention_backend
+from services.worker.layers.packed_weight import pack_linears
 from services.worker.models.causal_lm import CausalLM, normalize_token_ids
 from services.worker.models.errors import ModelLoadError
 from services.worker.models.hf_fallback import HFFallbackForCausalLM
@@ -124,6 +125,7 @@ def load_model(
         weights = iterate_weights(folder, model.owns_weight)  # type: ignore[attr-defined]
         model.load_weights(weights)  # type: ignore[attr-defined]
         model.to(target).eval()
+        pack_linears(model)
     model.eos_token_ids = read_eos_token_ids(folder, config)
     model.set_attention_ops(attention_ops)
     logger.info(

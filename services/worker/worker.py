@@ -3,6 +3,7 @@ Execute, Reset). Its gRPC servicer wraps these methods one to one."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
@@ -23,6 +24,7 @@ from services.worker.dummy_forward import dummy_forward
 from services.worker.input_batch import InputBatch
 from services.worker.model_loader import load_model, resolve_device, resolve_dtype
 from services.worker.model_runner import ModelRunner
+from services.worker.models.kv_cache_spec import KVCacheSpec
 from services.worker.parallel_state import DEFAULT_TIMEOUT_S, init_parallel_state
 from services.worker.sampler import Sampler
 
@@ -62,6 +64,16 @@ class Worker:
         self.model = load_model(model_config, self.device, self.dtype, self.rank)
         self.runner: ModelRunner | None = None
         self.cache_info: CacheInfo | None = None
+
+    @property
+    def kv_cache_spec(self) -> KVCacheSpec:
+        """The model's cache layout in the cache dtype (--kv-cache-dtype; auto: the model's)."""
+        spec = self.model.kv_cache_spec
+        if self.cache_config.cache_dtype == "auto":
+            return spec
+        return dataclasses.replace(
+            spec, dtype=resolve_dtype(self.cache_config.cache_dtype, self.device)
+        )
 
     def describe(self) -> ModelInfo:
         model = self.model
@@ -112,7 +124,7 @@ class Worker:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         block_size = self.cache_config.block_size
-        bytes_per_block = self.model.kv_cache_spec.bytes_per_block(block_size)
+        bytes_per_block = self.kv_cache_spec.bytes_per_block(block_size)
         num_gpu_blocks = self._num_device_blocks(bytes_per_block)
         num_cpu_blocks = self.cache_config.swap_space // bytes_per_block
         return CacheInfo(num_gpu_blocks, num_cpu_blocks, block_size, bytes_per_block)
@@ -135,7 +147,7 @@ class Worker:
         max_model_len = max_model_len or info.max_model_len
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        spec = self.model.kv_cache_spec
+        spec = self.kv_cache_spec
         block_size = self.cache_config.block_size
         bytes_per_block = spec.bytes_per_block(block_size)
         cache_engine = CacheEngine(

@@ -20,10 +20,7 @@ from tests.engine.parallel_helpers import mixed_prompts, top2_gap
 BF16_TIE = 0.1
 
 
-def test_bf16_greedy_follows_hf_float32_up_to_bf16_ties(model_dir, hf_greedy):
-    folder = model_dir("llama")
-    llm = LLM(str(folder), dtype="bfloat16", kv_cache_memory="8MiB")
-    prompts = mixed_prompts(8, seed=11)
+def _assert_follows_hf_float32(llm: LLM, folder, prompts: list[list[int]], hf_greedy) -> None:
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     exact = 0
@@ -36,6 +33,27 @@ def test_bf16_greedy_follows_hf_float32_up_to_bf16_ties(model_dir, hf_greedy):
         gap = top2_gap(folder, prompt + expected[:k])
         assert gap < BF16_TIE, f"diverges at step {k} where HF float32's top-2 gap is {gap:.3f}"
     assert exact >= len(prompts) // 3  # many follow float32 all the way
+
+
+def test_bf16_greedy_follows_hf_float32_up_to_bf16_ties(model_dir, hf_greedy):
+    folder = model_dir("llama")
+    llm = LLM(str(folder), dtype="bfloat16", kv_cache_memory="8MiB")
+    _assert_follows_hf_float32(llm, folder, mixed_prompts(8, seed=11), hf_greedy)
+
+
+def test_a_bfloat16_kv_cache_under_a_float32_model(model_dir, hf_greedy):
+    """--kv-cache-dtype bfloat16: keys and values rounded once on the way into the cache
+    (half the bytes per block), everything else float32."""
+    folder = model_dir("llama")
+    llm = LLM(str(folder), dtype="float32", kv_cache_dtype="bfloat16", kv_cache_memory="8MiB")
+    full = LLM(str(folder), dtype="float32", kv_cache_memory="8MiB")
+    cache = llm.engine.worker.runner.cache_engine
+    assert cache.dtype == torch.bfloat16
+    assert cache.kv_caches[0].dtype == torch.bfloat16
+    assert llm.engine.worker.model.dtype == torch.float32
+    half, whole = (e.engine.worker.kv_cache_spec.bytes_per_block(16) for e in (llm, full))
+    assert 2 * half == whole
+    _assert_follows_hf_float32(llm, folder, mixed_prompts(8, seed=12), hf_greedy)
 
 
 def test_rescoring_gives_the_float32_logits_of_the_top_candidates():

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.worker.layers.linear import linear
+from services.worker.layers.packed_weight import PackedWeight
 from services.worker.parallel_state import tp_all_reduce, tp_gather_last_dim
 
 
@@ -65,8 +66,16 @@ class LMHead(VocabEmbedding):
     """hidden [num_rows, hidden_size] -> logits [num_rows, vocab_size] float32 on TP rank 0
     (None on the other TP ranks). `tie_to(embedding)` shares the embedding's weight."""
 
+    packed: PackedWeight | None = None
+
     def tie_to(self, embedding: VocabEmbedding) -> None:
         self.weight = embedding.weight
+
+    def pack(self) -> bool:
+        """A oneDNN-layout copy of the (maybe tied) weight for the CPU matmul; the plain
+        weight stays (the embedding lookup and `rescore_top` read its rows)."""
+        self.packed = PackedWeight.of(self.weight)
+        return self.packed is not None
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         """float32 hidden states around bfloat16 weights (the CPU's mixed precision): the
@@ -75,7 +84,7 @@ class LMHead(VocabEmbedding):
         are recomputed in float32 (an exact dot product each), which is what decides greedy
         tokens, as a float32 LM head on the same weights would."""
         x = hidden_states.to(self.weight.dtype)
-        logits = linear(x, self.weight)  # [num_rows, shard_size]
+        logits = linear(x, self.weight, packed=self.packed)  # [num_rows, shard_size]
         if self.tp_size > 1:
             logits = tp_gather_last_dim(logits)  # [num_rows, tp * shard_size] on rank 0
             if logits is None:

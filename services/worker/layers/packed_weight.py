@@ -1,0 +1,83 @@
+"""Linear weights reordered once, at load, into oneDNN's blocked layout (CPU).
+
+oneDNN's linear on a plain [out, in] weight reorders it into its blocked layout on every
+call; `torch.ops.mkldnn._reorder_linear_weight` does that once and the packed tensor is
+passed to `torch.ops.mkldnn._linear_pointwise` from then on (what torch.compile's CPU
+inductor does for frozen linears). `PackedWeight.of(weight)` packs a CPU float32 or
+bfloat16 weight where this torch has oneDNN, else is None; `rows_from` says from how many
+rows (tokens) of input the packed path is the faster one, by dtype (measured in
+`benchmarks/linear_cpu.py`, quoted in `USE_PACKED_FROM`).
+
+`pack_linears(model)` packs every layer that has a `pack()` method (the decoder's linears
+and the LM head) after the weights are loaded; with $PAGESTREAM_CPU_PACKED=0 nothing is
+packed (the plain path, for comparison).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+PACKED_ENV = "PAGESTREAM_CPU_PACKED"
+
+# From how many input rows the packed weight is used, by dtype (fewer rows: the plain
+# path of services.worker.layers.linear.linear). Measured with benchmarks/linear_cpu.py
+# on SmolLM2-135M's 30 layers, 2-core Zen 4 (avx512_bf16), torch 2.13, 2 threads.
+USE_PACKED_FROM = {torch.float32: 5, torch.bfloat16: 1}
+
+
+def _ops():
+    reorder = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None)
+    linear = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+    if reorder is None or linear is None or not torch.backends.mkldnn.is_available():
+        return None
+    return reorder, linear
+
+
+_OPS = _ops()
+
+
+def packing_enabled() -> bool:
+    return _OPS is not None and os.environ.get(PACKED_ENV, "1") != "0"
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A weight [out, in] in oneDNN's layout, and the plain-path row threshold."""
+
+    tensor: torch.Tensor
+    rows_from: int
+
+    @classmethod
+    def of(cls, weight: torch.Tensor) -> PackedWeight | None:
+        if not packing_enabled() or weight.device.type != "cpu" or weight.dim() != 2:
+            return None
+        rows_from = USE_PACKED_FROM.get(weight.dtype)
+        if rows_from is None:
+            return None
+        reorder, _ = _OPS  # type: ignore[misc]
+        return cls(reorder(weight.detach().contiguous()), rows_from)
+
+    def applies(self, x: torch.Tensor) -> bool:
+        return x.dim() == 2 and x.dtype == self.tensor.dtype and x.shape[0] >= self.rows_from
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [rows, in] -> [rows, out] (+ bias)."""
+        _, linear = _OPS  # type: ignore[misc]
+        return linear(x.contiguous(), self.tensor, bias, "none", [], "")
+
+
+def pack_linears(model: nn.Module) -> int:
+    """Packs every submodule with a `pack()` method; returns how many were packed."""
+    if not packing_enabled():
+        return 0
+    packed = sum(bool(module.pack()) for module in model.modules() if hasattr(module, "pack"))
+    if packed:
+        logger.info("packed %d linear weights into oneDNN's layout", packed)
+    return packed

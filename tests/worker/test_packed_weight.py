@@ -1,0 +1,78 @@
+"""Linear weights packed once into oneDNN's layout give F.linear's results (CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from services.worker.layers import packed_weight
+from services.worker.layers.linear import MergedColumnLinear, linear
+from services.worker.layers.packed_weight import PACKED_ENV, PackedWeight, pack_linears
+from services.worker.layers.vocab_embedding import LMHead
+
+pytestmark = pytest.mark.skipif(
+    packed_weight._OPS is None, reason="this torch has no oneDNN (mkldnn) linear ops"
+)
+
+
+def _exact(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    out = x.double() @ w.double().t()
+    return out + b.double() if b is not None else out
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4, 5, 17, 64])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_float32_packed_and_plain_paths_agree_with_f_linear(rows, with_bias):
+    gen = torch.Generator().manual_seed(rows)
+    w = torch.randn(96, 80, generator=gen)
+    b = torch.randn(96, generator=gen) if with_bias else None
+    x = torch.randn(rows, 80, generator=gen)
+    packed = PackedWeight.of(w)
+    assert packed is not None
+    assert packed.applies(x) == (rows >= packed_weight.USE_PACKED_FROM[torch.float32])
+    ours = linear(x, w, b, packed)
+    torch.testing.assert_close(ours.double(), _exact(x, w, b), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ours, F.linear(x, w, b), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 64])
+def test_bfloat16_packed_matmul_is_the_exact_product_rounded_once(rows):
+    gen = torch.Generator().manual_seed(rows)
+    w = torch.randn(128, 64, generator=gen).bfloat16()
+    x = torch.randn(rows, 64, generator=gen).bfloat16()
+    packed = PackedWeight.of(w)
+    assert packed is not None and packed.applies(x)
+    ours = linear(x, w, None, packed)
+    assert ours.dtype == torch.bfloat16
+    exact = _exact(x, w, None)
+    # float32 accumulation, one rounding to bfloat16 (2^-8 relative) at the end
+    torch.testing.assert_close(ours.double(), exact, atol=1e-3, rtol=2.0**-8 * 1.01)
+
+
+def test_packing_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv(PACKED_ENV, "0")
+    layer = MergedColumnLinear(16, [8, 8])
+    layer.weight.data.normal_()
+    assert not layer.pack() and layer.packed is None
+    assert pack_linears(torch.nn.Sequential(layer)) == 0
+
+
+def test_other_dtypes_and_devices_are_not_packed():
+    assert PackedWeight.of(torch.randn(8, 4).half()) is None
+    assert PackedWeight.of(torch.randn(8, 4, device="meta")) is None
+
+
+def test_pack_linears_packs_the_layers_and_the_lm_head_keeps_its_plain_rows():
+    gen = torch.Generator().manual_seed(0)
+    fused = MergedColumnLinear(32, [16, 16])
+    fused.weight.data = torch.randn(32, 32, generator=gen)
+    head = LMHead(50, 32)
+    head.weight.data = torch.randn(50, 32, generator=gen)
+    x = torch.randn(9, 32, generator=gen)
+    before = (fused(x), head(x))
+    assert pack_linears(torch.nn.Sequential(fused, head)) == 2
+    assert fused.packed is not None and head.packed is not None
+    assert head.weight.shape == (50, 32)  # the embedding lookup and rescoring read it
+    torch.testing.assert_close(fused(x), before[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(head(x), before[1], atol=1e-5, rtol=1e-5)
