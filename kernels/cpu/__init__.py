@@ -31,7 +31,7 @@ from kernels.reference import AttentionOptions, planned_attention
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("paged_decode.cpp")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_decode.cpp", "pin_threads.cpp"))
 _lock = threading.Lock()
 _state: dict = {}  # "module" once built, or "error" (the reason it cannot be)
 
@@ -45,7 +45,8 @@ def _cpu_flags() -> str:
 
 
 def _extension_name() -> str:
-    key = SOURCE.read_bytes() + torch.__version__.encode() + _cpu_flags().encode()
+    key = b"".join(source.read_bytes() for source in SOURCES)
+    key += torch.__version__.encode() + _cpu_flags().encode()
     return "pagestream_paged_decode_" + hashlib.sha256(key).hexdigest()[:12]
 
 
@@ -110,7 +111,7 @@ def _build():
     _clear_stale_lock(folder)
     return cpp_extension.load(
         name=name,
-        sources=[str(SOURCE)],
+        sources=[str(source) for source in SOURCES],
         build_directory=str(folder),
         extra_cflags=["-O3", "-march=native", "-fopenmp"],
         extra_ldflags=["-fopenmp"],

@@ -330,7 +330,10 @@ void paged_decode(torch::Tensor out, torch::Tensor query, torch::Tensor key_cach
   }
 }
 
+int64_t pin_threads(const std::vector<int64_t>& cpus);  // pin_threads.cpp
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode,
         "decode attention over the paged KV cache (float32 / bfloat16)");
+  m.def("pin_threads", &pin_threads, "pin intra-op thread i to cpus[i]; returns how many");
 }

@@ -1,11 +1,16 @@
-"""Process-level tuning for the CPU path."""
+"""Process-level tuning for the CPU path: glibc malloc and intra-op thread pinning."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import logging
+import os
 import sys
+
+import torch
+
+from services.common.cpu_cores import CPU_CORES_ENV, allowed_cpus, one_per_core
 
 logger = logging.getLogger(__name__)
 
@@ -32,3 +37,45 @@ def tune_malloc() -> bool:
     if not ok:
         logger.debug("mallopt refused the CPU tuning")
     return bool(ok)
+
+
+# "0" leaves the threads where the OS puts them.
+CPU_PIN_ENV = "PAGESTREAM_CPU_PIN"
+
+
+def thread_cpus() -> list[int]:
+    """The CPUs for torch's intra-op threads, one logical CPU per physical core: the
+    cores of $PAGESTREAM_CPU_CORES (the mp launcher's share for a rank), else of the
+    affinity mask when the threads fill it ([] when fewer threads than cores: another
+    process may be using the rest, and pinning both to the same first cores would halve
+    each, so the OS places them)."""
+    cores = one_per_core(allowed_cpus())
+    threads = torch.get_num_threads()
+    if CPU_CORES_ENV not in os.environ and threads < len(cores):
+        return []
+    return cores[:threads]
+
+
+def pin_threads() -> list[int]:
+    """Pins torch's intra-op thread i to CPU i of `thread_cpus()` (and sets that many
+    threads), so the OS never stacks two compute threads on a core or moves them between
+    cores mid-step. Needs the C++ CPU kernels (kernels/cpu); returns the CPUs pinned to,
+    [] when nothing was pinned ($PAGESTREAM_CPU_PIN=0, no compiler, not Linux)."""
+    if os.environ.get(CPU_PIN_ENV, "1") == "0" or not sys.platform.startswith("linux"):
+        return []
+    cpus = thread_cpus()
+    if not cpus:
+        return []
+    from kernels import cpu as cpu_kernels
+
+    try:
+        module = cpu_kernels.load()
+    except RuntimeError as exc:
+        logger.info("intra-op threads not pinned: %s", exc)
+        return []
+    torch.set_num_threads(len(cpus))
+    pinned = module.pin_threads(cpus)
+    if pinned != len(cpus):
+        logger.warning("pinned %d of %d intra-op threads", pinned, len(cpus))
+    logger.info("intra-op threads pinned to CPUs %s", cpus)
+    return cpus

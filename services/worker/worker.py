@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 
 import torch
 
@@ -19,7 +20,7 @@ from services.worker.cache_engine import (
     num_blocks_for_budget,
     profile_num_gpu_blocks,
 )
-from services.worker.cpu_tuning import tune_malloc
+from services.worker.cpu_tuning import pin_threads, tune_malloc
 from services.worker.dummy_forward import dummy_forward
 from services.worker.input_batch import InputBatch
 from services.worker.model_loader import load_model, resolve_device, resolve_dtype
@@ -64,6 +65,7 @@ class Worker:
         self.model = load_model(model_config, self.device, self.dtype, self.rank)
         self.runner: ModelRunner | None = None
         self.cache_info: CacheInfo | None = None
+        self._pinned_for: int | None = None  # the thread whose intra-op team is pinned
 
     @property
     def kv_cache_spec(self) -> KVCacheSpec:
@@ -205,6 +207,10 @@ class Worker:
     def execute(self, plan: SchedulerOutput) -> RunnerOutput:
         if self.runner is None:
             raise RuntimeError("initialize_cache() must run before execute().")
+        if self.device.type == "cpu" and self._pinned_for != threading.get_ident():
+            # OpenMP keeps one thread team per calling thread: pin the one that runs steps
+            pin_threads()
+            self._pinned_for = threading.get_ident()
         return self.runner.execute(plan)
 
     def reset(self) -> None:

@@ -5,7 +5,8 @@ the CLI) that binds a free loopback port and writes its address to a ready file;
 ranks meet through a file rendezvous in a private temporary folder (no race for ports).
 `start()` returns the addresses in rank order for a WorkerGroupExecutor; `close()` stops
 every process (SIGTERM, then SIGKILL) and removes the folder. On the CPU each rank gets
-an equal share of the cores (OMP_NUM_THREADS) unless the caller set it.
+an equal share of the cores (OMP_NUM_THREADS), and its own cores to pin its threads to
+($PAGESTREAM_CPU_CORES, see services/common/cpu_cores.py), unless the caller set them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from services.common.cpu_cores import CPU_CORES_ENV, format_cpu_list, rank_shares
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +57,11 @@ class MpWorkerGroup:
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", str(self.threads_per_rank))
         env[PARENT_PID_ENV] = str(os.getpid())  # the workers exit if this process dies
+        shares = [] if CPU_CORES_ENV in env else rank_shares(self.world_size, self.threads_per_rank)
         for rank in range(self.world_size):
             argv = self.command(rank, rendezvous, self._ready_file(rank))
+            if shares:  # each rank pins its threads to cores of its own
+                env[CPU_CORES_ENV] = format_cpu_list(shares[rank])
             self.processes.append(subprocess.Popen(argv, env=env))
         logger.info("mp: started %d worker processes %s", self.world_size, self.pids)
         try:
