@@ -11,6 +11,7 @@ with the forms it was chosen over, by changing the module's two budgets:
   c++ decode    the shipped grouping, decode groups in kernels/cpu's C++ kernel (the CPU default)
 
     .venv/bin/python benchmarks/attention_cpu.py [--repeats 15] [--threads N] [--mallopt]
+    .venv/bin/python benchmarks/attention_cpu.py --bandwidth --mallopt  # the kernel's GB/s
 
 ``--mallopt`` turns off glibc's returning of freed memory to the OS (as a long-running
 worker would); without it, multi-MiB buffers are fresh pages on every call and page faults
@@ -131,16 +132,60 @@ def time_variants(
     return [(statistics.median(samples[n]), min(samples[n])) for n in names]
 
 
+def read_bandwidth_gbs(gib: float = 1.0, repeats: int = 5) -> float:
+    """The machine's read bandwidth: sum over a float32 tensor far bigger than the caches."""
+    data = torch.ones(int(gib * 2**30) // 4)
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        data.sum()
+        times.append(time.perf_counter() - start)
+    return data.numel() * 4 / statistics.median(times[1:]) / 1e9
+
+
+def kernel_bandwidth(repeats: int) -> None:
+    """The C++ decode kernel's achieved KV read rate against the machine's read bandwidth."""
+    options = reference.AttentionOptions(HEAD_DIM**-0.5, None, None)
+    peak = read_bandwidth_gbs()
+    print(f"read bandwidth (sum over 1 GiB): {peak:.1f} GB/s")
+    for dtype in (torch.float32, torch.bfloat16):
+        for label, specs in (
+            ("64 x ctx 550", [(549, 1)] * 64),
+            ("256 x ctx 100-2000", [(c, 1) for c, _ in mixes()["256 decode (ctx 100-2000)"]]),
+            ("1 x ctx 2000", [(1999, 1)]),
+        ):
+            query, kv_cache, block_table, seq_lens, _ = build(specs, dtype)
+            kv_bytes = sum(c + 1 for c, _ in specs) * 2 * NUM_KV_HEADS * HEAD_DIM
+            kv_bytes *= kv_cache.element_size()
+            times = []
+            for _ in range(repeats + 1):
+                start = time.perf_counter()
+                cpu.paged_decode(query, kv_cache, block_table, seq_lens, options)
+                times.append(time.perf_counter() - start)
+            median = statistics.median(times[1:])
+            rate = kv_bytes / median / 1e9
+            print(
+                f"{label:20s} {str(dtype)[6:]:9s} {kv_bytes / 2**20:7.1f} MiB  "
+                f"{median * 1e3:6.2f} ms  {rate:5.1f} GB/s  ({rate / peak:.0%} of the read rate)"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--mallopt", action="store_true", help="tune glibc malloc first")
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument(
+        "--bandwidth", action="store_true", help="the C++ kernel's GB/s against the machine's"
+    )
     opts = parser.parse_args()
     if opts.mallopt:
         tune_malloc()
     torch.set_num_threads(opts.threads)
+    if opts.bandwidth:
+        kernel_bandwidth(opts.repeats)
+        return
     names = opts.variants.split(",")
     defaults = VARIANTS["grouped"]
     if not set(names) <= set(VARIANTS):
