@@ -10,8 +10,8 @@ with the forms it was chosen over, by changing the module's two budgets:
   decode-4k/16k other decode budgets
   c++ decode    the shipped grouping, decode groups in kernels/cpu's C++ kernel (the CPU default)
 
-    .venv/bin/python benchmarks/attention_cpu.py [--repeats 15] [--threads N] [--mallopt]
-    .venv/bin/python benchmarks/attention_cpu.py --bandwidth --mallopt  # the kernel's GB/s
+    .venv/bin/python -m benchmarks.attention_cpu [--repeats 15] [--threads N] [--mallopt]
+    .venv/bin/python -m benchmarks.attention_cpu --bandwidth --mallopt  # the kernel GB/s
 
 ``--mallopt`` turns off glibc's returning of freed memory to the OS (as a long-running
 worker would); without it, multi-MiB buffers are fresh pages on every call and page faults

@@ -98,6 +98,13 @@ async def _load_run(engine, requests: list[BenchRequest], concurrency: int) -> d
     }
 
 
+async def _drive(engine, requests: list[BenchRequest], concurrency: int) -> dict:
+    try:
+        return await _load_run(engine, requests, concurrency)
+    finally:
+        await engine.shutdown()
+
+
 def run_setting(model: str, dtype: str, setting: dict, requests, load_requests, concurrency):
     from pagestream import AsyncEngine
 
@@ -110,13 +117,7 @@ def run_setting(model: str, dtype: str, setting: dict, requests, load_requests, 
         model, dtype=dtype, kv_cache_memory="2GiB", enable_prefix_caching=False, **setting
     )
 
-    async def drive() -> dict:
-        try:
-            return await _load_run(engine, load_requests, concurrency)
-        finally:
-            await engine.shutdown()
-
-    loaded = asyncio.run(drive())
+    loaded = asyncio.run(_drive(engine, load_requests, concurrency))
     del engine
     gc.collect()
     return {
@@ -157,7 +158,8 @@ def main() -> None:
         load = row["load"]
         print(
             f"{row['max_num_batched_tokens']:6d} {row['max_num_seqs']:4d} "
-            f"{row['long_prefill_token_threshold']:12d} | {row['offline_output_tokens_per_s']:13.1f}"
+            f"{row['long_prefill_token_threshold']:12d} | "
+            f"{row['offline_output_tokens_per_s']:13.1f}"
             f" | {load['output_tokens_per_s']:10.1f} {load['itl_p50_ms']:8.1f} "
             f"{load['itl_p99_ms']:8.1f} {load['ttft_p50_ms']:9.1f} {load['ttft_p99_ms']:7.1f}",
             flush=True,

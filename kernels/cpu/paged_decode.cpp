@@ -30,6 +30,8 @@ namespace {
 
 using bf16 = c10::BFloat16;
 
+constexpr int64_t SERIAL_ROWS = 4096;
+
 struct Layout {
   int64_t num_q_heads, num_kv_heads, group, head_dim, block_size, max_blocks;
 };
@@ -244,7 +246,14 @@ void decode_items(Q* o, const Q* q, const C* kc, const C* vc, const int32_t* tab
                   const int32_t* lens, int64_t num_seqs, const Layout& l, float scale,
                   int64_t sliding_window, float soft_cap) {
   const int64_t width = l.group * l.head_dim;  // one KV head's query rows
-  at::parallel_for(0, num_seqs * l.num_kv_heads, 1, [&](int64_t begin, int64_t end) {
+  int64_t rows = 0;  // cached vectors to read, all items together
+  for (int64_t seq = 0; seq < num_seqs; ++seq) rows += lens[seq];
+  rows *= l.num_kv_heads;
+  const int64_t items = num_seqs * l.num_kv_heads;
+  // Waking the thread team costs more than a small step's whole attention (a short batch-1
+  // decode reads a few hundred vectors per layer): below SERIAL_ROWS one thread does it.
+  const int64_t grain = rows < SERIAL_ROWS ? items : 1;
+  at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
     Scratch scratch;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t seq = item / l.num_kv_heads, head = item % l.num_kv_heads;
