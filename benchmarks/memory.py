@@ -151,7 +151,7 @@ def run_memory(
     if kv_utilization is None:
         from benchmarks.throughput import make_llm, run_pagestream
 
-        llm = make_llm(options.model, "auto", options.kv_cache_memory)
+        llm = make_llm(options.model, "float32", options.kv_cache_memory)  # as HF's runs
         kv_utilization = run_pagestream(llm, requests).extra["kv_utilization"]
         del llm
     return {

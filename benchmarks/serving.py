@@ -177,7 +177,7 @@ class AsyncServingOptions:
     rounds: int = 2
     seed: int = 0
     kv_cache_memory: str | int | None = None  # None: sized to the requests
-    engine_flags: tuple[str, ...] = ("--no-enable-prefix-caching",)
+    engine_flags: tuple[str, ...] = ("--no-enable-prefix-caching", "--dtype", "float32")
 
 
 def run_async_serving(requests: list[BenchRequest], options: AsyncServingOptions) -> dict:

@@ -137,7 +137,14 @@ class EngineArgs:
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
         """vLLM's flag names for the engine settings."""
         add = parser.add_argument
-        add("--dtype", default="auto", choices=DTYPES)
+        add(
+            "--dtype",
+            default="auto",
+            choices=DTYPES,
+            help="auto: bfloat16 on CUDA and on CPUs with native bf16 (avx512_bf16 or AMX; "
+            "float32 residuals and norms), float32 on other CPUs ($PAGESTREAM_CPU_DTYPE "
+            "sets what auto means on the CPU)",
+        )
         add("--seed", type=int, default=0)
         add("--device", default="auto", choices=("auto", "cpu", "cuda"))
         add("--max-model-len", type=int, default=None)

@@ -31,7 +31,9 @@ from kernels.reference import AttentionOptions, planned_attention
 
 logger = logging.getLogger(__name__)
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_decode.cpp", "pin_threads.cpp"))
+SOURCES = tuple(
+    Path(__file__).with_name(name) for name in ("paged_decode.cpp", "pin_threads.cpp", "fused.cpp")
+)
 _lock = threading.Lock()
 _state: dict = {}  # "module" once built, or "error" (the reason it cannot be)
 

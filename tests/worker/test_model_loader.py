@@ -298,3 +298,23 @@ def test_default_model_loads_from_alias_and_matches_hf(make_session):
     assert text.startswith("<|im_start|>system") and tokens[0] == 1
     logits = prompt_logits(model, make_session, tokens)
     torch.testing.assert_close(logits, hf_eager_logits(folder, tokens), atol=1e-3, rtol=0)
+
+
+def test_auto_dtype_on_the_cpu_is_bf16_only_where_the_cpu_has_it(monkeypatch):
+    import torch
+
+    from services.worker import model_loader
+
+    cpu = torch.device("cpu")
+    monkeypatch.delenv(model_loader.CPU_DTYPE_ENV, raising=False)
+    monkeypatch.setattr(model_loader, "native_bf16", lambda: True)
+    assert model_loader.resolve_dtype("auto", cpu) == torch.bfloat16
+    monkeypatch.setattr(model_loader, "native_bf16", lambda: False)
+    assert model_loader.resolve_dtype("auto", cpu) == torch.float32
+    monkeypatch.setenv(model_loader.CPU_DTYPE_ENV, "bfloat16")
+    assert model_loader.resolve_dtype(None, cpu) == torch.bfloat16
+    assert model_loader.resolve_dtype("float32", cpu) == torch.float32  # asked for: kept
+    assert model_loader.resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    monkeypatch.setenv(model_loader.CPU_DTYPE_ENV, "fp8")
+    with pytest.raises(ValueError, match="PAGESTREAM_CPU_DTYPE"):
+        model_loader.resolve_dtype("auto", cpu)

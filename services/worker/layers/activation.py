@@ -6,6 +6,8 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
+from kernels.cpu import fused_ops
+
 
 class GatedActivation(nn.Module):
     """act(gate) * up, where the input is the fused [..., 2 * d] = [gate | up] projection."""
@@ -18,6 +20,10 @@ class GatedActivation(nn.Module):
         self.act_fn = ACT2FN[hidden_act]
 
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if self.hidden_act == "silu" and gate_up.device.type == "cpu":
+            fused = fused_ops.silu_and_mul(gate_up)  # one C++ pass (kernels/cpu/fused.cpp)
+            if fused is not None:
+                return fused
         gate, up = gate_up.chunk(2, dim=-1)  # [num_tokens, d] each
         return self.act_fn(gate) * up
 

@@ -10,12 +10,39 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kernels.cpu import fused_ops
+
 
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None
 ) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) * weight, the statistics in float32; output in out_dtype
-    (default: the weight's dtype)."""
+    (default: the weight's dtype). On the CPU one fused C++ pass (kernels/cpu/fused.cpp)
+    where it applies, else the torch composition."""
+    if out_dtype in (None, weight.dtype) and x.device.type == "cpu":
+        fused = fused_ops.rms_norm(x, weight, eps)
+        if fused is not None:
+            return fused
+    return rms_norm_torch(x, weight, eps, out_dtype)
+
+
+def add_rms_norm(
+    residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(residual + x, rms_norm of it in the weight's dtype): a decoder layer's residual add
+    and the next norm, fused on the CPU."""
+    if residual.device.type == "cpu":
+        fused = fused_ops.add_rms_norm(residual, x, weight, eps)
+        if fused is not None:
+            return fused
+    total = residual + x
+    return total, rms_norm_torch(total, weight, eps)
+
+
+def rms_norm_torch(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """rms_norm as torch ops (any device); HF's LlamaRMSNorm with matching dtypes."""
     out_dtype = out_dtype or weight.dtype
     x32 = x.to(torch.float32)  # [num_tokens, hidden_size]
     variance = x32.pow(2).mean(-1, keepdim=True)  # [num_tokens, 1]
@@ -31,6 +58,12 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps, out_dtype)
+
+    def add_and_norm(
+        self, residual: torch.Tensor, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual + x, this norm of it)."""
+        return add_rms_norm(residual, x, self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"

@@ -138,8 +138,9 @@ class LlamaDecoderLayer(nn.Module):
         attn_metadata: AttentionMetadata,
     ) -> torch.Tensor:
         normed = self.input_layernorm(hidden_states)
-        hidden_states = hidden_states + self.self_attn(positions, normed, kv_cache, attn_metadata)
-        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+        attn_out = self.self_attn(positions, normed, kv_cache, attn_metadata)
+        hidden_states, normed = self.post_attention_layernorm.add_and_norm(hidden_states, attn_out)
+        return hidden_states + self.mlp(normed)
 
 
 def residual_dtype(hidden_states: torch.Tensor) -> torch.dtype:
