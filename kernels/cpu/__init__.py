@@ -181,6 +181,17 @@ def supports(query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     )
 
 
+def _all_decode(
+    query: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor
+) -> bool:
+    """One query row per sequence (a pure decode step): query_start_loc is 0, 1, ..., B."""
+    num_seqs = seq_lens.shape[0]
+    if query.shape[0] != num_seqs or query_start_loc.shape[0] != num_seqs + 1:
+        return False
+    steps = torch.arange(num_seqs + 1, dtype=query_start_loc.dtype, device=query.device)
+    return bool(torch.equal(query_start_loc, steps))
+
+
 def paged_attention(  # noqa: PLR0913 - the kernel signature shared with kernels.reference
     query: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -198,6 +209,10 @@ def paged_attention(  # noqa: PLR0913 - the kernel signature shared with kernels
     del max_query_len, max_seq_len
     options = AttentionOptions(scale, sliding_window, soft_cap)
     kernel = paged_decode if supports(query, kv_cache) else None
+    if kernel is not None and _all_decode(query, seq_lens, query_start_loc):
+        # every sequence has one query row, in order: one call, no planning or regrouping
+        tables = block_table.to(torch.int32).contiguous()
+        return kernel(query, kv_cache, tables, seq_lens.to(torch.int32), options)
     return planned_attention(
         query, kv_cache, block_table, seq_lens, query_start_loc, options, kernel
     )

@@ -59,6 +59,26 @@ def test_sliding_window_and_soft_cap(sliding_window, soft_cap):
     _check(batch, sliding_window=sliding_window, soft_cap=soft_cap)
 
 
+def test_a_pure_decode_step_is_one_kernel_call_without_planning(monkeypatch):
+    calls = []
+    real = cpu.paged_decode
+
+    def spy(query, *args):
+        calls.append(query.shape[0])
+        return real(query, *args)
+
+    def no_plans(*args):
+        raise AssertionError("a pure decode step was planned")
+
+    monkeypatch.setattr(cpu, "paged_decode", spy)
+    monkeypatch.setattr(cpu, "planned_attention", no_plans)
+    monkeypatch.setattr(reference, "DECODE_GROUP_TOKENS", 64)  # would cut many groups
+    batch = _decode_batch(torch.float32, seed=9)
+    out = cpu.paged_attention(*batch.args(), 0.125)
+    assert calls == [batch.query.shape[0]]
+    torch.testing.assert_close(out, reference_attention(batch, 0.125), atol=TOL, rtol=TOL)
+
+
 def test_kernel_is_used_for_decode_groups_only(monkeypatch):
     calls = []
     real = cpu.paged_decode
