@@ -181,9 +181,7 @@ def supports(query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     )
 
 
-def _all_decode(
-    query: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor
-) -> bool:
+def _all_decode(query: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor) -> bool:
     """One query row per sequence (a pure decode step): query_start_loc is 0, 1, ..., B."""
     num_seqs = seq_lens.shape[0]
     if query.shape[0] != num_seqs or query_start_loc.shape[0] != num_seqs + 1:

@@ -183,3 +183,49 @@ void silu_and_mul(torch::Tensor out, torch::Tensor gate_up) {
     silu_mul<T>(out.data_ptr<T>(), gate_up.data_ptr<T>(), rows, d);
   });
 }
+
+// out [T, N * D] = x rotated: the first R features of each of the N heads of x [T, N * D]
+// (rows `x_row_stride` elements apart: a slice of the fused QKV output) turned by
+// cos/sin [T, R] (float32) as HF's rotate_half: out = x * cos + rotate_half(x) * sin,
+// in float32, rounded once to x's dtype; features past R pass through.
+void rotary(torch::Tensor out, torch::Tensor x, torch::Tensor cos, torch::Tensor sin,
+            int64_t head_dim) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.stride(1) == 1,
+              "rotary: x must be a CPU [tokens, heads * head_dim] with unit feature stride");
+  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == x.scalar_type() &&
+                  out.sizes() == x.sizes(),
+              "rotary: out must be a contiguous tensor like x");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat &&
+                  cos.is_contiguous() && sin.is_contiguous(),
+              "rotary: cos and sin must be contiguous float32");
+  const int64_t tokens = x.size(0), width = x.size(1), rot = cos.size(-1), half = rot / 2;
+  TORCH_CHECK(width % head_dim == 0 && rot <= head_dim && rot % 2 == 0 &&
+                  cos.numel() == tokens * rot && sin.numel() == tokens * rot,
+              "rotary: shape mismatch");
+  const int64_t heads = width / head_dim, stride = x.stride(0);
+  with_type(x.scalar_type(), [&](auto tv) {
+    using T = decltype(tv);
+    const T* src = x.data_ptr<T>();
+    T* dst = out.data_ptr<T>();
+    const float* c = cos.data_ptr<float>();
+    const float* s = sin.data_ptr<float>();
+    at::parallel_for(0, tokens, grain(width), [&](int64_t begin, int64_t end) {
+      std::vector<float> in(width), res(width);
+      for (int64_t t = begin; t < end; ++t) {
+        load_row(in.data(), src + t * stride, width);
+        const float* ct = c + t * rot;
+        const float* st = s + t * rot;
+        for (int64_t h = 0; h < heads; ++h) {
+          const float* a = in.data() + h * head_dim;
+          float* r = res.data() + h * head_dim;
+#pragma omp simd
+          for (int64_t i = 0; i < half; ++i) r[i] = a[i] * ct[i] - a[i + half] * st[i];
+#pragma omp simd
+          for (int64_t i = half; i < rot; ++i) r[i] = a[i] * ct[i] + a[i - half] * st[i];
+          for (int64_t i = rot; i < head_dim; ++i) r[i] = a[i];
+        }
+        store_row(dst + t * width, res.data(), width);
+      }
+    });
+  });
+}

@@ -59,3 +59,21 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     out = torch.empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2), dtype=gate_up.dtype)
     module.silu_and_mul(out, gate_up)
     return out
+
+
+def rotary(
+    heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int
+) -> torch.Tensor | None:
+    """heads [T, N * head_dim] (rows may be strided, e.g. a slice of the QKV output) with
+    cos/sin [T, 1, rotary_dim] float32 -> rotated, contiguous [T, N * head_dim]."""
+    if (
+        heads.device.type != "cpu"
+        or heads.dtype not in _TYPES
+        or heads.dim() != 2
+        or heads.stride(1) != 1
+        or (module := _module()) is None
+    ):
+        return None
+    out = torch.empty(heads.shape, dtype=heads.dtype)
+    module.rotary(out, heads, cos.contiguous(), sin.contiguous(), head_dim)
+    return out

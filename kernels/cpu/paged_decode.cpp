@@ -343,6 +343,8 @@ int64_t pin_threads(const std::vector<int64_t>& cpus);  // pin_threads.cpp
 void add_rms_norm(torch::Tensor out, torch::Tensor sum_out, torch::Tensor residual,
                   torch::Tensor x, torch::Tensor weight, double eps);  // fused.cpp
 void silu_and_mul(torch::Tensor out, torch::Tensor gate_up);        // fused.cpp
+void rotary(torch::Tensor out, torch::Tensor x, torch::Tensor cos, torch::Tensor sin,
+            int64_t head_dim);  // fused.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode,
@@ -350,4 +352,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pin_threads", &pin_threads, "pin intra-op thread i to cpus[i]; returns how many");
   m.def("add_rms_norm", &add_rms_norm, "out = rms_norm(residual + x), sum_out = residual + x");
   m.def("silu_and_mul", &silu_and_mul, "out = silu(gate) * up for [gate | up]");
+  m.def("rotary", &rotary, "rotary embedding of [tokens, heads * head_dim] (HF rotate_half)");
 }

@@ -57,3 +57,20 @@ def test_what_the_cpp_does_not_take_falls_back():
     assert fused_ops.rms_norm(x.t(), torch.ones(4), 1e-6) is None  # not contiguous
     assert fused_ops.silu_and_mul(torch.randn(2, 7)) is None  # odd width
     assert fused_ops.add_rms_norm(x.bfloat16(), x, torch.ones(8), 1e-6) is None  # would upcast
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(("head_dim", "rotary_dim"), [(64, 64), (64, 32)])
+def test_rotary_of_a_strided_qkv_slice(dtype, head_dim, rotary_dim):
+    from services.worker.layers.rotary_embedding import apply_rotary
+
+    gen = torch.Generator().manual_seed(head_dim + rotary_dim)
+    tokens, heads = 7, 5
+    qkv = torch.randn(tokens, (heads + 2) * head_dim, generator=gen).to(getattr(torch, dtype))
+    qk = qkv[:, : heads * head_dim]  # rows strided, as the model passes them
+    angles = torch.rand(tokens, 1, rotary_dim // 2, generator=gen) * 6
+    emb = torch.cat((angles, angles), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    ours = fused_ops.rotary(qk, cos, sin, head_dim)
+    ref = apply_rotary(qk.reshape(tokens, heads, head_dim), cos, sin).reshape(tokens, -1)
+    _close(ours, ref)

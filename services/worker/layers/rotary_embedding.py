@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from kernels.cpu import fused_ops
+
 
 def rope_parameters(config: PretrainedConfig) -> dict:
     """The config's RoPE settings as one dict (transformers 5 `rope_parameters` or 4.x keys)."""
@@ -107,6 +109,10 @@ class RotaryEmbedding(nn.Module):
         """
         num_tokens = positions.shape[0]
         cos, sin = self._cached_cos_sin(positions)
+        if heads.device.type == "cpu":
+            fused = fused_ops.rotary(heads, cos, sin, self.head_dim)  # kernels/cpu/fused.cpp
+            if fused is not None:
+                return fused
         rotated = apply_rotary(heads.reshape(num_tokens, -1, self.head_dim), cos, sin)
         return rotated.reshape(num_tokens, -1)
 
