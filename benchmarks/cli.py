@@ -5,6 +5,7 @@ cost (benchmarks/structured.py).
 
     pagestream bench all --profile quick     # what `make bench` runs (~30 min on 2 cores)
     pagestream bench throughput --profile full --bf16
+    pagestream bench throughput --llamacpp --bf16  # + llama.cpp F32 / BF16 (the bench extra)
     pagestream bench parallel --profile quick   # tp = 1/2/3, pp = 2, async on/off (~15 min)
     pagestream bench routing --profile quick    # serve -dp 2 under each router policy
     pagestream bench structured --profile quick # JSON schema vs none, compile times (~3 min)
@@ -40,6 +41,7 @@ SECTIONS = ("throughput", "serve", "memory")  # what `all` runs
 # Sections made of parts that each keep their own meta (command, date, machine); a run
 # replaces the parts it ran and keeps the rest, and other sections' runs keep them all.
 SELF_CONTAINED = ("parallel", "routing", "structured", "precision")
+LLAMACPP_SEQS = "16"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -63,6 +65,18 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     add("--no-hf", action="store_true", help="skip the HF transformers baselines")
     add("--no-hf-continuous", action="store_true", help="skip HF continuous batching")
     add("--bf16", action="store_true", help="also run pagestream in bfloat16")
+    add(
+        "--llamacpp",
+        action="store_true",
+        help="throughput: also run llama.cpp (F32, and BF16 with --bf16) on the same weights; "
+        "needs `pip install 'pagestream[bench]'`",
+    )
+    add(
+        "--llamacpp-seqs",
+        default=LLAMACPP_SEQS,
+        help="llama.cpp's parallel sequences (n_seq_max), e.g. 16,32: each is run, the "
+        "ratios use the fastest",
+    )
     add("--rates", default=None, help="serving request rates (req/s), e.g. 1,4")
     add("--no-split", action="store_true", help="skip the --split-services comparison")
     parallel = bench.add_argument_group("parallel")
@@ -187,6 +201,7 @@ def command_line(args: argparse.Namespace) -> str:
         ("--rounds", args.rounds, None),
         ("--policies", args.policies, None),
         ("--concurrency", args.concurrency, None),
+        ("--llamacpp-seqs", args.llamacpp_seqs, LLAMACPP_SEQS),
     ):
         if value != default:
             parts += [flag, str(value)]
@@ -194,6 +209,7 @@ def command_line(args: argparse.Namespace) -> str:
         ("--no-hf", args.no_hf),
         ("--no-hf-continuous", args.no_hf_continuous),
         ("--bf16", args.bf16),
+        ("--llamacpp", args.llamacpp),
         ("--no-split", args.no_split),
         ("--no-async-serve", args.no_async_serve),
         ("--no-offline", args.no_offline),
@@ -212,8 +228,23 @@ def _run_throughput(args, folder, profile, workload, results) -> dict:
         hf_continuous=not (args.no_hf or args.no_hf_continuous),
         kv_cache_memory=args.kv_cache_memory,
         extra_dtypes=("bfloat16",) if args.bf16 else (),
+        llamacpp=_llamacpp_options(args) if args.llamacpp else None,
     )
     return run_throughput(workload.requests, options)
+
+
+def _llamacpp_options(args):
+    from benchmarks.llamacpp import LlamaCppOptions, import_llama_cpp
+
+    try:
+        import_llama_cpp()  # before minutes of other runs
+    except RuntimeError as exc:
+        raise SystemExit(str(exc)) from exc
+    return LlamaCppOptions(
+        model=args.model,
+        dtypes=("F32", "BF16") if args.bf16 else ("F32",),
+        seqs=tuple(int(n) for n in args.llamacpp_seqs.split(",") if n.strip()),
+    )
 
 
 def _run_serving(args, folder, profile, workload, results) -> dict:

@@ -16,6 +16,7 @@ import platform
 from pathlib import Path
 
 from benchmarks import plots
+from benchmarks.report_llamacpp import llamacpp_lines
 from benchmarks.report_parallel import parallel_section
 
 logger = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ def headline(results: dict) -> str:
     if tp:
         ours = tp["runs"][0]
         rows.append(["pagestream LLM.generate", ours["output_tokens_per_s"], "1.00x"])
-        for key in ("vs_hf_static_best", "vs_hf_continuous"):
+        for key in ("vs_hf_static_best", "vs_hf_continuous", "vs_llamacpp_f32"):
             ratio = tp["ratios"].get(key)
             if ratio:
                 base = next(r for r in tp["runs"] if r["name"] == ratio["baseline"])
@@ -111,13 +112,14 @@ def _throughput_section(tp: dict, meta: dict) -> list[str]:
     ]
     for key, ratio in tp["ratios"].items():
         out.append(
-            f"- pagestream / {ratio['baseline']}: {ratio['requests_per_s']}x requests/s, "
+            f"- {ratio.get('ours', 'pagestream')} / {ratio['baseline']}: "
+            f"{ratio['requests_per_s']}x requests/s, "
             f"{ratio['output_tokens_per_s']}x output tok/s, {ratio['total_tokens_per_s']}x "
             f"total tok/s ({key})"
         )
+    out += ["", *llamacpp_lines(tp)]
     ceiling = tp["ceiling"]
     out += [
-        "",
         f"Matmul ceiling at the model's shapes ({ceiling['num_tokens']} tokens, "
         f"{ceiling['dtype']}, {ceiling['threads']} threads): **{ceiling['gflops']} GFLOP/s** "
         f"(per shape: "

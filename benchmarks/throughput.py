@@ -6,6 +6,8 @@ All engines get the same prompts (token ids) and the same per-request output len
 - pagestream ``LLM.generate`` (continuous batching, paged KV cache),
 - HF ``generate`` in static padded batches of each size in ``profile.hf_batch_sizes``,
 - HF continuous batching (``generate_batch``'s manager) where transformers has it,
+- llama.cpp from F32 / BF16 GGUF files of the same weights, when asked
+  (benchmarks/llamacpp.py),
 
 plus the matmul ceiling at the model's shapes and each run's fraction of it. KV-cache
 utilisation is sampled during pagestream's run (see benchmarks/kv_utilization.py).
@@ -33,6 +35,7 @@ from benchmarks.hf_baselines import (
     run_hf_static,
 )
 from benchmarks.kv_utilization import KVUtilizationSampler
+from benchmarks.llamacpp import LlamaCppOptions
 from benchmarks.workload import BenchRequest
 
 logger = logging.getLogger(__name__)
@@ -46,6 +49,7 @@ class ThroughputOptions:
     kv_cache_memory: str = "2GiB"
     dtype: str = "float32"
     extra_dtypes: tuple[str, ...] = ()  # pagestream alone in other dtypes (e.g. bfloat16)
+    llamacpp: LlamaCppOptions | None = None  # also run llama.cpp (benchmarks/llamacpp.py)
     engine_kwargs: dict = field(default_factory=dict)
 
 
@@ -96,6 +100,11 @@ def run_throughput(requests: list[BenchRequest], options: ThroughputOptions) -> 
     llm = make_llm(folder, options.dtype, options.kv_cache_memory, **options.engine_kwargs)
     config = llm.engine.worker.model.config
     ours = run_pagestream(llm, requests, f"pagestream LLM.generate ({options.dtype})")
+    reference = None
+    if options.llamacpp is not None and options.dtype == "float32":
+        from benchmarks.llamacpp import check_requests, pagestream_greedy
+
+        reference = pagestream_greedy(llm, check_requests(requests, options.llamacpp))
     del llm
     runs = [ours]
     runs += _run_hf(folder, requests, options)
@@ -103,12 +112,18 @@ def run_throughput(requests: list[BenchRequest], options: ThroughputOptions) -> 
         other = make_llm(folder, dtype, options.kv_cache_memory, **options.engine_kwargs)
         runs.append(run_pagestream(other, requests, f"pagestream LLM.generate ({dtype})"))
         del other
+    llamacpp_info = None
+    if options.llamacpp is not None:
+        from benchmarks.llamacpp import run_llamacpp_section
+
+        theirs, llamacpp_info = run_llamacpp_section(requests, options.llamacpp, reference)
+        runs += theirs
     shapes = ModelShapes.from_config(config)
     ceiling = measure_matmul_ceiling(shapes, dtype=getattr(torch, options.dtype))
     flops = workload_flops(shapes, requests)
-    return {
+    result = {
         "runs": [r.as_dict() for r in runs],
-        "ratios": _ratios(ours, runs[1:]),
+        "ratios": {**_ratios(ours, runs[1:]), **_llamacpp_ratios(runs)},
         "ceiling": {
             "gflops": round(ceiling.gflops, 1),
             "per_shape": ceiling.per_shape,
@@ -120,10 +135,13 @@ def run_throughput(requests: list[BenchRequest], options: ThroughputOptions) -> 
             "fraction": {
                 r.name: float(f"{flop_bound_fraction(flops['total'], r.elapsed_s, ceiling):.3g}")
                 for r in runs
-                if "bfloat16" not in r.name
+                if "bfloat16" not in r.name and "BF16" not in r.name
             },
         },
     }
+    if llamacpp_info is not None:
+        result["llamacpp"] = llamacpp_info
+    return result
 
 
 def _run_hf(folder: str, requests: list[BenchRequest], options: ThroughputOptions):
@@ -155,6 +173,21 @@ def _ratios(ours: RunResult, others: list[RunResult]) -> dict:
         ratios["vs_hf_static_best"] = _ratio_entry(ours, best)
     if continuous:
         ratios["vs_hf_continuous"] = _ratio_entry(ours, continuous[0])
+    return ratios
+
+
+def _llamacpp_ratios(runs: list[RunResult]) -> dict:
+    """pagestream / the fastest llama.cpp run in the same dtype (over its sequence counts)."""
+    ratios = {}
+    for ggml, torch_dtype in (("F32", "float32"), ("BF16", "bfloat16")):
+        ours = [r for r in runs if r.name == f"pagestream LLM.generate ({torch_dtype})"]
+        theirs = [r for r in runs if r.name.startswith(f"llama.cpp {ggml} ")]
+        if ours and theirs:
+            best = max(theirs, key=lambda r: r.output_tokens_per_s)
+            ratios[f"vs_llamacpp_{ggml.lower()}"] = {
+                **_ratio_entry(ours[0], best),
+                "ours": ours[0].name,
+            }
     return ratios
 
 

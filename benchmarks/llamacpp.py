@@ -1,0 +1,300 @@
+"""llama.cpp on the benchmark's workload: `pagestream bench throughput --llamacpp`.
+
+llama.cpp (through llama-cpp-python's low-level bindings, the optional `bench` extra built
+from source) runs the same requests as pagestream: the same prompt token ids and per-request
+output lengths, greedy, no early stop, the same number of threads, from F32 / BF16 GGUF files
+of the same weights (benchmarks/gguf_export.py). Batching is llama.cpp's own parallel
+decoding: up to `n_seq_max` sequences share one context and every `llama_decode` carries one
+token of each decoding sequence plus prompt chunks of the admitted ones within `n_batch`
+tokens; a finished sequence's KV cells are dropped (`llama_memory_seq_rm`) and the next
+waiting request takes its slot. The KV cache holds the run's dtype (F32 or BF16, as
+pagestream's follows its model dtype), one stream per sequence unless `kv_unified`.
+
+    options = LlamaCppOptions(model="smollm2-135m-instruct", dtypes=("F32", "BF16"))
+    runs, info = run_llamacpp_section(requests, options, reference=pagestream_tokens)
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from benchmarks.hf_baselines import RunResult
+from benchmarks.workload import BenchRequest
+
+logger = logging.getLogger(__name__)
+
+INSTALL_HINT = "pip install 'pagestream[bench]'"
+KV_TYPES = {"F32": 0, "BF16": 30}  # ggml_type of the KV cache per weight dtype
+
+
+@dataclass(frozen=True)
+class LlamaCppOptions:
+    model: str  # the model name or path (its GGUF file is the export's source)
+    dtypes: tuple[str, ...] = ("F32",)
+    seqs: tuple[int, ...] = (16,)  # n_seq_max values to run; the ratios use the fastest
+    n_threads: int | None = None  # None: torch.get_num_threads(), pagestream's threads
+    n_batch: int = 2048  # tokens per llama_decode
+    n_ubatch: int = 512
+    kv_unified: bool = False
+    check_prompts: int = 4  # greedy agreement with pagestream float32: this many prompts
+    check_tokens: int = 32  # of this many output tokens each
+
+    def __post_init__(self) -> None:
+        for name in ("n_batch", "n_ubatch", "check_prompts", "check_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if not self.seqs or min(self.seqs) < 1:
+            raise ValueError(f"seqs must be positive sequence counts, got {self.seqs}.")
+        if not set(self.dtypes) <= set(KV_TYPES):
+            raise ValueError(f"dtypes must be among {tuple(KV_TYPES)}, got {self.dtypes}.")
+
+
+def import_llama_cpp():
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        raise RuntimeError(
+            f"--llamacpp needs llama-cpp-python (built from source): {INSTALL_HINT}"
+        ) from exc
+    from llama_cpp._logger import set_verbose
+
+    set_verbose(logger.isEnabledFor(logging.DEBUG))  # llama.cpp's own log: errors only
+    return llama_cpp
+
+
+@dataclass
+class _Sequence:
+    index: int  # the request's position in the workload
+    request: BenchRequest
+    num_fed: int = 0  # prompt tokens already in the KV cache
+    output: list[int] = field(default_factory=list)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.num_fed < self.request.prompt_len
+
+
+class LlamaCppEngine:
+    """One llama.cpp model and context with room for n_seq_max sequences of max_len."""
+
+    def __init__(
+        self, gguf_path, dtype: str, options: LlamaCppOptions, max_len: int, n_seq_max: int
+    ):
+        import torch
+
+        self.lib = lib = import_llama_cpp()
+        self.n_seq_max = n_seq_max
+        self.n_batch = options.n_batch
+        self.n_threads = options.n_threads or torch.get_num_threads()
+        lib.llama_backend_init()
+        model_params = lib.llama_model_default_params()
+        self.model = lib.llama_model_load_from_file(str(gguf_path).encode(), model_params)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load {gguf_path}")
+        params = lib.llama_context_default_params()
+        params.n_ctx = -(-max_len // 256) * 256 * n_seq_max  # a stream of max_len per seq
+        params.n_batch, params.n_ubatch = options.n_batch, min(options.n_ubatch, options.n_batch)
+        params.n_seq_max = n_seq_max
+        params.n_threads = params.n_threads_batch = self.n_threads
+        params.type_k = params.type_v = KV_TYPES[dtype]
+        params.kv_unified = options.kv_unified
+        params.no_perf = True
+        self.ctx = lib.llama_init_from_model(self.model, params)
+        if not self.ctx:
+            lib.llama_model_free(self.model)
+            raise RuntimeError(f"llama.cpp could not create a context for {gguf_path}")
+        self.memory = lib.llama_get_memory(self.ctx)
+        self.n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self.model))
+        self.batch = lib.llama_batch_init(options.n_batch, 0, 1)
+        self.num_steps = 0
+
+    def close(self) -> None:
+        self.lib.llama_batch_free(self.batch)
+        self.lib.llama_free(self.ctx)
+        self.lib.llama_model_free(self.model)
+
+    def __enter__(self) -> LlamaCppEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def generate(self, requests: list[BenchRequest]) -> list[list[int]]:
+        """Greedy output tokens of every request (exactly its output_len), continuous
+        batching over n_seq_max slots in arrival order."""
+        waiting = collections.deque(enumerate(requests))
+        free = list(range(self.n_seq_max - 1, -1, -1))
+        running: dict[int, _Sequence] = {}
+        outputs: list[list[int]] = [[] for _ in requests]
+        while waiting or running:
+            while waiting and free:
+                index, request = waiting.popleft()
+                running[free.pop()] = _Sequence(index, request)
+            rows = self._fill_batch(running)
+            rc = self.lib.llama_decode(self.ctx, self.batch)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc} (n_ctx too small?)")
+            self.num_steps += 1
+            for row, slot in rows:
+                seq = running[slot]
+                logits = np.ctypeslib.as_array(
+                    self.lib.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,)
+                )
+                seq.output.append(int(logits.argmax()))
+                if len(seq.output) == seq.request.output_len:
+                    outputs[seq.index] = seq.output
+                    self.lib.llama_memory_seq_rm(self.memory, slot, -1, -1)
+                    del running[slot]
+                    free.append(slot)
+        return outputs
+
+    def _fill_batch(self, running: dict[int, _Sequence]) -> list[tuple[int, int]]:
+        """Decode tokens of every decoding sequence, then prompt chunks within n_batch;
+        returns (batch row, slot) of the rows whose logits are read."""
+        batch, rows, n = self.batch, [], 0
+        decoding = [(s, q) for s, q in running.items() if not q.prefilling]
+        for slot, seq in decoding:
+            position = seq.request.prompt_len + len(seq.output) - 1
+            self._set(n, seq.output[-1], position, slot, True)
+            rows.append((n, slot))
+            n += 1
+        for slot, seq in running.items():
+            if not seq.prefilling or n >= self.n_batch:
+                continue
+            take = min(seq.request.prompt_len - seq.num_fed, self.n_batch - n)
+            for offset in range(take):
+                position = seq.num_fed + offset
+                self._set(n, seq.request.prompt_token_ids[position], position, slot, False)
+                n += 1
+            seq.num_fed += take
+            if not seq.prefilling:  # its last prompt token: the first output's logits
+                batch.logits[n - 1] = 1
+                rows.append((n - 1, slot))
+        batch.n_tokens = n
+        return rows
+
+    def _set(self, row: int, token: int, position: int, slot: int, logits: bool) -> None:
+        batch = self.batch
+        batch.token[row] = token
+        batch.pos[row] = position
+        batch.n_seq_id[row] = 1
+        batch.seq_id[row][0] = slot
+        batch.logits[row] = logits
+
+    def warm_up(self, request: BenchRequest) -> None:
+        short = BenchRequest(list(request.prompt_token_ids[:16]), 4)
+        self.generate([short, short])
+        self.lib.llama_memory_clear(self.memory, True)
+
+
+def run_llamacpp(
+    requests: list[BenchRequest], gguf_path, dtype: str, n_seq_max: int, options: LlamaCppOptions
+) -> tuple[RunResult, list[list[int]]]:
+    """The workload through llama.cpp (timed after a warm-up; loading is not timed)."""
+    max_len = max(r.prompt_len + r.output_len for r in requests)
+    with LlamaCppEngine(gguf_path, dtype, options, max_len, n_seq_max) as engine:
+        engine.warm_up(requests[0])
+        engine.num_steps = 0
+        load = os.getloadavg()[0]
+        start = time.perf_counter()
+        outputs = engine.generate(requests)
+        elapsed = time.perf_counter() - start
+        threads, steps = engine.n_threads, engine.num_steps
+    generated = sum(len(o) for o in outputs)
+    result = RunResult(
+        name=f"llama.cpp {dtype} ({n_seq_max} seqs)",
+        elapsed_s=elapsed,
+        num_requests=len(requests),
+        prompt_tokens=sum(r.prompt_len for r in requests),
+        output_tokens=generated,
+        generated_tokens=generated,
+        extra={
+            "gguf": str(gguf_path.name),
+            "n_seq_max": n_seq_max,
+            "n_threads": threads,
+            "n_batch": options.n_batch,
+            "n_ubatch": min(options.n_ubatch, options.n_batch),
+            "kv_unified": options.kv_unified,
+            "kv_cache_dtype": dtype,
+            "num_steps": steps,
+            # the machine may be shared; llama.cpp's spinning threads suffer most from that
+            "load_average": {"start": round(load, 2), "end": round(os.getloadavg()[0], 2)},
+            "llama_cpp_python": llama_cpp_version(),
+        },
+    )
+    logger.info("%s: %.1f output tok/s", result.name, result.output_tokens_per_s)
+    return result, outputs
+
+
+def llama_cpp_version() -> str:
+    return getattr(import_llama_cpp(), "__version__", "?")
+
+
+def check_requests(requests: list[BenchRequest], options: LlamaCppOptions) -> list[BenchRequest]:
+    """The agreement check's requests: the first prompts, check_tokens outputs each."""
+    return [BenchRequest(r.prompt_token_ids, options.check_tokens) for r in requests][
+        : options.check_prompts
+    ]
+
+
+def pagestream_greedy(llm, requests: list[BenchRequest]) -> list[list[int]]:
+    from pagestream import SamplingParams
+
+    prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
+    params = [
+        SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests
+    ]
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def agreement(got: list[list[int]], reference: list[list[int]]) -> dict:
+    from benchmarks.precision import first_difference
+
+    firsts = [first_difference(g, r) for g, r in zip(got, reference, strict=True)]
+    return {
+        "requests": len(reference),
+        "tokens_each": len(reference[0]) if reference else 0,
+        "equal": sum(g == r for g, r in zip(got, reference, strict=True)),
+        "first_differences": firsts,
+        "mean_first_difference": round(sum(firsts) / max(len(firsts), 1), 2),
+    }
+
+
+def run_llamacpp_section(
+    requests: list[BenchRequest], options: LlamaCppOptions, reference: list[list[int]] | None
+) -> tuple[list[RunResult], dict]:
+    """Every dtype x sequence count over the workload, then the greedy agreement of each
+    dtype with `reference` (pagestream float32 on check_requests) when given."""
+    from benchmarks.gguf_export import export_gguf, source_gguf
+
+    import_llama_cpp()
+    source = source_gguf(options.model)
+    paths = {dtype: export_gguf(source, dtype) for dtype in options.dtypes}
+    runs = [
+        run_llamacpp(requests, paths[dtype], dtype, n_seq_max, options)[0]
+        for dtype in options.dtypes
+        for n_seq_max in options.seqs
+    ]
+    info: dict = {
+        "llama_cpp_python": llama_cpp_version(),
+        "source_gguf": source.name,
+        "seqs": list(options.seqs),
+        "n_batch": options.n_batch,
+        "kv_unified": options.kv_unified,
+        "runs": [r.name for r in runs],
+    }
+    if reference is not None:
+        checks = check_requests(requests, options)
+        max_len = max(r.prompt_len + r.output_len for r in checks)
+        info["agreement"] = {}
+        for dtype, path in paths.items():
+            with LlamaCppEngine(path, dtype, options, max_len, len(checks)) as engine:
+                info["agreement"][dtype] = agreement(engine.generate(checks), reference)
+            logger.info("llama.cpp %s vs pagestream float32: %s", dtype, info["agreement"][dtype])
+    return runs, info

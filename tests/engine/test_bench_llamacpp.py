@@ -1,0 +1,203 @@
+"""benchmarks/llamacpp.py without llama.cpp: the continuous batching loop against a fake
+llama.cpp that checks every batch (positions, sequence ids, n_batch, freed KV) and whose
+greedy token is a function of the sequence so far; the missing-extra error; the ratios and
+the report. With llama-cpp-python installed (the bench extra, not in CI) one more test runs
+a tiny exported GGUF through real llama.cpp against pagestream's greedy outputs."""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import sys
+import types
+
+import pytest
+
+from benchmarks import llamacpp
+from benchmarks.cli import add_bench_parser, run_bench
+from benchmarks.hf_baselines import RunResult
+from benchmarks.llamacpp import (
+    LlamaCppEngine,
+    LlamaCppOptions,
+    agreement,
+    check_requests,
+    import_llama_cpp,
+)
+from benchmarks.report_llamacpp import llamacpp_lines
+from benchmarks.throughput import _llamacpp_ratios
+from benchmarks.workload import BenchRequest
+
+VOCAB = 97
+
+
+def next_token(history: list[int]) -> int:
+    return (sum(history) * 31 + len(history)) % VOCAB
+
+
+class FakeLlama:
+    """The few llama.cpp calls the engine makes; each sequence's KV is its token list."""
+
+    def __init__(self, n_batch: int):
+        self.n_batch = n_batch
+        self.kv: dict[int, list[int]] = {}
+        self.logits: dict[int, ctypes.Array] = {}
+        self.max_rows = 0
+
+    def llama_decode(self, ctx, batch) -> int:
+        assert 0 < batch.n_tokens <= self.n_batch
+        self.max_rows = max(self.max_rows, batch.n_tokens)
+        self.logits = {}
+        for row in range(batch.n_tokens):
+            assert batch.n_seq_id[row] == 1
+            history = self.kv.setdefault(batch.seq_id[row][0], [])
+            assert batch.pos[row] == len(history)  # contiguous, from 0 after seq_rm
+            history.append(batch.token[row])
+            if batch.logits[row]:
+                scores = (ctypes.c_float * VOCAB)()
+                scores[next_token(history)] = 1.0
+                self.logits[row] = scores
+        return 0
+
+    def llama_get_logits_ith(self, ctx, row):
+        return ctypes.cast(self.logits[row], ctypes.POINTER(ctypes.c_float))
+
+    def llama_memory_seq_rm(self, memory, slot, p0, p1) -> bool:
+        assert (p0, p1) == (-1, -1)
+        del self.kv[slot]
+        return True
+
+
+def fake_engine(n_seq_max: int, n_batch: int) -> tuple[LlamaCppEngine, FakeLlama]:
+    engine = LlamaCppEngine.__new__(LlamaCppEngine)  # no model: the loop alone
+    fake = FakeLlama(n_batch)
+    size = n_batch
+    batch = types.SimpleNamespace(
+        n_tokens=0,
+        token=[0] * size,
+        pos=[0] * size,
+        n_seq_id=[0] * size,
+        seq_id=[[0] for _ in range(size)],
+        logits=[0] * size,
+    )
+    engine.lib, engine.ctx, engine.memory, engine.batch = fake, None, None, batch
+    engine.n_seq_max, engine.n_batch, engine.n_vocab, engine.num_steps = (
+        n_seq_max,
+        n_batch,
+        VOCAB,
+        0,
+    )
+    return engine, fake
+
+
+def expected(request: BenchRequest) -> list[int]:
+    history, out = list(request.prompt_token_ids), []
+    for _ in range(request.output_len):
+        out.append(next_token(history))
+        history.append(out[-1])
+    return out
+
+
+@pytest.mark.parametrize(("n_seq_max", "n_batch"), [(1, 32), (3, 16), (8, 7)])
+def test_continuous_batching_gives_each_request_its_own_greedy_tokens(n_seq_max, n_batch):
+    requests = [
+        BenchRequest([(i * 7 + j) % VOCAB for j in range(3 + 5 * i)], 1 + (i * 3) % 9)
+        for i in range(10)
+    ]
+    engine, fake = fake_engine(n_seq_max, n_batch)
+    outputs = engine.generate(requests)
+    assert outputs == [expected(r) for r in requests]
+    assert fake.kv == {}  # every finished sequence's KV was dropped
+    assert fake.max_rows == n_batch  # prompt chunks fill the batch (prompts up to 48)
+    forward = sum(r.prompt_len + r.output_len - 1 for r in requests)
+    assert engine.num_steps >= -(-forward // n_batch)
+    assert len(set(map(len, outputs))) > 1
+
+
+def test_missing_llama_cpp_names_the_extra_before_anything_runs(monkeypatch, model_dir, tmp_path):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails as if not installed
+    with pytest.raises(RuntimeError, match=r"pip install 'pagestream\[bench\]'"):
+        import_llama_cpp()
+    parser = argparse.ArgumentParser()
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    argv = ["bench", "throughput", "--llamacpp", "--profile", "smoke", "--no-hf"]
+    args = parser.parse_args(
+        [*argv, "--model", str(model_dir("llama")), "--docs-dir", str(tmp_path)]
+    )
+    with pytest.raises(SystemExit, match=r"pagestream\[bench\]"):
+        run_bench(args)
+    assert not (tmp_path / "benchmarks" / "results.json").exists()
+
+
+def test_options_are_checked_and_check_requests_are_short():
+    with pytest.raises(ValueError, match="seqs"):
+        LlamaCppOptions(model="m", seqs=(0,))
+    with pytest.raises(ValueError, match="dtypes"):
+        LlamaCppOptions(model="m", dtypes=("Q4_0",))
+    requests = [BenchRequest([1, 2, 3], 50) for _ in range(6)]
+    checks = check_requests(requests, LlamaCppOptions(model="m", check_prompts=4))
+    assert len(checks) == 4 and {r.output_len for r in checks} == {32}
+    a = agreement([[1, 2, 3], [1, 5, 3]], [[1, 2, 3], [1, 2, 3]])
+    assert (a["equal"], a["first_differences"], a["mean_first_difference"]) == (1, [3, 1], 2.0)
+
+
+def _run(name: str, tok_s: float, **extra) -> RunResult:
+    tokens = int(tok_s * 10)
+    return RunResult(name, 10.0, 4, 400, tokens, tokens, {"num_steps": 5, **extra})
+
+
+def test_ratios_use_the_fastest_llamacpp_run_of_each_dtype_and_the_report_shows_them():
+    runs = [
+        _run("pagestream LLM.generate (float32)", 150.0),
+        _run("pagestream LLM.generate (bfloat16)", 200.0),
+        _run("llama.cpp F32 (16 seqs)", 100.0, load_average={"start": 1.5, "end": 2.5}),
+        _run("llama.cpp F32 (32 seqs)", 120.0),
+        _run("llama.cpp BF16 (16 seqs)", 160.0),
+    ]
+    ratios = _llamacpp_ratios(runs)
+    assert ratios["vs_llamacpp_f32"]["baseline"] == "llama.cpp F32 (32 seqs)"
+    assert ratios["vs_llamacpp_f32"]["output_tokens_per_s"] == 1.25
+    assert ratios["vs_llamacpp_bf16"]["ours"] == "pagestream LLM.generate (bfloat16)"
+    assert ratios["vs_llamacpp_bf16"]["output_tokens_per_s"] == 1.25
+    assert _llamacpp_ratios(runs[:1] + runs[2:]).keys() == {"vs_llamacpp_f32"}
+    a = agreement([[1, 2], [3, 4]], [[1, 2], [3, 5]])
+    tp = {
+        "runs": [r.as_dict() for r in runs],
+        "ratios": ratios,
+        "llamacpp": {
+            "llama_cpp_python": "0.3.36",
+            "source_gguf": "m.Q4_1.gguf",
+            "seqs": [16, 32],
+            "n_batch": 2048,
+            "kv_unified": False,
+            "runs": [r.name for r in runs[2:]],
+            "agreement": {"F32": a},
+        },
+    }
+    text = "\n".join(llamacpp_lines(tp))
+    assert "| llama.cpp F32 (32 seqs) | 120.0 | 10.0 | 5 | — | x1.25 (float32) |" in text
+    assert "| llama.cpp F32 (16 seqs) | 100.0 | 10.0 | 5 | 1.5..2.5 | — |" in text
+    assert "x1.25 (bfloat16)" in text
+    assert "1 of 2 equal all the way (first differences at 2, 1)" in text
+    assert llamacpp_lines({"runs": [], "ratios": {}}) == []
+
+
+def test_tiny_gguf_through_llama_cpp_matches_pagestream(tmp_path):
+    pytest.importorskip("llama_cpp")
+    from benchmarks.gguf_export import export_gguf
+    from pagestream import LLM
+    from services.common.gguf_conversion import ensure_converted
+    from tests.worker.conftest import build_tiny_model
+    from tests.worker.test_model_loader import write_tiny_gguf
+
+    source = tmp_path / "tiny.Q8_0.gguf"
+    write_tiny_gguf(source, build_tiny_model("llama_tied", seed=3, vocab_size=300))
+    exported = export_gguf(source, "F32", tmp_path)
+    requests = [BenchRequest([4 + i, 80, 31, 7 * i, 200, 19][: 3 + i], 8) for i in range(3)]
+    options = LlamaCppOptions(model=str(source))
+    with LlamaCppEngine(exported, "F32", options, 32, 2) as engine:
+        got = engine.generate(requests)
+    folder = ensure_converted(source, tmp_path / "hf")  # what pagestream runs from the source
+    llm = LLM(str(folder), dtype="float32", kv_cache_memory="16MiB")
+    reference = llamacpp.pagestream_greedy(llm, requests)
+    assert agreement(got, reference)["equal"] == len(requests)
+    assert len(set(map(tuple, got))) == len(requests)
