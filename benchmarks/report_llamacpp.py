@@ -4,9 +4,14 @@ agreement that shows both run the same model."""
 
 from __future__ import annotations
 
-from benchmarks.report_sections import markdown_table
-
 PAIRS = (("F32", "float32"), ("BF16", "bfloat16"))
+
+
+def markdown_table(header: list[str], rows: list[list]) -> str:
+    """As report_sections' (which imports benchmarks.report, which imports this module)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join("—" if c is None else str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 def llamacpp_lines(tp: dict) -> list[str]:
