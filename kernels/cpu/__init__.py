@@ -28,11 +28,13 @@ from pathlib import Path
 import torch
 
 from kernels.reference import AttentionOptions, planned_attention
+from kernels.reference import reshape_and_cache as reference_reshape_and_cache
 
 logger = logging.getLogger(__name__)
 
 SOURCES = tuple(
-    Path(__file__).with_name(name) for name in ("paged_decode.cpp", "pin_threads.cpp", "fused.cpp")
+    Path(__file__).with_name(name)
+    for name in ("paged_decode.cpp", "pin_threads.cpp", "fused.cpp", "cache_write.cpp")
 )
 _lock = threading.Lock()
 _state: dict = {}  # "module" once built, or "error" (the reason it cannot be)
@@ -179,6 +181,25 @@ def supports(query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
         and kv_cache.is_contiguous()
         and (query.dtype, kv_cache.dtype) in _KERNEL_DTYPES
     )
+
+
+def reshape_and_cache(
+    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """kernels.reference.reshape_and_cache in one C++ pass where the kernel takes the
+    tensors (CPU, float32/bfloat16 rows into a float32/bfloat16 cache), else the reference."""
+    fits = (
+        key.device.type == "cpu"
+        and kv_cache.is_contiguous()
+        and (key.dtype, kv_cache.dtype) in _KERNEL_DTYPES
+        and key.stride(-1) == value.stride(-1) == 1
+        and key.stride(1) == key.shape[2]
+        and value.stride(1) == value.shape[2]
+    )
+    if not fits:
+        reference_reshape_and_cache(key, value, kv_cache, slot_mapping)
+        return
+    load().cache_write(key, value, kv_cache, slot_mapping)
 
 
 def _all_decode(query: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor) -> bool:

@@ -340,6 +340,8 @@ void paged_decode(torch::Tensor out, torch::Tensor query, torch::Tensor key_cach
 }
 
 int64_t pin_threads(const std::vector<int64_t>& cpus);  // pin_threads.cpp
+void cache_write(torch::Tensor key, torch::Tensor value, torch::Tensor cache,
+                 torch::Tensor slot_mapping);  // cache_write.cpp
 void add_rms_norm(torch::Tensor out, torch::Tensor sum_out, torch::Tensor residual,
                   torch::Tensor x, torch::Tensor weight, double eps);  // fused.cpp
 void silu_and_mul(torch::Tensor out, torch::Tensor gate_up);        // fused.cpp
@@ -349,6 +351,7 @@ void rotary(torch::Tensor out, torch::Tensor x, torch::Tensor cos, torch::Tensor
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode,
         "decode attention over the paged KV cache (float32 / bfloat16)");
+  m.def("cache_write", &cache_write, "this step's keys and values into their cache slots");
   m.def("pin_threads", &pin_threads, "pin intra-op thread i to cpus[i]; returns how many");
   m.def("add_rms_norm", &add_rms_norm, "out = rms_norm(residual + x), sum_out = residual + x");
   m.def("silu_and_mul", &silu_and_mul, "out = silu(gate) * up for [gate | up]");

@@ -198,3 +198,24 @@ def test_a_built_module_loads_without_the_build_machinery(tmp_path):
     assert cpu._load_built("missing", tmp_path) is None
     (tmp_path / "broken.so").write_bytes(b"not a shared object")
     assert cpu._load_built("broken", tmp_path) is None  # falls back to building
+
+
+@pytest.mark.parametrize(
+    ("src", "dst"), [("float32", "float32"), ("bfloat16", "bfloat16"), ("float32", "bfloat16")]
+)
+def test_cache_write_equals_the_reference_on_strided_rows(src, dst):
+    gen = torch.Generator().manual_seed(1)
+    tokens, heads, dim = 9, 3, 64
+    qkv = torch.randn(tokens, (3 + 2 * heads) * dim, generator=gen).to(getattr(torch, src))
+    key = qkv[:, 3 * dim : (3 + heads) * dim].view(tokens, heads, dim)  # strided like the model's
+    value = qkv[:, (3 + heads) * dim :].view(tokens, heads, dim)
+    slots = torch.tensor([5, -1, 0, 17, 3, 30, -1, 8, 12])
+    shape = (2, 4, 8, heads, dim)
+    ours = torch.full(shape, float("nan"), dtype=getattr(torch, dst))
+    expected = ours.clone()
+    cpu.reshape_and_cache(key, value, ours, slots)
+    reference.reshape_and_cache(key, value, expected, slots)
+    assert torch.equal(ours.isnan(), expected.isnan())  # skipped slots stay unwritten
+    assert torch.equal(ours.nan_to_num(), expected.nan_to_num())  # same rounding, bit for bit
+    with pytest.raises(RuntimeError, match="out of range"):
+        cpu.reshape_and_cache(key, value, ours, torch.full((tokens,), 32))

@@ -101,7 +101,7 @@ def _load_cpu(device: torch.device) -> AttentionOps:
     reason = cpu_kernels.unavailable_reason()
     if reason is not None:
         raise ValueError(f"attention backend 'cpu' is not available: {reason}")
-    return AttentionOps("cpu", reshape_and_cache, cpu_kernels.paged_attention)
+    return AttentionOps("cpu", cpu_kernels.reshape_and_cache, cpu_kernels.paged_attention)
 
 
 # Backends built on first use for a device (registered ones take precedence).
