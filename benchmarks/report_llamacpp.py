@@ -36,7 +36,7 @@ def llamacpp_lines(tp: dict) -> list[str]:
         f"per context, each `llama_decode` {info['n_batch']} tokens at most (one per "
         "decoding sequence, then prompt chunks), a finished sequence's KV cells freed for "
         f"the next request; {first.get('n_threads', '?')} threads as pagestream; KV cache in "
-        f"the run's dtype, {kv}. "
+        f"the run's dtype, {kv}; flash attention {info.get('flash_attn', 'auto')}. "
         f"Weights: F32 / BF16 GGUF files written from `{info['source_gguf']}` (the weights "
         "pagestream dequantizes; BF16 matrices, F32 norms). Same prompts, output lengths, "
         "greedy, no early stop.",

@@ -133,6 +133,8 @@ def test_options_are_checked_and_check_requests_are_short():
         LlamaCppOptions(model="m", seqs=(0,))
     with pytest.raises(ValueError, match="dtypes"):
         LlamaCppOptions(model="m", dtypes=("Q4_0",))
+    with pytest.raises(ValueError, match="flash_attn"):
+        LlamaCppOptions(model="m", flash_attn="maybe")
     requests = [BenchRequest([1, 2, 3], 50) for _ in range(6)]
     checks = check_requests(requests, LlamaCppOptions(model="m", check_prompts=4))
     assert len(checks) == 4 and {r.output_len for r in checks} == {32}
@@ -169,6 +171,7 @@ def test_ratios_use_the_fastest_llamacpp_run_of_each_dtype_and_the_report_shows_
             "seqs": [16, 32],
             "n_batch": 2048,
             "kv_unified": False,
+            "flash_attn": "off",
             "runs": [r.name for r in runs[2:]],
             "agreement": {"F32": a},
         },
@@ -176,7 +179,7 @@ def test_ratios_use_the_fastest_llamacpp_run_of_each_dtype_and_the_report_shows_
     text = "\n".join(llamacpp_lines(tp))
     assert "| llama.cpp F32 (32 seqs) | 120.0 | 10.0 | 5 | — | x1.25 (float32) |" in text
     assert "| llama.cpp F32 (16 seqs) | 100.0 | 10.0 | 5 | 1.5..2.5 | — |" in text
-    assert "x1.25 (bfloat16)" in text
+    assert "x1.25 (bfloat16)" in text and "flash attention off" in text
     assert "1 of 2 equal all the way (first differences at 2, 1)" in text
     assert llamacpp_lines({"runs": [], "ratios": {}}) == []
 
