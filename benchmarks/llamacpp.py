@@ -137,6 +137,8 @@ class LlamaCppEngine:
     def generate(self, requests: list[BenchRequest]) -> list[list[int]]:
         """Greedy output tokens of every request (exactly its output_len), continuous
         batching over n_seq_max slots in arrival order."""
+        if self.n_seq_max > self.n_batch:  # every decoding sequence needs its row
+            raise ValueError(f"n_seq_max {self.n_seq_max} > n_batch {self.n_batch}")
         waiting = collections.deque(enumerate(requests))
         free = list(range(self.n_seq_max - 1, -1, -1))
         running: dict[int, _Sequence] = {}

@@ -97,7 +97,7 @@ def expected(request: BenchRequest) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize(("n_seq_max", "n_batch"), [(1, 32), (3, 16), (8, 7)])
+@pytest.mark.parametrize(("n_seq_max", "n_batch"), [(1, 32), (3, 16), (7, 7)])
 def test_continuous_batching_gives_each_request_its_own_greedy_tokens(n_seq_max, n_batch):
     requests = [
         BenchRequest([(i * 7 + j) % VOCAB for j in range(3 + 5 * i)], 1 + (i * 3) % 9)
@@ -111,6 +111,8 @@ def test_continuous_batching_gives_each_request_its_own_greedy_tokens(n_seq_max,
     forward = sum(r.prompt_len + r.output_len - 1 for r in requests)
     assert engine.num_steps >= -(-forward // n_batch)
     assert len(set(map(len, outputs))) > 1
+    with pytest.raises(ValueError, match="n_batch"):
+        fake_engine(n_batch + 1, n_batch)[0].generate(requests)
 
 
 def test_missing_llama_cpp_names_the_extra_before_anything_runs(monkeypatch, model_dir, tmp_path):
