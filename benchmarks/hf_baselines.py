@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,6 +32,8 @@ class RunResult:
     output_tokens: int
     generated_tokens: int  # including a static batch's padding rows and steps
     extra: dict
+    # each request's output token ids where the run kept them (not in as_dict)
+    token_ids: list[list[int]] | None = field(default=None, repr=False, compare=False)
 
     @property
     def requests_per_s(self) -> float:

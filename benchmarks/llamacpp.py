@@ -11,7 +11,12 @@ waiting request takes its slot. The KV cache holds the run's dtype (F32 or BF16,
 pagestream's follows its model dtype), one stream per sequence unless `kv_unified`.
 
     options = LlamaCppOptions(model="smollm2-135m-instruct", dtypes=("F32", "BF16"))
-    runs, info = run_llamacpp_section(requests, options, reference=pagestream_tokens)
+    runs, info = run_llamacpp_section(requests, options, check_tokens, pagestream_runs)
+
+Two greedy agreements with pagestream float32: `agreement` on a short check (the first
+check_prompts prompts x check_tokens, a fresh context per dtype) and `agreement_full` over
+the whole workload (every request, its full output length: the timed runs' own tokens against
+pagestream float32's timed run), as benchmarks/precision.py measures bf16 against float32.
 """
 
 from __future__ import annotations
@@ -278,21 +283,39 @@ def agreement(got: list[list[int]], reference: list[list[int]]) -> dict:
     }
 
 
+PAGESTREAM_FP32 = "pagestream LLM.generate (float32)"
+PAGESTREAM_BF16 = "pagestream LLM.generate (bfloat16)"
+
+
+def full_agreement(name: str, got: list[list[int]], reference: list[list[int]]) -> dict:
+    """`got` against pagestream float32 over the whole workload: precision.py's agreement
+    (equal requests, mean first difference, mean output length)."""
+    from benchmarks import precision
+
+    return {"run": name, **precision.agreement({"float32": reference, "bfloat16": got})}
+
+
 def run_llamacpp_section(
-    requests: list[BenchRequest], options: LlamaCppOptions, reference: list[list[int]] | None
+    requests: list[BenchRequest],
+    options: LlamaCppOptions,
+    reference: list[list[int]] | None,
+    pagestream_runs: list[RunResult] | None = None,
 ) -> tuple[list[RunResult], dict]:
     """Every dtype x sequence count over the workload, then the greedy agreement of each
-    dtype with `reference` (pagestream float32 on check_requests) when given."""
+    dtype with `reference` (pagestream float32 on check_requests) when given, and over the
+    whole workload with pagestream float32's run among `pagestream_runs` when that kept its
+    tokens (each dtype's first run; pagestream bfloat16's run too, when there is one)."""
     from benchmarks.gguf_export import export_gguf, source_gguf
 
     import_llama_cpp()
     source = source_gguf(options.model)
     paths = {dtype: export_gguf(source, dtype) for dtype in options.dtypes}
-    runs = [
-        run_llamacpp(requests, paths[dtype], dtype, n_seq_max, options)[0]
-        for dtype in options.dtypes
-        for n_seq_max in options.seqs
-    ]
+    runs, tokens = [], {}
+    for dtype in options.dtypes:
+        for n_seq_max in options.seqs:
+            run, outputs = run_llamacpp(requests, paths[dtype], dtype, n_seq_max, options)
+            runs.append(run)
+            tokens.setdefault(dtype, (run.name, outputs))
     info: dict = {
         "llama_cpp_python": llama_cpp_version(),
         "source_gguf": source.name,
@@ -310,4 +333,13 @@ def run_llamacpp_section(
             with LlamaCppEngine(path, dtype, options, max_len, len(checks)) as engine:
                 info["agreement"][dtype] = agreement(engine.generate(checks), reference)
             logger.info("llama.cpp %s vs pagestream float32: %s", dtype, info["agreement"][dtype])
+    ours = {r.name: r for r in pagestream_runs or [] if r.token_ids is not None}
+    if PAGESTREAM_FP32 in ours:
+        full = ours[PAGESTREAM_FP32].token_ids
+        if PAGESTREAM_BF16 in ours:
+            tokens["pagestream bfloat16"] = (PAGESTREAM_BF16, ours[PAGESTREAM_BF16].token_ids)
+        info["agreement_full"] = {
+            key: full_agreement(name, got, full) for key, (name, got) in tokens.items()
+        }
+        logger.info("vs pagestream float32, whole workload: %s", info["agreement_full"])
     return runs, info

@@ -63,7 +63,20 @@ def llamacpp_lines(tp: dict) -> list[str]:
                 f"{a['requests']} equal all the way (first differences at "
                 f"{', '.join(map(str, a['first_differences']))})."
             )
-    return [*out, ""]
+    return [*out, *_full_agreement_lines(info.get("agreement_full") or {}), ""]
+
+
+def _full_agreement_lines(full: dict) -> list[str]:
+    """Greedy agreement with pagestream float32 over the whole workload, a line per run."""
+    lines = []
+    for a in full.values():
+        lines.append(
+            f"- Whole workload ({a['requests']} requests, mean output length "
+            f"{a['mean_output_len']}), {a['run']} vs pagestream float32: {a['equal']} of "
+            f"{a['requests']} equal all the way; the first difference falls at token "
+            f"{a['mean_first_difference']} on average."
+        )
+    return lines
 
 
 def _row(run: dict, ratio: dict | None, torch_dtype: str) -> list:

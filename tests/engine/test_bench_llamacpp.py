@@ -24,7 +24,7 @@ from benchmarks.llamacpp import (
     import_llama_cpp,
 )
 from benchmarks.report_llamacpp import llamacpp_lines
-from benchmarks.throughput import _llamacpp_ratios
+from benchmarks.throughput import ThroughputOptions, _llamacpp_ratios, run_throughput
 from benchmarks.workload import BenchRequest
 
 VOCAB = 97
@@ -184,6 +184,91 @@ def test_ratios_use_the_fastest_llamacpp_run_of_each_dtype_and_the_report_shows_
     assert "x1.25 (bfloat16)" in text and "flash attention off" in text
     assert "1 of 2 equal all the way (first differences at 2, 1)" in text
     assert llamacpp_lines({"runs": [], "ratios": {}}) == []
+
+
+class ZeroEngine:
+    """LlamaCppEngine for the short check: token 0 all the way."""
+
+    def __init__(self, path, dtype, options, max_len, n_seq_max):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def generate(self, requests):
+        return [[0] * r.output_len for r in requests]
+
+
+def test_full_agreement_compares_the_timed_runs_with_pagestream_float32(
+    monkeypatch, model_dir, tmp_path
+):
+    """run_throughput keeps pagestream's tokens; each llama.cpp dtype's first run (here a
+    fake: F32 = pagestream float32's tokens, BF16 = the same but two changed) against them
+    over every request and its full output length, and the report's line per run."""
+    from benchmarks import gguf_export, throughput
+    from benchmarks.ceiling import Ceiling
+
+    monkeypatch.setattr(llamacpp, "import_llama_cpp", lambda: None)
+    monkeypatch.setattr(llamacpp, "llama_cpp_version", lambda: "0.3.36")
+    monkeypatch.setattr(gguf_export, "source_gguf", lambda model: tmp_path / "m.Q8_0.gguf")
+    monkeypatch.setattr(gguf_export, "export_gguf", lambda source, dtype: tmp_path / dtype)
+    monkeypatch.setattr(
+        throughput,
+        "measure_matmul_ceiling",
+        lambda shapes, dtype: Ceiling(100.0, [], 256, str(dtype), 1),
+    )
+    kept = {}
+    real_run_pagestream = throughput.run_pagestream
+
+    def run_pagestream(llm, requests, name="pagestream"):
+        kept[name] = real_run_pagestream(llm, requests, name)
+        return kept[name]
+
+    def run_llamacpp(requests, path, dtype, n_seq_max, options):
+        tokens = [list(t) for t in kept["pagestream LLM.generate (float32)"].token_ids]
+        if dtype == "BF16":
+            tokens[1][3] = tokens[0][5] = -1  # request 0: first difference 5, request 1: 3
+        return _run(f"llama.cpp {dtype} ({n_seq_max} seqs)", 100.0), tokens
+
+    monkeypatch.setattr(throughput, "run_pagestream", run_pagestream)
+    monkeypatch.setattr(llamacpp, "run_llamacpp", run_llamacpp)
+    requests = [BenchRequest([3 + i, 17, 40, 9 * i + 1, 250][: 2 + i], 6 + 2 * i) for i in range(4)]
+    options = ThroughputOptions(
+        model=str(model_dir("llama")),
+        hf_batch_sizes=(),
+        hf_continuous=False,
+        kv_cache_memory="16MiB",
+        extra_dtypes=("bfloat16",),
+        llamacpp=LlamaCppOptions(model="m", dtypes=("F32", "BF16"), seqs=(2, 4)),
+    )
+    monkeypatch.setattr(llamacpp, "LlamaCppEngine", ZeroEngine)
+    tp = run_throughput(requests, options)
+    assert tp["llamacpp"]["agreement"]["BF16"]["equal"] == 0  # the short check still runs
+    fp32 = kept["pagestream LLM.generate (float32)"].token_ids
+    assert [len(t) for t in fp32] == [r.output_len for r in requests]
+    assert "token_ids" not in tp["runs"][0]
+    full = tp["llamacpp"]["agreement_full"]
+    assert full["F32"] == {
+        "run": "llama.cpp F32 (2 seqs)",
+        "requests": 4,
+        "equal": 4,
+        "mean_first_difference": 9.0,
+        "mean_output_len": 9.0,
+    }
+    assert full["BF16"]["run"] == "llama.cpp BF16 (2 seqs)"
+    assert (full["BF16"]["equal"], full["BF16"]["mean_first_difference"]) == (2, 7.5)
+    assert full["pagestream bfloat16"]["run"] == "pagestream LLM.generate (bfloat16)"
+    assert full["pagestream bfloat16"]["requests"] == 4
+    text = "\n".join(llamacpp_lines(tp))
+    assert (
+        "- Whole workload (4 requests, mean output length 9), llama.cpp BF16 (2 seqs) vs "
+        "pagestream float32: 2 of 4 equal all the way; the first difference falls at token "
+        "7.5 on average." in text
+    )
+    assert "pagestream LLM.generate (bfloat16) vs pagestream float32" in text
 
 
 def test_tiny_gguf_through_llama_cpp_matches_pagestream(tmp_path):
