@@ -260,6 +260,8 @@ def _run_serving(args, folder, profile, workload, results) -> dict:
             "--kv-cache-memory",
             args.kv_cache_memory,
             "--no-enable-prefix-caching",  # runs reuse the prompts: no hits across runs
+            "--dtype",
+            "float32",  # as the HF baselines (auto is bfloat16 on CPUs with native bf16)
         ),
     )
     return run_serving(requests, options)

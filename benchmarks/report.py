@@ -118,23 +118,31 @@ def _throughput_section(tp: dict, meta: dict) -> list[str]:
             f"total tok/s ({key})"
         )
     out += ["", *llamacpp_lines(tp)]
-    ceiling = tp["ceiling"]
+    for key in ("ceiling", "ceiling_bfloat16"):
+        if key in tp:
+            out += _ceiling_lines(tp[key])
     out += [
-        f"Matmul ceiling at the model's shapes ({ceiling['num_tokens']} tokens, "
-        f"{ceiling['dtype']}, {ceiling['threads']} threads): **{ceiling['gflops']} GFLOP/s** "
-        f"(per shape: "
-        + ", ".join(f"{s['shape']} {s['gflops']}" for s in ceiling["per_shape"])
-        + f"). The workload needs {ceiling['workload_gflop']['total']} GFLOP "
-        f"({ceiling['workload_gflop']['linear']} in linear layers, "
-        f"{ceiling['workload_gflop']['attention']} in attention), so the FLOP-bound time is "
-        f"{ceiling['flop_bound_s']} s. Fraction of that bound each run reached:",
-        "",
-        _table(["engine", "fraction of FLOP-bound"], list(ceiling["fraction"].items())),
-        "",
         "![offline throughput](benchmarks/throughput.png)",
         "",
     ]
     return out
+
+
+def _ceiling_lines(ceiling: dict) -> list[str]:
+    return [
+        f"Matmul ceiling at the model's shapes ({ceiling['num_tokens']} tokens, "
+        f"{ceiling['dtype']}, {ceiling['threads']} threads, the faster of F.linear and a "
+        f"prepacked oneDNN linear): **{ceiling['gflops']} GFLOP/s** (per shape: "
+        + ", ".join(f"{s['shape']} {s['gflops']}" for s in ceiling["per_shape"])
+        + f"). The workload needs {ceiling['workload_gflop']['total']} GFLOP "
+        f"({ceiling['workload_gflop']['linear']} in linear layers, "
+        f"{ceiling['workload_gflop']['attention']} in attention), so the FLOP-bound time is "
+        f"{ceiling['flop_bound_s']} s. Fraction of that bound each {ceiling['dtype']} run "
+        "reached:",
+        "",
+        _table(["engine", "fraction of FLOP-bound"], list(ceiling["fraction"].items())),
+        "",
+    ]
 
 
 def _serving_section(sv: dict) -> list[str]:
