@@ -45,7 +45,9 @@ class LLMEngine:
         executor = self.executor.executor
         self.worker = self.executor.worker  # the in-process Worker (uni), else None
         self.model_info = executor.describe()
-        self.scheduler_config = args.scheduler_config(self.model_info.max_model_len)
+        self.scheduler_config = args.scheduler_config(
+            self.model_info.max_model_len, self.model_info.device
+        )
         self.cache_info = executor.initialize_cache(
             self.scheduler_config.max_model_len,
             self.scheduler_config.max_num_seqs,

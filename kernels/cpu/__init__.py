@@ -152,10 +152,11 @@ def paged_decode(
     options: AttentionOptions,
 ) -> torch.Tensor:
     """Decode rows [B, q_heads, head_dim] over the paged cache -> [B, q_heads, head_dim]."""
-    out = torch.empty_like(query)
+    query = query.contiguous()
+    out = torch.empty(query.shape, dtype=query.dtype)  # empty_like would copy odd strides
     load().paged_decode(
         out,
-        query.contiguous(),
+        query,
         kv_cache[0],
         kv_cache[1],
         block_table,

@@ -41,7 +41,7 @@ class SchedulerArgs(Protocol):
 
     def cache_config(self) -> CacheConfig: ...
 
-    def scheduler_config(self, model_max_len: int) -> SchedulerConfig: ...
+    def scheduler_config(self, model_max_len: int, device: str = ...) -> SchedulerConfig: ...
 
 
 class WorkerConnection:
@@ -95,7 +95,7 @@ class WorkerConnection:
                 f"({model.model_fields()}), not {self.model.model}: restart the scheduler"
             )
         self.model = model
-        config = self.args.scheduler_config(model.max_model_len)
+        config = self.args.scheduler_config(model.max_model_len, model.device)
         cache_info = executor.initialize_cache(
             config.max_model_len, config.max_num_seqs, config.max_num_batched_tokens
         )

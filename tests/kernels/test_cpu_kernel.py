@@ -219,3 +219,12 @@ def test_cache_write_equals_the_reference_on_strided_rows(src, dst):
     assert torch.equal(ours.nan_to_num(), expected.nan_to_num())  # same rounding, bit for bit
     with pytest.raises(RuntimeError, match="out of range"):
         cpu.reshape_and_cache(key, value, ours, torch.full((tokens,), 32))
+
+
+def test_a_strided_query_gives_a_contiguous_output():
+    batch = _decode_batch(torch.float32, seed=21)
+    wide = torch.cat([batch.query, batch.query], dim=-1)[..., : batch.query.shape[-1]]
+    assert not wide.is_contiguous()
+    batch = dataclasses.replace(batch, query=wide)
+    out = cpu.paged_attention(*batch.args(), 0.125)
+    torch.testing.assert_close(out, reference_attention(batch, 0.125), atol=TOL, rtol=TOL)
