@@ -70,23 +70,45 @@ def _table(header: list[str], rows: list[list]) -> str:
 
 
 def headline(results: dict) -> str:
-    """The README's table: pagestream against HF, and the serving split cost."""
-    rows = []
+    """The README's table: pagestream in float32 and bfloat16 against HF transformers and
+    llama.cpp on the same workload, with each run's fraction of its dtype's matmul ceiling."""
     tp = results.get("throughput")
-    if tp:
-        ours = tp["runs"][0]
-        rows.append(["pagestream LLM.generate", ours["output_tokens_per_s"], "1.00x"])
-        for key in ("vs_hf_static_best", "vs_hf_continuous", "vs_llamacpp_f32"):
-            ratio = tp["ratios"].get(key)
-            if ratio:
-                base = next(r for r in tp["runs"] if r["name"] == ratio["baseline"])
-                speedup = f"{ratio['output_tokens_per_s']:.2f}x faster"
-                rows.append([ratio["baseline"], base["output_tokens_per_s"], speedup])
-    if not rows:
+    if not tp:
         return ""
+    runs = {r["name"]: r for r in tp["runs"]}
+    fractions = {
+        **tp.get("ceiling", {}).get("fraction", {}),
+        **tp.get("ceiling_bfloat16", {}).get("fraction", {}),
+    }
+    ours = {_dtype_of(n): r for n, r in runs.items() if n.startswith("pagestream")}
+    shown = [n for n in runs if n.startswith("pagestream")]
+    for key in ("vs_hf_static_best", "vs_hf_continuous", "vs_llamacpp_f32", "vs_llamacpp_bf16"):
+        if key in tp["ratios"]:
+            shown.append(tp["ratios"][key]["baseline"])
+    rows = []
+    for name in shown:
+        run, mine = runs[name], ours.get(_dtype_of(name))
+        speed = run["output_tokens_per_s"]
+        ratio = (
+            "1.00x"
+            if name.startswith("pagestream") or mine is None
+            else (f"{mine['output_tokens_per_s'] / speed:.2f}x faster")
+        )
+        fraction = fractions.get(name)
+        rows.append([name, speed, ratio, None if fraction is None else f"{fraction:.0%}"])
     return _table(
-        ["engine (offline, same prompts and lengths)", "output tok/s", "pagestream"], rows
+        [
+            "engine (offline, same prompts and lengths)",
+            "output tok/s",
+            "pagestream, same dtype",
+            "of the matmul ceiling",
+        ],
+        rows,
     )
+
+
+def _dtype_of(name: str) -> str:
+    return "bfloat16" if "bfloat16" in name or "BF16" in name else "float32"
 
 
 def _throughput_section(tp: dict, meta: dict) -> list[str]:

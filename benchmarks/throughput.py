@@ -75,7 +75,8 @@ def run_pagestream(llm, requests: list[BenchRequest], name: str = "pagestream") 
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - start - sampler.overhead_s
-    generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+    token_ids = [list(o.outputs[0].token_ids) for o in outputs]
+    generated = sum(len(t) for t in token_ids)
     return RunResult(
         name=name,
         elapsed_s=elapsed,
@@ -89,6 +90,7 @@ def run_pagestream(llm, requests: list[BenchRequest], name: str = "pagestream") 
             "sampler_overhead_s": round(sampler.overhead_s, 3),
             "kv_utilization": sampler.summary(),
         },
+        token_ids=token_ids,
     )
 
 
@@ -116,32 +118,43 @@ def run_throughput(requests: list[BenchRequest], options: ThroughputOptions) -> 
     if options.llamacpp is not None:
         from benchmarks.llamacpp import run_llamacpp_section
 
-        theirs, llamacpp_info = run_llamacpp_section(requests, options.llamacpp, reference)
+        theirs, llamacpp_info = run_llamacpp_section(requests, options.llamacpp, reference, runs)
         runs += theirs
     shapes = ModelShapes.from_config(config)
-    ceiling = measure_matmul_ceiling(shapes, dtype=getattr(torch, options.dtype))
     flops = workload_flops(shapes, requests)
     result = {
         "runs": [r.as_dict() for r in runs],
         "ratios": {**_ratios(ours, runs[1:]), **_llamacpp_ratios(runs)},
-        "ceiling": {
-            "gflops": round(ceiling.gflops, 1),
-            "per_shape": ceiling.per_shape,
-            "num_tokens": ceiling.num_tokens,
-            "dtype": ceiling.dtype,
-            "threads": ceiling.threads,
-            "workload_gflop": {k: round(v / 1e9, 1) for k, v in flops.items()},
-            "flop_bound_s": round(flops["total"] / (ceiling.gflops * 1e9), 2),
-            "fraction": {
-                r.name: float(f"{flop_bound_fraction(flops['total'], r.elapsed_s, ceiling):.3g}")
-                for r in runs
-                if "bfloat16" not in r.name and "BF16" not in r.name
-            },
-        },
+        "ceiling": _ceiling(shapes, flops, options.dtype, runs),
     }
+    if "bfloat16" in options.extra_dtypes and options.dtype != "bfloat16":
+        result["ceiling_bfloat16"] = _ceiling(shapes, flops, "bfloat16", runs)
     if llamacpp_info is not None:
         result["llamacpp"] = llamacpp_info
     return result
+
+
+def _is_bf16(run: RunResult) -> bool:
+    return "bfloat16" in run.name or "BF16" in run.name
+
+
+def _ceiling(shapes: ModelShapes, flops: dict, dtype: str, runs: list[RunResult]) -> dict:
+    """The matmul ceiling in `dtype` and the fraction of it each run of that dtype reached."""
+    ceiling = measure_matmul_ceiling(shapes, dtype=getattr(torch, dtype))
+    same_dtype = [r for r in runs if _is_bf16(r) == (dtype == "bfloat16")]
+    return {
+        "gflops": round(ceiling.gflops, 1),
+        "per_shape": ceiling.per_shape,
+        "num_tokens": ceiling.num_tokens,
+        "dtype": ceiling.dtype,
+        "threads": ceiling.threads,
+        "workload_gflop": {k: round(v / 1e9, 1) for k, v in flops.items()},
+        "flop_bound_s": round(flops["total"] / (ceiling.gflops * 1e9), 2),
+        "fraction": {
+            r.name: float(f"{flop_bound_fraction(flops['total'], r.elapsed_s, ceiling):.3g}")
+            for r in same_dtype
+        },
+    }
 
 
 def _run_hf(folder: str, requests: list[BenchRequest], options: ThroughputOptions):
