@@ -29,12 +29,13 @@ SERVING_MAX_WAITING_REQUESTS = 1024
 
 
 # Per device: (max_num_batched_tokens, long_prefill_token_threshold) when not given.
-# CPU: measured by benchmarks/scheduler_sweep.py on a 2-core Zen 5 VM (SmolLM2-135M,
-# float32, 32 requests offline and 32 at concurrency 16): 2048 / no cap gave 0.94 of the
-# best offline throughput and ITL p99 473 ms under load; 1024 / 128 the best throughput
-# (within noise of 512 and 2048 / 256) and ITL p99 224 ms. One step's prefill tokens are
-# what every decoding request waits for, and a CPU step of 1024 prompt tokens takes ~0.5 s.
-STEP_DEFAULTS = {"cpu": (1024, 128), "cuda": (2048, 0)}
+# CPU: benchmarks/scheduler_sweep.py on a 2-core Zen 5 VM (SmolLM2-135M, float32; 32
+# requests at concurrency 16 for the latencies): ITL p99 under load 473 ms at 2048 / no
+# cap, 269 ms at 2048 / 256, 224 ms at 1024 / 128; offline on the quick workload's 64
+# requests (medians of 2): 240, 240 and 228 output tok/s. 2048 / 256 keeps the
+# throughput and cuts the tail: a step carries at most 256 prompt tokens of each request,
+# so decoding requests wait for one long prompt's chunk less.
+STEP_DEFAULTS = {"cpu": (2048, 256), "cuda": (2048, 0)}
 
 
 @dataclass
@@ -49,7 +50,7 @@ class EngineArgs:
     max_num_batched_tokens: int | None = None  # default 2048 (max_model_len without chunking)
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int | None = None  # CPU: 128, CUDA: 0 (no cap)
+    long_prefill_token_threshold: int | None = None  # CPU: 256, CUDA: 0 (no cap)
     preemption_mode: str = "recompute"
     scheduling_policy: str = "fcfs"
     swap_space: float = 4  # GiB of CPU swap space, as in vLLM
@@ -172,7 +173,7 @@ class EngineArgs:
             "--long-prefill-token-threshold",
             type=int,
             default=None,
-            help="prefill tokens one request may take per step (default: 128 on the CPU, "
+            help="prefill tokens one request may take per step (default: 256 on the CPU, "
             "no cap on CUDA; 0: no cap)",
         )
         add("--preemption-mode", default="recompute", choices=PREEMPTION_MODES)

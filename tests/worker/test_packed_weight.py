@@ -30,10 +30,10 @@ def test_float32_packed_and_plain_paths_agree_with_f_linear(rows, with_bias):
     x = torch.randn(rows, 80, generator=gen)
     packed = PackedWeight.of(w)
     assert packed is not None
-    assert packed.applies(x) == (rows >= packed_weight.USE_PACKED_FROM[torch.float32])
-    ours = linear(x, w, b, packed)
-    torch.testing.assert_close(ours.double(), _exact(x, w, b), atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(ours, F.linear(x, w, b), atol=1e-4, rtol=1e-4)
+    assert packed.applies(x)
+    for ours in (linear(x, w, b, packed), linear(x, w, b)):  # packed, then the plain paths
+        torch.testing.assert_close(ours.double(), _exact(x, w, b), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(ours, F.linear(x, w, b), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("rows", [1, 3, 64])
@@ -74,5 +74,7 @@ def test_pack_linears_packs_the_layers_and_the_lm_head_keeps_its_plain_rows():
     assert pack_linears(torch.nn.Sequential(fused, head)) == 2
     assert fused.packed is not None and head.packed is not None
     assert head.weight.shape == (50, 32)  # the embedding lookup and rescoring read it
+    assert fused.weight.numel() == 0  # the packed copy serves every row count: freed
+    assert fused(torch.empty(0, 32)).shape == (0, 32)
     torch.testing.assert_close(fused(x), before[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(head(x), before[1], atol=1e-5, rtol=1e-5)

@@ -104,8 +104,11 @@ class LinearBase(nn.Module):
         self.packed: PackedWeight | None = None
 
     def pack(self) -> bool:
-        """Packs the loaded weight for the CPU (see packed_weight.py); True if it did."""
+        """Packs the loaded weight for the CPU (see packed_weight.py); True if it did. When
+        the packed copy serves every row count, the plain one is freed (no doubled weights)."""
         self.packed = PackedWeight.of(self.weight)
+        if self.packed is not None and self.packed.replaces_plain:
+            self.weight.data = self.weight.data.new_empty(0)
         return self.packed is not None
 
     def weight_loader(
