@@ -5,9 +5,15 @@ rows (one query token per sequence: most rows of a busy server) run `paged_decod
 reads each cached key and value once, straight through the block table; prefill groups keep
 the reference's masked SDPA. float32 and bfloat16 queries over float32 or bfloat16 caches
 (a bfloat16 query over a float32 cache, and other dtypes, take the reference path); the
-arithmetic is float32 either way.
+arithmetic is float32 either way. A pure decode step (one query row per sequence) is one
+kernel call with no planning. `reshape_and_cache` writes a step's keys and values in one
+pass (`cache_write.cpp`).
 
-The build lands in $PAGESTREAM_CACHE/torch_extensions under a name keyed by the source, the
+The same extension holds the fused elementwise steps of a decoder layer (`fused.cpp`,
+called through `kernels.cpu.fused_ops`) and the intra-op thread pinning
+(`pin_threads.cpp`, called from services/worker/cpu_tuning.py).
+
+The build lands in $PAGESTREAM_CACHE/torch_extensions under a name keyed by the sources, the
 torch version and this CPU's instruction-set flags (it is compiled with -march=native), so a
 cache shared between machines never runs code built for another CPU. `unavailable_reason()`
 says why the kernel cannot be built here (no compiler, say); the "auto" attention backend
