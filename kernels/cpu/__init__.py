@@ -131,6 +131,9 @@ def _build():
 
 def load():
     """The built extension module (built on first call); raises RuntimeError if it can't be."""
+    module = _state.get("module")
+    if module is not None:  # every layer of every step asks: no lock once it is built
+        return module
     with _lock:
         if "module" not in _state and "error" not in _state:
             try:

@@ -32,19 +32,20 @@ from services.scheduler.admission import (
     validate_request,
 )
 from services.scheduler.in_flight import StepsInFlight
-from services.scheduler.kv_cache_manager import KVCacheManager, cdiv
+from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.plan_builder import PlanBuilder
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.sequence_groups import SequenceGroups
 from services.scheduler.stop_checker import check_stop
 from services.scheduler.structured_output_manager import StructuredOutputManager
+from services.scheduler.waiting_admission import WaitingAdmission
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["EngineOverloadedError", "RequestRejectedError", "Scheduler"]
 
 
-class Scheduler:
+class Scheduler(WaitingAdmission):
     def __init__(
         self,
         scheduler_config: SchedulerConfig,
@@ -144,12 +145,10 @@ class Scheduler:
             self.in_flight.take_off(request, output)
         return output
 
-    def _num_new_tokens(self, request: Request, budget: int) -> int:
-        num_new = request.num_tokens_to_compute
+    def _num_new_tokens(self, num_new: int, is_prefill: bool, budget: int) -> int:
+        """num_new within the step's budget and, for a prefill, the long-prefill cap."""
         threshold = self.config.long_prefill_token_threshold
-        if threshold and request.is_prefill:
-            num_new = min(num_new, threshold)
-        return min(num_new, budget)
+        return min(num_new, budget, threshold if threshold and is_prefill else num_new)
 
     def _schedule_running(self, plan: PlanBuilder) -> bool:
         """Schedule running requests in order; True if one ran out of blocks (it preempted
@@ -162,7 +161,9 @@ class Scheduler:
                 continue
             if request.pending_fork and request.num_tokens_to_compute == 0:
                 self.groups.fork(request)
-            num_new = self._num_new_tokens(request, plan.token_budget)
+            num_new = self._num_new_tokens(
+                request.num_tokens_to_compute, request.is_prefill, plan.token_budget
+            )
             if num_new == 0:
                 continue
             new_blocks = self._allocate_or_preempt(request, num_new)
@@ -238,7 +239,9 @@ class Scheduler:
             request = self.swapped[0]
             if len(self.running) >= self.config.max_num_seqs or self.is_blocked(request):
                 return
-            num_new = self._num_new_tokens(request, plan.token_budget)
+            num_new = self._num_new_tokens(
+                request.num_tokens_to_compute, request.is_prefill, plan.token_budget
+            )
             mapping = self.kv.swap_in(request, num_new)
             if mapping is None:
                 return
@@ -247,57 +250,6 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             self._add_to_plan(plan, request, [], num_new, replace=True)
-
-    def _schedule_waiting(self, plan: PlanBuilder) -> None:
-        compiling: list[Request] = []  # passed over while their grammars compile
-        try:
-            while self.waiting and plan.token_budget > 0:
-                request = self.waiting[0]
-                if (status := self.structured.gate(request)) is not None:
-                    if status.is_finished:  # its grammar failed, or allows only EOS
-                        self._finish_waiting(status)
-                    else:  # still compiling: others go first
-                        compiling.append(self.waiting.popleft())
-                    continue
-                if len(self.running) + request.sampling_params.n > self.config.max_num_seqs:
-                    return
-                if self.is_blocked(request):
-                    return  # a sibling's step is in flight: the queue moves next step
-                if cdiv(request.num_tokens, self.block_size) > self.kv.num_blocks:
-                    self._finish_waiting(RequestStatus.FINISHED_IGNORED)
-                    continue
-                if not self._admit(request, plan):
-                    return
-        finally:
-            self.waiting.extendleft(reversed(compiling))
-
-    def _finish_waiting(self, status: RequestStatus) -> None:
-        """End the head of the waiting queue (its final output goes with the next step)."""
-        request = self.waiting.popleft()
-        self._finish(request, status)
-        self.pending_outputs.append((request.client_id, request.to_output([])))
-
-    def _admit(self, request: Request, plan: PlanBuilder) -> bool:
-        computed_blocks, num_hit = self.kv.get_computed_blocks(request)
-        target = request.num_prompt_tokens - 1 if request.pending_fork else request.num_tokens
-        num_new = max(target - num_hit, 0)
-        if not self.config.enable_chunked_prefill and num_new > plan.token_budget:
-            return False  # strict FCFS: nothing behind it may overtake
-        threshold = self.config.long_prefill_token_threshold
-        num_new = min(num_new, plan.token_budget, threshold or num_new)
-        new_blocks = self.kv.allocate_slots(request, num_new, computed_blocks)
-        if new_blocks is None:
-            return False
-        self.waiting.popleft()
-        self.kv.record_prefix_query(request.num_tokens, num_hit)
-        if request.status == RequestStatus.WAITING:
-            request.num_cached_tokens = num_hit
-        request.num_computed_tokens = num_hit
-        request.status = RequestStatus.RUNNING
-        self.running.append(request)
-        if num_new:
-            self._add_to_plan(plan, request, new_blocks, num_new)
-        return True
 
     # ---- results -------------------------------------------------------------------
     def update_from_output(
