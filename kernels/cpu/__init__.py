@@ -40,8 +40,17 @@ logger = logging.getLogger(__name__)
 
 SOURCES = tuple(
     Path(__file__).with_name(name)
-    for name in ("paged_decode.cpp", "pin_threads.cpp", "fused.cpp", "cache_write.cpp")
+    for name in (
+        "module.cpp",
+        "paged_decode.cpp",
+        "pin_threads.cpp",
+        "fused.cpp",
+        "cache_write.cpp",
+        "linear.cpp",
+        "decoder_stack.cpp",
+    )
 )
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("linear.h", "paged_attention.h"))
 _lock = threading.Lock()
 _state: dict = {}  # "module" once built, or "error" (the reason it cannot be)
 
@@ -55,7 +64,7 @@ def _cpu_flags() -> str:
 
 
 def _extension_name() -> str:
-    key = b"".join(source.read_bytes() for source in SOURCES)
+    key = b"".join(source.read_bytes() for source in SOURCES + HEADERS)
     key += torch.__version__.encode() + _cpu_flags().encode()
     return "pagestream_paged_decode_" + hashlib.sha256(key).hexdigest()[:12]
 

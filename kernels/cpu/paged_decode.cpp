@@ -1,4 +1,7 @@
-// Decode attention straight from the paged KV cache on the CPU: one query token per sequence.
+// Attention straight from the paged KV cache on the CPU, one query row at a time: decode
+// rows (one query token per sequence) for the torch path's `paged_decode`, and any step's
+// rows (prefill chunks, several tokens per decoding sequence) for the native step's
+// `attend_rows`, each row over its own causal prefix of the context.
 //
 // The torch path gathers every sequence's keys and values into a padded buffer and runs SDPA
 // over it, so each cached byte is read, written and read again. Here each (sequence, KV head)
@@ -14,6 +17,8 @@
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <torch/extension.h>
+
+#include "paged_attention.h"
 
 #include <algorithm>
 #include <cmath>
@@ -225,68 +230,77 @@ void attend_head(Q* out, const Q* q, const C* key_cache, const C* value_cache,
   for (int64_t i = 0; i < width; ++i) out[i] = static_cast<Q>(s.acc[i]);
 }
 
-void check_plan(const int32_t* tables, const int32_t* lens, int64_t num_seqs, int64_t num_blocks,
-                const Layout& l) {  // a bad plan is an error, never a stray read
-  for (int64_t seq = 0; seq < num_seqs; ++seq) {
-    const int64_t needed = (static_cast<int64_t>(lens[seq]) + l.block_size - 1) / l.block_size;
-    TORCH_CHECK(lens[seq] >= 0 && needed <= l.max_blocks, "paged_decode: sequence ", seq,
-                " has length ", lens[seq], ", more than its block table holds");
+// The rows of one step: row r attends to the first row_len[r] positions of sequence
+// row_seq[r] (a decode row: its whole context; prefill rows: causal, up to their own
+// position; several rows of a decoding sequence: speculative verification alike).
+struct Rows {
+  const int32_t* tables;  // [num_seqs, max_blocks]
+  const int32_t* seq;     // [num_rows]
+  const int32_t* len;     // [num_rows]
+  int64_t num_rows, num_seqs;
+};
+
+void check_plan(const Rows& rows, int64_t num_blocks, const Layout& l) {
+  // a bad plan is an error, never a stray read
+  for (int64_t r = 0; r < rows.num_rows; ++r) {
+    const int64_t seq = rows.seq[r], len = rows.len[r];
+    TORCH_CHECK(0 <= seq && seq < rows.num_seqs, "paged attention: row ", r,
+                " names sequence ", seq, " of ", rows.num_seqs);
+    const int64_t needed = (len + l.block_size - 1) / l.block_size;
+    TORCH_CHECK(len >= 0 && needed <= l.max_blocks, "paged attention: row ", r,
+                " has length ", len, ", more than its block table holds");
     for (int64_t b = 0; b < needed; ++b) {
-      const int64_t block = tables[seq * l.max_blocks + b];
-      TORCH_CHECK(0 <= block && block < num_blocks, "paged_decode: block id ", block,
+      const int64_t block = rows.tables[seq * l.max_blocks + b];
+      TORCH_CHECK(0 <= block && block < num_blocks, "paged attention: block id ", block,
                   " is out of range [0, ", num_blocks, ")");
     }
   }
 }
 
-// Work items are (sequence, KV head) pairs, so one long sequence still keeps every thread
-// busy; consecutive items share a sequence, so a thread mostly walks whole cached rows.
+// Work items are (row, KV head) pairs, so one long sequence still keeps every thread busy;
+// consecutive items share a row and consecutive rows mostly a sequence, so a thread walks
+// the same cached vectors while they are warm.
 template <int G, typename Q, typename C>
-void decode_items(Q* o, const Q* q, const C* kc, const C* vc, const int32_t* tables,
-                  const int32_t* lens, int64_t num_seqs, const Layout& l, float scale,
-                  int64_t sliding_window, float soft_cap) {
+void attend_items(Q* o, const Q* q, const C* kc, const C* vc, const Rows& rows,
+                  const Layout& l, float scale, int64_t sliding_window, float soft_cap) {
   const int64_t width = l.group * l.head_dim;  // one KV head's query rows
-  int64_t rows = 0;  // cached vectors to read, all items together
-  for (int64_t seq = 0; seq < num_seqs; ++seq) rows += lens[seq];
-  rows *= l.num_kv_heads;
-  const int64_t items = num_seqs * l.num_kv_heads;
+  int64_t vectors = 0;  // cached vectors to read, all items together
+  for (int64_t r = 0; r < rows.num_rows; ++r) vectors += rows.len[r];
+  vectors *= l.num_kv_heads;
+  const int64_t items = rows.num_rows * l.num_kv_heads;
   // Waking the thread team costs more than a small step's whole attention (a short batch-1
   // decode reads a few hundred vectors per layer): below SERIAL_ROWS one thread does it.
-  const int64_t grain = rows < SERIAL_ROWS ? items : 1;
+  const int64_t grain = vectors < SERIAL_ROWS ? items : 1;
   at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
     Scratch scratch;
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t seq = item / l.num_kv_heads, head = item % l.num_kv_heads;
-      const int64_t len = lens[seq];
+      const int64_t row = item / l.num_kv_heads, head = item % l.num_kv_heads;
+      const int64_t len = rows.len[row];
       const int64_t first = sliding_window > 0 ? std::max<int64_t>(0, len - sliding_window) : 0;
       const int64_t n = len - first;
-      const int64_t offset = (seq * l.num_kv_heads + head) * width;
+      const int64_t offset = (row * l.num_kv_heads + head) * width;
       if (n <= 0) {
         std::fill(o + offset, o + offset + width, static_cast<Q>(0.f));
         continue;
       }
-      attend_head<G>(o + offset, q + offset, kc, vc, tables + seq * l.max_blocks, first, n,
-                     head, l, scale, soft_cap, scratch);
+      attend_head<G>(o + offset, q + offset, kc, vc, rows.tables + rows.seq[row] * l.max_blocks,
+                     first, n, head, l, scale, soft_cap, scratch);
     }
   });
 }
 
 template <typename Q, typename C>
-void decode(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache,
-            torch::Tensor value_cache, torch::Tensor block_table, torch::Tensor seq_lens,
-            float scale, int64_t sliding_window, float soft_cap) {
-  const Layout l{query.size(1), key_cache.size(2), query.size(1) / key_cache.size(2),
-                 query.size(2),  key_cache.size(1), block_table.size(1)};
-  TORCH_CHECK(l.num_q_heads % l.num_kv_heads == 0, "paged_decode: q heads % kv heads != 0");
-  const int64_t num_seqs = query.size(0);
-  const int32_t* tables = block_table.data_ptr<int32_t>();
-  const int32_t* lens = seq_lens.data_ptr<int32_t>();
-  check_plan(tables, lens, num_seqs, key_cache.size(0), l);
+void attend(Q* out, const Q* query, int64_t num_q_heads, const at::Tensor& key_cache,
+            const at::Tensor& value_cache, int64_t max_blocks, const Rows& rows, float scale,
+            int64_t sliding_window, float soft_cap) {
+  const Layout l{num_q_heads, key_cache.size(2), num_q_heads / key_cache.size(2),
+                 key_cache.size(3), key_cache.size(1), max_blocks};
+  TORCH_CHECK(l.num_q_heads % l.num_kv_heads == 0, "paged attention: q heads % kv heads != 0");
+  check_plan(rows, key_cache.size(0), l);
   const auto run = [&](auto group) {
-    decode_items<decltype(group)::value>(out.data_ptr<Q>(), query.data_ptr<Q>(),
-                                         key_cache.data_ptr<C>(), value_cache.data_ptr<C>(),
-                                         tables, lens, num_seqs, l, scale, sliding_window,
-                                         soft_cap);
+    attend_items<decltype(group)::value>(out, query, key_cache.data_ptr<C>(),
+                                         value_cache.data_ptr<C>(), rows, l, scale,
+                                         sliding_window, soft_cap);
   };
 #if defined(__AVX512F__)
   if (l.head_dim % 16 == 0) {
@@ -306,7 +320,68 @@ void decode(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache,
   run(std::integral_constant<int, 0>{});
 }
 
+template <typename Q, typename C>
+void decode(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache,
+            torch::Tensor value_cache, torch::Tensor block_table, torch::Tensor seq_lens,
+            float scale, int64_t sliding_window, float soft_cap) {
+  const int64_t num_seqs = query.size(0);
+  std::vector<int32_t> seq(num_seqs);
+  for (int64_t s = 0; s < num_seqs; ++s) seq[s] = static_cast<int32_t>(s);
+  const Rows rows{block_table.data_ptr<int32_t>(), seq.data(), seq_lens.data_ptr<int32_t>(),
+                  num_seqs, num_seqs};
+  attend<Q, C>(out.data_ptr<Q>(), query.data_ptr<Q>(), query.size(1), key_cache, value_cache,
+               block_table.size(1), rows, scale, sliding_window, soft_cap);
+}
+
 }  // namespace
+
+namespace pagestream {
+
+void attend_rows(float* out, const float* query, int64_t num_q_heads, const at::Tensor& kv_cache,
+                 const int32_t* block_table, int64_t num_seqs, int64_t max_blocks,
+                 const int32_t* row_seq, const int32_t* row_len, int64_t num_rows, float scale,
+                 int64_t sliding_window, float soft_cap) {
+  const Rows rows{block_table, row_seq, row_len, num_rows, num_seqs};
+  const auto keys = kv_cache[0], values = kv_cache[1];
+  if (kv_cache.scalar_type() == at::kFloat) {
+    attend<float, float>(out, query, num_q_heads, keys, values, max_blocks, rows, scale,
+                         sliding_window, soft_cap);
+  } else {
+    TORCH_CHECK(kv_cache.scalar_type() == at::kBFloat16,
+                "paged attention: a float32 or bfloat16 cache, not ", kv_cache.scalar_type());
+    attend<float, bf16>(out, query, num_q_heads, keys, values, max_blocks, rows, scale,
+                        sliding_window, soft_cap);
+  }
+}
+
+}  // namespace pagestream
+
+// Rows of any step (see Rows) over the paged cache: query and out [num_rows, q_heads,
+// head_dim] float32, kv_cache [2, blocks, block_size, kv_heads, head_dim] float32 or
+// bfloat16, block_table [num_seqs, max_blocks], row_seq / row_len [num_rows] int32.
+void paged_attention_rows(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache,
+                          torch::Tensor block_table, torch::Tensor row_seq,
+                          torch::Tensor row_len, double scale, int64_t sliding_window,
+                          double soft_cap) {
+  for (const auto& t : {out, query, kv_cache, block_table, row_seq, row_len}) {
+    TORCH_CHECK(t.is_contiguous() && t.device().is_cpu(),
+                "paged_attention_rows: contiguous CPU tensors only");
+  }
+  TORCH_CHECK(query.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat &&
+                  out.sizes() == query.sizes(),
+              "paged_attention_rows: float32 query and out of the same shape");
+  for (const auto& t : {block_table, row_seq, row_len}) {
+    TORCH_CHECK(t.scalar_type() == at::kInt, "paged_attention_rows: int32 tables and rows");
+  }
+  TORCH_CHECK(row_seq.numel() == query.size(0) && row_len.numel() == query.size(0),
+              "paged_attention_rows: one row_seq and row_len per query row");
+  pagestream::attend_rows(out.data_ptr<float>(), query.data_ptr<float>(), query.size(1),
+                          kv_cache, block_table.data_ptr<int32_t>(), block_table.size(0),
+                          block_table.size(1), row_seq.data_ptr<int32_t>(),
+                          row_len.data_ptr<int32_t>(), query.size(0),
+                          static_cast<float>(scale), sliding_window,
+                          static_cast<float>(soft_cap));
+}
 
 void paged_decode(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache,
                   torch::Tensor value_cache, torch::Tensor block_table, torch::Tensor seq_lens,
@@ -339,21 +414,3 @@ void paged_decode(torch::Tensor out, torch::Tensor query, torch::Tensor key_cach
   }
 }
 
-int64_t pin_threads(const std::vector<int64_t>& cpus);  // pin_threads.cpp
-void cache_write(torch::Tensor key, torch::Tensor value, torch::Tensor cache,
-                 torch::Tensor slot_mapping);  // cache_write.cpp
-void add_rms_norm(torch::Tensor out, torch::Tensor sum_out, torch::Tensor residual,
-                  torch::Tensor x, torch::Tensor weight, double eps);  // fused.cpp
-void silu_and_mul(torch::Tensor out, torch::Tensor gate_up);        // fused.cpp
-void rotary(torch::Tensor out, torch::Tensor x, torch::Tensor cos, torch::Tensor sin,
-            int64_t head_dim);  // fused.cpp
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode,
-        "decode attention over the paged KV cache (float32 / bfloat16)");
-  m.def("cache_write", &cache_write, "this step's keys and values into their cache slots");
-  m.def("pin_threads", &pin_threads, "pin intra-op thread i to cpus[i]; returns how many");
-  m.def("add_rms_norm", &add_rms_norm, "out = rms_norm(residual + x), sum_out = residual + x");
-  m.def("silu_and_mul", &silu_and_mul, "out = silu(gate) * up for [gate | up]");
-  m.def("rotary", &rotary, "rotary embedding of [tokens, heads * head_dim] (HF rotate_half)");
-}

@@ -153,7 +153,9 @@ def load_model(
         weights = iterate_weights(folder, model.owns_weight)  # type: ignore[attr-defined]
         model.load_weights(weights)  # type: ignore[attr-defined]
         model.to(target).eval()
-        pack_linears(model)
+        model.set_attention_ops(attention_ops)
+        if attention_ops.name != "cpu" or not model.use_native_step():  # type: ignore[attr-defined]
+            pack_linears(model)
     model.eos_token_ids = read_eos_token_ids(folder, config)
     model.set_attention_ops(attention_ops)
     logger.info(

@@ -67,6 +67,7 @@ class LMHead(VocabEmbedding):
     (None on the other TP ranks). `tie_to(embedding)` shares the embedding's weight."""
 
     packed: PackedWeight | None = None
+    native: object | None = None  # kernels/cpu PackedLinear: float32 logits around any weight
 
     def tie_to(self, embedding: VocabEmbedding) -> None:
         self.weight = embedding.weight
@@ -77,20 +78,31 @@ class LMHead(VocabEmbedding):
         self.packed = PackedWeight.of(self.weight)
         return self.packed is not None
 
+    def pack_native(self) -> None:
+        """The native CPU step's packed copy (kernels/cpu/linear.cpp), which accumulates and
+        writes float32 logits; the plain weight stays for the lookup and `rescore_top`."""
+        from kernels import cpu
+
+        self.native = cpu.load().PackedLinear(self.weight.detach(), torch.empty(0))
+
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         """float32 hidden states around bfloat16 weights (the CPU's mixed precision): the
         matmul runs in the weights' dtype, whose output rounding (up to ~0.25 on logits of
         this size) would flip near-ties, so the top RESCORED_CANDIDATES logits of every row
         are recomputed in float32 (an exact dot product each), which is what decides greedy
         tokens, as a float32 LM head on the same weights would."""
-        x = hidden_states.to(self.weight.dtype)
-        logits = linear(x, self.weight, packed=self.packed)  # [num_rows, shard_size]
+        if self.native is not None:
+            logits = self.native.forward(hidden_states)  # [num_rows, shard_size] float32
+        else:
+            x = hidden_states.to(self.weight.dtype)
+            logits = linear(x, self.weight, packed=self.packed)  # [num_rows, shard_size]
         if self.tp_size > 1:
             logits = tp_gather_last_dim(logits)  # [num_rows, tp * shard_size] on rank 0
             if logits is None:
                 return None
         logits = logits[:, : self.vocab_size].float()
-        if hidden_states.dtype == torch.float32 and x.dtype != torch.float32 and self.tp_size == 1:
+        low_precision = self.weight.dtype != torch.float32
+        if hidden_states.dtype == torch.float32 and low_precision and self.tp_size == 1:
             logits = rescore_top(logits, hidden_states, self.weight)
         return logits
 

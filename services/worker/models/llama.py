@@ -32,6 +32,7 @@ from services.worker.models.causal_lm import CausalLM, config_head_dim, config_n
 from services.worker.models.errors import ModelLoadError
 from services.worker.models.kv_cache_spec import KVCacheSpec
 from services.worker.models.weight_utils import default_weight_loader
+from services.worker.native_step import NativeStep, unsupported_reason
 
 logger = logging.getLogger(__name__)
 
@@ -190,6 +191,7 @@ class LlamaModel(nn.Module):
             self.layers[i].self_attn.rotary_emb = first.self_attn.rotary_emb
         if rank.is_last_stage:
             self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.native: NativeStep | None = None  # set by LlamaForCausalLM.use_native_step
 
     def forward(
         self,
@@ -200,6 +202,8 @@ class LlamaModel(nn.Module):
         hidden_states: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """hidden_states: the previous stage's output (every stage but the first)."""
+        if self.native is not None:
+            return self.native.forward(input_ids, positions, kv_caches, attn_metadata, hidden_states)
         if self.stage.is_first_stage:
             hidden_states = self.embed_tokens(input_ids)  # [num_tokens, hidden_size]
             hidden_states = hidden_states.to(residual_dtype(hidden_states))
@@ -264,7 +268,19 @@ class LlamaForCausalLM(CausalLM):
         return self.model(input_ids, positions, kv_caches, attn_metadata, hidden_states)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        return self.lm_head(hidden_states)  # [num_rows, vocab_size] float32 (TP rank 0)
+        return self.lm_head(hidden_states)
+
+    def use_native_step(self) -> bool:
+        """Runs the decoder stack (and the LM head) through the native CPU step where it
+        applies (services/worker/native_step.py); False, with the reason logged, where not."""
+        reason = unsupported_reason(self.model)
+        if reason is not None:
+            logger.info("native CPU step not used: %s; the torch modules run", reason)
+            return False
+        self.model.native = NativeStep.build(self.model)
+        if self.rank.is_last_stage:
+            self.lm_head.pack_native()
+        return True  # [num_rows, vocab_size] float32 (TP rank 0)
 
     def _skip_weight(self, name: str) -> bool:
         if name.endswith(self.skipped_weight_suffixes):

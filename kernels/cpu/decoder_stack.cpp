@@ -1,0 +1,430 @@
+// The native CPU step: a Llama-family decoder stack (one pipeline stage of it) run over one
+// step's flattened rows in a single call from Python.
+//
+// Per layer: RMSNorm -> QKV -> rotary -> cache write -> paged attention over the step's rows
+// -> o_proj added into the residual -> RMSNorm -> gate/up -> SiLU-and-mul -> down added into
+// the residual; then the final norm on the last stage. The residual stream, norms, rotary
+// and attention are float32; each matmul input is rounded once into its weight's input
+// type and every matmul accumulates and writes float32 (linear.h), so bfloat16 weights
+// cost no extra rounding of the residual. Buffers grow to the largest step seen and are
+// reused; the intra-op thread team of the calling thread runs every parallel part.
+//
+// Extension points: a weight format is a `Linear`; a LoRA add would follow `Linear::run`
+// per row group; rows carry their own causal length, so several query tokens of one
+// decoding sequence (speculative verification) need nothing new; with tensor parallelism
+// the row-parallel outputs go through `all_reduce` (a Python callable) before the residual
+// add, in the same call.
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/extension.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "linear.h"
+#include "paged_attention.h"
+
+namespace pagestream {
+namespace {
+
+using bf16 = c10::BFloat16;
+namespace py = pybind11;
+
+// Rows per task of the elementwise parts: a small step stays on the calling thread.
+inline int64_t grain(int64_t width) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, width)); }
+
+inline void store(float* dst, const float* src, int64_t n) { std::memcpy(dst, src, n * 4); }
+
+// float32 -> bfloat16, round to nearest even (as c10::BFloat16 and torch's .to do).
+inline void store(bf16* dst, const float* src, int64_t n) {
+  const auto* s = reinterpret_cast<const uint32_t*>(src);
+  auto* d = reinterpret_cast<uint16_t*>(dst);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t bits = s[i];
+    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    d[i] = (bits & 0x7fffffffu) > 0x7f800000u ? uint16_t{0x7fc0} : static_cast<uint16_t>(rounded);
+  }
+}
+
+template <typename F>
+void with_type(at::ScalarType type, F f) {
+  if (type == at::kBFloat16) {
+    f(bf16{});
+  } else {
+    TORCH_CHECK(type == at::kFloat, "native step: float32 or bfloat16, not ", type);
+    f(float{});
+  }
+}
+
+size_t type_size(at::ScalarType type) { return type == at::kBFloat16 ? 2 : 4; }
+
+// out[r] = x[r] / rms(x[r]) * weight, in float32, rounded once into T.
+template <typename T>
+void norm_rows(T* out, const float* x, int64_t rows, int64_t h, const float* weight, float eps) {
+  at::parallel_for(0, rows, grain(h), [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch(h);
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = x + r * h;
+      float squares = 0.f;
+#pragma omp simd reduction(+ : squares)
+      for (int64_t i = 0; i < h; ++i) squares += row[i] * row[i];
+      const float inv = 1.f / std::sqrt(squares / static_cast<float>(h) + eps);
+#pragma omp simd
+      for (int64_t i = 0; i < h; ++i) scratch[i] = row[i] * inv * weight[i];
+      store(out + r * h, scratch.data(), h);
+    }
+  });
+}
+
+// out[r] = silu(gate[r]) * up[r] for gate_up rows [gate | up] (float32), rounded into T.
+template <typename T>
+void silu_mul_rows(T* out, const float* gate_up, int64_t rows, int64_t d) {
+  at::parallel_for(0, rows, grain(2 * d), [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch(d);
+    for (int64_t r = begin; r < end; ++r) {
+      const float* gate = gate_up + r * 2 * d;
+      const float* up = gate + d;
+#pragma omp simd
+      for (int64_t i = 0; i < d; ++i) scratch[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+      store(out + r * d, scratch.data(), d);
+    }
+  });
+}
+
+template <typename T>
+void round_rows(T* out, const float* x, int64_t rows, int64_t width) {
+  at::parallel_for(0, rows, grain(width), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) store(out + r * width, x + r * width, width);
+  });
+}
+
+// HF's rotate_half on the first `rot` features of each of `heads` heads of row r of src
+// (rows `ld` apart), cos/sin [rows, rot]: written to dst (rows `ld_dst` apart).
+void rotary_rows(float* dst, int64_t ld_dst, const float* src, int64_t ld, int64_t rows,
+                 int64_t heads, int64_t head_dim, const float* cos, const float* sin, int64_t rot) {
+  const int64_t half = rot / 2;
+  at::parallel_for(0, rows, grain(heads * head_dim), [&](int64_t begin, int64_t end) {
+    std::vector<float> in(head_dim);
+    for (int64_t r = begin; r < end; ++r) {
+      const float* c = cos + r * rot;
+      const float* s = sin + r * rot;
+      for (int64_t h = 0; h < heads; ++h) {
+        std::memcpy(in.data(), src + r * ld + h * head_dim, head_dim * 4);
+        float* o = dst + r * ld_dst + h * head_dim;
+        const float* a = in.data();
+#pragma omp simd
+        for (int64_t i = 0; i < half; ++i) o[i] = a[i] * c[i] - a[i + half] * s[i];
+#pragma omp simd
+        for (int64_t i = half; i < rot; ++i) o[i] = a[i] * c[i] + a[i - half] * s[i];
+        for (int64_t i = rot; i < head_dim; ++i) o[i] = a[i];
+      }
+    }
+  });
+}
+
+// Keys and values of this step's rows (float32, `ld` apart, `width` = kv_heads * head_dim
+// each) into their slots of kv_cache [2, blocks, block_size, kv_heads, head_dim].
+template <typename C>
+void write_cache(const at::Tensor& kv_cache, const float* keys, const float* values, int64_t ld,
+                 int64_t rows, int64_t width, const int64_t* slots) {
+  C* k_cache = kv_cache.data_ptr<C>();
+  C* v_cache = k_cache + kv_cache.size(1) * kv_cache.size(2) * width;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (slots[r] < 0) continue;  // padding: not written
+    store(k_cache + slots[r] * width, keys + r * ld, width);
+    store(v_cache + slots[r] * width, values + r * ld, width);
+  }
+}
+
+void add_rows(float* dst, const float* src, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+std::vector<float> to_floats(const at::Tensor& t) {
+  const auto f = t.to(at::kFloat).contiguous();
+  return {f.data_ptr<float>(), f.data_ptr<float>() + f.numel()};
+}
+
+struct Layer {
+  std::shared_ptr<Linear> qkv, o, gate_up, down;
+  std::vector<float> input_norm, post_norm;
+  int64_t sliding_window;
+};
+
+// A matmul input: bytes sized for `rows` rows of `width` elements of the larger type.
+struct Activations {
+  std::vector<uint8_t> bytes;
+  void* data() { return bytes.data(); }
+};
+
+}  // namespace
+
+class DecoderStack {
+ public:
+  DecoderStack(int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+               int64_t intermediate, double eps, const at::Tensor& final_norm)
+      : hidden_(hidden),
+        num_heads_(num_heads),
+        num_kv_heads_(num_kv_heads),
+        head_dim_(head_dim),
+        intermediate_(intermediate),
+        eps_(static_cast<float>(eps)),
+        final_norm_(final_norm.defined() && final_norm.numel() ? to_floats(final_norm)
+                                                              : std::vector<float>{}) {}
+
+  void add_layer(const at::Tensor& qkv_w, const at::Tensor& qkv_b, const at::Tensor& o_w,
+                 const at::Tensor& o_b, const at::Tensor& gate_up_w, const at::Tensor& gate_up_b,
+                 const at::Tensor& down_w, const at::Tensor& down_b, const at::Tensor& input_norm,
+                 const at::Tensor& post_norm, int64_t sliding_window) {
+    const int64_t qkv_width = (num_heads_ + 2 * num_kv_heads_) * head_dim_;
+    TORCH_CHECK(qkv_w.size(0) == qkv_width && qkv_w.size(1) == hidden_ &&
+                    o_w.size(0) == hidden_ && o_w.size(1) == num_heads_ * head_dim_ &&
+                    gate_up_w.size(0) == 2 * intermediate_ && gate_up_w.size(1) == hidden_ &&
+                    down_w.size(0) == hidden_ && down_w.size(1) == intermediate_ &&
+                    input_norm.numel() == hidden_ && post_norm.numel() == hidden_,
+                "DecoderStack.add_layer: weight shapes do not match the stack's config");
+    layers_.push_back(Layer{make_linear(qkv_w, qkv_b), make_linear(o_w, o_b),
+                            make_linear(gate_up_w, gate_up_b), make_linear(down_w, down_b),
+                            to_floats(input_norm), to_floats(post_norm), sliding_window});
+  }
+
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+
+  // hidden [T, hidden] float32, updated in place through every layer (then normed into
+  // `out` [T, hidden] when the stack has a final norm and out is given). cos/sin [T, rot];
+  // kv_caches one per layer; slot_mapping [T] int64; block_table [S, max_blocks],
+  // query_start_loc [S + 1], seq_lens [S] int32. all_reduce: None or a callable summing a
+  // [T, hidden] float32 tensor over the tensor-parallel group in place. layer_outputs:
+  // empty or [layers, T, hidden] float32, filled with each layer's output.
+  void forward(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin,
+               const std::vector<at::Tensor>& kv_caches, const at::Tensor& slot_mapping,
+               const at::Tensor& block_table, const at::Tensor& query_start_loc,
+               const at::Tensor& seq_lens, const py::object& all_reduce,
+               at::Tensor layer_outputs, at::Tensor out) {
+    const int64_t rows = hidden.size(0);
+    check_step(hidden, cos, sin, kv_caches, slot_mapping, block_table, query_start_loc, seq_lens);
+    plan_rows(query_start_loc, seq_lens, rows);
+    reserve(rows);
+    float* x = hidden.data_ptr<float>();
+    const bool reduce = !all_reduce.is_none();
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      attention_block(layers_[i], x, rows, cos, sin, kv_caches[i], slot_mapping, block_table,
+                      reduce ? &all_reduce : nullptr);
+      mlp_block(layers_[i], x, rows, reduce ? &all_reduce : nullptr);
+      if (layer_outputs.defined() && layer_outputs.numel()) {
+        std::memcpy(layer_outputs[i].data_ptr<float>(), x, rows * hidden_ * 4);
+      }
+    }
+    if (!final_norm_.empty() && out.defined() && out.numel()) {
+      TORCH_CHECK(out.is_contiguous() && out.scalar_type() == at::kFloat &&
+                      out.numel() == rows * hidden_,
+                  "DecoderStack.forward: out must be a contiguous float32 [T, hidden]");
+      norm_rows(out.data_ptr<float>(), x, rows, hidden_, final_norm_.data(), eps_);
+    }
+  }
+
+ private:
+  void check_step(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
+                  const std::vector<at::Tensor>& kv_caches, const at::Tensor& slot_mapping,
+                  const at::Tensor& block_table, const at::Tensor& query_start_loc,
+                  const at::Tensor& seq_lens) const {
+    const int64_t rows = hidden.size(0);
+    TORCH_CHECK(hidden.is_contiguous() && hidden.scalar_type() == at::kFloat &&
+                    hidden.dim() == 2 && hidden.size(1) == hidden_,
+                "DecoderStack.forward: hidden must be a contiguous float32 [T, ", hidden_, "]");
+    TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat &&
+                    sin.scalar_type() == at::kFloat && cos.numel() == sin.numel() &&
+                    cos.numel() % std::max<int64_t>(rows, 1) == 0,
+                "DecoderStack.forward: cos/sin must be contiguous float32 [T, rotary_dim]");
+    TORCH_CHECK(static_cast<int64_t>(kv_caches.size()) == num_layers(),
+                "DecoderStack.forward: one KV cache per layer");
+    for (const auto& cache : kv_caches) {
+      if (cache.numel() == 0) continue;  // a memory-profiling run: attention is skipped
+      TORCH_CHECK(cache.is_contiguous() && cache.dim() == 5 && cache.size(3) == num_kv_heads_ &&
+                      cache.size(4) == head_dim_,
+                  "DecoderStack.forward: caches must be contiguous [2, blocks, block_size, ",
+                  num_kv_heads_, ", ", head_dim_, "]");
+    }
+    TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous() &&
+                    slot_mapping.numel() == rows,
+                "DecoderStack.forward: slot_mapping must be int64 [T]");
+    for (const auto& t : {block_table, query_start_loc, seq_lens}) {
+      TORCH_CHECK(t.scalar_type() == at::kInt && t.is_contiguous(),
+                  "DecoderStack.forward: block_table, query_start_loc, seq_lens must be int32");
+    }
+    const int64_t seqs = seq_lens.numel();
+    TORCH_CHECK(query_start_loc.numel() == seqs + 1 && block_table.dim() == 2 &&
+                    block_table.size(0) == seqs,
+                "DecoderStack.forward: query_start_loc [S + 1] and block_table [S, n]");
+    if (!kv_caches.empty() && kv_caches[0].numel() > 0) {
+      const int64_t slots = kv_caches[0].size(1) * kv_caches[0].size(2);
+      const int64_t* s = slot_mapping.data_ptr<int64_t>();
+      for (int64_t r = 0; r < rows; ++r) {
+        TORCH_CHECK(s[r] < slots, "DecoderStack.forward: slot ", s[r], " is out of range");
+      }
+    }
+  }
+
+  // Each row's sequence and causal length: row t of a sequence with q query rows ending at
+  // seq_len sees seq_len - q + 1 + (t - start) positions.
+  void plan_rows(const at::Tensor& query_start_loc, const at::Tensor& seq_lens, int64_t rows) {
+    const int32_t* starts = query_start_loc.data_ptr<int32_t>();
+    const int32_t* lens = seq_lens.data_ptr<int32_t>();
+    const int64_t seqs = seq_lens.numel();
+    TORCH_CHECK(starts[0] == 0 && starts[seqs] == rows,
+                "DecoderStack.forward: query_start_loc must run from 0 to the step's rows");
+    row_seq_.resize(rows);
+    row_len_.resize(rows);
+    for (int64_t s = 0; s < seqs; ++s) {
+      const int64_t q = starts[s + 1] - starts[s];
+      TORCH_CHECK(q >= 0 && q <= lens[s], "DecoderStack.forward: sequence ", s, " schedules ",
+                  q, " rows but has length ", lens[s]);
+      for (int64_t t = starts[s]; t < starts[s + 1]; ++t) {
+        row_seq_[t] = static_cast<int32_t>(s);
+        row_len_[t] = static_cast<int32_t>(lens[s] - q + 1 + (t - starts[s]));
+      }
+    }
+  }
+
+  void reserve(int64_t rows) {
+    if (rows <= capacity_) return;
+    int64_t cap = 16;
+    while (cap < rows) cap *= 2;
+    capacity_ = cap;
+    const int64_t qkv = (num_heads_ + 2 * num_kv_heads_) * head_dim_;
+    qkv_.assign(cap * qkv, 0.f);
+    query_.assign(cap * num_heads_ * head_dim_, 0.f);
+    attn_.assign(cap * num_heads_ * head_dim_, 0.f);
+    gate_up_.assign(cap * 2 * intermediate_, 0.f);
+    partial_.assign(cap * hidden_, 0.f);
+    const int64_t widest = std::max({hidden_, intermediate_, num_heads_ * head_dim_});
+    act_.bytes.assign(cap * widest * 4, 0);
+  }
+
+  // The input of `linear` in its type: rows of float32 `src` rounded once (normed first
+  // when `norm` is given).
+  void* matmul_input(const Linear& linear, const float* src, int64_t rows, int64_t width,
+                     const float* norm) {
+    with_type(linear.input_type(), [&](auto tv) {
+      using T = decltype(tv);
+      T* dst = static_cast<T*>(act_.data());
+      if (norm != nullptr) {
+        norm_rows(dst, src, rows, width, norm, eps_);
+      } else {
+        round_rows(dst, src, rows, width);
+      }
+    });
+    return act_.data();
+  }
+
+  // x += linear(input): straight into the residual, or through all_reduce first.
+  void add_row_parallel(const Linear& linear, const void* input, float* x, int64_t rows,
+                        const py::object* all_reduce) {
+    const int64_t k = linear.in_features();
+    if (all_reduce == nullptr) {
+      linear.run(input, rows, k, x, hidden_, true);
+      return;
+    }
+    linear.run(input, rows, k, partial_.data(), hidden_, false);
+    {
+      py::gil_scoped_acquire gil;
+      (*all_reduce)(torch::from_blob(partial_.data(), {rows, hidden_}, at::kFloat));
+    }
+    at::parallel_for(0, rows, grain(hidden_), [&](int64_t begin, int64_t end) {
+      add_rows(x + begin * hidden_, partial_.data() + begin * hidden_, (end - begin) * hidden_);
+    });
+  }
+
+  void attention_block(const Layer& layer, float* x, int64_t rows, const at::Tensor& cos,
+                       const at::Tensor& sin, const at::Tensor& kv_cache,
+                       const at::Tensor& slot_mapping, const at::Tensor& block_table,
+                       const py::object* all_reduce) {
+    const int64_t q_width = num_heads_ * head_dim_, kv_width = num_kv_heads_ * head_dim_;
+    const int64_t ld = q_width + 2 * kv_width, rot = cos.numel() / std::max<int64_t>(rows, 1);
+    const void* normed = matmul_input(*layer.qkv, x, rows, hidden_, layer.input_norm.data());
+    layer.qkv->run(normed, rows, hidden_, qkv_.data(), ld, false);  // [T, (H + 2K) * D]
+    const float* c = cos.data_ptr<float>();
+    const float* s = sin.data_ptr<float>();
+    float* keys = qkv_.data() + q_width;
+    rotary_rows(query_.data(), q_width, qkv_.data(), ld, rows, num_heads_, head_dim_, c, s, rot);
+    rotary_rows(keys, ld, keys, ld, rows, num_kv_heads_, head_dim_, c, s, rot);
+    if (kv_cache.numel() == 0) {  // a memory-profiling run before the cache exists
+      std::fill(attn_.begin(), attn_.begin() + rows * q_width, 0.f);
+    } else {
+      with_type(kv_cache.scalar_type(), [&](auto cv) {
+        write_cache<decltype(cv)>(kv_cache, keys, keys + kv_width, ld, rows, kv_width,
+                                  slot_mapping.data_ptr<int64_t>());
+      });
+      attend_rows(attn_.data(), query_.data(), num_heads_, kv_cache,
+                  block_table.data_ptr<int32_t>(), block_table.size(0), block_table.size(1),
+                  row_seq_.data(), row_len_.data(), rows,
+                  static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim_))),
+                  layer.sliding_window, 0.f);
+    }
+    const void* mixed = matmul_input(*layer.o, attn_.data(), rows, q_width, nullptr);
+    add_row_parallel(*layer.o, mixed, x, rows, all_reduce);
+  }
+
+  void mlp_block(const Layer& layer, float* x, int64_t rows, const py::object* all_reduce) {
+    const void* normed = matmul_input(*layer.gate_up, x, rows, hidden_, layer.post_norm.data());
+    layer.gate_up->run(normed, rows, hidden_, gate_up_.data(), 2 * intermediate_, false);
+    with_type(layer.down->input_type(), [&](auto tv) {
+      using T = decltype(tv);
+      silu_mul_rows(static_cast<T*>(act_.data()), gate_up_.data(), rows, intermediate_);
+    });
+    add_row_parallel(*layer.down, act_.data(), x, rows, all_reduce);
+  }
+
+  int64_t hidden_, num_heads_, num_kv_heads_, head_dim_, intermediate_;
+  float eps_;
+  std::vector<float> final_norm_;
+  std::vector<Layer> layers_;
+  int64_t capacity_ = 0;
+  std::vector<float> qkv_, query_, attn_, gate_up_, partial_;
+  Activations act_;
+  std::vector<int32_t> row_seq_, row_len_;
+};
+
+// A packed linear on its own (the LM head, and tests): y [M, N] float32 = x W^T (+ b).
+class PackedLinear {
+ public:
+  PackedLinear(const at::Tensor& weight, const at::Tensor& bias)
+      : linear_(make_linear(weight, bias)) {}
+
+  at::Tensor forward(const at::Tensor& x) const {
+    TORCH_CHECK(x.dim() == 2 && x.size(1) == linear_->in_features(),
+                "PackedLinear: x must be [M, ", linear_->in_features(), "]");
+    const auto input = x.to(linear_->input_type()).contiguous();
+    auto out = at::empty({x.size(0), linear_->out_features()}, at::kFloat);
+    {
+      py::gil_scoped_release no_gil;
+      linear_->run(input.data_ptr(), x.size(0), linear_->in_features(), out.data_ptr<float>(),
+                   linear_->out_features(), false);
+    }
+    return out;
+  }
+
+  at::ScalarType input_type() const { return linear_->input_type(); }
+
+ private:
+  std::shared_ptr<Linear> linear_;
+};
+
+void bind_native_step(py::module_& m) {
+  py::class_<DecoderStack>(m, "DecoderStack")
+      .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, at::Tensor>())
+      .def("add_layer", &DecoderStack::add_layer)
+      .def("num_layers", &DecoderStack::num_layers)
+      .def("forward", &DecoderStack::forward, py::call_guard<py::gil_scoped_release>());
+  py::class_<PackedLinear>(m, "PackedLinear")
+      .def(py::init<at::Tensor, at::Tensor>())
+      .def("forward", &PackedLinear::forward);
+  m.def("linear_supported", &linear_supported,
+        "whether the packed-linear kernel for a dtype runs on this CPU");
+}
+
+}  // namespace pagestream

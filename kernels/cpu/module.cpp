@@ -1,0 +1,36 @@
+// The Python module of the CPU extension: every entry point of kernels/cpu's sources.
+#include <torch/extension.h>
+
+#include <vector>
+
+void paged_decode(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache,
+                  torch::Tensor value_cache, torch::Tensor block_table, torch::Tensor seq_lens,
+                  double scale, int64_t sliding_window, double soft_cap);  // paged_decode.cpp
+void paged_attention_rows(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache,
+                          torch::Tensor block_table, torch::Tensor row_seq,
+                          torch::Tensor row_len, double scale, int64_t sliding_window,
+                          double soft_cap);  // paged_decode.cpp
+int64_t pin_threads(const std::vector<int64_t>& cpus);  // pin_threads.cpp
+void cache_write(torch::Tensor key, torch::Tensor value, torch::Tensor cache,
+                 torch::Tensor slot_mapping);  // cache_write.cpp
+void add_rms_norm(torch::Tensor out, torch::Tensor sum_out, torch::Tensor residual,
+                  torch::Tensor x, torch::Tensor weight, double eps);  // fused.cpp
+void silu_and_mul(torch::Tensor out, torch::Tensor gate_up);        // fused.cpp
+void rotary(torch::Tensor out, torch::Tensor x, torch::Tensor cos, torch::Tensor sin,
+            int64_t head_dim);  // fused.cpp
+namespace pagestream {
+void bind_native_step(pybind11::module_& m);  // decoder_stack.cpp
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode", &paged_decode,
+        "decode attention over the paged KV cache (float32 / bfloat16)");
+  m.def("paged_attention_rows", &paged_attention_rows,
+        "attention of any step's rows (each over its causal prefix) over the paged KV cache");
+  m.def("cache_write", &cache_write, "this step's keys and values into their cache slots");
+  m.def("pin_threads", &pin_threads, "pin intra-op thread i to cpus[i]; returns how many");
+  m.def("add_rms_norm", &add_rms_norm, "out = rms_norm(residual + x), sum_out = residual + x");
+  m.def("silu_and_mul", &silu_and_mul, "out = silu(gate) * up for [gate | up]");
+  m.def("rotary", &rotary, "rotary embedding of [tokens, heads * head_dim] (HF rotate_half)");
+  pagestream::bind_native_step(m);
+}
