@@ -203,7 +203,9 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         """hidden_states: the previous stage's output (every stage but the first)."""
         if self.native is not None:
-            return self.native.forward(input_ids, positions, kv_caches, attn_metadata, hidden_states)
+            return self.native.forward(
+                input_ids, positions, kv_caches, attn_metadata, hidden_states
+            )
         if self.stage.is_first_stage:
             hidden_states = self.embed_tokens(input_ids)  # [num_tokens, hidden_size]
             hidden_states = hidden_states.to(residual_dtype(hidden_states))
