@@ -18,10 +18,15 @@
 #include <c10/util/BFloat16.h>
 #include <torch/extension.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
+
+#include <pybind11/stl.h>
 
 #include "linear.h"
 #include "paged_attention.h"
@@ -149,6 +154,30 @@ std::vector<float> to_floats(const at::Tensor& t) {
   return {f.data_ptr<float>(), f.data_ptr<float>() + f.numel()};
 }
 
+// Seconds spent in each part of the step, summed over calls while profiling is on (for
+// benchmarks/native_step_profile.py; off, it costs one branch per part).
+enum Part { NORM_QKV, ROTARY_CACHE, ATTENTION, O_PROJ, NORM_GATE_UP, SILU, DOWN, NUM_PARTS };
+constexpr const char* PART_NAMES[NUM_PARTS] = {"norm+qkv",     "rotary+cache", "attention", "o_proj",
+                                               "norm+gate_up", "silu_mul",     "down"};
+
+class PartClock {
+ public:
+  bool on = false;
+  double seconds[NUM_PARTS] = {};
+  void start() {
+    if (on) last_ = std::chrono::steady_clock::now();
+  }
+  void stop(Part part) {
+    if (!on) return;
+    const auto now = std::chrono::steady_clock::now();
+    seconds[part] += std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point last_;
+};
+
 struct Layer {
   std::shared_ptr<Linear> qkv, o, gate_up, down;
   std::vector<float> input_norm, post_norm;
@@ -193,6 +222,14 @@ class DecoderStack {
   }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+
+  // Turns the per-part clock on or off (and zeroes it); `profile()` reads it.
+  void set_profiling(bool on) { clock_ = PartClock{}, clock_.on = on; }
+  std::map<std::string, double> profile() const {
+    std::map<std::string, double> parts;
+    for (int p = 0; p < NUM_PARTS; ++p) parts[PART_NAMES[p]] = clock_.seconds[p];
+    return parts;
+  }
 
   // hidden [T, hidden] float32, updated in place through every layer (then normed into
   // `out` [T, hidden] when the stack has a final norm and out is given). cos/sin [T, rot];
@@ -345,8 +382,10 @@ class DecoderStack {
                        const py::object* all_reduce) {
     const int64_t q_width = num_heads_ * head_dim_, kv_width = num_kv_heads_ * head_dim_;
     const int64_t ld = q_width + 2 * kv_width, rot = cos.numel() / std::max<int64_t>(rows, 1);
+    clock_.start();
     const void* normed = matmul_input(*layer.qkv, x, rows, hidden_, layer.input_norm.data());
     layer.qkv->run(normed, rows, hidden_, qkv_.data(), ld, false);  // [T, (H + 2K) * D]
+    clock_.stop(NORM_QKV);
     const float* c = cos.data_ptr<float>();
     const float* s = sin.data_ptr<float>();
     float* keys = qkv_.data() + q_width;
@@ -359,24 +398,30 @@ class DecoderStack {
         write_cache<decltype(cv)>(kv_cache, keys, keys + kv_width, ld, rows, kv_width,
                                   slot_mapping.data_ptr<int64_t>());
       });
+      clock_.stop(ROTARY_CACHE);
       attend_rows(attn_.data(), query_.data(), num_heads_, kv_cache,
                   block_table.data_ptr<int32_t>(), block_table.size(0), block_table.size(1),
                   row_seq_.data(), row_len_.data(), rows,
                   static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim_))),
                   layer.sliding_window, 0.f);
+      clock_.stop(ATTENTION);
     }
     const void* mixed = matmul_input(*layer.o, attn_.data(), rows, q_width, nullptr);
     add_row_parallel(*layer.o, mixed, x, rows, all_reduce);
+    clock_.stop(O_PROJ);
   }
 
   void mlp_block(const Layer& layer, float* x, int64_t rows, const py::object* all_reduce) {
     const void* normed = matmul_input(*layer.gate_up, x, rows, hidden_, layer.post_norm.data());
     layer.gate_up->run(normed, rows, hidden_, gate_up_.data(), 2 * intermediate_, false);
+    clock_.stop(NORM_GATE_UP);
     with_type(layer.down->input_type(), [&](auto tv) {
       using T = decltype(tv);
       silu_mul_rows(static_cast<T*>(act_.data()), gate_up_.data(), rows, intermediate_);
     });
+    clock_.stop(SILU);
     add_row_parallel(*layer.down, act_.data(), x, rows, all_reduce);
+    clock_.stop(DOWN);
   }
 
   int64_t hidden_, num_heads_, num_kv_heads_, head_dim_, intermediate_;
@@ -387,6 +432,7 @@ class DecoderStack {
   std::vector<float> qkv_, query_, attn_, gate_up_, partial_;
   Activations act_;
   std::vector<int32_t> row_seq_, row_len_;
+  PartClock clock_;
 };
 
 // A packed linear on its own (the LM head, and tests): y [M, N] float32 = x W^T (+ b).
@@ -419,6 +465,8 @@ void bind_native_step(py::module_& m) {
       .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, at::Tensor>())
       .def("add_layer", &DecoderStack::add_layer)
       .def("num_layers", &DecoderStack::num_layers)
+      .def("set_profiling", &DecoderStack::set_profiling)
+      .def("profile", &DecoderStack::profile)
       .def("forward", &DecoderStack::forward, py::call_guard<py::gil_scoped_release>());
   py::class_<PackedLinear>(m, "PackedLinear")
       .def(py::init<at::Tensor, at::Tensor>())

@@ -14,8 +14,17 @@
 #include <c10/util/BFloat16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <type_traits>
 #include <cmath>
 #include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace pagestream {
 namespace {
@@ -23,8 +32,105 @@ namespace {
 using bf16 = c10::BFloat16;
 namespace cpublas = at::native::cpublas;
 
-constexpr int64_t ROW_TILE = 32;       // rows per micro-kernel call
+constexpr int64_t ROW_TILE = 32;            // rows per micro-kernel call
 constexpr int64_t MIN_ITEM_MACS = 1 << 16;  // smaller items stay on the calling thread
+// Up to this many rows (a decode step of a small batch) a product is a stream over the
+// weight at the memory's speed: our own register-blocked loop, which keeps the read
+// stream going (brgemm's kernel reached about half the read bandwidth at one row).
+constexpr int64_t FEW_ROWS = 4;
+
+#if defined(__AVX512F__)
+// Columns [j, j + 16 C) of one column block of x [M, K] W^T (M <= FEW_ROWS): each row's
+// C 16-column accumulators stay in registers over the whole K. b: the block, nb columns
+// wide (see Format).
+template <typename T, int M, int C>
+inline void few_rows_chunk(const T* a, int64_t ld_a, const T* b, int64_t nb, int64_t j,
+                           int64_t K, float* c, int64_t ld_c, bool accumulate, const float* bias) {
+  __m512 acc[M][C];
+  for (int m = 0; m < M; ++m) {
+    for (int q = 0; q < C; ++q) acc[m][q] = _mm512_setzero_ps();
+  }
+  if constexpr (std::is_same_v<T, bf16>) {
+#if defined(__AVX512BF16__)
+    const auto* bw = reinterpret_cast<const int32_t*>(b);  // [K / 2][nb] bf16 pairs
+    const auto* aw = reinterpret_cast<const int32_t*>(a);
+    for (int64_t kp = 0; kp < K / 2; ++kp) {
+      const int32_t* row = bw + kp * nb + j;
+      __m512i w[C];
+      for (int q = 0; q < C; ++q) w[q] = _mm512_loadu_si512(row + 16 * q);
+      for (int m = 0; m < M; ++m) {
+        const __m512bh x = (__m512bh)_mm512_set1_epi32(aw[m * (ld_a / 2) + kp]);
+        for (int q = 0; q < C; ++q) acc[m][q] = _mm512_dpbf16_ps(acc[m][q], x, (__m512bh)w[q]);
+      }
+    }
+#endif
+  } else {
+    for (int64_t k = 0; k < K; ++k) {
+      const float* row = b + k * nb + j;
+      __m512 w[C];
+      for (int q = 0; q < C; ++q) w[q] = _mm512_loadu_ps(row + 16 * q);
+      for (int m = 0; m < M; ++m) {
+        const __m512 x = _mm512_set1_ps(a[m * ld_a + k]);
+        for (int q = 0; q < C; ++q) acc[m][q] = _mm512_fmadd_ps(x, w[q], acc[m][q]);
+      }
+    }
+  }
+  for (int m = 0; m < M; ++m) {
+    for (int q = 0; q < C; ++q) {
+      float* dst = c + m * ld_c + j + 16 * q;
+      __m512 v = acc[m][q];
+      if (accumulate) v = _mm512_add_ps(v, _mm512_loadu_ps(dst));
+      if (bias != nullptr) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + j + 16 * q));
+      _mm512_storeu_ps(dst, v);
+    }
+  }
+}
+
+template <typename T, int M>
+inline void few_rows_block(const T* a, int64_t ld_a, const T* b, int64_t nb, int64_t K, float* c,
+                           int64_t ld_c, bool accumulate, const float* bias) {
+  int64_t j = 0;
+  for (; j + 64 <= nb; j += 64) few_rows_chunk<T, M, 4>(a, ld_a, b, nb, j, K, c, ld_c, accumulate, bias);
+  for (; j < nb; j += 16) few_rows_chunk<T, M, 1>(a, ld_a, b, nb, j, K, c, ld_c, accumulate, bias);
+}
+#endif
+
+// Whether few_rows_block runs T here (the block widths must be whole 16-column chunks).
+template <typename T>
+constexpr bool few_rows_kernel() {
+#if defined(__AVX512BF16__)
+  return true;
+#elif defined(__AVX512F__)
+  return std::is_same_v<T, float>;
+#else
+  return false;
+#endif
+}
+
+// Weight storage on 2 MiB-aligned memory marked for transparent huge pages: a decode step
+// streams every weight once, and with 4 KiB pages a TLB miss every 4 KiB slows the stream.
+template <typename T>
+class WeightBuffer {
+ public:
+  explicit WeightBuffer(int64_t n) : size_(n) {
+    constexpr size_t HUGE = size_t{2} << 20;
+    const size_t bytes = (static_cast<size_t>(n) * sizeof(T) + HUGE - 1) / HUGE * HUGE;
+    data_ = static_cast<T*>(std::aligned_alloc(HUGE, std::max(bytes, HUGE)));
+    TORCH_CHECK(data_ != nullptr, "cannot allocate ", bytes, " bytes for a packed weight");
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    madvise(data_, std::max(bytes, HUGE), MADV_HUGEPAGE);  // advice only: failure is fine
+#endif
+  }
+  ~WeightBuffer() { std::free(data_); }
+  WeightBuffer(const WeightBuffer&) = delete;
+  WeightBuffer& operator=(const WeightBuffer&) = delete;
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+
+ private:
+  int64_t size_;
+  T* data_;
+};
 
 template <typename T>
 struct Format;
@@ -48,13 +154,12 @@ template <typename T>
 class BrgemmLinear final : public Linear {
  public:
   BrgemmLinear(const at::Tensor& weight, const at::Tensor& bias)
-      : n_(weight.size(0)), k_(weight.size(1)) {
+      : n_(weight.size(0)), k_(weight.size(1)), packed_(weight.size(0) * weight.size(1)) {
     TORCH_CHECK(!Format<T>::vnni || k_ % 2 == 0, "a bfloat16 linear needs an even in_features");
     const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
     block_ = n_ / 64 >= 4 * threads ? 64 : 32;
     const at::Tensor w = weight.to(Format<T>::type()).contiguous();
     const T* src = w.data_ptr<T>();
-    packed_.resize(n_ * k_);
     for (int64_t start = 0; start < n_; start += block_) {
       const int64_t nb = std::min(block_, n_ - start);
       T* dst = packed_.data() + start * k_;
@@ -77,6 +182,10 @@ class BrgemmLinear final : public Linear {
     if (M <= 0) return;
     const T* a = static_cast<const T*>(x);
     const int64_t blocks = (n_ + block_ - 1) / block_;
+    if (M <= FEW_ROWS && n_ % 16 == 0 && few_rows_kernel<T>()) {
+      run_few_rows(a, M, ld_x, out, ld_out, accumulate, blocks);
+      return;
+    }
     const int64_t tiles = (M + ROW_TILE - 1) / ROW_TILE;
     const int64_t item_macs = std::min(M, ROW_TILE) * block_ * k_;
     const int64_t grain = std::max<int64_t>(1, MIN_ITEM_MACS / item_macs);
@@ -94,6 +203,29 @@ class BrgemmLinear final : public Linear {
   }
 
  private:
+  void run_few_rows(const T* a, int64_t M, int64_t ld_x, float* out, int64_t ld_out,
+                    bool accumulate, int64_t blocks) const {
+#if defined(__AVX512F__)
+    const int64_t grain = std::max<int64_t>(1, MIN_ITEM_MACS / (M * block_ * k_));
+    at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t blk = begin; blk < end; ++blk) {
+        const int64_t start = blk * block_, nb = std::min(block_, n_ - start);
+        const T* b = packed_.data() + start * k_;
+        float* c = out + start;
+        const float* bias = bias_.empty() ? nullptr : bias_.data() + start;
+        switch (M) {
+          case 1: few_rows_block<T, 1>(a, ld_x, b, nb, k_, c, ld_out, accumulate, bias); break;
+          case 2: few_rows_block<T, 2>(a, ld_x, b, nb, k_, c, ld_out, accumulate, bias); break;
+          case 3: few_rows_block<T, 3>(a, ld_x, b, nb, k_, c, ld_out, accumulate, bias); break;
+          default: few_rows_block<T, 4>(a, ld_x, b, nb, k_, c, ld_out, accumulate, bias); break;
+        }
+      }
+    });
+#else
+    (void)a, (void)M, (void)ld_x, (void)out, (void)ld_out, (void)accumulate, (void)blocks;
+#endif
+  }
+
   static void add_bias(float* c, int64_t rows, int64_t cols, int64_t ld, const float* b) {
     for (int64_t r = 0; r < rows; ++r) {
 #pragma omp simd
@@ -102,7 +234,7 @@ class BrgemmLinear final : public Linear {
   }
 
   int64_t n_, k_, block_ = 32;
-  std::vector<T> packed_;
+  WeightBuffer<T> packed_;
   std::vector<float> bias_;
 };
 

@@ -1,0 +1,105 @@
+"""The native CPU step's kernels (kernels/cpu/linear.cpp, paged_decode.cpp's rows entry)
+against torch references: the packed GEMM against a float32 matmul of the same rounded
+inputs, the row-wise paged attention against the per-sequence SDPA ground truth on the
+NaN-poisoned mixed batches of test_reference.py (a stray read of an unwritten slot fails)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import cpu
+from tests.kernels.test_reference import MIXED, build_batch, reference_attention
+
+
+def _reference_linear(x, weight, bias, accumulate_into=None):
+    """float32 x W^T (+ b) on the inputs as the kernel sees them (rounded to the weight's
+    dtype), the product accumulated in float64 so the reference's own rounding is nil."""
+    out = x.to(weight.dtype).double() @ weight.double().t()
+    if bias is not None:
+        out += bias.double()
+    if accumulate_into is not None:
+        out += accumulate_into.double()
+    return out.float()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 31, 33, 70])
+@pytest.mark.parametrize(("out_features", "in_features"), [(40, 24), (208, 64), (1024, 96)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_packed_linear_matches_a_float32_matmul(dtype, rows, out_features, in_features, with_bias):
+    gen = torch.Generator().manual_seed(rows * 7 + out_features)
+    weight = torch.randn(out_features, in_features, generator=gen).to(dtype)
+    bias = torch.randn(out_features, generator=gen) if with_bias else None
+    x = torch.randn(rows, in_features, generator=gen)
+    linear = cpu.load().PackedLinear(weight, bias if bias is not None else torch.empty(0))
+    out = linear.forward(x)
+    assert out.dtype == torch.float32 and out.shape == (rows, out_features)
+    # float32 accumulation over K terms: a few ulps of the sum of |terms|
+    scale = (x.to(dtype).float().abs() @ weight.float().abs().t()).max().item()
+    torch.testing.assert_close(
+        out, _reference_linear(x, weight, bias), atol=1e-6 * scale + 1e-6, rtol=0
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_linear_supported_here(dtype):
+    """The CPUs of this project (Zen 4 / Zen 5: AVX-512 with bf16) run both formats."""
+    assert cpu.load().linear_supported(dtype)
+
+
+def _rows_of(batch):
+    """Each query row's sequence and causal length, as the native step derives them."""
+    seqs, lens = [], []
+    for s, (cached, q_len) in enumerate(batch.specs):
+        for t in range(q_len):
+            seqs.append(s)
+            lens.append(cached + t + 1)
+    return torch.tensor(seqs, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("num_kv_heads", "group", "head_dim"), [(2, 2, 64), (3, 3, 64), (1, 8, 40)]
+)
+@pytest.mark.parametrize("sliding_window", [None, 8])
+def test_row_attention_matches_per_sequence_sdpa(
+    cache_dtype, num_kv_heads, group, head_dim, sliding_window
+):
+    batch = build_batch(
+        MIXED,
+        num_kv_heads=num_kv_heads,
+        group=group,
+        head_dim=head_dim,
+        dtype=cache_dtype,
+        seed=group,
+    )
+    query = batch.query.float().contiguous()
+    row_seq, row_len = _rows_of(batch)
+    out = torch.empty_like(query)
+    scale = head_dim**-0.5
+    cpu.load().paged_attention_rows(
+        out,
+        query,
+        batch.kv_cache,
+        batch.block_table,
+        row_seq,
+        row_len,
+        scale,
+        sliding_window or 0,
+        0.0,
+    )
+    batch.query = query  # the reference on the same float32 queries over the cached values
+    expected = reference_attention(batch, scale, sliding_window=sliding_window)
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
+
+
+def test_row_attention_refuses_a_row_past_its_block_table():
+    batch = build_batch([(5, 1), (0, 3)], num_kv_heads=2, group=2)
+    row_seq, row_len = _rows_of(batch)
+    row_len[0] = 10_000
+    out = torch.empty_like(batch.query)
+    with pytest.raises(RuntimeError, match="more than its block table holds"):
+        cpu.load().paged_attention_rows(
+            out, batch.query, batch.kv_cache, batch.block_table, row_seq, row_len, 0.1, 0, 0.0
+        )
