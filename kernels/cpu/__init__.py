@@ -122,12 +122,17 @@ def _build():
 
     name = _extension_name()
     folder = _build_directory(name)
-    logger.info("loading the C++ CPU attention kernel from %s (built there on first use)", folder)
+    logger.info("loading the C++ CPU kernels from %s (built there on first use)", folder)
     module = _load_built(name, folder)
     if module is not None:
         return module
     _put_ninja_on_path()
     _clear_stale_lock(folder)
+    logger.warning(
+        "compiling the C++ CPU kernels into %s: about 2 minutes on 2 cores, once per source "
+        "version and CPU (`make setup` does it ahead of time)",
+        folder,
+    )
     return cpp_extension.load(
         name=name,
         sources=[str(source) for source in SOURCES],

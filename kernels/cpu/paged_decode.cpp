@@ -24,6 +24,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <tuple>
+#include <utility>
 #include <type_traits>
 #include <vector>
 
@@ -36,6 +38,10 @@ namespace {
 using bf16 = c10::BFloat16;
 
 constexpr int64_t SERIAL_ROWS = 4096;
+// A step reading at least this many cached vectors, with fewer (row, KV head) items than
+// twice the threads, cuts each item's context into parts of at least MIN_PART positions.
+constexpr int64_t SPLIT_VECTORS = 512;
+constexpr int64_t MIN_PART = 128;
 
 struct Layout {
   int64_t num_q_heads, num_kv_heads, group, head_dim, block_size, max_blocks;
@@ -134,7 +140,9 @@ inline void mix_block(float* acc, const float* probs, int64_t n, const BlockRows
 inline float exp_nonpositive(float x) {
   x = std::max(x, -87.f);
   const float t = x * 1.44269504088896341f;  // log2(e)
-  const float n = std::nearbyint(t);
+  // round to nearest by the 1.5 * 2^23 trick (|t| < 2^22 here): vectorises, where
+  // std::nearbyint is a library call per element
+  const float n = (t + 12582912.f) - 12582912.f;
   const float f = t - n;  // [-0.5, 0.5]
   float p = 1.535336188319500e-4f;
   p = p * f + 1.339887440266574e-3f;
@@ -184,8 +192,9 @@ inline void for_each_block(const C* cache, const int32_t* table, int64_t first, 
   }
 }
 
-// In place: scale (and soft-cap) one head's scores, then softmax them.
-void softmax_row(float* row, int64_t n, float scale, float soft_cap) {
+// In place: scale (and soft-cap) one head's scores and exponentiate them against their
+// maximum; returns (that maximum, the sum of the exponentials): the softmax is row / sum.
+std::pair<float, float> exp_scores(float* row, int64_t n, float scale, float soft_cap) {
   float peak = -std::numeric_limits<float>::infinity();
   for (int64_t t = 0; t < n; ++t) {
     float x = row[t] * scale;
@@ -199,35 +208,65 @@ void softmax_row(float* row, int64_t n, float scale, float soft_cap) {
     row[t] = exp_nonpositive(row[t] - peak);
     total += row[t];
   }
-  const float inv = 1.f / total;
-  for (int64_t t = 0; t < n; ++t) row[t] *= inv;
+  return {peak, total};
 }
 
-// Scratch of one thread: the group's float32 queries, scores [group, n], output accumulators.
+// Scratch of one thread: the group's float32 queries and scores [group, n].
 struct Scratch {
-  std::vector<float> q, scores, acc;
+  std::vector<float> q, scores;
 };
 
-// One sequence's KV head: scores of its query heads against the keys, softmaxed, then
-// out = scores x values. Each cached vector of the head is read once per pass.
+// A KV head's share of one row's attention over the positions [first, first + n): acc
+// [group, head_dim] = sum_t exp(s_t - peak_j) v_t, unnormalised, with each query head's
+// peak and sum of exponentials (so parts of one context can be merged). Each cached
+// vector of the head is read once per pass.
 template <int G, typename Q, typename C>
-void attend_head(Q* out, const Q* q, const C* key_cache, const C* value_cache,
-                 const int32_t* table, int64_t first, int64_t n, int64_t head, const Layout& l,
-                 float scale, float soft_cap, Scratch& s) {
+void attend_part(const Q* q, const C* key_cache, const C* value_cache, const int32_t* table,
+                 int64_t first, int64_t n, int64_t head, const Layout& l, float scale,
+                 float soft_cap, Scratch& s, float* acc, float* peaks, float* totals) {
   const int64_t width = l.group * l.head_dim;
+  std::fill(acc, acc + width, 0.f);
+  if (n <= 0) {
+    std::fill(peaks, peaks + l.group, -std::numeric_limits<float>::infinity());
+    std::fill(totals, totals + l.group, 0.f);
+    return;
+  }
   s.q.resize(width);
-  s.acc.assign(width, 0.f);
   s.scores.resize(l.group * n);
   for (int64_t i = 0; i < width; ++i) s.q[i] = to_float(q[i]);
   float* scores = s.scores.data();
   for_each_block(key_cache, table, first, n, head, l, [&](int64_t t, const BlockRows<C>& b) {
     score_block<G>(scores + t, n, s.q.data(), b, l);
   });
-  for (int64_t j = 0; j < l.group; ++j) softmax_row(scores + j * n, n, scale, soft_cap);
+  for (int64_t j = 0; j < l.group; ++j) {
+    std::tie(peaks[j], totals[j]) = exp_scores(scores + j * n, n, scale, soft_cap);
+  }
   for_each_block(value_cache, table, first, n, head, l, [&](int64_t t, const BlockRows<C>& b) {
-    mix_block<G>(s.acc.data(), scores + t, n, b, l);
+    mix_block<G>(acc, scores + t, n, b, l);
   });
-  for (int64_t i = 0; i < width; ++i) out[i] = static_cast<Q>(s.acc[i]);
+}
+
+// out [group, head_dim] from `parts` partial results (acc, peaks, totals each; see
+// attend_part), laid out [part][width + 2 * group].
+template <typename Q>
+void merge_parts(Q* out, const float* parts, int64_t num_parts, const Layout& l) {
+  const int64_t width = l.group * l.head_dim, stride = width + 2 * l.group;
+  for (int64_t j = 0; j < l.group; ++j) {
+    float peak = -std::numeric_limits<float>::infinity();
+    for (int64_t p = 0; p < num_parts; ++p) peak = std::max(peak, parts[p * stride + width + j]);
+    float total = 0.f;
+    std::vector<float> sum(l.head_dim, 0.f);
+    for (int64_t p = 0; p < num_parts; ++p) {
+      const float* part = parts + p * stride;
+      const float t = part[width + l.group + j];
+      if (t == 0.f) continue;
+      const float w = std::exp(part[width + j] - peak);
+      total += w * t;
+      for (int64_t i = 0; i < l.head_dim; ++i) sum[i] += w * part[j * l.head_dim + i];
+    }
+    const float inv = total > 0.f ? 1.f / total : 0.f;
+    for (int64_t i = 0; i < l.head_dim; ++i) out[j * l.head_dim + i] = static_cast<Q>(sum[i] * inv);
+  }
 }
 
 // The rows of one step: row r attends to the first row_len[r] positions of sequence
@@ -259,34 +298,52 @@ void check_plan(const Rows& rows, int64_t num_blocks, const Layout& l) {
 
 // Work items are (row, KV head) pairs, so one long sequence still keeps every thread busy;
 // consecutive items share a row and consecutive rows mostly a sequence, so a thread walks
-// the same cached vectors while they are warm.
+// the same cached vectors while they are warm. With fewer items than threads (a batch-1
+// decode step) each item's context is cut into parts, attended apart and merged.
 template <int G, typename Q, typename C>
 void attend_items(Q* o, const Q* q, const C* kc, const C* vc, const Rows& rows,
                   const Layout& l, float scale, int64_t sliding_window, float soft_cap) {
   const int64_t width = l.group * l.head_dim;  // one KV head's query rows
-  int64_t vectors = 0;  // cached vectors to read, all items together
-  for (int64_t r = 0; r < rows.num_rows; ++r) vectors += rows.len[r];
+  int64_t vectors = 0, longest = 0;  // cached vectors to read, all items together
+  for (int64_t r = 0; r < rows.num_rows; ++r) {
+    vectors += rows.len[r];
+    longest = std::max<int64_t>(longest, rows.len[r]);
+  }
   vectors *= l.num_kv_heads;
   const int64_t items = rows.num_rows * l.num_kv_heads;
+  const int64_t threads = at::get_num_threads();
+  const int64_t parts = vectors < SPLIT_VECTORS || items >= 2 * threads
+                            ? 1
+                            : std::min((2 * threads + items - 1) / items,
+                                       std::max<int64_t>(1, longest / MIN_PART));
   // Waking the thread team costs more than a small step's whole attention (a short batch-1
   // decode reads a few hundred vectors per layer): below SERIAL_ROWS one thread does it.
-  const int64_t grain = vectors < SERIAL_ROWS ? items : 1;
-  at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
+  const int64_t grain = parts == 1 && vectors < SERIAL_ROWS ? items : 1;
+  const int64_t stride = width + 2 * l.group;
+  std::vector<float> partial(parts > 1 ? items * parts * stride : 0);
+  at::parallel_for(0, items * parts, grain, [&](int64_t begin, int64_t end) {
     Scratch scratch;
-    for (int64_t item = begin; item < end; ++item) {
+    std::vector<float> own(parts > 1 ? 0 : stride);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t item = task / parts, part = task % parts;
       const int64_t row = item / l.num_kv_heads, head = item % l.num_kv_heads;
       const int64_t len = rows.len[row];
       const int64_t first = sliding_window > 0 ? std::max<int64_t>(0, len - sliding_window) : 0;
-      const int64_t n = len - first;
-      const int64_t offset = (row * l.num_kv_heads + head) * width;
-      if (n <= 0) {
-        std::fill(o + offset, o + offset + width, static_cast<Q>(0.f));
-        continue;
-      }
-      attend_head<G>(o + offset, q + offset, kc, vc, rows.tables + rows.seq[row] * l.max_blocks,
-                     first, n, head, l, scale, soft_cap, scratch);
+      const int64_t share = (len - first + parts - 1) / parts;
+      const int64_t start = std::min(len, first + part * share);
+      const int64_t n = std::min(len, start + share) - start;
+      float* result = parts > 1 ? partial.data() + task * stride : own.data();
+      attend_part<G>(q + item * width, kc, vc, rows.tables + rows.seq[row] * l.max_blocks, start,
+                     n, head, l, scale, soft_cap, scratch, result, result + width,
+                     result + width + l.group);
+      if (parts == 1) merge_parts(o + item * width, result, 1, l);
     }
   });
+  if (parts > 1) {
+    for (int64_t item = 0; item < items; ++item) {
+      merge_parts(o + item * width, partial.data() + item * parts * stride, parts, l);
+    }
+  }
 }
 
 template <typename Q, typename C>

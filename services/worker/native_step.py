@@ -48,6 +48,11 @@ def unsupported_reason(model: nn.Module) -> str | None:
     act = model.layers[model.layer_range.start].mlp.act_fn
     if act.hidden_act != "silu":
         return f"the MLP's activation is {act.hidden_act}, not silu"
+    first = model.layers[model.layer_range.start]
+    widths = (first.mlp.gate_up_proj.input_size, first.mlp.down_proj.input_size)
+    widths += (first.self_attn.o_proj.input_size,)
+    if weight.dtype == torch.bfloat16 and any(width % 2 for width in widths):
+        return f"bfloat16 GEMMs take pairs of input features; the model has {widths}"
     try:
         module = _extension()
     except RuntimeError as exc:

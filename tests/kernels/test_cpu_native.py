@@ -103,3 +103,29 @@ def test_row_attention_refuses_a_row_past_its_block_table():
         cpu.load().paged_attention_rows(
             out, batch.query, batch.kv_cache, batch.block_table, row_seq, row_len, 0.1, 0, 0.0
         )
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("specs", [[(700, 1)], [(299, 1), (0, 1)], [(1500, 1)]])
+@pytest.mark.parametrize("sliding_window", [None, 300])
+def test_long_context_split_across_threads(cache_dtype, specs, sliding_window):
+    """Fewer (row, KV head) items than threads: each context is cut into parts attended
+    apart and merged (flash-decoding); the result is the same attention."""
+    batch = build_batch(specs, num_kv_heads=1, group=4, dtype=cache_dtype, seed=len(specs))
+    query = batch.query.float().contiguous()
+    row_seq, row_len = _rows_of(batch)
+    out = torch.empty_like(query)
+    cpu.load().paged_attention_rows(
+        out,
+        query,
+        batch.kv_cache,
+        batch.block_table,
+        row_seq,
+        row_len,
+        0.125,
+        sliding_window or 0,
+        0.0,
+    )
+    batch.query = query
+    expected = reference_attention(batch, 0.125, sliding_window=sliding_window)
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)

@@ -1,0 +1,171 @@
+"""Time per output token at small batches: `pagestream bench latency`.
+
+One chat's speed, as a llama.cpp user compares it: a prompt of `prompt_len` tokens, then
+`output_len` greedy tokens (ignore_eos), batch 1, 4 and 16 copies of it, through
+`LLM.generate` in each dtype. The time per output token is the decode part alone:
+(time for output_len tokens - time for 1 token) / (output_len - 1), median of `rounds`.
+
+Beside it, in the same run: the weight-streaming limit (the bytes a decode step must read,
+every linear weight and the LM head once, over the read bandwidth measured here by summing
+a 1 GiB float32 tensor on the same threads) and, with the bench extra installed,
+llama.cpp at batch 1 on the same weights (F32 / BF16 GGUF files exported from the
+model's GGUF, benchmarks/gguf_export.py), threads and prompt, timed the same way.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from benchmarks.workload import BenchRequest
+
+logger = logging.getLogger(__name__)
+
+LLAMACPP_DTYPES = {"float32": "F32", "bfloat16": "BF16"}
+
+
+@dataclass(frozen=True)
+class LatencyOptions:
+    model: str  # the model's name or path (llama.cpp's GGUF is exported from its GGUF)
+    folder: str  # its resolved HF folder (what pagestream loads)
+    kv_cache_memory: str
+    dtypes: tuple[str, ...] = ("bfloat16", "float32")
+    batch_sizes: tuple[int, ...] = (1, 4, 16)
+    prompt_len: int = 200
+    output_len: int = 128
+    rounds: int = 3
+    llamacpp: bool = True
+
+    def __post_init__(self) -> None:
+        if self.output_len < 2 or self.prompt_len < 1 or self.rounds < 1:
+            raise ValueError("output_len >= 2, prompt_len >= 1 and rounds >= 1 are needed.")
+
+
+def read_bandwidth_gb_s(rounds: int = 5) -> float:
+    """Median GB/s of summing a 1 GiB float32 tensor (a pure read stream) on torch's threads."""
+    data = torch.ones(2**28)
+    data.sum()
+    speeds = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        data.sum()
+        speeds.append(data.numel() * 4 / (time.perf_counter() - start) / 1e9)
+    return statistics.median(speeds)
+
+
+def decode_bytes(folder: str, dtype: str) -> int:
+    """What one decode step must read: every linear weight of the stack and the LM head
+    once, in the run's dtype (the embedding rows it gathers are a few KB)."""
+    from transformers import AutoConfig
+
+    from benchmarks.ceiling import ModelShapes
+
+    shapes = ModelShapes.from_config(AutoConfig.from_pretrained(folder).get_text_config())
+    itemsize = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+    weights = shapes.num_layers * sum(i * o for i, o in shapes.layer_linears())
+    return itemsize * (weights + shapes.vocab_size * shapes.hidden_size)
+
+
+def _prompt(prompt_len: int) -> list[int]:
+    return [1000 + (i * 37) % 20000 for i in range(prompt_len)]
+
+
+def _time_generate(llm, batch: int, prompt: list[int], tokens: int) -> float:
+    from pagestream import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    prompts = [{"prompt_token_ids": prompt} for _ in range(batch)]
+    start = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    return time.perf_counter() - start
+
+
+def _per_token_ms(full_s: float, first_s: float, output_len: int) -> float:
+    return (full_s - first_s) / (output_len - 1) * 1e3
+
+
+def measure_pagestream(options: LatencyOptions, dtype: str) -> dict:
+    from pagestream import LLM
+
+    llm = LLM(options.folder, dtype=dtype, kv_cache_memory=options.kv_cache_memory)
+    prompt = _prompt(options.prompt_len)
+    _time_generate(llm, 1, prompt, 4)  # warm-up
+    result: dict = {"ms_per_token": {}, "ms_per_token_per_round": {}}
+    for batch in options.batch_sizes:
+        rounds = []
+        for _ in range(options.rounds):
+            first = _time_generate(llm, batch, prompt, 1)
+            full = _time_generate(llm, batch, prompt, options.output_len)
+            rounds.append(round(_per_token_ms(full, first, options.output_len), 2))
+        result["ms_per_token"][str(batch)] = statistics.median(rounds)
+        result["ms_per_token_per_round"][str(batch)] = rounds
+        logger.info("pagestream %s batch %d: %s ms/token", dtype, batch, rounds)
+    del llm
+    gc.collect()
+    return result
+
+
+def measure_llamacpp(options: LatencyOptions, dtype: str) -> dict:
+    from benchmarks.gguf_export import export_gguf, source_gguf
+    from benchmarks.llamacpp import LlamaCppEngine, LlamaCppOptions, llama_cpp_version
+
+    gguf_dtype = LLAMACPP_DTYPES[dtype]
+    path = export_gguf(source_gguf(options.model), gguf_dtype)
+    cpp_options = LlamaCppOptions(model=options.model, dtypes=(gguf_dtype,))
+    prompt = _prompt(options.prompt_len)
+    max_len = options.prompt_len + options.output_len
+    rounds = []
+    with LlamaCppEngine(path, gguf_dtype, cpp_options, max_len, 1) as engine:
+        engine.warm_up(BenchRequest(prompt, 4))
+        for _ in range(options.rounds):
+            start = time.perf_counter()
+            engine.generate([BenchRequest(prompt, 1)])
+            first = time.perf_counter() - start
+            start = time.perf_counter()
+            engine.generate([BenchRequest(prompt, options.output_len)])
+            full = time.perf_counter() - start
+            rounds.append(round(_per_token_ms(full, first, options.output_len), 2))
+    logger.info("llama.cpp %s batch 1: %s ms/token", gguf_dtype, rounds)
+    return {
+        "ms_per_token": statistics.median(rounds),
+        "ms_per_token_per_round": rounds,
+        "gguf": path.name,
+        "llama_cpp_python": llama_cpp_version(),
+    }
+
+
+def run_latency(options: LatencyOptions) -> dict:
+    """Every dtype through pagestream (and llama.cpp at batch 1), the streaming limit."""
+    bandwidth = read_bandwidth_gb_s()
+    part: dict = {
+        "prompt_len": options.prompt_len,
+        "output_len": options.output_len,
+        "rounds": options.rounds,
+        "threads": torch.get_num_threads(),
+        "read_gb_s": round(bandwidth, 1),
+        "dtypes": {},
+    }
+    for dtype in options.dtypes:
+        ours = measure_pagestream(options, dtype)
+        weight_bytes = decode_bytes(options.folder, dtype)
+        limit_ms = weight_bytes / (bandwidth * 1e9) * 1e3
+        entry = {
+            "pagestream": ours,
+            "decode_bytes": weight_bytes,
+            "streaming_limit_ms": round(limit_ms, 2),
+        }
+        entry["batch1_over_limit"] = round(ours["ms_per_token"]["1"] / limit_ms, 2)
+        if options.llamacpp:
+            theirs = measure_llamacpp(options, dtype)
+            entry["llamacpp"] = theirs
+            entry["llamacpp_over_ours"] = round(
+                theirs["ms_per_token"] / ours["ms_per_token"]["1"], 2
+            )
+        part["dtypes"][dtype] = entry
+    part["read_gb_s_after"] = round(read_bandwidth_gb_s(), 1)  # the machine may drift
+    return part

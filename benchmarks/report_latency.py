@@ -1,0 +1,64 @@
+"""The report's section for `pagestream bench latency` (benchmarks/latency.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks.report_sections import markdown_table, replace_section
+
+HEADING = "## Time per output token at small batches (CPU)"
+
+
+def add_to_report(results: dict, docs_dir: Path) -> bool:
+    part = (results.get("latency") or {}).get("batch")
+    path = docs_dir / "benchmarks.md"
+    if not part or not path.exists():
+        return False
+    replace_section(path, HEADING, "\n".join(latency_section(part)))
+    return True
+
+
+def latency_section(part: dict) -> list[str]:
+    meta = part.get("meta", {})
+    machine = meta.get("machine", {})
+    dtypes = part["dtypes"]
+    batches = list(next(iter(dtypes.values()))["pagestream"]["ms_per_token"])
+    rows = []
+    for dtype, entry in dtypes.items():
+        ours = entry["pagestream"]["ms_per_token"]
+        theirs = entry.get("llamacpp", {}).get("ms_per_token", "-")
+        rows.append(
+            [
+                dtype,
+                *(ours[b] for b in batches),
+                entry["streaming_limit_ms"],
+                entry["batch1_over_limit"],
+                theirs,
+                entry.get("llamacpp_over_ours", "-"),
+            ]
+        )
+    return [
+        HEADING,
+        "",
+        f"Reproduce: `{meta.get('command', 'pagestream bench latency')}`; measured "
+        f"{machine.get('date', '?')} on {machine.get('cpu', '?')} ({part['threads']} threads, "
+        f"torch {machine.get('torch', '?')}). A {part['prompt_len']}-token prompt, then "
+        f"{part['output_len']} greedy tokens; ms per output token = (time for all - time for "
+        f"one) / {part['output_len'] - 1}, median of {part['rounds']} rounds. The streaming "
+        "limit is the bytes a decode step reads (every linear weight and the LM head) over "
+        f"the read bandwidth measured in the same run ({part['read_gb_s']} GB/s before, "
+        f"{part['read_gb_s_after']} after). llama.cpp: batch 1 on F32 / BF16 GGUF files of the "
+        "same weights, same threads and prompt.",
+        "",
+        markdown_table(
+            [
+                "dtype",
+                *(f"batch {b} ms/token" for b in batches),
+                "streaming limit ms",
+                "batch 1 / limit",
+                "llama.cpp batch 1 ms/token",
+                "llama.cpp / ours",
+            ],
+            rows,
+        ),
+    ]
