@@ -48,9 +48,12 @@ SOURCES = tuple(
         "cache_write.cpp",
         "linear.cpp",
         "decoder_stack.cpp",
+        "thread_pool.cpp",
     )
 )
-HEADERS = tuple(Path(__file__).with_name(name) for name in ("linear.h", "paged_attention.h"))
+HEADERS = tuple(
+    Path(__file__).with_name(name) for name in ("linear.h", "paged_attention.h", "thread_pool.h")
+)
 _lock = threading.Lock()
 _state: dict = {}  # "module" once built, or "error" (the reason it cannot be)
 

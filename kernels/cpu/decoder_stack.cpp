@@ -29,6 +29,7 @@
 #include <pybind11/stl.h>
 
 #include "linear.h"
+#include "thread_pool.h"
 #include "paged_attention.h"
 
 namespace pagestream {
@@ -69,7 +70,7 @@ size_t type_size(at::ScalarType type) { return type == at::kBFloat16 ? 2 : 4; }
 // out[r] = x[r] / rms(x[r]) * weight, in float32, rounded once into T.
 template <typename T>
 void norm_rows(T* out, const float* x, int64_t rows, int64_t h, const float* weight, float eps) {
-  at::parallel_for(0, rows, grain(h), [&](int64_t begin, int64_t end) {
+  pagestream::parallel_for(rows, grain(h), [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(h);
     for (int64_t r = begin; r < end; ++r) {
       const float* row = x + r * h;
@@ -87,7 +88,7 @@ void norm_rows(T* out, const float* x, int64_t rows, int64_t h, const float* wei
 // out[r] = silu(gate[r]) * up[r] for gate_up rows [gate | up] (float32), rounded into T.
 template <typename T>
 void silu_mul_rows(T* out, const float* gate_up, int64_t rows, int64_t d) {
-  at::parallel_for(0, rows, grain(2 * d), [&](int64_t begin, int64_t end) {
+  pagestream::parallel_for(rows, grain(2 * d), [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(d);
     for (int64_t r = begin; r < end; ++r) {
       const float* gate = gate_up + r * 2 * d;
@@ -101,7 +102,7 @@ void silu_mul_rows(T* out, const float* gate_up, int64_t rows, int64_t d) {
 
 template <typename T>
 void round_rows(T* out, const float* x, int64_t rows, int64_t width) {
-  at::parallel_for(0, rows, grain(width), [&](int64_t begin, int64_t end) {
+  pagestream::parallel_for(rows, grain(width), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) store(out + r * width, x + r * width, width);
   });
 }
@@ -111,7 +112,7 @@ void round_rows(T* out, const float* x, int64_t rows, int64_t width) {
 void rotary_rows(float* dst, int64_t ld_dst, const float* src, int64_t ld, int64_t rows,
                  int64_t heads, int64_t head_dim, const float* cos, const float* sin, int64_t rot) {
   const int64_t half = rot / 2;
-  at::parallel_for(0, rows, grain(heads * head_dim), [&](int64_t begin, int64_t end) {
+  pagestream::parallel_for(rows, grain(heads * head_dim), [&](int64_t begin, int64_t end) {
     std::vector<float> in(head_dim);
     for (int64_t r = begin; r < end; ++r) {
       const float* c = cos + r * rot;
@@ -371,7 +372,7 @@ class DecoderStack {
       py::gil_scoped_acquire gil;
       (*all_reduce)(torch::from_blob(partial_.data(), {rows, hidden_}, at::kFloat));
     }
-    at::parallel_for(0, rows, grain(hidden_), [&](int64_t begin, int64_t end) {
+    pagestream::parallel_for(rows, grain(hidden_), [&](int64_t begin, int64_t end) {
       add_rows(x + begin * hidden_, partial_.data() + begin * hidden_, (end - begin) * hidden_);
     });
   }

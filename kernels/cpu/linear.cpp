@@ -8,6 +8,7 @@
 // threads, column blocks outermost, so a thread keeps its block in cache across row tiles
 // and each weight byte is read from memory once per call.
 #include "linear.h"
+#include "thread_pool.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/native/CPUBlas.h>
@@ -189,7 +190,7 @@ class BrgemmLinear final : public Linear {
     const int64_t tiles = (M + ROW_TILE - 1) / ROW_TILE;
     const int64_t item_macs = std::min(M, ROW_TILE) * block_ * k_;
     const int64_t grain = std::max<int64_t>(1, MIN_ITEM_MACS / item_macs);
-    at::parallel_for(0, blocks * tiles, grain, [&](int64_t begin, int64_t end) {
+    pagestream::parallel_for(blocks * tiles, grain, [&](int64_t begin, int64_t end) {
       for (int64_t item = begin; item < end; ++item) {
         const int64_t start = (item / tiles) * block_, row = (item % tiles) * ROW_TILE;
         const int64_t nb = std::min(block_, n_ - start), mt = std::min(ROW_TILE, M - row);
@@ -207,7 +208,7 @@ class BrgemmLinear final : public Linear {
                     bool accumulate, int64_t blocks) const {
 #if defined(__AVX512F__)
     const int64_t grain = std::max<int64_t>(1, MIN_ITEM_MACS / (M * block_ * k_));
-    at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
+    pagestream::parallel_for(blocks, grain, [&](int64_t begin, int64_t end) {
       for (int64_t blk = begin; blk < end; ++blk) {
         const int64_t start = blk * block_, nb = std::min(block_, n_ - start);
         const T* b = packed_.data() + start * k_;

@@ -18,6 +18,8 @@
 #include <c10/util/BFloat16.h>
 #include <torch/extension.h>
 
+#include "thread_pool.h"
+
 #include "paged_attention.h"
 
 #include <algorithm>
@@ -321,7 +323,7 @@ void attend_items(Q* o, const Q* q, const C* kc, const C* vc, const Rows& rows,
   const int64_t grain = parts == 1 && vectors < SERIAL_ROWS ? items : 1;
   const int64_t stride = width + 2 * l.group;
   std::vector<float> partial(parts > 1 ? items * parts * stride : 0);
-  at::parallel_for(0, items * parts, grain, [&](int64_t begin, int64_t end) {
+  pagestream::parallel_for(items * parts, grain, [&](int64_t begin, int64_t end) {
     Scratch scratch;
     std::vector<float> own(parts > 1 ? 0 : stride);
     for (int64_t task = begin; task < end; ++task) {
