@@ -436,21 +436,68 @@ class DecoderStack {
   PartClock clock_;
 };
 
+// Top `k` logits of each row recomputed exactly: float32 hidden row . float32 of the weight
+// row (the LM head's weight in its own dtype), so near-ties among the candidates are
+// decided as a float32 LM head on the same weights would (the GEMM's input was rounded).
+template <typename W>
+void rescore_rows(float* logits, int64_t rows, int64_t vocab, const float* hidden, int64_t h,
+                  const W* weight, int64_t k) {
+  pagestream::parallel_for(rows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> top(k);
+    std::vector<float> w(h);
+    for (int64_t r = begin; r < end; ++r) {
+      float* row = logits + r * vocab;
+      int64_t filled = 0;  // top[0..filled) sorted by descending logit
+      for (int64_t v = 0; v < vocab; ++v) {
+        if (filled == k && row[v] <= row[top[k - 1]]) continue;
+        int64_t i = filled < k ? filled++ : k - 1;
+        for (; i > 0 && row[top[i - 1]] < row[v]; --i) top[i] = top[i - 1];
+        top[i] = v;
+      }
+      const float* x = hidden + r * h;
+      for (int64_t i = 0; i < filled; ++i) {
+        const W* src = weight + top[i] * h;
+        for (int64_t j = 0; j < h; ++j) w[j] = static_cast<float>(src[j]);
+        float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t j = 0; j < h; ++j) dot += x[j] * w[j];
+        row[top[i]] = dot;
+      }
+    }
+  });
+}
+
 // A packed linear on its own (the LM head, and tests): y [M, N] float32 = x W^T (+ b).
 class PackedLinear {
  public:
   PackedLinear(const at::Tensor& weight, const at::Tensor& bias)
       : linear_(make_linear(weight, bias)) {}
 
-  at::Tensor forward(const at::Tensor& x) const {
+  // x [M, K] (any float dtype; rounded once into the weight's input type). With `exact`
+  // (the plain weight [N, K]) and rescore_k > 0, each row's top rescore_k outputs are
+  // recomputed as float32 dot products of x's float32 row (see rescore_rows).
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& exact, int64_t rescore_k) const {
     TORCH_CHECK(x.dim() == 2 && x.size(1) == linear_->in_features(),
                 "PackedLinear: x must be [M, ", linear_->in_features(), "]");
     const auto input = x.to(linear_->input_type()).contiguous();
-    auto out = at::empty({x.size(0), linear_->out_features()}, at::kFloat);
-    {
-      py::gil_scoped_release no_gil;
-      linear_->run(input.data_ptr(), x.size(0), linear_->in_features(), out.data_ptr<float>(),
-                   linear_->out_features(), false);
+    const int64_t rows = x.size(0), n = linear_->out_features(), k = linear_->in_features();
+    auto out = at::empty({rows, n}, at::kFloat);
+    const bool rescore = rescore_k > 0 && exact.defined() && exact.numel() > 0;
+    at::Tensor x32, weight;
+    if (rescore) {
+      TORCH_CHECK(exact.dim() == 2 && exact.size(0) == n && exact.size(1) == k,
+                  "PackedLinear: the exact weight must be [", n, ", ", k, "]");
+      x32 = x.to(at::kFloat).contiguous();
+      weight = exact.contiguous();
+    }
+    py::gil_scoped_release no_gil;
+    linear_->run(input.data_ptr(), rows, k, out.data_ptr<float>(), n, false);
+    if (rescore) {
+      with_type(weight.scalar_type(), [&](auto wv) {
+        using W = decltype(wv);
+        rescore_rows(out.data_ptr<float>(), rows, n, x32.data_ptr<float>(), k,
+                     weight.data_ptr<W>(), std::min(rescore_k, n));
+      });
     }
     return out;
   }

@@ -327,14 +327,17 @@ void attend_items(Q* o, const Q* q, const C* kc, const C* vc, const Rows& rows,
     Scratch scratch;
     std::vector<float> own(parts > 1 ? 0 : stride);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t item = task / parts, part = task % parts;
-      const int64_t row = item / l.num_kv_heads, head = item % l.num_kv_heads;
+      // head innermost: a thread's run of tasks reads whole cached token rows (every KV
+      // head of a position sits side by side) of one row's part of the context
+      const int64_t head = task % l.num_kv_heads, row_part = task / l.num_kv_heads;
+      const int64_t row = row_part / parts, part = row_part % parts;
+      const int64_t item = row * l.num_kv_heads + head;
       const int64_t len = rows.len[row];
       const int64_t first = sliding_window > 0 ? std::max<int64_t>(0, len - sliding_window) : 0;
       const int64_t share = (len - first + parts - 1) / parts;
       const int64_t start = std::min(len, first + part * share);
       const int64_t n = std::min(len, start + share) - start;
-      float* result = parts > 1 ? partial.data() + task * stride : own.data();
+      float* result = parts > 1 ? partial.data() + (item * parts + part) * stride : own.data();
       attend_part<G>(q + item * width, kc, vc, rows.tables + rows.seq[row] * l.max_blocks, start,
                      n, head, l, scale, soft_cap, scratch, result, result + width,
                      result + width + l.group);

@@ -33,7 +33,7 @@ def test_packed_linear_matches_a_float32_matmul(dtype, rows, out_features, in_fe
     bias = torch.randn(out_features, generator=gen) if with_bias else None
     x = torch.randn(rows, in_features, generator=gen)
     linear = cpu.load().PackedLinear(weight, bias if bias is not None else torch.empty(0))
-    out = linear.forward(x)
+    out = linear.forward(x, torch.empty(0), 0)
     assert out.dtype == torch.float32 and out.shape == (rows, out_features)
     # float32 accumulation over K terms: a few ulps of the sum of |terms|
     scale = (x.to(dtype).float().abs() @ weight.float().abs().t()).max().item()
@@ -129,3 +129,22 @@ def test_long_context_split_across_threads(cache_dtype, specs, sliding_window):
     batch.query = query
     expected = reference_attention(batch, 0.125, sliding_window=sliding_window)
     torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 9])
+def test_packed_linear_rescores_its_top_outputs_exactly(rows):
+    """With the plain weight given, each row's top k outputs are float32 dot products of the
+    unrounded row (the LM head's rescoring), the rest the bf16 GEMM's."""
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(300, 64, generator=gen).to(torch.bfloat16)
+    x = torch.randn(rows, 64, generator=gen)
+    linear = cpu.load().PackedLinear(weight, torch.empty(0))
+    plain = linear.forward(x, torch.empty(0), 0)
+    rescored = linear.forward(x, weight, 16)
+    exact = x.double() @ weight.double().t()
+    top = plain.topk(16, dim=-1).indices
+    torch.testing.assert_close(
+        rescored.gather(1, top), exact.gather(1, top).float(), atol=1e-5, rtol=1e-5
+    )
+    others = torch.ones_like(plain, dtype=torch.bool).scatter_(1, top, False)
+    assert torch.equal(rescored[others], plain[others])

@@ -91,8 +91,12 @@ class LMHead(VocabEmbedding):
         this size) would flip near-ties, so the top RESCORED_CANDIDATES logits of every row
         are recomputed in float32 (an exact dot product each), which is what decides greedy
         tokens, as a float32 LM head on the same weights would."""
-        if self.native is not None:
-            logits = self.native.forward(hidden_states)  # [num_rows, shard_size] float32
+        low_precision = self.weight.dtype != torch.float32
+        rescore = hidden_states.dtype == torch.float32 and low_precision and self.tp_size == 1
+        if self.native is not None:  # float32 logits, the top ones rescored in the same call
+            exact = self.weight if rescore else torch.empty(0)
+            logits = self.native.forward(hidden_states, exact, RESCORED_CANDIDATES)
+            rescore = False
         else:
             x = hidden_states.to(self.weight.dtype)
             logits = linear(x, self.weight, packed=self.packed)  # [num_rows, shard_size]
@@ -101,8 +105,7 @@ class LMHead(VocabEmbedding):
             if logits is None:
                 return None
         logits = logits[:, : self.vocab_size].float()
-        low_precision = self.weight.dtype != torch.float32
-        if hidden_states.dtype == torch.float32 and low_precision and self.tp_size == 1:
+        if rescore:
             logits = rescore_top(logits, hidden_states, self.weight)
         return logits
 
