@@ -46,9 +46,10 @@ def latency_section(part: dict) -> list[str]:
         f"{part['output_len']} greedy tokens; ms per output token = (time for all - time for "
         f"one) / {part['output_len'] - 1}, median of {part['rounds']} rounds. The streaming "
         "limit is the bytes a decode step reads (every linear weight and the LM head) over "
-        f"the read bandwidth measured in the same run ({part['read_gb_s']} GB/s before, "
-        f"{part['read_gb_s_after']} after). llama.cpp: batch 1 on F32 / BF16 GGUF files of the "
-        "same weights, same threads and prompt.",
+        "the highest read bandwidth measured in the run (summing 1 GiB, before and after "
+        f"each dtype: {', '.join(map(str, part['read_gb_s']))} GB/s; the machine is shared "
+        "and drifts). llama.cpp: batch 1 on F32 / BF16 GGUF files of the same weights, same "
+        "threads and prompt.",
         "",
         markdown_table(
             [
