@@ -34,4 +34,4 @@ def _splice(text: str, section: str) -> str:
     at = text.find(notes.splitlines()[0]) if notes else -1
     if at < 0:
         return text.rstrip("\n") + "\n\n" + section + "\n"
-    return text[:at] + section + "\n" + text[at:]
+    return text[:at] + section.rstrip("\n") + "\n\n" + text[at:]

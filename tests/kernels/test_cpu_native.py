@@ -12,14 +12,12 @@ from kernels import cpu
 from tests.kernels.test_reference import MIXED, build_batch, reference_attention
 
 
-def _reference_linear(x, weight, bias, accumulate_into=None):
+def _reference_linear(x, weight, bias):
     """float32 x W^T (+ b) on the inputs as the kernel sees them (rounded to the weight's
     dtype), the product accumulated in float64 so the reference's own rounding is nil."""
     out = x.to(weight.dtype).double() @ weight.double().t()
     if bias is not None:
         out += bias.double()
-    if accumulate_into is not None:
-        out += accumulate_into.double()
     return out.float()
 
 
@@ -58,6 +56,28 @@ def _rows_of(batch):
     return torch.tensor(seqs, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32)
 
 
+def _check_rows(batch, scale: float, sliding_window: int | None) -> None:
+    """paged_attention_rows on float32 queries against the per-sequence SDPA ground truth
+    on the same queries over the cached values."""
+    query = batch.query.float().contiguous()
+    row_seq, row_len = _rows_of(batch)
+    out = torch.empty_like(query)
+    cpu.load().paged_attention_rows(
+        out,
+        query,
+        batch.kv_cache,
+        batch.block_table,
+        row_seq,
+        row_len,
+        scale,
+        sliding_window or 0,
+        0.0,
+    )
+    batch.query = query
+    expected = reference_attention(batch, scale, sliding_window=sliding_window)
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
+
+
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     ("num_kv_heads", "group", "head_dim"), [(2, 2, 64), (3, 3, 64), (1, 8, 40)]
@@ -74,24 +94,7 @@ def test_row_attention_matches_per_sequence_sdpa(
         dtype=cache_dtype,
         seed=group,
     )
-    query = batch.query.float().contiguous()
-    row_seq, row_len = _rows_of(batch)
-    out = torch.empty_like(query)
-    scale = head_dim**-0.5
-    cpu.load().paged_attention_rows(
-        out,
-        query,
-        batch.kv_cache,
-        batch.block_table,
-        row_seq,
-        row_len,
-        scale,
-        sliding_window or 0,
-        0.0,
-    )
-    batch.query = query  # the reference on the same float32 queries over the cached values
-    expected = reference_attention(batch, scale, sliding_window=sliding_window)
-    torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
+    _check_rows(batch, head_dim**-0.5, sliding_window)
 
 
 def test_row_attention_refuses_a_row_past_its_block_table():
@@ -112,23 +115,7 @@ def test_long_context_split_across_threads(cache_dtype, specs, sliding_window):
     """Fewer (row, KV head) items than threads: each context is cut into parts attended
     apart and merged (flash-decoding); the result is the same attention."""
     batch = build_batch(specs, num_kv_heads=1, group=4, dtype=cache_dtype, seed=len(specs))
-    query = batch.query.float().contiguous()
-    row_seq, row_len = _rows_of(batch)
-    out = torch.empty_like(query)
-    cpu.load().paged_attention_rows(
-        out,
-        query,
-        batch.kv_cache,
-        batch.block_table,
-        row_seq,
-        row_len,
-        0.125,
-        sliding_window or 0,
-        0.0,
-    )
-    batch.query = query
-    expected = reference_attention(batch, 0.125, sliding_window=sliding_window)
-    torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
+    _check_rows(batch, 0.125, sliding_window)
 
 
 @pytest.mark.parametrize("rows", [1, 3, 9])

@@ -1,0 +1,102 @@
+"""Where a native CPU decode step's time goes: `python -m benchmarks.native_step_profile`.
+
+Loads the model as the engine does (the native step on the CPU), runs pure decode steps of
+`--batch` sequences at a context of `--context` tokens over a scratch cache, and prints
+per step: the whole forward, the LM head (with its rescoring) and each part of the stack
+from `DecoderStack.profile()` (norm+qkv, rotary+cache, attention, o_proj, norm+gate_up,
+silu_mul, down), with the bytes a step streams and the read rate that implies.
+
+    python -m benchmarks.native_step_profile --dtype bfloat16 --batch 1 --context 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from services.common.config import ModelConfig
+from services.worker.attention_metadata import AttentionMetadata
+from services.worker.cpu_tuning import pin_threads
+from services.worker.model_loader import load_model
+
+
+def _decode_metadata(batch: int, context: int, block_size: int) -> AttentionMetadata:
+    blocks = -(-context // block_size)
+    table = torch.arange(batch * blocks, dtype=torch.int32).view(batch, blocks)
+    last = context - 1
+    slots = table[:, last // block_size].long() * block_size + last % block_size
+    return AttentionMetadata(
+        slot_mapping=slots,
+        block_table=table,
+        seq_lens=torch.full((batch,), context, dtype=torch.int32),
+        query_start_loc=torch.arange(batch + 1, dtype=torch.int32),
+        max_query_len=1,
+        max_seq_len=context,
+    )
+
+
+def profile(dtype: str, batch: int, context: int, steps: int) -> dict:
+    model = load_model(ModelConfig(dtype=dtype))
+    native = model.model.native
+    if native is None:
+        raise SystemExit("the native step is not in use here (see the load log for why)")
+    pin_threads()
+    spec, block_size = model.kv_cache_spec, 16
+    blocks = batch * -(-context // block_size)
+    caches = [
+        torch.zeros(spec.layer_shape(blocks, block_size), dtype=spec.dtype)
+        for _ in range(spec.num_layers)
+    ]
+    md = _decode_metadata(batch, context, block_size)
+    ids = torch.full((batch,), 5)
+    positions = torch.full((batch,), context - 1)
+    forward, head = [], []
+    with torch.inference_mode():
+        for _ in range(3):
+            model.compute_logits(model(ids, positions, caches, md))
+        native.stack.set_profiling(True)
+        for _ in range(steps):
+            start = time.perf_counter()
+            hidden = model(ids, positions, caches, md)
+            middle = time.perf_counter()
+            model.compute_logits(hidden)
+            forward.append(middle - start)
+            head.append(time.perf_counter() - middle)
+    parts = {k: round(v / steps * 1e3, 3) for k, v in native.stack.profile().items()}
+    itemsize = torch.empty(0, dtype=model.dtype).element_size()
+    config = model.text_config  # the stack's packed weights are not torch parameters
+    head_bytes = config.vocab_size * config.hidden_size * itemsize
+    h, inter, heads = config.hidden_size, config.intermediate_size, config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    d = getattr(config, "head_dim", None) or h // heads
+    per_layer = h * (heads + 2 * kv) * d + heads * d * h + 3 * h * inter
+    stack_bytes = config.num_hidden_layers * per_layer * itemsize
+    forward_ms = statistics.median(forward) * 1e3
+    return {
+        "dtype": dtype,
+        "batch": batch,
+        "context": context,
+        "forward_ms": round(forward_ms, 3),
+        "lm_head_ms": round(statistics.median(head) * 1e3, 3),
+        "parts_ms": parts,
+        "stack_weight_mb": round(stack_bytes / 1e6, 1),
+        "stack_read_gb_s": round(stack_bytes / (forward_ms * 1e6), 1),
+        "lm_head_weight_mb": round(head_bytes / 1e6, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--context", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=50)
+    args = parser.parse_args()
+    print(profile(args.dtype, args.batch, args.context, args.steps))
+
+
+if __name__ == "__main__":
+    main()
