@@ -52,7 +52,8 @@ SOURCES = tuple(
     )
 )
 HEADERS = tuple(
-    Path(__file__).with_name(name) for name in ("linear.h", "paged_attention.h", "thread_pool.h")
+    Path(__file__).with_name(name)
+    for name in ("linear.h", "paged_attention.h", "rows.h", "thread_pool.h")
 )
 _lock = threading.Lock()
 _state: dict = {}  # "module" once built, or "error" (the reason it cannot be)

@@ -29,6 +29,7 @@
 #include <pybind11/stl.h>
 
 #include "linear.h"
+#include "rows.h"
 #include "thread_pool.h"
 #include "paged_attention.h"
 
@@ -41,19 +42,7 @@ namespace py = pybind11;
 // Rows per task of the elementwise parts: a small step stays on the calling thread.
 inline int64_t grain(int64_t width) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, width)); }
 
-inline void store(float* dst, const float* src, int64_t n) { std::memcpy(dst, src, n * 4); }
-
-// float32 -> bfloat16, round to nearest even (as c10::BFloat16 and torch's .to do).
-inline void store(bf16* dst, const float* src, int64_t n) {
-  const auto* s = reinterpret_cast<const uint32_t*>(src);
-  auto* d = reinterpret_cast<uint16_t*>(dst);
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t bits = s[i];
-    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    d[i] = (bits & 0x7fffffffu) > 0x7f800000u ? uint16_t{0x7fc0} : static_cast<uint16_t>(rounded);
-  }
-}
+using pagestream::store_row;
 
 template <typename F>
 void with_type(at::ScalarType type, F f) {
@@ -80,7 +69,7 @@ void norm_rows(T* out, const float* x, int64_t rows, int64_t h, const float* wei
       const float inv = 1.f / std::sqrt(squares / static_cast<float>(h) + eps);
 #pragma omp simd
       for (int64_t i = 0; i < h; ++i) scratch[i] = row[i] * inv * weight[i];
-      store(out + r * h, scratch.data(), h);
+      store_row(out + r * h, scratch.data(), h);
     }
   });
 }
@@ -95,7 +84,7 @@ void silu_mul_rows(T* out, const float* gate_up, int64_t rows, int64_t d) {
       const float* up = gate + d;
 #pragma omp simd
       for (int64_t i = 0; i < d; ++i) scratch[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
-      store(out + r * d, scratch.data(), d);
+      store_row(out + r * d, scratch.data(), d);
     }
   });
 }
@@ -103,7 +92,7 @@ void silu_mul_rows(T* out, const float* gate_up, int64_t rows, int64_t d) {
 template <typename T>
 void round_rows(T* out, const float* x, int64_t rows, int64_t width) {
   pagestream::parallel_for(rows, grain(width), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) store(out + r * width, x + r * width, width);
+    for (int64_t r = begin; r < end; ++r) store_row(out + r * width, x + r * width, width);
   });
 }
 
@@ -140,8 +129,8 @@ void write_cache(const at::Tensor& kv_cache, const float* keys, const float* val
   C* v_cache = k_cache + kv_cache.size(1) * kv_cache.size(2) * width;
   for (int64_t r = 0; r < rows; ++r) {
     if (slots[r] < 0) continue;  // padding: not written
-    store(k_cache + slots[r] * width, keys + r * ld, width);
-    store(v_cache + slots[r] * width, values + r * ld, width);
+    store_row(k_cache + slots[r] * width, keys + r * ld, width);
+    store_row(v_cache + slots[r] * width, values + r * ld, width);
   }
 }
 

@@ -12,6 +12,8 @@
 #include <c10/util/BFloat16.h>
 #include <torch/extension.h>
 
+#include "rows.h"
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -32,21 +34,7 @@ inline void load_row(float* dst, const bf16* src, int64_t n) {  // exact: bf16 i
   for (int64_t i = 0; i < n; ++i) d[i] = static_cast<uint32_t>(s[i]) << 16;
 }
 
-inline void store_row(float* dst, const float* src, int64_t n) {
-  std::memcpy(dst, src, n * sizeof(float));
-}
-
-// Round to nearest even, as c10::BFloat16 does (a NaN stays a quiet NaN).
-inline void store_row(bf16* dst, const float* src, int64_t n) {
-  const auto* s = reinterpret_cast<const uint32_t*>(src);
-  auto* d = reinterpret_cast<uint16_t*>(dst);
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t bits = s[i];
-    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    d[i] = (bits & 0x7fffffffu) > 0x7f800000u ? uint16_t{0x7fc0} : static_cast<uint16_t>(rounded);
-  }
-}
+using pagestream::store_row;
 
 // Rounds a float32 row through the type T and back (a no-op for float).
 inline void round_through(float* row, int64_t n, float) { (void)row, (void)n; }

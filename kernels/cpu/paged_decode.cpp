@@ -44,6 +44,9 @@ constexpr int64_t SERIAL_ROWS = 4096;
 // twice the threads, cuts each item's context into parts of at least MIN_PART positions.
 constexpr int64_t SPLIT_VECTORS = 512;
 constexpr int64_t MIN_PART = 128;
+// Cache blocks asked for ahead of the one being read (the block after the next is asked
+// for while reading this one; the next was asked for a block ago).
+constexpr int64_t PREFETCH_BLOCKS = 2;
 
 struct Layout {
   int64_t num_q_heads, num_kv_heads, group, head_dim, block_size, max_blocks;
@@ -67,17 +70,74 @@ struct BlockRows {
   int64_t rows, stride;
 };
 
+#if defined(__AVX512F__)
+// Horizontal sums of KEYS (4 or 8) vectors at once, written to out[0..KEYS): interleave
+// pairs within 128-bit lanes, then across lanes, adding as it goes (~3 ops a sum, where
+// one _mm512_reduce_add_ps is ~8).
+template <int KEYS>
+inline void store_sums(float* out, const __m512* x) {
+  __m512 a[KEYS / 2];
+  for (int k = 0; k < KEYS / 2; ++k) {
+    a[k] = _mm512_add_ps(_mm512_unpacklo_ps(x[2 * k], x[2 * k + 1]),
+                         _mm512_unpackhi_ps(x[2 * k], x[2 * k + 1]));
+  }
+  __m512 b[KEYS / 4];  // 128-bit lane L of b[k]: lane L's sums of x[4k .. 4k + 3]
+  for (int k = 0; k < KEYS / 4; ++k) {
+    b[k] = _mm512_add_ps(_mm512_shuffle_ps(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  if constexpr (KEYS == 8) {
+    const __m512 d = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(b[0], b[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 e = _mm512_add_ps(_mm512_shuffle_f32x4(d, d, _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(d, d, _MM_SHUFFLE(3, 1, 3, 1)));
+    _mm256_storeu_ps(out, _mm512_castps512_ps256(e));
+  } else {
+    const __m512 c = _mm512_add_ps(b[0], _mm512_shuffle_f32x4(b[0], b[0], _MM_SHUFFLE(1, 0, 3, 2)));
+    const __m512 d = _mm512_add_ps(c, _mm512_shuffle_f32x4(c, c, _MM_SHUFFLE(2, 3, 0, 1)));
+    _mm_storeu_ps(out, _mm512_castps512_ps128(d));
+  }
+}
+
+// Keys per pass of score_block for a GQA group of G: the G x KEYS accumulators and the
+// group's query chunks must fit the 32 vector registers.
+template <int G>
+constexpr int keys_per_pass() {
+  return G <= 3 ? 8 : (G <= 6 ? 4 : 1);
+}
+#endif
+
 // scores[j * n + r] = q_j . k_r for the block's rows r and the group's query heads j
 // (q: [group, head_dim] float32). G: the group size when known at compile time (1-8, with
 // AVX-512 and head_dim % 16 == 0: each key chunk loaded once into a register for all heads
-// of the group), else 0 and the portable loop.
+// of the group, several keys per pass with their sums reduced together), else 0 and the
+// portable loop.
 template <int G, typename C>
 inline void score_block(float* scores, int64_t n, const float* q, const BlockRows<C>& b,
                         const Layout& l) {
 #if defined(__AVX512F__)
   if constexpr (G > 0) {
+    constexpr int KEYS = keys_per_pass<G>();
     const C* row = b.first;
-    for (int64_t r = 0; r < b.rows; ++r, row += b.stride) {
+    int64_t r = 0;
+    if constexpr (KEYS > 1) {
+      for (; r + KEYS <= b.rows; r += KEYS, row += KEYS * b.stride) {
+        __m512 acc[G][KEYS];
+        for (int j = 0; j < G; ++j) {
+          for (int t = 0; t < KEYS; ++t) acc[j][t] = _mm512_setzero_ps();
+        }
+        for (int64_t c = 0; c < l.head_dim; c += 16) {
+          __m512 qc[G];
+          for (int j = 0; j < G; ++j) qc[j] = _mm512_loadu_ps(q + j * l.head_dim + c);
+          for (int t = 0; t < KEYS; ++t) {
+            const __m512 k = load16(row + t * b.stride + c);
+            for (int j = 0; j < G; ++j) acc[j][t] = _mm512_fmadd_ps(qc[j], k, acc[j][t]);
+          }
+        }
+        for (int j = 0; j < G; ++j) store_sums<KEYS>(scores + j * n + r, acc[j]);
+      }
+    }
+    for (; r < b.rows; ++r, row += b.stride) {
       __m512 acc[G];
       for (int j = 0; j < G; ++j) acc[j] = _mm512_setzero_ps();
       for (int64_t c = 0; c < l.head_dim; c += 16) {
@@ -159,36 +219,37 @@ inline float exp_nonpositive(float x) {
   return x <= -87.f ? 0.f : p * scale;
 }
 
-// Asks for one KV head's vectors of a whole cache block ahead of use: blocks sit anywhere
-// in the cache, so the hardware prefetcher, which follows one address stream, loses the
-// sequence at every block boundary and each block would start with a row of misses.
+// Asks for a whole cache block (every KV head's vectors of its positions, contiguous) ahead
+// of use: blocks sit anywhere in the cache, so the hardware prefetcher, which follows one
+// address stream, loses the sequence at every block boundary and each block would start
+// with a row of misses.
 template <typename C>
-inline void prefetch_block(const C* block_start, const Layout& l) {
-  const int64_t token_stride = l.num_kv_heads * l.head_dim;
-  const int64_t bytes = l.head_dim * static_cast<int64_t>(sizeof(C));
-  for (int64_t r = 0; r < l.block_size; ++r) {
-    const char* row = reinterpret_cast<const char*>(block_start + r * token_stride);
-    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b);
-  }
+inline void prefetch_block(const C* block_start, int64_t rows, const Layout& l) {
+  const int64_t bytes = rows * l.num_kv_heads * l.head_dim * static_cast<int64_t>(sizeof(C));
+  const char* start = reinterpret_cast<const char*>(block_start);
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(start + b);
 }
 
 // Calls visit(t, rows) for each cache block holding positions first..first+n-1: rows are
-// KV head `head`'s vectors of positions first+t.., walking the block table (and prefetching
-// the next block).
+// KV head 0's vectors of positions first+t.. (head h's sit h * head_dim further), walking
+// the block table and prefetching the next block.
 template <typename C, typename Visit>
 inline void for_each_block(const C* cache, const int32_t* table, int64_t first, int64_t n,
-                           int64_t head, const Layout& l, Visit visit) {
+                           const Layout& l, Visit visit) {
   const int64_t token_stride = l.num_kv_heads * l.head_dim;
   const int64_t block_elems = l.block_size * token_stride;
-  const int64_t last_block = (first + n - 1) / l.block_size;
+  const int64_t last = first + n - 1, last_block = last / l.block_size;
+  const auto prefetch = [&](int64_t index) {  // block `index` of the table, if it is ours
+    if (index > last_block) return;
+    const int64_t rows = index < last_block ? l.block_size : last % l.block_size + 1;
+    prefetch_block(cache + table[index] * block_elems, rows, l);
+  };
+  prefetch(first / l.block_size + 1);
   for (int64_t pos = first; pos < first + n;) {
     const int64_t index = pos / l.block_size;
-    if (index < last_block) {
-      prefetch_block(cache + table[index + 1] * block_elems + head * l.head_dim, l);
-    }
+    prefetch(index + PREFETCH_BLOCKS);
     const int64_t stop = std::min(first + n, (index + 1) * l.block_size);
-    const C* row = cache + table[index] * block_elems + (pos % l.block_size) * token_stride +
-                   head * l.head_dim;
+    const C* row = cache + table[index] * block_elems + (pos % l.block_size) * token_stride;
     visit(pos - first, BlockRows<C>{row, stop - pos, token_stride});
     pos = stop;
   }
@@ -213,53 +274,71 @@ std::pair<float, float> exp_scores(float* row, int64_t n, float scale, float sof
   return {peak, total};
 }
 
-// Scratch of one thread: the group's float32 queries and scores [group, n].
+// Scratch of one thread: the row's float32 queries and scores [kv_heads, group, n].
 struct Scratch {
   std::vector<float> q, scores;
 };
 
-// A KV head's share of one row's attention over the positions [first, first + n): acc
-// [group, head_dim] = sum_t exp(s_t - peak_j) v_t, unnormalised, with each query head's
-// peak and sum of exponentials (so parts of one context can be merged). Each cached
-// vector of the head is read once per pass.
+// One row's attention over the positions [first, first + n), every KV head in the same
+// pass over each cache block (a block's token rows are contiguous: read once, from memory,
+// for all heads). For KV head h, result + h * stride holds acc [group, head_dim] = sum_t
+// exp(s_t - peak_j) v_t, unnormalised, then each query head's peak and sum of
+// exponentials, so parts of one context can be merged (stride = group * head_dim + 2 *
+// group).
 template <int G, typename Q, typename C>
 void attend_part(const Q* q, const C* key_cache, const C* value_cache, const int32_t* table,
-                 int64_t first, int64_t n, int64_t head, const Layout& l, float scale,
-                 float soft_cap, Scratch& s, float* acc, float* peaks, float* totals) {
-  const int64_t width = l.group * l.head_dim;
-  std::fill(acc, acc + width, 0.f);
-  if (n <= 0) {
-    std::fill(peaks, peaks + l.group, -std::numeric_limits<float>::infinity());
-    std::fill(totals, totals + l.group, 0.f);
-    return;
+                 int64_t first, int64_t n, const Layout& l, float scale, float soft_cap,
+                 Scratch& s, float* result) {
+  const int64_t width = l.group * l.head_dim, stride = width + 2 * l.group;
+  const int64_t heads = l.num_kv_heads;
+  for (int64_t h = 0; h < heads; ++h) {
+    float* r = result + h * stride;
+    std::fill(r, r + width, 0.f);
+    std::fill(r + width, r + width + l.group, -std::numeric_limits<float>::infinity());
+    std::fill(r + width + l.group, r + stride, 0.f);
   }
-  s.q.resize(width);
-  s.scores.resize(l.group * n);
-  for (int64_t i = 0; i < width; ++i) s.q[i] = to_float(q[i]);
+  if (n <= 0) return;
+  s.q.resize(heads * width);
+  s.scores.resize(heads * l.group * n);
+  for (int64_t i = 0; i < heads * width; ++i) s.q[i] = to_float(q[i]);
   float* scores = s.scores.data();
-  for_each_block(key_cache, table, first, n, head, l, [&](int64_t t, const BlockRows<C>& b) {
-    score_block<G>(scores + t, n, s.q.data(), b, l);
+  for_each_block(key_cache, table, first, n, l, [&](int64_t t, const BlockRows<C>& b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const BlockRows<C> head_rows{b.first + h * l.head_dim, b.rows, b.stride};
+      score_block<G>(scores + h * l.group * n + t, n, s.q.data() + h * width, head_rows, l);
+    }
   });
-  for (int64_t j = 0; j < l.group; ++j) {
-    std::tie(peaks[j], totals[j]) = exp_scores(scores + j * n, n, scale, soft_cap);
+  for (int64_t h = 0; h < heads; ++h) {
+    float* r = result + h * stride;
+    for (int64_t j = 0; j < l.group; ++j) {
+      std::tie(r[width + j], r[width + l.group + j]) =
+          exp_scores(scores + (h * l.group + j) * n, n, scale, soft_cap);
+    }
   }
-  for_each_block(value_cache, table, first, n, head, l, [&](int64_t t, const BlockRows<C>& b) {
-    mix_block<G>(acc, scores + t, n, b, l);
+  for_each_block(value_cache, table, first, n, l, [&](int64_t t, const BlockRows<C>& b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const BlockRows<C> head_rows{b.first + h * l.head_dim, b.rows, b.stride};
+      mix_block<G>(result + h * stride, scores + h * l.group * n + t, n, head_rows, l);
+    }
   });
 }
 
-// out [group, head_dim] from `parts` partial results (acc, peaks, totals each; see
-// attend_part), laid out [part][width + 2 * group].
+// out [group, head_dim] of one KV head from `num_parts` partial results of it (acc, peaks,
+// totals; see attend_part), `part_stride` floats apart.
 template <typename Q>
-void merge_parts(Q* out, const float* parts, int64_t num_parts, const Layout& l) {
-  const int64_t width = l.group * l.head_dim, stride = width + 2 * l.group;
+void merge_parts(Q* out, const float* parts, int64_t num_parts, int64_t part_stride,
+                 const Layout& l) {
+  const int64_t width = l.group * l.head_dim;
+  std::vector<float> sum(l.head_dim);
   for (int64_t j = 0; j < l.group; ++j) {
     float peak = -std::numeric_limits<float>::infinity();
-    for (int64_t p = 0; p < num_parts; ++p) peak = std::max(peak, parts[p * stride + width + j]);
-    float total = 0.f;
-    std::vector<float> sum(l.head_dim, 0.f);
     for (int64_t p = 0; p < num_parts; ++p) {
-      const float* part = parts + p * stride;
+      peak = std::max(peak, parts[p * part_stride + width + j]);
+    }
+    float total = 0.f;
+    std::fill(sum.begin(), sum.end(), 0.f);
+    for (int64_t p = 0; p < num_parts; ++p) {
+      const float* part = parts + p * part_stride;
       const float t = part[width + l.group + j];
       if (t == 0.f) continue;
       const float w = std::exp(part[width + j] - peak);
@@ -298,55 +377,55 @@ void check_plan(const Rows& rows, int64_t num_blocks, const Layout& l) {
   }
 }
 
-// Work items are (row, KV head) pairs, so one long sequence still keeps every thread busy;
-// consecutive items share a row and consecutive rows mostly a sequence, so a thread walks
-// the same cached vectors while they are warm. With fewer items than threads (a batch-1
-// decode step) each item's context is cut into parts, attended apart and merged.
+// Tasks are rows (all KV heads of a row together: each cached token row is read once);
+// with fewer rows than twice the threads (a small decode batch) each row's context is cut
+// into parts, attended apart and merged, so one long sequence still keeps every thread
+// busy.
 template <int G, typename Q, typename C>
 void attend_items(Q* o, const Q* q, const C* kc, const C* vc, const Rows& rows,
                   const Layout& l, float scale, int64_t sliding_window, float soft_cap) {
   const int64_t width = l.group * l.head_dim;  // one KV head's query rows
-  int64_t vectors = 0, longest = 0;  // cached vectors to read, all items together
+  const int64_t stride = width + 2 * l.group, row_stride = l.num_kv_heads * stride;
+  int64_t vectors = 0, longest = 0;  // cached vectors to read, all rows together
   for (int64_t r = 0; r < rows.num_rows; ++r) {
     vectors += rows.len[r];
     longest = std::max<int64_t>(longest, rows.len[r]);
   }
   vectors *= l.num_kv_heads;
-  const int64_t items = rows.num_rows * l.num_kv_heads;
-  const int64_t threads = at::get_num_threads();
-  const int64_t parts = vectors < SPLIT_VECTORS || items >= 2 * threads
+  const int64_t threads = at::get_num_threads(), num_rows = rows.num_rows;
+  const int64_t parts = vectors < SPLIT_VECTORS || num_rows >= 2 * threads
                             ? 1
-                            : std::min((2 * threads + items - 1) / items,
+                            : std::min((2 * threads + num_rows - 1) / num_rows,
                                        std::max<int64_t>(1, longest / MIN_PART));
   // Waking the thread team costs more than a small step's whole attention (a short batch-1
   // decode reads a few hundred vectors per layer): below SERIAL_ROWS one thread does it.
-  const int64_t grain = parts == 1 && vectors < SERIAL_ROWS ? items : 1;
-  const int64_t stride = width + 2 * l.group;
-  std::vector<float> partial(parts > 1 ? items * parts * stride : 0);
-  pagestream::parallel_for(items * parts, grain, [&](int64_t begin, int64_t end) {
+  const int64_t grain = parts == 1 && vectors < SERIAL_ROWS ? num_rows : 1;
+  std::vector<float> partial(parts > 1 ? num_rows * parts * row_stride : 0);
+  pagestream::parallel_for(num_rows * parts, grain, [&](int64_t begin, int64_t end) {
     Scratch scratch;
-    std::vector<float> own(parts > 1 ? 0 : stride);
+    std::vector<float> own(parts > 1 ? 0 : row_stride);
     for (int64_t task = begin; task < end; ++task) {
-      // head innermost: a thread's run of tasks reads whole cached token rows (every KV
-      // head of a position sits side by side) of one row's part of the context
-      const int64_t head = task % l.num_kv_heads, row_part = task / l.num_kv_heads;
-      const int64_t row = row_part / parts, part = row_part % parts;
-      const int64_t item = row * l.num_kv_heads + head;
+      const int64_t row = task / parts, part = task % parts;
       const int64_t len = rows.len[row];
       const int64_t first = sliding_window > 0 ? std::max<int64_t>(0, len - sliding_window) : 0;
       const int64_t share = (len - first + parts - 1) / parts;
       const int64_t start = std::min(len, first + part * share);
       const int64_t n = std::min(len, start + share) - start;
-      float* result = parts > 1 ? partial.data() + (item * parts + part) * stride : own.data();
-      attend_part<G>(q + item * width, kc, vc, rows.tables + rows.seq[row] * l.max_blocks, start,
-                     n, head, l, scale, soft_cap, scratch, result, result + width,
-                     result + width + l.group);
-      if (parts == 1) merge_parts(o + item * width, result, 1, l);
+      float* result = parts > 1 ? partial.data() + task * row_stride : own.data();
+      attend_part<G>(q + row * l.num_kv_heads * width, kc, vc,
+                     rows.tables + rows.seq[row] * l.max_blocks, start, n, l, scale, soft_cap,
+                     scratch, result);
+      if (parts > 1) continue;
+      for (int64_t h = 0; h < l.num_kv_heads; ++h) {
+        merge_parts(o + (row * l.num_kv_heads + h) * width, result + h * stride, 1, stride, l);
+      }
     }
   });
-  if (parts > 1) {
-    for (int64_t item = 0; item < items; ++item) {
-      merge_parts(o + item * width, partial.data() + item * parts * stride, parts, l);
+  if (parts == 1) return;
+  for (int64_t row = 0; row < num_rows; ++row) {
+    for (int64_t h = 0; h < l.num_kv_heads; ++h) {
+      merge_parts(o + (row * l.num_kv_heads + h) * width,
+                  partial.data() + row * parts * row_stride + h * stride, parts, row_stride, l);
     }
   }
 }
