@@ -234,111 +234,6 @@ def command_line(args: argparse.Namespace) -> str:
     return " ".join(parts)
 
 
-def _run_throughput(args, folder, profile, workload, results) -> dict:
-    from benchmarks.throughput import ThroughputOptions, run_throughput
-
-    options = ThroughputOptions(
-        model=folder,
-        hf_batch_sizes=() if args.no_hf else profile.hf_batch_sizes,
-        hf_continuous=not (args.no_hf or args.no_hf_continuous),
-        kv_cache_memory=args.kv_cache_memory,
-        extra_dtypes=("bfloat16",) if args.bf16 else (),
-        llamacpp=_llamacpp_options(args) if args.llamacpp else None,
-    )
-    return run_throughput(workload.requests, options)
-
-
-def _llamacpp_options(args):
-    from benchmarks.llamacpp import LlamaCppOptions, import_llama_cpp
-
-    try:
-        import_llama_cpp()  # before minutes of other runs
-    except RuntimeError as exc:
-        raise SystemExit(str(exc)) from exc
-    return LlamaCppOptions(
-        model=args.model,
-        dtypes=("F32", "BF16") if args.bf16 else ("F32",),
-        seqs=tuple(int(n) for n in args.llamacpp_seqs.split(",") if n.strip()),
-    )
-
-
-def _run_serving(args, folder, profile, workload, results) -> dict:
-    from benchmarks.serving import ServingOptions, run_serving
-    from benchmarks.workload import scaled
-
-    requests = scaled(workload.requests[: profile.serve_num_requests], profile.serve_output_scale)
-    options = ServingOptions(
-        model=folder,
-        rates=profile.serve_rates,
-        split_services=not args.no_split,
-        engine_flags=(
-            "--kv-cache-memory",
-            args.kv_cache_memory,
-            "--no-enable-prefix-caching",  # runs reuse the prompts: no hits across runs
-            "--dtype",
-            "float32",  # as the HF baselines (auto is bfloat16 on CPUs with native bf16)
-        ),
-    )
-    return run_serving(requests, options)
-
-
-def _run_memory(args, folder, profile, workload, results) -> dict:
-    from benchmarks.memory import MemoryOptions, run_memory
-
-    options = MemoryOptions(
-        model=folder,
-        kv_cache_memory=args.kv_cache_memory,
-        prefix_num_requests=profile.prefix_num_requests,
-        system_prompt_len=profile.system_prompt_len,
-        question_len=profile.question_len,
-        prefix_output_len=profile.prefix_output_len,
-        sharing_num_prompts=profile.sharing_num_prompts,
-        sharing_output_len=profile.sharing_output_len,
-    )
-    throughput = results.get("throughput") or {}
-    kv = throughput.get("runs", [{}])[0].get("kv_utilization")
-    return run_memory(workload.requests, options, kv_utilization=kv)
-
-
-def _run_parallel(args, folder, profile, workload, results) -> dict:
-    """Offline layouts side by side, then async scheduling on / off behind the servers;
-    each part with the load average before and after it (the machine may be shared)."""
-    from benchmarks.serving import AsyncServingOptions, run_async_serving
-    from benchmarks.throughput import run_parallel_throughput
-    from benchmarks.workload import scaled
-
-    rounds = args.rounds or profile.parallel_rounds
-    # The KV cache is sized to the requests unless --kv-cache-memory is given: every rank
-    # of every layout would otherwise hold the default 2 GiB.
-    kv = None if args.kv_cache_memory == KV_DEFAULT else args.kv_cache_memory
-    found = {}
-    if not args.no_offline:
-        requests = workload.requests[: profile.parallel_num_requests]
-        requests = scaled(requests, profile.parallel_output_scale)
-        layouts = tuple(t for t in (args.layouts or "").split(",") if t.strip()) or None
-        found["offline"] = _with_load(
-            run_parallel_throughput,
-            requests,
-            folder,
-            layouts,
-            rounds=rounds,
-            kv_cache_memory=kv,
-        )
-    if not args.no_async_serve:
-        serve_requests = scaled(
-            workload.requests[: profile.serve_num_requests], profile.serve_output_scale
-        )
-        options = AsyncServingOptions(
-            model=folder,
-            rates=profile.serve_rates if args.rates else (),  # saturation only, unless asked
-            deployments=(False,) if args.no_split else (False, True),
-            rounds=rounds,
-            kv_cache_memory=kv,
-        )
-        found["async_serving"] = _with_load(run_async_serving, serve_requests, options)
-    return found
-
-
 def _part_meta(meta: dict, section: str) -> dict:
     """A part's meta; routing and structured describe their own workloads (not the
     profile's requests)."""
@@ -346,18 +241,11 @@ def _part_meta(meta: dict, section: str) -> dict:
     return {k: v for k, v in meta.items() if not (own and k == "workload")}
 
 
-def _with_load(run, *args, **kwargs) -> dict:
-    start = os.getloadavg()[0]
-    result = run(*args, **kwargs)
-    end = os.getloadavg()[0]
-    return {**result, "load_average": {"start": round(start, 2), "end": round(end, 2)}}
-
-
 _RUNNERS = {
-    "throughput": _run_throughput,
-    "serve": _run_serving,
-    "memory": _run_memory,
-    "parallel": _run_parallel,
+    "throughput": sections.run_throughput,
+    "serve": sections.run_serving,
+    "memory": sections.run_memory,
+    "parallel": sections.run_parallel,
     "routing": sections.run_routing,
     "structured": sections.run_structured,
     "precision": sections.run_precision,

@@ -14,7 +14,6 @@
 // decoding sequence (speculative verification) need nothing new; with tensor parallelism
 // the row-parallel outputs go through `all_reduce` (a Python callable) before the residual
 // add, in the same call.
-#include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <torch/extension.h>
 
@@ -42,8 +41,6 @@ namespace py = pybind11;
 // Rows per task of the elementwise parts: a small step stays on the calling thread.
 inline int64_t grain(int64_t width) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, width)); }
 
-using pagestream::store_row;
-
 template <typename F>
 void with_type(at::ScalarType type, F f) {
   if (type == at::kBFloat16) {
@@ -53,8 +50,6 @@ void with_type(at::ScalarType type, F f) {
     f(float{});
   }
 }
-
-size_t type_size(at::ScalarType type) { return type == at::kBFloat16 ? 2 : 4; }
 
 // out[r] = x[r] / rms(x[r]) * weight, in float32, rounded once into T.
 template <typename T>
@@ -172,12 +167,6 @@ struct Layer {
   std::shared_ptr<Linear> qkv, o, gate_up, down;
   std::vector<float> input_norm, post_norm;
   int64_t sliding_window;
-};
-
-// A matmul input: bytes sized for `rows` rows of `width` elements of the larger type.
-struct Activations {
-  std::vector<uint8_t> bytes;
-  void* data() { return bytes.data(); }
 };
 
 }  // namespace
@@ -329,7 +318,7 @@ class DecoderStack {
     gate_up_.assign(cap * 2 * intermediate_, 0.f);
     partial_.assign(cap * hidden_, 0.f);
     const int64_t widest = std::max({hidden_, intermediate_, num_heads_ * head_dim_});
-    act_.bytes.assign(cap * widest * 4, 0);
+    act_.assign(cap * widest * 4, 0);  // room for float32 rows of the widest input
   }
 
   // The input of `linear` in its type: rows of float32 `src` rounded once (normed first
@@ -338,14 +327,14 @@ class DecoderStack {
                      const float* norm) {
     with_type(linear.input_type(), [&](auto tv) {
       using T = decltype(tv);
-      T* dst = static_cast<T*>(act_.data());
+      T* dst = static_cast<T*>(act());
       if (norm != nullptr) {
         norm_rows(dst, src, rows, width, norm, eps_);
       } else {
         round_rows(dst, src, rows, width);
       }
     });
-    return act_.data();
+    return act();
   }
 
   // x += linear(input): straight into the residual, or through all_reduce first.
@@ -407,10 +396,10 @@ class DecoderStack {
     clock_.stop(NORM_GATE_UP);
     with_type(layer.down->input_type(), [&](auto tv) {
       using T = decltype(tv);
-      silu_mul_rows(static_cast<T*>(act_.data()), gate_up_.data(), rows, intermediate_);
+      silu_mul_rows(static_cast<T*>(act()), gate_up_.data(), rows, intermediate_);
     });
     clock_.stop(SILU);
-    add_row_parallel(*layer.down, act_.data(), x, rows, all_reduce);
+    add_row_parallel(*layer.down, act(), x, rows, all_reduce);
     clock_.stop(DOWN);
   }
 
@@ -420,7 +409,8 @@ class DecoderStack {
   std::vector<Layer> layers_;
   int64_t capacity_ = 0;
   std::vector<float> qkv_, query_, attn_, gate_up_, partial_;
-  Activations act_;
+  std::vector<uint8_t> act_;  // the next matmul's input, in its weight's input type
+  void* act() { return act_.data(); }
   std::vector<int32_t> row_seq_, row_len_;
   PartClock clock_;
 };

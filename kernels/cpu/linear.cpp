@@ -55,46 +55,13 @@ inline void few_rows_chunk(const T* a, int64_t ld_a, const T* b, int64_t nb, int
 #if defined(__AVX512BF16__)
     const auto* bw = reinterpret_cast<const int32_t*>(b);  // [K / 2][nb] bf16 pairs
     const auto* aw = reinterpret_cast<const int32_t*>(a);
-    // U pairs of K per iteration, each into its own accumulators (summed at the end):
-    // more independent dot-product chains and loads in flight for the weight stream
-    constexpr int U = M * C <= 8 ? 2 : 1;
-    __m512 more[U > 1 ? M : 1][C];
-    if constexpr (U > 1) {
-      for (int m = 0; m < M; ++m) {
-        for (int q = 0; q < C; ++q) more[m][q] = _mm512_setzero_ps();
-      }
-    }
-    int64_t kp = 0;
-    for (; kp + U <= K / 2; kp += U) {
+    for (int64_t kp = 0; kp < K / 2; ++kp) {
       const int32_t* row = bw + kp * nb + j;
-      __m512i w[C], w2[C];
+      __m512i w[C];
       for (int q = 0; q < C; ++q) w[q] = _mm512_loadu_si512(row + 16 * q);
-      if constexpr (U > 1) {
-        for (int q = 0; q < C; ++q) w2[q] = _mm512_loadu_si512(row + nb + 16 * q);
-      }
       for (int m = 0; m < M; ++m) {
         const __m512bh x = (__m512bh)_mm512_set1_epi32(aw[m * (ld_a / 2) + kp]);
         for (int q = 0; q < C; ++q) acc[m][q] = _mm512_dpbf16_ps(acc[m][q], x, (__m512bh)w[q]);
-        if constexpr (U > 1) {
-          const __m512bh x2 = (__m512bh)_mm512_set1_epi32(aw[m * (ld_a / 2) + kp + 1]);
-          for (int q = 0; q < C; ++q) {
-            more[m][q] = _mm512_dpbf16_ps(more[m][q], x2, (__m512bh)w2[q]);
-          }
-        }
-      }
-    }
-    for (; kp < K / 2; ++kp) {  // the odd pair left by the unrolled loop
-      const int32_t* row = bw + kp * nb + j;
-      for (int m = 0; m < M; ++m) {
-        const __m512bh x = (__m512bh)_mm512_set1_epi32(aw[m * (ld_a / 2) + kp]);
-        for (int q = 0; q < C; ++q) {
-          acc[m][q] = _mm512_dpbf16_ps(acc[m][q], x, (__m512bh)_mm512_loadu_si512(row + 16 * q));
-        }
-      }
-    }
-    if constexpr (U > 1) {
-      for (int m = 0; m < M; ++m) {
-        for (int q = 0; q < C; ++q) acc[m][q] = _mm512_add_ps(acc[m][q], more[m][q]);
       }
     }
 #endif

@@ -360,15 +360,21 @@ struct Rows {
   int64_t num_rows, num_seqs;
 };
 
+// A bad plan is an error, never a stray read: every row's sequence and length, then each
+// sequence's blocks up to its longest row once (a prefill chunk's rows share them).
 void check_plan(const Rows& rows, int64_t num_blocks, const Layout& l) {
-  // a bad plan is an error, never a stray read
+  std::vector<int64_t> longest(rows.num_seqs, 0);
   for (int64_t r = 0; r < rows.num_rows; ++r) {
     const int64_t seq = rows.seq[r], len = rows.len[r];
     TORCH_CHECK(0 <= seq && seq < rows.num_seqs, "paged attention: row ", r,
                 " names sequence ", seq, " of ", rows.num_seqs);
-    const int64_t needed = (len + l.block_size - 1) / l.block_size;
-    TORCH_CHECK(len >= 0 && needed <= l.max_blocks, "paged attention: row ", r,
-                " has length ", len, ", more than its block table holds");
+    TORCH_CHECK(len >= 0 && (len + l.block_size - 1) / l.block_size <= l.max_blocks,
+                "paged attention: row ", r, " has length ", len,
+                ", more than its block table holds");
+    longest[seq] = std::max(longest[seq], len);
+  }
+  for (int64_t seq = 0; seq < rows.num_seqs; ++seq) {
+    const int64_t needed = (longest[seq] + l.block_size - 1) / l.block_size;
     for (int64_t b = 0; b < needed; ++b) {
       const int64_t block = rows.tables[seq * l.max_blocks + b];
       TORCH_CHECK(0 <= block && block < num_blocks, "paged attention: block id ", block,

@@ -153,11 +153,12 @@ def load_model(
         weights = iterate_weights(folder, model.owns_weight)  # type: ignore[attr-defined]
         model.load_weights(weights)  # type: ignore[attr-defined]
         model.to(target).eval()
-        model.set_attention_ops(attention_ops)
-        if attention_ops.name != "cpu" or not model.use_native_step():  # type: ignore[attr-defined]
-            pack_linears(model)
     model.eos_token_ids = read_eos_token_ids(folder, config)
     model.set_attention_ops(attention_ops)
+    # a native model runs the C++ step on the CPU where it applies, else packed linears
+    cpu_step = attention_ops.name == "cpu" and model_class is not None
+    if model_class is not None and not (cpu_step and model.use_native_step()):  # type: ignore[attr-defined]
+        pack_linears(model)
     logger.info(
         "loaded %s (%s) on %s as %s, %s attention, in %.2f s",
         folder,

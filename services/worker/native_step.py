@@ -42,15 +42,17 @@ def unsupported_reason(model: nn.Module) -> str | None:
     """Why the native step cannot run `model` (a LlamaModel) here, or None."""
     if os.environ.get(NATIVE_ENV, "1") == "0":
         return f"${NATIVE_ENV}=0"
-    weight = model.layers[model.layer_range.start].mlp.down_proj.weight
+    first = model.layers[model.layer_range.start]
+    weight = first.mlp.down_proj.weight
     if weight.device.type != "cpu" or weight.dtype not in _DTYPES:
         return f"it runs float32 or bfloat16 on the CPU, not {weight.dtype} on {weight.device}"
-    act = model.layers[model.layer_range.start].mlp.act_fn
-    if act.hidden_act != "silu":
-        return f"the MLP's activation is {act.hidden_act}, not silu"
-    first = model.layers[model.layer_range.start]
-    widths = (first.mlp.gate_up_proj.input_size, first.mlp.down_proj.input_size)
-    widths += (first.self_attn.o_proj.input_size,)
+    if first.mlp.act_fn.hidden_act != "silu":
+        return f"the MLP's activation is {first.mlp.act_fn.hidden_act}, not silu"
+    widths = (
+        first.mlp.gate_up_proj.input_size,
+        first.mlp.down_proj.input_size,
+        first.self_attn.o_proj.input_size,
+    )
     if weight.dtype == torch.bfloat16 and any(width % 2 for width in widths):
         return f"bfloat16 GEMMs take pairs of input features; the model has {widths}"
     try:
@@ -69,7 +71,6 @@ def _bias(linear: nn.Module, applies: bool = True) -> torch.Tensor:
 def _release(linear: nn.Module) -> None:
     """The C++ stack holds its own packed copy: the torch weight is freed."""
     linear.weight.data = linear.weight.data.new_empty(0)
-    linear.packed = None
 
 
 class NativeStep:
@@ -138,9 +139,12 @@ class NativeStep:
         if self.model.stage.is_first_stage:
             hidden = self.model.embed_tokens(input_ids).to(torch.float32)  # [T, hidden]
         else:
-            hidden = hidden_states.to(torch.float32).contiguous().clone()
+            # a copy: the stack updates it in place
+            hidden = hidden_states.to(
+                torch.float32, memory_format=torch.contiguous_format, copy=True
+            )
         num_tokens = hidden.shape[0]
-        cos, sin = self.rotary._cached_cos_sin(positions)  # [T, 1, rotary_dim] float32
+        cos, sin = self.rotary.cached_cos_sin(positions)  # [T, 1, rotary_dim] float32
         last = self.model.stage.is_last_stage
         out = torch.empty_like(hidden) if last else torch.empty(0)
         md = attn_metadata

@@ -108,7 +108,7 @@ class RotaryEmbedding(nn.Module):
         both in one pass (half the kernel launches of rotating them apart).
         """
         num_tokens = positions.shape[0]
-        cos, sin = self._cached_cos_sin(positions)
+        cos, sin = self.cached_cos_sin(positions)
         if heads.device.type == "cpu":
             fused = fused_ops.rotary(heads, cos, sin, self.head_dim)  # kernels/cpu/fused.cpp
             if fused is not None:
@@ -116,7 +116,8 @@ class RotaryEmbedding(nn.Module):
         rotated = apply_rotary(heads.reshape(num_tokens, -1, self.head_dim), cos, sin)
         return rotated.reshape(num_tokens, -1)
 
-    def _cached_cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def cached_cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos_sin(positions), computed once per step: every layer sees the same tensor."""
         last = self._last
         if last is not None and last[0] is positions and torch.equal(last[1], positions):
             return last[2], last[3]

@@ -80,7 +80,7 @@ class LMHead(VocabEmbedding):
 
     def pack_native(self) -> None:
         """The native CPU step's packed copy (kernels/cpu/linear.cpp), which accumulates and
-        writes float32 logits; the plain weight stays for the lookup and `rescore_top`."""
+        writes float32 logits; the plain weight stays for the lookup and the rescoring."""
         from kernels import cpu
 
         self.native = cpu.load().PackedLinear(self.weight.detach(), torch.empty(0))
@@ -96,7 +96,6 @@ class LMHead(VocabEmbedding):
         if self.native is not None:  # float32 logits, the top ones rescored in the same call
             exact = self.weight if rescore else torch.empty(0)
             logits = self.native.forward(hidden_states, exact, RESCORED_CANDIDATES)
-            rescore = False
         else:
             x = hidden_states.to(self.weight.dtype)
             logits = linear(x, self.weight, packed=self.packed)  # [num_rows, shard_size]
@@ -105,7 +104,7 @@ class LMHead(VocabEmbedding):
             if logits is None:
                 return None
         logits = logits[:, : self.vocab_size].float()
-        if rescore:
+        if rescore and self.native is None:
             logits = rescore_top(logits, hidden_states, self.weight)
         return logits
 

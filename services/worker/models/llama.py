@@ -270,7 +270,7 @@ class LlamaForCausalLM(CausalLM):
         return self.model(input_ids, positions, kv_caches, attn_metadata, hidden_states)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        return self.lm_head(hidden_states)
+        return self.lm_head(hidden_states)  # [num_rows, vocab_size] float32 (TP rank 0)
 
     def use_native_step(self) -> bool:
         """Runs the decoder stack (and the LM head) through the native CPU step where it
@@ -282,7 +282,7 @@ class LlamaForCausalLM(CausalLM):
         self.model.native = NativeStep.build(self.model)
         if self.rank.is_last_stage:
             self.lm_head.pack_native()
-        return True  # [num_rows, vocab_size] float32 (TP rank 0)
+        return True
 
     def _skip_weight(self, name: str) -> bool:
         if name.endswith(self.skipped_weight_suffixes):
