@@ -12,6 +12,8 @@ cost (benchmarks/structured.py).
     pagestream bench precision --profile quick  # bfloat16 vs float32: speed and agreement
     pagestream bench latency                    # ms per output token at batch 1/4/16 vs
                                                 # the weight-streaming limit and llama.cpp
+    pagestream bench serve --peer llamacpp      # served side by side with llama-server at
+                                                # concurrency 1/4/16/64 (~15 min)
 
 Results accumulate in <docs>/benchmarks/results.json and the report is rewritten to
 <docs>/benchmarks.md (tables) with PNG plots in <docs>/benchmarks/ after every section.
@@ -42,7 +44,7 @@ logger = logging.getLogger("pagestream.bench")
 SECTIONS = ("throughput", "serve", "memory")  # what `all` runs
 # Sections made of parts that each keep their own meta (command, date, machine); a run
 # replaces the parts it ran and keeps the rest, and other sections' runs keep them all.
-SELF_CONTAINED = ("parallel", "routing", "structured", "precision", "latency")
+SELF_CONTAINED = ("parallel", "routing", "structured", "precision", "latency", "serve_peer")
 LLAMACPP_SEQS = "32"  # measured: 32 and 16 within 3% on the quick workload, 32 ahead
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,6 +87,23 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
         "--no-llamacpp",
         action="store_true",
         help="latency: skip llama.cpp at batch 1 (run by default; needs the bench extra)",
+    )
+    peer = bench.add_argument_group("serve --peer")
+    peer.add_argument(
+        "--peer",
+        choices=("llamacpp",),
+        default=None,
+        help="serve: instead of the rate sweep, closed-loop clients at each --concurrencies "
+        "against pagestream serve and the peer's own server (llama-server) on the same weights",
+    )
+    peer.add_argument("--concurrencies", default="1,4,16,64", help="serve --peer: levels")
+    peer.add_argument(
+        "--llama-server", default=None, help="serve --peer: the binary (default $LLAMA_SERVER)"
+    )
+    peer.add_argument(
+        "--single-process",
+        action="store_true",
+        help="serve --peer: also run `pagestream serve --single-process`",
     )
     parallel = bench.add_argument_group("parallel")
     parallel.add_argument(
@@ -155,6 +174,7 @@ def run_bench(args: argparse.Namespace) -> int:
         report_latency,
         report_precision,
         report_routing,
+        report_serve_peer,
         report_structured,
     )
     from services.common.model_source import resolve_model
@@ -184,6 +204,8 @@ def run_bench(args: argparse.Namespace) -> int:
         results["meta"] = meta
         notes = _notes(profile)
     sections = SECTIONS if args.what == "all" else (args.what,)
+    if args.what == "serve" and args.peer:
+        sections = ("serve_peer",)
     for section in sections:
         logger.info("bench %s (profile %s)", section, profile.name)
         found = _RUNNERS[section](args, folder, profile, workload, results)
@@ -198,6 +220,7 @@ def run_bench(args: argparse.Namespace) -> int:
         report_structured.add_to_report(results, docs)
         report_precision.add_to_report(results, docs)
         report_latency.add_to_report(results, docs)
+        report_serve_peer.add_to_report(results, docs)
     logger.info("report: %s", path)
     return 0
 
@@ -216,6 +239,8 @@ def command_line(args: argparse.Namespace) -> str:
         ("--policies", args.policies, None),
         ("--concurrency", args.concurrency, None),
         ("--llamacpp-seqs", args.llamacpp_seqs, LLAMACPP_SEQS),
+        ("--peer", args.peer, None),
+        ("--concurrencies", args.concurrencies, "1,4,16,64"),
     ):
         if value != default:
             parts += [flag, str(value)]
@@ -228,6 +253,7 @@ def command_line(args: argparse.Namespace) -> str:
         ("--no-async-serve", args.no_async_serve),
         ("--no-offline", args.no_offline),
         ("--no-llamacpp", args.no_llamacpp),
+        ("--single-process", args.single_process),
     ):
         if on:
             parts.append(flag)
@@ -250,6 +276,7 @@ _RUNNERS = {
     "structured": sections.run_structured,
     "precision": sections.run_precision,
     "latency": sections.run_latency,
+    "serve_peer": sections.run_serve_peer,
 }
 _RESULT_KEYS = {
     "throughput": "throughput",
@@ -260,6 +287,7 @@ _RESULT_KEYS = {
     "structured": "structured",
     "precision": "precision",
     "latency": "latency",
+    "serve_peer": "serve_peer",
 }
 
 

@@ -73,6 +73,24 @@ def run_latency(args, folder, profile, workload, results) -> dict:
     return {"batch": run_latency(options)}
 
 
+def run_serve_peer(args, folder, profile, workload, results) -> dict:
+    """pagestream serve against llama-server at each concurrency (benchmarks/serve_peer.py)."""
+    from transformers import AutoConfig
+
+    from benchmarks.serve_peer import ServePeerOptions, run_serve_peer
+
+    layouts = ("engine-core-process", "single-process") if args.single_process else None
+    options = ServePeerOptions(
+        model=args.model,
+        folder=folder,
+        concurrencies=tuple(int(c) for c in args.concurrencies.split(",") if c),
+        llama_server=args.llama_server,
+        **({"layouts": layouts} if layouts else {}),
+    )
+    vocab_size = AutoConfig.from_pretrained(folder).vocab_size
+    return {"llamacpp": run_serve_peer(options, vocab_size)}
+
+
 def run_throughput(args, folder, profile, workload, results) -> dict:
     from benchmarks.throughput import ThroughputOptions, run_throughput
 

@@ -1,9 +1,14 @@
-"""AsyncEngine: the whole engine in one process behind an asyncio API.
+"""AsyncEngine: the engine behind an asyncio API.
 
-A Frontend (tokenize, detokenize, stream) over the in-process EngineCoreClient
-(pagestream/inproc_client.py), over the AsyncEngineCore step loop, over the Worker. The
-same Frontend runs over gRPC in the split deployment; here the calls are direct. When the
-engine dies, calls raise EngineUnavailableError (whichever transport carries them).
+A Frontend (tokenize, detokenize, stream) over an engine core. By default the engine core
+(scheduler + executor, the worker with it) runs in a process of its own
+(pagestream/engine_core_process.py) and the Frontend talks to it over its gRPC EngineCore
+service on a unix socket, so detokenization and the HTTP/gRPC servers of this process never
+share an interpreter lock with the step. `engine_core_process=False` keeps everything in
+this process (direct calls through pagestream/inproc_client.py): for debugging, and for
+code that looks inside the engine (`engine`, `engine_core`). When the engine dies, calls
+raise EngineUnavailableError (whichever layout carries them); a lost engine-core process is
+restarted, and the Frontend serves again once it is back.
 """
 
 from __future__ import annotations
@@ -12,12 +17,16 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from pagestream.engine_args import EngineArgs
+from pagestream.engine_core_process import EngineCoreProcess
 from pagestream.inproc_client import InprocEngineCoreClient
-from pagestream.llm_engine import LLMEngine
+from pagestream.llm_engine import LLMEngine, try_load_tokenizer
+from services.common.model_source import resolve_model
 from services.common.outputs import RequestOutput
 from services.common.sampling_params import SamplingParams
 from services.frontend.engine_client import EngineUnavailableError
 from services.frontend.frontend import Frontend
+from services.frontend.frontend_config import FrontendConfig
+from services.frontend.generation_defaults import load_generation_defaults
 from services.scheduler.async_engine_core import AsyncEngineCore, EngineDeadError
 
 # EngineDeadError stays importable from here; the Frontend raises EngineUnavailableError.
@@ -25,35 +34,64 @@ __all__ = ["AsyncEngine", "EngineDeadError", "EngineUnavailableError"]
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine) -> None:
-        self.engine = engine
-        self.engine_core = AsyncEngineCore(engine.core)
-        self.info = engine.served_model_info()
+    def __init__(
+        self,
+        args: EngineArgs,
+        engine_core_process: bool = True,
+        frontend_config: FrontendConfig | None = None,
+    ) -> None:
+        self.args = args
+        self.frontend_config = frontend_config
+        self.engine: LLMEngine | None = None  # in-process layout only
+        self.engine_core: AsyncEngineCore | None = None  # in-process layout only
+        self.process: EngineCoreProcess | None = None  # the engine-core process layout
         self._frontend: Frontend | None = None
+        if engine_core_process:
+            self._start_process(args)
+        else:
+            self.engine = LLMEngine(args)
+            self.engine_core = AsyncEngineCore(self.engine.core)
+            self.info = self.engine.served_model_info()
+            self.tokenizer = self.engine.tokenizer
+            self.default_sampling = self.engine.default_sampling
+
+    def _start_process(self, args: EngineArgs) -> None:
+        folder = resolve_model(args.model)  # a GGUF file is converted once, here
+        self.process = EngineCoreProcess(args)
+        self.info = self.process.start()
+        try:
+            self.tokenizer = try_load_tokenizer(folder)
+            self.default_sampling = load_generation_defaults(folder, args.generation_config)
+        except BaseException:
+            self.process.close()
+            raise
 
     @classmethod
-    def from_args(cls, model: str | None = None, **engine_args) -> AsyncEngine:
+    def from_args(
+        cls, model: str | None = None, engine_core_process: bool = True, **engine_args
+    ) -> AsyncEngine:
         if model is not None:
             engine_args["model"] = model
-        return cls(LLMEngine(EngineArgs.from_kwargs(**engine_args)))
+        return cls(EngineArgs.from_kwargs(**engine_args), engine_core_process)
 
     @classmethod
-    def from_engine_args(cls, args: EngineArgs) -> AsyncEngine:
-        return cls(LLMEngine(args))
+    def from_engine_args(cls, args: EngineArgs, engine_core_process: bool = True) -> AsyncEngine:
+        return cls(args, engine_core_process)
 
     @property
     def frontend(self) -> Frontend:
         """Created on first use, inside the running event loop."""
         if self._frontend is None:
-            client = InprocEngineCoreClient(self.engine_core)
+            if self.process is not None:
+                from services.frontend.grpc_engine_client import GrpcEngineCoreClient
+
+                client = GrpcEngineCoreClient.open(self.process.address)
+            else:
+                client = InprocEngineCoreClient(self.engine_core)
             self._frontend = Frontend(
-                client, self.engine.tokenizer, self.info, self.engine.default_sampling
+                client, self.tokenizer, self.info, self.default_sampling, self.frontend_config
             )
         return self._frontend
-
-    @property
-    def tokenizer(self):
-        return self.engine.tokenizer
 
     def generate(
         self,
@@ -76,5 +114,8 @@ class AsyncEngine:
     async def shutdown(self) -> None:
         if self._frontend is not None:
             await self._frontend.close()
+        if self.process is not None:
+            await asyncio.to_thread(self.process.close)
+            return
         await self.engine_core.shutdown()
         await asyncio.to_thread(self.engine.close)  # the workers (mp: their processes)

@@ -84,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("model", nargs="?", default=DEFAULT_MODEL)
     add_serving_args(serve, 50051)
     serve.add_argument(
+        "--single-process",
+        action="store_true",
+        help="run the engine core in this process too (for debugging; by default it runs in "
+        "a process of its own, so the step never shares an interpreter lock with the frontend)",
+    )
+    serve.add_argument(
         "--split-services",
         action="store_true",
         help="run the worker rank(s), scheduler and frontend as supervised child processes",
@@ -124,7 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
         "tp_rank). None: the scheduler starts its own workers (--distributed-executor-backend "
         "uni, mp or ray)",
     )
-    scheduler.add_argument("--host", default="127.0.0.1")
+    scheduler.add_argument(
+        "--host", default="127.0.0.1", help="address to bind, or unix:PATH for a unix socket"
+    )
     scheduler.add_argument("--port", type=int, default=50062)
     add_tls_args(scheduler)
     EngineArgs.add_cli_args(scheduler)

@@ -67,7 +67,7 @@ class LLMEngine:
         )
         self.core = EngineCore(scheduler, executor)
         folder = resolve_model(args.model)
-        self.tokenizer = _try_load_tokenizer(folder)
+        self.tokenizer = try_load_tokenizer(folder)
         self.default_sampling = load_generation_defaults(folder, args.generation_config)
         self.input_processor = InputProcessor(
             self.tokenizer, self.scheduler_config.max_model_len, self.model_info.vocab_size
@@ -150,7 +150,7 @@ class LLMEngine:
         return [output for _, output in ready]
 
 
-def _try_load_tokenizer(folder):
+def try_load_tokenizer(folder):
     try:
         return load_tokenizer(folder)
     except TokenizerLoadError as exc:

@@ -164,9 +164,11 @@ async def run_worker(ns: argparse.Namespace) -> None:
 async def run_scheduler(ns: argparse.Namespace) -> None:
     """The EngineCore service over the workers at --worker, or, without --worker, over
     workers it starts itself (--distributed-executor-backend: uni, mp or ray): one
-    data-parallel replica as one command."""
+    data-parallel replica as one command. A --host of unix:PATH listens on a unix socket
+    (how `serve` and AsyncEngine run it as their engine-core process)."""
     from services.scheduler.engine_core_service import serve_engine_core, serve_scheduler
 
+    exit_with_parent()
     if ns.worker:
         server = await serve_scheduler(
             ns.worker, engine_args(ns), ns.host, ns.port, tls=tls_config(ns)
@@ -175,7 +177,9 @@ async def run_scheduler(ns: argparse.Namespace) -> None:
     else:
         from pagestream.async_engine import AsyncEngine
 
-        engine = await asyncio.to_thread(AsyncEngine.from_engine_args, engine_args(ns))
+        engine = await asyncio.to_thread(
+            AsyncEngine.from_engine_args, engine_args(ns), engine_core_process=False
+        )
         server = await serve_engine_core(
             engine.engine_core, engine.info, ns.host, ns.port, tls_config(ns)
         )
@@ -229,33 +233,24 @@ async def run_frontend(ns: argparse.Namespace) -> None:
 
 
 async def run_serve(ns: argparse.Namespace) -> None:
-    """Every role in this process: the engine in-process behind gRPC and HTTP."""
+    """Every role on this machine, gRPC and HTTP in this process: the engine core in a
+    process of its own (pagestream/engine_core_process.py), or, with --single-process,
+    in this one too."""
     from pagestream.async_engine import AsyncEngine
-    from pagestream.inproc_client import InprocEngineCoreClient
-    from services.frontend.frontend import Frontend
     from services.frontend.frontend_config import FrontendConfig
     from services.frontend.frontend_server import serve_frontend
 
-    engine = await asyncio.to_thread(AsyncEngine.from_engine_args, engine_args(ns))
-    frontend = Frontend(
-        InprocEngineCoreClient(engine.engine_core),
-        engine.tokenizer,
-        engine.info,
-        engine.engine.default_sampling,
-        FrontendConfig.from_namespace(ns),
-    )
+    config = FrontendConfig.from_namespace(ns)
+    engine = await asyncio.to_thread(AsyncEngine, engine_args(ns), not ns.single_process, config)
+    frontend = engine.frontend
     grpc_server = await serve_frontend(
         frontend, ns.host, ns.grpc_port, tls=tls_config(ns), api_key=_api_key(ns)
     )
     http = await start_http(frontend, ns, engine.info.model)
     where = f"gRPC {grpc_server.address}" + (f", HTTP {http.url}" if http else "")
-    logger.info("pagestream serving %s on %s", ns.model, where)
-
-    async def stop() -> None:
-        await frontend.close()
-        await engine.shutdown()
-
-    await serve_forever(ServerGroup(grpc_server, http, stop), GRACE_S)
+    layout = "one process" if ns.single_process else f"engine core in process {engine.process.pid}"
+    logger.info("pagestream serving %s on %s (%s)", ns.model, where, layout)
+    await serve_forever(ServerGroup(grpc_server, http, engine.shutdown), GRACE_S)
 
 
 # ---- --split-services: three processes over loopback gRPC --------------------------------

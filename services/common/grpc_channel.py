@@ -14,6 +14,14 @@ from services.common.tls import PLAINTEXT, TlsConfig
 
 logger = logging.getLogger(__name__)
 
+# Look for a server that went away every second at most (gRPC's default backoff grows to
+# two minutes, far too slow to notice a restarted scheduler, or one still starting).
+RECONNECT_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _RETRY_S = 0.2
 
@@ -26,12 +34,16 @@ def aio_channel(address: str, tls: TlsConfig | None = None) -> grpc.aio.Channel:
     return grpc.aio.secure_channel(address, credentials, options=CHANNEL_OPTIONS)
 
 
-def sync_channel(address: str, tls: TlsConfig | None = None) -> grpc.Channel:
-    """A blocking channel, for callers on their own threads (the engine core's step)."""
+def sync_channel(
+    address: str, tls: TlsConfig | None = None, options: list | None = None
+) -> grpc.Channel:
+    """A blocking channel, for callers on their own threads (the engine core's step);
+    `options` come on top of the shared ones (e.g. RECONNECT_OPTIONS)."""
+    options = [*CHANNEL_OPTIONS, *(options or [])]
     credentials = (tls or PLAINTEXT).channel_credentials()
     if credentials is None:
-        return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-    return grpc.secure_channel(address, credentials, options=CHANNEL_OPTIONS)
+        return grpc.insecure_channel(address, options=options)
+    return grpc.secure_channel(address, credentials, options=options)
 
 
 def _not_ready(address: str, service: str, timeout_s: float) -> TimeoutError:

@@ -54,7 +54,10 @@ HEALTH_SERVICE_NAME = health.SERVICE_NAME
 
 
 def format_address(host: str, port: int) -> str:
-    """host:port, with IPv6 literals in brackets."""
+    """host:port, with IPv6 literals in brackets; a `unix:PATH` host is a unix socket
+    (the port does not apply)."""
+    if host.startswith("unix:"):
+        return host
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return f"{host}:{port}"

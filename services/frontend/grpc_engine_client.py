@@ -28,7 +28,7 @@ from services.common.convert.engine_io import (
 from services.common.convert.kv_events import kv_events_from_pb
 from services.common.engine_output import EngineCoreOutputs, SchedulerStats
 from services.common.engine_request import EngineCoreRequest
-from services.common.grpc_channel import wait_until_serving
+from services.common.grpc_channel import RECONNECT_OPTIONS, wait_until_serving
 from services.common.grpc_server import CHANNEL_OPTIONS
 from services.common.kv_events import KvEventBatch
 from services.common.model_info import ServedModelInfo
@@ -41,13 +41,6 @@ logger = logging.getLogger(__name__)
 
 ENGINE_CORE_SERVICE = engine_pb2.DESCRIPTOR.services_by_name["EngineCore"].full_name
 _RPC_FAILURES = (grpc.RpcError, grpc.aio.UsageError, asyncio.InvalidStateError)
-# Look for a scheduler that went away every second at most (gRPC's default backoff grows
-# to two minutes, far too slow to notice a restarted scheduler).
-RECONNECT_OPTIONS = [
-    ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.min_reconnect_backoff_ms", 200),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
 
 
 def engine_core_channel(address: str, tls: TlsConfig | None = None) -> grpc.aio.Channel:
@@ -85,6 +78,15 @@ class GrpcEngineCoreClient:
         except BaseException:
             await client._channel.close()
             raise
+        return client
+
+    @classmethod
+    def open(cls, address: str, tls: TlsConfig | None = None) -> GrpcEngineCoreClient:
+        """A client of an engine core already known to serve (e.g. an engine-core process
+        that was waited for), its Connect stream open; create inside the running loop."""
+        client = cls(address, tls=tls)
+        client._call = client._stub.Connect()
+        client.health.start(serving=True)
         return client
 
     @property

@@ -94,7 +94,7 @@ async def running_server(
 ):
     """An OpenAI server over an in-process engine (`app_options`: more build_app args)."""
     engine_args.setdefault("kv_cache_memory", "8MiB")
-    engine = AsyncEngine.from_args(str(folder), **engine_args)
+    engine = AsyncEngine.from_args(str(folder), engine_core_process=False, **engine_args)
     app = build_app(engine.frontend, [MODEL], api_key=api_key, **(app_options or {}))
     http = await serve_http(app, "127.0.0.1", 0)
     server = OpenAIServer(engine, http, app)

@@ -12,7 +12,9 @@ PROMPT = {"prompt_token_ids": [5, 17, 33, 99, 250, 12, 8, 41]}
 
 @pytest.fixture
 async def engine(model_dir):
-    engine = AsyncEngine.from_args(str(model_dir("llama")), kv_cache_memory="8MiB")
+    engine = AsyncEngine.from_args(
+        str(model_dir("llama")), engine_core_process=False, kv_cache_memory="8MiB"
+    )
     yield engine
     await engine.shutdown()
 

@@ -28,7 +28,7 @@ LONG = {"temperature": 0, "max_tokens": 240, "ignore_eos": True}
 
 @pytest.fixture
 async def engine(model_dir, monkeypatch):
-    engine = AsyncEngine.from_args(str(model_dir("llama")), **ENGINE)
+    engine = AsyncEngine.from_args(str(model_dir("llama")), engine_core_process=False, **ENGINE)
     core = engine.engine_core.core
     step = core.step
 

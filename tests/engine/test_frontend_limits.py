@@ -24,7 +24,7 @@ LONG_USER = {"role": "user", "content": "y" * 65}
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def served(model_dir):
-    engine = AsyncEngine.from_args(str(model_dir("llama")), **ENGINE)
+    engine = AsyncEngine.from_args(str(model_dir("llama")), engine_core_process=False, **ENGINE)
     frontend = inproc_frontend(engine, CONFIG)
     encode = frontend.tokenizer.encode
     frontend.encoded = []

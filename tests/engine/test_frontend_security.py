@@ -30,7 +30,7 @@ GREEDY = {"temperature": 0, "max_tokens": 4, "ignore_eos": True}
 
 @pytest.fixture
 async def engine(model_dir):
-    engine = AsyncEngine.from_args(str(model_dir("llama")), **ENGINE)
+    engine = AsyncEngine.from_args(str(model_dir("llama")), engine_core_process=False, **ENGINE)
     yield engine
     await engine.shutdown()
 

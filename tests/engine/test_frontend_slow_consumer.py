@@ -22,7 +22,7 @@ PROMPT = {"prompt_token_ids": PROMPT_IDS}
 
 @pytest.fixture
 async def engine(model_dir):
-    engine = AsyncEngine.from_args(str(model_dir("llama")), **ENGINE)
+    engine = AsyncEngine.from_args(str(model_dir("llama")), engine_core_process=False, **ENGINE)
     yield engine
     await engine.shutdown()
 

@@ -44,7 +44,7 @@ async def stack(model_dir):
 
 @pytest.fixture
 async def local(model_dir):
-    engine = AsyncEngine.from_args(str(model_dir("llama")), **ENGINE)
+    engine = AsyncEngine.from_args(str(model_dir("llama")), engine_core_process=False, **ENGINE)
     yield engine
     await engine.shutdown()
 

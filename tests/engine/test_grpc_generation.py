@@ -34,7 +34,9 @@ from tests.engine.grpc_helpers import (
 
 @pytest.fixture
 async def engine(model_dir):
-    engine = AsyncEngine.from_args(str(model_dir("llama")), kv_cache_memory="8MiB")
+    engine = AsyncEngine.from_args(
+        str(model_dir("llama")), engine_core_process=False, kv_cache_memory="8MiB"
+    )
     yield engine
     await engine.shutdown()
 

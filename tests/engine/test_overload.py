@@ -50,7 +50,9 @@ async def _http_request(served, index: int):
 
 
 async def test_overload_over_http_is_429_and_admitted_requests_complete(model_dir):
-    engine = AsyncEngine.from_args(str(model_dir("llama")), **ENGINE, **OVERLOAD)
+    engine = AsyncEngine.from_args(
+        str(model_dir("llama")), engine_core_process=False, **ENGINE, **OVERLOAD
+    )
     try:
         async with serving(engine.frontend) as served:
             results = await asyncio.gather(*(_http_request(served, i) for i in range(NUM_REQUESTS)))

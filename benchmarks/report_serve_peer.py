@@ -1,0 +1,95 @@
+"""The report's section for `pagestream bench serve --peer llamacpp` (benchmarks/serve_peer.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks.report_sections import markdown_table, replace_section
+
+HEADING = "## Served side by side with llama-server (CPU)"
+
+
+def add_to_report(results: dict, docs_dir: Path) -> bool:
+    part = (results.get("serve_peer") or {}).get("llamacpp")
+    path = docs_dir / "benchmarks.md"
+    if not part or not path.exists():
+        return False
+    replace_section(path, HEADING, "\n".join(serve_peer_section(part)))
+    return True
+
+
+def serve_peer_section(part: dict) -> list[str]:
+    meta = part.get("meta", {})
+    machine = meta.get("machine", {})
+    rows = []
+    for server, levels in part["servers"].items():
+        for level, r in levels.items():
+            cpu = r.get("cpu_ms_per_output_token", {})
+            rows.append(
+                [
+                    server,
+                    level,
+                    r["output_tok_s"],
+                    r["ttft_ms"]["p50"],
+                    r["ttft_ms"]["mean"],
+                    r["itl_ms"]["p50"],
+                    r["itl_ms"]["p99"],
+                    cpu.get("frontend", "-"),
+                    cpu.get("engine_core", "-"),
+                    r["failed"],
+                ]
+            )
+    offline = part.get("offline", {})
+    ratio_rows = [
+        [
+            level,
+            r.get("tok_s_vs_llama_server"),
+            r.get("itl_p50_vs_llama_server"),
+            r.get("ttft_p50_vs_llama_server"),
+            offline.get(level, {}).get("output_tok_s", "-"),
+            r.get("served_vs_offline", "-"),
+        ]
+        for level, r in part["ratios"].items()
+    ]
+    peer = part["llama_server"]
+    return [
+        HEADING,
+        "",
+        f"Reproduce: `{meta.get('command', 'pagestream bench serve --peer llamacpp')}`; "
+        f"measured {machine.get('date', '?')} on {machine.get('cpu', '?')}. At each "
+        "concurrency C, C closed-loop clients (the official `openai` client, streaming "
+        f"`/v1/completions`) send {part['prompt_len']}-token prompts (random token ids, "
+        f"distinct per request) for {part['output_len']} greedy tokens with ignore_eos; "
+        f"requests per level: {part['requests_per_level']}. llama-server "
+        f"({peer['version']}) runs `{peer['gguf']}` (the same weights) with one slot per "
+        "client and every core. CPU ms per output token: the `serve` process (frontend) and "
+        "its children (the engine core), from /proc.",
+        "",
+        markdown_table(
+            [
+                "server",
+                "C",
+                "out tok/s",
+                "TTFT p50 ms",
+                "TTFT mean ms",
+                "ITL p50 ms",
+                "ITL p99 ms",
+                "frontend CPU ms/token",
+                "engine core CPU ms/token",
+                "failed",
+            ],
+            rows,
+        ),
+        "",
+        markdown_table(
+            [
+                "C",
+                "tok/s ours / llama-server",
+                "ITL p50 ours / theirs",
+                "TTFT p50 ours / theirs",
+                "offline LLM.generate tok/s (max_num_seqs = C)",
+                "served / offline",
+            ],
+            ratio_rows,
+        ),
+    ]
