@@ -103,7 +103,8 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     peer.add_argument(
         "--single-process",
         action="store_true",
-        help="serve --peer: also run `pagestream serve --single-process`",
+        help="serve --peer: also run `pagestream serve --single-process` and the worker in a "
+        "process of its own (--distributed-executor-backend mp)",
     )
     parallel = bench.add_argument_group("parallel")
     parallel.add_argument(

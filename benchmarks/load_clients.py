@@ -57,13 +57,15 @@ class HttpClient:
 
     name = "HTTP"
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, max_retries: int = 0) -> None:
+        """`max_retries`: the openai client's own retries of a request that failed to
+        connect (llama-server closes kept-alive connections that the client then reuses)."""
         from openai import AsyncOpenAI
 
         for name in ("httpx", "httpx2"):  # one INFO line per request otherwise
             logging.getLogger(name).setLevel(logging.WARNING)
         self.client = AsyncOpenAI(
-            base_url=f"{base_url}/v1", api_key="bench", max_retries=0, timeout=900
+            base_url=f"{base_url}/v1", api_key="bench", max_retries=max_retries, timeout=900
         )
         self.model: str | None = None
 

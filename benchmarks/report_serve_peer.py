@@ -30,12 +30,14 @@ def serve_peer_section(part: dict) -> list[str]:
                     server,
                     level,
                     r["output_tok_s"],
+                    " / ".join(map(str, r.get("output_tok_s_per_round", []))),
                     r["ttft_ms"]["p50"],
                     r["ttft_ms"]["mean"],
                     r["itl_ms"]["p50"],
                     r["itl_ms"]["p99"],
                     cpu.get("frontend", "-"),
-                    cpu.get("engine_core", "-"),
+                    cpu.get("engine_core", cpu.get("server", "-")),
+                    cpu.get("client", "-"),
                     r["failed"],
                 ]
             )
@@ -58,24 +60,31 @@ def serve_peer_section(part: dict) -> list[str]:
         f"Reproduce: `{meta.get('command', 'pagestream bench serve --peer llamacpp')}`; "
         f"measured {machine.get('date', '?')} on {machine.get('cpu', '?')}. At each "
         "concurrency C, C closed-loop clients (the official `openai` client, streaming "
-        f"`/v1/completions`) send {part['prompt_len']}-token prompts (random token ids, "
+        "`/v1/completions`, retrying a request that fails to connect: llama-server drops "
+        "kept-alive connections) send "
+        f"{part['prompt_len']}-token prompts (random token ids, "
         f"distinct per request) for {part['output_len']} greedy tokens with ignore_eos; "
-        f"requests per level: {part['requests_per_level']}. llama-server "
+        f"requests per level: {part['requests_per_level']}, {part['rounds']} rounds, each "
+        "server and offline back to back on fresh prompts every round; the median round "
+        "is shown. llama-server "
         f"({peer['version']}) runs `{peer['gguf']}` (the same weights) with one slot per "
-        "client and every core. CPU ms per output token: the `serve` process (frontend) and "
-        "its children (the engine core), from /proc.",
+        "client and every core. CPU ms per output token, from /proc: the `serve` process "
+        "(frontend), its children (the engine core), llama-server, and the benchmark "
+        "process (the client), which shares the cores.",
         "",
         markdown_table(
             [
                 "server",
                 "C",
-                "out tok/s",
+                "out tok/s (median round)",
+                "every round",
                 "TTFT p50 ms",
                 "TTFT mean ms",
                 "ITL p50 ms",
                 "ITL p99 ms",
                 "frontend CPU ms/token",
-                "engine core CPU ms/token",
+                "engine core (llama-server) CPU ms/token",
+                "client CPU ms/token",
                 "failed",
             ],
             rows,

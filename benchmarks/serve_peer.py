@@ -8,20 +8,27 @@ request, so no run gets prefix hits) and `output_len` greedy tokens with ignore_
 same requests go, one server at a time, to
 
 - `pagestream serve` (its defaults: bf16 where the CPU has it, the engine core in a process
-  of its own), and optionally `--single-process` (`layouts`);
+  of its own), and optionally other layouts (`LAYOUT_FLAGS`: one process, or the worker in
+  a process of its own below the engine core);
 - `llama-server` (llama.cpp's own server, `-t <cores> -np C -c C x (prompt + output)` so
   every client has a slot) on the BF16 GGUF of the same weights (benchmarks/gguf_export.py);
 
 and, for the served / offline ratio, `LLM.generate` on the same requests with
-`max_num_seqs=C`. Per level: output tok/s (output tokens over the level's wall time),
-TTFT and ITL percentiles, and the CPU seconds each pagestream process spent per output
-token (the frontend's and the engine core's, from /proc).
+`max_num_seqs=C` (in a child process). The machine's speed drifts within minutes, so each
+level runs `rounds` times, every server and offline back to back on the same fresh
+prompts each round, and reports the median round. Per level: output tok/s (output tokens
+over the level's wall time), TTFT and ITL percentiles, and the CPU time per output token
+of each process: the frontend's and the engine core's (pagestream), the server's
+(llama-server), and the client's (this process: the `openai` client parsing the
+stream), from /proc.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import multiprocessing
 import os
 import shutil
 import signal
@@ -40,7 +47,12 @@ from benchmarks.workload import BenchRequest
 
 logger = logging.getLogger(__name__)
 
-LLAMA_SERVER_ENV = "LLAMA_SERVER"  # the llama-server binary (else: llama-server on PATH)
+LLAMA_SERVER_ENV = "LLAMA_SERVER"
+LAYOUT_FLAGS = {
+    "engine-core-process": [],  # serve's default
+    "single-process": ["--single-process"],
+    "worker-process": ["--distributed-executor-backend", "mp"],  # below the engine core
+}  # the llama-server binary (else: llama-server on PATH)
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,7 @@ class ServePeerOptions:
     layouts: tuple[str, ...] = ("engine-core-process",)  # + "single-process"
     llama_server: str | None = None
     offline: bool = True
+    rounds: int = 3
     seed: int = 0
     engine_flags: tuple[str, ...] = ("--kv-cache-memory", "2GiB")
 
@@ -80,7 +93,7 @@ async def closed_loop(base_url: str, requests: list[BenchRequest], concurrency: 
     for request in requests:
         queue.put_nowait(request)
     records: list[RequestRecord] = []
-    async with HttpClient(base_url) as client:
+    async with HttpClient(base_url, max_retries=2) as client:
         await client.send(BenchRequest(requests[0].prompt_token_ids, 4))  # warm up
 
         async def worker() -> None:
@@ -135,30 +148,35 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _process_cpu(server: ServerProcess) -> dict[str, float]:
-    """The frontend (the serve process) and its children (the engine core and below)."""
-    pid = server.process.pid
-    return {"frontend": cpu_seconds(pid), "engine_core": sum(map(cpu_seconds, descendants(pid)))}
+def _process_cpu(roles: dict[str, list[int]]) -> dict[str, float]:
+    """CPU seconds so far per role (its processes summed); "client" is this process."""
+    cpu = {role: sum(map(cpu_seconds, pids)) for role, pids in roles.items()}
+    return {**cpu, "client": time.process_time()}
+
+
+def timed_level(base_url: str, requests, concurrency: int, roles: dict[str, list[int]]) -> dict:
+    """One level's closed loop, with the CPU each role spent per output token."""
+    before = _process_cpu(roles)
+    result = asyncio.run(closed_loop(base_url, requests, concurrency))
+    after = _process_cpu(roles)
+    tokens = max(result["output_tokens"], 1)
+    result["cpu_ms_per_output_token"] = {
+        role: round((after[role] - before[role]) * 1000 / tokens, 3) for role in before
+    }
+    return result
 
 
 # ---- the servers -------------------------------------------------------------------
-def run_pagestream(options: ServePeerOptions, layout: str, requests_by_level) -> dict:
+def start_pagestream(options: ServePeerOptions, layout: str) -> ServerProcess:
     flags = [*options.engine_flags, "--max-num-seqs", str(max(options.concurrencies))]
-    if layout == "single-process":
-        flags.append("--single-process")
-    levels = {}
-    with ServerProcess(options.folder, engine_flags=tuple(flags)) as server:
-        for concurrency, requests in requests_by_level.items():
-            before = _process_cpu(server)
-            result = asyncio.run(closed_loop(server.http_url, requests, concurrency))
-            after = _process_cpu(server)
-            tokens = max(result["output_tokens"], 1)
-            result["cpu_ms_per_output_token"] = {
-                role: round((after[role] - before[role]) * 1000 / tokens, 3) for role in before
-            }
-            logger.info("pagestream %s c=%d: %s", layout, concurrency, _brief(result))
-            levels[str(concurrency)] = result
-    return levels
+    flags += LAYOUT_FLAGS[layout]
+    return ServerProcess(options.folder, engine_flags=tuple(flags))
+
+
+def pagestream_level(server: ServerProcess, requests, concurrency: int) -> dict:
+    pid = server.process.pid  # the frontend; its children: the engine core and below
+    roles = {"frontend": [pid], "engine_core": descendants(pid)}
+    return timed_level(server.http_url, requests, concurrency, roles)
 
 
 def llama_server_binary(options: ServePeerOptions) -> str:
@@ -171,17 +189,6 @@ def llama_server_binary(options: ServePeerOptions) -> str:
             f"${LLAMA_SERVER_ENV}."
         )
     return found
-
-
-def run_llama_server(options: ServePeerOptions, gguf: Path, requests_by_level) -> dict:
-    binary = llama_server_binary(options)
-    levels = {}
-    for concurrency, requests in requests_by_level.items():
-        with LlamaServer(binary, gguf, concurrency, options) as server:
-            result = asyncio.run(closed_loop(server.url, requests, concurrency))
-        logger.info("llama-server c=%d: %s", concurrency, _brief(result))
-        levels[str(concurrency)] = result
-    return levels
 
 
 @dataclass
@@ -249,64 +256,123 @@ def _http_ok(url: str) -> bool:
 
 
 def _brief(result: dict) -> str:
+    if "ttft_ms" not in result:  # offline
+        return f"{result['output_tok_s']} out tok/s"
     return (
         f"{result['output_tok_s']} out tok/s, TTFT p50 {result['ttft_ms']['p50']} ms, "
-        f"ITL p50 {result['itl_ms']['p50']} ms, failed {result['failed']}"
+        f"ITL p50 {result['itl_ms']['p50']} ms, failed {result['failed']}, CPU ms/token "
+        f"{result['cpu_ms_per_output_token']}"
     )
 
 
 # ---- offline -----------------------------------------------------------------------
-def run_offline(options: ServePeerOptions, requests_by_level) -> dict:
-    """LLM.generate on each level's requests with max_num_seqs = the concurrency."""
+def offline_worker(folder: str, output_len: int, jobs) -> None:
+    """A child process: (concurrency, prompt id lists) in, output tok/s out; one LLM per
+    concurrency (max_num_seqs = it, no prefix caching), warmed up once."""
     from pagestream import LLM, SamplingParams
 
-    levels = {}
-    for concurrency, requests in requests_by_level.items():
-        llm = LLM(options.folder, kv_cache_memory="2GiB", max_num_seqs=concurrency)
-        params = SamplingParams(max_tokens=options.output_len, temperature=0, ignore_eos=True)
-        llm.generate([{"prompt_token_ids": requests[0].prompt_token_ids}], params)  # warm up
-        prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
+    params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
+    engines = {}
+    while (job := jobs.recv()) is not None:
+        concurrency, prompts = job
+        if concurrency not in engines:
+            engines[concurrency] = LLM(
+                folder,
+                kv_cache_memory="2GiB",
+                max_num_seqs=concurrency,
+                enable_prefix_caching=False,
+            )
+            engines[concurrency].generate(prompts[:1], params, use_tqdm=False)  # warm up
         start = time.perf_counter()
-        outputs = llm.generate(prompts, params)
+        outputs = engines[concurrency].generate(prompts, params, use_tqdm=False)
         duration = time.perf_counter() - start
         tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-        llm.engine.close()
-        levels[str(concurrency)] = {"output_tok_s": round(tokens / duration, 1)}
-        logger.info("offline max_num_seqs=%d: %s out tok/s", concurrency, levels[str(concurrency)])
-    return levels
+        jobs.send(round(tokens / duration, 1))
+
+
+class OfflineRunner:
+    """LLM.generate in a child process (its thread pinning never reaches the client's)."""
+
+    def __init__(self, options: ServePeerOptions) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.jobs, theirs = context.Pipe()
+        self.process = context.Process(
+            target=offline_worker, args=(options.folder, options.output_len, theirs)
+        )
+        self.process.start()
+
+    def run(self, requests: list[BenchRequest], concurrency: int) -> dict:
+        self.jobs.send((concurrency, [{"prompt_token_ids": r.prompt_token_ids} for r in requests]))
+        return {"output_tok_s": self.jobs.recv()}
+
+    def close(self) -> None:
+        self.jobs.send(None)
+        self.process.join(timeout=60)
+        if self.process.is_alive():
+            self.process.kill()
 
 
 # ---- the whole run -----------------------------------------------------------------
 def run_serve_peer(options: ServePeerOptions, vocab_size: int) -> dict:
+    """Every level, round by round: each pagestream layout, llama-server and offline on the
+    same requests back to back (the machine's speed drifts within minutes, so the figures
+    compared are always neighbours); fresh prompts every round (no prefix hits)."""
     from benchmarks.gguf_export import export_gguf, source_gguf
 
-    levels = {c: requests_per_level(c) for c in options.concurrencies}
-    pool = make_requests(options, sum(levels.values()), vocab_size)
-    requests_by_level, at = {}, 0
-    for concurrency, count in levels.items():  # distinct prompts at every level
-        requests_by_level[concurrency], at = pool[at : at + count], at + count
     binary = llama_server_binary(options)
     gguf = export_gguf(source_gguf(options.model), "BF16")
+    counts = {c: requests_per_level(c) for c in options.concurrencies}
+    pool = iter(make_requests(options, options.rounds * sum(counts.values()), vocab_size))
+    names = [f"pagestream ({layout})" for layout in options.layouts] + ["llama-server"]
+    runs: dict = {name: {} for name in [*names, "offline"]}
+    with contextlib.ExitStack() as stack:
+        servers = {}
+        for layout, name in zip(options.layouts, names, strict=False):
+            servers[name] = stack.enter_context(start_pagestream(options, layout))
+        offline = OfflineRunner(options) if options.offline else None
+        if offline is not None:
+            stack.callback(offline.close)
+        for concurrency, count in counts.items():
+            with LlamaServer(binary, gguf, concurrency, options) as peer:
+                for _ in range(options.rounds):
+                    requests = [next(pool) for _ in range(count)]
+                    results = {
+                        n: pagestream_level(s, requests, concurrency) for n, s in servers.items()
+                    }
+                    results["llama-server"] = timed_level(
+                        peer.url, requests, concurrency, {"server": [peer.process.pid]}
+                    )
+                    if offline is not None:
+                        results["offline"] = offline.run(requests, concurrency)
+                    for name, result in results.items():
+                        runs[name].setdefault(str(concurrency), []).append(result)
+                        logger.info("%s c=%d: %s", name, concurrency, _brief(result))
     part: dict = {
         "prompt_len": options.prompt_len,
         "output_len": options.output_len,
-        "requests_per_level": {str(c): n for c, n in levels.items()},
+        "rounds": options.rounds,
+        "requests_per_level": {str(c): n for c, n in counts.items()},
         "llama_server": {"version": llama_server_version(binary), "gguf": gguf.name},
-        "servers": {},
+        "servers": {name: {c: median_run(r) for c, r in runs[name].items()} for name in names},
     }
-    for layout in options.layouts:
-        part["servers"][f"pagestream ({layout})"] = run_pagestream(
-            options, layout, requests_by_level
-        )
-    part["servers"]["llama-server"] = run_llama_server(options, gguf, requests_by_level)
     if options.offline:
-        part["offline"] = run_offline(options, requests_by_level)
-    part["ratios"] = ratios(part, options.layouts[0])
+        part["offline"] = {c: median_run(r) for c, r in runs["offline"].items()}
+    part["ratios"] = ratios(part, names[0])
     return part
 
 
-def ratios(part: dict, layout: str) -> dict:
-    ours = part["servers"][f"pagestream ({layout})"]
+def median_run(rounds: list[dict]) -> dict:
+    """The round with the median output tok/s (its latencies with it), and every round's
+    tok/s."""
+    ordered = sorted(rounds, key=lambda r: r["output_tok_s"] or 0)
+    return {
+        **ordered[(len(ordered) - 1) // 2],
+        "output_tok_s_per_round": [r["output_tok_s"] for r in rounds],
+    }
+
+
+def ratios(part: dict, name: str) -> dict:
+    ours = part["servers"][name]
     theirs = part["servers"]["llama-server"]
     offline = part.get("offline", {})
     out = {}

@@ -59,8 +59,12 @@ def expected(model_dir):
     return llm.generate({"prompt_token_ids": PROMPT}, params, use_tqdm=False)[0].outputs[0]
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["one-process", "split-services"])
-def test_serve_answers_like_the_engine_and_stops_on_sigterm(model_dir, expected, split):
+@pytest.mark.parametrize(
+    "layout",
+    [[], ["--single-process"], ["--split-services"]],
+    ids=["engine-core-process", "single-process", "split-services"],
+)
+def test_serve_answers_like_the_engine_and_stops_on_sigterm(model_dir, expected, layout):
     grpc_port = _free_port()
     command = [
         sys.executable,
@@ -77,9 +81,7 @@ def test_serve_answers_like_the_engine_and_stops_on_sigterm(model_dir, expected,
         "--kv-cache-memory",
         "8MiB",
     ]
-    if split:
-        command.append("--split-services")
-    process = subprocess.Popen(command)
+    process = subprocess.Popen([*command, *layout])
     try:
         _wait_serving(f"127.0.0.1:{grpc_port}", process)
         assert _generate(f"127.0.0.1:{grpc_port}") == expected.token_ids

@@ -1,0 +1,160 @@
+"""The engine core in a process of its own (AsyncEngine's and serve's default layout):
+it streams what the in-process engine computes, rejects bad input with a clear error,
+aborts, is restarted after it is killed (its requests end with an error, later ones are
+served), stops with its engine, and exits by itself when its parent is SIGKILLed."""
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import pytest_asyncio
+
+from pagestream import LLM, AsyncEngine, RequestOutputKind, SamplingParams
+from services.frontend.engine_client import EngineUnavailableError
+from tests.engine.process_helpers import alive, cmdline, descendants
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+PROMPT = {"prompt_token_ids": [5, 17, 33, 99, 250, 12, 8, 41]}
+ENGINE = dict(kv_cache_memory="8MiB", swap_space=0.01)
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+RESTART_TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="module")
+def expected(model_dir):
+    llm = LLM(str(model_dir("llama")), **ENGINE)
+    out = llm.generate(PROMPT, GREEDY, use_tqdm=False)[0].outputs[0]
+    llm.engine.close()
+    return out
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def engine(model_dir):
+    engine = await asyncio.to_thread(AsyncEngine.from_args, str(model_dir("llama")), **ENGINE)
+    yield engine
+    await engine.shutdown()
+
+
+async def _final(engine, params=GREEDY, request_id=None):
+    outputs = [out async for out in engine.generate(PROMPT, params, request_id)]
+    return outputs[-1]
+
+
+def _wait_gone(pids: list[int], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while any(alive(pid) for pid in pids):
+        assert time.monotonic() < deadline, f"{[p for p in pids if alive(p)]} outlived it"
+        time.sleep(0.2)
+
+
+async def test_the_engine_core_runs_in_a_child_process(engine):
+    pid = engine.process.pid
+    assert engine.engine is None and engine.engine_core is None
+    assert alive(pid) and "scheduler" in cmdline(pid)
+
+
+async def test_streams_what_the_in_process_engine_computes(engine, expected):
+    final = await _final(engine)
+    assert final.outputs[0].token_ids == expected.token_ids
+    assert final.outputs[0].text == expected.text
+    deltas = [
+        out
+        async for out in engine.generate(
+            PROMPT, SamplingParams(**{**vars(GREEDY), "output_kind": RequestOutputKind.DELTA})
+        )
+    ]
+    assert [t for d in deltas for t in d.outputs[0].token_ids] == expected.token_ids
+    assert len(deltas) > 1  # it streamed
+
+
+async def test_concurrent_requests_each_get_their_own_tokens(engine, expected):
+    finals = await asyncio.gather(*(_final(engine) for _ in range(6)))
+    assert all(f.outputs[0].token_ids == expected.token_ids for f in finals)
+
+
+async def test_bad_input_is_a_clear_error_and_the_engine_serves_on(engine, expected):
+    too_long = {"prompt_token_ids": [5] * (engine.info.max_model_len + 1)}
+    with pytest.raises(ValueError, match="max_model_len|context"):
+        async for _ in engine.generate(too_long, GREEDY):
+            pass
+    assert (await _final(engine)).outputs[0].token_ids == expected.token_ids
+
+
+async def test_abort_ends_the_stream_and_frees_the_request(engine):
+    params = SamplingParams(max_tokens=10_000, ignore_eos=True)
+    seen = []
+
+    async def consume():
+        async for out in engine.generate(PROMPT, params, "to-abort"):
+            seen.append(out)
+
+    task = asyncio.create_task(consume())
+    while len(seen) < 2:
+        await asyncio.sleep(0.01)
+    await engine.abort("to-abort")
+    await asyncio.wait_for(task, timeout=30)
+    assert seen[-1].finished and seen[-1].outputs[0].finish_reason == "abort"
+    stats = await engine.frontend.stats()
+    assert stats.num_running_reqs == 0 and stats.num_waiting_reqs == 0
+
+
+async def test_a_killed_engine_core_is_restarted(engine, expected):
+    params = SamplingParams(max_tokens=10_000, ignore_eos=True)
+    old_pid = engine.process.pid
+    seen = []
+
+    async def consume():
+        async for out in engine.generate(PROMPT, params):
+            seen.append(out)
+
+    task = asyncio.create_task(consume())
+    while not seen:
+        await asyncio.sleep(0.01)
+    subprocess.run(["kill", "-KILL", str(old_pid)], check=True)
+    with pytest.raises(EngineUnavailableError):
+        await asyncio.wait_for(task, timeout=30)
+    deadline = time.monotonic() + RESTART_TIMEOUT_S
+    while not engine.frontend.is_ready:
+        assert time.monotonic() < deadline, "the engine core never came back"
+        await asyncio.sleep(0.2)
+    assert engine.process.pid != old_pid and alive(engine.process.pid)
+    assert (await _final(engine)).outputs[0].token_ids == expected.token_ids
+
+
+SCRIPT = """
+import sys
+from pagestream import AsyncEngine
+engine = AsyncEngine.from_args(sys.argv[1], kv_cache_memory="8MiB", swap_space=0.01)
+print(engine.process.pid, flush=True)
+sys.stdin.read()  # until the test kills us
+"""
+
+
+def test_the_engine_core_exits_when_its_parent_is_killed(model_dir):
+    parent = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, str(model_dir("llama"))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        pid = int(parent.stdout.readline())
+        assert alive(pid) and pid in descendants(parent.pid)
+        parent.send_signal(signal.SIGKILL)  # no cleanup at all
+        parent.wait(timeout=10)
+        _wait_gone([pid], 15)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+async def test_shutdown_stops_the_engine_core_process(model_dir):
+    engine = await asyncio.to_thread(AsyncEngine.from_args, str(model_dir("llama")), **ENGINE)
+    pid, folder = engine.process.pid, engine.process.folder
+    assert (await _final(engine)).finished
+    await engine.shutdown()
+    assert not alive(pid) and not folder.exists()
