@@ -103,8 +103,13 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     peer.add_argument(
         "--single-process",
         action="store_true",
-        help="serve --peer: also run `pagestream serve --single-process` and the worker in a "
-        "process of its own (--distributed-executor-backend mp)",
+        help="serve --peer: also run `pagestream serve --single-process`",
+    )
+    peer.add_argument(
+        "--worker-process",
+        action="store_true",
+        help="serve --peer: also run the worker in a process of its own below the engine core "
+        "(--distributed-executor-backend mp)",
     )
     parallel = bench.add_argument_group("parallel")
     parallel.add_argument(
@@ -255,6 +260,7 @@ def command_line(args: argparse.Namespace) -> str:
         ("--no-offline", args.no_offline),
         ("--no-llamacpp", args.no_llamacpp),
         ("--single-process", args.single_process),
+        ("--worker-process", args.worker_process),
     ):
         if on:
             parts.append(flag)

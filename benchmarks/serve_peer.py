@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import multiprocessing
 import os
@@ -272,10 +273,14 @@ def offline_worker(folder: str, output_len: int, jobs) -> None:
     from pagestream import LLM, SamplingParams
 
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
-    engines = {}
+    engines: dict = {}  # one at a time: the levels run in turn, and memory is finite
     while (job := jobs.recv()) is not None:
         concurrency, prompts = job
         if concurrency not in engines:
+            for old in engines.values():
+                old.engine.close()
+            engines.clear()
+            gc.collect()
             engines[concurrency] = LLM(
                 folder,
                 kv_cache_memory="2GiB",

@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator
 from pagestream.engine_args import EngineArgs
 from pagestream.engine_core_process import EngineCoreProcess
 from pagestream.inproc_client import InprocEngineCoreClient
-from pagestream.llm_engine import LLMEngine, try_load_tokenizer
 from services.common.model_source import resolve_model
 from services.common.outputs import RequestOutput
 from services.common.sampling_params import SamplingParams
@@ -42,13 +41,15 @@ class AsyncEngine:
     ) -> None:
         self.args = args
         self.frontend_config = frontend_config
-        self.engine: LLMEngine | None = None  # in-process layout only
+        self.engine = None  # the LLMEngine: in-process layout only
         self.engine_core: AsyncEngineCore | None = None  # in-process layout only
         self.process: EngineCoreProcess | None = None  # the engine-core process layout
         self._frontend: Frontend | None = None
         if engine_core_process:
             self._start_process(args)
         else:
+            from pagestream.llm_engine import LLMEngine  # torch: only where the step runs
+
             self.engine = LLMEngine(args)
             self.engine_core = AsyncEngineCore(self.engine.core)
             self.info = self.engine.served_model_info()
@@ -56,6 +57,8 @@ class AsyncEngine:
             self.default_sampling = self.engine.default_sampling
 
     def _start_process(self, args: EngineArgs) -> None:
+        from services.frontend.tokenizer import try_load_tokenizer
+
         folder = resolve_model(args.model)  # a GGUF file is converted once, here
         self.process = EngineCoreProcess(args)
         self.info = self.process.start()

@@ -62,7 +62,9 @@ class EngineCoreProcess:
         self.log_level = log_level or logging.getLevelName(logging.getLogger().level)
         self.max_restarts = max_restarts
         self.startup_timeout_s = startup_timeout_s
-        self.folder = Path(tempfile.mkdtemp(prefix="pagestream-core-"))
+        # A unix socket's path has ~100 bytes at most: a long $TMPDIR falls back to /tmp.
+        parent = None if len(tempfile.gettempdir()) < 60 else "/tmp"
+        self.folder = Path(tempfile.mkdtemp(prefix="pagestream-core-", dir=parent))
         self.socket_path = self.folder / "engine-core.sock"
         self.process: subprocess.Popen | None = None
         self.gave_up: str | None = None
@@ -116,7 +118,9 @@ class EngineCoreProcess:
     def _launch(self) -> None:
         self.socket_path.unlink(missing_ok=True)  # a dead child's socket file
         env = dict(os.environ, **{PARENT_PID_ENV: str(os.getpid())})
-        self.process = subprocess.Popen(self.command(), env=env)
+        # Its own session: a Ctrl-C at the terminal reaches this process only, which then
+        # stops the child in order (instead of racing its watcher with a restart).
+        self.process = subprocess.Popen(self.command(), env=env, start_new_session=True)
         # Stopped with this object, or at exit at the latest (a dropped engine).
         weakref.finalize(self, _terminate, self.process, 5.0)
         logger.info("engine core: started process %d on %s", self.process.pid, self.address)

@@ -17,7 +17,7 @@ from services.frontend.generation_defaults import load_generation_defaults
 from services.frontend.input_processor import InputProcessor
 from services.frontend.output_processor import OutputProcessor
 from services.frontend.request_state import RequestState
-from services.frontend.tokenizer import TokenizerLoadError, load_tokenizer
+from services.frontend.tokenizer import try_load_tokenizer
 from services.scheduler.engine_core import EngineCore
 from services.scheduler.scheduler import Scheduler
 from services.scheduler.structured_output_manager import (
@@ -148,11 +148,3 @@ class LLMEngine:
         if to_abort:
             self.core.abort_requests(to_abort)
         return [output for _, output in ready]
-
-
-def try_load_tokenizer(folder):
-    try:
-        return load_tokenizer(folder)
-    except TokenizerLoadError as exc:
-        logger.warning("%s; only token-id prompts will work and outputs have no text", exc)
-        return None

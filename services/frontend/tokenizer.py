@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
 
 
 class TokenizerLoadError(ValueError):
@@ -23,6 +26,15 @@ def load_tokenizer(folder: str | Path) -> PreTrainedTokenizerBase:
     if not tokenizer.is_fast:
         raise TokenizerLoadError(f"the tokenizer in {folder} is not a fast tokenizer.")
     return tokenizer
+
+
+def try_load_tokenizer(folder: str | Path) -> PreTrainedTokenizerBase | None:
+    """The model's tokenizer, or None (with a warning) when it has none that works."""
+    try:
+        return load_tokenizer(folder)
+    except TokenizerLoadError as exc:
+        logger.warning("%s; only token-id prompts will work and outputs have no text", exc)
+        return None
 
 
 def apply_chat_template(

@@ -60,8 +60,27 @@ class Job:
         return self.params[0].n
 
 
+class ChunkEnvelope:
+    """A stream's constant chunk fields (id, object, created, model, null usage), serialised
+    once: each chunk then serialises only its choices, and every chunk of the stream
+    carries the same `created`, as OpenAI's do."""
+
+    def __init__(self, empty_chunk) -> None:
+        self.created = empty_chunk.created
+        text = empty_chunk.model_dump_json()
+        head, found, tail = text.partition('"choices":[]')
+        assert found, text
+        self._head, self._tail = head + '"choices":[', "]" + tail
+
+    def json(self, choices: list) -> str:
+        """The chunk's JSON: equal to the chunk model's model_dump_json()."""
+        return self._head + ",".join(c.model_dump_json() for c in choices) + self._tail
+
+
 class Tracker(Protocol):
     """Turns a job's delta outputs into an endpoint's chunks and final response."""
+
+    envelope: ChunkEnvelope
 
     def prelude(self) -> list: ...
 
@@ -274,13 +293,14 @@ async def _events(tracker: Tracker, first, outputs, include_usage: bool):
     sent as an error event (the status line is long gone)."""
     async with contextlib.aclosing(outputs):
         try:
+            envelope = tracker.envelope
             for chunk in tracker.prelude():
                 yield sse(chunk.model_dump_json())
             for choice in tracker.update(*first):
-                yield sse(tracker.chunk([choice]).model_dump_json())
+                yield sse(envelope.json([choice]))
             async for index, output in outputs:
                 for choice in tracker.update(index, output):
-                    yield sse(tracker.chunk([choice]).model_dump_json())
+                    yield sse(envelope.json([choice]))
             if include_usage:
                 final = tracker.chunk([])
                 final.usage = tracker.usage()

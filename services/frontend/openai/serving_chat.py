@@ -28,7 +28,7 @@ from services.frontend.openai.responses import (
     UsageInfo,
     random_id,
 )
-from services.frontend.openai.serving_base import Job, ServingBase
+from services.frontend.openai.serving_base import ChunkEnvelope, Job, ServingBase
 from services.frontend.openai.tool_call_output import delta_message, finish_reason, message_out
 from services.frontend.openai.tool_choice import ToolPlan, ToolServerOptions, plan_tools
 from services.frontend.tool_parsers import ParsedDelta, ToolParser, assemble
@@ -61,6 +61,8 @@ class _ChatTracker:
         self.num_logprobs = request.num_logprobs
         self.choices = [_ChatChoice(i, parser) for i in range(job.n)]
         self.cached_tokens = 0
+        empty = ChatCompletionChunk(id=job.request_id, model=job.model, choices=[])
+        self.envelope = ChunkEnvelope(empty)
 
     def update(self, prompt_index: int, output: RequestOutput) -> list[ChatStreamChoice]:
         self.cached_tokens = max(self.cached_tokens, output.num_cached_tokens)
@@ -117,7 +119,10 @@ class _ChatTracker:
         return UsageInfo.of(len(self.job.prompts[0].token_ids), completion, self.cached_tokens)
 
     def chunk(self, choices: list[ChatStreamChoice]) -> ChatCompletionChunk:
-        return ChatCompletionChunk(id=self.job.request_id, model=self.job.model, choices=choices)
+        created = self.envelope.created
+        return ChatCompletionChunk(
+            id=self.job.request_id, created=created, model=self.job.model, choices=choices
+        )
 
     def prelude(self) -> list[ChatCompletionChunk]:
         """The first chunk of every choice: the assistant's role."""

@@ -17,7 +17,7 @@ from services.frontend.openai.responses import (
     UsageInfo,
     random_id,
 )
-from services.frontend.openai.serving_base import Job, Prompt, ServingBase
+from services.frontend.openai.serving_base import ChunkEnvelope, Job, Prompt, ServingBase
 
 
 class _Choice:
@@ -109,6 +109,8 @@ class _CompletionTracker:
             for j in range(n)
         ]
         self.cached_tokens = [0] * len(job.prompts)
+        empty = CompletionResponse(id=job.request_id, model=job.model, choices=[])
+        self.envelope = ChunkEnvelope(empty)
 
     def update(self, prompt_index: int, output: RequestOutput) -> list[CompletionChoice]:
         self.cached_tokens[prompt_index] = max(
@@ -133,7 +135,10 @@ class _CompletionTracker:
         )
 
     def chunk(self, choices: list[CompletionChoice]) -> CompletionResponse:
-        return CompletionResponse(id=self.job.request_id, model=self.job.model, choices=choices)
+        created = self.envelope.created
+        return CompletionResponse(
+            id=self.job.request_id, created=created, model=self.job.model, choices=choices
+        )
 
     def response(self) -> CompletionResponse:
         return CompletionResponse(
