@@ -118,9 +118,12 @@ class EngineCoreProcess:
     def _launch(self) -> None:
         self.socket_path.unlink(missing_ok=True)  # a dead child's socket file
         env = dict(os.environ, **{PARENT_PID_ENV: str(os.getpid())})
-        # Its own session: a Ctrl-C at the terminal reaches this process only, which then
-        # stops the child in order (instead of racing its watcher with a restart).
-        self.process = subprocess.Popen(self.command(), env=env, start_new_session=True)
+        # Its own process group: a Ctrl-C at the terminal reaches this process only, which
+        # then stops the child in order (instead of racing its watcher with a restart). Not
+        # its own session: with the scheduler's autogroups a session is a fairness group,
+        # and the frontend's session then preempted the step's threads more (measured up to
+        # 0.83x throughput at 64 streams).
+        self.process = subprocess.Popen(self.command(), env=env, process_group=0)
         # Stopped with this object, or at exit at the latest (a dropped engine).
         weakref.finalize(self, _terminate, self.process, 5.0)
         logger.info("engine core: started process %d on %s", self.process.pid, self.address)
