@@ -76,9 +76,10 @@ def serve_peer_section(part: dict) -> list[str]:
         "server and offline back to back on fresh prompts every round; the median round "
         "is shown. llama-server "
         f"({peer['version']}) runs `{peer['gguf']}` (the same weights) with one slot per "
-        "client and every core. CPU ms per output token, from /proc: the `serve` process "
-        "(frontend), its children (the engine core), llama-server, and the benchmark "
-        "process (the client), which shares the cores. " + BUILD,
+        "client and every core. CPU ms per output token, from /proc: the `serve` process (the "
+        "frontend; with --single-process the whole engine), its children (the engine-core "
+        "process and what it starts), llama-server, and the benchmark process (the "
+        "client), which shares the cores. " + BUILD,
         "",
         markdown_table(
             [
@@ -90,8 +91,8 @@ def serve_peer_section(part: dict) -> list[str]:
                 "TTFT mean ms",
                 "ITL p50 ms",
                 "ITL p99 ms",
-                "frontend CPU ms/token",
-                "engine core (llama-server) CPU ms/token",
+                "serve process CPU ms/token",
+                "its children (llama-server) CPU ms/token",
                 "client CPU ms/token",
                 "failed",
             ],

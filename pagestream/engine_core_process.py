@@ -120,18 +120,16 @@ class EngineCoreProcess:
         env = dict(os.environ, **{PARENT_PID_ENV: str(os.getpid())})
         # Its own process group: a Ctrl-C at the terminal reaches this process only, which
         # then stops the child in order (instead of racing its watcher with a restart). Not
-        # its own session: with the scheduler's autogroups a session is a fairness group,
-        # and the frontend's session then preempted the step's threads more (measured up to
-        # 0.83x throughput at 64 streams).
+        # its own session: with the kernel's autogroups a session is a fairness group, and
+        # a run with one measured 0.83-0.88x the one-process throughput at 64 streams in
+        # two of three rounds (0.94-0.98x with a process group).
         self.process = subprocess.Popen(self.command(), env=env, process_group=0)
         # Stopped with this object, or at exit at the latest (a dropped engine).
         weakref.finalize(self, _terminate, self.process, 5.0)
         logger.info("engine core: started process %d on %s", self.process.pid, self.address)
 
     def _wait_serving(self) -> ServedModelInfo:
-        from services.common.convert.engine_io import served_model_info_from_pb
-        from services.common.proto.pagestream.v1 import engine_pb2, engine_pb2_grpc
-        from services.frontend.grpc_engine_client import ENGINE_CORE_SERVICE
+        from services.frontend.grpc_engine_client import ENGINE_CORE_SERVICE, engine_info_sync
 
         deadline = time.monotonic() + self.startup_timeout_s
         with sync_channel(self.address, options=RECONNECT_OPTIONS) as channel:
@@ -150,9 +148,7 @@ class EngineCoreProcess:
                     break
                 except TimeoutError:
                     continue
-            stub = engine_pb2_grpc.EngineCoreStub(channel)
-            reply = stub.GetEngineInfo(engine_pb2.GetEngineInfoRequest(), timeout=30)
-        return served_model_info_from_pb(reply.model)
+            return engine_info_sync(channel)
 
     def close(self, grace_s: float = 10.0) -> None:
         """Stop the child (SIGTERM, then SIGKILL after grace_s) and remove its folder."""

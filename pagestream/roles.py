@@ -165,7 +165,11 @@ async def run_scheduler(ns: argparse.Namespace) -> None:
     """The EngineCore service over the workers at --worker, or, without --worker, over
     workers it starts itself (--distributed-executor-backend: uni, mp or ray): one
     data-parallel replica as one command. A --host of unix:PATH listens on a unix socket
-    (how `serve` and AsyncEngine run it as their engine-core process)."""
+    (how `serve` and AsyncEngine run it as their engine-core process).
+
+    Over its own workers the engine loop cannot come back once it died (a rank was lost):
+    the role then stops and exits with code 1, so whoever started it (serve's engine-core
+    watcher, compose, Kubernetes) starts it again with a fresh worker group."""
     from services.scheduler.engine_core_service import serve_engine_core, serve_scheduler
 
     exit_with_parent()
@@ -173,20 +177,35 @@ async def run_scheduler(ns: argparse.Namespace) -> None:
         server = await serve_scheduler(
             ns.worker, engine_args(ns), ns.host, ns.port, tls=tls_config(ns)
         )
-        where = ", ".join(ns.worker)
-    else:
-        from pagestream.async_engine import AsyncEngine
+        logger.info("scheduler serving on %s (workers %s)", server.address, ", ".join(ns.worker))
+        await serve_forever(server, GRACE_S)
+        return
+    from pagestream.async_engine import AsyncEngine
 
-        engine = await asyncio.to_thread(
-            AsyncEngine.from_engine_args, engine_args(ns), engine_core_process=False
-        )
-        server = await serve_engine_core(
-            engine.engine_core, engine.info, ns.host, ns.port, tls_config(ns)
-        )
-        server.add_cleanup(lambda: asyncio.to_thread(engine.engine.close))
-        where = f"its own ({engine_args(ns).parallel_config().backend})"
-    logger.info("scheduler serving on %s (workers %s)", server.address, where)
-    await serve_forever(server, GRACE_S)
+    engine = await asyncio.to_thread(
+        AsyncEngine.from_engine_args, engine_args(ns), engine_core_process=False
+    )
+    server = await serve_engine_core(
+        engine.engine_core, engine.info, ns.host, ns.port, tls_config(ns)
+    )
+    server.add_cleanup(lambda: asyncio.to_thread(engine.engine.close))
+    backend = engine_args(ns).parallel_config().backend
+    logger.info("scheduler serving on %s (workers its own (%s))", server.address, backend)
+    watch = asyncio.ensure_future(_stop_when_dead(engine.engine_core, server))
+    try:
+        await serve_forever(server, GRACE_S)
+    finally:
+        watch.cancel()
+    if engine.engine_core.dead_error is not None:
+        raise SystemExit(1)
+
+
+async def _stop_when_dead(engine_core, server, poll_s: float = 0.5) -> None:
+    """Stop the server once the engine loop has died (after its clients heard why)."""
+    while engine_core.dead_error is None:
+        await asyncio.sleep(poll_s)
+    logger.error("the engine loop died (%s): stopping, to be restarted", engine_core.dead_error)
+    await server.stop(2.0)
 
 
 def router_config(ns: argparse.Namespace):

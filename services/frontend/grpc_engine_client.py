@@ -51,6 +51,13 @@ def engine_core_channel(address: str, tls: TlsConfig | None = None) -> grpc.aio.
     return grpc.aio.secure_channel(address, credentials, options=options)
 
 
+def engine_info_sync(channel: grpc.Channel, timeout_s: float = 30.0) -> ServedModelInfo:
+    """GetEngineInfo on a blocking channel (for callers on their own threads)."""
+    stub = engine_pb2_grpc.EngineCoreStub(channel)
+    reply = stub.GetEngineInfo(engine_pb2.GetEngineInfoRequest(), timeout=timeout_s)
+    return served_model_info_from_pb(reply.model)
+
+
 class GrpcEngineCoreClient:
     def __init__(
         self, address: str, rpc_timeout_s: float = 30.0, tls: TlsConfig | None = None

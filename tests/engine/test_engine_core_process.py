@@ -16,7 +16,8 @@ from pagestream import LLM, AsyncEngine, RequestOutputKind, SamplingParams
 from services.frontend.engine_client import EngineUnavailableError
 from tests.engine.process_helpers import alive, cmdline, descendants
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+# The async tests share the module's event loop (and so its engine and its frontend).
+module_loop = pytest.mark.asyncio(loop_scope="module")
 
 PROMPT = {"prompt_token_ids": [5, 17, 33, 99, 250, 12, 8, 41]}
 ENGINE = dict(kv_cache_memory="8MiB", swap_space=0.01)
@@ -51,12 +52,14 @@ def _wait_gone(pids: list[int], timeout_s: float) -> None:
         time.sleep(0.2)
 
 
+@module_loop
 async def test_the_engine_core_runs_in_a_child_process(engine):
     pid = engine.process.pid
     assert engine.engine is None and engine.engine_core is None
     assert alive(pid) and "scheduler" in cmdline(pid)
 
 
+@module_loop
 async def test_streams_what_the_in_process_engine_computes(engine, expected):
     final = await _final(engine)
     assert final.outputs[0].token_ids == expected.token_ids
@@ -69,11 +72,13 @@ async def test_streams_what_the_in_process_engine_computes(engine, expected):
     assert len(deltas) > 1  # it streamed
 
 
+@module_loop
 async def test_concurrent_requests_each_get_their_own_tokens(engine, expected):
     finals = await asyncio.gather(*(_final(engine) for _ in range(6)))
     assert all(f.outputs[0].token_ids == expected.token_ids for f in finals)
 
 
+@module_loop
 async def test_bad_input_is_a_clear_error_and_the_engine_serves_on(engine, expected):
     too_long = {"prompt_token_ids": [5] * (engine.info.max_model_len + 1)}
     with pytest.raises(ValueError, match="max_model_len"):
@@ -82,6 +87,7 @@ async def test_bad_input_is_a_clear_error_and_the_engine_serves_on(engine, expec
     assert (await _final(engine)).outputs[0].token_ids == expected.token_ids
 
 
+@module_loop
 async def test_abort_ends_the_stream_and_frees_the_request(engine):
     params = SamplingParams(max_tokens=10_000, ignore_eos=True)
     seen = []
@@ -100,6 +106,7 @@ async def test_abort_ends_the_stream_and_frees_the_request(engine):
     assert stats.num_running_reqs == 0 and stats.num_waiting_reqs == 0
 
 
+@module_loop
 async def test_a_killed_engine_core_is_restarted(engine, expected):
     params = SamplingParams(max_tokens=10_000, ignore_eos=True)
     old_pid = engine.process.pid
@@ -150,6 +157,7 @@ def test_the_engine_core_exits_when_its_parent_is_killed(model_dir):
             parent.kill()
 
 
+@module_loop
 async def test_shutdown_stops_the_engine_core_process(model_dir):
     engine = await asyncio.to_thread(AsyncEngine.from_args, str(model_dir("llama")), **ENGINE)
     pid, folder = engine.process.pid, engine.process.folder

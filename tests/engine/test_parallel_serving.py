@@ -36,6 +36,7 @@ from services.common.proto.pagestream.v1 import generation_pb2_grpc
 from tests.engine.conftest import VOCAB, build_tokenizer
 from tests.engine.process_helpers import (
     NOT_SERVING,
+    START_TIMEOUT_S,
     alive,
     cli,
     cmdline,
@@ -46,6 +47,7 @@ from tests.engine.process_helpers import (
     kill_pids,
     stop,
     wait_for_value,
+    wait_http,
     wait_serving,
     worker_ranks,
 )
@@ -351,6 +353,7 @@ def test_killing_a_rank_mid_stream_fails_every_request_and_readiness(served):
         # The server's fault, not the request's: a 5xx-type error and gRPC UNAVAILABLE.
         assert [o.code for o in outcomes] == ["server_error"] * 2 + [grpc.StatusCode.UNAVAILABLE]
         _assert_not_ready(served)
+        _assert_serves_again(served)
     finally:
         for call in calls:
             call.cancel()
@@ -359,21 +362,30 @@ def test_killing_a_rank_mid_stream_fails_every_request_and_readiness(served):
 
 def _assert_not_ready(served: Served) -> None:
     """serve stays up and every readiness probe says not ready: HTTP /ready, the
-    frontend's gRPC health (and, split, the scheduler's); new requests get 503. In one
-    process the engine can never come back, so liveness (/health) fails too; split, the
-    supervisor restarts the worker group and the scheduler reconnects."""
+    frontend's gRPC health (and, split, the scheduler's); new requests get 503. Liveness
+    (/health) stays up: the engine comes back by itself (mp: the engine-core process,
+    whose loop died with the group, exits and serve starts a new one with a fresh worker
+    group; split: the supervisor restarts the worker group and the scheduler reconnects)."""
     wait_for_value(lambda: _http_status(served, "/ready"), 503, 10, "HTTP /ready")
     grpc_health = functools.partial(health_status, served.grpc_address)
     wait_for_value(grpc_health, NOT_SERVING, 10, "the frontend's gRPC health")
-    if served.mode == "mp":
-        assert _http_status(served, "/health") == 503
-    else:
+    if served.mode == "split":
         scheduler_health = functools.partial(health_status, _scheduler_address(served))
         wait_for_value(scheduler_health, NOT_SERVING, 10, "the scheduler's gRPC health")
     with served.client() as client, pytest.raises(openai.APIStatusError) as refused:
         client.completions.create(model=MODEL_NAME, prompt=TEXT, max_tokens=2)
     assert refused.value.status_code == 503
+    assert _http_status(served, "/health") == 200
     assert served.process.poll() is None
+
+
+def _assert_serves_again(served: Served) -> None:
+    """Without a restart of serve: ready again, with a new worker group that answers."""
+    wait_http(served.http_port, "/ready", 200, START_TIMEOUT_S)
+    assert len(worker_ranks(served.process.pid)) == 2
+    with served.client() as client:
+        reply = client.completions.create(model=MODEL_NAME, prompt=TEXT, max_tokens=2)
+    assert reply.choices[0].finish_reason == "length"
 
 
 def _scheduler_address(served: Served) -> str:
