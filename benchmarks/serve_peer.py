@@ -35,15 +35,13 @@ import shutil
 import signal
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks.load_clients import HttpClient, RequestRecord
-from benchmarks.server_process import ServerProcess, descendants, free_port
+from benchmarks.server_process import ServerProcess, descendants, free_port, http_healthy
 from benchmarks.workload import BenchRequest
 
 logger = logging.getLogger(__name__)
@@ -223,7 +221,7 @@ class LlamaServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"llama-server exited with {self.process.returncode}")
-            if _http_ok(f"{self.url}/health"):
+            if http_healthy(f"{self.url}/health"):
                 return self
             time.sleep(0.25)
         self.__exit__()
@@ -246,14 +244,6 @@ def llama_server_version(binary: str) -> str:
         return "?"
     lines = (out.stdout + out.stderr).strip().splitlines()
     return next((line for line in lines if "version" in line), lines[0] if lines else "?")
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 def _brief(result: dict) -> str:

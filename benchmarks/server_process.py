@@ -78,7 +78,7 @@ class ServerProcess:
             while time.monotonic() < deadline:
                 if self.process is None or self.process.poll() is not None:
                     raise RuntimeError(f"the server exited before it was ready: {self.command()}")
-                http_ok = http_ok or _http_healthy(f"{self.http_url}/ready")
+                http_ok = http_ok or http_healthy(f"{self.http_url}/ready")
                 grpc_ok = grpc_ok or _grpc_serving(health)
                 if http_ok and grpc_ok:
                     return
@@ -138,7 +138,7 @@ def _running(pid: int) -> bool:
     return state != "Z"
 
 
-def _http_healthy(url: str) -> bool:
+def http_healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
             return response.status == 200
