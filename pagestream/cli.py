@@ -11,7 +11,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from pagestream import roles
+from pagestream import roles, split_layout
 from pagestream.cli_flags import (
     add_frontend_limit_args,
     add_router_args,
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             return run_bench_checkout(args.bench_args, args.log_level)
         if args.command == "serve" and (args.split_services or args.data_parallel_size > 1):
-            return roles.run_split(args)
+            return split_layout.run_split(args)
         runner = {
             "serve": roles.run_serve,
             "worker": roles.run_worker,

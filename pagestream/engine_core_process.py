@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from pagestream.engine_args import EngineArgs
+from pagestream.supervisor import terminate
 from services.common.grpc_channel import (
     RECONNECT_OPTIONS,
     sync_channel,
@@ -125,7 +125,7 @@ class EngineCoreProcess:
         # two of three rounds (0.94-0.98x with a process group).
         self.process = subprocess.Popen(self.command(), env=env, process_group=0)
         # Stopped with this object, or at exit at the latest (a dropped engine).
-        weakref.finalize(self, _terminate, self.process, 5.0)
+        weakref.finalize(self, terminate, [self.process], 5.0)
         logger.info("engine core: started process %d on %s", self.process.pid, self.address)
 
     def _wait_serving(self) -> ServedModelInfo:
@@ -155,7 +155,8 @@ class EngineCoreProcess:
         self._closing.set()
         if self._watcher is not None and self._watcher is not threading.current_thread():
             self._watcher.join(timeout=5.0)
-        _terminate(self.process, grace_s)
+        if self.process is not None:
+            terminate([self.process], grace_s)
         shutil.rmtree(self.folder, ignore_errors=True)
 
     # ---- the watcher -----------------------------------------------------------------
@@ -189,15 +190,3 @@ class EngineCoreProcess:
         self._restarts.append(now)
         logger.warning("restarting the engine core in %.0fs", delay)
         return delay
-
-
-def _terminate(process: subprocess.Popen | None, grace_s: float) -> None:
-    if process is None or process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        logger.warning("the engine core did not stop within %.0fs: killing it", grace_s)
-        process.kill()
-        process.wait()

@@ -116,7 +116,7 @@ class Supervisor:
         )
         # The others of a broken group cannot serve anyway: no long drain for them.
         grace = min(self.grace_s, RESTART_GRACE_S) if len(group) > 1 else self.grace_s
-        _terminate([r.process for r in group if r.exit_code() is None], grace)
+        terminate([r.process for r in group if r.exit_code() is None], grace)
         self._sleep(delay)
         for member in group:
             if self.stopping:
@@ -135,12 +135,14 @@ class Supervisor:
         processes = [r.process for r in self.roles if r.process is not None]
         for process in reversed(processes):
             if process.poll() is None:
-                _terminate([process], self.grace_s)
+                terminate([process], self.grace_s)
         return [p.poll() for p in processes]
 
 
-def _terminate(processes: list[subprocess.Popen], grace_s: float) -> None:
-    """SIGTERM every process, then SIGKILL what is left after grace_s."""
+def terminate(processes: list[subprocess.Popen], grace_s: float) -> None:
+    """SIGTERM every process, then SIGKILL what is left after grace_s (one that has
+    already exited is left alone)."""
+    processes = [p for p in processes if p.poll() is None]
     for process in processes:
         process.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + grace_s

@@ -13,7 +13,8 @@ import pytest
 import pytest_asyncio
 
 from pagestream.cli import build_parser
-from pagestream.roles import _frontend_flags, tool_options
+from pagestream.roles import tool_options
+from pagestream.split_layout import _frontend_flags
 from services.frontend.openai.chat_messages import ChatMessage
 from services.frontend.openai.chat_rendering import render_chat
 from services.frontend.openai.tool_choice import ToolServerOptions

@@ -5,7 +5,7 @@ routes over every scheduler with the router flags passed on."""
 import pytest
 
 from pagestream.cli import build_parser
-from pagestream.roles import SplitLayout, run_split, split_roles
+from pagestream.split_layout import SplitLayout, run_split, split_roles
 
 
 def _argv_of(role) -> list[str]:
