@@ -10,7 +10,9 @@ from services.common.config import (
     DEFAULT_MODEL,
     DISTRIBUTED_EXECUTOR_BACKENDS,
     DTYPES,
+    INT4_GROUP_SIZES,
     PREEMPTION_MODES,
+    QUANTIZATIONS,
     SCHEDULING_POLICIES,
     CacheConfig,
     ModelConfig,
@@ -58,6 +60,10 @@ class EngineArgs:
     kv_cache_dtype: str = "auto"  # the model's dtype, or float32 / bfloat16 / float16
     gpu_memory_utilization: float = 0.9
     attention_backend: str = "auto"
+    # Weight-only quantization: gguf (a .gguf file's blocks as they are; the default for
+    # .gguf models at dtype auto), int8 / int4 (a float checkpoint quantized at load), none.
+    quantization: str | None = None
+    quantization_group_size: int = 128  # int4: input features per scale and zero point
     served_model_name: str | None = None
     # Sampling defaults: "auto" (the model's generation_config.json), "vllm" (none), a folder.
     generation_config: str = "auto"
@@ -100,6 +106,8 @@ class EngineArgs:
             max_model_len=self.max_model_len,
             attention_backend=self.attention_backend,
             device=self.device,
+            quantization=self.quantization,
+            quantization_group_size=self.quantization_group_size,
         )
 
     def cache_config(self) -> CacheConfig:
@@ -188,6 +196,23 @@ class EngineArgs:
         )
         add("--gpu-memory-utilization", type=float, default=0.9)
         add("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
+        add(
+            "--quantization",
+            "-q",
+            default=None,
+            choices=QUANTIZATIONS,
+            help="weight-only quantization: gguf runs a .gguf file's Q8_0 / Q4_0 / Q4_1 / "
+            "Q4_K / Q5_K / Q6_K blocks as they are (the default for .gguf models at --dtype "
+            "auto); int8 (per output channel) or int4 (groups, --quantization-group-size) "
+            "quantize a float checkpoint at load; none runs a .gguf file de-quantized",
+        )
+        add(
+            "--quantization-group-size",
+            type=int,
+            default=128,
+            choices=INT4_GROUP_SIZES,
+            help="int4: input features that share a scale and zero point",
+        )
         add("--served-model-name", default=None, help="the model name clients use")
         add_generation_config_arg(parser)
         add("--tensor-parallel-size", "-tp", type=int, default=1, help="ranks per stage")

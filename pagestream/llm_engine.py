@@ -97,6 +97,8 @@ class LLMEngine:
             architecture=info.architecture,
             dtype=info.dtype,
             num_gpu_blocks=self.cache_info.num_gpu_blocks,
+            quantization=info.quantization,
+            weight_bytes=info.weight_bytes,
         )
 
     def add_request(

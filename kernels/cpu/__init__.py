@@ -47,13 +47,14 @@ SOURCES = tuple(
         "fused.cpp",
         "cache_write.cpp",
         "linear.cpp",
+        "quantized_linear.cpp",
         "decoder_stack.cpp",
         "thread_pool.cpp",
     )
 )
 HEADERS = tuple(
     Path(__file__).with_name(name)
-    for name in ("linear.h", "paged_attention.h", "rows.h", "thread_pool.h")
+    for name in ("linear.h", "paged_attention.h", "rows.h", "thread_pool.h", "weight_buffer.h")
 )
 _lock = threading.Lock()
 _state: dict = {}  # "module" once built, or "error" (the reason it cannot be)

@@ -169,7 +169,100 @@ struct Layer {
   int64_t sliding_window;
 };
 
+// Top `k` logits of each row recomputed exactly: float32 hidden row . float32 of the weight
+// row (the LM head's weight in its own dtype), so near-ties among the candidates are
+// decided as a float32 LM head on the same weights would (the GEMM's input was rounded).
+template <typename W>
+void rescore_rows(float* logits, int64_t rows, int64_t vocab, const float* hidden, int64_t h,
+                  const W* weight, int64_t k) {
+  pagestream::parallel_for(rows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> top(k);
+    std::vector<float> w(h);
+    for (int64_t r = begin; r < end; ++r) {
+      float* row = logits + r * vocab;
+      int64_t filled = 0;  // top[0..filled) sorted by descending logit
+      for (int64_t v = 0; v < vocab; ++v) {
+        if (filled == k && row[v] <= row[top[k - 1]]) continue;
+        int64_t i = filled < k ? filled++ : k - 1;
+        for (; i > 0 && row[top[i - 1]] < row[v]; --i) top[i] = top[i - 1];
+        top[i] = v;
+      }
+      const float* x = hidden + r * h;
+      for (int64_t i = 0; i < filled; ++i) {
+        const W* src = weight + top[i] * h;
+        for (int64_t j = 0; j < h; ++j) w[j] = static_cast<float>(src[j]);
+        float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t j = 0; j < h; ++j) dot += x[j] * w[j];
+        row[top[i]] = dot;
+      }
+    }
+  });
+}
+
 }  // namespace
+
+// A linear of any weight format as a Python object: the LM head, the layers handed to
+// DecoderStack.add_layer, and tests. y [M, N] float32 = x W^T (+ b).
+class PackedLinear {
+ public:
+  PackedLinear(const at::Tensor& weight, const at::Tensor& bias)
+      : linear_(make_linear(weight, bias)) {}
+  explicit PackedLinear(std::shared_ptr<Linear> linear) : linear_(std::move(linear)) {}
+
+  static PackedLinear quantized(int64_t bits, const at::Tensor& codes, const at::Tensor& scales,
+                                const at::Tensor& mins, int64_t group, const at::Tensor& bias,
+                                const std::string& format) {
+    return PackedLinear(make_quantized_linear(bits, codes, scales, mins, group, bias, format));
+  }
+
+  // x [M, K] (any float dtype; rounded once into the weight's input type). With `exact`
+  // (the plain weight [N, K]) and rescore_k > 0, each row's top rescore_k outputs are
+  // recomputed as float32 dot products of x's float32 row (see rescore_rows).
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& exact, int64_t rescore_k) const {
+    TORCH_CHECK(x.dim() == 2 && x.size(1) == linear_->in_features(),
+                "PackedLinear: x must be [M, ", linear_->in_features(), "]");
+    const auto input = x.to(linear_->input_type()).contiguous();
+    const int64_t rows = x.size(0), n = linear_->out_features(), k = linear_->in_features();
+    auto out = at::empty({rows, n}, at::kFloat);
+    const bool rescore = rescore_k > 0 && exact.defined() && exact.numel() > 0;
+    at::Tensor x32, weight;
+    if (rescore) {
+      TORCH_CHECK(exact.dim() == 2 && exact.size(0) == n && exact.size(1) == k,
+                  "PackedLinear: the exact weight must be [", n, ", ", k, "]");
+      x32 = x.to(at::kFloat).contiguous();
+      weight = exact.contiguous();
+    }
+    py::gil_scoped_release no_gil;
+    linear_->run(input.data_ptr(), rows, k, out.data_ptr<float>(), n, false);
+    if (rescore) {
+      with_type(weight.scalar_type(), [&](auto wv) {
+        using W = decltype(wv);
+        rescore_rows(out.data_ptr<float>(), rows, n, x32.data_ptr<float>(), k,
+                     weight.data_ptr<W>(), std::min(rescore_k, n));
+      });
+    }
+    return out;
+  }
+
+  // Rows `ids` [n] (int64) of W as float32 [n, K] (an embedding lookup from a tied head).
+  at::Tensor gather_rows(const at::Tensor& ids) const {
+    const auto index = ids.to(at::kLong).contiguous();
+    auto out = at::empty({index.numel(), linear_->in_features()}, at::kFloat);
+    linear_->gather_rows(index.data_ptr<int64_t>(), index.numel(), out.data_ptr<float>());
+    return out;
+  }
+
+  at::ScalarType input_type() const { return linear_->input_type(); }
+  int64_t in_features() const { return linear_->in_features(); }
+  int64_t out_features() const { return linear_->out_features(); }
+  int64_t weight_bytes() const { return linear_->weight_bytes(); }
+  std::string format() const { return linear_->format(); }
+  const std::shared_ptr<Linear>& linear() const { return linear_; }
+
+ private:
+  std::shared_ptr<Linear> linear_;
+};
 
 class DecoderStack {
  public:
@@ -184,23 +277,35 @@ class DecoderStack {
         final_norm_(final_norm.defined() && final_norm.numel() ? to_floats(final_norm)
                                                               : std::vector<float>{}) {}
 
-  void add_layer(const at::Tensor& qkv_w, const at::Tensor& qkv_b, const at::Tensor& o_w,
-                 const at::Tensor& o_b, const at::Tensor& gate_up_w, const at::Tensor& gate_up_b,
-                 const at::Tensor& down_w, const at::Tensor& down_b, const at::Tensor& input_norm,
+  // One layer's linears (any weight format, packed by the caller) and norm weights.
+  void add_layer(const PackedLinear& qkv, const PackedLinear& o, const PackedLinear& gate_up,
+                 const PackedLinear& down, const at::Tensor& input_norm,
                  const at::Tensor& post_norm, int64_t sliding_window) {
     const int64_t qkv_width = (num_heads_ + 2 * num_kv_heads_) * head_dim_;
-    TORCH_CHECK(qkv_w.size(0) == qkv_width && qkv_w.size(1) == hidden_ &&
-                    o_w.size(0) == hidden_ && o_w.size(1) == num_heads_ * head_dim_ &&
-                    gate_up_w.size(0) == 2 * intermediate_ && gate_up_w.size(1) == hidden_ &&
-                    down_w.size(0) == hidden_ && down_w.size(1) == intermediate_ &&
-                    input_norm.numel() == hidden_ && post_norm.numel() == hidden_,
+    TORCH_CHECK(qkv.out_features() == qkv_width && qkv.in_features() == hidden_ &&
+                    o.out_features() == hidden_ && o.in_features() == num_heads_ * head_dim_ &&
+                    gate_up.out_features() == 2 * intermediate_ &&
+                    gate_up.in_features() == hidden_ && down.out_features() == hidden_ &&
+                    down.in_features() == intermediate_ && input_norm.numel() == hidden_ &&
+                    post_norm.numel() == hidden_,
                 "DecoderStack.add_layer: weight shapes do not match the stack's config");
-    layers_.push_back(Layer{make_linear(qkv_w, qkv_b), make_linear(o_w, o_b),
-                            make_linear(gate_up_w, gate_up_b), make_linear(down_w, down_b),
+    layers_.push_back(Layer{qkv.linear(), o.linear(), gate_up.linear(), down.linear(),
                             to_floats(input_norm), to_floats(post_norm), sliding_window});
   }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+
+  // Bytes of every packed weight of the stack (the norms' float32 included).
+  int64_t weight_bytes() const {
+    int64_t bytes = 0;
+    for (const auto& layer : layers_) {
+      for (const auto* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) {
+        bytes += (*linear)->weight_bytes();
+      }
+      bytes += static_cast<int64_t>((layer.input_norm.size() + layer.post_norm.size()) * 4);
+    }
+    return bytes;
+  }
 
   // Turns the per-part clock on or off (and zeroes it); `profile()` reads it.
   void set_profiling(bool on) { clock_ = PartClock{}, clock_.on = on; }
@@ -415,89 +520,24 @@ class DecoderStack {
   PartClock clock_;
 };
 
-// Top `k` logits of each row recomputed exactly: float32 hidden row . float32 of the weight
-// row (the LM head's weight in its own dtype), so near-ties among the candidates are
-// decided as a float32 LM head on the same weights would (the GEMM's input was rounded).
-template <typename W>
-void rescore_rows(float* logits, int64_t rows, int64_t vocab, const float* hidden, int64_t h,
-                  const W* weight, int64_t k) {
-  pagestream::parallel_for(rows, 1, [&](int64_t begin, int64_t end) {
-    std::vector<int64_t> top(k);
-    std::vector<float> w(h);
-    for (int64_t r = begin; r < end; ++r) {
-      float* row = logits + r * vocab;
-      int64_t filled = 0;  // top[0..filled) sorted by descending logit
-      for (int64_t v = 0; v < vocab; ++v) {
-        if (filled == k && row[v] <= row[top[k - 1]]) continue;
-        int64_t i = filled < k ? filled++ : k - 1;
-        for (; i > 0 && row[top[i - 1]] < row[v]; --i) top[i] = top[i - 1];
-        top[i] = v;
-      }
-      const float* x = hidden + r * h;
-      for (int64_t i = 0; i < filled; ++i) {
-        const W* src = weight + top[i] * h;
-        for (int64_t j = 0; j < h; ++j) w[j] = static_cast<float>(src[j]);
-        float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t j = 0; j < h; ++j) dot += x[j] * w[j];
-        row[top[i]] = dot;
-      }
-    }
-  });
-}
-
-// A packed linear on its own (the LM head, and tests): y [M, N] float32 = x W^T (+ b).
-class PackedLinear {
- public:
-  PackedLinear(const at::Tensor& weight, const at::Tensor& bias)
-      : linear_(make_linear(weight, bias)) {}
-
-  // x [M, K] (any float dtype; rounded once into the weight's input type). With `exact`
-  // (the plain weight [N, K]) and rescore_k > 0, each row's top rescore_k outputs are
-  // recomputed as float32 dot products of x's float32 row (see rescore_rows).
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& exact, int64_t rescore_k) const {
-    TORCH_CHECK(x.dim() == 2 && x.size(1) == linear_->in_features(),
-                "PackedLinear: x must be [M, ", linear_->in_features(), "]");
-    const auto input = x.to(linear_->input_type()).contiguous();
-    const int64_t rows = x.size(0), n = linear_->out_features(), k = linear_->in_features();
-    auto out = at::empty({rows, n}, at::kFloat);
-    const bool rescore = rescore_k > 0 && exact.defined() && exact.numel() > 0;
-    at::Tensor x32, weight;
-    if (rescore) {
-      TORCH_CHECK(exact.dim() == 2 && exact.size(0) == n && exact.size(1) == k,
-                  "PackedLinear: the exact weight must be [", n, ", ", k, "]");
-      x32 = x.to(at::kFloat).contiguous();
-      weight = exact.contiguous();
-    }
-    py::gil_scoped_release no_gil;
-    linear_->run(input.data_ptr(), rows, k, out.data_ptr<float>(), n, false);
-    if (rescore) {
-      with_type(weight.scalar_type(), [&](auto wv) {
-        using W = decltype(wv);
-        rescore_rows(out.data_ptr<float>(), rows, n, x32.data_ptr<float>(), k,
-                     weight.data_ptr<W>(), std::min(rescore_k, n));
-      });
-    }
-    return out;
-  }
-
-  at::ScalarType input_type() const { return linear_->input_type(); }
-
- private:
-  std::shared_ptr<Linear> linear_;
-};
-
 void bind_native_step(py::module_& m) {
   py::class_<DecoderStack>(m, "DecoderStack")
       .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, at::Tensor>())
       .def("add_layer", &DecoderStack::add_layer)
       .def("num_layers", &DecoderStack::num_layers)
+      .def("weight_bytes", &DecoderStack::weight_bytes)
       .def("set_profiling", &DecoderStack::set_profiling)
       .def("profile", &DecoderStack::profile)
       .def("forward", &DecoderStack::forward, py::call_guard<py::gil_scoped_release>());
   py::class_<PackedLinear>(m, "PackedLinear")
       .def(py::init<at::Tensor, at::Tensor>())
-      .def("forward", &PackedLinear::forward);
+      .def_static("quantized", &PackedLinear::quantized)
+      .def("forward", &PackedLinear::forward)
+      .def("gather_rows", &PackedLinear::gather_rows)
+      .def("in_features", &PackedLinear::in_features)
+      .def("out_features", &PackedLinear::out_features)
+      .def("weight_bytes", &PackedLinear::weight_bytes)
+      .def("format", &PackedLinear::format);
   m.def("linear_supported", &linear_supported,
         "whether the packed-linear kernel for a dtype runs on this CPU");
 }

@@ -9,6 +9,7 @@
 // and each weight byte is read from memory once per call.
 #include "linear.h"
 #include "thread_pool.h"
+#include "weight_buffer.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/native/CPUBlas.h>
@@ -22,9 +23,6 @@
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
-#endif
-#if defined(__linux__)
-#include <sys/mman.h>
 #endif
 
 namespace pagestream {
@@ -108,31 +106,6 @@ constexpr bool few_rows_kernel() {
 #endif
 }
 
-// Weight storage on 2 MiB-aligned memory marked for transparent huge pages: a decode step
-// streams every weight once, and with 4 KiB pages a TLB miss every 4 KiB slows the stream.
-template <typename T>
-class WeightBuffer {
- public:
-  explicit WeightBuffer(int64_t n) : size_(n) {
-    constexpr size_t HUGE = size_t{2} << 20;
-    const size_t bytes = (static_cast<size_t>(n) * sizeof(T) + HUGE - 1) / HUGE * HUGE;
-    data_ = static_cast<T*>(std::aligned_alloc(HUGE, std::max(bytes, HUGE)));
-    TORCH_CHECK(data_ != nullptr, "cannot allocate ", bytes, " bytes for a packed weight");
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    madvise(data_, std::max(bytes, HUGE), MADV_HUGEPAGE);  // advice only: failure is fine
-#endif
-  }
-  ~WeightBuffer() { std::free(data_); }
-  WeightBuffer(const WeightBuffer&) = delete;
-  WeightBuffer& operator=(const WeightBuffer&) = delete;
-  T* data() { return data_; }
-  const T* data() const { return data_; }
-
- private:
-  int64_t size_;
-  T* data_;
-};
-
 template <typename T>
 struct Format;
 
@@ -177,6 +150,21 @@ class BrgemmLinear final : public Linear {
   at::ScalarType input_type() const override { return Format<T>::type(); }
   int64_t in_features() const override { return k_; }
   int64_t out_features() const override { return n_; }
+  int64_t weight_bytes() const override { return packed_.bytes(); }
+  std::string format() const override {
+    return std::is_same_v<T, bf16> ? "bfloat16" : "float32";
+  }
+
+  void gather_rows(const int64_t* ids, int64_t count, float* out) const override {
+    for (int64_t i = 0; i < count; ++i) {
+      TORCH_CHECK(ids[i] >= 0 && ids[i] < n_, "gather_rows: row ", ids[i], " of ", n_);
+      const int64_t start = ids[i] / block_ * block_, nb = std::min(block_, n_ - start);
+      const T* block = packed_.data() + start * k_;
+      for (int64_t k = 0; k < k_; ++k) {
+        out[i * k_ + k] = static_cast<float>(block[Format<T>::index(k, ids[i] - start, nb)]);
+      }
+    }
+  }
 
   void run(const void* x, int64_t M, int64_t ld_x, float* out, int64_t ld_out,
            bool accumulate) const override {

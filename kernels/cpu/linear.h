@@ -1,11 +1,13 @@
 // The GEMM interface of the native CPU step: a linear layer's weight, prepared once at load,
-// multiplied into float32 outputs. Every weight format (bfloat16 and float32 today,
-// quantized formats next) is a `Linear`; the decoder stack only calls `run`.
+// multiplied into float32 outputs. Every weight format (bfloat16 and float32 in linear.cpp,
+// the weight-only quantized formats in quantized_linear.cpp) is a `Linear`; the decoder
+// stack only calls `run`.
 #pragma once
 
 #include <torch/extension.h>
 
 #include <memory>
+#include <string>
 
 namespace pagestream {
 
@@ -22,10 +24,26 @@ class Linear {
   // weight byte is read once per call.
   virtual void run(const void* x, int64_t M, int64_t ld_x, float* out, int64_t ld_out,
                    bool accumulate) const = 0;
+  // Rows ids[0..n) of W (output features) as float32, K floats each, into out.
+  virtual void gather_rows(const int64_t* ids, int64_t n, float* out) const = 0;
+  // Bytes of the packed weight this object holds (scales and padding included).
+  virtual int64_t weight_bytes() const = 0;
+  // What the weight is stored as: "bfloat16", "float32", or the quantized source format.
+  virtual std::string format() const = 0;
 };
 
 // weight [N, K] float32 or bfloat16 (bias [N] or undefined): the packed form for this CPU.
 std::shared_ptr<Linear> make_linear(const at::Tensor& weight, const at::Tensor& bias);
+
+// A weight-only quantized weight [N, K]: w[n, k] = scales[n, k / group] * code[n, k]
+// (+ mins[n, k / group]), in float32. codes: bits 8: int8 [N, K]; bits 4: uint8 [N, K / 2]
+// with code(2j) in the low nibble of byte j and code(2j + 1) in the high one. scales (and
+// mins, or an undefined / empty tensor) [N, K / group], float16 or float32. `format` names
+// the source format for logs (Q4_1, int8, ...).
+std::shared_ptr<Linear> make_quantized_linear(int64_t bits, const at::Tensor& codes,
+                                              const at::Tensor& scales, const at::Tensor& mins,
+                                              int64_t group, const at::Tensor& bias,
+                                              const std::string& format);
 
 // Whether make_linear's kernel for `dtype` runs on this CPU (a small product checked
 // against a plain one); false means the caller keeps the torch path.

@@ -14,6 +14,11 @@ PREEMPTION_MODES = ("recompute", "swap")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# Weight-only quantization (vLLM's names): gguf keeps a GGUF file's blocks (the default for
+# .gguf models at dtype auto); int8 / int4 quantize a float checkpoint at load; none runs
+# a GGUF file de-quantized.
+QUANTIZATIONS = ("gguf", "int8", "int4", "none")
+INT4_GROUP_SIZES = (32, 128)
 # uni: the worker in this process; mp: the engine starts tp * pp local worker processes;
 # external: workers started by someone else, at the given --worker addresses; ray: Ray
 # places tp * pp worker processes (one actor per rank; needs pagestream[ray]).
@@ -50,9 +55,9 @@ def _positive(name: str, value: int) -> None:
         raise ValueError(f"{name} must be >= 1, got {value}.")
 
 
-def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
+def _one_of(name: str, value: object, allowed: tuple[object, ...]) -> None:
     if value not in allowed:
-        raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}.")
+        raise ValueError(f"{name} must be one of {', '.join(map(str, allowed))}; got {value!r}.")
 
 
 @dataclass(frozen=True)
@@ -124,9 +129,14 @@ class ModelConfig:
     max_model_len: int | None = None  # None: the model's own context length
     attention_backend: str = "auto"
     device: str = "auto"  # auto: cuda when available, else cpu
+    quantization: str | None = None  # None: gguf for .gguf files at dtype auto, else none
+    quantization_group_size: int = 128  # int4's group of input features
 
     def __post_init__(self) -> None:
         _one_of("dtype", self.dtype, DTYPES)
+        if self.quantization is not None:
+            _one_of("quantization", self.quantization, QUANTIZATIONS)
+        _one_of("quantization_group_size", self.quantization_group_size, INT4_GROUP_SIZES)
         _one_of("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _one_of("device", self.device, ("auto", "cpu", "cuda"))
         if self.max_model_len is not None:

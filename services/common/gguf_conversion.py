@@ -1,7 +1,13 @@
-"""Convert a GGUF file once into a cached HF folder (safetensors, config, tokenizer).
+"""Convert a GGUF file once into a cached HF folder (config, tokenizer, and for some models
+the weights).
 
-Dequantization and the GGUF -> HF tensor naming (incl. undoing llama.cpp's q/k permutation)
-are transformers' own (`load_gguf_checkpoint`); transformers' `from_pretrained(gguf_file=...)`
+The folder always holds config.json, generation_config.json and the tokenizer files (with
+the chat template): every role reads those. The weights of the native family's
+architectures (GGUF_NATIVE_ARCHITECTURES) are not written: the worker reads them from the
+GGUF file itself, kept quantized or de-quantized (services/worker/models/gguf_weights.py).
+Other architectures run through transformers, so their weights are de-quantized into
+model.safetensors (float32) here; that dequantization and the GGUF -> HF tensor naming are
+transformers' own (`load_gguf_checkpoint`); transformers' `from_pretrained(gguf_file=...)`
 is not used for the weights because it requires `accelerate`. The folder is written into a
 temporary directory next to the target and renamed into place, so a crash never leaves a
 half-written model and concurrent starts agree on one result. A marker file records the
@@ -25,10 +31,18 @@ from services.common.model_errors import ModelLoadError
 logger = logging.getLogger(__name__)
 
 MARKER_FILE = "pagestream_conversion.json"
+# GGUF architectures the native models load straight from the file (no weights written).
+GGUF_NATIVE_ARCHITECTURES = ("llama", "qwen2", "mistral")
+# Bumped when the folder's contents change (2: no weights for native architectures).
+LAYOUT = 2
 
 
 def _source_fingerprint(gguf_path: Path) -> dict[str, object]:
-    return {"source_name": gguf_path.name, "source_size": gguf_path.stat().st_size}
+    return {
+        "source_name": gguf_path.name,
+        "source_size": gguf_path.stat().st_size,
+        "layout": LAYOUT,
+    }
 
 
 def is_converted(out_dir: Path, gguf_path: Path) -> bool:
@@ -85,11 +99,21 @@ def _move_into_place(tmp_dir: Path, out_dir: Path, gguf_path: Path) -> None:
             raise
 
 
+def gguf_architecture(gguf_path: Path) -> str:
+    """The file's general.architecture ("llama", "qwen2", ...)."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(gguf_path)).fields.get("general.architecture")
+    return str(field.contents()) if field is not None else "unknown"
+
+
 def write_hf_folder(gguf_path: Path, out_dir: Path) -> None:
-    """Dequantize `gguf_path` and write an HF folder: model.safetensors (float32), config.json,
-    generation_config.json and the tokenizer files (with the chat template)."""
+    """Write an HF folder for `gguf_path`: config.json, generation_config.json and the
+    tokenizer files (with the chat template), and model.safetensors (float32, de-quantized)
+    unless the architecture is one the native models read from the GGUF file."""
     try:
-        config, tensors = _read_gguf(gguf_path)
+        with_weights = gguf_architecture(gguf_path) not in GGUF_NATIVE_ARCHITECTURES
+        config, tensors = _read_gguf(gguf_path, with_weights)
         tokenizer = _read_tokenizer(gguf_path)
     except ModelLoadError:
         raise
@@ -101,13 +125,14 @@ def write_hf_folder(gguf_path: Path, out_dir: Path) -> None:
     from safetensors.torch import save_file
     from transformers import GenerationConfig
 
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    if with_weights:
+        save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     config.save_pretrained(out_dir)
     GenerationConfig.from_model_config(config).save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
 
 
-def _read_gguf(gguf_path: Path) -> tuple[object, dict]:
+def _read_gguf(gguf_path: Path, with_weights: bool) -> tuple[object, dict]:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
@@ -116,6 +141,9 @@ def _read_gguf(gguf_path: Path) -> tuple[object, dict]:
     with torch.device("meta"):  # only for the tensor-name mapping; no memory, no init
         skeleton = AutoModelForCausalLM.from_config(config)
     config.architectures = [type(skeleton).__name__]
+    config.dtype = torch.float32
+    if not with_weights:
+        return config, {}
     parsed = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=skeleton)
     expected = set(skeleton.state_dict())
     tensors = {
@@ -130,7 +158,6 @@ def _read_gguf(gguf_path: Path) -> tuple[object, dict]:
         raise ModelLoadError(
             f"GGUF file {gguf_path} lacks tensors for {', '.join(sorted(missing)[:8])}."
         )
-    config.dtype = torch.float32
     return config, tensors
 
 

@@ -15,6 +15,8 @@ class ServedModelInfo:
     architecture: str = ""
     dtype: str = ""
     num_gpu_blocks: int = 0
+    quantization: str = "none"
+    weight_bytes: int = 0
 
     @property
     def eos_token_id(self) -> int | None:

@@ -33,6 +33,7 @@ __all__ = [
     "ModelLoadError",
     "alias_gguf_candidates",
     "cache_dir",
+    "gguf_source",
     "resolve_model",
 ]
 
@@ -80,6 +81,22 @@ def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
         f"a known alias ({', '.join(MODEL_ALIASES)}). Models are never downloaded: pass a local "
         f"folder or .gguf file, or run `make setup` for the default model ({DEFAULT_MODEL})."
     )
+
+
+def gguf_source(name_or_path: str | os.PathLike[str]) -> Path | None:
+    """The GGUF file a model name stands for (an alias, a .gguf path, or a folder holding
+    exactly one .gguf and no config.json), or None for an HF folder."""
+    name = str(name_or_path)
+    if name.lower() in MODEL_ALIASES:
+        found = [path for path in alias_gguf_candidates(name.lower()) if path.is_file()]
+        return found[0] if found else None
+    path = Path(name).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return path
+    if path.is_dir() and not (path / "config.json").is_file():
+        ggufs = sorted(path.glob("*.gguf"))
+        return ggufs[0] if len(ggufs) == 1 else None
+    return None
 
 
 def _resolve_alias(alias: str) -> Path:

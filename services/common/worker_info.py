@@ -25,11 +25,15 @@ class ModelInfo:
     world_size: int = 1
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    quantization: str = "none"  # the quantized formats in use ("Q4_1+Q8_0", "int8") or none
+    weight_bytes: int = 0  # resident weight bytes of this rank
 
     def model_fields(self) -> dict:
-        """What every rank of one group must agree on (everything but its own rank)."""
+        """What every rank of one group must agree on (everything but its own rank and what
+        its own shard holds)."""
         values = dict(vars(self))
-        values.pop("rank")
+        for own in ("rank", "quantization", "weight_bytes"):
+            values.pop(own)
         return values
 
 

@@ -279,6 +279,8 @@ def model_info_to_pb(info: ServedModelInfo) -> generation_pb2.ModelInfo:
         eos_token_ids=list(info.eos_token_ids),
         block_size=info.block_size,
         num_gpu_blocks=info.num_gpu_blocks,
+        quantization=info.quantization,
+        weight_bytes=info.weight_bytes,
     )
 
 

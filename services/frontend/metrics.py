@@ -19,6 +19,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
 from services.common.engine_output import SchedulerStats
+from services.common.model_info import ServedModelInfo
 
 # Like vLLM: no `*_created` timestamp series next to every counter and histogram.
 prometheus_client.disable_created_metrics()
@@ -45,8 +46,11 @@ class EngineStatsCollector(Collector):
     def __init__(self) -> None:
         self.stats: dict[str, SchedulerStats] = {"0": SchedulerStats()}
         self.routing: dict[tuple[str, str], int] = {}
+        self.model: ServedModelInfo | None = None
 
     def collect(self) -> Iterable[Metric]:
+        if self.model is not None:
+            yield from _model_series(self.model)
         for name, doc, field, family in _ENGINE_SERIES:
             metric = family(f"pagestream:{name}", doc, labels=["engine"])
             for engine, stats in sorted(self.stats.items()):
@@ -61,6 +65,23 @@ class EngineStatsCollector(Collector):
             for (engine, reason), count in sorted(self.routing.items()):
                 routed.add_metric([engine, reason], count)
             yield routed
+
+
+def _model_series(model: ServedModelInfo) -> Iterable[Metric]:
+    """The served model: an info series (value 1) naming its dtype and weight quantization,
+    and its resident weight bytes."""
+    info = GaugeMetricFamily(
+        "pagestream:model_info",
+        "The served model (value 1): architecture, dtype and weight quantization.",
+        labels=["model_name", "architecture", "dtype", "quantization"],
+    )
+    info.add_metric([model.model, model.architecture, model.dtype, model.quantization], 1)
+    yield info
+    weights = GaugeMetricFamily(
+        "pagestream:model_weight_bytes", "Resident weight bytes of the served model."
+    )
+    weights.add_metric([], model.weight_bytes)
+    yield weights
 
 
 # (metric name, help, SchedulerStats field, family); counters get a _total suffix.
@@ -147,6 +168,7 @@ class FrontendMetrics:
             logger.warning("engine stats unavailable; using the last reported ones")
             self.engine.stats = {"0": frontend.last_stats}
         self.engine.routing = frontend.routing_counts()
+        self.engine.model = getattr(frontend, "info", None)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -122,5 +122,7 @@ class WorkerConnection:
             architecture=model.architecture,
             dtype=model.dtype,
             num_gpu_blocks=cache_info.num_gpu_blocks,
+            quantization=model.quantization,
+            weight_bytes=model.weight_bytes,
         )
         return EngineCore(scheduler, executor), info

@@ -3,7 +3,9 @@
     model = load_model(ModelConfig(model="/models/llama"), device="cpu", dtype="auto")
 
 Native architectures (Llama, Mistral, Qwen2) are constructed directly on the target device
-and filled straight from the safetensors files; any other causal LM goes through
+and filled straight from the safetensors files, or from a GGUF file's tensors (kept
+quantized with `quantization` "gguf", the default for .gguf models at dtype auto); int8 /
+int4 quantize a float checkpoint as it loads. Any other causal LM goes through
 transformers (`HFFallbackForCausalLM`). dtype "auto" is bfloat16 on CUDA and on CPUs with
 native bf16 (avx512_bf16 or AMX), float32 on other CPUs ($PAGESTREAM_CPU_DTYPE overrides).
 """
@@ -22,12 +24,22 @@ import torch
 from transformers import AutoConfig, PretrainedConfig
 
 from services.common.config import ModelConfig
-from services.common.model_source import resolve_model
+from services.common.model_source import gguf_source, resolve_model
 from services.common.rank_info import RankInfo
 from services.worker.layers.attention import resolve_attention_backend
 from services.worker.layers.packed_weight import pack_linears
+from services.worker.layers.quantization.loading import ONLINE_METHODS, OnlineQuantization
+from services.worker.layers.quantization.model_weights import (
+    dequantize_model,
+    finish_loading,
+    quantization_name,
+    resident_weight_bytes,
+    set_online_quantization,
+    weight_formats,
+)
 from services.worker.models.causal_lm import CausalLM, normalize_token_ids
 from services.worker.models.errors import ModelLoadError
+from services.worker.models.gguf_weights import iterate_gguf_weights
 from services.worker.models.hf_fallback import HFFallbackForCausalLM
 from services.worker.models.registry import native_model_class
 from services.worker.models.weight_utils import iterate_weights
@@ -113,7 +125,14 @@ def read_eos_token_ids(folder: Path, config: PretrainedConfig) -> tuple[int, ...
     return normalize_token_ids(getattr(config.get_text_config(), "eos_token_id", None))
 
 
-def _check_fallback_parallel(config: PretrainedConfig, rank: RankInfo) -> None:
+def _check_fallback(config: PretrainedConfig, rank: RankInfo, quantization: str | None) -> None:
+    if quantization is not None:
+        names = ", ".join(getattr(config, "architectures", None) or ["unknown"])
+        raise ModelLoadError(
+            f"{names} runs through the transformers fallback, which takes float weights only; "
+            f"quantization {quantization!r} needs a native model (Llama, Mistral, Qwen2). "
+            "Pass --quantization none (a .gguf file is then de-quantized)."
+        )
     if rank.world_size > 1:
         names = ", ".join(getattr(config, "architectures", None) or ["unknown"])
         raise ValueError(
@@ -121,6 +140,34 @@ def _check_fallback_parallel(config: PretrainedConfig, rank: RankInfo) -> None:
             "--tensor-parallel-size 1 and --pipeline-parallel-size 1 (tensor and pipeline "
             "parallelism need a native model: Llama, Mistral, Qwen2)."
         )
+
+
+def resolve_quantization(
+    model_config: ModelConfig, gguf: Path | None, native: bool = True
+) -> str | None:
+    """The quantization that runs: "gguf", "int8", "int4" or None (float weights). Unset,
+    a .gguf model of the native family at dtype auto keeps its blocks; an explicit dtype
+    (or an architecture only transformers runs) de-quantizes it."""
+    requested = model_config.quantization
+    if requested is None:
+        keep = gguf is not None and native and model_config.dtype == "auto"
+        return "gguf" if keep else None
+    if requested == "none":
+        return None
+    if requested == "gguf" and gguf is None:
+        raise ModelLoadError(
+            f"quantization 'gguf' needs a .gguf model; {model_config.model} is an HF folder "
+            "(int8 / int4 quantize a float checkpoint)."
+        )
+    return requested
+
+
+def _checkpoint(folder: Path, gguf: Path | None, quantization: str | None, model, config):
+    """The model's checkpoint tensors: a GGUF file's (quantized blocks kept for "gguf")
+    or the folder's safetensors."""
+    if gguf is not None:
+        return iterate_gguf_weights(gguf, config, quantization == "gguf", model.owns_weight)
+    return iterate_weights(folder, model.owns_weight)
 
 
 def load_model(
@@ -144,28 +191,46 @@ def load_model(
     torch_dtype = resolve_dtype(dtype if dtype is not None else model_config.dtype, target)
     attention_ops = resolve_attention_backend(model_config.attention_backend, target)
     model_class = native_model_class(getattr(config, "architectures", None))
+    gguf = gguf_source(model_config.model)
+    quantization = resolve_quantization(model_config, gguf, model_class is not None)
     if model_class is None:
-        _check_fallback_parallel(config, rank)
+        _check_fallback(config, rank, quantization)
         model: CausalLM = HFFallbackForCausalLM.from_pretrained(folder, target, torch_dtype)
     else:
         with _default_dtype(torch_dtype), target:
             model = model_class(config, rank)  # type: ignore[call-arg]
-        weights = iterate_weights(folder, model.owns_weight)  # type: ignore[attr-defined]
-        model.load_weights(weights)  # type: ignore[attr-defined]
+        if quantization in ONLINE_METHODS:
+            online = OnlineQuantization(quantization, model_config.quantization_group_size)
+            set_online_quantization(model, online)
+        model.load_weights(_checkpoint(folder, gguf, quantization, model, config))  # type: ignore[attr-defined]
+        _finish_loading(model)
         model.to(target).eval()
     model.eos_token_ids = read_eos_token_ids(folder, config)
     model.set_attention_ops(attention_ops)
+    formats = weight_formats(model)
     # a native model runs the C++ step on the CPU where it applies, else packed linears
     cpu_step = attention_ops.name == "cpu" and model_class is not None
     if model_class is not None and not (cpu_step and model.use_native_step()):  # type: ignore[attr-defined]
+        dequantize_model(model, torch_dtype)
         pack_linears(model)
+    model.quantization = quantization_name(formats)
+    model.weight_bytes = resident_weight_bytes(model)
     logger.info(
-        "loaded %s (%s) on %s as %s, %s attention, in %.2f s",
-        folder,
+        "loaded %s (%s) on %s as %s, %s attention, in %.2f s; weights: %s; %.1f MB resident",
+        gguf or folder,
         type(model).__name__,
         target,
         torch_dtype,
         model.attention_ops.name,
         time.perf_counter() - start,
+        ", ".join(f"{kind} {held}" for kind, held in formats.items()),
+        model.weight_bytes / 1e6,
     )
     return model
+
+
+def _finish_loading(model: CausalLM) -> None:
+    try:
+        finish_loading(model)
+    except ValueError as exc:
+        raise ModelLoadError(f"cannot load the quantized weights: {exc}") from exc

@@ -68,9 +68,35 @@ def _bias(linear: nn.Module, applies: bool = True) -> torch.Tensor:
     return linear.bias.detach() if linear.bias is not None and applies else torch.empty(0)
 
 
+def packed_linear(linear: nn.Module, bias: torch.Tensor) -> object:
+    """`linear`'s weight packed for the C++ GEMM (kernels/cpu/linear.h): its quantized
+    weight where it has one (services/worker/layers/quantization), else its float one."""
+    packed_class = _extension().PackedLinear
+    quantized = getattr(linear, "quantized", None)
+    if quantized is None:
+        return packed_class(linear.weight.detach(), bias)
+    mins = quantized.mins if quantized.mins is not None else torch.empty(0)
+    return packed_class.quantized(
+        quantized.bits,
+        quantized.codes,
+        quantized.scales,
+        mins,
+        quantized.group_size,
+        bias,
+        quantized.source,
+    )
+
+
+def _format_of(layer: nn.Module) -> str:
+    linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj)
+    formats = {lin.quantized.source for lin in linears if lin.quantized is not None}
+    return "+".join(sorted(formats)) or str(layer.mlp.down_proj.weight.dtype).removeprefix("torch.")
+
+
 def _release(linear: nn.Module) -> None:
-    """The C++ stack holds its own packed copy: the torch weight is freed."""
+    """The C++ stack holds its own packed copy: the torch weights are freed."""
     linear.weight.data = linear.weight.data.new_empty(0)
+    linear.quantized = None
 
 
 class NativeStep:
@@ -98,18 +124,15 @@ class NativeStep:
             final_norm,
         )
         first_rank = model.stage.tp_rank == 0  # row-parallel biases are added once
+        held = _format_of(first)
         for index in model.layer_range:
             layer = model.layers[index]
             sa, mlp = layer.self_attn, layer.mlp
             stack.add_layer(
-                sa.qkv_proj.weight.detach(),
-                _bias(sa.qkv_proj),
-                sa.o_proj.weight.detach(),
-                _bias(sa.o_proj, first_rank),
-                mlp.gate_up_proj.weight.detach(),
-                _bias(mlp.gate_up_proj),
-                mlp.down_proj.weight.detach(),
-                _bias(mlp.down_proj, first_rank),
+                packed_linear(sa.qkv_proj, _bias(sa.qkv_proj)),
+                packed_linear(sa.o_proj, _bias(sa.o_proj, first_rank)),
+                packed_linear(mlp.gate_up_proj, _bias(mlp.gate_up_proj)),
+                packed_linear(mlp.down_proj, _bias(mlp.down_proj, first_rank)),
                 layer.input_layernorm.weight.detach(),
                 layer.post_attention_layernorm.weight.detach(),
                 sa.attn.sliding_window or 0,
@@ -120,9 +143,13 @@ class NativeStep:
             "native CPU step: %d layers in one C++ call per step (%s weights, float32 "
             "accumulation and activations)",
             len(model.layer_range),
-            str(first.input_layernorm.weight.dtype).removeprefix("torch."),
+            held,
         )
         return cls(model, stack)
+
+    def weight_bytes(self) -> int:
+        """Bytes of the packed weights of the stack."""
+        return int(self.stack.weight_bytes())
 
     def forward(
         self,

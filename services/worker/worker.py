@@ -95,6 +95,8 @@ class Worker:
             world_size=self.rank.world_size,
             tensor_parallel_size=self.rank.tensor_parallel_size,
             pipeline_parallel_size=self.rank.pipeline_parallel_size,
+            quantization=getattr(model, "quantization", "none"),
+            weight_bytes=int(getattr(model, "weight_bytes", 0)),
         )
 
     def initialize_cache(

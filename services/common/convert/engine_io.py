@@ -161,6 +161,8 @@ def served_model_info_to_pb(info: ServedModelInfo) -> generation_pb2.ModelInfo:
         eos_token_ids=info.eos_token_ids,
         block_size=info.block_size,
         num_gpu_blocks=info.num_gpu_blocks,
+        quantization=info.quantization,
+        weight_bytes=info.weight_bytes,
     )
 
 
@@ -174,6 +176,8 @@ def served_model_info_from_pb(message: generation_pb2.ModelInfo) -> ServedModelI
         architecture=message.architecture,
         dtype=message.dtype,
         num_gpu_blocks=message.num_gpu_blocks,
+        quantization=message.quantization or "none",
+        weight_bytes=message.weight_bytes,
     )
 
 

@@ -13,6 +13,7 @@ World size 1 is the same code with one rank (the plain `--worker ADDR` deploymen
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -166,7 +167,12 @@ class WorkerGroupExecutor:
                     f"worker {client.name} describes {info.model_fields()}, but rank 0 "
                     f"describes {infos[0].model_fields()}: every rank must run the same model"
                 )
-        return infos[self.output_rank]
+        formats = sorted({part for i in infos for part in i.quantization.split("+")} - {"none"})
+        return dataclasses.replace(
+            infos[self.output_rank],
+            quantization="+".join(formats) or "none",
+            weight_bytes=sum(info.weight_bytes for info in infos),
+        )
 
     def _check_place(self, client: RankClient, info: ModelInfo) -> None:
         expected = (client.rank, self.world_size, self.tp, self.pp)

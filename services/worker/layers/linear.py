@@ -5,6 +5,12 @@ a checkpoint tensor into it. The column layers split their output features acros
 `tp_size` ranks and the row layer splits its input features (all-reducing its output), so a
 tensor-parallel model only passes `tp_rank`/`tp_size`; with the defaults (0, 1) they are
 plain linear layers. Fused layers (QKV, gate/up) take the separate HF tensors by `shard_id`.
+
+A checkpoint tensor may also be a `QuantizedWeight` (a GGUF file's blocks), or a float
+tensor the layer quantizes first (`online`, set by the model for int8 / int4): the same
+narrowing applies and the shards are kept quantized (services/worker/layers/quantization);
+`finish_loading()` joins them into `quantized`, which the native CPU step packs as it is
+and every other path de-quantizes once (`dequantize_weight`).
 """
 
 from __future__ import annotations
@@ -16,6 +22,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.worker.layers.packed_weight import PackedWeight
+from services.worker.layers.quantization import QuantizedWeight
+from services.worker.layers.quantization.loading import (
+    Checkpoint,
+    OnlineQuantization,
+    WeightParts,
+    narrow,
+    split_rows,
+)
 from services.worker.parallel_state import tp_all_reduce
 
 # float32 CPU matmuls with at most this many rows (tokens) run as W @ x^T (see `linear`).
@@ -95,13 +109,51 @@ class LinearBase(nn.Module):
         self.tp_rank = tp_rank
         self.tp_size = tp_size
         self.weight = _new_param(output_size, input_size)
-        self.weight.weight_loader = self.weight_loader
+        self.weight.weight_loader = self._load_weight
         if bias:
             self.bias = _new_param(output_size)
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
         self.packed: PackedWeight | None = None
+        self.online: OnlineQuantization | None = None  # quantize float tensors at load
+        self.quantized: QuantizedWeight | None = None  # set by finish_loading
+        self._parts = WeightParts(output_size, input_size)
+
+    def _load_weight(
+        self, param: nn.Parameter, loaded: Checkpoint, shard_id: object = None
+    ) -> None:
+        """The weight's loader: a float tensor is quantized first when `online` is set (before
+        tensor-parallel narrowing, so every shard has the single-rank model's scales)."""
+        if self.online is not None and isinstance(loaded, torch.Tensor):
+            loaded = self.online.quantize(loaded)
+        self.weight_loader(param, loaded, shard_id)
+
+    def _store(self, param: nn.Parameter, src: Checkpoint, offset: int | None = None) -> None:
+        """Copies `src` into `param` (rows from `offset` when given); a quantized `src` is
+        kept as a part of the weight at that row offset."""
+        if isinstance(src, QuantizedWeight):
+            if param is not self.weight:
+                raise ValueError("a quantized checkpoint tensor can only load into a weight")
+            self._parts.add(offset or 0, src)
+            return
+        dst = param.data if offset is None else param.data.narrow(0, offset, src.shape[0])
+        _copy_checked(dst, src)
+
+    def finish_loading(self) -> None:
+        """Joins the quantized shards into `quantized` and frees the float weight, which
+        was never filled (raises ValueError when rows are missing or mixed with float)."""
+        if not self._parts:
+            return
+        self.quantized = self._parts.finish()
+        self._parts = WeightParts(0, 0)
+        self.weight.data = self.weight.data.new_empty(0)
+
+    def dequantize_weight(self, dtype: torch.dtype) -> None:
+        """The float weight back from `quantized` (paths without a quantized kernel)."""
+        if self.quantized is not None:
+            self.weight.data = self.quantized.dequantize(dtype).to(self.weight.device)
+            self.quantized = None
 
     def pack(self) -> bool:
         """Packs the loaded weight for the CPU (see packed_weight.py); True if it did. When
@@ -112,9 +164,9 @@ class LinearBase(nn.Module):
         return self.packed is not None
 
     def weight_loader(
-        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
+        self, param: nn.Parameter, loaded_weight: Checkpoint, shard_id: object = None
     ) -> None:
-        _copy_checked(param.data, loaded_weight)
+        self._store(param, loaded_weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias, self.packed)
@@ -149,10 +201,10 @@ class ColumnLinear(LinearBase):
         super().__init__(input_size, output_size // tp_size, bias, tp_rank, tp_size)
 
     def weight_loader(
-        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
+        self, param: nn.Parameter, loaded_weight: Checkpoint, shard_id: object = None
     ) -> None:
-        size = param.shape[0]
-        _copy_checked(param.data, loaded_weight.narrow(0, self.tp_rank * size, size))
+        size = self.output_size
+        self._store(param, narrow(loaded_weight, 0, self.tp_rank * size, size))
 
 
 class MergedColumnLinear(ColumnLinear):
@@ -180,14 +232,13 @@ class MergedColumnLinear(ColumnLinear):
         return sum(sizes[:shard_id]), sizes[shard_id]
 
     def weight_loader(
-        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
+        self, param: nn.Parameter, loaded_weight: Checkpoint, shard_id: object = None
     ) -> None:
         if shard_id is None:  # an already-fused checkpoint tensor
             super().weight_loader(param, loaded_weight)
             return
         offset, size = self.shard_range(int(shard_id))  # type: ignore[call-overload]
-        shard = loaded_weight.narrow(0, self.tp_rank * size, size)
-        _copy_checked(param.data.narrow(0, offset, size), shard)
+        self._store(param, narrow(loaded_weight, 0, self.tp_rank * size, size), offset)
 
 
 def kv_heads_per_rank(num_kv_heads: int, tp_size: int) -> int:
@@ -245,20 +296,20 @@ class QKVLinear(LinearBase):
         }[shard_id]
 
     def weight_loader(
-        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
+        self, param: nn.Parameter, loaded_weight: Checkpoint, shard_id: object = None
     ) -> None:
         if shard_id is None:  # an already-fused checkpoint tensor: cut it into q, k, v
             if self.tp_size == 1:
-                _copy_checked(param.data, loaded_weight)
+                self._store(param, loaded_weight)
                 return
             q_total = self.num_heads * self.tp_size * self.head_dim
             kv_total = self.total_num_kv_heads * self.head_dim
-            parts = loaded_weight.split([q_total, kv_total, kv_total], dim=0)
+            parts = split_rows(loaded_weight, [q_total, kv_total, kv_total])
             for name, part in zip("qkv", parts, strict=True):
                 self.weight_loader(param, part, name)
             return
         dst, src, size = self._ranges(str(shard_id))
-        _copy_checked(param.data.narrow(0, dst, size), loaded_weight.narrow(0, src, size))
+        self._store(param, narrow(loaded_weight, 0, src, size), dst)
 
     def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[num_tokens, (H + 2*K) * D] -> q [num_tokens, H*D], k, v [num_tokens, K*D]."""
@@ -288,13 +339,13 @@ class RowLinear(LinearBase):
         self.reduce_results = reduce_results
 
     def weight_loader(
-        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
+        self, param: nn.Parameter, loaded_weight: Checkpoint, shard_id: object = None
     ) -> None:
         if param.dim() == 1:  # bias: replicated
             _copy_checked(param.data, loaded_weight)
             return
-        size = param.shape[1]
-        _copy_checked(param.data, loaded_weight.narrow(1, self.tp_rank * size, size))
+        size = self.input_size
+        self._store(param, narrow(loaded_weight, 1, self.tp_rank * size, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = linear(x, self.weight, packed=self.packed)

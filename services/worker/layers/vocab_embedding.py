@@ -4,6 +4,10 @@ With tensor parallelism each rank holds ceil(vocab_size / tp_size) rows of the
 [vocab_size, hidden_size] table (the last rank's shard is zero-padded): the embedding
 looks up the ids in its range, zeroes the others and all-reduces; the LM head computes
 its slice of the logits and gathers the slices to TP rank 0 (the rank that samples).
+
+A quantized table (a GGUF file's token_embd, or the LM head quantized online) stays
+quantized: the LM head multiplies it through the C++ GEMM, and the embedding de-quantizes
+only the rows it looks up (from the head's packed copy when the two are tied).
 """
 
 from __future__ import annotations
@@ -14,6 +18,13 @@ from torch import nn
 
 from services.worker.layers.linear import linear
 from services.worker.layers.packed_weight import PackedWeight
+from services.worker.layers.quantization import QuantizedWeight
+from services.worker.layers.quantization.loading import (
+    Checkpoint,
+    OnlineQuantization,
+    pad_rows,
+    select_rows,
+)
 from services.worker.parallel_state import tp_all_reduce, tp_gather_last_dim
 
 
@@ -33,9 +44,11 @@ class VocabEmbedding(nn.Module):
         self.vocab_end = min(self.vocab_start + self.shard_size, vocab_size)
         self.weight = nn.Parameter(torch.empty(self.shard_size, hidden_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
+        self.quantized: QuantizedWeight | None = None  # a quantized table, kept quantized
+        self.row_source: object | None = None  # a packed tied head whose rows are looked up
 
     def weight_loader(
-        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
+        self, param: nn.Parameter, loaded_weight: Checkpoint, shard_id: object = None
     ) -> None:
         expected = (self.vocab_size, self.hidden_size)
         if tuple(loaded_weight.shape) != expected:
@@ -43,15 +56,34 @@ class VocabEmbedding(nn.Module):
                 f"checkpoint tensor has shape {tuple(loaded_weight.shape)}, expected {expected}"
             )
         rows = self.vocab_end - self.vocab_start
+        if isinstance(loaded_weight, QuantizedWeight):
+            shard = loaded_weight.narrow_rows(self.vocab_start, rows)
+            self.quantized = pad_rows(shard, self.shard_size)
+            param.data = param.data.new_empty(0)  # never filled: the table stays quantized
+            return
         param.data[:rows].copy_(loaded_weight.narrow(0, self.vocab_start, rows))
         param.data[rows:].zero_()
 
+    def dequantize_weight(self, dtype: torch.dtype) -> None:
+        """The float table back from `quantized` (paths without a quantized kernel)."""
+        if self.quantized is not None:
+            self.weight.data = self.quantized.dequantize(dtype).to(self.weight.device)
+            self.quantized = None
+
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of this rank's table [len(ids), hidden_size]."""
+        if self.row_source is not None:
+            return self.row_source.gather_rows(ids)  # float32, from the packed head
+        if self.quantized is not None:
+            return select_rows(self.quantized, ids).dequantize()  # float32
+        return F.embedding(ids, self.weight)
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.embedding(input_ids, self.weight)
+            return self._lookup(input_ids)
         mine = (input_ids >= self.vocab_start) & (input_ids < self.vocab_end)  # [num_tokens]
         local = torch.where(mine, input_ids - self.vocab_start, 0)
-        out = F.embedding(local, self.weight)  # [num_tokens, hidden_size]
+        out = self._lookup(local)  # [num_tokens, hidden_size]
         out.masked_fill_(~mine.unsqueeze(-1), 0)
         return tp_all_reduce(out)
 
@@ -68,9 +100,23 @@ class LMHead(VocabEmbedding):
 
     packed: PackedWeight | None = None
     native: object | None = None  # kernels/cpu PackedLinear: float32 logits around any weight
+    tied: VocabEmbedding | None = None
+    online: OnlineQuantization | None = None  # quantize the float table at load
 
     def tie_to(self, embedding: VocabEmbedding) -> None:
         self.weight = embedding.weight
+        # a plain attribute, not a submodule (it would appear twice in the module tree)
+        object.__setattr__(self, "tied", embedding)
+
+    def finish_loading(self) -> None:
+        """The head's quantized table: the tied embedding's, or its float one quantized
+        online (a tied embedding keeps its float table for the lookups)."""
+        if self.tied is not None and self.tied.quantized is not None:
+            self.quantized = self.tied.quantized
+        elif self.online is not None and self.quantized is None:
+            self.quantized = self.online.quantize(self.weight.detach())
+            if self.tied is None:
+                self.weight.data = self.weight.data.new_empty(0)
 
     def pack(self) -> bool:
         """A oneDNN-layout copy of the (maybe tied) weight for the CPU matmul; the plain
@@ -81,9 +127,13 @@ class LMHead(VocabEmbedding):
     def pack_native(self) -> None:
         """The native CPU step's packed copy (kernels/cpu/linear.cpp), which accumulates and
         writes float32 logits; the plain weight stays for the lookup and the rescoring."""
-        from kernels import cpu
+        from services.worker.native_step import packed_linear
 
-        self.native = cpu.load().PackedLinear(self.weight.detach(), torch.empty(0))
+        self.native = packed_linear(self, torch.empty(0))
+        if self.quantized is not None and self.tied is not None:
+            # the tied embedding looks its rows up in the packed copy: the table is held once
+            self.tied.row_source, self.tied.quantized = self.native, None
+        self.quantized = None
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         """float32 hidden states around bfloat16 weights (the CPU's mixed precision): the
@@ -91,9 +141,11 @@ class LMHead(VocabEmbedding):
         this size) would flip near-ties, so the top RESCORED_CANDIDATES logits of every row
         are recomputed in float32 (an exact dot product each), which is what decides greedy
         tokens, as a float32 LM head on the same weights would."""
-        low_precision = self.weight.dtype != torch.float32
+        # a quantized head already computes float32 logits of its exact weights
+        low_precision = self.weight.dtype != torch.float32 and self.weight.numel() > 0
         rescore = hidden_states.dtype == torch.float32 and low_precision and self.tp_size == 1
         if self.native is not None:  # float32 logits, the top ones rescored in the same call
+            rescore = rescore and self.native.format() in ("bfloat16", "float32")
             exact = self.weight if rescore else torch.empty(0)
             logits = self.native.forward(hidden_states, exact, RESCORED_CANDIDATES)
         else:

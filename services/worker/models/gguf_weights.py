@@ -1,0 +1,159 @@
+"""Checkpoint tensors read straight from a GGUF file, under their HF names (Llama family).
+
+    for name, tensor in iterate_gguf_weights(path, config, quantized=True):
+        ...  # "model.layers.0.self_attn.q_proj.weight", QuantizedWeight (Q4_1, ...)
+
+Quantized matrices come as `QuantizedWeight` (the file's blocks and scales, repacked
+exactly; services/worker/layers/quantization) when `quantized`, else de-quantized to
+float32 (gguf's own de-quantizer: every type it knows). Float tensors (norms, F16 / BF16
+matrices) come as float32 tensors either way. llama.cpp stores the query and key rows of
+the "llama" architecture in an interleaved rotary order; they are put back in HF's order
+here (a permutation of whole rows, so quantized rows move with their scales).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import PretrainedConfig
+
+from services.common.gguf_conversion import GGUF_NATIVE_ARCHITECTURES
+from services.worker.layers.quantization import (
+    QuantizedWeight,
+    UnsupportedQuantization,
+    decode_gguf,
+    gguf_float,
+)
+from services.worker.layers.quantization.loading import select_rows
+from services.worker.models.errors import ModelLoadError
+
+logger = logging.getLogger(__name__)
+
+# Only "llama" (smollm files carry it too) and "mistral" files hold permuted query / key
+# rows (llama.cpp's converter permutes them for its rotary kernels).
+PERMUTED_ARCHITECTURES = ("llama", "mistral")
+FLOAT_TYPES = ("F32", "F16", "BF16")
+
+_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_LAYER_PATTERN = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
+_GLOBAL_PATTERN = re.compile(r"(\w+)\.(weight|bias)$")
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """ "blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight"; None for tensors
+    the HF model does not have (rope_freqs: recomputed from the config)."""
+    layer = _LAYER_PATTERN.match(gguf_name)
+    if layer is not None:
+        index, kind, param = layer.groups()
+        module = _LAYER_NAMES.get(kind)
+        return None if module is None else f"model.layers.{index}.{module}.{param}"
+    top = _GLOBAL_PATTERN.match(gguf_name)
+    if top is not None and top.group(1) in _GLOBAL_NAMES:
+        return f"{_GLOBAL_NAMES[top.group(1)]}.{top.group(2)}"
+    return None
+
+
+def gguf_architecture(reader) -> str:
+    field = reader.fields.get("general.architecture")
+    return str(field.contents()) if field is not None else "unknown"
+
+
+def _rotary_order(rows: int, heads: int) -> torch.Tensor:
+    """Index i of HF's row order -> the GGUF row that holds it (llama.cpp's permutation of
+    each head's rows into interleaved rotary pairs, undone)."""
+    half = rows // heads // 2
+    return torch.arange(rows).reshape(heads, half, 2).transpose(1, 2).reshape(-1)
+
+
+def _select_rows(tensor: torch.Tensor | QuantizedWeight, index: torch.Tensor):
+    return tensor[index] if isinstance(tensor, torch.Tensor) else select_rows(tensor, index)
+
+
+def _heads_of(kind: str, config: PretrainedConfig) -> int | None:
+    if kind == "attn_q":
+        return int(config.num_attention_heads)
+    if kind == "attn_k":
+        return int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+    return None
+
+
+def _read_tensor(tensor, quantized: bool) -> torch.Tensor | QuantizedWeight:
+    type_name = tensor.tensor_type.name
+    shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists ne0 (K) first
+    if type_name in FLOAT_TYPES:
+        return gguf_float(np.asarray(tensor.data), type_name, shape)
+    if quantized:
+        return decode_gguf(np.asarray(tensor.data), type_name, shape[-1])
+    from gguf.quants import dequantize
+
+    values = dequantize(np.asarray(tensor.data), tensor.tensor_type)
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(shape)
+
+
+def iterate_gguf_weights(
+    path: Path,
+    config: PretrainedConfig,
+    quantized: bool,
+    wanted: Callable[[str], bool] | None = None,
+) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
+    """(HF name, tensor) for every tensor of `path` the HF model has; `wanted(name)` False
+    skips a tensor without decoding it. Raises ModelLoadError for an architecture outside
+    the native family or, when `quantized`, a block type our kernels do not run."""
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as exc:  # gguf raises many types for a bad file
+        raise ModelLoadError(
+            f"could not read GGUF file {path}: {type(exc).__name__}: {exc}"
+        ) from exc
+    arch = gguf_architecture(reader)
+    if arch not in GGUF_NATIVE_ARCHITECTURES:
+        raise ModelLoadError(
+            f"{path} is a {arch!r} GGUF; pagestream loads GGUF files of the native family "
+            f"({', '.join(GGUF_NATIVE_ARCHITECTURES)})."
+        )
+    for tensor in reader.tensors:
+        name = hf_name(tensor.name)
+        if name is None:
+            logger.debug("GGUF tensor %s has no HF counterpart; skipped", tensor.name)
+            continue
+        if wanted is not None and not wanted(name):
+            continue
+        try:
+            value = _read_tensor(tensor, quantized)
+        except UnsupportedQuantization as exc:
+            raise ModelLoadError(
+                f"GGUF tensor {tensor.name} is {tensor.tensor_type.name}, which pagestream's "
+                f"kernels do not run ({exc}); load it de-quantized with --quantization none "
+                "(and an explicit --dtype)."
+            ) from exc
+        kind = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
+        heads = _heads_of(kind, config)
+        if heads is not None and arch in PERMUTED_ARCHITECTURES:
+            value = _select_rows(value, _rotary_order(_rows(value), heads))
+        yield name, value
+
+
+def _rows(value: torch.Tensor | QuantizedWeight) -> int:
+    return value.shape[0]

@@ -1,0 +1,106 @@
+"""kernels/cpu/quantized_linear.cpp against its torch reference (de-quantize, then a float32
+matmul): every code width, scale dtype and group size, with and without mins and bias,
+edge shapes (N not a multiple of 16, one column block, one group per row), the few-rows
+path (codes streamed, float32 throughout) and the many-rows path (a bfloat16 slice per
+block where this CPU has bfloat16 dot products, so compared with bfloat16 inputs)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import cpu
+
+pytestmark = pytest.mark.skipif(
+    cpu.unavailable_reason() is not None, reason="the C++ CPU kernels cannot be built here"
+)
+
+FEW_ROWS = 8  # quantized_linear.cpp's FEW_ROWS
+
+
+def random_weight(n: int, k: int, bits: int, group: int, scale_dtype, with_mins: bool, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    if bits == 8:
+        codes = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+        values = codes.float()
+    else:
+        values = torch.randint(0, 16, (n, k), generator=g).float()
+        pairs = values.to(torch.uint8).reshape(n, k // 2, 2)
+        codes = pairs[..., 0] | (pairs[..., 1] << 4)
+    scales = (torch.rand(n, k // group, generator=g) * 0.02 + 0.001).to(scale_dtype)
+    mins = (torch.randn(n, k // group, generator=g) * 0.05).to(scale_dtype) if with_mins else None
+    expand = lambda t: t.float().repeat_interleave(group, dim=1)  # noqa: E731
+    dense = expand(scales) * values + (expand(mins) if with_mins else 0)
+    return codes, scales, mins, dense
+
+
+def packed(bits, codes, scales, mins, group, bias):
+    module = cpu.load()
+    return module.PackedLinear.quantized(
+        bits,
+        codes,
+        scales,
+        mins if mins is not None else torch.empty(0),
+        group,
+        bias if bias is not None else torch.empty(0),
+        f"test{bits}",
+    )
+
+
+def bf16_gemm() -> bool:
+    return bool(cpu.load().linear_supported(torch.bfloat16))
+
+
+CASES = [
+    # bits, n, k, group, scale dtype, mins
+    (8, 64, 64, 32, torch.float16, False),  # Q8_0-like
+    (4, 40, 96, 32, torch.float16, True),  # Q4_1-like, N not a multiple of 16
+    (4, 200, 64, 32, torch.float32, True),  # Q4_K-like (float32 scales), several blocks
+    (8, 48, 128, 16, torch.float32, False),  # Q6_K-like
+    (8, 100, 96, 32, torch.float32, True),  # Q5_K-like
+    (8, 33, 80, 80, torch.float32, False),  # int8 per output channel
+    (4, 272, 256, 128, torch.float32, True),  # int4, groups of 128
+    (4, 16, 32, 32, torch.float16, False),  # one block, one group per row
+]
+
+
+@pytest.mark.parametrize("bits,n,k,group,scale_dtype,with_mins", CASES)
+@pytest.mark.parametrize("rows", [1, 3, FEW_ROWS, FEW_ROWS + 1, 37])
+def test_matches_the_dequantized_matmul(bits, n, k, group, scale_dtype, with_mins, rows):
+    codes, scales, mins, dense = random_weight(n, k, bits, group, scale_dtype, with_mins, seed=n)
+    bias = torch.randn(n) if n % 2 == 0 else None
+    x = torch.randn(rows, k)
+    linear = packed(bits, codes, scales, mins, group, bias)
+    out = linear.forward(x, torch.empty(0), 0)
+    assert out.shape == (rows, n) and out.dtype == torch.float32
+    if rows > FEW_ROWS and bf16_gemm():  # the block is de-quantized to bfloat16
+        ref = x.bfloat16().float() @ dense.bfloat16().float().T
+    else:
+        ref = x @ dense.T
+    if bias is not None:
+        ref = ref + bias
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_rows_and_accounting():
+    bits, n, k, group = 4, 72, 64, 32
+    codes, scales, mins, dense = random_weight(n, k, bits, group, torch.float16, True, seed=1)
+    linear = packed(bits, codes, scales, mins, group, None)
+    ids = torch.tensor([0, 5, 71, 64, 5])
+    torch.testing.assert_close(linear.gather_rows(ids), dense[ids], rtol=0, atol=0)
+    assert (linear.in_features(), linear.out_features()) == (k, n)
+    assert linear.format() == "test4"
+    # codes (padded to 80 columns) + float16 scales and mins
+    assert linear.weight_bytes() >= 80 * k // 2 + 2 * 2 * 80 * (k // group)
+    with pytest.raises(RuntimeError, match="row 72 of 72"):
+        linear.gather_rows(torch.tensor([72]))
+
+
+def test_bad_shapes_are_refused():
+    codes, scales, mins, _ = random_weight(16, 64, 8, 32, torch.float16, False, seed=2)
+    with pytest.raises(RuntimeError, match="scales must be"):
+        packed(8, codes, scales[:, :1], None, 32, None)
+    with pytest.raises(RuntimeError, match="group 24 must divide"):
+        packed(8, codes, torch.ones(16, 2, dtype=torch.float16), None, 24, None)
+    with pytest.raises(RuntimeError, match="must be uint8"):
+        packed(4, codes, scales, None, 32, None)
