@@ -97,7 +97,7 @@ def test_rows_and_accounting():
 
 
 def test_bad_shapes_are_refused():
-    codes, scales, mins, _ = random_weight(16, 64, 8, 32, torch.float16, False, seed=2)
+    codes, scales, _, _ = random_weight(16, 64, 8, 32, torch.float16, False, seed=2)
     with pytest.raises(RuntimeError, match="scales must be"):
         packed(8, codes, scales[:, :1], None, 32, None)
     with pytest.raises(RuntimeError, match="group 24 must divide"):
