@@ -183,10 +183,10 @@ def run_bench(args: argparse.Namespace) -> int:
         report_serve_peer,
         report_structured,
     )
-    from services.common.model_source import resolve_model
+    from services.worker.models.gguf_weights import dequantized_folder
 
     profile = _profile(args)
-    folder = str(resolve_model(args.model))
+    folder = str(dequantized_folder(args.model))  # float weights: the unquantized runs
     from transformers import AutoTokenizer
 
     workload = workload_mod.make_workload(AutoTokenizer.from_pretrained(folder), profile)

@@ -90,9 +90,9 @@ def main() -> None:
     opts = parser.parse_args()
     from transformers import AutoTokenizer
 
-    from services.common.model_source import resolve_model
+    from services.worker.models.gguf_weights import dequantized_folder
 
-    folder = str(resolve_model(opts.model))
+    folder = str(dequantized_folder(opts.model))
     workload = make_workload(AutoTokenizer.from_pretrained(folder), PROFILES["quick"])
     requests = workload.requests[: opts.batch]
     rows = [measure(folder, opts.dtype, c, requests, opts.rounds) for c in (False, True)]

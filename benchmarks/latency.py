@@ -10,6 +10,12 @@ every linear weight and the LM head once, over the read bandwidth measured here 
 a 1 GiB float32 tensor on the same threads) and, with the bench extra installed,
 llama.cpp at batch 1 on the same weights (F32 / BF16 GGUF files exported from the
 model's GGUF, benchmarks/gguf_export.py), threads and prompt, timed the same way.
+
+Quantized runs beside the float ones: "gguf" runs the model's own GGUF file as it is (its
+Q4_1 / Q8_0 blocks, `quantization="gguf"`), and llama.cpp runs that very file; "int8" /
+"int4" quantize the float checkpoint at load. Their streaming limit counts the bytes they
+really read: the file's matrix bytes (the tied embedding once, as the LM head), or the
+codes and scales of int8 / int4.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from benchmarks.workload import BenchRequest
 logger = logging.getLogger(__name__)
 
 LLAMACPP_DTYPES = {"float32": "F32", "bfloat16": "BF16"}
+QUANTIZED_RUNS = ("gguf", "int8", "int4")
 
 
 @dataclass(frozen=True)
@@ -34,7 +41,7 @@ class LatencyOptions:
     model: str  # the model's name or path (llama.cpp's GGUF is exported from its GGUF)
     folder: str  # its resolved HF folder (what pagestream loads)
     kv_cache_memory: str
-    dtypes: tuple[str, ...] = ("bfloat16", "float32")
+    dtypes: tuple[str, ...] = ("gguf", "int8", "bfloat16", "float32")
     batch_sizes: tuple[int, ...] = (1, 4, 16)
     prompt_len: int = 200
     output_len: int = 128
@@ -58,17 +65,33 @@ def read_bandwidth_gb_s(rounds: int = 5) -> float:
     return statistics.median(speeds)
 
 
-def decode_bytes(folder: str, dtype: str) -> int:
+def decode_bytes(folder: str, dtype: str, model: str = "") -> int:
     """What one decode step must read: every linear weight of the stack and the LM head
-    once, in the run's dtype (the embedding rows it gathers are a few KB)."""
+    once, in the run's dtype or quantized form (the embedding rows it gathers are a few KB)."""
     from transformers import AutoConfig
 
     from benchmarks.ceiling import ModelShapes
 
+    if dtype == "gguf":
+        return gguf_matrix_bytes(model)
     shapes = ModelShapes.from_config(AutoConfig.from_pretrained(folder).get_text_config())
-    itemsize = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
     weights = shapes.num_layers * sum(i * o for i, o in shapes.layer_linears())
-    return itemsize * (weights + shapes.vocab_size * shapes.hidden_size)
+    weights += shapes.vocab_size * shapes.hidden_size
+    if dtype == "int8":  # a byte per weight and a float32 scale per output channel
+        return weights
+    if dtype == "int4":  # half a byte per weight, float32 scale and min per 128
+        return weights // 2 + weights // 128 * 8
+    return torch.empty(0, dtype=getattr(torch, dtype)).element_size() * weights
+
+
+def gguf_matrix_bytes(model: str) -> int:
+    """The bytes of a GGUF model's matrices as the file stores them (norms left out)."""
+    from gguf import GGUFReader
+
+    from services.common.model_source import gguf_source
+
+    reader = GGUFReader(str(gguf_source(model)))
+    return sum(int(t.n_bytes) for t in reader.tensors if len(t.shape) == 2)
 
 
 def _prompt(prompt_len: int) -> list[int]:
@@ -92,7 +115,12 @@ def _per_token_ms(full_s: float, first_s: float, output_len: int) -> float:
 def measure_pagestream(options: LatencyOptions, dtype: str) -> dict:
     from pagestream import LLM
 
-    llm = LLM(options.folder, dtype=dtype, kv_cache_memory=options.kv_cache_memory)
+    if dtype == "gguf":  # the model's own GGUF file, its blocks as they are
+        llm = LLM(options.model, quantization="gguf", kv_cache_memory=options.kv_cache_memory)
+    elif dtype in QUANTIZED_RUNS:
+        llm = LLM(options.folder, quantization=dtype, kv_cache_memory=options.kv_cache_memory)
+    else:
+        llm = LLM(options.folder, dtype=dtype, kv_cache_memory=options.kv_cache_memory)
     prompt = _prompt(options.prompt_len)
     _time_generate(llm, 1, prompt, 4)  # warm-up
     result: dict = {"ms_per_token": {}, "ms_per_token_per_round": {}}
@@ -114,13 +142,18 @@ def measure_llamacpp(options: LatencyOptions, dtype: str) -> dict:
     from benchmarks.gguf_export import export_gguf, source_gguf
     from benchmarks.llamacpp import LlamaCppEngine, LlamaCppOptions, llama_cpp_version
 
-    gguf_dtype = LLAMACPP_DTYPES[dtype]
-    path = export_gguf(source_gguf(options.model), gguf_dtype)
-    cpp_options = LlamaCppOptions(model=options.model, dtypes=(gguf_dtype,))
+    if dtype == "gguf":  # the very file pagestream runs
+        path = source_gguf(options.model)
+        gguf_dtype = path.stem.rsplit(".", 1)[-1]
+    else:
+        gguf_dtype = LLAMACPP_DTYPES[dtype]
+        path = export_gguf(source_gguf(options.model), gguf_dtype)
+    kv_type = "BF16" if dtype == "gguf" else gguf_dtype  # the gguf run's cache: bfloat16
+    cpp_options = LlamaCppOptions(model=options.model, dtypes=(kv_type,))
     prompt = _prompt(options.prompt_len)
     max_len = options.prompt_len + options.output_len
     rounds = []
-    with LlamaCppEngine(path, gguf_dtype, cpp_options, max_len, 1) as engine:
+    with LlamaCppEngine(path, kv_type, cpp_options, max_len, 1) as engine:
         engine.warm_up(BenchRequest(prompt, 4))
         for _ in range(options.rounds):
             start = time.perf_counter()
@@ -154,8 +187,9 @@ def run_latency(options: LatencyOptions) -> dict:
     }
     for dtype in options.dtypes:
         ours = measure_pagestream(options, dtype)
-        entry: dict = {"pagestream": ours, "decode_bytes": decode_bytes(options.folder, dtype)}
-        if options.llamacpp:
+        bytes_read = decode_bytes(options.folder, dtype, options.model)
+        entry: dict = {"pagestream": ours, "decode_bytes": bytes_read}
+        if options.llamacpp and (dtype in LLAMACPP_DTYPES or dtype == "gguf"):
             theirs = measure_llamacpp(options, dtype)
             entry["llamacpp"] = theirs
             entry["llamacpp_over_ours"] = round(

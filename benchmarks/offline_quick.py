@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pagestream import LLM, SamplingParams
-from services.common.model_source import resolve_model
+from services.worker.models.gguf_weights import dequantized_folder
 
 TOPICS = ["the sea", "a paged cache", "trains", "bread", "the moon", "rivers", "music", "chess"]
 
@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     texts = prompts(args.num_prompts)
-    folder = resolve_model("smollm2-135m-instruct")
+    folder = dequantized_folder("smollm2-135m-instruct")
     llm = LLM(kv_cache_memory="1GiB")
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)

@@ -96,9 +96,9 @@ def run_pagestream(llm, requests: list[BenchRequest], name: str = "pagestream") 
 
 def run_throughput(requests: list[BenchRequest], options: ThroughputOptions) -> dict:
     """Every engine on the same requests; returns a JSON-ready dict (runs, ratios, ceiling)."""
-    from services.common.model_source import resolve_model
+    from services.worker.models.gguf_weights import dequantized_folder
 
-    folder = str(resolve_model(options.model))
+    folder = str(dequantized_folder(options.model))
     llm = make_llm(folder, options.dtype, options.kv_cache_memory, **options.engine_kwargs)
     config = llm.engine.worker.model.config
     ours = run_pagestream(llm, requests, f"pagestream LLM.generate ({options.dtype})")

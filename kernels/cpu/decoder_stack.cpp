@@ -212,8 +212,9 @@ class PackedLinear {
 
   static PackedLinear quantized(int64_t bits, const at::Tensor& codes, const at::Tensor& scales,
                                 const at::Tensor& mins, int64_t group, const at::Tensor& bias,
-                                const std::string& format) {
-    return PackedLinear(make_quantized_linear(bits, codes, scales, mins, group, bias, format));
+                                const std::string& format, bool bf16_rows) {
+    return PackedLinear(
+        make_quantized_linear(bits, codes, scales, mins, group, bias, format, bf16_rows));
   }
 
   // x [M, K] (any float dtype; rounded once into the weight's input type). With `exact`

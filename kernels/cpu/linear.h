@@ -39,11 +39,12 @@ std::shared_ptr<Linear> make_linear(const at::Tensor& weight, const at::Tensor& 
 // (+ mins[n, k / group]), in float32. codes: bits 8: int8 [N, K]; bits 4: uint8 [N, K / 2]
 // with code(2j) in the low nibble of byte j and code(2j + 1) in the high one. scales (and
 // mins, or an undefined / empty tensor) [N, K / group], float16 or float32. `format` names
-// the source format for logs (Q4_1, int8, ...).
+// the source format for logs (Q4_1, int8, ...). bf16_rows: products of many rows may run
+// in bfloat16 (a bfloat16 model's precision), else float32.
 std::shared_ptr<Linear> make_quantized_linear(int64_t bits, const at::Tensor& codes,
                                               const at::Tensor& scales, const at::Tensor& mins,
                                               int64_t group, const at::Tensor& bias,
-                                              const std::string& format);
+                                              const std::string& format, bool bf16_rows);
 
 // Whether make_linear's kernel for `dtype` runs on this CPU (a small product checked
 // against a plain one); false means the caller keeps the torch path.

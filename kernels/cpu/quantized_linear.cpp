@@ -12,8 +12,9 @@
 // codes into floats (convert, then one FMA with the group's scales and mins) and adding
 // them into every row's accumulators, which stay in registers over the whole K: the
 // weights are read once for all rows at the memory's speed. Many rows: each block is
-// de-quantized once into a cache-sized bfloat16 (float32 where this CPU has no bfloat16
-// dot products) slice in brgemm's layout, and one micro-GEMM runs over all rows.
+// de-quantized once into a cache-sized slice in brgemm's layout, and one micro-GEMM runs
+// over all rows: a bfloat16 slice (and bfloat16 rows) for a bfloat16 model on a CPU with
+// bfloat16 dot products, else float32 (a float32 model gets float32 products throughout).
 #include "linear.h"
 #include "thread_pool.h"
 #include "weight_buffer.h"
@@ -169,8 +170,9 @@ template <int Bits, typename S, bool HasMin>
 class QuantizedLinear final : public Linear {
  public:
   QuantizedLinear(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
-                  int64_t group, const at::Tensor& bias, std::string format)
-      : n_(codes.size(0)),
+                  int64_t group, const at::Tensor& bias, std::string format, bool bf16_rows)
+      : bf16_rows_(bf16_rows && bf16_gemm_here()),
+        n_(codes.size(0)),
         k_(codes.size(1) * (Bits == 4 ? 2 : 1)),
         np_(round_up(n_, 16)),
         group_(group),
@@ -207,7 +209,7 @@ class QuantizedLinear final : public Linear {
       run_few_rows(a, M, ld_x, out, ld_out, accumulate);
       return;
     }
-    if (bf16_gemm_here()) {
+    if (bf16_rows_) {
       run_many_rows<bf16>(a, M, ld_x, out, ld_out, accumulate);
       return;
     }
@@ -400,6 +402,7 @@ class QuantizedLinear final : public Linear {
     }
   }
 
+  bool bf16_rows_;  // many rows: de-quantize to bfloat16 (else float32) for brgemm
   int64_t n_, k_, np_, group_, groups_, block_ = 32;
   std::string format_;
   WeightBuffer<uint8_t> codes_;
@@ -411,18 +414,22 @@ class QuantizedLinear final : public Linear {
 template <int Bits, typename S>
 std::shared_ptr<Linear> with_mins(bool has_mins, const at::Tensor& codes, const at::Tensor& scales,
                                   const at::Tensor& mins, int64_t group, const at::Tensor& bias,
-                                  const std::string& format) {
-  if (has_mins) return std::make_shared<QuantizedLinear<Bits, S, true>>(codes, scales, mins, group, bias, format);
-  return std::make_shared<QuantizedLinear<Bits, S, false>>(codes, scales, mins, group, bias, format);
+                                  const std::string& format, bool bf16_rows) {
+  if (has_mins) {
+    return std::make_shared<QuantizedLinear<Bits, S, true>>(codes, scales, mins, group, bias, format, bf16_rows);
+  }
+  return std::make_shared<QuantizedLinear<Bits, S, false>>(codes, scales, mins, group, bias, format, bf16_rows);
 }
 
 template <int Bits>
 std::shared_ptr<Linear> with_scales(const at::Tensor& codes, const at::Tensor& scales,
                                     const at::Tensor& mins, int64_t group, const at::Tensor& bias,
-                                    const std::string& format) {
+                                    const std::string& format, bool bf16_rows) {
   const bool has_mins = mins.defined() && mins.numel() > 0;
-  if (scales.scalar_type() == at::kHalf) return with_mins<Bits, half>(has_mins, codes, scales, mins, group, bias, format);
-  return with_mins<Bits, float>(has_mins, codes, scales, mins, group, bias, format);
+  if (scales.scalar_type() == at::kHalf) {
+    return with_mins<Bits, half>(has_mins, codes, scales, mins, group, bias, format, bf16_rows);
+  }
+  return with_mins<Bits, float>(has_mins, codes, scales, mins, group, bias, format, bf16_rows);
 }
 
 }  // namespace
@@ -430,7 +437,7 @@ std::shared_ptr<Linear> with_scales(const at::Tensor& codes, const at::Tensor& s
 std::shared_ptr<Linear> make_quantized_linear(int64_t bits, const at::Tensor& codes,
                                               const at::Tensor& scales, const at::Tensor& mins,
                                               int64_t group, const at::Tensor& bias,
-                                              const std::string& format) {
+                                              const std::string& format, bool bf16_rows) {
   TORCH_CHECK(bits == 4 || bits == 8, "quantized linear: 4 or 8 bits, not ", bits);
   TORCH_CHECK(codes.dim() == 2 && codes.device().is_cpu(), "quantized linear: CPU codes [N, K']");
   TORCH_CHECK(codes.scalar_type() == (bits == 8 ? at::kChar : at::kByte),
@@ -446,8 +453,8 @@ std::shared_ptr<Linear> make_quantized_linear(int64_t bits, const at::Tensor& co
     TORCH_CHECK(mins.sizes() == scales.sizes() && mins.scalar_type() == scales.scalar_type(),
                 "quantized linear: mins must match the scales' shape and dtype");
   }
-  if (bits == 8) return with_scales<8>(codes, scales, mins, group, bias, format);
-  return with_scales<4>(codes, scales, mins, group, bias, format);
+  if (bits == 8) return with_scales<8>(codes, scales, mins, group, bias, format, bf16_rows);
+  return with_scales<4>(codes, scales, mins, group, bias, format, bf16_rows);
 }
 
 }  // namespace pagestream

@@ -143,14 +143,14 @@ def _check_fallback(config: PretrainedConfig, rank: RankInfo, quantization: str 
 
 
 def resolve_quantization(
-    model_config: ModelConfig, gguf: Path | None, native: bool = True
+    model_config: ModelConfig, gguf: Path | None, native: bool = True, dtype: str | None = None
 ) -> str | None:
     """The quantization that runs: "gguf", "int8", "int4" or None (float weights). Unset,
     a .gguf model of the native family at dtype auto keeps its blocks; an explicit dtype
     (or an architecture only transformers runs) de-quantizes it."""
     requested = model_config.quantization
     if requested is None:
-        keep = gguf is not None and native and model_config.dtype == "auto"
+        keep = gguf is not None and native and (dtype or model_config.dtype) == "auto"
         return "gguf" if keep else None
     if requested == "none":
         return None
@@ -192,7 +192,9 @@ def load_model(
     attention_ops = resolve_attention_backend(model_config.attention_backend, target)
     model_class = native_model_class(getattr(config, "architectures", None))
     gguf = gguf_source(model_config.model)
-    quantization = resolve_quantization(model_config, gguf, model_class is not None)
+    # the dtype asked for by name (a torch dtype comes resolved from the config's name)
+    asked = dtype if isinstance(dtype, str) else None
+    quantization = resolve_quantization(model_config, gguf, model_class is not None, asked)
     if model_class is None:
         _check_fallback(config, rank, quantization)
         model: CausalLM = HFFallbackForCausalLM.from_pretrained(folder, target, torch_dtype)

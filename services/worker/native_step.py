@@ -84,6 +84,7 @@ def packed_linear(linear: nn.Module, bias: torch.Tensor) -> object:
         quantized.group_size,
         bias,
         quantized.source,
+        linear.weight.dtype == torch.bfloat16,  # many rows in bfloat16 for a bfloat16 model
     )
 
 

@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from pagestream import LLM, SamplingParams
-from services.common.model_source import resolve_model
+from services.worker.models.gguf_weights import dequantized_folder
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ def llm():
 
 @pytest.fixture(scope="module")
 def hf_model():
-    folder = resolve_model("smollm2-135m-instruct")
+    folder = dequantized_folder("smollm2-135m-instruct")
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
 

@@ -5,7 +5,7 @@ with a message that says why, before any worker process starts."""
 import pytest
 
 from pagestream import LLM, SamplingParams
-from services.common.model_source import resolve_model
+from services.worker.models.gguf_weights import dequantized_folder
 from tests.engine.parallel_helpers import assert_same_or_near_tie
 
 pytestmark = pytest.mark.slow
@@ -34,7 +34,7 @@ def test_tp3_matches_one_worker():
         outputs = tp3.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     finally:
         tp3.engine.close()
-    folder = resolve_model("smollm2-135m-instruct")
+    folder = dequantized_folder("smollm2-135m-instruct")
     for prompt, out, ref in zip(prompts, outputs, expected, strict=True):
         assert_same_or_near_tie(folder, prompt, out.outputs[0].token_ids, ref)
 

@@ -34,7 +34,7 @@ def random_weight(n: int, k: int, bits: int, group: int, scale_dtype, with_mins:
     return codes, scales, mins, dense
 
 
-def packed(bits, codes, scales, mins, group, bias):
+def packed(bits, codes, scales, mins, group, bias, bf16_rows=True):
     module = cpu.load()
     return module.PackedLinear.quantized(
         bits,
@@ -44,6 +44,7 @@ def packed(bits, codes, scales, mins, group, bias):
         group,
         bias if bias is not None else torch.empty(0),
         f"test{bits}",
+        bf16_rows,
     )
 
 
@@ -66,14 +67,15 @@ CASES = [
 
 @pytest.mark.parametrize("bits,n,k,group,scale_dtype,with_mins", CASES)
 @pytest.mark.parametrize("rows", [1, 3, FEW_ROWS, FEW_ROWS + 1, 37])
-def test_matches_the_dequantized_matmul(bits, n, k, group, scale_dtype, with_mins, rows):
+@pytest.mark.parametrize("bf16_rows", [True, False])
+def test_matches_the_dequantized_matmul(bits, n, k, group, scale_dtype, with_mins, rows, bf16_rows):
     codes, scales, mins, dense = random_weight(n, k, bits, group, scale_dtype, with_mins, seed=n)
     bias = torch.randn(n) if n % 2 == 0 else None
     x = torch.randn(rows, k)
-    linear = packed(bits, codes, scales, mins, group, bias)
+    linear = packed(bits, codes, scales, mins, group, bias, bf16_rows)
     out = linear.forward(x, torch.empty(0), 0)
     assert out.shape == (rows, n) and out.dtype == torch.float32
-    if rows > FEW_ROWS and bf16_gemm():  # the block is de-quantized to bfloat16
+    if rows > FEW_ROWS and bf16_rows and bf16_gemm():  # the block is de-quantized to bfloat16
         ref = x.bfloat16().float() @ dense.bfloat16().float().T
     else:
         ref = x @ dense.T

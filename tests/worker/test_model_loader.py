@@ -10,16 +10,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gguf import MODEL_ARCH, GGMLQuantizationType, GGUFWriter, get_tensor_name_map
+from gguf import (
+    GGML_QUANT_SIZES,
+    MODEL_ARCH,
+    GGMLQuantizationType,
+    GGUFWriter,
+    get_tensor_name_map,
+)
 from gguf.quants import dequantize, quantize
-from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from services.common import gguf_conversion
 from services.common.config import DEFAULT_MODEL, ModelConfig
-from services.common.model_source import DEFAULT_GGUF_FILE, cache_dir, resolve_model
+from services.common.model_source import DEFAULT_GGUF_FILE, resolve_model
 from services.worker.model_loader import ModelLoadError, load_model, resolve_dtype
+from services.worker.models.gguf_weights import dequantized_folder, iterate_gguf_weights
 from services.worker.models.llama import LlamaForCausalLM
 from tests.worker.conftest import SeqState, build_tiny_model
 
@@ -144,13 +151,19 @@ def test_bfloat16_load_stays_close_to_float32(tiny_model_dir, make_session):
 # ---------------------------------------------------------------- GGUF
 
 
-def write_tiny_gguf(path: Path, hf_model) -> dict[str, np.ndarray]:
-    """Write `hf_model` (a tiny Llama) as a llama.cpp GGUF with a byte-level BPE tokenizer.
+def write_tiny_gguf(
+    path: Path, hf_model, matrix_type: str | None = None, arch: str = "llama"
+) -> dict[str, np.ndarray]:
+    """Write `hf_model` (a tiny Llama or Qwen2) as a llama.cpp GGUF with a byte-level BPE
+    tokenizer.
 
-    The MLP weights are stored as Q8_0 so conversion really dequantizes; returns the
-    tensors (HF names) the conversion must reproduce."""
+    By default the MLP weights are stored as Q8_0 so conversion really dequantizes; with
+    `matrix_type` every matrix (embedding included) is stored in that GGUF type: gguf's
+    own quantization of the weight for Q8_0 / Q4_0 / Q4_1, random blocks with small scales
+    for the K-quants (gguf cannot quantize them). Returns the tensors (HF names, float32)
+    the file de-quantizes to."""
     config = hf_model.config
-    writer = GGUFWriter(str(path), "llama")
+    writer = GGUFWriter(str(path), arch)
     writer.add_name("tiny-llama")
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -171,7 +184,7 @@ def write_tiny_gguf(path: Path, hf_model) -> dict[str, np.ndarray]:
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
-    expected = _add_tensors(writer, hf_model)
+    expected = _add_tensors(writer, hf_model, matrix_type, arch)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -179,28 +192,61 @@ def write_tiny_gguf(path: Path, hf_model) -> dict[str, np.ndarray]:
     return expected
 
 
-def _add_tensors(writer: GGUFWriter, hf_model) -> dict[str, np.ndarray]:
+# K-quant blocks: (offset, count) of their float16 super-block scales (d, dmin).
+_K_QUANT_FP16 = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208, 1)}
+
+
+def _k_quant_blocks(type_name: str, rows: int, cols: int, seed: int) -> np.ndarray:
+    """Random blocks of a K-quant with small super-block scales (weights of order 0.1)."""
+    rng = np.random.default_rng(seed)
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
+    blocks = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+    start, count = _K_QUANT_FP16[type_name]
+    scales = (rng.random((rows, cols // block, count)) * 4e-3 + 1e-3).astype(np.float16)
+    blocks[..., start : start + 2 * count] = scales.view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+def _matrix_blocks(array: np.ndarray, type_name: str, seed: int) -> np.ndarray:
+    if type_name in _K_QUANT_FP16:
+        return _k_quant_blocks(type_name, array.shape[0], array.shape[1], seed)
+    return quantize(array, GGMLQuantizationType[type_name])
+
+
+def _add_tensors(
+    writer: GGUFWriter, hf_model, matrix_type: str | None, arch: str
+) -> dict[str, np.ndarray]:
     config = hf_model.config
-    name_map = get_tensor_name_map(MODEL_ARCH.LLAMA, config.num_hidden_layers)
+    model_arch = MODEL_ARCH.LLAMA if arch == "llama" else MODEL_ARCH.QWEN2
+    name_map = get_tensor_name_map(model_arch, config.num_hidden_layers)
     expected = {}
-    for name, tensor in hf_model.state_dict().items():
-        if name == "lm_head.weight":
+    for index, (name, tensor) in enumerate(hf_model.state_dict().items()):
+        if name == "lm_head.weight" and config.tie_word_embeddings:
             continue  # tied
         base, suffix = name.rsplit(".", 1)
         array = tensor.numpy().astype(np.float32)
         expected[name] = array
         heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
         for proj, num_heads in heads.items():
-            if base.endswith(proj):  # llama.cpp's rotary permutation, undone on conversion
-                array = array.reshape(num_heads, 2, -1, array.shape[1]).swapaxes(1, 2)
+            if base.endswith(proj) and arch == "llama":  # llama.cpp's rotary permutation
+                array = array.reshape(num_heads, 2, -1, *array.shape[1:]).swapaxes(1, 2)
                 array = array.reshape(expected[name].shape)
         gguf_name = f"{name_map.get_name(base)}.{suffix}"
-        if ".mlp." in name:
-            quantized = quantize(array, GGMLQuantizationType.Q8_0)
-            writer.add_tensor(gguf_name, quantized, raw_dtype=GGMLQuantizationType.Q8_0)
-            expected[name] = dequantize(quantized, GGMLQuantizationType.Q8_0)
-        else:
+        type_name = matrix_type if array.ndim == 2 else None
+        if matrix_type is None and ".mlp." in name:
+            type_name = "Q8_0"
+        if type_name is None:
             writer.add_tensor(gguf_name, array)
+            continue
+        qtype = GGMLQuantizationType[type_name]
+        blocks = _matrix_blocks(array, type_name, seed=index)
+        writer.add_tensor(gguf_name, blocks, raw_dtype=qtype)
+        values = dequantize(blocks, qtype).reshape(array.shape)
+        if base.endswith(("q_proj", "k_proj")) and arch == "llama":  # back into HF's order
+            num_heads = heads[base.rsplit(".", 1)[-1]]
+            values = values.reshape(num_heads, -1, 2, values.shape[1]).swapaxes(1, 2)
+            values = values.reshape(array.shape)
+        expected[name] = values
     return expected
 
 
@@ -211,18 +257,28 @@ def tiny_gguf(tmp_path) -> tuple[Path, dict[str, np.ndarray]]:
     return gguf_path, write_tiny_gguf(gguf_path, hf_model)
 
 
-def test_gguf_is_converted_once_and_cached(tiny_gguf, pagestream_cache, make_session, monkeypatch):
+def test_gguf_is_converted_once_and_cached(
+    tiny_gguf, pagestream_cache, make_session, monkeypatch, tmp_path
+):
     gguf_path, expected = tiny_gguf
     folder = resolve_model(gguf_path)
     assert folder.parent == pagestream_cache / "models"
     assert folder.name.startswith("tiny.Q8_0-")
     for required in ("config.json", "generation_config.json", "tokenizer.json"):
         assert (folder / required).is_file(), required
-    tensors = load_file(folder / "model.safetensors")
+    # a native architecture's weights are read from the GGUF file itself, never written
+    assert not list(folder.glob("*.safetensors"))
+    config = AutoConfig.from_pretrained(folder)
+    tensors = dict(iterate_gguf_weights(gguf_path, config, quantized=False))
     assert set(tensors) == set(expected)
     for name, array in expected.items():
         np.testing.assert_array_equal(tensors[name].numpy(), array, err_msg=name)
     assert not list(folder.parent.glob(".*tmp-*"))  # the temp dir was renamed away
+    reference = tmp_path / "dequantized"  # the same weights as an HF folder, for HF eager
+    shutil.copytree(folder, reference)
+    save_file(
+        {name: t.contiguous() for name, t in tensors.items()}, reference / "model.safetensors"
+    )
 
     def must_not_convert(*args):
         raise AssertionError("converted twice")
@@ -233,7 +289,7 @@ def test_gguf_is_converted_once_and_cached(tiny_gguf, pagestream_cache, make_ses
     assert isinstance(model, LlamaForCausalLM) and model.eos_token_ids == (2,)
     tokens = [4, 80, 31, 7, 200, 19]
     logits = prompt_logits(model, make_session, tokens)
-    torch.testing.assert_close(logits, hf_eager_logits(folder, tokens), atol=ATOL, rtol=0)
+    torch.testing.assert_close(logits, hf_eager_logits(reference, tokens), atol=ATOL, rtol=0)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -248,10 +304,10 @@ def test_stale_or_partial_conversion_is_redone(tiny_gguf, pagestream_cache):
     folder = resolve_model(gguf_path)
     marker = folder / gguf_conversion.MARKER_FILE
     marker.write_text(json.dumps({"source_name": gguf_path.name, "source_size": 1}))
-    (folder / "model.safetensors").write_bytes(b"stale")
+    (folder / "config.json").write_text("stale")
     assert resolve_model(gguf_path) == folder
     assert json.loads(marker.read_text())["source_size"] == gguf_path.stat().st_size
-    assert load_file(folder / "model.safetensors")  # rewritten, readable
+    assert json.loads((folder / "config.json").read_text())  # rewritten, readable
     marker.unlink()  # a folder without a marker was never finished
     assert resolve_model(gguf_path) == folder and marker.is_file()
     assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # no temp/stale left
@@ -285,7 +341,7 @@ def test_missing_default_model_says_run_make_setup(pagestream_cache, monkeypatch
 def test_default_model_loads_from_alias_and_matches_hf(make_session):
     """The real SmolLM2-135M-Instruct GGUF (put in $PAGESTREAM_CACHE/gguf by `make setup`)."""
     model = load_model(ModelConfig(model=DEFAULT_MODEL), device="cpu", dtype="float32")
-    folder = cache_dir() / "models" / DEFAULT_MODEL
+    folder = dequantized_folder(DEFAULT_MODEL)  # the same float32 weights, for HF
     assert isinstance(model, LlamaForCausalLM)
     assert (model.num_layers, model.num_kv_heads, model.head_dim) == (30, 3, 64)
     assert model.vocab_size == 49152 and model.eos_token_id == 2

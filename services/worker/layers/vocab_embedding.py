@@ -108,6 +108,18 @@ class LMHead(VocabEmbedding):
         # a plain attribute, not a submodule (it would appear twice in the module tree)
         object.__setattr__(self, "tied", embedding)
 
+    def dequantize_weight(self, dtype: torch.dtype) -> None:
+        """The float table back from `quantized`; a tied embedding with a float table of its
+        own (the head was quantized online) keeps it, and the head gets its own."""
+        if self.quantized is None:
+            return
+        if self.tied is not None and self.tied.quantized is not self.quantized:
+            table = self.quantized.dequantize(dtype).to(self.weight.device)
+            self.weight = nn.Parameter(table, requires_grad=False)
+            self.quantized = None
+            return
+        super().dequantize_weight(dtype)
+
     def finish_loading(self) -> None:
         """The head's quantized table: the tied embedding's, or its float one quantized
         online (a tied embedding keeps its float table for the lookups)."""
@@ -130,9 +142,10 @@ class LMHead(VocabEmbedding):
         from services.worker.native_step import packed_linear
 
         self.native = packed_linear(self, torch.empty(0))
-        if self.quantized is not None and self.tied is not None:
+        tied = self.tied
+        if self.quantized is not None and tied is not None and tied.quantized is self.quantized:
             # the tied embedding looks its rows up in the packed copy: the table is held once
-            self.tied.row_source, self.tied.quantized = self.native, None
+            tied.row_source, tied.quantized = self.native, None
         self.quantized = None
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor | None:

@@ -157,3 +157,40 @@ def iterate_gguf_weights(
 
 def _rows(value: torch.Tensor | QuantizedWeight) -> int:
     return value.shape[0]
+
+
+def dequantized_folder(name_or_path: str | Path) -> Path:
+    """An HF folder with float32 weights for a model name: its own folder when it has
+    weights, else (a GGUF model of the native family) a copy of its converted folder with
+    the file's tensors de-quantized into model.safetensors, written once next to it. For
+    what needs a complete HF checkpoint: transformers as a reference, HF baselines."""
+    import shutil
+    import tempfile
+
+    from safetensors.torch import save_file
+    from transformers import AutoConfig
+
+    from services.common.model_source import gguf_source, resolve_model
+
+    folder = resolve_model(name_or_path)
+    gguf = gguf_source(name_or_path)
+    if gguf is None or any(folder.glob("*.safetensors")):
+        return folder
+    out = folder.with_name(folder.name + ".dequantized")
+    marker = out / "pagestream_dequantized.json"
+    fingerprint = f"{gguf.resolve()} {gguf.stat().st_size}"
+    if marker.is_file() and marker.read_text() == fingerprint:
+        return out
+    config = AutoConfig.from_pretrained(folder)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=folder.parent))
+    try:
+        shutil.copytree(folder, tmp, dirs_exist_ok=True)
+        tensors = {name: t.contiguous() for name, t in iterate_gguf_weights(gguf, config, False)}
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / marker.name).write_text(fingerprint)
+        tmp.chmod(0o755)
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

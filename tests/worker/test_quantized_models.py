@@ -1,0 +1,155 @@
+"""Quantized models end to end, on tiny random models quantized in the test: GGUF files in
+every block format our kernels run (gguf's writer; gguf's own quantization for Q8_0 / Q4_0 /
+Q4_1, random blocks for the K-quants), and float checkpoints quantized online to int8 /
+int4. The reference is HF transformers in float32 on the same de-quantized weights (the
+weights differ from the float model's, so the float model is no reference), compared by
+greedy tokens with the near-tie rule of the parallel tests; the native CPU step runs the
+quantized kernels, `PAGESTREAM_CPU_NATIVE=0` the torch modules on weights de-quantized at
+load."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM
+
+from pagestream import LLM, SamplingParams
+from services.common.model_source import resolve_model
+from services.worker.layers.quantization import quantize_int4, quantize_int8
+from services.worker.models.errors import ModelLoadError
+from tests.engine.parallel_helpers import assert_same_or_near_tie
+from tests.worker.conftest import build_tiny_model
+from tests.worker.test_model_loader import write_tiny_gguf
+
+PROMPTS = [[5, 17, 200, 31, 64, 9], [3, 3, 3, 99, 150, 22, 7, 8, 41, 120, 77, 5, 6, 250]]
+ENGINE = {"dtype": "float32", "kv_cache_memory": "16MiB", "max_num_batched_tokens": 64}
+K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
+
+
+def _tiny(k_quant: bool, arch: str = "llama"):
+    sizes = {"hidden_size": 256, "intermediate_size": 512, "head_dim": 64} if k_quant else {}
+    name = "llama_tied" if arch == "llama" else "qwen2"
+    return build_tiny_model(name, seed=3, vocab_size=300, **sizes)
+
+
+def _reference_folder(folder: Path, tensors: dict, out: Path) -> Path:
+    """`folder` (config, tokenizer) with `tensors` as its weights: what HF runs."""
+    shutil.copytree(folder, out)
+    weights = {name: torch.as_tensor(t).float().contiguous() for name, t in tensors.items()}
+    save_file(weights, out / "model.safetensors")
+    return out
+
+
+def _greedy(llm: LLM, max_tokens: int = 12) -> list[list[int]]:
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    return [out.outputs[0].token_ids for out in outs]
+
+
+def _hf_greedy(folder: Path, max_tokens: int = 12) -> list[list[int]]:
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    outs = []
+    with torch.no_grad():
+        for prompt in PROMPTS:
+            ids = torch.tensor([prompt])
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_tokens,
+                min_new_tokens=max_tokens,
+                do_sample=False,
+            )
+            outs.append(out[0, len(prompt) :].tolist())
+    return outs
+
+
+def _assert_matches(reference: Path, got: list[list[int]]) -> None:
+    for prompt, tokens, expected in zip(PROMPTS, got, _hf_greedy(reference), strict=True):
+        assert_same_or_near_tie(reference, prompt, tokens, expected)
+
+
+@pytest.fixture
+def isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PAGESTREAM_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("matrix_type", ["Q8_0", "Q4_0", "Q4_1", *K_QUANTS])
+def test_gguf_formats_match_hf_on_the_dequantized_weights(matrix_type, tmp_path, isolated_cache):
+    path = tmp_path / f"tiny.{matrix_type}.gguf"
+    expected = write_tiny_gguf(path, _tiny(matrix_type in K_QUANTS), matrix_type)
+    reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
+    llm = LLM(str(path), quantization="gguf", **ENGINE)
+    info = llm.engine.model_info
+    assert info.quantization == matrix_type  # every matrix, the tied embedding included
+    worker_model = llm.engine.worker.model
+    assert worker_model.model.native is not None  # the quantized C++ kernels ran
+    _assert_matches(reference, _greedy(llm))
+
+
+def test_qwen2_gguf_with_biases(tmp_path, isolated_cache):
+    path = tmp_path / "tiny-qwen2.Q4_1.gguf"
+    expected = write_tiny_gguf(path, _tiny(False, "qwen2"), "Q4_1", arch="qwen2")
+    reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
+    _assert_matches(reference, _greedy(LLM(str(path), quantization="gguf", **ENGINE)))
+
+
+def test_torch_path_dequantizes_at_load(tmp_path, isolated_cache, monkeypatch, caplog):
+    path = tmp_path / "tiny.Q4_K.gguf"
+    expected = write_tiny_gguf(path, _tiny(True), "Q4_K")
+    reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
+    monkeypatch.setenv("PAGESTREAM_CPU_NATIVE", "0")
+    with caplog.at_level("INFO"):
+        llm = LLM(str(path), quantization="gguf", **ENGINE)
+    assert "de-quantized to float32 at load" in caplog.text
+    assert llm.engine.worker.model.model.native is None
+    _assert_matches(reference, _greedy(llm))
+
+
+def test_unset_quantization_keeps_gguf_blocks_only_at_dtype_auto(tmp_path, isolated_cache):
+    path = tmp_path / "tiny.Q8_0.gguf"
+    write_tiny_gguf(path, _tiny(False), "Q8_0")
+    kept = LLM(str(path), kv_cache_memory="16MiB")
+    assert kept.engine.model_info.quantization == "Q8_0"
+    floats = LLM(str(path), kv_cache_memory="16MiB", dtype="float32")
+    assert floats.engine.model_info.quantization == "none"
+    # the resident weights: about the file's tensor bytes when kept, 4x that in float32
+    assert kept.engine.model_info.weight_bytes * 3 < floats.engine.model_info.weight_bytes
+
+
+def _online_reference(folder: Path, method: str, group: int, out: Path) -> Path:
+    """The float checkpoint with every linear and the LM head replaced by its quantized
+    and de-quantized self (the embedding stays float, so the reference is untied)."""
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    state = {name: t.clone() for name, t in model.state_dict().items()}
+    quantize = quantize_int8 if method == "int8" else (lambda w: quantize_int4(w, group))
+    for name, tensor in list(state.items()):
+        if name.endswith("proj.weight") or name == "lm_head.weight":
+            state[name] = quantize(tensor).dequantize()
+    model.config.tie_word_embeddings = False
+    model.config.save_pretrained(out)
+    save_file({n: t.contiguous() for n, t in state.items()}, out / "model.safetensors")
+    return out
+
+
+@pytest.mark.parametrize("method,group", [("int8", 128), ("int4", 32)])
+def test_online_quantization_matches_hf_on_the_same_weights(method, group, tmp_path):
+    folder = tmp_path / "float"
+    hf_model = build_tiny_model("llama_tied", seed=5, vocab_size=300)
+    hf_model.save_pretrained(folder)
+    reference = _online_reference(folder, method, group, tmp_path / "reference")
+    llm = LLM(str(folder), quantization=method, quantization_group_size=group, **ENGINE)
+    assert llm.engine.model_info.quantization == method
+    _assert_matches(reference, _greedy(llm))
+
+
+def test_bad_quantization_requests_fail_at_load(tmp_path, isolated_cache):
+    folder = tmp_path / "float"
+    build_tiny_model("llama_tied", seed=5, vocab_size=300).save_pretrained(folder)
+    with pytest.raises(ModelLoadError, match=r"needs a \.gguf model"):
+        LLM(str(folder), quantization="gguf", kv_cache_memory="16MiB")
+    with pytest.raises(ValueError, match="quantization_group_size must be one of 32, 128"):
+        LLM(str(folder), quantization="int4", quantization_group_size=64)
