@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(
     cpu.unavailable_reason() is not None, reason="the C++ CPU kernels cannot be built here"
 )
 
-FEW_ROWS = 8  # quantized_linear.cpp's FEW_ROWS
+FEW_ROWS = 16  # quantized_linear.cpp's FEW_ROWS
 
 
 def random_weight(n: int, k: int, bits: int, group: int, scale_dtype, with_mins: bool, seed: int):
@@ -66,7 +66,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("bits,n,k,group,scale_dtype,with_mins", CASES)
-@pytest.mark.parametrize("rows", [1, 3, FEW_ROWS, FEW_ROWS + 1, 37])
+@pytest.mark.parametrize("rows", [1, 3, 9, FEW_ROWS, FEW_ROWS + 1, 37])
 @pytest.mark.parametrize("bf16_rows", [True, False])
 def test_matches_the_dequantized_matmul(bits, n, k, group, scale_dtype, with_mins, rows, bf16_rows):
     codes, scales, mins, dense = random_weight(n, k, bits, group, scale_dtype, with_mins, seed=n)
