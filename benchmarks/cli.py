@@ -44,7 +44,15 @@ logger = logging.getLogger("pagestream.bench")
 SECTIONS = ("throughput", "serve", "memory")  # what `all` runs
 # Sections made of parts that each keep their own meta (command, date, machine); a run
 # replaces the parts it ran and keeps the rest, and other sections' runs keep them all.
-SELF_CONTAINED = ("parallel", "routing", "structured", "precision", "latency", "serve_peer")
+SELF_CONTAINED = (
+    "parallel",
+    "routing",
+    "structured",
+    "precision",
+    "latency",
+    "serve_peer",
+    "quantized",
+)
 LLAMACPP_SEQS = "32"  # measured: 32 and 16 within 3% on the quick workload, 32 ahead
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -284,6 +292,7 @@ _RUNNERS = {
     "precision": sections.run_precision,
     "latency": sections.run_latency,
     "serve_peer": sections.run_serve_peer,
+    "quantized": sections.run_quantized,
 }
 _RESULT_KEYS = {
     "throughput": "throughput",
@@ -295,6 +304,7 @@ _RESULT_KEYS = {
     "precision": "precision",
     "latency": "latency",
     "serve_peer": "serve_peer",
+    "quantized": "quantized",
 }
 
 

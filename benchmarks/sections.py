@@ -73,6 +73,17 @@ def run_latency(args, folder, profile, workload, results) -> dict:
     return {"batch": run_latency(options)}
 
 
+def run_quantized(args, folder, profile, workload, results) -> dict:
+    """The model's own GGUF file kept quantized, against llama.cpp on the same file, and
+    both runs' greedy agreement with float32 (benchmarks/quantized.py)."""
+    from benchmarks.quantized import QuantizedOptions, run_quantized
+
+    requests = workload.requests[: args.num_requests or len(workload.requests)]
+    seqs = int(args.llamacpp_seqs.split(",")[0])
+    options = QuantizedOptions(args.model, args.kv_cache_memory, seqs)
+    return {"offline": run_quantized(requests, options)}
+
+
 def run_serve_peer(args, folder, profile, workload, results) -> dict:
     """pagestream serve against llama-server at each concurrency (benchmarks/serve_peer.py)."""
     from transformers import AutoConfig

@@ -4,17 +4,27 @@
 // online int8 / int4 formats, all arrive in this one form (services/worker/layers/quantization).
 //
 // Layout: N is padded to a multiple of 16 and cut into blocks of `block_` columns (the last
-// one narrower). A block stores its codes k-major, [K][nb] int8 or [K / 2][nb] bytes of two
-// 4-bit codes (k even in the low nibble), and its scales and mins [groups][nb], so 16
-// consecutive columns of one k are one 16-byte (8 bits) or 8-byte (4 bits) load.
+// one narrower, a multiple of 16). A block is a sequence of k-units of 16-column chunks,
+// [K / KU][nb / 16][16 columns][4 bytes]: lane c of a chunk holds, for 8 bits, the codes of
+// k = 4u .. 4u + 3 as unsigned bytes (code ^ 0x80, that is code + 128); for 4 bits, k = 8u + j
+// in the low nibble of byte j and k = 8u + 4 + j in its high nibble. A 64-byte load is one
+// chunk's unit: 16 columns by 4 (8 bits) or 8 (4 bits) k's, the operand of a VNNI dot
+// product (vpdpbusd: 4 unsigned bytes times 4 signed bytes into each 32-bit lane). Scales and
+// mins are [groups][nb] per block.
 //
-// Few rows (decode of a small batch): each thread streams its blocks once, turning 16
-// codes into floats (convert, then one FMA with the group's scales and mins) and adding
-// them into every row's accumulators, which stay in registers over the whole K: the
-// weights are read once for all rows at the memory's speed. Many rows: each block is
-// de-quantized once into a cache-sized slice in brgemm's layout, and one micro-GEMM runs
-// over all rows: a bfloat16 slice (and bfloat16 rows) for a bfloat16 model on a CPU with
-// bfloat16 dot products, else float32 (a float32 model gets float32 products throughout).
+// Few rows (decode of a small batch) stream each block once per tile of up to 4 rows, every
+// row's accumulators in registers (the tiles after the first re-read the block from cache):
+//  - a bfloat16 model on a CPU with VNNI (Zen 4 / 5, Ice Lake and later): the rows are
+//    rounded to int8 in blocks of 32 k with a float scale each (as llama.cpp does with its
+//    Q8 activations), and vpdpbusd multiplies 64 codes by them per instruction; the integer
+//    sums of a block are scaled once (weight scale x activation scale), the mins are added
+//    with the block's float sum of x. About six times fewer instructions than float FMAs,
+//    so a decode step streams the weights at the memory's speed.
+//  - a float32 model (or no VNNI): the codes are turned into floats (one FMA with the
+//    group's scale and min) and multiplied into float32 rows: exact weights, float32 math.
+// Many rows: each block is de-quantized once into a cache-sized slice in brgemm's layout, and
+// one micro-GEMM runs over all rows: a bfloat16 slice (and bfloat16 rows) for a bfloat16
+// model on a CPU with bfloat16 dot products, else float32.
 #include "linear.h"
 #include "thread_pool.h"
 #include "weight_buffer.h"
@@ -41,12 +51,13 @@ using half = c10::Half;
 namespace cpublas = at::native::cpublas;
 
 constexpr int64_t ROW_TILE = 32;  // rows per micro-kernel call of the many-rows path
-// Up to this many rows the codes are streamed once for all rows (accumulators in
-// registers); more rows de-quantize each block once and run brgemm. SmolLM2-135M Q4_1 on a
-// 2-core Zen 4 (bench latency): a 16-row decode step takes 37 ms either way (8 or 16 as
-// the limit), against 24 ms for bfloat16 weights: both quantized paths are bound by
-// float32 FMAs there (one per weight and row), where bfloat16 dot products do two.
-constexpr int64_t FEW_ROWS = 16;
+constexpr int MAX_TILE = 4;       // rows per pass of the few-rows kernels
+// Up to this many rows the codes are streamed (tiles of MAX_TILE rows); more rows
+// de-quantize each block once and run brgemm. SmolLM2-135M Q4_1, 2-core Zen 4 (bench
+// latency): the float32-FMA kernel was no faster than brgemm's path at 16 rows (37 ms a
+// step either way), the VNNI one is several times cheaper per row (see the header).
+constexpr int64_t FEW_ROWS_FMA = 8;
+constexpr int64_t FEW_ROWS_VNNI = 32;
 constexpr int64_t MIN_ITEM_MACS = 1 << 16;  // smaller items stay on the calling thread
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -54,20 +65,44 @@ inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 inline float to_float(float v) { return v; }
 inline float to_float(half v) { return static_cast<float>(v); }
 
+template <int Bits>
+constexpr int64_t unit_k() {  // k's per 64-byte unit of one 16-column chunk
+  return Bits == 8 ? 4 : 8;
+}
+
 #if defined(__AVX512F__)
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
+inline __m512i load_unit(const uint8_t* p) { return _mm512_loadu_si512(p); }
 
-// codes of 16 columns: 8 bits: one k; 4 bits: two k's (low and high nibbles)
-inline __m512 codes8(const int8_t* p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+// 4 bits: a unit's low and high nibbles as bytes (k = 8u + j and 8u + 4 + j in byte j)
+inline void nibbles(__m512i v, __m512i& lo, __m512i& hi) {
+  const __m512i mask = _mm512_set1_epi8(15);
+  lo = _mm512_and_si512(v, mask);
+  hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
 }
-inline void codes4(const uint8_t* p, __m512& lo, __m512& hi) {
-  const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)));
-  hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+
+// The codes of one unit as KU float vectors (16 columns each, k = KU u + j), their values.
+template <int Bits>
+inline void unit_floats(const uint8_t* p, __m512* w) {
+  const __m512i v = load_unit(p);
+  if constexpr (Bits == 8) {
+    const __m512i s = _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80)));
+    w[0] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(s, 24), 24));
+    w[1] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(s, 16), 24));
+    w[2] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(s, 8), 24));
+    w[3] = _mm512_cvtepi32_ps(_mm512_srai_epi32(s, 24));
+  } else {
+    __m512i lo, hi;
+    nibbles(v, lo, hi);
+    const __m512i byte = _mm512_set1_epi32(0xff);
+    for (int j = 0; j < 4; ++j) {
+      w[j] = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(lo, 8 * j), byte));
+      w[4 + j] = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(hi, 8 * j), byte));
+    }
+  }
 }
 
 template <bool HasMin>
@@ -76,84 +111,150 @@ inline __m512 dequant(__m512 code, __m512 scale, __m512 min) {
   return _mm512_mul_ps(code, scale);
 }
 
-// Columns [j, j + 16 C) of a block (nb wide) for rows x[0..M): out (+)= x W^T (+ bias);
-// `valid` columns of the block exist (the rest is padding, not stored).
-template <int Bits, typename S, bool HasMin, int M, int C>
-void few_rows_span(const float* x, int64_t ld_x, const uint8_t* codes, const S* scales,
-                   const S* mins, int64_t nb, int64_t j, int64_t K, int64_t group, float* out,
-                   int64_t ld_out, int64_t valid, bool accumulate, const float* bias) {
-  __m512 acc[M][C];
-  for (int m = 0; m < M; ++m) {
+// out[m, col .. col + 16) (+)= acc[m] + bias, only the `valid` columns of the block stored
+template <int MT>
+inline void store_columns(const __m512* acc, int64_t stride, float* out, int64_t ld_out,
+                          int64_t col, int64_t valid, bool accumulate, const float* bias) {
+  if (col >= valid) return;
+  const __mmask16 mask = valid - col >= 16 ? __mmask16(0xffff) : __mmask16((1u << (valid - col)) - 1);
+  const __m512 b = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + col) : _mm512_setzero_ps();
+  for (int m = 0; m < MT; ++m) {
+    float* dst = out + m * ld_out + col;
+    __m512 v = _mm512_add_ps(acc[m * stride], b);
+    if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, dst));
+    _mm512_mask_storeu_ps(dst, mask, v);
+  }
+}
+
+// float32 rows (FMA kernel): chunks [q0, q0 + C) of a block for rows x[0..MT)
+template <int Bits, typename S, bool HasMin, int MT, int C>
+void fma_span(const float* x, int64_t ld_x, const uint8_t* codes, const S* scales, const S* mins,
+              int64_t nb, int64_t q0, int64_t K, int64_t group, float* out, int64_t ld_out,
+              int64_t valid, bool accumulate, const float* bias) {
+  constexpr int64_t KU = unit_k<Bits>();
+  const int64_t chunks = nb / 16;
+  __m512 acc[MT][C];
+  for (int m = 0; m < MT; ++m) {
     for (int q = 0; q < C; ++q) acc[m][q] = _mm512_setzero_ps();
   }
-  const int64_t groups = K / group;
-  for (int64_t g = 0; g < groups; ++g) {
+  for (int64_t g = 0; g < K / group; ++g) {
     __m512 s[C], mn[C];
     for (int q = 0; q < C; ++q) {
-      s[q] = load16(scales + g * nb + j + 16 * q);
-      mn[q] = HasMin ? load16(mins + g * nb + j + 16 * q) : _mm512_setzero_ps();
+      s[q] = load16(scales + g * nb + 16 * (q0 + q));
+      mn[q] = HasMin ? load16(mins + g * nb + 16 * (q0 + q)) : _mm512_setzero_ps();
     }
-    const int64_t k0 = g * group;
-    if constexpr (Bits == 8) {
-      const int8_t* cp = reinterpret_cast<const int8_t*>(codes) + k0 * nb + j;
-      for (int64_t kk = 0; kk < group; ++kk) {
-        __m512 w[C];
-        for (int q = 0; q < C; ++q) w[q] = dequant<HasMin>(codes8(cp + kk * nb + 16 * q), s[q], mn[q]);
-        for (int m = 0; m < M; ++m) {
-          const __m512 xb = _mm512_set1_ps(x[m * ld_x + k0 + kk]);
-          for (int q = 0; q < C; ++q) acc[m][q] = _mm512_fmadd_ps(xb, w[q], acc[m][q]);
-        }
-      }
-    } else {
-      const uint8_t* cp = codes + (k0 / 2) * nb + j;
-      for (int64_t kp = 0; kp < group / 2; ++kp) {
-        __m512 w0[C], w1[C];
-        for (int q = 0; q < C; ++q) {
-          __m512 lo, hi;
-          codes4(cp + kp * nb + 16 * q, lo, hi);
-          w0[q] = dequant<HasMin>(lo, s[q], mn[q]);
-          w1[q] = dequant<HasMin>(hi, s[q], mn[q]);
-        }
-        for (int m = 0; m < M; ++m) {
-          const float* xr = x + m * ld_x + k0 + 2 * kp;
-          const __m512 x0 = _mm512_set1_ps(xr[0]), x1 = _mm512_set1_ps(xr[1]);
-          for (int q = 0; q < C; ++q) {
-            acc[m][q] = _mm512_fmadd_ps(x0, w0[q], acc[m][q]);
-            acc[m][q] = _mm512_fmadd_ps(x1, w1[q], acc[m][q]);
+    for (int64_t u = g * group / KU; u < (g + 1) * group / KU; ++u) {
+      for (int q = 0; q < C; ++q) {
+        __m512 w[KU];
+        unit_floats<Bits>(codes + (u * chunks + q0 + q) * 64, w);
+        for (int j = 0; j < KU; ++j) {
+          const __m512 wj = dequant<HasMin>(w[j], s[q], mn[q]);
+          for (int m = 0; m < MT; ++m) {
+            acc[m][q] = _mm512_fmadd_ps(_mm512_set1_ps(x[m * ld_x + u * KU + j]), wj, acc[m][q]);
           }
         }
       }
     }
   }
   for (int q = 0; q < C; ++q) {
-    const int64_t col = j + 16 * q;
-    if (col >= valid) break;
-    const __mmask16 mask = valid - col >= 16 ? __mmask16(0xffff) : __mmask16((1u << (valid - col)) - 1);
-    const __m512 b = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + col) : _mm512_setzero_ps();
-    for (int m = 0; m < M; ++m) {
-      float* dst = out + m * ld_out + col;
-      __m512 v = _mm512_add_ps(acc[m][q], b);
-      if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, dst));
-      _mm512_mask_storeu_ps(dst, mask, v);
-    }
+    store_columns<MT>(&acc[0][q], C, out, ld_out, 16 * (q0 + q), valid, accumulate, bias);
   }
 }
 
-template <int Bits, typename S, bool HasMin, int M>
-void few_rows_block(const float* x, int64_t ld_x, const uint8_t* codes, const S* scales,
-                    const S* mins, int64_t nb, int64_t K, int64_t group, float* out,
-                    int64_t ld_out, int64_t valid, bool accumulate, const float* bias) {
-  constexpr int C = M <= 2 ? 4 : (M <= 8 ? 2 : 1);  // M * C accumulators in registers
-  int64_t j = 0;
-  for (; j + 16 * C <= nb; j += 16 * C) {
-    few_rows_span<Bits, S, HasMin, M, C>(x, ld_x, codes, scales, mins, nb, j, K, group, out,
-                                         ld_out, valid, accumulate, bias);
+// The rows of a VNNI product, rounded to int8 in blocks of `block` k (block divides the
+// group): codes [M][K], scale dx and float sum of x per block, and the sum of the int8 codes
+// (the 8-bit weights' +128 offset is taken off with it).
+struct Int8Rows {
+  int64_t block = 32, blocks = 0;
+  std::vector<int8_t> codes;
+  std::vector<float> scale, sum;
+  std::vector<int32_t> code_sum;
+
+  void fill(const float* x, int64_t M, int64_t ld_x, int64_t K) {
+    blocks = K / block;
+    codes.resize(M * K);
+    scale.resize(M * blocks), sum.resize(M * blocks), code_sum.resize(M * blocks);
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        const float* src = x + m * ld_x + b * block;
+        float top = 0.f, total = 0.f;
+        for (int64_t i = 0; i < block; ++i) top = std::max(top, std::fabs(src[i])), total += src[i];
+        const float dx = top / 127.f, inv = top > 0.f ? 127.f / top : 0.f;
+        int8_t* dst = codes.data() + m * K + b * block;
+        int32_t codes_total = 0;
+        for (int64_t i = 0; i < block; ++i) {
+          dst[i] = static_cast<int8_t>(std::nearbyint(src[i] * inv));
+          codes_total += dst[i];
+        }
+        scale[m * blocks + b] = dx, sum[m * blocks + b] = total;
+        code_sum[m * blocks + b] = codes_total;
+      }
+    }
   }
-  for (; j < nb; j += 16) {
-    few_rows_span<Bits, S, HasMin, M, 1>(x, ld_x, codes, scales, mins, nb, j, K, group, out,
-                                         ld_out, valid, accumulate, bias);
+};
+
+#if defined(__AVX512VNNI__)
+// int8 rows (VNNI kernel): chunks [q0, q0 + C) of a block for rows [0..MT) of `rows`
+template <int Bits, typename S, bool HasMin, int MT, int C>
+void vnni_span(const Int8Rows& rows, int64_t row0, const uint8_t* codes, const S* scales,
+               const S* mins, int64_t nb, int64_t q0, int64_t K, int64_t group, float* out,
+               int64_t ld_out, int64_t valid, bool accumulate, const float* bias) {
+  constexpr int64_t KU = unit_k<Bits>();
+  const int64_t chunks = nb / 16, block = rows.block, per_group = group / block;
+  __m512 acc[MT][C];
+  for (int m = 0; m < MT; ++m) {
+    for (int q = 0; q < C; ++q) acc[m][q] = _mm512_setzero_ps();
+  }
+  for (int64_t g = 0; g < K / group; ++g) {
+    __m512 s[C], mn[C];
+    for (int q = 0; q < C; ++q) {
+      s[q] = load16(scales + g * nb + 16 * (q0 + q));
+      mn[q] = HasMin ? load16(mins + g * nb + 16 * (q0 + q)) : _mm512_setzero_ps();
+    }
+    for (int64_t b = g * per_group; b < (g + 1) * per_group; ++b) {
+      __m512i isum[MT][C];
+      for (int m = 0; m < MT; ++m) {
+        for (int q = 0; q < C; ++q) isum[m][q] = _mm512_setzero_si512();
+      }
+      for (int64_t u = b * block / KU; u < (b + 1) * block / KU; ++u) {
+        for (int q = 0; q < C; ++q) {
+          const __m512i v = load_unit(codes + (u * chunks + q0 + q) * 64);
+          if constexpr (Bits == 8) {
+            for (int m = 0; m < MT; ++m) {
+              int32_t quad;
+              std::memcpy(&quad, rows.codes.data() + (row0 + m) * K + u * KU, 4);
+              isum[m][q] = _mm512_dpbusd_epi32(isum[m][q], v, _mm512_set1_epi32(quad));
+            }
+          } else {
+            __m512i lo, hi;
+            nibbles(v, lo, hi);
+            for (int m = 0; m < MT; ++m) {
+              int32_t quads[2];
+              std::memcpy(quads, rows.codes.data() + (row0 + m) * K + u * KU, 8);
+              isum[m][q] = _mm512_dpbusd_epi32(isum[m][q], lo, _mm512_set1_epi32(quads[0]));
+              isum[m][q] = _mm512_dpbusd_epi32(isum[m][q], hi, _mm512_set1_epi32(quads[1]));
+            }
+          }
+        }
+      }
+      for (int m = 0; m < MT; ++m) {
+        const int64_t at = (row0 + m) * rows.blocks + b;
+        const __m512 dx = _mm512_set1_ps(rows.scale[at]);
+        const __m512 xsum = _mm512_set1_ps(rows.sum[at]);
+        const __m512i offset = _mm512_set1_epi32(Bits == 8 ? 128 * rows.code_sum[at] : 0);
+        for (int q = 0; q < C; ++q) {
+          const __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[m][q], offset));
+          acc[m][q] = _mm512_fmadd_ps(dot, _mm512_mul_ps(s[q], dx), acc[m][q]);
+          if (HasMin) acc[m][q] = _mm512_fmadd_ps(mn[q], xsum, acc[m][q]);
+        }
+      }
+    }
+  }
+  for (int q = 0; q < C; ++q) {
+    store_columns<MT>(&acc[0][q], C, out, ld_out, 16 * (q0 + q), valid, accumulate, bias);
   }
 }
+#endif
 
 // float32 -> bfloat16 bits, round to nearest even (weights are finite)
 inline __m512i bf16_bits(__m512 v) {
@@ -168,12 +269,23 @@ inline bool bf16_gemm_here() {
   return ok;
 }
 
+constexpr bool vnni_here() {
+#if defined(__AVX512VNNI__)
+  return true;
+#else
+  return false;
+#endif
+}
+
 template <int Bits, typename S, bool HasMin>
 class QuantizedLinear final : public Linear {
+  static constexpr int64_t KU = unit_k<Bits>();
+
  public:
   QuantizedLinear(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
                   int64_t group, const at::Tensor& bias, std::string format, bool bf16_rows)
       : bf16_rows_(bf16_rows && bf16_gemm_here()),
+        vnni_(bf16_rows && vnni_here()),
         n_(codes.size(0)),
         k_(codes.size(1) * (Bits == 4 ? 2 : 1)),
         np_(round_up(n_, 16)),
@@ -183,8 +295,16 @@ class QuantizedLinear final : public Linear {
         codes_(np_ * k_ * Bits / 8),
         scales_(np_ * groups_),
         mins_(HasMin ? np_ * groups_ : 1) {
+    TORCH_CHECK(group % KU == 0, "quantized linear: ", Bits, "-bit groups must be multiples of ",
+                KU, " input features, not ", group);
     const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
     block_ = np_ / 64 >= 4 * threads ? 64 : 32;
+    for (const int64_t b : {32, 16, 8, 4}) {  // the int8 rows' block: a divisor of the group
+      if (b >= KU && group % b == 0) {
+        x_block_ = b;
+        break;
+      }
+    }
     pack(codes.contiguous(), scales.contiguous(), mins);
     bias_.assign(np_, 0.f);
     if (bias.defined() && bias.numel() > 0) {
@@ -207,7 +327,7 @@ class QuantizedLinear final : public Linear {
     if (M <= 0) return;
     const float* a = static_cast<const float*>(x);
 #if defined(__AVX512F__)
-    if (M <= FEW_ROWS) {
+    if (M <= (vnni_ ? FEW_ROWS_VNNI : FEW_ROWS_FMA)) {
       run_few_rows(a, M, ld_x, out, ld_out, accumulate);
       return;
     }
@@ -234,10 +354,15 @@ class QuantizedLinear final : public Linear {
   const S* block_scales(int64_t start) const { return scales_.data() + start * groups_; }
   const S* block_mins(int64_t start) const { return HasMin ? mins_.data() + start * groups_ : nullptr; }
 
-  float code(const uint8_t* block, int64_t nb, int64_t k, int64_t c) const {
-    if constexpr (Bits == 8) return static_cast<float>(reinterpret_cast<const int8_t*>(block)[k * nb + c]);
-    const uint8_t byte = block[(k / 2) * nb + c];
-    return static_cast<float>(k % 2 ? byte >> 4 : byte & 15);
+  // byte j of lane c % 16 of chunk c / 16 in unit k / KU of a block nb wide
+  static int64_t byte_at(int64_t nb, int64_t k, int64_t c) {
+    return ((k / KU) * (nb / 16) + c / 16) * 64 + (c % 16) * 4 + (k % KU) % 4;
+  }
+
+  static float code(const uint8_t* block, int64_t nb, int64_t k, int64_t c) {
+    const uint8_t byte = block[byte_at(nb, k, c)];
+    if constexpr (Bits == 8) return static_cast<float>(static_cast<int8_t>(byte ^ 0x80));
+    return static_cast<float>((k % KU) < 4 ? byte & 15 : byte >> 4);
   }
 
   // w[start + c, k] in float32
@@ -248,69 +373,94 @@ class QuantizedLinear final : public Linear {
   }
 
   void pack(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins) {
-    std::memset(codes_.data(), 0, codes_.bytes());
+    std::memset(codes_.data(), Bits == 8 ? 0x80 : 0, codes_.bytes());  // padding: code 0
     std::memset(scales_.data(), 0, scales_.bytes());
     std::memset(mins_.data(), 0, mins_.bytes());
     const uint8_t* src = static_cast<const uint8_t*>(codes.data_ptr());
     const S* sc = scales.data_ptr<S>();
     const S* mn = HasMin ? mins.contiguous().data_ptr<S>() : nullptr;
-    const int64_t row_bytes = k_ * Bits / 8, step = Bits == 8 ? 1 : 2;  // k per byte
+    const int64_t row_bytes = k_ * Bits / 8;
     for (int64_t start = 0; start < np_; start += block_) {
       const int64_t nb = std::min(block_, np_ - start);
       uint8_t* dst = codes_.data() + start * row_bytes;
       S* dsc = scales_.data() + start * groups_;
       S* dmn = HasMin ? mins_.data() + start * groups_ : nullptr;
       for (int64_t c = 0; c < nb && start + c < n_; ++c) {
-        const int64_t n = start + c;
-        for (int64_t b = 0; b < row_bytes; ++b) dst[b * nb + c] = src[n * row_bytes + b];
+        const uint8_t* row = src + (start + c) * row_bytes;
+        for (int64_t k = 0; k < k_; ++k) {
+          if constexpr (Bits == 8) {
+            dst[byte_at(nb, k, c)] = row[k] ^ 0x80;
+          } else {
+            const uint8_t nibble = (row[k / 2] >> (4 * (k % 2))) & 15;
+            dst[byte_at(nb, k, c)] |= (k % KU) < 4 ? nibble : nibble << 4;
+          }
+        }
         for (int64_t g = 0; g < groups_; ++g) {
-          dsc[g * nb + c] = sc[n * groups_ + g];
-          if (HasMin) dmn[g * nb + c] = mn[n * groups_ + g];
+          dsc[g * nb + c] = sc[(start + c) * groups_ + g];
+          if (HasMin) dmn[g * nb + c] = mn[(start + c) * groups_ + g];
         }
       }
-      (void)step;
     }
   }
 
 #if defined(__AVX512F__)
+  // Rows in tiles of up to MAX_TILE, each block streamed once per tile.
   void run_few_rows(const float* a, int64_t M, int64_t ld_x, float* out, int64_t ld_out,
                     bool accumulate) const {
+    thread_local Int8Rows int8_rows;
+    if (vnni_) int8_rows.block = x_block_, int8_rows.fill(a, M, ld_x, k_);
     const int64_t grain = std::max<int64_t>(1, MIN_ITEM_MACS / (M * block_ * k_));
+    const Int8Rows& rows = int8_rows;
     pagestream::parallel_for(blocks(), grain, [&](int64_t begin, int64_t end) {
       for (int64_t blk = begin; blk < end; ++blk) {
         const int64_t start = blk * block_, nb = std::min(block_, np_ - start);
-        const uint8_t* c = block_codes(start);
-        const S* s = block_scales(start);
-        const S* m = block_mins(start);
-        const float* bias = has_bias_ ? bias_.data() + start : nullptr;
-        float* o = out + start;
-        const int64_t valid = std::min(nb, n_ - start);
-        switch (M) {
-#define PAGESTREAM_FEW(R)                                                                      \
-  case R:                                                                                      \
-    few_rows_block<Bits, S, HasMin, R>(a, ld_x, c, s, m, nb, k_, group_, o, ld_out, valid,     \
-                                       accumulate, bias);                                      \
-    break;
-          PAGESTREAM_FEW(1)
-          PAGESTREAM_FEW(2)
-          PAGESTREAM_FEW(3)
-          PAGESTREAM_FEW(4)
-          PAGESTREAM_FEW(5)
-          PAGESTREAM_FEW(6)
-          PAGESTREAM_FEW(7)
-          PAGESTREAM_FEW(8)
-          PAGESTREAM_FEW(9)
-          PAGESTREAM_FEW(10)
-          PAGESTREAM_FEW(11)
-          PAGESTREAM_FEW(12)
-          PAGESTREAM_FEW(13)
-          PAGESTREAM_FEW(14)
-          PAGESTREAM_FEW(15)
-          default: PAGESTREAM_FEW(16)
-#undef PAGESTREAM_FEW
+        for (int64_t row = 0; row < M; row += MAX_TILE) {
+          const int64_t mt = std::min<int64_t>(MAX_TILE, M - row);
+          tile(rows, a + row * ld_x, ld_x, row, mt, start, nb, out + row * ld_out + start, ld_out,
+               accumulate);
         }
       }
     });
+  }
+
+  void tile(const Int8Rows& rows, const float* x, int64_t ld_x, int64_t row0, int64_t mt,
+            int64_t start, int64_t nb, float* out, int64_t ld_out, bool accumulate) const {
+    switch (mt) {
+      case 1: return tile_of<1>(rows, x, ld_x, row0, start, nb, out, ld_out, accumulate);
+      case 2: return tile_of<2>(rows, x, ld_x, row0, start, nb, out, ld_out, accumulate);
+      case 3: return tile_of<3>(rows, x, ld_x, row0, start, nb, out, ld_out, accumulate);
+      default: return tile_of<4>(rows, x, ld_x, row0, start, nb, out, ld_out, accumulate);
+    }
+  }
+
+  template <int MT>
+  void tile_of(const Int8Rows& rows, const float* x, int64_t ld_x, int64_t row0, int64_t start,
+               int64_t nb, float* out, int64_t ld_out, bool accumulate) const {
+    constexpr int C = MT == 1 ? 4 : 2;  // chunks in flight: MT * C accumulators
+    const uint8_t* c = block_codes(start);
+    const S* s = block_scales(start);
+    const S* m = block_mins(start);
+    const float* bias = has_bias_ ? bias_.data() + start : nullptr;
+    const int64_t valid = std::min(nb, n_ - start), chunks = nb / 16;
+    int64_t q = 0;
+    for (; q + C <= chunks; q += C) span<MT, C>(rows, x, ld_x, row0, c, s, m, nb, q, out, ld_out, valid, accumulate, bias);
+    for (; q < chunks; ++q) span<MT, 1>(rows, x, ld_x, row0, c, s, m, nb, q, out, ld_out, valid, accumulate, bias);
+  }
+
+  template <int MT, int C>
+  void span(const Int8Rows& rows, const float* x, int64_t ld_x, int64_t row0, const uint8_t* c,
+            const S* s, const S* m, int64_t nb, int64_t q, float* out, int64_t ld_out,
+            int64_t valid, bool accumulate, const float* bias) const {
+#if defined(__AVX512VNNI__)
+    if (vnni_) {
+      vnni_span<Bits, S, HasMin, MT, C>(rows, row0, c, s, m, nb, q, k_, group_, out, ld_out, valid,
+                                        accumulate, bias);
+      return;
+    }
+#endif
+    (void)rows, (void)row0;
+    fma_span<Bits, S, HasMin, MT, C>(x, ld_x, c, s, m, nb, q, k_, group_, out, ld_out, valid,
+                                     accumulate, bias);
   }
 #endif
 
@@ -322,27 +472,28 @@ class QuantizedLinear final : public Linear {
     const S* scales = block_scales(start);
     const S* mins = block_mins(start);
 #if defined(__AVX512F__)
-    if constexpr (std::is_same_v<T, bf16>) {
-      auto* out = reinterpret_cast<int32_t*>(dst);  // [K / 2][nb] pairs
-      for (int64_t k = 0; k < k_; k += 2) {
-        const int64_t g = k / group_;
-        for (int64_t c = 0; c < nb; c += 16) {
-          const __m512 s = load16(scales + g * nb + c);
-          const __m512 m = HasMin ? load16(mins + g * nb + c) : _mm512_setzero_ps();
-          __m512 lo, hi;
-          if constexpr (Bits == 8) {
-            const auto* cp = reinterpret_cast<const int8_t*>(codes);
-            lo = codes8(cp + k * nb + c), hi = codes8(cp + (k + 1) * nb + c);
-          } else {
-            codes4(codes + (k / 2) * nb + c, lo, hi);
+    const int64_t chunks = nb / 16;
+    for (int64_t u = 0; u < k_ / KU; ++u) {
+      const int64_t g = u * KU / group_;  // a unit lies inside one group
+      for (int64_t q = 0; q < chunks; ++q) {
+        const __m512 s = load16(scales + g * nb + 16 * q);
+        const __m512 m = HasMin ? load16(mins + g * nb + 16 * q) : _mm512_setzero_ps();
+        __m512 w[KU];
+        unit_floats<Bits>(codes + (u * chunks + q) * 64, w);
+        for (int j = 0; j < KU; ++j) w[j] = dequant<HasMin>(w[j], s, m);
+        const int64_t k0 = u * KU;
+        if constexpr (std::is_same_v<T, bf16>) {
+          auto* out = reinterpret_cast<int32_t*>(dst);  // [K / 2][nb] pairs
+          for (int j = 0; j < KU; j += 2) {
+            const __m512i pair = _mm512_or_si512(bf16_bits(w[j]), _mm512_slli_epi32(bf16_bits(w[j + 1]), 16));
+            _mm512_storeu_si512(out + ((k0 + j) / 2) * nb + 16 * q, pair);
           }
-          const __m512i pair = _mm512_or_si512(bf16_bits(dequant<HasMin>(lo, s, m)),
-                                               _mm512_slli_epi32(bf16_bits(dequant<HasMin>(hi, s, m)), 16));
-          _mm512_storeu_si512(out + (k / 2) * nb + c, pair);
+        } else {
+          for (int j = 0; j < KU; ++j) _mm512_storeu_ps(dst + (k0 + j) * nb + 16 * q, w[j]);
         }
       }
-      return;
     }
+    return;
 #endif
     for (int64_t k = 0; k < k_; ++k) {
       for (int64_t c = 0; c < nb; ++c) {
@@ -389,7 +540,7 @@ class QuantizedLinear final : public Linear {
           float* c = out + row * ld_out + start;
           if (valid == nb) {  // straight into out
             cpublas::brgemm(mt, nb, k_, ld, nb, ld_out, accumulate, x + row * ld, weights.data(), c, vnni);
-            if (has_bias_) add_bias(c, mt, nb, ld_out, bias_.data() + start, false);
+            if (has_bias_) add_bias(c, mt, nb, ld_out, bias_.data() + start);
             continue;
           }
           cpublas::brgemm(mt, nb, k_, ld, nb, nb, false, x + row * ld, weights.data(), tile.data(), vnni);
@@ -405,7 +556,7 @@ class QuantizedLinear final : public Linear {
     });
   }
 
-  static void add_bias(float* c, int64_t rows, int64_t cols, int64_t ld, const float* b, bool) {
+  static void add_bias(float* c, int64_t rows, int64_t cols, int64_t ld, const float* b) {
     for (int64_t r = 0; r < rows; ++r) {
 #pragma omp simd
       for (int64_t j = 0; j < cols; ++j) c[r * ld + j] += b[j];
@@ -413,7 +564,8 @@ class QuantizedLinear final : public Linear {
   }
 
   bool bf16_rows_;  // many rows: de-quantize to bfloat16 (else float32) for brgemm
-  int64_t n_, k_, np_, group_, groups_, block_ = 32;
+  bool vnni_;       // few rows: int8 rows and VNNI dot products (else float32 FMAs)
+  int64_t n_, k_, np_, group_, groups_, block_ = 32, x_block_ = 32;
   std::string format_;
   WeightBuffer<uint8_t> codes_;
   WeightBuffer<S> scales_, mins_;

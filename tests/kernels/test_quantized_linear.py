@@ -1,10 +1,14 @@
 """kernels/cpu/quantized_linear.cpp against its torch reference (de-quantize, then a float32
 matmul): every code width, scale dtype and group size, with and without mins and bias,
-edge shapes (N not a multiple of 16, one column block, one group per row), the few-rows
-path (codes streamed, float32 throughout) and the many-rows path (a bfloat16 slice per
-block where this CPU has bfloat16 dot products, so compared with bfloat16 inputs)."""
+edge shapes (N not a multiple of 16, one column block, one group per row), both few-rows
+paths (a float32 model's: codes streamed into float32 FMAs; a bfloat16 model's on a CPU
+with VNNI: rows rounded to int8 per block of k, compared with a reference that rounds them
+the same way) and the many-rows path (a bfloat16 slice per block for a bfloat16 model
+where this CPU has bfloat16 dot products, so compared with bfloat16 inputs)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +19,7 @@ pytestmark = pytest.mark.skipif(
     cpu.unavailable_reason() is not None, reason="the C++ CPU kernels cannot be built here"
 )
 
-FEW_ROWS = 16  # quantized_linear.cpp's FEW_ROWS
+FEW_ROWS_FMA, FEW_ROWS_VNNI = 8, 32  # quantized_linear.cpp's thresholds
 
 
 def random_weight(n: int, k: int, bits: int, group: int, scale_dtype, with_mins: bool, seed: int):
@@ -52,6 +56,27 @@ def bf16_gemm() -> bool:
     return bool(cpu.load().linear_supported(torch.bfloat16))
 
 
+def vnni() -> bool:
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return "avx512_vnni" in flags and "avx512f" in flags
+
+
+def int8_rows_reference(x, dense, mins, group):
+    """The VNNI path's arithmetic in torch: x rounded to int8 in blocks of k (a scale per
+    block, round half to even), times the weights without their mins; the mins times the
+    exact sums of x."""
+    k = x.shape[1]
+    block = next(b for b in (32, 16, 8, 4) if group % b == 0)
+    blocks = x.reshape(x.shape[0], k // block, block)
+    scale = blocks.abs().amax(-1, keepdim=True) / 127
+    rounded = torch.where(scale > 0, torch.round(blocks / torch.where(scale > 0, scale, 1)), 0)
+    x_int8 = (rounded * scale).reshape_as(x)
+    if mins is None:
+        return x_int8 @ dense.T
+    expanded = mins.float().repeat_interleave(group, dim=1)
+    return x_int8 @ (dense - expanded).T + x @ expanded.T
+
+
 CASES = [
     # bits, n, k, group, scale dtype, mins
     (8, 64, 64, 32, torch.float16, False),  # Q8_0-like
@@ -66,7 +91,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("bits,n,k,group,scale_dtype,with_mins", CASES)
-@pytest.mark.parametrize("rows", [1, 3, 9, FEW_ROWS, FEW_ROWS + 1, 37])
+@pytest.mark.parametrize("rows", [1, 3, 5, FEW_ROWS_FMA + 1, FEW_ROWS_VNNI, FEW_ROWS_VNNI + 1])
 @pytest.mark.parametrize("bf16_rows", [True, False])
 def test_matches_the_dequantized_matmul(bits, n, k, group, scale_dtype, with_mins, rows, bf16_rows):
     codes, scales, mins, dense = random_weight(n, k, bits, group, scale_dtype, with_mins, seed=n)
@@ -75,7 +100,10 @@ def test_matches_the_dequantized_matmul(bits, n, k, group, scale_dtype, with_min
     linear = packed(bits, codes, scales, mins, group, bias, bf16_rows)
     out = linear.forward(x, torch.empty(0), 0)
     assert out.shape == (rows, n) and out.dtype == torch.float32
-    if rows > FEW_ROWS and bf16_rows and bf16_gemm():  # the block is de-quantized to bfloat16
+    streamed = FEW_ROWS_VNNI if bf16_rows and vnni() else FEW_ROWS_FMA
+    if rows <= streamed and bf16_rows and vnni():  # int8 rows, VNNI dot products
+        ref = int8_rows_reference(x, dense, mins, group)
+    elif rows > streamed and bf16_rows and bf16_gemm():  # blocks de-quantized to bfloat16
         ref = x.bfloat16().float() @ dense.bfloat16().float().T
     else:
         ref = x @ dense.T

@@ -1,0 +1,124 @@
+"""A GGUF model's own file as it is, against llama.cpp on the very same file:
+`pagestream bench quantized`.
+
+Offline throughput on the profile's workload (every engine gets the same prompts and output
+lengths, ignore_eos): pagestream with the file's blocks kept (`quantization="gguf"`, dtype
+auto: a bfloat16 KV cache) and llama.cpp on that file with `seqs` sequences in parallel (a
+bfloat16 KV cache too), one engine at a time. With `$LLAMA_QUANTIZE` (llama.cpp's
+llama-quantize), a Q8_0 file made from the F32 export of the same weights runs both ways as
+well.
+
+Greedy agreement of each run with pagestream float32 on the de-quantized weights of the
+same file (the float model those blocks stand for), over the whole workload: equal
+requests, the mean first difference, as benchmarks/precision.py counts them. llama.cpp
+rounds its activations to 8 bits inside the quantized dot products; pagestream does the
+same on the bfloat16 VNNI path (kernels/cpu/quantized_linear.cpp).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.workload import BenchRequest
+
+logger = logging.getLogger(__name__)
+
+QUANTIZE_ENV = "LLAMA_QUANTIZE"
+
+
+@dataclass(frozen=True)
+class QuantizedOptions:
+    model: str  # a GGUF model: an alias, a .gguf file or a folder holding one
+    kv_cache_memory: str = "2GiB"
+    seqs: int = 32  # llama.cpp's parallel sequences
+    llama_quantize: str | None = None  # llama-quantize, for the Q8_0 runs
+
+
+def make_q8_0(source: Path, llama_quantize: str) -> Path:
+    """A Q8_0 file of `source`'s weights (from its F32 export), made once next to it."""
+    from benchmarks.gguf_export import export_gguf
+
+    out = source.with_name(source.stem + ".Q8_0.gguf")
+    if out.is_file() and out.stat().st_mtime >= source.stat().st_mtime:
+        return out
+    f32 = export_gguf(source, "F32")
+    tmp = out.with_name(out.name + ".tmp")
+    subprocess.run([llama_quantize, str(f32), str(tmp), "Q8_0"], check=True, capture_output=True)
+    tmp.rename(out)
+    return out
+
+
+def _pagestream(model: str, requests: list[BenchRequest], name: str, **engine) -> tuple:
+    from benchmarks.throughput import run_pagestream
+    from pagestream import LLM
+
+    llm = LLM(model, **engine)
+    info = llm.engine.model_info
+    run = run_pagestream(llm, requests, name)
+    run.extra["quantization"], run.extra["weight_bytes"] = info.quantization, info.weight_bytes
+    del llm
+    gc.collect()
+    return run
+
+
+def _file_runs(path: Path, requests, options: QuantizedOptions, reference) -> tuple[list, dict]:
+    """pagestream and llama.cpp on one GGUF file, and their agreement with `reference`."""
+    from benchmarks.llamacpp import LlamaCppOptions, full_agreement, run_llamacpp
+
+    label = path.stem.rsplit(".", 1)[-1]
+    ours = _pagestream(
+        str(path),
+        requests,
+        f"pagestream LLM.generate ({label} blocks)",
+        quantization="gguf",
+        kv_cache_memory=options.kv_cache_memory,
+    )
+    cpp_options = LlamaCppOptions(model=str(path), dtypes=("BF16",), seqs=(options.seqs,))
+    theirs, tokens = run_llamacpp(requests, path, "BF16", options.seqs, cpp_options)
+    theirs.name = f"llama.cpp {label} ({options.seqs} seqs)"
+    agreement = {
+        ours.name: full_agreement(ours.name, ours.token_ids, reference),
+        theirs.name: full_agreement(theirs.name, tokens, reference),
+    }
+    return [ours, theirs], agreement
+
+
+def run_quantized(requests: list[BenchRequest], options: QuantizedOptions) -> dict:
+    from benchmarks.gguf_export import source_gguf
+    from services.worker.models.gguf_weights import dequantized_folder
+
+    source = source_gguf(options.model)
+    reference_run = _pagestream(
+        str(dequantized_folder(options.model)),
+        requests,
+        "pagestream LLM.generate (float32, de-quantized)",
+        dtype="float32",
+        kv_cache_memory=options.kv_cache_memory,
+    )
+    reference = reference_run.token_ids
+    files = [source]
+    quantize = options.llama_quantize or os.environ.get(QUANTIZE_ENV)
+    if quantize:
+        files.append(make_q8_0(source, quantize))
+    runs, agreement = [reference_run], {}
+    for path in files:
+        file_runs, file_agreement = _file_runs(path, requests, options, reference)
+        runs += file_runs
+        agreement.update(file_agreement)
+    ratios = {
+        f"{ours.name} / {theirs.name}": round(
+            ours.output_tokens_per_s / theirs.output_tokens_per_s, 2
+        )
+        for ours, theirs in zip(runs[1::2], runs[2::2], strict=True)
+    }
+    return {
+        "runs": [r.as_dict() for r in runs],
+        "ratios": ratios,
+        "agreement": agreement,
+        "source_gguf": source.name,
+    }
