@@ -187,6 +187,7 @@ def run_bench(args: argparse.Namespace) -> int:
         report,
         report_latency,
         report_precision,
+        report_quantized,
         report_routing,
         report_serve_peer,
         report_structured,
@@ -235,6 +236,7 @@ def run_bench(args: argparse.Namespace) -> int:
         report_precision.add_to_report(results, docs)
         report_latency.add_to_report(results, docs)
         report_serve_peer.add_to_report(results, docs)
+        report_quantized.add_to_report(results, docs)
     logger.info("report: %s", path)
     return 0
 

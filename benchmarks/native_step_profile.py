@@ -7,6 +7,10 @@ from `DecoderStack.profile()` (norm+qkv, rotary+cache, attention, o_proj, norm+g
 silu_mul, down), with the bytes a step streams and the read rate that implies.
 
     python -m benchmarks.native_step_profile --dtype bfloat16 --batch 1 --context 300
+    python -m benchmarks.native_step_profile --dtype auto   # a GGUF model's own blocks
+
+The weight bytes are the stack's packed weights as held (`DecoderStack.weight_bytes()`:
+quantized codes and scales, or the float matrices) and the LM head's.
 """
 
 from __future__ import annotations
@@ -66,17 +70,12 @@ def profile(dtype: str, batch: int, context: int, steps: int) -> dict:
             forward.append(middle - start)
             head.append(time.perf_counter() - middle)
     parts = {k: round(v / steps * 1e3, 3) for k, v in native.stack.profile().items()}
-    itemsize = torch.empty(0, dtype=model.dtype).element_size()
-    config = model.text_config  # the stack's packed weights are not torch parameters
-    head_bytes = config.vocab_size * config.hidden_size * itemsize
-    h, inter, heads = config.hidden_size, config.intermediate_size, config.num_attention_heads
-    kv = getattr(config, "num_key_value_heads", None) or heads
-    d = getattr(config, "head_dim", None) or h // heads
-    per_layer = h * (heads + 2 * kv) * d + heads * d * h + 3 * h * inter
-    stack_bytes = config.num_hidden_layers * per_layer * itemsize
+    stack_bytes = native.weight_bytes()
+    head_bytes = int(model.lm_head.native.weight_bytes()) if model.lm_head.native else 0
     forward_ms = statistics.median(forward) * 1e3
     return {
         "dtype": dtype,
+        "quantization": model.quantization,
         "batch": batch,
         "context": context,
         "forward_ms": round(forward_ms, 3),

@@ -17,6 +17,7 @@ same on the bfloat16 VNNI path (kernels/cpu/quantized_linear.cpp).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import os
@@ -61,6 +62,7 @@ def _pagestream(model: str, requests: list[BenchRequest], name: str, **engine) -
     info = llm.engine.model_info
     run = run_pagestream(llm, requests, name)
     run.extra["quantization"], run.extra["weight_bytes"] = info.quantization, info.weight_bytes
+    run.extra.pop("kv_utilization", None)  # the throughput section reports it
     del llm
     gc.collect()
     return run
@@ -80,7 +82,7 @@ def _file_runs(path: Path, requests, options: QuantizedOptions, reference) -> tu
     )
     cpp_options = LlamaCppOptions(model=str(path), dtypes=("BF16",), seqs=(options.seqs,))
     theirs, tokens = run_llamacpp(requests, path, "BF16", options.seqs, cpp_options)
-    theirs.name = f"llama.cpp {label} ({options.seqs} seqs)"
+    theirs = dataclasses.replace(theirs, name=f"llama.cpp {label} ({options.seqs} seqs)")
     agreement = {
         ours.name: full_agreement(ours.name, ours.token_ids, reference),
         theirs.name: full_agreement(theirs.name, tokens, reference),

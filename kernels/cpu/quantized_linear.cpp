@@ -217,22 +217,24 @@ void vnni_span(const Int8Rows& rows, int64_t row0, const uint8_t* codes, const S
         for (int q = 0; q < C; ++q) isum[m][q] = _mm512_setzero_si512();
       }
       for (int64_t u = b * block / KU; u < (b + 1) * block / KU; ++u) {
+        // each row's int8 codes of this unit, broadcast once for all C chunks
+        __m512i x_lo[MT], x_hi[MT];
+        for (int m = 0; m < MT; ++m) {
+          int32_t quads[2] = {0, 0};
+          std::memcpy(quads, rows.codes.data() + (row0 + m) * K + u * KU, KU);
+          x_lo[m] = _mm512_set1_epi32(quads[0]);
+          x_hi[m] = _mm512_set1_epi32(quads[1]);
+        }
         for (int q = 0; q < C; ++q) {
           const __m512i v = load_unit(codes + (u * chunks + q0 + q) * 64);
           if constexpr (Bits == 8) {
-            for (int m = 0; m < MT; ++m) {
-              int32_t quad;
-              std::memcpy(&quad, rows.codes.data() + (row0 + m) * K + u * KU, 4);
-              isum[m][q] = _mm512_dpbusd_epi32(isum[m][q], v, _mm512_set1_epi32(quad));
-            }
+            for (int m = 0; m < MT; ++m) isum[m][q] = _mm512_dpbusd_epi32(isum[m][q], v, x_lo[m]);
           } else {
             __m512i lo, hi;
             nibbles(v, lo, hi);
             for (int m = 0; m < MT; ++m) {
-              int32_t quads[2];
-              std::memcpy(quads, rows.codes.data() + (row0 + m) * K + u * KU, 8);
-              isum[m][q] = _mm512_dpbusd_epi32(isum[m][q], lo, _mm512_set1_epi32(quads[0]));
-              isum[m][q] = _mm512_dpbusd_epi32(isum[m][q], hi, _mm512_set1_epi32(quads[1]));
+              isum[m][q] = _mm512_dpbusd_epi32(isum[m][q], lo, x_lo[m]);
+              isum[m][q] = _mm512_dpbusd_epi32(isum[m][q], hi, x_hi[m]);
             }
           }
         }

@@ -1,0 +1,68 @@
+"""benchmarks/quantized.py and its report on a tiny GGUF model: pagestream runs the file's
+blocks and the de-quantized float32 reference, the agreement counts equal requests, and the
+ratios pair each file's pagestream run with its llama.cpp run. llama.cpp itself (the bench
+extra, not installed in CI) is replaced by a stand-in that returns chosen tokens; the real
+one is checked by every `pagestream bench quantized` run (its agreement is in the report)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import latency, quantized
+from benchmarks.hf_baselines import RunResult
+from benchmarks.report_quantized import quantized_section
+from benchmarks.workload import BenchRequest
+from tests.worker.conftest import build_tiny_model
+from tests.worker.test_model_loader import write_tiny_gguf
+
+REQUESTS = [BenchRequest([5, 17, 200, 31], 6), BenchRequest([3, 99, 150, 22, 7, 8], 5)]
+
+
+@pytest.fixture
+def tiny_q8_0(tmp_path, monkeypatch):
+    monkeypatch.setenv("PAGESTREAM_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "tiny.Q8_0.gguf"
+    write_tiny_gguf(path, build_tiny_model("llama_tied", seed=3, vocab_size=300), "Q8_0")
+    return path
+
+
+def test_run_quantized_pairs_each_file_with_llamacpp(tiny_q8_0, monkeypatch):
+    calls = []
+
+    def fake_llamacpp(requests, path, dtype, n_seq_max, options):
+        calls.append((path.name, dtype, n_seq_max))
+        tokens = [[1] * r.output_len for r in requests]  # agrees with nothing
+        run = RunResult("llama.cpp", 2.0, len(requests), 10, 11, 11, {})
+        return run, tokens
+
+    monkeypatch.setattr("benchmarks.llamacpp.run_llamacpp", fake_llamacpp)
+    options = quantized.QuantizedOptions(str(tiny_q8_0), kv_cache_memory="16MiB", seqs=4)
+    result = quantized.run_quantized(REQUESTS, options)
+    assert calls == [("tiny.Q8_0.gguf", "BF16", 4)]
+    names = [run["name"] for run in result["runs"]]
+    assert names == [
+        "pagestream LLM.generate (float32, de-quantized)",
+        "pagestream LLM.generate (Q8_0 blocks)",
+        "llama.cpp Q8_0 (4 seqs)",
+    ]
+    ours = result["runs"][1]
+    assert ours["quantization"] == "Q8_0" and ours["output_tokens"] == 11
+    assert "kv_utilization" not in ours
+    ratio = result["ratios"]["pagestream LLM.generate (Q8_0 blocks) / llama.cpp Q8_0 (4 seqs)"]
+    assert ratio == pytest.approx(ours["output_tokens_per_s"] / 5.5, rel=0.01)
+    assert result["agreement"]["llama.cpp Q8_0 (4 seqs)"]["equal"] == 0
+    assert result["agreement"]["pagestream LLM.generate (Q8_0 blocks)"]["requests"] == 2
+    lines = "\n".join(quantized_section(result))
+    assert "| llama.cpp Q8_0 (4 seqs) | 5.5 | 2.0 | 0 |" in lines
+    assert "tiny.Q8_0.gguf" in lines
+
+
+def test_streaming_bytes_of_the_quantized_runs(tiny_q8_0):
+    from gguf import GGUFReader
+
+    matrices = [t for t in GGUFReader(str(tiny_q8_0)).tensors if len(t.shape) == 2]
+    assert latency.gguf_matrix_bytes(str(tiny_q8_0)) == sum(int(t.n_bytes) for t in matrices)
+    folder = "unused"
+    assert latency.decode_bytes(folder, "gguf", str(tiny_q8_0)) == sum(
+        int(t.n_bytes) for t in matrices
+    )
