@@ -12,7 +12,7 @@ from benchmarks import latency, quantized
 from benchmarks.hf_baselines import RunResult
 from benchmarks.report_quantized import quantized_section
 from benchmarks.workload import BenchRequest
-from tests.worker.conftest import build_tiny_model
+from tests.worker.conftest import build_tiny_model, isolated_model_cache
 from tests.worker.test_model_loader import write_tiny_gguf
 
 REQUESTS = [BenchRequest([5, 17, 200, 31], 6), BenchRequest([3, 99, 150, 22, 7, 8], 5)]
@@ -20,7 +20,7 @@ REQUESTS = [BenchRequest([5, 17, 200, 31], 6), BenchRequest([3, 99, 150, 22, 7, 
 
 @pytest.fixture
 def tiny_q8_0(tmp_path, monkeypatch):
-    monkeypatch.setenv("PAGESTREAM_CACHE", str(tmp_path / "cache"))
+    isolated_model_cache(tmp_path / "cache", monkeypatch)
     path = tmp_path / "tiny.Q8_0.gguf"
     write_tiny_gguf(path, build_tiny_model("llama_tied", seed=3, vocab_size=300), "Q8_0")
     return path

@@ -19,7 +19,7 @@ from tests.engine.parallel_helpers import (
     greedy_params,
     mixed_prompts,
 )
-from tests.worker.conftest import build_tiny_model
+from tests.worker.conftest import build_tiny_model, isolated_model_cache
 from tests.worker.test_model_loader import write_tiny_gguf
 from tests.worker.test_quantized_models import _reference_folder
 
@@ -32,7 +32,7 @@ ENGINE = dict(
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("quantized-tp")
     cache = pytest.MonkeyPatch()
-    cache.setenv("PAGESTREAM_CACHE", str(root / "cache"))
+    isolated_model_cache(root / "cache", cache)
     path = root / "tiny.Q4_1.gguf"
     # intermediate 128: each rank's half of down_proj's inputs is two whole groups of 32
     model = build_tiny_model("llama_tied", seed=3, vocab_size=300, intermediate_size=128)

@@ -215,3 +215,21 @@ class PagedSession:
 @pytest.fixture
 def make_session() -> Callable[..., PagedSession]:
     return PagedSession
+
+
+def isolated_model_cache(root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """$PAGESTREAM_CACHE at `root` for the models a test converts, sharing the real cache's
+    built C++ kernels (a fresh one would compile them again in every worker process)."""
+    from services.common.model_source import cache_dir
+
+    kernels = cache_dir() / "torch_extensions"
+    kernels.mkdir(parents=True, exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "torch_extensions").symlink_to(kernels, target_is_directory=True)
+    monkeypatch.setenv("PAGESTREAM_CACHE", str(root))
+    return root
+
+
+@pytest.fixture
+def model_cache(tmp_path, monkeypatch) -> Path:
+    return isolated_model_cache(tmp_path / "cache", monkeypatch)

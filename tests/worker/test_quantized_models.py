@@ -72,13 +72,8 @@ def _assert_matches(reference: Path, got: list[list[int]]) -> None:
         assert_same_or_near_tie(reference, prompt, tokens, expected)
 
 
-@pytest.fixture
-def isolated_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("PAGESTREAM_CACHE", str(tmp_path / "cache"))
-
-
 @pytest.mark.parametrize("matrix_type", ["Q8_0", "Q4_0", "Q4_1", *K_QUANTS])
-def test_gguf_formats_match_hf_on_the_dequantized_weights(matrix_type, tmp_path, isolated_cache):
+def test_gguf_formats_match_hf_on_the_dequantized_weights(matrix_type, tmp_path, model_cache):
     path = tmp_path / f"tiny.{matrix_type}.gguf"
     expected = write_tiny_gguf(path, _tiny(matrix_type in K_QUANTS), matrix_type)
     reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
@@ -90,14 +85,14 @@ def test_gguf_formats_match_hf_on_the_dequantized_weights(matrix_type, tmp_path,
     _assert_matches(reference, _greedy(llm))
 
 
-def test_qwen2_gguf_with_biases(tmp_path, isolated_cache):
+def test_qwen2_gguf_with_biases(tmp_path, model_cache):
     path = tmp_path / "tiny-qwen2.Q4_1.gguf"
     expected = write_tiny_gguf(path, _tiny(False, "qwen2"), "Q4_1", arch="qwen2")
     reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
     _assert_matches(reference, _greedy(LLM(str(path), quantization="gguf", **ENGINE)))
 
 
-def test_torch_path_dequantizes_at_load(tmp_path, isolated_cache, monkeypatch, caplog):
+def test_torch_path_dequantizes_at_load(tmp_path, model_cache, monkeypatch, caplog):
     path = tmp_path / "tiny.Q4_K.gguf"
     expected = write_tiny_gguf(path, _tiny(True), "Q4_K")
     reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
@@ -109,7 +104,7 @@ def test_torch_path_dequantizes_at_load(tmp_path, isolated_cache, monkeypatch, c
     _assert_matches(reference, _greedy(llm))
 
 
-def test_unset_quantization_keeps_gguf_blocks_only_at_dtype_auto(tmp_path, isolated_cache):
+def test_unset_quantization_keeps_gguf_blocks_only_at_dtype_auto(tmp_path, model_cache):
     path = tmp_path / "tiny.Q8_0.gguf"
     write_tiny_gguf(path, _tiny(False), "Q8_0")
     kept = LLM(str(path), kv_cache_memory="16MiB")
@@ -146,7 +141,7 @@ def test_online_quantization_matches_hf_on_the_same_weights(method, group, tmp_p
     _assert_matches(reference, _greedy(llm))
 
 
-def test_bad_quantization_requests_fail_at_load(tmp_path, isolated_cache):
+def test_bad_quantization_requests_fail_at_load(tmp_path, model_cache):
     folder = tmp_path / "float"
     build_tiny_model("llama_tied", seed=5, vocab_size=300).save_pretrained(folder)
     with pytest.raises(ModelLoadError, match=r"needs a \.gguf model"):
