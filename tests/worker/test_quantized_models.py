@@ -9,6 +9,7 @@ load."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -148,3 +149,25 @@ def test_bad_quantization_requests_fail_at_load(tmp_path, model_cache):
         LLM(str(folder), quantization="gguf", kv_cache_memory="16MiB")
     with pytest.raises(ValueError, match="quantization_group_size must be one of 32, 128"):
         LLM(str(folder), quantization="int4", quantization_group_size=64)
+
+
+def test_load_log_names_each_kind_and_the_resident_bytes(tmp_path, model_cache, caplog):
+    path = tmp_path / "tiny.Q4_K.gguf"
+    write_tiny_gguf(path, _tiny(True), "Q4_K")
+    with caplog.at_level("INFO", logger="services.worker.model_loader"):
+        LLM(str(path), kv_cache_memory="16MiB")
+    line = next(r.getMessage() for r in caplog.records if "resident" in r.getMessage())
+    kinds = ("embed_tokens", "qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
+    for kind in kinds:
+        assert f"{kind} Q4_K" in line
+    assert re.search(r"; \d+\.\d MB resident", line)
+
+
+def test_unsupported_block_types_are_refused_naming_type_and_tensor(tmp_path, model_cache):
+    path = tmp_path / "tiny.Q5_0.gguf"
+    write_tiny_gguf(path, _tiny(False), "Q5_0")
+    with pytest.raises(ModelLoadError, match=r"GGUF tensor token_embd\.weight is Q5_0"):
+        LLM(str(path), kv_cache_memory="16MiB")
+    # asked for, the file runs de-quantized
+    llm = LLM(str(path), quantization="none", dtype="float32", kv_cache_memory="16MiB")
+    assert llm.engine.model_info.quantization == "none"
