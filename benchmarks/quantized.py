@@ -8,6 +8,9 @@ bfloat16 KV cache too), one engine at a time. With `$LLAMA_QUANTIZE` (llama.cpp'
 llama-quantize), a Q8_0 file made from the F32 export of the same weights runs both ways as
 well.
 
+Beside them, pagestream bfloat16 on the de-quantized weights: what the file ran as before
+its blocks were kept (the float model in bfloat16, not quantized).
+
 Greedy agreement of each run with pagestream float32 on the de-quantized weights of the
 same file (the float model those blocks stand for), over the whole workload: equal
 requests, the mean first difference, as benchmarks/precision.py counts them. llama.cpp
@@ -92,6 +95,7 @@ def _file_runs(path: Path, requests, options: QuantizedOptions, reference) -> tu
 
 def run_quantized(requests: list[BenchRequest], options: QuantizedOptions) -> dict:
     from benchmarks.gguf_export import source_gguf
+    from benchmarks.llamacpp import full_agreement
     from services.worker.models.gguf_weights import dequantized_folder
 
     source = source_gguf(options.model)
@@ -103,11 +107,19 @@ def run_quantized(requests: list[BenchRequest], options: QuantizedOptions) -> di
         kv_cache_memory=options.kv_cache_memory,
     )
     reference = reference_run.token_ids
+    bf16_run = _pagestream(
+        str(dequantized_folder(options.model)),
+        requests,
+        "pagestream LLM.generate (bfloat16, de-quantized)",
+        dtype="bfloat16",
+        kv_cache_memory=options.kv_cache_memory,
+    )
     files = [source]
     quantize = options.llama_quantize or os.environ.get(QUANTIZE_ENV)
     if quantize:
         files.append(make_q8_0(source, quantize))
-    runs, agreement = [reference_run], {}
+    runs = [reference_run, bf16_run]
+    agreement = {bf16_run.name: full_agreement(bf16_run.name, bf16_run.token_ids, reference)}
     for path in files:
         file_runs, file_agreement = _file_runs(path, requests, options, reference)
         runs += file_runs
@@ -116,7 +128,7 @@ def run_quantized(requests: list[BenchRequest], options: QuantizedOptions) -> di
         f"{ours.name} / {theirs.name}": round(
             ours.output_tokens_per_s / theirs.output_tokens_per_s, 2
         )
-        for ours, theirs in zip(runs[1::2], runs[2::2], strict=True)
+        for ours, theirs in zip(runs[2::2], runs[3::2], strict=True)
     }
     return {
         "runs": [r.as_dict() for r in runs],

@@ -539,6 +539,8 @@ void bind_native_step(py::module_& m) {
       .def("out_features", &PackedLinear::out_features)
       .def("weight_bytes", &PackedLinear::weight_bytes)
       .def("format", &PackedLinear::format);
+  m.def("set_quantized_stream_rows", &set_quantized_stream_rows,
+        "up to how many rows quantized linears of a bfloat16 model stream their codes (VNNI)");
   m.def("linear_supported", &linear_supported,
         "whether the packed-linear kernel for a dtype runs on this CPU");
 }

@@ -12,19 +12,21 @@
 // product (vpdpbusd: 4 unsigned bytes times 4 signed bytes into each 32-bit lane). Scales and
 // mins are [groups][nb] per block.
 //
-// Few rows (decode of a small batch) stream each block once per tile of up to 4 rows, every
-// row's accumulators in registers (the tiles after the first re-read the block from cache):
+// Rows are streamed over each block in tiles of up to 4, every row's accumulators in
+// registers (the tiles after the first re-read the block from cache):
 //  - a bfloat16 model on a CPU with VNNI (Zen 4 / 5, Ice Lake and later): the rows are
 //    rounded to int8 in blocks of 32 k with a float scale each (as llama.cpp does with its
 //    Q8 activations), and vpdpbusd multiplies 64 codes by them per instruction; the integer
 //    sums of a block are scaled once (weight scale x activation scale), the mins are added
 //    with the block's float sum of x. About six times fewer instructions than float FMAs,
 //    so a decode step streams the weights at the memory's speed.
-//  - a float32 model (or no VNNI): the codes are turned into floats (one FMA with the
-//    group's scale and min) and multiplied into float32 rows: exact weights, float32 math.
-// Many rows: each block is de-quantized once into a cache-sized slice in brgemm's layout, and
-// one micro-GEMM runs over all rows: a bfloat16 slice (and bfloat16 rows) for a bfloat16
-// model on a CPU with bfloat16 dot products, else float32.
+//    This takes every row count (prefill chunks too: it beat the de-quantized path below).
+//  - a float32 model (or no VNNI), up to 8 rows: the codes are turned into floats (one FMA
+//    with the group's scale and min) and multiplied into float32 rows: exact weights,
+//    float32 math.
+// More rows without VNNI: each block is de-quantized once into a cache-sized slice in
+// brgemm's layout, and one micro-GEMM runs over all rows: a bfloat16 slice (and bfloat16
+// rows) for a bfloat16 model on a CPU with bfloat16 dot products, else float32.
 #include "linear.h"
 #include "thread_pool.h"
 #include "weight_buffer.h"
@@ -34,7 +36,9 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -53,11 +57,14 @@ namespace cpublas = at::native::cpublas;
 constexpr int64_t ROW_TILE = 32;  // rows per micro-kernel call of the many-rows path
 constexpr int MAX_TILE = 4;       // rows per pass of the few-rows kernels
 // Up to this many rows the codes are streamed (tiles of MAX_TILE rows); more rows
-// de-quantize each block once and run brgemm. SmolLM2-135M Q4_1, 2-core Zen 4 (bench
-// latency): the float32-FMA kernel was no faster than brgemm's path at 16 rows (37 ms a
-// step either way), the VNNI one is several times cheaper per row (see the header).
+// de-quantize each block once and run brgemm. SmolLM2-135M Q4_1 on a 2-core Zen 4: the
+// float32-FMA kernel was no faster than brgemm's path at 16 rows (37 ms a decode step
+// either way); the VNNI kernel beat de-quantized bfloat16 blocks at every row count
+// measured (the stack's GEMMs at 64 / 256 / 512 / 2048 rows: 35 / 128 / 311 / 1219 ms
+// against 49 / 164 / 415 / 1330 ms), so it takes them all.
 constexpr int64_t FEW_ROWS_FMA = 8;
-constexpr int64_t FEW_ROWS_VNNI = 32;
+constexpr int64_t FEW_ROWS_VNNI = std::numeric_limits<int64_t>::max();
+std::atomic<int64_t> vnni_rows{FEW_ROWS_VNNI};  // set_quantized_stream_rows (benchmarks)
 constexpr int64_t MIN_ITEM_MACS = 1 << 16;  // smaller items stay on the calling thread
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -161,8 +168,43 @@ void fma_span(const float* x, int64_t ld_x, const uint8_t* codes, const S* scale
   }
 }
 
+// One block of `block` floats rounded to int8 codes (round half to even, as the rounding
+// mode leaves it), with the block's scale (max |x| / 127), float sum and code sum.
+inline void int8_block(const float* src, int64_t block, int8_t* dst, float& scale, float& total,
+                       int32_t& codes_total) {
+  if (block % 16 == 0) {  // whole vectors of 16: the common case (blocks of 32 or 16)
+    const int64_t n = block / 16;
+    __m512 top = _mm512_setzero_ps(), sum = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; ++i) {
+      const __m512 v = _mm512_loadu_ps(src + 16 * i);
+      top = _mm512_max_ps(top, _mm512_abs_ps(v)), sum = _mm512_add_ps(sum, v);
+    }
+    const float most = _mm512_reduce_max_ps(top);
+    const __m512 inv = _mm512_set1_ps(most > 0.f ? 127.f / most : 0.f);
+    __m512i codes = _mm512_setzero_si512();
+    for (int64_t i = 0; i < n; ++i) {
+      const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(src + 16 * i), inv));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16 * i), _mm512_cvtsepi32_epi8(q));
+      codes = _mm512_add_epi32(codes, q);
+    }
+    scale = most / 127.f, total = _mm512_reduce_add_ps(sum);
+    codes_total = _mm512_reduce_add_epi32(codes);
+    return;
+  }
+  float most = 0.f;
+  total = 0.f;
+  for (int64_t i = 0; i < block; ++i) most = std::max(most, std::fabs(src[i])), total += src[i];
+  const float inv = most > 0.f ? 127.f / most : 0.f;
+  codes_total = 0;
+  for (int64_t i = 0; i < block; ++i) {
+    dst[i] = static_cast<int8_t>(std::nearbyint(src[i] * inv));
+    codes_total += dst[i];
+  }
+  scale = most / 127.f;
+}
+
 // The rows of a VNNI product, rounded to int8 in blocks of `block` k (block divides the
-// group): codes [M][K], scale dx and float sum of x per block, and the sum of the int8 codes
+// group): codes [M][K], scale and float sum of x per block, and the sum of the int8 codes
 // (the 8-bit weights' +128 offset is taken off with it).
 struct Int8Rows {
   int64_t block = 32, blocks = 0;
@@ -174,22 +216,15 @@ struct Int8Rows {
     blocks = K / block;
     codes.resize(M * K);
     scale.resize(M * blocks), sum.resize(M * blocks), code_sum.resize(M * blocks);
-    for (int64_t m = 0; m < M; ++m) {
-      for (int64_t b = 0; b < blocks; ++b) {
-        const float* src = x + m * ld_x + b * block;
-        float top = 0.f, total = 0.f;
-        for (int64_t i = 0; i < block; ++i) top = std::max(top, std::fabs(src[i])), total += src[i];
-        const float dx = top / 127.f, inv = top > 0.f ? 127.f / top : 0.f;
-        int8_t* dst = codes.data() + m * K + b * block;
-        int32_t codes_total = 0;
-        for (int64_t i = 0; i < block; ++i) {
-          dst[i] = static_cast<int8_t>(std::nearbyint(src[i] * inv));
-          codes_total += dst[i];
+    pagestream::parallel_for(M, std::max<int64_t>(1, 8192 / K), [&](int64_t begin, int64_t end) {
+      for (int64_t m = begin; m < end; ++m) {
+        for (int64_t b = 0; b < blocks; ++b) {
+          const int64_t at = m * blocks + b;
+          int8_block(x + m * ld_x + b * block, block, codes.data() + m * K + b * block, scale[at],
+                     sum[at], code_sum[at]);
         }
-        scale[m * blocks + b] = dx, sum[m * blocks + b] = total;
-        code_sum[m * blocks + b] = codes_total;
       }
-    }
+    });
   }
 };
 
@@ -329,7 +364,7 @@ class QuantizedLinear final : public Linear {
     if (M <= 0) return;
     const float* a = static_cast<const float*>(x);
 #if defined(__AVX512F__)
-    if (M <= (vnni_ ? FEW_ROWS_VNNI : FEW_ROWS_FMA)) {
+    if (M <= (vnni_ ? vnni_rows.load(std::memory_order_relaxed) : FEW_ROWS_FMA)) {
       run_few_rows(a, M, ld_x, out, ld_out, accumulate);
       return;
     }
@@ -597,6 +632,10 @@ std::shared_ptr<Linear> with_scales(const at::Tensor& codes, const at::Tensor& s
 }
 
 }  // namespace
+
+int64_t set_quantized_stream_rows(int64_t rows) {
+  return vnni_rows.exchange(rows < 0 ? FEW_ROWS_VNNI : rows);
+}
 
 std::shared_ptr<Linear> make_quantized_linear(int64_t bits, const at::Tensor& codes,
                                               const at::Tensor& scales, const at::Tensor& mins,

@@ -42,10 +42,11 @@ def test_run_quantized_pairs_each_file_with_llamacpp(tiny_q8_0, monkeypatch):
     names = [run["name"] for run in result["runs"]]
     assert names == [
         "pagestream LLM.generate (float32, de-quantized)",
+        "pagestream LLM.generate (bfloat16, de-quantized)",
         "pagestream LLM.generate (Q8_0 blocks)",
         "llama.cpp Q8_0 (4 seqs)",
     ]
-    ours = result["runs"][1]
+    ours = result["runs"][2]
     assert ours["quantization"] == "Q8_0" and ours["output_tokens"] == 11
     assert "kv_utilization" not in ours
     ratio = result["ratios"]["pagestream LLM.generate (Q8_0 blocks) / llama.cpp Q8_0 (4 seqs)"]

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(
     cpu.unavailable_reason() is not None, reason="the C++ CPU kernels cannot be built here"
 )
 
-FEW_ROWS_FMA, FEW_ROWS_VNNI = 8, 32  # quantized_linear.cpp's thresholds
+FEW_ROWS_FMA = 8  # quantized_linear.cpp's: a float32 model's streamed rows (VNNI: all)
 
 
 def random_weight(n: int, k: int, bits: int, group: int, scale_dtype, with_mins: bool, seed: int):
@@ -62,15 +62,15 @@ def vnni() -> bool:
 
 
 def int8_rows_reference(x, dense, mins, group):
-    """The VNNI path's arithmetic in torch: x rounded to int8 in blocks of k (a scale per
-    block, round half to even), times the weights without their mins; the mins times the
-    exact sums of x."""
+    """The VNNI path's arithmetic in torch: x rounded to int8 in blocks of k (x * (127 / max),
+    round half to even; the scale max / 127), times the weights without their mins; the mins
+    times the exact sums of x."""
     k = x.shape[1]
     block = next(b for b in (32, 16, 8, 4) if group % b == 0)
     blocks = x.reshape(x.shape[0], k // block, block)
-    scale = blocks.abs().amax(-1, keepdim=True) / 127
-    rounded = torch.where(scale > 0, torch.round(blocks / torch.where(scale > 0, scale, 1)), 0)
-    x_int8 = (rounded * scale).reshape_as(x)
+    top = blocks.abs().amax(-1, keepdim=True)
+    inverse = torch.where(top > 0, 127 / torch.where(top > 0, top, 1), 0)
+    x_int8 = (torch.round(blocks * inverse) * (top / 127)).reshape_as(x)
     if mins is None:
         return x_int8 @ dense.T
     expanded = mins.float().repeat_interleave(group, dim=1)
@@ -90,17 +90,33 @@ CASES = [
 ]
 
 
+@pytest.fixture
+def stream_rows(request):
+    """set_quantized_stream_rows for one test (restored after it)."""
+    previous = cpu.load().set_quantized_stream_rows(request.param)
+    yield request.param
+    cpu.load().set_quantized_stream_rows(previous)
+
+
 @pytest.mark.parametrize("bits,n,k,group,scale_dtype,with_mins", CASES)
-@pytest.mark.parametrize("rows", [1, 3, 5, FEW_ROWS_FMA + 1, FEW_ROWS_VNNI, FEW_ROWS_VNNI + 1])
-@pytest.mark.parametrize("bf16_rows", [True, False])
-def test_matches_the_dequantized_matmul(bits, n, k, group, scale_dtype, with_mins, rows, bf16_rows):
+@pytest.mark.parametrize("rows", [1, 3, 5, FEW_ROWS_FMA + 1, 37])
+@pytest.mark.parametrize(
+    "bf16_rows,stream_rows",
+    [(False, -1), (True, -1), (True, 4)],  # -1: the default; 4: more rows de-quantize
+    indirect=["stream_rows"],
+)
+def test_matches_the_dequantized_matmul(
+    bits, n, k, group, scale_dtype, with_mins, rows, bf16_rows, stream_rows
+):
     codes, scales, mins, dense = random_weight(n, k, bits, group, scale_dtype, with_mins, seed=n)
-    bias = torch.randn(n) if n % 2 == 0 else None
-    x = torch.randn(rows, k)
+    g = torch.Generator().manual_seed(rows * 1000 + n)
+    bias = torch.randn(n, generator=g) if n % 2 == 0 else None
+    x = torch.randn(rows, k, generator=g)
     linear = packed(bits, codes, scales, mins, group, bias, bf16_rows)
     out = linear.forward(x, torch.empty(0), 0)
     assert out.shape == (rows, n) and out.dtype == torch.float32
-    streamed = FEW_ROWS_VNNI if bf16_rows and vnni() else FEW_ROWS_FMA
+    vnni_rows = rows if stream_rows < 0 else stream_rows
+    streamed = vnni_rows if bf16_rows and vnni() else FEW_ROWS_FMA
     if rows <= streamed and bf16_rows and vnni():  # int8 rows, VNNI dot products
         ref = int8_rows_reference(x, dense, mins, group)
     elif rows > streamed and bf16_rows and bf16_gemm():  # blocks de-quantized to bfloat16
