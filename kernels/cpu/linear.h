@@ -47,7 +47,7 @@ std::shared_ptr<Linear> make_quantized_linear(int64_t bits, const at::Tensor& co
                                               const std::string& format, bool bf16_rows);
 
 // Up to how many rows a bfloat16 model's quantized linears stream their codes through the
-// VNNI kernel (default: all; more rows: de-quantized blocks and brgemm); returns the
+// VNNI kernel (default 32; more rows: de-quantized blocks and brgemm); returns the
 // previous value, and a negative `rows` restores the default. For benchmarks and tests
 // that compare the two paths.
 int64_t set_quantized_stream_rows(int64_t rows);

@@ -20,11 +20,11 @@
 //    sums of a block are scaled once (weight scale x activation scale), the mins are added
 //    with the block's float sum of x. About six times fewer instructions than float FMAs,
 //    so a decode step streams the weights at the memory's speed.
-//    This takes every row count (prefill chunks too: it beat the de-quantized path below).
+//    This takes up to 32 rows (decode batches; see FEW_ROWS_VNNI for why not prefill).
 //  - a float32 model (or no VNNI), up to 8 rows: the codes are turned into floats (one FMA
 //    with the group's scale and min) and multiplied into float32 rows: exact weights,
 //    float32 math.
-// More rows without VNNI: each block is de-quantized once into a cache-sized slice in
+// More rows: each block is de-quantized once into a cache-sized slice in
 // brgemm's layout, and one micro-GEMM runs over all rows: a bfloat16 slice (and bfloat16
 // rows) for a bfloat16 model on a CPU with bfloat16 dot products, else float32.
 #include "linear.h"
@@ -38,7 +38,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <limits>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -59,11 +58,15 @@ constexpr int MAX_TILE = 4;       // rows per pass of the few-rows kernels
 // Up to this many rows the codes are streamed (tiles of MAX_TILE rows); more rows
 // de-quantize each block once and run brgemm. SmolLM2-135M Q4_1 on a 2-core Zen 4: the
 // float32-FMA kernel was no faster than brgemm's path at 16 rows (37 ms a decode step
-// either way); the VNNI kernel beat de-quantized bfloat16 blocks at every row count
-// measured (the stack's GEMMs at 64 / 256 / 512 / 2048 rows: 35 / 128 / 311 / 1219 ms
-// against 49 / 164 / 415 / 1330 ms), so it takes them all.
+// either way). The VNNI kernel is faster than de-quantized bfloat16 blocks at every row
+// count measured (the stack's GEMMs at 64 / 256 / 512 / 2048 rows: 35 / 128 / 311 / 1219
+// ms against 49 / 164 / 415 / 1330 ms), but int8 rows in every prefill cost agreement: on
+// the quick workload's 64 requests, greedy outputs equal to float32's fell from 53 to 11
+// (bench quantized; bfloat16 on the de-quantized weights: 54) for about the same
+// throughput (243 against 251 output tok/s). So prefill chunks (more than 32 rows) keep
+// bfloat16 rows, and decode batches up to 32 rows take VNNI.
 constexpr int64_t FEW_ROWS_FMA = 8;
-constexpr int64_t FEW_ROWS_VNNI = std::numeric_limits<int64_t>::max();
+constexpr int64_t FEW_ROWS_VNNI = 32;
 std::atomic<int64_t> vnni_rows{FEW_ROWS_VNNI};  // set_quantized_stream_rows (benchmarks)
 constexpr int64_t MIN_ITEM_MACS = 1 << 16;  // smaller items stay on the calling thread
 

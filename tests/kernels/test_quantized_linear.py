@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(
     cpu.unavailable_reason() is not None, reason="the C++ CPU kernels cannot be built here"
 )
 
-FEW_ROWS_FMA = 8  # quantized_linear.cpp's: a float32 model's streamed rows (VNNI: all)
+FEW_ROWS_FMA, FEW_ROWS_VNNI = 8, 32  # quantized_linear.cpp's streamed rows
 
 
 def random_weight(n: int, k: int, bits: int, group: int, scale_dtype, with_mins: bool, seed: int):
@@ -115,7 +115,7 @@ def test_matches_the_dequantized_matmul(
     linear = packed(bits, codes, scales, mins, group, bias, bf16_rows)
     out = linear.forward(x, torch.empty(0), 0)
     assert out.shape == (rows, n) and out.dtype == torch.float32
-    vnni_rows = rows if stream_rows < 0 else stream_rows
+    vnni_rows = FEW_ROWS_VNNI if stream_rows < 0 else stream_rows
     streamed = vnni_rows if bf16_rows and vnni() else FEW_ROWS_FMA
     if rows <= streamed and bf16_rows and vnni():  # int8 rows, VNNI dot products
         ref = int8_rows_reference(x, dense, mins, group)
