@@ -99,21 +99,18 @@ def run_quantized(requests: list[BenchRequest], options: QuantizedOptions) -> di
     from services.worker.models.gguf_weights import dequantized_folder
 
     source = source_gguf(options.model)
-    reference_run = _pagestream(
-        str(dequantized_folder(options.model)),
-        requests,
-        "pagestream LLM.generate (float32, de-quantized)",
-        dtype="float32",
-        kv_cache_memory=options.kv_cache_memory,
+    floats = str(dequantized_folder(options.model))
+    reference_run, bf16_run = (
+        _pagestream(
+            floats,
+            requests,
+            f"pagestream LLM.generate ({dtype}, de-quantized)",
+            dtype=dtype,
+            kv_cache_memory=options.kv_cache_memory,
+        )
+        for dtype in ("float32", "bfloat16")
     )
     reference = reference_run.token_ids
-    bf16_run = _pagestream(
-        str(dequantized_folder(options.model)),
-        requests,
-        "pagestream LLM.generate (bfloat16, de-quantized)",
-        dtype="bfloat16",
-        kv_cache_memory=options.kv_cache_memory,
-    )
     files = [source]
     quantize = options.llama_quantize or os.environ.get(QUANTIZE_ENV)
     if quantize:

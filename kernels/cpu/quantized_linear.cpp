@@ -121,6 +121,15 @@ inline __m512 dequant(__m512 code, __m512 scale, __m512 min) {
   return _mm512_mul_ps(code, scale);
 }
 
+// Group g's scales and mins for chunks [q0, q0 + C) of a block (`at` = g * nb + 16 q0).
+template <bool HasMin, int C, typename S>
+inline void group_scales(const S* scales, const S* mins, int64_t at, __m512* s, __m512* mn) {
+  for (int q = 0; q < C; ++q) {
+    s[q] = load16(scales + at + 16 * q);
+    mn[q] = HasMin ? load16(mins + at + 16 * q) : _mm512_setzero_ps();
+  }
+}
+
 // out[m, col .. col + 16) (+)= acc[m] + bias, only the `valid` columns of the block stored
 template <int MT>
 inline void store_columns(const __m512* acc, int64_t stride, float* out, int64_t ld_out,
@@ -149,10 +158,7 @@ void fma_span(const float* x, int64_t ld_x, const uint8_t* codes, const S* scale
   }
   for (int64_t g = 0; g < K / group; ++g) {
     __m512 s[C], mn[C];
-    for (int q = 0; q < C; ++q) {
-      s[q] = load16(scales + g * nb + 16 * (q0 + q));
-      mn[q] = HasMin ? load16(mins + g * nb + 16 * (q0 + q)) : _mm512_setzero_ps();
-    }
+    group_scales<HasMin, C>(scales, mins, g * nb + 16 * q0, s, mn);
     for (int64_t u = g * group / KU; u < (g + 1) * group / KU; ++u) {
       for (int q = 0; q < C; ++q) {
         __m512 w[KU];
@@ -245,10 +251,7 @@ void vnni_span(const Int8Rows& rows, int64_t row0, const uint8_t* codes, const S
   }
   for (int64_t g = 0; g < K / group; ++g) {
     __m512 s[C], mn[C];
-    for (int q = 0; q < C; ++q) {
-      s[q] = load16(scales + g * nb + 16 * (q0 + q));
-      mn[q] = HasMin ? load16(mins + g * nb + 16 * (q0 + q)) : _mm512_setzero_ps();
-    }
+    group_scales<HasMin, C>(scales, mins, g * nb + 16 * q0, s, mn);
     for (int64_t b = g * per_group; b < (g + 1) * per_group; ++b) {
       __m512i isum[MT][C];
       for (int m = 0; m < MT; ++m) {
