@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from services.worker.attention_metadata import AttentionMetadata
+from services.worker.layers.quantization.model_weights import weight_formats
 from services.worker.parallel_state import tp_all_reduce
 
 logger = logging.getLogger(__name__)
@@ -88,12 +89,6 @@ def packed_linear(linear: nn.Module, bias: torch.Tensor) -> object:
     )
 
 
-def _format_of(layer: nn.Module) -> str:
-    linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj)
-    formats = {lin.quantized.source for lin in linears if lin.quantized is not None}
-    return "+".join(sorted(formats)) or str(layer.mlp.down_proj.weight.dtype).removeprefix("torch.")
-
-
 def _release(linear: nn.Module) -> None:
     """The C++ stack holds its own packed copy: the torch weights are freed."""
     linear.weight.data = linear.weight.data.new_empty(0)
@@ -125,7 +120,7 @@ class NativeStep:
             final_norm,
         )
         first_rank = model.stage.tp_rank == 0  # row-parallel biases are added once
-        held = _format_of(first)
+        held = "+".join(sorted(set(weight_formats(first).values())))
         for index in model.layer_range:
             layer = model.layers[index]
             sa, mlp = layer.self_attn, layer.mlp

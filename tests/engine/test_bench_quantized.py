@@ -12,18 +12,14 @@ from benchmarks import latency, quantized
 from benchmarks.hf_baselines import RunResult
 from benchmarks.report_quantized import quantized_section
 from benchmarks.workload import BenchRequest
-from tests.worker.conftest import build_tiny_model, isolated_model_cache
-from tests.worker.test_model_loader import write_tiny_gguf
+from tests.worker.test_quantized_models import tiny_gguf_file
 
 REQUESTS = [BenchRequest([5, 17, 200, 31], 6), BenchRequest([3, 99, 150, 22, 7, 8], 5)]
 
 
 @pytest.fixture
 def tiny_q8_0(tmp_path, monkeypatch):
-    isolated_model_cache(tmp_path / "cache", monkeypatch)
-    path = tmp_path / "tiny.Q8_0.gguf"
-    write_tiny_gguf(path, build_tiny_model("llama_tied", seed=3, vocab_size=300), "Q8_0")
-    return path
+    return tiny_gguf_file(tmp_path, monkeypatch, "Q8_0")
 
 
 def test_run_quantized_pairs_each_file_with_llamacpp(tiny_q8_0, monkeypatch):

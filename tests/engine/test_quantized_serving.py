@@ -12,18 +12,14 @@ from services.common.proto.pagestream.v1 import generation_pb2 as pb
 from services.common.proto.pagestream.v1 import generation_pb2_grpc
 from services.frontend.frontend_server import serve_frontend
 from tests.engine.openai_helpers import running_server
-from tests.worker.conftest import build_tiny_model, isolated_model_cache
-from tests.worker.test_model_loader import write_tiny_gguf
+from tests.worker.test_quantized_models import tiny_gguf_file
 
 TIMEOUT = 30
 
 
 @pytest.fixture
 def q4_1_file(tmp_path, monkeypatch):
-    isolated_model_cache(tmp_path / "cache", monkeypatch)
-    path = tmp_path / "tiny.Q4_1.gguf"
-    write_tiny_gguf(path, build_tiny_model("llama_tied", seed=3, vocab_size=300), "Q4_1")
-    return path
+    return tiny_gguf_file(tmp_path, monkeypatch, "Q4_1")
 
 
 async def test_get_model_info_names_the_quantization(q4_1_file):

@@ -23,7 +23,7 @@ from services.common.model_source import resolve_model
 from services.worker.layers.quantization import quantize_int4, quantize_int8
 from services.worker.models.errors import ModelLoadError
 from tests.engine.parallel_helpers import assert_same_or_near_tie
-from tests.worker.conftest import build_tiny_model
+from tests.worker.conftest import build_tiny_model, isolated_model_cache
 from tests.worker.test_model_loader import write_tiny_gguf
 
 PROMPTS = [[5, 17, 200, 31, 64, 9], [3, 3, 3, 99, 150, 22, 7, 8, 41, 120, 77, 5, 6, 250]]
@@ -35,6 +35,15 @@ def _tiny(k_quant: bool, arch: str = "llama"):
     sizes = {"hidden_size": 256, "intermediate_size": 512, "head_dim": 64} if k_quant else {}
     name = "llama_tied" if arch == "llama" else "qwen2"
     return build_tiny_model(name, seed=3, vocab_size=300, **sizes)
+
+
+def tiny_gguf_file(tmp_path: Path, monkeypatch, matrix_type: str) -> Path:
+    """A tiny tied Llama as a GGUF file with every matrix in `matrix_type`, converted under
+    an isolated $PAGESTREAM_CACHE (sharing the built kernels)."""
+    isolated_model_cache(tmp_path / "cache", monkeypatch)
+    path = tmp_path / f"tiny.{matrix_type}.gguf"
+    write_tiny_gguf(path, build_tiny_model("llama_tied", seed=3, vocab_size=300), matrix_type)
+    return path
 
 
 def _reference_folder(folder: Path, tensors: dict, out: Path) -> Path:

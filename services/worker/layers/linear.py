@@ -27,6 +27,7 @@ from services.worker.layers.quantization.loading import (
     Checkpoint,
     OnlineQuantization,
     WeightParts,
+    dequantize_into,
     narrow,
     split_rows,
 )
@@ -151,9 +152,7 @@ class LinearBase(nn.Module):
 
     def dequantize_weight(self, dtype: torch.dtype) -> None:
         """The float weight back from `quantized` (paths without a quantized kernel)."""
-        if self.quantized is not None:
-            self.weight.data = self.quantized.dequantize(dtype).to(self.weight.device)
-            self.quantized = None
+        dequantize_into(self, dtype)
 
     def pack(self) -> bool:
         """Packs the loaded weight for the CPU (see packed_weight.py); True if it did. When

@@ -22,6 +22,7 @@ from services.worker.layers.quantization import QuantizedWeight
 from services.worker.layers.quantization.loading import (
     Checkpoint,
     OnlineQuantization,
+    dequantize_into,
     pad_rows,
     select_rows,
 )
@@ -66,9 +67,7 @@ class VocabEmbedding(nn.Module):
 
     def dequantize_weight(self, dtype: torch.dtype) -> None:
         """The float table back from `quantized` (paths without a quantized kernel)."""
-        if self.quantized is not None:
-            self.weight.data = self.quantized.dequantize(dtype).to(self.weight.device)
-            self.quantized = None
+        dequantize_into(self, dtype)
 
     def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` of this rank's table [len(ids), hidden_size]."""
@@ -100,6 +99,7 @@ class LMHead(VocabEmbedding):
 
     packed: PackedWeight | None = None
     native: object | None = None  # kernels/cpu PackedLinear: float32 logits around any weight
+    native_rescores = False  # the packed copy holds the float weight (not quantized codes)
     tied: VocabEmbedding | None = None
     online: OnlineQuantization | None = None  # quantize the float table at load
 
@@ -142,6 +142,7 @@ class LMHead(VocabEmbedding):
         from services.worker.native_step import packed_linear
 
         self.native = packed_linear(self, torch.empty(0))
+        self.native_rescores = self.quantized is None
         tied = self.tied
         if self.quantized is not None and tied is not None and tied.quantized is self.quantized:
             # the tied embedding looks its rows up in the packed copy: the table is held once
@@ -154,11 +155,11 @@ class LMHead(VocabEmbedding):
         this size) would flip near-ties, so the top RESCORED_CANDIDATES logits of every row
         are recomputed in float32 (an exact dot product each), which is what decides greedy
         tokens, as a float32 LM head on the same weights would."""
-        # a quantized head already computes float32 logits of its exact weights
-        low_precision = self.weight.dtype != torch.float32 and self.weight.numel() > 0
+        low_precision = self.weight.dtype != torch.float32
         rescore = hidden_states.dtype == torch.float32 and low_precision and self.tp_size == 1
         if self.native is not None:  # float32 logits, the top ones rescored in the same call
-            rescore = rescore and self.native.format() in ("bfloat16", "float32")
+            # a quantized head already computes float32 logits of its exact weights
+            rescore = rescore and self.native_rescores
             exact = self.weight if rescore else torch.empty(0)
             logits = self.native.forward(hidden_states, exact, RESCORED_CANDIDATES)
         else:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from transformers import PretrainedConfig
 
-from services.common.gguf_conversion import GGUF_NATIVE_ARCHITECTURES
+from services.common.gguf_conversion import GGUF_NATIVE_ARCHITECTURES, gguf_architecture
 from services.worker.layers.quantization import (
     QuantizedWeight,
     UnsupportedQuantization,
@@ -73,20 +73,11 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def gguf_architecture(reader) -> str:
-    field = reader.fields.get("general.architecture")
-    return str(field.contents()) if field is not None else "unknown"
-
-
 def _rotary_order(rows: int, heads: int) -> torch.Tensor:
     """Index i of HF's row order -> the GGUF row that holds it (llama.cpp's permutation of
     each head's rows into interleaved rotary pairs, undone)."""
     half = rows // heads // 2
     return torch.arange(rows).reshape(heads, half, 2).transpose(1, 2).reshape(-1)
-
-
-def _select_rows(tensor: torch.Tensor | QuantizedWeight, index: torch.Tensor):
-    return tensor[index] if isinstance(tensor, torch.Tensor) else select_rows(tensor, index)
 
 
 def _heads_of(kind: str, config: PretrainedConfig) -> int | None:
@@ -127,7 +118,7 @@ def iterate_gguf_weights(
         raise ModelLoadError(
             f"could not read GGUF file {path}: {type(exc).__name__}: {exc}"
         ) from exc
-    arch = gguf_architecture(reader)
+    arch = gguf_architecture(path, reader)
     if arch not in GGUF_NATIVE_ARCHITECTURES:
         raise ModelLoadError(
             f"{path} is a {arch!r} GGUF; pagestream loads GGUF files of the native family "
@@ -151,12 +142,9 @@ def iterate_gguf_weights(
         kind = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
         heads = _heads_of(kind, config)
         if heads is not None and arch in PERMUTED_ARCHITECTURES:
-            value = _select_rows(value, _rotary_order(_rows(value), heads))
+            order = _rotary_order(value.shape[0], heads)
+            value = value[order] if isinstance(value, torch.Tensor) else select_rows(value, order)
         yield name, value
-
-
-def _rows(value: torch.Tensor | QuantizedWeight) -> int:
-    return value.shape[0]
 
 
 def dequantized_folder(name_or_path: str | Path) -> Path:

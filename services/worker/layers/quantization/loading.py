@@ -64,6 +64,13 @@ def pad_rows(tensor: QuantizedWeight, rows: int) -> QuantizedWeight:
     return cat_rows([tensor, zeros])
 
 
+def dequantize_into(module, dtype: torch.dtype) -> None:
+    """`module.weight` back in float from `module.quantized` (which is then dropped)."""
+    if module.quantized is not None:
+        module.weight.data = module.quantized.dequantize(dtype).to(module.weight.device)
+        module.quantized = None
+
+
 @dataclass(frozen=True)
 class OnlineQuantization:
     """Weight-only quantization of a float checkpoint at load: int8 (per output channel,

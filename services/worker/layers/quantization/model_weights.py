@@ -15,19 +15,19 @@ from services.worker.layers.quantization.loading import OnlineQuantization
 logger = logging.getLogger(__name__)
 
 
-def _loading_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    return [(name, m) for name, m in model.named_modules() if hasattr(m, "finish_loading")]
+def _loading_modules(model: nn.Module) -> list[nn.Module]:
+    return [m for m in model.modules() if hasattr(m, "finish_loading")]
 
 
 def set_online_quantization(model: nn.Module, online: OnlineQuantization) -> None:
     """Every linear and the LM head quantize their float checkpoint tensors at load."""
-    for _, module in _loading_modules(model):
+    for module in _loading_modules(model):
         module.online = online
 
 
 def finish_loading(model: nn.Module) -> None:
     """Joins each layer's quantized shards (after every checkpoint tensor is in)."""
-    for _, module in _loading_modules(model):
+    for module in _loading_modules(model):
         module.finish_loading()
 
 
@@ -35,7 +35,7 @@ def dequantize_model(model: nn.Module, dtype: torch.dtype) -> int:
     """Float weights back from the quantized ones, for the torch modules (other devices, or
     no native CPU step); returns how many tensors it de-quantized."""
     count = 0
-    for _, module in model.named_modules():
+    for module in model.modules():
         if getattr(module, "quantized", None) is not None:
             module.dequantize_weight(dtype)
             count += 1
