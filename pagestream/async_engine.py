@@ -52,7 +52,7 @@ class AsyncEngine:
 
             self.engine = LLMEngine(args)
             self.engine_core = AsyncEngineCore(self.engine.core)
-            self.info = self.engine.served_model_info()
+            self.info = self.engine.info
             self.tokenizer = self.engine.tokenizer
             self.default_sampling = self.engine.default_sampling
 

@@ -38,7 +38,7 @@ from services.common.grpc_channel import (
     wait_until_serving_sync,
 )
 from services.common.model_info import ServedModelInfo
-from services.scheduler.executor.mp import PARENT_PID_ENV
+from services.scheduler.launchers.launcher import PARENT_PID_ENV
 
 logger = logging.getLogger(__name__)
 

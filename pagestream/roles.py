@@ -9,6 +9,7 @@ import logging
 import os
 import threading
 import time
+from functools import partial
 
 from pagestream.engine_args import EngineArgs
 from services.common.grpc_server import serve_forever
@@ -120,7 +121,7 @@ def worker_group_rank(ns: argparse.Namespace, args: EngineArgs):
 
 def exit_with_parent() -> None:
     """An mp worker (PAGESTREAM_PARENT_PID set) exits as soon as its engine is gone."""
-    from services.scheduler.executor.mp import PARENT_PID_ENV
+    from services.scheduler.launchers.launcher import PARENT_PID_ENV
 
     parent = os.environ.get(PARENT_PID_ENV)
     if not parent:
@@ -162,36 +163,32 @@ async def run_scheduler(ns: argparse.Namespace) -> None:
     data-parallel replica as one command. A --host of unix:PATH listens on a unix socket
     (how `serve` and AsyncEngine run it as their engine-core process).
 
-    Over its own workers the engine loop cannot come back once it died (a rank was lost):
-    the role then stops and exits with code 1, so whoever started it (serve's engine-core
-    watcher, compose, Kubernetes) starts it again with a fresh worker group."""
-    from services.scheduler.engine_core_service import serve_engine_core, serve_scheduler
+    Either way a lost worker group is rebuilt in place (its own: started again; at
+    --worker: waited for). Should the engine loop itself die (a bug, not a lost worker),
+    the role stops and exits with code 1, so whoever started it (serve's engine-core
+    watcher, compose, Kubernetes) starts it again."""
+    from pagestream.executor_factory import WORKER_START_TIMEOUT_S, build_executor
+    from services.scheduler.engine_core_builder import EngineCoreBuilder
+    from services.scheduler.engine_core_service import serve_built_engine_core, serve_scheduler
 
     exit_with_parent()
+    args, tls = engine_args(ns), tls_config(ns)
     if ns.worker:
-        server = await serve_scheduler(
-            ns.worker, engine_args(ns), ns.host, ns.port, tls=tls_config(ns)
-        )
-        logger.info("scheduler serving on %s (workers %s)", server.address, ", ".join(ns.worker))
-        await serve_forever(server, GRACE_S)
-        return
-    from pagestream.async_engine import AsyncEngine
-
-    engine = await asyncio.to_thread(
-        AsyncEngine.from_engine_args, engine_args(ns), engine_core_process=False
-    )
-    server = await serve_engine_core(
-        engine.engine_core, engine.info, ns.host, ns.port, tls_config(ns)
-    )
-    server.add_cleanup(lambda: asyncio.to_thread(engine.engine.close))
-    backend = engine_args(ns).parallel_config().backend
-    logger.info("scheduler serving on %s (workers its own (%s))", server.address, backend)
-    watch = asyncio.ensure_future(_stop_when_dead(engine.engine_core, server))
+        server = await serve_scheduler(ns.worker, args, ns.host, ns.port, tls=tls)
+        workers = ", ".join(ns.worker)
+    else:
+        make = partial(build_executor, args)
+        builder = EngineCoreBuilder(args, make, WORKER_START_TIMEOUT_S)
+        server = await serve_built_engine_core(builder, ns.host, ns.port, tls=tls)
+        workers = f"its own ({args.parallel_config().backend})"
+    logger.info("scheduler serving on %s (workers %s)", server.address, workers)
+    core = server.servicer.core
+    watch = asyncio.ensure_future(_stop_when_dead(core, server))
     try:
         await serve_forever(server, GRACE_S)
     finally:
         watch.cancel()
-    if engine.engine_core.dead_error is not None:
+    if core.dead_error is not None:
         raise SystemExit(1)
 
 

@@ -9,7 +9,6 @@ puts usage on the last message of the stream.
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 
 from google.protobuf import unknown_fields
@@ -20,6 +19,7 @@ from services.common.model_info import ServedModelInfo
 from services.common.outputs import CompletionOutput, Logprob, RequestOutput
 from services.common.proto.pagestream.v1 import generation_pb2
 from services.common.sampling_params import RequestOutputKind, SamplingParams
+from services.frontend.input_processor import new_request_id
 from services.frontend.request_limits import RequestLimits
 from services.frontend.tokenizer import apply_chat_template
 
@@ -48,22 +48,16 @@ class GenerateCall:
         }
 
 
-def new_request_id() -> str:
-    return f"gen-{uuid.uuid4().hex}"
-
-
 # ---- requests ----------------------------------------------------------------------------
 def generate_call_from_pb(
     request: generation_pb2.GenerateRequest,
     tokenizer,
-    info: ServedModelInfo,
     defaults: dict | None = None,
 ) -> GenerateCall:
     """Validate and convert; raises ValueError naming the offending field."""
     reject_unknown_fields(request, "GenerateRequest")
     prompt, default_special = prompt_from_pb(request, tokenizer)
     params = sampling_params_from_pb(request.sampling_params, defaults)
-    check_token_ids_in_vocab(params, info.vocab_size)
     special = request.add_special_tokens if request.HasField("add_special_tokens") else None
     return GenerateCall(
         request_id=request.request_id or new_request_id(),
@@ -162,16 +156,6 @@ def sampling_params_from_pb(
     except ValueError as exc:
         raise ValueError(f"sampling_params.{exc}") from exc
     return params.clone(output_kind=RequestOutputKind.DELTA)
-
-
-def check_token_ids_in_vocab(params: SamplingParams, vocab_size: int) -> None:
-    for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias)):
-        bad = [t for t in ids if t >= vocab_size]
-        if bad:
-            raise ValueError(
-                f"sampling_params.{name} has token id {bad[0]}, "
-                f"outside the vocabulary [0, {vocab_size})."
-            )
 
 
 # ---- responses ---------------------------------------------------------------------------

@@ -66,7 +66,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         frontend = self._ready(context)
         generation_pb.check_request_limits(request, frontend.limits)
         call = generation_pb.generate_call_from_pb(
-            request, frontend.tokenizer, frontend.info, frontend.default_sampling
+            request, frontend.tokenizer, frontend.default_sampling
         )
         self._abort_when_cancelled(context, call.request_id)
         builder = generation_pb.ResponseBuilder(call.request_id)

@@ -165,7 +165,7 @@ class AsyncEngineCore:
 
     def _raise_if_workers_failed(self) -> None:
         """A rank lost while idle is noticed now, not at the next request."""
-        failed = getattr(self.core.executor, "failed", None)
+        failed = self.core.executor.failed
         if failed is not None:
             raise failed
 
