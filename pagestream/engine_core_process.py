@@ -37,7 +37,7 @@ from services.common.grpc_channel import (
     sync_channel,
     wait_until_serving_sync,
 )
-from services.common.model_info import ServedModelInfo
+from services.common.served_model_info import ServedModelInfo
 from services.scheduler.launchers.launcher import PARENT_PID_ENV
 
 logger = logging.getLogger(__name__)

@@ -12,19 +12,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
+from services.common.engine_errors import EngineOverloadedError, EngineUnavailableError
 from services.common.engine_output import EngineCoreOutputs, SchedulerStats
 from services.common.engine_request import EngineCoreRequest
 from services.common.kv_events import KvEventBatch
-
-__all__ = ["EngineCoreClient", "EngineOverloadedError", "EngineUnavailableError"]
-
-
-class EngineUnavailableError(RuntimeError):
-    """The engine core is gone (maps to UNAVAILABLE / HTTP 503); every transport raises it."""
-
-
-class EngineOverloadedError(RuntimeError):
-    """The engine core refused more work for now (RESOURCE_EXHAUSTED / HTTP 429)."""
 
 
 def output_error(code: str | None, message: str) -> Exception:

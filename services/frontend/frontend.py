@@ -22,11 +22,12 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 
+from services.common.engine_errors import EngineUnavailableError
 from services.common.engine_output import SchedulerStats
-from services.common.model_info import ServedModelInfo
 from services.common.outputs import RequestOutput
 from services.common.sampling_params import SamplingParams
-from services.frontend.engine_client import EngineCoreClient, EngineUnavailableError, output_error
+from services.common.served_model_info import ServedModelInfo
+from services.frontend.engine_client import EngineCoreClient, output_error
 from services.frontend.frontend_config import FrontendConfig
 from services.frontend.input_processor import InputProcessor
 from services.frontend.output_processor import OutputProcessor
@@ -34,7 +35,7 @@ from services.frontend.output_queue import RequestOutputQueue, SlowConsumerError
 from services.frontend.request_limits import RequestLimits
 
 logger = logging.getLogger(__name__)
-__all__ = ["EngineUnavailableError", "Frontend", "RequestTimeoutError"]
+__all__ = ["Frontend", "RequestTimeoutError"]
 
 RECONNECT_BACKOFF_S = (0.0, 0.25, 0.5, 1.0, 2.0)  # between losses with no output in between
 

@@ -15,10 +15,10 @@ from google.protobuf import unknown_fields
 from google.protobuf.message import Message
 
 from services.common.convert import sampling as convert_sampling
-from services.common.model_info import ServedModelInfo
 from services.common.outputs import CompletionOutput, Logprob, RequestOutput
 from services.common.proto.pagestream.v1 import generation_pb2
 from services.common.sampling_params import RequestOutputKind, SamplingParams
+from services.common.served_model_info import ServedModelInfo
 from services.frontend.input_processor import new_request_id
 from services.frontend.request_limits import RequestLimits
 from services.frontend.tokenizer import apply_chat_template
@@ -253,21 +253,6 @@ def _set_finish(message: generation_pb2.GenerateResponse, completion: Completion
 
 
 # ---- the small RPCs ----------------------------------------------------------------------
-def model_info_to_pb(info: ServedModelInfo) -> generation_pb2.ModelInfo:
-    return generation_pb2.ModelInfo(
-        model=info.model,
-        architecture=info.architecture,
-        dtype=info.dtype,
-        max_model_len=info.max_model_len,
-        vocab_size=info.vocab_size,
-        eos_token_ids=list(info.eos_token_ids),
-        block_size=info.block_size,
-        num_gpu_blocks=info.num_gpu_blocks,
-        quantization=info.quantization,
-        weight_bytes=info.weight_bytes,
-    )
-
-
 def tokenize(
     request: generation_pb2.TokenizeRequest, tokenizer, info: ServedModelInfo
 ) -> generation_pb2.TokenizeResponse:

@@ -14,8 +14,8 @@ import uuid
 from dataclasses import dataclass
 
 from services.common.engine_request import EngineCoreRequest
-from services.common.model_info import ServedModelInfo
 from services.common.sampling_params import SamplingParams
+from services.common.served_model_info import ServedModelInfo
 from services.common.structured_outputs import check_grammar
 from services.frontend.request_state import RequestState
 

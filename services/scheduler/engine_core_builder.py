@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from services.common.config import CacheConfig, SchedulerConfig
-from services.common.model_info import ServedModelInfo
+from services.common.served_model_info import ServedModelInfo
 from services.common.worker_info import CacheInfo, ModelInfo
 from services.scheduler.engine_core import EngineCore
 from services.scheduler.executor.executor import Executor

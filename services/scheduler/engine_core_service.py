@@ -28,16 +28,16 @@ from services.common.convert.engine_io import (
     stats_to_pb,
 )
 from services.common.convert.kv_events import kv_events_to_pb
+from services.common.engine_errors import EngineOverloadedError, EngineUnavailableError
 from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs
 from services.common.grpc_errors import grpc_errors
 from services.common.grpc_server import GrpcServer, start_server
-from services.common.model_info import ServedModelInfo
 from services.common.proto.pagestream.v1 import engine_pb2, engine_pb2_grpc
+from services.common.served_model_info import ServedModelInfo
 from services.common.tls import TlsConfig
-from services.scheduler.async_engine_core import AsyncEngineCore, EngineUnavailableError
+from services.scheduler.async_engine_core import AsyncEngineCore
 from services.scheduler.engine_core_builder import EngineCoreArgs, EngineCoreBuilder
 from services.scheduler.executor.worker_group import GroupArgs, WorkerGroupExecutor
-from services.scheduler.scheduler import EngineOverloadedError
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,6 @@ from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs, S
 from services.common.runner_output import RunnerOutput
 from services.common.scheduler_output import SchedulerOutput
 from services.scheduler.admission import (
-    EngineOverloadedError,
     RequestRejectedError,
     check_overload,
     enqueue_waiting,
@@ -41,7 +40,7 @@ from services.scheduler.structured_output_manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EngineOverloadedError", "RequestRejectedError", "Scheduler"]
+__all__ = ["RequestRejectedError", "Scheduler"]
 
 
 class Scheduler:

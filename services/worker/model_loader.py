@@ -24,6 +24,7 @@ import torch
 from transformers import AutoConfig, PretrainedConfig
 
 from services.common.config import ModelConfig
+from services.common.model_errors import ModelLoadError
 from services.common.model_source import gguf_source, resolve_model
 from services.common.rank_info import RankInfo
 from services.worker.layers.attention import resolve_attention_backend
@@ -38,7 +39,6 @@ from services.worker.layers.quantization.model_weights import (
     weight_formats,
 )
 from services.worker.models.causal_lm import CausalLM, normalize_token_ids
-from services.worker.models.errors import ModelLoadError
 from services.worker.models.gguf_weights import iterate_gguf_weights
 from services.worker.models.hf_fallback import HFFallbackForCausalLM
 from services.worker.models.registry import native_model_class

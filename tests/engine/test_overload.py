@@ -13,10 +13,10 @@ import grpc
 import pytest
 
 from pagestream import AsyncEngine
+from services.common.engine_errors import EngineOverloadedError
 from services.frontend.frontend_server import connect_frontend
 from services.frontend.tokenizer import load_tokenizer
 from services.scheduler.engine_core_service import serve_scheduler
-from services.scheduler.scheduler import EngineOverloadedError
 from services.worker.worker_service import serve_worker
 from tests.engine.grpc_helpers import PROMPT_IDS, request
 from tests.frontend.servers import ENGINE, MODEL, engine_args, kv_idle, serving, wait_for
