@@ -15,6 +15,7 @@ import logging
 import sys
 from pathlib import Path
 
+from pagestream.cli_flags import RankConfig, role_argv
 from pagestream.engine_args import EngineArgs
 from services.scheduler.executor.executor import Executor
 from services.scheduler.executor.uni import UniExecutor
@@ -44,28 +45,8 @@ def worker_cli_args(
 ) -> list[str]:
     """`-m pagestream.cli ... worker`: one rank's Worker service on a free port of `host`,
     writing the bound address to `ready_file`."""
-    level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
-    return [
-        "-m",
-        "pagestream.cli",
-        "--log-level",
-        level if isinstance(level, str) else "INFO",
-        "worker",
-        args.model,
-        "--host",
-        host,
-        "--port",
-        "0",
-        "--rank",
-        str(rank),
-        "--local-rank",
-        str(local_rank),
-        "--dist-init-method",
-        rendezvous,
-        "--ready-file",
-        ready_file,
-        *args.to_cli_flags(),
-    ]
+    place = RankConfig(rank, local_rank, rendezvous, ready_file=ready_file)
+    return role_argv("worker", args.model, ["--host", host, "--port", "0"], place, args)
 
 
 def check_parallel_model(args: EngineArgs) -> None:

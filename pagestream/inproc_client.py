@@ -78,6 +78,12 @@ class InprocEngineCoreClient:
     async def stats(self) -> SchedulerStats:
         return self.core.stats()
 
+    async def engine_stats(self) -> dict[str, SchedulerStats]:
+        return {"0": self.core.stats()}
+
+    def routing_counts(self) -> dict[tuple[str, str], int]:
+        return {}  # one engine core: nothing is routed
+
     def release(self, request_id: str) -> None:
         """Nothing to forget: one engine core owns every request."""
 

@@ -9,9 +9,12 @@ import logging
 import os
 import threading
 import time
+from dataclasses import replace
 from functools import partial
 
+from pagestream.cli_flags import ServingConfig
 from pagestream.engine_args import EngineArgs
+from services.common.flags import from_flags
 from services.common.grpc_server import serve_forever
 
 logger = logging.getLogger("pagestream")
@@ -38,10 +41,22 @@ class ServerGroup:
         await self.grpc_server.wait_for_termination()
 
 
+def _frontend_configs() -> tuple:
+    from services.frontend.frontend_config import FrontendConfig
+    from services.frontend.openai.tool_choice import ToolServerOptions
+    from services.frontend.router import RouterConfig
+
+    return (ServingConfig, FrontendConfig, ToolServerOptions, RouterConfig)
+
+
+# The frontend role's flags (serve's too): its ports, protections, tool calling, routing.
+FRONTEND_CONFIGS = _frontend_configs()
+# The engine arguments a frontend itself uses (the name it serves, the sampling defaults).
+FRONTEND_ENGINE_FLAGS = ("served_model_name", "generation_config")
+
+
 def engine_args(ns: argparse.Namespace) -> EngineArgs:
-    args = EngineArgs.from_cli_args(ns)
-    args.model = ns.model
-    return args
+    return from_flags(EngineArgs, ns, model=ns.model)
 
 
 async def start_http(frontend, ns: argparse.Namespace, model_name: str):
@@ -61,31 +76,18 @@ def tool_options(ns: argparse.Namespace):
     from services.frontend.chat_templates import load_chat_template
     from services.frontend.openai.tool_choice import ToolServerOptions
 
-    template = getattr(ns, "chat_template", None)
-    return ToolServerOptions(
-        enable_auto_tool_choice=getattr(ns, "enable_auto_tool_choice", False),
-        tool_call_parser=getattr(ns, "tool_call_parser", None),
-        chat_template=load_chat_template(template) if template is not None else None,
-    )
+    options = from_flags(ToolServerOptions, ns)
+    if options.chat_template is None:
+        return options
+    return replace(options, chat_template=load_chat_template(options.chat_template))
 
 
 def tls_config(ns: argparse.Namespace):
     """--tls-cert / --tls-key / --tls-ca (None when the role has none of them)."""
     from services.common.tls import TlsConfig
 
-    tls = TlsConfig(
-        getattr(ns, "tls_cert", None), getattr(ns, "tls_key", None), getattr(ns, "tls_ca", None)
-    )
+    tls = from_flags(TlsConfig, ns)
     return tls if tls.enabled else None
-
-
-def tls_flags(ns: argparse.Namespace) -> list[str]:
-    """The TLS flags again, for child processes."""
-    flags = []
-    for name in ("tls_cert", "tls_key", "tls_ca"):
-        if getattr(ns, name, None):
-            flags += ["--" + name.replace("_", "-"), getattr(ns, name)]
-    return flags
 
 
 def worker_group_rank(ns: argparse.Namespace, args: EngineArgs):
@@ -204,12 +206,7 @@ def router_config(ns: argparse.Namespace):
     """--router-* flags (services/frontend/router.py); ValueError names a bad one."""
     from services.frontend.router import RouterConfig
 
-    return RouterConfig(
-        ns.router_policy,
-        ns.router_cache_threshold,
-        ns.router_balance_abs_threshold,
-        ns.router_balance_rel_threshold,
-    )
+    return from_flags(RouterConfig, ns)
 
 
 def _api_key(ns: argparse.Namespace) -> str | None:
@@ -226,7 +223,7 @@ async def run_frontend(ns: argparse.Namespace) -> None:
     from services.frontend.generation_defaults import load_generation_defaults
     from services.frontend.tokenizer import load_tokenizer
 
-    tls, config = tls_config(ns), FrontendConfig.from_namespace(ns)
+    tls, config = tls_config(ns), from_flags(FrontendConfig, ns)
     folder = await asyncio.to_thread(resolve_model, ns.model)
     tokenizer = await asyncio.to_thread(load_tokenizer, folder)
     defaults = load_generation_defaults(folder, ns.generation_config)
@@ -251,7 +248,7 @@ async def run_serve(ns: argparse.Namespace) -> None:
     from services.frontend.frontend_config import FrontendConfig
     from services.frontend.frontend_server import serve_frontend
 
-    config = FrontendConfig.from_namespace(ns)
+    config = from_flags(FrontendConfig, ns)
     engine = await asyncio.to_thread(AsyncEngine, engine_args(ns), not ns.single_process, config)
     frontend = engine.frontend
     grpc_server = await serve_frontend(

@@ -53,7 +53,15 @@ class EngineCoreClient(Protocol):
     async def next_outputs(self) -> EngineCoreOutputs:
         """The next step's outputs for this client's requests."""
 
-    async def stats(self) -> SchedulerStats: ...
+    async def stats(self) -> SchedulerStats:
+        """The scheduler's load and cache counters (summed over data-parallel replicas)."""
+
+    async def engine_stats(self) -> dict[str, SchedulerStats]:
+        """Per engine core (the `engine` label of the metrics): {"0": ...} unless
+        data-parallel."""
+
+    def routing_counts(self) -> dict[tuple[str, str], int]:
+        """Requests per (engine, reason) a data-parallel router sent; empty otherwise."""
 
     def release(self, request_id: str) -> None:
         """The Frontend is done with this request (a router forgets which replica had it)."""

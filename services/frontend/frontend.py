@@ -210,14 +210,11 @@ class Frontend:
 
     async def engine_stats(self) -> dict[str, SchedulerStats]:
         """Per engine core (the `engine` label of the metrics): "0" unless data-parallel."""
-        per_engine = getattr(self.client, "engine_stats", None)
-        if per_engine is not None:
-            return await per_engine()
-        return {"0": await self.client.stats()}
+        return await self.client.engine_stats()
 
     def routing_counts(self) -> dict[tuple[str, str], int]:
         """Requests per (engine, reason) a data-parallel router sent; empty otherwise."""
-        return getattr(self.client, "routing_counts", dict)()
+        return self.client.routing_counts()
 
     # ---- the output pump ---------------------------------------------------------------
     def _ensure_pump(self) -> None:

@@ -172,6 +172,12 @@ class GrpcEngineCoreClient:
             raise self._unavailable(exc) from exc
         return stats_from_pb(message)
 
+    async def engine_stats(self) -> dict[str, SchedulerStats]:
+        return {"0": await self.stats()}
+
+    def routing_counts(self) -> dict[tuple[str, str], int]:
+        return {}  # one engine core: nothing is routed
+
     def release(self, request_id: str) -> None:
         """Nothing to forget: one engine core owns every request."""
 
