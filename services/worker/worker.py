@@ -63,7 +63,7 @@ class Worker:
                 raise ValueError("a worker group rank needs --dist-init-method (or MASTER_ADDR)")
             init_parallel_state(self.rank, dist_init_method, self.device, dist_timeout_s)
         torch.manual_seed(model_config.seed)
-        self.model = load_model(model_config, self.device, self.dtype, self.rank)
+        self.model = load_model(model_config, self.device, self.rank)
         self.runner: ModelRunner | None = None
         self.cache_info: CacheInfo | None = None
         self._pinned_for: int | None = None  # the thread whose intra-op team is pinned
