@@ -57,3 +57,41 @@ def role_argv(role: str, model: str, *configs, log_level: str | None = None) -> 
     for config in configs:
         argv += config if isinstance(config, list) else to_flags(config)
     return argv
+
+
+def reference_markdown() -> str:
+    """docs/cli.md: every flag of every config, with the roles that take it."""
+    from pagestream.engine_args import EngineArgs
+    from pagestream.roles import FRONTEND_CONFIGS
+    from services.common.flags import flag_table
+    from services.common.tls import TlsConfig
+
+    sections = [
+        (
+            EngineArgs,
+            "generate, serve, worker, scheduler (frontend: --served-model-name and "
+            "--generation-config)",
+        ),
+        *((config, "serve, frontend") for config in FRONTEND_CONFIGS),
+        (TlsConfig, "serve, worker, scheduler, frontend"),
+        (RankConfig, "worker"),
+    ]
+    lines = [
+        "# pagestream command-line flags",
+        "",
+        "Generated from the config dataclasses' field metadata (`make cli-docs`; a test checks",
+        "that this file is current). `pagestream ROLE --help` prints the same per role.",
+    ]
+    for config, roles in sections:
+        lines += ["", f"## {config.__name__}", "", f"Roles: {roles}.", ""]
+        lines += ["| flag | default | meaning |", "|---|---|---|"]
+        for name, default, help_text in flag_table(config):
+            cell = f"`{default}`" if default else ""
+            lines.append(f"| `{name}` | {cell} | {help_text.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.stdout.write(reference_markdown())
