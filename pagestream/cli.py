@@ -12,9 +12,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from pagestream import roles, split_layout
-from pagestream.cli_flags import RankConfig
+from pagestream.cli_flags import FRONTEND_CONFIGS, FRONTEND_ENGINE_FLAGS, RankConfig
 from pagestream.engine_args import EngineArgs
-from pagestream.roles import FRONTEND_CONFIGS, FRONTEND_ENGINE_FLAGS
 from services.common.config import DEFAULT_MODEL
 from services.common.flags import add_flags
 from services.common.grpc_server import run

@@ -13,7 +13,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from services.common.flags import flag, to_flags
+from pagestream.engine_args import EngineArgs
+from services.common.flags import flag, flag_table, to_flags
+from services.common.tls import TlsConfig
+from services.frontend.frontend_config import FrontendConfig
+from services.frontend.openai.tool_choice import ToolServerOptions
+from services.frontend.router import RouterConfig
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,12 @@ class RankConfig:
     ready_file: str | None = flag(None, "write the bound address here once listening")
 
 
+# The frontend role's flags (serve's too): its ports, protections, tool calling, routing.
+FRONTEND_CONFIGS = (ServingConfig, FrontendConfig, ToolServerOptions, RouterConfig)
+# The engine arguments a frontend itself uses (the name it serves, the sampling defaults).
+FRONTEND_ENGINE_FLAGS = ("served_model_name", "generation_config")
+
+
 def log_level_name() -> str:
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
     return level if isinstance(level, str) else "INFO"
@@ -61,11 +72,6 @@ def role_argv(role: str, model: str, *configs, log_level: str | None = None) -> 
 
 def reference_markdown() -> str:
     """docs/cli.md: every flag of every config, with the roles that take it."""
-    from pagestream.engine_args import EngineArgs
-    from pagestream.roles import FRONTEND_CONFIGS
-    from services.common.flags import flag_table
-    from services.common.tls import TlsConfig
-
     sections = [
         (
             EngineArgs,

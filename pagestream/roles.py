@@ -12,7 +12,6 @@ import time
 from dataclasses import replace
 from functools import partial
 
-from pagestream.cli_flags import ServingConfig
 from pagestream.engine_args import EngineArgs
 from services.common.flags import from_flags
 from services.common.grpc_server import serve_forever
@@ -39,20 +38,6 @@ class ServerGroup:
 
     async def wait_for_termination(self) -> None:
         await self.grpc_server.wait_for_termination()
-
-
-def _frontend_configs() -> tuple:
-    from services.frontend.frontend_config import FrontendConfig
-    from services.frontend.openai.tool_choice import ToolServerOptions
-    from services.frontend.router import RouterConfig
-
-    return (ServingConfig, FrontendConfig, ToolServerOptions, RouterConfig)
-
-
-# The frontend role's flags (serve's too): its ports, protections, tool calling, routing.
-FRONTEND_CONFIGS = _frontend_configs()
-# The engine arguments a frontend itself uses (the name it serves, the sampling defaults).
-FRONTEND_ENGINE_FLAGS = ("served_model_name", "generation_config")
 
 
 def engine_args(ns: argparse.Namespace) -> EngineArgs:

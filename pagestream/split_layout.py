@@ -15,14 +15,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from pagestream.cli_flags import RankConfig, role_argv
-from pagestream.roles import (
-    FRONTEND_CONFIGS,
-    FRONTEND_ENGINE_FLAGS,
-    engine_args,
-    router_config,
-    tool_options,
-)
+from pagestream.cli_flags import FRONTEND_CONFIGS, FRONTEND_ENGINE_FLAGS, RankConfig, role_argv
+from pagestream.roles import engine_args, router_config, tool_options
 from pagestream.supervisor import Role, Supervisor
 from services.common.flags import from_flags, to_flags
 from services.common.tls import TlsConfig

@@ -6,10 +6,10 @@ import time
 
 import torch
 
+from kernels.attention_metadata import AttentionMetadata
 from services.common.rank_info import RankInfo
 from services.common.runner_output import RunnerOutput, StepTimings, TokenLogprobs
 from services.common.scheduler_output import SchedulerOutput
-from services.worker.attention_metadata import AttentionMetadata
 from services.worker.cache_engine import CacheEngine
 from services.worker.input_batch import InputBatch
 from services.worker.models.causal_lm import CausalLM

@@ -15,9 +15,9 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from kernels.attention_metadata import AttentionMetadata
 from services.common.model_errors import ModelLoadError
 from services.common.rank_info import RankInfo
-from services.worker.attention_metadata import AttentionMetadata
 from services.worker.layers.activation import GatedActivation
 from services.worker.layers.attention import Attention
 from services.worker.layers.layernorm import RMSNorm
