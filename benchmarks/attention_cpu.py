@@ -55,6 +55,7 @@ import time
 import torch
 
 from kernels import cpu, reference
+from kernels.attention_metadata import AttentionMetadata
 from kernels.reference import paged_attention, reshape_and_cache
 from services.worker.cpu_tuning import tune_malloc
 
@@ -90,7 +91,7 @@ def mixes() -> dict[str, list[tuple[int, int]]]:
     }
 
 
-def build(specs: list[tuple[int, int]], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+def build(specs: list[tuple[int, int]], dtype: torch.dtype) -> tuple:
     """A filled cache with shuffled block tables, and the step's query/metadata tensors."""
     gen = torch.Generator().manual_seed(0)
     seq_lens = [cached + q_len for cached, q_len in specs]
@@ -113,12 +114,10 @@ def build(specs: list[tuple[int, int]], dtype: torch.dtype) -> tuple[torch.Tenso
     query_start_loc = torch.cat([torch.zeros(1, dtype=torch.int32), q_lens.cumsum(0).int()])
     query = torch.randn(int(q_lens.sum()), NUM_Q_HEADS, HEAD_DIM, generator=gen).to(dtype)
     seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32)
-    return query, kv_cache, block_table, seq_lens_t, query_start_loc
+    return query, kv_cache, AttentionMetadata.cached(block_table, seq_lens_t, query_start_loc)
 
 
-def time_variants(
-    names: list[str], args: tuple[torch.Tensor, ...], repeats: int
-) -> list[tuple[float, float]]:
+def time_variants(names: list[str], args: tuple, repeats: int) -> list[tuple[float, float]]:
     """(median, min) ms per variant; samples interleaved so a noisy stretch hits all alike."""
     samples: dict[str, list[float]] = {name: [] for name in names}
     for round_index in range(repeats + 1):
