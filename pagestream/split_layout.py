@@ -54,11 +54,17 @@ def split_roles(ns: argparse.Namespace, layout: SplitLayout) -> list[Role]:
     roles: list[Role] = []
     for replica in range(len(layout.scheduler_ports)):
         roles += _replica_roles(ns, layout, replica)
-    schedulers = [a for p in layout.scheduler_ports for a in ("--scheduler", f"127.0.0.1:{p}")]
-    configs = [from_flags(config, ns) for config in FRONTEND_CONFIGS]
-    engine = to_flags(engine_args(ns), FRONTEND_ENGINE_FLAGS)
-    frontend = _command("frontend", ns, schedulers, engine, *configs, from_flags(TlsConfig, ns))
+    frontend = _command("frontend", ns, frontend_flags(ns, layout.scheduler_ports))
     return [*roles, Role("frontend", lambda _: frontend)]
+
+
+def frontend_flags(ns: argparse.Namespace, scheduler_ports: list[int]) -> list[str]:
+    """The frontend child's flags: its schedulers, then serve's frontend configs as given."""
+    flags = [a for p in scheduler_ports for a in ("--scheduler", f"127.0.0.1:{p}")]
+    flags += to_flags(engine_args(ns), FRONTEND_ENGINE_FLAGS)
+    for config in (*FRONTEND_CONFIGS, TlsConfig):
+        flags += to_flags(from_flags(config, ns))
+    return flags
 
 
 def _command(role: str, ns: argparse.Namespace, *configs) -> list[str]:

@@ -14,7 +14,7 @@ import pytest_asyncio
 
 from pagestream.cli import build_parser
 from pagestream.roles import tool_options
-from pagestream.split_layout import _frontend_flags
+from pagestream.split_layout import frontend_flags
 from services.frontend.openai.chat_messages import ChatMessage
 from services.frontend.openai.chat_rendering import render_chat
 from services.frontend.openai.tool_choice import ToolServerOptions
@@ -259,7 +259,7 @@ async def test_cli_flags_reach_the_app_and_the_frontend_child(tmp_path):
     options = tool_options(ns)
     assert options.enable_auto_tool_choice and options.tool_call_parser == "hermes"
     assert options.chat_template == template.read_text()
-    flags = _frontend_flags(ns, [1234])
+    flags = frontend_flags(ns, [1234])
     assert "--enable-auto-tool-choice" in flags
     assert flags[flags.index("--chat-template") + 1] == str(template)
     assert flags[flags.index("--tool-call-parser") + 1] == "hermes"
