@@ -1,0 +1,113 @@
+"""Deadlines and disconnects free the engine: a gRPC deadline that passes, an HTTP client
+that times out (streaming or not) or goes away, and the server's own --request-timeout
+each abort the request in the engine core, and the KV cache is empty again. The step is
+slowed down so that every request outlives its deadline."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+
+from pagestream import AsyncEngine
+from services.frontend.frontend_config import FrontendConfig
+from tests.helpers.grpc_calls import PROMPT_IDS, request
+from tests.helpers.servers import ENGINE, MODEL, inproc_frontend, kv_idle, serving, wait_for
+
+try:  # recent openai clients ship httpx as "httpx2"
+    import httpx2 as httpx
+except ImportError:  # pragma: no cover
+    import httpx
+
+STEP_DELAY_S = 0.05  # x 240 tokens: a request would run for 12 s at least
+DEADLINE_S = 0.5
+FREED_WITHIN_S = 6  # well before the request could have finished by itself
+LONG = {"temperature": 0, "max_tokens": 240, "ignore_eos": True}
+
+
+@pytest.fixture
+async def engine(model_dir, monkeypatch):
+    engine = AsyncEngine.from_args(str(model_dir("llama")), engine_core_process=False, **ENGINE)
+    core = engine.engine_core.core
+    step = core.step
+
+    def slow_step():
+        time.sleep(STEP_DELAY_S)
+        return step()
+
+    monkeypatch.setattr(core, "step", slow_step)
+    yield engine
+    await engine.shutdown()
+
+
+async def _freed(engine) -> None:
+    async def idle():
+        return await kv_idle(engine.frontend.stats)
+
+    await wait_for(idle, FREED_WITHIN_S, "the request aborted and its KV blocks freed")
+
+
+async def _running(engine) -> None:
+    async def busy():
+        return (await engine.frontend.stats()).kv_cache_usage > 0
+
+    await wait_for(busy, 30, "the request running")
+
+
+async def test_a_grpc_deadline_aborts_the_request_and_frees_its_blocks(engine):
+    async with serving(engine.frontend) as served, served.stub() as stub:
+        call = stub.Generate(request(PROMPT_IDS, **LONG), timeout=DEADLINE_S)
+        with pytest.raises(grpc.aio.AioRpcError) as late:
+            async for _ in call:
+                pass
+        assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        await _freed(engine)
+        assert engine.frontend.num_live_requests() == 0
+
+
+async def test_an_http_client_timeout_aborts_the_request_and_frees_its_blocks(engine):
+    body = {"model": MODEL, "prompt": PROMPT_IDS, **LONG}
+    async with serving(engine.frontend) as served:
+        async with served.http_client(timeout=DEADLINE_S) as client:
+            with pytest.raises(httpx.TimeoutException):
+                await client.post("/v1/completions", json=body)
+        await _freed(engine)
+
+
+async def test_an_http_client_that_goes_away_mid_stream_frees_its_blocks(engine):
+    body = {"model": MODEL, "prompt": PROMPT_IDS, "stream": True, **LONG}
+    async with serving(engine.frontend) as served, served.http_client() as client:
+        async with client.stream("POST", "/v1/completions", json=body) as sse:
+            lines = sse.aiter_lines()
+            assert (await anext(lines)).startswith("data: ")
+            await _running(engine)
+        # leaving the block closes the connection mid-stream
+        await _freed(engine)
+
+
+async def test_the_server_request_timeout_ends_requests_with_an_error(engine):
+    frontend = inproc_frontend(engine, FrontendConfig(request_timeout_s=DEADLINE_S))
+    try:
+        async with serving(frontend) as served:
+            async with served.stub() as stub:
+                with pytest.raises(grpc.aio.AioRpcError) as late:
+                    async for _ in stub.Generate(request(PROMPT_IDS, **LONG), timeout=60):
+                        pass
+            assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert "--request-timeout" in late.value.details()
+            await _freed(engine)
+            async with served.http_client() as client:
+                body = {"model": MODEL, "prompt": PROMPT_IDS, **LONG}
+                response = await client.post("/v1/completions", json=body)
+                assert response.status_code == 504
+                assert response.json()["error"]["code"] == "request_timeout"
+                await _freed(engine)
+                streamed = await client.post("/v1/completions", json={**body, "stream": True})
+                assert streamed.status_code == 200  # the stream had started
+                assert '"code": "request_timeout"' in streamed.text
+                assert streamed.text.rstrip().endswith("data: [DONE]")
+            await _freed(engine)
+            assert frontend.num_live_requests() == 0
+    finally:
+        await frontend.close()
