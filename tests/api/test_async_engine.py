@@ -6,6 +6,7 @@ import asyncio
 import pytest
 
 from pagestream import AsyncEngine, RequestOutputKind, SamplingParams
+from tests.helpers.eventually import eventually, eventually_async
 
 PROMPT = {"prompt_token_ids": [5, 17, 33, 99, 250, 12, 8, 41]}
 
@@ -55,8 +56,7 @@ async def test_abort_ends_the_stream_with_abort(engine):
             seen.append(out)
 
     task = asyncio.create_task(consume())
-    while len(seen) < 2:
-        await asyncio.sleep(0.01)
+    await eventually_async(lambda: len(seen) >= 2, "two outputs streamed")
     await engine.abort("to-abort")
     await asyncio.wait_for(task, timeout=30)
     assert seen[-1].finished and seen[-1].outputs[0].finish_reason == "abort"
@@ -69,16 +69,29 @@ async def test_consumer_that_stops_iterating_aborts(engine):
     async for _ in stream:
         break
     await stream.aclose()
-    for _ in range(500):
-        if not engine.engine.has_unfinished_requests():
-            break
-        await asyncio.sleep(0.01)
-    assert not engine.engine.has_unfinished_requests()
+    await eventually_async(
+        lambda: not engine.engine.has_unfinished_requests(), "the walked-away request aborted"
+    )
     assert engine.engine.scheduler.kv.usage == 0.0
 
 
-async def test_loop_is_not_blocked_by_the_forward_pass(engine):
+async def test_loop_is_not_blocked_by_the_forward_pass(engine, monkeypatch):
+    """Each step (the forward pass) returns only once the event loop has ticked 10 times
+    while it ran: a step that blocked the loop would never see a tick and fail."""
     ticks = 0
+    ticks_during_steps = []
+    holding = True
+    core = engine.engine_core.core
+    step = core.step
+
+    def step_that_waits_for_the_loop():
+        if holding:
+            start = ticks
+            eventually(lambda: ticks - start >= 10, "the event loop ticking during a step")
+            ticks_during_steps.append(ticks - start)
+        return step()
+
+    monkeypatch.setattr(core, "step", step_that_waits_for_the_loop)
 
     async def ticker():
         nonlocal ticks
@@ -87,8 +100,13 @@ async def test_loop_is_not_blocked_by_the_forward_pass(engine):
             await asyncio.sleep(0.001)
 
     task = asyncio.create_task(ticker())
-    await _collect(engine, SamplingParams(max_tokens=40, ignore_eos=True))
-    task.cancel()
+    try:
+        out = await _collect(engine, SamplingParams(max_tokens=40, ignore_eos=True))
+    finally:
+        holding = False
+        task.cancel()
+    assert len(out[-1].outputs[0].token_ids) == 40
+    assert ticks_during_steps  # the steps ran through the patch
     assert ticks > 10
 
 

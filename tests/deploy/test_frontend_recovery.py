@@ -1,15 +1,15 @@
 """The split deployment (worker, scheduler and frontend each behind gRPC) survives the loss
 of a peer without restarting the frontend: the scheduler goes away mid-stream, every
-stream ends with an error within seconds, readiness turns off (gRPC health NOT_SERVING,
-HTTP /ready 503) while liveness stays (HTTP /health 200), requests meanwhile are refused
-at once; a scheduler back on the same address is found within seconds and the outputs
-equal those from before. The same for the workers behind the scheduler."""
+stream ends with an error (not by its deadline), readiness turns off (gRPC health
+NOT_SERVING, HTTP /ready 503) while liveness stays (HTTP /health 200), requests meanwhile
+are refused (nothing waits for the peer to come back); a scheduler back on the same address
+is found and the outputs equal those from before. The same for the workers behind the
+scheduler."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
 from types import SimpleNamespace
 
 import grpc
@@ -20,15 +20,14 @@ from services.frontend.frontend_server import connect_frontend
 from services.frontend.tokenizer import load_tokenizer
 from services.scheduler.engine_core_service import serve_scheduler
 from services.worker.worker_service import load_worker, serve_worker, start_worker_server
+from tests.helpers.eventually import eventually_async
 from tests.helpers.grpc_calls import PROMPT_IDS, collect, read_rest, request
-from tests.helpers.servers import MODEL, engine_args, grpc_health, serving, wait_for
+from tests.helpers.servers import MODEL, engine_args, grpc_health, serving
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 GREEDY = {"temperature": 0, "max_tokens": 6, "ignore_eos": True}
-FAIL_WITHIN_S = 5
-BACK_WITHIN_S = 30
-REFUSED_WITHIN_S = 2
+STREAM_DEADLINE_S = 120  # a stream the loss did not end would end by this
 
 
 @pytest.fixture
@@ -62,30 +61,29 @@ async def _assert_not_ready_but_alive(served) -> None:
     async def frontend_not_serving():
         return await grpc_health(served.grpc_address) == NOT_SERVING
 
-    await wait_for(frontend_not_serving, FAIL_WITHIN_S, "frontend gRPC health NOT_SERVING")
+    await eventually_async(frontend_not_serving, "frontend gRPC health NOT_SERVING")
     assert await grpc_health(served.grpc_address, "pagestream.v1.Generation") == NOT_SERVING
     assert await _http_status(served, "/ready") == 503
     assert await _http_status(served, "/health") == 200
 
 
-async def _assert_refused_at_once(served) -> None:
-    start = time.monotonic()
+async def _assert_refused(served) -> None:
+    """Refused while the peer is away (the caller brings it back only afterwards): a request
+    held until then would end by its deadline (DEADLINE_EXCEEDED, an HTTP timeout)."""
     async with served.stub() as stub:
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await collect(stub, request(PROMPT_IDS, **GREEDY))
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
     response = await _completion(served)
     assert response.status_code == 503, response.text
-    assert time.monotonic() - start < REFUSED_WITHIN_S
 
 
-async def _wait_ready(served) -> float:
+async def _wait_ready(served) -> None:
     async def ready():
         return await _http_status(served, "/ready") == 200
 
-    took = await wait_for(ready, BACK_WITHIN_S, "frontend ready again")
+    await eventually_async(ready, "frontend ready again")
     assert await grpc_health(served.grpc_address) == SERVING
-    return took
 
 
 async def _greedy_tokens(served) -> list[int]:
@@ -117,12 +115,12 @@ async def test_a_lost_scheduler_ends_streams_and_the_frontend_serves_again(split
             port = split.scheduler.port
             await split.scheduler.stop(0)  # the scheduler goes away mid-stream
             with pytest.raises(grpc.aio.AioRpcError) as ended:
-                await asyncio.wait_for(read_rest(call), FAIL_WITHIN_S)
+                await asyncio.wait_for(read_rest(call), STREAM_DEADLINE_S)
             assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
-            events = await asyncio.wait_for(_sse_events(lines), FAIL_WITHIN_S)
+            events = await asyncio.wait_for(_sse_events(lines), STREAM_DEADLINE_S)
     assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "engine_unavailable"
     await _assert_not_ready_but_alive(served)
-    await _assert_refused_at_once(served)
+    await _assert_refused(served)
 
     split.scheduler = await serve_scheduler(
         split.worker.address, split.args, port=port, worker_timeout_s=60
@@ -139,7 +137,7 @@ async def test_lost_workers_turn_the_frontend_not_ready_until_they_are_back(spli
     port = split.worker.port
     await split.worker.stop(0)
     await _assert_not_ready_but_alive(served)
-    await _assert_refused_at_once(served)
+    await _assert_refused(served)
     split.worker = await start_worker_server("127.0.0.1", port)  # the fixture stops it
     await load_worker(split.worker, split.args.model_config(), split.args.cache_config())
     await _wait_ready(served)

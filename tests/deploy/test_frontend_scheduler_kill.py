@@ -1,21 +1,21 @@
 """`pagestream worker | scheduler | frontend` as separate processes: SIGKILL the scheduler
 mid-stream, and the frontend process (never restarted) ends the stream with UNAVAILABLE
-within seconds, reports not ready (gRPC health, HTTP /ready 503) but alive (/health 200),
-refuses requests at once, and serves the same greedy outputs within seconds of a new
-scheduler process starting on the same port."""
+(not by its deadline), reports not ready (gRPC health, HTTP /ready 503) but alive (/health
+200), refuses requests (UNAVAILABLE, while no scheduler is there: nothing waits for one),
+and serves the same greedy outputs once a new scheduler process starts on the same port."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
-import time
 
 import grpc
 import pytest
 
 from services.common.proto.pagestream.v1 import generation_pb2 as pb
 from services.common.proto.pagestream.v1 import generation_pb2_grpc
+from tests.helpers.eventually import eventually
 from tests.helpers.processes import (
     NOT_SERVING,
     SERVING,
@@ -25,13 +25,10 @@ from tests.helpers.processes import (
     health_status,
     http_status,
     stop,
-    wait_for_value,
     wait_serving,
 )
 
 PROMPT_IDS = [5, 17, 33, 99, 250, 12, 8, 41]
-FAIL_WITHIN_S = 5
-BACK_WITHIN_S = 30
 
 
 @pytest.fixture
@@ -78,24 +75,22 @@ def test_a_killed_scheduler_process_is_recovered_from_without_restarting_the_fro
         next(call)  # streaming
         os.kill(processes["scheduler"].pid, signal.SIGKILL)
         processes["scheduler"].wait()
-        killed = time.monotonic()
         with pytest.raises(grpc.RpcError) as ended:
             for _ in call:
                 pass
+        # UNAVAILABLE, not DEADLINE_EXCEEDED: the loss ended the stream, it did not hang on
         assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert time.monotonic() - killed < FAIL_WITHIN_S
 
-    wait_for_value(lambda: health_status(public), NOT_SERVING, FAIL_WITHIN_S, "frontend health")
+    eventually(lambda: health_status(public) == NOT_SERVING, "frontend health NOT_SERVING")
     assert http_status(ports["http"], "/ready") == 503
     assert http_status(ports["http"], "/health") == 200
-    refused_at = time.monotonic()
     with pytest.raises(grpc.RpcError) as refused:
         grpc_token_ids(public, PROMPT_IDS, 6)
+    # refused, not held until a scheduler is back (that would be OK or DEADLINE_EXCEEDED)
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert time.monotonic() - refused_at < FAIL_WITHIN_S
 
     start("scheduler")
-    wait_for_value(lambda: health_status(public), SERVING, BACK_WITHIN_S, "frontend health")
+    eventually(lambda: health_status(public) == SERVING, "frontend health SERVING again")
     assert http_status(ports["http"], "/ready") == 200
     assert grpc_token_ids(public, PROMPT_IDS, 6) == before
     assert processes["frontend"].poll() is None

@@ -1,19 +1,19 @@
 """`pagestream serve --split-services` recovers by itself: SIGKILL the worker, then the
-scheduler, each while a stream is in flight; every stream ends with an error within 5 s,
-readiness (/ready, gRPC health) goes false, the supervisor restarts the dead role, the
-survivors reconnect, and within 30 s requests succeed with the outputs of before; /health
-(liveness) stays 200 throughout."""
+scheduler, each while a stream is in flight; every stream ends with UNAVAILABLE (not by its
+deadline), readiness (/ready, gRPC health) goes false, the supervisor restarts the dead role,
+the survivors reconnect, and requests succeed with the outputs of before; /health (liveness)
+stays 200 throughout."""
 
 from __future__ import annotations
 
 import threading
-import time
 
 import grpc
 import pytest
 
 from services.common.proto.pagestream.v1 import generation_pb2 as pb
 from services.common.proto.pagestream.v1 import generation_pb2_grpc
+from tests.helpers.eventually import eventually
 from tests.helpers.processes import (
     alive,
     cli,
@@ -24,11 +24,10 @@ from tests.helpers.processes import (
     http_status,
     kill_pids,
     serving,
-    wait_http,
 )
 
 PROMPT = [5, 17, 33, 99, 250, 12, 8, 41]
-RECOVERY_S = 30
+STREAM_DEADLINE_S = 120
 
 
 def _role_pid(serve_pid: int, role: str) -> int:
@@ -38,7 +37,7 @@ def _role_pid(serve_pid: int, role: str) -> int:
 
 
 def _stream_until_error(grpc_port: int, result: dict) -> None:
-    """A long gRPC stream in a thread; records how it ended and when."""
+    """A long gRPC stream in a thread; records that it streamed and how it ended."""
     with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
         stub = generation_pb2_grpc.GenerationStub(channel)
         request = pb.GenerateRequest(
@@ -46,12 +45,11 @@ def _stream_until_error(grpc_port: int, result: dict) -> None:
             sampling_params=pb.SamplingParams(temperature=0, max_tokens=100_000, ignore_eos=True),
         )
         try:
-            for _ in stub.Generate(request, timeout=120):
-                result.setdefault("first", time.monotonic())
+            for _ in stub.Generate(request, timeout=STREAM_DEADLINE_S):
+                result["streaming"] = True
             result["code"] = grpc.StatusCode.OK
         except grpc.RpcError as exc:
             result["code"] = exc.code()
-        result["ended"] = time.monotonic()
 
 
 @pytest.fixture(scope="module")
@@ -73,21 +71,22 @@ def test_a_killed_role_is_restarted_and_the_deployment_recovers(served, role):
     result: dict = {}
     stream = threading.Thread(target=_stream_until_error, args=(grpc_port, result))
     stream.start()
-    deadline = time.monotonic() + 30
-    while "first" not in result:
-        assert time.monotonic() < deadline and stream.is_alive(), result
-        time.sleep(0.05)
+
+    def streaming() -> bool:
+        assert "code" not in result, result  # it ended before the kill
+        return result.get("streaming", False)
+
+    eventually(streaming, "the long stream streaming")
     victim = _role_pid(process.pid, role)
-    killed_at = time.monotonic()
     kill_pids([victim])
-    stream.join(timeout=10)
+    stream.join(timeout=STREAM_DEADLINE_S + 30)
     assert not stream.is_alive(), "the stream did not end"
+    # UNAVAILABLE, not DEADLINE_EXCEEDED: the loss ended the stream, it did not hang on
     assert result["code"] == grpc.StatusCode.UNAVAILABLE, result
-    assert result["ended"] - killed_at < 5
-    wait_http(http_port, "/ready", 503, 5)
+    eventually(lambda: http_status(http_port, "/ready") == 503, "/ready 503", interval=0.02)
     assert http_status(http_port, "/health") == 200  # liveness: the frontend is up
     assert not alive(victim)
-    wait_http(http_port, "/ready", 200, RECOVERY_S)
+    eventually(lambda: http_status(http_port, "/ready") == 200, "/ready 200 again")
     assert _role_pid(process.pid, role) != victim  # the supervisor started a new one
     assert grpc_token_ids(f"127.0.0.1:{grpc_port}", PROMPT, 8) == expected
     assert process.poll() is None

@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
@@ -26,6 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.proto.pagestream.v1 import generation_pb2 as pb
 from services.common.proto.pagestream.v1 import generation_pb2_grpc
+from tests.helpers.eventually import eventually
 
 TIMEOUT_S = 60
 START_TIMEOUT_S = 180
@@ -63,22 +63,13 @@ def wait_serving(
 ) -> None:
     """Until address reports SERVING; fails at once when one of processes has exited."""
     processes = list(processes)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def serving() -> bool:
         for process in processes:
             assert process.poll() is None, f"{process.args} exited with {process.returncode}"
-        if health_status(address, timeout_s=1.0) == SERVING:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{address} never became SERVING within {timeout_s}s")
+        return health_status(address, timeout_s=1.0) == SERVING
 
-
-def wait_for_value(get: Callable[[], object], expected: object, timeout_s: float, what: str):
-    """Poll get() until it returns expected; AssertionError with the last value otherwise."""
-    deadline = time.monotonic() + timeout_s
-    while (value := get()) != expected and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert value == expected, f"{what}: {value!r} after {timeout_s}s, expected {expected!r}"
+    eventually(serving, f"{address} SERVING", timeout=timeout_s, interval=0.2)
 
 
 def http_status(port: int | str, path: str, timeout_s: float = 5.0) -> int | None:
@@ -129,6 +120,11 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def gone(pids: Iterable[int]) -> bool:
+    """True once none of pids runs (a condition for eventually())."""
+    return not any(alive(pid) for pid in pids)
+
+
 def worker_ranks(pid: int) -> dict[int, int]:
     """rank -> pid of the `pagestream worker` processes below pid (mp or --split-services)."""
     ranks = {}
@@ -146,15 +142,6 @@ def kill_pids(pids: Iterable[int]) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
-def wait_http(port: int, path: str, status: int, timeout_s: float) -> float:
-    """Poll GET path until it answers `status`; the seconds it took."""
-    start = time.monotonic()
-    while http_status(port, path) != status:
-        assert time.monotonic() - start < timeout_s, f"{path} never answered {status}"
-        time.sleep(0.1)
-    return time.monotonic() - start
-
-
 @contextlib.contextmanager
 def serving(argv: list[str], grpc_port: int, http_port: int):
     """A `pagestream serve ...` process, yielded once gRPC serves and /ready is 200; then
@@ -162,7 +149,11 @@ def serving(argv: list[str], grpc_port: int, http_port: int):
     process = subprocess.Popen(argv)
     try:
         wait_serving(f"127.0.0.1:{grpc_port}", [process], START_TIMEOUT_S)
-        wait_http(http_port, "/ready", 200, START_TIMEOUT_S)
+        eventually(
+            lambda: http_status(http_port, "/ready") == 200,
+            "/ready 200",
+            timeout=START_TIMEOUT_S,
+        )
         yield process
     finally:
         pids = descendants(process.pid)

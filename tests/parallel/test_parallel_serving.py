@@ -20,7 +20,6 @@ import re
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -33,20 +32,19 @@ import pytest
 from pagestream import LLM, SamplingParams
 from services.common.proto.pagestream.v1 import generation_pb2 as pb
 from services.common.proto.pagestream.v1 import generation_pb2_grpc
+from tests.helpers.eventually import eventually
 from tests.helpers.processes import (
     NOT_SERVING,
     START_TIMEOUT_S,
-    alive,
     cli,
     cmdline,
     descendants,
     free_port,
+    gone,
     grpc_token_ids,
     health_status,
     kill_pids,
     stop,
-    wait_for_value,
-    wait_http,
     wait_serving,
     worker_ranks,
 )
@@ -136,17 +134,10 @@ def _serve_argv(model: Path, mode: str, http_port: int, grpc_port: int) -> list[
 def _stop_served(served: Served) -> None:
     """SIGTERM serve; then every process it ever had below it must be gone."""
     stop([served.process], timeout_s=30)
-    leftovers = wait_until_gone(served.tree, timeout_s=10)
-    kill_pids(leftovers)
-    assert not leftovers, f"processes outlived serve ({served.mode}): {leftovers}"
-
-
-def wait_until_gone(pids: list[int], timeout_s: float) -> list[int]:
-    """The pids still running after timeout_s (polling)."""
-    deadline = time.monotonic() + timeout_s
-    while (running := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return running
+    try:
+        eventually(lambda: gone(served.tree), f"every process below serve ({served.mode}) gone")
+    finally:
+        kill_pids(served.tree)
 
 
 @contextlib.contextmanager
@@ -366,12 +357,12 @@ def _assert_not_ready(served: Served) -> None:
     (/health) stays up: the engine comes back by itself (mp: the engine-core process,
     whose loop died with the group, exits and serve starts a new one with a fresh worker
     group; split: the supervisor restarts the worker group and the scheduler reconnects)."""
-    wait_for_value(lambda: _http_status(served, "/ready"), 503, 10, "HTTP /ready")
+    eventually(lambda: _http_status(served, "/ready") == 503, "HTTP /ready 503")
     grpc_health = functools.partial(health_status, served.grpc_address)
-    wait_for_value(grpc_health, NOT_SERVING, 10, "the frontend's gRPC health")
+    eventually(lambda: grpc_health() == NOT_SERVING, "the frontend NOT_SERVING")
     if served.mode == "split":
         scheduler_health = functools.partial(health_status, _scheduler_address(served))
-        wait_for_value(scheduler_health, NOT_SERVING, 10, "the scheduler's gRPC health")
+        eventually(lambda: scheduler_health() == NOT_SERVING, "the scheduler NOT_SERVING")
     with served.client() as client, pytest.raises(openai.APIStatusError) as refused:
         client.completions.create(model=MODEL_NAME, prompt=TEXT, max_tokens=2)
     assert refused.value.status_code == 503
@@ -381,7 +372,9 @@ def _assert_not_ready(served: Served) -> None:
 
 def _assert_serves_again(served: Served) -> None:
     """Without a restart of serve: ready again, with a new worker group that answers."""
-    wait_http(served.http_port, "/ready", 200, START_TIMEOUT_S)
+    eventually(
+        lambda: _http_status(served, "/ready") == 200, "HTTP /ready 200", timeout=START_TIMEOUT_S
+    )
     assert len(worker_ranks(served.process.pid)) == 2
     with served.client() as client:
         reply = client.completions.create(model=MODEL_NAME, prompt=TEXT, max_tokens=2)
@@ -406,6 +399,6 @@ def test_an_engine_lost_under_http_traffic_alone_turns_grpc_health_not_serving(m
             with pytest.raises(openai.APIStatusError) as refused:  # no step can run
                 client.completions.create(model=MODEL_NAME, prompt=TEXT, max_tokens=2)
         assert refused.value.status_code == 503
-        wait_for_value(lambda: _http_status(served, "/ready"), 503, 10, "HTTP /ready")
+        eventually(lambda: _http_status(served, "/ready") == 503, "HTTP /ready 503")
         grpc_health = functools.partial(health_status, served.grpc_address)
-        wait_for_value(grpc_health, NOT_SERVING, 10, "the frontend's gRPC health")
+        eventually(lambda: grpc_health() == NOT_SERVING, "the frontend NOT_SERVING")
