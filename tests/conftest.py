@@ -64,3 +64,26 @@ def hf_greedy():
         return out[0, len(prompt_ids) :].tolist()
 
     return run
+
+
+@pytest.fixture
+async def engine(model_dir, request):
+    """An in-process AsyncEngine over the tiny llama, one per test (tests abort, cut and
+    patch it). A module passes other engine arguments as ENGINE_ARGS (a dict)."""
+    from pagestream import AsyncEngine
+
+    args = getattr(request.module, "ENGINE_ARGS", {"kv_cache_memory": "8MiB"})
+    engine = AsyncEngine.from_args(str(model_dir("llama")), engine_core_process=False, **args)
+    yield engine
+    await engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir, request):
+    """The offline LLM, one per module: the tiny llama with LLM_ARGS (a dict, default an
+    8 MiB KV cache); LLM_MODEL = None in a module means the default model instead."""
+    from pagestream import LLM
+
+    model = getattr(request.module, "LLM_MODEL", "llama")
+    args = getattr(request.module, "LLM_ARGS", {"kv_cache_memory": "8MiB"})
+    return LLM(str(model_dir(model)), **args) if model else LLM(**args)

@@ -5,19 +5,10 @@ import asyncio
 
 import pytest
 
-from pagestream import AsyncEngine, RequestOutputKind, SamplingParams
+from pagestream import RequestOutputKind, SamplingParams
 from tests.helpers.eventually import eventually, eventually_async
 
 PROMPT = {"prompt_token_ids": [5, 17, 33, 99, 250, 12, 8, 41]}
-
-
-@pytest.fixture
-async def engine(model_dir):
-    engine = AsyncEngine.from_args(
-        str(model_dir("llama")), engine_core_process=False, kv_cache_memory="8MiB"
-    )
-    yield engine
-    await engine.shutdown()
 
 
 async def _collect(engine, params, request_id=None):

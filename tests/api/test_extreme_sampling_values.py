@@ -2,14 +2,12 @@
 
 import pytest
 
-from pagestream import LLM, SamplingParams
+from pagestream import SamplingParams
 
 PROMPT = {"prompt_token_ids": [5, 17, 33, 99, 250, 12, 8, 41]}
 
 
-@pytest.fixture(scope="module")
-def llm(model_dir):
-    return LLM(str(model_dir("llama")), kv_cache_memory="8MiB", block_size=4)
+LLM_ARGS = {"kv_cache_memory": "8MiB", "block_size": 4}  # for tests/conftest.py's llm
 
 
 @pytest.mark.parametrize(

@@ -9,10 +9,7 @@ import torch
 from pagestream import LLM, SamplingParams
 from pagestream.cli import main as cli_main
 
-
-@pytest.fixture(scope="module")
-def llm(model_dir):
-    return LLM(str(model_dir("llama")), kv_cache_memory="8MiB", max_num_batched_tokens=64)
+LLM_ARGS = {"kv_cache_memory": "8MiB", "max_num_batched_tokens": 64}  # tests/conftest.py's llm
 
 
 def _greedy(llm, prompt_ids, **kwargs):

@@ -65,9 +65,7 @@ def _forbidding_bias(llm: LLM) -> dict[int, float]:
     return dict.fromkeys(sorted(ids), 100.0)
 
 
-@pytest.fixture(scope="module")
-def llm(model_dir):
-    return LLM(str(model_dir("llama")), dtype="float32", kv_cache_memory="16MiB")
+LLM_ARGS = {"dtype": "float32", "kv_cache_memory": "16MiB"}  # for tests/conftest.py's llm
 
 
 @pytest.mark.parametrize("kind", list(CONSTRAINTS))

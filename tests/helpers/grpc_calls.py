@@ -1,8 +1,6 @@
-"""Helpers shared by the gRPC Generation tests (requests, stream collection, waiting)."""
+"""Helpers shared by the gRPC Generation tests (requests, stream collection, idleness)."""
 
 from __future__ import annotations
-
-import asyncio
 
 import grpc
 
@@ -65,9 +63,6 @@ def assert_single_final_usage(responses, prompt_tokens: int, completion_tokens: 
     assert usage.completion_tokens == completion_tokens
 
 
-async def wait_until_idle(engine) -> None:
-    async def idle():
-        while engine.engine.has_unfinished_requests() or engine.engine.scheduler.kv.usage:
-            await asyncio.sleep(0.01)
-
-    await asyncio.wait_for(idle(), TIMEOUT)
+def engine_idle(engine) -> bool:
+    """No unfinished request and no KV block in use (a condition for eventually_async)."""
+    return not engine.engine.has_unfinished_requests() and not engine.engine.scheduler.kv.usage

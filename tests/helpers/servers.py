@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from dataclasses import dataclass
 
 import grpc
@@ -85,15 +84,6 @@ async def grpc_health(address: str, service: str = "") -> int | None:
         except grpc.aio.AioRpcError:
             return None
         return reply.status
-
-
-async def wait_for(predicate, timeout_s: float, what: str) -> float:
-    """Poll an async predicate until true; returns the seconds it took."""
-    start = time.monotonic()
-    while not await predicate():
-        assert time.monotonic() - start < timeout_s, f"{what}: not within {timeout_s}s"
-        await asyncio.sleep(0.05)
-    return time.monotonic() - start
 
 
 async def kv_idle(stats) -> bool:

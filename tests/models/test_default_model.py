@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from pagestream import LLM, SamplingParams
+from pagestream import SamplingParams
 from services.worker.models.gguf_weights import dequantized_folder
 
 pytestmark = pytest.mark.slow
@@ -18,9 +18,8 @@ QUESTIONS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def llm():
-    return LLM(kv_cache_memory="256MiB", max_num_batched_tokens=64, dtype="float32")
+LLM_MODEL = None  # tests/conftest.py's llm: the default model, with
+LLM_ARGS = {"kv_cache_memory": "256MiB", "max_num_batched_tokens": 64, "dtype": "float32"}
 
 
 @pytest.fixture(scope="module")

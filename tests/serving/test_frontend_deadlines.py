@@ -10,10 +10,10 @@ import time
 import grpc
 import pytest
 
-from pagestream import AsyncEngine
 from services.frontend.frontend_config import FrontendConfig
+from tests.helpers.eventually import eventually_async
 from tests.helpers.grpc_calls import PROMPT_IDS, request
-from tests.helpers.servers import ENGINE, MODEL, inproc_frontend, kv_idle, serving, wait_for
+from tests.helpers.servers import ENGINE, MODEL, inproc_frontend, kv_idle, serving
 
 try:  # recent openai clients ship httpx as "httpx2"
     import httpx2 as httpx
@@ -26,9 +26,12 @@ FREED_WITHIN_S = 6  # well before the request could have finished by itself
 LONG = {"temperature": 0, "max_tokens": 240, "ignore_eos": True}
 
 
+ENGINE_ARGS = ENGINE  # for tests/conftest.py's engine
+
+
 @pytest.fixture
-async def engine(model_dir, monkeypatch):
-    engine = AsyncEngine.from_args(str(model_dir("llama")), engine_core_process=False, **ENGINE)
+def engine(engine, monkeypatch):
+    """tests/conftest.py's engine with every step slowed down."""
     core = engine.engine_core.core
     step = core.step
 
@@ -37,22 +40,23 @@ async def engine(model_dir, monkeypatch):
         return step()
 
     monkeypatch.setattr(core, "step", slow_step)
-    yield engine
-    await engine.shutdown()
+    return engine
 
 
 async def _freed(engine) -> None:
     async def idle():
         return await kv_idle(engine.frontend.stats)
 
-    await wait_for(idle, FREED_WITHIN_S, "the request aborted and its KV blocks freed")
+    await eventually_async(
+        idle, "the request aborted and its KV blocks freed", timeout=FREED_WITHIN_S
+    )
 
 
 async def _running(engine) -> None:
     async def busy():
         return (await engine.frontend.stats()).kv_cache_usage > 0
 
-    await wait_for(busy, 30, "the request running")
+    await eventually_async(busy, "the request running")
 
 
 async def test_a_grpc_deadline_aborts_the_request_and_frees_its_blocks(engine):

@@ -12,7 +12,6 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from pagestream import AsyncEngine
 from services.common.proto.pagestream.v1 import generation_pb2 as pb
 from services.common.proto.pagestream.v1 import generation_pb2_grpc
 from services.common.tls import TlsConfig
@@ -24,15 +23,9 @@ from tests.common.certs import make_pki
 from tests.helpers.grpc_calls import PROMPT_IDS, collect, request
 from tests.helpers.servers import ENGINE, engine_args, serving
 
+ENGINE_ARGS = ENGINE  # for tests/conftest.py's engine
 KEY = "sesame"
 GREEDY = {"temperature": 0, "max_tokens": 4, "ignore_eos": True}
-
-
-@pytest.fixture
-async def engine(model_dir):
-    engine = AsyncEngine.from_args(str(model_dir("llama")), engine_core_process=False, **ENGINE)
-    yield engine
-    await engine.shutdown()
 
 
 @pytest.fixture

@@ -9,22 +9,16 @@ import logging
 
 import pytest
 
-from pagestream import AsyncEngine
 from services.common.sampling_params import RequestOutputKind, SamplingParams
 from services.frontend.frontend_config import FrontendConfig
 from services.frontend.output_queue import SlowConsumerError
+from tests.helpers.eventually import eventually_async
 from tests.helpers.grpc_calls import PROMPT_IDS, request
-from tests.helpers.servers import ENGINE, inproc_frontend, kv_idle, serving, wait_for
+from tests.helpers.servers import ENGINE, inproc_frontend, kv_idle, serving
 
+ENGINE_ARGS = ENGINE  # for tests/conftest.py's engine
 OTHERS_WITHIN_S = 30
 PROMPT = {"prompt_token_ids": PROMPT_IDS}
-
-
-@pytest.fixture
-async def engine(model_dir):
-    engine = AsyncEngine.from_args(str(model_dir("llama")), engine_core_process=False, **ENGINE)
-    yield engine
-    await engine.shutdown()
 
 
 def _params(max_tokens: int) -> SamplingParams:
@@ -49,7 +43,7 @@ async def test_a_stalled_consumer_is_aborted_past_the_bound_and_others_finish(en
             others = [_complete(frontend, f"other-{i}", 32) for i in range(3)]
             done = await asyncio.wait_for(asyncio.gather(*others), OTHERS_WITHIN_S)
             assert done == [32, 32, 32]
-            await wait_for(lambda: kv_idle(frontend.stats), OTHERS_WITHIN_S, "stalled aborted")
+            await eventually_async(lambda: kv_idle(frontend.stats), "stalled aborted")
         assert "request stalled: its client left" in caplog.text
         assert "max_unread_tokens=16" in caplog.text
         merged = await anext(stalled)  # what was waiting, as one output
@@ -76,4 +70,4 @@ async def test_a_grpc_client_that_never_reads_does_not_hold_up_the_others(engine
         done = await asyncio.wait_for(asyncio.gather(*(other() for _ in range(3))), 60)
         assert done == [32, 32, 32]
         idle_call.cancel()
-        await wait_for(lambda: kv_idle(engine.frontend.stats), 30, "everything ended")
+        await eventually_async(lambda: kv_idle(engine.frontend.stats), "everything ended")

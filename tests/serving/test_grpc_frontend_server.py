@@ -14,45 +14,23 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-from pagestream import AsyncEngine
 from services.common.grpc_server import serve_forever
 from services.common.proto.pagestream.v1 import generation_pb2 as pb
 from services.common.proto.pagestream.v1 import generation_pb2_grpc
 from services.common.sampling_params import SamplingParams
 from services.frontend.frontend_server import connect_frontend, serve_frontend
 from services.scheduler.engine_core_service import serve_engine_core
+from tests.helpers.eventually import eventually_async
 from tests.helpers.grpc_calls import (
     PROMPT_IDS,
     TEXT,
     TIMEOUT,
     collect,
+    engine_idle,
     in_process,
     read_rest,
     request,
-    wait_until_idle,
 )
-
-
-@pytest.fixture
-async def engine(model_dir):
-    engine = AsyncEngine.from_args(
-        str(model_dir("llama")), engine_core_process=False, kv_cache_memory="8MiB"
-    )
-    yield engine
-    await engine.shutdown()
-
-
-@pytest.fixture
-async def server(engine):
-    handle = await serve_frontend(engine.frontend, "127.0.0.1", 0)
-    yield handle
-    await handle.stop(grace=None)
-
-
-@pytest.fixture
-async def channel(server):
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-        yield channel
 
 
 # ---- health, readiness, graceful stop ------------------------------------------------------
@@ -105,7 +83,7 @@ async def test_stop_cancels_streams_that_outlive_the_grace(engine):
         await asyncio.wait_for(handle.stop(grace=0.2), TIMEOUT)
         with pytest.raises(grpc.aio.AioRpcError):
             await read_rest(call)
-    await wait_until_idle(engine)  # the cut stream's request was aborted
+    await eventually_async(lambda: engine_idle(engine), "the cut stream's request aborted")
 
 
 async def test_sigterm_turns_not_serving_and_drains(engine):
@@ -125,8 +103,8 @@ async def test_sigterm_turns_not_serving_and_drains(engine):
 
 
 # ---- a client that knows the API only through reflection -----------------------------------
-async def test_reflection_only_client_gets_a_stream(server):
-    target = f"127.0.0.1:{server.port}"
+async def test_reflection_only_client_gets_a_stream(grpc_server):
+    target = f"127.0.0.1:{grpc_server.port}"
 
     def describe() -> tuple[type, type]:
         with grpc.insecure_channel(target) as sync_channel:
@@ -155,7 +133,7 @@ async def test_reflection_only_client_gets_a_stream(server):
     assert sum(len(r.token_ids) for r in responses) == 5
     assert responses[-1].finish_reason == "length"
     assert responses[-1].usage.completion_tokens == 5
-    assert responses[-1].usage.prompt_tokens == len(server.frontend.tokenizer.encode(TEXT))
+    assert responses[-1].usage.prompt_tokens == len(grpc_server.frontend.tokenizer.encode(TEXT))
 
 
 # ---- the split deployment: Frontend over the scheduler's EngineCore service ------------------

@@ -11,12 +11,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from pagestream import AsyncEngine
 from services.common.proto.pagestream.v1 import generation_pb2 as pb
-from services.common.proto.pagestream.v1 import generation_pb2_grpc
 from services.common.sampling_params import RequestOutputKind, SamplingParams
-from services.frontend.frontend_server import serve_frontend
 from services.frontend.tokenizer import apply_chat_template
+from tests.helpers.eventually import eventually_async
 from tests.helpers.grpc_calls import (
     CHAT,
     PROMPT_IDS,
@@ -24,39 +22,12 @@ from tests.helpers.grpc_calls import (
     TIMEOUT,
     assert_single_final_usage,
     collect,
+    engine_idle,
     in_process,
     per_index,
     read_rest,
     request,
-    wait_until_idle,
 )
-
-
-@pytest.fixture
-async def engine(model_dir):
-    engine = AsyncEngine.from_args(
-        str(model_dir("llama")), engine_core_process=False, kv_cache_memory="8MiB"
-    )
-    yield engine
-    await engine.shutdown()
-
-
-@pytest.fixture
-async def server(engine):
-    handle = await serve_frontend(engine.frontend, "127.0.0.1", 0)
-    yield handle
-    await handle.stop(grace=None)
-
-
-@pytest.fixture
-async def channel(server):
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-        yield channel
-
-
-@pytest.fixture
-def stub(channel):
-    return generation_pb2_grpc.GenerationStub(channel)
 
 
 # ---- streaming equals the in-process engine ------------------------------------------------
@@ -245,7 +216,7 @@ async def test_unknown_fields_and_bad_detokenize_are_invalid_argument(channel, s
     assert per_index(responses)[0]["finish"] == ["length"]
 
 
-async def test_engine_that_is_gone_is_unavailable(engine, server, channel, stub, monkeypatch):
+async def test_engine_that_is_gone_is_unavailable(engine, grpc_server, channel, stub, monkeypatch):
     def broken_step():
         raise RuntimeError("worker lost")
 
@@ -273,7 +244,7 @@ async def test_client_cancellation_aborts_the_request(engine, stub):
             break
     assert engine.engine.has_unfinished_requests()
     call.cancel()
-    await wait_until_idle(engine)
+    await eventually_async(lambda: engine_idle(engine), "the cancelled request aborted")
     assert engine.engine.scheduler.kv.usage == 0.0  # its KV blocks came back
     assert engine.frontend.num_live_requests() == 0
 
@@ -291,4 +262,4 @@ async def test_abort_rpc_ends_the_stream_with_abort_and_usage(engine, stub):
     assert_single_final_usage(responses, len(PROMPT_IDS), completion)
     missing = await stub.Abort(pb.AbortRequest(request_id="to-abort"), timeout=TIMEOUT)
     assert not missing.found
-    await wait_until_idle(engine)
+    await eventually_async(lambda: engine_idle(engine), "the engine idle")

@@ -7,9 +7,8 @@ import asyncio
 import json
 
 import pytest
-import pytest_asyncio
 
-from pagestream import LLM, SamplingParams
+from pagestream import SamplingParams
 from tests.helpers.openai_server import MODEL, running_server
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -21,17 +20,6 @@ MESSAGES = [
     {"role": "system", "content": "You are terse."},
     {"role": "user", "content": [{"type": "text", "text": "Paged attention?"}]},
 ]
-
-
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def server(model_dir):
-    async with running_server(model_dir("llama")) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def llm(model_dir):
-    return LLM(str(model_dir("llama")), kv_cache_memory="8MiB")
 
 
 async def _engine_text(server, prompt, max_tokens=8) -> str:

@@ -4,22 +4,15 @@ malformed JSON, too-long prompts), 404 unknown model or route, 401 without the A
 
 import openai
 import pytest
-import pytest_asyncio
 
 from services.frontend.openai.errors import OverloadedError, to_openai_error
-from tests.helpers.openai_server import MODEL, running_server
+from tests.helpers.openai_server import MODEL
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 MESSAGES = [{"role": "user", "content": "hi"}]
-
-
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def server(model_dir):
-    async with running_server(model_dir("llama")) as server:
-        yield server
 
 
 def _completion(**fields) -> dict:

@@ -12,14 +12,13 @@ import re
 import grpc
 import jsonschema
 import pytest
-import pytest_asyncio
 
 from services.common.proto.pagestream.v1 import generation_pb2 as pb
 from services.common.proto.pagestream.v1 import generation_pb2_grpc
 from services.frontend.frontend_server import serve_frontend
 from services.frontend.openai.protocol import ChatCompletionRequest, CompletionRequest
 from tests.helpers.grpc_calls import TEXT, TIMEOUT, request
-from tests.helpers.openai_server import MODEL, running_server
+from tests.helpers.openai_server import MODEL
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -36,12 +35,6 @@ SCHEMA = {
 MESSAGES = [{"role": "user", "content": "Weather as JSON please."}]
 RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "w", "schema": SCHEMA}}
 SAMPLING = {"temperature": 1.0, "max_tokens": 200}
-
-
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def server(model_dir):
-    async with running_server(model_dir("llama")) as server:
-        yield server
 
 
 # ---- the request -> StructuredOutputsParams mapping ------------------------------------------

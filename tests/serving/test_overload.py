@@ -18,8 +18,9 @@ from services.frontend.tokenizer import load_tokenizer
 from services.scheduler.engine_core_service import serve_scheduler
 from services.scheduler.scheduler import EngineOverloadedError
 from services.worker.worker_service import serve_worker
+from tests.helpers.eventually import eventually_async
 from tests.helpers.grpc_calls import PROMPT_IDS, request
-from tests.helpers.servers import ENGINE, MODEL, engine_args, kv_idle, serving, wait_for
+from tests.helpers.servers import ENGINE, MODEL, engine_args, kv_idle, serving
 
 NUM_REQUESTS = 30
 MAX_TOKENS = 24
@@ -73,7 +74,7 @@ async def test_overload_over_http_is_429_and_admitted_requests_complete(model_di
             async def idle():
                 return await kv_idle(engine.frontend.stats)
 
-            await wait_for(idle, 30, "the KV cache empty")
+            await eventually_async(idle, "the KV cache empty")
     finally:
         await engine.shutdown()
 
@@ -101,7 +102,7 @@ async def test_overload_over_grpc_is_resource_exhausted_in_the_split_deployment(
         assert codes[MAX_TOKENS] >= 4, codes
         refused = [d for c, d in results if c == grpc.StatusCode.RESOURCE_EXHAUSTED]
         assert all("max_waiting_requests=4" in d for d in refused)
-        await wait_for(lambda: kv_idle(frontend.stats), 30, "the KV cache empty")
+        await eventually_async(lambda: kv_idle(frontend.stats), "the KV cache empty")
     finally:
         await frontend.close()
         await scheduler.stop(0)
