@@ -7,14 +7,14 @@ import asyncio
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import pytest_asyncio
 
 from pagestream import LLM, AsyncEngine, RequestOutputKind, SamplingParams
 from services.frontend.engine_client import EngineUnavailableError
-from tests.helpers.processes import alive, cmdline, descendants
+from tests.helpers.eventually import eventually, eventually_async
+from tests.helpers.processes import alive, cmdline, descendants, gone
 
 # The async tests share the module's event loop (and so its engine and its frontend).
 module_loop = pytest.mark.asyncio(loop_scope="module")
@@ -43,13 +43,6 @@ async def engine(model_dir):
 async def _final(engine, params=GREEDY, request_id=None):
     outputs = [out async for out in engine.generate(PROMPT, params, request_id)]
     return outputs[-1]
-
-
-def _wait_gone(pids: list[int], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while any(alive(pid) for pid in pids):
-        assert time.monotonic() < deadline, f"{[p for p in pids if alive(p)]} outlived it"
-        time.sleep(0.2)
 
 
 @module_loop
@@ -97,8 +90,7 @@ async def test_abort_ends_the_stream_and_frees_the_request(engine):
             seen.append(out)
 
     task = asyncio.create_task(consume())
-    while len(seen) < 2:
-        await asyncio.sleep(0.01)
+    await eventually_async(lambda: len(seen) >= 2, "two outputs streamed")
     await engine.abort("to-abort")
     await asyncio.wait_for(task, timeout=30)
     assert seen[-1].finished and seen[-1].outputs[0].finish_reason == "abort"
@@ -117,15 +109,13 @@ async def test_a_killed_engine_core_is_restarted(engine, expected):
             seen.append(out)
 
     task = asyncio.create_task(consume())
-    while not seen:
-        await asyncio.sleep(0.01)
+    await eventually_async(lambda: seen, "an output streamed")
     subprocess.run(["kill", "-KILL", str(old_pid)], check=True)
     with pytest.raises(EngineUnavailableError):
         await asyncio.wait_for(task, timeout=30)
-    deadline = time.monotonic() + RESTART_TIMEOUT_S
-    while not engine.frontend.is_ready:
-        assert time.monotonic() < deadline, "the engine core never came back"
-        await asyncio.sleep(0.2)
+    await eventually_async(
+        lambda: engine.frontend.is_ready, "the engine core back", timeout=RESTART_TIMEOUT_S
+    )
     assert engine.process.pid != old_pid and alive(engine.process.pid)
     assert (await _final(engine)).outputs[0].token_ids == expected.token_ids
 
@@ -151,7 +141,7 @@ def test_the_engine_core_exits_when_its_parent_is_killed(model_dir):
         assert alive(pid) and pid in descendants(parent.pid)
         parent.send_signal(signal.SIGKILL)  # no cleanup at all
         parent.wait(timeout=10)
-        _wait_gone([pid], 15)
+        eventually(lambda: gone([pid]), f"the engine core {pid} gone with its parent")
     finally:
         if parent.poll() is None:
             parent.kill()

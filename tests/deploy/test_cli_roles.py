@@ -3,41 +3,18 @@
 public gRPC API; both answer what the in-process engine answers and stop cleanly on SIGTERM."""
 
 import signal
-import socket
 import subprocess
 import sys
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pagestream import LLM, SamplingParams
 from services.common.proto.pagestream.v1 import generation_pb2 as pb
 from services.common.proto.pagestream.v1 import generation_pb2_grpc
+from tests.helpers.processes import free_port, wait_serving
 
 PROMPT = [5, 17, 33, 99, 250, 12, 8, 41]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_serving(address: str, process, timeout_s: float = 120) -> None:
-    with grpc.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        deadline = __import__("time").monotonic() + timeout_s
-        while __import__("time").monotonic() < deadline:
-            assert process.poll() is None, "the server exited before it was ready"
-            try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            __import__("time").sleep(0.2)
-    raise AssertionError(f"{address} never became SERVING")
 
 
 def _generate(address: str) -> list[int]:
@@ -65,7 +42,7 @@ def expected(model_dir):
     ids=["engine-core-process", "single-process", "split-services"],
 )
 def test_serve_answers_like_the_engine_and_stops_on_sigterm(model_dir, expected, layout):
-    grpc_port = _free_port()
+    grpc_port = free_port()
     command = [
         sys.executable,
         "-m",
@@ -83,7 +60,7 @@ def test_serve_answers_like_the_engine_and_stops_on_sigterm(model_dir, expected,
     ]
     process = subprocess.Popen([*command, *layout])
     try:
-        _wait_serving(f"127.0.0.1:{grpc_port}", process)
+        wait_serving(f"127.0.0.1:{grpc_port}", [process])
         assert _generate(f"127.0.0.1:{grpc_port}") == expected.token_ids
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0

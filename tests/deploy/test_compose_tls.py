@@ -7,7 +7,6 @@ public port equals the in-process engine's."""
 import os
 import shlex
 import subprocess
-import time
 from pathlib import Path
 
 import grpc
@@ -18,7 +17,8 @@ from pagestream import LLM, SamplingParams
 from services.common.proto.pagestream.v1 import generation_pb2 as pb
 from services.common.proto.pagestream.v1 import generation_pb2_grpc
 from tests.common.certs import make_ca, make_leaf
-from tests.helpers.processes import cli, free_port, stop
+from tests.helpers.eventually import eventually
+from tests.helpers.processes import START_TIMEOUT_S, cli, free_port, stop
 
 COMPOSE = Path(__file__).resolve().parents[2] / "compose.tls.yaml"
 PROMPT = [5, 17, 33, 99, 250, 12, 8, 41]
@@ -39,21 +39,20 @@ def _credentials(folder: Path, role: str) -> grpc.ChannelCredentials:
     return grpc.ssl_channel_credentials(read("ca.pem"), read(f"{role}.key"), read(f"{role}.pem"))
 
 
-def _wait_tls_serving(port: str, folder: Path, role: str, processes, timeout_s=180) -> None:
+def _wait_tls_serving(port: str, folder: Path, role: str, processes) -> None:
     """The compose file's health check: Check over TLS with the role's own certificate."""
-    deadline = time.monotonic() + timeout_s
     with grpc.secure_channel(f"localhost:{port}", _credentials(folder, role)) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
+
+        def serving() -> bool:
             assert all(p.poll() is None for p in processes), "a role exited"
             try:
                 reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
             except grpc.RpcError:
-                pass
-            time.sleep(0.2)
-    raise AssertionError(f"{role} never became SERVING over TLS")
+                return False
+            return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+        eventually(serving, f"{role} SERVING over TLS", timeout=START_TIMEOUT_S, interval=0.2)
 
 
 def _local_argv(command: str, folder: Path, ports: dict[str, str], model: Path) -> list[str]:

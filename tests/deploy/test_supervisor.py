@@ -5,12 +5,12 @@ import os
 import signal
 import sys
 import threading
-import time
 
 import pytest
 
 from pagestream import supervisor as supervisor_module
 from pagestream.supervisor import Role, Supervisor
+from tests.helpers.eventually import eventually
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 CRASHER = [sys.executable, "-c", "raise SystemExit(3)"]
@@ -30,13 +30,6 @@ def _run_in_thread(sup: Supervisor) -> tuple[threading.Thread, list]:
     return thread, result
 
 
-def _wait_for(condition, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
-
-
 def test_a_killed_child_is_restarted_with_its_group():
     generations = []
 
@@ -52,10 +45,10 @@ def test_a_killed_child_is_restarted_with_its_group():
     sup = Supervisor(roles, grace_s=2)
     thread, result = _run_in_thread(sup)
     try:
-        _wait_for(lambda: len(sup.pids) == 3)
+        eventually(lambda: len(sup.pids) == 3)
         before = sup.pids
         os.kill(before["rank 1"], signal.SIGKILL)
-        _wait_for(lambda: all(sup.pids[n] != before[n] for n in ("rank 0", "rank 1")))
+        eventually(lambda: all(sup.pids[n] != before[n] for n in ("rank 0", "rank 1")))
         assert sup.pids["frontend"] == before["frontend"]  # not in the group: untouched
         assert sorted(generations) == [0, 0, 1, 1]  # a fresh rendezvous for the new group
     finally:
@@ -97,7 +90,7 @@ def test_stopping_stops_the_last_started_role_first(tmp_path):
     sup = Supervisor([Role(n, lambda _, n=n: recorder(n)) for n in names], grace_s=5)
     thread, result = _run_in_thread(sup)
     try:
-        _wait_for(lambda: all((tmp_path / n).exists() for n in names))  # handlers are set
+        eventually(lambda: all((tmp_path / n).exists() for n in names))  # handlers are set
     finally:
         sup.stop()
         thread.join(timeout=30)

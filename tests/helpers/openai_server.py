@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from dataclasses import dataclass
 
 import openai
@@ -13,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pagestream import AsyncEngine
 from services.frontend.openai import HttpServer, build_app, serve_http
+from tests.helpers.eventually import eventually_async
 
 try:  # recent openai clients ship httpx as "httpx2"
     import httpx2 as httpx
@@ -73,19 +73,19 @@ class OpenAIServer:
                 samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
         return samples
 
-    async def wait_until_idle(self, timeout: float = 30.0) -> dict[str, float]:
-        """Poll /metrics until no request runs or waits and no KV block is in use."""
-        deadline = time.monotonic() + timeout
-        while True:
+    async def wait_until_idle(self) -> dict[str, float]:
+        """/metrics once no request runs or waits and no KV block is in use."""
+
+        async def idle() -> dict[str, float] | None:
             samples = await self.metrics()
-            idle = (
+            quiet = (
                 samples['pagestream:num_requests_running{engine="0"}'] == 0
                 and samples['pagestream:num_requests_waiting{engine="0"}'] == 0
                 and samples['pagestream:kv_cache_usage_perc{engine="0"}'] == 0
             )
-            if idle or time.monotonic() > deadline:
-                return samples
-            await asyncio.sleep(0.02)
+            return samples if quiet else None
+
+        return await eventually_async(idle, "the server idle (/metrics)", interval=0.02)
 
 
 @contextlib.asynccontextmanager

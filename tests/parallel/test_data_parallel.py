@@ -21,6 +21,7 @@ from services.frontend.router import RouterConfig
 from services.frontend.tokenizer import load_tokenizer
 from services.scheduler.engine_core_service import serve_scheduler
 from services.worker.worker_service import load_worker, serve_worker, start_worker_server
+from tests.helpers.eventually import eventually_async
 
 TIMEOUT_S = 60
 BLOCK = 16
@@ -85,17 +86,12 @@ async def _frontend(cluster: Cluster, folder, policy: str) -> Frontend:
         cluster.addresses, tokenizer, timeout_s=TIMEOUT_S, router=router
     )
     assert isinstance(frontend.client, DataParallelClient)
-    await _wait_for_block_sizes(frontend.client)
+    # the routers know each replica's block size once its KV event snapshot arrived
+    await eventually_async(
+        lambda: all(r.block_size == BLOCK for r in frontend.client.replicas),
+        "a KV event snapshot from every replica",
+    )
     return frontend
-
-
-async def _wait_for_block_sizes(client: DataParallelClient) -> None:
-    """The routers know each replica's block size once its KV event snapshot arrived."""
-    for _ in range(200):
-        if all(r.block_size == BLOCK for r in client.replicas):
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("no KV event snapshot from the replicas")
 
 
 async def _run(frontend: Frontend, prompt: list[int], request_id: str, params=GREEDY):
@@ -214,10 +210,8 @@ async def test_a_lost_replica_fails_only_its_requests_and_comes_back(cluster, mo
         assert finished[-1].outputs[0].finish_reason == "length"
         for stream in others:  # replica 0's ended with the error, replica 1's run on
             await stream.aclose()
-        for _ in range(200):  # replica 0 reports NOT_SERVING: no longer routable
-            if not client.replicas[0].routable:
-                break
-            await asyncio.sleep(0.05)
+        # replica 0 reports NOT_SERVING: no longer routable
+        await eventually_async(lambda: not client.replicas[0].routable, "replica 0 unroutable")
         assert not client.replicas[0].routable and frontend.is_ready
         before = frontend.routing_counts()
         for i in range(3):  # meanwhile every request goes to replica 1 and succeeds
@@ -228,11 +222,7 @@ async def test_a_lost_replica_fails_only_its_requests_and_comes_back(cluster, mo
 
         lost.worker = await start_worker_server("127.0.0.1", port)
         await load_worker(lost.worker, cluster.args.model_config(), cluster.args.cache_config())
-        for _ in range(400):
-            if client.replicas[0].routable:
-                break
-            await asyncio.sleep(0.05)
-        assert client.replicas[0].routable
+        await eventually_async(lambda: client.replicas[0].routable, "replica 0 routable again")
         # The recovered replica is idle with an empty cache: new prompts go there again.
         for i in range(4):
             await asyncio.wait_for(_run(frontend, [60 + i] * 20, f"after-{i}"), TIMEOUT_S)

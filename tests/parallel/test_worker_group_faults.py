@@ -6,7 +6,6 @@ surviving rank exits too (its process group cannot be mended), and the group res
 on the same addresses serves the same tokens to a reconnected executor."""
 
 import signal
-import socket
 import subprocess
 import sys
 
@@ -15,14 +14,9 @@ import pytest
 from services.common.sampling_params import SamplingParams
 from services.common.scheduler_output import NewRequestData, SchedulerOutput
 from services.scheduler.executor.worker_group import WorkerGroupExecutor
+from tests.helpers.processes import free_port
 
 PROMPT = [5, 17, 33, 99, 250, 12, 8, 41]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _worker_argv(model: str, rank: int, port: int, rendezvous: str) -> list[str]:
@@ -76,7 +70,7 @@ def test_a_killed_rank_fails_the_group_and_the_restarted_group_serves(
     model_dir, tmp_path, processes
 ):
     model = str(model_dir("llama"))
-    ports = [_free_port(), _free_port()]
+    ports = [free_port(), free_port()]
     addresses = [f"127.0.0.1:{port}" for port in ports]
     group = _start_group(model, ports, f"file://{tmp_path}/rendezvous-0")
     processes += group

@@ -18,6 +18,7 @@ from services.frontend.grpc_engine_client import GrpcEngineCoreClient
 from services.frontend.tokenizer import load_tokenizer
 from services.scheduler.engine_core_service import ENGINE_CORE_SERVICE, serve_scheduler
 from services.worker.worker_service import load_worker, serve_worker, start_worker_server
+from tests.helpers.eventually import eventually_async
 
 TIMEOUT_S = 60
 ENGINE = dict(kv_cache_memory="8MiB", swap_space=0.01, max_num_seqs=4)
@@ -139,16 +140,6 @@ async def test_the_scheduler_waits_for_a_worker_that_is_still_loading(model_dir)
         await worker.stop(0)
 
 
-async def _wait_for_stats(client, predicate):
-    """Poll GetStats (nothing to await: the abort happens inside the engine core)."""
-    for _ in range(200):
-        stats = await client.stats()
-        if predicate(stats):
-            return stats
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"stats never matched: {stats}")
-
-
 async def test_a_frontend_that_disconnects_aborts_its_requests(stack):
     leaving = await GrpcEngineCoreClient.connect(stack.scheduler.address, timeout_s=TIMEOUT_S)
     forever = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
@@ -159,7 +150,13 @@ async def test_a_frontend_that_disconnects_aborts_its_requests(stack):
     stats = await observer.stats()
     assert stats.kv_cache_usage > 0 and stats.num_running_reqs == 1
     await leaving.close()
-    stats = await _wait_for_stats(observer, lambda s: s.num_running_reqs == 0)
+
+    # poll GetStats (nothing to await: the abort happens inside the engine core)
+    async def none_running():
+        stats = await observer.stats()
+        return stats if stats.num_running_reqs == 0 else None
+
+    stats = await eventually_async(none_running, "the left frontend's request aborted")
     assert stats.kv_cache_usage == 0.0 and stats.num_waiting_reqs == 0
 
 
@@ -173,17 +170,18 @@ async def _engine_core_status(address: str) -> int:
         await channel.close()
 
 
-async def _wait_status(address: str, status: int, timeout_s: float) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while await _engine_core_status(address) != status:
-        assert asyncio.get_running_loop().time() < deadline, f"no health {status} in time"
-        await asyncio.sleep(0.1)
+async def _wait_status(address: str, status: int) -> None:
+    async def reached():
+        return await _engine_core_status(address) == status
+
+    await eventually_async(reached, f"EngineCore health {status}")
 
 
 async def test_a_lost_worker_fails_its_requests_and_the_engine_recovers(stack, model_dir):
-    """Worker gone mid-stream: the stream ends with EngineUnavailableError within seconds,
-    the EngineCore turns NOT_SERVING and refuses new work as unavailable; a worker back on
-    the same address is found again, and requests succeed with the same outputs."""
+    """Worker gone mid-stream: the stream ends with EngineUnavailableError (not by running
+    out of time), the EngineCore turns NOT_SERVING and refuses new work as unavailable; a
+    worker back on the same address is found again, and requests succeed with the same
+    outputs."""
     greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     before = [o async for o in stack.frontend.generate(PROMPT_IDS, greedy, "before")][-1]
     forever = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
@@ -193,14 +191,15 @@ async def test_a_lost_worker_fails_its_requests_and_the_engine_recovers(stack, m
     port = stack.worker.port
     await stack.worker.stop(0)
     with pytest.raises(EngineUnavailableError, match="workers failed"):
-        await asyncio.wait_for(_drain(stream), 5)
-    await _wait_status(stack.scheduler.address, health_pb2.HealthCheckResponse.NOT_SERVING, 5)
+        await asyncio.wait_for(_drain(stream), TIMEOUT_S)
+    await _wait_status(stack.scheduler.address, health_pb2.HealthCheckResponse.NOT_SERVING)
     with pytest.raises(EngineUnavailableError, match="workers"):
-        await asyncio.wait_for(_drain(stack.frontend.generate(PROMPT_IDS, greedy, "early")), 5)
+        early = stack.frontend.generate(PROMPT_IDS, greedy, "early")
+        await asyncio.wait_for(_drain(early), TIMEOUT_S)
     args = EngineArgs(model=str(model_dir("llama")), **ENGINE)
     stack.worker = await start_worker_server("127.0.0.1", port)  # the fixture stops it
     await load_worker(stack.worker, args.model_config(), args.cache_config())
-    await _wait_status(stack.scheduler.address, health_pb2.HealthCheckResponse.SERVING, 30)
+    await _wait_status(stack.scheduler.address, health_pb2.HealthCheckResponse.SERVING)
     after = [o async for o in stack.frontend.generate(PROMPT_IDS, greedy, "after")][-1]
     assert after.outputs[0].token_ids == before.outputs[0].token_ids
     stats = await stack.frontend.stats()
@@ -208,9 +207,9 @@ async def test_a_lost_worker_fails_its_requests_and_the_engine_recovers(stack, m
 
 
 async def test_a_worker_lost_while_idle_is_noticed_without_a_request(stack):
-    await _wait_status(stack.scheduler.address, health_pb2.HealthCheckResponse.SERVING, 5)
+    await _wait_status(stack.scheduler.address, health_pb2.HealthCheckResponse.SERVING)
     await stack.worker.stop(0)
-    await _wait_status(stack.scheduler.address, health_pb2.HealthCheckResponse.NOT_SERVING, 5)
+    await _wait_status(stack.scheduler.address, health_pb2.HealthCheckResponse.NOT_SERVING)
 
 
 async def _drain(stream):

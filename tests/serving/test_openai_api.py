@@ -9,6 +9,7 @@ import json
 import pytest
 
 from pagestream import SamplingParams
+from tests.helpers.eventually import eventually_async
 from tests.helpers.openai_server import MODEL, running_server
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -298,9 +299,7 @@ async def test_client_disconnect_before_the_response_aborts(server):
 
     task = asyncio.create_task(post())
     frontend = server.engine.frontend
-    async with asyncio.timeout(30):
-        while frontend.num_live_requests() == 0:
-            await asyncio.sleep(0.01)
+    await eventually_async(lambda: frontend.num_live_requests() > 0, "the request running")
     task.cancel()  # the client goes away while the server is still generating
     with pytest.raises(asyncio.CancelledError):
         await task
