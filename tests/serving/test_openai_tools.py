@@ -10,7 +10,6 @@ import json
 
 import jsonschema
 import pytest
-import pytest_asyncio
 
 from pagestream.cli import build_parser
 from pagestream.roles import tool_options
@@ -58,8 +57,27 @@ MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 SAMPLING = {"temperature": 1.0, "max_tokens": 800}
 
 
+def _server_args(options: ToolServerOptions) -> dict:
+    return {
+        "api_key": "test-key",
+        "app_options": {"tool_options": options},
+        "kv_cache_memory": "32MiB",
+    }
+
+
 def tool_server(folder, options: ToolServerOptions):
-    return running_server(folder, "test-key", {"tool_options": options}, kv_cache_memory="32MiB")
+    return running_server(folder, **_server_args(options))
+
+
+# tests/serving/conftest.py's server: the long model with the hermes parser and auto choice
+SERVER_ARGS = _server_args(
+    ToolServerOptions(enable_auto_tool_choice=True, tool_call_parser="hermes")
+)
+
+
+@pytest.fixture(scope="module")
+def server_model(long_model):
+    return long_model
 
 
 @pytest.fixture(scope="module")
@@ -71,13 +89,6 @@ def long_model(tmp_path_factory):
     )
     build_tokenizer().save_pretrained(folder)
     return folder
-
-
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def server(long_model):
-    options = ToolServerOptions(enable_auto_tool_choice=True, tool_call_parser="hermes")
-    async with tool_server(long_model, options) as server:
-        yield server
 
 
 def _check_calls(message, names) -> None:
