@@ -78,7 +78,9 @@ async def test_loop_is_not_blocked_by_the_forward_pass(engine, monkeypatch):
     def step_that_waits_for_the_loop():
         if holding:
             start = ticks
-            eventually(lambda: ticks - start >= 10, "the event loop ticking during a step")
+            eventually(
+                lambda: ticks - start >= 10, "the event loop ticking during a step", interval=0.001
+            )
             ticks_during_steps.append(ticks - start)
         return step()
 

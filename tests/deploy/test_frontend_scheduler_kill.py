@@ -18,6 +18,7 @@ from services.common.proto.pagestream.v1 import generation_pb2_grpc
 from tests.helpers.eventually import eventually
 from tests.helpers.processes import (
     NOT_SERVING,
+    POLL_S,
     SERVING,
     cli,
     free_port,
@@ -81,7 +82,9 @@ def test_a_killed_scheduler_process_is_recovered_from_without_restarting_the_fro
         # UNAVAILABLE, not DEADLINE_EXCEEDED: the loss ended the stream, it did not hang on
         assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
 
-    eventually(lambda: health_status(public) == NOT_SERVING, "frontend health NOT_SERVING")
+    eventually(
+        lambda: health_status(public) == NOT_SERVING, "frontend health NOT_SERVING", interval=POLL_S
+    )
     assert http_status(ports["http"], "/ready") == 503
     assert http_status(ports["http"], "/health") == 200
     with pytest.raises(grpc.RpcError) as refused:
@@ -90,7 +93,9 @@ def test_a_killed_scheduler_process_is_recovered_from_without_restarting_the_fro
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
 
     start("scheduler")
-    eventually(lambda: health_status(public) == SERVING, "frontend health SERVING again")
+    eventually(
+        lambda: health_status(public) == SERVING, "frontend health SERVING again", interval=POLL_S
+    )
     assert http_status(ports["http"], "/ready") == 200
     assert grpc_token_ids(public, PROMPT_IDS, 6) == before
     assert processes["frontend"].poll() is None

@@ -15,6 +15,7 @@ from services.common.proto.pagestream.v1 import generation_pb2 as pb
 from services.common.proto.pagestream.v1 import generation_pb2_grpc
 from tests.helpers.eventually import eventually
 from tests.helpers.processes import (
+    POLL_S,
     alive,
     cli,
     cmdline,
@@ -83,10 +84,10 @@ def test_a_killed_role_is_restarted_and_the_deployment_recovers(served, role):
     assert not stream.is_alive(), "the stream did not end"
     # UNAVAILABLE, not DEADLINE_EXCEEDED: the loss ended the stream, it did not hang on
     assert result["code"] == grpc.StatusCode.UNAVAILABLE, result
-    eventually(lambda: http_status(http_port, "/ready") == 503, "/ready 503", interval=0.02)
+    eventually(lambda: http_status(http_port, "/ready") == 503, "/ready 503", interval=POLL_S)
     assert http_status(http_port, "/health") == 200  # liveness: the frontend is up
     assert not alive(victim)
-    eventually(lambda: http_status(http_port, "/ready") == 200, "/ready 200 again")
+    eventually(lambda: http_status(http_port, "/ready") == 200, "/ready 200 again", interval=POLL_S)
     assert _role_pid(process.pid, role) != victim  # the supervisor started a new one
     assert grpc_token_ids(f"127.0.0.1:{grpc_port}", PROMPT, 8) == expected
     assert process.poll() is None

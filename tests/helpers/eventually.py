@@ -20,7 +20,7 @@ from typing import TypeVar
 T = TypeVar("T")
 
 DEADLINE_S = 120.0  # generous: nothing a test waits for takes a minute, even on 2 busy cores
-INTERVAL_S = 0.05
+INTERVAL_S = 0.01
 
 
 def _failure(condition, what: str | None, timeout: float, value) -> AssertionError:

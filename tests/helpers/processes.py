@@ -29,6 +29,7 @@ from tests.helpers.eventually import eventually
 
 TIMEOUT_S = 60
 START_TIMEOUT_S = 180
+POLL_S = 0.1  # between polls of a process's health (each one a request to it)
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -153,6 +154,7 @@ def serving(argv: list[str], grpc_port: int, http_port: int):
             lambda: http_status(http_port, "/ready") == 200,
             "/ready 200",
             timeout=START_TIMEOUT_S,
+            interval=POLL_S,
         )
         yield process
     finally:

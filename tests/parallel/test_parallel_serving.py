@@ -35,6 +35,7 @@ from services.common.proto.pagestream.v1 import generation_pb2_grpc
 from tests.helpers.eventually import eventually
 from tests.helpers.processes import (
     NOT_SERVING,
+    POLL_S,
     START_TIMEOUT_S,
     cli,
     cmdline,
@@ -357,12 +358,14 @@ def _assert_not_ready(served: Served) -> None:
     (/health) stays up: the engine comes back by itself (mp: the engine-core process,
     whose loop died with the group, exits and serve starts a new one with a fresh worker
     group; split: the supervisor restarts the worker group and the scheduler reconnects)."""
-    eventually(lambda: _http_status(served, "/ready") == 503, "HTTP /ready 503")
+    eventually(lambda: _http_status(served, "/ready") == 503, "HTTP /ready 503", interval=POLL_S)
     grpc_health = functools.partial(health_status, served.grpc_address)
-    eventually(lambda: grpc_health() == NOT_SERVING, "the frontend NOT_SERVING")
+    eventually(lambda: grpc_health() == NOT_SERVING, "the frontend NOT_SERVING", interval=POLL_S)
     if served.mode == "split":
         scheduler_health = functools.partial(health_status, _scheduler_address(served))
-        eventually(lambda: scheduler_health() == NOT_SERVING, "the scheduler NOT_SERVING")
+        eventually(
+            lambda: scheduler_health() == NOT_SERVING, "the scheduler NOT_SERVING", interval=POLL_S
+        )
     with served.client() as client, pytest.raises(openai.APIStatusError) as refused:
         client.completions.create(model=MODEL_NAME, prompt=TEXT, max_tokens=2)
     assert refused.value.status_code == 503
@@ -373,7 +376,10 @@ def _assert_not_ready(served: Served) -> None:
 def _assert_serves_again(served: Served) -> None:
     """Without a restart of serve: ready again, with a new worker group that answers."""
     eventually(
-        lambda: _http_status(served, "/ready") == 200, "HTTP /ready 200", timeout=START_TIMEOUT_S
+        lambda: _http_status(served, "/ready") == 200,
+        "HTTP /ready 200",
+        timeout=START_TIMEOUT_S,
+        interval=POLL_S,
     )
     assert len(worker_ranks(served.process.pid)) == 2
     with served.client() as client:
@@ -399,6 +405,10 @@ def test_an_engine_lost_under_http_traffic_alone_turns_grpc_health_not_serving(m
             with pytest.raises(openai.APIStatusError) as refused:  # no step can run
                 client.completions.create(model=MODEL_NAME, prompt=TEXT, max_tokens=2)
         assert refused.value.status_code == 503
-        eventually(lambda: _http_status(served, "/ready") == 503, "HTTP /ready 503")
+        eventually(
+            lambda: _http_status(served, "/ready") == 503, "HTTP /ready 503", interval=POLL_S
+        )
         grpc_health = functools.partial(health_status, served.grpc_address)
-        eventually(lambda: grpc_health() == NOT_SERVING, "the frontend NOT_SERVING")
+        eventually(
+            lambda: grpc_health() == NOT_SERVING, "the frontend NOT_SERVING", interval=POLL_S
+        )
