@@ -9,12 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 from hypothesis import settings
-from transformers import AutoModelForCausalLM
-
-from tests.helpers.tiny_tokenizer import VOCAB, build_tokenizer
-from tests.worker.conftest import build_tiny_model
 
 # dtype "auto" is bfloat16 on CPUs with native bf16 (services/worker/model_loader.py); the
 # tests compare with HF transformers in float32, so here "auto" means float32 (inherited by
@@ -28,6 +23,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
     """name -> folder with weights, config and tokenizer (built once per session)."""
+    # imported here: a run of the folders that need no model stays free of torch
+    from tests.helpers.tiny_tokenizer import VOCAB, build_tokenizer
+    from tests.worker.conftest import build_tiny_model
+
     folders: dict[str, Path] = {}
 
     def get(name: str) -> Path:
@@ -45,6 +44,9 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def hf_greedy():
     """(folder, prompt_ids, max_new_tokens) -> HF generate's greedy new token ids."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     cache: dict[Path, torch.nn.Module] = {}
 
     def run(folder: Path, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
