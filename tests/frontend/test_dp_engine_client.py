@@ -13,6 +13,7 @@ from services.common.kv_events import KvEventBatch
 from services.common.sampling_params import SamplingParams
 from services.frontend.dp_engine_client import DataParallelClient
 from services.frontend.router import RouterConfig
+from tests.helpers.eventually import eventually_async
 
 TIMEOUT = 5
 
@@ -110,10 +111,7 @@ async def test_a_lost_replica_ends_only_its_started_requests(pair):
     await client.add_request(_request("z"))
     assert b.added == ["y", "z"]  # a is not ready: b takes the work
     a.back.set()
-    for _ in range(100):
-        if client.replicas[0].routable:
-            break
-        await asyncio.sleep(0.01)
+    await eventually_async(lambda: client.replicas[0].routable, "replica 0 routable again")
     await client.add_request(_request("w"))
     await client.add_request(_request("v"))
     assert "w" in a.added or "v" in a.added  # routed there again once it is back
@@ -123,10 +121,7 @@ async def test_a_request_lost_before_its_first_token_is_retried_elsewhere_once(p
     client, a, b = pair
     await client.add_request(_request("x"))  # -> a, whose workers just died
     a.emit(EngineCoreOutput("x", [], finish_reason="error", error="gone", error_code="unavailable"))
-    for _ in range(100):
-        if b.added:
-            break
-        await asyncio.sleep(0.01)
+    await eventually_async(lambda: b.added, "the request retried on b")
     assert b.added == ["x"] and client.owner_of("x") == "1"
     b.emit(EngineCoreOutput("x", [], finish_reason="error", error="gone", error_code="unavailable"))
     [error] = await _next(client)  # the second loss is the client's to see

@@ -17,6 +17,7 @@ from services.common.served_model_info import ServedModelInfo
 from services.frontend.frontend import Frontend, RequestTimeoutError
 from services.frontend.frontend_config import FrontendConfig
 from services.frontend.output_queue import SlowConsumerError
+from tests.helpers.eventually import eventually_async
 
 INFO = ServedModelInfo("fake", max_model_len=64, vocab_size=100, eos_token_ids=(2,))
 PROMPT = {"prompt_token_ids": [5, 6, 7]}
@@ -95,37 +96,29 @@ def _params(**kwargs) -> SamplingParams:
     return SamplingParams(max_tokens=50, output_kind=RequestOutputKind.DELTA, **kwargs)
 
 
-async def _until(predicate) -> None:
-    async def wait():
-        while not predicate():
-            await asyncio.sleep(0.005)
-
-    await asyncio.wait_for(wait(), TIMEOUT)
-
-
 async def test_a_lost_engine_core_fails_streams_refuses_new_work_and_recovers(setup):
     client, frontend, events = setup
     stream = frontend.generate(PROMPT, _params(), "a")
     pending = asyncio.ensure_future(anext(stream))
-    await _until(lambda: client.added == ["a"])
+    await eventually_async(lambda: client.added == ["a"])
     client.emit(EngineCoreOutput("a", [11]))
     assert (await asyncio.wait_for(pending, TIMEOUT)).outputs[0].token_ids == [11]
     client.back.clear()
     client.lose(EngineUnavailableError("stream broke"))
     with pytest.raises(EngineUnavailableError, match="stream broke"):
         await asyncio.wait_for(anext(stream), TIMEOUT)
-    await _until(lambda: not frontend.is_ready)
+    await eventually_async(lambda: not frontend.is_ready)
     assert frontend.is_alive and events == [False]
     assert client.released == ["a"]  # the ended stream let go of its request
     with pytest.raises(EngineUnavailableError, match="reconnecting"):
         await anext(frontend.generate(PROMPT, _params(), "refused"))
     assert client.added == ["a"]  # never sent
     client.back.set()
-    await _until(lambda: frontend.is_ready)
+    await eventually_async(lambda: frontend.is_ready)
     assert events == [False, True]
     again = frontend.generate(PROMPT, _params(), "b")
     pending = asyncio.ensure_future(anext(again))
-    await _until(lambda: "b" in client.added)
+    await eventually_async(lambda: "b" in client.added)
     client.emit(EngineCoreOutput("b", [12], finish_reason="length"))
     assert (await asyncio.wait_for(pending, TIMEOUT)).finished
 
@@ -144,7 +137,7 @@ async def test_an_engine_core_that_can_never_come_back_leaves_the_frontend_dead(
     client, frontend, events = setup
     client.gone_for_good = True
     client.lose(EngineUnavailableError("loop failed"))
-    await _until(lambda: not frontend.is_alive)
+    await eventually_async(lambda: not frontend.is_alive)
     assert not frontend.is_ready and events == [False]
     with pytest.raises(EngineUnavailableError, match="loop died"):
         await anext(frontend.generate(PROMPT, _params()))
@@ -159,7 +152,7 @@ async def test_outputs_with_error_codes_become_the_matching_exceptions(setup):
     ):
         stream = frontend.generate(PROMPT, _params(), f"r-{code}")
         pending = asyncio.ensure_future(anext(stream))
-        await _until(lambda code=code: f"r-{code}" in client.added)
+        await eventually_async(lambda code=code: f"r-{code}" in client.added)
         client.emit(EngineCoreOutput(f"r-{code}", [], "error", error="no", error_code=code))
         with pytest.raises(error):
             await asyncio.wait_for(pending, TIMEOUT)
@@ -172,12 +165,12 @@ async def test_the_request_timeout_aborts_the_request():
     try:
         stream = frontend.generate(PROMPT, _params(), "slow")
         pending = asyncio.ensure_future(anext(stream))
-        await _until(lambda: client.added == ["slow"])
+        await eventually_async(lambda: client.added == ["slow"])
         client.emit(EngineCoreOutput("slow", [11]))
         await asyncio.wait_for(pending, TIMEOUT)
         with pytest.raises(RequestTimeoutError, match="--request-timeout"):
             await asyncio.wait_for(anext(stream), TIMEOUT)
-        await _until(lambda: client.aborted == ["slow"])
+        await eventually_async(lambda: client.aborted == ["slow"])
         assert frontend.num_live_requests() == 0
     finally:
         await frontend.close()
@@ -196,14 +189,14 @@ async def test_a_consumer_that_stops_reading_is_aborted_past_the_bound(caplog):
                 read.extend(output.outputs[0].token_ids)
 
         reader = asyncio.ensure_future(read_all())
-        await _until(lambda: client.added == ["stalled", "reader"])
+        await eventually_async(lambda: client.added == ["stalled", "reader"])
         with caplog.at_level(logging.WARNING, logger="services.frontend.frontend"):
             for step in range(8):  # the stalled consumer never reads after its first output
                 client.emit(
                     EngineCoreOutput("stalled", [10 + step]), EngineCoreOutput("reader", [step])
                 )
-                await _until(lambda step=step: len(read) == step + 1)
-            await _until(lambda: "stalled" in client.aborted)
+                await eventually_async(lambda step=step: len(read) == step + 1)
+            await eventually_async(lambda: "stalled" in client.aborted)
         assert "left 6 tokens unread" in caplog.text and "request stalled" in caplog.text
         await asyncio.wait_for(first, TIMEOUT)
         merged = await asyncio.wait_for(anext(stalled), TIMEOUT)  # what it had, merged

@@ -8,7 +8,7 @@ import pytest
 from services.common.engine_output import EngineCoreOutput
 from services.common.sampling_params import SamplingParams
 from services.frontend.request_state import RequestState
-from tests.engine.conftest import build_tokenizer
+from tests.helpers.tiny_tokenizer import build_tokenizer
 
 EOS = 2  # "</s>" in the test tokenizer
 

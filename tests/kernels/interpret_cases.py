@@ -23,7 +23,6 @@ from kernels import reference
 from kernels.attention_metadata import AttentionMetadata
 from kernels.triton.launch import run_paged_attention
 from pagestream import LLM, SamplingParams
-from tests.engine.conftest import model_dir  # noqa: F401 - the tiny model fixture
 
 if os.environ.get("TRITON_INTERPRET") != "1" or not triton_kernels.is_interpreted():
     raise RuntimeError("run with TRITON_INTERPRET=1 set before the process starts")
@@ -191,7 +190,7 @@ def test_reshape_and_cache_matches_reference(block_size, num_kv_heads, head_dim,
     assert cache.isnan().sum() == expected.isnan().sum() > 0
 
 
-def test_engine_greedy_tokens_match_torch_backend(model_dir):  # noqa: F811 - the fixture
+def test_engine_greedy_tokens_match_torch_backend(model_dir):
     folder = str(model_dir("llama"))
     prompts = [[5, 9, 31, 7, 100, 42, 8, 3, 77, 12, 61, 4, 19, 23, 200, 17, 90, 6], [5, 9, 31, 7]]
     prompts.append([*prompts[0][:16], 300, 301])  # a prefix-cache hit on one full block

@@ -15,10 +15,6 @@ import torch
 
 from kernels import cpu
 
-pytestmark = pytest.mark.skipif(
-    cpu.unavailable_reason() is not None, reason="the C++ CPU kernels cannot be built here"
-)
-
 FEW_ROWS_FMA, FEW_ROWS_VNNI = 8, 32  # quantized_linear.cpp's streamed rows
 
 

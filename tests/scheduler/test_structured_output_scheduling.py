@@ -16,7 +16,7 @@ from services.common.config import CacheConfig, SchedulerConfig
 from services.scheduler.request import RequestStatus
 from services.scheduler.scheduler import Scheduler
 from services.scheduler.structured_output_manager import StructuredOutputManager
-from tests.engine.conftest import build_tokenizer
+from tests.helpers.tiny_tokenizer import build_tokenizer
 from tests.scheduler.stand_in_worker import VOCAB_SIZE, StandInWorker, make_request
 
 TOKENIZER_JSON = build_tokenizer().backend_tokenizer.to_str()

@@ -8,7 +8,7 @@ keeps the residual stream, norms and attention in float32 and accumulates its ma
 float32, so its layer outputs must stay at least as close to the float32 model's as the
 torch bf16 path's are (the tolerance is the torch bf16 path's own distance, measured in
 the same run). HF parity through the native path is tests/worker/test_models.py's and
-tests/engine/test_llm_parity.py's (the native step is the CPU default).
+tests/models/test_llm_parity.py's (the native step is the CPU default).
 """
 
 from __future__ import annotations

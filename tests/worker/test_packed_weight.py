@@ -6,14 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from services.worker.layers import packed_weight
 from services.worker.layers.linear import MergedColumnLinear, linear
 from services.worker.layers.packed_weight import PACKED_ENV, PackedWeight, pack_linears
 from services.worker.layers.vocab_embedding import LMHead
-
-pytestmark = pytest.mark.skipif(
-    packed_weight._OPS is None, reason="this torch has no oneDNN (mkldnn) linear ops"
-)
 
 
 def _exact(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:

@@ -1,0 +1,71 @@
+"""Quantized shards under tensor parallelism: a tiny Llama as a Q4_1 GGUF file (every matrix,
+the tied embedding included) at tp = 2 (two mp worker processes over gloo) gives the greedy
+outputs of tp = 1 on the same file and of tp = 1 on its de-quantized float checkpoint (a
+divergence only where HF transformers' top two logits on those weights tie).
+Column-parallel layers take whole quantized rows, row-parallel ones whole groups of 32
+input features, the vocabulary shards its quantized rows (zero-padded).
+
+One worker group for the whole module (process groups take seconds to start)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pagestream import LLM
+from services.common.model_source import resolve_model
+from tests.helpers.parallel import (
+    assert_same_or_near_tie,
+    generate_ids,
+    greedy_params,
+    mixed_prompts,
+)
+from tests.worker.conftest import build_tiny_model, isolated_model_cache
+from tests.worker.test_model_loader import write_tiny_gguf
+from tests.worker.test_quantized_models import _reference_folder
+
+ENGINE = dict(
+    dtype="float32", quantization="gguf", kv_cache_memory="4MiB", max_num_batched_tokens=48
+)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("quantized-tp")
+    cache = pytest.MonkeyPatch()
+    isolated_model_cache(root / "cache", cache)
+    path = root / "tiny.Q4_1.gguf"
+    # intermediate 128: each rank's half of down_proj's inputs is two whole groups of 32
+    model = build_tiny_model("llama_tied", seed=3, vocab_size=300, intermediate_size=128)
+    expected = write_tiny_gguf(path, model, "Q4_1")
+    reference = _reference_folder(resolve_model(path), expected, root / "reference")
+    yield path, reference
+    cache.undo()
+
+
+@pytest.fixture(scope="module")
+def tp2(files):
+    llm = LLM(str(files[0]), tensor_parallel_size=2, **ENGINE)
+    yield llm
+    llm.engine.close()
+
+
+def test_tp2_quantized_shards_match_tp1_and_hf(tp2, files):
+    path, reference = files
+    info = tp2.engine.model_info
+    assert info.quantization == "Q4_1"
+    prompts = mixed_prompts(6, seed=11, vocab=300)
+    params = greedy_params(len(prompts), max_tokens=10)
+    got = generate_ids(tp2, prompts, params)
+    tp1 = LLM(str(path), **ENGINE)
+    expected = generate_ids(tp1, prompts, params)
+    # the shards hold the rows and groups of the single-rank weights: about half each
+    assert (
+        tp1.engine.model_info.weight_bytes
+        < info.weight_bytes
+        < 1.3 * tp1.engine.model_info.weight_bytes
+    )
+    for prompt, g, e in zip(prompts, got, expected, strict=True):
+        assert_same_or_near_tie(reference, prompt, g, e)
+    hf = generate_ids(LLM(str(reference), dtype="float32", kv_cache_memory="4MiB"), prompts, params)
+    for prompt, g, e in zip(prompts, got, hf, strict=True):
+        assert_same_or_near_tie(reference, prompt, g, e)
