@@ -29,30 +29,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import logging
 import os
 import sys
 from pathlib import Path
 
-from benchmarks import sections
-from benchmarks.sections import KV_DEFAULT
+from benchmarks.results import load_results, machine_info, save_results
+from benchmarks.sections import BY_NAME, KV_DEFAULT, SECTIONS, Section
+from benchmarks.workload import PROFILES, make_workload
 from services.common.config import DEFAULT_MODEL
 
 logger = logging.getLogger("pagestream.bench")
 
-SECTIONS = ("throughput", "serve", "memory")  # what `all` runs
-# Sections made of parts that each keep their own meta (command, date, machine); a run
-# replaces the parts it ran and keeps the rest, and other sections' runs keep them all.
-SELF_CONTAINED = (
-    "parallel",
-    "routing",
-    "structured",
-    "precision",
-    "latency",
-    "serve_peer",
-    "quantized",
-)
+ALL = ("throughput", "serve", "memory")  # what `all` runs
 LLAMACPP_SEQS = "32"  # measured: 32 and 16 within 3% on the quick workload, 32 ahead
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,7 +51,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
         "bench", help="benchmarks against HF transformers; writes docs/benchmarks.md"
     )
     add = bench.add_argument
-    add("what", choices=(*SECTIONS, *SELF_CONTAINED, "all"), help="which benchmark to run")
+    add("what", choices=(*BY_NAME, "all"), help="which benchmark to run")
     add("--model", default=DEFAULT_MODEL, help="model name or folder")
     add("--profile", default="quick", choices=("quick", "full", "smoke"))
     add("--num-requests", type=int, default=None, help="override the profile's request count")
@@ -158,17 +147,12 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     return bench
 
 
-def _import_benchmarks():
-    return importlib.import_module("benchmarks.workload")
-
-
 def _floats(text: str | None) -> tuple[float, ...] | None:
     return None if text is None else tuple(float(x) for x in text.split(",") if x)
 
 
 def _profile(args: argparse.Namespace):
-    workload = _import_benchmarks()
-    profile = workload.PROFILES[args.profile]
+    profile = PROFILES[args.profile]
     changes: dict = {}
     if args.num_requests is not None:
         changes["num_requests"] = args.num_requests
@@ -181,62 +165,59 @@ def _profile(args: argparse.Namespace):
     return dataclasses.replace(profile, **changes)
 
 
+def _chosen(args: argparse.Namespace) -> tuple[Section, ...]:
+    if args.what == "all":
+        return tuple(BY_NAME[name] for name in ALL)
+    if args.what == "serve" and args.peer:
+        return (BY_NAME["serve_peer"],)
+    return (BY_NAME[args.what],)
+
+
 def run_bench(args: argparse.Namespace) -> int:
-    workload_mod = _import_benchmarks()
-    from benchmarks import (
-        report,
-        report_latency,
-        report_precision,
-        report_quantized,
-        report_routing,
-        report_serve_peer,
-        report_structured,
-    )
+    from transformers import AutoTokenizer
+
+    from benchmarks import report
     from services.worker.models.gguf_weights import dequantized_folder
 
     profile = _profile(args)
     folder = str(dequantized_folder(args.model))  # float weights: the unquantized runs
-    from transformers import AutoTokenizer
-
-    workload = workload_mod.make_workload(AutoTokenizer.from_pretrained(folder), profile)
+    workload = make_workload(AutoTokenizer.from_pretrained(folder), profile)
     docs = Path(args.docs_dir)
     results_path = docs / "benchmarks" / "results.json"
-    results = report.load_results(results_path)
+    results = load_results(results_path)
     meta = {
         "profile": profile.name,
         "model": args.model,
         "command": command_line(args),
-        "machine": report.machine_info(),
+        "machine": machine_info(),
         "workload": workload.summary(),
     }
-    if args.what in SELF_CONTAINED:
+    chosen = _chosen(args)
+    if all(s.self_contained for s in chosen):
         notes = _notes_of(results)
     else:
         old = results.get("meta", {})
         if (old.get("profile"), old.get("model")) != (meta["profile"], meta["model"]):
             # another profile or model: start a fresh report (self-contained sections stay)
-            results = {k: results[k] for k in SELF_CONTAINED if k in results}
+            results = {
+                s.key: results[s.key] for s in SECTIONS if s.self_contained and s.key in results
+            }
         results["meta"] = meta
         notes = _notes(profile)
-    sections = SECTIONS if args.what == "all" else (args.what,)
-    if args.what == "serve" and args.peer:
-        sections = ("serve_peer",)
-    for section in sections:
-        logger.info("bench %s (profile %s)", section, profile.name)
-        found = _RUNNERS[section](args, folder, profile, workload, results)
-        if section in SELF_CONTAINED:
-            part_meta = _part_meta(meta, section)
+    for section in chosen:
+        logger.info("bench %s (profile %s)", section.name, profile.name)
+        found = section.run(args, folder, profile, workload, results)
+        if section.part:
+            found = {section.part: found}
+        if section.self_contained:
+            part_meta = {
+                k: v for k, v in meta.items() if not (section.own_workload and k == "workload")
+            }
             parts = {part: {**value, "meta": part_meta} for part, value in found.items()}
-            found = {**results.get(section, {}), **parts}
-        results[_RESULT_KEYS[section]] = found
-        report.save_results(results_path, results)
+            found = {**results.get(section.key, {}), **parts}
+        results[section.key] = found
+        save_results(results_path, results)
         path = report.write_report(results, docs, notes=notes)
-        report_routing.add_to_report(results, docs)  # report.py renders everything else
-        report_structured.add_to_report(results, docs)
-        report_precision.add_to_report(results, docs)
-        report_latency.add_to_report(results, docs)
-        report_serve_peer.add_to_report(results, docs)
-        report_quantized.add_to_report(results, docs)
     logger.info("report: %s", path)
     return 0
 
@@ -244,77 +225,25 @@ def run_bench(args: argparse.Namespace) -> int:
 def command_line(args: argparse.Namespace) -> str:
     """The `pagestream bench` command that reproduces this run (defaults left out)."""
     parts = ["pagestream", "bench", args.what, "--profile", args.profile]
-    for flag, value, default in (
-        ("--model", args.model, DEFAULT_MODEL),
-        ("--num-requests", args.num_requests, None),
-        ("--kv-cache-memory", args.kv_cache_memory, KV_DEFAULT),
-        ("--hf-batch-sizes", args.hf_batch_sizes, None),
-        ("--rates", args.rates, None),
-        ("--layouts", args.layouts, None),
-        ("--rounds", args.rounds, None),
-        ("--policies", args.policies, None),
-        ("--concurrency", args.concurrency, None),
-        ("--llamacpp-seqs", args.llamacpp_seqs, LLAMACPP_SEQS),
-        ("--peer", args.peer, None),
-        ("--concurrencies", args.concurrencies, "1,4,16,64"),
-    ):
-        if value != default:
-            parts += [flag, str(value)]
-    for flag, on in (
-        ("--no-hf", args.no_hf),
-        ("--no-hf-continuous", args.no_hf_continuous),
-        ("--bf16", args.bf16),
-        ("--llamacpp", args.llamacpp),
-        ("--no-split", args.no_split),
-        ("--no-async-serve", args.no_async_serve),
-        ("--no-offline", args.no_offline),
-        ("--no-llamacpp", args.no_llamacpp),
-        ("--single-process", args.single_process),
-        ("--worker-process", args.worker_process),
-    ):
-        if on:
-            parts.append(flag)
+    for action in _bench_parser()._actions:
+        value = getattr(args, action.dest, None)
+        if not action.option_strings or action.dest in ("help", "profile", "docs_dir"):
+            continue
+        if value != action.default:
+            flag = action.option_strings[0]
+            parts += [flag] if action.nargs == 0 else [flag, str(value)]
     return " ".join(parts)
 
 
-def _part_meta(meta: dict, section: str) -> dict:
-    """A part's meta; routing and structured describe their own workloads (not the
-    profile's requests)."""
-    own = section in ("routing", "structured")
-    return {k: v for k, v in meta.items() if not (own and k == "workload")}
-
-
-_RUNNERS = {
-    "throughput": sections.run_throughput,
-    "serve": sections.run_serving,
-    "memory": sections.run_memory,
-    "parallel": sections.run_parallel,
-    "routing": sections.run_routing,
-    "structured": sections.run_structured,
-    "precision": sections.run_precision,
-    "latency": sections.run_latency,
-    "serve_peer": sections.run_serve_peer,
-    "quantized": sections.run_quantized,
-}
-_RESULT_KEYS = {
-    "throughput": "throughput",
-    "serve": "serving",
-    "memory": "memory",
-    "parallel": "parallel",
-    "routing": "routing",
-    "structured": "structured",
-    "precision": "precision",
-    "latency": "latency",
-    "serve_peer": "serve_peer",
-    "quantized": "quantized",
-}
+def _bench_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pagestream")
+    return add_bench_parser(parser.add_subparsers(dest="command", required=True))
 
 
 def _notes_of(results: dict) -> str:
     """The notes of the profile the report's other sections ran with."""
-    workload = _import_benchmarks()
     name = results.get("meta", {}).get("profile")
-    return _notes(workload.PROFILES[name]) if name in workload.PROFILES else ""
+    return _notes(PROFILES[name]) if name in PROFILES else ""
 
 
 def _notes(profile) -> str:

@@ -14,7 +14,8 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from benchmarks.workload import BenchRequest
+from benchmarks.results import agreement
+from benchmarks.workload import BenchRequest, greedy_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -28,33 +29,8 @@ class PrecisionOptions:
     rounds: int = 2
 
 
-def first_difference(got: list[int], reference: list[int]) -> int:
-    """The index of the first differing token (the shorter length when one is a prefix)."""
-    for i, (a, b) in enumerate(zip(got, reference, strict=False)):
-        if a != b:
-            return i
-    return min(len(got), len(reference))
-
-
-def agreement(tokens: dict[str, list[list[int]]]) -> dict:
-    ref, low = tokens["float32"], tokens["bfloat16"]
-    firsts = [first_difference(b, f) for b, f in zip(low, ref, strict=True)]
-    lengths = [len(f) for f in ref]
-    return {
-        "requests": len(ref),
-        "equal": sum(b == f for b, f in zip(low, ref, strict=True)),
-        "mean_first_difference": round(statistics.mean(firsts), 2),
-        "mean_output_len": round(statistics.mean(lengths), 2),
-    }
-
-
 def _generate(llm, requests: list[BenchRequest]) -> tuple[float, list[list[int]]]:
-    from pagestream import SamplingParams
-
-    prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
-    params = [
-        SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests
-    ]
+    prompts, params = greedy_inputs(requests)
     llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up
     llm.engine.scheduler.kv.reset_prefix_cache()
     start = time.perf_counter()
@@ -84,5 +60,5 @@ def run_precision(requests: list[BenchRequest], options: PrecisionOptions) -> di
         "output_tok_s": tok_s,
         "output_tok_s_per_round": {d: [round(x, 2) for x in v] for d, v in speeds.items()},
         "bf16_over_fp32": round(tok_s["bfloat16"] / tok_s["float32"], 3),
-        "agreement": agreement(tokens),
+        "agreement": agreement(tokens["bfloat16"], tokens["float32"]),
     }

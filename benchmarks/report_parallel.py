@@ -5,14 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from benchmarks.markdown import measured, table
+
 # What the runs say, written by hand and dated inside (rendered after the tables).
 PARALLEL_NOTES = Path(__file__).parent / "data" / "parallel_notes.md"
-
-
-def _table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join("—" if c is None else str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def parallel_section(par: dict) -> list[str]:
@@ -38,17 +34,7 @@ def parallel_section(par: dict) -> list[str]:
 
 
 def _provenance(part: dict, meta: dict) -> str:
-    machine = meta.get("machine", {})
-    load = part.get("load_average")
-    text = (
-        f"Reproduce: `{meta.get('command', 'pagestream bench parallel --profile quick')}` "
-        f"(profile `{meta.get('profile')}`, model `{meta.get('model')}`); measured "
-        f"{machine.get('date')} on {machine.get('cpu')} ({machine.get('cores')} cores, torch "
-        f"{machine.get('torch')})"
-    )
-    if load:
-        text += f", load average {load['start']} at the start and {load['end']} at the end"
-    return text + "."
+    return measured({**part, "meta": meta}, "pagestream bench parallel --profile quick")
 
 
 def _best_ratio(run: dict, runs: list[dict], label: str) -> float | None:
@@ -128,7 +114,7 @@ def _offline(off: dict, meta: dict) -> list[str]:
         "A worker process gets cores / world size torch threads (tp = 3: one thread each, "
         "three processes on the cores); pp = 2 keeps two plans in flight.",
         "",
-        _table(
+        table(
             [
                 "layout",
                 "model",
@@ -215,7 +201,7 @@ def _where_time_goes(off: dict) -> list[str]:
         "two plans in flight a plan's wall includes its wait behind the other. "
         f"Collectives per step: {counts}.",
         "",
-        _table(
+        table(
             [
                 "layout",
                 "against",
@@ -282,7 +268,7 @@ def _collectives(collectives: dict) -> list[str]:
             "layer, turn about (medians, ms); the difference per all-reduce (us) is what one "
             "costs between busy processes, wake-ups and the peer's lag included:",
             "",
-            _table(
+            table(
                 ["processes", "tokens x hidden", "step without", "step with", "per all-reduce"],
                 in_step,
             ),
@@ -296,9 +282,9 @@ def _collectives(collectives: dict) -> list[str]:
         "median (minimum) in microseconds. In a real step a rank also waits for its slowest "
         "peer, so the forward-time difference above can exceed the estimate.",
         "",
-        _table(header, rows),
+        table(header, rows),
         "",
-        _table(["logits gathered to rank 0 (rows x vocab shard)", "gather"], gather_rows),
+        table(["logits gathered to rank 0 (rows x vocab shard)", "gather"], gather_rows),
         "",
         *in_step_text,
     ]
@@ -374,9 +360,9 @@ def _async_serving(sv: dict, meta: dict) -> list[str]:
         "caching off. Ratios on / off (median of each round's ratio; ratio of the best "
         "rounds). Throughput above 1 and latencies below 1 favour async scheduling:",
         "",
-        _table(["deployment", "rate", "rounds", "throughput", "TTFT p50", "TPOT p50"], ratio_rows),
+        table(["deployment", "rate", "rounds", "throughput", "TTFT p50", "TPOT p50"], ratio_rows),
         "",
-        _table(
+        table(
             [
                 "deployment",
                 "async",

@@ -1,12 +1,27 @@
-"""The runner of each `pagestream bench` section: (args, folder, profile, workload,
-results) -> the section's results. benchmarks/cli.py parses the command line and
-dispatches to them; routing, structured, precision and latency are self-contained
-(each describes its own workload)."""
+"""The sections of `pagestream bench` (SECTIONS, in the report's order): each one's runner,
+(args, folder, profile, workload, results) -> its results, where results.json keeps them,
+and its renderer (benchmarks/report_*.py). benchmarks/cli.py parses the command line and
+runs them; benchmarks/report.py renders them."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from benchmarks import (
+    report_latency,
+    report_memory,
+    report_parallel,
+    report_precision,
+    report_quantized,
+    report_routing,
+    report_serve_peer,
+    report_serving,
+    report_structured,
+    report_throughput,
+)
+from benchmarks.results import load_average
 
 KV_DEFAULT = "2GiB"  # --kv-cache-memory's default: the sections that size their own cache
 
@@ -27,7 +42,7 @@ def run_routing(args, folder, profile, workload, results) -> dict:
         concurrency=args.concurrency,
         rounds=args.rounds,
     )
-    return {"dp2": run_routing(AutoTokenizer.from_pretrained(folder), options)}
+    return run_routing(AutoTokenizer.from_pretrained(folder), options)
 
 
 def run_structured(args, folder, profile, workload, results) -> dict:
@@ -45,7 +60,7 @@ def run_structured(args, folder, profile, workload, results) -> dict:
     options = StructuredOptions(
         model=folder, profile=structured, kv_cache_memory=args.kv_cache_memory
     )
-    return {"offline": run_structured(AutoTokenizer.from_pretrained(folder), options)}
+    return run_structured(AutoTokenizer.from_pretrained(folder), options)
 
 
 def run_precision(args, folder, profile, workload, results) -> dict:
@@ -55,7 +70,7 @@ def run_precision(args, folder, profile, workload, results) -> dict:
 
     requests = workload.requests[: args.num_requests or len(workload.requests)]
     options = PrecisionOptions(folder, args.kv_cache_memory, args.rounds or 2)
-    return {"offline": run_precision(requests, options)}
+    return run_precision(requests, options)
 
 
 def run_latency(args, folder, profile, workload, results) -> dict:
@@ -70,7 +85,7 @@ def run_latency(args, folder, profile, workload, results) -> dict:
         rounds=args.rounds or 3,
         llamacpp=not args.no_llamacpp,
     )
-    return {"batch": run_latency(options)}
+    return run_latency(options)
 
 
 def run_quantized(args, folder, profile, workload, results) -> dict:
@@ -81,7 +96,7 @@ def run_quantized(args, folder, profile, workload, results) -> dict:
     requests = workload.requests[: args.num_requests or len(workload.requests)]
     seqs = int(args.llamacpp_seqs.split(",")[0])
     options = QuantizedOptions(args.model, args.kv_cache_memory, seqs)
-    return {"offline": run_quantized(requests, options)}
+    return run_quantized(requests, options)
 
 
 def run_serve_peer(args, folder, profile, workload, results) -> dict:
@@ -101,7 +116,7 @@ def run_serve_peer(args, folder, profile, workload, results) -> dict:
         layouts=layouts,
     )
     vocab_size = AutoConfig.from_pretrained(folder).vocab_size
-    return {"llamacpp": run_serve_peer(options, vocab_size)}
+    return run_serve_peer(options, vocab_size)
 
 
 def run_throughput(args, folder, profile, workload, results) -> dict:
@@ -186,7 +201,7 @@ def run_parallel(args, folder, profile, workload, results) -> dict:
         requests = workload.requests[: profile.parallel_num_requests]
         requests = scaled(requests, profile.parallel_output_scale)
         layouts = tuple(t for t in (args.layouts or "").split(",") if t.strip()) or None
-        found["offline"] = _with_load(
+        found["offline"] = load_average(
             run_parallel_throughput,
             requests,
             folder,
@@ -205,12 +220,52 @@ def run_parallel(args, folder, profile, workload, results) -> dict:
             rounds=rounds,
             kv_cache_memory=kv,
         )
-        found["async_serving"] = _with_load(run_async_serving, serve_requests, options)
+        found["async_serving"] = load_average(run_async_serving, serve_requests, options)
     return found
 
 
-def _with_load(run, *args, **kwargs) -> dict:
-    start = os.getloadavg()[0]
-    result = run(*args, **kwargs)
-    end = os.getloadavg()[0]
-    return {**result, "load_average": {"start": round(start, 2), "end": round(end, 2)}}
+@dataclass(frozen=True)
+class Section:
+    name: str  # `pagestream bench NAME`
+    key: str  # where results.json keeps its results
+    run: Callable[..., dict]  # (args, folder, profile, workload, results) -> its results
+    render: Callable[[dict], list[str]]  # its results (its part's, with `part`) -> lines
+    # Self-contained: made of parts that each keep their own meta (command, date, machine);
+    # a run replaces the parts it ran, and other sections' runs keep them all.
+    self_contained: bool = False
+    part: str | None = None  # a self-contained section of one part: its name
+    own_workload: bool = False  # describes its own workload (not the profile's requests)
+
+
+SECTIONS = (
+    Section("throughput", "throughput", run_throughput, report_throughput.throughput_section),
+    Section("serve", "serving", run_serving, report_serving.serving_section),
+    Section("memory", "memory", run_memory, report_memory.memory_section),
+    Section("parallel", "parallel", run_parallel, report_parallel.parallel_section, True),
+    Section("routing", "routing", run_routing, report_routing.routing_section, True, "dp2", True),
+    Section(
+        "structured",
+        "structured",
+        run_structured,
+        report_structured.structured_section,
+        True,
+        "offline",
+        True,
+    ),
+    Section(
+        "precision", "precision", run_precision, report_precision.precision_section, True, "offline"
+    ),
+    Section("latency", "latency", run_latency, report_latency.latency_section, True, "batch"),
+    Section(
+        "serve_peer",
+        "serve_peer",
+        run_serve_peer,
+        report_serve_peer.serve_peer_section,
+        True,
+        "llamacpp",
+    ),
+    Section(
+        "quantized", "quantized", run_quantized, report_quantized.quantized_section, True, "offline"
+    ),
+)
+BY_NAME = {s.name: s for s in SECTIONS}

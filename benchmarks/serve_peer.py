@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.load_clients import HttpClient, RequestRecord
+from benchmarks.results import percentiles
 from benchmarks.server_process import ServerProcess, descendants, free_port, http_healthy
 from benchmarks.workload import BenchRequest
 
@@ -105,16 +106,8 @@ async def closed_loop(base_url: str, requests: list[BenchRequest], concurrency: 
     return summarize(records, duration)
 
 
-def _percentiles_ms(values: list[float]) -> dict:
-    if not values:
-        return {"p50": None, "p90": None, "p99": None, "mean": None}
-    arr = np.asarray(values) * 1000
-    return {
-        "p50": round(float(np.percentile(arr, 50)), 2),
-        "p90": round(float(np.percentile(arr, 90)), 2),
-        "p99": round(float(np.percentile(arr, 99)), 2),
-        "mean": round(float(arr.mean()), 2),
-    }
+def _latencies_ms(seconds) -> dict:
+    return percentiles(seconds, (50, 90, 99), scale=1e3, digits=2, mean=True)
 
 
 def summarize(records: list[RequestRecord], duration_s: float) -> dict:
@@ -128,8 +121,8 @@ def summarize(records: list[RequestRecord], duration_s: float) -> dict:
         "duration_s": round(duration_s, 2),
         "output_tokens": tokens,
         "output_tok_s": round(tokens / duration_s, 1) if duration_s > 0 else None,
-        "ttft_ms": _percentiles_ms([r.ttft for r in ok if r.ttft is not None]),
-        "itl_ms": _percentiles_ms([gap for r in ok for gap in r.itls]),
+        "ttft_ms": _latencies_ms(r.ttft for r in ok if r.ttft is not None),
+        "itl_ms": _latencies_ms(gap for r in ok for gap in r.itls),
     }
 
 

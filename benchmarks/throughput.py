@@ -28,7 +28,6 @@ from benchmarks.ceiling import (
     workload_flops,
 )
 from benchmarks.hf_baselines import (
-    RunResult,
     hf_continuous_batching_available,
     load_hf_model,
     run_hf_continuous,
@@ -36,7 +35,8 @@ from benchmarks.hf_baselines import (
 )
 from benchmarks.kv_utilization import KVUtilizationSampler
 from benchmarks.llamacpp import LlamaCppOptions
-from benchmarks.workload import BenchRequest
+from benchmarks.results import RunResult
+from benchmarks.workload import BenchRequest, greedy_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -66,10 +66,7 @@ def run_pagestream(llm, requests: list[BenchRequest], name: str = "pagestream") 
     warm = [{"prompt_token_ids": requests[0].prompt_token_ids[:16]}] * 2
     llm.generate(warm, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), False)
     llm.engine.scheduler.kv.reset_prefix_cache()  # the warm-up must not give a prefix hit
-    prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
-    params = [
-        SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests
-    ]
+    prompts, params = greedy_inputs(requests)
     sampler = KVUtilizationSampler(llm.engine, requests)
     with sampler.attached():
         start = time.perf_counter()
@@ -77,13 +74,11 @@ def run_pagestream(llm, requests: list[BenchRequest], name: str = "pagestream") 
         elapsed = time.perf_counter() - start - sampler.overhead_s
     token_ids = [list(o.outputs[0].token_ids) for o in outputs]
     generated = sum(len(t) for t in token_ids)
-    return RunResult(
-        name=name,
-        elapsed_s=elapsed,
-        num_requests=len(requests),
-        prompt_tokens=sum(r.prompt_len for r in requests),
-        output_tokens=generated,
-        generated_tokens=generated,
+    return RunResult.of(
+        name,
+        requests,
+        elapsed,
+        generated=generated,
         extra={
             "num_cached_tokens": sum(o.num_cached_tokens or 0 for o in outputs),
             "num_steps": sampler.num_steps,

@@ -209,6 +209,18 @@ def shared_prefix_workload(
     ]
 
 
+def greedy_inputs(requests: list[BenchRequest]) -> tuple[list[dict], list]:
+    """`LLM.generate`'s prompts and sampling params for ``requests``: greedy, each its own
+    output length (ignore_eos)."""
+    from pagestream import SamplingParams
+
+    prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
+    params = [
+        SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests
+    ]
+    return prompts, params
+
+
 def scaled(
     requests: list[BenchRequest], output_scale: float, minimum: int = 8
 ) -> list[BenchRequest]:
