@@ -12,8 +12,8 @@ def table(header: list[str], rows: list[list]) -> str:
 
 
 def measured(part: dict, default_command: str, details: str | None = None) -> str:
-    """"Reproduce: `command` (profile, model); measured DATE on CPU (details), load average
-    ..." from the part's meta (command, profile, model, machine) and load average."""
+    """The sentence "Reproduce: `command` (profile, model); measured DATE on CPU (details),
+    load average ..." from the part's meta (command, profile, model, machine) and load."""
     meta = part.get("meta", {})
     machine = meta.get("machine", {})
     details = details or f"{machine.get('cores')} cores, torch {machine.get('torch')}"

@@ -13,8 +13,7 @@ def precision_section(part: dict) -> list[str]:
     return [
         HEADING,
         "",
-        measured(part, "pagestream bench precision")
-        + " The profile's workload "
+        measured(part, "pagestream bench precision") + " The profile's workload "
         f"({part['requests']} requests, greedy, ignore_eos) through `LLM.generate` in each "
         f"dtype, the dtypes in a rotated order each of {part['rounds']} rounds; medians. bf16 "
         "is mixed precision (bf16 weights and matmuls; float32 residual stream, norms and "

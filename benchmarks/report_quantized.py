@@ -25,8 +25,7 @@ def quantized_section(part: dict) -> list[str]:
     return [
         HEADING,
         "",
-        measured(part, "pagestream bench quantized")
-        + " The workload's prompts and output lengths "
+        measured(part, "pagestream bench quantized") + " The workload's prompts and output lengths "
         f"(ignore_eos) through pagestream with {part['source_gguf']}'s blocks kept and "
         "through llama.cpp on that file (and, with $LLAMA_QUANTIZE, both on a Q8_0 file "
         "llama-quantize made from the F32 export of the same weights), one engine at a time, "

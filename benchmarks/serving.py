@@ -246,4 +246,3 @@ def async_ratios(runs: list[dict]) -> list[dict]:
 def _best(values: list[float | None], best) -> float | None:
     present = [v for v in values if v is not None]
     return best(present) if present else None
-
