@@ -170,7 +170,7 @@ def kernel_bandwidth(repeats: int) -> None:
             )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())

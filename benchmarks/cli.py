@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import logging
 import os
 import sys
@@ -43,12 +44,26 @@ logger = logging.getLogger("pagestream.bench")
 
 ALL = ("throughput", "serve", "memory")  # what `all` runs
 LLAMACPP_SEQS = "32"  # measured: 32 and 16 within 3% on the quick workload, 32 ahead
-REPO_ROOT = Path(__file__).resolve().parent.parent
+# Measurements of one part that write no report section: `pagestream bench NAME ARGS` runs
+# benchmarks/NAME.py's main(ARGS) (`pagestream bench NAME --help` lists its options).
+TOOLS = {
+    "attention_cpu": "the torch paged attention on the CPU, per varlen mix",
+    "linear_cpu": "which matmul form is fastest at which row count (CPU)",
+    "native_step_profile": "where a native CPU decode step's time goes",
+    "scheduler_sweep": "the CPU scheduler defaults, swept",
+    "collectives": "what one gloo collective costs between local processes",
+    "kernels": "the Triton paged-attention kernels (CUDA)",
+    "soak": "mixed traffic against the split deployment for a fixed time",
+}
 
 
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     bench = subparsers.add_parser(
-        "bench", help="benchmarks against HF transformers; writes docs/benchmarks.md"
+        "bench",
+        help="benchmarks against HF transformers; writes docs/benchmarks.md",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="measurements without a report section (pagestream bench NAME --help):\n"
+        + "\n".join(f"  {name:20} {what}" for name, what in TOOLS.items()),
     )
     add = bench.add_argument
     add("what", choices=(*BY_NAME, "all"), help="which benchmark to run")
@@ -263,9 +278,12 @@ def _notes(profile) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m benchmarks WHAT [options]` (what `pagestream bench` runs)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in TOOLS:
+        return importlib.import_module(f"benchmarks.{argv[0]}").main(argv[1:]) or 0
     parser = argparse.ArgumentParser(prog="pagestream")
     add_bench_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
+    args = parser.parse_args(["bench", *argv])
     level = os.environ.get("PAGESTREAM_LOG_LEVEL", "INFO").upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return run_bench(args)

@@ -68,7 +68,7 @@ def time_forms(weights, rows: int, dtype: torch.dtype, rounds: int) -> dict[str,
     return {name: statistics.median(times) for name, times in samples.items()}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--rows", default="1,2,4,8,64,256,1024")

@@ -127,7 +127,7 @@ def run_setting(model: str, dtype: str, setting: dict, requests, load_requests, 
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--dtype", default="float32")
