@@ -1,7 +1,7 @@
-"""`pagestream bench`: throughput / serve / memory / all against HF transformers, the
-parallel runs (tensor / pipeline parallelism and async scheduling on this machine),
-routing across data-parallel replicas (benchmarks/routing.py) and what structured outputs
-cost (benchmarks/structured.py).
+"""`pagestream bench`: every section of the report (benchmarks/sections.py: throughput /
+serve / memory / all against HF transformers and llama.cpp, the parallel runs, routing,
+structured outputs, precision, latency, serve --peer, quantized), and the measurement tools
+that write no section (TOOLS: `pagestream bench kernels --flex` runs benchmarks/kernels.py).
 
     pagestream bench all --profile quick     # what `make bench` runs (~30 min on 2 cores)
     pagestream bench throughput --profile full --bf16
@@ -15,11 +15,12 @@ cost (benchmarks/structured.py).
     pagestream bench serve --peer llamacpp      # served side by side with llama-server at
                                                 # concurrency 1/4/16/64 (~15 min)
 
-Results accumulate in <docs>/benchmarks/results.json and the report is rewritten to
-<docs>/benchmarks.md (tables) with PNG plots in <docs>/benchmarks/ after every section.
-`parallel`, `routing` and `structured` are not part of `all`: each of their parts (parallel:
-offline, async_serving; routing: dp2; structured: offline) keeps its own command, date and
-machine, and they leave the other sections (and their meta) as they are.
+Results accumulate in <docs>/benchmarks/results.json and the report is rewritten whole to
+<docs>/benchmarks.md (tables) with PNG plots in <docs>/benchmarks/ after every section
+(benchmarks/report.py). Only throughput, serve and memory make up `all`; the others are
+self-contained: each of their parts (parallel: offline, async_serving; routing: dp2; ...)
+keeps its own command, date and machine, and they leave the other sections (and their
+meta) as they are.
 This module is the `benchmarks` package's command line (`python -m benchmarks ...`);
 `pagestream bench ...` runs it in a child process, so the pagestream package never imports
 the benchmarks (they import pagestream).
@@ -209,32 +210,38 @@ def run_bench(args: argparse.Namespace) -> int:
     }
     chosen = _chosen(args)
     if all(s.self_contained for s in chosen):
-        notes = _notes_of(results)
+        notes = _notes_of(results)  # the other sections' meta and notes stay
     else:
-        old = results.get("meta", {})
-        if (old.get("profile"), old.get("model")) != (meta["profile"], meta["model"]):
-            # another profile or model: start a fresh report (self-contained sections stay)
-            results = {
-                s.key: results[s.key] for s in SECTIONS if s.self_contained and s.key in results
-            }
-        results["meta"] = meta
+        results = {**_kept(results, meta), "meta": meta}
         notes = _notes(profile)
     for section in chosen:
         logger.info("bench %s (profile %s)", section.name, profile.name)
         found = section.run(args, folder, profile, workload, results)
-        if section.part:
-            found = {section.part: found}
-        if section.self_contained:
-            part_meta = {
-                k: v for k, v in meta.items() if not (section.own_workload and k == "workload")
-            }
-            parts = {part: {**value, "meta": part_meta} for part, value in found.items()}
-            found = {**results.get(section.key, {}), **parts}
-        results[section.key] = found
+        results[section.key] = _merged(section, found, results.get(section.key, {}), meta)
         save_results(results_path, results)
         path = report.write_report(results, docs, notes=notes)
     logger.info("report: %s", path)
     return 0
+
+
+def _kept(results: dict, meta: dict) -> dict:
+    """What a run of the main sections keeps: everything under the same profile and model;
+    under another, only the self-contained sections (a fresh report for the rest)."""
+    old = results.get("meta", {})
+    if (old.get("profile"), old.get("model")) == (meta["profile"], meta["model"]):
+        return results
+    return {s.key: results[s.key] for s in SECTIONS if s.self_contained and s.key in results}
+
+
+def _merged(section: Section, found: dict, old: dict, meta: dict) -> dict:
+    """The section's new results; a self-contained one's parts each with the run's meta,
+    replacing only the parts that ran."""
+    if section.part:
+        found = {section.part: found}
+    if not section.self_contained:
+        return found
+    part_meta = {k: v for k, v in meta.items() if not (section.own_workload and k == "workload")}
+    return {**old, **{part: {**value, "meta": part_meta} for part, value in found.items()}}
 
 
 def command_line(args: argparse.Namespace) -> str:

@@ -144,7 +144,7 @@ def run_memory(
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(options.model))
     if kv_utilization is None:
-        from benchmarks.throughput import make_llm, run_pagestream
+        from benchmarks.offline import make_llm, run_pagestream
 
         llm = make_llm(options.model, "float32", options.kv_cache_memory)  # as HF's runs
         kv_utilization = run_pagestream(llm, requests).extra["kv_utilization"]

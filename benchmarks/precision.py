@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 import statistics
-import time
 from dataclasses import dataclass
 
-from benchmarks.results import agreement
+from benchmarks.offline import make_llm, timed_generate, token_ids, warm_up
+from benchmarks.results import agreement, rotated
 from benchmarks.workload import BenchRequest, greedy_inputs
 
 logger = logging.getLogger(__name__)
@@ -29,26 +29,15 @@ class PrecisionOptions:
     rounds: int = 2
 
 
-def _generate(llm, requests: list[BenchRequest]) -> tuple[float, list[list[int]]]:
-    prompts, params = greedy_inputs(requests)
-    llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up
-    llm.engine.scheduler.kv.reset_prefix_cache()
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    elapsed = time.perf_counter() - start
-    return elapsed, [o.outputs[0].token_ids for o in outputs]
-
-
 def run_precision(requests: list[BenchRequest], options: PrecisionOptions) -> dict:
-    from pagestream import LLM
-
     speeds: dict[str, list[float]] = {d: [] for d in DTYPES}
     tokens: dict[str, list[list[int]]] = {}
     for round_index in range(options.rounds):
-        order = DTYPES if round_index % 2 == 0 else DTYPES[::-1]
-        for dtype in order:
-            llm = LLM(options.model, dtype=dtype, kv_cache_memory=options.kv_cache_memory)
-            elapsed, got = _generate(llm, requests)
+        for dtype in rotated(DTYPES, round_index):
+            llm = make_llm(options.model, dtype, options.kv_cache_memory)
+            warm_up(llm, requests[0])
+            elapsed, outputs = timed_generate(llm, *greedy_inputs(requests))
+            got = token_ids(outputs)
             del llm
             speeds[dtype].append(sum(len(t) for t in got) / elapsed)
             tokens.setdefault(dtype, got)

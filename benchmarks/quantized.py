@@ -58,7 +58,7 @@ def make_q8_0(source: Path, llama_quantize: str) -> Path:
 
 
 def _pagestream(model: str, requests: list[BenchRequest], name: str, **engine) -> tuple:
-    from benchmarks.throughput import run_pagestream
+    from benchmarks.offline import run_pagestream
     from pagestream import LLM
 
     llm = LLM(model, **engine)

@@ -97,6 +97,13 @@ def ratio(a: float | None, b: float | None, digits: int = 3) -> float | None:
     return round(a / b, digits) if a is not None and b else None
 
 
+def rotated(items, round_index: int) -> list:
+    """``items`` in the order of round ``round_index``: rotated by one each round, so that
+    no item always runs first (or right after the same neighbour)."""
+    shift = round_index % len(items)
+    return [*items[shift:], *items[:shift]]
+
+
 def first_difference(got: list[int], reference: list[int]) -> int:
     """The index of the first differing token (the shorter length when one is a prefix)."""
     for i, (a, b) in enumerate(zip(got, reference, strict=False)):

@@ -25,7 +25,7 @@ import statistics
 import time
 
 from benchmarks.load_clients import RequestRecord
-from benchmarks.throughput import make_llm, run_pagestream
+from benchmarks.offline import make_llm, run_pagestream
 from benchmarks.workload import PROFILES, BenchRequest, make_workload
 from services.common.config import DEFAULT_MODEL
 

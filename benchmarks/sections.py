@@ -42,7 +42,7 @@ def run_routing(args, folder, profile, workload, results) -> dict:
         concurrency=args.concurrency,
         rounds=args.rounds,
     )
-    return run_routing(AutoTokenizer.from_pretrained(folder), options)
+    return load_average(run_routing, AutoTokenizer.from_pretrained(folder), options)
 
 
 def run_structured(args, folder, profile, workload, results) -> dict:
@@ -60,7 +60,7 @@ def run_structured(args, folder, profile, workload, results) -> dict:
     options = StructuredOptions(
         model=folder, profile=structured, kv_cache_memory=args.kv_cache_memory
     )
-    return run_structured(AutoTokenizer.from_pretrained(folder), options)
+    return load_average(run_structured, AutoTokenizer.from_pretrained(folder), options)
 
 
 def run_precision(args, folder, profile, workload, results) -> dict:

@@ -21,7 +21,7 @@ import numpy as np
 from benchmarks.load_clients import GrpcClient, HttpClient, RequestRecord
 from benchmarks.results import median, percentiles, ratio
 from benchmarks.server_process import ServerProcess
-from benchmarks.workload import BenchRequest
+from benchmarks.workload import BenchRequest, totals
 
 logger = logging.getLogger(__name__)
 
@@ -131,9 +131,7 @@ def run_serving(requests: list[BenchRequest], options: ServingOptions) -> dict:
     return {
         "runs": runs + split_runs,
         "split_ratios": split_ratios(runs, split_runs),
-        "num_requests": len(requests),
-        "prompt_tokens": sum(r.prompt_len for r in requests),
-        "output_tokens": sum(r.output_len for r in requests),
+        **totals(requests),
     }
 
 
@@ -206,9 +204,7 @@ def run_async_serving(requests: list[BenchRequest], options: AsyncServingOptions
         "runs": runs,
         "ratios": async_ratios(runs),
         "rounds": options.rounds,
-        "num_requests": len(requests),
-        "prompt_tokens": sum(r.prompt_len for r in requests),
-        "output_tokens": sum(r.output_len for r in requests),
+        **totals(requests),
     }
 
 

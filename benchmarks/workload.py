@@ -145,6 +145,15 @@ class Workload:
         }
 
 
+def totals(requests: list[BenchRequest]) -> dict:
+    """How many requests, prompt tokens and output tokens."""
+    return {
+        "num_requests": len(requests),
+        "prompt_tokens": sum(r.prompt_len for r in requests),
+        "output_tokens": sum(r.output_len for r in requests),
+    }
+
+
 def lognormal_lengths(
     rng: np.random.Generator, n: int, median: int, bounds: tuple[int, int], sigma: float
 ) -> list[int]:
