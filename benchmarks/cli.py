@@ -209,17 +209,14 @@ def run_bench(args: argparse.Namespace) -> int:
         "workload": workload.summary(),
     }
     chosen = _chosen(args)
-    if all(s.self_contained for s in chosen):
-        notes = _notes_of(results)  # the other sections' meta and notes stay
-    else:
-        results = {**_kept(results, meta), "meta": meta}
-        notes = _notes(profile)
+    if not all(s.self_contained for s in chosen):  # else the other sections' meta stays
+        results = {**_kept(results, meta), "meta": {**meta, "notes": profile.notes()}}
     for section in chosen:
         logger.info("bench %s (profile %s)", section.name, profile.name)
         found = section.run(args, folder, profile, workload, results)
         results[section.key] = _merged(section, found, results.get(section.key, {}), meta)
         save_results(results_path, results)
-        path = report.write_report(results, docs, notes=notes)
+        path = report.write_report(results, docs)
     logger.info("report: %s", path)
     return 0
 
@@ -260,27 +257,6 @@ def command_line(args: argparse.Namespace) -> str:
 def _bench_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pagestream")
     return add_bench_parser(parser.add_subparsers(dest="command", required=True))
-
-
-def _notes_of(results: dict) -> str:
-    """The notes of the profile the report's other sections ran with."""
-    name = results.get("meta", {}).get("profile")
-    return _notes(PROFILES[name]) if name in PROFILES else ""
-
-
-def _notes(profile) -> str:
-    """What the profile's serving runs scale down (the offline runs use its full shapes)."""
-    if profile.name == "smoke":
-        return "Profile `smoke`: a handful of short requests to check every driver end to end."
-    return (
-        f"Profile `{profile.name}`: {profile.num_requests} requests, prompts lognormal around "
-        f"{profile.prompt_median} tokens in {profile.prompt_range[0]}..{profile.prompt_range[1]}, "
-        f"outputs around {profile.output_median} in "
-        f"{profile.output_range[0]}..{profile.output_range[1]}. Its serving runs use the first "
-        f"{profile.serve_num_requests} requests with outputs scaled by "
-        f"{profile.serve_output_scale} at rates {', '.join(map(str, profile.serve_rates))} "
-        "and inf, so that every run stays short on a CPU."
-    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-from benchmarks.workload import BenchRequest
+from benchmarks.offline import timed_generate
+from benchmarks.workload import BenchRequest, greedy_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -99,13 +100,7 @@ def _prompt(prompt_len: int) -> list[int]:
 
 
 def _time_generate(llm, batch: int, prompt: list[int], tokens: int) -> float:
-    from pagestream import SamplingParams
-
-    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
-    prompts = [{"prompt_token_ids": prompt} for _ in range(batch)]
-    start = time.perf_counter()
-    llm.generate(prompts, params, use_tqdm=False)
-    return time.perf_counter() - start
+    return timed_generate(llm, *greedy_inputs([BenchRequest(prompt, tokens)] * batch))[0]
 
 
 def _per_token_ms(full_s: float, first_s: float, output_len: int) -> float:

@@ -16,7 +16,7 @@ pagestream's follows its model dtype), one stream per sequence unless `kv_unifie
 Two greedy agreements with pagestream float32: `check_agreement` on a short check (the first
 check_prompts prompts x check_tokens, a fresh context per dtype) and `agreement_full` over
 the whole workload (every request, its full output length: the timed runs' own tokens against
-pagestream float32's timed run), as benchmarks/precision.py measures bf16 against float32.
+pagestream float32's timed run), as benchmarks/results.py counts agreement.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ its blocks were kept (the float model in bfloat16, not quantized).
 
 Greedy agreement of each run with pagestream float32 on the de-quantized weights of the
 same file (the float model those blocks stand for), over the whole workload: equal
-requests, the mean first difference, as benchmarks/precision.py counts them. llama.cpp
+requests, the mean first difference, as benchmarks/results.py counts them. llama.cpp
 rounds its activations to 8 bits inside the quantized dot products; pagestream does the
 same on the bfloat16 VNNI path (kernels/cpu/quantized_linear.cpp).
 """

@@ -15,6 +15,7 @@ from pathlib import Path
 from benchmarks import plots
 from benchmarks.report_throughput import headline
 from benchmarks.sections import SECTIONS
+from benchmarks.workload import PROFILES
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +23,7 @@ logger = logging.getLogger(__name__)
 CPU_NOTES = Path(__file__).parent / "data" / "cpu_notes.md"
 
 
-def _header(results: dict, notes: str) -> list[str]:
+def _header(results: dict) -> list[str]:
     meta = results.get("meta", {})
     machine = meta.get("machine", {})
     out = [
@@ -45,15 +46,23 @@ def _header(results: dict, notes: str) -> list[str]:
             "seeded, text from benchmarks/data/corpus.txt; greedy with ignore_eos.",
             "",
         ]
-    if notes:
-        out += [notes.strip(), ""]
+    if notes := _notes(results):
+        out += [notes, ""]
     if results.get("throughput"):
         out += ["## Headline", "", headline(results["throughput"]), ""]
     return out
 
 
-def render(results: dict, notes: str = "") -> str:
-    out = _header(results, notes)
+def _notes(results: dict) -> str:
+    """The main sections' profile, as their run described it (results written before runs
+    kept their notes: the stock profile of that name)."""
+    meta = results.get("meta", {})
+    profile = PROFILES.get(meta.get("profile"))
+    return meta.get("notes") or (profile.notes() if profile else "")
+
+
+def render(results: dict) -> str:
+    out = _header(results)
     for section in SECTIONS:
         found = results.get(section.key) or {}
         if section.part:
@@ -67,12 +76,12 @@ def render(results: dict, notes: str = "") -> str:
     return "\n".join(out)
 
 
-def write_report(results: dict, docs_dir: Path, notes: str = "") -> Path:
+def write_report(results: dict, docs_dir: Path) -> Path:
     """docs_dir/benchmarks.md plus docs_dir/benchmarks/*.png; returns the markdown path."""
     figures = docs_dir / "benchmarks"
     figures.mkdir(parents=True, exist_ok=True)
     plots.write_plots(results, figures)
     path = docs_dir / "benchmarks.md"
-    path.write_text(render(results, notes) + "\n", encoding="utf-8")
+    path.write_text(render(results) + "\n", encoding="utf-8")
     logger.info("wrote %s", path)
     return path

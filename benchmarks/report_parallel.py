@@ -23,18 +23,17 @@ def parallel_section(par: dict) -> list[str]:
         "jobs only ever slow a run down, so the best round is the least disturbed one).",
         "",
     ]
-    legacy = par.get("meta", {})  # results written before each part had its own meta
     if par.get("offline"):
-        out += _offline(par["offline"], par["offline"].get("meta", legacy))
+        out += _offline(par["offline"])
     if par.get("offline") or par.get("async_serving"):
-        out += _async(par.get("offline"), par.get("async_serving"), legacy)
+        out += _async(par.get("offline"), par.get("async_serving"))
     if PARALLEL_NOTES.exists():
         out += [PARALLEL_NOTES.read_text(encoding="utf-8").strip(), ""]
     return out
 
 
-def _provenance(part: dict, meta: dict) -> str:
-    return measured({**part, "meta": meta}, "pagestream bench parallel --profile quick")
+def _provenance(part: dict) -> str:
+    return measured(part, "pagestream bench parallel --profile quick")
 
 
 def _best_ratio(run: dict, runs: list[dict], label: str) -> float | None:
@@ -73,7 +72,7 @@ def _collectives_cell(step: dict) -> str | None:
     return median if low is None else f"{low}–{median}"
 
 
-def _offline(off: dict, meta: dict) -> list[str]:
+def _offline(off: dict) -> list[str]:
     runs = off["runs"]
     rows = [
         [
@@ -96,7 +95,7 @@ def _offline(off: dict, meta: dict) -> list[str]:
     out = [
         "### Offline throughput by layout",
         "",
-        _provenance(off, meta),
+        _provenance(off),
         "",
         f"{off['num_requests']} requests ({off['prompt_tokens']} prompt tokens, "
         f"{off['output_tokens']} output tokens), greedy with ignore_eos, prefix caching off, "
@@ -294,7 +293,7 @@ def _us(entry: dict | None) -> str | None:
     return None if entry is None else f"{entry['median']} ({entry['min']})"
 
 
-def _async(off: dict | None, sv: dict | None, legacy: dict) -> list[str]:
+def _async(off: dict | None, sv: dict | None) -> list[str]:
     out = ["### Async scheduling on vs off", ""]
     offline = [r for r in (off or {}).get("runs", []) if "async scheduling" in r["layout"]]
     for run in offline:
@@ -321,11 +320,11 @@ def _async(off: dict | None, sv: dict | None, legacy: dict) -> list[str]:
             "",
         ]
     if sv:
-        out += _async_serving(sv, sv.get("meta", legacy))
+        out += _async_serving(sv)
     return out
 
 
-def _async_serving(sv: dict, meta: dict) -> list[str]:
+def _async_serving(sv: dict) -> list[str]:
     ratio_rows = [
         [
             r["deployment"],
@@ -351,7 +350,7 @@ def _async_serving(sv: dict, meta: dict) -> list[str]:
         for r in sv["runs"]
     ]
     return [
-        "Serving. " + _provenance(sv, meta),
+        "Serving. " + _provenance(sv),
         "",
         "`pagestream serve` with and without `--async-scheduling`, in one process and with "
         "`--split-services`: both servers of a deployment up side by side, taking turns "

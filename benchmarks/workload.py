@@ -45,6 +45,20 @@ class Profile:
     parallel_output_scale: float = 0.5  # their output lengths, scaled down
     parallel_rounds: int = 3  # layouts (and async on / off servers) take turns this often
 
+    def notes(self) -> str:
+        """What the profile's serving runs scale down (the offline runs use its full shapes)."""
+        if self.name == "smoke":
+            return "Profile `smoke`: a handful of short requests to check every driver end to end."
+        return (
+            f"Profile `{self.name}`: {self.num_requests} requests, prompts lognormal around "
+            f"{self.prompt_median} tokens in {self.prompt_range[0]}..{self.prompt_range[1]}, "
+            f"outputs around {self.output_median} in "
+            f"{self.output_range[0]}..{self.output_range[1]}. Its serving runs use the first "
+            f"{self.serve_num_requests} requests with outputs scaled by "
+            f"{self.serve_output_scale} at rates {', '.join(map(str, self.serve_rates))} "
+            "and inf, so that every run stays short on a CPU."
+        )
+
     def __post_init__(self) -> None:
         for name in ("num_requests", "parallel_num_requests", "parallel_rounds"):
             if getattr(self, name) < 1:
