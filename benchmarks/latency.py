@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from benchmarks.micro import read_bandwidth_gb_s
 from benchmarks.offline import timed_generate
 from benchmarks.workload import BenchRequest, greedy_inputs
 
@@ -52,18 +53,6 @@ class LatencyOptions:
     def __post_init__(self) -> None:
         if self.output_len < 2 or self.prompt_len < 1 or self.rounds < 1:
             raise ValueError("output_len >= 2, prompt_len >= 1 and rounds >= 1 are needed.")
-
-
-def read_bandwidth_gb_s(rounds: int = 5) -> float:
-    """Median GB/s of summing a 1 GiB float32 tensor (a pure read stream) on torch's threads."""
-    data = torch.ones(2**28)
-    data.sum()
-    speeds = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        data.sum()
-        speeds.append(data.numel() * 4 / (time.perf_counter() - start) / 1e9)
-    return statistics.median(speeds)
 
 
 def decode_bytes(folder: str, dtype: str, model: str = "") -> int:

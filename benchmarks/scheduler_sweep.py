@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--load-output-scale", type=float, default=0.5)
     parser.add_argument("--json", default=None, help="also write the rows to this file")
-    opts = parser.parse_args()
+    opts = parser.parse_args(argv)
     from transformers import AutoTokenizer
 
     from services.worker.models.gguf_weights import dequantized_folder
