@@ -9,18 +9,16 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from benchmarks import (
-    report_latency,
-    report_memory,
-    report_parallel,
-    report_precision,
-    report_quantized,
-    report_routing,
-    report_serve_peer,
-    report_serving,
-    report_structured,
-    report_throughput,
-)
+from benchmarks.report_latency import latency_section
+from benchmarks.report_memory import memory_section
+from benchmarks.report_parallel import parallel_section
+from benchmarks.report_precision import precision_section
+from benchmarks.report_quantized import quantized_section
+from benchmarks.report_routing import routing_section
+from benchmarks.report_serve_peer import serve_peer_section
+from benchmarks.report_serving import serving_section
+from benchmarks.report_structured import structured_section
+from benchmarks.report_throughput import throughput_section
 from benchmarks.results import load_average
 
 KV_DEFAULT = "2GiB"  # --kv-cache-memory's default: the sections that size their own cache
@@ -238,34 +236,23 @@ class Section:
 
 
 SECTIONS = (
-    Section("throughput", "throughput", run_throughput, report_throughput.throughput_section),
-    Section("serve", "serving", run_serving, report_serving.serving_section),
-    Section("memory", "memory", run_memory, report_memory.memory_section),
-    Section("parallel", "parallel", run_parallel, report_parallel.parallel_section, True),
-    Section("routing", "routing", run_routing, report_routing.routing_section, True, "dp2", True),
+    Section("throughput", "throughput", run_throughput, throughput_section),
+    Section("serve", "serving", run_serving, serving_section),
+    Section("memory", "memory", run_memory, memory_section),
+    Section("parallel", "parallel", run_parallel, parallel_section, self_contained=True),
+    Section("routing", "routing", run_routing, routing_section, True, "dp2", own_workload=True),
     Section(
         "structured",
         "structured",
         run_structured,
-        report_structured.structured_section,
+        structured_section,
         True,
         "offline",
-        True,
+        own_workload=True,
     ),
-    Section(
-        "precision", "precision", run_precision, report_precision.precision_section, True, "offline"
-    ),
-    Section("latency", "latency", run_latency, report_latency.latency_section, True, "batch"),
-    Section(
-        "serve_peer",
-        "serve_peer",
-        run_serve_peer,
-        report_serve_peer.serve_peer_section,
-        True,
-        "llamacpp",
-    ),
-    Section(
-        "quantized", "quantized", run_quantized, report_quantized.quantized_section, True, "offline"
-    ),
+    Section("precision", "precision", run_precision, precision_section, True, "offline"),
+    Section("latency", "latency", run_latency, latency_section, True, "batch"),
+    Section("serve_peer", "serve_peer", run_serve_peer, serve_peer_section, True, "llamacpp"),
+    Section("quantized", "quantized", run_quantized, quantized_section, True, "offline"),
 )
 BY_NAME = {s.name: s for s in SECTIONS}
