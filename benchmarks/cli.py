@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.results import load_results, machine_info, save_results
-from benchmarks.sections import BY_NAME, KV_DEFAULT, SECTIONS, Section
+from benchmarks.sections import BY_NAME, KV_DEFAULT, SECTIONS, Section, listed
 from benchmarks.workload import PROFILES, make_workload
 from services.common.config import DEFAULT_MODEL
 
@@ -163,10 +163,6 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     return bench
 
 
-def _floats(text: str | None) -> tuple[float, ...] | None:
-    return None if text is None else tuple(float(x) for x in text.split(",") if x)
-
-
 def _profile(args: argparse.Namespace):
     profile = PROFILES[args.profile]
     changes: dict = {}
@@ -175,9 +171,9 @@ def _profile(args: argparse.Namespace):
         changes["serve_num_requests"] = min(profile.serve_num_requests, args.num_requests)
         changes["parallel_num_requests"] = min(profile.parallel_num_requests, args.num_requests)
     if args.hf_batch_sizes is not None:
-        changes["hf_batch_sizes"] = tuple(int(x) for x in args.hf_batch_sizes.split(","))
+        changes["hf_batch_sizes"] = listed(args.hf_batch_sizes, int)
     if args.rates is not None:
-        changes["serve_rates"] = _floats(args.rates)
+        changes["serve_rates"] = listed(args.rates, float)
     return dataclasses.replace(profile, **changes)
 
 

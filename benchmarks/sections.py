@@ -24,6 +24,11 @@ from benchmarks.results import load_average
 KV_DEFAULT = "2GiB"  # --kv-cache-memory's default: the sections that size their own cache
 
 
+def listed(text: str | None, kind=str) -> tuple:
+    """The comma-separated values of an option ("1,4,16" -> (1, 4, 16)); () for none."""
+    return tuple(kind(item.strip()) for item in (text or "").split(",") if item.strip())
+
+
 def run_routing(args, folder, profile, workload, results) -> dict:
     """serve -dp 2 under each router policy on conversations sharing system prompts; the
     KV cache per replica is sized by the routing profile unless --kv-cache-memory is given."""
@@ -31,7 +36,7 @@ def run_routing(args, folder, profile, workload, results) -> dict:
 
     from benchmarks.routing import POLICIES, ROUTING_PROFILES, RoutingOptions, run_routing
 
-    policies = tuple(p.strip() for p in (args.policies or "").split(",") if p.strip())
+    policies = listed(args.policies)
     options = RoutingOptions(
         model=folder,
         profile=ROUTING_PROFILES[profile.name],
@@ -92,7 +97,7 @@ def run_quantized(args, folder, profile, workload, results) -> dict:
     from benchmarks.quantized import QuantizedOptions, run_quantized
 
     requests = workload.requests[: args.num_requests or len(workload.requests)]
-    seqs = int(args.llamacpp_seqs.split(",")[0])
+    seqs = listed(args.llamacpp_seqs, int)[0]
     options = QuantizedOptions(args.model, args.kv_cache_memory, seqs)
     return run_quantized(requests, options)
 
@@ -108,7 +113,7 @@ def run_serve_peer(args, folder, profile, workload, results) -> dict:
     options = ServePeerOptions(
         model=args.model,
         folder=folder,
-        concurrencies=tuple(int(c) for c in args.concurrencies.split(",") if c),
+        concurrencies=listed(args.concurrencies, int),
         llama_server=args.llama_server,
         rounds=args.rounds or 3,
         layouts=layouts,
@@ -141,7 +146,7 @@ def _llamacpp_options(args):
     return LlamaCppOptions(
         model=args.model,
         dtypes=("F32", "BF16") if args.bf16 else ("F32",),
-        seqs=tuple(int(n) for n in args.llamacpp_seqs.split(",") if n.strip()),
+        seqs=listed(args.llamacpp_seqs, int),
     )
 
 
@@ -186,8 +191,9 @@ def run_memory(args, folder, profile, workload, results) -> dict:
 def run_parallel(args, folder, profile, workload, results) -> dict:
     """Offline layouts side by side, then async scheduling on / off behind the servers;
     each part with the load average before and after it (the machine may be shared)."""
+    from benchmarks.parallel import DEFAULT_LAYOUTS, Layout, ParallelOptions
+    from benchmarks.parallel import run_parallel as run_layouts
     from benchmarks.serving import AsyncServingOptions, run_async_serving
-    from benchmarks.throughput import run_parallel_throughput
     from benchmarks.workload import scaled
 
     rounds = args.rounds or profile.parallel_rounds
@@ -198,27 +204,21 @@ def run_parallel(args, folder, profile, workload, results) -> dict:
     if not args.no_offline:
         requests = workload.requests[: profile.parallel_num_requests]
         requests = scaled(requests, profile.parallel_output_scale)
-        layouts = tuple(t for t in (args.layouts or "").split(",") if t.strip()) or None
-        found["offline"] = load_average(
-            run_parallel_throughput,
-            requests,
-            folder,
-            layouts,
-            rounds=rounds,
-            kv_cache_memory=kv,
-        )
+        layouts = listed(args.layouts, Layout.parse) or tuple(map(Layout.parse, DEFAULT_LAYOUTS))
+        offline = ParallelOptions(folder, layouts=layouts, rounds=rounds, kv_cache_memory=kv)
+        found["offline"] = load_average(run_layouts, requests, offline)
     if not args.no_async_serve:
         serve_requests = scaled(
             workload.requests[: profile.serve_num_requests], profile.serve_output_scale
         )
-        options = AsyncServingOptions(
+        serving = AsyncServingOptions(
             model=folder,
             rates=profile.serve_rates if args.rates else (),  # saturation only, unless asked
             deployments=(False,) if args.no_split else (False, True),
             rounds=rounds,
             kv_cache_memory=kv,
         )
-        found["async_serving"] = load_average(run_async_serving, serve_requests, options)
+        found["async_serving"] = load_average(run_async_serving, serve_requests, serving)
     return found
 
 

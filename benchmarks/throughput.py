@@ -169,15 +169,3 @@ def _ratio_entry(ours: RunResult, other: RunResult) -> dict:
         "output_tokens_per_s": round(ours.output_tokens_per_s / other.output_tokens_per_s, 2),
         "total_tokens_per_s": round(ours.total_tokens_per_s / other.total_tokens_per_s, 2),
     }
-
-
-def run_parallel_throughput(
-    requests: list[BenchRequest], model: str, layouts: tuple[str, ...] | None = None, **options
-) -> dict:
-    """The same offline run across tensor / pipeline parallel layouts and async scheduling
-    ("tp1", "tp2", "pp2", "tp1-async", ...; benchmarks/parallel.py). ``options``: the other
-    fields of benchmarks.parallel.ParallelOptions (rounds, kv_cache_memory, ...)."""
-    from benchmarks.parallel import DEFAULT_LAYOUTS, Layout, ParallelOptions, run_parallel
-
-    parsed = tuple(Layout.parse(text) for text in layouts or DEFAULT_LAYOUTS)
-    return run_parallel(requests, ParallelOptions(model, layouts=parsed, **options))
