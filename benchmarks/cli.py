@@ -260,9 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in TOOLS:
         return importlib.import_module(f"benchmarks.{argv[0]}").main(argv[1:]) or 0
-    parser = argparse.ArgumentParser(prog="pagestream")
-    add_bench_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["bench", *argv])
+    args = _bench_parser().parse_args(argv)
     level = os.environ.get("PAGESTREAM_LOG_LEVEL", "INFO").upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return run_bench(args)
