@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 KERNELS := $(VENV)/.kernels-built
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint format serve bench clean protos
+.PHONY: setup test lint format serve bench clean protos cli-docs
 
 setup: $(STAMP) $(KERNELS) $(GGUF)
 
@@ -63,3 +63,7 @@ clean:
 # Regenerate the gRPC stubs from protos/ (committed; tests/common/test_protos.py checks drift).
 protos: $(STAMP)
 	$(PY) -m services.common.proto.generate
+
+# docs/cli.md from the config dataclasses' flag metadata (tests/common/test_flags.py checks it).
+cli-docs: $(STAMP)
+	$(PY) -m pagestream.cli_flags > docs/cli.md

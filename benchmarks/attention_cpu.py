@@ -56,6 +56,7 @@ import torch
 
 from benchmarks.micro import interleaved, read_bandwidth_gb_s
 from kernels import cpu, reference
+from kernels.attention_metadata import AttentionMetadata
 from kernels.reference import paged_attention, reshape_and_cache
 from services.worker.cpu_tuning import tune_malloc
 
@@ -91,7 +92,7 @@ def mixes() -> dict[str, list[tuple[int, int]]]:
     }
 
 
-def build(specs: list[tuple[int, int]], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+def build(specs: list[tuple[int, int]], dtype: torch.dtype) -> tuple:
     """A filled cache with shuffled block tables, and the step's query/metadata tensors."""
     gen = torch.Generator().manual_seed(0)
     seq_lens = [cached + q_len for cached, q_len in specs]
@@ -114,12 +115,10 @@ def build(specs: list[tuple[int, int]], dtype: torch.dtype) -> tuple[torch.Tenso
     query_start_loc = torch.cat([torch.zeros(1, dtype=torch.int32), q_lens.cumsum(0).int()])
     query = torch.randn(int(q_lens.sum()), NUM_Q_HEADS, HEAD_DIM, generator=gen).to(dtype)
     seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32)
-    return query, kv_cache, block_table, seq_lens_t, query_start_loc
+    return query, kv_cache, AttentionMetadata.cached(block_table, seq_lens_t, query_start_loc)
 
 
-def time_variants(
-    names: list[str], args: tuple[torch.Tensor, ...], repeats: int
-) -> list[tuple[float, float]]:
+def time_variants(names: list[str], args: tuple, repeats: int) -> list[tuple[float, float]]:
     """(median, min) ms per variant, the variants interleaved."""
 
     def variant(name: str):
@@ -145,11 +144,11 @@ def kernel_bandwidth(repeats: int) -> None:
             ("256 x ctx 100-2000", [(c, 1) for c, _ in mixes()["256 decode (ctx 100-2000)"]]),
             ("1 x ctx 2000", [(1999, 1)]),
         ):
-            query, kv_cache, block_table, seq_lens, _ = build(specs, dtype)
+            query, kv_cache, metadata = build(specs, dtype)
             kv_bytes = sum(c + 1 for c, _ in specs) * 2 * NUM_KV_HEADS * HEAD_DIM
             kv_bytes *= kv_cache.element_size()
             decode = functools.partial(
-                cpu.paged_decode, query, kv_cache, block_table, seq_lens, options
+                cpu.paged_decode, query, kv_cache, metadata.block_table, metadata.seq_lens, options
             )
             median = statistics.median(interleaved({"decode": decode}, repeats)["decode"])
             rate = kv_bytes / median / 1e9

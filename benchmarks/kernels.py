@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels.attention_metadata import AttentionMetadata
+
 Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 DTYPE = torch.bfloat16
 SCALE = HEAD_DIM**-0.5
@@ -86,7 +88,7 @@ def build(batch: int, context: int, q_len: int) -> PagedBatch:
     starts = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * q_len
     dense_q = query.view(batch, q_len, Q_HEADS, HEAD_DIM).transpose(1, 2)
     return PagedBatch(
-        args=(query, kv_cache, block_table, seq_lens, starts),
+        args=(query, kv_cache, AttentionMetadata.cached(block_table, seq_lens, starts)),
         max_query_len=q_len,
         max_seq_len=seq_len,
         dense_q=dense_q.contiguous(),
@@ -98,13 +100,7 @@ def build(batch: int, context: int, q_len: int) -> PagedBatch:
 def triton_fn(batch: PagedBatch, split_kv: bool | None) -> Callable[[], torch.Tensor]:
     from kernels.triton.launch import run_paged_attention
 
-    return lambda: run_paged_attention(
-        *batch.args,
-        SCALE,
-        max_query_len=batch.max_query_len,
-        max_seq_len=batch.max_seq_len,
-        split_kv=split_kv,
-    )
+    return lambda: run_paged_attention(*batch.args, SCALE, split_kv=split_kv)
 
 
 def sdpa_fn(batch: PagedBatch) -> Callable[[], torch.Tensor]:

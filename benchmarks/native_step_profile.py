@@ -21,8 +21,8 @@ import time
 
 import torch
 
+from kernels.attention_metadata import AttentionMetadata
 from services.common.config import ModelConfig
-from services.worker.attention_metadata import AttentionMetadata
 from services.worker.cpu_tuning import pin_threads
 from services.worker.model_loader import load_model
 

@@ -3,7 +3,9 @@
 ``reshape_and_cache`` writes a step's new keys/values into their cache slots;
 ``paged_attention`` attends a flattened varlen batch over the paged cache;
 ``paged_attention_naive`` is a slow, obviously correct loop kept as the test oracle.
-Triton kernels added to this package keep these exact signatures.
+Every paged-attention kernel of this package (kernels.cpu, kernels.triton) has the same
+signature: the query, the cache, the step's AttentionMetadata, the scale, and the
+optional sliding window and soft cap.
 
 One batch mixes decode rows (one query token), whole prompts and prefill chunks whose earlier
 context is already in the cache. Sequences are sorted by (query length, context length) and cut
@@ -21,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from kernels.attention_metadata import AttentionMetadata
 
 # Padded key tokens (batch * longest context) per decode group: bounds padding waste and keeps
 # the gathered buffers small (~6 MiB per fp32 key buffer at 3 kv heads x 64). Measured 1.5-5x
@@ -73,36 +77,29 @@ def reshape_and_cache(
     value_slots.index_copy_(0, slots, value.to(kv_cache.dtype))
 
 
-def paged_attention(  # noqa: PLR0913 - the kernel signature shared with Triton
+def paged_attention(
     query: torch.Tensor,
     kv_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
+    metadata: AttentionMetadata,
     scale: float,
     *,
-    max_query_len: int | None = None,
-    max_seq_len: int | None = None,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's query rows over its paged context.
 
-    query:           [num_tokens, num_q_heads, head_dim]
-    kv_cache:        [2, num_blocks, block_size, num_kv_heads, head_dim], this step's K/V written
-    block_table:     [num_seqs, max_blocks_per_seq] int32
-    seq_lens:        [num_seqs] int32, context length including this step's query tokens
-    query_start_loc: [num_seqs + 1] int32
-    returns          [num_tokens, num_q_heads, head_dim] in query's dtype
+    query:    [num_tokens, num_q_heads, head_dim]
+    kv_cache: [2, num_blocks, block_size, num_kv_heads, head_dim], this step's K/V written
+    metadata: the batch's block_table, seq_lens and query_start_loc (AttentionMetadata)
+    returns   [num_tokens, num_q_heads, head_dim] in query's dtype
 
-    max_query_len / max_seq_len are accepted for the Triton kernels' sake; this path plans its
-    groups on the host from the lengths (one small ``.tolist()``: free on CPU, a sync on CUDA).
-    The plan (groups, gather indices, masks) depends only on the step's metadata, so it is
-    built once per step and reused by every layer (see ``_PlanCache``).
+    This path plans its groups on the host from the lengths (one small ``.tolist()``: free on
+    CPU, a sync on CUDA; the metadata's max lengths are the Triton kernels' hints). The plan
+    (groups, gather indices, masks) depends only on the step's metadata, so it is built once
+    per step and reused by every layer (see ``_PlanCache``).
     """
-    del max_query_len, max_seq_len
     options = AttentionOptions(scale, sliding_window, soft_cap)
-    return planned_attention(query, kv_cache, block_table, seq_lens, query_start_loc, options)
+    return planned_attention(query, kv_cache, metadata, options)
 
 
 # A kernel for groups of decode rows (one query token each), e.g. kernels.cpu's:
@@ -114,9 +111,7 @@ DecodeKernel = Callable[..., torch.Tensor]
 def planned_attention(
     query: torch.Tensor,
     kv_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
+    metadata: AttentionMetadata,
     options: AttentionOptions,
     decode_kernel: DecodeKernel | None = None,
 ) -> torch.Tensor:
@@ -128,10 +123,11 @@ def planned_attention(
             f"({kv_cache.shape[3]})."
         )
     out = torch.zeros_like(query)
-    if seq_lens.numel() == 0 or query.shape[0] == 0:
+    if metadata.seq_lens.numel() == 0 or query.shape[0] == 0:
         return out
     layout = (kv_cache.shape[2], query.shape[1] // kv_cache.shape[3], options.sliding_window)
-    for plan in _PLANS.get(block_table, seq_lens, query_start_loc, layout):
+    tables = (metadata.block_table, metadata.seq_lens, metadata.query_start_loc)
+    for plan in _PLANS.get(*tables, layout):
         if decode_kernel is not None and plan.max_query_len == 1:
             rows = query.index_select(0, plan.rows)  # [B, q_heads, head_dim]
             attended = decode_kernel(rows, kv_cache, plan.block_table, plan.seq_lens, options)
@@ -350,21 +346,18 @@ def _attend(
     return torch.matmul(scores.softmax(dim=-1), value.float()).to(q.dtype)
 
 
-def paged_attention_naive(  # noqa: PLR0913 - same signature as paged_attention
+def paged_attention_naive(
     query: torch.Tensor,
     kv_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
+    metadata: AttentionMetadata,
     scale: float,
     *,
-    max_query_len: int | None = None,
-    max_seq_len: int | None = None,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Slow, obviously correct loop over sequences and query rows: the test oracle only."""
-    del max_query_len, max_seq_len
+    block_table, seq_lens = metadata.block_table, metadata.seq_lens
+    query_start_loc = metadata.query_start_loc
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     group_size = query.shape[1] // num_kv_heads
     out = torch.zeros_like(query)

@@ -19,10 +19,10 @@ from collections.abc import AsyncIterator
 from pagestream.engine_args import EngineArgs
 from pagestream.engine_core_process import EngineCoreProcess
 from pagestream.inproc_client import InprocEngineCoreClient
+from services.common.engine_errors import EngineUnavailableError
 from services.common.model_source import resolve_model
 from services.common.outputs import RequestOutput
 from services.common.sampling_params import SamplingParams
-from services.frontend.engine_client import EngineUnavailableError
 from services.frontend.frontend import Frontend
 from services.frontend.frontend_config import FrontendConfig
 from services.frontend.generation_defaults import load_generation_defaults
@@ -52,7 +52,7 @@ class AsyncEngine:
 
             self.engine = LLMEngine(args)
             self.engine_core = AsyncEngineCore(self.engine.core)
-            self.info = self.engine.served_model_info()
+            self.info = self.engine.info
             self.tokenizer = self.engine.tokenizer
             self.default_sampling = self.engine.default_sampling
 

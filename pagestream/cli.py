@@ -12,18 +12,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 from pagestream import roles, split_layout
-from pagestream.cli_flags import (
-    add_frontend_limit_args,
-    add_router_args,
-    add_serving_args,
-    add_tls_args,
-    add_tool_args,
-    add_worker_group_args,
-)
-from pagestream.engine_args import EngineArgs, add_generation_config_arg
+from pagestream.cli_flags import FRONTEND_CONFIGS, FRONTEND_ENGINE_FLAGS, RankConfig
+from pagestream.engine_args import EngineArgs
 from services.common.config import DEFAULT_MODEL
+from services.common.flags import add_flags
 from services.common.grpc_server import run
 from services.common.sampling_params import SamplingParams
+from services.common.tls import TlsConfig
 
 logger = logging.getLogger("pagestream")
 
@@ -78,11 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--output", help="JSONL results (default: stdout)")
     gen.add_argument("--chat", action="store_true", help="wrap --prompt in the chat template")
     add_sampling_args(gen)
-    EngineArgs.add_cli_args(gen)
-    gen.set_defaults(max_waiting_requests=None)  # an offline batch queues every prompt
+    add_flags(gen, EngineArgs)
+    gen.set_defaults(max_waiting_requests=0)  # an offline batch queues every prompt
     serve = sub.add_parser("serve", help="all roles on this machine: gRPC and OpenAI HTTP")
     serve.add_argument("model", nargs="?", default=DEFAULT_MODEL)
-    add_serving_args(serve, 50051)
     serve.add_argument(
         "--single-process",
         action="store_true",
@@ -108,18 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="engine replicas, each with its own worker group and KV cache, behind one "
         "routing frontend (runs the roles as supervised processes, as --split-services)",
     )
-    add_router_args(serve)
-    add_frontend_limit_args(serve)
-    add_tool_args(serve)
-    add_tls_args(serve)
-    EngineArgs.add_cli_args(serve)
+    for config in (*FRONTEND_CONFIGS, TlsConfig, EngineArgs):
+        add_flags(serve, config)
     worker = sub.add_parser("worker", help="the Worker service (runs the model)")
     worker.add_argument("model", nargs="?", default=DEFAULT_MODEL)
     worker.add_argument("--host", default="127.0.0.1")
     worker.add_argument("--port", type=int, default=50061, help="0: any free port")
-    add_worker_group_args(worker)
-    add_tls_args(worker)
-    EngineArgs.add_cli_args(worker)
+    for config in (RankConfig, TlsConfig, EngineArgs):
+        add_flags(worker, config)
     scheduler = sub.add_parser("scheduler", help="the EngineCore service (scheduler)")
     scheduler.add_argument("model", nargs="?", default=DEFAULT_MODEL)
     scheduler.add_argument(
@@ -134,8 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--host", default="127.0.0.1", help="address to bind, or unix:PATH for a unix socket"
     )
     scheduler.add_argument("--port", type=int, default=50062)
-    add_tls_args(scheduler)
-    EngineArgs.add_cli_args(scheduler)
+    for config in (TlsConfig, EngineArgs):
+        add_flags(scheduler, config)
     frontend = sub.add_parser("frontend", help="the public gRPC and HTTP APIs")
     frontend.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="for the tokenizer")
     frontend.add_argument(
@@ -144,13 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="scheduler address host:port; repeat it for data-parallel replicas",
     )
-    frontend.add_argument("--served-model-name", default=None)
-    add_generation_config_arg(frontend)
-    add_serving_args(frontend, 50051)
-    add_router_args(frontend)
-    add_frontend_limit_args(frontend)
-    add_tool_args(frontend)
-    add_tls_args(frontend)
+    add_flags(frontend, EngineArgs, FRONTEND_ENGINE_FLAGS)
+    for config in (*FRONTEND_CONFIGS, TlsConfig):
+        add_flags(frontend, config)
     bench = sub.add_parser(
         "bench",
         add_help=False,
@@ -158,12 +144,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     return parser
-
-
-def _engine_args(args: argparse.Namespace) -> EngineArgs:
-    engine_args = EngineArgs.from_cli_args(args)
-    engine_args.model = args.model
-    return engine_args
 
 
 def _read_items(args: argparse.Namespace) -> list[dict]:
@@ -191,7 +171,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from pagestream.llm import LLM
 
     items = _read_items(args)
-    llm = LLM(**asdict(_engine_args(args)))
+    llm = LLM(**asdict(roles.engine_args(args)))
     prompts = [_prompt_of(llm, item) for item in items]
     params = [sampling_params_from_args(args, **item.get("sampling_params", {})) for item in items]
     results = llm.generate(prompts, params, use_tqdm=args.output is not None)

@@ -1,140 +1,103 @@
-"""The flag groups of the `pagestream` roles: serving ports, the frontend's protections,
-tool calling, the data-parallel router, TLS, and a worker group's rank and rendezvous."""
+"""The `pagestream` roles' flags and the command lines of their child processes.
+
+Every flag is a field of a config dataclass (services/common/flags.py): the engine's
+(EngineArgs), the frontend's protections (FrontendConfig), tool calling
+(ToolServerOptions), the data-parallel router (RouterConfig), TLS (TlsConfig), and, here,
+the serving ports (ServingConfig) and a worker group rank (RankConfig). The parser, the
+argv handed to a child role (`role_argv`) and the flag reference in docs/cli.md all come
+from those fields.
+"""
 
 from __future__ import annotations
 
-import argparse
+import logging
+from dataclasses import dataclass
+
+from pagestream.engine_args import EngineArgs
+from services.common.flags import flag, flag_table, to_flags
+from services.common.tls import TlsConfig
+from services.frontend.frontend_config import FrontendConfig
+from services.frontend.openai.tool_choice import ToolServerOptions
+from services.frontend.router import RouterConfig
 
 
-def add_serving_args(parser: argparse.ArgumentParser, grpc_port: int) -> None:
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: all)")
-    parser.add_argument("--grpc-port", type=int, default=grpc_port, help="public gRPC port")
-    parser.add_argument("--port", type=int, default=8000, help="OpenAI HTTP port (-1: off)")
-    parser.add_argument(
-        "--api-key",
-        default=None,
-        help="require this bearer key on HTTP /v1 and on the gRPC Generation API "
+@dataclass(frozen=True)
+class ServingConfig:
+    """Where the public APIs listen."""
+
+    host: str = flag("127.0.0.1", "address to bind (0.0.0.0: all)")
+    grpc_port: int = flag(50051, "public gRPC port")
+    port: int = flag(8000, "OpenAI HTTP port (-1: off)")
+    api_key: str | None = flag(
+        None,
+        "require this bearer key on HTTP /v1 and on the gRPC Generation API "
         "(default: $PAGESTREAM_API_KEY)",
     )
 
 
-def add_frontend_limit_args(parser: argparse.ArgumentParser) -> None:
-    """The frontend's protections (services/frontend/frontend_config.py)."""
-    add = parser.add_argument
-    add(
-        "--max-prompt-bytes",
-        type=int,
-        default=None,
-        help="refuse (400) text prompts, or chat messages together, over this many UTF-8 "
-        "bytes, before tokenizing (default: 32 x the context length; 0: no limit)",
-    )
-    add("--max-messages", type=int, default=1024, help="chat messages per request (0: any)")
-    add("--max-n", type=int, default=128, help="sequences (n, beam width) per prompt")
-    add(
-        "--max-request-body-bytes",
-        type=int,
-        default=16 * 1024 * 1024,
-        help="refuse (400) HTTP request bodies over this size (0: no limit)",
-    )
-    add(
-        "--request-timeout",
-        dest="request_timeout_s",
-        type=float,
-        default=None,
-        help="abort requests that run longer than this many seconds (gRPC DEADLINE_EXCEEDED, "
-        "HTTP 504); default: no limit",
-    )
-    add(
-        "--max-unread-tokens",
-        type=int,
-        default=4096,
-        help="abort a stream whose client leaves more than this many tokens unread "
-        "(a client that stopped reading; 0: no bound)",
-    )
-
-
-def add_tool_args(parser: argparse.ArgumentParser) -> None:
-    """Tool calling and the chat template (services/frontend/openai/tool_choice.py)."""
-    from services.frontend.tool_parsers import TOOL_PARSERS
-
-    add = parser.add_argument
-    add(
-        "--enable-auto-tool-choice",
-        action="store_true",
-        help='allow tool_choice "auto": the model decides, its output is parsed for calls '
-        "(needs --tool-call-parser)",
-    )
-    add(
-        "--tool-call-parser",
-        choices=sorted(TOOL_PARSERS),
-        default=None,
-        help='the model\'s tool-call format: parses "auto" replies and shapes the grammar of '
-        '"required" / named-function requests (default for those: hermes)',
-    )
-    add(
-        "--chat-template",
-        default=None,
-        help="a chat template file, or the template itself, instead of the model's",
-    )
-
-
-def add_router_args(parser: argparse.ArgumentParser) -> None:
-    """How the frontend picks a data-parallel replica (services/frontend/router.py)."""
-    from services.frontend.router import ROUTER_POLICIES, RouterConfig
-
-    defaults = RouterConfig()
-    add = parser.add_argument
-    add(
-        "--router-policy",
-        default=defaults.policy,
-        choices=ROUTER_POLICIES,
-        help="with several schedulers: cache_aware (the replica holding the longest cached "
-        "prefix unless the load is out of balance), least_loaded, or round_robin",
-    )
-    add(
-        "--router-cache-threshold",
-        type=float,
-        default=defaults.cache_threshold,
-        help="cache_aware: the cached fraction of a prompt's blocks that sends it to the "
-        "replica holding them (below it: the least loaded replica)",
-    )
-    add(
-        "--router-balance-abs-threshold",
-        type=int,
-        default=defaults.balance_abs_threshold,
-        help="cache_aware: route by load alone while the busiest replica has more than this "
-        "many requests over the idlest ...",
-    )
-    add(
-        "--router-balance-rel-threshold",
-        type=float,
-        default=defaults.balance_rel_threshold,
-        help="... and more than this many times the idlest's load",
-    )
-
-
-def add_tls_args(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
-    add("--tls-cert", default=None, help="PEM certificate: this role's gRPC server speaks TLS")
-    add("--tls-key", default=None, help="PEM private key of --tls-cert")
-    add(
-        "--tls-ca",
-        default=None,
-        help="PEM CA: verify the services this role connects to, and require client "
-        "certificates signed by it on the internal Worker and EngineCore services (mTLS)",
-    )
-
-
-def add_worker_group_args(parser: argparse.ArgumentParser) -> None:
+@dataclass(frozen=True)
+class RankConfig:
     """A rank of a worker group (defaults from RANK / LOCAL_RANK / MASTER_ADDR+PORT)."""
-    add = parser.add_argument
-    add("--rank", type=int, default=None, help="this worker's rank (default: $RANK or 0)")
-    add("--local-rank", type=int, default=None, help="CUDA device index ($LOCAL_RANK)")
-    add(
-        "--dist-init-method",
-        default=None,
-        help="where the group's ranks meet: tcp://HOST:PORT or file:///PATH "
+
+    rank: int | None = flag(None, "this worker's rank (default: $RANK or 0)")
+    local_rank: int | None = flag(None, "CUDA device index ($LOCAL_RANK)")
+    dist_init_method: str | None = flag(
+        None,
+        "where the group's ranks meet: tcp://HOST:PORT or file:///PATH "
         "(default: tcp://$MASTER_ADDR:$MASTER_PORT)",
     )
-    add("--dist-timeout", type=float, default=120.0, help="seconds to wait for the other ranks")
-    add("--ready-file", default=None, help="write the bound address here once listening")
+    dist_timeout: float = flag(120.0, "seconds to wait for the other ranks")
+    ready_file: str | None = flag(None, "write the bound address here once listening")
+
+
+# The frontend role's flags (serve's too): its ports, protections, tool calling, routing.
+FRONTEND_CONFIGS = (ServingConfig, FrontendConfig, ToolServerOptions, RouterConfig)
+# The engine arguments a frontend itself uses (the name it serves, the sampling defaults).
+FRONTEND_ENGINE_FLAGS = ("served_model_name", "generation_config")
+
+
+def log_level_name() -> str:
+    level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
+    return level if isinstance(level, str) else "INFO"
+
+
+def role_argv(role: str, model: str, *configs, log_level: str | None = None) -> list[str]:
+    """The interpreter arguments that start `pagestream ROLE MODEL` with these configs'
+    flags (each config as its non-default flags; a list of strings as it is)."""
+    argv = ["-m", "pagestream.cli", "--log-level", log_level or log_level_name(), role, model]
+    for config in configs:
+        argv += config if isinstance(config, list) else to_flags(config)
+    return argv
+
+
+def reference_markdown() -> str:
+    """docs/cli.md: every flag of every config, with the roles that take it."""
+    sections = [
+        (
+            EngineArgs,
+            "generate, serve, worker, scheduler (frontend: --served-model-name and "
+            "--generation-config)",
+        ),
+        *((config, "serve, frontend") for config in FRONTEND_CONFIGS),
+        (TlsConfig, "serve, worker, scheduler, frontend"),
+        (RankConfig, "worker"),
+    ]
+    lines = [
+        "# pagestream command-line flags",
+        "",
+        "Generated from the config dataclasses' field metadata (`make cli-docs`; a test checks",
+        "that this file is current). `pagestream ROLE --help` prints the same per role.",
+    ]
+    for config, roles in sections:
+        lines += ["", f"## {config.__name__}", "", f"Roles: {roles}.", ""]
+        lines += ["| flag | default | meaning |", "|---|---|---|"]
+        for name, default, help_text in flag_table(config):
+            cell = f"`{default}`" if default else ""
+            lines.append(f"| `{name}` | {cell} | {help_text.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.stdout.write(reference_markdown())

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, fields
 
 from services.common.config import (
     ATTENTION_BACKENDS,
     DEFAULT_MODEL,
+    DEVICES,
     DISTRIBUTED_EXECUTOR_BACKENDS,
     DTYPES,
     INT4_GROUP_SIZES,
@@ -20,6 +20,7 @@ from services.common.config import (
     SchedulerConfig,
     parse_size,
 )
+from services.common.flags import flag
 
 GIB = 1024**3
 # The serving roles' bound on waiting requests (--max-waiting-requests): four batches of the
@@ -42,38 +43,116 @@ STEP_DEFAULTS = {"cpu": (2048, 256), "cuda": (2048, 0)}
 
 @dataclass
 class EngineArgs:
-    model: str = DEFAULT_MODEL
-    dtype: str = "auto"
-    seed: int = 0
-    device: str = "auto"
-    max_model_len: int | None = None
-    block_size: int = 16
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None  # default 2048 (max_model_len without chunking)
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int | None = None  # CPU: 256, CUDA: 0 (no cap)
-    preemption_mode: str = "recompute"
-    scheduling_policy: str = "fcfs"
-    swap_space: float = 4  # GiB of CPU swap space, as in vLLM
-    kv_cache_memory: int | str | None = None  # bytes or "4GiB"; CPU default 4 GiB
-    kv_cache_dtype: str = "auto"  # the model's dtype, or float32 / bfloat16 / float16
-    gpu_memory_utilization: float = 0.9
-    attention_backend: str = "auto"
-    # Weight-only quantization: gguf (a .gguf file's blocks as they are; the default for
-    # .gguf models at dtype auto), int8 / int4 (a float checkpoint quantized at load), none.
-    quantization: str | None = None
-    quantization_group_size: int = 128  # int4: input features per scale and zero point
-    served_model_name: str | None = None
-    # Sampling defaults: "auto" (the model's generation_config.json), "vllm" (none), a folder.
-    generation_config: str = "auto"
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    distributed_executor_backend: str | None = None  # uni (world size 1) or mp by default
-    async_scheduling: bool = False  # plan step t+1 while step t runs (2 plans in flight)
-    # Refuse new requests while this many wait (0 or None: no bound; the CLI's serving
-    # roles default to SERVING_MAX_WAITING_REQUESTS).
-    max_waiting_requests: int | None = None
+    """vLLM's engine arguments; each field is also its `--flag` (services/common/flags.py)."""
+
+    model: str = DEFAULT_MODEL  # positional on the command line
+    dtype: str = flag(
+        ModelConfig.dtype,
+        "auto: bfloat16 on CUDA and on CPUs with native bf16 (avx512_bf16 or AMX; float32 "
+        "residuals and norms), float32 on other CPUs ($PAGESTREAM_CPU_DTYPE sets what auto "
+        "means on the CPU)",
+        choices=DTYPES,
+    )
+    seed: int = flag(
+        ModelConfig.seed, "the seed of the weights' random parts and of unseeded sampling"
+    )
+    device: str = flag(ModelConfig.device, "auto: cuda when available, else cpu", choices=DEVICES)
+    max_model_len: int | None = flag(
+        None, "the longest sequence (prompt + output) served (default: the model's)"
+    )
+    block_size: int = flag(CacheConfig.block_size, "tokens per KV-cache block")
+    max_num_seqs: int = flag(SchedulerConfig.max_num_seqs, "sequences in one step at most")
+    max_num_batched_tokens: int | None = flag(
+        None,
+        "tokens in one step at most (default 2048; without chunked prefill at least max_model_len)",
+    )
+    enable_prefix_caching: bool = flag(
+        CacheConfig.enable_prefix_caching, "share the KV blocks of equal prefixes"
+    )
+    enable_chunked_prefill: bool = flag(
+        SchedulerConfig.enable_chunked_prefill, "split long prompts over several steps"
+    )
+    long_prefill_token_threshold: int | None = flag(
+        None,
+        "prefill tokens one request may take per step (default: 256 on the CPU, no cap on "
+        "CUDA; 0: no cap)",
+    )
+    preemption_mode: str = flag(
+        SchedulerConfig.preemption_mode,
+        "what a preempted sequence loses: its blocks (recompute) or nothing (swap to the CPU pool)",
+        choices=PREEMPTION_MODES,
+    )
+    scheduling_policy: str = flag(
+        SchedulerConfig.policy,
+        "waiting order: arrival (fcfs) or the request's priority",
+        choices=SCHEDULING_POLICIES,
+    )
+    swap_space: float = flag(CacheConfig.swap_space / GIB, "GiB of CPU swap space")
+    kv_cache_memory: int | str | None = flag(
+        None, "KV cache bytes on the CPU, e.g. 4GiB (default 4 GiB)"
+    )
+    kv_cache_dtype: str = flag(
+        CacheConfig.cache_dtype, "the KV cache's dtype (auto: the model's)", choices=DTYPES
+    )
+    gpu_memory_utilization: float = flag(
+        CacheConfig.gpu_memory_utilization,
+        "CUDA: the fraction of device memory weights, activations and the cache may use",
+    )
+    attention_backend: str = flag(
+        ModelConfig.attention_backend,
+        "paged attention kernels: torch, cpu (C++) or triton",
+        choices=ATTENTION_BACKENDS,
+    )
+    quantization: str | None = flag(
+        None,
+        "weight-only quantization: gguf runs a .gguf file's Q8_0 / Q4_0 / Q4_1 / Q4_K / "
+        "Q5_K / Q6_K blocks as they are (the default for .gguf models at --dtype auto); int8 "
+        "(per output channel) or int4 (groups, --quantization-group-size) quantize a float "
+        "checkpoint at load; none runs a .gguf file de-quantized",
+        short="-q",
+        choices=QUANTIZATIONS,
+    )
+    quantization_group_size: int = flag(
+        ModelConfig.quantization_group_size,
+        "int4: input features that share a scale and zero point",
+        choices=INT4_GROUP_SIZES,
+    )
+    served_model_name: str | None = flag(None, "the model name clients use")
+    generation_config: str = flag(
+        "auto",
+        "default sampling values for requests that leave them unset: 'auto' (the model's "
+        "generation_config.json), 'vllm' (vLLM's defaults), or a folder with the file",
+    )
+    tensor_parallel_size: int = flag(
+        ParallelConfig.tensor_parallel_size, "ranks per stage", short="-tp"
+    )
+    pipeline_parallel_size: int = flag(
+        ParallelConfig.pipeline_parallel_size, "pipeline stages", short="-pp"
+    )
+    distributed_executor_backend: str | None = flag(
+        None,
+        "how worker ranks are started: uni (this process, world size 1), mp (local "
+        "processes; the default for world size > 1), external (given --worker addresses), "
+        "ray (Ray places one worker per rank: a local Ray, or the cluster at $RAY_ADDRESS; "
+        "pip install 'pagestream[ray]')",
+        choices=DISTRIBUTED_EXECUTOR_BACKENDS,
+    )
+    async_scheduling: bool = flag(
+        False, "plan the next step while the current one runs (two plans in flight)"
+    )
+    # The Python API (LLM, AsyncEngine) keeps no bound by default: an offline batch queues
+    # all of its prompts by design. The serving roles default to SERVING_MAX_WAITING_REQUESTS.
+    max_waiting_requests: int = flag(
+        0,
+        "refuse new requests at once (HTTP 429, gRPC RESOURCE_EXHAUSTED) while this many "
+        f"wait to be scheduled; 0: no bound (default {SERVING_MAX_WAITING_REQUESTS}; "
+        "`generate` queues every prompt)",
+        cli_default=SERVING_MAX_WAITING_REQUESTS,
+    )
+
+    def __post_init__(self) -> None:
+        if self.max_waiting_requests is None:  # the Python API's "no bound", spelled None
+            self.max_waiting_requests = 0
 
     def parallel_config(self) -> ParallelConfig:
         return ParallelConfig(
@@ -81,22 +160,6 @@ class EngineArgs:
             pipeline_parallel_size=self.pipeline_parallel_size,
             distributed_executor_backend=self.distributed_executor_backend,
         )
-
-    def to_cli_flags(self) -> list[str]:
-        """These arguments back as CLI flags (only the ones that differ from the defaults;
-        the model is not included)."""
-        defaults = EngineArgs()
-        flags: list[str] = []
-        for f in fields(EngineArgs):
-            value = getattr(self, f.name)
-            if f.name == "model" or value == getattr(defaults, f.name) or value is None:
-                continue
-            name = "--" + f.name.replace("_", "-")
-            if isinstance(value, bool):
-                flags.append(name if value else "--no-" + f.name.replace("_", "-"))
-            else:
-                flags += [name, str(value)]
-        return flags
 
     def model_config(self) -> ModelConfig:
         return ModelConfig(
@@ -146,7 +209,7 @@ class EngineArgs:
             long_prefill_token_threshold=long_prefill,
             preemption_mode=self.preemption_mode,
             policy=self.scheduling_policy,
-            max_waiting_requests=self.max_waiting_requests or 0,
+            max_waiting_requests=self.max_waiting_requests,
         )
 
     @classmethod
@@ -156,101 +219,3 @@ class EngineArgs:
         if unknown:
             raise TypeError(f"unknown engine arguments: {', '.join(unknown)}")
         return cls(**kwargs)
-
-    @staticmethod
-    def add_cli_args(parser: argparse.ArgumentParser) -> None:
-        """vLLM's flag names for the engine settings."""
-        add = parser.add_argument
-        add(
-            "--dtype",
-            default="auto",
-            choices=DTYPES,
-            help="auto: bfloat16 on CUDA and on CPUs with native bf16 (avx512_bf16 or AMX; "
-            "float32 residuals and norms), float32 on other CPUs ($PAGESTREAM_CPU_DTYPE "
-            "sets what auto means on the CPU)",
-        )
-        add("--seed", type=int, default=0)
-        add("--device", default="auto", choices=("auto", "cpu", "cuda"))
-        add("--max-model-len", type=int, default=None)
-        add("--block-size", type=int, default=16)
-        add("--max-num-seqs", type=int, default=256)
-        add("--max-num-batched-tokens", type=int, default=None)
-        add("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-        add("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
-        add(
-            "--long-prefill-token-threshold",
-            type=int,
-            default=None,
-            help="prefill tokens one request may take per step (default: 256 on the CPU, "
-            "no cap on CUDA; 0: no cap)",
-        )
-        add("--preemption-mode", default="recompute", choices=PREEMPTION_MODES)
-        add("--scheduling-policy", default="fcfs", choices=SCHEDULING_POLICIES)
-        add("--swap-space", type=float, default=4, help="GiB of CPU swap space")
-        add("--kv-cache-memory", default=None, help="KV cache bytes on CPU, e.g. 4GiB")
-        add(
-            "--kv-cache-dtype",
-            default="auto",
-            choices=DTYPES,
-            help="the KV cache's dtype (auto: the model's)",
-        )
-        add("--gpu-memory-utilization", type=float, default=0.9)
-        add("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
-        add(
-            "--quantization",
-            "-q",
-            default=None,
-            choices=QUANTIZATIONS,
-            help="weight-only quantization: gguf runs a .gguf file's Q8_0 / Q4_0 / Q4_1 / "
-            "Q4_K / Q5_K / Q6_K blocks as they are (the default for .gguf models at --dtype "
-            "auto); int8 (per output channel) or int4 (groups, --quantization-group-size) "
-            "quantize a float checkpoint at load; none runs a .gguf file de-quantized",
-        )
-        add(
-            "--quantization-group-size",
-            type=int,
-            default=128,
-            choices=INT4_GROUP_SIZES,
-            help="int4: input features that share a scale and zero point",
-        )
-        add("--served-model-name", default=None, help="the model name clients use")
-        add_generation_config_arg(parser)
-        add("--tensor-parallel-size", "-tp", type=int, default=1, help="ranks per stage")
-        add("--pipeline-parallel-size", "-pp", type=int, default=1, help="pipeline stages")
-        add(
-            "--distributed-executor-backend",
-            default=None,
-            choices=DISTRIBUTED_EXECUTOR_BACKENDS,
-            help="how worker ranks are started: uni (this process, world size 1), mp (local "
-            "processes; the default for world size > 1), external (given --worker addresses), "
-            "ray (Ray places one worker per rank: a local Ray, or the cluster at $RAY_ADDRESS; "
-            "pip install 'pagestream[ray]')",
-        )
-        add(
-            "--async-scheduling",
-            action=argparse.BooleanOptionalAction,
-            default=False,
-            help="plan the next step while the current one runs (two plans in flight)",
-        )
-        add(
-            "--max-waiting-requests",
-            type=int,
-            default=SERVING_MAX_WAITING_REQUESTS,
-            help="refuse new requests at once (HTTP 429, gRPC RESOURCE_EXHAUSTED) while this "
-            f"many wait to be scheduled; 0: no bound (default {SERVING_MAX_WAITING_REQUESTS}; "
-            "`generate` queues every prompt)",
-        )
-
-    @classmethod
-    def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
-        values = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
-        return cls(**values)
-
-
-def add_generation_config_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--generation-config",
-        default="auto",
-        help="default sampling values for requests that leave them unset: 'auto' (the model's "
-        "generation_config.json), 'vllm' (vLLM's defaults), or a folder with the file",
-    )

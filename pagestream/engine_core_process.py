@@ -27,9 +27,9 @@ import threading
 import time
 import weakref
 from collections import deque
-from dataclasses import replace
 from pathlib import Path
 
+from pagestream.cli_flags import role_argv
 from pagestream.engine_args import EngineArgs
 from pagestream.supervisor import terminate
 from services.common.grpc_channel import (
@@ -37,8 +37,8 @@ from services.common.grpc_channel import (
     sync_channel,
     wait_until_serving_sync,
 )
-from services.common.model_info import ServedModelInfo
-from services.scheduler.executor.mp import PARENT_PID_ENV
+from services.common.served_model_info import ServedModelInfo
+from services.scheduler.launchers.launcher import PARENT_PID_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -82,22 +82,10 @@ class EngineCoreProcess:
         return None if self.process is None else self.process.pid
 
     def command(self) -> list[str]:
-        # The Python API's unbounded queue (None) is 0 on the command line, whose
-        # default is the serving bound.
-        waiting = str(self.args.max_waiting_requests or 0)
+        where = ["--host", self.address]
         return [
             sys.executable,
-            "-m",
-            "pagestream.cli",
-            "--log-level",
-            self.log_level,
-            "scheduler",
-            self.args.model,
-            "--host",
-            self.address,
-            *replace(self.args, max_waiting_requests=None).to_cli_flags(),
-            "--max-waiting-requests",
-            waiting,
+            *role_argv("scheduler", self.args.model, where, self.args, log_level=self.log_level),
         ]
 
     # ---- start / stop ----------------------------------------------------------------

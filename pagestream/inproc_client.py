@@ -3,9 +3,9 @@
 The in-process transport of the frontend -> engine core hop: the Frontend
 (services/frontend) knows only the EngineCoreClient interface, the AsyncEngineCore
 (services/scheduler) knows only client ids; this module, on the side that wires them
-together, joins the two. The engine core's EngineDeadError and EngineUnavailableError
-become the interface's EngineUnavailableError, as a broken gRPC stream does on the other
-transport, and its overload refusal becomes EngineOverloadedError. Readiness is the
+together, joins the two. The engine core's EngineDeadError becomes EngineUnavailableError,
+as a broken gRPC stream does on the other transport; its refusals
+(services/common/engine_errors.py) pass as they are. Readiness is the
 engine core's own `ready` flag (false while it reconnects to lost workers); a dead
 engine loop never comes back, so `reconnect` then raises.
 """
@@ -15,13 +15,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 
+from services.common.engine_errors import EngineUnavailableError
 from services.common.engine_output import EngineCoreOutputs, SchedulerStats
 from services.common.engine_request import EngineCoreRequest
 from services.common.kv_events import KvEventBatch
-from services.frontend.engine_client import EngineOverloadedError, EngineUnavailableError
 from services.scheduler.async_engine_core import AsyncEngineCore, EngineDeadError
-from services.scheduler.async_engine_core import EngineUnavailableError as CoreUnavailableError
-from services.scheduler.scheduler import EngineOverloadedError as CoreOverloadedError
 
 __all__ = ["InprocEngineCoreClient"]
 
@@ -30,10 +28,8 @@ __all__ = ["InprocEngineCoreClient"]
 def _engine_errors() -> Iterator[None]:
     try:
         yield
-    except (EngineDeadError, CoreUnavailableError) as exc:
+    except EngineDeadError as exc:
         raise EngineUnavailableError(str(exc)) from exc
-    except CoreOverloadedError as exc:
-        raise EngineOverloadedError(str(exc)) from exc
 
 
 class InprocEngineCoreClient:
@@ -81,6 +77,12 @@ class InprocEngineCoreClient:
 
     async def stats(self) -> SchedulerStats:
         return self.core.stats()
+
+    async def engine_stats(self) -> dict[str, SchedulerStats]:
+        return {"0": self.core.stats()}
+
+    def routing_counts(self) -> dict[tuple[str, str], int]:
+        return {}  # one engine core: nothing is routed
 
     def release(self, request_id: str) -> None:
         """Nothing to forget: one engine core owns every request."""

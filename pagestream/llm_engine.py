@@ -2,78 +2,48 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 import weakref
+from functools import partial
 
 from pagestream.engine_args import EngineArgs
-from pagestream.executor_factory import build_executor
-from services.common.engine_request import EngineCoreRequest
-from services.common.model_info import ServedModelInfo
+from pagestream.executor_factory import WORKER_START_TIMEOUT_S, build_executor
 from services.common.model_source import resolve_model
 from services.common.outputs import RequestOutput
 from services.common.sampling_params import SamplingParams
+from services.common.worker_info import CacheInfo, ModelInfo
 from services.frontend.generation_defaults import load_generation_defaults
 from services.frontend.input_processor import InputProcessor
 from services.frontend.output_processor import OutputProcessor
 from services.frontend.request_state import RequestState
 from services.frontend.tokenizer import try_load_tokenizer
-from services.scheduler.engine_core import EngineCore
+from services.scheduler.engine_core_builder import EngineCoreBuilder
+from services.scheduler.executor.uni import UniExecutor
 from services.scheduler.scheduler import Scheduler
-from services.scheduler.structured_output_manager import (
-    StructuredOutputManager,
-    tokenizer_json_of,
-)
 
 logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
+    """The engine core (built as on every path, services/scheduler/engine_core_builder.py)
+    and the frontend's input and output processing, stepped by the caller."""
+
     def __init__(self, args: EngineArgs) -> None:
         self.args = args
-        cache_config = args.cache_config()
-        self.executor = build_executor(args)
-        try:
-            self._start(args, cache_config)
-        except BaseException:
-            self.executor.close()
-            raise
+        self.builder = EngineCoreBuilder(
+            args, partial(build_executor, args), WORKER_START_TIMEOUT_S
+        )
+        self.core, self.info = self.builder.build(WORKER_START_TIMEOUT_S)
         # Worker processes (mp) stop with this engine, or at exit at the latest.
-        self._finalizer = weakref.finalize(self, self.executor.close)
-
-    def _start(self, args: EngineArgs, cache_config) -> None:
-        executor = self.executor.executor
-        self.worker = self.executor.worker  # the in-process Worker (uni), else None
-        self.model_info = executor.describe()
-        self.scheduler_config = args.scheduler_config(
-            self.model_info.max_model_len, self.model_info.device
-        )
-        self.cache_info = executor.initialize_cache(
-            self.scheduler_config.max_model_len,
-            self.scheduler_config.max_num_seqs,
-            self.scheduler_config.max_num_batched_tokens,
-        )
-        structured = StructuredOutputManager(
-            tokenizer_json_of(args.model),
-            self.model_info.vocab_size,
-            self.model_info.eos_token_ids,
-        )
-        scheduler = Scheduler(
-            self.scheduler_config,
-            cache_config,
-            self.cache_info.num_gpu_blocks,
-            self.cache_info.num_cpu_blocks,
-            structured,
-        )
-        self.core = EngineCore(scheduler, executor)
+        self._finalizer = weakref.finalize(self, self.builder.close)
+        self.executor = self.core.executor
+        # The in-process Worker (uni), else None.
+        self.worker = self.executor.worker if isinstance(self.executor, UniExecutor) else None
         folder = resolve_model(args.model)
         self.tokenizer = try_load_tokenizer(folder)
         self.default_sampling = load_generation_defaults(folder, args.generation_config)
-        self.input_processor = InputProcessor(
-            self.tokenizer, self.scheduler_config.max_model_len, self.model_info.vocab_size
-        )
+        self.input_processor = InputProcessor(self.tokenizer, self.info)
         self.output_processor = OutputProcessor()
-        self._ids = itertools.count()
 
     def close(self) -> None:
         """Stop the workers (mp: their processes); the engine cannot step afterwards."""
@@ -83,23 +53,14 @@ class LLMEngine:
     def scheduler(self) -> Scheduler:
         return self.core.scheduler
 
-    def new_request_id(self) -> str:
-        return f"req-{next(self._ids)}"
+    @property
+    def model_info(self) -> ModelInfo:
+        """What the workers run (the group's whole model under TP / PP)."""
+        return self.builder.model
 
-    def served_model_info(self) -> ServedModelInfo:
-        info = self.model_info
-        return ServedModelInfo(
-            model=self.args.served_model_name or self.args.model,
-            max_model_len=self.scheduler_config.max_model_len,
-            vocab_size=info.vocab_size,
-            eos_token_ids=info.eos_token_ids,
-            block_size=self.args.block_size,
-            architecture=info.architecture,
-            dtype=info.dtype,
-            num_gpu_blocks=self.cache_info.num_gpu_blocks,
-            quantization=info.quantization,
-            weight_bytes=info.weight_bytes,
-        )
+    @property
+    def cache_info(self) -> CacheInfo:
+        return self.builder.cache
 
     def add_request(
         self,
@@ -112,27 +73,20 @@ class LLMEngine:
         add_special_tokens: bool = True,
     ) -> RequestState:
         """Validate, tokenize and admit; raises ValueError naming the problem."""
-        request_id = request_id or self.new_request_id()
-        if request_id in self.output_processor.states:
-            raise ValueError(f"request_id {request_id!r} is already in use.")
-        processed = self.input_processor.process(prompt, add_special_tokens)
-        self.input_processor.check_params(params)
-        eos = self.model_info.eos_token_ids
-        self.core.add_request(
-            EngineCoreRequest(
-                request_id=request_id,
-                prompt_token_ids=processed.prompt_token_ids,
-                sampling_params=params,
-                eos_token_id=eos[0] if eos else None,
-                extra_stop_token_ids=tuple(eos[1:]),
-                priority=priority,
-                cache_salt=cache_salt,
-            )
+        request, state = self.input_processor.make_request(
+            request_id,
+            prompt,
+            params,
+            priority=priority,
+            cache_salt=cache_salt,
+            add_special_tokens=add_special_tokens,
         )
-        state = RequestState(
-            request_id, processed.prompt, processed.prompt_token_ids, params, self.tokenizer
-        )
-        self.output_processor.add(state)
+        self.output_processor.add(state)  # refuses an id in use
+        try:
+            self.core.add_request(request)
+        except BaseException:
+            self.output_processor.remove(state.request_id)
+            raise
         return state
 
     def abort_request(self, request_ids: list[str]) -> None:

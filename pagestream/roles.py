@@ -9,8 +9,11 @@ import logging
 import os
 import threading
 import time
+from dataclasses import replace
+from functools import partial
 
 from pagestream.engine_args import EngineArgs
+from services.common.flags import from_flags
 from services.common.grpc_server import serve_forever
 
 logger = logging.getLogger("pagestream")
@@ -38,9 +41,7 @@ class ServerGroup:
 
 
 def engine_args(ns: argparse.Namespace) -> EngineArgs:
-    args = EngineArgs.from_cli_args(ns)
-    args.model = ns.model
-    return args
+    return from_flags(EngineArgs, ns, model=ns.model)
 
 
 async def start_http(frontend, ns: argparse.Namespace, model_name: str):
@@ -60,31 +61,18 @@ def tool_options(ns: argparse.Namespace):
     from services.frontend.chat_templates import load_chat_template
     from services.frontend.openai.tool_choice import ToolServerOptions
 
-    template = getattr(ns, "chat_template", None)
-    return ToolServerOptions(
-        enable_auto_tool_choice=getattr(ns, "enable_auto_tool_choice", False),
-        tool_call_parser=getattr(ns, "tool_call_parser", None),
-        chat_template=load_chat_template(template) if template is not None else None,
-    )
+    options = from_flags(ToolServerOptions, ns)
+    if options.chat_template is None:
+        return options
+    return replace(options, chat_template=load_chat_template(options.chat_template))
 
 
 def tls_config(ns: argparse.Namespace):
     """--tls-cert / --tls-key / --tls-ca (None when the role has none of them)."""
     from services.common.tls import TlsConfig
 
-    tls = TlsConfig(
-        getattr(ns, "tls_cert", None), getattr(ns, "tls_key", None), getattr(ns, "tls_ca", None)
-    )
+    tls = from_flags(TlsConfig, ns)
     return tls if tls.enabled else None
-
-
-def tls_flags(ns: argparse.Namespace) -> list[str]:
-    """The TLS flags again, for child processes."""
-    flags = []
-    for name in ("tls_cert", "tls_key", "tls_ca"):
-        if getattr(ns, name, None):
-            flags += ["--" + name.replace("_", "-"), getattr(ns, name)]
-    return flags
 
 
 def worker_group_rank(ns: argparse.Namespace, args: EngineArgs):
@@ -120,7 +108,7 @@ def worker_group_rank(ns: argparse.Namespace, args: EngineArgs):
 
 def exit_with_parent() -> None:
     """An mp worker (PAGESTREAM_PARENT_PID set) exits as soon as its engine is gone."""
-    from services.scheduler.executor.mp import PARENT_PID_ENV
+    from services.scheduler.launchers.launcher import PARENT_PID_ENV
 
     parent = os.environ.get(PARENT_PID_ENV)
     if not parent:
@@ -162,36 +150,32 @@ async def run_scheduler(ns: argparse.Namespace) -> None:
     data-parallel replica as one command. A --host of unix:PATH listens on a unix socket
     (how `serve` and AsyncEngine run it as their engine-core process).
 
-    Over its own workers the engine loop cannot come back once it died (a rank was lost):
-    the role then stops and exits with code 1, so whoever started it (serve's engine-core
-    watcher, compose, Kubernetes) starts it again with a fresh worker group."""
-    from services.scheduler.engine_core_service import serve_engine_core, serve_scheduler
+    Either way a lost worker group is rebuilt in place (its own: started again; at
+    --worker: waited for). Should the engine loop itself die (a bug, not a lost worker),
+    the role stops and exits with code 1, so whoever started it (serve's engine-core
+    watcher, compose, Kubernetes) starts it again."""
+    from pagestream.executor_factory import WORKER_START_TIMEOUT_S, build_executor
+    from services.scheduler.engine_core_builder import EngineCoreBuilder
+    from services.scheduler.engine_core_service import serve_built_engine_core, serve_scheduler
 
     exit_with_parent()
+    args, tls = engine_args(ns), tls_config(ns)
     if ns.worker:
-        server = await serve_scheduler(
-            ns.worker, engine_args(ns), ns.host, ns.port, tls=tls_config(ns)
-        )
-        logger.info("scheduler serving on %s (workers %s)", server.address, ", ".join(ns.worker))
-        await serve_forever(server, GRACE_S)
-        return
-    from pagestream.async_engine import AsyncEngine
-
-    engine = await asyncio.to_thread(
-        AsyncEngine.from_engine_args, engine_args(ns), engine_core_process=False
-    )
-    server = await serve_engine_core(
-        engine.engine_core, engine.info, ns.host, ns.port, tls_config(ns)
-    )
-    server.add_cleanup(lambda: asyncio.to_thread(engine.engine.close))
-    backend = engine_args(ns).parallel_config().backend
-    logger.info("scheduler serving on %s (workers its own (%s))", server.address, backend)
-    watch = asyncio.ensure_future(_stop_when_dead(engine.engine_core, server))
+        server = await serve_scheduler(ns.worker, args, ns.host, ns.port, tls=tls)
+        workers = ", ".join(ns.worker)
+    else:
+        make = partial(build_executor, args)
+        builder = EngineCoreBuilder(args, make, WORKER_START_TIMEOUT_S)
+        server = await serve_built_engine_core(builder, ns.host, ns.port, tls=tls)
+        workers = f"its own ({args.parallel_config().backend})"
+    logger.info("scheduler serving on %s (workers %s)", server.address, workers)
+    core = server.servicer.core
+    watch = asyncio.ensure_future(_stop_when_dead(core, server))
     try:
         await serve_forever(server, GRACE_S)
     finally:
         watch.cancel()
-    if engine.engine_core.dead_error is not None:
+    if core.dead_error is not None:
         raise SystemExit(1)
 
 
@@ -207,12 +191,7 @@ def router_config(ns: argparse.Namespace):
     """--router-* flags (services/frontend/router.py); ValueError names a bad one."""
     from services.frontend.router import RouterConfig
 
-    return RouterConfig(
-        ns.router_policy,
-        ns.router_cache_threshold,
-        ns.router_balance_abs_threshold,
-        ns.router_balance_rel_threshold,
-    )
+    return from_flags(RouterConfig, ns)
 
 
 def _api_key(ns: argparse.Namespace) -> str | None:
@@ -229,7 +208,7 @@ async def run_frontend(ns: argparse.Namespace) -> None:
     from services.frontend.generation_defaults import load_generation_defaults
     from services.frontend.tokenizer import load_tokenizer
 
-    tls, config = tls_config(ns), FrontendConfig.from_namespace(ns)
+    tls, config = tls_config(ns), from_flags(FrontendConfig, ns)
     folder = await asyncio.to_thread(resolve_model, ns.model)
     tokenizer = await asyncio.to_thread(load_tokenizer, folder)
     defaults = load_generation_defaults(folder, ns.generation_config)
@@ -254,7 +233,7 @@ async def run_serve(ns: argparse.Namespace) -> None:
     from services.frontend.frontend_config import FrontendConfig
     from services.frontend.frontend_server import serve_frontend
 
-    config = FrontendConfig.from_namespace(ns)
+    config = from_flags(FrontendConfig, ns)
     engine = await asyncio.to_thread(AsyncEngine, engine_args(ns), not ns.single_process, config)
     frontend = engine.frontend
     grpc_server = await serve_frontend(

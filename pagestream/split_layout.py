@@ -15,8 +15,11 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from pagestream.roles import engine_args, router_config, tls_flags, tool_options
+from pagestream.cli_flags import FRONTEND_CONFIGS, FRONTEND_ENGINE_FLAGS, RankConfig, role_argv
+from pagestream.roles import engine_args, router_config, tool_options
 from pagestream.supervisor import Role, Supervisor
+from services.common.flags import from_flags, to_flags
+from services.common.tls import TlsConfig
 
 
 def _free_port() -> int:
@@ -51,84 +54,44 @@ def split_roles(ns: argparse.Namespace, layout: SplitLayout) -> list[Role]:
     roles: list[Role] = []
     for replica in range(len(layout.scheduler_ports)):
         roles += _replica_roles(ns, layout, replica)
-    base = [sys.executable, "-m", "pagestream.cli", "--log-level", ns.log_level]
-    frontend = [*base, "frontend", ns.model, *_frontend_flags(ns, layout.scheduler_ports)]
-    frontend += tls_flags(ns)
+    schedulers = [a for p in layout.scheduler_ports for a in ("--scheduler", f"127.0.0.1:{p}")]
+    configs = [from_flags(config, ns) for config in FRONTEND_CONFIGS]
+    engine = to_flags(engine_args(ns), FRONTEND_ENGINE_FLAGS)
+    frontend = _command("frontend", ns, schedulers, engine, *configs, from_flags(TlsConfig, ns))
     return [*roles, Role("frontend", lambda _: frontend)]
 
 
+def _command(role: str, ns: argparse.Namespace, *configs) -> list[str]:
+    return [sys.executable, *role_argv(role, ns.model, *configs, log_level=ns.log_level)]
+
+
 def _replica_roles(ns: argparse.Namespace, layout: SplitLayout, replica: int) -> list[Role]:
-    args = engine_args(ns)
+    args, tls = engine_args(ns), from_flags(TlsConfig, ns)
     world_size = args.parallel_config().world_size
-    base = [sys.executable, "-m", "pagestream.cli", "--log-level", ns.log_level]
-    flags, tls = args.to_cli_flags(), tls_flags(ns)
     ports = layout.worker_ports[replica]
     suffix = f" of replica {replica}" if len(layout.scheduler_ports) > 1 else ""
 
     def worker(rank: int, port: int):
         # One machine: replica r's ranks take CUDA devices r * world_size + rank (as vLLM's
         # data-parallel ranks do), so the replicas never share a GPU.
-        device = ["--local-rank", str(replica * world_size + rank)]
+        local_rank = replica * world_size + rank
 
         def command(generation: int) -> list[str]:
-            group = []
+            place = RankConfig(local_rank=local_rank)
             if world_size > 1:
                 rendezvous = layout.rendezvous(replica, generation)
-                group = ["--rank", str(rank), "--dist-init-method", rendezvous]
-            return [*base, "worker", ns.model, "--port", str(port), *group, *device, *tls, *flags]
+                place = RankConfig(rank, local_rank, rendezvous)
+            return _command("worker", ns, ["--port", str(port)], place, tls, args)
 
         return Role(f"worker rank {rank}{suffix}", command, group=f"workers-{replica}")
 
     addresses = [a for p in ports for a in ("--worker", f"127.0.0.1:{p}")]
-    port = str(layout.scheduler_ports[replica])
-    scheduler = [*base, "scheduler", ns.model, *addresses, "--port", port, *tls, *flags]
+    where = ["--port", str(layout.scheduler_ports[replica])]
+    scheduler = _command("scheduler", ns, addresses, where, tls, args)
     return [
         *(worker(rank, port) for rank, port in enumerate(ports)),
         Role(f"scheduler{suffix}", lambda _: scheduler),
     ]
-
-
-def _frontend_flags(ns: argparse.Namespace, scheduler_ports: list[int]) -> list[str]:
-    flags = [a for p in scheduler_ports for a in ("--scheduler", f"127.0.0.1:{p}")]
-    flags += ["--host", ns.host]
-    flags += ["--grpc-port", str(ns.grpc_port), "--port", str(ns.port)]
-    if ns.api_key:
-        flags += ["--api-key", ns.api_key]
-    if ns.served_model_name:
-        flags += ["--served-model-name", ns.served_model_name]
-    for name, flag in (*FRONTEND_LIMIT_FLAGS, *ROUTER_FLAGS, *TOOL_FLAGS):
-        if getattr(ns, name, None) is not None:
-            flags += [flag, str(getattr(ns, name))]
-    if getattr(ns, "enable_auto_tool_choice", False):
-        flags.append("--enable-auto-tool-choice")
-    return [*flags, "--generation-config", ns.generation_config]
-
-
-# The frontend's protections, passed on to the frontend child of --split-services.
-FRONTEND_LIMIT_FLAGS = (
-    ("max_prompt_bytes", "--max-prompt-bytes"),
-    ("max_messages", "--max-messages"),
-    ("max_n", "--max-n"),
-    ("max_request_body_bytes", "--max-request-body-bytes"),
-    ("request_timeout_s", "--request-timeout"),
-    ("max_unread_tokens", "--max-unread-tokens"),
-)
-
-
-# Tool calling and the chat template, passed on to the frontend child (tool_choice.py).
-TOOL_FLAGS = (
-    ("tool_call_parser", "--tool-call-parser"),
-    ("chat_template", "--chat-template"),
-)
-
-
-# The router's settings, passed on to the frontend child (services/frontend/router.py).
-ROUTER_FLAGS = (
-    ("router_policy", "--router-policy"),
-    ("router_cache_threshold", "--router-cache-threshold"),
-    ("router_balance_abs_threshold", "--router-balance-abs-threshold"),
-    ("router_balance_rel_threshold", "--router-balance-rel-threshold"),
-)
 
 
 def run_split(ns: argparse.Namespace) -> int:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from kernels.attention_metadata import AttentionMetadata
 from kernels.reference import AttentionOptions, planned_attention
 from kernels.reference import reshape_and_cache as reference_reshape_and_cache
 
@@ -240,27 +241,21 @@ def _all_decode(query: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: to
     return bool(torch.equal(query_start_loc, steps))
 
 
-def paged_attention(  # noqa: PLR0913 - the kernel signature shared with kernels.reference
+def paged_attention(
     query: torch.Tensor,
     kv_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
+    metadata: AttentionMetadata,
     scale: float,
     *,
-    max_query_len: int | None = None,
-    max_seq_len: int | None = None,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
 ) -> torch.Tensor:
     """kernels.reference.paged_attention with decode groups in C++ (CPU tensors, see above)."""
-    del max_query_len, max_seq_len
     options = AttentionOptions(scale, sliding_window, soft_cap)
+    block_table, seq_lens = metadata.block_table, metadata.seq_lens
     kernel = paged_decode if supports(query, kv_cache) else None
-    if kernel is not None and _all_decode(query, seq_lens, query_start_loc):
+    if kernel is not None and _all_decode(query, seq_lens, metadata.query_start_loc):
         # every sequence has one query row, in order: one call, no planning or regrouping
         tables = block_table.to(torch.int32).contiguous()
         return kernel(query, kv_cache, tables, seq_lens.to(torch.int32), options)
-    return planned_attention(
-        query, kv_cache, block_table, seq_lens, query_start_loc, options, kernel
-    )
+    return planned_attention(query, kv_cache, metadata, options, kernel)

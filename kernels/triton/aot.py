@@ -29,6 +29,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from kernels.attention_metadata import AttentionMetadata
 from kernels.triton.launch import (
     KernelLaunch,
     paged_attention_launches,
@@ -139,18 +140,19 @@ def shape_launches(shape: WorkerShape) -> Iterator[tuple[str, KernelLaunch]]:
         query = torch.empty(
             (num_tokens, shape.num_q_heads, shape.head_dim), dtype=shape.dtype, device=meta
         )
-        block_table = torch.empty((num_seqs, 512), dtype=torch.int32, device=meta)
-        seq_lens = torch.empty(num_seqs, dtype=torch.int32, device=meta)
-        query_start_loc = torch.empty(num_seqs + 1, dtype=torch.int32, device=meta)
+        metadata = AttentionMetadata(
+            slot_mapping=torch.empty(num_tokens, dtype=torch.int64, device=meta),
+            block_table=torch.empty((num_seqs, 512), dtype=torch.int32, device=meta),
+            seq_lens=torch.empty(num_seqs, dtype=torch.int32, device=meta),
+            query_start_loc=torch.empty(num_seqs + 1, dtype=torch.int32, device=meta),
+            max_query_len=max_query_len,
+            max_seq_len=4096,
+        )
         launches = paged_attention_launches(
             query,
             kv_cache,
-            block_table,
-            seq_lens,
-            query_start_loc,
+            metadata,
             shape.head_dim**-0.5,
-            max_query_len=max_query_len,
-            max_seq_len=4096,
             sliding_window=shape.sliding_window,
             soft_cap=shape.soft_cap,
             split_kv=split,

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from kernels.attention_metadata import AttentionMetadata
 from kernels.triton.reshape_and_cache import reshape_and_cache_kernel
 from kernels.triton.unified_attention import reduce_segments_kernel, unified_attention_kernel
 
@@ -160,13 +161,9 @@ def reshape_and_cache(
 def paged_attention_launches(
     query: torch.Tensor,
     kv_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
+    metadata: AttentionMetadata,
     scale: float,
     *,
-    max_query_len: int,
-    max_seq_len: int | None = None,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
     split_kv: bool | None = None,
@@ -174,15 +171,16 @@ def paged_attention_launches(
 ) -> list[KernelLaunch]:
     """The launches of `paged_attention` writing into ``out`` (none for an empty batch)."""
     num_tokens, num_q_heads, head_dim = query.shape
-    num_kv_heads, num_seqs = kv_cache.shape[3], seq_lens.shape[0]
+    num_kv_heads, num_seqs = kv_cache.shape[3], metadata.num_seqs
+    block_table = metadata.block_table
     group_size = num_q_heads // num_kv_heads
     config = attention_config(
         head_dim,
         group_size,
-        max_query_len,
+        metadata.max_query_len,
         num_seqs,
         num_kv_heads,
-        max_seq_len,
+        metadata.max_seq_len,
         query.dtype,
         _num_sms(query.device),
         split_kv,
@@ -202,8 +200,8 @@ def paged_attention_launches(
         "key_cache_ptr": kv_cache[0],
         "value_cache_ptr": kv_cache[1],
         "block_table_ptr": block_table,
-        "seq_lens_ptr": seq_lens,
-        "query_start_loc_ptr": query_start_loc,
+        "seq_lens_ptr": metadata.seq_lens,
+        "query_start_loc_ptr": metadata.query_start_loc,
         "segm_out_ptr": segm_out,
         "segm_max_ptr": segm_max,
         "segm_sum_ptr": segm_sum,
@@ -277,44 +275,25 @@ def _reduce_launch(
 def paged_attention(
     query: torch.Tensor,
     kv_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
+    metadata: AttentionMetadata,
     scale: float,
     *,
-    max_query_len: int | None = None,
-    max_seq_len: int | None = None,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
 ) -> torch.Tensor:
-    """Causal varlen attention over the paged cache (see kernels.reference.paged_attention).
-
-    Pass max_query_len (a host int): without it the wrapper reads it from the device (a sync).
-    """
+    """Causal varlen attention over the paged cache (see kernels.reference.paged_attention);
+    the metadata's max_query_len / max_seq_len (host ints) pick the kernel's tiling."""
     return run_paged_attention(
-        query,
-        kv_cache,
-        block_table,
-        seq_lens,
-        query_start_loc,
-        scale,
-        max_query_len=max_query_len,
-        max_seq_len=max_seq_len,
-        sliding_window=sliding_window,
-        soft_cap=soft_cap,
+        query, kv_cache, metadata, scale, sliding_window=sliding_window, soft_cap=soft_cap
     )
 
 
 def run_paged_attention(
     query: torch.Tensor,
     kv_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
+    metadata: AttentionMetadata,
     scale: float,
     *,
-    max_query_len: int | None = None,
-    max_seq_len: int | None = None,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
     split_kv: bool | None = None,
@@ -329,19 +308,13 @@ def run_paged_attention(
         raise ValueError("kv_cache's last dimension must be contiguous.")
     query = _last_dim_contiguous(query)
     out = torch.zeros_like(query, memory_format=torch.contiguous_format)
-    if seq_lens.numel() == 0 or query.shape[0] == 0:
+    if metadata.num_seqs == 0 or query.shape[0] == 0:
         return out
-    if max_query_len is None:
-        max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
     for launch in paged_attention_launches(
         query,
         kv_cache,
-        block_table,
-        seq_lens,
-        query_start_loc,
+        metadata,
         scale,
-        max_query_len=max_query_len,
-        max_seq_len=max_seq_len,
         sliding_window=sliding_window,
         soft_cap=soft_cap,
         split_kv=split_kv,

@@ -14,6 +14,7 @@ PREEMPTION_MODES = ("recompute", "swap")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
 # Weight-only quantization (vLLM's names): gguf keeps a GGUF file's blocks (the default for
 # .gguf models at dtype auto); int8 / int4 quantize a float checkpoint at load; none runs
 # a GGUF file de-quantized.
@@ -138,7 +139,7 @@ class ModelConfig:
             _one_of("quantization", self.quantization, QUANTIZATIONS)
         _one_of("quantization_group_size", self.quantization_group_size, INT4_GROUP_SIZES)
         _one_of("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
-        _one_of("device", self.device, ("auto", "cpu", "cuda"))
+        _one_of("device", self.device, DEVICES)
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len)
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import grpc
 
+from services.common.flags import flag
+
 
 def _read(path: str | None, flag: str) -> bytes | None:
     if path is None:
@@ -26,19 +28,26 @@ def _read(path: str | None, flag: str) -> bytes | None:
 
 @dataclass(frozen=True)
 class TlsConfig:
-    cert_file: str | None = None
-    key_file: str | None = None
-    ca_file: str | None = None
+    cert_file: str | None = flag(
+        None, "PEM certificate: this role's gRPC server speaks TLS", name="tls-cert"
+    )
+    key_file: str | None = flag(None, "PEM private key of --tls-cert", name="tls-key")
+    ca_file: str | None = flag(
+        None,
+        "PEM CA: verify the services this role connects to, and require client certificates "
+        "signed by it on the internal Worker and EngineCore services (mTLS)",
+        name="tls-ca",
+    )
 
     def __post_init__(self) -> None:
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("--tls-cert and --tls-key go together: give both or neither.")
-        for flag, path in (
+        for name, path in (
             ("--tls-cert", self.cert_file),
             ("--tls-key", self.key_file),
             ("--tls-ca", self.ca_file),
         ):
-            _read(path, flag)  # fail at start, naming the flag
+            _read(path, name)  # fail at start, naming the flag
 
     @property
     def enabled(self) -> bool:

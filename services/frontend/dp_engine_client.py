@@ -21,9 +21,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import fields
 
 from services.common.block_hash import hash_request_tokens
+from services.common.engine_errors import EngineUnavailableError
 from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from services.common.engine_request import EngineCoreRequest
-from services.frontend.engine_client import EngineCoreClient, EngineUnavailableError
+from services.frontend.engine_client import EngineCoreClient
 from services.frontend.replica import Replica
 from services.frontend.router import Router, RouterConfig
 

@@ -12,19 +12,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
+from services.common.engine_errors import EngineOverloadedError, EngineUnavailableError
 from services.common.engine_output import EngineCoreOutputs, SchedulerStats
 from services.common.engine_request import EngineCoreRequest
 from services.common.kv_events import KvEventBatch
-
-__all__ = ["EngineCoreClient", "EngineOverloadedError", "EngineUnavailableError"]
-
-
-class EngineUnavailableError(RuntimeError):
-    """The engine core is gone (maps to UNAVAILABLE / HTTP 503); every transport raises it."""
-
-
-class EngineOverloadedError(RuntimeError):
-    """The engine core refused more work for now (RESOURCE_EXHAUSTED / HTTP 429)."""
 
 
 def output_error(code: str | None, message: str) -> Exception:
@@ -62,7 +53,15 @@ class EngineCoreClient(Protocol):
     async def next_outputs(self) -> EngineCoreOutputs:
         """The next step's outputs for this client's requests."""
 
-    async def stats(self) -> SchedulerStats: ...
+    async def stats(self) -> SchedulerStats:
+        """The scheduler's load and cache counters (summed over data-parallel replicas)."""
+
+    async def engine_stats(self) -> dict[str, SchedulerStats]:
+        """Per engine core (the `engine` label of the metrics): {"0": ...} unless
+        data-parallel."""
+
+    def routing_counts(self) -> dict[tuple[str, str], int]:
+        """Requests per (engine, reason) a data-parallel router sent; empty otherwise."""
 
     def release(self, request_id: str) -> None:
         """The Frontend is done with this request (a router forgets which replica had it)."""

@@ -20,24 +20,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from collections.abc import AsyncIterator, Callable
 
+from services.common.engine_errors import EngineUnavailableError
 from services.common.engine_output import SchedulerStats
-from services.common.engine_request import EngineCoreRequest
-from services.common.model_info import ServedModelInfo
 from services.common.outputs import RequestOutput
 from services.common.sampling_params import SamplingParams
-from services.frontend.engine_client import EngineCoreClient, EngineUnavailableError, output_error
+from services.common.served_model_info import ServedModelInfo
+from services.frontend.engine_client import EngineCoreClient, output_error
 from services.frontend.frontend_config import FrontendConfig
 from services.frontend.input_processor import InputProcessor
 from services.frontend.output_processor import OutputProcessor
 from services.frontend.output_queue import RequestOutputQueue, SlowConsumerError
 from services.frontend.request_limits import RequestLimits
-from services.frontend.request_state import RequestState
 
 logger = logging.getLogger(__name__)
-__all__ = ["EngineUnavailableError", "Frontend", "RequestTimeoutError"]
+__all__ = ["Frontend", "RequestTimeoutError"]
 
 RECONNECT_BACKOFF_S = (0.0, 0.25, 0.5, 1.0, 2.0)  # between losses with no output in between
 
@@ -62,7 +60,7 @@ class Frontend:
         self.default_sampling = dict(default_sampling or {})
         self.config = config or FrontendConfig()
         self.limits = RequestLimits(self.config, info.max_model_len)
-        self.input_processor = InputProcessor(tokenizer, info.max_model_len, info.vocab_size)
+        self.input_processor = InputProcessor(tokenizer, info)
         self.output_processor = OutputProcessor()
         self._queues: dict[str, RequestOutputQueue] = {}
         self._pump: asyncio.Task | None = None
@@ -127,28 +125,28 @@ class Frontend:
             raise EngineUnavailableError(self.not_ready_reason())
         self._ensure_pump()
         params = sampling_params or SamplingParams(**self.default_sampling)
-        request_id = request_id or f"req-{uuid.uuid4().hex}"
-        if request_id in self._queues:
-            raise ValueError(f"request_id {request_id!r} is already in use.")
         self._check_prompt_size(prompt)
-        processed = self.input_processor.process(prompt, add_special_tokens)
-        self.input_processor.check_params(params)
-        queue = RequestOutputQueue(params.output_kind, self.config.max_unread_tokens)
-        state = RequestState(
-            request_id, processed.prompt, processed.prompt_token_ids, params, self.tokenizer
+        request, state = self.input_processor.make_request(
+            request_id,
+            prompt,
+            params,
+            priority=priority,
+            cache_salt=cache_salt,
+            add_special_tokens=add_special_tokens,
         )
+        self.output_processor.add(state)  # refuses an id in use
+        queue = RequestOutputQueue(params.output_kind, self.config.max_unread_tokens)
+        self._queues[request.request_id] = queue
         deadline = self._deadline()
-        self._queues[request_id] = queue
-        self.output_processor.add(state)
         epoch = self._epoch
         try:
-            await self.client.add_request(self._engine_request(state, priority, cache_salt))
+            await self.client.add_request(request)
         except BaseException:
-            self._forget(request_id)
+            self._forget(request.request_id)
             raise
         if epoch != self._epoch:  # sent on a new connection after its stream was failed
-            self._spawn(self.client.abort([request_id]))
-        async for output in self._stream(request_id, queue, deadline):
+            self._spawn(self.client.abort([request.request_id]))
+        async for output in self._stream(request.request_id, queue, deadline):
             yield output
 
     def _check_prompt_size(self, prompt) -> None:
@@ -161,18 +159,6 @@ class Frontend:
     def _deadline(self) -> float | None:
         timeout = self.config.request_timeout_s
         return None if timeout is None else asyncio.get_running_loop().time() + timeout
-
-    def _engine_request(self, state: RequestState, priority: int, cache_salt) -> EngineCoreRequest:
-        eos = self.info.eos_token_ids
-        return EngineCoreRequest(
-            request_id=state.request_id,
-            prompt_token_ids=state.prompt_token_ids,
-            sampling_params=state.params,
-            eos_token_id=eos[0] if eos else None,
-            extra_stop_token_ids=tuple(eos[1:]),
-            priority=priority,
-            cache_salt=cache_salt,
-        )
 
     async def _stream(self, request_id: str, queue: RequestOutputQueue, deadline):
         finished = False
@@ -224,14 +210,11 @@ class Frontend:
 
     async def engine_stats(self) -> dict[str, SchedulerStats]:
         """Per engine core (the `engine` label of the metrics): "0" unless data-parallel."""
-        per_engine = getattr(self.client, "engine_stats", None)
-        if per_engine is not None:
-            return await per_engine()
-        return {"0": await self.client.stats()}
+        return await self.client.engine_stats()
 
     def routing_counts(self) -> dict[tuple[str, str], int]:
         """Requests per (engine, reason) a data-parallel router sent; empty otherwise."""
-        return getattr(self.client, "routing_counts", dict)()
+        return self.client.routing_counts()
 
     # ---- the output pump ---------------------------------------------------------------
     def _ensure_pump(self) -> None:

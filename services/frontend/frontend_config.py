@@ -8,7 +8,9 @@ from costing the engine or the event loop more than a bounded amount.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+
+from services.common.flags import flag
 
 MIB = 1024 * 1024
 # A token is rarely more than a few bytes of text (English ~4, CJK ~3 per character, long
@@ -19,16 +21,27 @@ PROMPT_BYTES_PER_TOKEN = 32
 
 @dataclass(frozen=True)
 class FrontendConfig:
-    # Text of one prompt (or all chat messages together), in UTF-8 bytes; None: 32 x the
-    # context length; 0: no limit.
-    max_prompt_bytes: int | None = None
-    max_messages: int = 1024  # chat messages per request; 0: no limit
-    max_n: int = 128  # sequences (n, beam width) per prompt, as OpenAI caps n
-    max_request_body_bytes: int = 16 * MIB  # HTTP request bodies; 0: no limit
-    # Server-side bound on one request's life (admission to last token); None: none.
-    request_timeout_s: float | None = None
-    # Tokens a stream's consumer may leave unread before the request is aborted; 0: none.
-    max_unread_tokens: int = 4096
+    max_prompt_bytes: int | None = flag(
+        None,
+        "refuse (400) text prompts, or chat messages together, over this many UTF-8 bytes, "
+        "before tokenizing (default: 32 x the context length; 0: no limit)",
+    )
+    max_messages: int = flag(1024, "chat messages per request (0: any)")
+    max_n: int = flag(128, "sequences (n, beam width) per prompt, as OpenAI caps n")
+    max_request_body_bytes: int = flag(
+        16 * MIB, "refuse (400) HTTP request bodies over this size (0: no limit)"
+    )
+    request_timeout_s: float | None = flag(
+        None,
+        "abort requests that run longer than this many seconds (gRPC DEADLINE_EXCEEDED, "
+        "HTTP 504); default: no limit",
+        name="request-timeout",
+    )
+    max_unread_tokens: int = flag(
+        4096,
+        "abort a stream whose client leaves more than this many tokens unread (a client "
+        "that stopped reading; 0: no bound)",
+    )
 
     def __post_init__(self) -> None:
         for name in ("max_messages", "max_request_body_bytes", "max_unread_tokens"):
@@ -45,12 +58,6 @@ class FrontendConfig:
         if self.max_prompt_bytes is None:
             return PROMPT_BYTES_PER_TOKEN * max_model_len
         return self.max_prompt_bytes
-
-    @classmethod
-    def from_namespace(cls, ns) -> FrontendConfig:
-        """From parsed CLI flags of the same names (missing ones keep their defaults)."""
-        values = {f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)}
-        return cls(**values)
 
 
 def _not_negative(name: str, value: int) -> None:

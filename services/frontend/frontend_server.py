@@ -23,8 +23,8 @@ import logging
 from collections.abc import Awaitable
 
 from services.common.grpc_server import GrpcServer, start_server
-from services.common.model_info import ServedModelInfo
 from services.common.proto.pagestream.v1 import generation_pb2, generation_pb2_grpc
+from services.common.served_model_info import ServedModelInfo
 from services.common.tls import TlsConfig
 from services.frontend.api_key import ApiKey
 from services.frontend.dp_engine_client import DataParallelClient

@@ -9,17 +9,17 @@ puts usage on the last message of the stream.
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 
 from google.protobuf import unknown_fields
 from google.protobuf.message import Message
 
 from services.common.convert import sampling as convert_sampling
-from services.common.model_info import ServedModelInfo
 from services.common.outputs import CompletionOutput, Logprob, RequestOutput
 from services.common.proto.pagestream.v1 import generation_pb2
 from services.common.sampling_params import RequestOutputKind, SamplingParams
+from services.common.served_model_info import ServedModelInfo
+from services.frontend.input_processor import new_request_id
 from services.frontend.request_limits import RequestLimits
 from services.frontend.tokenizer import apply_chat_template
 
@@ -48,22 +48,16 @@ class GenerateCall:
         }
 
 
-def new_request_id() -> str:
-    return f"gen-{uuid.uuid4().hex}"
-
-
 # ---- requests ----------------------------------------------------------------------------
 def generate_call_from_pb(
     request: generation_pb2.GenerateRequest,
     tokenizer,
-    info: ServedModelInfo,
     defaults: dict | None = None,
 ) -> GenerateCall:
     """Validate and convert; raises ValueError naming the offending field."""
     reject_unknown_fields(request, "GenerateRequest")
     prompt, default_special = prompt_from_pb(request, tokenizer)
     params = sampling_params_from_pb(request.sampling_params, defaults)
-    check_token_ids_in_vocab(params, info.vocab_size)
     special = request.add_special_tokens if request.HasField("add_special_tokens") else None
     return GenerateCall(
         request_id=request.request_id or new_request_id(),
@@ -164,16 +158,6 @@ def sampling_params_from_pb(
     return params.clone(output_kind=RequestOutputKind.DELTA)
 
 
-def check_token_ids_in_vocab(params: SamplingParams, vocab_size: int) -> None:
-    for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias)):
-        bad = [t for t in ids if t >= vocab_size]
-        if bad:
-            raise ValueError(
-                f"sampling_params.{name} has token id {bad[0]}, "
-                f"outside the vocabulary [0, {vocab_size})."
-            )
-
-
 # ---- responses ---------------------------------------------------------------------------
 def logprobs_to_pb(
     positions: list[dict[int, Logprob] | None],
@@ -269,21 +253,6 @@ def _set_finish(message: generation_pb2.GenerateResponse, completion: Completion
 
 
 # ---- the small RPCs ----------------------------------------------------------------------
-def model_info_to_pb(info: ServedModelInfo) -> generation_pb2.ModelInfo:
-    return generation_pb2.ModelInfo(
-        model=info.model,
-        architecture=info.architecture,
-        dtype=info.dtype,
-        max_model_len=info.max_model_len,
-        vocab_size=info.vocab_size,
-        eos_token_ids=list(info.eos_token_ids),
-        block_size=info.block_size,
-        num_gpu_blocks=info.num_gpu_blocks,
-        quantization=info.quantization,
-        weight_bytes=info.weight_bytes,
-    )
-
-
 def tokenize(
     request: generation_pb2.TokenizeRequest, tokenizer, info: ServedModelInfo
 ) -> generation_pb2.TokenizeResponse:

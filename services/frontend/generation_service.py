@@ -18,11 +18,13 @@ import asyncio
 import contextlib
 import logging
 
+from services.common.convert.engine_io import served_model_info_to_pb
+from services.common.engine_errors import EngineUnavailableError
 from services.common.grpc_errors import grpc_errors
 from services.common.proto.pagestream.v1 import generation_pb2, generation_pb2_grpc
 from services.frontend import generation_pb
 from services.frontend.api_key import ApiKey
-from services.frontend.frontend import EngineUnavailableError, Frontend
+from services.frontend.frontend import Frontend
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +68,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         frontend = self._ready(context)
         generation_pb.check_request_limits(request, frontend.limits)
         call = generation_pb.generate_call_from_pb(
-            request, frontend.tokenizer, frontend.info, frontend.default_sampling
+            request, frontend.tokenizer, frontend.default_sampling
         )
         self._abort_when_cancelled(context, call.request_id)
         builder = generation_pb.ResponseBuilder(call.request_id)
@@ -96,7 +98,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
 
     @grpc_errors
     async def GetModelInfo(self, request, context) -> generation_pb2.ModelInfo:
-        return generation_pb.model_info_to_pb(self._ready(context).info)
+        return served_model_info_to_pb(self._ready(context).info)
 
     # ---- draining and cancellation -------------------------------------------------------
     async def drained(self) -> None:

@@ -26,15 +26,15 @@ from services.common.convert.engine_io import (
     stats_from_pb,
 )
 from services.common.convert.kv_events import kv_events_from_pb
+from services.common.engine_errors import EngineUnavailableError
 from services.common.engine_output import EngineCoreOutputs, SchedulerStats
 from services.common.engine_request import EngineCoreRequest
 from services.common.grpc_channel import RECONNECT_OPTIONS, wait_until_serving
 from services.common.grpc_server import CHANNEL_OPTIONS
 from services.common.kv_events import KvEventBatch
-from services.common.model_info import ServedModelInfo
 from services.common.proto.pagestream.v1 import engine_pb2, engine_pb2_grpc
+from services.common.served_model_info import ServedModelInfo
 from services.common.tls import PLAINTEXT, TlsConfig
-from services.frontend.engine_client import EngineUnavailableError
 from services.frontend.engine_core_health import EngineCoreHealth
 
 logger = logging.getLogger(__name__)
@@ -171,6 +171,12 @@ class GrpcEngineCoreClient:
         except grpc.RpcError as exc:
             raise self._unavailable(exc) from exc
         return stats_from_pb(message)
+
+    async def engine_stats(self) -> dict[str, SchedulerStats]:
+        return {"0": await self.stats()}
+
+    def routing_counts(self) -> dict[tuple[str, str], int]:
+        return {}  # one engine core: nothing is routed
 
     def release(self, request_id: str) -> None:
         """Nothing to forget: one engine core owns every request."""

@@ -1,10 +1,27 @@
-"""InputProcessor: prompts (text, token ids) -> validated prompt token ids."""
+"""InputProcessor: a prompt and its sampling parameters -> a validated engine request.
+
+`make_request` is the one place a request is admitted on the frontend side (the offline
+LLMEngine and the serving Frontend both call it): the prompt is tokenized and checked
+against the context length and the vocabulary, the parameters against the vocabulary and
+the grammar compiler, and it returns the EngineCoreRequest to send and the RequestState
+that detokenizes its outputs. Bad input raises ValueError naming the field, before
+anything is admitted.
+"""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
+from services.common.engine_request import EngineCoreRequest
+from services.common.sampling_params import SamplingParams
+from services.common.served_model_info import ServedModelInfo
 from services.common.structured_outputs import check_grammar
+from services.frontend.request_state import RequestState
+
+
+def new_request_id() -> str:
+    return f"req-{uuid.uuid4().hex}"
 
 
 @dataclass(frozen=True)
@@ -14,10 +31,40 @@ class ProcessedPrompt:
 
 
 class InputProcessor:
-    def __init__(self, tokenizer, max_model_len: int, vocab_size: int) -> None:
+    def __init__(self, tokenizer, info: ServedModelInfo) -> None:
         self.tokenizer = tokenizer
-        self.max_model_len = max_model_len
-        self.vocab_size = vocab_size
+        self.max_model_len = info.max_model_len
+        self.vocab_size = info.vocab_size
+        self.eos_token_ids = info.eos_token_ids
+
+    def make_request(
+        self,
+        request_id: str | None,
+        prompt,
+        params: SamplingParams,
+        *,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        add_special_tokens: bool = True,
+    ) -> tuple[EngineCoreRequest, RequestState]:
+        """The engine request and its frontend state (a fresh id when none is given)."""
+        request_id = request_id or new_request_id()
+        processed = self.process(prompt, add_special_tokens)
+        self.check_params(params)
+        eos = self.eos_token_ids
+        request = EngineCoreRequest(
+            request_id=request_id,
+            prompt_token_ids=processed.prompt_token_ids,
+            sampling_params=params,
+            eos_token_id=eos[0] if eos else None,
+            extra_stop_token_ids=tuple(eos[1:]),
+            priority=priority,
+            cache_salt=cache_salt,
+        )
+        state = RequestState(
+            request_id, processed.prompt, processed.prompt_token_ids, params, self.tokenizer
+        )
+        return request, state
 
     def process(self, prompt, add_special_tokens: bool = True) -> ProcessedPrompt:
         """Accepts a str, {"prompt": str}, {"prompt_token_ids": [...]} or a list of ids.

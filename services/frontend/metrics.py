@@ -19,7 +19,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
 from services.common.engine_output import SchedulerStats
-from services.common.model_info import ServedModelInfo
+from services.common.served_model_info import ServedModelInfo
 
 # Like vLLM: no `*_created` timestamp series next to every counter and histogram.
 prometheus_client.disable_created_metrics()

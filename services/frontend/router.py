@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from services.common.block_hash import BlockHash
+from services.common.flags import flag
 
 ROUTER_POLICIES = ("cache_aware", "least_loaded", "round_robin")
 # Why a request went where it went (the `reason` label of pagestream:router_requests_total).
@@ -28,11 +29,31 @@ REASONS = ("cache_hit", "cache_miss", "balance", "least_loaded", "round_robin")
 
 @dataclass(frozen=True)
 class RouterConfig:
-    policy: str = "cache_aware"
+    policy: str = flag(
+        "cache_aware",
+        "with several schedulers: cache_aware (the replica holding the longest cached "
+        "prefix unless the load is out of balance), least_loaded, or round_robin",
+        name="router-policy",
+        choices=ROUTER_POLICIES,
+    )
     # SGLang's cache-aware router defaults.
-    cache_threshold: float = 0.5
-    balance_abs_threshold: int = 32
-    balance_rel_threshold: float = 1.0001
+    cache_threshold: float = flag(
+        0.5,
+        "cache_aware: the cached fraction of a prompt's blocks that sends it to the replica "
+        "holding them (below it: the least loaded replica)",
+        name="router-cache-threshold",
+    )
+    balance_abs_threshold: int = flag(
+        32,
+        "cache_aware: route by load alone while the busiest replica has more than this many "
+        "requests over the idlest ...",
+        name="router-balance-abs-threshold",
+    )
+    balance_rel_threshold: float = flag(
+        1.0001,
+        "... and more than this many times the idlest's load",
+        name="router-balance-rel-threshold",
+    )
 
     def __post_init__(self) -> None:
         if self.policy not in ROUTER_POLICIES:

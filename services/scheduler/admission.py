@@ -6,16 +6,13 @@ from __future__ import annotations
 from collections import deque
 
 from services.common.config import SchedulerConfig
+from services.common.engine_errors import EngineOverloadedError
 from services.scheduler.kv_cache_manager import cdiv
 from services.scheduler.request import Request
 
 
 class RequestRejectedError(ValueError):
     """A request that can never be served; the message says why."""
-
-
-class EngineOverloadedError(RuntimeError):
-    """Too many requests wait already (max_waiting_requests): try again later."""
 
 
 def validate_request(

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from services.common.engine_errors import EngineUnavailableError
 from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from services.common.engine_request import EngineCoreRequest
 from services.scheduler.engine_core import EngineCore
@@ -30,10 +31,6 @@ logger = logging.getLogger(__name__)
 
 class EngineDeadError(RuntimeError):
     """The step loop failed; no request can be served any more."""
-
-
-class EngineUnavailableError(ConnectionError):
-    """The workers are away and the engine is reconnecting: try again shortly."""
 
 
 # Exceptions of a step that mean the workers are lost or out of step (recoverable by
@@ -165,7 +162,7 @@ class AsyncEngineCore:
 
     def _raise_if_workers_failed(self) -> None:
         """A rank lost while idle is noticed now, not at the next request."""
-        failed = getattr(self.core.executor, "failed", None)
+        failed = self.core.executor.failed
         if failed is not None:
             raise failed
 

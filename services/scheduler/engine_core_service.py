@@ -8,7 +8,8 @@ caller); the stream carries on. When the client half-closes its side, cancels, o
 away, the stream ends and the core aborts every request that client still had. A dead
 engine loop ends every stream with UNAVAILABLE.
 
-serve_scheduler builds the whole scheduler role around a remote worker.
+serve_scheduler builds the whole scheduler role over an EngineCoreBuilder (its own
+workers, or workers at given addresses: they recover from a lost worker group alike).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import grpc
 
@@ -26,17 +28,25 @@ from services.common.convert.engine_io import (
     stats_to_pb,
 )
 from services.common.convert.kv_events import kv_events_to_pb
+from services.common.engine_errors import EngineOverloadedError, EngineUnavailableError
 from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs
 from services.common.grpc_errors import grpc_errors
 from services.common.grpc_server import GrpcServer, start_server
-from services.common.model_info import ServedModelInfo
 from services.common.proto.pagestream.v1 import engine_pb2, engine_pb2_grpc
+from services.common.served_model_info import ServedModelInfo
 from services.common.tls import TlsConfig
-from services.scheduler.async_engine_core import AsyncEngineCore, EngineUnavailableError
-from services.scheduler.scheduler import EngineOverloadedError
-from services.scheduler.worker_connection import SchedulerArgs, WorkerConnection
+from services.scheduler.async_engine_core import AsyncEngineCore
+from services.scheduler.engine_core_builder import EngineCoreArgs, EngineCoreBuilder
+from services.scheduler.executor.worker_group import GroupArgs, WorkerGroupExecutor
 
 logger = logging.getLogger(__name__)
+
+RECONNECT_WAIT_S = 5.0
+
+
+class SchedulerArgs(EngineCoreArgs, GroupArgs, Protocol):
+    """What the scheduler role needs from pagestream.engine_args.EngineArgs."""
+
 
 ENGINE_CORE_SERVICE = engine_pb2.DESCRIPTOR.services_by_name["EngineCore"].full_name
 _END = object()
@@ -178,17 +188,32 @@ async def serve_scheduler(
     worker_timeout_s: float = 600.0,
     tls: TlsConfig | None = None,
 ) -> GrpcServer:
-    """The scheduler role: wait for the worker(s) (one per rank, in rank order), size
-    the KV cache, serve the engine core. When the workers are lost it fails their
-    requests, reports NOT_SERVING and reconnects (with backoff) until they are back.
+    """The scheduler role over workers someone else started (one per rank, in rank
+    order); while they are away a rebuild waits RECONNECT_WAIT_S for them."""
+    addresses = [worker_addresses] if isinstance(worker_addresses, str) else worker_addresses
+    builder = EngineCoreBuilder(
+        args,
+        lambda timeout_s: WorkerGroupExecutor.ready(addresses, args, timeout_s, tls),
+        RECONNECT_WAIT_S,
+    )
+    return await serve_built_engine_core(builder, host, port, worker_timeout_s, tls)
 
-    Stopping the server shuts the engine core down and closes the worker streams.
+
+async def serve_built_engine_core(
+    builder: EngineCoreBuilder,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    worker_timeout_s: float = 600.0,
+    tls: TlsConfig | None = None,
+) -> GrpcServer:
+    """The scheduler role over any workers: build the engine core (wait for the workers,
+    size the KV cache), serve it. When the workers are lost it fails their requests,
+    reports NOT_SERVING and rebuilds (with backoff) until they are back.
+
+    Stopping the server shuts the engine core down and closes the workers' executor.
     """
-    if isinstance(worker_addresses, str):
-        worker_addresses = [worker_addresses]
-    connection = WorkerConnection(worker_addresses, args, tls)
-    core, info = await asyncio.to_thread(connection.connect, worker_timeout_s)
-    engine = AsyncEngineCore(core, rebuild=connection.reconnect)
+    core, info = await asyncio.to_thread(builder.build, worker_timeout_s)
+    engine = AsyncEngineCore(core, rebuild=builder.rebuild)
     server = await serve_engine_core(engine, info, host, port, tls)
-    server.add_cleanup(lambda: asyncio.to_thread(connection.close))  # after the core stops
+    server.add_cleanup(lambda: asyncio.to_thread(builder.close))  # after the core stops
     return server

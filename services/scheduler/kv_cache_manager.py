@@ -31,7 +31,7 @@ class KVCacheManager:
         self.num_cached_blocks: dict[str, int] = {}
         self.swapped: dict[str, list[int]] = {}  # request_id -> CPU block ids, in table order
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for the plan
-        self.rewritten_tables: set[str] = set()  # tables changed in place (not just appended)
+        self._rewritten: set[str] = set()  # tables changed in place (not just appended)
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
 
@@ -110,7 +110,7 @@ class KVCacheManager:
         self.pending_copies.append((shared.block_id, private.block_id))
         self.pool.free_blocks([shared])
         blocks[index] = private
-        self.rewritten_tables.add(rid)
+        self._rewritten.add(rid)
 
     def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
         if not self.enable_caching:
@@ -123,13 +123,21 @@ class KVCacheManager:
             self.pool.cache_full_block(blocks[i], request.block_hashes[i])
         self.num_cached_blocks[rid] = max(start, end)
 
+    def take_rewritten(self, rid: str) -> bool:
+        """Whether the request's table changed in place (copy-on-write) since the worker
+        last got it whole; the worker gets it whole now, so it is forgotten."""
+        if rid not in self._rewritten:
+            return False
+        self._rewritten.discard(rid)
+        return True
+
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first so a chain's tail is evicted before its head."""
         rid = request.request_id
         blocks = self.req_to_blocks.pop(rid, [])
         self.pool.free_blocks(reversed(blocks))
         self.num_cached_blocks.pop(rid, None)
-        self.rewritten_tables.discard(rid)
+        self._rewritten.discard(rid)
         self.cpu_free.extend(self.swapped.pop(rid, []))
 
     def fork(self, parent: Request, child: Request) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from services.worker.attention_metadata import AttentionMetadata
+from kernels.attention_metadata import AttentionMetadata
 from services.worker.models.causal_lm import CausalLM
 from services.worker.parallel_state import get_rank_info
 

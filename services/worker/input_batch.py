@@ -20,14 +20,14 @@ import torch
 
 from services.common.sampling_params import SamplingParams
 from services.common.scheduler_output import NewRequestData, SchedulerOutput
-from services.worker.batch_inputs import (
-    BatchInputs,
+from services.worker.sampling_ops import grammar_mask
+from services.worker.sampling_table import SamplingParamsTable
+from services.worker.step_inputs import (
     PromptLogprobsInputs,
+    StepInputs,
     flatten_batch,
     schedule_problem,
 )
-from services.worker.sampling_ops import grammar_mask
-from services.worker.sampling_table import SamplingParamsTable
 
 logger = logging.getLogger(__name__)
 
@@ -266,7 +266,7 @@ class InputBatch:
 
     # ---- prepare -------------------------------------------------------------------------
 
-    def prepare(self, plan: SchedulerOutput, with_sampling: bool = True) -> BatchInputs:
+    def prepare(self, plan: SchedulerOutput, with_sampling: bool = True) -> StepInputs:
         """The flattened batch; `with_sampling` False leaves out the sampling metadata
         (ranks of a worker group that do not sample)."""
         request_ids = list(plan.num_scheduled_tokens)
@@ -298,7 +298,7 @@ class InputBatch:
             mask = grammar_mask(plan, sampling_ids, self.vocab_size, self.device)
             if mask is not None:
                 metadata = dataclasses.replace(metadata, grammar=mask)
-        return BatchInputs(
+        return StepInputs(
             request_ids=request_ids,
             input_ids=self._to_device(flat.input_ids),
             positions=self._to_device(flat.positions),

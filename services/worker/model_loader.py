@@ -1,6 +1,6 @@
 """Build the worker's model from a ModelConfig: resolve the name, pick the class, load weights.
 
-    model = load_model(ModelConfig(model="/models/llama"), device="cpu", dtype="auto")
+    model = load_model(ModelConfig(model="/models/llama", dtype="auto"), device="cpu")
 
 Native architectures (Llama, Mistral, Qwen2) are constructed directly on the target device
 and filled straight from the safetensors files, or from a GGUF file's tensors (kept
@@ -24,6 +24,7 @@ import torch
 from transformers import AutoConfig, PretrainedConfig
 
 from services.common.config import ModelConfig
+from services.common.model_errors import ModelLoadError
 from services.common.model_source import gguf_source, resolve_model
 from services.common.rank_info import RankInfo
 from services.worker.layers.attention import resolve_attention_backend
@@ -38,7 +39,6 @@ from services.worker.layers.quantization.model_weights import (
     weight_formats,
 )
 from services.worker.models.causal_lm import CausalLM, normalize_token_ids
-from services.worker.models.errors import ModelLoadError
 from services.worker.models.gguf_weights import iterate_gguf_weights
 from services.worker.models.hf_fallback import HFFallbackForCausalLM
 from services.worker.models.registry import native_model_class
@@ -143,14 +143,14 @@ def _check_fallback(config: PretrainedConfig, rank: RankInfo, quantization: str 
 
 
 def resolve_quantization(
-    model_config: ModelConfig, gguf: Path | None, native: bool = True, dtype: str | None = None
+    model_config: ModelConfig, gguf: Path | None, native: bool = True
 ) -> str | None:
     """The quantization that runs: "gguf", "int8", "int4" or None (float weights). Unset,
     a .gguf model of the native family at dtype auto keeps its blocks; an explicit dtype
     (or an architecture only transformers runs) de-quantizes it."""
     requested = model_config.quantization
     if requested is None:
-        keep = gguf is not None and native and (dtype or model_config.dtype) == "auto"
+        keep = gguf is not None and native and model_config.dtype == "auto"
         return "gguf" if keep else None
     if requested == "none":
         return None
@@ -173,12 +173,12 @@ def _checkpoint(folder: Path, gguf: Path | None, quantization: str | None, model
 def load_model(
     model_config: ModelConfig,
     device: torch.device | str | None = None,
-    dtype: torch.dtype | str | None = None,
     rank: RankInfo | None = None,
 ) -> CausalLM:
     """Load `model_config.model` for inference (eval mode, no grad needed).
 
-    device/dtype default to model_config.device/model_config.dtype; `rank` says which
+    `device` (default: model_config.device) is where this rank runs (a worker picks its
+    CUDA device by its local rank); the dtype is model_config.dtype's; `rank` says which
     tensor/pipeline shard this worker holds (only its own tensors are read). Raises
     ModelLoadError for a missing, corrupt or unsupported model, ValueError for a model
     that cannot be split as asked.
@@ -188,13 +188,11 @@ def load_model(
     folder = resolve_model(model_config.model)
     config = load_config(folder)
     target = resolve_device(device if device is not None else model_config.device)
-    torch_dtype = resolve_dtype(dtype if dtype is not None else model_config.dtype, target)
+    torch_dtype = resolve_dtype(model_config.dtype, target)
     attention_ops = resolve_attention_backend(model_config.attention_backend, target)
     model_class = native_model_class(getattr(config, "architectures", None))
     gguf = gguf_source(model_config.model)
-    # the dtype asked for by name (a torch dtype comes resolved from the config's name)
-    asked = dtype if isinstance(dtype, str) else None
-    quantization = resolve_quantization(model_config, gguf, model_class is not None, asked)
+    quantization = resolve_quantization(model_config, gguf, model_class is not None)
     if model_class is None:
         _check_fallback(config, rank, quantization)
         model: CausalLM = HFFallbackForCausalLM.from_pretrained(folder, target, torch_dtype)

@@ -6,16 +6,16 @@ import time
 
 import torch
 
+from kernels.attention_metadata import AttentionMetadata
 from services.common.rank_info import RankInfo
 from services.common.runner_output import RunnerOutput, StepTimings, TokenLogprobs
 from services.common.scheduler_output import SchedulerOutput
-from services.worker.attention_metadata import AttentionMetadata
-from services.worker.batch_inputs import BatchInputs, PromptLogprobsInputs
 from services.worker.cache_engine import CacheEngine
 from services.worker.input_batch import InputBatch
 from services.worker.models.causal_lm import CausalLM
 from services.worker.parallel_state import StageLink
 from services.worker.sampler import LogprobsTensors, Sampler, compute_token_logprobs
+from services.worker.step_inputs import PromptLogprobsInputs, StepInputs
 
 
 def _to_token_logprobs(tensors: LogprobsTensors, row: int, k: int) -> TokenLogprobs:
@@ -70,7 +70,7 @@ class ModelRunner:
             timings=StepTimings(prepared - start, forwarded - prepared, done - forwarded),
         )
 
-    def _forward(self, inputs: BatchInputs) -> torch.Tensor:
+    def _forward(self, inputs: StepInputs) -> torch.Tensor:
         extra = {}
         if not self.rank.is_first_stage:  # the previous stage's output, in plan order
             shape = (len(inputs.positions), self.model.text_config.hidden_size)
@@ -89,7 +89,7 @@ class ModelRunner:
             self.cache_engine.copy_blocks(plan.blocks_to_copy)
 
     def _sample(
-        self, hidden: torch.Tensor, inputs: BatchInputs
+        self, hidden: torch.Tensor, inputs: StepInputs
     ) -> tuple[dict[str, list[int]], dict[str, list[TokenLogprobs]]]:
         if not len(inputs.sampling_request_ids):
             return {}, {}
@@ -129,7 +129,7 @@ class ModelRunner:
         return result
 
 
-def _metadata(inputs: BatchInputs) -> AttentionMetadata:
+def _metadata(inputs: StepInputs) -> AttentionMetadata:
     return AttentionMetadata(
         slot_mapping=inputs.slot_mapping,
         block_table=inputs.block_table,

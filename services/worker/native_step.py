@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from services.worker.attention_metadata import AttentionMetadata
+from kernels.attention_metadata import AttentionMetadata
 from services.worker.layers.quantization.model_weights import weight_formats
 from services.worker.parallel_state import tp_all_reduce
 

@@ -14,7 +14,6 @@ has every collective of the groups made here (gloo raises when a peer is gone).
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -100,19 +99,6 @@ def _subgroup(info: RankInfo, ranks_of, backend: str, timeout: timedelta):
         if info.rank in ranks:
             mine = group
     return mine
-
-
-def destroy_parallel_state() -> None:
-    global _STATE
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    _STATE = ParallelState(RankInfo())
-
-
-def env_rank_defaults() -> dict[str, str | None]:
-    """torchrun / Kubernetes style: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT."""
-    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    return {name: os.environ.get(name) for name in names}
 
 
 # ---- what model code calls -------------------------------------------------------------

@@ -51,8 +51,9 @@ class Worker:
         self.model_config = model_config
         self.cache_config = cache_config
         self.rank = rank or RankInfo()
-        self.max_num_seqs = 256
-        self.max_num_batched_tokens = 2048
+        # The scheduler's limits, once a cache request brings them (profile_cache).
+        self.max_num_seqs: int | None = None
+        self.max_num_batched_tokens: int | None = None
         self.device = _rank_device(resolve_device(model_config.device), local_rank)
         self.dtype = resolve_dtype(model_config.dtype, self.device)
         if self.device.type == "cpu":
@@ -62,7 +63,7 @@ class Worker:
                 raise ValueError("a worker group rank needs --dist-init-method (or MASTER_ADDR)")
             init_parallel_state(self.rank, dist_init_method, self.device, dist_timeout_s)
         torch.manual_seed(model_config.seed)
-        self.model = load_model(model_config, self.device, self.dtype, self.rank)
+        self.model = load_model(model_config, self.device, self.rank)
         self.runner: ModelRunner | None = None
         self.cache_info: CacheInfo | None = None
         self._pinned_for: int | None = None  # the thread whose intra-op team is pinned
@@ -100,10 +101,7 @@ class Worker:
         )
 
     def initialize_cache(
-        self,
-        max_model_len: int | None = None,
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int = 2048,
+        self, max_model_len: int | None, max_num_seqs: int, max_num_batched_tokens: int
     ) -> CacheInfo:
         """One rank alone: size the KV cache (profiling on CUDA, an explicit budget on
         CPU) and allocate it. The scheduler's limits size the profiling pass and the
@@ -118,10 +116,7 @@ class Worker:
         )
 
     def profile_cache(
-        self,
-        max_model_len: int | None = None,
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int = 2048,
+        self, max_model_len: int | None, max_num_seqs: int, max_num_batched_tokens: int
     ) -> CacheInfo:
         """How many blocks this rank could hold; allocates nothing (worker groups take
         the minimum over their ranks and then allocate_cache on every rank)."""

@@ -40,6 +40,17 @@ logger = logging.getLogger(__name__)
 GROUP_FAILED_EXIT_CODE = 75  # EX_TEMPFAIL: restart me (and my group)
 
 
+def step_limits(request) -> tuple[int | None, int, int]:
+    """The scheduler's limits a cache request carries (max_model_len, max_num_seqs,
+    max_num_batched_tokens); the scheduler always sends the last two."""
+    if request.max_num_seqs < 1 or request.max_num_batched_tokens < 1:
+        raise ValueError(
+            "a cache request needs max_num_seqs and max_num_batched_tokens >= 1, got "
+            f"{request.max_num_seqs} and {request.max_num_batched_tokens}."
+        )
+    return request.max_model_len or None, request.max_num_seqs, request.max_num_batched_tokens
+
+
 @dataclass(frozen=True)
 class WorkerGroupRank:
     """This worker's place in its group and where the group meets (None: alone)."""
@@ -79,9 +90,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def InitializeCache(self, request, context):
         info = await self.run(
             self._ready().initialize_cache,
-            request.max_model_len or None,
-            request.max_num_seqs or 256,
-            request.max_num_batched_tokens or 2048,
+            *step_limits(request),
         )
         return cache_description_to_pb(info)
 
@@ -89,9 +98,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def ProfileCache(self, request, context):
         info = await self.run(
             self._ready().profile_cache,
-            request.max_model_len or None,
-            request.max_num_seqs or 256,
-            request.max_num_batched_tokens or 2048,
+            *step_limits(request),
         )
         return cache_description_to_pb(info)
 
@@ -99,9 +106,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def AllocateCache(self, request, context):
         info = await self.run(
             self._ready().allocate_cache,
-            request.max_model_len or None,
-            request.max_num_seqs or 256,
-            request.max_num_batched_tokens or 2048,
+            *step_limits(request),
             request.num_gpu_blocks,
             request.num_cpu_blocks,
         )

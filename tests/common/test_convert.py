@@ -31,11 +31,11 @@ from services.common.convert.worker_info import (
 )
 from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from services.common.engine_request import EngineCoreRequest
-from services.common.model_info import ServedModelInfo
 from services.common.proto.pagestream.v1 import generation_pb2, worker_pb2
 from services.common.runner_output import RunnerOutput, StepTimings, TokenLogprobs
 from services.common.sampling_params import SamplingParams
 from services.common.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from services.common.served_model_info import ServedModelInfo
 from services.common.structured_outputs import StructuredOutputsParams
 from services.common.worker_info import CacheInfo, ModelInfo
 

@@ -7,7 +7,7 @@ import transformers
 from transformers import AutoModelForCausalLM
 
 from pagestream import LLM, SamplingParams
-from services.worker.models.errors import ModelLoadError
+from services.common.model_errors import ModelLoadError
 from tests.engine.conftest import VOCAB, build_tokenizer
 
 COMMON = dict(

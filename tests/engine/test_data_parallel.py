@@ -12,9 +12,9 @@ import pytest
 
 from pagestream import LLM
 from pagestream.engine_args import EngineArgs
+from services.common.engine_errors import EngineUnavailableError
 from services.common.sampling_params import SamplingParams
 from services.frontend.dp_engine_client import DataParallelClient
-from services.frontend.engine_client import EngineUnavailableError
 from services.frontend.frontend import Frontend
 from services.frontend.frontend_server import connect_frontend
 from services.frontend.router import RouterConfig

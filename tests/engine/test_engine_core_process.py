@@ -13,7 +13,7 @@ import pytest
 import pytest_asyncio
 
 from pagestream import LLM, AsyncEngine, RequestOutputKind, SamplingParams
-from services.frontend.engine_client import EngineUnavailableError
+from services.common.engine_errors import EngineUnavailableError
 from tests.engine.process_helpers import alive, cmdline, descendants
 
 # The async tests share the module's event loop (and so its engine and its frontend).

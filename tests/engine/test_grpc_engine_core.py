@@ -10,10 +10,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pagestream import AsyncEngine
 from pagestream.engine_args import EngineArgs
+from services.common.engine_errors import EngineUnavailableError
 from services.common.engine_request import EngineCoreRequest
 from services.common.grpc_channel import aio_channel
 from services.common.sampling_params import SamplingParams
-from services.frontend.frontend import EngineUnavailableError, Frontend
+from services.frontend.frontend import Frontend
 from services.frontend.grpc_engine_client import GrpcEngineCoreClient
 from services.frontend.tokenizer import load_tokenizer
 from services.scheduler.engine_core_service import ENGINE_CORE_SERVICE, serve_scheduler

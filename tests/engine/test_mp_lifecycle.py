@@ -13,7 +13,7 @@ SCRIPT = """
 import sys
 from pagestream import LLM
 llm = LLM(sys.argv[1], tensor_parallel_size=2, kv_cache_memory="1MiB", swap_space=0.01)
-print(*llm.engine.executor.group.pids, flush=True)
+print(*llm.engine.executor.launcher.pids, flush=True)
 sys.stdin.read()  # until the test kills us
 """
 
@@ -57,7 +57,7 @@ def test_workers_stop_when_the_engine_is_closed(model_dir):
     from pagestream import LLM
 
     llm = LLM(str(model_dir("llama")), tensor_parallel_size=2, kv_cache_memory="1MiB")
-    pids = llm.engine.executor.group.pids
+    pids = llm.engine.executor.launcher.pids
     assert all(_alive(pid) for pid in pids)
     llm.engine.close()
     _wait_gone(pids, 15)

@@ -13,10 +13,11 @@ import grpc
 import pytest
 
 from pagestream import AsyncEngine
+from services.common.engine_errors import EngineOverloadedError
+from services.common.flags import to_flags
 from services.frontend.frontend_server import connect_frontend
 from services.frontend.tokenizer import load_tokenizer
 from services.scheduler.engine_core_service import serve_scheduler
-from services.scheduler.scheduler import EngineOverloadedError
 from services.worker.worker_service import serve_worker
 from tests.engine.grpc_helpers import PROMPT_IDS, request
 from tests.frontend.servers import ENGINE, MODEL, engine_args, kv_idle, serving, wait_for
@@ -29,7 +30,7 @@ OVERLOAD = dict(max_num_seqs=2, max_waiting_requests=4)
 def test_engine_args_carry_the_bound_to_the_scheduler():
     args = engine_args("unused", **OVERLOAD)
     assert args.scheduler_config(256).max_waiting_requests == 4
-    assert "--max-waiting-requests" in args.to_cli_flags()
+    assert "--max-waiting-requests" in to_flags(args)
     assert engine_args("unused").scheduler_config(256).max_waiting_requests == 0  # Python API
     with pytest.raises(ValueError, match="max_waiting_requests"):
         engine_args("unused", max_waiting_requests=-1).scheduler_config(256)

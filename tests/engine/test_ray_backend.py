@@ -14,8 +14,8 @@ import pytest
 import ray
 
 from pagestream import LLM
-from services.scheduler.executor.mp import WorkerStartError
-from services.scheduler.executor.ray_group import RayWorkerGroup
+from services.scheduler.launchers.launcher import WorkerStartError
+from services.scheduler.launchers.ray_launcher import RayLauncher
 from tests.engine.parallel_helpers import (
     assert_same_or_near_tie,
     generate_ids,
@@ -85,7 +85,7 @@ def test_tp2_on_ray_matches_one_worker(tp2, folder):
 
 
 def test_ranks_run_in_ray_actors_on_their_node(tp2):
-    group = tp2.engine.executor.group
+    group = tp2.engine.executor.launcher
     assert len(group.actors) == 2
     assert all(place.pid > 0 and place.pid != os.getpid() for place in group.places)
     node_ip = ray.util.get_node_ip_address()
@@ -104,7 +104,7 @@ def test_close_removes_actors_processes_and_placement_group(local_ray, folder):
         kv_cache_memory="8MiB",
         **ENGINE,
     )
-    group = llm.engine.executor.group
+    group = llm.engine.executor.launcher
     actors, pids, pg = list(group.actors), group.pids, group.placement_group
     assert ray.util.placement_group_table(pg)["state"] == "CREATED"
     llm.engine.close()
@@ -122,7 +122,7 @@ def test_a_rank_that_exits_fails_the_start_and_frees_its_place(local_ray):
         return ["-c", "import sys; sys.exit(3)"]  # dies before writing its ready file
 
     placed = _created_placement_groups()
-    group = RayWorkerGroup(2, command, device="cpu")
+    group = RayLauncher(2, command, device="cpu")
     with pytest.raises(WorkerStartError, match="rank 0 on Ray: the worker process exited with 3"):
         group.start(timeout_s=60)
     assert group.actors == [] and _created_placement_groups() == placed
@@ -131,7 +131,7 @@ def test_a_rank_that_exits_fails_the_start_and_frees_its_place(local_ray):
 
 def test_a_group_ray_cannot_place_fails_with_the_cluster_resources(local_ray):
     ranks = int(ray.cluster_resources().get("GPU", 0)) + 1  # one GPU more than there are
-    group = RayWorkerGroup(ranks, lambda *_: ["-c", "pass"], device="cuda")
+    group = RayLauncher(ranks, lambda *_: ["-c", "pass"], device="cuda")
     with pytest.raises(WorkerStartError, match=rf"could not place {ranks} bundles of \{{'GPU': 1"):
         group.start(timeout_s=2)
     assert group.placement_group is None

@@ -10,6 +10,7 @@ from pagestream.cli import build_parser
 from pagestream.engine_args import EngineArgs
 from pagestream.roles import worker_group_rank
 from services.common.config import ParallelConfig
+from services.common.flags import from_flags, to_flags
 from services.common.worker_info import ModelInfo
 from services.scheduler.executor.worker_group import WorkerGroupExecutor
 
@@ -24,7 +25,7 @@ def clean_env(monkeypatch):
 
 def _worker(argv: list[str]) -> tuple[argparse.Namespace, EngineArgs]:
     ns = build_parser().parse_args(["worker", "m", *argv])
-    args = EngineArgs.from_cli_args(ns)
+    args = from_flags(EngineArgs, ns)
     return ns, args
 
 
@@ -84,11 +85,11 @@ def test_uni_cannot_hold_a_group():
 
 def test_cli_flags_round_trip():
     ns = build_parser().parse_args(["serve", "m", "-tp", "2", "-pp", "3", "--async-scheduling"])
-    args = EngineArgs.from_cli_args(ns)
+    args = from_flags(EngineArgs, ns)
     assert (args.tensor_parallel_size, args.pipeline_parallel_size) == (2, 3)
-    flags = args.to_cli_flags()
+    flags = to_flags(args)
     start = flags.index("--tensor-parallel-size")
     assert flags[start : start + 5] == [
         "--tensor-parallel-size", "2", "--pipeline-parallel-size", "3", "--async-scheduling",
     ]  # fmt: skip
-    assert EngineArgs.from_cli_args(build_parser().parse_args(["serve", "m", *flags])) == args
+    assert from_flags(EngineArgs, build_parser().parse_args(["serve", "m", *flags])) == args

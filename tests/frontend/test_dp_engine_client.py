@@ -6,12 +6,12 @@ import asyncio
 
 import pytest
 
+from services.common.engine_errors import EngineUnavailableError
 from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from services.common.engine_request import EngineCoreRequest
 from services.common.kv_events import KvEventBatch
 from services.common.sampling_params import SamplingParams
 from services.frontend.dp_engine_client import DataParallelClient
-from services.frontend.engine_client import EngineUnavailableError
 from services.frontend.router import RouterConfig
 
 TIMEOUT = 5

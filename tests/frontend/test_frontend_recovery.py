@@ -10,10 +10,10 @@ import logging
 
 import pytest
 
+from services.common.engine_errors import EngineOverloadedError, EngineUnavailableError
 from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
-from services.common.model_info import ServedModelInfo
 from services.common.sampling_params import RequestOutputKind, SamplingParams
-from services.frontend.engine_client import EngineOverloadedError, EngineUnavailableError
+from services.common.served_model_info import ServedModelInfo
 from services.frontend.frontend import Frontend, RequestTimeoutError
 from services.frontend.frontend_config import FrontendConfig
 from services.frontend.output_queue import SlowConsumerError

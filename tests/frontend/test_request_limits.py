@@ -3,6 +3,7 @@ bad settings fail at start naming the setting."""
 
 import pytest
 
+from services.common.flags import from_flags
 from services.frontend.api_key import ApiKey, AuthenticationError
 from services.frontend.frontend_config import FrontendConfig
 from services.frontend.request_limits import LimitExceededError, RequestLimits
@@ -69,7 +70,7 @@ def test_config_from_parsed_flags():
         request_timeout_s = 2.5
         unrelated = "ignored"
 
-    config = FrontendConfig.from_namespace(Flags())
+    config = from_flags(FrontendConfig, Flags())
     assert (config.max_n, config.request_timeout_s, config.max_messages) == (4, 2.5, 1024)
 
 

@@ -20,6 +20,7 @@ import torch
 
 import kernels.triton as triton_kernels
 from kernels import reference
+from kernels.attention_metadata import AttentionMetadata
 from kernels.triton.launch import run_paged_attention
 from pagestream import LLM, SamplingParams
 from tests.engine.conftest import model_dir  # noqa: F401 - the tiny model fixture
@@ -41,7 +42,15 @@ class Batch:
     max_seq_len: int
 
     def args(self) -> tuple:
-        return (self.query, self.kv_cache, self.block_table, self.seq_lens, self.query_start_loc)
+        metadata = AttentionMetadata(
+            slot_mapping=torch.full((self.query.shape[0],), -1, dtype=torch.int64),
+            block_table=self.block_table,
+            seq_lens=self.seq_lens,
+            query_start_loc=self.query_start_loc,
+            max_query_len=self.max_query_len,
+            max_seq_len=self.max_seq_len,
+        )
+        return self.query, self.kv_cache, metadata
 
 
 def make_batch(
@@ -92,14 +101,7 @@ def make_batch(
 
 def check_attention(batch: Batch, split_kv=None, **options) -> None:
     scale = batch.query.shape[-1] ** -0.5
-    got = run_paged_attention(
-        *batch.args(),
-        scale,
-        max_query_len=batch.max_query_len,
-        max_seq_len=batch.max_seq_len,
-        split_kv=split_kv,
-        **options,
-    )
+    got = run_paged_attention(*batch.args(), scale, split_kv=split_kv, **options)
     expected = reference.paged_attention_naive(*batch.args(), scale, **options)
     assert got.dtype == batch.query.dtype and got.shape == batch.query.shape
     assert not got.isnan().any()

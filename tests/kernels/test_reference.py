@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import paged_attention, paged_attention_naive, reference, reshape_and_cache
+from kernels.attention_metadata import AttentionMetadata
 
 # (cached context tokens, query tokens) per sequence: decode rows, a whole prompt, chunked
 # prefills on top of cached context, a short prompt, a sequence with nothing scheduled.
@@ -33,8 +34,12 @@ class Batch:
     values: list[torch.Tensor]
     specs: list[tuple[int, int]]
 
-    def args(self) -> tuple[torch.Tensor, ...]:
-        return self.query, self.kv_cache, self.block_table, self.seq_lens, self.query_start_loc
+    @property
+    def metadata(self) -> AttentionMetadata:
+        return AttentionMetadata.cached(self.block_table, self.seq_lens, self.query_start_loc)
+
+    def args(self) -> tuple:
+        return self.query, self.kv_cache, self.metadata
 
 
 def build_batch(
@@ -178,12 +183,12 @@ def test_decode_only_and_prefill_only_batches_with_hints() -> None:
         batch = build_batch(specs, block_size=32, group=2)
         scale = 0.125
         q_lens = [q for _, q in specs]
-        hinted = paged_attention(
-            *batch.args(),
-            scale,
-            max_query_len=max(q_lens),
-            max_seq_len=int(batch.seq_lens.max()),
+        metadata = batch.metadata
+        assert (metadata.max_query_len, metadata.max_seq_len) == (
+            max(q_lens),
+            int(batch.seq_lens.max()),
         )
+        hinted = paged_attention(batch.query, batch.kv_cache, metadata, scale)
         torch.testing.assert_close(hinted, reference_attention(batch, scale), atol=2e-5, rtol=0)
 
 
@@ -194,7 +199,7 @@ def test_query_view_of_fused_qkv_and_float32_query_on_bf16_cache() -> None:
     qkv[:, : num_q_heads * head_dim] = batch.query.float().flatten(1)
     query = qkv[:, : num_q_heads * head_dim].view(num_tokens, num_q_heads, head_dim)
     assert not query.is_contiguous()
-    args = (query, batch.kv_cache, batch.block_table, batch.seq_lens, batch.query_start_loc)
+    args = (query, batch.kv_cache, batch.metadata)
     out = paged_attention(*args, 0.125)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, reference_attention(batch, 0.125), atol=1e-5, rtol=1e-5)

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import reference
+from kernels.attention_metadata import AttentionMetadata
 
 pytestmark = [
     pytest.mark.gpu,
@@ -39,14 +40,12 @@ class Batch:
     values: list[torch.Tensor]
     seqs: list[tuple[int, int]]
 
-    def args(self) -> tuple[torch.Tensor, ...]:
-        return self.query, self.kv_cache, self.block_table, self.seq_lens, self.query_start_loc
+    @property
+    def metadata(self) -> AttentionMetadata:
+        return AttentionMetadata.cached(self.block_table, self.seq_lens, self.query_start_loc)
 
-    def lengths(self) -> dict[str, int]:
-        return {
-            "max_query_len": max(q for _, q in self.seqs),
-            "max_seq_len": max(c + q for c, q in self.seqs),
-        }
+    def args(self) -> tuple:
+        return self.query, self.kv_cache, self.metadata
 
 
 def build(seqs, dtype=torch.bfloat16, block_size=16, first_block=0, seed=0) -> Batch:
@@ -106,7 +105,7 @@ def triton_attention(batch: Batch, split_kv=None, **options) -> torch.Tensor:
     from kernels.triton.launch import run_paged_attention
 
     scale = HEAD_DIM**-0.5
-    out = run_paged_attention(*batch.args(), scale, split_kv=split_kv, **batch.lengths(), **options)
+    out = run_paged_attention(*batch.args(), scale, split_kv=split_kv, **options)
     torch.cuda.synchronize()
     return out
 

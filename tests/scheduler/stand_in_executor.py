@@ -46,6 +46,7 @@ class StandInExecutor:
         self.outstanding: dict[_StepFuture, set[str]] = {}  # result not taken yet
         self.num_plans = 0
         self.max_outstanding = 0
+        self.failed: BaseException | None = None  # the Executor protocol: never lost here
 
     def execute(self, plan: SchedulerOutput) -> Future[RunnerOutput]:
         ids = set(plan.num_scheduled_tokens)

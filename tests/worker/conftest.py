@@ -26,7 +26,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from services.worker.attention_metadata import AttentionMetadata
+from kernels.attention_metadata import AttentionMetadata
 
 VOCAB = 128
 _LLAMA_COMMON = dict(

@@ -65,7 +65,7 @@ def test_sharded_checkpoint_loads(tmp_path, make_session):
     build_tiny_model("llama", seed=5).save_pretrained(folder, max_shard_size="40KB")
     index = json.loads((folder / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 2
-    model = load_model(ModelConfig(model=str(folder)), device="cpu", dtype="float32")
+    model = load_model(ModelConfig(model=str(folder), dtype="float32"), device="cpu")
     tokens = [5, 17, 99, 4, 23, 61, 8]
     logits = prompt_logits(model, make_session, tokens)
     torch.testing.assert_close(logits, hf_eager_logits(folder, tokens), atol=ATOL, rtol=0)
@@ -142,7 +142,7 @@ def test_dtype_resolution():
 def test_bfloat16_load_stays_close_to_float32(tiny_model_dir, make_session):
     folder = tiny_model_dir("llama")
     tokens = [9, 3, 44, 71, 12]
-    model = load_model(ModelConfig(model=str(folder)), device="cpu", dtype="bfloat16")
+    model = load_model(ModelConfig(model=str(folder), dtype="bfloat16"), device="cpu")
     assert model.dtype == torch.bfloat16 and model.kv_cache_spec.dtype == torch.bfloat16
     logits = prompt_logits(model, make_session, tokens)
     torch.testing.assert_close(logits, hf_eager_logits(folder, tokens), atol=0.1, rtol=0)
@@ -285,7 +285,7 @@ def test_gguf_is_converted_once_and_cached(
 
     monkeypatch.setattr(gguf_conversion, "write_hf_folder", must_not_convert)
     assert resolve_model(str(gguf_path)) == folder  # cached: no second conversion
-    model = load_model(ModelConfig(model=str(gguf_path)), device="cpu", dtype="float32")
+    model = load_model(ModelConfig(model=str(gguf_path), dtype="float32"), device="cpu")
     assert isinstance(model, LlamaForCausalLM) and model.eos_token_ids == (2,)
     tokens = [4, 80, 31, 7, 200, 19]
     logits = prompt_logits(model, make_session, tokens)
@@ -340,7 +340,7 @@ def test_missing_default_model_says_run_make_setup(pagestream_cache, monkeypatch
 @pytest.mark.slow
 def test_default_model_loads_from_alias_and_matches_hf(make_session):
     """The real SmolLM2-135M-Instruct GGUF (put in $PAGESTREAM_CACHE/gguf by `make setup`)."""
-    model = load_model(ModelConfig(model=DEFAULT_MODEL), device="cpu", dtype="float32")
+    model = load_model(ModelConfig(model=DEFAULT_MODEL, dtype="float32"), device="cpu")
     folder = dequantized_folder(DEFAULT_MODEL)  # the same float32 weights, for HF
     assert isinstance(model, LlamaForCausalLM)
     assert (model.num_layers, model.num_kv_heads, model.head_dim) == (30, 3, 64)

@@ -8,6 +8,7 @@ prefix blocks come from an earlier request) and decode rows.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -47,7 +48,7 @@ def random_tokens(n: int, seed: int) -> list[int]:
 
 
 def load(folder):
-    return load_model(ModelConfig(model=str(folder)), device="cpu", dtype="float32")
+    return load_model(ModelConfig(model=str(folder), dtype="float32"), device="cpu")
 
 
 def assert_close(ours: torch.Tensor, reference: torch.Tensor) -> None:
@@ -203,7 +204,7 @@ def test_attention_backend_is_pluggable(arch, tiny_model_dir, hf_logits, make_se
     assert resolve_attention_backend("auto", torch.device("cpu")).name == "cpu"
     folder = tiny_model_dir(arch)
     config = ModelConfig(model=str(folder), attention_backend="triton")
-    model = load_model(config, device="cpu", dtype="float32")
+    model = load_model(replace(config, dtype="float32"), device="cpu")
     seq = SeqState(random_tokens(9, seed=9))
     (logits,) = make_session(model).step([(seq, 9)])
     assert len(calls) == model.num_layers

@@ -13,6 +13,8 @@ tests/engine/test_llm_parity.py's (the native step is the CPU default).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -27,7 +29,7 @@ ARCHS = ["llama", "llama_tied", "qwen2", "qwen2_sliding", "mistral"]
 
 def _load(folder, dtype: str, native: bool, monkeypatch):
     monkeypatch.setenv(NATIVE_ENV, "1" if native else "0")
-    model = load_model(ModelConfig(model=str(folder)), device="cpu", dtype=dtype)
+    model = load_model(ModelConfig(model=str(folder), dtype=dtype), device="cpu")
     assert (model.model.native is not None) == native
     return model
 
@@ -116,5 +118,5 @@ def test_native_step_is_the_cpu_default(tiny_model_dir, monkeypatch):
 def test_torch_attention_backend_keeps_the_torch_modules(tiny_model_dir, monkeypatch):
     monkeypatch.delenv(NATIVE_ENV, raising=False)
     config = ModelConfig(model=str(tiny_model_dir("llama")), attention_backend="torch")
-    model = load_model(config, device="cpu", dtype="float32")
+    model = load_model(replace(config, dtype="float32"), device="cpu")
     assert model.model.native is None

@@ -19,9 +19,9 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 from pagestream import LLM, SamplingParams
+from services.common.model_errors import ModelLoadError
 from services.common.model_source import resolve_model
 from services.worker.layers.quantization import quantize_int4, quantize_int8
-from services.worker.models.errors import ModelLoadError
 from tests.engine.parallel_helpers import assert_same_or_near_tie
 from tests.worker.conftest import build_tiny_model, isolated_model_cache
 from tests.worker.test_model_loader import write_tiny_gguf

@@ -15,8 +15,8 @@ from services.common.convert.logprobs import pack_logprobs, unpack_logprobs
 from services.common.convert.sampling import sampling_params_from_pb, sampling_params_to_pb
 from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from services.common.engine_request import EngineCoreRequest
-from services.common.model_info import ServedModelInfo
 from services.common.proto.pagestream.v1 import engine_pb2, generation_pb2
+from services.common.served_model_info import ServedModelInfo
 
 _NO_STOP_TOKEN = -1
 _STATS_FIELDS = tuple(f.name for f in fields(SchedulerStats))

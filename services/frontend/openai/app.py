@@ -22,9 +22,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from services.common.engine_errors import EngineOverloadedError, EngineUnavailableError
 from services.frontend.api_key import ApiKey
-from services.frontend.engine_client import EngineOverloadedError
-from services.frontend.frontend import EngineUnavailableError
 from services.frontend.metrics import CONTENT_TYPE, FrontendMetrics
 from services.frontend.openai.body_limit import BodyLimitMiddleware
 from services.frontend.openai.errors import (

@@ -19,8 +19,8 @@ from http import HTTPStatus
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from services.common.engine_errors import EngineOverloadedError, EngineUnavailableError
 from services.common.grpc_errors import OverloadedError
-from services.frontend.engine_client import EngineOverloadedError, EngineUnavailableError
 from services.frontend.frontend import RequestTimeoutError
 from services.frontend.openai import protocol
 from services.frontend.openai.exceptions import (

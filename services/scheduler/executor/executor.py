@@ -1,4 +1,8 @@
-"""The Executor protocol: what the engine core's step loop needs from its worker(s).
+"""The Executor protocol: what the engine core needs from its worker(s).
+
+`describe()` and `initialize_cache(...)` run once when an engine core is built
+(services/scheduler/engine_core_builder.py); `failed` says, between steps, whether the
+workers are already lost (an idle loop notices a dead rank before the next request).
 
 `execute(plan)` hands one StepPlan to the worker(s) and returns at once with a future of
 the RunnerOutput, so the step loop can keep up to `max_concurrent_batches` plans in flight
@@ -15,6 +19,7 @@ from typing import Protocol
 
 from services.common.runner_output import RunnerOutput
 from services.common.scheduler_output import SchedulerOutput
+from services.common.worker_info import CacheInfo, ModelInfo
 
 
 class WorkerStepError(RuntimeError):
@@ -24,6 +29,17 @@ class WorkerStepError(RuntimeError):
 class Executor(Protocol):
     # How many plans the step loop may keep in flight at once (>= 1).
     max_concurrent_batches: int
+
+    @property
+    def failed(self) -> BaseException | None:
+        """Why the workers are lost, or None while they are there."""
+        ...
+
+    def describe(self) -> ModelInfo: ...
+
+    def initialize_cache(
+        self, max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int
+    ) -> CacheInfo: ...
 
     def execute(self, plan: SchedulerOutput) -> Future[RunnerOutput]: ...
 

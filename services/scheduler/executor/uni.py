@@ -32,6 +32,10 @@ class UniExecutor:
         self.max_concurrent_batches = max_concurrent_batches
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="pagestream-uni")
 
+    @property
+    def failed(self) -> BaseException | None:
+        return None  # the worker lives in this process: it cannot be lost on its own
+
     def describe(self):
         """The worker's ModelInfo (the same call a WorkerGroupExecutor answers)."""
         return self.worker.describe()

@@ -9,6 +9,8 @@ futures get ConnectionError naming the rank and address) instead of leaving the 
 waiting in a collective. A plan a rank rejects fails that step with WorkerStepError.
 
 World size 1 is the same code with one rank (the plain `--worker ADDR` deployment).
+`launcher` (mp, ray) is what started the ranks, when the engine started them: the executor
+watches it while the ranks load and closes it with itself.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import grpc
 
@@ -34,6 +38,7 @@ from services.common.scheduler_output import SchedulerOutput
 from services.common.tls import TlsConfig
 from services.common.worker_info import CacheInfo, ModelInfo
 from services.scheduler.executor.executor import WorkerStepError
+from services.scheduler.launchers.launcher import Launcher
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +100,14 @@ class RankClient:
         self._plans = self.results = None
 
 
+class GroupArgs(Protocol):
+    """How the ranks are laid out (pagestream.engine_args.EngineArgs has these)."""
+
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    async_scheduling: bool
+
+
 @dataclass
 class _Step:
     future: Future
@@ -109,6 +122,7 @@ class WorkerGroupExecutor:
         pipeline_parallel_size: int = 1,
         async_scheduling: bool = False,
         tls: TlsConfig | None = None,
+        launcher: Launcher | None = None,
     ) -> None:
         world_size = tensor_parallel_size * pipeline_parallel_size
         if len(addresses) != world_size:
@@ -124,12 +138,38 @@ class WorkerGroupExecutor:
             2 if async_scheduling else 1
         )  # fmt: skip
         self.ranks = [RankClient(r, address, tls) for r, address in enumerate(addresses)]
+        self.launcher = launcher
         self._lock = threading.Lock()
         self._steps: dict[int, _Step] = {}
         self._step_id = 0
         self._failed: BaseException | None = None
         self._closed = False
         self._readers: list[threading.Thread] = []
+
+    @classmethod
+    def ready(
+        cls,
+        addresses: list[str],
+        args: GroupArgs,
+        timeout_s: float,
+        tls: TlsConfig | None = None,
+        launcher: Launcher | None = None,
+    ) -> WorkerGroupExecutor:
+        """An executor over the ranks at `addresses`, once every one serves."""
+        executor = cls(
+            addresses,
+            args.tensor_parallel_size,
+            args.pipeline_parallel_size,
+            args.async_scheduling,
+            tls,
+            launcher,
+        )
+        try:
+            executor.wait_until_ready(timeout_s)
+        except BaseException:
+            executor.close()
+            raise
+        return executor
 
     @property
     def failed(self) -> BaseException | None:
@@ -149,7 +189,22 @@ class WorkerGroupExecutor:
             return list(pool.map(fn, self.ranks))
 
     def wait_until_ready(self, timeout_s: float) -> None:
-        """Block until every rank reports SERVING (loading and joining the group)."""
+        """Block until every rank reports SERVING (loading and joining the group); with a
+        launcher, fail at once when one of its processes has died."""
+        if self.launcher is None:
+            self._wait_serving(timeout_s)
+            return
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self._wait_serving(min(2.0, max(deadline - time.monotonic(), 0.1)))
+                return
+            except TimeoutError:
+                self.launcher.check_alive()
+                if time.monotonic() >= deadline:
+                    raise
+
+    def _wait_serving(self, timeout_s: float) -> None:
         self._each(
             lambda r: wait_until_serving_sync(r.channel, WORKER_SERVICE, timeout_s, r.address)
         )
@@ -317,3 +372,5 @@ class WorkerGroupExecutor:
             reader.join(timeout=5)
         for client in self.ranks:
             client.channel.close()
+        if self.launcher is not None:
+            self.launcher.close()

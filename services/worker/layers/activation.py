@@ -29,10 +29,3 @@ class GatedActivation(nn.Module):
 
     def extra_repr(self) -> str:
         return self.hidden_act
-
-
-class SiluAndMul(GatedActivation):
-    """SwiGLU: silu(gate) * up."""
-
-    def __init__(self) -> None:
-        super().__init__("silu")

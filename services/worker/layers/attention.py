@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from kernels import paged_attention, reshape_and_cache
-from services.worker.attention_metadata import AttentionMetadata
+from kernels.attention_metadata import AttentionMetadata
 
 logger = logging.getLogger(__name__)
 
@@ -54,16 +54,7 @@ class AttentionOps:
             return torch.zeros_like(query)
         self.reshape_and_cache(key, value, kv_cache, attn_metadata.slot_mapping)
         return self.paged_attention(
-            query,
-            kv_cache,
-            attn_metadata.block_table,
-            attn_metadata.seq_lens,
-            attn_metadata.query_start_loc,
-            scale,
-            max_query_len=attn_metadata.max_query_len,
-            max_seq_len=attn_metadata.max_seq_len,
-            sliding_window=sliding_window,
-            soft_cap=soft_cap,
+            query, kv_cache, attn_metadata, scale, sliding_window=sliding_window, soft_cap=soft_cap
         )
 
 

@@ -23,6 +23,7 @@ import torch
 from transformers import PretrainedConfig
 
 from services.common.gguf_conversion import GGUF_NATIVE_ARCHITECTURES, gguf_architecture
+from services.common.model_errors import ModelLoadError
 from services.worker.layers.quantization import (
     QuantizedWeight,
     UnsupportedQuantization,
@@ -30,7 +31,6 @@ from services.worker.layers.quantization import (
     gguf_float,
 )
 from services.worker.layers.quantization.loading import select_rows
-from services.worker.models.errors import ModelLoadError
 
 logger = logging.getLogger(__name__)
 

@@ -21,10 +21,10 @@ import torch
 from safetensors import SafetensorError
 from transformers import AttentionInterface, AutoModelForCausalLM, PreTrainedModel
 
-from services.worker.attention_metadata import AttentionMetadata
+from kernels.attention_metadata import AttentionMetadata
+from services.common.model_errors import ModelLoadError
 from services.worker.layers.attention import AttentionOps
 from services.worker.models.causal_lm import CausalLM
-from services.worker.models.errors import ModelLoadError
 
 logger = logging.getLogger(__name__)
 

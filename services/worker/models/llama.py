@@ -15,8 +15,9 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from kernels.attention_metadata import AttentionMetadata
+from services.common.model_errors import ModelLoadError
 from services.common.rank_info import RankInfo
-from services.worker.attention_metadata import AttentionMetadata
 from services.worker.layers.activation import GatedActivation
 from services.worker.layers.attention import Attention
 from services.worker.layers.layernorm import RMSNorm
@@ -29,7 +30,6 @@ from services.worker.layers.linear import (
 from services.worker.layers.rotary_embedding import RotaryEmbedding
 from services.worker.layers.vocab_embedding import LMHead, VocabEmbedding
 from services.worker.models.causal_lm import CausalLM, config_head_dim, config_num_kv_heads
-from services.worker.models.errors import ModelLoadError
 from services.worker.models.kv_cache_spec import KVCacheSpec
 from services.worker.models.weight_utils import default_weight_loader
 from services.worker.native_step import NativeStep, unsupported_reason

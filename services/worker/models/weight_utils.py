@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from safetensors import SafetensorError, safe_open
 
-from services.worker.models.errors import ModelLoadError
+from services.common.model_errors import ModelLoadError
 
 if TYPE_CHECKING:  # torch is imported by safe_open(framework="pt") when weights are read
     import torch

@@ -1,4 +1,4 @@
-"""BatchInputs: one step's flattened varlen batch (no padding), and the numpy that builds it.
+"""StepInputs: one step's flattened varlen batch (no padding), and the numpy that builds it.
 
 Request i with num_computed_tokens c and num_scheduled_tokens n feeds token_ids[c:c+n]
 at positions c..c+n-1; slot = block_table[pos // block_size] * block_size + pos %
@@ -34,7 +34,7 @@ class PromptLogprobsInputs:
 
 
 @dataclass(frozen=True)
-class BatchInputs:
+class StepInputs:
     """All tensors live on the worker's device; *_host values are plain ints."""
 
     request_ids: list[str]  # scheduled requests, in row order

@@ -1,4 +1,4 @@
-"""RayWorkerGroup: the `ray` backend's launcher: Ray places the tp * pp Worker services.
+"""RayLauncher: the `ray` backend's launcher: Ray places the tp * pp Worker services.
 
 A placement group holds one bundle per rank ({"GPU": 1, "CPU": 1} on CUDA, else
 {"CPU": 1}; PACK by default), and bundle r holds rank r's actor. Each actor (RankHost)
@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.scheduler.executor.mp import PARENT_PID_ENV, WorkerStartError
+from services.scheduler.launchers.launcher import PARENT_PID_ENV, WorkerStartError
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class RankPlace:
     pid: int = 0
 
 
-class RayWorkerGroup:
+class RayLauncher:
     def __init__(
         self,
         world_size: int,

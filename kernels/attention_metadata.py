@@ -1,7 +1,9 @@
 """Per-step attention metadata: where this step's tokens live in the paged KV cache.
 
-The model runner builds one `AttentionMetadata` per forward pass from the InputBatch's
-tensors of the same names; every attention layer of the model reads it unchanged.
+The worker's model runner builds one `AttentionMetadata` per forward pass from the
+InputBatch's tensors of the same names; every attention layer of the model reads it
+unchanged, and every paged-attention kernel (kernels.reference, kernels.cpu,
+kernels.triton) takes it as its one description of the batch.
 """
 
 from __future__ import annotations
@@ -44,6 +46,24 @@ class AttentionMetadata:
                 f"block_table must be [num_seqs={num_seqs}, max_num_blocks], "
                 f"got {tuple(self.block_table.shape)}."
             )
+
+    @classmethod
+    def cached(
+        cls, block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor
+    ) -> AttentionMetadata:
+        """A batch whose K/V are in the cache already (nothing to write: every slot is -1),
+        its max lengths read from the tensors (a sync on CUDA): for kernel tests and
+        benchmarks that fill the cache themselves."""
+        q_lens = query_start_loc[1:] - query_start_loc[:-1]
+        num_tokens = int(query_start_loc[-1]) if query_start_loc.numel() else 0
+        return cls(
+            slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64, device=seq_lens.device),
+            block_table=block_table,
+            seq_lens=seq_lens,
+            query_start_loc=query_start_loc,
+            max_query_len=int(q_lens.max()) if q_lens.numel() else 0,
+            max_seq_len=int(seq_lens.max()) if seq_lens.numel() else 0,
+        )
 
     @property
     def num_seqs(self) -> int:

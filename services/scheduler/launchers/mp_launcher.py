@@ -1,4 +1,4 @@
-"""MpWorkerGroup: the `mp` backend's launcher: tp * pp local Worker processes.
+"""MpLauncher: the `mp` backend: tp * pp local Worker processes.
 
 Each rank is a `pagestream worker` process (the command comes from the caller, who knows
 the CLI) that binds a free loopback port and writes its address to a ready file; the
@@ -22,22 +22,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from services.common.cpu_cores import CPU_CORES_ENV, format_cpu_list, rank_shares
+from services.scheduler.launchers.launcher import PARENT_PID_ENV, WorkerStartError
 
 logger = logging.getLogger(__name__)
-
-# A worker started with this variable exits when that process is gone (no orphans, even
-# when the engine is killed without cleanup).
-PARENT_PID_ENV = "PAGESTREAM_PARENT_PID"
 
 # rank, rendezvous (file://...), ready file -> argv of that rank's worker process
 WorkerCommand = Callable[[int, str, Path], list[str]]
 
 
-class WorkerStartError(RuntimeError):
-    """A worker process exited or did not come up in time."""
-
-
-class MpWorkerGroup:
+class MpLauncher:
     def __init__(self, world_size: int, command: WorkerCommand, threads_per_rank: int = 0):
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}.")

@@ -1,0 +1,141 @@
+"""EngineCoreBuilder: the one way an engine core is made, on every path.
+
+`build(timeout_s)` gets a ready executor from `make_executor` (the in-process worker, a
+worker group the engine starts, or workers someone else started), then: describe the
+model → the scheduler's limits for it → size the KV cache over the workers (their block
+size wins) → the structured-output manager → Scheduler → EngineCore, and the
+ServedModelInfo the frontends see. `rebuild()` (after the workers were lost) closes the
+old executor and does the same again over a fresh one, refusing workers that now run a
+different model; nothing survives from an earlier build (a new block pool).
+
+The offline LLMEngine, the engine-core process and the `scheduler` role (over its own
+workers or over `--worker` addresses) all build through this class, so they size, check
+and recover alike.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Protocol
+
+from services.common.config import CacheConfig, SchedulerConfig
+from services.common.served_model_info import ServedModelInfo
+from services.common.worker_info import CacheInfo, ModelInfo
+from services.scheduler.engine_core import EngineCore
+from services.scheduler.executor.executor import Executor
+from services.scheduler.scheduler import Scheduler
+from services.scheduler.structured_output_manager import (
+    StructuredOutputManager,
+    tokenizer_json_of,
+)
+
+logger = logging.getLogger(__name__)
+
+# timeout_s -> a ready executor (its workers loaded and serving)
+ExecutorFactory = Callable[[float], Executor]
+
+
+class EngineCoreArgs(Protocol):
+    """What building an engine core needs from pagestream.engine_args.EngineArgs."""
+
+    model: str
+    served_model_name: str | None
+
+    def cache_config(self) -> CacheConfig: ...
+
+    def scheduler_config(self, model_max_len: int, device: str = ...) -> SchedulerConfig: ...
+
+
+class EngineCoreBuilder:
+    def __init__(
+        self, args: EngineCoreArgs, make_executor: ExecutorFactory, rebuild_timeout_s: float
+    ) -> None:
+        self.args = args
+        self.make_executor = make_executor
+        self.rebuild_timeout_s = rebuild_timeout_s  # how long one rebuild waits for workers
+        self.model: ModelInfo | None = None  # what the first build found
+        self.cache: CacheInfo | None = None  # the KV cache the last build laid out
+        self.executor: Executor | None = None
+
+    def build(self, timeout_s: float) -> tuple[EngineCore, ServedModelInfo]:
+        """Blocking (run it on a thread). Raises ConnectionError / TimeoutError while the
+        workers are away, ValueError when they do not form the group asked for."""
+        executor = self.make_executor(timeout_s)
+        try:
+            core, info = self._assemble(executor)
+        except BaseException:
+            executor.close()
+            raise
+        self.executor = executor
+        return core, info
+
+    def rebuild(self) -> EngineCore:
+        """After a loss: drop the old executor and build again (one attempt)."""
+        self.close()
+        core, _ = self.build(self.rebuild_timeout_s)
+        return core
+
+    def close(self) -> None:
+        if self.executor is not None:
+            self.executor.close()
+            self.executor = None
+
+    def _assemble(self, executor: Executor) -> tuple[EngineCore, ServedModelInfo]:
+        model = self._check_model(executor.describe())
+        config = self.args.scheduler_config(model.max_model_len, model.device)
+        self.cache = cache_info = executor.initialize_cache(
+            config.max_model_len, config.max_num_seqs, config.max_num_batched_tokens
+        )
+        structured = StructuredOutputManager(
+            tokenizer_json_of(self.args.model), model.vocab_size, model.eos_token_ids
+        )
+        scheduler = Scheduler(
+            config,
+            self._cache_config(cache_info),
+            cache_info.num_gpu_blocks,
+            cache_info.num_cpu_blocks,
+            structured,
+        )
+        info = served_model_info(self.args.served_model_name, model, config, cache_info)
+        return EngineCore(scheduler, executor), info
+
+    def _check_model(self, model: ModelInfo) -> ModelInfo:
+        if self.model is not None and model.model_fields() != self.model.model_fields():
+            raise ValueError(
+                f"the workers now run {model.model} ({model.model_fields()}), "
+                f"not {self.model.model}: restart the scheduler"
+            )
+        self.model = model
+        return model
+
+    def _cache_config(self, cache_info: CacheInfo) -> CacheConfig:
+        """The engine's cache settings with the block size the workers laid out."""
+        cache_config = self.args.cache_config()
+        if cache_config.block_size == cache_info.block_size:
+            return cache_config
+        logger.warning(
+            "block_size %d differs from the worker's %d: using the worker's",
+            cache_config.block_size,
+            cache_info.block_size,
+        )
+        return replace(cache_config, block_size=cache_info.block_size)
+
+
+def served_model_info(
+    served_name: str | None, model: ModelInfo, config: SchedulerConfig, cache: CacheInfo
+) -> ServedModelInfo:
+    """What the frontends are told about the model an engine core serves."""
+    return ServedModelInfo(
+        model=served_name or model.model,
+        max_model_len=config.max_model_len,
+        vocab_size=model.vocab_size,
+        eos_token_ids=model.eos_token_ids,
+        block_size=cache.block_size,
+        architecture=model.architecture,
+        dtype=model.dtype,
+        num_gpu_blocks=cache.num_gpu_blocks,
+        quantization=model.quantization,
+        weight_bytes=model.weight_bytes,
+    )

@@ -1,0 +1,62 @@
+"""Flags declared once: each config field's metadata gives its flag, and what the parser
+reads back, what a child role is handed and what docs/cli.md lists all come from it."""
+
+from pathlib import Path
+
+from pagestream.cli import build_parser
+from pagestream.cli_flags import RankConfig, ServingConfig, reference_markdown, role_argv
+from pagestream.engine_args import EngineArgs
+from services.common.flags import from_flags, to_flags
+from services.frontend.frontend_config import FrontendConfig
+from services.frontend.openai.tool_choice import ToolServerOptions
+from services.frontend.router import RouterConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _serve(*argv: str):
+    return build_parser().parse_args(["serve", "m", *argv])
+
+
+def test_parsed_flags_become_the_configs_and_defaults_stay_defaults():
+    ns = _serve()
+    assert from_flags(FrontendConfig, ns) == FrontendConfig()
+    assert from_flags(RouterConfig, ns) == RouterConfig()
+    assert from_flags(ServingConfig, ns) == ServingConfig()
+    # the serving roles bound the waiting queue; the Python API does not
+    assert from_flags(EngineArgs, ns).max_waiting_requests == 1024
+    assert EngineArgs().max_waiting_requests == 0
+
+
+def test_every_config_reaches_a_child_role_unchanged():
+    configs = [
+        EngineArgs(
+            dtype="float32", max_num_seqs=3, enable_prefix_caching=False, quantization="int8"
+        ),
+        FrontendConfig(max_n=4, request_timeout_s=2.5),
+        RouterConfig(policy="round_robin", cache_threshold=0.25),
+        ToolServerOptions(enable_auto_tool_choice=True, tool_call_parser="hermes"),
+        ServingConfig(port=-1, api_key="k"),
+    ]
+    argv = role_argv("serve", "m", *configs)
+    ns = build_parser().parse_args(argv[argv.index("serve") :])
+    for config in configs:
+        assert from_flags(type(config), ns) == config
+
+
+def test_a_child_of_the_python_api_keeps_its_unbounded_queue():
+    assert to_flags(EngineArgs()) == ["--max-waiting-requests", "0"]
+    ns = build_parser().parse_args(["scheduler", "m", *to_flags(EngineArgs())])
+    assert from_flags(EngineArgs, ns) == EngineArgs(model=EngineArgs().model)
+
+
+def test_a_worker_rank_round_trips():
+    place = RankConfig(rank=1, local_rank=1, dist_init_method="file:///tmp/r", ready_file="f")
+    ns = build_parser().parse_args(["worker", "m", *to_flags(place)])
+    assert from_flags(RankConfig, ns) == place
+
+
+def test_docs_cli_md_is_current():
+    assert (ROOT / "docs" / "cli.md").read_text(encoding="utf-8") == reference_markdown(), (
+        "docs/cli.md is stale: run `make cli-docs`"
+    )
