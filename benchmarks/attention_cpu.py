@@ -48,12 +48,13 @@ SDPA with enable_gqa instead of folding the query groups into rows (1.5x).
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import statistics
-import time
 
 import torch
 
+from benchmarks.micro import interleaved, read_bandwidth_gb_s
 from kernels import cpu, reference
 from kernels.attention_metadata import AttentionMetadata
 from kernels.reference import paged_attention, reshape_and_cache
@@ -118,34 +119,24 @@ def build(specs: list[tuple[int, int]], dtype: torch.dtype) -> tuple:
 
 
 def time_variants(names: list[str], args: tuple, repeats: int) -> list[tuple[float, float]]:
-    """(median, min) ms per variant; samples interleaved so a noisy stretch hits all alike."""
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    for round_index in range(repeats + 1):
-        for name in names:
+    """(median, min) ms per variant, the variants interleaved."""
+
+    def variant(name: str):
+        def call():
             reference.DECODE_GROUP_TOKENS, reference.PREFILL_GROUP_AREA = VARIANTS[name]
             kernel = cpu.paged_attention if name == "c++ decode" else paged_attention
-            start = time.perf_counter()
             kernel(*args, HEAD_DIM**-0.5)
-            if round_index > 0:  # round 0 warms up
-                samples[name].append((time.perf_counter() - start) * 1e3)
-    return [(statistics.median(samples[n]), min(samples[n])) for n in names]
 
+        return call
 
-def read_bandwidth_gbs(gib: float = 1.0, repeats: int = 5) -> float:
-    """The machine's read bandwidth: sum over a float32 tensor far bigger than the caches."""
-    data = torch.ones(int(gib * 2**30) // 4)
-    times = []
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        data.sum()
-        times.append(time.perf_counter() - start)
-    return data.numel() * 4 / statistics.median(times[1:]) / 1e9
+    samples = interleaved({name: variant(name) for name in names}, repeats)
+    return [(statistics.median(samples[n]) * 1e3, min(samples[n]) * 1e3) for n in names]
 
 
 def kernel_bandwidth(repeats: int) -> None:
     """The C++ decode kernel's achieved KV read rate against the machine's read bandwidth."""
     options = reference.AttentionOptions(HEAD_DIM**-0.5, None, None)
-    peak = read_bandwidth_gbs()
+    peak = read_bandwidth_gb_s()
     print(f"read bandwidth (sum over 1 GiB): {peak:.1f} GB/s")
     for dtype in (torch.float32, torch.bfloat16):
         for label, specs in (
@@ -153,15 +144,13 @@ def kernel_bandwidth(repeats: int) -> None:
             ("256 x ctx 100-2000", [(c, 1) for c, _ in mixes()["256 decode (ctx 100-2000)"]]),
             ("1 x ctx 2000", [(1999, 1)]),
         ):
-            query, kv_cache, block_table, seq_lens, _ = build(specs, dtype)
+            query, kv_cache, metadata = build(specs, dtype)
             kv_bytes = sum(c + 1 for c, _ in specs) * 2 * NUM_KV_HEADS * HEAD_DIM
             kv_bytes *= kv_cache.element_size()
-            times = []
-            for _ in range(repeats + 1):
-                start = time.perf_counter()
-                cpu.paged_decode(query, kv_cache, block_table, seq_lens, options)
-                times.append(time.perf_counter() - start)
-            median = statistics.median(times[1:])
+            decode = functools.partial(
+                cpu.paged_decode, query, kv_cache, metadata.block_table, metadata.seq_lens, options
+            )
+            median = statistics.median(interleaved({"decode": decode}, repeats)["decode"])
             rate = kv_bytes / median / 1e9
             print(
                 f"{label:20s} {str(dtype)[6:]:9s} {kv_bytes / 2**20:7.1f} MiB  "
@@ -169,7 +158,7 @@ def kernel_bandwidth(repeats: int) -> None:
             )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
@@ -178,7 +167,7 @@ def main() -> None:
     parser.add_argument(
         "--bandwidth", action="store_true", help="the C++ kernel's GB/s against the machine's"
     )
-    opts = parser.parse_args()
+    opts = parser.parse_args(argv)
     if opts.mallopt:
         tune_malloc()
     torch.set_num_threads(opts.threads)

@@ -44,6 +44,16 @@ class ModelShapes:
             vocab_size=config.vocab_size,
         )
 
+    @classmethod
+    def of(cls, folder: str) -> ModelShapes:
+        from transformers import AutoConfig
+
+        return cls.from_config(AutoConfig.from_pretrained(folder).get_text_config())
+
+    def kv_bytes_per_token(self, element_size: int = 4) -> int:
+        """Keys and values of one token over every layer (float32 unless told)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element_size
+
     def layer_linears(self) -> list[tuple[int, int]]:
         """(in_features, out_features) of one decoder layer: fused QKV, O, gate/up, down."""
         h, d = self.hidden_size, self.head_dim

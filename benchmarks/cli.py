@@ -1,7 +1,7 @@
-"""`pagestream bench`: throughput / serve / memory / all against HF transformers, the
-parallel runs (tensor / pipeline parallelism and async scheduling on this machine),
-routing across data-parallel replicas (benchmarks/routing.py) and what structured outputs
-cost (benchmarks/structured.py).
+"""`pagestream bench`: every section of the report (benchmarks/sections.py: throughput /
+serve / memory / all against HF transformers and llama.cpp, the parallel runs, routing,
+structured outputs, precision, latency, serve --peer, quantized), and the measurement tools
+that write no section (TOOLS: `pagestream bench kernels --flex` runs benchmarks/kernels.py).
 
     pagestream bench all --profile quick     # what `make bench` runs (~30 min on 2 cores)
     pagestream bench throughput --profile full --bf16
@@ -15,11 +15,12 @@ cost (benchmarks/structured.py).
     pagestream bench serve --peer llamacpp      # served side by side with llama-server at
                                                 # concurrency 1/4/16/64 (~15 min)
 
-Results accumulate in <docs>/benchmarks/results.json and the report is rewritten to
-<docs>/benchmarks.md (tables) with PNG plots in <docs>/benchmarks/ after every section.
-`parallel`, `routing` and `structured` are not part of `all`: each of their parts (parallel:
-offline, async_serving; routing: dp2; structured: offline) keeps its own command, date and
-machine, and they leave the other sections (and their meta) as they are.
+Results accumulate in <docs>/benchmarks/results.json and the report is rewritten whole to
+<docs>/benchmarks.md (tables) with PNG plots in <docs>/benchmarks/ after every section
+(benchmarks/report.py). Only throughput, serve and memory make up `all`; the others are
+self-contained: each of their parts (parallel: offline, async_serving; routing: dp2; ...)
+keeps its own command, date and machine, and they leave the other sections (and their
+meta) as they are.
 This module is the `benchmarks` package's command line (`python -m benchmarks ...`);
 `pagestream bench ...` runs it in a child process, so the pagestream package never imports
 the benchmarks (they import pagestream).
@@ -35,34 +36,38 @@ import os
 import sys
 from pathlib import Path
 
-from benchmarks import sections
-from benchmarks.sections import KV_DEFAULT
+from benchmarks.results import load_results, machine_info, save_results
+from benchmarks.sections import BY_NAME, KV_DEFAULT, SECTIONS, Section, listed
+from benchmarks.workload import PROFILES, make_workload
 from services.common.config import DEFAULT_MODEL
 
 logger = logging.getLogger("pagestream.bench")
 
-SECTIONS = ("throughput", "serve", "memory")  # what `all` runs
-# Sections made of parts that each keep their own meta (command, date, machine); a run
-# replaces the parts it ran and keeps the rest, and other sections' runs keep them all.
-SELF_CONTAINED = (
-    "parallel",
-    "routing",
-    "structured",
-    "precision",
-    "latency",
-    "serve_peer",
-    "quantized",
-)
+ALL = ("throughput", "serve", "memory")  # what `all` runs
 LLAMACPP_SEQS = "32"  # measured: 32 and 16 within 3% on the quick workload, 32 ahead
-REPO_ROOT = Path(__file__).resolve().parent.parent
+# Measurements of one part that write no report section: `pagestream bench NAME ARGS` runs
+# benchmarks/NAME.py's main(ARGS) (`pagestream bench NAME --help` lists its options).
+TOOLS = {
+    "attention_cpu": "the torch paged attention on the CPU, per varlen mix",
+    "linear_cpu": "which matmul form is fastest at which row count (CPU)",
+    "native_step_profile": "where a native CPU decode step's time goes",
+    "scheduler_sweep": "the CPU scheduler defaults, swept",
+    "collectives": "what one gloo collective costs between local processes",
+    "kernels": "the Triton paged-attention kernels (CUDA)",
+    "soak": "mixed traffic against the split deployment for a fixed time",
+}
 
 
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     bench = subparsers.add_parser(
-        "bench", help="benchmarks against HF transformers; writes docs/benchmarks.md"
+        "bench",
+        help="benchmarks against HF transformers; writes docs/benchmarks.md",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="measurements without a report section (pagestream bench NAME --help):\n"
+        + "\n".join(f"  {name:20} {what}" for name, what in TOOLS.items()),
     )
     add = bench.add_argument
-    add("what", choices=(*SECTIONS, *SELF_CONTAINED, "all"), help="which benchmark to run")
+    add("what", choices=(*BY_NAME, "all"), help="which benchmark to run")
     add("--model", default=DEFAULT_MODEL, help="model name or folder")
     add("--profile", default="quick", choices=("quick", "full", "smoke"))
     add("--num-requests", type=int, default=None, help="override the profile's request count")
@@ -158,185 +163,104 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     return bench
 
 
-def _import_benchmarks():
-    return importlib.import_module("benchmarks.workload")
-
-
-def _floats(text: str | None) -> tuple[float, ...] | None:
-    return None if text is None else tuple(float(x) for x in text.split(",") if x)
-
-
 def _profile(args: argparse.Namespace):
-    workload = _import_benchmarks()
-    profile = workload.PROFILES[args.profile]
+    profile = PROFILES[args.profile]
     changes: dict = {}
     if args.num_requests is not None:
         changes["num_requests"] = args.num_requests
         changes["serve_num_requests"] = min(profile.serve_num_requests, args.num_requests)
         changes["parallel_num_requests"] = min(profile.parallel_num_requests, args.num_requests)
     if args.hf_batch_sizes is not None:
-        changes["hf_batch_sizes"] = tuple(int(x) for x in args.hf_batch_sizes.split(","))
+        changes["hf_batch_sizes"] = listed(args.hf_batch_sizes, int)
     if args.rates is not None:
-        changes["serve_rates"] = _floats(args.rates)
+        changes["serve_rates"] = listed(args.rates, float)
     return dataclasses.replace(profile, **changes)
 
 
+def _chosen(args: argparse.Namespace) -> tuple[Section, ...]:
+    if args.what == "all":
+        return tuple(BY_NAME[name] for name in ALL)
+    if args.what == "serve" and args.peer:
+        return (BY_NAME["serve_peer"],)
+    return (BY_NAME[args.what],)
+
+
 def run_bench(args: argparse.Namespace) -> int:
-    workload_mod = _import_benchmarks()
-    from benchmarks import (
-        report,
-        report_latency,
-        report_precision,
-        report_quantized,
-        report_routing,
-        report_serve_peer,
-        report_structured,
-    )
+    from transformers import AutoTokenizer
+
+    from benchmarks import report
     from services.worker.models.gguf_weights import dequantized_folder
 
     profile = _profile(args)
     folder = str(dequantized_folder(args.model))  # float weights: the unquantized runs
-    from transformers import AutoTokenizer
-
-    workload = workload_mod.make_workload(AutoTokenizer.from_pretrained(folder), profile)
+    workload = make_workload(AutoTokenizer.from_pretrained(folder), profile)
     docs = Path(args.docs_dir)
     results_path = docs / "benchmarks" / "results.json"
-    results = report.load_results(results_path)
+    results = load_results(results_path)
     meta = {
         "profile": profile.name,
         "model": args.model,
         "command": command_line(args),
-        "machine": report.machine_info(),
+        "machine": machine_info(),
         "workload": workload.summary(),
     }
-    if args.what in SELF_CONTAINED:
-        notes = _notes_of(results)
-    else:
-        old = results.get("meta", {})
-        if (old.get("profile"), old.get("model")) != (meta["profile"], meta["model"]):
-            # another profile or model: start a fresh report (self-contained sections stay)
-            results = {k: results[k] for k in SELF_CONTAINED if k in results}
-        results["meta"] = meta
-        notes = _notes(profile)
-    sections = SECTIONS if args.what == "all" else (args.what,)
-    if args.what == "serve" and args.peer:
-        sections = ("serve_peer",)
-    for section in sections:
-        logger.info("bench %s (profile %s)", section, profile.name)
-        found = _RUNNERS[section](args, folder, profile, workload, results)
-        if section in SELF_CONTAINED:
-            part_meta = _part_meta(meta, section)
-            parts = {part: {**value, "meta": part_meta} for part, value in found.items()}
-            found = {**results.get(section, {}), **parts}
-        results[_RESULT_KEYS[section]] = found
-        report.save_results(results_path, results)
-        path = report.write_report(results, docs, notes=notes)
-        report_routing.add_to_report(results, docs)  # report.py renders everything else
-        report_structured.add_to_report(results, docs)
-        report_precision.add_to_report(results, docs)
-        report_latency.add_to_report(results, docs)
-        report_serve_peer.add_to_report(results, docs)
-        report_quantized.add_to_report(results, docs)
+    chosen = _chosen(args)
+    if not all(s.self_contained for s in chosen):  # else the other sections' meta stays
+        results = {**_kept(results, meta), "meta": {**meta, "notes": profile.notes()}}
+    for section in chosen:
+        logger.info("bench %s (profile %s)", section.name, profile.name)
+        found = section.run(args, folder, profile, workload, results)
+        results[section.key] = _merged(section, found, results.get(section.key, {}), meta)
+        save_results(results_path, results)
+        path = report.write_report(results, docs)
     logger.info("report: %s", path)
     return 0
+
+
+def _kept(results: dict, meta: dict) -> dict:
+    """What a run of the main sections keeps: everything under the same profile and model;
+    under another, only the self-contained sections (a fresh report for the rest)."""
+    old = results.get("meta", {})
+    if (old.get("profile"), old.get("model")) == (meta["profile"], meta["model"]):
+        return results
+    return {s.key: results[s.key] for s in SECTIONS if s.self_contained and s.key in results}
+
+
+def _merged(section: Section, found: dict, old: dict, meta: dict) -> dict:
+    """The section's new results; a self-contained one's parts each with the run's meta,
+    replacing only the parts that ran."""
+    if section.part:
+        found = {section.part: found}
+    if not section.self_contained:
+        return found
+    part_meta = {k: v for k, v in meta.items() if not (section.own_workload and k == "workload")}
+    return {**old, **{part: {**value, "meta": part_meta} for part, value in found.items()}}
 
 
 def command_line(args: argparse.Namespace) -> str:
     """The `pagestream bench` command that reproduces this run (defaults left out)."""
     parts = ["pagestream", "bench", args.what, "--profile", args.profile]
-    for flag, value, default in (
-        ("--model", args.model, DEFAULT_MODEL),
-        ("--num-requests", args.num_requests, None),
-        ("--kv-cache-memory", args.kv_cache_memory, KV_DEFAULT),
-        ("--hf-batch-sizes", args.hf_batch_sizes, None),
-        ("--rates", args.rates, None),
-        ("--layouts", args.layouts, None),
-        ("--rounds", args.rounds, None),
-        ("--policies", args.policies, None),
-        ("--concurrency", args.concurrency, None),
-        ("--llamacpp-seqs", args.llamacpp_seqs, LLAMACPP_SEQS),
-        ("--peer", args.peer, None),
-        ("--concurrencies", args.concurrencies, "1,4,16,64"),
-    ):
-        if value != default:
-            parts += [flag, str(value)]
-    for flag, on in (
-        ("--no-hf", args.no_hf),
-        ("--no-hf-continuous", args.no_hf_continuous),
-        ("--bf16", args.bf16),
-        ("--llamacpp", args.llamacpp),
-        ("--no-split", args.no_split),
-        ("--no-async-serve", args.no_async_serve),
-        ("--no-offline", args.no_offline),
-        ("--no-llamacpp", args.no_llamacpp),
-        ("--single-process", args.single_process),
-        ("--worker-process", args.worker_process),
-    ):
-        if on:
-            parts.append(flag)
+    for action in _bench_parser()._actions:
+        value = getattr(args, action.dest, None)
+        if not action.option_strings or action.dest in ("help", "profile", "docs_dir"):
+            continue
+        if value != action.default:
+            flag = action.option_strings[0]
+            parts += [flag] if action.nargs == 0 else [flag, str(value)]
     return " ".join(parts)
 
 
-def _part_meta(meta: dict, section: str) -> dict:
-    """A part's meta; routing and structured describe their own workloads (not the
-    profile's requests)."""
-    own = section in ("routing", "structured")
-    return {k: v for k, v in meta.items() if not (own and k == "workload")}
-
-
-_RUNNERS = {
-    "throughput": sections.run_throughput,
-    "serve": sections.run_serving,
-    "memory": sections.run_memory,
-    "parallel": sections.run_parallel,
-    "routing": sections.run_routing,
-    "structured": sections.run_structured,
-    "precision": sections.run_precision,
-    "latency": sections.run_latency,
-    "serve_peer": sections.run_serve_peer,
-    "quantized": sections.run_quantized,
-}
-_RESULT_KEYS = {
-    "throughput": "throughput",
-    "serve": "serving",
-    "memory": "memory",
-    "parallel": "parallel",
-    "routing": "routing",
-    "structured": "structured",
-    "precision": "precision",
-    "latency": "latency",
-    "serve_peer": "serve_peer",
-    "quantized": "quantized",
-}
-
-
-def _notes_of(results: dict) -> str:
-    """The notes of the profile the report's other sections ran with."""
-    workload = _import_benchmarks()
-    name = results.get("meta", {}).get("profile")
-    return _notes(workload.PROFILES[name]) if name in workload.PROFILES else ""
-
-
-def _notes(profile) -> str:
-    """What the profile's serving runs scale down (the offline runs use its full shapes)."""
-    if profile.name == "smoke":
-        return "Profile `smoke`: a handful of short requests to check every driver end to end."
-    return (
-        f"Profile `{profile.name}`: {profile.num_requests} requests, prompts lognormal around "
-        f"{profile.prompt_median} tokens in {profile.prompt_range[0]}..{profile.prompt_range[1]}, "
-        f"outputs around {profile.output_median} in "
-        f"{profile.output_range[0]}..{profile.output_range[1]}. Its serving runs use the first "
-        f"{profile.serve_num_requests} requests with outputs scaled by "
-        f"{profile.serve_output_scale} at rates {', '.join(map(str, profile.serve_rates))} "
-        "and inf, so that every run stays short on a CPU."
-    )
+def _bench_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pagestream")
+    return add_bench_parser(parser.add_subparsers(dest="command", required=True))
 
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m benchmarks WHAT [options]` (what `pagestream bench` runs)."""
-    parser = argparse.ArgumentParser(prog="pagestream")
-    add_bench_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in TOOLS:
+        return importlib.import_module(f"benchmarks.{argv[0]}").main(argv[1:]) or 0
+    args = _bench_parser().parse_args(argv)
     level = os.environ.get("PAGESTREAM_LOG_LEVEL", "INFO").upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return run_bench(args)

@@ -247,7 +247,7 @@ def interpolate_us(table: dict, num_tokens: float, stat: str = "median") -> floa
     return t * num_tokens / n
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--hidden-size", type=int, default=576)
@@ -261,7 +261,7 @@ def main() -> None:
     parser.add_argument("--init-method", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--spec", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.rank is not None:
         spec = CollectiveSpec(**{k: _tuple(v) for k, v in json.loads(args.spec).items()})
         run_rank(args.rank, args.init_method, spec, args.out)

@@ -9,6 +9,8 @@ import time
 
 import numpy as np
 
+from benchmarks.results import percentiles
+
 # ---- grammar compile times ---------------------------------------------------------------
 FIELD_KINDS = (
     {"type": "string", "maxLength": 32},
@@ -128,26 +130,21 @@ def _compile_summary(grammars: list[dict]) -> dict:
 
     out = {}
     for key in ("cold_ms", "cold_first_mask_ms", "cached_ms", "cached_first_mask_ms"):
-        out[key] = percentiles(flat(key))
+        out[key] = spread(flat(key))
     by_kind = {}
     for kind in sorted({g["kind"] for g in grammars}):
         cold = [g["cold_ms"] for g in grammars if g["kind"] == kind]
-        by_kind[kind] = {"count": len(cold), "cold_ms": percentiles(cold)}
+        by_kind[kind] = {"count": len(cold), "cold_ms": spread(cold)}
     out["by_kind"] = by_kind
     return out
 
 
-def percentiles(values) -> dict:
-    values = np.asarray(list(values), dtype=float)
-    if not values.size:
+def spread(values) -> dict:
+    """How many, p50, p99 and the maximum ({"n": 0} where there are none)."""
+    values = list(values)
+    if not values:
         return {"n": 0}
-    p50, p99 = np.percentile(values, [50, 99])
-    return {
-        "n": int(values.size),
-        "p50": round(float(p50), 4),
-        "p99": round(float(p99), 4),
-        "max": round(float(values.max()), 4),
-    }
+    return {"n": len(values), **percentiles(values, digits=4), "max": round(max(values), 4)}
 
 
 # ---- mask fill per row --------------------------------------------------------------------
@@ -185,7 +182,7 @@ def measure_mask_fill(
     return {
         "positions": len(rows),
         "rows": int(sum(rows)),
-        "rows_per_step": percentiles(rows),
+        "rows_per_step": spread(rows),
         "parallel_threads": threads,
         "fills": found,
         "parallel_speedup": {
@@ -241,7 +238,7 @@ def _replay(manager, constraint, token_ids: list[list[int]], fill):
 
 def _fill_summary(steps: list[tuple[int, float]]) -> dict:
     return {
-        "us_per_row": percentiles(1e6 * s / n for n, s in steps),
-        "ms_per_step": percentiles(1e3 * s for _, s in steps),
+        "us_per_row": spread(1e6 * s / n for n, s in steps),
+        "ms_per_step": spread(1e3 * s for _, s in steps),
         "total_s": round(sum(s for _, s in steps), 5),
     }

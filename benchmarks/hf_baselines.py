@@ -12,54 +12,13 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 
 import torch
 
+from benchmarks.results import RunResult
 from benchmarks.workload import BenchRequest
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """One engine's run over a workload; tokens are the useful ones (per-request lengths)."""
-
-    name: str
-    elapsed_s: float
-    num_requests: int
-    prompt_tokens: int
-    output_tokens: int
-    generated_tokens: int  # including a static batch's padding rows and steps
-    extra: dict
-    # each request's output token ids where the run kept them (not in as_dict)
-    token_ids: list[list[int]] | None = field(default=None, repr=False, compare=False)
-
-    @property
-    def requests_per_s(self) -> float:
-        return self.num_requests / self.elapsed_s
-
-    @property
-    def output_tokens_per_s(self) -> float:
-        return self.output_tokens / self.elapsed_s
-
-    @property
-    def total_tokens_per_s(self) -> float:
-        return (self.prompt_tokens + self.output_tokens) / self.elapsed_s
-
-    def as_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "elapsed_s": round(self.elapsed_s, 3),
-            "num_requests": self.num_requests,
-            "prompt_tokens": self.prompt_tokens,
-            "output_tokens": self.output_tokens,
-            "generated_tokens": self.generated_tokens,
-            "requests_per_s": round(self.requests_per_s, 4),
-            "output_tokens_per_s": round(self.output_tokens_per_s, 2),
-            "total_tokens_per_s": round(self.total_tokens_per_s, 2),
-            **self.extra,
-        }
 
 
 def load_hf_model(folder: str, dtype: torch.dtype = torch.float32):
@@ -97,13 +56,12 @@ def run_hf_static(model, requests: list[BenchRequest], batch_size: int, pad_id: 
             )
         generated += (out.shape[1] - ids.shape[1]) * out.shape[0]
     elapsed = time.perf_counter() - start
-    return RunResult(
-        name=f"HF generate, static batch {batch_size}",
-        elapsed_s=elapsed,
-        num_requests=len(requests),
-        prompt_tokens=sum(r.prompt_len for r in requests),
+    return RunResult.of(
+        f"HF generate, static batch {batch_size}",
+        requests,
+        elapsed,
+        generated=generated,
         output_tokens=sum(r.output_len for r in requests),
-        generated_tokens=generated,
         extra={"batch_size": batch_size},
     )
 
@@ -142,13 +100,11 @@ def run_hf_continuous(model, requests: list[BenchRequest], timeout_s: float = 36
     finally:
         cb_logger.setLevel(level)
     generated = sum(len(r.generated_tokens) for r in results.values())
-    return RunResult(
-        name="HF continuous batching (generate_batch)",
-        elapsed_s=elapsed,
-        num_requests=len(requests),
-        prompt_tokens=sum(r.prompt_len for r in requests),
-        output_tokens=generated,
-        generated_tokens=generated,
+    return RunResult.of(
+        "HF continuous batching (generate_batch)",
+        requests,
+        elapsed,
+        generated=generated,
         extra={"completed": len(results)},
     )
 

@@ -198,11 +198,11 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None or math.isnan(value) else format(value, spec)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--flex", action="store_true", help="also time FlexAttention")
     parser.add_argument("--json", help="write the rows here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/kernels.py needs a CUDA device")
     import triton

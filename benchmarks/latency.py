@@ -28,7 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
-from benchmarks.workload import BenchRequest
+from benchmarks.micro import read_bandwidth_gb_s
+from benchmarks.offline import timed_generate
+from benchmarks.workload import BenchRequest, greedy_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -51,18 +53,6 @@ class LatencyOptions:
     def __post_init__(self) -> None:
         if self.output_len < 2 or self.prompt_len < 1 or self.rounds < 1:
             raise ValueError("output_len >= 2, prompt_len >= 1 and rounds >= 1 are needed.")
-
-
-def read_bandwidth_gb_s(rounds: int = 5) -> float:
-    """Median GB/s of summing a 1 GiB float32 tensor (a pure read stream) on torch's threads."""
-    data = torch.ones(2**28)
-    data.sum()
-    speeds = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        data.sum()
-        speeds.append(data.numel() * 4 / (time.perf_counter() - start) / 1e9)
-    return statistics.median(speeds)
 
 
 def decode_bytes(folder: str, dtype: str, model: str = "") -> int:
@@ -99,13 +89,7 @@ def _prompt(prompt_len: int) -> list[int]:
 
 
 def _time_generate(llm, batch: int, prompt: list[int], tokens: int) -> float:
-    from pagestream import SamplingParams
-
-    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
-    prompts = [{"prompt_token_ids": prompt} for _ in range(batch)]
-    start = time.perf_counter()
-    llm.generate(prompts, params, use_tqdm=False)
-    return time.perf_counter() - start
+    return timed_generate(llm, *greedy_inputs([BenchRequest(prompt, tokens)] * batch))[0]
 
 
 def _per_token_ms(full_s: float, first_s: float, output_len: int) -> float:

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from benchmarks.ceiling import ModelShapes
+from benchmarks.micro import interleaved
 from services.common.config import DEFAULT_MODEL
 
 FORMS = ("F.linear", "W@x^T", "onednn", "packed")
@@ -56,25 +56,25 @@ def _weights(shapes: list[tuple[int, int]], copies: int, dtype: torch.dtype):
 def time_forms(weights, rows: int, dtype: torch.dtype, rounds: int) -> dict[str, float]:
     """Median seconds per pass over `weights` for each form, rounds interleaved."""
     inputs = {w.shape[1]: torch.randn(rows, w.shape[1]).to(dtype) for w, _ in weights}
-    samples: dict[str, list[float]] = {name: [] for name in FORMS}
-    forms = {name: _form(name) for name in FORMS}
-    for round_index in range(rounds + 1):
-        for name, form in forms.items():
-            start = time.perf_counter()
+
+    def passes(form):
+        def call():
             for weight, packed in weights:
                 form(inputs[weight.shape[1]], weight, packed)
-            if round_index:  # round 0 warms up
-                samples[name].append(time.perf_counter() - start)
+
+        return call
+
+    samples = interleaved({name: passes(_form(name)) for name in FORMS}, rounds)
     return {name: statistics.median(times) for name, times in samples.items()}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--rows", default="1,2,4,8,64,256,1024")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    opts = parser.parse_args()
+    opts = parser.parse_args(argv)
     from services.common.model_source import resolve_model
     from services.worker.model_loader import load_config
 

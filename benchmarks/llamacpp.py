@@ -13,10 +13,10 @@ pagestream's follows its model dtype), one stream per sequence unless `kv_unifie
     options = LlamaCppOptions(model="smollm2-135m-instruct", dtypes=("F32", "BF16"))
     runs, info = run_llamacpp_section(requests, options, check_tokens, pagestream_runs)
 
-Two greedy agreements with pagestream float32: `agreement` on a short check (the first
+Two greedy agreements with pagestream float32: `check_agreement` on a short check (the first
 check_prompts prompts x check_tokens, a fresh context per dtype) and `agreement_full` over
 the whole workload (every request, its full output length: the timed runs' own tokens against
-pagestream float32's timed run), as benchmarks/precision.py measures bf16 against float32.
+pagestream float32's timed run), as benchmarks/results.py counts agreement.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from benchmarks.hf_baselines import RunResult
-from benchmarks.workload import BenchRequest
+from benchmarks.results import RunResult, agreement, first_difference
+from benchmarks.workload import BenchRequest, greedy_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -223,13 +223,11 @@ def run_llamacpp(
         elapsed = time.perf_counter() - start
         threads, steps = engine.n_threads, engine.num_steps
     generated = sum(len(o) for o in outputs)
-    result = RunResult(
-        name=f"llama.cpp {dtype} ({n_seq_max} seqs)",
-        elapsed_s=elapsed,
-        num_requests=len(requests),
-        prompt_tokens=sum(r.prompt_len for r in requests),
-        output_tokens=generated,
-        generated_tokens=generated,
+    result = RunResult.of(
+        f"llama.cpp {dtype} ({n_seq_max} seqs)",
+        requests,
+        elapsed,
+        generated=generated,
         extra={
             "gguf": str(gguf_path.name),
             "n_seq_max": n_seq_max,
@@ -261,26 +259,15 @@ def check_requests(requests: list[BenchRequest], options: LlamaCppOptions) -> li
 
 
 def pagestream_greedy(llm, requests: list[BenchRequest]) -> list[list[int]]:
-    from pagestream import SamplingParams
-
-    prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
-    params = [
-        SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests
-    ]
-    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    outputs = llm.generate(*greedy_inputs(requests), use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outputs]
 
 
-def agreement(got: list[list[int]], reference: list[list[int]]) -> dict:
-    from benchmarks.precision import first_difference
-
+def check_agreement(got: list[list[int]], reference: list[list[int]]) -> dict:
+    """The short check's agreement, with every request's first difference."""
     firsts = [first_difference(g, r) for g, r in zip(got, reference, strict=True)]
-    return {
-        "requests": len(reference),
-        "tokens_each": len(reference[0]) if reference else 0,
-        "equal": sum(g == r for g, r in zip(got, reference, strict=True)),
-        "first_differences": firsts,
-        "mean_first_difference": round(sum(firsts) / max(len(firsts), 1), 2),
-    }
+    tokens_each = len(reference[0]) if reference else 0
+    return {**agreement(got, reference), "tokens_each": tokens_each, "first_differences": firsts}
 
 
 PAGESTREAM_FP32 = "pagestream LLM.generate (float32)"
@@ -288,11 +275,9 @@ PAGESTREAM_BF16 = "pagestream LLM.generate (bfloat16)"
 
 
 def full_agreement(name: str, got: list[list[int]], reference: list[list[int]]) -> dict:
-    """`got` against pagestream float32 over the whole workload: precision.py's agreement
-    (equal requests, mean first difference, mean output length)."""
-    from benchmarks import precision
-
-    return {"run": name, **precision.agreement({"float32": reference, "bfloat16": got})}
+    """`got` against pagestream float32 over the whole workload (equal requests, mean first
+    difference, mean output length)."""
+    return {"run": name, **agreement(got, reference)}
 
 
 def run_llamacpp_section(
@@ -331,7 +316,7 @@ def run_llamacpp_section(
         info["agreement"] = {}
         for dtype, path in paths.items():
             with LlamaCppEngine(path, dtype, options, max_len, len(checks)) as engine:
-                info["agreement"][dtype] = agreement(engine.generate(checks), reference)
+                info["agreement"][dtype] = check_agreement(engine.generate(checks), reference)
             logger.info("llama.cpp %s vs pagestream float32: %s", dtype, info["agreement"][dtype])
     ours = {r.name: r for r in pagestream_runs or [] if r.token_ids is not None}
     if PAGESTREAM_FP32 in ours:

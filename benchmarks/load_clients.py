@@ -1,4 +1,5 @@
-"""Streaming clients for the serving benchmark: one request each, timed per token.
+"""Streaming clients for the serving benchmarks: one request each, timed per token, and the
+closed loop that keeps a number of them in flight.
 
 HTTP goes through the official ``openai`` client (``/v1/completions`` with token-id prompts,
 ``stream=True``, ``ignore_eos`` as an extra body field), gRPC through the generated
@@ -9,6 +10,7 @@ from the final usage, or the error that ended the request.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import time
@@ -138,3 +140,18 @@ class GrpcClient:
             record.error = f"{exc.code().name}: {exc.details()}"
         record.end = time.perf_counter()
         return record
+
+
+async def closed_loop(client, requests: list[BenchRequest], concurrency: int):
+    """(records in request order, seconds): ``concurrency`` senders take the requests in
+    order, each sending its next one when its last one has ended."""
+    records: list[RequestRecord | None] = [None] * len(requests)
+    queue = iter(enumerate(requests))
+
+    async def sender() -> None:
+        for index, request in queue:
+            records[index] = await client.send(request)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(sender() for _ in range(concurrency)))
+    return records, time.perf_counter() - start

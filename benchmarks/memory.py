@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from benchmarks.kv_utilization import KVUtilizationSampler
-from benchmarks.workload import BenchRequest, shared_prefix_workload
+from benchmarks.workload import BenchRequest, greedy_inputs, shared_prefix_workload
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +63,6 @@ def _warm(llm) -> None:
 
 def prefix_caching(options: MemoryOptions, tokenizer) -> dict:
     """TTFT and throughput on a shared-system-prompt workload, prefix cache on vs off."""
-    from pagestream import SamplingParams
-
     requests = shared_prefix_workload(
         tokenizer,
         options.prefix_num_requests,
@@ -72,10 +70,7 @@ def prefix_caching(options: MemoryOptions, tokenizer) -> dict:
         options.question_len,
         options.prefix_output_len,
     )
-    prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
-    params = [
-        SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests
-    ]
+    prompts, params = greedy_inputs(requests)
     total_tokens = sum(r.prompt_len + r.output_len for r in requests)
     result: dict = {
         "num_requests": len(requests),
@@ -149,7 +144,7 @@ def run_memory(
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(options.model))
     if kv_utilization is None:
-        from benchmarks.throughput import make_llm, run_pagestream
+        from benchmarks.offline import make_llm, run_pagestream
 
         llm = make_llm(options.model, "float32", options.kv_cache_memory)  # as HF's runs
         kv_utilization = run_pagestream(llm, requests).extra["kv_utilization"]

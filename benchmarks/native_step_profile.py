@@ -87,13 +87,13 @@ def profile(dtype: str, batch: int, context: int, steps: int) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--context", type=int, default=300)
     parser.add_argument("--steps", type=int, default=50)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print(profile(args.dtype, args.batch, args.context, args.steps))
 
 

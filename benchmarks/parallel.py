@@ -26,9 +26,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks.ceiling import ModelShapes
 from benchmarks.collectives import CollectiveSpec, interpolate_us, measure_collectives
+from benchmarks.offline import make_llm, timed_generate, token_ids, warm_up
 from benchmarks.step_recorder import StepRecord, StepRecorder
-from benchmarks.workload import BenchRequest
+from benchmarks.workload import BenchRequest, greedy_inputs, totals
 
 logger = logging.getLogger(__name__)
 
@@ -125,9 +127,7 @@ def run_parallel(requests: list[BenchRequest], options: ParallelOptions) -> dict
             for run in runs:
                 _run_round(run, requests, options, round_index)
     return {
-        "num_requests": len(requests),
-        "prompt_tokens": sum(r.prompt_len for r in requests),
-        "output_tokens": sum(r.output_len for r in requests),
+        **totals(requests),
         "rounds": options.rounds,
         "dtype": options.dtype,
         "models": models,
@@ -191,10 +191,8 @@ def _measure_collectives(config, runs: list[_Run], options: ParallelOptions) -> 
     """Timings at each world size a tensor-parallel group or a stage boundary uses."""
     sizes = sorted({r.layout.tp for r in runs if r.layout.tp > 1} | _pp_sizes(runs))
     out = {}
+    shapes = ModelShapes.from_config(config)
     for world_size in sizes:
-        heads = config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         spec = CollectiveSpec(
             world_size=world_size,
             hidden_size=config.hidden_size,
@@ -202,8 +200,8 @@ def _measure_collectives(config, runs: list[_Run], options: ParallelOptions) -> 
             repeats=options.collective_repeats,
             num_layers=config.num_hidden_layers,
             intermediate_size=config.intermediate_size,
-            qkv_size=(heads + 2 * kv_heads) * head_dim,
-            q_size=heads * head_dim,
+            qkv_size=shapes.layer_linears()[0][1],
+            q_size=shapes.num_heads * shapes.head_dim,
         )
         logger.info("collectives between %d processes", world_size)
         out[str(world_size)] = measure_collectives(spec)
@@ -217,12 +215,7 @@ def _pp_sizes(runs: list[_Run]) -> set[int]:
 def kv_cache_bytes(folder: str, requests: list[BenchRequest], block_size: int = 16) -> int:
     """A KV budget that holds every request at once at tp = 1 (float32), with a margin: no
     layout preempts, so all run the same plans, and no rank holds gigabytes it never uses."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(folder)
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * 4
+    per_token = ModelShapes.of(folder).kv_bytes_per_token()
     blocks = sum(-(-(r.prompt_len + r.output_len) // block_size) + 1 for r in requests)
     return int(blocks * block_size * per_token * 1.25) + 16 * 1024**2
 
@@ -230,12 +223,10 @@ def kv_cache_bytes(folder: str, requests: list[BenchRequest], block_size: int = 
 def _run_round(run: _Run, requests, options: ParallelOptions, round_index: int) -> None:
     """Start the layout's engine, warm it up, time the workload, stop it (one engine at a
     time: a machine with few cores rarely has the memory for all of them at once)."""
-    from pagestream import LLM, SamplingParams
-
     start = time.perf_counter()
-    llm = LLM(
+    llm = make_llm(
         run.folder,
-        dtype=options.dtype,
+        options.dtype,
         kv_cache_memory=options.kv_cache_memory or kv_cache_bytes(run.folder, requests),
         enable_prefix_caching=False,
         **run.layout.engine_kwargs(),
@@ -243,23 +234,15 @@ def _run_round(run: _Run, requests, options: ParallelOptions, round_index: int) 
     )
     try:
         run.startup_s.append(time.perf_counter() - start)
-        warm = [{"prompt_token_ids": requests[0].prompt_token_ids[:16]}] * 2
-        llm.generate(warm, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), False)
-        prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
-        params = [
-            SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True)
-            for r in requests
-        ]
+        warm_up(llm, requests[0])
         with run.recorder.attached(llm.engine, tag=round_index):
-            start = time.perf_counter()
-            outputs = llm.generate(prompts, params, use_tqdm=False)
-            elapsed = time.perf_counter() - start
+            elapsed, outputs = timed_generate(llm, *greedy_inputs(requests))
     finally:
         llm.engine.close()
-    generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+    run.token_ids = token_ids(outputs)
+    generated = sum(map(len, run.token_ids))
     run.elapsed_s.append(elapsed)
     run.output_tokens_per_s.append(generated / elapsed)
-    run.token_ids = [list(o.outputs[0].token_ids) for o in outputs]
     logger.info(
         "round %d, %s on %s: %.1f output tok/s",
         round_index,

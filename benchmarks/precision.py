@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import logging
 import statistics
-import time
 from dataclasses import dataclass
 
-from benchmarks.workload import BenchRequest
+from benchmarks.offline import make_llm, timed_generate, token_ids, warm_up
+from benchmarks.results import agreement, rotated
+from benchmarks.workload import BenchRequest, greedy_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -28,51 +29,15 @@ class PrecisionOptions:
     rounds: int = 2
 
 
-def first_difference(got: list[int], reference: list[int]) -> int:
-    """The index of the first differing token (the shorter length when one is a prefix)."""
-    for i, (a, b) in enumerate(zip(got, reference, strict=False)):
-        if a != b:
-            return i
-    return min(len(got), len(reference))
-
-
-def agreement(tokens: dict[str, list[list[int]]]) -> dict:
-    ref, low = tokens["float32"], tokens["bfloat16"]
-    firsts = [first_difference(b, f) for b, f in zip(low, ref, strict=True)]
-    lengths = [len(f) for f in ref]
-    return {
-        "requests": len(ref),
-        "equal": sum(b == f for b, f in zip(low, ref, strict=True)),
-        "mean_first_difference": round(statistics.mean(firsts), 2),
-        "mean_output_len": round(statistics.mean(lengths), 2),
-    }
-
-
-def _generate(llm, requests: list[BenchRequest]) -> tuple[float, list[list[int]]]:
-    from pagestream import SamplingParams
-
-    prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
-    params = [
-        SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests
-    ]
-    llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up
-    llm.engine.scheduler.kv.reset_prefix_cache()
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    elapsed = time.perf_counter() - start
-    return elapsed, [o.outputs[0].token_ids for o in outputs]
-
-
 def run_precision(requests: list[BenchRequest], options: PrecisionOptions) -> dict:
-    from pagestream import LLM
-
     speeds: dict[str, list[float]] = {d: [] for d in DTYPES}
     tokens: dict[str, list[list[int]]] = {}
     for round_index in range(options.rounds):
-        order = DTYPES if round_index % 2 == 0 else DTYPES[::-1]
-        for dtype in order:
-            llm = LLM(options.model, dtype=dtype, kv_cache_memory=options.kv_cache_memory)
-            elapsed, got = _generate(llm, requests)
+        for dtype in rotated(DTYPES, round_index):
+            llm = make_llm(options.model, dtype, options.kv_cache_memory)
+            warm_up(llm, requests[0])
+            elapsed, outputs = timed_generate(llm, *greedy_inputs(requests))
+            got = token_ids(outputs)
             del llm
             speeds[dtype].append(sum(len(t) for t in got) / elapsed)
             tokens.setdefault(dtype, got)
@@ -84,5 +49,5 @@ def run_precision(requests: list[BenchRequest], options: PrecisionOptions) -> di
         "output_tok_s": tok_s,
         "output_tok_s_per_round": {d: [round(x, 2) for x in v] for d, v in speeds.items()},
         "bf16_over_fp32": round(tok_s["bfloat16"] / tok_s["float32"], 3),
-        "agreement": agreement(tokens),
+        "agreement": agreement(tokens["bfloat16"], tokens["float32"]),
     }

@@ -13,7 +13,7 @@ its blocks were kept (the float model in bfloat16, not quantized).
 
 Greedy agreement of each run with pagestream float32 on the de-quantized weights of the
 same file (the float model those blocks stand for), over the whole workload: equal
-requests, the mean first difference, as benchmarks/precision.py counts them. llama.cpp
+requests, the mean first difference, as benchmarks/results.py counts them. llama.cpp
 rounds its activations to 8 bits inside the quantized dot products; pagestream does the
 same on the bfloat16 VNNI path (kernels/cpu/quantized_linear.cpp).
 """
@@ -58,7 +58,7 @@ def make_q8_0(source: Path, llama_quantize: str) -> Path:
 
 
 def _pagestream(model: str, requests: list[BenchRequest], name: str, **engine) -> tuple:
-    from benchmarks.throughput import run_pagestream
+    from benchmarks.offline import run_pagestream
     from pagestream import LLM
 
     llm = LLM(model, **engine)

@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from benchmarks.report_sections import markdown_table, replace_section
+from benchmarks.markdown import measured, table
 
 HEADING = "## Time per output token at small batches (CPU)"
 
 
-def add_to_report(results: dict, docs_dir: Path) -> bool:
-    part = (results.get("latency") or {}).get("batch")
-    path = docs_dir / "benchmarks.md"
-    if not part or not path.exists():
-        return False
-    replace_section(path, HEADING, "\n".join(latency_section(part)))
-    return True
-
-
 def latency_section(part: dict) -> list[str]:
-    meta = part.get("meta", {})
-    machine = meta.get("machine", {})
+    torch = part.get("meta", {}).get("machine", {}).get("torch")
     dtypes = part["dtypes"]
     batches = list(next(iter(dtypes.values()))["pagestream"]["ms_per_token"])
     rows = []
@@ -40,9 +28,8 @@ def latency_section(part: dict) -> list[str]:
     return [
         HEADING,
         "",
-        f"Reproduce: `{meta.get('command', 'pagestream bench latency')}`; measured "
-        f"{machine.get('date', '?')} on {machine.get('cpu', '?')} ({part['threads']} threads, "
-        f"torch {machine.get('torch', '?')}). A {part['prompt_len']}-token prompt, then "
+        measured(part, "pagestream bench latency", f"{part['threads']} threads, torch {torch}")
+        + f" A {part['prompt_len']}-token prompt, then "
         f"{part['output_len']} greedy tokens; ms per output token = (time for all - time for "
         f"one) / {part['output_len'] - 1}, median of {part['rounds']} rounds. The streaming "
         "limit is the bytes a decode step reads (every linear weight and the LM head) over "
@@ -51,7 +38,7 @@ def latency_section(part: dict) -> list[str]:
         "and drifts). llama.cpp: batch 1 on F32 / BF16 GGUF files of the same weights, same "
         "threads and prompt.",
         "",
-        markdown_table(
+        table(
             [
                 "dtype",
                 *(f"batch {b} ms/token" for b in batches),

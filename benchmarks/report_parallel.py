@@ -5,14 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from benchmarks.markdown import measured, table
+
 # What the runs say, written by hand and dated inside (rendered after the tables).
 PARALLEL_NOTES = Path(__file__).parent / "data" / "parallel_notes.md"
-
-
-def _table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join("—" if c is None else str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def parallel_section(par: dict) -> list[str]:
@@ -27,28 +23,17 @@ def parallel_section(par: dict) -> list[str]:
         "jobs only ever slow a run down, so the best round is the least disturbed one).",
         "",
     ]
-    legacy = par.get("meta", {})  # results written before each part had its own meta
     if par.get("offline"):
-        out += _offline(par["offline"], par["offline"].get("meta", legacy))
+        out += _offline(par["offline"])
     if par.get("offline") or par.get("async_serving"):
-        out += _async(par.get("offline"), par.get("async_serving"), legacy)
+        out += _async(par.get("offline"), par.get("async_serving"))
     if PARALLEL_NOTES.exists():
         out += [PARALLEL_NOTES.read_text(encoding="utf-8").strip(), ""]
     return out
 
 
-def _provenance(part: dict, meta: dict) -> str:
-    machine = meta.get("machine", {})
-    load = part.get("load_average")
-    text = (
-        f"Reproduce: `{meta.get('command', 'pagestream bench parallel --profile quick')}` "
-        f"(profile `{meta.get('profile')}`, model `{meta.get('model')}`); measured "
-        f"{machine.get('date')} on {machine.get('cpu')} ({machine.get('cores')} cores, torch "
-        f"{machine.get('torch')})"
-    )
-    if load:
-        text += f", load average {load['start']} at the start and {load['end']} at the end"
-    return text + "."
+def _provenance(part: dict) -> str:
+    return measured(part, "pagestream bench parallel --profile quick")
 
 
 def _best_ratio(run: dict, runs: list[dict], label: str) -> float | None:
@@ -87,7 +72,7 @@ def _collectives_cell(step: dict) -> str | None:
     return median if low is None else f"{low}–{median}"
 
 
-def _offline(off: dict, meta: dict) -> list[str]:
+def _offline(off: dict) -> list[str]:
     runs = off["runs"]
     rows = [
         [
@@ -110,7 +95,7 @@ def _offline(off: dict, meta: dict) -> list[str]:
     out = [
         "### Offline throughput by layout",
         "",
-        _provenance(off, meta),
+        _provenance(off),
         "",
         f"{off['num_requests']} requests ({off['prompt_tokens']} prompt tokens, "
         f"{off['output_tokens']} output tokens), greedy with ignore_eos, prefix caching off, "
@@ -128,7 +113,7 @@ def _offline(off: dict, meta: dict) -> list[str]:
         "A worker process gets cores / world size torch threads (tp = 3: one thread each, "
         "three processes on the cores); pp = 2 keeps two plans in flight.",
         "",
-        _table(
+        table(
             [
                 "layout",
                 "model",
@@ -215,7 +200,7 @@ def _where_time_goes(off: dict) -> list[str]:
         "two plans in flight a plan's wall includes its wait behind the other. "
         f"Collectives per step: {counts}.",
         "",
-        _table(
+        table(
             [
                 "layout",
                 "against",
@@ -282,7 +267,7 @@ def _collectives(collectives: dict) -> list[str]:
             "layer, turn about (medians, ms); the difference per all-reduce (us) is what one "
             "costs between busy processes, wake-ups and the peer's lag included:",
             "",
-            _table(
+            table(
                 ["processes", "tokens x hidden", "step without", "step with", "per all-reduce"],
                 in_step,
             ),
@@ -296,9 +281,9 @@ def _collectives(collectives: dict) -> list[str]:
         "median (minimum) in microseconds. In a real step a rank also waits for its slowest "
         "peer, so the forward-time difference above can exceed the estimate.",
         "",
-        _table(header, rows),
+        table(header, rows),
         "",
-        _table(["logits gathered to rank 0 (rows x vocab shard)", "gather"], gather_rows),
+        table(["logits gathered to rank 0 (rows x vocab shard)", "gather"], gather_rows),
         "",
         *in_step_text,
     ]
@@ -308,7 +293,7 @@ def _us(entry: dict | None) -> str | None:
     return None if entry is None else f"{entry['median']} ({entry['min']})"
 
 
-def _async(off: dict | None, sv: dict | None, legacy: dict) -> list[str]:
+def _async(off: dict | None, sv: dict | None) -> list[str]:
     out = ["### Async scheduling on vs off", ""]
     offline = [r for r in (off or {}).get("runs", []) if "async scheduling" in r["layout"]]
     for run in offline:
@@ -335,11 +320,11 @@ def _async(off: dict | None, sv: dict | None, legacy: dict) -> list[str]:
             "",
         ]
     if sv:
-        out += _async_serving(sv, sv.get("meta", legacy))
+        out += _async_serving(sv)
     return out
 
 
-def _async_serving(sv: dict, meta: dict) -> list[str]:
+def _async_serving(sv: dict) -> list[str]:
     ratio_rows = [
         [
             r["deployment"],
@@ -365,7 +350,7 @@ def _async_serving(sv: dict, meta: dict) -> list[str]:
         for r in sv["runs"]
     ]
     return [
-        "Serving. " + _provenance(sv, meta),
+        "Serving. " + _provenance(sv),
         "",
         "`pagestream serve` with and without `--async-scheduling`, in one process and with "
         "`--split-services`: both servers of a deployment up side by side, taking turns "
@@ -374,9 +359,9 @@ def _async_serving(sv: dict, meta: dict) -> list[str]:
         "caching off. Ratios on / off (median of each round's ratio; ratio of the best "
         "rounds). Throughput above 1 and latencies below 1 favour async scheduling:",
         "",
-        _table(["deployment", "rate", "rounds", "throughput", "TTFT p50", "TPOT p50"], ratio_rows),
+        table(["deployment", "rate", "rounds", "throughput", "TTFT p50", "TPOT p50"], ratio_rows),
         "",
-        _table(
+        table(
             [
                 "deployment",
                 "async",

@@ -2,25 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from benchmarks.report_sections import markdown_table, replace_section
+from benchmarks.markdown import measured, table
 
 HEADING = "## A GGUF file as it is, against llama.cpp on the same file (CPU)"
 
 
-def add_to_report(results: dict, docs_dir: Path) -> bool:
-    part = (results.get("quantized") or {}).get("offline")
-    path = docs_dir / "benchmarks.md"
-    if not part or not path.exists():
-        return False
-    replace_section(path, HEADING, "\n".join(quantized_section(part)))
-    return True
-
-
 def quantized_section(part: dict) -> list[str]:
-    meta = part.get("meta", {})
-    machine = meta.get("machine", {})
     agreement = part.get("agreement", {})
     rows = []
     for run in part["runs"]:
@@ -38,9 +25,7 @@ def quantized_section(part: dict) -> list[str]:
     return [
         HEADING,
         "",
-        f"Reproduce: `{meta.get('command', 'pagestream bench quantized')}`; measured "
-        f"{machine.get('date', '?')} on {machine.get('cpu', '?')} (torch "
-        f"{machine.get('torch', '?')}). The workload's prompts and output lengths "
+        measured(part, "pagestream bench quantized") + " The workload's prompts and output lengths "
         f"(ignore_eos) through pagestream with {part['source_gguf']}'s blocks kept and "
         "through llama.cpp on that file (and, with $LLAMA_QUANTIZE, both on a Q8_0 file "
         "llama-quantize made from the F32 export of the same weights), one engine at a time, "
@@ -48,7 +33,7 @@ def quantized_section(part: dict) -> list[str]:
         "float32's on the de-quantized weights, and the mean index of the first difference. "
         f"Throughput ratios (ours / llama.cpp): {ratios}.",
         "",
-        markdown_table(
+        table(
             ["run", "output tok/s", "seconds", "equal to float32", "mean first difference"],
             rows,
         ),

@@ -1,35 +1,13 @@
 """The report's section for `pagestream bench routing` (benchmarks/routing.py): each router
-policy's prefix-cache hit rate, requests per replica, latencies and throughput, a plot, and
-the section spliced into docs/benchmarks.md (before the CPU notes, or at the end), which
-benchmarks/report.py renders without it."""
+policy's prefix-cache hit rate, requests per replica, latencies and throughput (its plot:
+benchmarks/plots.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
-from benchmarks.report_sections import markdown_table, replace_section
+from benchmarks.markdown import measured, table
 from benchmarks.routing import hit_rate_bound
 
 HEADING = "## Routing across data-parallel replicas"
-PLOT = "routing.png"
-DPI = 110
-
-
-def add_to_report(results: dict, docs_dir: Path) -> bool:
-    """Write the plot and splice the section into docs_dir/benchmarks.md (replacing an
-    earlier one); False when there are no routing results."""
-    part = (results.get("routing") or {}).get("dp2")
-    path = docs_dir / "benchmarks.md"
-    if not part or not path.exists():
-        return False
-    write_plot(part, docs_dir / "benchmarks" / PLOT)
-    replace_section(path, HEADING, "\n".join(routing_section(part)))
-    return True
 
 
 def routing_section(part: dict) -> list[str]:
@@ -37,7 +15,10 @@ def routing_section(part: dict) -> list[str]:
     out = [
         HEADING,
         "",
-        _provenance(part),
+        measured(part, "pagestream bench routing --profile quick")
+        + " The machine is shared with other jobs and both replicas (and the frontend and the "
+        "client) share its cores, so latencies and throughput are noisy: compare the policies "
+        "within this run, measured side by side, not with other sections.",
         "",
         f"`pagestream serve -dp {part['data_parallel_size']} --router-policy P`, a fresh server "
         f"per policy and round. Workload: {w['conversations']} conversations x {w['turns']} "
@@ -57,7 +38,7 @@ def routing_section(part: dict) -> list[str]:
         f"Figures are medians over {part['rounds']} round(s) (policies in a rotated order each "
         "round); times in ms.",
         "",
-        markdown_table(
+        table(
             [
                 "policy",
                 "hit rate",
@@ -78,7 +59,7 @@ def routing_section(part: dict) -> list[str]:
         "",
         "Every run, side by side (round, policy; router decisions per replica by reason):",
         "",
-        markdown_table(
+        table(
             [
                 "round",
                 "policy",
@@ -93,31 +74,12 @@ def routing_section(part: dict) -> list[str]:
             [_run_row(r) for r in part["runs"]],
         ),
         "",
-        f"![routing](benchmarks/{PLOT})",
+        "![routing](benchmarks/routing.png)",
         "",
         *_observations(part),
         "",
     ]
     return out
-
-
-def _provenance(part: dict) -> str:
-    meta = part.get("meta", {})
-    machine = meta.get("machine", {})
-    load = part.get("load_average")
-    text = (
-        f"Reproduce: `{meta.get('command', 'pagestream bench routing --profile quick')}` "
-        f"(profile `{meta.get('profile')}`, model `{meta.get('model')}`); measured "
-        f"{machine.get('date')} on {machine.get('cpu')} ({machine.get('cores')} cores, torch "
-        f"{machine.get('torch')})"
-    )
-    if load:
-        text += f", load average {load['start']} at the start and {load['end']} at the end"
-    return (
-        text + ". The machine is shared with other jobs and both replicas (and the frontend "
-        "and the client) share its cores, so latencies and throughput are noisy: compare the "
-        "policies within this run, measured side by side, not with other sections."
-    )
 
 
 def _kv_words(part: dict) -> str:
@@ -198,40 +160,3 @@ def _observations(part: dict) -> list[str]:
                 parts.append(f"{label} x{aware[key] / base[key]:.2f}")
         lines.append(f"- `cache_aware` against `{other}`: " + ", ".join(parts) + ".")
     return lines
-
-
-def write_plot(part: dict, path: Path) -> Path:
-    summary = part["summary"]
-    names = [s["policy"] for s in summary]
-    fig, (hits, ttft, tput) = plt.subplots(1, 3, figsize=(11, 3.6))
-    bars = hits.bar(names, [s["hit_rate"] for s in summary], color="tab:blue")
-    hits.bar_label(bars, fmt="%.2f")
-    hits.axhline(part["best_hit_rate"], color="gray", linestyle="--", label="best possible")
-    hits.set_ylim(0, 1)
-    hits.set_title("prefix-cache hit rate")
-    hits.legend(fontsize=7, loc="lower right")
-    x = range(len(names))
-    width = 0.38
-    for offset, key, label in (
-        (-width / 2, "ttft_p50_ms", "p50"),
-        (width / 2, "ttft_p99_ms", "p99"),
-    ):
-        values = [s[key] or 0 for s in summary]
-        bars = ttft.bar([i + offset for i in x], values, width, label=label)
-        ttft.bar_label(bars, fmt="%.0f", fontsize=7)
-    ttft.set_xticks(list(x), names)
-    ttft.set_title("TTFT (ms)")
-    ttft.legend(fontsize=7)
-    bars = tput.bar(names, [s["output_tokens_per_s"] for s in summary], color="tab:green")
-    tput.bar_label(bars, fmt="%.1f")
-    tput.set_title("output tokens / s")
-    for ax in (hits, ttft, tput):
-        ax.tick_params(axis="x", labelsize=7)
-    fig.suptitle(
-        f"serve -dp {part['data_parallel_size']}: medians over {part['rounds']} round(s)",
-        fontsize=9,
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from benchmarks.report_sections import markdown_table, replace_section
+from benchmarks.markdown import measured, table
 
 HEADING = "## Served side by side with llama-server (CPU)"
 BUILD = (
@@ -17,18 +15,7 @@ BUILD = (
 )
 
 
-def add_to_report(results: dict, docs_dir: Path) -> bool:
-    part = (results.get("serve_peer") or {}).get("llamacpp")
-    path = docs_dir / "benchmarks.md"
-    if not part or not path.exists():
-        return False
-    replace_section(path, HEADING, "\n".join(serve_peer_section(part)))
-    return True
-
-
 def serve_peer_section(part: dict) -> list[str]:
-    meta = part.get("meta", {})
-    machine = meta.get("machine", {})
     rows = []
     for server, levels in part["servers"].items():
         for level, r in levels.items():
@@ -65,9 +52,8 @@ def serve_peer_section(part: dict) -> list[str]:
     return [
         HEADING,
         "",
-        f"Reproduce: `{meta.get('command', 'pagestream bench serve --peer llamacpp')}`; "
-        f"measured {machine.get('date', '?')} on {machine.get('cpu', '?')}. At each "
-        "concurrency C, C closed-loop clients (the official `openai` client, streaming "
+        measured(part, "pagestream bench serve --peer llamacpp")
+        + " At each concurrency C, C closed-loop clients (the official `openai` client, streaming "
         "`/v1/completions`, retrying a request that fails to connect: llama-server drops "
         "kept-alive connections) send "
         f"{part['prompt_len']}-token prompts (random token ids, "
@@ -81,7 +67,7 @@ def serve_peer_section(part: dict) -> list[str]:
         "process and what it starts), llama-server, and the benchmark process (the "
         "client), which shares the cores. " + BUILD,
         "",
-        markdown_table(
+        table(
             [
                 "server",
                 "C",
@@ -99,7 +85,7 @@ def serve_peer_section(part: dict) -> list[str]:
             rows,
         ),
         "",
-        markdown_table(
+        table(
             [
                 "C",
                 "tok/s ours / llama-server",

@@ -1,37 +1,34 @@
-"""The "Structured outputs" section of docs/benchmarks.md and its plot, from the
-`structured` results (benchmarks/structured.py); spliced into the report that report.py
-writes, replacing an earlier one, so the other sections stay as they are."""
+"""The "Structured outputs" section of docs/benchmarks.md, from the `structured` results
+(benchmarks/structured.py; its plot: benchmarks/plots.py)."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from benchmarks.plot_structured import LABELS, write_plot
-from benchmarks.report_sections import markdown_table, replace_section
+from benchmarks.markdown import measured, table
 
 HEADING = "## Structured outputs"
-PLOT = "structured.png"
+LABELS = {
+    "unconstrained": "unconstrained",
+    "json_schema": "JSON schema",
+    "matched_length": "no grammar, constrained lengths",
+}
 GOAL = 0.9  # constrained / unconstrained output tok/s the issue asks for
 
 
-def add_to_report(results: dict, docs_dir: Path) -> bool:
-    """Write the plot and splice the section into docs_dir/benchmarks.md; False when there
-    are no structured-output results."""
-    part = (results.get("structured") or {}).get("offline")
-    path = docs_dir / "benchmarks.md"
-    if not part or not path.exists():
-        return False
-    write_plot(part, docs_dir / "benchmarks" / PLOT)
-    replace_section(path, HEADING, "\n".join(structured_section(part)))
-    return True
-
-
 def structured_section(part: dict) -> list[str]:
+    machine = part.get("meta", {}).get("machine", {})
+    cores, torch = machine.get("cores"), machine.get("torch")
     return [
         HEADING,
         "",
-        _provenance(part),
+        measured(
+            part,
+            "pagestream bench structured --profile quick",
+            f"{cores} cores, torch {torch} with {part.get('torch_threads')} thread(s)",
+        )
+        + " The machine is shared with other jobs, so the figures are noisy: compare the runs "
+        "within this section, measured side by side, not with other sections.",
         "",
         "### Throughput, unconstrained vs a JSON schema",
         "",
@@ -65,27 +62,9 @@ def structured_section(part: dict) -> list[str]:
         "",
         _mask_table(part),
         "",
-        f"![structured outputs](benchmarks/{PLOT})",
+        "![structured outputs](benchmarks/structured.png)",
         "",
     ]
-
-
-def _provenance(part: dict) -> str:
-    meta = part.get("meta", {})
-    machine = meta.get("machine", {})
-    load = part.get("load_average")
-    text = (
-        f"Reproduce: `{meta.get('command', 'pagestream bench structured --profile quick')}` "
-        f"(profile `{meta.get('profile')}`, model `{meta.get('model')}`); measured "
-        f"{machine.get('date')} on {machine.get('cpu')} ({machine.get('cores')} cores, torch "
-        f"{machine.get('torch')} with {part.get('torch_threads')} thread(s))"
-    )
-    if load:
-        text += f", load average {load['start']} at the start and {load['end']} at the end"
-    return (
-        text + ". The machine is shared with other jobs, so the figures are noisy: compare "
-        "the runs within this section, measured side by side, not with other sections."
-    )
 
 
 def _workload_words(part: dict) -> str:
@@ -129,7 +108,7 @@ def _throughput_table(part: dict) -> str:
                 finish,
             ]
         )
-    return markdown_table(
+    return table(
         [
             "run",
             "output tok/s",
@@ -197,7 +176,7 @@ def _time_table(part: dict) -> str:
                 s["total_sample_s"],
             ]
         )
-    return markdown_table(
+    return table(
         [
             "run",
             "decode forward ms (p50)",
@@ -278,7 +257,7 @@ def _compile_table(part: dict) -> str:
         ["cached: first mask", *_pcts(s["cached_first_mask_ms"])],
     ]
     rows += [[f"cold compile, {k} only", *_pcts(v["cold_ms"])] for k, v in s["by_kind"].items()]
-    return markdown_table(["", "p50", "p99", "max", "n"], rows)
+    return table(["", "p50", "p99", "max", "n"], rows)
 
 
 def _pcts(p: dict) -> list:
@@ -334,4 +313,4 @@ def _mask_table(part: dict) -> str:
         "ms per step p99",
         "ms in all",
     ]
-    return markdown_table(header, rows)
+    return table(header, rows)

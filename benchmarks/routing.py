@@ -24,10 +24,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from benchmarks.load_clients import GrpcClient, RequestRecord
+from benchmarks.load_clients import GrpcClient, RequestRecord, closed_loop
+from benchmarks.results import rotated
 from benchmarks.server_process import ServerProcess
 from benchmarks.serving import INF, percentiles_ms, summarize
-from benchmarks.workload import BenchRequest, CorpusSource
+from benchmarks.workload import BenchRequest, CorpusSource, totals
 
 logger = logging.getLogger(__name__)
 
@@ -130,12 +131,9 @@ def hit_rate_bound(
 
 def kv_cache_plan(folder: str, profile: RoutingProfile, block_size: int = BLOCK_SIZE) -> dict:
     """The KV cache per replica (float32) for the profile's kv_conversations."""
-    from transformers import AutoConfig
+    from benchmarks.ceiling import ModelShapes
 
-    config = AutoConfig.from_pretrained(folder)
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    block_bytes = 2 * config.num_hidden_layers * kv_heads * head_dim * 4 * block_size
+    block_bytes = ModelShapes.of(folder).kv_bytes_per_token() * block_size
     tokens = profile.system_prompt_len + profile.question_len + profile.output_len
     per_request = -(-tokens // block_size)
     held = profile.kv_conversations or 2 * profile.conversations
@@ -170,11 +168,9 @@ def run_routing(tokenizer, options: RoutingOptions) -> dict:
     kv = options.kv_cache_memory or plan["bytes_per_replica"]
     concurrency = options.concurrency or profile.concurrency
     rounds = options.rounds or profile.rounds
-    load_start = os.getloadavg()[0]
     runs = []
     for round_index in range(rounds):
-        shift = round_index % len(options.policies)
-        for policy in (*options.policies[shift:], *options.policies[:shift]):
+        for policy in rotated(options.policies, round_index):
             run = _run_policy(options, policy, turns, kv, concurrency)
             run["round"] = round_index
             runs.append(run)
@@ -191,7 +187,6 @@ def run_routing(tokenizer, options: RoutingOptions) -> dict:
         "rounds": rounds,
         "runs": runs,
         "summary": summarize_policies(runs),
-        "load_average": {"start": round(load_start, 2), "end": round(os.getloadavg()[0], 2)},
     }
 
 
@@ -199,9 +194,7 @@ def _workload_summary(profile: RoutingProfile, turns: list[Turn], concurrency: i
     return {
         **{k: v for k, v in asdict(profile).items() if k not in ("name", "kv_conversations")},
         "concurrency": concurrency,
-        "num_requests": len(turns),
-        "prompt_tokens": sum(t.request.prompt_len for t in turns),
-        "output_tokens": sum(t.request.output_len for t in turns),
+        **totals([t.request for t in turns]),
         "order": " ".join(str(t.conversation) for t in turns),  # conversation of each request
         "transport": GrpcClient.name,
     }
@@ -250,21 +243,6 @@ async def _warm_up(client: GrpcClient, request: BenchRequest) -> None:
     for record in await asyncio.gather(client.send(warm), client.send(warm)):
         if not record.ok:
             raise RuntimeError(f"warm-up failed: {record.error}")
-
-
-async def closed_loop(client, requests: list[BenchRequest], concurrency: int):
-    """(records in request order, seconds): ``concurrency`` senders take the requests in
-    order, each sending its next one when its last one has ended."""
-    records: list[RequestRecord | None] = [None] * len(requests)
-    queue = iter(enumerate(requests))
-
-    async def sender() -> None:
-        for index, request in queue:
-            records[index] = await client.send(request)
-
-    start = time.perf_counter()
-    await asyncio.gather(*(sender() for _ in range(concurrency)))
-    return records, time.perf_counter() - start
 
 
 def read_metrics(base_url: str) -> dict[str, dict]:

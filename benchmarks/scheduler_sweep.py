@@ -25,7 +25,7 @@ import statistics
 import time
 
 from benchmarks.load_clients import RequestRecord
-from benchmarks.throughput import make_llm, run_pagestream
+from benchmarks.offline import make_llm, run_pagestream
 from benchmarks.workload import PROFILES, BenchRequest, make_workload
 from services.common.config import DEFAULT_MODEL
 
@@ -127,7 +127,7 @@ def run_setting(model: str, dtype: str, setting: dict, requests, load_requests, 
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--dtype", default="float32")
@@ -136,7 +136,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--load-output-scale", type=float, default=0.5)
     parser.add_argument("--json", default=None, help="also write the rows to this file")
-    opts = parser.parse_args()
+    opts = parser.parse_args(argv)
     from transformers import AutoTokenizer
 
     from services.worker.models.gguf_weights import dequantized_folder

@@ -1,14 +1,32 @@
-"""The runner of each `pagestream bench` section: (args, folder, profile, workload,
-results) -> the section's results. benchmarks/cli.py parses the command line and
-dispatches to them; routing, structured, precision and latency are self-contained
-(each describes its own workload)."""
+"""The sections of `pagestream bench` (SECTIONS, in the report's order): each one's runner,
+(args, folder, profile, workload, results) -> its results, where results.json keeps them,
+and its renderer (benchmarks/report_*.py). benchmarks/cli.py parses the command line and
+runs them; benchmarks/report.py renders them."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from benchmarks.report_latency import latency_section
+from benchmarks.report_memory import memory_section
+from benchmarks.report_parallel import parallel_section
+from benchmarks.report_precision import precision_section
+from benchmarks.report_quantized import quantized_section
+from benchmarks.report_routing import routing_section
+from benchmarks.report_serve_peer import serve_peer_section
+from benchmarks.report_serving import serving_section
+from benchmarks.report_structured import structured_section
+from benchmarks.report_throughput import throughput_section
+from benchmarks.results import load_average
 
 KV_DEFAULT = "2GiB"  # --kv-cache-memory's default: the sections that size their own cache
+
+
+def listed(text: str | None, kind=str) -> tuple:
+    """The comma-separated values of an option ("1,4,16" -> (1, 4, 16)); () for none."""
+    return tuple(kind(item.strip()) for item in (text or "").split(",") if item.strip())
 
 
 def run_routing(args, folder, profile, workload, results) -> dict:
@@ -18,7 +36,7 @@ def run_routing(args, folder, profile, workload, results) -> dict:
 
     from benchmarks.routing import POLICIES, ROUTING_PROFILES, RoutingOptions, run_routing
 
-    policies = tuple(p.strip() for p in (args.policies or "").split(",") if p.strip())
+    policies = listed(args.policies)
     options = RoutingOptions(
         model=folder,
         profile=ROUTING_PROFILES[profile.name],
@@ -27,7 +45,7 @@ def run_routing(args, folder, profile, workload, results) -> dict:
         concurrency=args.concurrency,
         rounds=args.rounds,
     )
-    return {"dp2": run_routing(AutoTokenizer.from_pretrained(folder), options)}
+    return load_average(run_routing, AutoTokenizer.from_pretrained(folder), options)
 
 
 def run_structured(args, folder, profile, workload, results) -> dict:
@@ -45,7 +63,7 @@ def run_structured(args, folder, profile, workload, results) -> dict:
     options = StructuredOptions(
         model=folder, profile=structured, kv_cache_memory=args.kv_cache_memory
     )
-    return {"offline": run_structured(AutoTokenizer.from_pretrained(folder), options)}
+    return load_average(run_structured, AutoTokenizer.from_pretrained(folder), options)
 
 
 def run_precision(args, folder, profile, workload, results) -> dict:
@@ -55,7 +73,7 @@ def run_precision(args, folder, profile, workload, results) -> dict:
 
     requests = workload.requests[: args.num_requests or len(workload.requests)]
     options = PrecisionOptions(folder, args.kv_cache_memory, args.rounds or 2)
-    return {"offline": run_precision(requests, options)}
+    return run_precision(requests, options)
 
 
 def run_latency(args, folder, profile, workload, results) -> dict:
@@ -70,7 +88,7 @@ def run_latency(args, folder, profile, workload, results) -> dict:
         rounds=args.rounds or 3,
         llamacpp=not args.no_llamacpp,
     )
-    return {"batch": run_latency(options)}
+    return run_latency(options)
 
 
 def run_quantized(args, folder, profile, workload, results) -> dict:
@@ -79,9 +97,9 @@ def run_quantized(args, folder, profile, workload, results) -> dict:
     from benchmarks.quantized import QuantizedOptions, run_quantized
 
     requests = workload.requests[: args.num_requests or len(workload.requests)]
-    seqs = int(args.llamacpp_seqs.split(",")[0])
+    seqs = listed(args.llamacpp_seqs, int)[0]
     options = QuantizedOptions(args.model, args.kv_cache_memory, seqs)
-    return {"offline": run_quantized(requests, options)}
+    return run_quantized(requests, options)
 
 
 def run_serve_peer(args, folder, profile, workload, results) -> dict:
@@ -95,13 +113,13 @@ def run_serve_peer(args, folder, profile, workload, results) -> dict:
     options = ServePeerOptions(
         model=args.model,
         folder=folder,
-        concurrencies=tuple(int(c) for c in args.concurrencies.split(",") if c),
+        concurrencies=listed(args.concurrencies, int),
         llama_server=args.llama_server,
         rounds=args.rounds or 3,
         layouts=layouts,
     )
     vocab_size = AutoConfig.from_pretrained(folder).vocab_size
-    return {"llamacpp": run_serve_peer(options, vocab_size)}
+    return run_serve_peer(options, vocab_size)
 
 
 def run_throughput(args, folder, profile, workload, results) -> dict:
@@ -128,7 +146,7 @@ def _llamacpp_options(args):
     return LlamaCppOptions(
         model=args.model,
         dtypes=("F32", "BF16") if args.bf16 else ("F32",),
-        seqs=tuple(int(n) for n in args.llamacpp_seqs.split(",") if n.strip()),
+        seqs=listed(args.llamacpp_seqs, int),
     )
 
 
@@ -173,8 +191,9 @@ def run_memory(args, folder, profile, workload, results) -> dict:
 def run_parallel(args, folder, profile, workload, results) -> dict:
     """Offline layouts side by side, then async scheduling on / off behind the servers;
     each part with the load average before and after it (the machine may be shared)."""
+    from benchmarks.parallel import DEFAULT_LAYOUTS, Layout, ParallelOptions
+    from benchmarks.parallel import run_parallel as run_layouts
     from benchmarks.serving import AsyncServingOptions, run_async_serving
-    from benchmarks.throughput import run_parallel_throughput
     from benchmarks.workload import scaled
 
     rounds = args.rounds or profile.parallel_rounds
@@ -185,32 +204,55 @@ def run_parallel(args, folder, profile, workload, results) -> dict:
     if not args.no_offline:
         requests = workload.requests[: profile.parallel_num_requests]
         requests = scaled(requests, profile.parallel_output_scale)
-        layouts = tuple(t for t in (args.layouts or "").split(",") if t.strip()) or None
-        found["offline"] = _with_load(
-            run_parallel_throughput,
-            requests,
-            folder,
-            layouts,
-            rounds=rounds,
-            kv_cache_memory=kv,
-        )
+        layouts = listed(args.layouts, Layout.parse) or tuple(map(Layout.parse, DEFAULT_LAYOUTS))
+        offline = ParallelOptions(folder, layouts=layouts, rounds=rounds, kv_cache_memory=kv)
+        found["offline"] = load_average(run_layouts, requests, offline)
     if not args.no_async_serve:
         serve_requests = scaled(
             workload.requests[: profile.serve_num_requests], profile.serve_output_scale
         )
-        options = AsyncServingOptions(
+        serving = AsyncServingOptions(
             model=folder,
             rates=profile.serve_rates if args.rates else (),  # saturation only, unless asked
             deployments=(False,) if args.no_split else (False, True),
             rounds=rounds,
             kv_cache_memory=kv,
         )
-        found["async_serving"] = _with_load(run_async_serving, serve_requests, options)
+        found["async_serving"] = load_average(run_async_serving, serve_requests, serving)
     return found
 
 
-def _with_load(run, *args, **kwargs) -> dict:
-    start = os.getloadavg()[0]
-    result = run(*args, **kwargs)
-    end = os.getloadavg()[0]
-    return {**result, "load_average": {"start": round(start, 2), "end": round(end, 2)}}
+@dataclass(frozen=True)
+class Section:
+    name: str  # `pagestream bench NAME`
+    key: str  # where results.json keeps its results
+    run: Callable[..., dict]  # (args, folder, profile, workload, results) -> its results
+    render: Callable[[dict], list[str]]  # its results (its part's, with `part`) -> lines
+    # Self-contained: made of parts that each keep their own meta (command, date, machine);
+    # a run replaces the parts it ran, and other sections' runs keep them all.
+    self_contained: bool = False
+    part: str | None = None  # a self-contained section of one part: its name
+    own_workload: bool = False  # describes its own workload (not the profile's requests)
+
+
+SECTIONS = (
+    Section("throughput", "throughput", run_throughput, throughput_section),
+    Section("serve", "serving", run_serving, serving_section),
+    Section("memory", "memory", run_memory, memory_section),
+    Section("parallel", "parallel", run_parallel, parallel_section, self_contained=True),
+    Section("routing", "routing", run_routing, routing_section, True, "dp2", own_workload=True),
+    Section(
+        "structured",
+        "structured",
+        run_structured,
+        structured_section,
+        True,
+        "offline",
+        own_workload=True,
+    ),
+    Section("precision", "precision", run_precision, precision_section, True, "offline"),
+    Section("latency", "latency", run_latency, latency_section, True, "batch"),
+    Section("serve_peer", "serve_peer", run_serve_peer, serve_peer_section, True, "llamacpp"),
+    Section("quantized", "quantized", run_quantized, quantized_section, True, "offline"),
+)
+BY_NAME = {s.name: s for s in SECTIONS}

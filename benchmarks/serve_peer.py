@@ -40,7 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.load_clients import HttpClient, RequestRecord
+from benchmarks.load_clients import HttpClient, RequestRecord, closed_loop
+from benchmarks.results import percentiles, ratio
 from benchmarks.server_process import ServerProcess, descendants, free_port, http_healthy
 from benchmarks.workload import BenchRequest
 
@@ -86,35 +87,16 @@ def make_requests(options: ServePeerOptions, count: int, vocab_size: int) -> lis
 
 
 # ---- the load ------------------------------------------------------------------------
-async def closed_loop(base_url: str, requests: list[BenchRequest], concurrency: int) -> dict:
+async def level_load(base_url: str, requests: list[BenchRequest], concurrency: int) -> dict:
     """`concurrency` clients, each sending its next request when the last one ended."""
-    queue: asyncio.Queue = asyncio.Queue()
-    for request in requests:
-        queue.put_nowait(request)
-    records: list[RequestRecord] = []
     async with HttpClient(base_url, max_retries=2) as client:
         await client.send(BenchRequest(requests[0].prompt_token_ids, 4))  # warm up
-
-        async def worker() -> None:
-            while not queue.empty():
-                records.append(await client.send(queue.get_nowait()))
-
-        start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        duration = time.perf_counter() - start
+        records, duration = await closed_loop(client, requests, concurrency)
     return summarize(records, duration)
 
 
-def _percentiles_ms(values: list[float]) -> dict:
-    if not values:
-        return {"p50": None, "p90": None, "p99": None, "mean": None}
-    arr = np.asarray(values) * 1000
-    return {
-        "p50": round(float(np.percentile(arr, 50)), 2),
-        "p90": round(float(np.percentile(arr, 90)), 2),
-        "p99": round(float(np.percentile(arr, 99)), 2),
-        "mean": round(float(arr.mean()), 2),
-    }
+def _latencies_ms(seconds) -> dict:
+    return percentiles(seconds, (50, 90, 99), scale=1e3, digits=2, mean=True)
 
 
 def summarize(records: list[RequestRecord], duration_s: float) -> dict:
@@ -128,8 +110,8 @@ def summarize(records: list[RequestRecord], duration_s: float) -> dict:
         "duration_s": round(duration_s, 2),
         "output_tokens": tokens,
         "output_tok_s": round(tokens / duration_s, 1) if duration_s > 0 else None,
-        "ttft_ms": _percentiles_ms([r.ttft for r in ok if r.ttft is not None]),
-        "itl_ms": _percentiles_ms([gap for r in ok for gap in r.itls]),
+        "ttft_ms": _latencies_ms(r.ttft for r in ok if r.ttft is not None),
+        "itl_ms": _latencies_ms(gap for r in ok for gap in r.itls),
     }
 
 
@@ -156,7 +138,7 @@ def _process_cpu(roles: dict[str, list[int]]) -> dict[str, float]:
 def timed_level(base_url: str, requests, concurrency: int, roles: dict[str, list[int]]) -> dict:
     """One level's closed loop, with the CPU each role spent per output token."""
     before = _process_cpu(roles)
-    result = asyncio.run(closed_loop(base_url, requests, concurrency))
+    result = asyncio.run(level_load(base_url, requests, concurrency))
     after = _process_cpu(roles)
     tokens = max(result["output_tokens"], 1)
     result["cpu_ms_per_output_token"] = {
@@ -367,6 +349,7 @@ def median_run(rounds: list[dict]) -> dict:
 
 
 def ratios(part: dict, name: str) -> dict:
+    """Ours / llama-server per level (and served / offline)."""
     ours = part["servers"][name]
     theirs = part["servers"]["llama-server"]
     offline = part.get("offline", {})
@@ -374,21 +357,15 @@ def ratios(part: dict, name: str) -> dict:
     for level, mine in ours.items():
         peer = theirs.get(level, {})
         entry = {
-            "tok_s_vs_llama_server": _ratio(mine["output_tok_s"], peer.get("output_tok_s")),
-            "itl_p50_vs_llama_server": _ratio(
+            "tok_s_vs_llama_server": ratio(mine["output_tok_s"], peer.get("output_tok_s")),
+            "itl_p50_vs_llama_server": ratio(
                 mine["itl_ms"]["p50"], peer.get("itl_ms", {}).get("p50")
             ),
-            "ttft_p50_vs_llama_server": _ratio(
+            "ttft_p50_vs_llama_server": ratio(
                 mine["ttft_ms"]["p50"], peer.get("ttft_ms", {}).get("p50")
             ),
         }
         if level in offline:
-            entry["served_vs_offline"] = _ratio(
-                mine["output_tok_s"], offline[level]["output_tok_s"]
-            )
+            entry["served_vs_offline"] = ratio(mine["output_tok_s"], offline[level]["output_tok_s"])
         out[level] = entry
     return out
-
-
-def _ratio(a, b) -> float | None:
-    return round(a / b, 3) if a and b else None

@@ -79,7 +79,7 @@ class ServerProcess:
                 if self.process is None or self.process.poll() is not None:
                     raise RuntimeError(f"the server exited before it was ready: {self.command()}")
                 http_ok = http_ok or http_healthy(f"{self.http_url}/ready")
-                grpc_ok = grpc_ok or _grpc_serving(health)
+                grpc_ok = grpc_ok or grpc_serving(health)
                 if http_ok and grpc_ok:
                     return
                 time.sleep(0.25)  # polling an external process: nothing to await
@@ -146,7 +146,7 @@ def http_healthy(url: str) -> bool:
         return False
 
 
-def _grpc_serving(stub) -> bool:
+def grpc_serving(stub) -> bool:
     try:
         reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
     except grpc.RpcError:

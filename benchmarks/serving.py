@@ -19,8 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchmarks.load_clients import GrpcClient, HttpClient, RequestRecord
+from benchmarks.results import median, percentiles, ratio
 from benchmarks.server_process import ServerProcess
-from benchmarks.workload import BenchRequest
+from benchmarks.workload import BenchRequest, totals
 
 logger = logging.getLogger(__name__)
 
@@ -61,14 +62,9 @@ async def run_load(client, requests: list[BenchRequest], rate: float, seed: int)
     return summarize(records, time.perf_counter() - start, rate)
 
 
-def percentiles_ms(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"p50": None, "p99": None}
-    array = np.array(values) * 1e3  # ms
-    return {
-        "p50": round(float(np.percentile(array, 50)), 1),
-        "p99": round(float(np.percentile(array, 99)), 1),
-    }
+def percentiles_ms(seconds) -> dict[str, float | None]:
+    """p50 and p99 in ms (serving's latencies)."""
+    return percentiles(seconds, scale=1e3)
 
 
 def summarize(records: list[RequestRecord], duration_s: float, rate: float) -> dict:
@@ -86,9 +82,9 @@ def summarize(records: list[RequestRecord], duration_s: float, rate: float) -> d
         "duration_s": round(duration_s, 2),
         "requests_per_s": round(len(ok) / duration_s, 3),
         "output_tokens_per_s": round(output_tokens / duration_s, 2),
-        "ttft_ms": percentiles_ms([r.ttft for r in ok if r.ttft is not None]),
-        "tpot_ms": percentiles_ms([r.tpot for r in ok if r.tpot is not None]),
-        "itl_ms": percentiles_ms([gap for r in ok for gap in r.itls]),
+        "ttft_ms": percentiles_ms(r.ttft for r in ok if r.ttft is not None),
+        "tpot_ms": percentiles_ms(r.tpot for r in ok if r.tpot is not None),
+        "itl_ms": percentiles_ms(gap for r in ok for gap in r.itls),
     }
 
 
@@ -135,9 +131,7 @@ def run_serving(requests: list[BenchRequest], options: ServingOptions) -> dict:
     return {
         "runs": runs + split_runs,
         "split_ratios": split_ratios(runs, split_runs),
-        "num_requests": len(requests),
-        "prompt_tokens": sum(r.prompt_len for r in requests),
-        "output_tokens": sum(r.output_len for r in requests),
+        **totals(requests),
     }
 
 
@@ -154,15 +148,11 @@ def split_ratios(one: list[dict], split: list[dict]) -> list[dict]:
                 "transport": run["transport"],
                 "rate": run["rate"],
                 "throughput": round(run["output_tokens_per_s"] / base["output_tokens_per_s"], 3),
-                "ttft_p50": _ratio(run["ttft_ms"]["p50"], base["ttft_ms"]["p50"]),
-                "tpot_p50": _ratio(run["tpot_ms"]["p50"], base["tpot_ms"]["p50"]),
+                "ttft_p50": ratio(run["ttft_ms"]["p50"], base["ttft_ms"]["p50"]),
+                "tpot_p50": ratio(run["tpot_ms"]["p50"], base["tpot_ms"]["p50"]),
             }
         )
     return ratios
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 3) if a is not None and b else None
 
 
 # ---- async scheduling on vs off ----------------------------------------------------------
@@ -214,9 +204,7 @@ def run_async_serving(requests: list[BenchRequest], options: AsyncServingOptions
         "runs": runs,
         "ratios": async_ratios(runs),
         "rounds": options.rounds,
-        "num_requests": len(requests),
-        "prompt_tokens": sum(r.prompt_len for r in requests),
-        "output_tokens": sum(r.output_len for r in requests),
+        **totals(requests),
     }
 
 
@@ -241,9 +229,9 @@ def async_ratios(runs: list[dict]) -> list[dict]:
             ("ttft_p50", lambda r: r["ttft_ms"]["p50"], min),
             ("tpot_p50", lambda r: r["tpot_ms"]["p50"], min),
         ):
-            per_round = [_ratio(metric(on[i]), metric(off[i])) for i in rounds]
-            entry[name] = _median(per_round)
-            entry[f"{name}_best"] = _ratio(
+            per_round = [ratio(metric(on[i]), metric(off[i])) for i in rounds]
+            entry[name] = median(per_round)
+            entry[f"{name}_best"] = ratio(
                 _best([metric(on[i]) for i in rounds], best),
                 _best([metric(off[i]) for i in rounds], best),
             )
@@ -254,8 +242,3 @@ def async_ratios(runs: list[dict]) -> list[dict]:
 def _best(values: list[float | None], best) -> float | None:
     present = [v for v in values if v is not None]
     return best(present) if present else None
-
-
-def _median(values: list[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return round(float(np.median(present)), 3) if present else None

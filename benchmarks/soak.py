@@ -17,7 +17,6 @@ import argparse
 import json
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,8 +28,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2_grpc
 
+from benchmarks.server_process import free_port, grpc_serving
 from services.common.proto.pagestream.v1 import engine_pb2, engine_pb2_grpc, generation_pb2_grpc
 from services.common.proto.pagestream.v1 import generation_pb2 as pb
 
@@ -242,12 +242,6 @@ def wait_idle(scheduler_address: str, timeout_s: float = 30.0) -> dict[str, floa
         time.sleep(0.2)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "pagestream.cli", "--log-level", "WARNING", *args]
 
@@ -259,12 +253,8 @@ def _wait_serving(address: str, processes, timeout_s: float = 300.0) -> None:
         while time.monotonic() < deadline:
             if any(p.poll() is not None for p in processes):
                 raise RuntimeError("a role exited before the deployment was up")
-            try:
-                status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status
-                if status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
+            if grpc_serving(stub):
+                return
             time.sleep(0.2)
     raise TimeoutError(f"{address} is not SERVING after {timeout_s}s")
 
@@ -280,7 +270,7 @@ def _stop(processes) -> None:
 
 
 def soak(model: str, duration_s: float, clients: int, engine_flags: list[str]) -> SoakReport:
-    ports = {role: _free_port() for role in ("worker", "scheduler", "grpc", "http")}
+    ports = {role: free_port() for role in ("worker", "scheduler", "grpc", "http")}
     scheduler = f"127.0.0.1:{ports['scheduler']}"
     commands = {
         "worker": _cli("worker", model, "--port", str(ports["worker"]), *engine_flags),

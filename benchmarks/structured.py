@@ -33,6 +33,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 from benchmarks.grammar_timing import measure_compile, measure_mask_fill
+from benchmarks.offline import make_llm, timed_generate
+from benchmarks.results import rotated
 from benchmarks.step_recorder import StepRecorder, summarize_steps
 
 logger = logging.getLogger(__name__)
@@ -177,9 +179,7 @@ def run_variant(llm, prompts, params, variant: str, round_index: int) -> tuple[d
     timer, steps = GrammarTimer(), StepRecorder()
     load = os.getloadavg()[0]
     with timer.attached(llm.engine.scheduler.structured), steps.attached(llm.engine):
-        start = time.perf_counter()
-        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, False)
-        elapsed = time.perf_counter() - start
+        elapsed, outputs = timed_generate(llm, [{"prompt_token_ids": p} for p in prompts], params)
     completions = [o.outputs[0] for o in outputs]
     tokens = sum(len(c.token_ids) for c in completions)
     decode = summarize_steps([r for r in steps.records if r.decode])
@@ -226,8 +226,7 @@ def _validity(completions) -> dict:
 def round_order(round_index: int) -> list[str]:
     """VARIANTS rotated by the round: matched_length never comes before the first
     json_schema run (it takes that run's lengths)."""
-    shift = round_index % len(VARIANTS)
-    return list(VARIANTS[shift:] + VARIANTS[:shift])
+    return rotated(VARIANTS, round_index)
 
 
 def run_side_by_side(llm, prompts, profile: StructuredProfile) -> tuple[list[dict], list]:
@@ -315,7 +314,6 @@ def _variant_summary(runs: list[dict]) -> dict:
 # ---- the section ------------------------------------------------------------------------
 def run_structured(tokenizer, options: StructuredOptions) -> dict:
     """Every part on one engine; a JSON-ready dict."""
-    from benchmarks.throughput import make_llm
     from services.scheduler.structured_output_manager import (
         StructuredOutputManager,
         tokenizer_json_of,
@@ -325,7 +323,6 @@ def run_structured(tokenizer, options: StructuredOptions) -> dict:
     prompts = person_prompts(tokenizer, profile.num_prompts)
     llm = make_llm(options.model, options.dtype, options.kv_cache_memory)
     engine_manager = llm.engine.scheduler.structured
-    load_start = os.getloadavg()[0]
     runs, constrained = run_side_by_side(llm, prompts, profile)
 
     def make_manager():
@@ -363,7 +360,6 @@ def run_structured(tokenizer, options: StructuredOptions) -> dict:
         "summary": summarize_runs(runs),
         "compile": compile_times,
         "mask_fill": mask_fill,
-        "load_average": {"start": round(load_start, 2), "end": round(os.getloadavg()[0], 2)},
     }
 
 

@@ -16,7 +16,6 @@ utilisation is sampled during pagestream's run (see benchmarks/kv_utilization.py
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -28,14 +27,14 @@ from benchmarks.ceiling import (
     workload_flops,
 )
 from benchmarks.hf_baselines import (
-    RunResult,
     hf_continuous_batching_available,
     load_hf_model,
     run_hf_continuous,
     run_hf_static,
 )
-from benchmarks.kv_utilization import KVUtilizationSampler
 from benchmarks.llamacpp import LlamaCppOptions
+from benchmarks.offline import make_llm, run_pagestream
+from benchmarks.results import RunResult
 from benchmarks.workload import BenchRequest
 
 logger = logging.getLogger(__name__)
@@ -51,47 +50,6 @@ class ThroughputOptions:
     extra_dtypes: tuple[str, ...] = ()  # pagestream alone in other dtypes (e.g. bfloat16)
     llamacpp: LlamaCppOptions | None = None  # also run llama.cpp (benchmarks/llamacpp.py)
     engine_kwargs: dict = field(default_factory=dict)
-
-
-def make_llm(model: str, dtype: str, kv_cache_memory: str, **engine_kwargs):
-    from pagestream import LLM
-
-    return LLM(model, dtype=dtype, kv_cache_memory=kv_cache_memory, **engine_kwargs)
-
-
-def run_pagestream(llm, requests: list[BenchRequest], name: str = "pagestream") -> RunResult:
-    """LLM.generate over the workload (after a short warm-up); KV use sampled every step."""
-    from pagestream import SamplingParams
-
-    warm = [{"prompt_token_ids": requests[0].prompt_token_ids[:16]}] * 2
-    llm.generate(warm, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), False)
-    llm.engine.scheduler.kv.reset_prefix_cache()  # the warm-up must not give a prefix hit
-    prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
-    params = [
-        SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests
-    ]
-    sampler = KVUtilizationSampler(llm.engine, requests)
-    with sampler.attached():
-        start = time.perf_counter()
-        outputs = llm.generate(prompts, params, use_tqdm=False)
-        elapsed = time.perf_counter() - start - sampler.overhead_s
-    token_ids = [list(o.outputs[0].token_ids) for o in outputs]
-    generated = sum(len(t) for t in token_ids)
-    return RunResult(
-        name=name,
-        elapsed_s=elapsed,
-        num_requests=len(requests),
-        prompt_tokens=sum(r.prompt_len for r in requests),
-        output_tokens=generated,
-        generated_tokens=generated,
-        extra={
-            "num_cached_tokens": sum(o.num_cached_tokens or 0 for o in outputs),
-            "num_steps": sampler.num_steps,
-            "sampler_overhead_s": round(sampler.overhead_s, 3),
-            "kv_utilization": sampler.summary(),
-        },
-        token_ids=token_ids,
-    )
 
 
 def run_throughput(requests: list[BenchRequest], options: ThroughputOptions) -> dict:
@@ -211,15 +169,3 @@ def _ratio_entry(ours: RunResult, other: RunResult) -> dict:
         "output_tokens_per_s": round(ours.output_tokens_per_s / other.output_tokens_per_s, 2),
         "total_tokens_per_s": round(ours.total_tokens_per_s / other.total_tokens_per_s, 2),
     }
-
-
-def run_parallel_throughput(
-    requests: list[BenchRequest], model: str, layouts: tuple[str, ...] | None = None, **options
-) -> dict:
-    """The same offline run across tensor / pipeline parallel layouts and async scheduling
-    ("tp1", "tp2", "pp2", "tp1-async", ...; benchmarks/parallel.py). ``options``: the other
-    fields of benchmarks.parallel.ParallelOptions (rounds, kv_cache_memory, ...)."""
-    from benchmarks.parallel import DEFAULT_LAYOUTS, Layout, ParallelOptions, run_parallel
-
-    parsed = tuple(Layout.parse(text) for text in layouts or DEFAULT_LAYOUTS)
-    return run_parallel(requests, ParallelOptions(model, layouts=parsed, **options))

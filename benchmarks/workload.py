@@ -45,6 +45,20 @@ class Profile:
     parallel_output_scale: float = 0.5  # their output lengths, scaled down
     parallel_rounds: int = 3  # layouts (and async on / off servers) take turns this often
 
+    def notes(self) -> str:
+        """What the profile's serving runs scale down (the offline runs use its full shapes)."""
+        if self.name == "smoke":
+            return "Profile `smoke`: a handful of short requests to check every driver end to end."
+        return (
+            f"Profile `{self.name}`: {self.num_requests} requests, prompts lognormal around "
+            f"{self.prompt_median} tokens in {self.prompt_range[0]}..{self.prompt_range[1]}, "
+            f"outputs around {self.output_median} in "
+            f"{self.output_range[0]}..{self.output_range[1]}. Its serving runs use the first "
+            f"{self.serve_num_requests} requests with outputs scaled by "
+            f"{self.serve_output_scale} at rates {', '.join(map(str, self.serve_rates))} "
+            "and inf, so that every run stays short on a CPU."
+        )
+
     def __post_init__(self) -> None:
         for name in ("num_requests", "parallel_num_requests", "parallel_rounds"):
             if getattr(self, name) < 1:
@@ -145,6 +159,15 @@ class Workload:
         }
 
 
+def totals(requests: list[BenchRequest]) -> dict:
+    """How many requests, prompt tokens and output tokens."""
+    return {
+        "num_requests": len(requests),
+        "prompt_tokens": sum(r.prompt_len for r in requests),
+        "output_tokens": sum(r.output_len for r in requests),
+    }
+
+
 def lognormal_lengths(
     rng: np.random.Generator, n: int, median: int, bounds: tuple[int, int], sigma: float
 ) -> list[int]:
@@ -207,6 +230,18 @@ def shared_prefix_workload(
         BenchRequest(system + corpus.window(start, suffix_len), output_len)
         for start in corpus.offsets(rng, num_requests)
     ]
+
+
+def greedy_inputs(requests: list[BenchRequest]) -> tuple[list[dict], list]:
+    """`LLM.generate`'s prompts and sampling params for ``requests``: greedy, each its own
+    output length (ignore_eos)."""
+    from pagestream import SamplingParams
+
+    prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
+    params = [
+        SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests
+    ]
+    return prompts, params
 
 
 def scaled(

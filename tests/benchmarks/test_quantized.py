@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import latency, quantized
-from benchmarks.hf_baselines import RunResult
 from benchmarks.report_quantized import quantized_section
+from benchmarks.results import RunResult
 from benchmarks.workload import BenchRequest
 from tests.worker.test_quantized_models import tiny_gguf_file
 

@@ -17,15 +17,15 @@ import pytest
 
 from benchmarks import llamacpp
 from benchmarks.cli import add_bench_parser, run_bench
-from benchmarks.hf_baselines import RunResult
 from benchmarks.llamacpp import (
     LlamaCppEngine,
     LlamaCppOptions,
-    agreement,
+    check_agreement,
     check_requests,
     import_llama_cpp,
 )
-from benchmarks.report_llamacpp import llamacpp_lines
+from benchmarks.report_throughput import llamacpp_lines
+from benchmarks.results import RunResult
 from benchmarks.throughput import ThroughputOptions, _llamacpp_ratios, run_throughput
 from benchmarks.workload import BenchRequest
 
@@ -142,7 +142,7 @@ def test_options_are_checked_and_check_requests_are_short():
     requests = [BenchRequest([1, 2, 3], 50) for _ in range(6)]
     checks = check_requests(requests, LlamaCppOptions(model="m", check_prompts=4))
     assert len(checks) == 4 and {r.output_len for r in checks} == {32}
-    a = agreement([[1, 2, 3], [1, 5, 3]], [[1, 2, 3], [1, 2, 3]])
+    a = check_agreement([[1, 2, 3], [1, 5, 3]], [[1, 2, 3], [1, 2, 3]])
     assert (a["equal"], a["first_differences"], a["mean_first_difference"]) == (1, [3, 1], 2.0)
 
 
@@ -165,7 +165,7 @@ def test_ratios_use_the_fastest_llamacpp_run_of_each_dtype_and_the_report_shows_
     assert ratios["vs_llamacpp_bf16"]["ours"] == "pagestream LLM.generate (bfloat16)"
     assert ratios["vs_llamacpp_bf16"]["output_tokens_per_s"] == 1.25
     assert _llamacpp_ratios(runs[:1] + runs[2:]).keys() == {"vs_llamacpp_f32"}
-    a = agreement([[1, 2], [3, 4]], [[1, 2], [3, 5]])
+    a = check_agreement([[1, 2], [3, 4]], [[1, 2], [3, 5]])
     tp = {
         "runs": [r.as_dict() for r in runs],
         "ratios": ratios,

@@ -8,15 +8,15 @@ import argparse
 import json
 
 from benchmarks.cli import add_bench_parser, run_bench
-from benchmarks.precision import agreement, first_difference
 from benchmarks.report_precision import HEADING
+from benchmarks.results import agreement, first_difference
 
 
 def test_first_difference_and_agreement():
     assert first_difference([1, 2, 3], [1, 2, 3]) == 3
     assert first_difference([1, 9, 3], [1, 2, 3]) == 1
     assert first_difference([1, 2], [1, 2, 3]) == 2
-    summary = agreement({"float32": [[1, 2, 3], [4, 5, 6]], "bfloat16": [[1, 2, 3], [4, 0, 6]]})
+    summary = agreement([[1, 2, 3], [4, 0, 6]], reference=[[1, 2, 3], [4, 5, 6]])
     assert summary == {
         "requests": 2,
         "equal": 1,
