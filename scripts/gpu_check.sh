@@ -36,8 +36,8 @@ timeout 170 "$python" -m pytest tests/kernels/test_triton_gpu.py -m gpu -q -rs \
   -p no:cacheprovider 2>&1 | tee "$out_dir/tests.txt"
 tests_rc=${PIPESTATUS[0]}
 
-echo "== tensor parallel over NCCL (tests/engine/test_tensor_parallel_gpu.py; needs 2 GPUs)"
-timeout 150 "$python" -m pytest tests/engine/test_tensor_parallel_gpu.py -m gpu -q -rs \
+echo "== tensor parallel over NCCL (tests/parallel/test_tensor_parallel_gpu.py; needs 2 GPUs)"
+timeout 150 "$python" -m pytest tests/parallel/test_tensor_parallel_gpu.py -m gpu -q -rs \
   -p no:cacheprovider 2>&1 | tee "$out_dir/tp_tests.txt"
 tp_rc=${PIPESTATUS[0]}
 
