@@ -72,14 +72,3 @@ class AttentionMetadata:
     @property
     def num_tokens(self) -> int:
         return self.slot_mapping.shape[0]
-
-    def to(self, device: torch.device | str) -> AttentionMetadata:
-        """A copy with every tensor on `device` (host ints unchanged)."""
-        return AttentionMetadata(
-            slot_mapping=self.slot_mapping.to(device),
-            block_table=self.block_table.to(device),
-            seq_lens=self.seq_lens.to(device),
-            query_start_loc=self.query_start_loc.to(device),
-            max_query_len=self.max_query_len,
-            max_seq_len=self.max_seq_len,
-        )

@@ -17,8 +17,8 @@ from pagestream.engine_args import EngineArgs
 from services.common.flags import flag, flag_table, to_flags
 from services.common.tls import TlsConfig
 from services.frontend.frontend_config import FrontendConfig
-from services.frontend.openai.tool_choice import ToolServerOptions
 from services.frontend.router import RouterConfig
+from services.frontend.tool_options import ToolServerOptions
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,8 @@ def reference_markdown() -> str:
         (
             EngineArgs,
             "generate, serve, worker, scheduler (frontend: --served-model-name and "
-            "--generation-config)",
+            "--generation-config); the default is the serving roles' (`generate` queues every "
+            "prompt: --max-waiting-requests 0)",
         ),
         *((config, "serve, frontend") for config in FRONTEND_CONFIGS),
         (TlsConfig, "serve, worker, scheduler, frontend"),
@@ -86,7 +87,11 @@ def reference_markdown() -> str:
         "# pagestream command-line flags",
         "",
         "Generated from the config dataclasses' field metadata (`make cli-docs`; a test checks",
-        "that this file is current). `pagestream ROLE --help` prints the same per role.",
+        "that this file is current). `pagestream ROLE --help` prints the same per role, and",
+        "also the flags that belong to one role alone and are no config's: `serve`'s",
+        "`--single-process`, `--split-services`, `--max-restarts` and `--data-parallel-size`,",
+        "`scheduler --worker`, `frontend --scheduler`, the worker's and the scheduler's own",
+        "`--host` / `--port`, and `generate`'s prompts and sampling flags.",
     ]
     for config, roles in sections:
         lines += ["", f"## {config.__name__}", "", f"Roles: {roles}.", ""]

@@ -39,9 +39,13 @@ class LLMEngine:
         self.executor = self.core.executor
         # The in-process Worker (uni), else None.
         self.worker = self.executor.worker if isinstance(self.executor, UniExecutor) else None
-        folder = resolve_model(args.model)
-        self.tokenizer = try_load_tokenizer(folder)
-        self.default_sampling = load_generation_defaults(folder, args.generation_config)
+        try:
+            folder = resolve_model(args.model)
+            self.tokenizer = try_load_tokenizer(folder)
+            self.default_sampling = load_generation_defaults(folder, args.generation_config)
+        except BaseException:
+            self.close()
+            raise
         self.input_processor = InputProcessor(self.tokenizer, self.info)
         self.output_processor = OutputProcessor()
 

@@ -19,6 +19,7 @@ from services.common.grpc_server import serve_forever
 logger = logging.getLogger("pagestream")
 
 GRACE_S = 10.0
+OWN_WORKER_REBUILDS = 3  # attempts to start a lost worker group of its own again
 
 
 class ServerGroup:
@@ -59,7 +60,7 @@ async def start_http(frontend, ns: argparse.Namespace, model_name: str):
 def tool_options(ns: argparse.Namespace):
     """--enable-auto-tool-choice, --tool-call-parser, --chat-template (a file is read now)."""
     from services.frontend.chat_templates import load_chat_template
-    from services.frontend.openai.tool_choice import ToolServerOptions
+    from services.frontend.tool_options import ToolServerOptions
 
     options = from_flags(ToolServerOptions, ns)
     if options.chat_template is None:
@@ -150,10 +151,10 @@ async def run_scheduler(ns: argparse.Namespace) -> None:
     data-parallel replica as one command. A --host of unix:PATH listens on a unix socket
     (how `serve` and AsyncEngine run it as their engine-core process).
 
-    Either way a lost worker group is rebuilt in place (its own: started again; at
-    --worker: waited for). Should the engine loop itself die (a bug, not a lost worker),
-    the role stops and exits with code 1, so whoever started it (serve's engine-core
-    watcher, compose, Kubernetes) starts it again."""
+    Either way a lost worker group is rebuilt in place (its own: started again, up to
+    OWN_WORKER_REBUILDS attempts; at --worker: waited for). Should the engine loop die
+    (those attempts failed, or a bug), the role stops and exits with code 1, so whoever
+    started it (serve's engine-core watcher, compose, Kubernetes) starts it again."""
     from pagestream.executor_factory import WORKER_START_TIMEOUT_S, build_executor
     from services.scheduler.engine_core_builder import EngineCoreBuilder
     from services.scheduler.engine_core_service import serve_built_engine_core, serve_scheduler
@@ -164,10 +165,14 @@ async def run_scheduler(ns: argparse.Namespace) -> None:
         server = await serve_scheduler(ns.worker, args, ns.host, ns.port, tls=tls)
         workers = ", ".join(ns.worker)
     else:
+        # A lost group of its own is started again a few times; a failure that repeats
+        # (a rank that cannot load) ends the role, so its starter's give-up rule applies.
+        backend = args.parallel_config().backend
+        rebuilds = 0 if backend == "uni" else OWN_WORKER_REBUILDS
         make = partial(build_executor, args)
-        builder = EngineCoreBuilder(args, make, WORKER_START_TIMEOUT_S)
+        builder = EngineCoreBuilder(args, make, WORKER_START_TIMEOUT_S, rebuilds)
         server = await serve_built_engine_core(builder, ns.host, ns.port, tls=tls)
-        workers = f"its own ({args.parallel_config().backend})"
+        workers = f"its own ({backend})"
     logger.info("scheduler serving on %s (workers %s)", server.address, workers)
     core = server.servicer.core
     watch = asyncio.ensure_future(_stop_when_dead(core, server))

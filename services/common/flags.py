@@ -85,9 +85,10 @@ def add_flags(parser: argparse.ArgumentParser, cls, only: Iterable[str] | None =
             options["action"] = argparse.BooleanOptionalAction
         else:
             options["type"] = kind
-            options["metavar"] = names[0][2:].upper().replace("-", "_")
             if spec.choices is not None:
                 options["choices"] = spec.choices
+            else:
+                options["metavar"] = names[0][2:].upper().replace("-", "_")
         parser.add_argument(*names, help=spec.help, **options)
 
 
@@ -110,16 +111,21 @@ def to_flags(config, only: Iterable[str] | None = None) -> list[str]:
         name = spec.flag_name(field.name)
         if isinstance(value, bool):
             argv.append(name if value else "--no-" + name[2:])
+        elif str(value).startswith("-"):
+            argv.append(f"{name}={value}")  # a separate "-x" would read as a flag
         else:
             argv += [name, str(value)]
     return argv
 
 
 def flag_table(cls) -> list[tuple[str, str, str]]:
-    """(flag, default, help) rows for a reference table."""
+    """(flag, default, help) rows for a reference table (the help ends with the choices)."""
     rows = []
     for field, spec in flag_fields(cls):
         names = ", ".join(n for n in (spec.flag_name(field.name), spec.short) if n)
         default = cli_default(field, spec)
-        rows.append((names, "" if default is None else str(default), spec.help))
+        text = spec.help
+        if spec.choices is not None:
+            text += " (one of: " + ", ".join(map(str, spec.choices)) + ")"
+        rows.append((names, "" if default is None else str(default), text))
     return rows

@@ -125,6 +125,8 @@ class Frontend:
             raise EngineUnavailableError(self.not_ready_reason())
         self._ensure_pump()
         params = sampling_params or SamplingParams(**self.default_sampling)
+        if request_id in self._queues:  # its stream may outlive its state: check both
+            raise ValueError(f"request_id {request_id!r} is already in use.")
         self._check_prompt_size(prompt)
         request, state = self.input_processor.make_request(
             request_id,

@@ -42,16 +42,19 @@ IDLE_CHECK_S = 1.0  # how often an idle loop looks whether its workers are still
 
 class AsyncEngineCore:
     """`rebuild` (optional, blocking) makes a fresh EngineCore over reconnected workers;
-    without it a lost worker kills the loop. `on_ready(bool)` hears readiness changes."""
+    without it a lost worker kills the loop, as does the failure of `max_rebuilds` attempts
+    in a row (None: no limit). `on_ready(bool)` hears readiness changes."""
 
     def __init__(
         self,
         core: EngineCore,
         rebuild: Callable[[], EngineCore] | None = None,
         on_ready: Callable[[bool], Awaitable[None]] | None = None,
+        max_rebuilds: int | None = None,
     ) -> None:
         self.core = core
         self.rebuild = rebuild
+        self.max_rebuilds = max_rebuilds
         self.on_ready = on_ready
         self.ready = True
         self.lost_error: BaseException | None = None
@@ -181,6 +184,8 @@ class AsyncEngineCore:
                 core = await loop.run_in_executor(self._thread, self.rebuild)
                 break
             except Exception as err:
+                if self.max_rebuilds is not None and attempt + 1 >= self.max_rebuilds:
+                    raise  # the loop dies: whoever started this role starts it again
                 delay = BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
                 logger.warning(
                     "reconnect attempt %d failed (%s); next in %.1fs", attempt + 1, err, delay

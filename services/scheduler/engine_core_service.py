@@ -208,12 +208,14 @@ async def serve_built_engine_core(
 ) -> GrpcServer:
     """The scheduler role over any workers: build the engine core (wait for the workers,
     size the KV cache), serve it. When the workers are lost it fails their requests,
-    reports NOT_SERVING and rebuilds (with backoff) until they are back.
+    reports NOT_SERVING and rebuilds (with backoff) until they are back, or until
+    `builder.max_rebuilds` attempts failed (the engine loop then dies).
 
     Stopping the server shuts the engine core down and closes the workers' executor.
     """
     core, info = await asyncio.to_thread(builder.build, worker_timeout_s)
-    engine = AsyncEngineCore(core, rebuild=builder.rebuild)
+    rebuild = None if builder.max_rebuilds == 0 else builder.rebuild
+    engine = AsyncEngineCore(core, rebuild=rebuild, max_rebuilds=builder.max_rebuilds)
     server = await serve_engine_core(engine, info, host, port, tls)
     server.add_cleanup(lambda: asyncio.to_thread(builder.close))  # after the core stops
     return server

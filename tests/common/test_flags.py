@@ -1,6 +1,8 @@
 """Flags declared once: each config field's metadata gives its flag, and what the parser
 reads back, what a child role is handed and what docs/cli.md lists all come from it."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 from pagestream.cli import build_parser
@@ -8,8 +10,8 @@ from pagestream.cli_flags import RankConfig, ServingConfig, reference_markdown, 
 from pagestream.engine_args import EngineArgs
 from services.common.flags import from_flags, to_flags
 from services.frontend.frontend_config import FrontendConfig
-from services.frontend.openai.tool_choice import ToolServerOptions
 from services.frontend.router import RouterConfig
+from services.frontend.tool_options import ToolServerOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,3 +62,16 @@ def test_docs_cli_md_is_current():
     assert (ROOT / "docs" / "cli.md").read_text(encoding="utf-8") == reference_markdown(), (
         "docs/cli.md is stale: run `make cli-docs`"
     )
+
+
+def test_building_the_parser_loads_no_torch_transformers_or_fastapi():
+    """Every role (the torch-free scheduler over --worker, the frontend child, each mp
+    worker before it loads its model) builds the parser first: it must stay light."""
+    code = (
+        "import sys, pagestream.cli; pagestream.cli.build_parser(); "
+        "print(sorted(m for m in ('torch', 'transformers', 'fastapi') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert out.stdout.strip() == "[]", out.stdout

@@ -78,3 +78,31 @@ async def test_a_failed_step_kills_the_loop(build, depth):
     with pytest.raises(EngineDeadError):
         await core.add_request(client, _request("after", [1, 2], 2))
     await core.shutdown()
+
+
+async def test_rebuilds_that_keep_failing_end_the_loop_after_max_rebuilds(build, monkeypatch):
+    """A lost worker group of the engine's own is started again a bounded number of times;
+    then the loop dies (the role exits and its starter's give-up rule applies)."""
+    import services.scheduler.async_engine_core as module
+
+    monkeypatch.setattr(module, "BACKOFF_S", (0.0,))
+    scheduler, worker = build(40, block_size=4, max_num_batched_tokens=8)
+    attempts = []
+
+    def rebuild():
+        attempts.append(len(attempts))
+        raise ConnectionError(f"the group did not come back (attempt {len(attempts)})")
+
+    executor = StandInExecutor(worker, 1, fail_at_plan=1)
+    core = AsyncEngineCore(EngineCore(scheduler, executor), rebuild=rebuild, max_rebuilds=2)
+    client = core.connect()
+    await core.add_request(client, _request("r0", list(range(9)), 20))
+    reasons = []
+    while "error" not in reasons:  # the loss ends r0 with an error
+        batch = await asyncio.wait_for(core.outputs(client), TIMEOUT_S)
+        reasons += [o.finish_reason for o in batch.outputs if o.finish_reason is not None]
+    assert reasons == ["error"]
+    with pytest.raises(EngineDeadError, match=r"attempt 2"):
+        await asyncio.wait_for(core.outputs(client), TIMEOUT_S)
+    assert attempts == [0, 1]
+    await core.shutdown()

@@ -16,7 +16,7 @@ from pagestream.roles import tool_options
 from pagestream.split_layout import frontend_flags
 from services.frontend.openai.chat_messages import ChatMessage
 from services.frontend.openai.chat_rendering import render_chat
-from services.frontend.openai.tool_choice import ToolServerOptions
+from services.frontend.tool_options import ToolServerOptions
 from tests.helpers.openai_server import MODEL, running_server
 from tests.helpers.tiny_tokenizer import VOCAB, build_tokenizer
 from tests.worker.conftest import build_tiny_model

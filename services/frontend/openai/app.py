@@ -42,7 +42,7 @@ from services.frontend.openai.responses import ModelCard, ModelList
 from services.frontend.openai.serving_chat import OpenAIServingChat
 from services.frontend.openai.serving_completions import OpenAIServingCompletion
 from services.frontend.openai.serving_tokenization import OpenAIServingTokenization
-from services.frontend.openai.tool_choice import ToolServerOptions
+from services.frontend.tool_options import ToolServerOptions
 
 logger = logging.getLogger(__name__)
 

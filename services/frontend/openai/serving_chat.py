@@ -30,7 +30,8 @@ from services.frontend.openai.responses import (
 )
 from services.frontend.openai.serving_base import ChunkEnvelope, Job, ServingBase
 from services.frontend.openai.tool_call_output import delta_message, finish_reason, message_out
-from services.frontend.openai.tool_choice import ToolPlan, ToolServerOptions, plan_tools
+from services.frontend.openai.tool_choice import ToolPlan, plan_tools
+from services.frontend.tool_options import ToolServerOptions
 from services.frontend.tool_parsers import ParsedDelta, ToolParser, assemble
 
 __all__ = ["OpenAIServingChat", "message_text", "render_chat"]

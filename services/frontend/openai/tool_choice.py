@@ -15,39 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.flags import flag
 from services.common.structured_outputs import StructuredOutputsParams, check_grammar
 from services.frontend.openai.chat_messages import ChatTool, NamedToolChoice
 from services.frontend.openai.exceptions import InvalidRequestError
-from services.frontend.tool_parsers import TOOL_PARSERS, ToolParser, get_tool_parser
+from services.frontend.tool_options import ToolServerOptions
+from services.frontend.tool_parsers import ToolParser, get_tool_parser
 
 DEFAULT_CONSTRAINT_FORMAT = "hermes"
-
-
-@dataclass(frozen=True)
-class ToolServerOptions:
-    """The server's flags: --enable-auto-tool-choice, --tool-call-parser, --chat-template."""
-
-    enable_auto_tool_choice: bool = flag(
-        False,
-        'allow tool_choice "auto": the model decides, its output is parsed for calls (needs '
-        "--tool-call-parser)",
-    )
-    tool_call_parser: str | None = flag(
-        None,
-        'the model\'s tool-call format: parses "auto" replies and shapes the grammar of '
-        '"required" / named-function requests (default for those: hermes)',
-        choices=sorted(TOOL_PARSERS),
-    )
-    chat_template: str | None = flag(
-        None, "a chat template file, or the template itself, instead of the model's"
-    )
-
-    def __post_init__(self) -> None:
-        if self.tool_call_parser is not None:
-            get_tool_parser(self.tool_call_parser)  # an unknown name fails at startup
-        if self.enable_auto_tool_choice and self.tool_call_parser is None:
-            raise ValueError("--enable-auto-tool-choice needs --tool-call-parser.")
 
 
 @dataclass(frozen=True)

@@ -155,15 +155,21 @@ class WorkerGroupExecutor:
         tls: TlsConfig | None = None,
         launcher: Launcher | None = None,
     ) -> WorkerGroupExecutor:
-        """An executor over the ranks at `addresses`, once every one serves."""
-        executor = cls(
-            addresses,
-            args.tensor_parallel_size,
-            args.pipeline_parallel_size,
-            args.async_scheduling,
-            tls,
-            launcher,
-        )
+        """An executor over the ranks at `addresses`, once every one serves (it owns
+        `launcher` from here on, also when this fails)."""
+        try:
+            executor = cls(
+                addresses,
+                args.tensor_parallel_size,
+                args.pipeline_parallel_size,
+                args.async_scheduling,
+                tls,
+                launcher,
+            )
+        except BaseException:
+            if launcher is not None:
+                launcher.close()
+            raise
         try:
             executor.wait_until_ready(timeout_s)
         except BaseException:
