@@ -71,7 +71,9 @@ def check_parallel_model(args: EngineArgs) -> None:
 
 
 def build_executor(args: EngineArgs, timeout_s: float = WORKER_START_TIMEOUT_S) -> Executor:
-    """A ready executor by the launch backend of `args` (the workers loaded)."""
+    """A ready executor by the launch backend of `args`: `timeout_s` bounds the wait for
+    the started ranks to load their model and serve (binding their ports has its own,
+    shorter bound in the launcher)."""
     parallel = args.parallel_config()
     if parallel.backend == "uni":
         from services.worker.worker import Worker
