@@ -4,11 +4,20 @@ every figure)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 def table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join("—" if c is None else str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def columns(items, cells: dict[str, str | Callable]) -> str:
+    """A table of a row per item: each header's cell is the item's value under a key (a
+    str), or a function of the item."""
+    rows = [[c(item) if callable(c) else item.get(c) for c in cells.values()] for item in items]
+    return table(list(cells), rows)
 
 
 def measured(part: dict, default_command: str, details: str | None = None) -> str:

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from benchmarks.kv_utilization import KVUtilizationSampler
-from benchmarks.workload import BenchRequest, greedy_inputs, shared_prefix_workload
+from benchmarks.workload import BenchRequest, Profile, greedy_inputs, shared_prefix_workload
 
 logger = logging.getLogger(__name__)
 
@@ -25,14 +25,9 @@ logger = logging.getLogger(__name__)
 @dataclass
 class MemoryOptions:
     model: str
+    profile: Profile  # the sizes of the prefix-caching and sharing runs
     kv_cache_memory: str = "1GiB"
-    prefix_num_requests: int = 16
-    system_prompt_len: int = 512
-    question_len: int = 32
-    prefix_output_len: int = 32
-    sharing_num_prompts: int = 4
     sharing_width: int = 4
-    sharing_output_len: int = 64
 
 
 def _llm(model: str, kv_cache_memory: str, **kwargs):
@@ -63,20 +58,21 @@ def _warm(llm) -> None:
 
 def prefix_caching(options: MemoryOptions, tokenizer) -> dict:
     """TTFT and throughput on a shared-system-prompt workload, prefix cache on vs off."""
+    profile = options.profile
     requests = shared_prefix_workload(
         tokenizer,
-        options.prefix_num_requests,
-        options.system_prompt_len,
-        options.question_len,
-        options.prefix_output_len,
+        profile.prefix_num_requests,
+        profile.system_prompt_len,
+        profile.question_len,
+        profile.prefix_output_len,
     )
     prompts, params = greedy_inputs(requests)
     total_tokens = sum(r.prompt_len + r.output_len for r in requests)
     result: dict = {
         "num_requests": len(requests),
-        "system_prompt_len": options.system_prompt_len,
-        "question_len": options.question_len,
-        "output_len": options.prefix_output_len,
+        "system_prompt_len": profile.system_prompt_len,
+        "question_len": profile.question_len,
+        "output_len": profile.prefix_output_len,
     }
     for enabled in (False, True):
         llm = _llm(options.model, options.kv_cache_memory, enable_prefix_caching=enabled)
@@ -106,8 +102,8 @@ def sharing(options: MemoryOptions, requests: list[BenchRequest]) -> dict:
     """Peak blocks: n = width sampling and beam search vs width independent requests each."""
     from pagestream import SamplingParams
 
-    width, length = options.sharing_width, options.sharing_output_len
-    chosen = requests[: options.sharing_num_prompts]
+    width, length = options.sharing_width, options.profile.sharing_output_len
+    chosen = requests[: options.profile.sharing_num_prompts]
     prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in chosen]
     repeated = [p for p in prompts for _ in range(width)]
     llm = _llm(options.model, options.kv_cache_memory, enable_prefix_caching=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.markdown import measured, table
+from benchmarks.markdown import columns, measured, table
 
 # What the runs say, written by hand and dated inside (rendered after the tables).
 PARALLEL_NOTES = Path(__file__).parent / "data" / "parallel_notes.md"
@@ -74,24 +74,31 @@ def _collectives_cell(step: dict) -> str | None:
 
 def _offline(off: dict) -> list[str]:
     runs = off["runs"]
-    rows = [
-        [
-            r["layout"],
-            r["model"],
-            r["processes"] or "in process",
-            _pair(r["output_tokens_per_s"], max(r["output_tokens_per_s_rounds"])),
-            _pair(r["vs_tp1"], _best_ratio(r, runs, "tp=1 (in process)")),
-            _pair(r.get("vs_tp1_worker_process"), _best_ratio(r, runs, "tp=1 (worker process)")),
-            f"{r['identical_outputs']}/{off['num_requests']}"
-            if r["identical_outputs"] is not None
-            else None,
-            r.get("steps_per_run"),
-            r["steps"].get("decode", {}).get("median_seqs"),
-            _step_cell(r["steps"].get("decode", {})),
-            _step_cell(r["steps"].get("prefill", {})),
-        ]
-        for r in runs
-    ]
+    identical = off["num_requests"]
+    layouts = columns(
+        runs,
+        {
+            "layout": "layout",
+            "model": "model",
+            "worker processes": lambda r: r["processes"] or "in process",
+            "output tok/s (median; best)": lambda r: _pair(
+                r["output_tokens_per_s"], max(r["output_tokens_per_s_rounds"])
+            ),
+            "vs tp=1 (median; best)": lambda r: _pair(
+                r["vs_tp1"], _best_ratio(r, runs, "tp=1 (in process)")
+            ),
+            "vs tp=1 worker process (median; best)": lambda r: _pair(
+                r.get("vs_tp1_worker_process"), _best_ratio(r, runs, "tp=1 (worker process)")
+            ),
+            "identical outputs": lambda r: (
+                None if r["identical_outputs"] is None else f"{r['identical_outputs']}/{identical}"
+            ),
+            "steps": "steps_per_run",
+            "seqs per decode step": lambda r: r["steps"].get("decode", {}).get("median_seqs"),
+            "decode step ms": lambda r: _step_cell(r["steps"].get("decode", {})),
+            "prefill step ms": lambda r: _step_cell(r["steps"].get("prefill", {})),
+        },
+    )
     out = [
         "### Offline throughput by layout",
         "",
@@ -113,22 +120,7 @@ def _offline(off: dict) -> list[str]:
         "A worker process gets cores / world size torch threads (tp = 3: one thread each, "
         "three processes on the cores); pp = 2 keeps two plans in flight.",
         "",
-        table(
-            [
-                "layout",
-                "model",
-                "worker processes",
-                "output tok/s (median; best)",
-                "vs tp=1 (median; best)",
-                "vs tp=1 worker process (median; best)",
-                "identical outputs",
-                "steps",
-                "seqs per decode step",
-                "decode step ms",
-                "prefill step ms",
-            ],
-            rows,
-        ),
+        layouts,
         "",
     ]
     for name, model in off["models"].items():
@@ -334,21 +326,6 @@ def _async_serving(sv: dict) -> list[str]:
         ]
         for r in sv["ratios"]
     ]
-    run_rows = [
-        [
-            r["deployment"],
-            "on" if r["async_scheduling"] else "off",
-            r["round"],
-            r["rate"],
-            r["completed"],
-            r["failures"],
-            r["output_tokens_per_s"],
-            r["ttft_ms"]["p50"],
-            r["tpot_ms"]["p50"],
-            r["itl_ms"]["p50"],
-        ]
-        for r in sv["runs"]
-    ]
     return [
         "Serving. " + _provenance(sv),
         "",
@@ -361,20 +338,20 @@ def _async_serving(sv: dict) -> list[str]:
         "",
         table(["deployment", "rate", "rounds", "throughput", "TTFT p50", "TPOT p50"], ratio_rows),
         "",
-        table(
-            [
-                "deployment",
-                "async",
-                "round",
-                "rate",
-                "done",
-                "failed",
-                "output tok/s",
-                "TTFT p50 ms",
-                "TPOT p50 ms",
-                "ITL p50 ms",
-            ],
-            run_rows,
+        columns(
+            sv["runs"],
+            {
+                "deployment": "deployment",
+                "async": lambda r: "on" if r["async_scheduling"] else "off",
+                "round": "round",
+                "rate": "rate",
+                "done": "completed",
+                "failed": "failures",
+                "output tok/s": "output_tokens_per_s",
+                "TTFT p50 ms": lambda r: r["ttft_ms"]["p50"],
+                "TPOT p50 ms": lambda r: r["tpot_ms"]["p50"],
+                "ITL p50 ms": lambda r: r["itl_ms"]["p50"],
+            },
         ),
         "",
     ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.markdown import measured, table
+from benchmarks.markdown import columns, measured, table
 
 HEADING = "## Structured outputs"
 LABELS = {
@@ -90,38 +90,27 @@ def _workload_words(part: dict) -> str:
     )
 
 
+def _runs(part: dict) -> list[dict]:
+    return [{"run": LABELS[v], **s} for v, s in part["summary"]["variants"].items()]
+
+
 def _throughput_table(part: dict) -> str:
-    rows = []
-    for variant, s in part["summary"]["variants"].items():
-        finish = ", ".join(f"{k} {n}" for k, n in sorted(s["finish_reasons"].items()))
-        rows.append(
-            [
-                LABELS[variant],
-                s["output_tokens_per_s"],
-                s["requests_per_s"],
-                s["ms_per_output_token"],
-                s["mean_output_len"],
-                s["num_steps"],
-                s["mean_seqs_per_step"],
-                s["decode_wall_ms"],
-                s["seconds"],
-                finish,
-            ]
-        )
-    return table(
-        [
-            "run",
-            "output tok/s",
-            "req/s",
-            "ms per output token",
-            "mean output len",
-            "steps",
-            "mean seqs per step",
-            "decode step ms (p50)",
-            "seconds",
-            "finish reasons (all rounds)",
-        ],
-        rows,
+    return columns(
+        _runs(part),
+        {
+            "run": "run",
+            "output tok/s": "output_tokens_per_s",
+            "req/s": "requests_per_s",
+            "ms per output token": "ms_per_output_token",
+            "mean output len": "mean_output_len",
+            "steps": "num_steps",
+            "mean seqs per step": "mean_seqs_per_step",
+            "decode step ms (p50)": "decode_wall_ms",
+            "seconds": "seconds",
+            "finish reasons (all rounds)": lambda s: ", ".join(
+                f"{k} {n}" for k, n in sorted(s["finish_reasons"].items())
+            ),
+        },
     )
 
 
@@ -161,34 +150,19 @@ def _validity_words(part: dict) -> str:
 
 
 def _time_table(part: dict) -> str:
-    rows = []
-    for variant, s in part["summary"]["variants"].items():
-        rows.append(
-            [
-                LABELS[variant],
-                s["decode_forward_ms"],
-                s["decode_sample_ms"],
-                s["masks_ms_per_step"],
-                s["masks_us_per_row"],
-                round(100 * s["masks_share"], 2),
-                s["accept_us_per_token"],
-                s["total_forward_s"],
-                s["total_sample_s"],
-            ]
-        )
-    return table(
-        [
-            "run",
-            "decode forward ms (p50)",
-            "decode sample ms (p50)",
-            "masks() ms per step",
-            "masks() µs per row",
-            "masks() % of run",
-            "accept µs per token",
-            "forward s (run)",
-            "sample s (run)",
-        ],
-        rows,
+    return columns(
+        _runs(part),
+        {
+            "run": "run",
+            "decode forward ms (p50)": "decode_forward_ms",
+            "decode sample ms (p50)": "decode_sample_ms",
+            "masks() ms per step": "masks_ms_per_step",
+            "masks() µs per row": "masks_us_per_row",
+            "masks() % of run": lambda s: round(100 * s["masks_share"], 2),
+            "accept µs per token": "accept_us_per_token",
+            "forward s (run)": "total_forward_s",
+            "sample s (run)": "total_sample_s",
+        },
     )
 
 
@@ -284,33 +258,21 @@ def _mask_words(part: dict) -> str:
 
 def _mask_table(part: dict) -> str:
     m = part["mask_fill"]
-    rows = []
-    for key, f in m["fills"].items():
+    fills = []
+    for key, fill in m["fills"].items():
         kind, state = key.split("_")
-        label = (
-            "`masks()` (serial)"
-            if kind == "serial"
-            else f"LLExecutor ({m['parallel_threads']} threads)"
-        )
-        row, step = f["us_per_row"], f["ms_per_step"]
-        rows.append(
-            [
-                label,
-                state,
-                round(row["p50"], 1),
-                round(row["p99"], 1),
-                round(step["p50"], 3),
-                round(step["p99"], 3),
-                round(f["total_s"] * 1e3, 1),
-            ]
-        )
-    header = [
-        "fill",
-        "caches",
-        "µs per row p50",
-        "µs per row p99",
-        "ms per step p50",
-        "ms per step p99",
-        "ms in all",
-    ]
-    return table(header, rows)
+        label = "`masks()` (serial)" if kind == "serial" else None
+        label = label or f"LLExecutor ({m['parallel_threads']} threads)"
+        fills.append({"fill": label, "caches": state, **fill})
+    return columns(
+        fills,
+        {
+            "fill": "fill",
+            "caches": "caches",
+            "µs per row p50": lambda f: round(f["us_per_row"]["p50"], 1),
+            "µs per row p99": lambda f: round(f["us_per_row"]["p99"], 1),
+            "ms per step p50": lambda f: round(f["ms_per_step"]["p50"], 3),
+            "ms per step p99": lambda f: round(f["ms_per_step"]["p99"], 3),
+            "ms in all": lambda f: round(f["total_s"] * 1e3, 1),
+        },
+    )

@@ -24,8 +24,9 @@ import json
 import statistics
 import time
 
-from benchmarks.load_clients import RequestRecord
+from benchmarks.load_clients import RequestRecord, closed_loop
 from benchmarks.offline import make_llm, run_pagestream
+from benchmarks.results import percentiles
 from benchmarks.workload import PROFILES, BenchRequest, make_workload
 from services.common.config import DEFAULT_MODEL
 
@@ -50,59 +51,47 @@ def parse_setting(text: str) -> dict:
     }
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+class EngineClient:
+    """An in-process AsyncEngine as a load client (benchmarks/load_clients.py's send)."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.sent = engine, 0
+
+    async def send(self, request: BenchRequest) -> RequestRecord:
+        from pagestream import RequestOutputKind, SamplingParams
+
+        params = SamplingParams(
+            temperature=0,
+            max_tokens=request.output_len,
+            ignore_eos=True,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        record = RequestRecord(sent=time.perf_counter(), expected_tokens=request.output_len)
+        self.sent += 1
+        prompt = {"prompt_token_ids": request.prompt_token_ids}
+        async for out in self.engine.generate(prompt, params, f"sweep-{self.sent}"):
+            if out.outputs and out.outputs[0].token_ids:
+                record.token_times.append(time.perf_counter())
+                record.output_tokens += len(out.outputs[0].token_ids)
+        record.end = time.perf_counter()
+        return record
 
 
 async def _load_run(engine, requests: list[BenchRequest], concurrency: int) -> dict:
-    from pagestream import RequestOutputKind, SamplingParams
-
-    queue = list(enumerate(requests))
-    records: list[RequestRecord] = []
-
-    async def client() -> None:
-        while queue:
-            index, request = queue.pop(0)
-            params = SamplingParams(
-                temperature=0,
-                max_tokens=request.output_len,
-                ignore_eos=True,
-                output_kind=RequestOutputKind.DELTA,
-            )
-            record = RequestRecord(sent=time.perf_counter(), expected_tokens=request.output_len)
-            stream = engine.generate(
-                {"prompt_token_ids": request.prompt_token_ids}, params, f"sweep-{index}"
-            )
-            async for out in stream:
-                if out.outputs and out.outputs[0].token_ids:
-                    record.token_times.append(time.perf_counter())
-                    record.output_tokens += len(out.outputs[0].token_ids)
-            record.end = time.perf_counter()
-            records.append(record)
-
-    start = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(concurrency)))
-    elapsed = time.perf_counter() - start
-    itls = [gap for r in records for gap in r.itls]
-    ttfts = [r.ttft for r in records if r.ttft is not None]
-    return {
-        "output_tokens_per_s": round(sum(r.output_tokens for r in records) / elapsed, 1),
-        "itl_p50_ms": round(1e3 * _pct(itls, 0.5), 1),
-        "itl_p99_ms": round(1e3 * _pct(itls, 0.99), 1),
-        "ttft_p50_ms": round(1e3 * _pct(ttfts, 0.5), 1),
-        "ttft_p99_ms": round(1e3 * _pct(ttfts, 0.99), 1),
-        "requests": len(records),
-    }
-
-
-async def _drive(engine, requests: list[BenchRequest], concurrency: int) -> dict:
     try:
-        return await _load_run(engine, requests, concurrency)
+        records, elapsed = await closed_loop(EngineClient(engine), requests, concurrency)
     finally:
         await engine.shutdown()
+    itl = percentiles((gap for r in records for gap in r.itls), scale=1e3)
+    ttft = percentiles((r.ttft for r in records if r.ttft is not None), scale=1e3)
+    return {
+        "output_tokens_per_s": round(sum(r.output_tokens for r in records) / elapsed, 1),
+        "itl_p50_ms": itl["p50"],
+        "itl_p99_ms": itl["p99"],
+        "ttft_p50_ms": ttft["p50"],
+        "ttft_p99_ms": ttft["p99"],
+        "requests": len(records),
+    }
 
 
 def run_setting(model: str, dtype: str, setting: dict, requests, load_requests, concurrency):
@@ -117,7 +106,7 @@ def run_setting(model: str, dtype: str, setting: dict, requests, load_requests, 
         model, dtype=dtype, kv_cache_memory="2GiB", enable_prefix_caching=False, **setting
     )
 
-    loaded = asyncio.run(_drive(engine, load_requests, concurrency))
+    loaded = asyncio.run(_load_run(engine, load_requests, concurrency))
     del engine
     gc.collect()
     return {

@@ -173,16 +173,7 @@ def run_serving(args, folder, profile, workload, results) -> dict:
 def run_memory(args, folder, profile, workload, results) -> dict:
     from benchmarks.memory import MemoryOptions, run_memory
 
-    options = MemoryOptions(
-        model=folder,
-        kv_cache_memory=args.kv_cache_memory,
-        prefix_num_requests=profile.prefix_num_requests,
-        system_prompt_len=profile.system_prompt_len,
-        question_len=profile.question_len,
-        prefix_output_len=profile.prefix_output_len,
-        sharing_num_prompts=profile.sharing_num_prompts,
-        sharing_output_len=profile.sharing_output_len,
-    )
+    options = MemoryOptions(folder, profile, args.kv_cache_memory)
     throughput = results.get("throughput") or {}
     kv = throughput.get("runs", [{}])[0].get("kv_utilization")
     return run_memory(workload.requests, options, kv_utilization=kv)

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import multiprocessing
 import os
 import shutil
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -42,7 +42,14 @@ import numpy as np
 
 from benchmarks.load_clients import HttpClient, RequestRecord, closed_loop
 from benchmarks.results import percentiles, ratio
-from benchmarks.server_process import ServerProcess, descendants, free_port, http_healthy
+from benchmarks.server_process import (
+    ServerProcess,
+    descendants,
+    free_port,
+    http_healthy,
+    stop_process,
+    wait_ready,
+)
 from benchmarks.workload import BenchRequest
 
 logger = logging.getLogger(__name__)
@@ -199,24 +206,17 @@ class LlamaServer:
     def __enter__(self) -> LlamaServer:
         quiet = subprocess.DEVNULL
         self.process = subprocess.Popen(self.command(), stdout=quiet, stderr=quiet)
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {self.process.returncode}")
-            if http_healthy(f"{self.url}/health"):
-                return self
-            time.sleep(0.25)
-        self.__exit__()
-        raise TimeoutError("llama-server did not become healthy")
+        try:
+            healthy = functools.partial(http_healthy, f"{self.url}/health")
+            wait_ready([self.process], healthy, self.startup_timeout_s, "llama-server")
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
 
     def __exit__(self, *exc) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process is not None:
+            stop_process(self.process, 20)
 
 
 def llama_server_version(binary: str) -> str:

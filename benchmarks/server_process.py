@@ -71,33 +71,50 @@ class ServerProcess:
 
     def _wait_ready(self) -> None:
         """Poll /ready (HTTP readiness) and grpc.health.v1 until both answer SERVING."""
-        deadline = time.monotonic() + self.startup_timeout_s
-        http_ok = grpc_ok = False
+        ready = {"http": False, "grpc": False}
         with grpc.insecure_channel(self.grpc_address) as channel:
             health = health_pb2_grpc.HealthStub(channel)
-            while time.monotonic() < deadline:
-                if self.process is None or self.process.poll() is not None:
-                    raise RuntimeError(f"the server exited before it was ready: {self.command()}")
-                http_ok = http_ok or http_healthy(f"{self.http_url}/ready")
-                grpc_ok = grpc_ok or grpc_serving(health)
-                if http_ok and grpc_ok:
-                    return
-                time.sleep(0.25)  # polling an external process: nothing to await
-        raise TimeoutError(f"the server was not healthy within {self.startup_timeout_s} s")
+
+            def healthy() -> bool:
+                ready["http"] = ready["http"] or http_healthy(f"{self.http_url}/ready")
+                ready["grpc"] = ready["grpc"] or grpc_serving(health)
+                return all(ready.values())
+
+            wait_ready([self.process], healthy, self.startup_timeout_s, "the server")
 
     def stop(self, timeout_s: float = 30.0) -> None:
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
+        if process is None:
             return
         children = descendants(process.pid)  # the roles of --split-services / -dp
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            logger.warning("the server ignored SIGTERM for %.0f s; killing it", timeout_s)
-            process.kill()
-            process.wait()
+        stop_process(process, timeout_s)
         _kill_leftovers(children)
+
+
+def wait_ready(processes, ready, timeout_s: float, what: str) -> None:
+    """Poll ``ready()`` until it holds; raise when one of ``processes`` exits first or
+    ``timeout_s`` passes (polling external processes: nothing to await)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in processes):
+            raise RuntimeError(f"{what} exited before it was ready")
+        if ready():
+            return
+        time.sleep(0.25)
+    raise TimeoutError(f"{what} was not ready within {timeout_s} s")
+
+
+def stop_process(process: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    """SIGTERM (the way a user or an orchestrator stops it), SIGKILL after ``timeout_s``."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        logger.warning("process %d ignored SIGTERM for %.0f s; killing it", process.pid, timeout_s)
+        process.kill()
+        process.wait()
 
 
 def descendants(pid: int) -> list[int]:

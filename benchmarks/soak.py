@@ -14,9 +14,9 @@ no KV block, and each role's resident memory (sampled every second) must stay fl
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
-import signal
 import subprocess
 import sys
 import threading
@@ -30,7 +30,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2_grpc
 
-from benchmarks.server_process import free_port, grpc_serving
+from benchmarks.server_process import free_port, grpc_serving, stop_process, wait_ready
 from services.common.proto.pagestream.v1 import engine_pb2, engine_pb2_grpc, generation_pb2_grpc
 from services.common.proto.pagestream.v1 import generation_pb2 as pb
 
@@ -246,29 +246,6 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "pagestream.cli", "--log-level", "WARNING", *args]
 
 
-def _wait_serving(address: str, processes, timeout_s: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            if any(p.poll() is not None for p in processes):
-                raise RuntimeError("a role exited before the deployment was up")
-            if grpc_serving(stub):
-                return
-            time.sleep(0.2)
-    raise TimeoutError(f"{address} is not SERVING after {timeout_s}s")
-
-
-def _stop(processes) -> None:
-    for process in reversed(list(processes)):
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 def soak(model: str, duration_s: float, clients: int, engine_flags: list[str]) -> SoakReport:
     ports = {role: free_port() for role in ("worker", "scheduler", "grpc", "http")}
     scheduler = f"127.0.0.1:{ports['scheduler']}"
@@ -285,7 +262,9 @@ def soak(model: str, duration_s: float, clients: int, engine_flags: list[str]) -
     }  # fmt: skip
     processes = {role: subprocess.Popen(argv) for role, argv in commands.items()}
     try:
-        _wait_serving(f"127.0.0.1:{ports['grpc']}", list(processes.values()))
+        with grpc.insecure_channel(f"127.0.0.1:{ports['grpc']}") as channel:
+            health = functools.partial(grpc_serving, health_pb2_grpc.HealthStub(channel))
+            wait_ready(processes.values(), health, 300.0, "the deployment")
         sampler = RssSampler({role: p.pid for role, p in processes.items()})
         sampler.start()
         start = time.monotonic()
@@ -300,7 +279,8 @@ def soak(model: str, duration_s: float, clients: int, engine_flags: list[str]) -
                 report.lost.append(f"the {role} exited with {process.returncode}")
         return report
     finally:
-        _stop(processes.values())
+        for process in reversed(processes.values()):
+            stop_process(process, 20)
 
 
 def main(argv: list[str] | None = None) -> int:
