@@ -3,7 +3,7 @@ caching and memory sharing."""
 
 from __future__ import annotations
 
-from benchmarks.markdown import table
+from benchmarks.markdown import columns, table
 
 
 def memory_section(mem: dict) -> list[str]:
@@ -19,21 +19,12 @@ def memory_section(mem: dict) -> list[str]:
             table(
                 ["allocation", "mean utilisation", "waste"],
                 [
-                    [
-                        f"paged (blocks of {kv['block_size']})",
-                        kv["paged"],
-                        round(1 - kv["paged"], 4),
-                    ],
-                    [
-                        "preallocate max_model_len",
-                        kv["prealloc_max"],
-                        round(1 - kv["prealloc_max"], 4),
-                    ],
-                    [
-                        "preallocate exact length (oracle)",
-                        kv["prealloc_oracle"],
-                        round(1 - kv["prealloc_oracle"], 4),
-                    ],
+                    [label, kv[key], round(1 - kv[key], 4)]
+                    for label, key in (
+                        (f"paged (blocks of {kv['block_size']})", "paged"),
+                        ("preallocate max_model_len", "prealloc_max"),
+                        ("preallocate exact length (oracle)", "prealloc_oracle"),
+                    )
                 ],
             ),
             "",
@@ -47,18 +38,15 @@ def memory_section(mem: dict) -> list[str]:
         f"prompt, each with its own {prefix['question_len']}-token question and "
         f"{prefix['output_len']} output tokens, admitted at once.",
         "",
-        table(
-            ["prefix cache", "total tok/s", "TTFT mean ms", "TTFT p50 ms", "cached tokens"],
-            [
-                [
-                    name,
-                    prefix[name]["total_tokens_per_s"],
-                    prefix[name]["ttft_mean_ms"],
-                    prefix[name]["ttft_p50_ms"],
-                    prefix[name]["cached_tokens"],
-                ]
-                for name in ("off", "on")
-            ],
+        columns(
+            [{"name": name, **prefix[name]} for name in ("off", "on")],
+            {
+                "prefix cache": "name",
+                "total tok/s": "total_tokens_per_s",
+                "TTFT mean ms": "ttft_mean_ms",
+                "TTFT p50 ms": "ttft_p50_ms",
+                "cached tokens": "cached_tokens",
+            },
         ),
         "",
         f"Throughput {prefix['speedup']}x with caching; mean TTFT x{prefix['ttft_ratio']}.",
@@ -71,21 +59,12 @@ def memory_section(mem: dict) -> list[str]:
         table(
             ["run", "peak KV blocks", "saving vs independent"],
             [
-                [
-                    "independent requests (each prompt x width)",
-                    share["independent"]["peak_blocks"],
-                    "—",
-                ],
-                [
-                    f"parallel sampling n={share['width']}",
-                    share["parallel_sampling"]["peak_blocks"],
-                    share["parallel_sampling"]["saving_vs_independent"],
-                ],
-                [
-                    f"beam search width {share['width']}",
-                    share["beam_search"]["peak_blocks"],
-                    share["beam_search"]["saving_vs_independent"],
-                ],
+                [label, share[key]["peak_blocks"], share[key].get("saving_vs_independent", "—")]
+                for label, key in (
+                    ("independent requests (each prompt x width)", "independent"),
+                    (f"parallel sampling n={share['width']}", "parallel_sampling"),
+                    (f"beam search width {share['width']}", "beam_search"),
+                )
             ],
         ),
         "",

@@ -151,22 +151,7 @@ def _where_time_goes(off: dict) -> list[str]:
             base_step = (base or {}).get("steps", {}).get(kind, {})
             if not step.get("num_steps") or not base_step.get("num_steps"):
                 continue
-            rows.append(
-                [
-                    run["layout"],
-                    base["layout"],
-                    kind,
-                    step["median_tokens"],
-                    base_step["forward_ms"],
-                    step["forward_ms"],
-                    round(step["forward_ms"] - base_step["forward_ms"], 2),
-                    _collectives_cell(step),
-                    _in_step_cell(step, off["collectives"].get(str(run["tp"]), {})),
-                    step["transport_ms"],
-                    base_step["wall_ms"],
-                    step["wall_ms"],
-                ]
-            )
+            rows.append({"run": run, "base": base, "kind": kind, "step": step, "tp1": base_step})
     if not rows:
         return []
     counts = "; ".join(
@@ -192,22 +177,24 @@ def _where_time_goes(off: dict) -> list[str]:
         "two plans in flight a plan's wall includes its wait behind the other. "
         f"Collectives per step: {counts}.",
         "",
-        table(
-            [
-                "layout",
-                "against",
-                "step",
-                "tokens",
-                "tp=1 forward",
-                "forward",
-                "difference",
-                "collectives, idle (est.)",
-                "collectives, in a step (est.)",
-                "transport",
-                "tp=1 wall",
-                "wall",
-            ],
+        columns(
             rows,
+            {
+                "layout": "run.layout",
+                "against": "base.layout",
+                "step": "kind",
+                "tokens": "step.median_tokens",
+                "tp=1 forward": "tp1.forward_ms",
+                "forward": "step.forward_ms",
+                "difference": lambda r: round(r["step"]["forward_ms"] - r["tp1"]["forward_ms"], 2),
+                "collectives, idle (est.)": lambda r: _collectives_cell(r["step"]),
+                "collectives, in a step (est.)": lambda r: _in_step_cell(
+                    r["step"], off["collectives"].get(str(r["run"]["tp"]), {})
+                ),
+                "transport": "step.transport_ms",
+                "tp=1 wall": "tp1.wall_ms",
+                "wall": "step.wall_ms",
+            },
         ),
         "",
     ]

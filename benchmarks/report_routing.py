@@ -4,7 +4,7 @@ benchmarks/plots.py)."""
 
 from __future__ import annotations
 
-from benchmarks.markdown import measured, table
+from benchmarks.markdown import columns, measured
 from benchmarks.routing import hit_rate_bound
 
 HEADING = "## Routing across data-parallel replicas"
@@ -38,40 +38,42 @@ def routing_section(part: dict) -> list[str]:
         f"Figures are medians over {part['rounds']} round(s) (policies in a rotated order each "
         "round); times in ms.",
         "",
-        table(
-            [
-                "policy",
-                "hit rate",
-                "requests per replica (each round)",
-                "TTFT p50",
-                "TTFT p99",
-                "ITL p50",
-                "ITL p99",
-                "E2E p50",
-                "E2E p99",
-                "output tok/s",
-                "req/s",
-                "seconds",
-                "failed",
-            ],
-            [_summary_row(s) for s in part["summary"]],
+        columns(
+            part["summary"],
+            {
+                "policy": lambda s: f"`{s['policy']}`",
+                "hit rate": "hit_rate",
+                "requests per replica (each round)": lambda s: ", ".join(
+                    " / ".join(map(str, counts)) for counts in s["requests_per_engine"]
+                ),
+                "TTFT p50": "ttft_p50_ms",
+                "TTFT p99": "ttft_p99_ms",
+                "ITL p50": "itl_p50_ms",
+                "ITL p99": "itl_p99_ms",
+                "E2E p50": "e2e_p50_ms",
+                "E2E p99": "e2e_p99_ms",
+                "output tok/s": "output_tokens_per_s",
+                "req/s": "requests_per_s",
+                "seconds": "duration_s",
+                "failed": "failures",
+            },
         ),
         "",
         "Every run, side by side (round, policy; router decisions per replica by reason):",
         "",
-        table(
-            [
-                "round",
-                "policy",
-                "hit rate",
-                "per replica",
-                "TTFT p50",
-                "TTFT p99",
-                "output tok/s",
-                "seconds",
-                "load avg",
-            ],
-            [_run_row(r) for r in part["runs"]],
+        columns(
+            part["runs"],
+            {
+                "round": "round",
+                "policy": lambda r: f"`{r['policy']}`",
+                "hit rate": "hit_rate",
+                "per replica": _engines_cell,
+                "TTFT p50": lambda r: r["ttft_ms"]["p50"],
+                "TTFT p99": lambda r: r["ttft_ms"]["p99"],
+                "output tok/s": "output_tokens_per_s",
+                "seconds": "duration_s",
+                "load avg": "load_average",
+            },
         ),
         "",
         "![routing](benchmarks/routing.png)",
@@ -100,43 +102,13 @@ def _kv_words(part: dict) -> str:
     )
 
 
-def _summary_row(s: dict) -> list:
-    per_round = ", ".join(" / ".join(map(str, counts)) for counts in s["requests_per_engine"])
-    return [
-        f"`{s['policy']}`",
-        s["hit_rate"],
-        per_round,
-        s["ttft_p50_ms"],
-        s["ttft_p99_ms"],
-        s["itl_p50_ms"],
-        s["itl_p99_ms"],
-        s["e2e_p50_ms"],
-        s["e2e_p99_ms"],
-        s["output_tokens_per_s"],
-        s["requests_per_s"],
-        s["duration_s"],
-        s["failures"],
-    ]
-
-
-def _run_row(r: dict) -> list:
-    engines = "; ".join(
+def _engines_cell(r: dict) -> str:
+    return "; ".join(
         f"{name}: {e['requests']} ("
         + ", ".join(f"{reason} {n}" for reason, n in e["reasons"].items())
         + f"), hit rate {e['hit_rate']}"
         for name, e in r["engines"].items()
     )
-    return [
-        r["round"],
-        f"`{r['policy']}`",
-        r["hit_rate"],
-        engines,
-        r["ttft_ms"]["p50"],
-        r["ttft_ms"]["p99"],
-        r["output_tokens_per_s"],
-        r["duration_s"],
-        r["load_average"],
-    ]
 
 
 def _observations(part: dict) -> list[str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.markdown import measured, table
+from benchmarks.markdown import columns, measured
 
 HEADING = "## Served side by side with llama-server (CPU)"
 BUILD = (
@@ -16,38 +16,12 @@ BUILD = (
 
 
 def serve_peer_section(part: dict) -> list[str]:
-    rows = []
-    for server, levels in part["servers"].items():
-        for level, r in levels.items():
-            cpu = r.get("cpu_ms_per_output_token", {})
-            rows.append(
-                [
-                    server,
-                    level,
-                    r["output_tok_s"],
-                    " / ".join(map(str, r.get("output_tok_s_per_round", []))),
-                    r["ttft_ms"]["p50"],
-                    r["ttft_ms"]["mean"],
-                    r["itl_ms"]["p50"],
-                    r["itl_ms"]["p99"],
-                    cpu.get("frontend", "-"),
-                    cpu.get("engine_core", cpu.get("server", "-")),
-                    cpu.get("client", "-"),
-                    r["failed"],
-                ]
-            )
-    offline = part.get("offline", {})
-    ratio_rows = [
-        [
-            level,
-            r.get("tok_s_vs_llama_server"),
-            r.get("itl_p50_vs_llama_server"),
-            r.get("ttft_p50_vs_llama_server"),
-            offline.get(level, {}).get("output_tok_s", "-"),
-            r.get("served_vs_offline", "-"),
-        ]
-        for level, r in part["ratios"].items()
+    rows = [
+        {"server": server, "C": level, **r}
+        for server, levels in part["servers"].items()
+        for level, r in levels.items()
     ]
+    offline = part.get("offline", {})
     peer = part["llama_server"]
     return [
         HEADING,
@@ -67,33 +41,45 @@ def serve_peer_section(part: dict) -> list[str]:
         "process and what it starts), llama-server, and the benchmark process (the "
         "client), which shares the cores. " + BUILD,
         "",
-        table(
-            [
-                "server",
-                "C",
-                "out tok/s (median round)",
-                "every round",
-                "TTFT p50 ms",
-                "TTFT mean ms",
-                "ITL p50 ms",
-                "ITL p99 ms",
-                "serve process CPU ms/token",
-                "its children (llama-server) CPU ms/token",
-                "client CPU ms/token",
-                "failed",
-            ],
+        columns(
             rows,
+            {
+                "server": "server",
+                "C": "C",
+                "out tok/s (median round)": "output_tokens_per_s",
+                "every round": lambda r: " / ".join(
+                    map(str, r.get("output_tokens_per_s_per_round", []))
+                ),
+                "TTFT p50 ms": "ttft_ms.p50",
+                "TTFT mean ms": "ttft_ms.mean",
+                "ITL p50 ms": "itl_ms.p50",
+                "ITL p99 ms": "itl_ms.p99",
+                "serve process CPU ms/token": lambda r: _cpu(r, "frontend"),
+                "its children (llama-server) CPU ms/token": lambda r: _cpu(
+                    r, "engine_core", "server"
+                ),
+                "client CPU ms/token": lambda r: _cpu(r, "client"),
+                "failed": "failures",
+            },
         ),
         "",
-        table(
-            [
-                "C",
-                "tok/s ours / llama-server",
-                "ITL p50 ours / theirs",
-                "TTFT p50 ours / theirs",
-                "offline LLM.generate tok/s (max_num_seqs = C)",
-                "served / offline",
-            ],
-            ratio_rows,
+        columns(
+            [{"C": level, **r} for level, r in part["ratios"].items()],
+            {
+                "C": "C",
+                "tok/s ours / llama-server": "tok_s_vs_llama_server",
+                "ITL p50 ours / theirs": "itl_p50_vs_llama_server",
+                "TTFT p50 ours / theirs": "ttft_p50_vs_llama_server",
+                "offline LLM.generate tok/s (max_num_seqs = C)": lambda r: offline.get(
+                    r["C"], {}
+                ).get("output_tokens_per_s", "-"),
+                "served / offline": lambda r: r.get("served_vs_offline", "-"),
+            },
         ),
     ]
+
+
+def _cpu(run: dict, *roles: str):
+    """CPU ms per output token of the first of ``roles`` the run measured ("-": none)."""
+    cpu = run.get("cpu_ms_per_output_token", {})
+    return next((cpu[role] for role in roles if role in cpu), "-")

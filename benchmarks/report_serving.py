@@ -3,28 +3,10 @@ and rate, and the cost of `--split-services`."""
 
 from __future__ import annotations
 
-from benchmarks.markdown import table
+from benchmarks.markdown import columns
 
 
 def serving_section(sv: dict) -> list[str]:
-    rows = []
-    for r in sv["runs"]:
-        rows.append(
-            [
-                r["deployment"],
-                r["transport"],
-                r["rate"],
-                r["completed"],
-                r["failures"],
-                r["output_tokens_per_s"],
-                r["ttft_ms"]["p50"],
-                r["ttft_ms"]["p99"],
-                r["tpot_ms"]["p50"],
-                r["tpot_ms"]["p99"],
-                r["itl_ms"]["p50"],
-                r["itl_ms"]["p99"],
-            ]
-        )
     out = [
         "## Online serving",
         "",
@@ -33,22 +15,21 @@ def serving_section(sv: dict) -> list[str]:
         "rate (requests/s; `inf` sends all at once: saturated throughput), prefix caching "
         "off (every run reuses the prompts). Times in ms.",
         "",
-        table(
-            [
-                "deployment",
-                "transport",
-                "rate",
-                "done",
-                "failed",
-                "output tok/s",
-                "TTFT p50",
-                "TTFT p99",
-                "TPOT p50",
-                "TPOT p99",
-                "ITL p50",
-                "ITL p99",
-            ],
-            rows,
+        columns(
+            sv["runs"],
+            {
+                "deployment": "deployment",
+                "transport": "transport",
+                "rate": "rate",
+                "done": "completed",
+                "failed": "failures",
+                "output tok/s": "output_tokens_per_s",
+                **{
+                    f"{m} {p}": f"{m.lower()}_ms.{p}"
+                    for m in ("TTFT", "TPOT", "ITL")
+                    for p in ("p50", "p99")
+                },
+            },
         ),
         "",
     ]
@@ -57,12 +38,15 @@ def serving_section(sv: dict) -> list[str]:
             "Cost of `--split-services` (split / one process, same transport and rate; "
             "target: throughput within 10%):",
             "",
-            table(
-                ["transport", "rate", "throughput", "TTFT p50", "TPOT p50"],
-                [
-                    [r["transport"], r["rate"], r["throughput"], r["ttft_p50"], r["tpot_p50"]]
-                    for r in sv["split_ratios"]
-                ],
+            columns(
+                sv["split_ratios"],
+                {
+                    "transport": "transport",
+                    "rate": "rate",
+                    "throughput": "throughput",
+                    "TTFT p50": "ttft_p50",
+                    "TPOT p50": "tpot_p50",
+                },
             ),
             "",
         ]

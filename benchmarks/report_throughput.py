@@ -5,7 +5,7 @@ both run the same model."""
 
 from __future__ import annotations
 
-from benchmarks.markdown import table
+from benchmarks.markdown import columns, table
 
 PAIRS = (("F32", "float32"), ("BF16", "bfloat16"))
 
@@ -129,26 +129,18 @@ def _dtype_of(name: str) -> str:
 
 
 def throughput_section(tp: dict) -> list[str]:
-    rows = [
-        [
-            r["name"],
-            r["requests_per_s"],
-            r["output_tokens_per_s"],
-            r["total_tokens_per_s"],
-            r["elapsed_s"],
-            r["generated_tokens"],
-        ]
-        for r in tp["runs"]
-    ]
-    out = [
-        "## Offline throughput",
-        "",
-        table(
-            ["engine", "requests/s", "output tok/s", "total tok/s", "seconds", "tokens generated"],
-            rows,
-        ),
-        "",
-    ]
+    runs = columns(
+        tp["runs"],
+        {
+            "engine": "name",
+            "requests/s": "requests_per_s",
+            "output tok/s": "output_tokens_per_s",
+            "total tok/s": "total_tokens_per_s",
+            "seconds": "elapsed_s",
+            "tokens generated": "generated_tokens",
+        },
+    )
+    out = ["## Offline throughput", "", runs, ""]
     for key, ratio in tp["ratios"].items():
         out.append(
             f"- {ratio.get('ours', 'pagestream')} / {ratio['baseline']}: "

@@ -27,7 +27,7 @@ import numpy as np
 from benchmarks.load_clients import GrpcClient, RequestRecord, closed_loop
 from benchmarks.results import rotated
 from benchmarks.server_process import ServerProcess
-from benchmarks.serving import INF, percentiles_ms, summarize
+from benchmarks.serving import percentiles_ms, summarize
 from benchmarks.workload import BenchRequest, CorpusSource, totals
 
 logger = logging.getLogger(__name__)
@@ -292,8 +292,7 @@ def cache_deltas(before: dict[str, dict], after: dict[str, dict]) -> dict:
 
 def summarize_run(records: list[RequestRecord], duration_s: float) -> dict:
     """The serving summary (benchmarks/serving.py) plus end-to-end latency percentiles."""
-    summary = summarize(records, duration_s, INF)
-    del summary["rate"]  # a closed loop at fixed concurrency has no request rate
+    summary = summarize(records, duration_s)
     summary["e2e_ms"] = percentiles_ms([r.end - r.sent for r in records if r.ok])
     return summary
 

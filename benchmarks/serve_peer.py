@@ -40,8 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.load_clients import HttpClient, RequestRecord, closed_loop
-from benchmarks.results import percentiles, ratio
+from benchmarks.load_clients import HttpClient, closed_loop
+from benchmarks.results import ratio
 from benchmarks.server_process import (
     ServerProcess,
     descendants,
@@ -50,6 +50,7 @@ from benchmarks.server_process import (
     stop_process,
     wait_ready,
 )
+from benchmarks.serving import summarize
 from benchmarks.workload import BenchRequest
 
 logger = logging.getLogger(__name__)
@@ -99,31 +100,7 @@ async def level_load(base_url: str, requests: list[BenchRequest], concurrency: i
     async with HttpClient(base_url, max_retries=2) as client:
         await client.send(BenchRequest(requests[0].prompt_token_ids, 4))  # warm up
         records, duration = await closed_loop(client, requests, concurrency)
-    return summarize(records, duration)
-
-
-def _latencies_ms(seconds) -> dict:
-    return percentiles(seconds, (50, 90, 99), scale=1e3, digits=2, mean=True)
-
-
-def summarize(records: list[RequestRecord], duration_s: float) -> dict:
-    ok = [r for r in records if r.ok]
-    tokens = sum(r.output_tokens for r in ok)
-    failed = [r for r in records if not r.ok]
-    return {
-        "requests": len(records),
-        "failed": len(records) - len(ok),
-        "first_failure": _failure(failed[0]) if failed else None,
-        "duration_s": round(duration_s, 2),
-        "output_tokens": tokens,
-        "output_tok_s": round(tokens / duration_s, 1) if duration_s > 0 else None,
-        "ttft_ms": _latencies_ms(r.ttft for r in ok if r.ttft is not None),
-        "itl_ms": _latencies_ms(gap for r in ok for gap in r.itls),
-    }
-
-
-def _failure(record: RequestRecord) -> str:
-    return record.error or f"{record.output_tokens} of {record.expected_tokens} tokens"
+    return summarize(records, duration, points=(50, 90, 99), digits=2, mean=True)
 
 
 # ---- CPU accounting ----------------------------------------------------------------
@@ -230,10 +207,10 @@ def llama_server_version(binary: str) -> str:
 
 def _brief(result: dict) -> str:
     if "ttft_ms" not in result:  # offline
-        return f"{result['output_tok_s']} out tok/s"
+        return f"{result['output_tokens_per_s']} out tok/s"
     return (
-        f"{result['output_tok_s']} out tok/s, TTFT p50 {result['ttft_ms']['p50']} ms, "
-        f"ITL p50 {result['itl_ms']['p50']} ms, failed {result['failed']}, CPU ms/token "
+        f"{result['output_tokens_per_s']} out tok/s, TTFT p50 {result['ttft_ms']['p50']} ms, "
+        f"ITL p50 {result['itl_ms']['p50']} ms, failed {result['failures']}, CPU ms/token "
         f"{result['cpu_ms_per_output_token']}"
     )
 
@@ -280,7 +257,7 @@ class OfflineRunner:
 
     def run(self, requests: list[BenchRequest], concurrency: int) -> dict:
         self.jobs.send((concurrency, [{"prompt_token_ids": r.prompt_token_ids} for r in requests]))
-        return {"output_tok_s": self.jobs.recv()}
+        return {"output_tokens_per_s": self.jobs.recv()}
 
     def close(self) -> None:
         self.jobs.send(None)
@@ -341,10 +318,10 @@ def run_serve_peer(options: ServePeerOptions, vocab_size: int) -> dict:
 def median_run(rounds: list[dict]) -> dict:
     """The round with the median output tok/s (its latencies with it), and every round's
     tok/s."""
-    ordered = sorted(rounds, key=lambda r: r["output_tok_s"] or 0)
+    ordered = sorted(rounds, key=lambda r: r["output_tokens_per_s"] or 0)
     return {
         **ordered[(len(ordered) - 1) // 2],
-        "output_tok_s_per_round": [r["output_tok_s"] for r in rounds],
+        "output_tokens_per_s_per_round": [r["output_tokens_per_s"] for r in rounds],
     }
 
 
@@ -357,7 +334,9 @@ def ratios(part: dict, name: str) -> dict:
     for level, mine in ours.items():
         peer = theirs.get(level, {})
         entry = {
-            "tok_s_vs_llama_server": ratio(mine["output_tok_s"], peer.get("output_tok_s")),
+            "tok_s_vs_llama_server": ratio(
+                mine["output_tokens_per_s"], peer.get("output_tokens_per_s")
+            ),
             "itl_p50_vs_llama_server": ratio(
                 mine["itl_ms"]["p50"], peer.get("itl_ms", {}).get("p50")
             ),
@@ -366,6 +345,8 @@ def ratios(part: dict, name: str) -> dict:
             ),
         }
         if level in offline:
-            entry["served_vs_offline"] = ratio(mine["output_tok_s"], offline[level]["output_tok_s"])
+            entry["served_vs_offline"] = ratio(
+                mine["output_tokens_per_s"], offline[level]["output_tokens_per_s"]
+            )
         out[level] = entry
     return out

@@ -59,7 +59,10 @@ async def run_load(client, requests: list[BenchRequest], rate: float, seed: int)
         return await client.send(request)
 
     records = await asyncio.gather(*(one(r, o) for r, o in zip(requests, offsets, strict=True)))
-    return summarize(records, time.perf_counter() - start, rate)
+    return {
+        "rate": "inf" if rate == INF else rate,
+        **summarize(records, time.perf_counter() - start),
+    }
 
 
 def percentiles_ms(seconds) -> dict[str, float | None]:
@@ -67,24 +70,30 @@ def percentiles_ms(seconds) -> dict[str, float | None]:
     return percentiles(seconds, scale=1e3)
 
 
-def summarize(records: list[RequestRecord], duration_s: float, rate: float) -> dict:
+def summarize(records: list[RequestRecord], duration_s: float, **percentile_options) -> dict:
+    """The serving summary of a load's requests: counts, throughput, TTFT, TPOT and ITL
+    percentiles in ms (results.percentiles' options: p50 / p99 unless told)."""
+
+    def ms(seconds) -> dict:
+        return percentiles(seconds, **{"scale": 1e3, **percentile_options})
+
     ok = [r for r in records if r.ok]
     failures = [
-        r.error or f"{r.output_tokens}/{r.expected_tokens} tokens" for r in records if not r.ok
+        r.error or f"{r.output_tokens} of {r.expected_tokens} tokens" for r in records if not r.ok
     ]
     output_tokens = sum(r.output_tokens for r in ok)
     return {
-        "rate": "inf" if rate == INF else rate,
         "num_requests": len(records),
         "completed": len(ok),
         "failures": len(failures),
         "failure_examples": failures[:3],
         "duration_s": round(duration_s, 2),
         "requests_per_s": round(len(ok) / duration_s, 3),
+        "output_tokens": output_tokens,
         "output_tokens_per_s": round(output_tokens / duration_s, 2),
-        "ttft_ms": percentiles_ms(r.ttft for r in ok if r.ttft is not None),
-        "tpot_ms": percentiles_ms(r.tpot for r in ok if r.tpot is not None),
-        "itl_ms": percentiles_ms(gap for r in ok for gap in r.itls),
+        "ttft_ms": ms(r.ttft for r in ok if r.ttft is not None),
+        "tpot_ms": ms(r.tpot for r in ok if r.tpot is not None),
+        "itl_ms": ms(gap for r in ok for gap in r.itls),
     }
 
 

@@ -9,8 +9,8 @@ from benchmarks.serve_peer import (
     median_run,
     ratios,
     requests_per_level,
-    summarize,
 )
+from benchmarks.serving import summarize
 
 OPTIONS = ServePeerOptions(model="m", folder="f", prompt_len=16, output_len=4)
 
@@ -29,20 +29,26 @@ def test_summaries_count_only_complete_requests():
         _record(0.0, 0.2, [0.05], tokens=2),  # cut short: a failure
     ]
     result = summarize(records, duration_s=2.0)
-    assert result["failed"] == 1 and result["first_failure"] == "2 of 4 tokens"
-    assert result["output_tokens"] == 8 and result["output_tok_s"] == 4.0
+    assert result["failures"] == 1 and result["failure_examples"] == ["2 of 4 tokens"]
+    assert result["output_tokens"] == 8 and result["output_tokens_per_s"] == 4.0
     assert result["ttft_ms"]["p50"] == 200.0
     assert result["itl_ms"]["p50"] == 15.0
 
 
 def test_the_median_round_and_the_ratios():
-    rounds = [{"output_tok_s": v, "itl_ms": {"p50": v}, "ttft_ms": {"p50": 1}} for v in (3, 1, 2)]
+    rounds = [
+        {"output_tokens_per_s": v, "itl_ms": {"p50": v}, "ttft_ms": {"p50": 1}} for v in (3, 1, 2)
+    ]
     median = median_run(rounds)
-    assert median["output_tok_s"] == 2 and median["output_tok_s_per_round"] == [3, 1, 2]
-    theirs = {"output_tok_s": 1.0, "itl_ms": {"p50": 4.0}, "ttft_ms": {"p50": 2.0}}
+    assert median["output_tokens_per_s"] == 2 and median["output_tokens_per_s_per_round"] == [
+        3,
+        1,
+        2,
+    ]
+    theirs = {"output_tokens_per_s": 1.0, "itl_ms": {"p50": 4.0}, "ttft_ms": {"p50": 2.0}}
     part = {
         "servers": {"ours": {"16": median}, "llama-server": {"16": theirs}},
-        "offline": {"16": {"output_tok_s": 4.0}},
+        "offline": {"16": {"output_tokens_per_s": 4.0}},
     }
     got = ratios(part, "ours")["16"]
     assert got == {
@@ -64,12 +70,12 @@ def test_prompts_are_seeded_distinct_and_clear_of_special_ids():
 
 def test_the_report_section_lists_every_server_and_level():
     level = {
-        "output_tok_s": 10.0,
-        "output_tok_s_per_round": [9.0, 10.0, 11.0],
+        "output_tokens_per_s": 10.0,
+        "output_tokens_per_s_per_round": [9.0, 10.0, 11.0],
         "ttft_ms": {"p50": 1.0, "mean": 1.0},
         "itl_ms": {"p50": 2.0, "p99": 3.0},
         "cpu_ms_per_output_token": {"frontend": 0.1, "engine_core": 5.0, "client": 0.2},
-        "failed": 0,
+        "failures": 0,
     }
     part = {
         "prompt_len": 16,
