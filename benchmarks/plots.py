@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from benchmarks.report_structured import LABELS
+from benchmarks.results import part_of
 
 DPI = 110
 
@@ -18,10 +19,7 @@ DPI = 110
 def write_plots(results: dict, folder: Path) -> list[Path]:
     written = []
     for key, part, plot in PLOTS:
-        found = results.get(key) or {}
-        if part:
-            found = found.get(part) or {}
-        if found:
+        if found := part_of(results, key, part):
             written.append(plot(found, folder))
     return written
 

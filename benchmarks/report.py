@@ -14,6 +14,7 @@ from pathlib import Path
 
 from benchmarks import plots
 from benchmarks.report_throughput import headline
+from benchmarks.results import part_of
 from benchmarks.sections import SECTIONS
 from benchmarks.workload import PROFILES
 
@@ -64,10 +65,7 @@ def _notes(results: dict) -> str:
 def render(results: dict) -> str:
     out = _header(results)
     for section in SECTIONS:
-        found = results.get(section.key) or {}
-        if section.part:
-            found = found.get(section.part) or {}
-        if found:
+        if found := part_of(results, section.key, section.part):
             out += section.render(found)
             out += [""] * (out[-1] != "")  # a blank line between sections
     machine = results.get("meta", {}).get("machine", {})

@@ -108,17 +108,15 @@ def _offline(off: dict) -> list[str]:
         f"{off['output_tokens']} output tokens), greedy with ignore_eos, prefix caching off, "
         f"{off['dtype']}, through `LLM.generate`. The layouts take turns (each engine "
         f"started, warmed up, timed and stopped in its turn), {off['rounds']} round(s): "
-        "output tok/s is the median over rounds; the best round, `vs tp=1` the median of "
-        "each round's ratio to tp = 1 in process on the same model; the ratio of the best "
-        "rounds"
-        " (and the same against tp = 1 in one worker process, the same model runner behind the "
-        "same gRPC stream as a worker group's ranks). Identical outputs: requests whose "
-        "tokens equal that tp = 1 run's. Steps: plans per run; seqs per decode step: the "
-        "median. Step figures come from each layout's best round. "
-        "Step times are medians in ms: wall (the scheduler's submit to result) / forward "
-        "(the output rank's). "
-        "A worker process gets cores / world size torch threads (tp = 3: one thread each, "
-        "three processes on the cores); pp = 2 keeps two plans in flight.",
+        "output tok/s is the median over rounds; the best round, `vs tp=1` the median of each "
+        "round's ratio to tp = 1 in process on the same model; the ratio of the best rounds (and "
+        "the same against tp = 1 in one worker process, the same model runner behind the same "
+        "gRPC stream as a worker group's ranks). Identical outputs: requests whose tokens equal "
+        "that tp = 1 run's. Steps: plans per run; seqs per decode step: the median. Step figures "
+        "come from each layout's best round. Step times are medians in ms: wall (the scheduler's "
+        "submit to result) / forward (the output rank's). A worker process gets cores / world "
+        "size torch threads (tp = 3: one thread each, three processes on the cores); pp = 2 "
+        "keeps two plans in flight.",
         "",
         layouts,
         "",
@@ -163,12 +161,10 @@ def _where_time_goes(off: dict) -> list[str]:
         "### Where a step's time goes",
         "",
         "Median decode-only and prefill-carrying steps of each layout's best round (the "
-        "scheduler makes the same plans "
-        "in every layout with one plan in flight), ms, against tp = 1 in a worker process "
-        "where it ran (the same "
-        "process set-up as a rank), else in process: the output rank's forward at tp = 1 "
-        "and in the layout, the "
-        "difference, the collectives' estimates (the output rank's collectives per step at "
+        "scheduler makes the same plans in every layout with one plan in flight), ms, against "
+        "tp = 1 in a worker process where it ran (the same process set-up as a rank), else in "
+        "process: the output rank's forward at tp = 1 and in the layout, the difference, the "
+        "collectives' estimates (the output rank's collectives per step at "
         "the step's size, from the timings below: between idle processes at their "
         "minimum–median, and with the all-reduces timed inside a step), "
         "the transport (wall minus the output rank's own time), and the step's wall at "

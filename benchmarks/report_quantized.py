@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-from benchmarks.markdown import measured, table
+from benchmarks.markdown import columns, measured
 
 HEADING = "## A GGUF file as it is, against llama.cpp on the same file (CPU)"
 
 
 def quantized_section(part: dict) -> list[str]:
     agreement = part.get("agreement", {})
-    rows = []
-    for run in part["runs"]:
-        agreed = agreement.get(run["name"], {})
-        rows.append(
-            [
-                run["name"],
-                run.get("output_tokens_per_s", "-"),
-                round(run.get("elapsed_s", 0), 2),
-                agreed.get("equal", "-"),
-                agreed.get("mean_first_difference", "-"),
-            ]
-        )
     ratios = "; ".join(f"{name}: {value}" for name, value in part.get("ratios", {}).items())
     return [
         HEADING,
@@ -33,8 +21,16 @@ def quantized_section(part: dict) -> list[str]:
         "float32's on the de-quantized weights, and the mean index of the first difference. "
         f"Throughput ratios (ours / llama.cpp): {ratios}.",
         "",
-        table(
-            ["run", "output tok/s", "seconds", "equal to float32", "mean first difference"],
-            rows,
+        columns(
+            part["runs"],
+            {
+                "run": "name",
+                "output tok/s": lambda r: r.get("output_tokens_per_s", "-"),
+                "seconds": lambda r: round(r.get("elapsed_s", 0), 2),
+                "equal to float32": lambda r: agreement.get(r["name"], {}).get("equal", "-"),
+                "mean first difference": lambda r: agreement.get(r["name"], {}).get(
+                    "mean_first_difference", "-"
+                ),
+            },
         ),
     ]

@@ -160,6 +160,12 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def part_of(results: dict, key: str, part: str | None = None) -> dict:
+    """A section's results under ``key`` (its ``part``'s, where given); {} where none."""
+    found = results.get(key) or {}
+    return (found.get(part) or {}) if part else found
+
+
 def load_results(path: Path) -> dict:
     if path.exists():
         return json.loads(path.read_text(encoding="utf-8"))

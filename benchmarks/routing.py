@@ -25,9 +25,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from benchmarks.load_clients import GrpcClient, RequestRecord, closed_loop
-from benchmarks.results import rotated
+from benchmarks.results import percentiles, rotated
 from benchmarks.server_process import ServerProcess
-from benchmarks.serving import percentiles_ms, summarize
+from benchmarks.serving import summarize
 from benchmarks.workload import BenchRequest, CorpusSource, totals
 
 logger = logging.getLogger(__name__)
@@ -293,7 +293,7 @@ def cache_deltas(before: dict[str, dict], after: dict[str, dict]) -> dict:
 def summarize_run(records: list[RequestRecord], duration_s: float) -> dict:
     """The serving summary (benchmarks/serving.py) plus end-to-end latency percentiles."""
     summary = summarize(records, duration_s)
-    summary["e2e_ms"] = percentiles_ms([r.end - r.sent for r in records if r.ok])
+    summary["e2e_ms"] = percentiles((r.end - r.sent for r in records if r.ok), scale=1e3)
     return summary
 
 

@@ -71,9 +71,8 @@ def run_precision(args, folder, profile, workload, results) -> dict:
     throughput side by side and greedy agreement."""
     from benchmarks.precision import PrecisionOptions, run_precision
 
-    requests = workload.requests[: args.num_requests or len(workload.requests)]
     options = PrecisionOptions(folder, args.kv_cache_memory, args.rounds or 2)
-    return run_precision(requests, options)
+    return run_precision(workload.requests, options)
 
 
 def run_latency(args, folder, profile, workload, results) -> dict:
@@ -96,10 +95,9 @@ def run_quantized(args, folder, profile, workload, results) -> dict:
     both runs' greedy agreement with float32 (benchmarks/quantized.py)."""
     from benchmarks.quantized import QuantizedOptions, run_quantized
 
-    requests = workload.requests[: args.num_requests or len(workload.requests)]
     seqs = listed(args.llamacpp_seqs, int)[0]
     options = QuantizedOptions(args.model, args.kv_cache_memory, seqs)
-    return run_quantized(requests, options)
+    return run_quantized(workload.requests, options)
 
 
 def run_serve_peer(args, folder, profile, workload, results) -> dict:

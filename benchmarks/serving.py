@@ -65,11 +65,6 @@ async def run_load(client, requests: list[BenchRequest], rate: float, seed: int)
     }
 
 
-def percentiles_ms(seconds) -> dict[str, float | None]:
-    """p50 and p99 in ms (serving's latencies)."""
-    return percentiles(seconds, scale=1e3)
-
-
 def summarize(records: list[RequestRecord], duration_s: float, **percentile_options) -> dict:
     """The serving summary of a load's requests: counts, throughput, TTFT, TPOT and ITL
     percentiles in ms (results.percentiles' options: p50 / p99 unless told)."""

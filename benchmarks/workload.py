@@ -11,7 +11,7 @@ tokenizer, so every prompt is exactly its target number of tokens and decodes to
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -135,23 +135,12 @@ class BenchRequest:
 class Workload:
     requests: list[BenchRequest]
     profile: Profile
-    description: dict = field(default_factory=dict)
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return sum(r.prompt_len for r in self.requests)
-
-    @property
-    def num_output_tokens(self) -> int:
-        return sum(r.output_len for r in self.requests)
 
     def summary(self) -> dict:
         prompts = np.array([r.prompt_len for r in self.requests])
         outputs = np.array([r.output_len for r in self.requests])
         return {
-            "num_requests": len(self.requests),
-            "prompt_tokens": int(prompts.sum()),
-            "output_tokens": int(outputs.sum()),
+            **totals(self.requests),
             "prompt_median": float(np.median(prompts)),
             "prompt_max": int(prompts.max()),
             "output_median": float(np.median(outputs)),
@@ -200,9 +189,9 @@ class CorpusSource:
         return self.token_ids[index].tolist()
 
 
-def make_workload(tokenizer, profile: Profile, num_requests: int | None = None) -> Workload:
-    """The profile's seeded requests (the first ``num_requests`` when given)."""
-    n = profile.num_requests if num_requests is None else num_requests
+def make_workload(tokenizer, profile: Profile) -> Workload:
+    """The profile's seeded requests."""
+    n = profile.num_requests
     rng = np.random.default_rng(profile.seed)
     prompt_lens = lognormal_lengths(
         rng, n, profile.prompt_median, profile.prompt_range, profile.sigma
