@@ -58,13 +58,11 @@ class LatencyOptions:
 def decode_bytes(folder: str, dtype: str, model: str = "") -> int:
     """What one decode step must read: every linear weight of the stack and the LM head
     once, in the run's dtype or quantized form (the embedding rows it gathers are a few KB)."""
-    from transformers import AutoConfig
-
     from benchmarks.ceiling import ModelShapes
 
     if dtype == "gguf":
         return gguf_matrix_bytes(model)
-    shapes = ModelShapes.from_config(AutoConfig.from_pretrained(folder).get_text_config())
+    shapes = ModelShapes.of(folder)
     weights = shapes.num_layers * sum(i * o for i, o in shapes.layer_linears())
     weights += shapes.vocab_size * shapes.hidden_size
     if dtype == "int8":  # a byte per weight and a float32 scale per output channel

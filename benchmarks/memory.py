@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from benchmarks.kv_utilization import KVUtilizationSampler
+from benchmarks.offline import make_llm
 from benchmarks.workload import BenchRequest, Profile, greedy_inputs, shared_prefix_workload
 
 logger = logging.getLogger(__name__)
@@ -28,12 +29,6 @@ class MemoryOptions:
     profile: Profile  # the sizes of the prefix-caching and sharing runs
     kv_cache_memory: str = "1GiB"
     sharing_width: int = 4
-
-
-def _llm(model: str, kv_cache_memory: str, **kwargs):
-    from pagestream import LLM
-
-    return LLM(model, kv_cache_memory=kv_cache_memory, **kwargs)
 
 
 def drive(llm, prompts: list[dict], params: list) -> dict:
@@ -75,7 +70,9 @@ def prefix_caching(options: MemoryOptions, tokenizer) -> dict:
         "output_len": profile.prefix_output_len,
     }
     for enabled in (False, True):
-        llm = _llm(options.model, options.kv_cache_memory, enable_prefix_caching=enabled)
+        llm = make_llm(
+            options.model, "auto", options.kv_cache_memory, enable_prefix_caching=enabled
+        )
         _warm(llm)
         run = drive(llm, prompts, params)
         result["on" if enabled else "off"] = {
@@ -106,7 +103,7 @@ def sharing(options: MemoryOptions, requests: list[BenchRequest]) -> dict:
     chosen = requests[: options.profile.sharing_num_prompts]
     prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in chosen]
     repeated = [p for p in prompts for _ in range(width)]
-    llm = _llm(options.model, options.kv_cache_memory, enable_prefix_caching=False)
+    llm = make_llm(options.model, "auto", options.kv_cache_memory, enable_prefix_caching=False)
     _warm(llm)
     sample = SamplingParams(temperature=0.8, seed=0, max_tokens=length, ignore_eos=True)
     beam = SamplingParams(
@@ -140,7 +137,7 @@ def run_memory(
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(options.model))
     if kv_utilization is None:
-        from benchmarks.offline import make_llm, run_pagestream
+        from benchmarks.offline import run_pagestream
 
         llm = make_llm(options.model, "float32", options.kv_cache_memory)  # as HF's runs
         kv_utilization = run_pagestream(llm, requests).extra["kv_utilization"]

@@ -175,15 +175,12 @@ def _plan_runs(options: ParallelOptions, scratch: Path) -> tuple[list[_Run], dic
 
 
 def _heads(folder: str) -> dict:
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(folder)
+    shapes = ModelShapes.of(folder)
     return {
-        "num_attention_heads": config.num_attention_heads,
-        "num_key_value_heads": getattr(config, "num_key_value_heads", None)
-        or config.num_attention_heads,
-        "num_hidden_layers": config.num_hidden_layers,
-        "hidden_size": config.hidden_size,
+        "num_attention_heads": shapes.num_heads,
+        "num_key_value_heads": shapes.num_kv_heads,
+        "num_hidden_layers": shapes.num_layers,
+        "hidden_size": shapes.hidden_size,
     }
 
 
