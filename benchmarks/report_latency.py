@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.markdown import measured, table
+from benchmarks.markdown import columns, measured
 
 HEADING = "## Time per output token at small batches (CPU)"
 
@@ -11,20 +11,6 @@ def latency_section(part: dict) -> list[str]:
     torch = part.get("meta", {}).get("machine", {}).get("torch")
     dtypes = part["dtypes"]
     batches = list(next(iter(dtypes.values()))["pagestream"]["ms_per_token"])
-    rows = []
-    for dtype, entry in dtypes.items():
-        ours = entry["pagestream"]["ms_per_token"]
-        theirs = entry.get("llamacpp", {}).get("ms_per_token", "-")
-        rows.append(
-            [
-                dtype,
-                *(ours[b] for b in batches),
-                entry["streaming_limit_ms"],
-                entry["batch1_over_limit"],
-                theirs,
-                entry.get("llamacpp_over_ours", "-"),
-            ]
-        )
     return [
         HEADING,
         "",
@@ -38,15 +24,17 @@ def latency_section(part: dict) -> list[str]:
         "and drifts). llama.cpp: batch 1 on F32 / BF16 GGUF files of the same weights, same "
         "threads and prompt.",
         "",
-        table(
-            [
-                "dtype",
-                *(f"batch {b} ms/token" for b in batches),
-                "streaming limit ms",
-                "batch 1 / limit",
-                "llama.cpp batch 1 ms/token",
-                "llama.cpp / ours",
-            ],
-            rows,
+        columns(
+            [{"dtype": dtype, **entry} for dtype, entry in dtypes.items()],
+            {
+                "dtype": "dtype",
+                **{f"batch {b} ms/token": f"pagestream.ms_per_token.{b}" for b in batches},
+                "streaming limit ms": "streaming_limit_ms",
+                "batch 1 / limit": "batch1_over_limit",
+                "llama.cpp batch 1 ms/token": lambda e: e.get("llamacpp", {}).get(
+                    "ms_per_token", "-"
+                ),
+                "llama.cpp / ours": lambda e: e.get("llamacpp_over_ours", "-"),
+            },
         ),
     ]

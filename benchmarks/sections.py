@@ -29,6 +29,11 @@ def listed(text: str | None, kind=str) -> tuple:
     return tuple(kind(item.strip()) for item in (text or "").split(",") if item.strip())
 
 
+def given(**values) -> dict:
+    """The options the command line gave (the others keep their dataclass's default)."""
+    return {name: value for name, value in values.items() if value}
+
+
 def run_routing(args, folder, profile, workload, results) -> dict:
     """serve -dp 2 under each router policy on conversations sharing system prompts; the
     KV cache per replica is sized by the routing profile unless --kv-cache-memory is given."""
@@ -56,9 +61,9 @@ def run_structured(args, folder, profile, workload, results) -> dict:
 
     from benchmarks.structured import STRUCTURED_PROFILES, StructuredOptions, run_structured
 
-    changes = {"num_prompts": args.num_requests, "rounds": args.rounds}
     structured = dataclasses.replace(
-        STRUCTURED_PROFILES[profile.name], **{k: v for k, v in changes.items() if v}
+        STRUCTURED_PROFILES[profile.name],
+        **given(num_prompts=args.num_requests, rounds=args.rounds),
     )
     options = StructuredOptions(
         model=folder, profile=structured, kv_cache_memory=args.kv_cache_memory
@@ -71,7 +76,7 @@ def run_precision(args, folder, profile, workload, results) -> dict:
     throughput side by side and greedy agreement."""
     from benchmarks.precision import PrecisionOptions, run_precision
 
-    options = PrecisionOptions(folder, args.kv_cache_memory, args.rounds or 2)
+    options = PrecisionOptions(folder, args.kv_cache_memory, **given(rounds=args.rounds))
     return run_precision(workload.requests, options)
 
 
@@ -84,8 +89,8 @@ def run_latency(args, folder, profile, workload, results) -> dict:
         args.model,
         folder,
         args.kv_cache_memory,
-        rounds=args.rounds or 3,
         llamacpp=not args.no_llamacpp,
+        **given(rounds=args.rounds),
     )
     return run_latency(options)
 
@@ -113,8 +118,8 @@ def run_serve_peer(args, folder, profile, workload, results) -> dict:
         folder=folder,
         concurrencies=listed(args.concurrencies, int),
         llama_server=args.llama_server,
-        rounds=args.rounds or 3,
         layouts=layouts,
+        **given(rounds=args.rounds),
     )
     vocab_size = AutoConfig.from_pretrained(folder).vocab_size
     return run_serve_peer(options, vocab_size)

@@ -80,7 +80,8 @@ class ServerProcess:
                 ready["grpc"] = ready["grpc"] or grpc_serving(health)
                 return all(ready.values())
 
-            wait_ready([self.process], healthy, self.startup_timeout_s, "the server")
+            what = f"the server `{' '.join(self.command())}`"
+            wait_ready([self.process], healthy, self.startup_timeout_s, what)
 
     def stop(self, timeout_s: float = 30.0) -> None:
         process, self.process = self.process, None

@@ -70,7 +70,7 @@ def summarize(records: list[RequestRecord], duration_s: float, **percentile_opti
     percentiles in ms (results.percentiles' options: p50 / p99 unless told)."""
 
     def ms(seconds) -> dict:
-        return percentiles(seconds, **{"scale": 1e3, **percentile_options})
+        return percentiles(seconds, scale=1e3, **percentile_options)
 
     ok = [r for r in records if r.ok]
     failures = [
