@@ -17,11 +17,12 @@ def llamacpp_lines(tp: dict) -> list[str]:
     by_name = {r["name"]: r for r in tp["runs"]}
     rows = []
     for ggml, torch_dtype in PAIRS:
-        ratio = tp["ratios"].get(f"vs_llamacpp_{ggml.lower()}")
+        ratio = tp["ratios"].get(f"vs_llamacpp_{ggml.lower()}") or {}
         for name in info["runs"]:
             if name.startswith(f"llama.cpp {ggml} "):
-                best = ratio is not None and ratio["baseline"] == name
-                rows.append(_row(by_name[name], ratio if best else None, torch_dtype))
+                best = ratio.get("baseline") == name
+                speedup = f"x{ratio['output_tokens_per_s']} ({torch_dtype})" if best else None
+                rows.append({**by_name[name], "speedup": speedup})
     first = by_name[info["runs"][0]] if info["runs"] else {}
     kv = "one unified buffer" if info["kv_unified"] else "a stream per sequence"
     out = [
@@ -37,16 +38,18 @@ def llamacpp_lines(tp: dict) -> list[str]:
         "pagestream dequantizes; BF16 matrices, F32 norms). Same prompts, output lengths, "
         "greedy, no early stop.",
         "",
-        table(
-            [
-                "engine",
-                "output tok/s",
-                "seconds",
-                "llama_decode calls",
-                "load avg",
-                "pagestream / it",
-            ],
+        columns(
             rows,
+            {
+                "engine": "name",
+                "output tok/s": "output_tokens_per_s",
+                "seconds": "elapsed_s",
+                "llama_decode calls": "num_steps",
+                "load avg": lambda r: (
+                    "{start}..{end}".format(**r["load_average"]) if "load_average" in r else None
+                ),
+                "pagestream / it": "speedup",
+            },
         ),
         "",
     ]
@@ -73,20 +76,6 @@ def _full_agreement_lines(full: dict) -> list[str]:
             f"{a['mean_first_difference']} on average."
         )
     return lines
-
-
-def _row(run: dict, ratio: dict | None, torch_dtype: str) -> list:
-    speedup = None
-    if ratio is not None:
-        speedup = f"x{ratio['output_tokens_per_s']} ({torch_dtype})"
-    return [
-        run["name"],
-        run["output_tokens_per_s"],
-        run["elapsed_s"],
-        run.get("num_steps"),
-        "{start}..{end}".format(**run["load_average"]) if "load_average" in run else None,
-        speedup,
-    ]
 
 
 def headline(tp: dict) -> str:
