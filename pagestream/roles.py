@@ -170,8 +170,10 @@ async def run_scheduler(ns: argparse.Namespace) -> None:
         backend = args.parallel_config().backend
         rebuilds = 0 if backend == "uni" else OWN_WORKER_REBUILDS
         make = partial(build_executor, args)
-        builder = EngineCoreBuilder(args, make, WORKER_START_TIMEOUT_S, rebuilds)
-        server = await serve_built_engine_core(builder, ns.host, ns.port, tls=tls)
+        builder = EngineCoreBuilder(args, make, WORKER_START_TIMEOUT_S)
+        server = await serve_built_engine_core(
+            builder, ns.host, ns.port, tls=tls, max_rebuilds=rebuilds
+        )
         workers = f"its own ({backend})"
     logger.info("scheduler serving on %s (workers %s)", server.address, workers)
     core = server.servicer.core

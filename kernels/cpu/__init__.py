@@ -232,13 +232,11 @@ def reshape_and_cache(
     load().cache_write(key, value, kv_cache, slot_mapping)
 
 
-def _all_decode(query: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor) -> bool:
-    """One query row per sequence (a pure decode step): query_start_loc is 0, 1, ..., B."""
-    num_seqs = seq_lens.shape[0]
-    if query.shape[0] != num_seqs or query_start_loc.shape[0] != num_seqs + 1:
-        return False
-    steps = torch.arange(num_seqs + 1, dtype=query_start_loc.dtype, device=query.device)
-    return bool(torch.equal(query_start_loc, steps))
+def _all_decode(query: torch.Tensor, metadata: AttentionMetadata) -> bool:
+    """One query row per sequence (a pure decode step), from the metadata's host ints: at
+    most one row each and as many rows as sequences means exactly one each (no tensor op,
+    so nothing per layer on the step's path)."""
+    return metadata.max_query_len == 1 and query.shape[0] == metadata.num_seqs
 
 
 def paged_attention(
@@ -254,7 +252,7 @@ def paged_attention(
     options = AttentionOptions(scale, sliding_window, soft_cap)
     block_table, seq_lens = metadata.block_table, metadata.seq_lens
     kernel = paged_decode if supports(query, kv_cache) else None
-    if kernel is not None and _all_decode(query, seq_lens, metadata.query_start_loc):
+    if kernel is not None and _all_decode(query, metadata):
         # every sequence has one query row, in order: one call, no planning or regrouping
         tables = block_table.to(torch.int32).contiguous()
         return kernel(query, kv_cache, tables, seq_lens.to(torch.int32), options)

@@ -42,8 +42,9 @@ IDLE_CHECK_S = 1.0  # how often an idle loop looks whether its workers are still
 
 class AsyncEngineCore:
     """`rebuild` (optional, blocking) makes a fresh EngineCore over reconnected workers;
-    without it a lost worker kills the loop, as does the failure of `max_rebuilds` attempts
-    in a row (None: no limit). `on_ready(bool)` hears readiness changes."""
+    without it (or with `max_rebuilds` 0) a lost worker kills the loop, as does the failure
+    of `max_rebuilds` attempts in a row (None: no limit: for workers someone else restarts).
+    `on_ready(bool)` hears readiness changes."""
 
     def __init__(
         self,
@@ -136,7 +137,7 @@ class AsyncEngineCore:
                 try:
                     await self._step_while_work()
                 except WORKER_LOSS as exc:
-                    if self.rebuild is None:
+                    if self.rebuild is None or self.max_rebuilds == 0:
                         raise
                     await self._recover(exc)
         except asyncio.CancelledError:

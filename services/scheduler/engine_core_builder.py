@@ -50,18 +50,11 @@ class EngineCoreArgs(Protocol):
 
 class EngineCoreBuilder:
     def __init__(
-        self,
-        args: EngineCoreArgs,
-        make_executor: ExecutorFactory,
-        rebuild_timeout_s: float,
-        max_rebuilds: int | None = None,
+        self, args: EngineCoreArgs, make_executor: ExecutorFactory, rebuild_timeout_s: float
     ) -> None:
         self.args = args
         self.make_executor = make_executor
         self.rebuild_timeout_s = rebuild_timeout_s  # how long one rebuild waits for workers
-        # Rebuild attempts after one loss before giving up (None: until the workers are
-        # back, for workers someone else restarts; 0: never, for a worker in this process).
-        self.max_rebuilds = max_rebuilds
         self.model: ModelInfo | None = None  # what the first build found
         self.cache: CacheInfo | None = None  # the KV cache the last build laid out
         self.executor: Executor | None = None

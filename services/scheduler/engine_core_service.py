@@ -205,17 +205,17 @@ async def serve_built_engine_core(
     port: int = 0,
     worker_timeout_s: float = 600.0,
     tls: TlsConfig | None = None,
+    max_rebuilds: int | None = None,
 ) -> GrpcServer:
     """The scheduler role over any workers: build the engine core (wait for the workers,
     size the KV cache), serve it. When the workers are lost it fails their requests,
     reports NOT_SERVING and rebuilds (with backoff) until they are back, or until
-    `builder.max_rebuilds` attempts failed (the engine loop then dies).
+    `max_rebuilds` attempts failed (None: no limit; 0: none; the engine loop then dies).
 
     Stopping the server shuts the engine core down and closes the workers' executor.
     """
     core, info = await asyncio.to_thread(builder.build, worker_timeout_s)
-    rebuild = None if builder.max_rebuilds == 0 else builder.rebuild
-    engine = AsyncEngineCore(core, rebuild=rebuild, max_rebuilds=builder.max_rebuilds)
+    engine = AsyncEngineCore(core, rebuild=builder.rebuild, max_rebuilds=max_rebuilds)
     server = await serve_engine_core(engine, info, host, port, tls)
     server.add_cleanup(lambda: asyncio.to_thread(builder.close))  # after the core stops
     return server

@@ -201,6 +201,8 @@ async def test_a_lost_worker_fails_its_requests_and_the_engine_recovers(stack, m
     stack.worker = await start_worker_server("127.0.0.1", port)  # the fixture stops it
     await load_worker(stack.worker, args.model_config(), args.cache_config())
     await _wait_status(stack.scheduler.address, health_pb2.HealthCheckResponse.SERVING)
+    # the frontend hears the engine core's health through its own watch, a moment later
+    await eventually_async(lambda: stack.frontend.is_ready, "the frontend ready again")
     after = [o async for o in stack.frontend.generate(PROMPT_IDS, greedy, "after")][-1]
     assert after.outputs[0].token_ids == before.outputs[0].token_ids
     stats = await stack.frontend.stats()
