@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 from services.common.config import (
@@ -21,6 +22,7 @@ from services.common.config import (
     parse_size,
 )
 from services.common.flags import flag
+from services.common.speculative_config import SpeculativeConfig
 
 GIB = 1024**3
 # The serving roles' bound on waiting requests (--max-waiting-requests): four batches of the
@@ -150,9 +152,19 @@ class EngineArgs:
         cli_default=SERVING_MAX_WAITING_REQUESTS,
     )
 
+    speculative_config: str | Mapping | None = flag(
+        None,
+        "speculative decoding, vLLM's JSON: "
+        '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 5, '
+        '"prompt_lookup_min": 2}\' or \'{"method": "draft_model", "model": PATH, '
+        '"num_speculative_tokens": 3}\'; "disable_by_batch_size": no proposals while a step '
+        "runs that many sequences (default 8)",
+    )
+
     def __post_init__(self) -> None:
         if self.max_waiting_requests is None:  # the Python API's "no bound", spelled None
             self.max_waiting_requests = 0
+        SpeculativeConfig.parse(self.speculative_config)  # a bad config fails here, by name
 
     def parallel_config(self) -> ParallelConfig:
         return ParallelConfig(
@@ -171,6 +183,7 @@ class EngineArgs:
             device=self.device,
             quantization=self.quantization,
             quantization_group_size=self.quantization_group_size,
+            speculative=SpeculativeConfig.parse(self.speculative_config),
         )
 
     def cache_config(self) -> CacheConfig:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from services.common.speculative_config import SpeculativeConfig
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 PREEMPTION_MODES = ("recompute", "swap")
 SCHEDULING_POLICIES = ("fcfs", "priority")
@@ -132,6 +134,7 @@ class ModelConfig:
     device: str = "auto"  # auto: cuda when available, else cpu
     quantization: str | None = None  # None: gguf for .gguf files at dtype auto, else none
     quantization_group_size: int = 128  # int4's group of input features
+    speculative: SpeculativeConfig | None = None  # speculative decoding (None: off)
 
     def __post_init__(self) -> None:
         _one_of("dtype", self.dtype, DTYPES)

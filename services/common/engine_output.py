@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from services.common.runner_output import TokenLogprobs
 
@@ -40,6 +40,27 @@ class SchedulerStats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
+    # Speculative decoding, cumulative (vLLM's spec_decode_* counters): sequences that got
+    # proposals verified, tokens proposed, proposals accepted, and accepted per position.
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()
+
+
+def add_stats(per_engine: list[SchedulerStats]) -> SchedulerStats:
+    """Several engines' numbers added up (KV usage: their mean; per-position counts by
+    position)."""
+    total: dict = {}
+    for f in fields(SchedulerStats):
+        values = [getattr(s, f.name) for s in per_engine]
+        if isinstance(f.default, tuple):
+            width = max((len(v) for v in values), default=0)
+            total[f.name] = tuple(sum(v[i] for v in values if i < len(v)) for i in range(width))
+        else:
+            total[f.name] = sum(values)
+    total["kv_cache_usage"] /= max(len(per_engine), 1)
+    return SchedulerStats(**total)
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 # A flag whose CLI default is the field's own default.
@@ -109,6 +110,8 @@ def to_flags(config, only: Iterable[str] | None = None) -> list[str]:
         if value is None or value == cli_default(field, spec):
             continue
         name = spec.flag_name(field.name)
+        if isinstance(value, Mapping):
+            value = json.dumps(dict(value))  # a JSON flag given as a dict (the Python API's)
         if isinstance(value, bool):
             argv.append(name if value else "--no-" + name[2:])
         elif str(value).startswith("-"):

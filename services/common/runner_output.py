@@ -26,9 +26,13 @@ class RunnerOutput:
     # Parallel columns over the requests scheduled this step.
     request_ids: list[str] = field(default_factory=list)
     # Sampled ids per request; empty for a request in the middle of a chunked prefill.
+    # With speculation: the accepted proposals and then the target's own token.
     sampled_token_ids: list[list[int]] = field(default_factory=list)
     # request_id -> logprobs of each sampled token (only when sampling_params.logprobs is set).
     logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
     # request_id -> logprobs of the prompt tokens computed this step (first one is None).
     prompt_logprobs: dict[str, list[TokenLogprobs | None]] = field(default_factory=dict)
     timings: StepTimings = field(default_factory=StepTimings)
+    # Speculative decoding: request_id -> the tokens proposed to follow its new tokens,
+    # for the scheduler to schedule next step (requests without proposals are absent).
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)

@@ -62,6 +62,10 @@ class SchedulerOutput:
     # (bit t of word t // 32 set: token t allowed).
     grammar_request_ids: list[str] = field(default_factory=list)
     grammar_bitmask: bytes = b""
+    # Speculative decoding: request_id -> the proposed tokens scheduled after its last known
+    # token (its num_scheduled_tokens counts them). The worker verifies them in this step.
+    # With a grammar, such a request has one bitmask row per verified position, in order.
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:

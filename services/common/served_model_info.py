@@ -17,6 +17,7 @@ class ServedModelInfo:
     num_gpu_blocks: int = 0
     quantization: str = "none"
     weight_bytes: int = 0
+    speculative_decoding: str = ""  # "ngram k=4", "draft_model k=3"; "" when off
 
     @property
     def eos_token_id(self) -> int | None:

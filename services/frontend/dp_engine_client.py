@@ -18,11 +18,15 @@ import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import fields
 
 from services.common.block_hash import hash_request_tokens
 from services.common.engine_errors import EngineUnavailableError
-from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
+from services.common.engine_output import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    SchedulerStats,
+    add_stats,
+)
 from services.common.engine_request import EngineCoreRequest
 from services.frontend.engine_client import EngineCoreClient
 from services.frontend.replica import Replica
@@ -229,11 +233,7 @@ class DataParallelClient:
     async def stats(self) -> SchedulerStats:
         """The replicas' numbers added up (KV usage: their mean)."""
         per_engine = list((await self.engine_stats()).values())
-        total = {
-            f.name: sum(getattr(s, f.name) for s in per_engine) for f in fields(SchedulerStats)
-        }
-        total["kv_cache_usage"] /= len(per_engine)
-        return SchedulerStats(**total)
+        return add_stats(per_engine)
 
     async def engine_stats(self) -> dict[str, SchedulerStats]:
         """Each replica's stats (the last reported ones where it cannot answer now)."""

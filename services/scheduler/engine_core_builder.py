@@ -22,6 +22,7 @@ from typing import Protocol
 
 from services.common.config import CacheConfig, SchedulerConfig
 from services.common.served_model_info import ServedModelInfo
+from services.common.speculative_config import SpeculativeConfig
 from services.common.worker_info import CacheInfo, ModelInfo
 from services.scheduler.engine_core import EngineCore
 from services.scheduler.executor.executor import Executor
@@ -91,12 +92,14 @@ class EngineCoreBuilder:
         structured = StructuredOutputManager(
             tokenizer_json_of(self.args.model), model.vocab_size, model.eos_token_ids
         )
+        speculative = _speculative(model)
         scheduler = Scheduler(
             config,
             self._cache_config(cache_info),
             cache_info.num_gpu_blocks,
             cache_info.num_cpu_blocks,
             structured,
+            num_lookahead_tokens=speculative.num_lookahead_tokens if speculative else 0,
         )
         info = served_model_info(self.args.served_model_name, model, config, cache_info)
         return EngineCore(scheduler, executor), info
@@ -123,10 +126,16 @@ class EngineCoreBuilder:
         return replace(cache_config, block_size=cache_info.block_size)
 
 
+def _speculative(model: ModelInfo) -> SpeculativeConfig | None:
+    """The speculative decoding the workers run (they say: their flags are the truth)."""
+    return SpeculativeConfig.parse(model.speculative_config)
+
+
 def served_model_info(
     served_name: str | None, model: ModelInfo, config: SchedulerConfig, cache: CacheInfo
 ) -> ServedModelInfo:
     """What the frontends are told about the model an engine core serves."""
+    speculative = _speculative(model)
     return ServedModelInfo(
         model=served_name or model.model,
         max_model_len=config.max_model_len,
@@ -138,4 +147,5 @@ def served_model_info(
         num_gpu_blocks=cache.num_gpu_blocks,
         quantization=model.quantization,
         weight_bytes=model.weight_bytes,
+        speculative_decoding=speculative.describe() if speculative else "",
     )

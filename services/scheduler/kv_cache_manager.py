@@ -74,12 +74,16 @@ class KVCacheManager:
         request: Request,
         num_new_tokens: int,
         new_computed_blocks: Sequence[KVCacheBlock] = (),
+        num_lookahead_tokens: int = 0,
     ) -> list[KVCacheBlock] | None:
-        """Blocks for num_new_tokens more tokens; None (and nothing changed) if too few are free."""
+        """Blocks for num_new_tokens more tokens (and num_lookahead_tokens slots past them,
+        which a draft model writes while it proposes); None (and nothing changed) if too
+        few are free."""
         rid = request.request_id
         blocks = self.req_to_blocks.setdefault(rid, [])
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
-        num_required = cdiv(num_computed + num_new_tokens, self.block_size)
+        num_slots = num_computed + num_new_tokens + num_lookahead_tokens
+        num_required = cdiv(num_slots, self.block_size)
         num_new = max(num_required - len(blocks) - len(new_computed_blocks), 0)
         cow_index = self._cow_index(blocks, num_computed) if num_new_tokens else None
         num_evictable = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
@@ -122,6 +126,21 @@ class KVCacheManager:
         for i in range(start, end):
             self.pool.cache_full_block(blocks[i], request.block_hashes[i])
         self.num_cached_blocks[rid] = max(start, end)
+
+    def trim(self, request: Request) -> int:
+        """Free the blocks past the request's computed tokens (those only rejected
+        speculative tokens wrote); how many. The worker then gets the table whole."""
+        rid = request.request_id
+        blocks = self.req_to_blocks.get(rid, [])
+        keep = cdiv(request.num_computed_tokens, self.block_size)
+        if len(blocks) <= keep:
+            return 0
+        tail = blocks[keep:]
+        del blocks[keep:]
+        self.pool.free_blocks(reversed(tail))
+        self.num_cached_blocks[rid] = min(self.num_cached_blocks.get(rid, 0), keep)
+        self._rewritten.add(rid)
+        return len(tail)
 
     def take_rewritten(self, rid: str) -> bool:
         """Whether the request's table changed in place (copy-on-write) since the worker

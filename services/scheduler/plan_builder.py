@@ -26,6 +26,7 @@ class PlanBuilder:
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     scheduled: list[Request] = field(default_factory=list)
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)  # drafts to verify
 
     def add_new(self, request: Request, block_ids: list[int], num_tokens: int) -> None:
         """A request the worker does not hold: sent in full."""
@@ -85,4 +86,5 @@ class PlanBuilder:
             blocks_to_swap_out=self.blocks_to_swap_out,
             grammar_request_ids=masks.request_ids if masks else [],
             grammar_bitmask=masks.bitmask if masks else b"",
+            scheduled_spec_decode_tokens=self.spec_token_ids,
         )

@@ -76,6 +76,9 @@ class Request:
     # The plan this request's current step rides on, from schedule() until its output is
     # processed (or the request ends); None when no step of it is in flight.
     step_in_flight: SchedulerOutput | None = None
+    # Speculative decoding: the worker's proposals to follow the last token, to be verified
+    # in the request's next step (consumed when it is scheduled).
+    spec_token_ids: list[int] = field(default_factory=list)
 
     @classmethod
     def from_engine_request(cls, req: EngineCoreRequest, block_size: int) -> Request:

@@ -35,6 +35,7 @@ from services.scheduler.kv_cache_manager import KVCacheManager, cdiv
 from services.scheduler.plan_builder import PlanBuilder
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.sequence_groups import SequenceGroups
+from services.scheduler.spec_decode_stats import SpecDecodeStats
 from services.scheduler.stop_checker import check_stop
 from services.scheduler.structured_output_manager import StructuredOutputManager
 
@@ -51,8 +52,13 @@ class Scheduler:
         num_gpu_blocks: int,
         num_cpu_blocks: int = 0,
         structured: StructuredOutputManager | None = None,
+        num_lookahead_tokens: int = 0,
     ) -> None:
         self.config = scheduler_config
+        # Speculative decoding with a draft model: KV slots each sequence keeps past its
+        # scheduled tokens, where the draft writes while it proposes.
+        self.num_lookahead_tokens = num_lookahead_tokens
+        self.spec_stats = SpecDecodeStats()
         # Grammars of constrained requests (None: such requests are refused).
         self.structured = structured or StructuredOutputManager(None, 0)
         self.block_size = cache_config.block_size
@@ -131,7 +137,9 @@ class Scheduler:
         if not plan.scheduled and (self.waiting or self.swapped) and not self.in_flight.groups:
             self._unblock(plan)
         plan.blocks_to_swap_out = self.pending_swap_out
-        masks = self.structured.masks(plan.scheduled, plan.num_scheduled_tokens)
+        masks = self.structured.masks(
+            plan.scheduled, plan.num_scheduled_tokens, plan.spec_token_ids
+        )
         output = plan.build(self.finished_req_ids, self.kv.take_pending_copies(), masks)
         self.finished_req_ids = set()
         self.pending_swap_out = []
@@ -164,17 +172,39 @@ class Scheduler:
             )
             if num_new == 0:
                 continue
+            drafts = self._drafts_to_verify(request, plan.token_budget)
+            num_new += len(drafts)
             new_blocks = self._allocate_or_preempt(request, num_new)
             if new_blocks is None:
                 return True  # everything after it is gone or in flight
-            self._add_to_plan(plan, request, new_blocks, num_new)
+            self._add_to_plan(plan, request, new_blocks, num_new, drafts=drafts)
         return False
+
+    def _drafts_to_verify(self, request: Request, token_budget: int) -> list[int]:
+        """The request's proposals (consumed) that this step verifies: only for a decoding
+        sequence, within the budget, never past max_tokens or max_model_len (so a step's
+        tokens all fit), and with a grammar only the prefix the grammar allows."""
+        drafts, request.spec_token_ids = request.spec_token_ids, []
+        if not drafts or request.num_tokens_to_compute != 1:
+            return []
+        room = min(token_budget, self.max_model_len - request.num_tokens) - 1
+        max_tokens = request.sampling_params.max_tokens
+        if max_tokens is not None:
+            room = min(room, max_tokens - request.num_output_tokens - 1)
+        drafts = drafts[: max(room, 0)]
+        return self.structured.valid_prefix(request, drafts) if drafts else []
+
+    def _lookahead(self, request: Request, num_new: int) -> int:
+        """Slots past the scheduled tokens for the draft model, within max_model_len."""
+        end = request.num_computed_tokens + num_new
+        return max(min(self.num_lookahead_tokens, self.max_model_len - end), 0)
 
     def _allocate_or_preempt(self, request: Request, num_new: int):
         """Blocks for the request, preempting the newest running requests not in flight;
         None if it preempted itself or must wait for newer requests' steps to land."""
+        lookahead = self._lookahead(request, num_new)
         while True:
-            new_blocks = self.kv.allocate_slots(request, num_new)
+            new_blocks = self.kv.allocate_slots(request, num_new, num_lookahead_tokens=lookahead)
             if new_blocks is not None:
                 return new_blocks
             victim = next(r for r in reversed(self.running) if not r.in_flight)
@@ -185,7 +215,13 @@ class Scheduler:
                 return None
 
     def _add_to_plan(
-        self, plan: PlanBuilder, request: Request, new_blocks, num_new: int, replace=False
+        self,
+        plan: PlanBuilder,
+        request: Request,
+        new_blocks,
+        num_new: int,
+        replace=False,
+        drafts: list[int] | None = None,
     ) -> None:
         rid = request.request_id
         rewritten = self.kv.take_rewritten(rid)
@@ -196,6 +232,8 @@ class Scheduler:
             plan.add_cached(request, self.kv.get_block_ids(rid), num_new, replace_table=True)
         else:
             plan.add_cached(request, new_blocks, num_new)
+        if drafts:
+            plan.spec_token_ids[rid] = drafts
 
     def _preempt(self, victim: Request, mode: str | None = None) -> None:
         """Free the victim's device blocks: swap them to the CPU pool or drop them.
@@ -288,7 +326,8 @@ class Scheduler:
         if not self.config.enable_chunked_prefill and num_new > plan.token_budget:
             return False  # strict FCFS: nothing behind it may overtake
         num_new = self._num_new_tokens(num_new, True, plan.token_budget)
-        new_blocks = self.kv.allocate_slots(request, num_new, computed_blocks)
+        lookahead = self._lookahead(request, num_new + num_hit)
+        new_blocks = self.kv.allocate_slots(request, num_new, computed_blocks, lookahead)
         if new_blocks is None:
             return False
         self.waiting.popleft()
@@ -318,7 +357,7 @@ class Scheduler:
             if request is None or request.is_finished:
                 continue  # aborted while its step ran (its id may be in use again)
             try:
-                new_outputs = self._request_outputs(request, token_ids, runner_output)
+                new_outputs = self._request_outputs(request, token_ids, plan, runner_output)
             except Exception:
                 # One request's bad state must not take the engine down for everyone else.
                 logger.exception("aborting %s: processing its step output failed", rid)
@@ -330,18 +369,30 @@ class Scheduler:
         return {c: EngineCoreOutputs(outs, stats) for c, outs in outputs.items()}
 
     def _request_outputs(
-        self, request: Request, token_ids: list[int], runner_output: RunnerOutput
+        self,
+        request: Request,
+        token_ids: list[int],
+        plan: SchedulerOutput,
+        runner_output: RunnerOutput,
     ) -> list[EngineCoreOutput]:
         if request.beam_group is not None:
             logprobs = runner_output.logprobs.get(request.request_id)
             return self.groups.on_beam_output(request, logprobs)
-        output = self._process_tokens(request, token_ids, runner_output)
+        output = self._process_tokens(request, token_ids, plan, runner_output)
         return [] if output is None else [output]
 
     def _process_tokens(
-        self, request: Request, token_ids: list[int], runner_output: RunnerOutput
+        self,
+        request: Request,
+        token_ids: list[int],
+        plan: SchedulerOutput,
+        runner_output: RunnerOutput,
     ) -> EngineCoreOutput | None:
-        prompt_logprobs = runner_output.prompt_logprobs.get(request.request_id)
+        rid = request.request_id
+        prompt_logprobs = runner_output.prompt_logprobs.get(rid)
+        drafts = plan.scheduled_spec_decode_tokens.get(rid)
+        if drafts:
+            self._roll_back_rejected(request, drafts, token_ids)
         if not token_ids and prompt_logprobs is None:
             return None
         new_ids: list[int] = []
@@ -356,8 +407,29 @@ class Scheduler:
                 break
         if status is not None:
             self._finish(request, status)
-        logprobs = runner_output.logprobs.get(request.request_id)
+        else:
+            request.spec_token_ids = runner_output.spec_token_ids.get(rid, [])
+        logprobs = runner_output.logprobs.get(rid)
+        if logprobs is not None and len(logprobs) > len(new_ids):
+            logprobs = logprobs[: len(new_ids)]  # it stopped inside an accepted run
         return request.to_output(new_ids, logprobs, prompt_logprobs)
+
+    def _roll_back_rejected(self, request: Request, drafts: list[int], token_ids: list[int]):
+        """The step verified `drafts` and kept len(token_ids) - 1 of them (then the target's
+        own token): the rejected ones' KV is not the sequence's, so num_computed_tokens goes
+        back over them and the blocks only they touched are freed."""
+        num_accepted = len(token_ids) - 1
+        if (
+            not 0 <= num_accepted <= len(drafts)
+            or token_ids[:num_accepted] != drafts[:num_accepted]
+        ):
+            raise ValueError(
+                f"the worker returned {token_ids} for the proposals {drafts} of "
+                f"{request.request_id}: not an accepted prefix plus one token"
+            )
+        self.spec_stats.observe(len(drafts), num_accepted)
+        request.num_computed_tokens -= len(drafts) - num_accepted
+        self.kv.trim(request)
 
     def is_blocked(self, request: Request) -> bool:
         """It, or a sequence of its group, has a step in flight: not schedulable now."""
@@ -401,4 +473,8 @@ class Scheduler:
             prefix_cache_queries=self.kv.prefix_cache_queries,
             prefix_cache_hits=self.kv.prefix_cache_hits,
             num_preemptions=self.num_preemptions,
+            spec_decode_num_drafts=self.spec_stats.num_drafts,
+            spec_decode_num_draft_tokens=self.spec_stats.num_draft_tokens,
+            spec_decode_num_accepted_tokens=self.spec_stats.num_accepted_tokens,
+            spec_decode_num_accepted_tokens_per_pos=tuple(self.spec_stats.accepted_per_pos),
         )

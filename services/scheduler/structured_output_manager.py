@@ -178,9 +178,18 @@ class StructuredOutputManager:
             return RequestStatus.FINISHED_ERROR
         return RequestStatus.FINISHED_STOPPED if self.exhausted(request) else None
 
-    def masks(self, scheduled: Sequence[Request], num_tokens: dict[str, int]) -> StepMasks | None:
+    def masks(
+        self,
+        scheduled: Sequence[Request],
+        num_tokens: dict[str, int],
+        spec_token_ids: dict[str, list[int]] | None = None,
+    ) -> StepMasks | None:
         """Bitmask rows for this step's requests that have a grammar and sample (their
-        scheduled tokens reach the end of what they know: no partial prefill chunk)."""
+        scheduled tokens reach the end of what they know: no partial prefill chunk). A
+        request verifying proposals gets one row per verified position: the matcher is
+        advanced over the proposals to fill them, then rolled back (it only ever keeps
+        the tokens `accept` is given)."""
+        spec_token_ids = spec_token_ids or {}
         rows = [
             r
             for r in scheduled
@@ -191,10 +200,28 @@ class StructuredOutputManager:
             return None
         from llguidance.numpy import fill_next_token_bitmask
 
-        bitmask = np.zeros((len(rows), self.words), dtype=np.int32)
-        for i, request in enumerate(rows):
-            fill_next_token_bitmask(request.grammar.matcher, bitmask, i)
-        return StepMasks([r.request_id for r in rows], bitmask.astype("<i4").tobytes())
+        num_rows = sum(1 + len(spec_token_ids.get(r.request_id, ())) for r in rows)
+        bitmask = np.zeros((num_rows, self.words), dtype=np.int32)
+        request_ids: list[str] = []
+        for request in rows:
+            matcher = request.grammar.matcher
+            drafts = spec_token_ids.get(request.request_id, [])
+            for position in range(len(drafts) + 1):
+                fill_next_token_bitmask(matcher, bitmask, len(request_ids))
+                request_ids.append(request.request_id)
+                if position < len(drafts):
+                    matcher.consume_token(drafts[position])
+            if drafts:
+                matcher.rollback(len(drafts))
+        return StepMasks(request_ids, bitmask.astype("<i4").tobytes())
+
+    def valid_prefix(self, request: Request, drafts: list[int]) -> list[int]:
+        """The longest prefix of the proposals the request's grammar allows (all of them
+        without a grammar): no verified position may follow a token the grammar refuses."""
+        state: GrammarState | None = request.grammar
+        if state is None or state.matcher is None:
+            return drafts
+        return drafts[: state.matcher.validate_tokens(drafts)]
 
     def accept(self, request: Request, token_id: int) -> RequestStatus | None:
         """Advance the sequence's matcher; the status it ends in, if any."""

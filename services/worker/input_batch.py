@@ -81,6 +81,8 @@ class InputBatch:
         self._sampling = SamplingParamsTable(0, vocab_size, eos_token_id)
         self._requests: dict[str, _RequestState] = {}
         self._prompt_logprobs_ids: set[str] = set()
+        # This step's speculative proposals per request (the plan's), verified in prepare.
+        self._drafts: dict[str, list[int]] = {}
         self._free_slots: list[int] = []
         self._grow(max_num_seqs)
 
@@ -99,6 +101,11 @@ class InputBatch:
     def token_ids(self, request_id: str) -> list[int]:
         slot = self._slot(request_id)
         return self._token_ids[slot, : self._num_tokens[slot]].tolist()
+
+    def token_row(self, request_id: str) -> np.ndarray:
+        """The request's prompt + output ids [num_tokens] (a view: do not keep it)."""
+        slot = self._slot(request_id)
+        return self._token_ids[slot, : self._num_tokens[slot]]
 
     def num_prompt_tokens(self, request_id: str) -> int:
         return int(self._num_prompt_tokens[self._slot(request_id)])
@@ -135,6 +142,26 @@ class InputBatch:
             self._num_computed[slot] = num_computed
         if cached.new_token_ids:
             self._set_output_tails(cached.request_ids, cached.new_token_ids)
+        self._drafts = plan.scheduled_spec_decode_tokens
+        self._validate_drafts(plan)
+
+    def _validate_drafts(self, plan: SchedulerOutput) -> None:
+        """Proposals only for scheduled requests, in the vocabulary, and fitting in
+        max_model_len after the request's known tokens."""
+        for request_id, drafts in self._drafts.items():
+            if request_id not in plan.num_scheduled_tokens:
+                raise InvalidPlanError(f"proposals for {request_id!r}, which is not scheduled")
+            slot = self._slot(request_id)
+            if int(self._num_tokens[slot]) + len(drafts) > self.max_model_len:
+                raise InvalidPlanError(
+                    f"the proposals of {request_id!r} would exceed max_model_len "
+                    f"{self.max_model_len}"
+                )
+            if any(not 0 <= t < self.vocab_size for t in drafts):
+                raise InvalidPlanError(
+                    f"the proposals of {request_id!r} hold token ids outside the vocabulary "
+                    f"(0..{self.vocab_size - 1})"
+                )
 
     def _set_output_tails(self, request_ids: list[str], token_ids: list[list[int]]) -> None:
         """The scheduler's newest output tokens, from max(computed, prompt) on. Idempotent
@@ -273,29 +300,39 @@ class InputBatch:
         slots = np.fromiter((self._slot(r) for r in request_ids), np.int64, len(request_ids))
         num_scheduled = np.fromiter(plan.num_scheduled_tokens.values(), np.int64, len(slots))
         num_computed = self._num_computed[slots]
-        self._check_schedule(plan, request_ids, slots, num_computed, num_scheduled)
+        num_drafts = self._write_drafts(request_ids, slots)  # [S]
+        num_known = self._num_tokens[slots] + num_drafts  # [S]
+        self._check_schedule(plan, request_ids, num_known, slots, num_computed, num_scheduled)
         flat = flatten_batch(
             self._token_ids,
             self._block_tables,
             self._num_blocks,
-            self._num_tokens,
             slots,
+            num_known,
             num_computed,
             num_scheduled,
             self.block_size,
         )
         sample_rows = np.nonzero(flat.samples)[0]  # [R]
         sampling_ids = [request_ids[row] for row in sample_rows.tolist()]
+        # one logits row per verified position: the last num_drafts + 1 tokens  [L]
+        per_row = num_drafts[sample_rows] + 1  # [R]
+        back = np.arange(int(per_row.sum())) - np.repeat(np.cumsum(per_row) - per_row, per_row)
+        last = np.repeat(flat.logits_indices[sample_rows], per_row)  # [L]
+        logits_indices = last - np.repeat(per_row - 1, per_row) + back  # [L]
         metadata = None
         if len(sample_rows) and with_sampling:
+            row_slots = np.repeat(slots[sample_rows], per_row)  # [L]
             metadata = self._sampling.make_metadata(
-                slots[sample_rows],
+                row_slots,
                 self._token_ids,
-                self._num_prompt_tokens,
-                self._num_tokens,
+                self._num_prompt_tokens[row_slots],
+                np.repeat(self._num_tokens[slots[sample_rows]], per_row) + back,
                 self.device,
             )
-            mask = grammar_mask(plan, sampling_ids, self.vocab_size, self.device)
+            first_rows = np.cumsum(per_row) - per_row
+            first_row = dict(zip(sampling_ids, first_rows.tolist(), strict=True))
+            mask = grammar_mask(plan, first_row, self.vocab_size, self.device)
             if mask is not None:
                 metadata = dataclasses.replace(metadata, grammar=mask)
         return StepInputs(
@@ -310,18 +347,34 @@ class InputBatch:
             max_seq_len=int(flat.seq_lens.max(initial=0)),
             query_start_loc_host=flat.query_start_loc.tolist(),
             seq_lens_host=flat.seq_lens.tolist(),
-            logits_indices=self._to_device(flat.logits_indices[sample_rows]),
+            logits_indices=self._to_device(logits_indices),
             sampling_request_ids=sampling_ids,
             sampling_metadata=metadata,
+            draft_token_ids=self._drafts,
             prompt_logprobs=self._prompt_logprobs_inputs(
                 request_ids, slots, num_computed, num_scheduled, flat.query_start_loc
             ),
         )
 
+    def _write_drafts(self, request_ids: list[str], slots: np.ndarray) -> np.ndarray:
+        """Each request's proposals written after its known tokens (where its next tokens
+        go, so the accepted ones are in place already); how many each has  [S]."""
+        num_drafts = np.zeros(len(request_ids), np.int64)
+        if not self._drafts:
+            return num_drafts
+        for row, request_id in enumerate(request_ids):
+            drafts = self._drafts.get(request_id)
+            if drafts:
+                slot, start = int(slots[row]), int(self._num_tokens[slots[row]])
+                self._token_ids[slot, start : start + len(drafts)] = drafts
+                num_drafts[row] = len(drafts)
+        return num_drafts
+
     def _check_schedule(
         self,
         plan: SchedulerOutput,
         request_ids: list[str],
+        num_known: np.ndarray,
         slots: np.ndarray,
         num_computed: np.ndarray,
         num_scheduled: np.ndarray,
@@ -329,10 +382,16 @@ class InputBatch:
         problem = schedule_problem(
             num_computed,
             num_scheduled,
-            self._num_tokens[slots],
+            num_known,
             self._num_blocks[slots] * self.block_size,
             plan.total_num_scheduled_tokens,
         )
+        if problem is None and self._drafts:
+            seq_lens = num_computed + num_scheduled
+            for row, request_id in enumerate(request_ids):
+                if request_id in self._drafts and seq_lens[row] != num_known[row]:
+                    problem = row, "verifies proposals but does not schedule all of them"
+                    break
         if problem is not None:
             row, message = problem
             name = "plan" if row is None else f"plan for request {request_ids[row]!r}"
@@ -371,6 +430,55 @@ class InputBatch:
             num_logprobs=ks,
             token_indices=self._to_device(np.concatenate(indices).astype(np.int64)),
             target_ids=self._to_device(np.concatenate(targets)),
+        )
+
+    def positions(self, request_ids: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(num_computed_tokens as the last plan set them, known tokens, KV slots in the
+        block table) per request  [S] each."""
+        slots = np.fromiter((self._slot(r) for r in request_ids), np.int64, len(request_ids))
+        num_slots = self._num_blocks[slots] * self.block_size
+        return self._num_computed[slots], self._num_tokens[slots], num_slots
+
+    def write_tokens(self, request_ids: list[str], positions: np.ndarray, token_ids) -> None:
+        """Token ids past the requests' known tokens (proposals being made), so a forward
+        pass over those positions reads them; they count once appended or scheduled."""
+        slots = np.fromiter((self._slot(r) for r in request_ids), np.int64, len(request_ids))
+        self._token_ids[slots, positions] = token_ids
+
+    def forward_inputs(
+        self, request_ids: list[str], num_computed: np.ndarray, num_scheduled: np.ndarray
+    ) -> StepInputs:
+        """A forward pass over positions num_computed .. + num_scheduled of each request
+        (a draft model's steps), its logits rows the last of each; nothing is sampled."""
+        slots = np.fromiter((self._slot(r) for r in request_ids), np.int64, len(request_ids))
+        seq_lens = num_computed + num_scheduled
+        flat = flatten_batch(
+            self._token_ids,
+            self._block_tables,
+            self._num_blocks,
+            slots,
+            seq_lens,
+            num_computed,
+            num_scheduled,
+            self.block_size,
+        )
+        return StepInputs(
+            request_ids=request_ids,
+            input_ids=self._to_device(flat.input_ids),
+            positions=self._to_device(flat.positions),
+            slot_mapping=self._to_device(flat.slot_mapping),
+            query_start_loc=self._to_device(flat.query_start_loc),
+            seq_lens=self._to_device(flat.seq_lens),
+            block_table=self._to_device(flat.block_table),
+            max_query_len=int(num_scheduled.max(initial=0)),
+            max_seq_len=int(flat.seq_lens.max(initial=0)),
+            query_start_loc_host=flat.query_start_loc.tolist(),
+            seq_lens_host=flat.seq_lens.tolist(),
+            logits_indices=self._to_device(flat.logits_indices),
+            sampling_request_ids=request_ids,
+            sampling_metadata=None,
+            draft_token_ids={},
+            prompt_logprobs=None,
         )
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:

@@ -6,7 +6,6 @@ import time
 
 import torch
 
-from kernels.attention_metadata import AttentionMetadata
 from services.common.rank_info import RankInfo
 from services.common.runner_output import RunnerOutput, StepTimings, TokenLogprobs
 from services.common.scheduler_output import SchedulerOutput
@@ -15,6 +14,8 @@ from services.worker.input_batch import InputBatch
 from services.worker.models.causal_lm import CausalLM
 from services.worker.parallel_state import StageLink
 from services.worker.sampler import LogprobsTensors, Sampler, compute_token_logprobs
+from services.worker.spec_decode.proposer import Proposer
+from services.worker.spec_decode.rejection_sampler import accept_proposals
 from services.worker.step_inputs import PromptLogprobsInputs, StepInputs
 
 
@@ -35,9 +36,11 @@ class ModelRunner:
         input_batch: InputBatch,
         sampler: Sampler,
         rank: RankInfo | None = None,
+        proposer: Proposer | None = None,
     ) -> None:
         self.model = model
         self.cache_engine = cache_engine
+        self.proposer = proposer  # speculative decoding's proposals (services/worker/spec_decode)
         self.input_batch = input_batch
         self.sampler = sampler
         self.rank = rank or RankInfo()
@@ -61,6 +64,7 @@ class ModelRunner:
             return RunnerOutput(timings=StepTimings(prepared - start, forwarded - prepared))
         sampled, logprobs = self._sample(hidden, inputs)
         prompt_logprobs = self._prompt_logprobs(hidden, inputs.prompt_logprobs)
+        spec_token_ids = self._propose(plan, inputs, sampled)
         done = time.perf_counter()
         return RunnerOutput(
             request_ids=inputs.request_ids,
@@ -68,7 +72,25 @@ class ModelRunner:
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             timings=StepTimings(prepared - start, forwarded - prepared, done - forwarded),
+            spec_token_ids=spec_token_ids,
         )
+
+    def _propose(
+        self, plan: SchedulerOutput, inputs: StepInputs, sampled: dict[str, list[int]]
+    ) -> dict[str, list[int]]:
+        """Speculative proposals for the sequences that sampled (none for beam search, and
+        none while the step runs disable_by_batch_size sequences or more); a draft model
+        also catches up on this step's tokens here, proposing or not."""
+        if self.proposer is None or not self.rank.is_output_rank:
+            return {}
+        proposing = []
+        if len(inputs.request_ids) < self.proposer.config.disable_by_batch_size:
+            proposing = [
+                rid
+                for rid in inputs.sampling_request_ids
+                if rid in sampled and not self.input_batch.sampling_params(rid).use_beam_search
+            ]
+        return self.proposer.propose(self.input_batch, plan, proposing)
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         extra = {}
@@ -77,16 +99,22 @@ class ModelRunner:
             dtype = getattr(self.model, "hidden_dtype", self.model.dtype)
             extra["hidden_states"] = self.link.recv(shape, dtype, self.model.device)
         kv_caches = self.cache_engine.kv_caches
-        return self.model(inputs.input_ids, inputs.positions, kv_caches, _metadata(inputs), **extra)
+        metadata = inputs.attention_metadata()
+        return self.model(inputs.input_ids, inputs.positions, kv_caches, metadata, **extra)
 
     def _move_blocks(self, plan: SchedulerOutput) -> None:
-        """Swaps and copies before the forward pass writes into any of these blocks."""
-        if plan.blocks_to_swap_out:
-            self.cache_engine.swap_out(plan.blocks_to_swap_out)
-        if plan.blocks_to_swap_in:
-            self.cache_engine.swap_in(plan.blocks_to_swap_in)
-        if plan.blocks_to_copy:
-            self.cache_engine.copy_blocks(plan.blocks_to_copy)
+        """Swaps and copies before the forward pass writes into any of these blocks (in
+        the draft model's cache too: it lives in the same block tables)."""
+        engines = [self.cache_engine]
+        if self.proposer is not None and self.proposer.cache_engine is not None:
+            engines.append(self.proposer.cache_engine)
+        for engine in engines:
+            if plan.blocks_to_swap_out:
+                engine.swap_out(plan.blocks_to_swap_out)
+            if plan.blocks_to_swap_in:
+                engine.swap_in(plan.blocks_to_swap_in)
+            if plan.blocks_to_copy:
+                engine.copy_blocks(plan.blocks_to_copy)
 
     def _sample(
         self, hidden: torch.Tensor, inputs: StepInputs
@@ -96,16 +124,20 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [R, vocab]
         if logits is None or inputs.sampling_metadata is None:
             return {}, {}  # a tensor-parallel rank that does not sample
-        out = self.sampler(logits, inputs.sampling_metadata)
-        token_ids = [[t] for t in out.sampled_token_ids.tolist()]
-        self.input_batch.append_sampled(inputs.sampling_request_ids, token_ids)
-        sampled = dict(zip(inputs.sampling_request_ids, token_ids, strict=True))
+        out = self.sampler(logits, inputs.sampling_metadata)  # one token per verified position
+        request_ids = inputs.sampling_request_ids
+        token_ids, first_rows = accept_proposals(
+            out.sampled_token_ids.tolist(), request_ids, inputs.draft_token_ids
+        )
+        self.input_batch.append_sampled(request_ids, token_ids)
+        sampled = dict(zip(request_ids, token_ids, strict=True))
         logprobs: dict[str, list[TokenLogprobs]] = {}
         if out.logprobs is not None:
-            for row, rid in enumerate(inputs.sampling_request_ids):
+            for rid, first, kept in zip(request_ids, first_rows, token_ids, strict=True):
                 k = self.input_batch.sampling_params(rid).logprobs
                 if k is not None:
-                    logprobs[rid] = [_to_token_logprobs(out.logprobs, row, k)]
+                    rows = range(first, first + len(kept))
+                    logprobs[rid] = [_to_token_logprobs(out.logprobs, row, k) for row in rows]
         return sampled, logprobs
 
     def _prompt_logprobs(
@@ -127,14 +159,3 @@ class ModelRunner:
             result[rid] = entries
             row += num_rows
         return result
-
-
-def _metadata(inputs: StepInputs) -> AttentionMetadata:
-    return AttentionMetadata(
-        slot_mapping=inputs.slot_mapping,
-        block_table=inputs.block_table,
-        seq_lens=inputs.seq_lens,
-        query_start_loc=inputs.query_start_loc,
-        max_query_len=inputs.max_query_len,
-        max_seq_len=inputs.max_seq_len,
-    )

@@ -52,18 +52,25 @@ def apply_grammar_mask(logits: torch.Tensor, mask: GrammarMask) -> torch.Tensor:
 
 
 def grammar_mask(
-    plan: SchedulerOutput, sampling_ids: list[str], vocab_size: int, device: torch.device
+    plan: SchedulerOutput, first_row: dict[str, int], vocab_size: int, device: torch.device
 ) -> GrammarMask | None:
     """The plan's grammar bitmasks as banned-token masks on the sampling rows they belong
-    to (rows ascending); None when no sampling row has a grammar this step."""
+    to (rows ascending); None when no sampling row has a grammar this step. `first_row`:
+    each sampling request's first logits row; the i-th bitmask row of a request (one per
+    verified position when it verifies proposals) masks its row first_row + i."""
     if not plan.grammar_request_ids:
         return None
-    row_of = {rid: row for row, rid in enumerate(sampling_ids)}
     ids = plan.grammar_request_ids
     words = np.frombuffer(plan.grammar_bitmask, dtype="<i4").reshape(len(ids), -1)
-    pairs = sorted((row_of[rid], i) for i, rid in enumerate(ids) if rid in row_of)
+    seen: dict[str, int] = {}
+    pairs = []
+    for i, rid in enumerate(ids):
+        if rid in first_row:
+            pairs.append((first_row[rid] + seen.get(rid, 0), i))
+            seen[rid] = seen.get(rid, 0) + 1
     if not pairs:
         return None
+    pairs.sort()
     rows = np.array([row for row, _ in pairs], np.int64)
     banned = banned_from_bitmask(words[[i for _, i in pairs]], vocab_size)
     return GrammarMask(

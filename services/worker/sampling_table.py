@@ -94,19 +94,22 @@ class SamplingParamsTable:
 
     def make_metadata(
         self,
-        slots: np.ndarray,  # [R] int64, the sampling rows' slots
+        slots: np.ndarray,  # [R] int64, the sampling rows' slots (repeated: one row per
+        # verified position of a sequence with speculative proposals)
         token_ids: np.ndarray,  # [capacity, max_len] every slot's prompt + output ids
-        num_prompt_tokens: np.ndarray,  # [capacity] int64
-        num_tokens: np.ndarray,  # [capacity] int64
+        num_prompt: np.ndarray,  # [R] int64 prompt tokens of each row's sequence
+        num_tokens: np.ndarray,  # [R] int64 tokens before each row's position
         device: torch.device | str,
     ) -> SamplingMetadata:
+        """Row r samples the token after num_tokens[r] tokens of its slot's sequence: its
+        penalties see those tokens, its min_tokens and seeded noise their output count."""
+
         def to_device(array: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(array)).to(device)
 
         floats = {name: column[slots] for name, column in self._float.items()}
         top_k = self._int["top_k"][slots]
-        num_prompt = num_prompt_tokens[slots]
-        num_output = num_tokens[slots] - num_prompt
+        num_output = num_tokens - num_prompt
         greedy = floats["temperature"] < _GREEDY_EPS
         no_penalties = bool(
             np.all(floats["presence"] == 0)

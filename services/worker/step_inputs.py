@@ -2,7 +2,9 @@
 
 Request i with num_computed_tokens c and num_scheduled_tokens n feeds token_ids[c:c+n]
 at positions c..c+n-1; slot = block_table[pos // block_size] * block_size + pos %
-block_size; seq_len = c + n. It samples iff c + n == its number of known tokens.
+block_size; seq_len = c + n. It samples iff c + n == its number of known tokens, which
+counts the speculative proposals it verifies this step (written after its token ids): a
+request verifying k proposals samples at its last k + 1 positions.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kernels.attention_metadata import AttentionMetadata
 from services.worker.sampling_metadata import SamplingMetadata
 
 
@@ -48,14 +51,28 @@ class StepInputs:
     max_seq_len: int
     query_start_loc_host: list[int]  # [S+1]
     seq_lens_host: list[int]  # [S]
-    logits_indices: torch.Tensor  # [R] int64 flat row of each sampling request's last token
+    # [L] int64 flat rows whose logits are sampled: each sampling request's last token, or
+    # its last k + 1 when it verifies k proposals (L = R + the proposals verified)
+    logits_indices: torch.Tensor
     sampling_request_ids: list[str]  # [R]
-    sampling_metadata: SamplingMetadata | None  # None when no request samples
+    sampling_metadata: SamplingMetadata | None  # [L] rows; None when no request samples
+    # request_id -> the proposals it verifies (only requests that have some)
+    draft_token_ids: dict[str, list[int]]
     prompt_logprobs: PromptLogprobsInputs | None
 
     @property
     def num_tokens(self) -> int:
         return self.query_start_loc_host[-1]
+
+    def attention_metadata(self) -> AttentionMetadata:
+        return AttentionMetadata(
+            slot_mapping=self.slot_mapping,
+            block_table=self.block_table,
+            seq_lens=self.seq_lens,
+            query_start_loc=self.query_start_loc,
+            max_query_len=self.max_query_len,
+            max_seq_len=self.max_seq_len,
+        )
 
 
 @dataclass(frozen=True)
@@ -76,8 +93,8 @@ def flatten_batch(
     token_ids: np.ndarray,  # [capacity, max_model_len] every slot's prompt + output ids
     block_tables: np.ndarray,  # [capacity, max_blocks_per_req] int32
     num_blocks: np.ndarray,  # [capacity] int64 blocks in each slot's table
-    num_tokens: np.ndarray,  # [capacity] int64 known tokens per slot
     slots: np.ndarray,  # [S] int64 the scheduled requests' slots, in row order
+    num_known: np.ndarray,  # [S] int64 known tokens of each (proposals included)
     num_computed: np.ndarray,  # [S] int64
     num_scheduled: np.ndarray,  # [S] int64, each >= 1
     block_size: int,
@@ -99,7 +116,7 @@ def flatten_batch(
         query_start_loc=query_start_loc.astype(np.int32),
         seq_lens=seq_lens.astype(np.int32),
         block_table=block_tables[slots, :width],
-        samples=seq_lens == num_tokens[slots],
+        samples=seq_lens == num_known,
         logits_indices=query_start_loc[1:] - 1,
     )
 

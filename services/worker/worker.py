@@ -14,6 +14,7 @@ from services.common.config import CacheConfig, ModelConfig
 from services.common.rank_info import RankInfo
 from services.common.runner_output import RunnerOutput
 from services.common.scheduler_output import SchedulerOutput
+from services.common.speculative_config import SpeculativeConfig
 from services.common.worker_info import CacheInfo, ModelInfo
 from services.worker.cache_engine import (
     CacheEngine,
@@ -25,9 +26,13 @@ from services.worker.dummy_forward import dummy_forward
 from services.worker.input_batch import InputBatch
 from services.worker.model_loader import load_model, resolve_device, resolve_dtype
 from services.worker.model_runner import ModelRunner
+from services.worker.models.causal_lm import CausalLM
 from services.worker.models.kv_cache_spec import KVCacheSpec
 from services.worker.parallel_state import DEFAULT_TIMEOUT_S, init_parallel_state
 from services.worker.sampler import Sampler
+from services.worker.spec_decode.draft_proposer import DraftModelProposer
+from services.worker.spec_decode.ngram_proposer import NgramProposer
+from services.worker.spec_decode.proposer import Proposer
 
 logger = logging.getLogger(__name__)
 
@@ -64,23 +69,61 @@ class Worker:
             init_parallel_state(self.rank, dist_init_method, self.device, dist_timeout_s)
         torch.manual_seed(model_config.seed)
         self.model = load_model(model_config, self.device, self.rank)
+        self.draft_model = self._load_draft(model_config.speculative)
         self.runner: ModelRunner | None = None
         self.cache_info: CacheInfo | None = None
         self._pinned_for: int | None = None  # the thread whose intra-op team is pinned
 
+    def _load_draft(self, speculative: SpeculativeConfig | None) -> CausalLM | None:
+        """The draft model of speculative decoding (same device and dtype as the target),
+        checked to share the target's vocabulary."""
+        if speculative is None or speculative.method != "draft_model":
+            return None
+        if self.rank.world_size > 1:
+            raise ValueError(
+                "speculative_config.method draft_model runs on a single worker; with tensor "
+                "or pipeline parallelism use the ngram method"
+            )
+        draft_config = dataclasses.replace(
+            self.model_config, model=speculative.model, max_model_len=None, speculative=None
+        )
+        draft = load_model(draft_config, self.device)
+        if draft.vocab_size != self.model.vocab_size:
+            raise ValueError(
+                f"speculative_config.model {speculative.model!r} has a vocabulary of "
+                f"{draft.vocab_size} tokens, the target {self.model.vocab_size}: a draft "
+                "model must share the target's tokenizer"
+            )
+        logger.info("speculative decoding: draft model %s", speculative.model)
+        return draft
+
     @property
     def kv_cache_spec(self) -> KVCacheSpec:
         """The model's cache layout in the cache dtype (--kv-cache-dtype; auto: the model's)."""
-        spec = self.model.kv_cache_spec
+        return self._cache_spec(self.model)
+
+    def _cache_spec(self, model: CausalLM) -> KVCacheSpec:
+        spec = model.kv_cache_spec
         if self.cache_config.cache_dtype == "auto":
             return spec
         return dataclasses.replace(
             spec, dtype=resolve_dtype(self.cache_config.cache_dtype, self.device)
         )
 
+    def _bytes_per_block(self) -> int:
+        """A block's bytes over every layer, the draft model's included."""
+        block_size = self.cache_config.block_size
+        total = self.kv_cache_spec.bytes_per_block(block_size)
+        if self.draft_model is not None:
+            total += self._cache_spec(self.draft_model).bytes_per_block(block_size)
+        return total
+
     def describe(self) -> ModelInfo:
         model = self.model
         max_len = self.model_config.max_model_len or model.max_model_len or 2048
+        if self.draft_model is not None and self.draft_model.max_model_len:
+            max_len = min(max_len, self.draft_model.max_model_len)
+        speculative = self.model_config.speculative
         return ModelInfo(
             model=self.model_config.model,
             architecture=type(model).__name__,
@@ -98,6 +141,7 @@ class Worker:
             pipeline_parallel_size=self.rank.pipeline_parallel_size,
             quantization=getattr(model, "quantization", "none"),
             weight_bytes=int(getattr(model, "weight_bytes", 0)),
+            speculative_config=speculative.to_json() if speculative else "",
         )
 
     def initialize_cache(
@@ -123,7 +167,7 @@ class Worker:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         block_size = self.cache_config.block_size
-        bytes_per_block = self.kv_cache_spec.bytes_per_block(block_size)
+        bytes_per_block = self._bytes_per_block()
         num_gpu_blocks = self._num_device_blocks(bytes_per_block)
         num_cpu_blocks = self.cache_config.swap_space // bytes_per_block
         return CacheInfo(num_gpu_blocks, num_cpu_blocks, block_size, bytes_per_block)
@@ -146,19 +190,9 @@ class Worker:
         max_model_len = max_model_len or info.max_model_len
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        spec = self.kv_cache_spec
         block_size = self.cache_config.block_size
-        bytes_per_block = spec.bytes_per_block(block_size)
-        cache_engine = CacheEngine(
-            spec.num_layers,
-            spec.num_kv_heads,
-            spec.head_dim,
-            block_size,
-            num_gpu_blocks,
-            num_cpu_blocks,
-            spec.dtype,
-            self.device,
-        )
+        bytes_per_block = self._bytes_per_block()
+        cache_engine = self._cache_engine(self.kv_cache_spec, num_gpu_blocks, num_cpu_blocks)
         input_batch = InputBatch(
             block_size,
             self.max_num_seqs,
@@ -168,7 +202,12 @@ class Worker:
             self.device,
         )
         self.runner = ModelRunner(
-            self.model, cache_engine, input_batch, Sampler(self.model_config.seed), self.rank
+            self.model,
+            cache_engine,
+            input_batch,
+            Sampler(self.model_config.seed),
+            self.rank,
+            self._proposer(num_gpu_blocks, num_cpu_blocks),
         )
         self.cache_info = CacheInfo(num_gpu_blocks, num_cpu_blocks, block_size, bytes_per_block)
         logger.info(
@@ -180,6 +219,28 @@ class Worker:
             bytes_per_block / 2**20,
         )
         return self.cache_info
+
+    def _cache_engine(self, spec: KVCacheSpec, num_blocks: int, num_cpu_blocks: int) -> CacheEngine:
+        return CacheEngine(
+            spec.num_layers,
+            spec.num_kv_heads,
+            spec.head_dim,
+            self.cache_config.block_size,
+            num_blocks,
+            num_cpu_blocks,
+            spec.dtype,
+            self.device,
+        )
+
+    def _proposer(self, num_blocks: int, num_cpu_blocks: int) -> Proposer | None:
+        speculative = self.model_config.speculative
+        if speculative is None:
+            return None
+        if self.draft_model is None:
+            return NgramProposer(speculative)
+        spec = self._cache_spec(self.draft_model)
+        cache = self._cache_engine(spec, num_blocks, num_cpu_blocks)
+        return DraftModelProposer(speculative, self.draft_model, cache)
 
     def _num_device_blocks(self, bytes_per_block: int) -> int:
         explicit = self.cache_config.kv_cache_memory

@@ -52,10 +52,10 @@ def test_a_failing_request_is_aborted_and_the_others_finish(build, monkeypatch, 
         core.add_request(request)
     process = scheduler._process_tokens
 
-    def flaky(request, token_ids, runner_output):
+    def flaky(request, token_ids, plan, runner_output):
         if request.request_id == "r1" and request.num_output_tokens == 2:
             raise OverflowError("bad state in r1")
-        return process(request, token_ids, runner_output)
+        return process(request, token_ids, plan, runner_output)
 
     monkeypatch.setattr(scheduler, "_process_tokens", flaky)
     finished = {}

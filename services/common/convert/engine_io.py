@@ -8,6 +8,7 @@ travel), NaN for no cumulative logprob, 0 logprob positions for no logprobs.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import fields
 
@@ -148,7 +149,9 @@ def stats_to_pb(stats: SchedulerStats) -> engine_pb2.SchedulerStats:
 
 
 def stats_from_pb(message: engine_pb2.SchedulerStats) -> SchedulerStats:
-    return SchedulerStats(**{name: getattr(message, name) for name in _STATS_FIELDS})
+    stats = SchedulerStats(**{name: getattr(message, name) for name in _STATS_FIELDS})
+    per_pos = tuple(stats.spec_decode_num_accepted_tokens_per_pos)  # a repeated field
+    return dataclasses.replace(stats, spec_decode_num_accepted_tokens_per_pos=per_pos)
 
 
 def served_model_info_to_pb(info: ServedModelInfo) -> generation_pb2.ModelInfo:
@@ -163,6 +166,7 @@ def served_model_info_to_pb(info: ServedModelInfo) -> generation_pb2.ModelInfo:
         num_gpu_blocks=info.num_gpu_blocks,
         quantization=info.quantization,
         weight_bytes=info.weight_bytes,
+        speculative_decoding=info.speculative_decoding,
     )
 
 
@@ -178,6 +182,7 @@ def served_model_info_from_pb(message: generation_pb2.ModelInfo) -> ServedModelI
         num_gpu_blocks=message.num_gpu_blocks,
         quantization=message.quantization or "none",
         weight_bytes=message.weight_bytes,
+        speculative_decoding=message.speculative_decoding,
     )
 
 

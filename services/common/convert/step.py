@@ -38,6 +38,23 @@ def _split(name: str, flat, counts) -> list[list[int]]:
     return [list(islice(values, count)) if count else [] for count in counts]
 
 
+def _keyed_lists_to_pb(spec_tokens: dict[str, list[int]]) -> dict:
+    """Speculative tokens per request as the spec_* columns of a StepPlan / StepResult."""
+    return {
+        "spec_request_ids": list(spec_tokens),
+        "num_spec_tokens": [len(ids) for ids in spec_tokens.values()],
+        "spec_token_ids": [i for ids in spec_tokens.values() for i in ids],
+    }
+
+
+def _keyed_lists_from_pb(message) -> dict[str, list[int]]:
+    request_ids = list(message.spec_request_ids)
+    if len(request_ids) != len(message.num_spec_tokens):
+        raise ValueError("spec_request_ids and num_spec_tokens differ in length")
+    pieces = _split("spec_token_ids", message.spec_token_ids, message.num_spec_tokens)
+    return dict(zip(request_ids, pieces, strict=True))
+
+
 def _new_request_to_pb(new: NewRequestData) -> worker_pb2.NewRequest:
     params = sampling_params_to_pb(new.sampling_params)
     params.ClearField("structured_outputs")  # the worker only sees the per-step masks
@@ -82,6 +99,7 @@ def plan_to_pb(plan: SchedulerOutput, step_id: int = 0) -> worker_pb2.StepPlan:
         cached_new_token_ids=[i for ids in cached.new_token_ids for i in ids],
         grammar_request_ids=plan.grammar_request_ids,
         grammar_bitmask=plan.grammar_bitmask,
+        **_keyed_lists_to_pb(plan.scheduled_spec_decode_tokens),
     )
 
 
@@ -120,6 +138,7 @@ def plan_from_pb(message: worker_pb2.StepPlan) -> SchedulerOutput:
         blocks_to_swap_out=_pairs("blocks_to_swap_out", message.blocks_to_swap_out),
         grammar_request_ids=list(message.grammar_request_ids),
         grammar_bitmask=message.grammar_bitmask,
+        scheduled_spec_decode_tokens=_keyed_lists_from_pb(message),
     )
 
 
@@ -136,6 +155,7 @@ def result_to_pb(result: RunnerOutput, step_id: int = 0, error: str = "") -> wor
         forward_s=timings.forward_s,
         sample_s=timings.sample_s,
         error=error,
+        **_keyed_lists_to_pb(result.spec_token_ids),
     )
     if result.logprobs:
         pack_logprobs(message, "", result.logprobs.values())
@@ -168,4 +188,5 @@ def result_from_pb(message: worker_pb2.StepResult) -> RunnerOutput:
             unpack_logprobs(message, "prompt_"),
         ),
         timings=StepTimings(message.prepare_s, message.forward_s, message.sample_s),
+        spec_token_ids=_keyed_lists_from_pb(message),
     )

@@ -240,7 +240,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model", "architecture", "dtype", "max_model_len", "vocab_size", "eos_token_ids", "block_size", "num_gpu_blocks", "quantization", "weight_bytes")
+    __slots__ = ("model", "architecture", "dtype", "max_model_len", "vocab_size", "eos_token_ids", "block_size", "num_gpu_blocks", "quantization", "weight_bytes", "speculative_decoding")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -251,6 +251,7 @@ class ModelInfo(_message.Message):
     NUM_GPU_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SPECULATIVE_DECODING_FIELD_NUMBER: _ClassVar[int]
     model: str
     architecture: str
     dtype: str
@@ -261,4 +262,5 @@ class ModelInfo(_message.Message):
     num_gpu_blocks: int
     quantization: str
     weight_bytes: int
-    def __init__(self, model: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., block_size: _Optional[int] = ..., num_gpu_blocks: _Optional[int] = ..., quantization: _Optional[str] = ..., weight_bytes: _Optional[int] = ...) -> None: ...
+    speculative_decoding: str
+    def __init__(self, model: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., block_size: _Optional[int] = ..., num_gpu_blocks: _Optional[int] = ..., quantization: _Optional[str] = ..., weight_bytes: _Optional[int] = ..., speculative_decoding: _Optional[str] = ...) -> None: ...
