@@ -8,6 +8,7 @@ silu_mul, down), with the bytes a step streams and the read rate that implies.
 
     python -m benchmarks.native_step_profile --dtype bfloat16 --batch 1 --context 300
     python -m benchmarks.native_step_profile --dtype auto   # a GGUF model's own blocks
+    python -m benchmarks.native_step_profile --query-len 5  # verifying 4 proposals
 
 The weight bytes are the stack's packed weights as held (`DecoderStack.weight_bytes()`:
 quantized codes and scales, or the float matrices) and the LM head's.
@@ -27,22 +28,26 @@ from services.worker.cpu_tuning import pin_threads
 from services.worker.model_loader import load_model
 
 
-def _decode_metadata(batch: int, context: int, block_size: int) -> AttentionMetadata:
+def _decode_metadata(
+    batch: int, context: int, block_size: int, query_len: int = 1
+) -> AttentionMetadata:
+    """`batch` sequences of `context` tokens, each running its last `query_len` (1: a
+    decode step; more: verifying query_len - 1 speculative proposals)."""
     blocks = -(-context // block_size)
     table = torch.arange(batch * blocks, dtype=torch.int32).view(batch, blocks)
-    last = context - 1
-    slots = table[:, last // block_size].long() * block_size + last % block_size
+    positions = torch.arange(context - query_len, context)  # [q]
+    slots = table[:, positions // block_size].long() * block_size + positions % block_size
     return AttentionMetadata(
-        slot_mapping=slots,
+        slot_mapping=slots.flatten(),
         block_table=table,
         seq_lens=torch.full((batch,), context, dtype=torch.int32),
-        query_start_loc=torch.arange(batch + 1, dtype=torch.int32),
-        max_query_len=1,
+        query_start_loc=torch.arange(batch + 1, dtype=torch.int32) * query_len,
+        max_query_len=query_len,
         max_seq_len=context,
     )
 
 
-def profile(dtype: str, batch: int, context: int, steps: int) -> dict:
+def profile(dtype: str, batch: int, context: int, steps: int, query_len: int = 1) -> dict:
     model = load_model(ModelConfig(dtype=dtype))
     native = model.model.native
     if native is None:
@@ -54,9 +59,9 @@ def profile(dtype: str, batch: int, context: int, steps: int) -> dict:
         torch.zeros(spec.layer_shape(blocks, block_size), dtype=spec.dtype)
         for _ in range(spec.num_layers)
     ]
-    md = _decode_metadata(batch, context, block_size)
-    ids = torch.full((batch,), 5)
-    positions = torch.full((batch,), context - 1)
+    md = _decode_metadata(batch, context, block_size, query_len)
+    ids = torch.full((batch * query_len,), 5)
+    positions = torch.arange(context - query_len, context).repeat(batch)
     forward, head = [], []
     with torch.inference_mode():
         for _ in range(3):
@@ -77,6 +82,7 @@ def profile(dtype: str, batch: int, context: int, steps: int) -> dict:
         "dtype": dtype,
         "quantization": model.quantization,
         "batch": batch,
+        "query_len": query_len,
         "context": context,
         "forward_ms": round(forward_ms, 3),
         "lm_head_ms": round(statistics.median(head) * 1e3, 3),
@@ -93,8 +99,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--context", type=int, default=300)
     parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument(
+        "--query-len", type=int, default=1, help="tokens per sequence (k + 1 to verify k)"
+    )
     args = parser.parse_args(argv)
-    print(profile(args.dtype, args.batch, args.context, args.steps))
+    print(profile(args.dtype, args.batch, args.context, args.steps, args.query_len))
 
 
 if __name__ == "__main__":

@@ -33,10 +33,15 @@ namespace cpublas = at::native::cpublas;
 
 constexpr int64_t ROW_TILE = 32;            // rows per micro-kernel call
 constexpr int64_t MIN_ITEM_MACS = 1 << 16;  // smaller items stay on the calling thread
-// Up to this many rows (a decode step of a small batch) a product is a stream over the
-// weight at the memory's speed: our own register-blocked loop, which keeps the read
-// stream going (brgemm's kernel reached about half the read bandwidth at one row).
-constexpr int64_t FEW_ROWS = 4;
+// Up to this many rows (a decode step of a small batch, or a few sequences verifying
+// speculative proposals) a product is a stream over the weight at the memory's speed: our
+// own register-blocked loop, which keeps the read stream going (brgemm's kernel reached
+// about half the read bandwidth at one row), over groups of up to FEW_ROWS_GROUP rows
+// while a column block stays in cache. Each row's sums run in the same order whatever the
+// number of rows, so a row's output does not depend on the rows beside it: a sequence
+// verifying k proposals computes what k + 1 decode steps would, bit for bit.
+constexpr int64_t FEW_ROWS = 16;
+constexpr int64_t FEW_ROWS_GROUP = 4;
 
 #if defined(__AVX512F__)
 // Columns [j, j + 16 C) of one column block of x [M, K] W^T (M <= FEW_ROWS): each row's
@@ -202,11 +207,15 @@ class BrgemmLinear final : public Linear {
         const T* b = packed_.data() + start * k_;
         float* c = out + start;
         const float* bias = bias_.empty() ? nullptr : bias_.data() + start;
-        switch (M) {
-          case 1: few_rows_block<T, 1>(a, ld_x, b, nb, k_, c, ld_out, accumulate, bias); break;
-          case 2: few_rows_block<T, 2>(a, ld_x, b, nb, k_, c, ld_out, accumulate, bias); break;
-          case 3: few_rows_block<T, 3>(a, ld_x, b, nb, k_, c, ld_out, accumulate, bias); break;
-          default: few_rows_block<T, 4>(a, ld_x, b, nb, k_, c, ld_out, accumulate, bias); break;
+        for (int64_t row = 0; row < M; row += FEW_ROWS_GROUP) {
+          const T* x = a + row * ld_x;
+          float* o = c + row * ld_out;
+          switch (std::min(FEW_ROWS_GROUP, M - row)) {
+            case 1: few_rows_block<T, 1>(x, ld_x, b, nb, k_, o, ld_out, accumulate, bias); break;
+            case 2: few_rows_block<T, 2>(x, ld_x, b, nb, k_, o, ld_out, accumulate, bias); break;
+            case 3: few_rows_block<T, 3>(x, ld_x, b, nb, k_, o, ld_out, accumulate, bias); break;
+            default: few_rows_block<T, 4>(x, ld_x, b, nb, k_, o, ld_out, accumulate, bias); break;
+          }
         }
       }
     });

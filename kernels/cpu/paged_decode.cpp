@@ -40,10 +40,13 @@ namespace {
 using bf16 = c10::BFloat16;
 
 constexpr int64_t SERIAL_ROWS = 4096;
-// A step reading at least this many cached vectors, with fewer (row, KV head) items than
-// twice the threads, cuts each item's context into parts of at least MIN_PART positions.
-constexpr int64_t SPLIT_VECTORS = 512;
-constexpr int64_t MIN_PART = 128;
+// Every row's context is cut into parts of PART_POSITIONS positions (the last one
+// shorter), attended apart (in parallel) and merged. The cut depends on the row's own
+// length alone, never on the other rows of the step, so a row's result is the same
+// whatever it is batched with: a sequence verifying speculative proposals gets, row for
+// row, what its decode steps would (a bfloat16 model rounds activations, so even a last-bit
+// difference would change its tokens).
+constexpr int64_t PART_POSITIONS = 256;
 // Cache blocks asked for ahead of the one being read (the block after the next is asked
 // for while reading this one; the next was asked for a block ago).
 constexpr int64_t PREFETCH_BLOCKS = 2;
@@ -383,57 +386,52 @@ void check_plan(const Rows& rows, int64_t num_blocks, const Layout& l) {
   }
 }
 
-// Tasks are rows (all KV heads of a row together: each cached token row is read once);
-// with fewer rows than twice the threads (a small decode batch) each row's context is cut
-// into parts, attended apart and merged, so one long sequence still keeps every thread
-// busy.
+// Tasks are parts of rows (all KV heads of a row together: each cached token row is read
+// once), PART_POSITIONS positions each, so one long sequence still keeps every thread busy.
 template <int G, typename Q, typename C>
 void attend_items(Q* o, const Q* q, const C* kc, const C* vc, const Rows& rows,
                   const Layout& l, float scale, int64_t sliding_window, float soft_cap) {
   const int64_t width = l.group * l.head_dim;  // one KV head's query rows
   const int64_t stride = width + 2 * l.group, row_stride = l.num_kv_heads * stride;
-  int64_t vectors = 0, longest = 0;  // cached vectors to read, all rows together
-  for (int64_t r = 0; r < rows.num_rows; ++r) {
-    vectors += rows.len[r];
-    longest = std::max<int64_t>(longest, rows.len[r]);
+  const int64_t num_rows = rows.num_rows;
+  std::vector<int64_t> first_task(num_rows + 1, 0);  // row r's parts: tasks [f[r], f[r+1])
+  int64_t vectors = 0;  // cached vectors to read, all rows together
+  for (int64_t r = 0; r < num_rows; ++r) {
+    const int64_t len = rows.len[r];
+    const int64_t first = sliding_window > 0 ? std::max<int64_t>(0, len - sliding_window) : 0;
+    const int64_t parts = std::max<int64_t>(1, (len - first + PART_POSITIONS - 1) / PART_POSITIONS);
+    first_task[r + 1] = first_task[r] + parts;
+    vectors += (len - first) * l.num_kv_heads;
   }
-  vectors *= l.num_kv_heads;
-  const int64_t threads = at::get_num_threads(), num_rows = rows.num_rows;
-  const int64_t parts = vectors < SPLIT_VECTORS || num_rows >= 2 * threads
-                            ? 1
-                            : std::min((2 * threads + num_rows - 1) / num_rows,
-                                       std::max<int64_t>(1, longest / MIN_PART));
+  const int64_t tasks = first_task[num_rows];
   // Waking the thread team costs more than a small step's whole attention (a short batch-1
   // decode reads a few hundred vectors per layer): below SERIAL_ROWS one thread does it.
-  const int64_t grain = parts == 1 && vectors < SERIAL_ROWS ? num_rows : 1;
-  std::vector<float> partial(parts > 1 ? num_rows * parts * row_stride : 0);
-  pagestream::parallel_for(num_rows * parts, grain, [&](int64_t begin, int64_t end) {
+  const int64_t grain = vectors < SERIAL_ROWS ? tasks : 1;
+  std::vector<float> partial(tasks * row_stride);
+  pagestream::parallel_for(tasks, grain, [&](int64_t begin, int64_t end) {
     Scratch scratch;
-    std::vector<float> own(parts > 1 ? 0 : row_stride);
+    int64_t row = std::upper_bound(first_task.begin(), first_task.end(), begin) - first_task.begin() - 1;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t row = task / parts, part = task % parts;
+      while (first_task[row + 1] <= task) ++row;
       const int64_t len = rows.len[row];
       const int64_t first = sliding_window > 0 ? std::max<int64_t>(0, len - sliding_window) : 0;
-      const int64_t share = (len - first + parts - 1) / parts;
-      const int64_t start = std::min(len, first + part * share);
-      const int64_t n = std::min(len, start + share) - start;
-      float* result = parts > 1 ? partial.data() + task * row_stride : own.data();
+      const int64_t start = first + (task - first_task[row]) * PART_POSITIONS;
+      const int64_t n = std::min(len, start + PART_POSITIONS) - start;
       attend_part<G>(q + row * l.num_kv_heads * width, kc, vc,
                      rows.tables + rows.seq[row] * l.max_blocks, start, n, l, scale, soft_cap,
-                     scratch, result);
-      if (parts > 1) continue;
+                     scratch, partial.data() + task * row_stride);
+    }
+  });
+  pagestream::parallel_for(num_rows, grain == 1 ? 1 : num_rows, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t parts = first_task[row + 1] - first_task[row];
       for (int64_t h = 0; h < l.num_kv_heads; ++h) {
-        merge_parts(o + (row * l.num_kv_heads + h) * width, result + h * stride, 1, stride, l);
+        merge_parts(o + (row * l.num_kv_heads + h) * width,
+                    partial.data() + first_task[row] * row_stride + h * stride, parts,
+                    row_stride, l);
       }
     }
   });
-  if (parts == 1) return;
-  for (int64_t row = 0; row < num_rows; ++row) {
-    for (int64_t h = 0; h < l.num_kv_heads; ++h) {
-      merge_parts(o + (row * l.num_kv_heads + h) * width,
-                  partial.data() + row * parts * row_stride + h * stride, parts, row_stride, l);
-    }
-  }
 }
 
 template <typename Q, typename C>
