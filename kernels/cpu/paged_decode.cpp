@@ -39,14 +39,15 @@ namespace {
 
 using bf16 = c10::BFloat16;
 
-constexpr int64_t SERIAL_ROWS = 4096;
-// Every row's context is cut into parts of PART_POSITIONS positions (the last one
-// shorter), attended apart (in parallel) and merged. The cut depends on the row's own
-// length alone, never on the other rows of the step, so a row's result is the same
+constexpr int64_t SERIAL_VECTORS = 4096;
+// A row's context is cut into up to twice the threads equal parts of at least MIN_PART
+// positions, attended apart (in parallel) and merged, so one long sequence still keeps
+// every thread busy. The cut depends on the row's own length (and the process's thread
+// count) alone, never on the other rows of the step, so a row's result is the same
 // whatever it is batched with: a sequence verifying speculative proposals gets, row for
 // row, what its decode steps would (a bfloat16 model rounds activations, so even a last-bit
 // difference would change its tokens).
-constexpr int64_t PART_POSITIONS = 256;
+constexpr int64_t MIN_PART = 128;
 // Cache blocks asked for ahead of the one being read (the block after the next is asked
 // for while reading this one; the next was asked for a block ago).
 constexpr int64_t PREFETCH_BLOCKS = 2;
@@ -387,27 +388,30 @@ void check_plan(const Rows& rows, int64_t num_blocks, const Layout& l) {
 }
 
 // Tasks are parts of rows (all KV heads of a row together: each cached token row is read
-// once), PART_POSITIONS positions each, so one long sequence still keeps every thread busy.
+// once; see MIN_PART for the cut).
 template <int G, typename Q, typename C>
 void attend_items(Q* o, const Q* q, const C* kc, const C* vc, const Rows& rows,
                   const Layout& l, float scale, int64_t sliding_window, float soft_cap) {
   const int64_t width = l.group * l.head_dim;  // one KV head's query rows
   const int64_t stride = width + 2 * l.group, row_stride = l.num_kv_heads * stride;
-  const int64_t num_rows = rows.num_rows;
+  const int64_t num_rows = rows.num_rows, threads = at::get_num_threads();
   std::vector<int64_t> first_task(num_rows + 1, 0);  // row r's parts: tasks [f[r], f[r+1])
   int64_t vectors = 0;  // cached vectors to read, all rows together
   for (int64_t r = 0; r < num_rows; ++r) {
     const int64_t len = rows.len[r];
     const int64_t first = sliding_window > 0 ? std::max<int64_t>(0, len - sliding_window) : 0;
-    const int64_t parts = std::max<int64_t>(1, (len - first + PART_POSITIONS - 1) / PART_POSITIONS);
+    const int64_t parts = std::min(2 * threads, std::max<int64_t>(1, (len - first) / MIN_PART));
     first_task[r + 1] = first_task[r] + parts;
     vectors += (len - first) * l.num_kv_heads;
   }
   const int64_t tasks = first_task[num_rows];
   // Waking the thread team costs more than a small step's whole attention (a short batch-1
-  // decode reads a few hundred vectors per layer): below SERIAL_ROWS one thread does it.
-  const int64_t grain = vectors < SERIAL_ROWS ? tasks : 1;
-  std::vector<float> partial(tasks * row_stride);
+  // decode reads a few hundred vectors per layer): below SERIAL_VECTORS one thread does it.
+  const int64_t grain = tasks == num_rows && vectors < SERIAL_VECTORS ? tasks : 1;
+  // every part's result, written whole by attend_part (kept between calls: no page faults)
+  thread_local std::vector<float> partial;
+  if (partial.size() < static_cast<size_t>(tasks * row_stride)) partial.resize(tasks * row_stride);
+  float* results = partial.data();  // the pool's threads see the caller's buffer through it
   pagestream::parallel_for(tasks, grain, [&](int64_t begin, int64_t end) {
     Scratch scratch;
     int64_t row = std::upper_bound(first_task.begin(), first_task.end(), begin) - first_task.begin() - 1;
@@ -415,11 +419,13 @@ void attend_items(Q* o, const Q* q, const C* kc, const C* vc, const Rows& rows,
       while (first_task[row + 1] <= task) ++row;
       const int64_t len = rows.len[row];
       const int64_t first = sliding_window > 0 ? std::max<int64_t>(0, len - sliding_window) : 0;
-      const int64_t start = first + (task - first_task[row]) * PART_POSITIONS;
-      const int64_t n = std::min(len, start + PART_POSITIONS) - start;
+      const int64_t parts = first_task[row + 1] - first_task[row];
+      const int64_t share = (len - first + parts - 1) / parts;
+      const int64_t start = std::min(len, first + (task - first_task[row]) * share);
+      const int64_t n = std::min(len, start + share) - start;
       attend_part<G>(q + row * l.num_kv_heads * width, kc, vc,
                      rows.tables + rows.seq[row] * l.max_blocks, start, n, l, scale, soft_cap,
-                     scratch, partial.data() + task * row_stride);
+                     scratch, results + task * row_stride);
     }
   });
   pagestream::parallel_for(num_rows, grain == 1 ? 1 : num_rows, [&](int64_t begin, int64_t end) {
@@ -427,7 +433,7 @@ void attend_items(Q* o, const Q* q, const C* kc, const C* vc, const Rows& rows,
       const int64_t parts = first_task[row + 1] - first_task[row];
       for (int64_t h = 0; h < l.num_kv_heads; ++h) {
         merge_parts(o + (row * l.num_kv_heads + h) * width,
-                    partial.data() + first_task[row] * row_stride + h * stride, parts,
+                    results + first_task[row] * row_stride + h * stride, parts,
                     row_stride, l);
       }
     }
