@@ -24,6 +24,9 @@ _PROMPT_CONTEXT_TOKENS = 8
 class DetokenizerUpdate:
     text_delta: str  # new text the client may see now
     stop_string: str | None = None  # set when a stop string ended the request
+    # How many of the new tokens the output keeps: those up to the one that completed the
+    # stop string (a step may bring several: speculative decoding); None: all of them.
+    num_tokens_kept: int | None = None
 
 
 class IncrementalDetokenizer:
@@ -41,19 +44,21 @@ class IncrementalDetokenizer:
 
     def update(self, new_token_ids: list[int], finished: bool) -> DetokenizerUpdate:
         """Feed new tokens; returns the text that can be released now."""
+        kept = None
         if self.stop_string is None:
-            for token_id in new_token_ids:
+            for count, token_id in enumerate(new_token_ids, 1):
                 chunk = self._stream.step(self._tokenizer, token_id)
                 if chunk:
                     start = len(self.output_text)
                     self.output_text += chunk
                     if self._check_stop(start):
+                        kept = count
                         break
         done = finished or self.stop_string is not None
         release = len(self.output_text) if done else self._releasable()
         delta = self.output_text[self._num_sent : release]
         self._num_sent = max(self._num_sent, release)
-        return DetokenizerUpdate(delta, self.stop_string)
+        return DetokenizerUpdate(delta, self.stop_string, kept)
 
     def _check_stop(self, start: int) -> bool:
         """Look for a stop string overlapping the text added at `start`."""

@@ -1,9 +1,10 @@
 """Prometheus metrics for one frontend, in their own CollectorRegistry (vLLM's names).
 
 Engine-side gauges and counters (running/waiting requests, KV-cache usage, prefix-cache
-queries and hits, preemptions) are the engine core's own cumulative numbers, read from
-SchedulerStats at scrape time through a custom collector. Per-request histograms and token
-counters are observed by the HTTP layer as outputs stream (RequestMetrics).
+queries and hits, preemptions, speculative proposals and acceptances) are the engine core's
+own cumulative numbers, read from SchedulerStats at scrape time through a custom collector.
+Per-request histograms and token counters are observed by the HTTP layer as outputs stream
+(RequestMetrics).
 """
 
 from __future__ import annotations
@@ -48,6 +49,17 @@ class EngineStatsCollector(Collector):
         self.routing: dict[tuple[str, str], int] = {}
         self.model: ServedModelInfo | None = None
 
+    def _accepted_per_position(self) -> Metric:
+        metric = CounterMetricFamily(
+            "pagestream:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted speculative tokens, by their position among a draft's proposals.",
+            labels=["engine", "position"],
+        )
+        for engine, stats in sorted(self.stats.items()):
+            for position, count in enumerate(stats.spec_decode_num_accepted_tokens_per_pos):
+                metric.add_metric([engine, str(position)], count)
+        return metric
+
     def collect(self) -> Iterable[Metric]:
         if self.model is not None:
             yield from _model_series(self.model)
@@ -56,6 +68,7 @@ class EngineStatsCollector(Collector):
             for engine, stats in sorted(self.stats.items()):
                 metric.add_metric([engine], getattr(stats, field))
             yield metric
+        yield self._accepted_per_position()
         if self.routing:
             routed = CounterMetricFamily(
                 "pagestream:router_requests",
@@ -68,14 +81,18 @@ class EngineStatsCollector(Collector):
 
 
 def _model_series(model: ServedModelInfo) -> Iterable[Metric]:
-    """The served model: an info series (value 1) naming its dtype and weight quantization,
-    and its resident weight bytes."""
+    """The served model: an info series (value 1) naming its dtype, weight quantization and
+    speculative decoding, and its resident weight bytes."""
     info = GaugeMetricFamily(
         "pagestream:model_info",
-        "The served model (value 1): architecture, dtype and weight quantization.",
-        labels=["model_name", "architecture", "dtype", "quantization"],
+        "The served model (value 1): architecture, dtype, weight quantization and "
+        "speculative decoding (none when off).",
+        labels=["model_name", "architecture", "dtype", "quantization", "speculative_decoding"],
     )
-    info.add_metric([model.model, model.architecture, model.dtype, model.quantization], 1)
+    speculative = model.speculative_decoding or "none"
+    info.add_metric(
+        [model.model, model.architecture, model.dtype, model.quantization, speculative], 1
+    )
     yield info
     weights = GaugeMetricFamily(
         "pagestream:model_weight_bytes", "Resident weight bytes of the served model."
@@ -112,6 +129,24 @@ _ENGINE_SERIES = (
         CounterMetricFamily,
     ),
     ("num_preemptions", "Preempted sequences.", "num_preemptions", CounterMetricFamily),
+    (
+        "spec_decode_num_drafts",
+        "Sequences whose speculative proposals a step verified.",
+        "spec_decode_num_drafts",
+        CounterMetricFamily,
+    ),
+    (
+        "spec_decode_num_draft_tokens",
+        "Speculative tokens proposed and verified.",
+        "spec_decode_num_draft_tokens",
+        CounterMetricFamily,
+    ),
+    (
+        "spec_decode_num_accepted_tokens",
+        "Speculative tokens accepted.",
+        "spec_decode_num_accepted_tokens",
+        CounterMetricFamily,
+    ),
 )
 
 

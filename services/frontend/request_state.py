@@ -98,14 +98,15 @@ class RequestState:
             self._add_prompt_logprobs(out.new_prompt_logprobs)
         if out.new_token_ids and self.first_token_time is None:
             self.first_token_time = time.monotonic()
-        seq.token_ids.extend(out.new_token_ids)
-        self._add_logprobs(seq, out.new_logprobs)
-        if out.cumulative_logprob is not None:  # beam search reports its beam's score
-            seq.cumulative_logprob = out.cumulative_logprob
         text_ids = out.new_token_ids
         if self._stop_terminated(out):  # as vLLM: the EOS / stop token adds no text
             text_ids = text_ids[:-1]
         update = seq.detokenizer.update(text_ids, finished=out.finished)
+        kept = update.num_tokens_kept  # a stop string inside several new tokens ends there
+        seq.token_ids.extend(out.new_token_ids[:kept])
+        self._add_logprobs(seq, out.new_logprobs[:kept] if out.new_logprobs else None)
+        if out.cumulative_logprob is not None:  # beam search reports its beam's score
+            seq.cumulative_logprob = out.cumulative_logprob
         seq.pending_text += update.text_delta
         if update.stop_string is not None:
             seq.finish_reason, seq.stop_reason = "stop", update.stop_string

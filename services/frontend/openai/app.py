@@ -108,7 +108,12 @@ def _v1_router(app: FastAPI, api_key: str | None) -> APIRouter:
 
 def _card(state, name: str) -> ModelCard:
     info = state.frontend.info
-    return ModelCard(id=name, root=info.model, max_model_len=info.max_model_len)
+    return ModelCard(
+        id=name,
+        root=info.model,
+        max_model_len=info.max_model_len,
+        speculative_decoding=info.speculative_decoding or None,
+    )
 
 
 def _open_routes(app: FastAPI) -> None:

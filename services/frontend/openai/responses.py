@@ -168,6 +168,8 @@ class ModelCard(BaseModel):
     root: str | None = None
     parent: str | None = None
     max_model_len: int | None = None
+    # Speculative decoding in use ("ngram k=4", "draft_model k=3"); None when off.
+    speculative_decoding: str | None = None
 
 
 class ModelList(BaseModel):
