@@ -135,3 +135,50 @@ def test_packed_linear_rescores_its_top_outputs_exactly(rows):
     )
     others = torch.ones_like(plain, dtype=torch.bool).scatter_(1, top, False)
     assert torch.equal(rescored[others], plain[others])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [2, 5, 9, 16])
+def test_packed_linear_rows_do_not_depend_on_the_rows_beside_them(dtype, rows):
+    """Up to 16 rows (decode batches, a sequence verifying speculative proposals) each row's
+    output is bit for bit what it would be alone: speculative decoding keeps the tokens of
+    a bfloat16 model, whose activations are rounded, only if this holds."""
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(1024, 96, generator=gen).to(dtype)
+    x = torch.randn(rows, 96, generator=gen)
+    linear = cpu.load().PackedLinear(weight, torch.empty(0))
+    together = linear.forward(x, torch.empty(0), 0)
+    for row in range(rows):
+        alone = linear.forward(x[row : row + 1], torch.empty(0), 0)
+        assert torch.equal(together[row : row + 1], alone), row
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_a_rows_attention_does_not_depend_on_the_rows_beside_it(cache_dtype):
+    """A long context is cut into parts by its own length alone: a decode row gives the same
+    bits alone, beside a verification's rows of its own sequence, and in a busy batch."""
+    batch = build_batch(
+        [(900, 5), (40, 1), (700, 1), (3, 9)], num_kv_heads=2, group=2, dtype=cache_dtype
+    )
+    query = batch.query.float().contiguous()
+    row_seq, row_len = _rows_of(batch)
+
+    def attend(rows: list[int]) -> torch.Tensor:
+        out = torch.empty(len(rows), *query.shape[1:])
+        cpu.load().paged_attention_rows(
+            out,
+            query[rows].contiguous(),
+            batch.kv_cache,
+            batch.block_table,
+            row_seq[rows].contiguous(),
+            row_len[rows].contiguous(),
+            0.125,
+            0,
+            0.0,
+        )
+        return out
+
+    everything = attend(list(range(len(row_seq))))
+    for row in range(len(row_seq)):
+        assert torch.equal(attend([row])[0], everything[row]), row
+    assert torch.equal(attend([0, 1, 2, 3, 4]), everything[:5])  # the verification alone

@@ -146,3 +146,18 @@ def test_bad_shapes_are_refused():
         packed(8, codes, torch.ones(16, 2, dtype=torch.float16), None, 24, None)
     with pytest.raises(RuntimeError, match="must be uint8"):
         packed(4, codes, scales, None, 32, None)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bf16_rows", [False, True])
+@pytest.mark.parametrize("rows", [2, 5, FEW_ROWS_FMA])
+def test_rows_do_not_depend_on_the_rows_beside_them(bits, bf16_rows, rows):
+    """Within the streamed rows each row's output is bit for bit what it would be alone, so
+    a sequence verifying speculative proposals keeps the tokens its decode steps would give."""
+    codes, scales, mins, _ = random_weight(256, 128, bits, 32, torch.float16, bits == 4, seed=3)
+    x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows))
+    linear = packed(bits, codes, scales, mins, 32, None, bf16_rows)
+    together = linear.forward(x, torch.empty(0), 0)
+    for row in range(rows):
+        alone = linear.forward(x[row : row + 1], torch.empty(0), 0)
+        assert torch.equal(together[row : row + 1], alone), row
