@@ -1,7 +1,9 @@
 """Other worker-group layouts give HF's greedy outputs: pipeline_parallel_size = 2 (two
 stages of one layer each, hidden states sent stage to stage, two plans in flight),
-tp = 2 x pp = 2 (four ranks), and tp = 2 on a model with ONE KV head (each rank keeps a
-replica of it). Mixed batches with chunked prefill, prefix hits and preemption."""
+tp = 2 x pp = 2 (four ranks) with n-gram speculative decoding (the output rank proposes,
+the plan carries the proposals to every rank), and tp = 2 on a model with ONE KV head
+(each rank keeps a replica of it). Mixed batches with chunked prefill, prefix hits and
+preemption."""
 
 import pytest
 
@@ -18,7 +20,16 @@ from tests.worker.conftest import build_tiny_model
 
 LAYOUTS = {
     "pp2": dict(pipeline_parallel_size=2),
-    "tp2xpp2": dict(tensor_parallel_size=2, pipeline_parallel_size=2),
+    "tp2xpp2": dict(
+        tensor_parallel_size=2,
+        pipeline_parallel_size=2,
+        speculative_config={
+            "method": "ngram",
+            "num_speculative_tokens": 3,
+            "prompt_lookup_min": 1,
+            "prompt_lookup_max": 3,
+        },
+    ),
     "tp2-one-kv-head": dict(tensor_parallel_size=2),
 }
 
@@ -73,6 +84,8 @@ def test_greedy_outputs_match_hf(layout, hf_greedy, mode):
         assert llm.engine.scheduler.num_preemptions > preemptions
     assert llm.engine.scheduler.kv.num_free_blocks == num_blocks
     assert llm.engine.scheduler.get_stats().prefix_cache_hits > 0
+    if "speculative_config" in LAYOUTS[layout[0]]:
+        assert llm.engine.scheduler.get_stats().spec_decode_num_drafts > 0
     for prompt, sp, out in zip(prompts, params, got, strict=True):
         expected = hf_greedy(folder, prompt, sp.max_tokens)
         if 2 in expected:
