@@ -1,7 +1,8 @@
 """`pagestream bench`: every section of the report (benchmarks/sections.py: throughput /
 serve / memory / all against HF transformers and llama.cpp, the parallel runs, routing,
-structured outputs, precision, latency, serve --peer, quantized), and the measurement tools
-that write no section (TOOLS: `pagestream bench kernels --flex` runs benchmarks/kernels.py).
+structured outputs, precision, latency, serve --peer, quantized, speculative), and the
+measurement tools that write no section (TOOLS: `pagestream bench kernels --flex` runs
+benchmarks/kernels.py).
 
     pagestream bench all --profile quick     # what `make bench` runs (~30 min on 2 cores)
     pagestream bench throughput --profile full --bf16
@@ -14,6 +15,9 @@ that write no section (TOOLS: `pagestream bench kernels --flex` runs benchmarks/
                                                 # the weight-streaming limit and llama.cpp
     pagestream bench serve --peer llamacpp      # served side by side with llama-server at
                                                 # concurrency 1/4/16/64 (~15 min)
+    pagestream bench speculative                # ngram / draft models vs none at batch
+                                                # 1/4/16, copy-heavy and default prompts
+                                                # (~10 min; --profile full: ~1 hour)
 
 Results accumulate in <docs>/benchmarks/results.json and the report is rewritten whole to
 <docs>/benchmarks.md (tables) with PNG plots in <docs>/benchmarks/ after every section
@@ -135,7 +139,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
         "--rounds",
         type=int,
         default=None,
-        help="parallel, routing, structured: override the profile's rounds",
+        help="parallel, routing, structured, speculative: override the profile's rounds",
     )
     parallel.add_argument(
         "--no-async-serve",
@@ -146,6 +150,29 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
         "--no-offline",
         action="store_true",
         help="parallel: skip the offline layouts (keep their last results)",
+    )
+    speculative = bench.add_argument_group("speculative")
+    speculative.add_argument(
+        "--batches", default=None, help="speculative: batch sizes (default 1,4,16)"
+    )
+    speculative.add_argument(
+        "--ks", default=None, help="speculative: ngram num_speculative_tokens (default 2,4,6)"
+    )
+    speculative.add_argument(
+        "--draft",
+        default=None,
+        help="speculative: the cheaper draft of the target: Q4_0 (default) or Q8_0, made by "
+        "$LLAMA_QUANTIZE from the model's GGUF file (that file itself when it cannot be made), "
+        "gguf (the model's own GGUF file), a model path, or none",
+    )
+    speculative.add_argument(
+        "--draft-k", type=int, default=None, help="speculative: the drafts' k (default 3)"
+    )
+    speculative.add_argument(
+        "--prompt-lookup-min", type=int, default=None, help="speculative: ngram's (default 2)"
+    )
+    speculative.add_argument(
+        "--prompt-lookup-max", type=int, default=None, help="speculative: ngram's (default 5)"
     )
     routing = bench.add_argument_group("routing")
     routing.add_argument(

@@ -45,14 +45,35 @@ class QuantizedOptions:
 
 def make_q8_0(source: Path, llama_quantize: str) -> Path:
     """A Q8_0 file of `source`'s weights (from its F32 export), made once next to it."""
+    return llama_quantized(source, llama_quantize, "Q8_0")
+
+
+def llama_quantized_path(source: Path, file_type: str) -> Path:
+    """Where llama_quantized keeps `source`'s `file_type` file: next to it."""
+    return source.with_name(f"{source.stem}.{file_type}.gguf")
+
+
+def is_made(path: Path, source: Path) -> bool:
+    """`path` was made (no earlier than `source`), so it need not be made again."""
+    return path.is_file() and path.stat().st_mtime >= source.stat().st_mtime
+
+
+def llama_quantized(source: Path, llama_quantize: str, file_type: str) -> Path:
+    """A `file_type` ("Q8_0", "Q4_0", ... as llama-quantize names them) file of `source`'s
+    weights, quantized by llama-quantize from its F32 export, made once next to it. The
+    binary's own folder goes first on LD_LIBRARY_PATH (its shared libraries live there)."""
     from benchmarks.gguf_export import export_gguf
 
-    out = source.with_name(source.stem + ".Q8_0.gguf")
-    if out.is_file() and out.stat().st_mtime >= source.stat().st_mtime:
+    out = llama_quantized_path(source, file_type)
+    if is_made(out, source):
         return out
     f32 = export_gguf(source, "F32")
     tmp = out.with_name(out.name + ".tmp")
-    subprocess.run([llama_quantize, str(f32), str(tmp), "Q8_0"], check=True, capture_output=True)
+    env = dict(os.environ)
+    libs = [str(Path(llama_quantize).resolve().parent), env.get("LD_LIBRARY_PATH", "")]
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in libs if p)
+    command = [llama_quantize, str(f32), str(tmp), file_type]
+    subprocess.run(command, check=True, capture_output=True, env=env)
     tmp.rename(out)
     return out
 

@@ -17,6 +17,7 @@ from benchmarks.report_quantized import quantized_section
 from benchmarks.report_routing import routing_section
 from benchmarks.report_serve_peer import serve_peer_section
 from benchmarks.report_serving import serving_section
+from benchmarks.report_speculative import speculative_section
 from benchmarks.report_structured import structured_section
 from benchmarks.report_throughput import throughput_section
 from benchmarks.results import load_average
@@ -103,6 +104,36 @@ def run_quantized(args, folder, profile, workload, results) -> dict:
     seqs = listed(args.llamacpp_seqs, int)[0]
     options = QuantizedOptions(args.model, args.kv_cache_memory, seqs)
     return run_quantized(workload.requests, options)
+
+
+def run_speculative(args, folder, profile, workload, results) -> dict:
+    """No speculation against ngram at each k and draft models (the target itself, a
+    quantized GGUF file of the same model) at each batch, on a copy-heavy and the default
+    workload (benchmarks/speculative.py); --num-requests and --rounds override its profile."""
+    from transformers import AutoTokenizer
+
+    from benchmarks.speculative import SPECULATIVE_PROFILES, SpeculativeOptions, run_speculative
+
+    speculative = dataclasses.replace(
+        SPECULATIVE_PROFILES[profile.name],
+        **given(num_requests=args.num_requests, rounds=args.rounds),
+    )
+    options = SpeculativeOptions(
+        model=folder,
+        source_model=args.model,
+        profile=speculative,
+        workload_profile=profile,
+        kv_cache_memory=args.kv_cache_memory,
+        **given(
+            batches=listed(args.batches, int),
+            ks=listed(args.ks, int),
+            draft=args.draft,
+            draft_k=args.draft_k,
+            prompt_lookup_min=args.prompt_lookup_min,
+            prompt_lookup_max=args.prompt_lookup_max,
+        ),
+    )
+    return load_average(run_speculative, AutoTokenizer.from_pretrained(folder), options)
 
 
 def run_serve_peer(args, folder, profile, workload, results) -> dict:
@@ -248,5 +279,14 @@ SECTIONS = (
     Section("latency", "latency", run_latency, latency_section, True, "batch"),
     Section("serve_peer", "serve_peer", run_serve_peer, serve_peer_section, True, "llamacpp"),
     Section("quantized", "quantized", run_quantized, quantized_section, True, "offline"),
+    Section(
+        "speculative",
+        "speculative",
+        run_speculative,
+        speculative_section,
+        True,
+        "offline",
+        own_workload=True,
+    ),
 )
 BY_NAME = {s.name: s for s in SECTIONS}

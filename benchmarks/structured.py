@@ -151,9 +151,9 @@ class GrammarTimer:
     def attached(self, manager) -> Iterator[GrammarTimer]:
         masks, accept = manager.masks, manager.accept
 
-        def timed_masks(scheduled, num_tokens):
+        def timed_masks(scheduled, num_tokens, *spec_tokens):
             start = time.perf_counter()
-            found = masks(scheduled, num_tokens)
+            found = masks(scheduled, num_tokens, *spec_tokens)
             self.masks_s += time.perf_counter() - start
             self.mask_calls += 1
             self.mask_rows += len(found.request_ids) if found else 0

@@ -1,0 +1,198 @@
+"""`pagestream bench speculative --profile smoke` on a tiny model: every configuration runs
+every workload and batch beside the run without speculation, the counters and agreement
+are consistent, and the report renders its tables; the configurations and the draft's
+choice on their own."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from benchmarks.cli import add_bench_parser, run_bench
+from benchmarks.report_speculative import HEADING, speculative_section
+from benchmarks.speculative import (
+    NO_SPECULATION,
+    SPECULATIVE_PROFILES,
+    SpeculativeOptions,
+    TokenClock,
+    configurations,
+    draft_label,
+    resolve_draft,
+    spec_counts,
+    summed,
+)
+from benchmarks.workload import PROFILES
+from services.common.engine_output import SchedulerStats
+
+
+def _options(**changes) -> SpeculativeOptions:
+    return SpeculativeOptions(
+        model="/models/target",
+        source_model="/models/target",
+        profile=SPECULATIVE_PROFILES["smoke"],
+        workload_profile=PROFILES["smoke"],
+        **changes,
+    )
+
+
+def test_configurations_force_speculation_and_add_the_default_at_the_largest_batch():
+    configs = configurations(_options(), "/cache/Model.Q4_1.Q4_0.gguf")
+    labels = [c.label for c in configs]
+    assert labels == [
+        NO_SPECULATION,
+        "ngram k=2",
+        "ngram k=4",
+        "ngram k=6",
+        "draft target k=3",
+        "draft Q4_0 GGUF k=3",
+        "ngram k=4, default disable_by_batch_size",
+        "draft Q4_0 GGUF k=3, default disable_by_batch_size",
+    ]
+    assert configs[0].speculative is None and configs[0].batch is None
+    assert configs[1].speculative == {
+        "method": "ngram",
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 5,
+        "num_speculative_tokens": 2,
+        "disable_by_batch_size": 1000,
+    }
+    assert configs[4].speculative["model"] == "/models/target"
+    assert configs[-1].batch == 16 and configs[-1].speculative["disable_by_batch_size"] == 8
+    small = configurations(_options(batches=(1, 4), ks=(3,), self_draft=False), None)
+    assert [c.label for c in small] == [NO_SPECULATION, "ngram k=3"]  # no batch reaches 8
+
+
+def test_the_draft_choice():
+    assert resolve_draft(_options(draft="none"))["path"] is None
+    assert resolve_draft(_options(draft="/models/draft"))["path"] == "/models/draft"
+    not_gguf = resolve_draft(_options(draft="Q4_0"))  # an HF folder has no GGUF file
+    assert not_gguf["path"] is None and "not run" in not_gguf["note"]
+    assert draft_label("/cache/SmolLM2.Q4_1.gguf") == "Q4_1 GGUF"
+    assert draft_label("/models/draft") == "draft"
+
+
+def test_counters_and_clock():
+    before = SchedulerStats(
+        spec_decode_num_drafts=2,
+        spec_decode_num_draft_tokens=6,
+        spec_decode_num_accepted_tokens=3,
+        spec_decode_num_accepted_tokens_per_pos=(2, 1),
+    )
+    after = SchedulerStats(
+        spec_decode_num_drafts=5,
+        spec_decode_num_draft_tokens=15,
+        spec_decode_num_accepted_tokens=7,
+        spec_decode_num_accepted_tokens_per_pos=(4, 2, 1),
+    )
+    counts = spec_counts(before, after)
+    assert counts == {
+        "num_drafts": 3,
+        "num_draft_tokens": 9,
+        "num_accepted_tokens": 4,
+        "accepted_per_pos": [2, 1, 1],
+    }
+    assert summed([counts, {**counts, "accepted_per_pos": [1]}])["accepted_per_pos"] == [3, 1, 1]
+    clock = TokenClock()
+    for rid, n, now in (("a", 1, 1.0), ("b", 2, 1.0), ("a", 3, 1.3), ("b", 0, 2.0)):
+        clock._saw(rid, n, now)
+    assert clock.tpot_ms() == pytest.approx([100.0, 0.0])  # b: 2 tokens in one step
+
+
+def _run(tmp_path, model: str, *extra: str) -> dict:
+    parser = argparse.ArgumentParser()
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    argv = ["bench", "speculative", "--profile", "smoke", "--model", model]
+    argv += ["--docs-dir", str(tmp_path), "--kv-cache-memory", "16MiB", *extra]
+    assert run_bench(parser.parse_args(argv)) == 0
+    return json.loads((tmp_path / "benchmarks" / "results.json").read_text())
+
+
+def test_bench_speculative_smoke(model_dir, tmp_path):
+    model = str(model_dir("llama"))
+    results = _run(tmp_path, model, "--batches", "1,8", "--ks", "2", "--draft", "none")
+    assert "meta" not in results  # the other sections' meta is left alone
+    part = results["speculative"]["offline"]
+    assert "pagestream bench speculative --profile smoke" in part["meta"]["command"]
+    assert "workload" not in part["meta"] and set(part["workloads"]) == {"copy", "default"}
+    seen = {(r["workload"], r["batch"], r["config"]) for r in part["runs"]}
+    forced = (NO_SPECULATION, "ngram k=2", "draft target k=3")
+    defaults = (
+        "ngram k=2, default disable_by_batch_size",
+        "draft target k=3, default disable_by_batch_size",
+    )
+    expected = {(w, b, c) for w in ("copy", "default") for b in (1, 8) for c in forced}
+    expected |= {(w, 8, c) for w in ("copy", "default") for c in defaults}
+    assert seen == expected
+    for run in part["runs"]:
+        assert run["output_tok_s"] > 0 and run["vs_none"] > 0
+        assert run["requests"] == (2 if run["batch"] == 1 else 8)
+        assert run["differing_outputs"] == 0, run  # greedy: the target's tokens either way
+        assert run["num_accepted_tokens"] <= run["num_draft_tokens"]
+        if run["config"] == NO_SPECULATION:
+            assert run["num_drafts"] == 0 and run["vs_none"] == 1.0
+        if run["config"] == "draft target k=3":  # its own draft: every proposal accepted
+            assert run["num_drafts"] > 0 and run["acceptance_rate"] == 1.0
+    by_key = {(r["workload"], r["batch"], r["config"]): r for r in part["runs"]}
+    for workload in ("copy", "default"):  # batch 8 at the default 8: proposals stop
+        on, default = (by_key[workload, 8, label] for label in (forced[2], defaults[1]))
+        assert on["num_drafts"] > default["num_drafts"]
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert text.count(HEADING) == 1
+    for line in text.splitlines():
+        if line.startswith("|") and not line.startswith("|---"):
+            assert line.endswith("|") and "None" not in line, line
+
+
+def test_report_renders_each_workload():
+    run = {
+        "workload": "copy",
+        "batch": 1,
+        "config": "ngram k=2",
+        "output_tok_s": 80.0,
+        "vs_none": 1.5,
+        "tpot_ms": 12.5,
+        "tpot_vs_none": 0.7,
+        "acceptance_rate": 0.6,
+        "mean_accepted": 1.2,
+        "acceptance_per_pos": [0.7, 0.5],
+        "differing_outputs": 0,
+        "requests": 2,
+    }
+    part = {
+        "meta": {"command": "pagestream bench speculative --profile quick", "machine": {}},
+        "threads": 2,
+        "dtype": "bfloat16",
+        "num_requests": 2,
+        "rounds": 2,
+        "prompt_lookup": [2, 5],
+        "forced_disable": 1000,
+        "default_disable": 8,
+        "target_weight_bytes": 270e6,
+        "draft": {"choice": "Q4_0", "file": "m.Q4_0.gguf", "quantization": "Q4_0+Q8_0"},
+        "workloads": {
+            "copy": {
+                "prompt_min": 300,
+                "prompt_max": 900,
+                "prompt_median": 500.0,
+                "max_tokens": 256,
+                "ignore_eos": False,
+            },
+        },
+        "runs": [
+            run,
+            {
+                **run,
+                "config": NO_SPECULATION,
+                "acceptance_rate": None,
+                "mean_accepted": None,
+                "acceptance_per_pos": [],
+            },
+        ],
+    }
+    text = "\n".join(speculative_section(part))
+    assert text.startswith(HEADING) and "### Copy-heavy" in text
+    assert "m.Q4_0.gguf (Q4_0+Q8_0 blocks kept)" in text
+    assert "| 1 | ngram k=2 | 80.0 | 1.5 | 12.5 | 0.7 | 0.6 | 1.2 | 0.7, 0.5 | 0 of 2 |" in text
+    assert f"| 1 | {NO_SPECULATION} | 80.0 | 1.5 | 12.5 | 0.7 | - | - | - | 0 of 2 |" in text
