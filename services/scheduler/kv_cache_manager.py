@@ -160,11 +160,16 @@ class KVCacheManager:
         self.cpu_free.extend(self.swapped.pop(rid, []))
 
     def fork(self, parent: Request, child: Request) -> None:
-        """The child shares every block of the parent (ref counts bumped)."""
+        """The child shares the parent's blocks that hold its computed tokens (ref counts
+        bumped). Not the blocks past them (a draft model's lookahead slots): each sequence
+        writes its own tokens there, and copy-on-write only guards the block of the next
+        write, so the child allocates its own."""
         blocks = self.req_to_blocks.get(parent.request_id, [])
+        blocks = blocks[: cdiv(parent.num_computed_tokens, self.block_size)]
         self.pool.touch(blocks)
         self.req_to_blocks[child.request_id] = list(blocks)
-        self.num_cached_blocks[child.request_id] = self.num_cached_blocks.get(parent.request_id, 0)
+        num_cached = self.num_cached_blocks.get(parent.request_id, 0)
+        self.num_cached_blocks[child.request_id] = min(num_cached, len(blocks))
 
     def take_pending_copies(self) -> list[tuple[int, int]]:
         copies, self.pending_copies = self.pending_copies, []
