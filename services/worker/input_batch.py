@@ -143,16 +143,38 @@ class InputBatch:
         if cached.new_token_ids:
             self._set_output_tails(cached.request_ids, cached.new_token_ids)
         self._drafts = plan.scheduled_spec_decode_tokens
-        self._validate_drafts(plan)
 
     def _validate_drafts(self, plan: SchedulerOutput) -> None:
         """Proposals only for scheduled requests, in the vocabulary, and fitting in
-        max_model_len after the request's known tokens."""
-        for request_id, drafts in self._drafts.items():
+        max_model_len after the tokens the plan leaves the request, with the target's
+        token that follows them. Checked before the plan changes anything."""
+        if not plan.scheduled_spec_decode_tokens:
+            return
+        new = {n.request_id: n for n in plan.scheduled_new_reqs}
+        cached = plan.scheduled_cached_reqs
+        tails = {}
+        if cached.new_token_ids:
+            tails = dict(
+                zip(
+                    cached.request_ids,
+                    zip(cached.num_computed_tokens, cached.new_token_ids, strict=True),
+                    strict=True,
+                )
+            )
+        for request_id, drafts in plan.scheduled_spec_decode_tokens.items():
             if request_id not in plan.num_scheduled_tokens:
                 raise InvalidPlanError(f"proposals for {request_id!r}, which is not scheduled")
-            slot = self._slot(request_id)
-            if int(self._num_tokens[slot]) + len(drafts) > self.max_model_len:
+            if request_id in new:
+                num_tokens = len(new[request_id].prompt_token_ids)
+                num_tokens += len(new[request_id].output_token_ids)
+            else:
+                slot = self._slot(request_id)
+                num_tokens = int(self._num_tokens[slot])
+                if request_id in tails:
+                    num_computed, tail = tails[request_id]
+                    prompt_len = int(self._num_prompt_tokens[slot])
+                    num_tokens = max(num_computed, prompt_len) + len(tail)
+            if num_tokens + len(drafts) + 1 > self.max_model_len:
                 raise InvalidPlanError(
                     f"the proposals of {request_id!r} would exceed max_model_len "
                     f"{self.max_model_len}"
@@ -196,6 +218,7 @@ class InputBatch:
             num_blocks[request_id] = (0 if resumed else num_blocks[request_id]) + len(new_block_ids)
             self._check_num_blocks(request_id, num_blocks[request_id])
         self._validate_output_tails(plan)
+        self._validate_drafts(plan)
 
     def _validate_output_tails(self, plan: SchedulerOutput) -> None:
         cached = plan.scheduled_cached_reqs
