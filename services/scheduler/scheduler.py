@@ -243,7 +243,11 @@ class Scheduler:
         self.running.remove(victim)
         self.num_preemptions += 1
         mapping = None
-        if (mode or self.config.preemption_mode) == "swap":
+        # Only what has tokens to compute is swapped: a group's parent that finished its
+        # prefill but has not forked yet (or a beam waiting for its siblings) would come
+        # back with nothing to schedule (a plan row of 0 tokens, which the worker refuses
+        # beside other rows); it is recomputed instead.
+        if (mode or self.config.preemption_mode) == "swap" and victim.num_tokens_to_compute:
             mapping = self.kv.swap_out(victim)
         if mapping is not None:
             self.pending_swap_out.extend(mapping)
