@@ -38,9 +38,11 @@ op_st = st.one_of(
 
 
 def check_plan(scheduler: Scheduler, plan, k: int, budget: int) -> None:
-    """Proposals only for a sequence's last known token, all scheduled, at most k, within
-    the budget, max_tokens and max_model_len."""
+    """Every scheduled request runs at least one token (the worker refuses fewer);
+    proposals only for a sequence's last known token, all scheduled, at most k, within the
+    budget, max_tokens and max_model_len."""
     assert plan.total_num_scheduled_tokens <= budget
+    assert all(n >= 1 for n in plan.num_scheduled_tokens.values()), plan.num_scheduled_tokens
     for rid, drafts in plan.scheduled_spec_decode_tokens.items():
         assert 1 <= len(drafts) <= k
         assert plan.num_scheduled_tokens[rid] == len(drafts) + 1
