@@ -179,6 +179,34 @@ def test_beam_search_is_unchanged(plain, speculative):
             assert b.cumulative_logprob == pytest.approx(a.cumulative_logprob, abs=1e-4)
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_async_scheduling_with_swap_preemption(plain, folder, method):
+    """Two plans in flight, a cache tight enough to swap: greedy and seeded n = 2 outputs
+    as the plain engine's (an n > 1 parent swapped before its fork once came back in a
+    plan row of 0 tokens)."""
+    kv = {"ngram": 24 * 2048, "draft_model": 24 * 4096}[method]  # 24 blocks of 4
+    llm = LLM(
+        str(folder),
+        async_scheduling=True,
+        preemption_mode="swap",
+        block_size=4,
+        kv_cache_memory=kv,
+        swap_space=0.01,
+        max_num_batched_tokens=32,
+        speculative_config=spec_config(method, folder),
+    )
+    assert llm.engine.core.batch_queue.max_size == 2
+    prompts = _ids(copy_heavy_prompts(seed=17) + copy_heavy_prompts(seed=18)[:4])
+    greedy = [SamplingParams(temperature=0, max_tokens=16 + i % 5) for i in range(len(prompts))]
+    seeded = [SamplingParams(n=2, temperature=0.8, seed=i, max_tokens=16) for i in range(12)]
+    for params in (greedy, seeded):
+        reference, outputs, drafted, _ = _both(plain, llm, prompts, params)
+        assert_same_outputs(reference, outputs, None)
+        assert drafted > 0
+    scheduler = llm.engine.scheduler
+    assert scheduler.num_preemptions > 0 and scheduler.kv.num_free_blocks == 24
+
+
 def test_no_proposals_at_disable_by_batch_size(folder, plain):
     config = spec_config("ngram", folder, disable_by_batch_size=4)
     llm = LLM(str(folder), speculative_config=config, **ARGS)
