@@ -165,6 +165,51 @@ def test_logprobs_are_unchanged(plain, speculative):
                 assert pb[token].rank == entry.rank
 
 
+FEATURES = {
+    "penalties": dict(
+        temperature=0, repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.3
+    ),
+    "seeded-penalties": dict(temperature=0.7, repetition_penalty=1.2, frequency_penalty=0.4),
+    "min-tokens-over-eos": dict(temperature=0, min_tokens=10, logit_bias={2: 3.0}),
+    "logit-bias": dict(temperature=0, logit_bias={7: 2.0, 9: 1.5}),
+    "top-k-p-min-p": dict(temperature=0.9, top_k=5, top_p=0.8, min_p=0.05),
+}
+
+
+@pytest.mark.parametrize("feature", list(FEATURES))
+def test_sampling_features_are_unchanged(plain, speculative, feature):
+    """Every verified row samples with the sequence's own parameters at its position:
+    penalties over the tokens before it (proposals included), min_tokens by its output
+    count, seeded noise by (seed, position)."""
+    method, llm = speculative
+    prompts = _ids(copy_heavy_prompts(seed=19))
+    params = [
+        SamplingParams(seed=i, max_tokens=20, **FEATURES[feature]) for i in range(len(prompts))
+    ]
+    reference, outputs, drafted, _ = _both(plain, llm, prompts, params)
+    assert_same_outputs(reference, outputs, None)
+    # (greedy with penalties avoids every earlier token: the n-gram finds no match)
+    assert drafted > 0 or (method, feature) == ("ngram", "penalties")
+    if feature == "min-tokens-over-eos":
+        assert all(len(o.outputs[0].token_ids) >= 10 for o in outputs)
+        assert any(o.outputs[0].finish_reason == "stop" for o in outputs)
+
+
+def test_prompt_logprobs_are_unchanged(plain, speculative):
+    _, llm = speculative
+    prompts = _ids(copy_heavy_prompts(seed=20)[:4])
+    params = SamplingParams(temperature=0, max_tokens=12, prompt_logprobs=1)
+    reference, outputs, drafted, _ = _both(plain, llm, prompts, params)
+    assert_same_outputs(reference, outputs, None)
+    assert drafted > 0
+    for ref, out in zip(reference, outputs, strict=True):
+        assert len(out.prompt_logprobs) == len(ref.prompt_logprobs) == len(ref.prompt_token_ids)
+        for a, b in zip(ref.prompt_logprobs[1:], out.prompt_logprobs[1:], strict=True):
+            assert set(a) == set(b)
+            for token, entry in a.items():
+                assert b[token].logprob == pytest.approx(entry.logprob, abs=1e-5)
+
+
 def test_beam_search_is_unchanged(plain, speculative):
     """Beams make no proposals; with a draft model their sequences still keep lookahead
     slots, which a fork must not share."""
