@@ -153,7 +153,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     )
     speculative = bench.add_argument_group("speculative")
     speculative.add_argument(
-        "--batches", default=None, help="speculative: batch sizes (default 1,4,16)"
+        "--batches", default=None, help="speculative: batch sizes (default 1,4,16,32)"
     )
     speculative.add_argument(
         "--ks", default=None, help="speculative: ngram num_speculative_tokens (default 2,4,6)"

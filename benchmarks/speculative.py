@@ -107,7 +107,7 @@ class SpeculativeOptions:
     profile: SpeculativeProfile
     workload_profile: Profile  # the default workload's shapes
     kv_cache_memory: str = "2GiB"
-    batches: tuple[int, ...] = (1, 4, 16)
+    batches: tuple[int, ...] = (1, 4, 16, 32)  # 32: the default disable_by_batch_size
     ks: tuple[int, ...] = (2, 4, 6)
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 5

@@ -158,7 +158,7 @@ class EngineArgs:
         '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 5, '
         '"prompt_lookup_min": 2}\' or \'{"method": "draft_model", "model": PATH, '
         '"num_speculative_tokens": 3}\'; "disable_by_batch_size": no proposals while a step '
-        "runs that many sequences (default 8)",
+        "runs that many sequences (default 32)",
     )
 
     def __post_init__(self) -> None:

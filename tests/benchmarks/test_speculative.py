@@ -59,7 +59,7 @@ def test_configurations_force_speculation_and_add_the_default_at_the_largest_bat
         "disable_by_batch_size": 1000,
     }
     assert configs[4].speculative["model"] == "/models/target"
-    assert configs[-1].batch == 16 and configs[-1].speculative["disable_by_batch_size"] == 8
+    assert configs[-1].batch == 32 and configs[-1].speculative["disable_by_batch_size"] == 32
     small = configurations(_options(batches=(1, 4), ks=(3,), self_draft=False), None)
     assert [c.label for c in small] == [NO_SPECULATION, "ngram k=3"]  # no batch reaches 8
 
@@ -111,7 +111,7 @@ def _run(tmp_path, model: str, *extra: str) -> dict:
 
 def test_bench_speculative_smoke(model_dir, tmp_path):
     model = str(model_dir("llama"))
-    results = _run(tmp_path, model, "--batches", "1,8", "--ks", "2", "--draft", "none")
+    results = _run(tmp_path, model, "--batches", "1,32", "--ks", "2", "--draft", "none")
     assert "meta" not in results  # the other sections' meta is left alone
     part = results["speculative"]["offline"]
     assert "pagestream bench speculative --profile smoke" in part["meta"]["command"]
@@ -122,12 +122,12 @@ def test_bench_speculative_smoke(model_dir, tmp_path):
         "ngram k=2, default disable_by_batch_size",
         "draft target k=3, default disable_by_batch_size",
     )
-    expected = {(w, b, c) for w in ("copy", "default") for b in (1, 8) for c in forced}
-    expected |= {(w, 8, c) for w in ("copy", "default") for c in defaults}
+    expected = {(w, b, c) for w in ("copy", "default") for b in (1, 32) for c in forced}
+    expected |= {(w, 32, c) for w in ("copy", "default") for c in defaults}
     assert seen == expected
     for run in part["runs"]:
         assert run["output_tok_s"] > 0 and run["vs_none"] > 0
-        assert run["requests"] == (2 if run["batch"] == 1 else 8)
+        assert run["requests"] == (2 if run["batch"] == 1 else 32)
         assert run["differing_outputs"] == 0, run  # greedy: the target's tokens either way
         assert run["num_accepted_tokens"] <= run["num_draft_tokens"]
         if run["config"] == NO_SPECULATION:
@@ -135,8 +135,8 @@ def test_bench_speculative_smoke(model_dir, tmp_path):
         if run["config"] == "draft target k=3":  # its own draft: every proposal accepted
             assert run["num_drafts"] > 0 and run["acceptance_rate"] == 1.0
     by_key = {(r["workload"], r["batch"], r["config"]): r for r in part["runs"]}
-    for workload in ("copy", "default"):  # batch 8 at the default 8: proposals stop
-        on, default = (by_key[workload, 8, label] for label in (forced[2], defaults[1]))
+    for workload in ("copy", "default"):  # batch 32 at the default 32: proposals stop
+        on, default = (by_key[workload, 32, label] for label in (forced[2], defaults[1]))
         assert on["num_drafts"] > default["num_drafts"]
     text = (tmp_path / "benchmarks.md").read_text()
     assert text.count(HEADING) == 1

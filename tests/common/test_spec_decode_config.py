@@ -29,7 +29,7 @@ from services.common.runner_output import RunnerOutput, TokenLogprobs
 from services.common.sampling_params import SamplingParams
 from services.common.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from services.common.served_model_info import ServedModelInfo
-from services.common.speculative_config import SpeculativeConfig
+from services.common.speculative_config import DEFAULT_DISABLE_BY_BATCH_SIZE, SpeculativeConfig
 from services.common.worker_info import ModelInfo
 
 
@@ -64,7 +64,7 @@ def test_vllms_dict_json_and_inferences():
     assert ngram.num_lookahead_tokens == 0
     assert SpeculativeConfig.parse(draft.to_json()) == draft
     assert draft.describe() == "draft_model k=3" and ngram.describe() == "ngram k=4"
-    assert ngram.disable_by_batch_size == 8
+    assert ngram.disable_by_batch_size == DEFAULT_DISABLE_BY_BATCH_SIZE == 32
     explicit = {"method": "ngram", "num_speculative_tokens": 1, "disable_by_batch_size": 2}
     assert SpeculativeConfig.parse(explicit).disable_by_batch_size == 2
 
