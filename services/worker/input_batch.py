@@ -20,9 +20,11 @@ import torch
 
 from services.common.sampling_params import SamplingParams
 from services.common.scheduler_output import NewRequestData, SchedulerOutput
+from services.worker.sampling_metadata import SamplingMetadata
 from services.worker.sampling_ops import grammar_mask
 from services.worker.sampling_table import SamplingParamsTable
 from services.worker.step_inputs import (
+    FlatBatch,
     PromptLogprobsInputs,
     StepInputs,
     flatten_batch,
@@ -358,6 +360,31 @@ class InputBatch:
             mask = grammar_mask(plan, first_row, self.vocab_size, self.device)
             if mask is not None:
                 metadata = dataclasses.replace(metadata, grammar=mask)
+        return self._step_inputs(
+            request_ids,
+            flat,
+            num_scheduled,
+            logits_indices,
+            sampling_ids,
+            metadata,
+            self._drafts,
+            self._prompt_logprobs_inputs(
+                request_ids, slots, num_computed, num_scheduled, flat.query_start_loc
+            ),
+        )
+
+    def _step_inputs(
+        self,
+        request_ids: list[str],
+        flat: FlatBatch,
+        num_scheduled: np.ndarray,
+        logits_indices: np.ndarray,
+        sampling_ids: list[str],
+        metadata: SamplingMetadata | None,
+        draft_token_ids: dict[str, list[int]],
+        prompt_logprobs: PromptLogprobsInputs | None,
+    ) -> StepInputs:
+        """The flattened batch on the device, with what samples from it."""
         return StepInputs(
             request_ids=request_ids,
             input_ids=self._to_device(flat.input_ids),
@@ -373,10 +400,8 @@ class InputBatch:
             logits_indices=self._to_device(logits_indices),
             sampling_request_ids=sampling_ids,
             sampling_metadata=metadata,
-            draft_token_ids=self._drafts,
-            prompt_logprobs=self._prompt_logprobs_inputs(
-                request_ids, slots, num_computed, num_scheduled, flat.query_start_loc
-            ),
+            draft_token_ids=draft_token_ids,
+            prompt_logprobs=prompt_logprobs,
         )
 
     def _write_drafts(self, request_ids: list[str], slots: np.ndarray) -> np.ndarray:
@@ -485,23 +510,8 @@ class InputBatch:
             num_scheduled,
             self.block_size,
         )
-        return StepInputs(
-            request_ids=request_ids,
-            input_ids=self._to_device(flat.input_ids),
-            positions=self._to_device(flat.positions),
-            slot_mapping=self._to_device(flat.slot_mapping),
-            query_start_loc=self._to_device(flat.query_start_loc),
-            seq_lens=self._to_device(flat.seq_lens),
-            block_table=self._to_device(flat.block_table),
-            max_query_len=int(num_scheduled.max(initial=0)),
-            max_seq_len=int(flat.seq_lens.max(initial=0)),
-            query_start_loc_host=flat.query_start_loc.tolist(),
-            seq_lens_host=flat.seq_lens.tolist(),
-            logits_indices=self._to_device(flat.logits_indices),
-            sampling_request_ids=request_ids,
-            sampling_metadata=None,
-            draft_token_ids={},
-            prompt_logprobs=None,
+        return self._step_inputs(
+            request_ids, flat, num_scheduled, flat.logits_indices, request_ids, None, {}, None
         )
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
