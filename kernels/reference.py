@@ -379,3 +379,32 @@ def paged_attention_naive(
             probs = scores.softmax(dim=-1)  # [q_heads, n]
             out[row] = torch.einsum("hn,nhd->hd", probs, values).to(query.dtype)
     return out
+
+
+def add_lora(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    token_slots: torch.Tensor,
+    slot_ranks: torch.Tensor,
+    offset: int = 0,
+) -> torch.Tensor:
+    """The LoRA add of one linear slice, row by row (the ground truth of the grouped ones).
+
+    y [T, N] float32 (updated in place and returned), x [T, K]: the linear's input;
+    a [S, R, K], b [S, n, R] float32: the adapter slots' stacked A and scaled B (rank r of
+    slot s uses a[s, :r] and b[s, :, :r]); token_slots [T] int32: each row's slot, -1 for
+    none; slot_ranks [S] int32. Row t of slot s gets, in float64:
+        y[t, offset:offset + n] += b[s, :, :r] @ (a[s, :r] @ x[t])
+    """
+    n = b.shape[1]
+    for t, slot in enumerate(token_slots.tolist()):
+        if slot < 0:
+            continue
+        r = int(slot_ranks[slot])
+        if r == 0:
+            continue
+        shrunk = a[slot, :r].double() @ x[t].double()  # [r]
+        y[t, offset : offset + n] += (b[slot, :, :r].double() @ shrunk).to(y.dtype)
+    return y
