@@ -1,5 +1,6 @@
 """pagestream: an LLM inference and serving engine in the vLLM mould."""
 
+from services.common.lora_request import LoRARequest
 from services.common.outputs import CompletionOutput, RequestOutput
 from services.common.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from services.common.structured_outputs import StructuredOutputsParams
@@ -10,6 +11,7 @@ __all__ = [
     "BeamSearchParams",
     "CompletionOutput",
     "EngineArgs",
+    "LoRARequest",
     "RequestOutput",
     "RequestOutputKind",
     "SamplingParams",

@@ -105,8 +105,8 @@ class AsyncEngine:
     ) -> AsyncIterator[RequestOutput]:
         """Stream outputs (cumulative or delta, per output_kind) until the request ends.
 
-        kwargs: priority, cache_salt, add_special_tokens. A consumer that stops iterating
-        aborts the request.
+        kwargs: priority, cache_salt, add_special_tokens, lora_request. A consumer that
+        stops iterating aborts the request.
         """
         return self.frontend.generate(prompt, sampling_params, request_id, **kwargs)
 

@@ -22,6 +22,7 @@ from services.common.config import (
     parse_size,
 )
 from services.common.flags import flag
+from services.common.lora_config import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, LoRAConfig
 from services.common.speculative_config import SpeculativeConfig
 
 GIB = 1024**3
@@ -160,11 +161,23 @@ class EngineArgs:
         '"num_speculative_tokens": 3}\'; "disable_by_batch_size": no proposals while a step '
         "runs that many sequences (default 32)",
     )
+    enable_lora: bool = flag(False, "serve LoRA adapters over the base model (--lora-modules)")
+    max_loras: int = flag(DEFAULT_MAX_LORAS, "LoRA adapters in one step at most")
+    max_lora_rank: int = flag(DEFAULT_MAX_LORA_RANK, "the largest LoRA rank served")
+    max_cpu_loras: int | None = flag(
+        None, "LoRA adapters each worker keeps loaded in host memory (default: max_loras)"
+    )
 
     def __post_init__(self) -> None:
         if self.max_waiting_requests is None:  # the Python API's "no bound", spelled None
             self.max_waiting_requests = 0
         SpeculativeConfig.parse(self.speculative_config)  # a bad config fails here, by name
+        self.lora_config()
+
+    def lora_config(self) -> LoRAConfig | None:
+        if not self.enable_lora:
+            return None
+        return LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras)
 
     def parallel_config(self) -> ParallelConfig:
         return ParallelConfig(
@@ -184,6 +197,7 @@ class EngineArgs:
             quantization=self.quantization,
             quantization_group_size=self.quantization_group_size,
             speculative=SpeculativeConfig.parse(self.speculative_config),
+            lora=self.lora_config(),
         )
 
     def cache_config(self) -> CacheConfig:

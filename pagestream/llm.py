@@ -9,6 +9,7 @@ from tqdm import tqdm
 
 from pagestream.engine_args import EngineArgs
 from pagestream.llm_engine import LLMEngine
+from services.common.lora_request import LoRARequest
 from services.common.outputs import RequestOutput
 from services.common.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from services.frontend.tokenizer import apply_chat_template
@@ -35,12 +36,15 @@ class LLM:
         prompts,
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Outputs in input order; prompts: a str, a list of str, or {"prompt_token_ids": [...]}."""
+        """Outputs in input order; prompts: a str, a list of str, or {"prompt_token_ids": [...]}.
+        lora_request: one adapter for every prompt, or one each (None: the base model)."""
         prompts = _as_list(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
-        return self._run(prompts, _params_per_prompt(sampling_params, len(prompts)), use_tqdm)
+        params = _params_per_prompt(sampling_params, len(prompts))
+        return self._run(prompts, params, use_tqdm, _loras(lora_request, len(prompts)))
 
     def chat(
         self,
@@ -49,6 +53,7 @@ class LLM:
         use_tqdm: bool = True,
         add_generation_prompt: bool = True,
         chat_template: str | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """One conversation (a list of messages) or a list of conversations."""
         if self.engine.tokenizer is None:
@@ -61,7 +66,8 @@ class LLM:
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         params = _params_per_prompt(sampling_params, len(prompts))
-        return self._run(prompts, params, use_tqdm, add_special_tokens=False)
+        loras = _loras(lora_request, len(prompts))
+        return self._run(prompts, params, use_tqdm, loras, add_special_tokens=False)
 
     def beam_search(
         self, prompts, params: BeamSearchParams, use_tqdm: bool = False
@@ -71,14 +77,15 @@ class LLM:
         cumulative logprobs. Matches HF generate(num_beams=beam_width, do_sample=False)."""
         return self.generate(prompts, params.to_sampling_params(), use_tqdm)
 
-    def _run(self, prompts, params, use_tqdm: bool, add_special_tokens: bool = True):
+    def _run(self, prompts, params, use_tqdm: bool, loras=None, add_special_tokens: bool = True):
         engine = self.engine
         ids = []
+        loras = loras or [None] * len(prompts)
         try:
-            for prompt, sp in zip(prompts, params, strict=True):
+            for prompt, sp, lora in zip(prompts, params, loras, strict=True):
                 final = sp.clone(output_kind=RequestOutputKind.FINAL_ONLY)
                 state = engine.add_request(
-                    None, prompt, final, add_special_tokens=add_special_tokens
+                    None, prompt, final, add_special_tokens=add_special_tokens, lora_request=lora
                 )
                 ids.append(state.request_id)
         except ValueError:
@@ -106,6 +113,17 @@ def _as_list(prompts) -> list:
     if isinstance(prompts, str | dict):
         return [prompts]
     return list(prompts)
+
+
+def _loras(lora_request, num_prompts: int) -> list[LoRARequest | None]:
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * num_prompts
+    loras = list(lora_request)
+    if len(loras) != num_prompts:
+        raise ValueError(
+            f"got {len(loras)} lora_requests for {num_prompts} prompts; give one or one each."
+        )
+    return loras
 
 
 def _params_per_prompt(params, num_prompts: int) -> list[SamplingParams]:

@@ -8,6 +8,7 @@ from functools import partial
 
 from pagestream.engine_args import EngineArgs
 from pagestream.executor_factory import WORKER_START_TIMEOUT_S, build_executor
+from services.common.lora_request import LoRARequest
 from services.common.model_source import resolve_model
 from services.common.outputs import RequestOutput
 from services.common.sampling_params import SamplingParams
@@ -75,6 +76,7 @@ class LLMEngine:
         priority: int = 0,
         cache_salt: str | None = None,
         add_special_tokens: bool = True,
+        lora_request: LoRARequest | None = None,
     ) -> RequestState:
         """Validate, tokenize and admit; raises ValueError naming the problem."""
         request, state = self.input_processor.make_request(
@@ -84,6 +86,7 @@ class LLMEngine:
             priority=priority,
             cache_salt=cache_salt,
             add_special_tokens=add_special_tokens,
+            lora_request=lora_request,
         )
         self.output_processor.add(state)  # refuses an id in use
         try:

@@ -1,7 +1,8 @@
 """Chained block hashes for prefix caching: pure functions, sha256, canonical encoding.
 
 A block's hash covers its parent's hash, its token ids and optional extra keys (the
-request's cache_salt in block 0), so equal hashes mean equal prefixes. Never Python's
+request's cache_salt and its LoRA adapter's identity in block 0), so equal hashes mean
+equal prefixes computed by equal weights. Never Python's
 hash(): its collisions would let one request read another's KV cache.
 """
 
@@ -46,12 +47,22 @@ def hash_request_tokens(
     block_size: int,
     known: Sequence[BlockHash] = (),
     cache_salt: str | None = None,
+    lora_identity: str | None = None,
 ) -> list[BlockHash]:
     """Hashes of every full block of token_ids, reusing the already known prefix of them."""
     hashes = list(known)
+    first_keys = first_block_keys(cache_salt, lora_identity)
     for i in range(len(hashes), len(token_ids) // block_size):
         parent = hashes[-1] if hashes else None
-        extra = (cache_salt,) if i == 0 and cache_salt else None
+        extra = first_keys if i == 0 else None
         block = token_ids[i * block_size : (i + 1) * block_size]
         hashes.append(hash_block_tokens(parent, block, extra))
     return hashes
+
+
+def first_block_keys(cache_salt: str | None, lora_identity: str | None) -> tuple[str, ...]:
+    """Block 0's extra keys: (salt,) alone, or (salt or "", adapter) with a LoRA adapter
+    (two keys, so no salt can spell an adapter's blocks)."""
+    if lora_identity:
+        return (cache_salt or "", "lora=" + lora_identity)
+    return (cache_salt,) if cache_salt else ()

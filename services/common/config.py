@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from services.common.lora_config import LoRAConfig
 from services.common.speculative_config import SpeculativeConfig
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -135,6 +136,7 @@ class ModelConfig:
     quantization: str | None = None  # None: gguf for .gguf files at dtype auto, else none
     quantization_group_size: int = 128  # int4's group of input features
     speculative: SpeculativeConfig | None = None  # speculative decoding (None: off)
+    lora: LoRAConfig | None = None  # LoRA adapters (None: off)
 
     def __post_init__(self) -> None:
         _one_of("dtype", self.dtype, DTYPES)

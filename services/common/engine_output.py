@@ -46,15 +46,21 @@ class SchedulerStats:
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
     spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()
+    # LoRA: the adapters (by name) of running and of waiting requests, and the slots.
+    running_lora_adapters: tuple[str, ...] = ()
+    waiting_lora_adapters: tuple[str, ...] = ()
+    max_lora: int = 0
 
 
 def add_stats(per_engine: list[SchedulerStats]) -> SchedulerStats:
     """Several engines' numbers added up (KV usage: their mean; per-position counts by
-    position)."""
+    position; adapter names: their union)."""
     total: dict = {}
     for f in fields(SchedulerStats):
         values = [getattr(s, f.name) for s in per_engine]
-        if isinstance(f.default, tuple):
+        if f.name.endswith("_lora_adapters"):
+            total[f.name] = tuple(sorted({name for v in values for name in v}))
+        elif isinstance(f.default, tuple):
             width = max((len(v) for v in values), default=0)
             total[f.name] = tuple(sum(v[i] for v in values if i < len(v)) for i in range(width))
         else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from services.common.lora_request import LoRARequest
 from services.common.sampling_params import SamplingParams
 
 
@@ -18,4 +19,5 @@ class EngineCoreRequest:
     extra_stop_token_ids: tuple[int, ...] = ()
     priority: int = 0
     cache_salt: str | None = None
+    lora_request: LoRARequest | None = None  # the adapter it runs with (None: the base model)
     arrival_time: float = field(default_factory=time.monotonic)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.common.lora_request import LoRARequest
 from services.common.sampling_params import SamplingParams
 
 
@@ -66,6 +67,10 @@ class SchedulerOutput:
     # token (its num_scheduled_tokens counts them). The worker verifies them in this step.
     # With a grammar, such a request has one bitmask row per verified position, in order.
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # LoRA: request_id -> the adapter slot its rows use (absent: the base model), and every
+    # slot this step uses with the adapter it holds (a worker loads the ones it lacks).
+    lora_slots: dict[str, int] = field(default_factory=dict)
+    lora_adapters: dict[int, LoRARequest] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:

@@ -18,6 +18,7 @@ class ServedModelInfo:
     quantization: str = "none"
     weight_bytes: int = 0
     speculative_decoding: str = ""  # "ngram k=4", "draft_model k=3"; "" when off
+    lora_config: str = ""  # the engine's LoRA limits and target linears (LoRAConfig JSON)
 
     @property
     def eos_token_id(self) -> int | None:

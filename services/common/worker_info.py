@@ -28,6 +28,7 @@ class ModelInfo:
     quantization: str = "none"  # the quantized formats in use ("Q4_1+Q8_0", "int8") or none
     weight_bytes: int = 0  # resident weight bytes of this rank
     speculative_config: str = ""  # the speculative decoding it runs (SpeculativeConfig JSON)
+    lora_config: str = ""  # its LoRA limits and target linears (LoRAConfig JSON); "": off
 
     def model_fields(self) -> dict:
         """What every rank of one group must agree on (everything but its own rank and what

@@ -110,8 +110,12 @@ class DataParallelClient:
         block_size = next((r.block_size for r in candidates if r.block_size), 0)
         if not self.router.needs_hashes or len(candidates) < 2 or not block_size:
             return []
+        lora = request.lora_request
         return hash_request_tokens(
-            request.prompt_token_ids, block_size, cache_salt=request.cache_salt
+            request.prompt_token_ids,
+            block_size,
+            cache_salt=request.cache_salt,
+            lora_identity=lora.identity if lora else None,
         )
 
     async def abort(self, request_ids: list[str]) -> None:

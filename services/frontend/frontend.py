@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Callable
 
 from services.common.engine_errors import EngineUnavailableError
 from services.common.engine_output import SchedulerStats
+from services.common.lora_request import LoRARequest
 from services.common.outputs import RequestOutput
 from services.common.sampling_params import SamplingParams
 from services.common.served_model_info import ServedModelInfo
@@ -119,6 +120,7 @@ class Frontend:
         priority: int = 0,
         cache_salt: str | None = None,
         add_special_tokens: bool = True,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream outputs until the request ends; a consumer that stops iterating aborts it."""
         if not self.is_ready:
@@ -135,6 +137,7 @@ class Frontend:
             priority=priority,
             cache_salt=cache_salt,
             add_special_tokens=add_special_tokens,
+            lora_request=lora_request,
         )
         self.output_processor.add(state)  # refuses an id in use
         queue = RequestOutputQueue(params.output_kind, self.config.max_unread_tokens)

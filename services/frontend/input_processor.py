@@ -14,9 +14,11 @@ import uuid
 from dataclasses import dataclass
 
 from services.common.engine_request import EngineCoreRequest
+from services.common.lora_request import LoRARequest
 from services.common.sampling_params import SamplingParams
 from services.common.served_model_info import ServedModelInfo
 from services.common.structured_outputs import check_grammar
+from services.frontend.lora_registry import LoRARegistry
 from services.frontend.request_state import RequestState
 
 
@@ -36,6 +38,7 @@ class InputProcessor:
         self.max_model_len = info.max_model_len
         self.vocab_size = info.vocab_size
         self.eos_token_ids = info.eos_token_ids
+        self.loras = LoRARegistry(info.lora_config)
 
     def make_request(
         self,
@@ -46,11 +49,14 @@ class InputProcessor:
         priority: int = 0,
         cache_salt: str | None = None,
         add_special_tokens: bool = True,
+        lora_request: LoRARequest | None = None,
     ) -> tuple[EngineCoreRequest, RequestState]:
         """The engine request and its frontend state (a fresh id when none is given)."""
         request_id = request_id or new_request_id()
         processed = self.process(prompt, add_special_tokens)
         self.check_params(params)
+        if lora_request is not None:
+            lora_request = self.loras.check(lora_request)
         eos = self.eos_token_ids
         request = EngineCoreRequest(
             request_id=request_id,
@@ -60,6 +66,7 @@ class InputProcessor:
             extra_stop_token_ids=tuple(eos[1:]),
             priority=priority,
             cache_salt=cache_salt,
+            lora_request=lora_request,
         )
         state = RequestState(
             request_id, processed.prompt, processed.prompt_token_ids, params, self.tokenizer

@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from services.common.config import CacheConfig, SchedulerConfig
+from services.common.lora_config import LoRAConfig
 from services.common.served_model_info import ServedModelInfo
 from services.common.speculative_config import SpeculativeConfig
 from services.common.worker_info import CacheInfo, ModelInfo
@@ -100,6 +101,7 @@ class EngineCoreBuilder:
             cache_info.num_cpu_blocks,
             structured,
             num_lookahead_tokens=speculative.num_lookahead_tokens if speculative else 0,
+            max_loras=lora.max_loras if (lora := LoRAConfig.from_json(model.lora_config)) else 0,
         )
         info = served_model_info(self.args.served_model_name, model, config, cache_info)
         return EngineCore(scheduler, executor), info
@@ -148,4 +150,5 @@ def served_model_info(
         quantization=model.quantization,
         weight_bytes=model.weight_bytes,
         speculative_decoding=speculative.describe() if speculative else "",
+        lora_config=model.lora_config,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.common.lora_request import LoRARequest
 from services.common.scheduler_output import (
     CachedRequestData,
     NewRequestData,
@@ -65,9 +66,14 @@ class PlanBuilder:
         self.scheduled.append(request)
 
     def build(
-        self, finished_req_ids: set[str], blocks_to_copy: list[tuple[int, int]], masks=None
+        self,
+        finished_req_ids: set[str],
+        blocks_to_copy: list[tuple[int, int]],
+        masks=None,
+        loras: tuple[dict[str, int], dict[int, LoRARequest]] = ({}, {}),
     ) -> SchedulerOutput:
-        """The plan; `masks` (StepMasks) are the grammar bitmasks of this step's rows."""
+        """The plan; `masks` (StepMasks) are the grammar bitmasks of this step's rows,
+        `loras` the rows' adapter slots and the slots' adapters (LoRASlotTable.assign)."""
         cached = CachedRequestData(
             request_ids=self.cached_ids,
             new_block_ids=self.cached_new_block_ids,
@@ -87,4 +93,6 @@ class PlanBuilder:
             grammar_request_ids=masks.request_ids if masks else [],
             grammar_bitmask=masks.bitmask if masks else b"",
             scheduled_spec_decode_tokens=self.spec_token_ids,
+            lora_slots=loras[0],
+            lora_adapters=loras[1],
         )

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from services.common.block_hash import BlockHash, hash_request_tokens
 from services.common.engine_output import EngineCoreOutput
 from services.common.engine_request import EngineCoreRequest
+from services.common.lora_request import LoRARequest
 from services.common.sampling_params import SamplingParams
 from services.common.scheduler_output import SchedulerOutput
 
@@ -53,6 +54,7 @@ class Request:
     arrival_time: float = field(default_factory=time.monotonic)
     priority: int = 0
     cache_salt: str | None = None
+    lora_request: LoRARequest | None = None  # the adapter it runs with (None: the base)
     client_id: int = 0
     # n > 1: the request every sequence of the group belongs to, and this sequence's index.
     parent_request_id: str | None = None
@@ -94,6 +96,7 @@ class Request:
             arrival_time=req.arrival_time,
             priority=req.priority,
             cache_salt=req.cache_salt or None,
+            lora_request=req.lora_request,
             block_size=block_size,
         )
 
@@ -101,6 +104,10 @@ class Request:
         self.prompt_token_ids = list(self.prompt_token_ids)
         self.pending_fork = self.sampling_params.n > 1 and not self.sampling_params.use_beam_search
         self.update_block_hashes()
+
+    @property
+    def lora_identity(self) -> str | None:
+        return self.lora_request.identity if self.lora_request else None
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -150,7 +157,11 @@ class Request:
         if self.num_tokens // self.block_size <= len(self.block_hashes):
             return
         self.block_hashes = hash_request_tokens(
-            self.all_token_ids, self.block_size, self.block_hashes, self.cache_salt
+            self.all_token_ids,
+            self.block_size,
+            self.block_hashes,
+            self.cache_salt,
+            self.lora_identity,
         )
 
     def to_output(self, new_ids, logprobs=None, prompt_logprobs=None) -> EngineCoreOutput:

@@ -32,6 +32,7 @@ from services.scheduler.admission import (
 )
 from services.scheduler.in_flight import StepsInFlight
 from services.scheduler.kv_cache_manager import KVCacheManager, cdiv
+from services.scheduler.lora_slot_table import LoRASlotTable
 from services.scheduler.plan_builder import PlanBuilder
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.sequence_groups import SequenceGroups
@@ -53,8 +54,11 @@ class Scheduler:
         num_cpu_blocks: int = 0,
         structured: StructuredOutputManager | None = None,
         num_lookahead_tokens: int = 0,
+        max_loras: int = 0,
     ) -> None:
         self.config = scheduler_config
+        # LoRA: the workers' adapter slots (0: LoRA is off, adapters are refused).
+        self.loras = LoRASlotTable(max_loras)
         # Speculative decoding with a draft model: KV slots each sequence keeps past its
         # scheduled tokens, where the draft writes while it proposes.
         self.num_lookahead_tokens = num_lookahead_tokens
@@ -83,6 +87,11 @@ class Scheduler:
     # ---- admission -----------------------------------------------------------------
     def add_request(self, request: Request) -> None:
         validate_request(request, self.requests, self.config, self.kv.num_blocks, self.block_size)
+        if request.lora_request is not None and not self.loras.max_loras:
+            raise RequestRejectedError(
+                f"the request asks for the LoRA adapter {request.lora_request.lora_name!r}, "
+                "but LoRA is not enabled (start the engine with --enable-lora)."
+            )
         check_overload(len(self.waiting), self.config.max_waiting_requests)
         if request.block_size != self.block_size:
             request.block_size = self.block_size
@@ -140,7 +149,8 @@ class Scheduler:
         masks = self.structured.masks(
             plan.scheduled, plan.num_scheduled_tokens, plan.spec_token_ids
         )
-        output = plan.build(self.finished_req_ids, self.kv.take_pending_copies(), masks)
+        loras = self.loras.assign(plan.scheduled, self.running)
+        output = plan.build(self.finished_req_ids, self.kv.take_pending_copies(), masks, loras)
         self.finished_req_ids = set()
         self.pending_swap_out = []
         now = time.monotonic()
@@ -278,6 +288,8 @@ class Scheduler:
             request = self.swapped[0]
             if len(self.running) >= self.config.max_num_seqs or self.is_blocked(request):
                 return
+            if not self.loras.fits(request, self.running):
+                return  # its adapter would be one too many: it waits for a slot
             num_new = self._num_new_tokens(
                 request.num_tokens_to_compute, request.is_prefill, plan.token_budget
             )
@@ -292,10 +304,11 @@ class Scheduler:
 
     def _schedule_waiting(self, plan: PlanBuilder) -> None:
         """Admit the head of the waiting queue while the budget, max_num_seqs and free
-        blocks allow. A request whose grammar still compiles is passed over (others go
-        first) and put back at the head afterwards; one that can never fit, or whose
-        grammar failed, ends here with its final output."""
-        compiling: list[Request] = []  # passed over while their grammars compile
+        blocks allow. A request whose grammar still compiles, or whose LoRA adapter would
+        be one more than max_loras, is passed over (others go first) and put back at the
+        head afterwards; one that can never fit, or whose grammar failed, ends here with
+        its final output."""
+        passed_over: list[Request] = []
         try:
             while self.waiting and plan.token_budget > 0:
                 request = self.waiting[0]
@@ -303,7 +316,10 @@ class Scheduler:
                     if status.is_finished:  # its grammar failed, or allows only EOS
                         self._finish_waiting(status)
                     else:  # still compiling: others go first
-                        compiling.append(self.waiting.popleft())
+                        passed_over.append(self.waiting.popleft())
+                    continue
+                if not self.loras.fits(request, self.running):
+                    passed_over.append(self.waiting.popleft())
                     continue
                 if len(self.running) + request.sampling_params.n > self.config.max_num_seqs:
                     return
@@ -315,7 +331,7 @@ class Scheduler:
                 if not self._admit(request, plan):
                     return
         finally:
-            self.waiting.extendleft(reversed(compiling))
+            self.waiting.extendleft(reversed(passed_over))
 
     def _finish_waiting(self, status: RequestStatus) -> None:
         """End the head of the waiting queue (its final output goes with the next step)."""
@@ -481,4 +497,11 @@ class Scheduler:
             spec_decode_num_draft_tokens=self.spec_stats.num_draft_tokens,
             spec_decode_num_accepted_tokens=self.spec_stats.num_accepted_tokens,
             spec_decode_num_accepted_tokens_per_pos=tuple(self.spec_stats.accepted_per_pos),
+            running_lora_adapters=_adapter_names(self.running),
+            waiting_lora_adapters=_adapter_names([*self.waiting, *self.swapped]),
+            max_lora=self.loras.max_loras,
         )
+
+
+def _adapter_names(requests) -> tuple[str, ...]:
+    return tuple(sorted({r.lora_request.lora_name for r in requests if r.lora_request}))

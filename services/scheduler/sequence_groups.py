@@ -39,6 +39,7 @@ def _derived(parent: Request, request_id: str, **fields) -> Request:
         arrival_time=parent.arrival_time,
         priority=parent.priority,
         cache_salt=parent.cache_salt,
+        lora_request=parent.lora_request,
         client_id=parent.client_id,
         parent_request_id=parent.group_id,
         num_cached_tokens=parent.num_cached_tokens,

@@ -11,6 +11,7 @@ from services.common.runner_output import RunnerOutput, StepTimings, TokenLogpro
 from services.common.scheduler_output import SchedulerOutput
 from services.worker.cache_engine import CacheEngine
 from services.worker.input_batch import InputBatch
+from services.worker.lora.lora_manager import LoRAManager
 from services.worker.models.causal_lm import CausalLM
 from services.worker.parallel_state import StageLink
 from services.worker.sampler import LogprobsTensors, Sampler, compute_token_logprobs
@@ -37,8 +38,10 @@ class ModelRunner:
         sampler: Sampler,
         rank: RankInfo | None = None,
         proposer: Proposer | None = None,
+        lora: LoRAManager | None = None,
     ) -> None:
         self.model = model
+        self.lora = lora  # the LoRA adapters' slots (services/worker/lora), None when off
         self.cache_engine = cache_engine
         self.proposer = proposer  # speculative decoding's proposals (services/worker/spec_decode)
         self.input_batch = input_batch
@@ -56,6 +59,8 @@ class ModelRunner:
         if plan.total_num_scheduled_tokens == 0:
             return RunnerOutput(timings=StepTimings(prepare_s=time.perf_counter() - start))
         inputs = self.input_batch.prepare(plan, with_sampling=self.rank.is_output_rank)
+        if self.lora is not None:
+            self.lora.prepare(plan, inputs.request_ids, inputs.query_start_loc_host)
         prepared = time.perf_counter()
         hidden = self._forward(inputs)  # [num_tokens, hidden_size]
         forwarded = time.perf_counter()

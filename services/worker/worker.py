@@ -24,6 +24,7 @@ from services.worker.cache_engine import (
 from services.worker.cpu_tuning import pin_threads, tune_malloc
 from services.worker.dummy_forward import dummy_forward
 from services.worker.input_batch import InputBatch
+from services.worker.lora.lora_manager import LoRAManager
 from services.worker.model_loader import load_model, resolve_device, resolve_dtype
 from services.worker.model_runner import ModelRunner
 from services.worker.models.causal_lm import CausalLM
@@ -70,6 +71,8 @@ class Worker:
         torch.manual_seed(model_config.seed)
         self.model = load_model(model_config, self.device, self.rank)
         self.draft_model = self._load_draft(model_config.speculative)
+        lora = model_config.lora
+        self.lora = None if lora is None else LoRAManager(self.model, lora, self.device)
         self.runner: ModelRunner | None = None
         self.cache_info: CacheInfo | None = None
         self._pinned_for: int | None = None  # the thread whose intra-op team is pinned
@@ -142,6 +145,7 @@ class Worker:
             quantization=getattr(model, "quantization", "none"),
             weight_bytes=int(getattr(model, "weight_bytes", 0)),
             speculative_config=speculative.to_json() if speculative else "",
+            lora_config=self.lora.config.to_json() if self.lora else "",
         )
 
     def initialize_cache(
@@ -208,6 +212,7 @@ class Worker:
             Sampler(self.model_config.seed),
             self.rank,
             self._proposer(num_gpu_blocks, num_cpu_blocks),
+            self.lora,
         )
         self.cache_info = CacheInfo(num_gpu_blocks, num_cpu_blocks, block_size, bytes_per_block)
         logger.info(

@@ -13,6 +13,7 @@ import math
 from dataclasses import fields
 
 from services.common.convert.logprobs import pack_logprobs, unpack_logprobs
+from services.common.convert.lora import lora_from_pb, lora_to_pb
 from services.common.convert.sampling import sampling_params_from_pb, sampling_params_to_pb
 from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from services.common.engine_request import EngineCoreRequest
@@ -33,6 +34,7 @@ def engine_request_to_pb(request: EngineCoreRequest) -> engine_pb2.AddRequest:
         extra_stop_token_ids=request.extra_stop_token_ids,
         priority=request.priority,
         cache_salt=request.cache_salt or "",
+        lora=lora_to_pb(request.lora_request) if request.lora_request else None,
     )
 
 
@@ -48,6 +50,7 @@ def engine_request_from_pb(message: engine_pb2.AddRequest) -> EngineCoreRequest:
         extra_stop_token_ids=tuple(message.extra_stop_token_ids),
         priority=message.priority,
         cache_salt=message.cache_salt or None,
+        lora_request=lora_from_pb(message.lora) if message.HasField("lora") else None,
     )
 
 
@@ -150,8 +153,12 @@ def stats_to_pb(stats: SchedulerStats) -> engine_pb2.SchedulerStats:
 
 def stats_from_pb(message: engine_pb2.SchedulerStats) -> SchedulerStats:
     stats = SchedulerStats(**{name: getattr(message, name) for name in _STATS_FIELDS})
-    per_pos = tuple(stats.spec_decode_num_accepted_tokens_per_pos)  # a repeated field
-    return dataclasses.replace(stats, spec_decode_num_accepted_tokens_per_pos=per_pos)
+    repeated = (  # repeated fields come as lists
+        "spec_decode_num_accepted_tokens_per_pos",
+        "running_lora_adapters",
+        "waiting_lora_adapters",
+    )
+    return dataclasses.replace(stats, **{name: tuple(getattr(stats, name)) for name in repeated})
 
 
 def served_model_info_to_pb(info: ServedModelInfo) -> generation_pb2.ModelInfo:
@@ -167,6 +174,7 @@ def served_model_info_to_pb(info: ServedModelInfo) -> generation_pb2.ModelInfo:
         quantization=info.quantization,
         weight_bytes=info.weight_bytes,
         speculative_decoding=info.speculative_decoding,
+        lora_config=info.lora_config,
     )
 
 
@@ -183,6 +191,7 @@ def served_model_info_from_pb(message: generation_pb2.ModelInfo) -> ServedModelI
         quantization=message.quantization or "none",
         weight_bytes=message.weight_bytes,
         speculative_decoding=message.speculative_decoding,
+        lora_config=message.lora_config,
     )
 
 

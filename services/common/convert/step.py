@@ -9,6 +9,7 @@ from __future__ import annotations
 from itertools import islice
 
 from services.common.convert.logprobs import pack_logprobs, unpack_logprobs
+from services.common.convert.lora import lora_columns_from_pb, lora_columns_to_pb
 from services.common.convert.sampling import sampling_params_from_pb, sampling_params_to_pb
 from services.common.proto.pagestream.v1 import worker_pb2
 from services.common.runner_output import RunnerOutput, StepTimings
@@ -100,6 +101,7 @@ def plan_to_pb(plan: SchedulerOutput, step_id: int = 0) -> worker_pb2.StepPlan:
         grammar_request_ids=plan.grammar_request_ids,
         grammar_bitmask=plan.grammar_bitmask,
         **_keyed_lists_to_pb(plan.scheduled_spec_decode_tokens),
+        **lora_columns_to_pb(plan.lora_slots, plan.lora_adapters),
     )
 
 
@@ -127,6 +129,7 @@ def plan_from_pb(message: worker_pb2.StepPlan) -> SchedulerOutput:
         raise ValueError("cached_num_new_blocks and cached_request_ids differ in length")
     if cached.new_token_ids and len(cached.new_token_ids) != len(request_ids):
         raise ValueError("cached_num_new_tokens and cached_request_ids differ in length")
+    lora_slots, lora_adapters = lora_columns_from_pb(message)
     return SchedulerOutput(
         scheduled_new_reqs=[_new_request_from_pb(new) for new in message.new_requests],
         scheduled_cached_reqs=cached,
@@ -139,6 +142,8 @@ def plan_from_pb(message: worker_pb2.StepPlan) -> SchedulerOutput:
         grammar_request_ids=list(message.grammar_request_ids),
         grammar_bitmask=message.grammar_bitmask,
         scheduled_spec_decode_tokens=_keyed_lists_from_pb(message),
+        lora_slots=lora_slots,
+        lora_adapters=lora_adapters,
     )
 
 

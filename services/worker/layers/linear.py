@@ -16,6 +16,7 @@ and every other path de-quantizes once (`dequantize_weight`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +33,9 @@ from services.worker.layers.quantization.loading import (
     split_rows,
 )
 from services.worker.parallel_state import tp_all_reduce
+
+if TYPE_CHECKING:
+    from services.worker.lora.lora_slots import LinearLoRA
 
 # float32 CPU matmuls with at most this many rows (tokens) run as W @ x^T (see `linear`).
 SMALL_BATCH_MAX_ROWS = 4
@@ -120,6 +124,7 @@ class LinearBase(nn.Module):
         self.online: OnlineQuantization | None = None  # quantize float tensors at load
         self.quantized: QuantizedWeight | None = None  # set by finish_loading
         self._parts = WeightParts(output_size, input_size)
+        self.lora: LinearLoRA | None = None  # adapters' adds (services/worker/lora)
 
     def _load_weight(
         self, param: nn.Parameter, loaded: Checkpoint, shard_id: object = None
@@ -168,7 +173,10 @@ class LinearBase(nn.Module):
         self._store(param, loaded_weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.packed)
+        out = linear(x, self.weight, self.bias, self.packed)
+        if self.lora is not None:
+            self.lora.add(x, out)
+        return out
 
     def extra_repr(self) -> str:
         return (
@@ -348,6 +356,8 @@ class RowLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = linear(x, self.weight, packed=self.packed)
+        if self.lora is not None:  # before the all-reduce, which sums it like the base
+            self.lora.add(x, out)
         if self.tp_size > 1 and self.reduce_results:
             tp_all_reduce(out)
         if self.bias is not None and (self.tp_rank == 0 or self.reduce_results):

@@ -1,0 +1,171 @@
+"""A PEFT LoRA folder checked against the base model, without loading its tensors.
+
+`inspect_adapter` reads adapter_config.json and the safetensors header (names and shapes
+only), and refuses, naming the problem, anything the engine could not apply exactly as
+PEFT does: missing files, a rank over max_lora_rank, a target the model lacks or the
+engine does not serve (embeddings, the LM head, DoRA, biases, modules_to_save), shapes
+of another base model. The scale is PEFT's: lora_alpha / r, or lora_alpha / sqrt(r) with
+use_rslora. Torch-free: the frontend checks an adapter before any request uses it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.common.lora_config import TARGET_MODULES, LoRAConfig
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+# base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight (an adapter name such
+# as ".default" before ".weight" in older saves)
+_KEY = re.compile(
+    r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.\w+)?\.weight$"
+)
+
+
+class LoRAAdapterError(ValueError):
+    """An adapter the engine refuses; the message names the problem."""
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    path: str
+    rank: int
+    scale: float
+    # (layer, HF module name) pairs the adapter changes
+    targets: frozenset[tuple[int, str]]
+    digest: str
+
+    @property
+    def modules(self) -> set[str]:
+        return {module for _, module in self.targets}
+
+
+def inspect_adapter(path: str, config: LoRAConfig) -> AdapterSpec:
+    folder = Path(path)
+    if not folder.is_dir():
+        raise LoRAAdapterError(f"the LoRA adapter folder {path!r} does not exist.")
+    peft = _read_config(folder)
+    rank = _rank(peft, config, path)
+    header = _read_header(folder, path)
+    targets = _check_tensors(header, rank, config, path)
+    alpha = peft.get("lora_alpha", rank)
+    if not isinstance(alpha, int | float) or isinstance(alpha, bool):
+        raise LoRAAdapterError(f"{path}: lora_alpha must be a number, got {alpha!r}.")
+    scale = alpha / math.sqrt(rank) if peft.get("use_rslora") else alpha / rank
+    return AdapterSpec(str(folder), rank, float(scale), frozenset(targets), _digest(folder))
+
+
+def _read_config(folder: Path) -> dict:
+    file = folder / CONFIG_FILE
+    if not file.is_file():
+        raise LoRAAdapterError(f"{folder}: {CONFIG_FILE} is missing (not a PEFT LoRA folder).")
+    try:
+        peft = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise LoRAAdapterError(f"{file}: not readable JSON ({exc}).") from exc
+    if not isinstance(peft, dict):
+        raise LoRAAdapterError(f"{file}: expected a JSON object.")
+    kind = peft.get("peft_type", "LORA")
+    if str(kind).upper() != "LORA":
+        raise LoRAAdapterError(f"{folder}: peft_type is {kind!r}; only LORA adapters are served.")
+    refusals = {
+        "use_dora": "DoRA adapters are not supported",
+        "modules_to_save": "modules_to_save (fully trained modules) are not supported",
+        "rank_pattern": "per-module ranks (rank_pattern) are not supported",
+        "alpha_pattern": "per-module alphas (alpha_pattern) are not supported",
+        "fan_in_fan_out": "fan_in_fan_out weights (Conv1D models) are not supported",
+        "layer_replication": "layer_replication is not supported",
+        "trainable_token_indices": "trainable token embeddings are not supported",
+        "alora_invocation_tokens": "activated LoRA (aLoRA) is not supported",
+        "target_parameters": "LoRA on parameters (target_parameters) is not supported",
+    }
+    for key, why in refusals.items():
+        if peft.get(key):
+            raise LoRAAdapterError(f"{folder}: {why} ({key} = {peft[key]!r}).")
+    if peft.get("bias", "none") != "none":
+        raise LoRAAdapterError(
+            f"{folder}: bias = {peft['bias']!r}; only adapters without biases are served."
+        )
+    return peft
+
+
+def _rank(peft: dict, config: LoRAConfig, path: str) -> int:
+    rank = peft.get("r")
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise LoRAAdapterError(f"{path}: r must be an integer >= 1, got {rank!r}.")
+    if rank > config.max_lora_rank:
+        raise LoRAAdapterError(
+            f"{path}: the adapter's rank {rank} is over max_lora_rank ({config.max_lora_rank}); "
+            "start the engine with a larger --max-lora-rank."
+        )
+    return rank
+
+
+def _read_header(folder: Path, path: str) -> dict:
+    file = folder / WEIGHTS_FILE
+    if not file.is_file():
+        extra = " (adapter_model.bin is not read: save it with safe_serialization)"
+        has_bin = (folder / "adapter_model.bin").is_file()
+        raise LoRAAdapterError(f"{path}: {WEIGHTS_FILE} is missing{extra if has_bin else ''}.")
+    try:
+        with file.open("rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            if length > 100 * 1024 * 1024:
+                raise ValueError(f"a header of {length} bytes")
+            header = json.loads(f.read(length))
+    except (OSError, ValueError, struct.error) as exc:
+        raise LoRAAdapterError(f"{file}: not a safetensors file ({exc}).") from exc
+    header.pop("__metadata__", None)
+    return header
+
+
+def _check_tensors(header: dict, rank: int, config: LoRAConfig, path: str) -> set[tuple[int, str]]:
+    found: dict[tuple[int, str], dict[str, list[int]]] = {}
+    for name, entry in header.items():
+        match = _KEY.search(name)
+        if match is None:
+            raise LoRAAdapterError(
+                f"{path}: tensor {name!r} is not a LoRA A/B weight of a decoder layer's "
+                f"{'/'.join(TARGET_MODULES)} (embeddings, the LM head and biases are not served)."
+            )
+        layer, module, which = int(match[1]), match[2], match[3]
+        if module not in config.modules:
+            raise LoRAAdapterError(
+                f"{path}: the adapter targets {module!r}, which the model does not have "
+                f"(targets: {', '.join(sorted(config.modules))})."
+            )
+        if layer >= config.num_layers:
+            raise LoRAAdapterError(
+                f"{path}: tensor {name!r} is for layer {layer}; the model has "
+                f"{config.num_layers} layers."
+            )
+        found.setdefault((layer, module), {})[which] = list(entry.get("shape", []))
+    if not found:
+        raise LoRAAdapterError(f"{path}: {WEIGHTS_FILE} holds no LoRA weights.")
+    for (layer, module), shapes in sorted(found.items()):
+        in_features, out_features = config.modules[module]
+        want = {"A": [rank, in_features], "B": [out_features, rank]}
+        for which, shape in want.items():
+            if shapes.get(which) != shape:
+                raise LoRAAdapterError(
+                    f"{path}: layer {layer} {module}.lora_{which} has shape "
+                    f"{shapes.get(which, 'missing')}, the base model needs {shape} "
+                    "(an adapter of another base model, or another rank than r)."
+                )
+    return set(found)
+
+
+def _digest(folder: Path) -> str:
+    h = hashlib.sha256()
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        with (folder / name).open("rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    return h.hexdigest()[:16]

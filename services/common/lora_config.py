@@ -1,0 +1,53 @@
+"""LoRAConfig: the engine's LoRA limits (vLLM's `enable_lora`, `max_loras`, `max_lora_rank`,
+`max_cpu_loras`) and, once a worker has loaded the model, the base model's target linears.
+
+Torch-free: the command line, the scheduler (admission by max_loras), the frontend (an
+adapter is checked against `modules` before any request uses it) and the worker read it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+
+# The linears an adapter may target, by their HF names (Llama family).
+TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+DEFAULT_MAX_LORAS = 1  # vLLM's defaults
+DEFAULT_MAX_LORA_RANK = 16
+
+
+@dataclass(frozen=True)
+class LoRAConfig:
+    max_loras: int = DEFAULT_MAX_LORAS  # adapters in one step (the workers' slots)
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK
+    max_cpu_loras: int | None = None  # adapters each worker keeps loaded (None: max_loras)
+    # Filled by the worker: HF module name -> [in_features, out_features] of the whole
+    # (unsharded) base linear, and the number of decoder layers.
+    modules: dict[str, list[int]] = field(default_factory=dict)
+    num_layers: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_loras", "max_lora_rank"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        cpu = self.max_cpu_loras
+        if cpu is not None and (not isinstance(cpu, int) or cpu < self.max_loras):
+            raise ValueError(
+                f"max_cpu_loras ({cpu!r}) must be an integer >= max_loras ({self.max_loras})."
+            )
+
+    @property
+    def num_cpu_loras(self) -> int:
+        return self.max_cpu_loras or self.max_loras
+
+    def with_model(self, modules: dict[str, list[int]], num_layers: int) -> LoRAConfig:
+        return replace(self, modules=dict(modules), num_layers=num_layers)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> LoRAConfig | None:
+        """ "" means LoRA is off."""
+        return cls(**json.loads(text)) if text else None
