@@ -2,10 +2,10 @@
 
 Every flag is a field of a config dataclass (services/common/flags.py): the engine's
 (EngineArgs), the frontend's protections (FrontendConfig), tool calling
-(ToolServerOptions), the data-parallel router (RouterConfig), TLS (TlsConfig), and, here,
-the serving ports (ServingConfig) and a worker group rank (RankConfig). The parser, the
-argv handed to a child role (`role_argv`) and the flag reference in docs/cli.md all come
-from those fields.
+(ToolServerOptions), served LoRA adapters (LoRAServerOptions), the data-parallel router
+(RouterConfig), TLS (TlsConfig), and, here, the serving ports (ServingConfig) and a worker
+group rank (RankConfig). The parser, the argv handed to a child role (`role_argv`) and
+the flag reference in docs/cli.md all come from those fields.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pagestream.engine_args import EngineArgs
 from services.common.flags import flag, flag_table, to_flags
 from services.common.tls import TlsConfig
 from services.frontend.frontend_config import FrontendConfig
+from services.frontend.lora_options import LoRAServerOptions
 from services.frontend.router import RouterConfig
 from services.frontend.tool_options import ToolServerOptions
 
@@ -51,7 +52,13 @@ class RankConfig:
 
 
 # The frontend role's flags (serve's too): its ports, protections, tool calling, routing.
-FRONTEND_CONFIGS = (ServingConfig, FrontendConfig, ToolServerOptions, RouterConfig)
+FRONTEND_CONFIGS = (
+    ServingConfig,
+    FrontendConfig,
+    ToolServerOptions,
+    LoRAServerOptions,
+    RouterConfig,
+)
 # The engine arguments a frontend itself uses (the name it serves, the sampling defaults).
 FRONTEND_ENGINE_FLAGS = ("served_model_name", "generation_config")
 

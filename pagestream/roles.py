@@ -53,8 +53,27 @@ async def start_http(frontend, ns: argparse.Namespace, model_name: str):
     from services.frontend.openai.http_server import serve_http
 
     names = [ns.served_model_name or model_name]
-    app = build_app(frontend, names, api_key=_api_key(ns), tool_options=tool_options(ns))
+    app = build_app(
+        frontend,
+        names,
+        api_key=_api_key(ns),
+        tool_options=tool_options(ns),
+        lora_runtime_updates=ns.enable_lora_runtime_updates,
+    )
     return await serve_http(app, ns.host, ns.port)
+
+
+def load_lora_modules(frontend, ns: argparse.Namespace) -> None:
+    """--lora-modules: each adapter checked and served by its name (a bad one stops the
+    start, naming the problem)."""
+    from services.frontend.lora_options import LoRAServerOptions
+
+    for module in from_flags(LoRAServerOptions, ns).modules():
+        try:
+            frontend.input_processor.loras.load(module.name, module.path, module.base_model_name)
+        except ValueError as exc:
+            raise SystemExit(f"--lora-modules {module.name}={module.path}: {exc}") from exc
+        logger.info("serving LoRA adapter %s (%s)", module.name, module.path)
 
 
 def tool_options(ns: argparse.Namespace):
@@ -226,6 +245,7 @@ async def run_frontend(ns: argparse.Namespace) -> None:
     ready = asyncio.ensure_future(connecting)
     grpc_server = await serve_frontend(ready, ns.host, ns.grpc_port, tls=tls, api_key=_api_key(ns))
     frontend = await ready  # raises (and exits non-zero) when the scheduler never comes up
+    load_lora_modules(frontend, ns)
     http = await start_http(frontend, ns, frontend.info.model)
     schedulers = ", ".join(ns.scheduler)
     logger.info("frontend: gRPC on %s, scheduler(s) %s", grpc_server.address, schedulers)
@@ -243,6 +263,7 @@ async def run_serve(ns: argparse.Namespace) -> None:
     config = from_flags(FrontendConfig, ns)
     engine = await asyncio.to_thread(AsyncEngine, engine_args(ns), not ns.single_process, config)
     frontend = engine.frontend
+    load_lora_modules(frontend, ns)
     grpc_server = await serve_frontend(
         frontend, ns.host, ns.grpc_port, tls=tls_config(ns), api_key=_api_key(ns)
     )

@@ -6,7 +6,7 @@ its field's name), the config from parsed flags
 (`from_flags`), the argv that hands a config to a child process (`to_flags`: the values
 that differ from what the child's parser would default to) and the flag reference in the
 docs (`flag_table`). A field's type annotation gives the flag's type; a bool becomes
-`--name / --no-name`.
+`--name / --no-name`, a `tuple[str, ...]` takes one or more values (`--name A B`).
 """
 
 from __future__ import annotations
@@ -71,6 +71,8 @@ def _value_type(cls, field: dataclasses.Field):
     """int / float / str / bool from the annotation (`X | None` is X; a union of several
     types, such as a size given as bytes or "4GiB", is read as str)."""
     hint = typing.get_type_hints(cls)[field.name]
+    if typing.get_origin(hint) is tuple:
+        return tuple
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         hint = args[0] if len(args) == 1 else str
@@ -84,6 +86,8 @@ def add_flags(parser: argparse.ArgumentParser, cls, only: Iterable[str] | None =
         options = {"dest": field.name, "default": cli_default(field, spec)}
         if kind is bool:
             options["action"] = argparse.BooleanOptionalAction
+        elif kind is tuple:
+            options.update(nargs="+", type=str, metavar=names[0][2:].upper().replace("-", "_"))
         else:
             options["type"] = kind
             if spec.choices is not None:
@@ -97,7 +101,8 @@ def from_flags(cls, ns: argparse.Namespace, **values):
     """`cls` from parsed flags (those the parser lacks keep the field's default)."""
     for field, _ in flag_fields(cls):
         if field.name not in values and hasattr(ns, field.name):
-            values[field.name] = getattr(ns, field.name)
+            value = getattr(ns, field.name)
+            values[field.name] = tuple(value) if isinstance(value, list) else value
     return cls(**values)
 
 
@@ -114,6 +119,8 @@ def to_flags(config, only: Iterable[str] | None = None) -> list[str]:
             value = json.dumps(dict(value))  # a JSON flag given as a dict (the Python API's)
         if isinstance(value, bool):
             argv.append(name if value else "--no-" + name[2:])
+        elif isinstance(value, tuple | list):
+            argv += [name, *map(str, value)]
         elif str(value).startswith("-"):
             argv.append(f"{name}={value}")  # a separate "-x" would read as a flag
         else:

@@ -15,11 +15,13 @@ from google.protobuf import unknown_fields
 from google.protobuf.message import Message
 
 from services.common.convert import sampling as convert_sampling
+from services.common.lora_request import LoRARequest
 from services.common.outputs import CompletionOutput, Logprob, RequestOutput
 from services.common.proto.pagestream.v1 import generation_pb2
 from services.common.sampling_params import RequestOutputKind, SamplingParams
 from services.common.served_model_info import ServedModelInfo
 from services.frontend.input_processor import new_request_id
+from services.frontend.lora_registry import LoRARegistry
 from services.frontend.request_limits import RequestLimits
 from services.frontend.tokenizer import apply_chat_template
 
@@ -36,6 +38,7 @@ class GenerateCall:
     priority: int = 0
     cache_salt: str | None = None
     add_special_tokens: bool = True
+    lora_request: LoRARequest | None = None
 
     def arguments(self) -> dict:
         return {
@@ -45,6 +48,7 @@ class GenerateCall:
             "priority": self.priority,
             "cache_salt": self.cache_salt,
             "add_special_tokens": self.add_special_tokens,
+            "lora_request": self.lora_request,
         }
 
 
@@ -53,8 +57,10 @@ def generate_call_from_pb(
     request: generation_pb2.GenerateRequest,
     tokenizer,
     defaults: dict | None = None,
+    loras: LoRARegistry | None = None,
 ) -> GenerateCall:
-    """Validate and convert; raises ValueError naming the offending field."""
+    """Validate and convert; raises ValueError naming the offending field. `loras`: the
+    adapters `lora_name` may name."""
     reject_unknown_fields(request, "GenerateRequest")
     prompt, default_special = prompt_from_pb(request, tokenizer)
     params = sampling_params_from_pb(request.sampling_params, defaults)
@@ -66,7 +72,21 @@ def generate_call_from_pb(
         priority=request.priority,
         cache_salt=request.cache_salt if request.HasField("cache_salt") else None,
         add_special_tokens=default_special if special is None else special,
+        lora_request=_lora_of(request, loras),
     )
+
+
+def _lora_of(request: generation_pb2.GenerateRequest, loras) -> LoRARequest | None:
+    if not request.HasField("lora_name"):
+        return None
+    lora = loras.get(request.lora_name) if loras is not None else None
+    if lora is None:
+        served = ", ".join(sorted(loras.adapters)) if loras is not None else ""
+        raise ValueError(
+            f"lora_name {request.lora_name!r}: no such LoRA adapter is served "
+            f"(served: {served or 'none'}; GetModelInfo lists them)."
+        )
+    return lora
 
 
 def check_request_limits(request: generation_pb2.GenerateRequest, limits: RequestLimits) -> None:

@@ -19,6 +19,7 @@ import contextlib
 import logging
 
 from services.common.convert.engine_io import served_model_info_to_pb
+from services.common.convert.lora import lora_to_pb
 from services.common.engine_errors import EngineUnavailableError
 from services.common.grpc_errors import grpc_errors
 from services.common.proto.pagestream.v1 import generation_pb2, generation_pb2_grpc
@@ -68,7 +69,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         frontend = self._ready(context)
         generation_pb.check_request_limits(request, frontend.limits)
         call = generation_pb.generate_call_from_pb(
-            request, frontend.tokenizer, frontend.default_sampling
+            request, frontend.tokenizer, frontend.default_sampling, frontend.input_processor.loras
         )
         self._abort_when_cancelled(context, call.request_id)
         builder = generation_pb.ResponseBuilder(call.request_id)
@@ -98,7 +99,12 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
 
     @grpc_errors
     async def GetModelInfo(self, request, context) -> generation_pb2.ModelInfo:
-        return served_model_info_to_pb(self._ready(context).info)
+        frontend = self._ready(context)
+        info = served_model_info_to_pb(frontend.info)
+        info.lora_adapters.extend(
+            lora_to_pb(a) for a in frontend.input_processor.loras.adapters.values()
+        )
+        return info
 
     # ---- draining and cancellation -------------------------------------------------------
     async def drained(self) -> None:

@@ -19,7 +19,7 @@ import logging
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common.engine_errors import EngineOverloadedError, EngineUnavailableError
@@ -36,11 +36,14 @@ from services.frontend.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    LoadLoRAAdapterRequest,
     TokenizeRequest,
+    UnloadLoRAAdapterRequest,
 )
 from services.frontend.openai.responses import ModelCard, ModelList
 from services.frontend.openai.serving_chat import OpenAIServingChat
 from services.frontend.openai.serving_completions import OpenAIServingCompletion
+from services.frontend.openai.serving_lora import OpenAIServingLoRA
 from services.frontend.openai.serving_tokenization import OpenAIServingTokenization
 from services.frontend.tool_options import ToolServerOptions
 
@@ -95,13 +98,25 @@ def _v1_router(app: FastAPI, api_key: str | None) -> APIRouter:
 
     @router.get("/models")
     async def models() -> ModelList:
-        return ModelList(data=[_card(state, name) for name in state.served_model_names])
+        cards = [_card(state, name) for name in state.served_model_names]
+        return ModelList(data=cards + state.lora.cards())
 
     @router.get("/models/{model:path}")
     async def model(model: str) -> ModelCard:
-        if model not in state.served_model_names:
+        if model in state.served_model_names:
+            return _card(state, model)
+        lora = state.lora.registry.get(model)
+        if lora is None:
             raise ModelNotFoundError(model)
-        return _card(state, model)
+        return state.lora.card(lora)
+
+    @router.post("/load_lora_adapter")
+    async def load_lora_adapter(request: LoadLoRAAdapterRequest) -> PlainTextResponse:
+        return PlainTextResponse(state.lora.load(request))
+
+    @router.post("/unload_lora_adapter")
+    async def unload_lora_adapter(request: UnloadLoRAAdapterRequest) -> PlainTextResponse:
+        return PlainTextResponse(state.lora.unload(request))
 
     return router
 
@@ -157,10 +172,12 @@ def build_app(
     api_key: str | None = None,
     metrics: FrontendMetrics | None = None,
     tool_options: ToolServerOptions | None = None,
+    lora_runtime_updates: bool = False,
 ) -> FastAPI:
     """The HTTP app for one Frontend; `served_model_names` are the names clients may use
-    (the first is the default when a request names none). `tool_options`: the tool-calling
-    and chat-template flags (tool_choice.py)."""
+    (the first is the default when a request names none), and so are the frontend's LoRA
+    adapters. `tool_options`: the tool-calling and chat-template flags (tool_choice.py);
+    `lora_runtime_updates`: the load / unload adapter routes answer."""
     app = FastAPI(title="pagestream", version=_version(), docs_url=None, redoc_url=None)
     state = app.state
     state.frontend = frontend
@@ -170,6 +187,7 @@ def build_app(
     state.completions = OpenAIServingCompletion(*args)
     state.chat = OpenAIServingChat(*args, tool_options=tool_options)
     state.tokenization = OpenAIServingTokenization(*args)
+    state.lora = OpenAIServingLoRA(frontend, state.served_model_names, lora_runtime_updates)
     state.tokenization.default_chat_template = state.chat.tool_options.chat_template
     for exc_class in _MAPPED_ERRORS:
         app.add_exception_handler(exc_class, _error_response)

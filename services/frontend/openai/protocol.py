@@ -232,3 +232,16 @@ class TokenizeRequest(OpenAIBaseModel):
 class DetokenizeRequest(OpenAIBaseModel):
     model: str | None = None
     tokens: list[int]
+
+
+class LoadLoRAAdapterRequest(OpenAIBaseModel):
+    """vLLM's /v1/load_lora_adapter; load_inplace replaces an adapter of that name."""
+
+    lora_name: str
+    lora_path: str
+    load_inplace: bool = False
+
+
+class UnloadLoRAAdapterRequest(OpenAIBaseModel):
+    lora_name: str
+    lora_int_id: int | None = None

@@ -20,6 +20,7 @@ from typing import Protocol, TypeVar
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from services.common.lora_request import LoRARequest
 from services.common.outputs import RequestOutput
 from services.common.sampling_params import RequestOutputKind, SamplingParams
 from services.frontend.metrics import FrontendMetrics, RequestMetrics
@@ -54,6 +55,7 @@ class Job:
     recorder: RequestMetrics
     priority: int = 0
     cache_salt: str | None = None
+    lora_request: LoRARequest | None = None  # the adapter `model` names (None: the base)
 
     @property
     def n(self) -> int:
@@ -118,12 +120,19 @@ class ServingBase:
         return self.frontend.info.vocab_size
 
     def check_model(self, model: str | None) -> str:
-        """The served name a request addresses (the first one when it names none)."""
+        """The served name or LoRA adapter a request addresses (the first served name
+        when it names none)."""
         if model is None:
             return self.served_model_names[0]
-        if model not in self.served_model_names:
+        if model not in self.served_model_names and self.lora_of(model) is None:
             raise ModelNotFoundError(model)
         return model
+
+    def lora_of(self, model: str) -> LoRARequest | None:
+        """The adapter served under the name `model` (None: a base model name)."""
+        if model in self.served_model_names:
+            return None
+        return self.frontend.input_processor.loras.get(model)
 
     @property
     def limits(self):
@@ -213,6 +222,7 @@ class ServingBase:
                 request_id,
                 priority=job.priority,
                 cache_salt=job.cache_salt,
+                lora_request=job.lora_request,
             )
             async with contextlib.aclosing(stream):  # aborts it when cancelled mid-put
                 async for output in stream:

@@ -187,6 +187,7 @@ class OpenAIServingChat(ServingBase):
             recorder=self.metrics.start_request(),
             priority=request.priority,
             cache_salt=request.cache_salt,
+            lora_request=self.lora_of(model),
         )
 
     def _check_limits(self, request: ChatCompletionRequest) -> None:

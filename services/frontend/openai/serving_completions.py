@@ -188,6 +188,7 @@ class OpenAIServingCompletion(ServingBase):
             recorder=self.metrics.start_request(),
             priority=request.priority,
             cache_salt=request.cache_salt,
+            lora_request=self.lora_of(model),
         )
 
     def _check_limits(self, request: CompletionRequest) -> None:
