@@ -60,9 +60,26 @@ class EngineStatsCollector(Collector):
                 metric.add_metric([engine, str(position)], count)
         return metric
 
+    def _lora_requests(self) -> Metric:
+        """vLLM's lora_requests_info: the adapters of running and waiting requests as
+        labels (comma-separated names), the value the time of the engine's stats."""
+        metric = GaugeMetricFamily(
+            "pagestream:lora_requests_info",
+            "LoRA adapters of the running and the waiting requests (value: the time of the "
+            "stats, seconds since the epoch).",
+            labels=["engine", "max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+        )
+        for engine, stats in sorted(self.stats.items()):
+            if stats.max_lora:
+                running = ",".join(stats.running_lora_adapters)
+                waiting = ",".join(stats.waiting_lora_adapters)
+                metric.add_metric([engine, str(stats.max_lora), running, waiting], time.time())
+        return metric
+
     def collect(self) -> Iterable[Metric]:
         if self.model is not None:
             yield from _model_series(self.model)
+        yield self._lora_requests()
         for name, doc, field, family in _ENGINE_SERIES:
             metric = family(f"pagestream:{name}", doc, labels=["engine"])
             for engine, stats in sorted(self.stats.items()):

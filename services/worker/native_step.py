@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -27,10 +28,14 @@ from kernels.attention_metadata import AttentionMetadata
 from services.worker.layers.quantization.model_weights import weight_formats
 from services.worker.parallel_state import tp_all_reduce
 
+if TYPE_CHECKING:
+    from services.worker.lora.lora_slots import LoRASlots
+
 logger = logging.getLogger(__name__)
 
 NATIVE_ENV = "PAGESTREAM_CPU_NATIVE"
 _DTYPES = (torch.float32, torch.bfloat16)
+_EMPTY_INT = torch.empty(0, dtype=torch.int32)
 
 
 def _extension():
@@ -103,6 +108,7 @@ class NativeStep:
         self.stack = stack
         self.rotary = model.layers[model.layer_range.start].self_attn.rotary_emb
         self.tp_size = model.stage.tensor_parallel_size
+        self.lora: LoRASlots | None = None  # bound by bind_lora
 
     @classmethod
     def build(cls, model: nn.Module) -> NativeStep:
@@ -142,6 +148,28 @@ class NativeStep:
             held,
         )
         return cls(model, stack)
+
+    def bind_lora(self, slots: LoRASlots) -> None:
+        """Hands the stack the adapter slots' tensors (by reference: loading an adapter
+        into a slot writes them in place); each step's rows by slot go with forward."""
+        names = {"qkv_proj": "qkv", "o_proj": "o", "gate_up_proj": "gate_up", "down_proj": "down"}
+        start = self.model.layer_range.start
+        for (index, linear), slices in slots.linears.items():
+            self.stack.set_lora(
+                index - start,
+                names[linear],
+                [part.a for part in slices],
+                [part.b for part in slices],
+                [part.layout.out_offset for part in slices],
+            )
+        self.lora = slots
+
+    def _lora_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(each row's slot [T] int32, each slot's rank [S] int32), empty without adapters."""
+        batch = self.lora.batch if self.lora is not None else None
+        if batch is None:
+            return _EMPTY_INT, _EMPTY_INT
+        return batch.token_slots, self.lora.ranks
 
     def weight_bytes(self) -> int:
         """Bytes of the packed weights of the stack."""
@@ -183,5 +211,6 @@ class NativeStep:
             tp_all_reduce if self.tp_size > 1 else None,
             layer_outputs if layer_outputs is not None else torch.empty(0),
             out,
+            *self._lora_rows(),
         )
         return out if last else hidden
