@@ -1,4 +1,5 @@
-"""Triton kernels with kernels.reference's signatures: `reshape_and_cache`, `paged_attention`.
+"""Triton kernels with kernels.reference's signatures: `reshape_and_cache`, `paged_attention`,
+`add_lora`.
 
 Importing this package needs triton but no GPU. The kernels run on CUDA tensors, or on CPU
 tensors through Triton's interpreter when TRITON_INTERPRET=1 was set before the kernels were
@@ -11,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from kernels.triton.launch import paged_attention, reshape_and_cache
+from kernels.triton.lora import add_lora
 from kernels.triton.unified_attention import unified_attention_kernel
 
 
@@ -34,4 +36,10 @@ def unavailable_reason(device: torch.device) -> str | None:
     return None
 
 
-__all__ = ["is_interpreted", "paged_attention", "reshape_and_cache", "unavailable_reason"]
+__all__ = [
+    "add_lora",
+    "is_interpreted",
+    "paged_attention",
+    "reshape_and_cache",
+    "unavailable_reason",
+]

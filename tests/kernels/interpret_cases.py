@@ -22,6 +22,7 @@ import kernels.triton as triton_kernels
 from kernels import reference
 from kernels.attention_metadata import AttentionMetadata
 from kernels.triton.launch import run_paged_attention
+from kernels.triton.lora import add_lora_launches, lora_rows_per_program
 from pagestream import LLM, SamplingParams
 
 if os.environ.get("TRITON_INTERPRET") != "1" or not triton_kernels.is_interpreted():
@@ -209,3 +210,165 @@ def test_engine_greedy_tokens_match_torch_backend(model_dir):
         outputs[backend] = [r.outputs[0].token_ids for r in results]
     assert all(len(tokens) == 5 for tokens in outputs["torch"])
     assert outputs["triton"] == outputs["torch"]
+
+
+# LoRA: slots of rank R (two rank blocks of 16), 0, 5 and 17, one no row uses; K and n are
+# not multiples of the block sizes (64); the slice starts at column 13 of a 110-column y.
+LORA_RANKS = [24, 0, 5, 17, 24]
+LORA_K, LORA_N, LORA_MAX_RANK, LORA_OFFSET, LORA_WIDTH = 70, 90, 24, 13, 110
+# 37 rows in row blocks of 16: one slot, mixed slots with rows of no adapter, one slot (partial).
+LORA_MIXED = [0] * 16 + [-1, 2, 3, 1, 0, -1, 3, 3, 2, -1, 0, 1, 2, 3, -1, 0] + [3] * 5
+# 64 rows in row blocks of 16: no adapter, the rank-0 slot, one slot, mixed.
+LORA_BLOCKS = [-1] * 16 + [1] * 16 + [2] * 16 + [3, -1, 0, 1] * 4
+
+
+@dataclass
+class LoraCase:
+    y: torch.Tensor  # [T, N] float32
+    x: torch.Tensor  # [T, K]
+    a: torch.Tensor  # [S, R, K] float32
+    b: torch.Tensor  # [S, n, R] float32
+    token_slots: torch.Tensor  # [T] int32
+    slot_ranks: torch.Tensor  # [S] int32
+    offset: int
+
+    def args(self, y: torch.Tensor) -> tuple:
+        return y, self.x, self.a, self.b, self.token_slots, self.slot_ranks, self.offset
+
+
+def make_lora_case(slots: list[int], x_dtype: torch.dtype, seed: int = 0) -> LoraCase:
+    """A and B are NaN past each slot's rank, x is NaN on rows that add nothing (no slot or
+    rank 0): a stray read fails the comparison."""
+    gen = torch.Generator().manual_seed(seed)
+    num_slots, rank = len(LORA_RANKS), LORA_MAX_RANK
+    a = torch.randn(num_slots, rank, LORA_K, generator=gen)
+    b = torch.randn(num_slots, LORA_N, rank, generator=gen) * 0.1  # scale folded in
+    for slot, r in enumerate(LORA_RANKS):
+        a[slot, r:] = float("nan")
+        b[slot, :, r:] = float("nan")
+    x = torch.randn(len(slots), LORA_K, generator=gen)
+    idle = torch.tensor([s < 0 or LORA_RANKS[s] == 0 for s in slots])
+    x[idle] = float("nan")
+    return LoraCase(
+        y=torch.randn(len(slots), LORA_WIDTH, generator=gen),
+        x=x.to(x_dtype),
+        a=a,
+        b=b,
+        token_slots=torch.tensor(slots, dtype=torch.int32),
+        slot_ranks=torch.tensor(LORA_RANKS, dtype=torch.int32),
+        offset=LORA_OFFSET,
+    )
+
+
+def check_lora(case: LoraCase, got: torch.Tensor) -> None:
+    """got within the float32 accumulation bound of the float64 reference; untouched bitwise.
+
+    The kernels sum K float32 products (shrink), then r (expand), then add once into y; the
+    reference rounds once. In any summation order m float32 terms lie within ~m*u of the
+    exact sum relative to the sum of their magnitudes (u = 2**-24), so per element
+    |got - expected| <= (K + R) u (|b| @ |a| @ |x|) + 2u |expected| (the adds into y), with
+    a 2x margin for second-order terms. Rows that add nothing and columns outside the slice
+    are bitwise unchanged.
+    """
+    expected = reference.add_lora(case.y.clone(), *case.args(case.y.clone())[1:])
+    assert not got.isnan().any()
+    chain = torch.zeros_like(got, dtype=torch.float64)
+    columns = slice(case.offset, case.offset + LORA_N)
+    for row, slot in enumerate(case.token_slots.tolist()):
+        r = LORA_RANKS[slot] if slot >= 0 else 0
+        if r:
+            magnitude = case.a[slot, :r].double().abs() @ case.x[row].double().abs()
+            chain[row, columns] = case.b[slot, :, :r].double().abs() @ magnitude
+    u = 2.0**-24
+    bound = 2 * ((LORA_K + LORA_MAX_RANK) * u * chain + 2 * u * expected.double().abs())
+    error = (got.double() - expected.double()).abs()
+    assert (error <= bound).all(), (error - bound).max()
+    touched = chain > 0
+    assert touched.any()
+    assert torch.equal(got[~touched], case.y[~touched])
+
+
+@pytest.mark.parametrize("rows_per_program", [1, 16])
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_add_lora_mixed_slots_match_reference(rows_per_program, x_dtype):
+    case = make_lora_case(LORA_MIXED, x_dtype, seed=rows_per_program)
+    y = case.y.clone()
+    shrunk = torch.full((len(LORA_MIXED), LORA_MAX_RANK), float("nan"))  # unwritten: NaN
+    launches = add_lora_launches(*case.args(y), shrunk=shrunk, rows_per_program=rows_per_program)
+    assert [launch.constexprs["ROWS"] for launch in launches] == [rows_per_program] * 2
+    for launch in launches:
+        launch()
+    check_lora(case, y)
+
+
+def test_add_lora_row_blocks_of_no_adapter_rank_zero_one_slot_and_mixed():
+    case = make_lora_case(LORA_BLOCKS, torch.float16, seed=3)
+    y = case.y.clone()
+    for launch in add_lora_launches(*case.args(y), rows_per_program=16):
+        launch()
+    check_lora(case, y)
+
+
+@pytest.mark.parametrize(
+    ("slot", "rows_per_program", "x_dtype"),
+    [
+        (0, 1, torch.float32),
+        (0, 16, torch.bfloat16),
+        (3, 1, torch.bfloat16),
+        (2, 16, torch.float32),
+    ],
+)
+def test_add_lora_one_row(slot, rows_per_program, x_dtype):
+    case = make_lora_case([slot], x_dtype, seed=slot)
+    y = case.y.clone()
+    for launch in add_lora_launches(*case.args(y), rows_per_program=rows_per_program):
+        launch()
+    check_lora(case, y)
+
+
+@pytest.mark.parametrize("slot", [-1, 1])  # no adapter, rank 0: y untouched
+def test_add_lora_one_row_that_adds_nothing(slot):
+    case = make_lora_case([slot], torch.float32)
+    for rows_per_program in (1, 16):
+        y = case.y.clone()
+        for launch in add_lora_launches(*case.args(y), rows_per_program=rows_per_program):
+            launch()
+        assert torch.equal(y, case.y)
+
+
+def test_add_lora_public_entry_point_strided_views():
+    # x a column slice of a wider input, y a column slice of a wider output: strided rows.
+    case = make_lora_case(LORA_MIXED, torch.bfloat16, seed=9)
+    wide_x = torch.zeros(len(LORA_MIXED), LORA_K + 6, dtype=torch.bfloat16)
+    wide_x[:, 3 : 3 + LORA_K] = case.x
+    case.x = wide_x[:, 3 : 3 + LORA_K]
+    wide_y = torch.zeros(len(LORA_MIXED), LORA_WIDTH + 5)
+    y = wide_y[:, 5:]
+    y.copy_(case.y)
+    assert triton_kernels.add_lora(*case.args(y)) is y
+    check_lora(case, y)
+    assert not wide_y[:, :5].any()
+    assert lora_rows_per_program(len(LORA_MIXED)) == 1 and lora_rows_per_program(4096) == 16
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"y": torch.zeros(37, 110, dtype=torch.float64)}, "float32"),
+        ({"x": torch.zeros(37, 70, dtype=torch.int32)}, "bfloat16"),
+        ({"x": torch.zeros(36, 70)}, "one row per row of y"),
+        ({"x": torch.zeros(37, 71)}, "K=70"),
+        ({"b": torch.zeros(5, 90, 23)}, r"\[S, n, R\]"),
+        ({"slot_ranks": torch.zeros(4, dtype=torch.int32)}, r"\[S, n, R\]"),
+        ({"token_slots": torch.zeros(37, dtype=torch.int64)}, "int32"),
+        ({"offset": 21}, "do not fit"),
+        ({"a": torch.zeros(5, 70, 24).transpose(1, 2)}, "contiguous"),
+        ({"a": torch.zeros(24, 70)}, r"a \[S, R, K\]"),
+    ],
+)
+def test_add_lora_rejects_bad_arguments(change, match):
+    case = make_lora_case(LORA_MIXED, torch.float32)
+    names = ("y", "x", "a", "b", "token_slots", "slot_ranks", "offset")
+    args = dict(zip(names, case.args(case.y), strict=True))
+    with pytest.raises(ValueError, match=match):
+        triton_kernels.add_lora(**{**args, **change})

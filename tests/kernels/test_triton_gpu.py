@@ -200,3 +200,40 @@ def test_auto_backend_is_triton_on_cuda_and_the_engine_matches_torch(tmp_path):
         outputs = llm.generate(prompts, params, use_tqdm=False)
         tokens[backend] = [o.outputs[0].token_ids for o in outputs]
     assert tokens["triton"] == tokens["torch"]
+
+
+@pytest.mark.parametrize("rows_per_program", [None, 1])  # None: the heuristic's 16 here
+def test_add_lora_matches_reference_at_llama_sizes(rows_per_program):
+    # The v slice of Llama-3-8B's fused qkv (K 4096 -> n 1024 at column 5120 of 6144), bf16
+    # input, ranks 64 (= R), 8, 0 and 16: a 600-row prefill chunk of one adapter, then 200
+    # decode rows of mixed adapters and none.
+    from kernels.triton.lora import add_lora_launches
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    num_tokens, k, n, max_rank, offset, width = 800, 4096, 1024, 64, 5120, 6144
+    ranks = torch.tensor([64, 8, 0, 16], dtype=torch.int32, device="cuda")
+    a = torch.randn((4, max_rank, k), generator=gen, device="cuda") * k**-0.5
+    b = torch.randn((4, n, max_rank), generator=gen, device="cuda") * 0.1
+    slots = torch.randint(-1, 4, (num_tokens,), generator=gen, device="cuda").int()
+    slots[:600] = 1
+    x = torch.randn((num_tokens, k), generator=gen, device="cuda").bfloat16()
+    y = torch.randn((num_tokens, width), generator=gen, device="cuda")
+    expected = reference.add_lora(y.clone(), x, a, b, slots, ranks, offset)
+    launches = add_lora_launches(
+        y, x, a, b, slots, ranks, offset, rows_per_program=rows_per_program
+    )
+    assert launches[0].constexprs["ROWS"] == (rows_per_program or 16)
+    for launch in launches:
+        launch()
+    torch.cuda.synchronize()
+    # float32 accumulation over K + R terms, then one add into y (see interpret_cases.py).
+    chain = torch.zeros_like(y, dtype=torch.float64)
+    for slot, r in enumerate(ranks.tolist()):
+        rows = slots == slot
+        magnitude = x[rows].double().abs() @ a[slot, :r].double().abs().T
+        chain[rows, offset : offset + n] = magnitude @ b[slot, :, :r].double().abs().T
+    u = 2.0**-24
+    bound = 2 * ((k + max_rank) * u * chain + 2 * u * expected.double().abs())
+    assert ((y.double() - expected.double()).abs() <= bound).all()
+    untouched = chain == 0
+    assert torch.equal(y[untouched], expected[untouched])

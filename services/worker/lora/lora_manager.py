@@ -22,12 +22,20 @@ from services.common.scheduler_output import SchedulerOutput
 from services.worker.lora.adapter_weights import AdapterWeights
 from services.worker.lora.lora_layout import model_modules
 from services.worker.lora.lora_slots import LoRASlots
+from services.worker.models.llama import LlamaForCausalLM
+from services.worker.models.registry import NATIVE_MODELS
 
 logger = logging.getLogger(__name__)
 
 
 class LoRAManager:
     def __init__(self, model: nn.Module, config: LoRAConfig, device: torch.device) -> None:
+        if not isinstance(model, LlamaForCausalLM):
+            raise ValueError(
+                "LoRA adapters are served over the Llama-family models "
+                f"({', '.join(NATIVE_MODELS)}); {type(model).__name__} runs through the "
+                "transformers fallback, without them."
+            )
         text = model.text_config
         self.config = config.with_model(model_modules(text), int(text.num_hidden_layers))
         self.slots = LoRASlots(model, self.config, device)
