@@ -2,9 +2,10 @@
 
 It holds `max_loras` slots and fills them only as plans say (`lora_adapters`: every slot a
 step uses, with its adapter); each row computes with the adapter in the slot the plan
-gives it (`lora_slots`), or the base model. The stand-in model's next token is a pure
-function of the adapter's identity and the sequence, so a row run with another adapter
-than its request's gives another output than `reference_generate`. Every KV slot records
+gives it (`lora_slots`), or the base model. With an adapter the stand-in model is the base
+one under a seed that holds the adapter's identity (its tokens and logprobs both), so a
+row run with another adapter than its request's gives another output than
+`reference_generate`. Every KV slot records
 the adapter that wrote it besides (token, position), and a row reading a slot another
 adapter wrote (a prefix-cache block shared across adapters) fails loudly.
 """
@@ -17,13 +18,17 @@ from services.common.lora_request import LoRARequest
 from services.common.sampling_params import SamplingParams
 from services.common.scheduler_output import SchedulerOutput
 from services.scheduler.request import Request
-from tests.scheduler.stand_in_worker import EOS_TOKEN_ID, StandInWorker, _hash
+from tests.scheduler.stand_in_worker import EOS_TOKEN_ID, StandInWorker, top_logprobs
+from tests.scheduler.stand_in_worker import next_token as base_next_token
 
-VOCAB_SIZE = 1000
+
+def _seed(seed: int | None, adapter: str | None):
+    """The stand-in model with an adapter is the base one under another seed."""
+    return seed if adapter is None else (seed, adapter)
 
 
 def next_token(token_ids: list[int], seed: int | None, adapter: str | None) -> int:
-    return _hash(seed, adapter, token_ids) % VOCAB_SIZE
+    return base_next_token(token_ids, _seed(seed, adapter))
 
 
 def reference_generate(
@@ -96,7 +101,12 @@ class LoRAStandInWorker(StandInWorker):
             assert rid in plan.num_scheduled_tokens, f"{rid} has a slot but no row"
             assert slot in plan.lora_adapters, f"{rid}'s slot {slot} is not in the plan"
         self._plan = plan
-        return super().execute(plan)
+        output = super().execute(plan)
+        for rid in output.logprobs:  # led by the token the row's adapter sampled
+            state = self.states[rid]
+            seed = _seed(state.seed, self.row_adapter(rid))
+            output.logprobs[rid] = [top_logprobs(state.token_ids[:-1], seed, state.logprobs)]
+        return output
 
     def _copy(self, src, src_block: int, dst, dst_block: int) -> None:
         super()._copy(src, src_block, dst, dst_block)
