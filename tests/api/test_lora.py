@@ -5,10 +5,11 @@ use_rslora, the MLP at rank 16 (each with lora_alpha != r). Greedy outputs equal
 (PeftModel in float32; merge_and_unload for one), a divergence only where the reference's
 own top-2 logits tie (tests/helpers/peft_reference.py): requests of several adapters and
 of the base in the same steps, chunked prefill, prefix hits, preemption by recompute and
-by swap, max_loras=1 with three adapters in flight, n > 1 (each sample's log-probabilities
-are the adapter's), chat and streaming. The prefix cache never shares blocks between two
-adapters, the base, or two sets of weights under one name. Bad adapters are refused with a
-ValueError naming the problem, and the engine serves the next request as before.
+by swap, max_loras=1 with three adapters in flight, chat and streaming; prompt
+log-probabilities across chunks and those of n > 1 samples are the adapter's. The prefix
+cache never shares blocks between two adapters, the base, or two sets of weights under
+one name. Bad adapters are refused with a ValueError naming the problem, and the engine
+serves the next request as before.
 
 The tests that compute run on both CPU paths: the default (the native C++ step where it
 applies) and the torch path ($PAGESTREAM_CPU_NATIVE=0). One LLM per configuration and path
@@ -200,6 +201,24 @@ def test_chunked_prefill_and_preemption(engines, path, adapters, peft, mode):
     assert scheduler.num_preemptions > preemptions
     _assert_all_greedy(peft, prompts, loras, outputs, 8)
     _assert_idle(llm)
+
+
+def test_prompt_logprobs_across_chunks_are_the_adapters(engines, path, adapters, peft):
+    """Prompt log-probabilities of prompts split into chunks (two adapters and the base in
+    the same steps): every position's are PEFT's with the request's adapter."""
+    llm = engines("tight", path)
+    prompts = _prompts(14, [19, 13, 17])
+    loras = [adapters["all"], None, adapters["mlp"]]
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1)
+    outputs = _run(llm, prompts, params, loras)
+    for prompt, lora, out in zip(prompts, loras, outputs, strict=True):
+        reference = peft.logprobs(_path(lora), prompt)
+        assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
+        for position in range(1, len(prompt)):
+            token = prompt[position]
+            got = out.prompt_logprobs[position][token].logprob
+            expected = float(reference[position - 1, token])
+            assert got == pytest.approx(expected, abs=1e-4), (lora, position)
 
 
 def test_prefix_hits_stay_within_the_adapter(engines, path, adapters, peft):
