@@ -1,6 +1,6 @@
 """`pagestream bench`: every section of the report (benchmarks/sections.py: throughput /
 serve / memory / all against HF transformers and llama.cpp, the parallel runs, routing,
-structured outputs, precision, latency, serve --peer, quantized, speculative), and the
+structured outputs, precision, latency, serve --peer, quantized, speculative, lora), and the
 measurement tools that write no section (TOOLS: `pagestream bench kernels --flex` runs
 benchmarks/kernels.py).
 
@@ -18,6 +18,9 @@ benchmarks/kernels.py).
     pagestream bench speculative                # ngram / draft models vs none at batch
                                                 # 1/4/16, copy-heavy and default prompts
                                                 # (~10 min; --profile full: ~1 hour)
+    pagestream bench lora                       # 0 / 1 / 4 / 16 random adapters of rank 8
+                                                # and 64 vs the base model, batched and one
+                                                # chat (~10 min; --profile full: ~45 min)
 
 Results accumulate in <docs>/benchmarks/results.json and the report is rewritten whole to
 <docs>/benchmarks.md (tables) with PNG plots in <docs>/benchmarks/ after every section
@@ -139,7 +142,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
         "--rounds",
         type=int,
         default=None,
-        help="parallel, routing, structured, speculative: override the profile's rounds",
+        help="parallel, routing, structured, speculative, lora: override the profile's rounds",
     )
     parallel.add_argument(
         "--no-async-serve",
@@ -173,6 +176,18 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     )
     speculative.add_argument(
         "--prompt-lookup-max", type=int, default=None, help="speculative: ngram's (default 5)"
+    )
+    lora = bench.add_argument_group("lora")
+    lora.add_argument("--lora-ranks", default=None, help="lora: adapter ranks (default 8,64)")
+    lora.add_argument(
+        "--lora-adapters",
+        default=None,
+        help="lora: how many adapters the requests are spread over (default 1,4,16)",
+    )
+    lora.add_argument(
+        "--lora-dir",
+        default=None,
+        help="lora: where its random adapters are made once (default $PAGESTREAM_CACHE/bench-lora)",
     )
     routing = bench.add_argument_group("routing")
     routing.add_argument(

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from benchmarks.report_latency import latency_section
+from benchmarks.report_lora import lora_section
 from benchmarks.report_memory import memory_section
 from benchmarks.report_parallel import parallel_section
 from benchmarks.report_precision import precision_section
@@ -134,6 +135,33 @@ def run_speculative(args, folder, profile, workload, results) -> dict:
         ),
     )
     return load_average(run_speculative, AutoTokenizer.from_pretrained(folder), options)
+
+
+def run_lora(args, folder, profile, workload, results) -> dict:
+    """The base model alone against LoRA on with no adapter and with 1 / 4 / 16 random
+    adapters of rank 8 and 64 (requests spread round-robin) on the default workload, and
+    one chat at a time (benchmarks/lora.py); --num-requests and --rounds override its
+    profile."""
+    from transformers import AutoTokenizer
+
+    from benchmarks.lora import LORA_PROFILES, LoRAOptions, run_lora
+
+    lora = dataclasses.replace(
+        LORA_PROFILES[profile.name],
+        **given(num_requests=args.num_requests, rounds=args.rounds),
+    )
+    options = LoRAOptions(
+        model=folder,
+        profile=lora,
+        workload_profile=profile,
+        kv_cache_memory=args.kv_cache_memory,
+        **given(
+            ranks=listed(args.lora_ranks, int),
+            adapter_counts=listed(args.lora_adapters, int),
+            adapter_dir=args.lora_dir,
+        ),
+    )
+    return load_average(run_lora, AutoTokenizer.from_pretrained(folder), options)
 
 
 def run_serve_peer(args, folder, profile, workload, results) -> dict:
@@ -288,5 +316,6 @@ SECTIONS = (
         "offline",
         own_workload=True,
     ),
+    Section("lora", "lora", run_lora, lora_section, True, "offline", own_workload=True),
 )
 BY_NAME = {s.name: s for s in SECTIONS}

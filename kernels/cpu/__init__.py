@@ -55,7 +55,14 @@ SOURCES = tuple(
 )
 HEADERS = tuple(
     Path(__file__).with_name(name)
-    for name in ("linear.h", "paged_attention.h", "rows.h", "thread_pool.h", "weight_buffer.h")
+    for name in (
+        "linear.h",
+        "lora.h",
+        "paged_attention.h",
+        "rows.h",
+        "thread_pool.h",
+        "weight_buffer.h",
+    )
 )
 _lock = threading.Lock()
 _state: dict = {}  # "module" once built, or "error" (the reason it cannot be)

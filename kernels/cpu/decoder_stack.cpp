@@ -9,14 +9,15 @@
 // cost no extra rounding of the residual. Buffers grow to the largest step seen and are
 // reused; the intra-op thread team of the calling thread runs every parallel part.
 //
-// Extension points: a weight format is a `Linear`; a LoRA add would follow `Linear::run`
-// per row group; rows carry their own causal length, so several query tokens of one
+// Extension points: a weight format is a `Linear`; LoRA adapters add B (A x) after a
+// linear for the rows of each adapter slot (lora.h, bound by set_lora); rows carry their own causal length, so several query tokens of one
 // decoding sequence (speculative verification) need nothing new; with tensor parallelism
 // the row-parallel outputs go through `all_reduce` (a Python callable) before the residual
 // add, in the same call.
 #include <c10/util/BFloat16.h>
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -28,6 +29,7 @@
 #include <pybind11/stl.h>
 
 #include "linear.h"
+#include "lora.h"
 #include "rows.h"
 #include "thread_pool.h"
 #include "paged_attention.h"
@@ -163,10 +165,19 @@ class PartClock {
   std::chrono::steady_clock::time_point last_;
 };
 
+enum LinearIndex { QKV_LINEAR, O_LINEAR, GATE_UP_LINEAR, DOWN_LINEAR, NUM_LINEARS };
+constexpr const char* LINEAR_NAMES[NUM_LINEARS] = {"qkv", "o", "gate_up", "down"};
+
 struct Layer {
   std::shared_ptr<Linear> qkv, o, gate_up, down;
   std::vector<float> input_norm, post_norm;
   int64_t sliding_window;
+  LinearLoRA lora[NUM_LINEARS];  // adapter slices bound to each linear (empty: none)
+
+  const Linear& linear(int index) const {
+    const std::shared_ptr<Linear>* all[NUM_LINEARS] = {&qkv, &o, &gate_up, &down};
+    return **all[index];
+  }
 };
 
 // Top `k` logits of each row recomputed exactly: float32 hidden row . float32 of the weight
@@ -296,6 +307,45 @@ class DecoderStack {
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
+  // LoRA slices of one linear of layer `layer` ("qkv", "o", "gate_up" or "down"): slice i
+  // adds B_i (A_i x) into output columns [offsets[i], offsets[i] + n_i) (lora.h). The
+  // tensors are held; `load_lora_slot` copies a slot after Python wrote it.
+  void set_lora(int64_t layer, const std::string& name, const std::vector<at::Tensor>& a,
+                const std::vector<at::Tensor>& b, const std::vector<int64_t>& offsets) {
+    TORCH_CHECK(layer >= 0 && layer < num_layers(), "DecoderStack.set_lora: layer ", layer,
+                " of ", num_layers());
+    const auto* found = std::find(LINEAR_NAMES, LINEAR_NAMES + NUM_LINEARS, name);
+    TORCH_CHECK(found != LINEAR_NAMES + NUM_LINEARS, "DecoderStack.set_lora: no linear ", name,
+                " (qkv, o, gate_up, down)");
+    TORCH_CHECK(a.size() == b.size() && a.size() == offsets.size(),
+                "DecoderStack.set_lora: one A, B and offset per slice");
+    const int index = static_cast<int>(found - LINEAR_NAMES);
+    Layer& target = layers_[layer];
+    const Linear& linear = target.linear(index);
+    LinearLoRA slices;
+    for (size_t i = 0; i < a.size(); ++i) {
+      slices.emplace_back(a[i], b[i], offsets[i], linear.in_features(), linear.out_features(),
+                          linear.input_type());
+      TORCH_CHECK(slices.back().slots == slices.front().slots,
+                  "DecoderStack.set_lora: every slice has the same slots");
+    }
+    target.lora[index] = std::move(slices);
+  }
+
+  // Copies adapter slot `slot` of every bound slice from its tensors (after Python loaded
+  // an adapter into them).
+  void load_lora_slot(int64_t slot) {
+    for (auto& layer : layers_) {
+      for (auto& slices : layer.lora) {
+        for (auto& slice : slices) {
+          TORCH_CHECK(slot >= 0 && slot < slice.slots, "DecoderStack.load_lora_slot: slot ",
+                      slot, " of ", slice.slots);
+          slice.load_slot(slot);
+        }
+      }
+    }
+  }
+
   // Bytes of every packed weight of the stack (the norms' float32 included).
   int64_t weight_bytes() const {
     int64_t bytes = 0;
@@ -326,10 +376,12 @@ class DecoderStack {
                const std::vector<at::Tensor>& kv_caches, const at::Tensor& slot_mapping,
                const at::Tensor& block_table, const at::Tensor& query_start_loc,
                const at::Tensor& seq_lens, const py::object& all_reduce,
-               at::Tensor layer_outputs, at::Tensor out) {
+               at::Tensor layer_outputs, at::Tensor out, const at::Tensor& lora_slots,
+               const at::Tensor& lora_ranks) {
     const int64_t rows = hidden.size(0);
     check_step(hidden, cos, sin, kv_caches, slot_mapping, block_table, query_start_loc, seq_lens);
     plan_rows(query_start_loc, seq_lens, rows);
+    lora_rows_.plan(lora_slots, lora_ranks, rows);
     reserve(rows);
     float* x = hidden.data_ptr<float>();
     const bool reduce = !all_reduce.is_none();
@@ -443,15 +495,28 @@ class DecoderStack {
     return act();
   }
 
-  // x += linear(input): straight into the residual, or through all_reduce first.
-  void add_row_parallel(const Linear& linear, const void* input, float* x, int64_t rows,
-                        const py::object* all_reduce) {
+  // out += the adapters' B (A input) for this step's rows with one (input: `linear`'s).
+  void add_lora_rows(const LinearLoRA& lora, const Linear& linear, const void* input,
+                     float* out, int64_t ld) const {
+    if (lora.empty() || lora_rows_.empty()) return;
+    with_type(linear.input_type(), [&](auto tv) {
+      using T = decltype(tv);
+      add_lora(lora, lora_rows_, static_cast<const T*>(input), linear.in_features(), out, ld);
+    });
+  }
+
+  // x += linear(input) (+ its LoRA adds): straight into the residual, or through
+  // all_reduce first.
+  void add_row_parallel(const Linear& linear, const LinearLoRA& lora, const void* input,
+                        float* x, int64_t rows, const py::object* all_reduce) {
     const int64_t k = linear.in_features();
     if (all_reduce == nullptr) {
       linear.run(input, rows, k, x, hidden_, true);
+      add_lora_rows(lora, linear, input, x, hidden_);
       return;
     }
     linear.run(input, rows, k, partial_.data(), hidden_, false);
+    add_lora_rows(lora, linear, input, partial_.data(), hidden_);
     {
       py::gil_scoped_acquire gil;
       (*all_reduce)(torch::from_blob(partial_.data(), {rows, hidden_}, at::kFloat));
@@ -470,6 +535,7 @@ class DecoderStack {
     clock_.start();
     const void* normed = matmul_input(*layer.qkv, x, rows, hidden_, layer.input_norm.data());
     layer.qkv->run(normed, rows, hidden_, qkv_.data(), ld, false);  // [T, (H + 2K) * D]
+    add_lora_rows(layer.lora[QKV_LINEAR], *layer.qkv, normed, qkv_.data(), ld);
     clock_.stop(NORM_QKV);
     const float* c = cos.data_ptr<float>();
     const float* s = sin.data_ptr<float>();
@@ -492,20 +558,21 @@ class DecoderStack {
       clock_.stop(ATTENTION);
     }
     const void* mixed = matmul_input(*layer.o, attn_.data(), rows, q_width, nullptr);
-    add_row_parallel(*layer.o, mixed, x, rows, all_reduce);
+    add_row_parallel(*layer.o, layer.lora[O_LINEAR], mixed, x, rows, all_reduce);
     clock_.stop(O_PROJ);
   }
 
   void mlp_block(const Layer& layer, float* x, int64_t rows, const py::object* all_reduce) {
     const void* normed = matmul_input(*layer.gate_up, x, rows, hidden_, layer.post_norm.data());
     layer.gate_up->run(normed, rows, hidden_, gate_up_.data(), 2 * intermediate_, false);
+    add_lora_rows(layer.lora[GATE_UP_LINEAR], *layer.gate_up, normed, gate_up_.data(), 2 * intermediate_);
     clock_.stop(NORM_GATE_UP);
     with_type(layer.down->input_type(), [&](auto tv) {
       using T = decltype(tv);
       silu_mul_rows(static_cast<T*>(act()), gate_up_.data(), rows, intermediate_);
     });
     clock_.stop(SILU);
-    add_row_parallel(*layer.down, act(), x, rows, all_reduce);
+    add_row_parallel(*layer.down, layer.lora[DOWN_LINEAR], act(), x, rows, all_reduce);
     clock_.stop(DOWN);
   }
 
@@ -518,6 +585,7 @@ class DecoderStack {
   std::vector<uint8_t> act_;  // the next matmul's input, in its weight's input type
   void* act() { return act_.data(); }
   std::vector<int32_t> row_seq_, row_len_;
+  LoRARows lora_rows_;  // this step's rows with an adapter
   PartClock clock_;
 };
 
@@ -526,10 +594,16 @@ void bind_native_step(py::module_& m) {
       .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, at::Tensor>())
       .def("add_layer", &DecoderStack::add_layer)
       .def("num_layers", &DecoderStack::num_layers)
+      .def("set_lora", &DecoderStack::set_lora)
+      .def("load_lora_slot", &DecoderStack::load_lora_slot)
       .def("weight_bytes", &DecoderStack::weight_bytes)
       .def("set_profiling", &DecoderStack::set_profiling)
       .def("profile", &DecoderStack::profile)
-      .def("forward", &DecoderStack::forward, py::call_guard<py::gil_scoped_release>());
+      .def("forward", &DecoderStack::forward, py::arg("hidden"), py::arg("cos"), py::arg("sin"),
+           py::arg("kv_caches"), py::arg("slot_mapping"), py::arg("block_table"),
+           py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("all_reduce"),
+           py::arg("layer_outputs"), py::arg("out"), py::arg("lora_slots") = at::Tensor(),
+           py::arg("lora_ranks") = at::Tensor(), py::call_guard<py::gil_scoped_release>());
   py::class_<PackedLinear>(m, "PackedLinear")
       .def(py::init<at::Tensor, at::Tensor>())
       .def_static("quantized", &PackedLinear::quantized)

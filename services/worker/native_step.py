@@ -150,8 +150,9 @@ class NativeStep:
         return cls(model, stack)
 
     def bind_lora(self, slots: LoRASlots) -> None:
-        """Hands the stack the adapter slots' tensors (by reference: loading an adapter
-        into a slot writes them in place); each step's rows by slot go with forward."""
+        """Hands the stack the adapter slots' tensors; the stack copies a slot into its own
+        layout whenever an adapter is loaded into it, and each step's rows by slot go with
+        forward."""
         names = {"qkv_proj": "qkv", "o_proj": "o", "gate_up_proj": "gate_up", "down_proj": "down"}
         start = self.model.layer_range.start
         for (index, linear), slices in slots.linears.items():
@@ -162,6 +163,7 @@ class NativeStep:
                 [part.b for part in slices],
                 [part.layout.out_offset for part in slices],
             )
+        slots.on_load.append(self.stack.load_lora_slot)
         self.lora = slots
 
     def _lora_rows(self) -> tuple[torch.Tensor, torch.Tensor]:

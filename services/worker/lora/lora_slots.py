@@ -8,6 +8,7 @@ row of the step has an adapter, and then the linears add nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,6 +73,9 @@ class LoRASlots:
         self.ranks_host = [0] * num_slots
         self.identities: list[str | None] = [None] * num_slots
         self.batch: LoRABatch | None = None
+        # Called with a slot's index after an adapter was written into it (the native
+        # step copies the slot into its own layout).
+        self.on_load: list[Callable[[int], None]] = []
         # (layer index, fused linear name) -> its slices
         self.linears: dict[tuple[int, str], list[LoRASlice]] = {}
         decoder = model.model
@@ -97,7 +101,7 @@ class LoRASlots:
         }
 
     def load(self, slot: int, adapter: AdapterWeights) -> None:
-        """Writes `adapter` into `slot` (in place: the native step holds these tensors)."""
+        """Writes `adapter` into `slot` (in place; then the on_load listeners run)."""
         for (index, _), slices in self.linears.items():
             for part in slices:
                 part.a[slot].zero_()
@@ -110,6 +114,8 @@ class LoRASlots:
         self.ranks[slot] = adapter.rank
         self.ranks_host[slot] = adapter.rank
         self.identities[slot] = adapter.identity
+        for listener in self.on_load:
+            listener(slot)
 
     def set_batch(self, token_slots: np.ndarray | None) -> None:
         """The step's rows: token_slots [T] int32, row t's slot or -1 (None: no adapter)."""

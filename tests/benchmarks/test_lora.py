@@ -1,0 +1,212 @@
+"""`pagestream bench lora --profile smoke` on a tiny model: every configuration runs beside
+the base model, LoRA on with no adapter keeps the base model's greedy tokens, the random
+adapters are made once and pass the engine's checks, and the report renders its tables
+and targets; the configurations and the targets on their own."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from benchmarks.cli import add_bench_parser, run_bench
+from benchmarks.lora import (
+    BASE,
+    LORA_PROFILES,
+    NO_ADAPTER,
+    STAMP,
+    LoRAOptions,
+    adapter_folders,
+    check_targets,
+    configurations,
+    spread,
+)
+from benchmarks.report_lora import HEADING, lora_section
+from benchmarks.workload import PROFILES
+
+LABELS = [
+    BASE,
+    NO_ADAPTER,
+    "1 adapter, rank 8",
+    "4 adapters, rank 8",
+    "16 adapters, rank 8",
+    "1 adapter, rank 64",
+    "4 adapters, rank 64",
+    "16 adapters, rank 64",
+]
+CHATS = [BASE, NO_ADAPTER, "1 adapter, rank 8", "1 adapter, rank 64"]
+
+
+def _options(model: str = "/models/base", **changes) -> LoRAOptions:
+    return LoRAOptions(
+        model=model, profile=LORA_PROFILES["smoke"], workload_profile=PROFILES["smoke"], **changes
+    )
+
+
+def test_configurations():
+    setups = configurations(_options())
+    assert [s.label for s in setups] == LABELS
+    assert setups[0].engine_kwargs() == {} and setups[0].chat
+    assert setups[1].engine_kwargs() == {
+        "enable_lora": True,
+        "max_loras": 16,
+        "max_lora_rank": 64,
+        "max_cpu_loras": 16,
+    }
+    assert setups[1].adapters == 0 and setups[1].chat_label == NO_ADAPTER
+    assert setups[3].engine_kwargs()["max_loras"] == 4 and setups[3].limits == (4, 8)
+    assert [s.chat_label for s in setups if s.chat] == CHATS
+    assert spread(["a", "b", "c"], 7) == ["a", "b", "c", "a", "b", "c", "a"]
+    assert spread([], 2) == [None, None]
+    fewer = configurations(_options(ranks=(16,), adapter_counts=(2, 3)))
+    assert [s.label for s in fewer if s.chat] == [BASE, NO_ADAPTER, "2 adapters, rank 16"]
+    assert fewer[2].chat_label == "1 adapter, rank 16"
+
+
+def test_targets():
+    runs = [
+        {"adapters": 0, "rank": None, "vs_base": 0.99},
+        {"adapters": 4, "rank": 8, "vs_base": 0.85},
+        {"adapters": 16, "rank": 8, "vs_base": 0.69},
+        {"adapters": 4, "rank": 64, "vs_base": 0.7},
+        {"adapters": 1, "rank": 64, "vs_base": 0.9},
+    ]
+    checked = check_targets(runs)
+    assert [(t["adapters"], t["rank"], t["met"], t["issue_target"]) for t in checked] == [
+        (4, 8, True, True),  # exactly 15%: met
+        (16, 8, False, True),
+        (4, 64, False, False),
+    ]
+    assert checked[1]["cost"] == 0.31 and checked[1]["max_cost"] == 0.3
+
+
+def _run(tmp_path, model: str, *extra: str) -> dict:
+    parser = argparse.ArgumentParser()
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    argv = ["bench", "lora", "--profile", "smoke", "--model", model]
+    argv += ["--docs-dir", str(tmp_path), "--kv-cache-memory", "16MiB", *extra]
+    assert run_bench(parser.parse_args(argv)) == 0
+    return json.loads((tmp_path / "benchmarks" / "results.json").read_text())
+
+
+def test_bench_lora_smoke(model_dir, tmp_path):
+    model = str(model_dir("llama"))
+    adapters = tmp_path / "adapters"
+    results = _run(tmp_path, model, "--lora-dir", str(adapters))
+    assert "meta" not in results  # the other sections' meta is left alone
+    part = results["lora"]["offline"]
+    assert "pagestream bench lora --profile smoke" in part["meta"]["command"]
+    assert "workload" not in part["meta"] and part["workload"]["num_requests"] == 16
+    assert [r["config"] for r in part["runs"]] == LABELS
+    assert [r["config"] for r in part["chat"]] == CHATS
+    for run in part["runs"] + part["chat"]:
+        assert run["output_tok_s"] > 0 and run["vs_base"] > 0 and run["tpot_ms"] > 0, run
+        assert run["enable_lora"] == (run["config"] != BASE)
+    by_label = {r["config"]: r for r in part["runs"]}
+    assert by_label[BASE]["vs_base"] == 1.0 and by_label[BASE]["requests"] == 16
+    for runs in (part["runs"], part["chat"]):  # LoRA on, no adapter: the base model's tokens
+        off = next(r for r in runs if r["config"] == NO_ADAPTER)
+        assert off["equal_outputs"] == off["requests"] > 0, off
+    assert part["chat"][0]["requests"] == 2
+    assert by_label["16 adapters, rank 64"]["max_loras"] == 16
+    checked = {(t["adapters"], t["rank"]) for t in part["targets"]}
+    assert checked == {(4, 8), (16, 8), (4, 64), (16, 64)}
+    assert all(isinstance(t["met"], bool) for t in part["targets"])
+    assert [r["rank"] for r in part["adapters"]["per_rank"]] == [8, 64]
+    made = sorted(adapters.iterdir())
+    assert len(made) == 32 and all((f / STAMP).is_file() for f in made)
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert text.count(HEADING) == 1 and "### One chat" in text
+    assert "Target: 4 adapters of rank 8 cost at most 15%" in text
+    for line in text.splitlines():
+        if line.startswith("|") and not line.startswith("|---"):
+            assert line.endswith("|") and "None" not in line, line
+    # Made once: a second look at the same model finds every folder as it was.
+    options = _options(model=model, adapter_dir=str(adapters))
+    times = {f: os.stat(f / STAMP).st_mtime_ns for f in made}
+    again = adapter_folders(options)
+    assert sorted(Path(p) for paths in again.values() for p in paths) == made
+    assert times == {f: os.stat(f / STAMP).st_mtime_ns for f in made}
+
+
+def test_adapters_pass_the_engines_checks(model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from services.common.lora_adapter import inspect_adapter
+    from services.common.lora_config import TARGET_MODULES, LoRAConfig
+
+    model = model_dir("llama")
+    options = _options(model=str(model), ranks=(4,), adapter_counts=(2,), adapter_dir=str(tmp_path))
+    folders = adapter_folders(options)[4]
+    hf = AutoModelForCausalLM.from_pretrained(model)
+    layers = hf.model.layers
+    modules = {
+        name: [linear.in_features, linear.out_features]
+        for name, linear in layers[0].named_modules()
+        if name.rsplit(".", 1)[-1] in TARGET_MODULES
+    }
+    modules = {name.rsplit(".", 1)[-1]: shape for name, shape in modules.items()}
+    lora = LoRAConfig(max_lora_rank=4).with_model(modules, len(layers))
+    specs = [inspect_adapter(folder, lora) for folder in folders]
+    assert all(s.rank == 4 and s.scale == 1.0 for s in specs)
+    assert specs[0].modules == set(TARGET_MODULES)
+    assert len(specs[0].targets) == len(TARGET_MODULES) * len(layers)
+    assert specs[0].digest != specs[1].digest  # each its own seed
+
+
+def test_report_renders_tables_and_targets():
+    def run(config, adapters, rank, tok_s, vs_base, equal=4):
+        return {
+            "config": config,
+            "enable_lora": config != BASE,
+            "adapters": adapters,
+            "rank": rank,
+            "requests": 4,
+            "output_tok_s": tok_s,
+            "vs_base": vs_base,
+            "tpot_ms": 20.0,
+            "tpot_vs_base": 1.1,
+            "equal_outputs": equal,
+        }
+
+    runs = [
+        run(BASE, 0, None, 100.0, 1.0),
+        run(NO_ADAPTER, 0, None, 99.0, 0.99),
+        run("4 adapters, rank 8", 4, 8, 90.0, 0.9, equal=1),
+        run("16 adapters, rank 8", 16, 8, 60.0, 0.6, equal=0),
+    ]
+    part = {
+        "meta": {"command": "pagestream bench lora --profile quick", "machine": {}},
+        "threads": 2,
+        "dtype": "bfloat16",
+        "weight_bytes": 270e6,
+        "rounds": 2,
+        "chat_requests": 2,
+        "chat_max_tokens": 128,
+        "adapters": {
+            "std": 0.01,
+            "targets": ["q_proj", "v_proj"],
+            "per_rank": [{"rank": 8, "count": 16, "file_bytes": 9.8e6}],
+        },
+        "workload": {
+            "num_requests": 4,
+            "prompt_tokens": 1000,
+            "prompt_median": 250.0,
+            "prompt_max": 400,
+            "output_tokens": 500,
+            "output_median": 120.0,
+            "output_max": 200,
+        },
+        "runs": runs,
+        "chat": [runs[0], {**runs[2], "config": "1 adapter, rank 8", "adapters": 1}],
+        "targets": check_targets(runs),
+    }
+    text = "\n".join(lora_section(part))
+    assert text.startswith(HEADING) and "rank 8: 16 of 9.8 MB each" in text
+    assert "| 4 adapters, rank 8 | 4 | 8 | 90.0 | 0.9 | 20.0 | 1.1 | 1 of 4 |" in text
+    assert f"| {BASE} | 0 | - | 100.0 | 1.0 | 20.0 | 1.1 | 4 of 4 |" in text
+    assert "| 1 adapter, rank 8 | 8 | 20.0 | 1.1 | 90.0 | 0.9 | 1 of 4 |" in text
+    assert "4 adapters of rank 8 cost at most 15%" in text and "10.0%: **met**" in text
+    assert "16 adapters of rank 8 cost at most 30%" in text and "40.0%: **missed**" in text
+    assert "LoRA on with no adapter: x0.99" in text and "for 4 of 4 requests" in text
