@@ -95,11 +95,14 @@ class LLM:
 
     def _collect(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         results: dict[str, RequestOutput] = {}
+        # Only these requests' outputs: a call refused after admitting some of its prompts
+        # left their aborts' final outputs for the next step (see _run).
+        wanted = set(ids)
         bar = tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm)
         start, num_tokens = time.perf_counter(), 0
         while len(results) < len(ids) and self.engine.has_unfinished_requests():
             for output in self.engine.step():
-                if output.finished:
+                if output.finished and output.request_id in wanted:
                     results[output.request_id] = output
                     num_tokens += sum(len(o.token_ids) for o in output.outputs)
                     bar.update(1)
