@@ -473,3 +473,29 @@ async def test_async_engine_streams_with_adapters(lora_engine, adapters, peft):
         await stream(LoRARequest("nowhere", 91, "/nonexistent/adapter"))
     again = await stream(loras[0])
     assert tuple(t for chunk in again for t in chunk) == ids[0]
+
+
+def test_a_folder_rewritten_in_place_never_mixes_weights(folder, adapters, peft, tmp_path):
+    """The same LoRARequest (name, id, path) asked for again after its folder was rewritten
+    with other weights and the worker let the old weights go (max_cpu_loras=1): the output
+    is the old weights' (one identity, one set of weights) or the new weights' (a new
+    identity, then no block of the old weights is read), never a mix of both."""
+    llm = LLM(str(folder), **dict(ENGINES["one"], max_cpu_loras=1))
+    targets = ["q_proj", "v_proj"]
+    path = save_adapter(folder, tmp_path / "x", seed=40, r=4, lora_alpha=8, target_modules=targets)
+    old_copy = shutil.copytree(path, tmp_path / "x-old")
+    prompt = _prompts(13, [24])[0]
+    params = SamplingParams(temperature=0, max_tokens=6)
+    first = _run(llm, [prompt], params, LoRARequest("rewritten", 60, str(path)))[0]
+    old = peft.assert_greedy(old_copy, prompt, list(first.outputs[0].token_ids), 6)
+    save_adapter(folder, path, seed=41, r=4, lora_alpha=8, target_modules=targets)
+    new = peft.greedy(path, prompt, 6)
+    assert new != old
+    _run(llm, [prompt], params, adapters["qv"])  # another adapter takes the slot and host
+    out = _run(llm, [prompt], params, LoRARequest("rewritten", 60, str(path)))[0]
+    got = list(out.outputs[0].token_ids)
+    llm.engine.close()
+    assert got == old or (got == new and out.num_cached_tokens == 0), (
+        f"got {got} with {out.num_cached_tokens} cached tokens; the old weights give {old}, "
+        f"the new ones {new}"
+    )
