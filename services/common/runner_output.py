@@ -36,3 +36,6 @@ class RunnerOutput:
     # Speculative decoding: request_id -> the tokens proposed to follow its new tokens,
     # for the scheduler to schedule next step (requests without proposals are absent).
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    # request_id -> why its step could not run as asked (its LoRA adapter would not load):
+    # the scheduler ends it with finish reason "error" and that message.
+    request_errors: dict[str, str] = field(default_factory=dict)

@@ -11,13 +11,20 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 
-from services.common.lora_adapter import LoRAAdapterError, inspect_adapter
+from services.common.lora_adapter import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    LoRAAdapterError,
+    inspect_adapter,
+)
 from services.common.lora_config import LoRAConfig
 from services.common.lora_request import LoRARequest
 
-# Checked adapters remembered, by (name, id, path): LLM.generate passes the same
-# LoRARequest with every call and its files are read once.
+# Checked adapters remembered, by (name, id, path, the files' sizes and times): LLM.generate
+# passes the same LoRARequest with every call and its files are read once (again when they
+# change: new weights under the same request get a new digest, hence a new identity).
 _MAX_CHECKED = 1024
 
 
@@ -25,7 +32,7 @@ class LoRARegistry:
     def __init__(self, lora_config: str) -> None:
         self.config = LoRAConfig.from_json(lora_config)
         self.adapters: dict[str, LoRARequest] = {}  # served by name
-        self._checked: dict[tuple[str, int, str], LoRARequest] = {}
+        self._checked: dict[tuple, LoRARequest] = {}
         # Ids for named adapters, far from the small ids LLM users pick by hand.
         self._ids = itertools.count(1 << 32)
 
@@ -40,7 +47,7 @@ class LoRARegistry:
                 f"the request asks for the LoRA adapter {lora.lora_name!r}, but LoRA is not "
                 "enabled: start the engine with --enable-lora."
             )
-        key = (lora.lora_name, lora.lora_int_id, lora.lora_path)
+        key = (lora.lora_name, lora.lora_int_id, lora.lora_path, _files_stamp(lora.lora_path))
         checked = self._checked.get(key)
         if checked is None:
             spec = inspect_adapter(lora.lora_path, self.config)
@@ -68,3 +75,15 @@ class LoRARegistry:
 
     def get(self, name: str) -> LoRARequest | None:
         return self.adapters.get(name)
+
+
+def _files_stamp(path: str) -> tuple:
+    """(size, mtime_ns) of the adapter's files; () when they are missing (the check says)."""
+    stamp = []
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        try:
+            info = os.stat(os.path.join(path, name))
+        except OSError:
+            return ()
+        stamp += [info.st_size, info.st_mtime_ns]
+    return tuple(stamp)

@@ -105,6 +105,10 @@ class BlockPool:
             blocks.append(block)
         return blocks
 
+    def uncache(self, block: KVCacheBlock) -> None:
+        """The block leaves the prefix cache (its contents stay until it is reused)."""
+        self._evict(block)
+
     def _evict(self, block: KVCacheBlock) -> None:
         if block.block_hash is None:
             return

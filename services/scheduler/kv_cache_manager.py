@@ -150,6 +150,13 @@ class KVCacheManager:
         self._rewritten.discard(rid)
         return True
 
+    def uncache(self, request: Request) -> None:
+        """Forget the hashes of the request's blocks no other request holds (their
+        contents are not to be trusted), before it frees them."""
+        for block in self.req_to_blocks.get(request.request_id, []):
+            if block.ref_cnt == 1:
+                self.pool.uncache(block)
+
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first so a chain's tail is evicted before its head."""
         rid = request.request_id

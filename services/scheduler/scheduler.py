@@ -376,6 +376,10 @@ class Scheduler:
             request = landed.get(rid)
             if request is None or request.is_finished:
                 continue  # aborted while its step ran (its id may be in use again)
+            if rid in runner_output.request_errors:
+                self._fail(request, runner_output.request_errors[rid])
+                outputs.setdefault(request.client_id, []).append(request.to_output([]))
+                continue
             try:
                 new_outputs = self._request_outputs(request, token_ids, plan, runner_output)
             except Exception:
@@ -454,6 +458,13 @@ class Scheduler:
     def is_blocked(self, request: Request) -> bool:
         """It, or a sequence of its group, has a step in flight: not schedulable now."""
         return self.in_flight.blocks(request)
+
+    def _fail(self, request: Request, error: str) -> None:
+        """End a request whose step the worker could not run as asked; the blocks that step
+        wrote are wrong, so they leave the prefix cache."""
+        request.error = error
+        self.kv.uncache(request)
+        self._finish(request, RequestStatus.FINISHED_ERROR)
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         request.status = status

@@ -59,8 +59,9 @@ class ModelRunner:
         if plan.total_num_scheduled_tokens == 0:
             return RunnerOutput(timings=StepTimings(prepare_s=time.perf_counter() - start))
         inputs = self.input_batch.prepare(plan, with_sampling=self.rank.is_output_rank)
+        errors = {}
         if self.lora is not None:
-            self.lora.prepare(plan, inputs.request_ids, inputs.query_start_loc_host)
+            errors = self.lora.prepare(plan, inputs.request_ids, inputs.query_start_loc_host)
         prepared = time.perf_counter()
         hidden = self._forward(inputs)  # [num_tokens, hidden_size]
         forwarded = time.perf_counter()
@@ -78,6 +79,7 @@ class ModelRunner:
             prompt_logprobs=prompt_logprobs,
             timings=StepTimings(prepared - start, forwarded - prepared, done - forwarded),
             spec_token_ids=spec_token_ids,
+            request_errors=errors,
         )
 
     def _propose(

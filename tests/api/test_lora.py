@@ -17,6 +17,7 @@ for the module."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import shutil
@@ -26,6 +27,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from pagestream import LLM, AsyncEngine, LoRARequest, RequestOutputKind, SamplingParams
+from services.common.block_hash import hash_request_tokens
 from services.worker.native_step import NATIVE_ENV
 from tests.helpers.parallel import set_preemption_mode
 from tests.helpers.peft_reference import ATTENTION, MLP, PeftReference, save_adapter
@@ -499,3 +501,33 @@ def test_a_folder_rewritten_in_place_never_mixes_weights(folder, adapters, peft,
         f"got {got} with {out.num_cached_tokens} cached tokens; the old weights give {old}, "
         f"the new ones {new}"
     )
+
+
+def test_an_adapter_that_will_not_load_on_the_worker_fails_only_its_request(
+    engines, adapters, tmp_path
+):
+    """The frontend checked the adapter, then its folder went away before a worker loaded
+    it: that request ends with finish reason "error" naming the adapter, its blocks leave
+    the prefix cache, and the engine serves on (base and other adapters)."""
+    llm = engines("main")
+    folder = shutil.copytree(adapters["qv"].lora_path, tmp_path / "vanishing")
+    lora = llm.engine.input_processor.loras.check(LoRARequest("vanishing", 99, str(folder)))
+    shutil.rmtree(folder)
+    prompt = _prompts(7, [40])[0]
+    params = SamplingParams(temperature=0, max_tokens=4)
+    processor = llm.engine.input_processor
+    request, state = processor.make_request(None, {"prompt_token_ids": prompt}, params)
+    request = dataclasses.replace(request, lora_request=lora)  # past the frontend's check
+    llm.engine.output_processor.add(state)
+    llm.engine.core.add_request(request)
+    final = None
+    while llm.engine.has_unfinished_requests():
+        for output in llm.engine.step():
+            if output.request_id == request.request_id and output.finished:
+                final = output
+    assert final is not None and final.outputs[0].finish_reason == "error"
+    pool = llm.engine.scheduler.kv.pool
+    hashes = hash_request_tokens(prompt, 4, lora_identity=lora.identity)
+    assert hashes and not any(h in pool.cached_block_hash_to_block for h in hashes)
+    for other in (None, adapters["qv"]):  # the base and other adapters still run
+        assert _run(llm, [prompt], params, [other])[0].outputs[0].finish_reason == "length"

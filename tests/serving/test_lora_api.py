@@ -428,3 +428,13 @@ async def test_metrics_show_the_adapters_of_running_requests(server):
     (idle,) = _lora_info(samples)
     assert 'running_lora_adapters=""' in idle and 'waiting_lora_adapters=""' in idle
     assert samples[idle] > 0  # the time of the stats
+
+
+async def test_an_adapter_whose_folder_is_gone_fails_only_its_requests(server, adapters, tmp_path):
+    folder = shutil.copytree(adapters["second"], tmp_path / "gone")
+    assert (await _load(server, "gone", folder)).status_code == 200
+    shutil.rmtree(folder)
+    with pytest.raises(openai.APIError, match="adapter_config.json|does not exist"):
+        await _complete(server, "gone")
+    assert (await _complete(server, FIRST)).text  # the engine serves on
+    assert (await _unload(server, "gone")).status_code == 200

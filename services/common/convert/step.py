@@ -160,6 +160,8 @@ def result_to_pb(result: RunnerOutput, step_id: int = 0, error: str = "") -> wor
         forward_s=timings.forward_s,
         sample_s=timings.sample_s,
         error=error,
+        error_request_ids=list(result.request_errors),
+        request_errors=list(result.request_errors.values()),
         **_keyed_lists_to_pb(result.spec_token_ids),
     )
     if result.logprobs:
@@ -194,4 +196,7 @@ def result_from_pb(message: worker_pb2.StepResult) -> RunnerOutput:
         ),
         timings=StepTimings(message.prepare_s, message.forward_s, message.sample_s),
         spec_token_ids=_keyed_lists_from_pb(message),
+        request_errors=_keyed(
+            "error_request_ids", message.error_request_ids, message.request_errors
+        ),
     )

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from services.common.lora_adapter import inspect_adapter
+from services.common.lora_adapter import LoRAAdapterError, inspect_adapter
 from services.common.lora_config import LoRAConfig
 from services.common.lora_request import LoRARequest
 from services.common.scheduler_output import SchedulerOutput
@@ -52,6 +52,11 @@ class LoRAManager:
             self.host.move_to_end(lora.identity)
             return weights
         spec = inspect_adapter(lora.lora_path, self.config)
+        if lora.digest and spec.digest != lora.digest:
+            raise LoRAAdapterError(
+                f"the files in {lora.lora_path} changed since the adapter was checked; "
+                "load it again (a new id) to serve the new weights"
+            )
         weights = AdapterWeights.load(lora, spec, self._layouts)
         self.host[lora.identity] = weights
         while len(self.host) > self.config.num_cpu_loras:
@@ -60,15 +65,27 @@ class LoRAManager:
         logger.info("LoRA adapter %s loaded (rank %d)", lora.lora_name, spec.rank)
         return weights
 
-    def prepare(self, plan: SchedulerOutput, request_ids: list[str], starts: list[int]) -> None:
+    def prepare(
+        self, plan: SchedulerOutput, request_ids: list[str], starts: list[int]
+    ) -> dict[str, str]:
         """Slots filled as the plan says, and the step's rows by slot (`request_ids` in row
-        order, `starts` [S + 1] their first rows)."""
+        order, `starts` [S + 1] their first rows). An adapter that will not load (its folder
+        changed or went away since it was checked) fails only its requests: their rows run
+        without it and come back as errors (request id -> why)."""
+        failed: dict[int, str] = {}
         for slot, lora in plan.lora_adapters.items():
-            if self.slots.identities[slot] != lora.identity:
+            if self.slots.identities[slot] == lora.identity:
+                continue
+            try:
                 self.slots.load(slot, self.adapter(lora))
+            except (OSError, ValueError) as exc:
+                logger.warning("LoRA adapter %s would not load: %s", lora.lora_name, exc)
+                self.slots.clear(slot)
+                failed[slot] = f"the LoRA adapter {lora.lora_name!r} could not be loaded: {exc}"
         if not plan.lora_slots:
             self.slots.set_batch(None)
-            return
+            return {}
         per_request = [plan.lora_slots.get(rid, -1) for rid in request_ids]
         token_slots = np.repeat(np.asarray(per_request, dtype=np.int32), np.diff(starts))
         self.slots.set_batch(token_slots)
+        return {rid: failed[slot] for rid, slot in plan.lora_slots.items() if slot in failed}

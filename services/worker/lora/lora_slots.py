@@ -117,6 +117,12 @@ class LoRASlots:
         for listener in self.on_load:
             listener(slot)
 
+    def clear(self, slot: int) -> None:
+        """Empties `slot` (rank 0: its rows get nothing added)."""
+        self.ranks[slot] = 0
+        self.ranks_host[slot] = 0
+        self.identities[slot] = None
+
     def set_batch(self, token_slots: np.ndarray | None) -> None:
         """The step's rows: token_slots [T] int32, row t's slot or -1 (None: no adapter)."""
         if token_slots is None or not (token_slots >= 0).any():
