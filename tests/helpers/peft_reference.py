@@ -1,8 +1,7 @@
 """Random PEFT LoRA adapters made in the test, and PEFT itself as the reference the engine's
 outputs with them must equal (tests/api/test_lora.py, tests/parallel/test_lora_tp.py).
 
-`save_adapter` builds an adapter with peft (`init_lora_weights=False`: random A and B, so
-it changes what the model says) from a seed and saves it with save_pretrained.
+`save_adapter` (tests/helpers/lora_adapters.py) builds an adapter with peft from a seed.
 `PeftReference` runs the base with an adapter (PeftModel.from_pretrained, or
 merge_and_unload) in float32 with eager attention: greedy outputs, log-probabilities, and
 the greedy comparison of tests/helpers/parallel.py (a divergence only where the
@@ -15,41 +14,16 @@ import hashlib
 from pathlib import Path
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
 
+from tests.helpers.lora_adapters import save_adapter
 from tests.helpers.parallel import NEAR_TIE
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 EOS = 2  # the tiny models' eos_token_id
-
-
-def save_adapter(
-    base: Path | PreTrainedModel,
-    folder: Path,
-    *,
-    seed: int,
-    r: int,
-    lora_alpha: float,
-    target_modules,
-    **lora_config,
-) -> Path:
-    """A PEFT LoRA adapter of `base` (a model folder, or a model that peft changes in
-    place) with random weights from `seed`, saved to `folder` (overwriting what is there)."""
-    model = base
-    if not isinstance(base, PreTrainedModel):
-        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    config = LoraConfig(
-        r=r,
-        lora_alpha=lora_alpha,
-        target_modules=list(target_modules),
-        init_lora_weights=False,
-        **lora_config,
-    )
-    torch.manual_seed(seed)
-    get_peft_model(model, config).save_pretrained(folder)
-    return Path(folder)
+__all__ = ["ATTENTION", "EOS", "MLP", "PeftReference", "save_adapter"]
 
 
 def _files_digest(folder: Path) -> str:
