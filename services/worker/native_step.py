@@ -164,6 +164,7 @@ class NativeStep:
                 [part.layout.out_offset for part in slices],
             )
         slots.on_load.append(self.stack.load_lora_slot)
+        slots.group_rows = False
         self.lora = slots
 
     def _lora_rows(self) -> tuple[torch.Tensor, torch.Tensor]:

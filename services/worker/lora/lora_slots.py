@@ -73,6 +73,9 @@ class LoRASlots:
         self.ranks_host = [0] * num_slots
         self.identities: list[str | None] = [None] * num_slots
         self.batch: LoRABatch | None = None
+        # Whether the torch modules run (they read batch.groups); the native step groups
+        # the rows itself, so bind_lora turns this off.
+        self.group_rows = True
         # Called with a slot's index after an adapter was written into it (the native
         # step copies the slot into its own layout).
         self.on_load: list[Callable[[int], None]] = []
@@ -130,7 +133,8 @@ class LoRASlots:
             return
         device = self.ranks.device
         groups = []
-        for slot in np.unique(token_slots[token_slots >= 0]).tolist():
+        used = np.unique(token_slots[token_slots >= 0]).tolist() if self.group_rows else []
+        for slot in used:
             if self.ranks_host[slot] > 0:
                 rows = torch.from_numpy(np.flatnonzero(token_slots == slot)).to(device)
                 groups.append((slot, self.ranks_host[slot], rows))
