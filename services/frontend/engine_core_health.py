@@ -42,6 +42,18 @@ class EngineCoreHealth:
     async def wait_serving(self) -> None:
         await self._serving_event.wait()
 
+    async def confirm_serving(self, timeout_s: float = 5.0) -> bool:
+        """Ask the engine core now (the watch may not yet have seen it go away): True
+        when it answers SERVING; anything else also updates `serving`."""
+        request = health_pb2.HealthCheckRequest(service=self.service)
+        try:
+            response = await self._stub.Check(request, wait_for_ready=True, timeout=timeout_s)
+        except grpc.RpcError:
+            self._set(False)
+            return False
+        self._set(response.status == _SERVING)
+        return self.serving
+
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()

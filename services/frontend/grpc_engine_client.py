@@ -111,9 +111,13 @@ class GrpcEngineCoreClient:
     async def reconnect(self) -> None:
         """Drop the broken stream; once the engine core reports SERVING, open a new one."""
         self._drop_call()
-        await self.health.wait_serving()
-        if self._closed:
-            raise EngineUnavailableError("the engine core client is closed")
+        while True:  # the watch can still say SERVING of an engine core just killed
+            await self.health.wait_serving()
+            if self._closed:
+                raise EngineUnavailableError("the engine core client is closed")
+            if await self.health.confirm_serving():
+                break
+            await asyncio.sleep(0.1)
         self._call = self._stub.Connect()
         logger.info("connected to the engine core at %s again", self.address)
 
