@@ -14,6 +14,7 @@ from services.common.config import (
     INT4_GROUP_SIZES,
     PREEMPTION_MODES,
     QUANTIZATIONS,
+    RUNNERS,
     SCHEDULING_POLICIES,
     CacheConfig,
     ModelConfig,
@@ -23,6 +24,7 @@ from services.common.config import (
 )
 from services.common.flags import flag
 from services.common.lora_config import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, LoRAConfig
+from services.common.pooler_config import PoolerConfig
 from services.common.speculative_config import SpeculativeConfig
 
 GIB = 1024**3
@@ -167,11 +169,26 @@ class EngineArgs:
     max_cpu_loras: int | None = flag(
         None, "LoRA adapters each worker keeps loaded in host memory (default: max_loras)"
     )
+    runner: str = flag(
+        ModelConfig.runner,
+        "generate (sample tokens) or pooling (embeddings: /v1/embeddings, LLM.embed); auto: "
+        "pooling for base-model checkpoints (architectures '*Model') and sentence-transformers "
+        "folders, else generate",
+        choices=RUNNERS,
+    )
+    pooler_config: str | Mapping | None = flag(
+        None,
+        "the pooling runner's pooler, vLLM's JSON: "
+        '\'{"pooling_type": "LAST" | "MEAN" | "CLS", "normalize": true, "dimensions": N}\'; '
+        "unset fields come from the model's sentence-transformers files (else LAST, "
+        "normalized); dimensions: the default output size of a Matryoshka model",
+    )
 
     def __post_init__(self) -> None:
         if self.max_waiting_requests is None:  # the Python API's "no bound", spelled None
             self.max_waiting_requests = 0
         SpeculativeConfig.parse(self.speculative_config)  # a bad config fails here, by name
+        PoolerConfig.parse(self.pooler_config)
         self.lora_config()
 
     def lora_config(self) -> LoRAConfig | None:
@@ -198,6 +215,8 @@ class EngineArgs:
             quantization_group_size=self.quantization_group_size,
             speculative=SpeculativeConfig.parse(self.speculative_config),
             lora=self.lora_config(),
+            runner=self.runner,
+            pooler=PoolerConfig.parse(self.pooler_config),
         )
 
     def cache_config(self) -> CacheConfig:

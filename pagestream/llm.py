@@ -1,4 +1,5 @@
-"""LLM: vLLM's offline API — generate, chat and beam search over a batch of prompts."""
+"""LLM: vLLM's offline API — generate, chat and beam search over a batch of prompts, and
+embed / encode on a pooling runner (LLM(model, runner="pooling"))."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from tqdm import tqdm
 from pagestream.engine_args import EngineArgs
 from pagestream.llm_engine import LLMEngine
 from services.common.lora_request import LoRARequest
-from services.common.outputs import RequestOutput
+from services.common.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
+from services.common.pooling_params import PoolingParams
 from services.common.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from services.frontend.tokenizer import apply_chat_template
 
@@ -77,6 +79,55 @@ class LLM:
         cumulative logprobs. Matches HF generate(num_beams=beam_width, do_sample=False)."""
         return self.generate(prompts, params.to_sampling_params(), use_tqdm)
 
+    def embed(
+        self,
+        prompts,
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        use_tqdm: bool = True,
+        *,
+        dimensions: int | None = None,
+        normalize: bool | None = None,
+    ) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt, in input order: the pooled state, truncated to
+        `dimensions` (Matryoshka models) and L2-normalized as the pooler config (or
+        `normalize`) says. Needs runner="pooling"."""
+        if pooling_params is None:
+            pooling_params = PoolingParams(dimensions=dimensions, normalize=normalize)
+        outputs = self._pool(prompts, pooling_params, "embed", use_tqdm)
+        return [EmbeddingRequestOutput.from_base(o) for o in outputs]
+
+    def encode(
+        self,
+        prompts,
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[PoolingRequestOutput]:
+        """The raw pooled hidden state of each prompt (`outputs.data`, [hidden] float32),
+        neither truncated nor normalized. Needs runner="pooling"."""
+        return self._pool(
+            prompts, pooling_params or PoolingParams(task="encode"), "encode", use_tqdm
+        )
+
+    def _pool(
+        self, prompts, pooling_params, task: str, use_tqdm: bool
+    ) -> list[PoolingRequestOutput]:
+        prompts = _as_list(prompts)
+        params = _per_prompt(pooling_params, len(prompts), PoolingParams, "pooling_params")
+        engine, ids = self.engine, []
+        try:
+            for prompt, pp in zip(prompts, params, strict=True):
+                if pp.task != task:
+                    raise ValueError(f"LLM.{task} got pooling_params with task {pp.task!r}.")
+                ids.append(engine.add_pooling_request(None, prompt, pp).request_id)
+        except ValueError:
+            engine.abort_request(ids)
+            raise
+        outputs = self._collect(ids, use_tqdm)
+        failed = [o for o in outputs if o.outputs is None]
+        if failed:
+            raise RuntimeError(f"{len(failed)} pooling request(s) failed: {failed[0].error}")
+        return outputs
+
     def _run(self, prompts, params, use_tqdm: bool, loras=None, add_special_tokens: bool = True):
         engine = self.engine
         ids = []
@@ -104,12 +155,19 @@ class LLM:
             for output in self.engine.step():
                 if output.finished and output.request_id in wanted:
                     results[output.request_id] = output
-                    num_tokens += sum(len(o.token_ids) for o in output.outputs)
+                    num_tokens += _num_tokens(output)
                     bar.update(1)
                     rate = num_tokens / max(time.perf_counter() - start, 1e-9)
                     bar.set_postfix_str(f"output {rate:.1f} tok/s")
         bar.close()
         return [results[i] for i in ids]
+
+
+def _num_tokens(output) -> int:
+    """Tokens generated (a pooling request: the prompt tokens it read)."""
+    if isinstance(output, RequestOutput):
+        return sum(len(o.token_ids) for o in output.outputs)
+    return len(output.prompt_token_ids)
 
 
 def _as_list(prompts) -> list:
@@ -132,11 +190,15 @@ def _loras(lora_request, num_prompts: int) -> list[LoRARequest | None]:
 def _params_per_prompt(params, num_prompts: int) -> list[SamplingParams]:
     if params is None:
         return [SamplingParams() for _ in range(num_prompts)]
-    if isinstance(params, SamplingParams):
+    return _per_prompt(params, num_prompts, SamplingParams, "sampling_params")
+
+
+def _per_prompt(params, num_prompts: int, kind: type, name: str) -> list:
+    if isinstance(params, kind):
         return [params] * num_prompts
     params = list(params)
     if len(params) != num_prompts:
         raise ValueError(
-            f"got {len(params)} sampling_params for {num_prompts} prompts; give one or one each."
+            f"got {len(params)} {name} for {num_prompts} prompts; give one or one each."
         )
     return params

@@ -11,11 +11,13 @@ from pagestream.executor_factory import WORKER_START_TIMEOUT_S, build_executor
 from services.common.lora_request import LoRARequest
 from services.common.model_source import resolve_model
 from services.common.outputs import RequestOutput
+from services.common.pooling_params import PoolingParams
 from services.common.sampling_params import SamplingParams
 from services.common.worker_info import CacheInfo, ModelInfo
 from services.frontend.generation_defaults import load_generation_defaults
 from services.frontend.input_processor import InputProcessor
 from services.frontend.output_processor import OutputProcessor
+from services.frontend.pooling_request_state import PoolingRequestState
 from services.frontend.request_state import RequestState
 from services.frontend.tokenizer import try_load_tokenizer
 from services.scheduler.engine_core_builder import EngineCoreBuilder
@@ -88,13 +90,33 @@ class LLMEngine:
             add_special_tokens=add_special_tokens,
             lora_request=lora_request,
         )
+        self._admit(request, state)
+        return state
+
+    def add_pooling_request(
+        self,
+        request_id: str | None,
+        prompt,
+        params: PoolingParams,
+        *,
+        priority: int = 0,
+        add_special_tokens: bool = True,
+    ) -> PoolingRequestState:
+        """A pooling request (the engine runs --runner pooling); ValueError naming the
+        problem."""
+        request, state = self.input_processor.make_pooling_request(
+            request_id, prompt, params, priority=priority, add_special_tokens=add_special_tokens
+        )
+        self._admit(request, state)
+        return state
+
+    def _admit(self, request, state) -> None:
         self.output_processor.add(state)  # refuses an id in use
         try:
             self.core.add_request(request)
         except BaseException:
             self.output_processor.remove(state.request_id)
             raise
-        return state
 
     def abort_request(self, request_ids: list[str]) -> None:
         """Abort; each request still gets a final output (finish_reason "abort") next step."""

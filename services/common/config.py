@@ -7,9 +7,10 @@ own result objects and are never written back here.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.common.lora_config import LoRAConfig
+from services.common.pooler_config import PoolerConfig
 from services.common.speculative_config import SpeculativeConfig
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -18,6 +19,10 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
+# vLLM's runners: generate (sample tokens) or pooling (embeddings: one pooled vector per
+# prompt); auto: pooling for base-model checkpoints (architectures "*Model") and
+# sentence-transformers folders, else generate.
+RUNNERS = ("auto", "generate", "pooling")
 # Weight-only quantization (vLLM's names): gguf keeps a GGUF file's blocks (the default for
 # .gguf models at dtype auto); int8 / int4 quantize a float checkpoint at load; none runs
 # a GGUF file de-quantized.
@@ -137,6 +142,9 @@ class ModelConfig:
     quantization_group_size: int = 128  # int4's group of input features
     speculative: SpeculativeConfig | None = None  # speculative decoding (None: off)
     lora: LoRAConfig | None = None  # LoRA adapters (None: off)
+    runner: str = "auto"  # RUNNERS (the worker resolves auto from the model's files)
+    # the pooling runner's choices (unset fields: the model's own)
+    pooler: PoolerConfig = field(default_factory=PoolerConfig)
 
     def __post_init__(self) -> None:
         _one_of("dtype", self.dtype, DTYPES)
@@ -145,6 +153,7 @@ class ModelConfig:
         _one_of("quantization_group_size", self.quantization_group_size, INT4_GROUP_SIZES)
         _one_of("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _one_of("device", self.device, DEVICES)
+        _one_of("runner", self.runner, RUNNERS)
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+import numpy as np
+
 from services.common.runner_output import TokenLogprobs
 
 
@@ -25,6 +27,9 @@ class EngineCoreOutput:
     error_code: str | None = None
     cumulative_logprob: float | None = None  # set on beam-search results
     queued_s: float | None = None  # arrival to first scheduling, on a request's first output
+    # A pooling request's result, on its final output: the pooled hidden state [hidden]
+    # float32, before the request's truncation and normalization (PoolingParams.finish).
+    pooled: np.ndarray | None = None
 
     @property
     def finished(self) -> bool:

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from services.common.lora_request import LoRARequest
+from services.common.pooling_params import PoolingParams
 from services.common.sampling_params import SamplingParams
 
 
@@ -20,4 +21,7 @@ class EngineCoreRequest:
     priority: int = 0
     cache_salt: str | None = None
     lora_request: LoRARequest | None = None  # the adapter it runs with (None: the base model)
+    # A pooling request (a prefill that samples nothing and returns its pooled hidden
+    # state); its sampling_params are unused.
+    pooling_params: PoolingParams | None = None
     arrival_time: float = field(default_factory=time.monotonic)

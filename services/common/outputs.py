@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Logprob:
@@ -41,3 +43,54 @@ class RequestOutput:
     prompt_logprobs: PromptLogprobs | None = None
     num_cached_tokens: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+# ---- pooling (vLLM's names) ----------------------------------------------------------
+@dataclass
+class PoolingOutput:
+    """The raw pooled hidden state [hidden] float32 (`LLM.encode`)."""
+
+    data: np.ndarray
+
+
+@dataclass
+class EmbeddingOutput:
+    """The embedding: the pooled state truncated (dimensions) and normalized as asked."""
+
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class PoolingRequestOutput:
+    request_id: str
+    outputs: PoolingOutput | None  # None: it ended without a result (`error` says why)
+    prompt_token_ids: list[int]
+    finished: bool = True
+    prompt: str | None = None
+    num_cached_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+    prompt: str | None = None
+    num_cached_tokens: int = 0
+
+    @classmethod
+    def from_base(cls, output: PoolingRequestOutput) -> EmbeddingRequestOutput:
+        return cls(
+            request_id=output.request_id,
+            outputs=EmbeddingOutput(output.outputs.data.tolist()),
+            prompt_token_ids=output.prompt_token_ids,
+            finished=output.finished,
+            prompt=output.prompt,
+            num_cached_tokens=output.num_cached_tokens,
+        )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class TokenLogprobs:
@@ -39,3 +41,7 @@ class RunnerOutput:
     # request_id -> why its step could not run as asked (its LoRA adapter would not load):
     # the scheduler ends it with finish reason "error" and that message.
     request_errors: dict[str, str] = field(default_factory=dict)
+    # Pooling requests: request_id -> this step's part of its pooled state [hidden]
+    # float32 (MEAN: the sum over the step's positions; LAST / CLS: the state at that
+    # position, only in the step that computes it).
+    pooled: dict[str, np.ndarray] = field(default_factory=dict)

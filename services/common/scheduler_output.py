@@ -27,6 +27,9 @@ class NewRequestData:
     sampling_params: SamplingParams
     block_ids: list[int]  # the whole block table
     num_computed_tokens: int  # tokens already in the KV cache (prefix hits, forks)
+    # A pooling request: its prompt is run, nothing is sampled, and the worker returns its
+    # part of the pooled state each step (RunnerOutput.pooled).
+    pooling: bool = False
 
 
 @dataclass(frozen=True)

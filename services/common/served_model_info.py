@@ -19,6 +19,12 @@ class ServedModelInfo:
     weight_bytes: int = 0
     speculative_decoding: str = ""  # "ngram k=4", "draft_model k=3"; "" when off
     lora_config: str = ""  # the engine's LoRA limits and target linears (LoRAConfig JSON)
+    pooler_config: str = ""  # the pooling runner's pooler (PoolerConfig JSON); "": generates
+
+    @property
+    def runner(self) -> str:
+        """vLLM's runner: "pooling" (embeddings) or "generate"."""
+        return "pooling" if self.pooler_config else "generate"
 
     @property
     def eos_token_id(self) -> int | None:

@@ -29,6 +29,7 @@ class ModelInfo:
     weight_bytes: int = 0  # resident weight bytes of this rank
     speculative_config: str = ""  # the speculative decoding it runs (SpeculativeConfig JSON)
     lora_config: str = ""  # its LoRA limits and target linears (LoRAConfig JSON); "": off
+    pooler_config: str = ""  # how it pools (PoolerConfig JSON, every field set); "": generates
 
     def model_fields(self) -> dict:
         """What every rank of one group must agree on (everything but its own rank and what

@@ -15,10 +15,13 @@ from dataclasses import dataclass
 
 from services.common.engine_request import EngineCoreRequest
 from services.common.lora_request import LoRARequest
-from services.common.sampling_params import SamplingParams
+from services.common.pooler_config import PoolerConfig
+from services.common.pooling_params import PoolingParams
+from services.common.sampling_params import RequestOutputKind, SamplingParams
 from services.common.served_model_info import ServedModelInfo
 from services.common.structured_outputs import check_grammar
 from services.frontend.lora_registry import LoRARegistry
+from services.frontend.pooling_request_state import PoolingRequestState
 from services.frontend.request_state import RequestState
 
 
@@ -39,6 +42,12 @@ class InputProcessor:
         self.vocab_size = info.vocab_size
         self.eos_token_ids = info.eos_token_ids
         self.loras = LoRARegistry(info.lora_config)
+        # The pooling runner's pooler (None: the engine generates).
+        self.pooler = PoolerConfig.from_json(info.pooler_config)
+
+    @property
+    def runner(self) -> str:
+        return "generate" if self.pooler is None else "pooling"
 
     def make_request(
         self,
@@ -52,6 +61,12 @@ class InputProcessor:
         lora_request: LoRARequest | None = None,
     ) -> tuple[EngineCoreRequest, RequestState]:
         """The engine request and its frontend state (a fresh id when none is given)."""
+        if self.pooler is not None:
+            raise ValueError(
+                "this model runs with --runner pooling: it serves embeddings "
+                "(/v1/embeddings, LLM.embed), not generation; start it with --runner generate "
+                "to generate."
+            )
         request_id = request_id or new_request_id()
         processed = self.process(prompt, add_special_tokens)
         self.check_params(params)
@@ -70,6 +85,39 @@ class InputProcessor:
         )
         state = RequestState(
             request_id, processed.prompt, processed.prompt_token_ids, params, self.tokenizer
+        )
+        return request, state
+
+    def make_pooling_request(
+        self,
+        request_id: str | None,
+        prompt,
+        params: PoolingParams,
+        *,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        add_special_tokens: bool = True,
+    ) -> tuple[EngineCoreRequest, PoolingRequestState]:
+        """A pooling request (embeddings) and its frontend state; ValueError naming the
+        problem, e.g. when the engine does not pool."""
+        if self.pooler is None:
+            raise ValueError(
+                "this model runs with --runner generate: it does not serve embeddings; start "
+                "it with --runner pooling (and --pooler-config to choose how it pools)."
+            )
+        params.verify(self.pooler)
+        request_id = request_id or new_request_id()
+        processed = self.process(prompt, add_special_tokens)
+        request = EngineCoreRequest(
+            request_id=request_id,
+            prompt_token_ids=processed.prompt_token_ids,
+            sampling_params=SamplingParams(max_tokens=1, output_kind=RequestOutputKind.FINAL_ONLY),
+            priority=priority,
+            cache_salt=cache_salt,
+            pooling_params=params,
+        )
+        state = PoolingRequestState(
+            request_id, processed.prompt, processed.prompt_token_ids, params, self.pooler
         )
         return request, state
 

@@ -22,6 +22,7 @@ from typing import Protocol
 
 from services.common.config import CacheConfig, SchedulerConfig
 from services.common.lora_config import LoRAConfig
+from services.common.pooler_config import PoolerConfig
 from services.common.served_model_info import ServedModelInfo
 from services.common.speculative_config import SpeculativeConfig
 from services.common.worker_info import CacheInfo, ModelInfo
@@ -102,6 +103,9 @@ class EngineCoreBuilder:
             structured,
             num_lookahead_tokens=speculative.num_lookahead_tokens if speculative else 0,
             max_loras=lora.max_loras if (lora := LoRAConfig.from_json(model.lora_config)) else 0,
+            pooling_type=pooler.pooling_type
+            if (pooler := PoolerConfig.from_json(model.pooler_config))
+            else None,
         )
         info = served_model_info(self.args.served_model_name, model, config, cache_info)
         return EngineCore(scheduler, executor), info
@@ -151,4 +155,5 @@ def served_model_info(
         weight_bytes=model.weight_bytes,
         speculative_decoding=speculative.describe() if speculative else "",
         lora_config=model.lora_config,
+        pooler_config=model.pooler_config,
     )

@@ -53,8 +53,8 @@ class KVCacheManager:
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest cached prefix of full blocks; never the request's last token."""
-        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
-            return [], 0  # prompt logprobs need every prompt position computed
+        if not self.enable_caching or request.needs_every_prompt_position:
+            return [], 0  # prompt logprobs (or a MEAN / CLS pooler) read every position
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
         blocks: list[KVCacheBlock] = []
         for block_hash in request.block_hashes[:max_hit_blocks]:

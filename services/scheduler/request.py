@@ -6,10 +6,13 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from services.common.block_hash import BlockHash, hash_request_tokens
 from services.common.engine_output import EngineCoreOutput
 from services.common.engine_request import EngineCoreRequest
 from services.common.lora_request import LoRARequest
+from services.common.pooling_params import PoolingParams
 from services.common.sampling_params import SamplingParams
 from services.common.scheduler_output import SchedulerOutput
 
@@ -81,6 +84,13 @@ class Request:
     # Speculative decoding: the worker's proposals to follow the last token, to be verified
     # in the request's next step (consumed when it is scheduled).
     spec_token_ids: list[int] = field(default_factory=list)
+    # Pooling: the request's params (None: it generates), its pooled state so far (the
+    # workers' parts added up, or the state at the pooled position), and whether the
+    # pooler reads every prompt position (MEAN, CLS: no prefix-cache hits, which would
+    # skip positions; LAST reads only the last one, which is always computed).
+    pooling_params: PoolingParams | None = None
+    pooled: np.ndarray | None = field(default=None, repr=False)
+    pools_every_position: bool = False
 
     @classmethod
     def from_engine_request(cls, req: EngineCoreRequest, block_size: int) -> Request:
@@ -98,6 +108,7 @@ class Request:
             cache_salt=req.cache_salt or None,
             lora_request=req.lora_request,
             block_size=block_size,
+            pooling_params=req.pooling_params,
         )
 
     def __post_init__(self) -> None:
@@ -130,6 +141,11 @@ class Request:
         """Tokens not yet in the KV cache; a group waiting to fork stops one short."""
         target = self.num_prompt_tokens - 1 if self.pending_fork else self.num_tokens
         return max(target - self.num_computed_tokens, 0)
+
+    @property
+    def needs_every_prompt_position(self) -> bool:
+        """Prompt logprobs, or a pooler that reads all positions: no prefix-cache hits."""
+        return self.sampling_params.prompt_logprobs is not None or self.pools_every_position
 
     @property
     def is_prefill(self) -> bool:
@@ -183,4 +199,5 @@ class Request:
             queued_s=queued_s,
             error=self.error,
             error_code=self.error_code,
+            pooled=self.pooled if self.is_finished and self.pooling_params else None,
         )

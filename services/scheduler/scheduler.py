@@ -55,8 +55,12 @@ class Scheduler:
         structured: StructuredOutputManager | None = None,
         num_lookahead_tokens: int = 0,
         max_loras: int = 0,
+        pooling_type: str | None = None,
     ) -> None:
         self.config = scheduler_config
+        # Pooling: how the workers pool (PoolerConfig.pooling_type; None: the engine runs
+        # the generate runner and pooling requests are refused).
+        self.pooling_type = pooling_type
         # LoRA: the workers' adapter slots (0: LoRA is off, adapters are refused).
         self.loras = LoRASlotTable(max_loras)
         # Speculative decoding with a draft model: KV slots each sequence keeps past its
@@ -92,6 +96,7 @@ class Scheduler:
                 f"the request asks for the LoRA adapter {request.lora_request.lora_name!r}, "
                 "but LoRA is not enabled (start the engine with --enable-lora)."
             )
+        self._check_pooling(request)
         check_overload(len(self.waiting), self.config.max_waiting_requests)
         if request.block_size != self.block_size:
             request.block_size = self.block_size
@@ -105,6 +110,18 @@ class Scheduler:
             raise RequestRejectedError(str(exc)) from exc
         self.requests[request.request_id] = request
         enqueue_waiting(self.waiting, request, self.config.policy)
+
+    def _check_pooling(self, request: Request) -> None:
+        if request.pooling_params is None:
+            return
+        if self.pooling_type is None:
+            raise RequestRejectedError(
+                "this engine runs the generate runner: pooling requests (embeddings) need "
+                "a pooling engine (--runner pooling)."
+            )
+        if request.sampling_params.n != 1 or request.sampling_params.use_beam_search:
+            raise RequestRejectedError("a pooling request has one sequence (n=1, no beams).")
+        request.pools_every_position = self.pooling_type != "LAST"
 
     def abort_requests(self, request_ids: list[str]) -> None:
         """Abort requests by id; a group's id (n > 1, beam search) aborts all its sequences."""
@@ -267,6 +284,7 @@ class Scheduler:
             return
         self.kv.free(victim)
         victim.num_computed_tokens = 0
+        victim.pooled = None  # recomputed from its first position
         victim.status = RequestStatus.PREEMPTED
         self._drop_from_worker(victim)
         self.waiting.appendleft(victim)
@@ -380,6 +398,10 @@ class Scheduler:
                 self._fail(request, runner_output.request_errors[rid])
                 outputs.setdefault(request.client_id, []).append(request.to_output([]))
                 continue
+            if request.pooling_params is not None:
+                if self._pool(request, runner_output.pooled.get(rid)):
+                    outputs.setdefault(request.client_id, []).append(request.to_output([]))
+                continue
             try:
                 new_outputs = self._request_outputs(request, token_ids, plan, runner_output)
             except Exception:
@@ -437,6 +459,25 @@ class Scheduler:
         if logprobs is not None and len(logprobs) > len(new_ids):
             logprobs = logprobs[: len(new_ids)]  # it stopped inside an accepted run
         return request.to_output(new_ids, logprobs, prompt_logprobs)
+
+    def _pool(self, request: Request, part) -> bool:
+        """Add this step's part of a pooling request's state; at the end of its prompt
+        it finishes (True: its final output is due)."""
+        if part is not None:
+            if self.pooling_type == "MEAN" and request.pooled is not None:
+                request.pooled = request.pooled + part
+            else:
+                request.pooled = part
+        if request.num_computed_tokens < request.num_prompt_tokens:
+            return False
+        if request.pooled is None:
+            request.error = "the workers returned no pooled state for the request"
+            self._finish(request, RequestStatus.FINISHED_ERROR)
+            return True
+        if self.pooling_type == "MEAN":
+            request.pooled = request.pooled / request.num_prompt_tokens
+        self._finish(request, RequestStatus.FINISHED_STOPPED)
+        return True
 
     def _roll_back_rejected(self, request: Request, drafts: list[int], token_ids: list[int]):
         """The step verified `drafts` and kept len(token_ids) - 1 of them (then the target's

@@ -25,6 +25,7 @@ from services.worker.sampling_ops import grammar_mask
 from services.worker.sampling_table import SamplingParamsTable
 from services.worker.step_inputs import (
     FlatBatch,
+    PoolingInputs,
     PromptLogprobsInputs,
     StepInputs,
     flatten_batch,
@@ -83,6 +84,7 @@ class InputBatch:
         self._sampling = SamplingParamsTable(0, vocab_size, eos_token_id)
         self._requests: dict[str, _RequestState] = {}
         self._prompt_logprobs_ids: set[str] = set()
+        self._pooling_ids: set[str] = set()  # requests that pool instead of sampling
         # This step's speculative proposals per request (the plan's), verified in prepare.
         self._drafts: dict[str, list[int]] = {}
         self._free_slots: list[int] = []
@@ -273,12 +275,15 @@ class InputBatch:
         self._requests[new.request_id] = _RequestState(slot, new.sampling_params)
         if new.sampling_params.prompt_logprobs is not None:
             self._prompt_logprobs_ids.add(new.request_id)
+        if new.pooling:
+            self._pooling_ids.add(new.request_id)
 
     def _remove(self, request_id: str) -> None:
         state = self._requests.pop(request_id, None)
         if state is None:
             return  # finished before the worker ever saw it (aborted while waiting)
         self._prompt_logprobs_ids.discard(request_id)
+        self._pooling_ids.discard(request_id)
         self._sampling.clear_row(state.slot)
         self._free_slots.append(state.slot)
 
@@ -338,7 +343,12 @@ class InputBatch:
             num_scheduled,
             self.block_size,
         )
-        sample_rows = np.nonzero(flat.samples)[0]  # [R]
+        pooling = self._pooling_inputs(request_ids, slots, num_computed, flat)
+        samples = flat.samples
+        if pooling is not None:  # pooling requests sample nothing
+            pools = np.fromiter((r in self._pooling_ids for r in request_ids), bool, len(slots))
+            samples = samples & ~pools
+        sample_rows = np.nonzero(samples)[0]  # [R]
         sampling_ids = [request_ids[row] for row in sample_rows.tolist()]
         # one logits row per verified position: the last num_drafts + 1 tokens  [L]
         per_row = num_drafts[sample_rows] + 1  # [R]
@@ -360,7 +370,7 @@ class InputBatch:
             mask = grammar_mask(plan, first_row, self.vocab_size, self.device)
             if mask is not None:
                 metadata = dataclasses.replace(metadata, grammar=mask)
-        return self._step_inputs(
+        inputs = self._step_inputs(
             request_ids,
             flat,
             num_scheduled,
@@ -372,6 +382,7 @@ class InputBatch:
                 request_ids, slots, num_computed, num_scheduled, flat.query_start_loc
             ),
         )
+        return inputs if pooling is None else dataclasses.replace(inputs, pooling=pooling)
 
     def _step_inputs(
         self,
@@ -444,6 +455,23 @@ class InputBatch:
             row, message = problem
             name = "plan" if row is None else f"plan for request {request_ids[row]!r}"
             raise InvalidPlanError(f"{name} {message}")
+
+    def _pooling_inputs(
+        self, request_ids: list[str], slots: np.ndarray, num_computed: np.ndarray, flat: FlatBatch
+    ) -> PoolingInputs | None:
+        if not self._pooling_ids:
+            return None
+        rows = [row for row, rid in enumerate(request_ids) if rid in self._pooling_ids]
+        if not rows:
+            return None
+        starts = flat.query_start_loc
+        return PoolingInputs(
+            request_ids=[request_ids[row] for row in rows],
+            row_starts=[int(starts[row]) for row in rows],
+            row_ends=[int(starts[row + 1]) for row in rows],
+            first_positions=[int(num_computed[row]) for row in rows],
+            num_prompt_tokens=[int(self._num_prompt_tokens[slots[row]]) for row in rows],
+        )
 
     def _prompt_logprobs_inputs(
         self,

@@ -43,6 +43,7 @@ from services.worker.models.gguf_weights import iterate_gguf_weights
 from services.worker.models.hf_fallback import HFFallbackForCausalLM
 from services.worker.models.registry import native_model_class
 from services.worker.models.weight_utils import iterate_weights
+from services.worker.pooler import read_hf_config, resolve_runner
 
 __all__ = ["ModelLoadError", "load_model", "resolve_device", "resolve_dtype", "resolve_model"]
 
@@ -191,6 +192,8 @@ def load_model(
     torch_dtype = resolve_dtype(model_config.dtype, target)
     attention_ops = resolve_attention_backend(model_config.attention_backend, target)
     model_class = native_model_class(getattr(config, "architectures", None))
+    hf_config = read_hf_config(folder)
+    runner = resolve_runner(model_config.runner, folder, hf_config)
     gguf = gguf_source(model_config.model)
     quantization = resolve_quantization(model_config, gguf, model_class is not None)
     if model_class is None:
@@ -198,7 +201,7 @@ def load_model(
         model: CausalLM = HFFallbackForCausalLM.from_pretrained(folder, target, torch_dtype)
     else:
         with _default_dtype(torch_dtype), target:
-            model = model_class(config, rank)  # type: ignore[call-arg]
+            model = model_class(config, rank, lm_head=runner == "generate")  # type: ignore[call-arg]
         if quantization in ONLINE_METHODS:
             online = OnlineQuantization(quantization, model_config.quantization_group_size)
             set_online_quantization(model, online)
@@ -206,6 +209,8 @@ def load_model(
         _finish_loading(model)
         model.to(target).eval()
     model.eos_token_ids = read_eos_token_ids(folder, config)
+    # the pooling runner's pooler, every field set (None: the model generates)
+    model.pooler = model_config.pooler.resolve(folder, hf_config) if runner == "pooling" else None
     model.set_attention_ops(attention_ops)
     formats = weight_formats(model)
     # a native model runs the C++ step on the CPU where it applies, else packed linears
@@ -216,9 +221,10 @@ def load_model(
     model.quantization = quantization_name(formats)
     model.weight_bytes = resident_weight_bytes(model)
     logger.info(
-        "loaded %s (%s) on %s as %s, %s attention, in %.2f s; weights: %s; %.1f MB resident",
+        "loaded %s (%s%s) on %s as %s, %s attention, in %.2f s; weights: %s; %.1f MB resident",
         gguf or folder,
         type(model).__name__,
+        f", pooling {model.pooler.pooling_type}" if model.pooler else "",
         target,
         torch_dtype,
         model.attention_ops.name,

@@ -10,10 +10,11 @@ from services.common.rank_info import RankInfo
 from services.common.runner_output import RunnerOutput, StepTimings, TokenLogprobs
 from services.common.scheduler_output import SchedulerOutput
 from services.worker.cache_engine import CacheEngine
-from services.worker.input_batch import InputBatch
+from services.worker.input_batch import InputBatch, InvalidPlanError
 from services.worker.lora.lora_manager import LoRAManager
 from services.worker.models.causal_lm import CausalLM
 from services.worker.parallel_state import StageLink
+from services.worker.pooler import Pooler
 from services.worker.sampler import LogprobsTensors, Sampler, compute_token_logprobs
 from services.worker.spec_decode.proposer import Proposer
 from services.worker.spec_decode.rejection_sampler import accept_proposals
@@ -39,8 +40,10 @@ class ModelRunner:
         rank: RankInfo | None = None,
         proposer: Proposer | None = None,
         lora: LoRAManager | None = None,
+        pooler: Pooler | None = None,
     ) -> None:
         self.model = model
+        self.pooler = pooler  # the pooling runner's (services/worker/pooler.py), else None
         self.lora = lora  # the LoRA adapters' slots (services/worker/lora), None when off
         self.cache_engine = cache_engine
         self.proposer = proposer  # speculative decoding's proposals (services/worker/spec_decode)
@@ -71,6 +74,7 @@ class ModelRunner:
         sampled, logprobs = self._sample(hidden, inputs)
         prompt_logprobs = self._prompt_logprobs(hidden, inputs.prompt_logprobs)
         spec_token_ids = self._propose(plan, inputs, sampled)
+        pooled = self._pool(hidden, inputs)
         done = time.perf_counter()
         return RunnerOutput(
             request_ids=inputs.request_ids,
@@ -80,7 +84,15 @@ class ModelRunner:
             timings=StepTimings(prepared - start, forwarded - prepared, done - forwarded),
             spec_token_ids=spec_token_ids,
             request_errors=errors,
+            pooled=pooled,
         )
+
+    def _pool(self, hidden: torch.Tensor, inputs: StepInputs) -> dict:
+        if inputs.pooling is None or not self.rank.is_output_rank:
+            return {}
+        if self.pooler is None:
+            raise InvalidPlanError("the plan has pooling requests, but this worker generates")
+        return self.pooler.parts(hidden, inputs.pooling)
 
     def _propose(
         self, plan: SchedulerOutput, inputs: StepInputs, sampled: dict[str, list[int]]

@@ -37,6 +37,18 @@ class PromptLogprobsInputs:
 
 
 @dataclass(frozen=True)
+class PoolingInputs:
+    """The rows of this step's pooling requests: request i owns flat rows
+    row_starts[i]..row_ends[i]-1, prompt positions first_positions[i] on."""
+
+    request_ids: list[str]
+    row_starts: list[int]
+    row_ends: list[int]
+    first_positions: list[int]
+    num_prompt_tokens: list[int]
+
+
+@dataclass(frozen=True)
 class StepInputs:
     """All tensors live on the worker's device; *_host values are plain ints."""
 
@@ -59,6 +71,7 @@ class StepInputs:
     # request_id -> the proposals it verifies (only requests that have some)
     draft_token_ids: dict[str, list[int]]
     prompt_logprobs: PromptLogprobsInputs | None
+    pooling: PoolingInputs | None = None
 
     @property
     def num_tokens(self) -> int:

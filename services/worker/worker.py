@@ -30,6 +30,7 @@ from services.worker.model_runner import ModelRunner
 from services.worker.models.causal_lm import CausalLM
 from services.worker.models.kv_cache_spec import KVCacheSpec
 from services.worker.parallel_state import DEFAULT_TIMEOUT_S, init_parallel_state
+from services.worker.pooler import Pooler
 from services.worker.sampler import Sampler
 from services.worker.spec_decode.draft_proposer import DraftModelProposer
 from services.worker.spec_decode.ngram_proposer import NgramProposer
@@ -70,6 +71,7 @@ class Worker:
             init_parallel_state(self.rank, dist_init_method, self.device, dist_timeout_s)
         torch.manual_seed(model_config.seed)
         self.model = load_model(model_config, self.device, self.rank)
+        self.pooler = _pooler(self.model, model_config)
         self.draft_model = self._load_draft(model_config.speculative)
         lora = model_config.lora
         self.lora = None if lora is None else LoRAManager(self.model, lora, self.device)
@@ -146,6 +148,7 @@ class Worker:
             weight_bytes=int(getattr(model, "weight_bytes", 0)),
             speculative_config=speculative.to_json() if speculative else "",
             lora_config=self.lora.config.to_json() if self.lora else "",
+            pooler_config=self.pooler.config.to_json() if self.pooler else "",
         )
 
     def initialize_cache(
@@ -213,6 +216,7 @@ class Worker:
             self.rank,
             self._proposer(num_gpu_blocks, num_cpu_blocks),
             self.lora,
+            self.pooler,
         )
         self.cache_info = CacheInfo(num_gpu_blocks, num_cpu_blocks, block_size, bytes_per_block)
         logger.info(
@@ -297,3 +301,15 @@ def _rank_device(device: torch.device, local_rank: int | None) -> torch.device:
     if local_rank is None:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     return torch.device("cuda", local_rank)
+
+
+def _pooler(model: CausalLM, model_config: ModelConfig) -> Pooler | None:
+    """The pooling runner's Pooler (None: the model generates); what it cannot run with
+    is refused by name."""
+    if model.pooler is None:
+        return None
+    if model_config.speculative is not None:
+        raise ValueError("--runner pooling samples nothing: speculative_config does not apply")
+    if model_config.lora is not None:
+        raise ValueError("--runner pooling does not serve LoRA adapters (--enable-lora)")
+    return Pooler(model.pooler)

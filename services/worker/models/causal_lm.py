@@ -58,6 +58,8 @@ class CausalLM(nn.Module):
             getattr(self.text_config, "eos_token_id", None)
         )
         self.attention_ops = TORCH_ATTENTION
+        # The loader sets the pooling runner's PoolerConfig (None: the model generates).
+        self.pooler = None
 
     def set_attention_ops(self, ops: AttentionOps) -> None:
         """Run every attention layer through `ops` (see resolve_attention_backend)."""

@@ -231,14 +231,19 @@ class LlamaForCausalLM(CausalLM):
     # Checkpoint tensors that are recomputed, never loaded.
     skipped_weight_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq",)
 
-    def __init__(self, config: PretrainedConfig, rank: RankInfo | None = None) -> None:
+    def __init__(
+        self, config: PretrainedConfig, rank: RankInfo | None = None, lm_head: bool = True
+    ) -> None:
+        """`lm_head` False: a pooling runner's model, which never computes logits (its
+        checkpoint may have no head: a base model saved by AutoModel)."""
         super().__init__(config)
         self.rank = rank = rank or RankInfo()
         self.tp_size = rank.tensor_parallel_size
         check_tensor_parallel(config, self.tp_size)
         self.model = LlamaModel(config, self.attention_biases(config), rank)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        if rank.is_last_stage:
+        self.lm_head: LMHead | None = None
+        if rank.is_last_stage and lm_head:
             self.lm_head = LMHead(config.vocab_size, config.hidden_size, rank.tp_rank, self.tp_size)
             if self.tie_word_embeddings and rank.is_first_stage:
                 self.lm_head.tie_to(self.model.embed_tokens)
@@ -270,6 +275,8 @@ class LlamaForCausalLM(CausalLM):
         return self.model(input_ids, positions, kv_caches, attn_metadata, hidden_states)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        if self.lm_head is None:
+            return None  # a pooling runner's model
         return self.lm_head(hidden_states)  # [num_rows, vocab_size] float32 (TP rank 0)
 
     def use_native_step(self) -> bool:
@@ -280,7 +287,7 @@ class LlamaForCausalLM(CausalLM):
             logger.info("native CPU step not used: %s; the torch modules run", reason)
             return False
         self.model.native = NativeStep.build(self.model)
-        if self.rank.is_last_stage:
+        if self.lm_head is not None:
             self.lm_head.pack_native()
         return True
 
@@ -291,8 +298,17 @@ class LlamaForCausalLM(CausalLM):
             return True
         return self.tie_word_embeddings and name == "lm_head.weight"
 
+    @staticmethod
+    def checkpoint_name(name: str) -> str:
+        """HF's name for a tensor of a base-model checkpoint ("layers.0...", saved by
+        AutoModel) as the causal LM names it ("model.layers.0...")."""
+        return name if name.startswith(("model.", "lm_head.")) else "model." + name
+
     def owns_weight(self, name: str) -> bool:
         """Whether this pipeline stage holds the parameter a checkpoint tensor loads into."""
+        name = self.checkpoint_name(name)
+        if name.startswith("lm_head.") and self.lm_head is None:
+            return False
         if name.startswith("model.layers."):
             return int(name.split(".")[2]) in self.model.layer_range
         if name.startswith("model.embed_tokens."):
@@ -303,7 +319,8 @@ class LlamaForCausalLM(CausalLM):
 
     def _lm_head_from_embedding(self) -> bool:
         """Tied weights on a last stage that has no embedding: the head loads its copy."""
-        return self.tie_word_embeddings and self.rank.is_last_stage and not self.rank.is_first_stage
+        head = self.lm_head is not None
+        return head and self.tie_word_embeddings and not self.rank.is_first_stage
 
     def _target_param(self, name: str) -> tuple[str, str | int | None]:
         """The name of the parameter a checkpoint tensor loads into, and its shard id."""
@@ -323,6 +340,7 @@ class LlamaForCausalLM(CausalLM):
         loaded: set[str] = set()
         unexpected: list[str] = []
         for name, tensor in weights:
+            name = self.checkpoint_name(name)
             if self._skip_weight(name):
                 continue
             target, shard_id = self._target_param(name)

@@ -12,6 +12,10 @@ NATIVE_MODELS: dict[str, type[CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    # base-model checkpoints (saved by AutoModel: no LM head), for the pooling runner
+    "LlamaModel": LlamaForCausalLM,
+    "MistralModel": MistralForCausalLM,
+    "Qwen2Model": Qwen2ForCausalLM,
 }
 
 

@@ -1,0 +1,52 @@
+"""PoolingParams: what one pooling request asks for (vLLM's names).
+
+`task` "embed" returns the pooled vector truncated to `dimensions` (Matryoshka models)
+and L2-normalized when `normalize` (default: the pooler's); "encode" returns the raw
+pooled hidden state, as the model computed it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from services.common.pooler_config import PoolerConfig
+
+POOLING_TASKS = ("embed", "encode")
+
+
+@dataclass(frozen=True)
+class PoolingParams:
+    task: str = "embed"
+    dimensions: int | None = None
+    normalize: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.task not in POOLING_TASKS:
+            raise ValueError(f"task must be one of {', '.join(POOLING_TASKS)}, got {self.task!r}.")
+        if self.dimensions is not None and (
+            not isinstance(self.dimensions, int) or isinstance(self.dimensions, bool)
+        ):
+            raise ValueError(f"dimensions must be an integer, got {self.dimensions!r}.")
+        if self.task == "encode" and (self.dimensions is not None or self.normalize):
+            raise ValueError(
+                "task 'encode' returns the raw pooled state: no dimensions or normalize."
+            )
+
+    def verify(self, pooler: PoolerConfig) -> None:
+        """ValueError (naming the field) if the engine's pooler cannot honour it."""
+        if self.dimensions is not None:
+            pooler.check_dimensions(self.dimensions)
+
+    def finish(self, pooled: np.ndarray, pooler: PoolerConfig) -> np.ndarray:
+        """The request's result from the engine's pooled state [hidden] float32."""
+        if self.task == "encode":
+            return pooled
+        dimensions = self.dimensions or pooler.dimensions
+        out = pooled[:dimensions] if dimensions else pooled
+        normalize = self.normalize if self.normalize is not None else pooler.normalize
+        if normalize:
+            norm = float(np.linalg.norm(out))
+            out = out / max(norm, 1e-12)
+        return out.astype(np.float32, copy=False)

@@ -1,0 +1,68 @@
+"""Pooler: a pooling request's part of its pooled hidden state, per step.
+
+The model's last stage returns the final norm's output for every row [T, hidden] (what
+HF's `AutoModel` calls last_hidden_state). A pooling request's prompt may be chunked over
+several steps, so each step returns only its part: MEAN the sum over the step's rows
+(the scheduler adds the parts and divides by the prompt length), LAST the state at the
+prompt's last position, CLS the state at position 0, each only in the step that computes
+it. Rows of requests that sample are never read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from services.common.pooler_config import PoolerConfig
+from services.worker.step_inputs import PoolingInputs
+
+
+def resolve_runner(runner: str, folder: Path, hf_config: Mapping) -> str:
+    """generate or pooling; auto: pooling for a base-model checkpoint (architectures
+    "LlamaModel", "Qwen2Model", ...) or a sentence-transformers folder."""
+    if runner != "auto":
+        return runner
+    architectures = hf_config.get("architectures") or []
+    base_model = bool(architectures) and all(
+        name.endswith("Model") and not name.endswith("ForCausalLM") for name in architectures
+    )
+    return "pooling" if base_model or (folder / "modules.json").is_file() else "generate"
+
+
+def read_hf_config(folder: Path) -> dict:
+    try:
+        return json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+class Pooler:
+    def __init__(self, config: PoolerConfig) -> None:
+        self.config = config  # every field set (PoolerConfig.resolve)
+
+    def parts(self, hidden: torch.Tensor, rows: PoolingInputs) -> dict[str, np.ndarray]:
+        """request_id -> its part [hidden] float32 (absent: nothing to add this step)."""
+        kind = self.config.pooling_type
+        picked: dict[str, torch.Tensor] = {}
+        for rid, start, end, first, num_prompt in zip(
+            rows.request_ids,
+            rows.row_starts,
+            rows.row_ends,
+            rows.first_positions,
+            rows.num_prompt_tokens,
+            strict=True,
+        ):
+            if kind == "MEAN":
+                picked[rid] = hidden[start:end].float().sum(dim=0)
+            elif kind == "CLS" and first == 0:
+                picked[rid] = hidden[start].float()
+            elif kind == "LAST" and first + (end - start) == num_prompt:
+                picked[rid] = hidden[end - 1].float()
+        if not picked:
+            return {}
+        stacked = torch.stack(list(picked.values())).cpu().numpy()  # [P, hidden]
+        return {rid: stacked[i] for i, rid in enumerate(picked)}
