@@ -20,6 +20,8 @@ class ServedModelInfo:
     speculative_decoding: str = ""  # "ngram k=4", "draft_model k=3"; "" when off
     lora_config: str = ""  # the engine's LoRA limits and target linears (LoRAConfig JSON)
     pooler_config: str = ""  # the pooling runner's pooler (PoolerConfig JSON); "": generates
+    # A pooling runner generates too when its checkpoint has an LM head.
+    can_generate: bool = True
 
     @property
     def runner(self) -> str:

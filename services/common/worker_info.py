@@ -30,6 +30,7 @@ class ModelInfo:
     speculative_config: str = ""  # the speculative decoding it runs (SpeculativeConfig JSON)
     lora_config: str = ""  # its LoRA limits and target linears (LoRAConfig JSON); "": off
     pooler_config: str = ""  # how it pools (PoolerConfig JSON, every field set); "": generates
+    can_generate: bool = True  # False: a pooling runner without an LM head
 
     def model_fields(self) -> dict:
         """What every rank of one group must agree on (everything but its own rank and what

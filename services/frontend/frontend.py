@@ -25,12 +25,13 @@ from collections.abc import AsyncIterator, Callable
 from services.common.engine_errors import EngineUnavailableError
 from services.common.engine_output import SchedulerStats
 from services.common.lora_request import LoRARequest
-from services.common.outputs import RequestOutput
-from services.common.sampling_params import SamplingParams
+from services.common.outputs import PoolingRequestOutput, RequestOutput
+from services.common.pooling_params import PoolingParams
+from services.common.sampling_params import RequestOutputKind, SamplingParams
 from services.common.served_model_info import ServedModelInfo
 from services.frontend.engine_client import EngineCoreClient, output_error
 from services.frontend.frontend_config import FrontendConfig
-from services.frontend.input_processor import InputProcessor
+from services.frontend.input_processor import InputProcessor, new_request_id
 from services.frontend.output_processor import OutputProcessor
 from services.frontend.output_queue import RequestOutputQueue, SlowConsumerError
 from services.frontend.request_limits import RequestLimits
@@ -139,8 +140,85 @@ class Frontend:
             add_special_tokens=add_special_tokens,
             lora_request=lora_request,
         )
+        async for output in self._submit(request, state, params.output_kind):
+            yield output
+
+    async def encode(
+        self,
+        prompt,
+        pooling_params: PoolingParams | None = None,
+        request_id: str | None = None,
+        *,
+        priority: int = 0,
+        add_special_tokens: bool = True,
+    ) -> PoolingRequestOutput:
+        """One prompt's pooled output (an engine running --runner pooling); ValueError
+        naming the problem for bad input or a generate engine."""
+        ids = None if request_id is None else [request_id]
+        outputs = await self._encode(
+            [prompt], pooling_params, ids, priority=priority, add_special_tokens=add_special_tokens
+        )
+        return outputs[0]
+
+    async def encode_many(
+        self,
+        prompts: list,
+        pooling_params: PoolingParams | None = None,
+        request_id: str | None = None,
+        *,
+        priority: int = 0,
+        add_special_tokens: bool = True,
+    ) -> list[PoolingRequestOutput]:
+        """Several prompts' pooled outputs, in order (engine requests `request_id`-i, run
+        side by side); every prompt is checked before any is admitted, and the first that
+        fails ends the others."""
+        base = request_id or new_request_id()
+        ids = [f"{base}-{i}" for i in range(len(prompts))]
+        return await self._encode(
+            prompts, pooling_params, ids, priority=priority, add_special_tokens=add_special_tokens
+        )
+
+    async def _encode(
+        self, prompts, params, request_ids, *, priority: int, add_special_tokens: bool
+    ) -> list[PoolingRequestOutput]:
+        if not self.is_ready:
+            raise EngineUnavailableError(self.not_ready_reason())
+        self._ensure_pump()
+        params = params or PoolingParams()
+        requests = []
+        for i, prompt in enumerate(prompts):
+            request_id = request_ids[i] if request_ids else None
+            if request_id in self._queues:
+                raise ValueError(f"request_id {request_id!r} is already in use.")
+            self._check_prompt_size(prompt)
+            requests.append(
+                self.input_processor.make_pooling_request(
+                    request_id,
+                    prompt,
+                    params,
+                    priority=priority,
+                    add_special_tokens=add_special_tokens,
+                )
+            )
+        try:
+            async with asyncio.TaskGroup() as group:  # one failing cancels (aborts) the rest
+                tasks = [group.create_task(self._pooled(r, s)) for r, s in requests]
+        except BaseExceptionGroup as failed:
+            raise failed.exceptions[0] from None  # the first error, as a single request's
+        return [task.result() for task in tasks]
+
+    async def _pooled(self, request, state) -> PoolingRequestOutput:
+        final = None
+        async for output in self._submit(request, state, RequestOutputKind.FINAL_ONLY):
+            final = output
+        if final is None or final.outputs is None:
+            raise EngineUnavailableError(final.error if final else "the request ended early")
+        return final
+
+    async def _submit(self, request, state, output_kind: RequestOutputKind):
+        """Admit a request and stream its outputs (a consumer that stops aborts it)."""
         self.output_processor.add(state)  # refuses an id in use
-        queue = RequestOutputQueue(params.output_kind, self.config.max_unread_tokens)
+        queue = RequestOutputQueue(output_kind, self.config.max_unread_tokens)
         self._queues[request.request_id] = queue
         deadline = self._deadline()
         epoch = self._epoch

@@ -23,9 +23,10 @@ from services.common.convert.lora import lora_to_pb
 from services.common.engine_errors import EngineUnavailableError
 from services.common.grpc_errors import grpc_errors
 from services.common.proto.pagestream.v1 import generation_pb2, generation_pb2_grpc
-from services.frontend import generation_pb
+from services.frontend import embed_pb, generation_pb
 from services.frontend.api_key import ApiKey
 from services.frontend.frontend import Frontend
+from services.frontend.input_processor import new_request_id
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +106,18 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             lora_to_pb(a) for a in frontend.input_processor.loras.adapters.values()
         )
         return info
+
+    @grpc_errors
+    async def Embed(self, request, context) -> generation_pb2.EmbedResponse:
+        frontend = self._ready(context)
+        prompts = embed_pb.embed_inputs_from_pb(request)
+        params = embed_pb.embed_params_from_pb(request)
+        request_id = request.request_id or new_request_id()
+        special = request.add_special_tokens if request.HasField("add_special_tokens") else True
+        outputs = await frontend.encode_many(
+            prompts, params, request_id, priority=request.priority, add_special_tokens=special
+        )
+        return embed_pb.embed_response(request_id, outputs)
 
     # ---- draining and cancellation -------------------------------------------------------
     async def drained(self) -> None:

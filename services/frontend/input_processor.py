@@ -44,6 +44,7 @@ class InputProcessor:
         self.loras = LoRARegistry(info.lora_config)
         # The pooling runner's pooler (None: the engine generates).
         self.pooler = PoolerConfig.from_json(info.pooler_config)
+        self.can_generate = info.can_generate
 
     @property
     def runner(self) -> str:
@@ -61,11 +62,10 @@ class InputProcessor:
         lora_request: LoRARequest | None = None,
     ) -> tuple[EngineCoreRequest, RequestState]:
         """The engine request and its frontend state (a fresh id when none is given)."""
-        if self.pooler is not None:
+        if not self.can_generate:
             raise ValueError(
-                "this model runs with --runner pooling: it serves embeddings "
-                "(/v1/embeddings, LLM.embed), not generation; start it with --runner generate "
-                "to generate."
+                "this model runs with --runner pooling and its checkpoint has no LM head: it "
+                "serves embeddings (/v1/embeddings, LLM.embed), not generation."
             )
         request_id = request_id or new_request_id()
         processed = self.process(prompt, add_special_tokens)

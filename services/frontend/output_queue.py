@@ -66,6 +66,8 @@ class RequestOutputQueue:
 
 
 def _num_tokens(output: RequestOutput) -> int:
+    if not isinstance(output, RequestOutput):
+        return 0  # a pooling request's one output carries no tokens
     return sum(len(o.token_ids) for o in output.outputs)
 
 

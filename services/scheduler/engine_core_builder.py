@@ -156,4 +156,5 @@ def served_model_info(
         speculative_decoding=speculative.describe() if speculative else "",
         lora_config=model.lora_config,
         pooler_config=model.pooler_config,
+        can_generate=model.can_generate,
     )

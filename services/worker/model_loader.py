@@ -201,7 +201,7 @@ def load_model(
         model: CausalLM = HFFallbackForCausalLM.from_pretrained(folder, target, torch_dtype)
     else:
         with _default_dtype(torch_dtype), target:
-            model = model_class(config, rank, lm_head=runner == "generate")  # type: ignore[call-arg]
+            model = model_class(config, rank, pooling=runner == "pooling")  # type: ignore[call-arg]
         if quantization in ONLINE_METHODS:
             online = OnlineQuantization(quantization, model_config.quantization_group_size)
             set_online_quantization(model, online)

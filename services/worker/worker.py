@@ -149,6 +149,7 @@ class Worker:
             speculative_config=speculative.to_json() if speculative else "",
             lora_config=self.lora.config.to_json() if self.lora else "",
             pooler_config=self.pooler.config.to_json() if self.pooler else "",
+            can_generate=self.model.can_generate,
         )
 
     def initialize_cache(

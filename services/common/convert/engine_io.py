@@ -14,6 +14,12 @@ from dataclasses import fields
 
 from services.common.convert.logprobs import pack_logprobs, unpack_logprobs
 from services.common.convert.lora import lora_from_pb, lora_to_pb
+from services.common.convert.pooling import (
+    pooled_from_bytes,
+    pooled_to_bytes,
+    pooling_params_from_pb,
+    pooling_params_to_pb,
+)
 from services.common.convert.sampling import sampling_params_from_pb, sampling_params_to_pb
 from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from services.common.engine_request import EngineCoreRequest
@@ -35,6 +41,7 @@ def engine_request_to_pb(request: EngineCoreRequest) -> engine_pb2.AddRequest:
         priority=request.priority,
         cache_salt=request.cache_salt or "",
         lora=lora_to_pb(request.lora_request) if request.lora_request else None,
+        pooling=pooling_params_to_pb(request.pooling_params) if request.pooling_params else None,
     )
 
 
@@ -51,6 +58,9 @@ def engine_request_from_pb(message: engine_pb2.AddRequest) -> EngineCoreRequest:
         priority=message.priority,
         cache_salt=message.cache_salt or None,
         lora_request=lora_from_pb(message.lora) if message.HasField("lora") else None,
+        pooling_params=pooling_params_from_pb(message.pooling)
+        if message.HasField("pooling")
+        else None,
     )
 
 
@@ -79,6 +89,9 @@ def outputs_to_pb(batch: EngineCoreOutputs) -> engine_pb2.EngineOutputBatch:
         if any(o.error_code for o in outputs)
         else [],
         queued_s=[math.nan if o.queued_s is None else o.queued_s for o in outputs],
+        pooled=[pooled_to_bytes(o.pooled) for o in outputs]
+        if any(o.pooled is not None for o in outputs)
+        else [],
     )
     pack_logprobs(message, "", (o.new_logprobs for o in outputs))
     pack_logprobs(message, "prompt_", (o.new_prompt_logprobs for o in outputs))
@@ -108,8 +121,9 @@ def _check_columns(message: engine_pb2.EngineOutputBatch) -> int:
                 f"EngineOutputBatch.{name} has {len(getattr(message, name))} "
                 f"entries for {count} outputs"
             )
-    if message.error_codes and len(message.error_codes) != count:
-        raise ValueError("EngineOutputBatch.error_codes must be empty or one per output")
+    for name in ("error_codes", "pooled"):
+        if getattr(message, name) and len(getattr(message, name)) != count:
+            raise ValueError(f"EngineOutputBatch.{name} must be empty or one per output")
     if sum(message.num_new_tokens) != len(message.new_token_ids):
         raise ValueError("EngineOutputBatch.num_new_tokens does not match new_token_ids")
     return count
@@ -139,6 +153,7 @@ def outputs_from_pb(message: engine_pb2.EngineOutputBatch) -> EngineCoreOutputs:
                 error_code=(message.error_codes[i] or None) if message.error_codes else None,
                 cumulative_logprob=None if math.isnan(cumulative) else cumulative,
                 queued_s=None if math.isnan(message.queued_s[i]) else message.queued_s[i],
+                pooled=pooled_from_bytes(message.pooled[i]) if message.pooled else None,
             )
         )
         start = end
@@ -175,6 +190,9 @@ def served_model_info_to_pb(info: ServedModelInfo) -> generation_pb2.ModelInfo:
         weight_bytes=info.weight_bytes,
         speculative_decoding=info.speculative_decoding,
         lora_config=info.lora_config,
+        runner=info.runner,
+        pooler_config=info.pooler_config,
+        can_generate=info.can_generate,
     )
 
 
@@ -192,6 +210,8 @@ def served_model_info_from_pb(message: generation_pb2.ModelInfo) -> ServedModelI
         weight_bytes=message.weight_bytes,
         speculative_decoding=message.speculative_decoding,
         lora_config=message.lora_config,
+        pooler_config=message.pooler_config,
+        can_generate=message.can_generate,
     )
 
 

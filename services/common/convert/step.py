@@ -10,6 +10,7 @@ from itertools import islice
 
 from services.common.convert.logprobs import pack_logprobs, unpack_logprobs
 from services.common.convert.lora import lora_columns_from_pb, lora_columns_to_pb
+from services.common.convert.pooling import pooled_from_bytes, pooled_to_bytes
 from services.common.convert.sampling import sampling_params_from_pb, sampling_params_to_pb
 from services.common.proto.pagestream.v1 import worker_pb2
 from services.common.runner_output import RunnerOutput, StepTimings
@@ -66,6 +67,7 @@ def _new_request_to_pb(new: NewRequestData) -> worker_pb2.NewRequest:
         sampling_params=params,
         block_ids=new.block_ids,
         num_computed_tokens=new.num_computed_tokens,
+        pooling=new.pooling,
     )
 
 
@@ -77,6 +79,7 @@ def _new_request_from_pb(message: worker_pb2.NewRequest) -> NewRequestData:
         sampling_params=sampling_params_from_pb(message.sampling_params),
         block_ids=list(message.block_ids),
         num_computed_tokens=message.num_computed_tokens,
+        pooling=message.pooling,
     )
 
 
@@ -163,6 +166,8 @@ def result_to_pb(result: RunnerOutput, step_id: int = 0, error: str = "") -> wor
         error_request_ids=list(result.request_errors),
         request_errors=list(result.request_errors.values()),
         **_keyed_lists_to_pb(result.spec_token_ids),
+        pooled_request_ids=list(result.pooled),
+        pooled=[pooled_to_bytes(p) for p in result.pooled.values()],
     )
     if result.logprobs:
         pack_logprobs(message, "", result.logprobs.values())
@@ -198,5 +203,10 @@ def result_from_pb(message: worker_pb2.StepResult) -> RunnerOutput:
         spec_token_ids=_keyed_lists_from_pb(message),
         request_errors=_keyed(
             "error_request_ids", message.error_request_ids, message.request_errors
+        ),
+        pooled=_keyed(
+            "pooled_request_ids",
+            message.pooled_request_ids,
+            [pooled_from_bytes(data) for data in message.pooled],
         ),
     )

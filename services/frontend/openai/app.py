@@ -36,6 +36,7 @@ from services.frontend.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    EmbeddingRequest,
     LoadLoRAAdapterRequest,
     TokenizeRequest,
     UnloadLoRAAdapterRequest,
@@ -43,6 +44,7 @@ from services.frontend.openai.protocol import (
 from services.frontend.openai.responses import ModelCard, ModelList
 from services.frontend.openai.serving_chat import OpenAIServingChat
 from services.frontend.openai.serving_completions import OpenAIServingCompletion
+from services.frontend.openai.serving_embedding import OpenAIServingEmbedding
 from services.frontend.openai.serving_lora import OpenAIServingLoRA
 from services.frontend.openai.serving_tokenization import OpenAIServingTokenization
 from services.frontend.tool_options import ToolServerOptions
@@ -96,6 +98,10 @@ def _v1_router(app: FastAPI, api_key: str | None) -> APIRouter:
     async def chat_completions(request: ChatCompletionRequest, raw_request: Request):
         return await state.chat.create_chat_completion(request, raw_request)
 
+    @router.post("/embeddings")
+    async def embeddings(request: EmbeddingRequest, raw_request: Request):
+        return await state.embedding.create_embedding(request, raw_request)
+
     @router.get("/models")
     async def models() -> ModelList:
         cards = [_card(state, name) for name in state.served_model_names]
@@ -128,6 +134,7 @@ def _card(state, name: str) -> ModelCard:
         root=info.model,
         max_model_len=info.max_model_len,
         speculative_decoding=info.speculative_decoding or None,
+        runner=info.runner,
     )
 
 
@@ -187,6 +194,7 @@ def build_app(
     state.completions = OpenAIServingCompletion(*args)
     state.chat = OpenAIServingChat(*args, tool_options=tool_options)
     state.tokenization = OpenAIServingTokenization(*args)
+    state.embedding = OpenAIServingEmbedding(*args)
     state.lora = OpenAIServingLoRA(frontend, state.served_model_names, lora_runtime_updates)
     state.tokenization.default_chat_template = state.chat.tool_options.chat_template
     for exc_class in _MAPPED_ERRORS:

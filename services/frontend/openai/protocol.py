@@ -245,3 +245,48 @@ class LoadLoRAAdapterRequest(OpenAIBaseModel):
 class UnloadLoRAAdapterRequest(OpenAIBaseModel):
     lora_name: str
     lora_int_id: int | None = None
+
+
+# ---- embeddings ----------------------------------------------------------------------
+EmbeddingInput = str | list[str] | list[int] | list[list[int]]
+
+
+class EmbeddingRequest(OpenAIBaseModel):
+    """OpenAI's /v1/embeddings body, plus vLLM's extras (normalize, add_special_tokens,
+    priority)."""
+
+    model: str | None = None
+    input: EmbeddingInput
+    encoding_format: str = "float"
+    dimensions: int | None = None
+    user: str | None = None
+    normalize: bool | None = None
+    add_special_tokens: bool = True
+    priority: int = 0
+
+    def prompts(self) -> list[str | list[int]]:
+        """The inputs, one prompt each: a string, or a list of token ids."""
+        value = self.input
+        if isinstance(value, str):
+            items: list = [value]
+        elif value and all(isinstance(v, int) for v in value):
+            items = [value]  # one input as token ids
+        else:
+            items = list(value)
+        if not items:
+            raise InvalidRequestError("input must not be empty.", "input")
+        for i, item in enumerate(items):
+            if not item:
+                raise InvalidRequestError(f"input[{i}] is empty.", "input")
+        return items
+
+    def check(self) -> None:
+        if self.encoding_format not in ("float", "base64"):
+            raise InvalidRequestError(
+                f"encoding_format must be 'float' or 'base64', got {self.encoding_format!r}.",
+                "encoding_format",
+            )
+        if self.dimensions is not None and self.dimensions < 1:
+            raise InvalidRequestError(
+                f"dimensions must be at least 1, got {self.dimensions}.", "dimensions"
+            )

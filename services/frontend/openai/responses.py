@@ -170,6 +170,8 @@ class ModelCard(BaseModel):
     max_model_len: int | None = None
     # Speculative decoding in use ("ngram k=4", "draft_model k=3"); None when off.
     speculative_decoding: str | None = None
+    # vLLM's runner: "generate" (completions, chat) or "pooling" (embeddings).
+    runner: str | None = None
 
 
 class ModelList(BaseModel):
@@ -186,3 +188,24 @@ class TokenizeResponse(BaseModel):
 
 class DetokenizeResponse(BaseModel):
     prompt: str
+
+
+# ---- embeddings ----------------------------------------------------------------------
+class EmbeddingData(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str  # str: base64 of little-endian float32
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int = 0
+    total_tokens: int = 0
+
+
+class EmbeddingResponse(BaseModel):
+    id: str
+    object: Literal["list"] = "list"
+    created: int = Field(default_factory=now)
+    model: str
+    data: list[EmbeddingData]
+    usage: EmbeddingUsage

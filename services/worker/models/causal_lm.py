@@ -60,6 +60,7 @@ class CausalLM(nn.Module):
         self.attention_ops = TORCH_ATTENTION
         # The loader sets the pooling runner's PoolerConfig (None: the model generates).
         self.pooler = None
+        self.can_generate = True  # False: a pooling runner's model without an LM head
 
     def set_attention_ops(self, ops: AttentionOps) -> None:
         """Run every attention layer through `ops` (see resolve_attention_backend)."""

@@ -232,18 +232,19 @@ class LlamaForCausalLM(CausalLM):
     skipped_weight_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq",)
 
     def __init__(
-        self, config: PretrainedConfig, rank: RankInfo | None = None, lm_head: bool = True
+        self, config: PretrainedConfig, rank: RankInfo | None = None, pooling: bool = False
     ) -> None:
-        """`lm_head` False: a pooling runner's model, which never computes logits (its
-        checkpoint may have no head: a base model saved by AutoModel)."""
+        """`pooling`: a pooling runner's model, whose checkpoint may have no LM head (a
+        base model saved by AutoModel): it then loads without one and only pools."""
         super().__init__(config)
+        self.pooling = pooling
         self.rank = rank = rank or RankInfo()
         self.tp_size = rank.tensor_parallel_size
         check_tensor_parallel(config, self.tp_size)
         self.model = LlamaModel(config, self.attention_biases(config), rank)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head: LMHead | None = None
-        if rank.is_last_stage and lm_head:
+        if rank.is_last_stage:
             self.lm_head = LMHead(config.vocab_size, config.hidden_size, rank.tp_rank, self.tp_size)
             if self.tie_word_embeddings and rank.is_first_stage:
                 self.lm_head.tie_to(self.model.embed_tokens)
@@ -360,6 +361,12 @@ class LlamaForCausalLM(CausalLM):
                 len(unexpected),
                 ", ".join(unexpected[:8]),
             )
+        headless = self.lm_head is not None and "lm_head.weight" not in loaded
+        if self.pooling and headless and not self.tie_word_embeddings:
+            logger.info("the checkpoint has no LM head (a base model): it pools, never generates")
+            del params["lm_head.weight"]
+            self.lm_head = None
+            self.can_generate = False
         self._check_all_loaded(params, loaded)
         return {name.split("#")[0] for name in loaded}
 

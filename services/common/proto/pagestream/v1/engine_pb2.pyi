@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AddRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "extra_stop_token_ids", "priority", "cache_salt", "lora")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "extra_stop_token_ids", "priority", "cache_salt", "lora", "pooling")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,7 @@ class AddRequest(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     LORA_FIELD_NUMBER: _ClassVar[int]
+    POOLING_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling_params: _generation_pb2.SamplingParams
@@ -25,7 +26,8 @@ class AddRequest(_message.Message):
     priority: int
     cache_salt: str
     lora: _generation_pb2.LoRAAdapter
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., eos_token_id: _Optional[int] = ..., extra_stop_token_ids: _Optional[_Iterable[int]] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[str] = ..., lora: _Optional[_Union[_generation_pb2.LoRAAdapter, _Mapping]] = ...) -> None: ...
+    pooling: _generation_pb2.PoolingParams
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., eos_token_id: _Optional[int] = ..., extra_stop_token_ids: _Optional[_Iterable[int]] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[str] = ..., lora: _Optional[_Union[_generation_pb2.LoRAAdapter, _Mapping]] = ..., pooling: _Optional[_Union[_generation_pb2.PoolingParams, _Mapping]] = ...) -> None: ...
 
 class AbortRequests(_message.Message):
     __slots__ = ("request_ids",)
@@ -42,7 +44,7 @@ class EngineRequest(_message.Message):
     def __init__(self, add: _Optional[_Union[AddRequest, _Mapping]] = ..., abort: _Optional[_Union[AbortRequests, _Mapping]] = ...) -> None: ...
 
 class EngineOutputBatch(_message.Message):
-    __slots__ = ("request_ids", "parent_request_ids", "indices", "num_new_tokens", "new_token_ids", "finish_reasons", "stop_token_ids", "num_cached_tokens", "cumulative_logprobs", "errors", "num_logprob_positions", "num_logprob_entries", "logprob_token_ids", "logprob_values", "logprob_ranks", "num_prompt_logprob_positions", "num_prompt_logprob_entries", "prompt_logprob_token_ids", "prompt_logprob_values", "prompt_logprob_ranks", "stats", "queued_s", "error_codes")
+    __slots__ = ("request_ids", "parent_request_ids", "indices", "num_new_tokens", "new_token_ids", "finish_reasons", "stop_token_ids", "num_cached_tokens", "cumulative_logprobs", "errors", "num_logprob_positions", "num_logprob_entries", "logprob_token_ids", "logprob_values", "logprob_ranks", "num_prompt_logprob_positions", "num_prompt_logprob_entries", "prompt_logprob_token_ids", "prompt_logprob_values", "prompt_logprob_ranks", "stats", "queued_s", "error_codes", "pooled")
     REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
     PARENT_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
     INDICES_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +68,7 @@ class EngineOutputBatch(_message.Message):
     STATS_FIELD_NUMBER: _ClassVar[int]
     QUEUED_S_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODES_FIELD_NUMBER: _ClassVar[int]
+    POOLED_FIELD_NUMBER: _ClassVar[int]
     request_ids: _containers.RepeatedScalarFieldContainer[str]
     parent_request_ids: _containers.RepeatedScalarFieldContainer[str]
     indices: _containers.RepeatedScalarFieldContainer[int]
@@ -89,7 +92,8 @@ class EngineOutputBatch(_message.Message):
     stats: SchedulerStats
     queued_s: _containers.RepeatedScalarFieldContainer[float]
     error_codes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, request_ids: _Optional[_Iterable[str]] = ..., parent_request_ids: _Optional[_Iterable[str]] = ..., indices: _Optional[_Iterable[int]] = ..., num_new_tokens: _Optional[_Iterable[int]] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., finish_reasons: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., num_cached_tokens: _Optional[_Iterable[int]] = ..., cumulative_logprobs: _Optional[_Iterable[float]] = ..., errors: _Optional[_Iterable[str]] = ..., num_logprob_positions: _Optional[_Iterable[int]] = ..., num_logprob_entries: _Optional[_Iterable[int]] = ..., logprob_token_ids: _Optional[_Iterable[int]] = ..., logprob_values: _Optional[_Iterable[float]] = ..., logprob_ranks: _Optional[_Iterable[int]] = ..., num_prompt_logprob_positions: _Optional[_Iterable[int]] = ..., num_prompt_logprob_entries: _Optional[_Iterable[int]] = ..., prompt_logprob_token_ids: _Optional[_Iterable[int]] = ..., prompt_logprob_values: _Optional[_Iterable[float]] = ..., prompt_logprob_ranks: _Optional[_Iterable[int]] = ..., stats: _Optional[_Union[SchedulerStats, _Mapping]] = ..., queued_s: _Optional[_Iterable[float]] = ..., error_codes: _Optional[_Iterable[str]] = ...) -> None: ...
+    pooled: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, request_ids: _Optional[_Iterable[str]] = ..., parent_request_ids: _Optional[_Iterable[str]] = ..., indices: _Optional[_Iterable[int]] = ..., num_new_tokens: _Optional[_Iterable[int]] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., finish_reasons: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., num_cached_tokens: _Optional[_Iterable[int]] = ..., cumulative_logprobs: _Optional[_Iterable[float]] = ..., errors: _Optional[_Iterable[str]] = ..., num_logprob_positions: _Optional[_Iterable[int]] = ..., num_logprob_entries: _Optional[_Iterable[int]] = ..., logprob_token_ids: _Optional[_Iterable[int]] = ..., logprob_values: _Optional[_Iterable[float]] = ..., logprob_ranks: _Optional[_Iterable[int]] = ..., num_prompt_logprob_positions: _Optional[_Iterable[int]] = ..., num_prompt_logprob_entries: _Optional[_Iterable[int]] = ..., prompt_logprob_token_ids: _Optional[_Iterable[int]] = ..., prompt_logprob_values: _Optional[_Iterable[float]] = ..., prompt_logprob_ranks: _Optional[_Iterable[int]] = ..., stats: _Optional[_Union[SchedulerStats, _Mapping]] = ..., queued_s: _Optional[_Iterable[float]] = ..., error_codes: _Optional[_Iterable[str]] = ..., pooled: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ()

@@ -59,6 +59,11 @@ class GenerationStub:
                 request_serializer=pagestream_dot_v1_dot_generation__pb2.GetModelInfoRequest.SerializeToString,
                 response_deserializer=pagestream_dot_v1_dot_generation__pb2.ModelInfo.FromString,
                 _registered_method=True)
+        self.Embed = channel.unary_unary(
+                '/pagestream.v1.Generation/Embed',
+                request_serializer=pagestream_dot_v1_dot_generation__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=pagestream_dot_v1_dot_generation__pb2.EmbedResponse.FromString,
+                _registered_method=True)
 
 
 class GenerationServicer:
@@ -97,6 +102,15 @@ class GenerationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Embed(self, request, context):
+        """Embeddings of one or more inputs (at most 2048), from a server started with --runner
+        pooling. A generate server, empty inputs, inputs over the context length or
+        dimensions the model cannot truncate to are INVALID_ARGUMENT, naming the problem.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -124,6 +138,11 @@ def add_GenerationServicer_to_server(servicer, server):
                     servicer.GetModelInfo,
                     request_deserializer=pagestream_dot_v1_dot_generation__pb2.GetModelInfoRequest.FromString,
                     response_serializer=pagestream_dot_v1_dot_generation__pb2.ModelInfo.SerializeToString,
+            ),
+            'Embed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Embed,
+                    request_deserializer=pagestream_dot_v1_dot_generation__pb2.EmbedRequest.FromString,
+                    response_serializer=pagestream_dot_v1_dot_generation__pb2.EmbedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -261,6 +280,33 @@ class Generation:
             '/pagestream.v1.Generation/GetModelInfo',
             pagestream_dot_v1_dot_generation__pb2.GetModelInfoRequest.SerializeToString,
             pagestream_dot_v1_dot_generation__pb2.ModelInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Embed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pagestream.v1.Generation/Embed',
+            pagestream_dot_v1_dot_generation__pb2.EmbedRequest.SerializeToString,
+            pagestream_dot_v1_dot_generation__pb2.EmbedResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,101 @@
+"""POST /v1/embeddings: one pooled, normalized vector per input (a --runner pooling engine).
+
+Inputs are a string, a list of strings, a list of token ids or a list of such lists; each
+becomes its own engine request, run side by side (Frontend.encode_many). `dimensions`
+truncates a Matryoshka model's embeddings; `encoding_format` base64 sends each vector as
+the base64 of its little-endian float32 bytes (what the openai client asks for by default).
+"""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from services.common.pooling_params import PoolingParams
+from services.frontend.embed_pb import MAX_EMBED_INPUTS
+from services.frontend.openai.errors import InvalidRequestError
+from services.frontend.openai.protocol import EmbeddingRequest
+from services.frontend.openai.responses import (
+    EmbeddingData,
+    EmbeddingResponse,
+    EmbeddingUsage,
+    random_id,
+)
+from services.frontend.openai.serving_base import ClientDisconnectedError, ServingBase
+
+
+class OpenAIServingEmbedding(ServingBase):
+    async def create_embedding(self, request: EmbeddingRequest, raw_request: Request) -> Response:
+        model = self.check_model(request.model)
+        request.check()
+        if self.frontend.input_processor.pooler is None:
+            raise InvalidRequestError(
+                f"the model {model!r} runs with --runner generate: it does not serve "
+                "embeddings; start the server with --runner pooling.",
+                "model",
+            )
+        prompts = request.prompts()
+        if len(prompts) > MAX_EMBED_INPUTS:
+            raise InvalidRequestError(
+                f"input: at most {MAX_EMBED_INPUTS} inputs per request, got {len(prompts)}.",
+                "input",
+            )
+        for prompt in prompts:
+            self.check_prompt_size(prompt, "input")
+        params = self._params(request)
+        request_id = random_id("embd")
+        recorder = self.metrics.start_request()
+        work = self.frontend.encode_many(
+            [p if isinstance(p, str) else {"prompt_token_ids": p} for p in prompts],
+            params,
+            request_id,
+            priority=request.priority,
+            add_special_tokens=request.add_special_tokens,
+        )
+        try:
+            outputs = await self.until_disconnected(raw_request, self._named(work))
+        except ClientDisconnectedError:
+            recorder.finish([None] * len(prompts))
+            return Response(status_code=499)
+        for output in outputs:
+            recorder.on_prompt(len(output.prompt_token_ids))
+        recorder.finish(["stop"] * len(outputs))
+        data = [
+            EmbeddingData(index=i, embedding=_encode(o.outputs.data, request.encoding_format))
+            for i, o in enumerate(outputs)
+        ]
+        num_tokens = sum(len(o.prompt_token_ids) for o in outputs)
+        body = EmbeddingResponse(
+            id=request_id,
+            model=model,
+            data=data,
+            usage=EmbeddingUsage(prompt_tokens=num_tokens, total_tokens=num_tokens),
+        )
+        return JSONResponse(body.model_dump())
+
+    @staticmethod
+    def _params(request: EmbeddingRequest) -> PoolingParams:
+        try:
+            return PoolingParams(dimensions=request.dimensions, normalize=request.normalize)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc), "dimensions") from exc
+
+    @staticmethod
+    async def _named(work):
+        """Errors of the inputs name the `input` field (ValueErrors are the request's)."""
+        try:
+            return await work
+        except InvalidRequestError:
+            raise
+        except ValueError as exc:
+            param = "dimensions" if "dimensions" in str(exc) else "input"
+            raise InvalidRequestError(str(exc), param) from exc
+
+
+def _encode(vector: np.ndarray, encoding_format: str) -> list[float] | str:
+    if encoding_format == "base64":
+        return base64.b64encode(np.asarray(vector, "<f4").tobytes()).decode("ascii")
+    return vector.tolist()
