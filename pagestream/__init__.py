@@ -1,7 +1,15 @@
 """pagestream: an LLM inference and serving engine in the vLLM mould."""
 
 from services.common.lora_request import LoRARequest
-from services.common.outputs import CompletionOutput, RequestOutput
+from services.common.outputs import (
+    CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    PoolingOutput,
+    PoolingRequestOutput,
+    RequestOutput,
+)
+from services.common.pooling_params import PoolingParams
 from services.common.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from services.common.structured_outputs import StructuredOutputsParams
 
@@ -10,8 +18,13 @@ __all__ = [
     "AsyncEngine",
     "BeamSearchParams",
     "CompletionOutput",
+    "EmbeddingOutput",
+    "EmbeddingRequestOutput",
     "EngineArgs",
     "LoRARequest",
+    "PoolingOutput",
+    "PoolingParams",
+    "PoolingRequestOutput",
     "RequestOutput",
     "RequestOutputKind",
     "SamplingParams",
