@@ -21,7 +21,8 @@ from pagestream.engine_core_process import EngineCoreProcess
 from pagestream.inproc_client import InprocEngineCoreClient
 from services.common.engine_errors import EngineUnavailableError
 from services.common.model_source import resolve_model
-from services.common.outputs import RequestOutput
+from services.common.outputs import PoolingRequestOutput, RequestOutput
+from services.common.pooling_params import PoolingParams
 from services.common.sampling_params import SamplingParams
 from services.frontend.frontend import Frontend
 from services.frontend.frontend_config import FrontendConfig
@@ -109,6 +110,18 @@ class AsyncEngine:
         stops iterating aborts the request.
         """
         return self.frontend.generate(prompt, sampling_params, request_id, **kwargs)
+
+    async def encode(
+        self,
+        prompt,
+        pooling_params: PoolingParams | None = None,
+        request_id: str | None = None,
+        **kwargs,
+    ) -> PoolingRequestOutput:
+        """One prompt's pooled output on a pooling engine (runner="pooling"): its
+        embedding for task "embed" (the default), the raw pooled state for "encode".
+        kwargs: priority, add_special_tokens."""
+        return await self.frontend.encode(prompt, pooling_params, request_id, **kwargs)
 
     async def abort(self, request_id: str) -> None:
         """End a request; its stream gets a final output with finish_reason "abort"."""
