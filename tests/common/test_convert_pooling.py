@@ -1,0 +1,93 @@
+"""Pooling on the wire: PoolingParams, pooled states (exact float32), the pooling flags of
+plans, results, engine outputs and model info."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from services.common.convert.engine_io import (
+    engine_request_from_pb,
+    engine_request_to_pb,
+    outputs_from_pb,
+    outputs_to_pb,
+    served_model_info_from_pb,
+    served_model_info_to_pb,
+)
+from services.common.convert.pooling import pooled_from_bytes, pooled_to_bytes
+from services.common.convert.step import plan_from_pb, plan_to_pb, result_from_pb, result_to_pb
+from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs
+from services.common.engine_request import EngineCoreRequest
+from services.common.pooler_config import PoolerConfig
+from services.common.pooling_params import PoolingParams
+from services.common.runner_output import RunnerOutput
+from services.common.sampling_params import SamplingParams
+from services.common.scheduler_output import NewRequestData, SchedulerOutput
+from services.common.served_model_info import ServedModelInfo
+
+STATE = np.array([0.1, -2.5, 3.0e-8, 7.0, np.float32(1 / 3)], np.float32)
+
+
+def _wire(message):
+    return type(message).FromString(message.SerializeToString())
+
+
+@pytest.mark.parametrize(
+    "params",
+    [PoolingParams(), PoolingParams(dimensions=32, normalize=False), PoolingParams(task="encode")],
+)
+def test_pooling_requests_round_trip(params):
+    request = EngineCoreRequest("p", [1, 2, 3], SamplingParams(max_tokens=1), pooling_params=params)
+    back = engine_request_from_pb(_wire(engine_request_to_pb(request)))
+    assert back.pooling_params == params
+    plain = EngineCoreRequest("g", [1], SamplingParams())
+    assert engine_request_from_pb(_wire(engine_request_to_pb(plain))).pooling_params is None
+
+
+def test_pooled_states_travel_exactly():
+    np.testing.assert_array_equal(pooled_from_bytes(pooled_to_bytes(STATE)), STATE)
+    assert pooled_from_bytes(pooled_to_bytes(None)) is None
+    with pytest.raises(ValueError, match="float32"):
+        pooled_from_bytes(b"\x00\x01\x02")
+
+
+def test_engine_outputs_carry_the_pooled_state_of_their_final_output():
+    outputs = [
+        EngineCoreOutput("gen", [5, 6]),
+        EngineCoreOutput("pool", [], finish_reason="stop", pooled=STATE),
+    ]
+    back = outputs_from_pb(_wire(outputs_to_pb(EngineCoreOutputs(outputs)))).outputs
+    assert back[0].pooled is None and back[0].new_token_ids == [5, 6]
+    np.testing.assert_array_equal(back[1].pooled, STATE)
+    assert back[1].finish_reason == "stop"
+    message = outputs_to_pb(EngineCoreOutputs(outputs))
+    message.pooled.append(b"")
+    with pytest.raises(ValueError, match="pooled"):
+        outputs_from_pb(message)
+
+
+def test_plans_and_results_carry_pooling():
+    new = NewRequestData("p", [1, 2, 3], [], SamplingParams(max_tokens=1), [0], 0, pooling=True)
+    plan = SchedulerOutput(
+        scheduled_new_reqs=[new], num_scheduled_tokens={"p": 3}, total_num_scheduled_tokens=3
+    )
+    assert plan_from_pb(_wire(plan_to_pb(plan))) == plan
+    result = RunnerOutput(["p", "g"], [[], [4]], pooled={"p": STATE})
+    back = result_from_pb(_wire(result_to_pb(result)))
+    assert back.sampled_token_ids == [[], [4]] and list(back.pooled) == ["p"]
+    np.testing.assert_array_equal(back.pooled["p"], STATE)
+
+
+def test_model_info_says_the_runner():
+    pooler = PoolerConfig(pooling_type="MEAN", normalize=True, hidden_size=64)
+    info = ServedModelInfo("m", 256, 512, (2,), pooler_config=pooler.to_json(), can_generate=False)
+    message = _wire(served_model_info_to_pb(info))
+    assert message.runner == "pooling" and not message.can_generate
+    back = served_model_info_from_pb(message)
+    assert back == info and PoolerConfig.from_json(back.pooler_config) == pooler
+    assert (
+        served_model_info_from_pb(
+            _wire(served_model_info_to_pb(ServedModelInfo("g", 8, 8, ())))
+        ).runner
+        == "generate"
+    )
