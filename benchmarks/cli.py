@@ -1,8 +1,8 @@
 """`pagestream bench`: every section of the report (benchmarks/sections.py: throughput /
 serve / memory / all against HF transformers and llama.cpp, the parallel runs, routing,
-structured outputs, precision, latency, serve --peer, quantized, speculative, lora), and the
-measurement tools that write no section (TOOLS: `pagestream bench kernels --flex` runs
-benchmarks/kernels.py).
+structured outputs, precision, latency, serve --peer, quantized, speculative, lora, embed),
+and the measurement tools that write no section (TOOLS: `pagestream bench kernels --flex`
+runs benchmarks/kernels.py).
 
     pagestream bench all --profile quick     # what `make bench` runs (~30 min on 2 cores)
     pagestream bench throughput --profile full --bf16
@@ -21,6 +21,8 @@ benchmarks/kernels.py).
     pagestream bench lora                       # 0 / 1 / 4 / 16 random adapters of rank 8
                                                 # and 64 vs the base model, batched and one
                                                 # chat (~10 min; --profile full: ~45 min)
+    pagestream bench embed                      # the pooling runner's embeddings vs HF
+                                                # AutoModel, inputs/s (~6 min)
 
 Results accumulate in <docs>/benchmarks/results.json and the report is rewritten whole to
 <docs>/benchmarks.md (tables) with PNG plots in <docs>/benchmarks/ after every section
@@ -142,7 +144,8 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
         "--rounds",
         type=int,
         default=None,
-        help="parallel, routing, structured, speculative, lora: override the profile's rounds",
+        help="parallel, routing, structured, speculative, lora, embed: override the profile's "
+        "rounds",
     )
     parallel.add_argument(
         "--no-async-serve",

@@ -9,6 +9,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from benchmarks.report_embeddings import embed_section
 from benchmarks.report_latency import latency_section
 from benchmarks.report_lora import lora_section
 from benchmarks.report_memory import memory_section
@@ -164,6 +165,23 @@ def run_lora(args, folder, profile, workload, results) -> dict:
     return load_average(run_lora, AutoTokenizer.from_pretrained(folder), options)
 
 
+def run_embed(args, folder, profile, workload, results) -> dict:
+    """Embeddings of the default corpus's passages: pagestream's pooling runner (float32,
+    dtype auto, the GGUF file) against HF AutoModel in padded batches
+    (benchmarks/embeddings.py); --num-requests sets the number of inputs."""
+    from transformers import AutoTokenizer
+
+    from benchmarks.embeddings import EMBED_PROFILES, EmbedOptions, run_embed, with_profile
+
+    options = EmbedOptions(
+        model=folder,
+        source=args.model,
+        profile=with_profile(EMBED_PROFILES[profile.name], args.num_requests, args.rounds),
+        kv_cache_memory=args.kv_cache_memory,
+    )
+    return load_average(run_embed, AutoTokenizer.from_pretrained(folder), options)
+
+
 def run_serve_peer(args, folder, profile, workload, results) -> dict:
     """pagestream serve against llama-server at each concurrency (benchmarks/serve_peer.py)."""
     from transformers import AutoConfig
@@ -317,5 +335,6 @@ SECTIONS = (
         own_workload=True,
     ),
     Section("lora", "lora", run_lora, lora_section, True, "offline", own_workload=True),
+    Section("embed", "embed", run_embed, embed_section, True, "offline", own_workload=True),
 )
 BY_NAME = {s.name: s for s in SECTIONS}
