@@ -261,3 +261,53 @@ def test_a_generate_runner_refuses_embeddings(model_dir):
             llm.embed(_ids(PROMPTS[:1]), use_tqdm=False)
     finally:
         llm.engine.close()
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preempted_pooling_requests_keep_their_embedding(model_dir, hf_greedy, mode):
+    """12 blocks of 4 tokens for generation requests that grow and MEAN pooling requests
+    that arrive behind them: pooling requests are preempted mid-prompt (their partial sums
+    dropped or swapped with their blocks) and still equal HF."""
+    folder = model_dir("llama")
+    llm = LLM(
+        str(folder),
+        runner="pooling",
+        pooler_config={"pooling_type": "MEAN"},
+        dtype="float32",
+        block_size=4,
+        kv_cache_memory=24576,  # 12 blocks of this model
+        swap_space=0.01,
+        preemption_mode=mode,
+        max_num_batched_tokens=8,
+        enable_prefix_caching=False,
+    )
+    try:
+        assert llm.engine.cache_info.num_gpu_blocks == 12
+        engine, scheduler = llm.engine, llm.engine.scheduler
+        victims = []
+        preempt = scheduler._preempt
+        scheduler._preempt = lambda victim, mode=None: (
+            victims.append(victim) or preempt(victim, mode)
+        )
+        greedy = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)
+        gen_prompts = (PROMPTS[0][:12], PROMPTS[2][:12])  # each grows to 26 tokens: 7 blocks
+        gen = [engine.add_request(None, {"prompt_token_ids": p}, greedy) for p in gen_prompts]
+        pool_prompts = [PROMPTS[0][:17], PROMPTS[2][:16], PROMPTS[0][3:20]]
+        pooled = [
+            engine.add_pooling_request(None, {"prompt_token_ids": p}, PoolingParams(task="encode"))
+            for p in pool_prompts
+        ]
+        results = {}
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.finished:
+                    results[output.request_id] = output
+        pool_ids = {s.request_id for s in pooled}
+        assert any(v.request_id in pool_ids for v in victims), "no pooling request was preempted"
+        for state, prompt in zip(pooled, pool_prompts, strict=True):
+            _close(results[state.request_id].outputs.data, hf_pooled(folder, prompt, "MEAN"))
+        for state, prompt in zip(gen, gen_prompts, strict=True):
+            assert results[state.request_id].outputs[0].token_ids == hf_greedy(folder, prompt, 14)
+        assert scheduler.kv.num_free_blocks == 12
+    finally:
+        llm.engine.close()
