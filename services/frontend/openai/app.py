@@ -40,10 +40,13 @@ from services.frontend.openai.protocol import (
     TokenizeRequest,
     UnloadLoRAAdapterRequest,
 )
+from services.frontend.openai.response_store import ResponseStore
 from services.frontend.openai.responses import ModelCard, ModelList
+from services.frontend.openai.responses_request import ResponsesRequest
 from services.frontend.openai.serving_chat import OpenAIServingChat
 from services.frontend.openai.serving_completions import OpenAIServingCompletion
 from services.frontend.openai.serving_lora import OpenAIServingLoRA
+from services.frontend.openai.serving_responses import OpenAIServingResponses
 from services.frontend.openai.serving_tokenization import OpenAIServingTokenization
 from services.frontend.tool_options import ToolServerOptions
 
@@ -95,6 +98,18 @@ def _v1_router(app: FastAPI, api_key: str | None) -> APIRouter:
     @router.post("/chat/completions")
     async def chat_completions(request: ChatCompletionRequest, raw_request: Request):
         return await state.chat.create_chat_completion(request, raw_request)
+
+    @router.post("/responses")
+    async def responses(request: ResponsesRequest, raw_request: Request):
+        return await state.responses.create_response(request, raw_request)
+
+    @router.get("/responses/{response_id}")
+    async def retrieve_response(response_id: str) -> JSONResponse:
+        return JSONResponse(state.responses.retrieve(response_id))
+
+    @router.delete("/responses/{response_id}")
+    async def delete_response(response_id: str) -> JSONResponse:
+        return JSONResponse(state.responses.delete(response_id))
 
     @router.get("/models")
     async def models() -> ModelList:
@@ -187,6 +202,8 @@ def build_app(
     state.completions = OpenAIServingCompletion(*args)
     state.chat = OpenAIServingChat(*args, tool_options=tool_options)
     state.tokenization = OpenAIServingTokenization(*args)
+    store = ResponseStore.from_config(frontend.config)
+    state.responses = OpenAIServingResponses(*args, chat=state.chat, store=store)
     state.lora = OpenAIServingLoRA(frontend, state.served_model_names, lora_runtime_updates)
     state.tokenization.default_chat_template = state.chat.tool_options.chat_template
     for exc_class in _MAPPED_ERRORS:
