@@ -183,7 +183,7 @@ class OpenAIServingResponses(ServingBase):
             top_p=params.top_p,
             text=request.echoed_text(),
             tool_choice=request.echoed_tool_choice(bool(tools)),
-            tools=[t.model_dump(exclude_none=True) for t in tools],
+            tools=[t.model_dump() for t in tools],
             top_logprobs=request.top_logprobs,
             user=request.user,
         )
