@@ -9,6 +9,7 @@ json_schema gives valid JSON; stored responses read back, store=false and unknow
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import jsonschema
@@ -19,6 +20,7 @@ from pydantic import TypeAdapter
 
 from services.frontend.openai.response_store import ResponseStore
 from services.frontend.tool_options import ToolServerOptions
+from tests.helpers.eventually import eventually_async
 from tests.helpers.openai_server import MODEL
 from tests.helpers.tiny_tokenizer import VOCAB, build_tokenizer
 from tests.worker.conftest import build_tiny_model
@@ -235,7 +237,18 @@ async def test_sse_frames_are_openai_s(server, fields):
         EVENTS.validate_python(payload, strict=True)
 
 
+ABORTED = 'pagestream:request_success_total{finished_reason="abort"}'
+
+
+def _check_aborted(before: dict, samples: dict) -> None:
+    assert samples['pagestream:kv_cache_usage_perc{engine="0"}'] == 0
+    assert samples[ABORTED] == before.get(ABORTED, 0) + 1
+    generated = samples["pagestream:generation_tokens_total"]
+    assert generated - before["pagestream:generation_tokens_total"] < 2000
+
+
 async def test_client_disconnect_mid_stream_aborts(server):
+    before = await server.metrics()
     body = {
         "model": MODEL,
         "input": "Go on",
@@ -249,9 +262,26 @@ async def test_client_disconnect_mid_stream_aborts(server):
             deltas += line == "event: response.output_text.delta"
             if deltas == 3:
                 break  # leaving the block closes the connection mid-stream
-    samples = await server.wait_until_idle()
-    assert samples['pagestream:kv_cache_usage_perc{engine="0"}'] == 0
+    _check_aborted(before, await server.wait_until_idle())
     assert not server.engine.engine.has_unfinished_requests()
+
+
+async def test_client_disconnect_before_the_response_aborts(server):
+    before = await server.metrics()
+    body = {"model": MODEL, "input": "Go on", "max_output_tokens": 2000, "ignore_eos": True}
+
+    async def post():
+        async with server.raw() as raw:
+            await raw.post("/v1/responses", json=body)
+
+    task = asyncio.create_task(post())
+    frontend = server.engine.frontend
+    await eventually_async(lambda: frontend.num_live_requests() > 0, "the request running")
+    task.cancel()  # the client goes away while the server is still generating
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    _check_aborted(before, await server.wait_until_idle())
+    assert frontend.num_live_requests() == 0
 
 
 async def test_an_engine_failure_mid_stream_ends_with_response_failed(server, monkeypatch):
@@ -259,9 +289,10 @@ async def test_an_engine_failure_mid_stream_ends_with_response_failed(server, mo
     generate = frontend.generate
 
     async def failing(*args, **kwargs):
-        async for output in generate(*args, **kwargs):
-            yield output
-            raise RuntimeError("the engine broke")
+        async with contextlib.aclosing(generate(*args, **kwargs)) as outputs:
+            async for output in outputs:
+                yield output
+                raise RuntimeError("the engine broke")
 
     monkeypatch.setattr(frontend, "generate", failing)
     client = server.async_client()
@@ -356,6 +387,17 @@ async def test_function_call_items_in_the_input_equal_chat_tool_calls(server):
     ]
     _, chat = await _chat_text(client, messages, 8, tools=[CHAT_WEATHER], tool_choice="none")
     _check_against_chat(response, chat)
+
+
+async def test_auto_tool_choice_equals_chat(server):
+    client = server.async_client()
+    response = await client.responses.create(
+        model=MODEL, input=QUESTION, tools=[WEATHER], max_output_tokens=8, **GREEDY
+    )
+    messages = [{"role": "user", "content": QUESTION}]
+    _, chat = await _chat_text(client, messages, 8, tools=[CHAT_WEATHER])
+    _check_against_chat(response, chat)
+    assert response.tool_choice == "auto"
 
 
 async def test_a_streamed_function_call(server):
