@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 
 import jsonschema
 import openai
@@ -483,7 +484,7 @@ async def test_previous_response_id_continues_the_conversation(server):
     assert stored.model_dump() == first.model_dump()
 
 
-async def test_store_false_and_unknown_ids_are_404(server):
+async def test_store_false_and_unknown_ids_are_404(server, caplog):
     client = server.async_client()
     response = await client.responses.create(
         model=MODEL, input="Hi", store=False, max_output_tokens=2
@@ -499,6 +500,7 @@ async def test_store_false_and_unknown_ids_are_404(server):
     assert error.value.body["param"] == "previous_response_id"
     assert error.value.body["message"] == "Previous response with id 'resp_nope' not found."
     assert error.value.body["type"] == "invalid_request_error"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # handled, not raised
 
 
 async def test_delete_forgets_a_response(server):

@@ -30,6 +30,7 @@ from services.frontend.openai.errors import (
     AuthenticationError,
     ModelNotFoundError,
     OverloadedError,
+    ResponseNotFoundError,
     to_openai_error,
 )
 from services.frontend.openai.protocol import (
@@ -57,6 +58,7 @@ _MAPPED_ERRORS = (
     StarletteHTTPException,
     ValueError,
     ModelNotFoundError,
+    ResponseNotFoundError,
     AuthenticationError,
     OverloadedError,
     EngineOverloadedError,

@@ -39,6 +39,7 @@ __all__ = [  # the exceptions are re-exported: one import for the serving module
     "ModelNotFoundError",
     "OpenAIError",
     "OverloadedError",  # the shared one (gRPC RESOURCE_EXHAUSTED), re-exported
+    "ResponseNotFoundError",
     "to_openai_error",
 ]
 RETRY_AFTER_S = 1  # what an overloaded server asks clients to wait before retrying
