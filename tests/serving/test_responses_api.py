@@ -303,7 +303,8 @@ async def test_an_engine_failure_mid_stream_ends_with_response_failed(server, mo
     events = [event async for event in stream]
     assert events[-1].type == "response.failed"
     assert events[-1].response.status == "failed"
-    assert "the engine broke" in events[-1].response.error.message
+    error = events[-1].response.error
+    assert error.code == "server_error" and "RuntimeError" in error.message
     monkeypatch.undo()
     await server.wait_until_idle()
 
@@ -428,6 +429,9 @@ async def test_a_streamed_function_call(server):
     assert "".join(deltas) == done.arguments == events[-1].response.output[0].arguments
     assert done.arguments == _calls(whole)[0].arguments
     jsonschema.validate(json.loads(done.arguments), WEATHER_PARAMETERS)
+    async with client.responses.stream(**kwargs) as helper:
+        final = await helper.get_final_response()
+    assert _calls(final)[0].arguments == done.arguments
 
 
 # ---- structured outputs -------------------------------------------------------------------------

@@ -94,8 +94,9 @@ class _ResponseRun:
     def fail(self, exc: BaseException) -> None:
         self.response.status = "failed"
         self.response.output = self.builder.items
-        code = "rate_limit_exceeded" if to_openai_error(exc).status == 429 else "server_error"
-        self.response.error = ResponseError(code=code, message=str(exc) or type(exc).__name__)
+        error = to_openai_error(exc)  # the message a chat stream's error event would carry
+        code = "rate_limit_exceeded" if error.status == 429 else "server_error"
+        self.response.error = ResponseError(code=code, message=error.message)
 
     def full_conversation(self) -> list[ChatMessage]:
         """The conversation a follow-up continues: the input, then this output."""
