@@ -101,18 +101,6 @@ def _v1_router(app: FastAPI, api_key: str | None) -> APIRouter:
     async def chat_completions(request: ChatCompletionRequest, raw_request: Request):
         return await state.chat.create_chat_completion(request, raw_request)
 
-    @router.post("/responses")
-    async def responses(request: ResponsesRequest, raw_request: Request):
-        return await state.responses.create_response(request, raw_request)
-
-    @router.get("/responses/{response_id}")
-    async def retrieve_response(response_id: str) -> JSONResponse:
-        return JSONResponse(state.responses.retrieve(response_id))
-
-    @router.delete("/responses/{response_id}")
-    async def delete_response(response_id: str) -> JSONResponse:
-        return JSONResponse(state.responses.delete(response_id))
-
     @router.get("/models")
     async def models() -> ModelList:
         cards = [_card(state, name) for name in state.served_model_names]
@@ -134,6 +122,18 @@ def _v1_router(app: FastAPI, api_key: str | None) -> APIRouter:
     @router.post("/unload_lora_adapter")
     async def unload_lora_adapter(request: UnloadLoRAAdapterRequest) -> PlainTextResponse:
         return PlainTextResponse(state.lora.unload(request))
+
+    @router.post("/responses")
+    async def responses(request: ResponsesRequest, raw_request: Request):
+        return await state.responses.create_response(request, raw_request)
+
+    @router.get("/responses/{response_id}")
+    async def retrieve_response(response_id: str) -> JSONResponse:
+        return JSONResponse(state.responses.retrieve(response_id))
+
+    @router.delete("/responses/{response_id}")
+    async def delete_response(response_id: str) -> JSONResponse:
+        return JSONResponse(state.responses.delete(response_id))
 
     return router
 
@@ -204,10 +204,10 @@ def build_app(
     state.completions = OpenAIServingCompletion(*args)
     state.chat = OpenAIServingChat(*args, tool_options=tool_options)
     state.tokenization = OpenAIServingTokenization(*args)
-    store = ResponseStore.from_config(frontend.config)
-    state.responses = OpenAIServingResponses(*args, chat=state.chat, store=store)
     state.lora = OpenAIServingLoRA(frontend, state.served_model_names, lora_runtime_updates)
     state.tokenization.default_chat_template = state.chat.tool_options.chat_template
+    store = ResponseStore.from_config(frontend.config)
+    state.responses = OpenAIServingResponses(*args, chat=state.chat, store=store)
     for exc_class in _MAPPED_ERRORS:
         app.add_exception_handler(exc_class, _error_response)
     app.include_router(_v1_router(app, api_key))
