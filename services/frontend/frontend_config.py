@@ -1,7 +1,8 @@
 """FrontendConfig: the frontend's protections, all checked before the engine sees a request.
 
 Limits checked before tokenizing (request_limits.py), the server-side request timeout and
-the bound on what a slow consumer may leave unread (output_queue.py). The defaults let any
+the bound on what a slow consumer may leave unread (output_queue.py), and the bounds of the
+Responses API's store of responses (openai/response_store.py). The defaults let any
 request that could fit the model's context through and keep a stalled or hostile client
 from costing the engine or the event loop more than a bounded amount.
 """
@@ -42,9 +43,30 @@ class FrontendConfig:
         "abort a stream whose client leaves more than this many tokens unread (a client "
         "that stopped reading; 0: no bound)",
     )
+    responses_store_max_entries: int = flag(
+        1000,
+        "Responses API: responses kept for GET /v1/responses/{id} and previous_response_id, "
+        "least recently used evicted first (0: keep none)",
+    )
+    responses_store_max_age_s: float = flag(
+        3600.0,
+        "Responses API: forget a stored response this many seconds after it was stored",
+        name="responses-store-max-age",
+    )
+    responses_store_max_bytes: int = flag(
+        64 * MIB,
+        "Responses API: the stored responses' JSON together, at most (0: no bound but the "
+        "entry count)",
+    )
 
     def __post_init__(self) -> None:
-        for name in ("max_messages", "max_request_body_bytes", "max_unread_tokens"):
+        for name in (
+            "max_messages",
+            "max_request_body_bytes",
+            "max_unread_tokens",
+            "responses_store_max_entries",
+            "responses_store_max_bytes",
+        ):
             _not_negative(name, getattr(self, name))
         if self.max_prompt_bytes is not None:
             _not_negative("max_prompt_bytes", self.max_prompt_bytes)
@@ -52,6 +74,10 @@ class FrontendConfig:
             raise ValueError(f"max_n must be >= 1, got {self.max_n}.")
         if self.request_timeout_s is not None and not self.request_timeout_s > 0:
             raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}.")
+        if not self.responses_store_max_age_s > 0:
+            raise ValueError(
+                f"responses_store_max_age_s must be > 0, got {self.responses_store_max_age_s}."
+            )
 
     def prompt_bytes_limit(self, max_model_len: int) -> int:
         """The prompt-size limit in bytes (0: none)."""

@@ -217,6 +217,19 @@ async def test_chat_with_an_adapter_streams_to_a_final_chunk(server):
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
 
 
+async def test_responses_with_an_adapter_equal_its_chat(server):
+    client = server.async_client()
+    chat = await client.chat.completions.create(model=FIRST, messages=CHAT, **GREEDY)
+    base = await client.chat.completions.create(model=MODEL, messages=CHAT, **GREEDY)
+    kwargs = {"input": CHAT, "temperature": 0, "max_output_tokens": MAX_TOKENS}
+    response = await client.responses.create(model=FIRST, **kwargs)
+    assert response.model == FIRST
+    assert response.output_text == chat.choices[0].message.content
+    assert response.output_text != base.choices[0].message.content
+    plain = await client.responses.create(model=MODEL, **kwargs)
+    assert plain.output_text == base.choices[0].message.content
+
+
 async def test_seeded_n2_with_an_adapter_equals_the_engine(server):
     sampling = {"n": 2, "temperature": 1.0, "seed": 5, "max_tokens": MAX_TOKENS}
     response = await server.async_client().completions.create(

@@ -30,6 +30,7 @@ from services.frontend.openai.errors import (
     AuthenticationError,
     ModelNotFoundError,
     OverloadedError,
+    ResponseNotFoundError,
     to_openai_error,
 )
 from services.frontend.openai.protocol import (
@@ -41,11 +42,14 @@ from services.frontend.openai.protocol import (
     TokenizeRequest,
     UnloadLoRAAdapterRequest,
 )
+from services.frontend.openai.response_store import ResponseStore
 from services.frontend.openai.responses import ModelCard, ModelList
+from services.frontend.openai.responses_request import ResponsesRequest
 from services.frontend.openai.serving_chat import OpenAIServingChat
 from services.frontend.openai.serving_completions import OpenAIServingCompletion
 from services.frontend.openai.serving_embedding import OpenAIServingEmbedding
 from services.frontend.openai.serving_lora import OpenAIServingLoRA
+from services.frontend.openai.serving_responses import OpenAIServingResponses
 from services.frontend.openai.serving_tokenization import OpenAIServingTokenization
 from services.frontend.tool_options import ToolServerOptions
 
@@ -56,6 +60,7 @@ _MAPPED_ERRORS = (
     StarletteHTTPException,
     ValueError,
     ModelNotFoundError,
+    ResponseNotFoundError,
     AuthenticationError,
     OverloadedError,
     EngineOverloadedError,
@@ -123,6 +128,18 @@ def _v1_router(app: FastAPI, api_key: str | None) -> APIRouter:
     @router.post("/unload_lora_adapter")
     async def unload_lora_adapter(request: UnloadLoRAAdapterRequest) -> PlainTextResponse:
         return PlainTextResponse(state.lora.unload(request))
+
+    @router.post("/responses")
+    async def responses(request: ResponsesRequest, raw_request: Request):
+        return await state.responses.create_response(request, raw_request)
+
+    @router.get("/responses/{response_id}")
+    async def retrieve_response(response_id: str) -> JSONResponse:
+        return JSONResponse(state.responses.retrieve(response_id))
+
+    @router.delete("/responses/{response_id}")
+    async def delete_response(response_id: str) -> JSONResponse:
+        return JSONResponse(state.responses.delete(response_id))
 
     return router
 
@@ -197,6 +214,8 @@ def build_app(
     state.embedding = OpenAIServingEmbedding(*args)
     state.lora = OpenAIServingLoRA(frontend, state.served_model_names, lora_runtime_updates)
     state.tokenization.default_chat_template = state.chat.tool_options.chat_template
+    store = ResponseStore.from_config(frontend.config)
+    state.responses = OpenAIServingResponses(*args, chat=state.chat, store=store)
     for exc_class in _MAPPED_ERRORS:
         app.add_exception_handler(exc_class, _error_response)
     app.include_router(_v1_router(app, api_key))

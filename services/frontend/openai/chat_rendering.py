@@ -21,10 +21,12 @@ def render_chat(
     add_generation_prompt: bool,
     chat_template: str | None,
     tools: list[dict] | None = None,
+    param: str = "messages",
 ) -> str:
-    """The conversation as prompt text; template problems are the request's (400)."""
+    """The conversation as prompt text; template problems are the request's (400, naming
+    `param` unless the request's own chat_template failed)."""
     if tokenizer is None:
-        raise InvalidRequestError("chat needs a tokenizer, and this model has none.", "messages")
+        raise InvalidRequestError("chat needs a tokenizer, and this model has none.", param)
     template_messages = [m.as_template_message(i) for i, m in enumerate(messages)]
     template = chat_template
     if tools or any(m.has_tool_parts for m in messages):
@@ -34,7 +36,7 @@ def render_chat(
             tokenizer, template_messages, add_generation_prompt, template, tools=tools
         )
     except jinja2.TemplateError as exc:
-        param = "chat_template" if chat_template is not None else "messages"
-        raise InvalidRequestError(f"the chat template failed: {exc}", param) from exc
+        where = "chat_template" if chat_template is not None else param
+        raise InvalidRequestError(f"the chat template failed: {exc}", where) from exc
     except ValueError as exc:
-        raise InvalidRequestError(str(exc), "messages") from exc
+        raise InvalidRequestError(str(exc), param) from exc

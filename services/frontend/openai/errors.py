@@ -2,10 +2,10 @@
 
 Every failure leaves the server as `{"error": {"message", "type", "param", "code"}}`:
 ValueError (bad input, engine rejections, a limit exceeded) -> 400 naming the field,
-unknown model -> 404, missing or wrong API key -> 401, a client that stopped reading its
-stream -> 408, overload -> 429 with `Retry-After`, engine gone -> 503, the server's
-request timeout -> 504. Request validation errors from pydantic (wrong types, malformed
-JSON) are 400 too, never 422 or 500.
+unknown model or stored response -> 404, missing or wrong API key -> 401, a client that
+stopped reading its stream -> 408, overload -> 429 with `Retry-After`, engine gone -> 503,
+the server's request timeout -> 504. Request validation errors from pydantic (wrong types,
+malformed JSON) are 400 too, never 422 or 500.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from services.frontend.openai.exceptions import (
     InvalidRequestError,
     ModelNotFoundError,
     RequestBodyTooLargeError,
+    ResponseNotFoundError,
 )
 from services.frontend.output_queue import SlowConsumerError
 
@@ -38,6 +39,7 @@ __all__ = [  # the exceptions are re-exported: one import for the serving module
     "ModelNotFoundError",
     "OpenAIError",
     "OverloadedError",  # the shared one (gRPC RESOURCE_EXHAUSTED), re-exported
+    "ResponseNotFoundError",
     "to_openai_error",
 ]
 RETRY_AFTER_S = 1  # what an overloaded server asks clients to wait before retrying
@@ -120,6 +122,8 @@ def to_openai_error(exc: BaseException) -> OpenAIError:
         return _validation_error(exc)
     if isinstance(exc, ModelNotFoundError):
         return OpenAIError(404, str(exc), "invalid_request_error", "model", "model_not_found")
+    if isinstance(exc, ResponseNotFoundError):
+        return OpenAIError(404, str(exc), "invalid_request_error", exc.param, exc.code)
     if isinstance(exc, AuthenticationError):
         return OpenAIError(401, str(exc), "invalid_request_error", None, "invalid_api_key")
     if isinstance(exc, OverloadedError | EngineOverloadedError):

@@ -1,4 +1,5 @@
-"""The OpenAI server's own exceptions: a bad parameter, an unknown model, a wrong API key.
+"""The OpenAI server's own exceptions: a bad parameter, an unknown model or stored response,
+a wrong API key.
 
 They sit apart from errors.py (the mapping to HTTP statuses) so the request models in
 protocol.py can raise them while errors.py reads the request models' field names.
@@ -15,6 +16,7 @@ __all__ = [
     "InvalidRequestError",
     "ModelNotFoundError",
     "RequestBodyTooLargeError",
+    "ResponseNotFoundError",
 ]
 
 
@@ -29,6 +31,22 @@ class InvalidRequestError(ValueError):
 class ModelNotFoundError(LookupError):
     def __init__(self, model: str) -> None:
         super().__init__(f"The model `{model}` does not exist.")
+
+
+class ResponseNotFoundError(LookupError):
+    """A Responses API id that is not stored (never, not any more, or store=false): 404.
+    `param` is the field that named it: previous_response_id, or None for the URL."""
+
+    def __init__(self, response_id: str, param: str | None = None) -> None:
+        what = "Previous response" if param == "previous_response_id" else "Response"
+        super().__init__(f"{what} with id '{response_id}' not found.")
+        self.param = param
+
+    @property
+    def code(self) -> str:
+        if self.param == "previous_response_id":
+            return "previous_response_not_found"
+        return "response_not_found"
 
 
 class RequestBodyTooLargeError(HTTPException):

@@ -249,10 +249,10 @@ class ServingBase:
         outputs = self.outputs(job)
         try:
             if stream:
-                first = await self.until_disconnected(raw_request, _first(outputs))
+                first = await self.until_disconnected(raw_request, first_output(outputs))
                 events = _events(tracker, first, outputs, include_usage)
                 return StreamingResponse(events, media_type="text/event-stream")
-            await self.until_disconnected(raw_request, _collect(tracker, outputs))
+            await self.until_disconnected(raw_request, collect_outputs(tracker, outputs))
         except ClientDisconnectedError:
             return Response(status_code=499)
         return JSONResponse(tracker.response().model_dump())
@@ -284,7 +284,7 @@ async def _wait_for_disconnect(raw_request: Request) -> None:
             return
 
 
-async def _first(outputs: AsyncIterator[T]) -> T:
+async def first_output(outputs: AsyncIterator[T]) -> T:
     """The first output (so admission errors surface before any response is sent)."""
     try:
         return await anext(outputs)
@@ -292,7 +292,7 @@ async def _first(outputs: AsyncIterator[T]) -> T:
         raise RuntimeError("the engine ended the request without any output") from None
 
 
-async def _collect(tracker: Tracker, outputs) -> None:
+async def collect_outputs(tracker: Tracker, outputs) -> None:
     async with contextlib.aclosing(outputs):
         async for index, output in outputs:
             tracker.update(index, output)

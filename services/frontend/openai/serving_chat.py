@@ -9,9 +9,12 @@ same parsed deltas so both agree.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from fastapi import Request
 
 from services.common.outputs import RequestOutput
+from services.common.structured_outputs import StructuredOutputsParams
 from services.frontend.openai.chat_messages import ChatMessage
 from services.frontend.openai.chat_rendering import render_chat
 from services.frontend.openai.exceptions import InvalidRequestError
@@ -34,10 +37,28 @@ from services.frontend.openai.tool_choice import ToolPlan, plan_tools
 from services.frontend.tool_options import ToolServerOptions
 from services.frontend.tool_parsers import ParsedDelta, ToolParser, assemble
 
-__all__ = ["OpenAIServingChat", "message_text", "render_chat"]
+__all__ = ["ChatFields", "ChatTracker", "OpenAIServingChat", "message_text", "render_chat"]
 
 
 _ROLE = DeltaMessage(role="assistant", content="")
+
+
+@dataclass(frozen=True)
+class ChatFields:
+    """What a chat-shaped request calls its conversation and its token budget on the wire
+    (errors name them): the chat endpoint's, or the Responses API's "input" and
+    "max_output_tokens". max_tokens None: max_tokens or max_completion_tokens, as given."""
+
+    messages: str = "messages"
+    max_tokens: str | None = None
+
+    def max_tokens_param(self, request: ChatCompletionRequest) -> str:
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return "max_tokens" if request.max_completion_tokens is None else "max_completion_tokens"
+
+
+CHAT_FIELDS = ChatFields()
 
 
 class _ChatChoice:
@@ -53,7 +74,10 @@ class _ChatChoice:
         self.stop_reason: int | str | None = None
 
 
-class _ChatTracker:
+class ChatTracker:
+    """One chat-shaped request's choices: their text, tool-call deltas, logprobs and usage
+    (the Responses API reads the same deltas, serving_responses.py)."""
+
     def __init__(
         self, request: ChatCompletionRequest, job: Job, tokenizer, parser: ToolParser | None
     ) -> None:
@@ -154,33 +178,46 @@ class OpenAIServingChat(ServingBase):
         model = self.check_model(request.model)
         request.check()
         plan = plan_tools(request, self.tool_options)
-        job = self._job(request, model, plan)
-        tracker = _ChatTracker(request, job, self.frontend.tokenizer, plan.parser)
+        job = self.build_job(request, model, plan, random_id("chatcmpl"))
+        tracker = ChatTracker(request, job, self.frontend.tokenizer, plan.parser)
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         return await self.respond(raw_request, job, tracker, request.stream, include_usage)
 
-    def _job(self, request: ChatCompletionRequest, model: str, plan: ToolPlan) -> Job:
-        self._check_limits(request)
+    def build_job(
+        self,
+        request: ChatCompletionRequest,
+        model: str,
+        plan: ToolPlan,
+        request_id: str,
+        fields: ChatFields = CHAT_FIELDS,
+        constraint: StructuredOutputsParams | None = None,
+    ) -> Job:
+        """The engine job of a chat-shaped request: the limits, the chat template with the
+        plan's tools, the prompt, its SamplingParams. The Responses API runs its requests
+        through here too; `constraint` is a structured-output constraint it built itself
+        (else the request's own)."""
+        self._check_limits(request, fields)
         text = render_chat(
             self.frontend.tokenizer,
             request.messages,
             request.add_generation_prompt,
             request.chat_template or self.tool_options.chat_template,
             plan.template_tools,
+            param=fields.messages,
         )
-        prompt = self.process_prompt(text, request.add_special_tokens, "messages")
-        param = "max_tokens" if request.max_completion_tokens is None else "max_completion_tokens"
+        prompt = self.process_prompt(text, request.add_special_tokens, fields.messages)
+        param = fields.max_tokens_param(request)
         params = request.to_sampling_params(
-            self.max_tokens(request.requested_max_tokens, prompt, param, "messages"),
+            self.max_tokens(request.requested_max_tokens, prompt, param, fields.messages),
             self.vocab_size,
             logprobs=request.num_logprobs,
             defaults=self.frontend.default_sampling,
-            structured_outputs=_constraint(request, plan),
+            structured_outputs=_constraint(request, plan, constraint),
         )
         if plan.parser is not None:
             params.skip_special_tokens = plan.parser.skip_special_tokens
         return Job(
-            request_id=random_id("chatcmpl"),
+            request_id=request_id,
             model=model,
             prompts=[prompt],
             params=[params],
@@ -190,23 +227,26 @@ class OpenAIServingChat(ServingBase):
             lora_request=self.lora_of(model),
         )
 
-    def _check_limits(self, request: ChatCompletionRequest) -> None:
+    def _check_limits(self, request: ChatCompletionRequest, fields: ChatFields) -> None:
         """The frontend's limits, before the chat template or the tokenizer runs."""
-        self.limits.check_messages([message_text(m) for m in request.messages])
+        self.limits.check_messages([message_text(m) for m in request.messages], fields.messages)
         self.limits.check_n(request.n)
-        param = "max_tokens" if request.max_completion_tokens is None else "max_completion_tokens"
-        self.limits.check_max_tokens(request.requested_max_tokens, param)
+        self.limits.check_max_tokens(request.requested_max_tokens, fields.max_tokens_param(request))
 
 
-def _constraint(request: ChatCompletionRequest, plan: ToolPlan):
+def _constraint(
+    request: ChatCompletionRequest, plan: ToolPlan, own: StructuredOutputsParams | None = None
+):
     """The request's structured-output constraint, or the tool-call grammar; not both."""
-    own = request.structured_outputs_params()
+    if own is None:
+        own = request.structured_outputs_params()
     if plan.constraint is None:
         return own
     if own is not None:
         raise InvalidRequestError(
             "tool_choice 'required' or a named function constrains the output to tool calls; "
-            "it cannot be combined with response_format, structured_outputs or guided_*.",
+            "it cannot be combined with response_format (text.format), structured_outputs or "
+            "guided_*.",
             "tool_choice",
         )
     return plan.constraint

@@ -122,13 +122,21 @@ class StructuredOutputFields(BaseModel):
         )
 
     def _from_response_format(self) -> StructuredOutputsParams:
-        fmt = self.response_format
-        pattern = self.guided_whitespace_pattern
-        if fmt.type == "json_object":
-            return StructuredOutputsParams(json_object=True, whitespace_pattern=pattern)
-        if fmt.type != "json_schema":
-            known = ", ".join(RESPONSE_FORMAT_TYPES)
-            raise ValueError(f"type must be one of {known}; got {fmt.type!r}.")
-        if fmt.json_schema is None or fmt.json_schema.json_schema is None:
-            raise ValueError("type json_schema needs json_schema.schema.")
-        return StructuredOutputsParams(json=fmt.json_schema.json_schema, whitespace_pattern=pattern)
+        return response_format_params(self.response_format, self.guided_whitespace_pattern)
+
+
+def response_format_params(
+    fmt: ResponseFormat, whitespace_pattern: str | None = None
+) -> StructuredOutputsParams:
+    """A json_object / json_schema response format as a constraint (ValueError when it is
+    none of the known types or lacks its schema); also the Responses API's text.format."""
+    if fmt.type == "json_object":
+        return StructuredOutputsParams(json_object=True, whitespace_pattern=whitespace_pattern)
+    if fmt.type != "json_schema":
+        known = ", ".join(RESPONSE_FORMAT_TYPES)
+        raise ValueError(f"type must be one of {known}; got {fmt.type!r}.")
+    if fmt.json_schema is None or fmt.json_schema.json_schema is None:
+        raise ValueError("type json_schema needs json_schema.schema.")
+    return StructuredOutputsParams(
+        json=fmt.json_schema.json_schema, whitespace_pattern=whitespace_pattern
+    )
