@@ -107,6 +107,25 @@ def _v1_router(app: FastAPI, api_key: str | None) -> APIRouter:
     async def embeddings(request: EmbeddingRequest, raw_request: Request):
         return await state.embedding.create_embedding(request, raw_request)
 
+    @router.post("/responses")
+    async def responses(request: ResponsesRequest, raw_request: Request):
+        return await state.responses.create_response(request, raw_request)
+
+    @router.get("/responses/{response_id}")
+    async def retrieve_response(response_id: str) -> JSONResponse:
+        return JSONResponse(state.responses.retrieve(response_id))
+
+    @router.delete("/responses/{response_id}")
+    async def delete_response(response_id: str) -> JSONResponse:
+        return JSONResponse(state.responses.delete(response_id))
+
+    _model_routes(router, state)
+    return router
+
+
+def _model_routes(router: APIRouter, state) -> None:
+    """/v1/models and the LoRA adapters' load / unload routes."""
+
     @router.get("/models")
     async def models() -> ModelList:
         cards = [_card(state, name) for name in state.served_model_names]
@@ -128,20 +147,6 @@ def _v1_router(app: FastAPI, api_key: str | None) -> APIRouter:
     @router.post("/unload_lora_adapter")
     async def unload_lora_adapter(request: UnloadLoRAAdapterRequest) -> PlainTextResponse:
         return PlainTextResponse(state.lora.unload(request))
-
-    @router.post("/responses")
-    async def responses(request: ResponsesRequest, raw_request: Request):
-        return await state.responses.create_response(request, raw_request)
-
-    @router.get("/responses/{response_id}")
-    async def retrieve_response(response_id: str) -> JSONResponse:
-        return JSONResponse(state.responses.retrieve(response_id))
-
-    @router.delete("/responses/{response_id}")
-    async def delete_response(response_id: str) -> JSONResponse:
-        return JSONResponse(state.responses.delete(response_id))
-
-    return router
 
 
 def _card(state, name: str) -> ModelCard:
