@@ -66,3 +66,22 @@ def assert_single_final_usage(responses, prompt_tokens: int, completion_tokens: 
 def engine_idle(engine) -> bool:
     """No unfinished request and no KV block in use (a condition for eventually_async)."""
     return not engine.engine.has_unfinished_requests() and not engine.engine.scheduler.kv.usage
+
+
+def reflected_method(target: str, method: str) -> tuple[type, type]:
+    """(request class, response class) of pagestream.v1.Generation's `method`, built from
+    the server's reflection alone (no generated module); blocking, run it in a thread."""
+    from google.protobuf import descriptor_pool, message_factory
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+        ProtoReflectionDescriptorDatabase,
+    )
+
+    with grpc.insecure_channel(target) as sync_channel:
+        database = ProtoReflectionDescriptorDatabase(sync_channel)
+        assert "pagestream.v1.Generation" in database.get_services()
+        pool = descriptor_pool.DescriptorPool(database)
+        found = pool.FindServiceByName("pagestream.v1.Generation").FindMethodByName(method)
+        return (
+            message_factory.GetMessageClass(found.input_type),
+            message_factory.GetMessageClass(found.output_type),
+        )

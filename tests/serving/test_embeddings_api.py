@@ -15,14 +15,11 @@ import numpy as np
 import openai
 import pytest
 import pytest_asyncio
-from google.protobuf import descriptor_pool, message_factory
-from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
-    ProtoReflectionDescriptorDatabase,
-)
 
 from services.common.proto.pagestream.v1 import generation_pb2 as pb
 from services.common.proto.pagestream.v1 import generation_pb2_grpc
 from services.frontend.frontend_server import serve_frontend
+from tests.helpers.grpc_calls import reflected_method
 from tests.helpers.hf_pooling import cosine, hf_pooled, normalized
 from tests.helpers.openai_server import MODEL, TIMEOUT, running_server
 
@@ -184,17 +181,7 @@ async def test_grpc_embed_matches_hf(grpc_target, server, model_dir):
 
 
 async def test_a_reflection_only_client_embeds(grpc_target, model_dir):
-    def describe() -> tuple[type, type]:
-        with grpc.insecure_channel(grpc_target) as sync_channel:
-            database = ProtoReflectionDescriptorDatabase(sync_channel)
-            pool = descriptor_pool.DescriptorPool(database)
-            method = pool.FindServiceByName("pagestream.v1.Generation").FindMethodByName("Embed")
-            return (
-                message_factory.GetMessageClass(method.input_type),
-                message_factory.GetMessageClass(method.output_type),
-            )
-
-    request_class, response_class = await asyncio.to_thread(describe)
+    request_class, response_class = await asyncio.to_thread(reflected_method, grpc_target, "Embed")
     assert request_class is not pb.EmbedRequest  # built from the server's descriptors
     message = request_class()
     message.inputs.add().token_ids.token_ids.extend(IDS)

@@ -8,11 +8,7 @@ import signal
 
 import grpc
 import pytest
-from google.protobuf import descriptor_pool, message_factory
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
-    ProtoReflectionDescriptorDatabase,
-)
 
 from services.common.grpc_server import serve_forever
 from services.common.proto.pagestream.v1 import generation_pb2 as pb
@@ -29,6 +25,7 @@ from tests.helpers.grpc_calls import (
     engine_idle,
     in_process,
     read_rest,
+    reflected_method,
     request,
 )
 
@@ -105,19 +102,7 @@ async def test_sigterm_turns_not_serving_and_drains(engine):
 # ---- a client that knows the API only through reflection -----------------------------------
 async def test_reflection_only_client_gets_a_stream(grpc_server):
     target = f"127.0.0.1:{grpc_server.port}"
-
-    def describe() -> tuple[type, type]:
-        with grpc.insecure_channel(target) as sync_channel:
-            database = ProtoReflectionDescriptorDatabase(sync_channel)
-            assert "pagestream.v1.Generation" in database.get_services()
-            pool = descriptor_pool.DescriptorPool(database)
-            method = pool.FindServiceByName("pagestream.v1.Generation").FindMethodByName("Generate")
-            return (
-                message_factory.GetMessageClass(method.input_type),
-                message_factory.GetMessageClass(method.output_type),
-            )
-
-    request_class, response_class = await asyncio.to_thread(describe)
+    request_class, response_class = await asyncio.to_thread(reflected_method, target, "Generate")
     assert request_class is not pb.GenerateRequest  # built from the server's descriptors
     message = request_class(text=TEXT)
     message.sampling_params.max_tokens = 5
