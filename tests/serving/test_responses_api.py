@@ -107,6 +107,29 @@ async def test_string_input_with_instructions_equals_chat(server):
     assert response.usage.output_tokens_details.reasoning_tokens == 0
 
 
+async def test_what_agent_tooling_always_sends_changes_nothing(server):
+    """Codex CLI and the Agents SDK send reasoning options, include values for reasoning
+    items, truncation "auto" and store false to every model: accepted, the same text."""
+    client = server.async_client()
+    plain = await client.responses.create(
+        model=MODEL, input="Hello there", max_output_tokens=10, **GREEDY
+    )
+    agent = await client.responses.create(
+        model=MODEL,
+        input="Hello there",
+        max_output_tokens=10,
+        reasoning={"effort": "low", "summary": "auto"},
+        include=["reasoning.encrypted_content"],
+        truncation="auto",
+        store=False,
+        parallel_tool_calls=False,
+        text={"verbosity": "low"},
+        **GREEDY,
+    )
+    assert agent.output_text == plain.output_text
+    assert agent.usage.output_tokens == plain.usage.output_tokens
+
+
 async def test_message_list_input_equals_chat(server):
     client = server.async_client()
     items = [
@@ -626,9 +649,9 @@ BAD = [
         "tool_choice",
     ),
     ({"background": True}, "background"),
-    ({"reasoning": {"effort": "high"}}, "reasoning"),
-    ({"include": ["file_search_call.results"]}, "include"),
-    ({"truncation": "auto"}, "truncation"),
+    ({"include": ["everything"]}, "include"),
+    ({"truncation": "middle"}, "truncation"),
+    ({"max_tool_calls": 0}, "max_tool_calls"),
     ({"metadata": {"k": "v" * 600}}, "metadata"),
     ({"temperature": -1}, "temperature"),
     ({"top_logprobs": 99}, "top_logprobs"),

@@ -5,8 +5,12 @@ request: the Responses API runs the same chat template, tool plan and SamplingPa
 Function tools are flat here (`{type: "function", name, parameters, ...}`) and become
 the chat endpoint's `{type: "function", function: {...}}`; `text.format` is the chat
 endpoint's `response_format`. What this server cannot honour is a 400 naming the field,
-never silently dropped: tools other than functions, background mode, reasoning effort,
-automatic truncation, stored prompts and conversations, other `include` values.
+never silently dropped: tools other than functions, background mode, stored prompts and
+conversations, unknown `include` values. What agent tooling sends for every model and
+that does not change the answer of a model without a reasoning mode is accepted as a no-op:
+`reasoning` (effort, summary), `truncation` "auto" (a conversation over the context is
+still a 400), `include` values for reasoning items or built-in tools (none are produced),
+`max_tool_calls` (it bounds built-in tools only) and `text.verbosity`.
 """
 
 from __future__ import annotations
@@ -33,6 +37,17 @@ from services.frontend.openai.structured_request import (
 )
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+# OpenAI's other include values: nothing here produces what they add (no reasoning items,
+# no built-in tools, no images), so asking for them changes nothing.
+NO_OP_INCLUDES = (
+    "reasoning.encrypted_content",
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+)
 TOOL_CHOICES = ("auto", "none", "required")
 MAX_METADATA = (16, 64, 512)  # OpenAI's: keys, key length, value length
 
@@ -63,7 +78,7 @@ class TextFormat(_Model):
 
 class TextConfig(_Model):
     format: TextFormat | None = None
-    verbosity: Literal["medium"] | None = None  # the only one a model here can honour
+    verbosity: Literal["low", "medium", "high"] | None = None  # accepted, not steered
 
 
 class ResponsesRequest(_Model):
@@ -86,11 +101,12 @@ class ResponsesRequest(_Model):
     include: list[str] | None = None
     # refused unless unset (or the default): see check()
     background: bool | None = None
-    reasoning: dict[str, Any] | None = None
-    truncation: Literal["disabled"] | None = None
     conversation: Any = None
     prompt: Any = None
-    max_tool_calls: int | None = None
+    # accepted as no-ops (see the module's docstring)
+    reasoning: dict[str, Any] | None = None
+    truncation: Literal["disabled", "auto"] | None = None
+    max_tool_calls: int | None = Field(None, ge=1)
     # vLLM's sampling extras
     top_k: int | None = None
     min_p: float | None = None
@@ -104,16 +120,12 @@ class ResponsesRequest(_Model):
         """Refuse what this server cannot honour (400 naming the field)."""
         if self.background:
             _unsupported("background", "background mode is not supported; leave it false.")
-        if self.reasoning and any(v is not None for v in self.reasoning.values()):
-            _unsupported("reasoning", "reasoning options (effort, summary) are not supported.")
-        for name in ("conversation", "prompt", "max_tool_calls"):
+        for name in ("conversation", "prompt"):
             if getattr(self, name) is not None:
                 _unsupported(name, f"{name} is not supported by this server.")
         for item in self.include or []:
-            if item != LOGPROBS_INCLUDE:
-                _unsupported(
-                    "include", f"include {item!r} is not supported (only {LOGPROBS_INCLUDE})."
-                )
+            if item != LOGPROBS_INCLUDE and item not in NO_OP_INCLUDES:
+                _unsupported("include", f"include {item!r} is not one of OpenAI's values.")
         if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_LOGPROBS:
             raise InvalidRequestError(
                 f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {self.top_logprobs}.",
