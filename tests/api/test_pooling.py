@@ -311,3 +311,20 @@ def test_preempted_pooling_requests_keep_their_embedding(model_dir, hf_greedy, m
         assert scheduler.kv.num_free_blocks == 12
     finally:
         llm.engine.close()
+
+
+def test_async_scheduling_keeps_the_embeddings(model_dir):
+    """Two plans in flight: a pooling request's chunks still land in order and add up."""
+    llm = LLM(
+        str(model_dir("llama")),
+        runner="pooling",
+        pooler_config={"pooling_type": "MEAN"},
+        async_scheduling=True,
+        **ENGINE,
+    )
+    try:
+        outputs = llm.encode(_ids(PROMPTS), use_tqdm=False)
+    finally:
+        llm.engine.close()
+    for prompt, output in zip(PROMPTS, outputs, strict=True):
+        _close(output.outputs.data, hf_pooled(model_dir("llama"), prompt, "MEAN"))
