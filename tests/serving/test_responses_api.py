@@ -530,6 +530,37 @@ async def test_store_false_and_unknown_ids_are_404(server, caplog):
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # handled, not raised
 
 
+async def test_input_items_list_a_responses_own_input(server):
+    client = server.async_client()
+    first = await client.responses.create(model=MODEL, input="Hi", max_output_tokens=2)
+    items = [
+        {"role": "user", "content": "One"},
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "Two"}],
+        },
+        {"role": "user", "content": [{"type": "input_text", "text": "Three"}], "id": "msg_mine"},
+    ]
+    second = await client.responses.create(
+        model=MODEL, input=items, previous_response_id=first.id, max_output_tokens=2
+    )
+    page = await client.responses.input_items.list(second.id, order="asc")
+    texts = [item.content[0].text for item in page.data]
+    assert texts == ["One", "Two", "Three"]  # its own input, not the chain's
+    assert [item.role for item in page.data] == ["user", "assistant", "user"]
+    assert page.data[2].id == "msg_mine" and all(item.id for item in page.data)
+    newest = await client.responses.input_items.list(second.id, limit=2)  # desc by default
+    assert [item.content[0].text for item in newest.data] == ["Three", "Two"]
+    assert newest.has_more
+    rest = await client.responses.input_items.list(second.id, after=newest.data[-1].id)
+    assert [item.content[0].text for item in rest.data] == ["One"] and not rest.has_more
+    [only] = (await client.responses.input_items.list(first.id)).data
+    assert only.type == "message" and only.content[0].type == "input_text"
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.input_items.list("resp_nope")
+
+
 async def test_delete_forgets_a_response(server):
     client = server.async_client()
     response = await client.responses.create(model=MODEL, input="Hi", max_output_tokens=2)

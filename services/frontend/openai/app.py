@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+from typing import Literal
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -114,6 +115,15 @@ def _v1_router(app: FastAPI, api_key: str | None) -> APIRouter:
     @router.get("/responses/{response_id}")
     async def retrieve_response(response_id: str) -> JSONResponse:
         return JSONResponse(state.responses.retrieve(response_id))
+
+    @router.get("/responses/{response_id}/input_items")
+    async def response_input_items(
+        response_id: str,
+        order: Literal["asc", "desc"] = "desc",
+        limit: int = Query(20, ge=1, le=100),
+        after: str | None = None,
+    ) -> JSONResponse:
+        return JSONResponse(state.responses.input_items(response_id, order, limit, after))
 
     @router.delete("/responses/{response_id}")
     async def delete_response(response_id: str) -> JSONResponse:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from services.frontend.openai.chat_messages import ChatMessage, FunctionCallIn, ToolCallIn
 from services.frontend.openai.exceptions import InvalidRequestError
+from services.frontend.openai.response_object import new_id
 
 TEXT_PART_TYPES = ("input_text", "output_text", "text")
 
@@ -132,6 +133,32 @@ def _check_arguments(arguments: str, where: str) -> None:
         json.loads(arguments)
     except json.JSONDecodeError as exc:
         raise InvalidRequestError(f"{where} is not valid JSON: {exc}", where) from None
+
+
+def input_items(items: str | list) -> list[dict]:
+    """The input as OpenAI's item objects (GET /v1/responses/{id}/input_items): each with
+    an id (the client's, else a new one) and status completed; call after input_messages
+    has checked it."""
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    return [_item_object(raw, _parse(raw, "input")) for raw in items]
+
+
+def _item_object(raw: dict, item: _Item) -> dict:
+    if isinstance(item, MessageItem):
+        kind = "output_text" if item.role == "assistant" else "input_text"
+        content = item.content
+        if isinstance(content, str):
+            content = [{"type": kind, "text": content}]
+        body = {"type": "message", "role": item.role, "content": content}
+        prefix = "msg"
+    elif isinstance(item, FunctionCallItemIn):
+        body = item.model_dump()
+        prefix = "fc"
+    else:
+        body = item.model_dump()
+        prefix = "fco"
+    return {"id": raw.get("id") or new_id(prefix), **body, "status": "completed"}
 
 
 def output_message(text: str | None, calls: list[ToolCallIn]) -> ChatMessage:

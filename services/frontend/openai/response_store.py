@@ -29,6 +29,7 @@ class StoredResponse:
     conversation: tuple[ChatMessage, ...]  # input items and output, without instructions
     num_bytes: int
     stored_at: float
+    input_items: tuple[dict, ...] = ()  # this response's own input, as OpenAI's items
 
 
 class ResponseStore:
@@ -78,17 +79,23 @@ class ResponseStore:
         self._expire()
         return response_id in self._by_use
 
-    def put(self, response_id: str, response: dict, conversation: list[ChatMessage]) -> bool:
+    def put(
+        self,
+        response_id: str,
+        response: dict,
+        conversation: list[ChatMessage],
+        input_items: list[dict] = (),
+    ) -> bool:
         """Keep a response (replacing one of that id); False when it is not kept (storing
         is off, or it alone is over max_bytes)."""
         if not self.enabled:
             return False
         self.delete(response_id)
-        num_bytes = _size(response, conversation)
+        num_bytes = _size(response, conversation, input_items)
         if self.max_bytes and num_bytes > self.max_bytes:
             return False
         now = self._clock()
-        entry = StoredResponse(response, tuple(conversation), num_bytes, now)
+        entry = StoredResponse(response, tuple(conversation), num_bytes, now, tuple(input_items))
         self._by_use[response_id] = entry
         self._by_age[response_id] = now
         self._num_bytes += num_bytes
@@ -128,7 +135,8 @@ class ResponseStore:
             self.delete(next(iter(self._by_use)))
 
 
-def _size(response: dict, conversation: list[ChatMessage]) -> int:
+def _size(response: dict, conversation: list[ChatMessage], input_items=()) -> int:
     """Bytes of the entry's JSON (what it costs in memory, to within a small factor)."""
     messages = sum(len(m.model_dump_json(exclude_none=True)) for m in conversation)
-    return len(json.dumps(response, separators=(",", ":"))) + messages
+    items = sum(len(json.dumps(item, separators=(",", ":"))) for item in input_items)
+    return len(json.dumps(response, separators=(",", ":"))) + messages + items

@@ -27,8 +27,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from services.common.outputs import RequestOutput
 from services.frontend.openai.chat_messages import ChatMessage, FunctionCallIn, ToolCallIn
 from services.frontend.openai.errors import to_openai_error
-from services.frontend.openai.exceptions import ResponseNotFoundError
-from services.frontend.openai.response_input import input_messages, output_message
+from services.frontend.openai.exceptions import InvalidRequestError, ResponseNotFoundError
+from services.frontend.openai.response_input import input_items, input_messages, output_message
 from services.frontend.openai.response_object import (
     FunctionCallOutputItem,
     IncompleteDetails,
@@ -58,8 +58,9 @@ RESPONSES_FIELDS = ChatFields(messages="input", max_tokens="max_output_tokens")
 class _ResponseRun:
     """One response being made: the chat tracker's deltas into output items and events."""
 
-    def __init__(self, response: ResponseObject, job: Job, tracker: ChatTracker, history):
+    def __init__(self, response: ResponseObject, job: Job, tracker: ChatTracker, history, items=()):
         self.response = response
+        self.input_items: list[dict] = list(items)  # the request's own input, as items
         self.job = job
         self.tracker = tracker
         self.builder = ResponseOutputBuilder()
@@ -137,6 +138,32 @@ class OpenAIServingResponses(ServingBase):
             raise ResponseNotFoundError(response_id)
         return stored.response
 
+    def input_items(
+        self, response_id: str, order: str = "desc", limit: int = 20, after: str | None = None
+    ) -> dict:
+        """A stored response's input items, a page at a time (OpenAI's list object)."""
+        stored = self.store.get(response_id)
+        if stored is None:
+            raise ResponseNotFoundError(response_id)
+        items = list(stored.input_items)
+        if order == "desc":
+            items.reverse()
+        if after is not None:
+            ids = [item["id"] for item in items]
+            if after not in ids:
+                raise InvalidRequestError(
+                    f"after: no input item {after!r} in {response_id}.", "after"
+                )
+            items = items[ids.index(after) + 1 :]
+        page = items[:limit]
+        return {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(items) > limit,
+        }
+
     def delete(self, response_id: str) -> dict:
         if not self.store.delete(response_id):
             raise ResponseNotFoundError(response_id)
@@ -159,7 +186,8 @@ class OpenAIServingResponses(ServingBase):
             chat_request, model, plan, response_id, RESPONSES_FIELDS, constraint
         )
         tracker = ChatTracker(chat_request, job, self.frontend.tokenizer, plan.parser)
-        return _ResponseRun(self._skeleton(request, job, tools), job, tracker, history)
+        items = input_items(request.input)
+        return _ResponseRun(self._skeleton(request, job, tools), job, tracker, history, items)
 
     def _history(self, previous_response_id: str | None) -> list[ChatMessage]:
         if previous_response_id is None:
@@ -193,7 +221,7 @@ class OpenAIServingResponses(ServingBase):
         """The finished response's body, stored (with its conversation) if it asked."""
         body = run.response.model_dump(mode="json")
         if run.response.store:
-            self.store.put(run.response.id, body, run.full_conversation())
+            self.store.put(run.response.id, body, run.full_conversation(), run.input_items)
         return body
 
     # ---- streaming ---------------------------------------------------------------------
