@@ -43,6 +43,7 @@ SERVING_MAX_WAITING_REQUESTS = 1024
 # requests (medians of 2): 240, 240 and 228 output tok/s. 2048 / 256 keeps the
 # throughput and cuts the tail: a step carries at most 256 prompt tokens of each request,
 # so decoding requests wait for one long prompt's chunk less.
+CONVERTS = ("auto", "none", "embed")  # vLLM's --convert values this engine runs
 STEP_DEFAULTS = {"cpu": (2048, 256), "cuda": (2048, 0)}
 
 
@@ -176,6 +177,12 @@ class EngineArgs:
         "folders, else generate",
         choices=RUNNERS,
     )
+    convert: str = flag(
+        "auto",
+        "vLLM's model conversion: embed runs a generative checkpoint as an embedding model "
+        "(implies --runner pooling); none and auto leave the runner to choose",
+        choices=CONVERTS,
+    )
     pooler_config: str | Mapping | None = flag(
         None,
         "the pooling runner's pooler, vLLM's JSON: "
@@ -189,6 +196,15 @@ class EngineArgs:
             self.max_waiting_requests = 0
         SpeculativeConfig.parse(self.speculative_config)  # a bad config fails here, by name
         PoolerConfig.parse(self.pooler_config)
+        self.resolved_runner()
+
+    def resolved_runner(self) -> str:
+        """--runner, with --convert embed's pooling (which a generate runner contradicts)."""
+        if self.convert != "embed":
+            return self.runner
+        if self.runner == "generate":
+            raise ValueError("--convert embed makes an embedding model: use --runner pooling.")
+        return "pooling"
         self.lora_config()
 
     def lora_config(self) -> LoRAConfig | None:
@@ -215,7 +231,7 @@ class EngineArgs:
             quantization_group_size=self.quantization_group_size,
             speculative=SpeculativeConfig.parse(self.speculative_config),
             lora=self.lora_config(),
-            runner=self.runner,
+            runner=self.resolved_runner(),
             pooler=PoolerConfig.parse(self.pooler_config),
         )
 

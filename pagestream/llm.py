@@ -87,12 +87,18 @@ class LLM:
         *,
         dimensions: int | None = None,
         normalize: bool | None = None,
+        truncate_prompt_tokens: int | None = None,
     ) -> list[EmbeddingRequestOutput]:
         """One embedding per prompt, in input order: the pooled state, truncated to
         `dimensions` (Matryoshka models) and L2-normalized as the pooler config (or
-        `normalize`) says. Needs runner="pooling"."""
+        `normalize`) says; `truncate_prompt_tokens` keeps each prompt's last k tokens (-1:
+        the context length). Needs runner="pooling"."""
         if pooling_params is None:
-            pooling_params = PoolingParams(dimensions=dimensions, normalize=normalize)
+            pooling_params = PoolingParams(
+                dimensions=dimensions,
+                normalize=normalize,
+                truncate_prompt_tokens=truncate_prompt_tokens,
+            )
         outputs = self._pool(prompts, pooling_params, "embed", use_tqdm)
         return [EmbeddingRequestOutput.from_base(o) for o in outputs]
 
@@ -101,12 +107,16 @@ class LLM:
         prompts,
         pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
         use_tqdm: bool = True,
+        *,
+        truncate_prompt_tokens: int | None = None,
     ) -> list[PoolingRequestOutput]:
         """The raw pooled hidden state of each prompt (`outputs.data`, [hidden] float32),
         neither truncated nor normalized. Needs runner="pooling"."""
-        return self._pool(
-            prompts, pooling_params or PoolingParams(task="encode"), "encode", use_tqdm
-        )
+        if pooling_params is None:
+            pooling_params = PoolingParams(
+                task="encode", truncate_prompt_tokens=truncate_prompt_tokens
+            )
+        return self._pool(prompts, pooling_params, "encode", use_tqdm)
 
     def _pool(
         self, prompts, pooling_params, task: str, use_tqdm: bool

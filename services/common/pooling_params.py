@@ -21,6 +21,9 @@ class PoolingParams:
     task: str = "embed"
     dimensions: int | None = None
     normalize: bool | None = None
+    # Keep only the prompt's last k tokens (-1: the last max_model_len); None: all of it
+    # (a prompt over the context is then refused).
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.task not in POOLING_TASKS:
@@ -29,6 +32,13 @@ class PoolingParams:
             not isinstance(self.dimensions, int) or isinstance(self.dimensions, bool)
         ):
             raise ValueError(f"dimensions must be an integer, got {self.dimensions!r}.")
+        keep = self.truncate_prompt_tokens
+        if keep is not None and (
+            not isinstance(keep, int) or isinstance(keep, bool) or (keep < 1 and keep != -1)
+        ):
+            raise ValueError(
+                f"truncate_prompt_tokens must be -1 (the context length) or >= 1, got {keep!r}."
+            )
         if self.task == "encode" and (self.dimensions is not None or self.normalize):
             raise ValueError(
                 "task 'encode' returns the raw pooled state: no dimensions or normalize."

@@ -107,7 +107,9 @@ class InputProcessor:
             )
         params.verify(self.pooler)
         request_id = request_id or new_request_id()
-        processed = self.process(prompt, add_special_tokens)
+        keep = params.truncate_prompt_tokens
+        keep_last = self.max_model_len if keep == -1 else keep
+        processed = self.process(prompt, add_special_tokens, keep_last)
         request = EngineCoreRequest(
             request_id=request_id,
             prompt_token_ids=processed.prompt_token_ids,
@@ -121,24 +123,27 @@ class InputProcessor:
         )
         return request, state
 
-    def process(self, prompt, add_special_tokens: bool = True) -> ProcessedPrompt:
-        """Accepts a str, {"prompt": str}, {"prompt_token_ids": [...]} or a list of ids.
+    def process(
+        self, prompt, add_special_tokens: bool = True, keep_last: int | None = None
+    ) -> ProcessedPrompt:
+        """Accepts a str, {"prompt": str}, {"prompt_token_ids": [...]} or a list of ids;
+        `keep_last`: only its last tokens count (vLLM's truncate_prompt_tokens).
 
         Chat prompts pass add_special_tokens=False: their template already has the BOS.
         """
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
-                return self._check(prompt.get("prompt"), prompt["prompt_token_ids"])
+                return self._check(prompt.get("prompt"), prompt["prompt_token_ids"], keep_last)
             if "prompt" in prompt:
-                return self.process(prompt["prompt"], add_special_tokens)
+                return self.process(prompt["prompt"], add_special_tokens, keep_last)
             raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'.")
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("text prompts need a tokenizer; pass prompt_token_ids instead.")
             ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-            return self._check(prompt, ids)
+            return self._check(prompt, ids, keep_last)
         if isinstance(prompt, list | tuple):
-            return self._check(None, prompt)
+            return self._check(None, prompt, keep_last)
         raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt)}.")
 
     def check_params(self, params) -> None:
@@ -157,8 +162,10 @@ class InputProcessor:
                     f"[0, {self.vocab_size})."
                 )
 
-    def _check(self, text: str | None, token_ids) -> ProcessedPrompt:
+    def _check(self, text: str | None, token_ids, keep_last: int | None = None) -> ProcessedPrompt:
         ids = list(token_ids)
+        if keep_last is not None:
+            ids = ids[-keep_last:]
         if not ids:
             raise ValueError("the prompt is empty: it must contain at least one token.")
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):

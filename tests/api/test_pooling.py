@@ -328,3 +328,31 @@ def test_async_scheduling_keeps_the_embeddings(model_dir):
         llm.engine.close()
     for prompt, output in zip(PROMPTS, outputs, strict=True):
         _close(output.outputs.data, hf_pooled(model_dir("llama"), prompt, "MEAN"))
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens(pooling_llm, model_dir):
+    llm = pooling_llm("llama", "MEAN")
+    long = PROMPTS[0] * 20  # 460 tokens: over the tiny model's 256
+    out = llm.encode(_ids([long]), PoolingParams(task="encode", truncate_prompt_tokens=10), False)
+    assert out[0].prompt_token_ids == long[-10:]
+    _close(out[0].outputs.data, hf_pooled(model_dir("llama"), long[-10:], "MEAN"))
+    whole = llm.encode(_ids([long]), PoolingParams(task="encode", truncate_prompt_tokens=-1), False)
+    assert len(whole[0].prompt_token_ids) == llm.engine.info.max_model_len
+    embedded = llm.embed(_ids([long]), truncate_prompt_tokens=10, use_tqdm=False)[0]
+    _close(
+        embedded.outputs.embedding, normalized(hf_pooled(model_dir("llama"), long[-10:], "MEAN"))
+    )
+    with pytest.raises(ValueError, match="truncate_prompt_tokens"):
+        PoolingParams(truncate_prompt_tokens=0)
+
+
+def test_convert_embed_runs_the_pooling_runner(model_dir):
+    llm = LLM(str(model_dir("llama")), convert="embed", **ENGINE)
+    try:
+        assert llm.engine.info.runner == "pooling"
+        out = llm.embed(_ids(PROMPTS[:1]), use_tqdm=False)[0]
+        _close(out.outputs.embedding, normalized(hf_pooled(model_dir("llama"), PROMPTS[0], "LAST")))
+    finally:
+        llm.engine.close()
+    with pytest.raises(ValueError, match="--runner pooling"):
+        LLM(str(model_dir("llama")), convert="embed", runner="generate")

@@ -34,7 +34,11 @@ def _wire(message):
 
 @pytest.mark.parametrize(
     "params",
-    [PoolingParams(), PoolingParams(dimensions=32, normalize=False), PoolingParams(task="encode")],
+    [
+        PoolingParams(),
+        PoolingParams(dimensions=32, normalize=False, truncate_prompt_tokens=-1),
+        PoolingParams(task="encode", truncate_prompt_tokens=7),
+    ],
 )
 def test_pooling_requests_round_trip(params):
     request = EngineCoreRequest("p", [1, 2, 3], SamplingParams(max_tokens=1), pooling_params=params)

@@ -126,6 +126,22 @@ async def test_bad_embedding_requests_are_400s_naming_the_field(server, body, pa
     assert len(ok.data[0].embedding) == 64
 
 
+async def test_truncate_prompt_tokens_embeds_the_last_tokens(server, model_dir):
+    client = server.async_client()
+    long = IDS * 20  # over the context: refused unless truncated
+    result = await client.embeddings.create(
+        model=MODEL, input=long, extra_body={"truncate_prompt_tokens": 12}
+    )
+    _assert_embedding(result.data[0].embedding, _reference(model_dir, long[-12:]))
+    assert result.usage.prompt_tokens == 12
+    with pytest.raises(openai.BadRequestError, match="tokens"):
+        await client.embeddings.create(model=MODEL, input=long)
+    with pytest.raises(openai.BadRequestError, match="truncate_prompt_tokens"):
+        await client.embeddings.create(
+            model=MODEL, input="hi", extra_body={"truncate_prompt_tokens": 0}
+        )
+
+
 async def test_openai_client_sees_a_bad_request(server):
     with pytest.raises(openai.BadRequestError, match="empty"):
         await server.async_client().embeddings.create(model=MODEL, input="")

@@ -13,7 +13,10 @@ _FLOAT32_LE = np.dtype("<f4")
 
 def pooling_params_to_pb(params: PoolingParams) -> generation_pb2.PoolingParams:
     return generation_pb2.PoolingParams(
-        task=params.task, dimensions=params.dimensions, normalize=params.normalize
+        task=params.task,
+        dimensions=params.dimensions,
+        normalize=params.normalize,
+        truncate_prompt_tokens=params.truncate_prompt_tokens,
     )
 
 
@@ -23,6 +26,9 @@ def pooling_params_from_pb(message: generation_pb2.PoolingParams) -> PoolingPara
         task=message.task or "embed",
         dimensions=message.dimensions if message.HasField("dimensions") else None,
         normalize=message.normalize if message.HasField("normalize") else None,
+        truncate_prompt_tokens=message.truncate_prompt_tokens
+        if message.HasField("truncate_prompt_tokens")
+        else None,
     )
 
 

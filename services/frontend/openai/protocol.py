@@ -261,6 +261,7 @@ class EmbeddingRequest(OpenAIBaseModel):
     dimensions: int | None = None
     user: str | None = None
     normalize: bool | None = None
+    truncate_prompt_tokens: int | None = None
     add_special_tokens: bool = True
     priority: int = 0
 

@@ -43,8 +43,9 @@ class OpenAIServingEmbedding(ServingBase):
                 f"input: at most {MAX_EMBED_INPUTS} inputs per request, got {len(prompts)}.",
                 "input",
             )
-        for prompt in prompts:
-            self.check_prompt_size(prompt, "input")
+        for prompt in prompts:  # token ids over the context are fine when truncated
+            if isinstance(prompt, str) or request.truncate_prompt_tokens is None:
+                self.check_prompt_size(prompt, "input")
         params = self._params(request)
         request_id = random_id("embd")
         recorder = self.metrics.start_request()
@@ -79,9 +80,14 @@ class OpenAIServingEmbedding(ServingBase):
     @staticmethod
     def _params(request: EmbeddingRequest) -> PoolingParams:
         try:
-            return PoolingParams(dimensions=request.dimensions, normalize=request.normalize)
+            return PoolingParams(
+                dimensions=request.dimensions,
+                normalize=request.normalize,
+                truncate_prompt_tokens=request.truncate_prompt_tokens,
+            )
         except ValueError as exc:
-            raise InvalidRequestError(str(exc), "dimensions") from exc
+            param = "truncate_prompt_tokens" if "truncate" in str(exc) else "dimensions"
+            raise InvalidRequestError(str(exc), param) from exc
 
     @staticmethod
     async def _named(work):

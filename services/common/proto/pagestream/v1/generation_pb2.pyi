@@ -136,14 +136,16 @@ class GenerateRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[str] = ..., add_special_tokens: _Optional[bool] = ..., lora_name: _Optional[str] = ...) -> None: ...
 
 class PoolingParams(_message.Message):
-    __slots__ = ("task", "dimensions", "normalize")
+    __slots__ = ("task", "dimensions", "normalize", "truncate_prompt_tokens")
     TASK_FIELD_NUMBER: _ClassVar[int]
     DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     task: str
     dimensions: int
     normalize: bool
-    def __init__(self, task: _Optional[str] = ..., dimensions: _Optional[int] = ..., normalize: _Optional[bool] = ...) -> None: ...
+    truncate_prompt_tokens: int
+    def __init__(self, task: _Optional[str] = ..., dimensions: _Optional[int] = ..., normalize: _Optional[bool] = ..., truncate_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class EmbedInput(_message.Message):
     __slots__ = ("text", "token_ids")
