@@ -197,6 +197,7 @@ class EngineArgs:
         SpeculativeConfig.parse(self.speculative_config)  # a bad config fails here, by name
         PoolerConfig.parse(self.pooler_config)
         self.resolved_runner()
+        self.lora_config()
 
     def resolved_runner(self) -> str:
         """--runner, with --convert embed's pooling (which a generate runner contradicts)."""
@@ -205,7 +206,6 @@ class EngineArgs:
         if self.runner == "generate":
             raise ValueError("--convert embed makes an embedding model: use --runner pooling.")
         return "pooling"
-        self.lora_config()
 
     def lora_config(self) -> LoRAConfig | None:
         if not self.enable_lora:

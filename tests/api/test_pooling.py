@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from pagestream import LLM, PoolingParams, SamplingParams
+from tests.helpers.engine_steps import run_until_done
 from tests.helpers.hf_pooling import cosine, hf_pooled, normalized
 
 ENGINE = dict(dtype="float32", kv_cache_memory="8MiB", max_num_batched_tokens=8)
@@ -125,11 +126,7 @@ def test_pooling_shares_steps_with_generation(pooling_llm, model_dir, hf_greedy,
         engine.add_pooling_request(None, {"prompt_token_ids": p}, PoolingParams(task="encode"))
         for p in PROMPTS
     ]
-    results = {}
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            if output.finished:
-                results[output.request_id] = output
+    results = run_until_done(engine)
     gen_ids, pool_ids = {s.request_id for s in gen}, {s.request_id for s in pooled}
     mixed = [
         p
@@ -297,11 +294,7 @@ def test_preempted_pooling_requests_keep_their_embedding(model_dir, hf_greedy, m
             engine.add_pooling_request(None, {"prompt_token_ids": p}, PoolingParams(task="encode"))
             for p in pool_prompts
         ]
-        results = {}
-        while engine.has_unfinished_requests():
-            for output in engine.step():
-                if output.finished:
-                    results[output.request_id] = output
+        results = run_until_done(engine)
         pool_ids = {s.request_id for s in pooled}
         assert any(v.request_id in pool_ids for v in victims), "no pooling request was preempted"
         for state, prompt in zip(pooled, pool_prompts, strict=True):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from pagestream import LLM, PoolingParams, SamplingParams
+from tests.helpers.engine_steps import run_until_done
 from tests.helpers.hf_pooling import cosine, hf_pooled
 
 PROMPTS = [[5, 17, 33, 99, 250, 12, 8, 41, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25], [3, 4, 5, 6]]
@@ -39,11 +40,7 @@ def test_tp2_embeddings_equal_hf_beside_generation(tp2, model_dir, hf_greedy):
         engine.add_pooling_request(None, {"prompt_token_ids": p}, PoolingParams(task="encode"))
         for p in PROMPTS
     ]
-    results = {}
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            if output.finished:
-                results[output.request_id] = output
+    results = run_until_done(engine)
     assert results[gen.request_id].outputs[0].token_ids == hf_greedy(folder, PROMPTS[1], 8)
     for state, prompt in zip(pooled, PROMPTS, strict=True):
         got, ref = results[state.request_id].outputs.data, hf_pooled(folder, prompt, "MEAN")

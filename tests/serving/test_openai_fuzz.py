@@ -35,14 +35,15 @@ def _check_operation(operation, base_url: str) -> int:
     return len(calls)
 
 
-def _fuzz(base_url: str) -> dict[str, int]:
+def _fuzz(base_url: str, only: str | None = None) -> dict[str, int]:
+    """Every operation (or only the one labelled `only`, e.g. "POST /v1/embeddings")."""
     schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json")
     counts = {}
     for result in schema.get_all_operations():
         operation = result.ok()
-        counts[f"{operation.method.upper()} {operation.path}"] = _check_operation(
-            operation, base_url
-        )
+        label = f"{operation.method.upper()} {operation.path}"
+        if only is None or label == only:
+            counts[label] = _check_operation(operation, base_url)
     return counts
 
 
@@ -55,3 +56,15 @@ async def test_openapi_schema_fuzz_never_gets_a_server_error(model_dir):
             model=MODEL, prompt=[5, 6, 7], max_tokens=2
         )
         assert reply.choices[0].finish_reason in {"length", "stop"}
+
+
+async def test_embeddings_fuzz_on_a_pooling_server(model_dir):
+    """/v1/embeddings where it serves (a generate server answers it 400 above)."""
+    engine = {"runner": "pooling", "max_model_len": 96}
+    async with running_server(model_dir("llama"), api_key=None, **engine) as server:
+        counts = await asyncio.to_thread(_fuzz, server.http.url, "POST /v1/embeddings")
+        assert counts == {"POST /v1/embeddings": counts["POST /v1/embeddings"]} and all(
+            counts.values()
+        )
+        reply = await server.async_client().embeddings.create(model=MODEL, input=[5, 6, 7])
+        assert len(reply.data[0].embedding) == 64
