@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from pagestream.engine_args import EngineArgs
 from pagestream.engine_core_process import EngineCoreProcess
 from pagestream.inproc_client import InprocEngineCoreClient
+from pagestream.tensor_outputs import as_tensors
 from services.common.engine_errors import EngineUnavailableError
 from services.common.model_source import resolve_model
 from services.common.outputs import PoolingRequestOutput, RequestOutput
@@ -121,7 +122,8 @@ class AsyncEngine:
         """One prompt's pooled output on a pooling engine (runner="pooling"): its
         embedding for task "embed" (the default), the raw pooled state for "encode".
         kwargs: priority, add_special_tokens."""
-        return await self.frontend.encode(prompt, pooling_params, request_id, **kwargs)
+        output = await self.frontend.encode(prompt, pooling_params, request_id, **kwargs)
+        return as_tensors(output)
 
     async def abort(self, request_id: str) -> None:
         """End a request; its stream gets a final output with finish_reason "abort"."""

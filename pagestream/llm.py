@@ -10,6 +10,7 @@ from tqdm import tqdm
 
 from pagestream.engine_args import EngineArgs
 from pagestream.llm_engine import LLMEngine
+from pagestream.tensor_outputs import as_tensors
 from services.common.lora_request import LoRARequest
 from services.common.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
 from services.common.pooling_params import PoolingParams
@@ -110,13 +111,13 @@ class LLM:
         *,
         truncate_prompt_tokens: int | None = None,
     ) -> list[PoolingRequestOutput]:
-        """The raw pooled hidden state of each prompt (`outputs.data`, [hidden] float32),
-        neither truncated nor normalized. Needs runner="pooling"."""
+        """The raw pooled hidden state of each prompt (`outputs.data`, a [hidden] float32
+        torch tensor, as vLLM's), neither truncated nor normalized. Needs runner="pooling"."""
         if pooling_params is None:
             pooling_params = PoolingParams(
                 task="encode", truncate_prompt_tokens=truncate_prompt_tokens
             )
-        return self._pool(prompts, pooling_params, "encode", use_tqdm)
+        return [as_tensors(o) for o in self._pool(prompts, pooling_params, "encode", use_tqdm)]
 
     def _pool(
         self, prompts, pooling_params, task: str, use_tqdm: bool

@@ -48,7 +48,8 @@ class RequestOutput:
 # ---- pooling (vLLM's names) ----------------------------------------------------------
 @dataclass
 class PoolingOutput:
-    """The raw pooled hidden state [hidden] float32 (`LLM.encode`)."""
+    """The raw pooled hidden state [hidden] float32 (`LLM.encode`, `AsyncEngine.encode`
+    hand it out as a torch tensor, as vLLM does; numpy below the public API)."""
 
     data: np.ndarray
 

@@ -10,6 +10,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from pagestream import LLM, PoolingParams, SamplingParams
 from tests.helpers.engine_steps import run_until_done
@@ -64,6 +65,7 @@ def test_encode_equals_hf_pooled_last_hidden_state(pooling_llm, model_dir, name,
     outputs = llm.encode(_ids(PROMPTS), use_tqdm=False)  # chunks of 8 tokens
     for prompt, output in zip(PROMPTS, outputs, strict=True):
         assert output.prompt_token_ids == prompt
+        assert isinstance(output.outputs.data, torch.Tensor)  # as vLLM's PoolingOutput
         _close(output.outputs.data, hf_pooled(model_dir(name), prompt, pooling_type))
 
 

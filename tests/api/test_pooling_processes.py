@@ -9,6 +9,7 @@ import asyncio
 import numpy as np
 import pytest
 import pytest_asyncio
+import torch
 
 from pagestream import AsyncEngine, PoolingParams, SamplingParams
 from tests.helpers.hf_pooling import cosine, hf_pooled, normalized
@@ -47,6 +48,7 @@ async def test_embeddings_cross_both_hops(engine, model_dir):
         ref = normalized(hf_pooled(model_dir("llama"), prompt, "MEAN"))
         assert cosine(output.outputs.data, ref) > 0.9999
         np.testing.assert_allclose(output.outputs.data, ref, atol=1e-4)
+    assert isinstance(outputs[-1].outputs.data, torch.Tensor)
     raw = hf_pooled(model_dir("llama"), PROMPTS[0], "MEAN")
     np.testing.assert_allclose(outputs[-1].outputs.data, raw, atol=1e-4)
 
