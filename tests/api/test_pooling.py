@@ -59,7 +59,7 @@ def pooling_llm(model_dir):
 
 
 @pytest.mark.parametrize("pooling_type", ["LAST", "MEAN", "CLS"])
-@pytest.mark.parametrize("name", ["llama", "qwen2", "gpt2"])  # gpt2: the HF fallback
+@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", "gpt2"])  # gpt2: HF fallback
 def test_encode_equals_hf_pooled_last_hidden_state(pooling_llm, model_dir, name, pooling_type):
     llm = pooling_llm(name, pooling_type)
     outputs = llm.encode(_ids(PROMPTS), use_tqdm=False)  # chunks of 8 tokens
