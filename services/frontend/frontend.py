@@ -37,6 +37,11 @@ from services.frontend.output_queue import RequestOutputQueue, SlowConsumerError
 from services.frontend.request_limits import RequestLimits
 
 logger = logging.getLogger(__name__)
+# One encode_many call keeps at most this many engine requests in flight: a request of
+# 2048 inputs (OpenAI's limit) then fits under the serving bound on waiting requests
+# (1024), and a large batch never floods the queue ahead of other clients' requests.
+ENCODE_WINDOW = 256
+
 __all__ = ["Frontend", "RequestTimeoutError"]
 
 RECONNECT_BACKOFF_S = (0.0, 0.25, 0.5, 1.0, 2.0)  # between losses with no output in between
@@ -202,15 +207,17 @@ class Frontend:
             )
         try:
             async with asyncio.TaskGroup() as group:  # one failing cancels (aborts) the rest
-                tasks = [group.create_task(self._pooled(r, s)) for r, s in requests]
+                window = asyncio.Semaphore(ENCODE_WINDOW)
+                tasks = [group.create_task(self._pooled(r, s, window)) for r, s in requests]
         except BaseExceptionGroup as failed:
             raise failed.exceptions[0] from None  # the first error, as a single request's
         return [task.result() for task in tasks]
 
-    async def _pooled(self, request, state) -> PoolingRequestOutput:
+    async def _pooled(self, request, state, window: asyncio.Semaphore) -> PoolingRequestOutput:
         final = None
-        async for output in self._submit(request, state, RequestOutputKind.FINAL_ONLY):
-            final = output
+        async with window:
+            async for output in self._submit(request, state, RequestOutputKind.FINAL_ONLY):
+                final = output
         if final is None or final.outputs is None:
             raise EngineUnavailableError(final.error if final else "the request ended early")
         return final

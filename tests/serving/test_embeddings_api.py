@@ -147,6 +147,19 @@ async def test_openai_client_sees_a_bad_request(server):
         await server.async_client().embeddings.create(model=MODEL, input="")
 
 
+async def test_more_inputs_than_the_waiting_bound_are_embedded(model_dir):
+    """A request's inputs enter the engine a window at a time (Frontend.encode_many), so
+    600 inputs pass a server that refuses new requests while 300 wait."""
+    inputs = [[5 + i % 200, 7, 9] for i in range(600)]
+    async with running_server(
+        model_dir("llama"), runner="pooling", max_waiting_requests=300
+    ) as bounded:
+        result = await bounded.async_client().embeddings.create(model=MODEL, input=inputs)
+    assert [d.index for d in result.data] == list(range(600))
+    assert result.usage.prompt_tokens == 1800
+    np.testing.assert_allclose(result.data[0].embedding, result.data[200].embedding, atol=1e-6)
+
+
 async def test_a_generate_server_refuses_embeddings(model_dir):
     async with running_server(model_dir("llama")) as generate:
         with pytest.raises(openai.BadRequestError, match="--runner pooling"):
