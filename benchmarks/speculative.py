@@ -37,16 +37,12 @@ should).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import logging
 import math
 import os
 import statistics
-import time
-from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +50,7 @@ import numpy as np
 
 from benchmarks.offline import make_llm, timed_generate, token_ids, warm_up
 from benchmarks.results import agreement, median, ratio, rotated
+from benchmarks.token_clock import TokenClock
 from benchmarks.workload import (
     BenchRequest,
     CorpusSource,
@@ -302,49 +299,6 @@ def configurations(options: SpeculativeOptions, draft_path: str | None) -> list[
 
 
 # ---- the measurement -------------------------------------------------------------------
-class TokenClock:
-    """When each request's tokens arrive, from every engine step's outputs."""
-
-    def __init__(self) -> None:
-        self.first: dict[str, float] = {}
-        self.last: dict[str, float] = {}
-        self.count: Counter[str] = Counter()
-
-    @contextlib.contextmanager
-    def attached(self, engine) -> Iterator[TokenClock]:
-        """Clock the outputs of `engine` (a pagestream LLMEngine) inside the block."""
-        core = engine.core
-        step = core.step
-
-        def clocked():
-            batches = step()
-            now = time.perf_counter()
-            for batch in batches.values():
-                for output in batch.outputs:
-                    self._saw(output.request_id, len(output.new_token_ids), now)
-            return batches
-
-        core.step = clocked
-        try:
-            yield self
-        finally:
-            del core.step  # back to the class's method
-
-    def _saw(self, request_id: str, num_tokens: int, now: float) -> None:
-        if num_tokens:
-            self.first.setdefault(request_id, now)
-            self.last[request_id] = now
-            self.count[request_id] += num_tokens
-
-    def tpot_ms(self) -> list[float]:
-        """Each request's time per output token after its first (requests of 2+ tokens)."""
-        return [
-            (self.last[rid] - self.first[rid]) / (n - 1) * 1e3
-            for rid, n in self.count.items()
-            if n > 1
-        ]
-
-
 def spec_counts(before, after) -> dict:
     """The spec_decode_* counters' growth from `before` to `after` (SchedulerStats)."""
     old = before.spec_decode_num_accepted_tokens_per_pos

@@ -96,7 +96,7 @@ class PoolerConfig:
             matryoshka_dimensions=matryoshka,
         )
         if resolved.dimensions is not None:
-            resolved.check_dimensions(resolved.dimensions, "pooler_config.dimensions")
+            resolved._check_size(resolved.dimensions, "pooler_config.dimensions")
         return resolved
 
     @property
@@ -104,17 +104,21 @@ class PoolerConfig:
         return bool(self.matryoshka_dimensions) or self.dimensions is not None
 
     def check_dimensions(self, dimensions: int, name: str = "dimensions") -> None:
-        """A truncation size the model supports (ValueError naming `name` if not)."""
-        if dimensions < 1 or (self.hidden_size and dimensions > self.hidden_size):
-            raise ValueError(
-                f"{name} must be between 1 and the model's hidden size {self.hidden_size}, "
-                f"got {dimensions}."
-            )
-        if name != "pooler_config.dimensions" and not self.is_matryoshka:
+        """A request's truncation size the model supports (ValueError naming `name`)."""
+        self._check_size(dimensions, name)
+        if not self.is_matryoshka:
             raise ValueError(
                 f"{name}: this model was not trained for Matryoshka truncation (its config "
                 "names no matryoshka_dimensions); start it with --pooler-config "
                 "'{\"dimensions\": N}' if it was."
+            )
+
+    def _check_size(self, dimensions: int, name: str) -> None:
+        """Within the hidden size, and one of the model's Matryoshka sizes if it names any."""
+        if dimensions < 1 or (self.hidden_size and dimensions > self.hidden_size):
+            raise ValueError(
+                f"{name} must be between 1 and the model's hidden size {self.hidden_size}, "
+                f"got {dimensions}."
             )
         sizes = self.matryoshka_dimensions
         if sizes and sizes != (self.hidden_size,) and dimensions not in sizes:

@@ -46,10 +46,6 @@ class InputProcessor:
         self.pooler = PoolerConfig.from_json(info.pooler_config)
         self.can_generate = info.can_generate
 
-    @property
-    def runner(self) -> str:
-        return "generate" if self.pooler is None else "pooling"
-
     def make_request(
         self,
         request_id: str | None,

@@ -343,11 +343,13 @@ class InputBatch:
             num_scheduled,
             self.block_size,
         )
-        pooling = self._pooling_inputs(request_ids, slots, num_computed, flat)
+        pool_rows = self._pooling_rows(request_ids)
         samples = flat.samples
-        if pooling is not None:  # pooling requests sample nothing
-            pools = np.fromiter((r in self._pooling_ids for r in request_ids), bool, len(slots))
-            samples = samples & ~pools
+        pooling = None
+        if pool_rows:  # pooling requests sample nothing
+            samples = samples.copy()
+            samples[pool_rows] = False
+            pooling = self._pooling_inputs(request_ids, pool_rows, slots, num_computed, flat)
         sample_rows = np.nonzero(samples)[0]  # [R]
         sampling_ids = [request_ids[row] for row in sample_rows.tolist()]
         # one logits row per verified position: the last num_drafts + 1 tokens  [L]
@@ -456,14 +458,20 @@ class InputBatch:
             name = "plan" if row is None else f"plan for request {request_ids[row]!r}"
             raise InvalidPlanError(f"{name} {message}")
 
-    def _pooling_inputs(
-        self, request_ids: list[str], slots: np.ndarray, num_computed: np.ndarray, flat: FlatBatch
-    ) -> PoolingInputs | None:
+    def _pooling_rows(self, request_ids: list[str]) -> list[int]:
+        """The rows of the step's pooling requests (none without any held)."""
         if not self._pooling_ids:
-            return None
-        rows = [row for row, rid in enumerate(request_ids) if rid in self._pooling_ids]
-        if not rows:
-            return None
+            return []
+        return [row for row, rid in enumerate(request_ids) if rid in self._pooling_ids]
+
+    def _pooling_inputs(
+        self,
+        request_ids: list[str],
+        rows: list[int],
+        slots: np.ndarray,
+        num_computed: np.ndarray,
+        flat: FlatBatch,
+    ) -> PoolingInputs:
         starts = flat.query_start_loc
         return PoolingInputs(
             request_ids=[request_ids[row] for row in rows],

@@ -15,13 +15,12 @@ from benchmarks.lora import (
     BASE,
     LORA_PROFILES,
     NO_ADAPTER,
-    STAMP,
     LoRAOptions,
-    adapter_folders,
     check_targets,
     configurations,
     spread,
 )
+from benchmarks.lora_adapters import STAMP, adapter_folders
 from benchmarks.report_lora import HEADING, lora_section
 from benchmarks.workload import PROFILES
 

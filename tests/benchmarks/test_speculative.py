@@ -16,13 +16,13 @@ from benchmarks.speculative import (
     NO_SPECULATION,
     SPECULATIVE_PROFILES,
     SpeculativeOptions,
-    TokenClock,
     configurations,
     draft_label,
     resolve_draft,
     spec_counts,
     summed,
 )
+from benchmarks.token_clock import TokenClock
 from benchmarks.workload import PROFILES
 from services.common.engine_output import SchedulerStats
 

@@ -61,6 +61,21 @@ class OpenAIServer:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         return httpx.AsyncClient(base_url=self.http.url, headers=headers, timeout=TIMEOUT)
 
+    async def disconnect_while_running(self, path: str, body: dict) -> None:
+        """POST `body` to `path`, then go away while the server still works on it."""
+
+        async def post():
+            async with self.raw() as client:
+                await client.post(path, json=body)
+
+        task = asyncio.create_task(post())
+        frontend = self.engine.frontend
+        await eventually_async(lambda: frontend.num_live_requests() > 0, "the request running")
+        task.cancel()  # the client goes away while the server is still working
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert task.cancelled(), "the request ended before the client went away"
+
     async def metrics(self) -> dict[str, float]:
         """Samples as {'name{label="v"}': value} from GET /metrics."""
         async with self.raw(api_key=None) as client:

@@ -63,8 +63,6 @@ async def test_embeddings_fuzz_on_a_pooling_server(model_dir):
     engine = {"runner": "pooling", "max_model_len": 96}
     async with running_server(model_dir("llama"), api_key=None, **engine) as server:
         counts = await asyncio.to_thread(_fuzz, server.http.url, "POST /v1/embeddings")
-        assert counts == {"POST /v1/embeddings": counts["POST /v1/embeddings"]} and all(
-            counts.values()
-        )
+        assert list(counts) == ["POST /v1/embeddings"] and counts["POST /v1/embeddings"] > 0
         reply = await server.async_client().embeddings.create(model=MODEL, input=[5, 6, 7])
         assert len(reply.data[0].embedding) == 64

@@ -21,7 +21,6 @@ from pydantic import TypeAdapter
 
 from services.frontend.openai.response_store import ResponseStore
 from services.frontend.tool_options import ToolServerOptions
-from tests.helpers.eventually import eventually_async
 from tests.helpers.openai_server import MODEL
 from tests.helpers.tiny_tokenizer import VOCAB, build_tokenizer
 from tests.worker.conftest import build_tiny_model
@@ -293,17 +292,8 @@ async def test_client_disconnect_mid_stream_aborts(server):
 async def test_client_disconnect_before_the_response_aborts(server):
     before = await server.metrics()
     body = {"model": MODEL, "input": "Go on", "max_output_tokens": 2000, "ignore_eos": True}
-
-    async def post():
-        async with server.raw() as raw:
-            await raw.post("/v1/responses", json=body)
-
-    task = asyncio.create_task(post())
     frontend = server.engine.frontend
-    await eventually_async(lambda: frontend.num_live_requests() > 0, "the request running")
-    task.cancel()  # the client goes away while the server is still generating
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await server.disconnect_while_running("/v1/responses", body)
     _check_aborted(before, await server.wait_until_idle())
     assert frontend.num_live_requests() == 0
 
