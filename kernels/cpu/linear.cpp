@@ -139,13 +139,16 @@ class BrgemmLinear final : public Linear {
     block_ = n_ / 64 >= 4 * threads ? 64 : 32;
     const at::Tensor w = weight.to(Format<T>::type()).contiguous();
     const T* src = w.data_ptr<T>();
-    for (int64_t start = 0; start < n_; start += block_) {
-      const int64_t nb = std::min(block_, n_ - start);
-      T* dst = packed_.data() + start * k_;
-      for (int64_t n = 0; n < nb; ++n) {
-        for (int64_t k = 0; k < k_; ++k) dst[Format<T>::index(k, n, nb)] = src[(start + n) * k_ + k];
+    const int64_t blocks = (n_ + block_ - 1) / block_;
+    pagestream::parallel_for(blocks, 1, [&](int64_t begin, int64_t end) {  // blocks apart
+      for (int64_t blk = begin; blk < end; ++blk) {
+        const int64_t start = blk * block_, nb = std::min(block_, n_ - start);
+        T* dst = packed_.data() + start * k_;
+        for (int64_t n = 0; n < nb; ++n) {
+          for (int64_t k = 0; k < k_; ++k) dst[Format<T>::index(k, n, nb)] = src[(start + n) * k_ + k];
+        }
       }
-    }
+    });
     if (bias.defined() && bias.numel() > 0) {
       const auto b = bias.to(at::kFloat).contiguous();
       bias_.assign(b.data_ptr<float>(), b.data_ptr<float>() + n_);

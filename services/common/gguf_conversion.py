@@ -99,15 +99,11 @@ def _move_into_place(tmp_dir: Path, out_dir: Path, gguf_path: Path) -> None:
             raise
 
 
-def gguf_architecture(gguf_path: Path, reader=None) -> str:
-    """The file's general.architecture ("llama", "qwen2", ...), from `reader` (a GGUFReader
-    of it) when the caller has one open."""
-    if reader is None:
-        from gguf import GGUFReader
+def gguf_architecture(gguf_path: Path) -> str:
+    """The file's general.architecture ("llama", "qwen2", ...)."""
+    from services.common.gguf_file import GGUFFile
 
-        reader = GGUFReader(str(gguf_path))
-    field = reader.fields.get("general.architecture")
-    return str(field.contents()) if field is not None else "unknown"
+    return GGUFFile(gguf_path).architecture
 
 
 def write_hf_folder(gguf_path: Path, out_dir: Path) -> None:

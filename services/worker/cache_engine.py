@@ -10,6 +10,8 @@ for a byte budget, and profiling the free GPU memory after a dummy forward pass.
 from __future__ import annotations
 
 import logging
+import math
+import mmap
 from collections.abc import Callable, Sequence
 
 import torch
@@ -52,8 +54,7 @@ class CacheEngine:
         block_shape = (block_size, num_kv_heads, head_dim)
         # Zeroed, not empty: stale NaN bit patterns must never reach a masked attention read.
         self.kv_caches: list[torch.Tensor] = [
-            torch.zeros((2, num_blocks, *block_shape), dtype=dtype, device=self.device)
-            for _ in range(num_layers)
+            zeroed((2, num_blocks, *block_shape), dtype, self.device) for _ in range(num_layers)
         ]  # per layer [2, num_blocks, block_size, num_kv_heads, head_dim]
         pin = self.device.type == "cuda"
         # Empty, not zeroed: a swap block is always written (swap_out) before it is read, and
@@ -100,6 +101,21 @@ class CacheEngine:
         dst = _block_ids([d for _, d in pairs], self.num_blocks, "swap_in device", self.device)
         for device_cache, cpu_cache in zip(self.kv_caches, self.cpu_cache, strict=True):
             device_cache.index_copy_(1, dst, cpu_cache.index_select(1, src).to(self.device))
+
+
+def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor. On the CPU its memory is a private anonymous mapping, which the
+    kernel hands out zero-filled page by page as it is first written: a KV cache's pages
+    become resident as its blocks are first used, not all at start (a 4 GiB default cache
+    costs nothing until requests fill it), and never hold stale bit patterns."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    # torch.frombuffer holds a reference to the mapping for the tensor's lifetime
+    return torch.frombuffer(pages, dtype=torch.uint8).view(dtype).view(shape)
 
 
 def _block_ids(

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from transformers import PretrainedConfig
 
-from services.common.gguf_conversion import GGUF_NATIVE_ARCHITECTURES, gguf_architecture
+from services.common.gguf_conversion import GGUF_NATIVE_ARCHITECTURES
+from services.common.gguf_file import GGUFError, GGUFFile, GGUFTensor
 from services.common.model_errors import ModelLoadError
 from services.worker.layers.quantization import (
     QuantizedWeight,
@@ -88,16 +89,18 @@ def _heads_of(kind: str, config: PretrainedConfig) -> int | None:
     return None
 
 
-def _read_tensor(tensor, quantized: bool) -> torch.Tensor | QuantizedWeight:
-    type_name = tensor.tensor_type.name
-    shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists ne0 (K) first
+def _read_tensor(raw: np.ndarray, tensor: GGUFTensor, quantized: bool):
+    """A tensor's bytes (uint8 [rows, row bytes], a view of the file's map) decoded: float
+    tensors to float32, quantized ones kept as QuantizedWeight or de-quantized."""
+    type_name, shape = tensor.type_name, tensor.shape
     if type_name in FLOAT_TYPES:
-        return gguf_float(np.asarray(tensor.data), type_name, shape)
+        return gguf_float(raw, type_name, shape)
     if quantized:
-        return decode_gguf(np.asarray(tensor.data), type_name, shape[-1])
+        return decode_gguf(raw, type_name, shape[-1])
+    from gguf.constants import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    values = dequantize(np.asarray(tensor.data), tensor.tensor_type)
+    values = dequantize(raw, GGMLQuantizationType[type_name])
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(shape)
 
 
@@ -110,21 +113,17 @@ def iterate_gguf_weights(
     """(HF name, tensor) for every tensor of `path` the HF model has; `wanted(name)` False
     skips a tensor without decoding it. Raises ModelLoadError for an architecture outside
     the native family or, when `quantized`, a block type our kernels do not run."""
-    from gguf import GGUFReader
-
     try:
-        reader = GGUFReader(str(path))
-    except Exception as exc:  # gguf raises many types for a bad file
-        raise ModelLoadError(
-            f"could not read GGUF file {path}: {type(exc).__name__}: {exc}"
-        ) from exc
-    arch = gguf_architecture(path, reader)
+        gguf = GGUFFile(path)
+    except GGUFError as exc:
+        raise ModelLoadError(str(exc)) from exc
+    arch = gguf.architecture
     if arch not in GGUF_NATIVE_ARCHITECTURES:
         raise ModelLoadError(
             f"{path} is a {arch!r} GGUF; pagestream loads GGUF files of the native family "
             f"({', '.join(GGUF_NATIVE_ARCHITECTURES)})."
         )
-    for tensor in reader.tensors:
+    for tensor in gguf.tensors:
         name = hf_name(tensor.name)
         if name is None:
             logger.debug("GGUF tensor %s has no HF counterpart; skipped", tensor.name)
@@ -132,10 +131,10 @@ def iterate_gguf_weights(
         if wanted is not None and not wanted(name):
             continue
         try:
-            value = _read_tensor(tensor, quantized)
+            value = _read_tensor(gguf.raw(tensor), tensor, quantized)
         except UnsupportedQuantization as exc:
             raise ModelLoadError(
-                f"GGUF tensor {tensor.name} is {tensor.tensor_type.name}, which pagestream's "
+                f"GGUF tensor {tensor.name} is {tensor.type_name}, which pagestream's "
                 f"kernels do not run ({exc}); load it de-quantized with --quantization none "
                 "(and an explicit --dtype)."
             ) from exc
