@@ -152,7 +152,9 @@ def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     head_dim = config["head_dim"]
     q, kv = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
     qkv_bias = config["model_type"] == "qwen2"
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config["vocab_size"], hidden)}
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (config["vocab_size"], hidden)
+    }
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
         shapes |= {

@@ -217,6 +217,7 @@ void rescore_rows(float* logits, int64_t rows, int64_t vocab, const float* hidde
 // DecoderStack.add_layer, and tests. y [M, N] float32 = x W^T (+ b).
 class PackedLinear {
  public:
+  PackedLinear() = default;  // none yet (a LayerWeights field before it is set)
   PackedLinear(const at::Tensor& weight, const at::Tensor& bias)
       : linear_(make_linear(weight, bias)) {}
   explicit PackedLinear(std::shared_ptr<Linear> linear) : linear_(std::move(linear)) {}
@@ -276,20 +277,74 @@ class PackedLinear {
   std::shared_ptr<Linear> linear_;
 };
 
+// The stack's shape: one pipeline stage's layers, this tensor-parallel rank's share of them
+// (services/worker/native_step.py fills it from the model's description).
+struct StackConfig {
+  int64_t hidden = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0, intermediate = 0;
+  double eps = 1e-6;
+};
+
+// One layer's linears (any weight format, packed by the caller), norm weights and window
+// (0: full attention).
+struct LayerWeights {
+  PackedLinear qkv, o, gate_up, down;
+  at::Tensor input_norm, post_norm;
+  int64_t sliding_window = 0;
+};
+
+// One step's inputs. hidden [T, hidden] float32, updated in place through every layer (then
+// normed into `out` [T, hidden] when the stack has a final norm and out is given).
+// cos/sin [T, rot]; kv_caches one per layer; slot_mapping [T] int64; block_table
+// [S, max_blocks], query_start_loc [S + 1], seq_lens [S] int32. all_reduce: None or a
+// callable summing a [T, hidden] float32 tensor over the tensor-parallel group in place.
+// layer_outputs: unset or [layers, T, hidden] float32, filled with each layer's output.
+// lora_slots [T] / lora_ranks [slots] int32: each row's adapter slot (unset: none).
+struct StepArgs {
+  at::Tensor hidden, cos, sin;
+  std::vector<at::Tensor> kv_caches;
+  at::Tensor slot_mapping, block_table, query_start_loc, seq_lens;
+  py::object all_reduce = py::none();
+  at::Tensor layer_outputs, out, lora_slots, lora_ranks;
+};
+
 class DecoderStack {
  public:
-  DecoderStack(int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-               int64_t intermediate, double eps, const at::Tensor& final_norm)
-      : hidden_(hidden),
-        num_heads_(num_heads),
-        num_kv_heads_(num_kv_heads),
-        head_dim_(head_dim),
-        intermediate_(intermediate),
-        eps_(static_cast<float>(eps)),
+  DecoderStack(const StackConfig& config, const at::Tensor& final_norm)
+      : hidden_(config.hidden),
+        num_heads_(config.num_heads),
+        num_kv_heads_(config.num_kv_heads),
+        head_dim_(config.head_dim),
+        intermediate_(config.intermediate),
+        eps_(static_cast<float>(config.eps)),
         final_norm_(final_norm.defined() && final_norm.numel() ? to_floats(final_norm)
-                                                              : std::vector<float>{}) {}
+                                                              : std::vector<float>{}) {
+    TORCH_CHECK(hidden_ > 0 && num_heads_ > 0 && num_kv_heads_ > 0 && head_dim_ > 0 &&
+                    intermediate_ > 0,
+                "DecoderStack: every size of the StackConfig must be set (> 0)");
+  }
 
-  // One layer's linears (any weight format, packed by the caller) and norm weights.
+  void add_layer(const LayerWeights& w) {
+    TORCH_CHECK(w.qkv.linear() && w.o.linear() && w.gate_up.linear() && w.down.linear() &&
+                    w.input_norm.defined() && w.post_norm.defined(),
+                "DecoderStack.add_layer: qkv, o, gate_up, down, input_norm and post_norm must "
+                "all be set");
+    add_layer(w.qkv, w.o, w.gate_up, w.down, w.input_norm, w.post_norm, w.sliding_window);
+  }
+
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+
+  void forward(const StepArgs& a) {
+    TORCH_CHECK(a.hidden.defined() && a.cos.defined() && a.sin.defined() &&
+                    a.slot_mapping.defined() && a.block_table.defined() &&
+                    a.query_start_loc.defined() && a.seq_lens.defined(),
+                "DecoderStack.forward: StepArgs needs hidden, cos, sin, slot_mapping, "
+                "block_table, query_start_loc and seq_lens");
+    forward(a.hidden, a.cos, a.sin, a.kv_caches, a.slot_mapping, a.block_table,
+            a.query_start_loc, a.seq_lens, a.all_reduce, a.layer_outputs, a.out, a.lora_slots,
+            a.lora_ranks);
+  }
+
+ private:
   void add_layer(const PackedLinear& qkv, const PackedLinear& o, const PackedLinear& gate_up,
                  const PackedLinear& down, const at::Tensor& input_norm,
                  const at::Tensor& post_norm, int64_t sliding_window) {
@@ -305,8 +360,8 @@ class DecoderStack {
                             to_floats(input_norm), to_floats(post_norm), sliding_window});
   }
 
-  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
+ public:
   // LoRA slices of one linear of layer `layer` ("qkv", "o", "gate_up" or "down"): slice i
   // adds B_i (A_i x) into output columns [offsets[i], offsets[i] + n_i) (lora.h). The
   // tensors are held; `load_lora_slot` copies a slot after Python wrote it.
@@ -366,12 +421,8 @@ class DecoderStack {
     return parts;
   }
 
-  // hidden [T, hidden] float32, updated in place through every layer (then normed into
-  // `out` [T, hidden] when the stack has a final norm and out is given). cos/sin [T, rot];
-  // kv_caches one per layer; slot_mapping [T] int64; block_table [S, max_blocks],
-  // query_start_loc [S + 1], seq_lens [S] int32. all_reduce: None or a callable summing a
-  // [T, hidden] float32 tensor over the tensor-parallel group in place. layer_outputs:
-  // empty or [layers, T, hidden] float32, filled with each layer's output.
+ private:
+  // StepArgs' fields, one by one.
   void forward(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin,
                const std::vector<at::Tensor>& kv_caches, const at::Tensor& slot_mapping,
                const at::Tensor& block_table, const at::Tensor& query_start_loc,
@@ -401,7 +452,6 @@ class DecoderStack {
     }
   }
 
- private:
   void check_step(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
                   const std::vector<at::Tensor>& kv_caches, const at::Tensor& slot_mapping,
                   const at::Tensor& block_table, const at::Tensor& query_start_loc,
@@ -590,20 +640,49 @@ class DecoderStack {
 };
 
 void bind_native_step(py::module_& m) {
+  py::class_<StackConfig>(m, "StackConfig")
+      .def(py::init<>())
+      .def_readwrite("hidden", &StackConfig::hidden)
+      .def_readwrite("num_heads", &StackConfig::num_heads)
+      .def_readwrite("num_kv_heads", &StackConfig::num_kv_heads)
+      .def_readwrite("head_dim", &StackConfig::head_dim)
+      .def_readwrite("intermediate", &StackConfig::intermediate)
+      .def_readwrite("eps", &StackConfig::eps);
+  py::class_<LayerWeights>(m, "LayerWeights")
+      .def(py::init<>())
+      .def_readwrite("qkv", &LayerWeights::qkv)
+      .def_readwrite("o", &LayerWeights::o)
+      .def_readwrite("gate_up", &LayerWeights::gate_up)
+      .def_readwrite("down", &LayerWeights::down)
+      .def_readwrite("input_norm", &LayerWeights::input_norm)
+      .def_readwrite("post_norm", &LayerWeights::post_norm)
+      .def_readwrite("sliding_window", &LayerWeights::sliding_window);
+  py::class_<StepArgs>(m, "StepArgs")
+      .def(py::init<>())
+      .def_readwrite("hidden", &StepArgs::hidden)
+      .def_readwrite("cos", &StepArgs::cos)
+      .def_readwrite("sin", &StepArgs::sin)
+      .def_readwrite("kv_caches", &StepArgs::kv_caches)
+      .def_readwrite("slot_mapping", &StepArgs::slot_mapping)
+      .def_readwrite("block_table", &StepArgs::block_table)
+      .def_readwrite("query_start_loc", &StepArgs::query_start_loc)
+      .def_readwrite("seq_lens", &StepArgs::seq_lens)
+      .def_readwrite("all_reduce", &StepArgs::all_reduce)
+      .def_readwrite("layer_outputs", &StepArgs::layer_outputs)
+      .def_readwrite("out", &StepArgs::out)
+      .def_readwrite("lora_slots", &StepArgs::lora_slots)
+      .def_readwrite("lora_ranks", &StepArgs::lora_ranks);
   py::class_<DecoderStack>(m, "DecoderStack")
-      .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, at::Tensor>())
-      .def("add_layer", &DecoderStack::add_layer)
+      .def(py::init<const StackConfig&, at::Tensor>())
+      .def("add_layer", py::overload_cast<const LayerWeights&>(&DecoderStack::add_layer))
       .def("num_layers", &DecoderStack::num_layers)
       .def("set_lora", &DecoderStack::set_lora)
       .def("load_lora_slot", &DecoderStack::load_lora_slot)
       .def("weight_bytes", &DecoderStack::weight_bytes)
       .def("set_profiling", &DecoderStack::set_profiling)
       .def("profile", &DecoderStack::profile)
-      .def("forward", &DecoderStack::forward, py::arg("hidden"), py::arg("cos"), py::arg("sin"),
-           py::arg("kv_caches"), py::arg("slot_mapping"), py::arg("block_table"),
-           py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("all_reduce"),
-           py::arg("layer_outputs"), py::arg("out"), py::arg("lora_slots") = at::Tensor(),
-           py::arg("lora_ranks") = at::Tensor(), py::call_guard<py::gil_scoped_release>());
+      .def("forward", py::overload_cast<const StepArgs&>(&DecoderStack::forward),
+           py::arg("args"), py::call_guard<py::gil_scoped_release>());
   py::class_<PackedLinear>(m, "PackedLinear")
       .def(py::init<at::Tensor, at::Tensor>())
       .def_static("quantized", &PackedLinear::quantized)

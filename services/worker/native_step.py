@@ -25,11 +25,13 @@ import torch
 from torch import nn
 
 from kernels.attention_metadata import AttentionMetadata
+from services.worker.layers.linear import kv_heads_per_rank
 from services.worker.layers.quantization.model_weights import weight_formats
 from services.worker.parallel_state import tp_all_reduce
 
 if TYPE_CHECKING:
     from services.worker.lora.lora_slots import LoRASlots
+    from services.worker.models.decoder_spec import DecoderSpec
 
 logger = logging.getLogger(__name__)
 
@@ -44,30 +46,40 @@ def _extension():
     return cpu.load()
 
 
-def unsupported_reason(model: nn.Module) -> str | None:
-    """Why the native step cannot run `model` (a LlamaModel) here, or None."""
+def unsupported_reason(model: nn.Module, spec: DecoderSpec) -> str | None:
+    """Why the native step cannot run `model` (a LlamaModel built from `spec`) here, or
+    None: every layer of the stage is checked against what the C++ stack runs (the
+    description) and against its weights (device and dtype of each linear)."""
     if os.environ.get(NATIVE_ENV, "1") == "0":
         return f"${NATIVE_ENV}=0"
-    first = model.layers[model.layer_range.start]
-    weight = first.mlp.down_proj.weight
-    if weight.device.type != "cpu" or weight.dtype not in _DTYPES:
-        return f"it runs float32 or bfloat16 on the CPU, not {weight.dtype} on {weight.device}"
-    if first.mlp.act_fn.hidden_act != "silu":
-        return f"the MLP's activation is {first.mlp.act_fn.hidden_act}, not silu"
-    widths = (
-        first.mlp.gate_up_proj.input_size,
-        first.mlp.down_proj.input_size,
-        first.self_attn.o_proj.input_size,
-    )
-    if weight.dtype == torch.bfloat16 and any(width % 2 for width in widths):
-        return f"bfloat16 GEMMs take pairs of input features; the model has {widths}"
+    dtypes = set()
+    for index in model.layer_range:
+        for name, linear in _linears(model.layers[index]).items():
+            weight = linear.weight
+            if weight.device.type != "cpu" or weight.dtype not in _DTYPES:
+                return (
+                    f"layer {index}: {name} is {weight.dtype} on {weight.device}; the native "
+                    "step runs float32 or bfloat16 on the CPU"
+                )
+            dtypes.add(weight.dtype)
+    bf16 = torch.bfloat16 in dtypes
+    reason = spec.native_unsupported(model.layer_range, model.stage.tensor_parallel_size, bf16)
+    if reason is not None:
+        return reason
     try:
         module = _extension()
     except RuntimeError as exc:
         return str(exc)
-    if not module.linear_supported(weight.dtype):
-        return f"the CPU GEMM kernel does not run {weight.dtype} on this CPU"
+    for dtype in sorted(dtypes, key=str):
+        if not module.linear_supported(dtype):
+            return f"the CPU GEMM kernel does not run {dtype} on this CPU"
     return None
+
+
+def _linears(layer: nn.Module) -> dict[str, nn.Module]:
+    """A decoder layer's linears by the C++ stack's names."""
+    sa, mlp = layer.self_attn, layer.mlp
+    return {"qkv": sa.qkv_proj, "o": sa.o_proj, "gate_up": mlp.gate_up_proj, "down": mlp.down_proj}
 
 
 def _bias(linear: nn.Module, applies: bool = True) -> torch.Tensor:
@@ -94,6 +106,24 @@ def packed_linear(linear: nn.Module, bias: torch.Tensor) -> object:
     )
 
 
+def _stack_config(ext, spec: DecoderSpec, stage) -> object:
+    """The C++ stack's shape: this rank's share of the (uniform) layers' sizes."""
+    first = spec.layers[0]
+    tp = stage.tensor_parallel_size
+    config = ext.StackConfig()
+    config.hidden = spec.hidden_size
+    config.num_heads = first.num_heads // tp
+    config.num_kv_heads = kv_heads_per_rank(first.num_kv_heads, tp)
+    config.head_dim = first.head_dim
+    config.intermediate = first.intermediate_size // tp
+    config.eps = spec.norm_eps
+    return config
+
+
+def _final_norm(model: nn.Module) -> torch.Tensor:
+    return model.norm.weight.detach() if model.stage.is_last_stage else torch.empty(0)
+
+
 def _release(linear: nn.Module) -> None:
     """The C++ stack holds its own packed copy: the torch weights are freed."""
     linear.weight.data = linear.weight.data.new_empty(0)
@@ -106,46 +136,39 @@ class NativeStep:
     def __init__(self, model: nn.Module, stack: object) -> None:
         self.model = model
         self.stack = stack
-        self.rotary = model.layers[model.layer_range.start].self_attn.rotary_emb
+        self.rotary = model.rotary
+        self._ext = _extension()
         self.tp_size = model.stage.tensor_parallel_size
         self.lora: LoRASlots | None = None  # bound by bind_lora
 
     @classmethod
     def build(cls, model: nn.Module) -> NativeStep:
-        """Packs `model`'s layers into a DecoderStack and frees their torch weights."""
-        first = model.layers[model.layer_range.start]
-        attn, mlp = first.self_attn.attn, first.mlp
-        final_norm = model.norm.weight.detach() if model.stage.is_last_stage else torch.empty(0)
-        stack = _extension().DecoderStack(
-            first.input_layernorm.weight.shape[0],
-            attn.num_heads,
-            attn.num_kv_heads,
-            attn.head_dim,
-            mlp.down_proj.input_size,
-            float(first.input_layernorm.eps),
-            final_norm,
-        )
-        first_rank = model.stage.tp_rank == 0  # row-parallel biases are added once
-        held = "+".join(sorted(set(weight_formats(first).values())))
+        """Packs `model`'s layers into a DecoderStack (its shape from the model's
+        description, this rank's share) and frees their torch weights."""
+        ext = _extension()
+        spec, stage = model.spec, model.stage
+        stack = ext.DecoderStack(_stack_config(ext, spec, stage), _final_norm(model))
+        first_rank = stage.tp_rank == 0  # row-parallel biases are added once
+        held: set[str] = set()
         for index in model.layer_range:
             layer = model.layers[index]
-            sa, mlp = layer.self_attn, layer.mlp
-            stack.add_layer(
-                packed_linear(sa.qkv_proj, _bias(sa.qkv_proj)),
-                packed_linear(sa.o_proj, _bias(sa.o_proj, first_rank)),
-                packed_linear(mlp.gate_up_proj, _bias(mlp.gate_up_proj)),
-                packed_linear(mlp.down_proj, _bias(mlp.down_proj, first_rank)),
-                layer.input_layernorm.weight.detach(),
-                layer.post_attention_layernorm.weight.detach(),
-                sa.attn.sliding_window or 0,
-            )
-            for linear in (sa.qkv_proj, sa.o_proj, mlp.gate_up_proj, mlp.down_proj):
+            held |= set(weight_formats(layer).values())
+            linears = _linears(layer)
+            weights = ext.LayerWeights()
+            for name, linear in linears.items():
+                applies = first_rank or name in ("qkv", "gate_up")  # column-parallel biases
+                setattr(weights, name, packed_linear(linear, _bias(linear, applies)))
+            weights.input_norm = layer.input_layernorm.weight.detach()
+            weights.post_norm = layer.post_attention_layernorm.weight.detach()
+            weights.sliding_window = spec.layers[index].sliding_window or 0
+            stack.add_layer(weights)
+            for linear in linears.values():
                 _release(linear)
         logger.info(
             "native CPU step: %d layers in one C++ call per step (%s weights, float32 "
             "accumulation and activations)",
             len(model.layer_range),
-            held,
+            "+".join(sorted(held)),
         )
         return cls(model, stack)
 
@@ -202,18 +225,20 @@ class NativeStep:
         last = self.model.stage.is_last_stage
         out = torch.empty_like(hidden) if last else torch.empty(0)
         md = attn_metadata
-        self.stack.forward(
-            hidden,
-            cos.reshape(num_tokens, -1).contiguous(),
-            sin.reshape(num_tokens, -1).contiguous(),
-            list(kv_caches),
-            md.slot_mapping.to(torch.int64).contiguous(),
-            md.block_table.to(torch.int32).contiguous(),
-            md.query_start_loc.to(torch.int32).contiguous(),
-            md.seq_lens.to(torch.int32).contiguous(),
-            tp_all_reduce if self.tp_size > 1 else None,
-            layer_outputs if layer_outputs is not None else torch.empty(0),
-            out,
-            *self._lora_rows(),
-        )
+        args = self._ext.StepArgs()
+        args.hidden = hidden
+        args.cos = cos.reshape(num_tokens, -1).contiguous()
+        args.sin = sin.reshape(num_tokens, -1).contiguous()
+        args.kv_caches = list(kv_caches)
+        args.slot_mapping = md.slot_mapping.to(torch.int64).contiguous()
+        args.block_table = md.block_table.to(torch.int32).contiguous()
+        args.query_start_loc = md.query_start_loc.to(torch.int32).contiguous()
+        args.seq_lens = md.seq_lens.to(torch.int32).contiguous()
+        if self.tp_size > 1:
+            args.all_reduce = tp_all_reduce
+        if layer_outputs is not None:
+            args.layer_outputs = layer_outputs
+        args.out = out
+        args.lora_slots, args.lora_ranks = self._lora_rows()
+        self.stack.forward(args)
         return out if last else hidden

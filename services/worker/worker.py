@@ -25,7 +25,13 @@ from services.worker.cpu_tuning import pin_threads, tune_malloc
 from services.worker.dummy_forward import dummy_forward
 from services.worker.input_batch import InputBatch
 from services.worker.lora.lora_manager import LoRAManager
-from services.worker.model_loader import load_model, resolve_device, resolve_dtype
+from services.worker.model_loader import (
+    LoadedModel,
+    load,
+    load_model,
+    resolve_device,
+    resolve_dtype,
+)
 from services.worker.model_runner import ModelRunner
 from services.worker.models.causal_lm import CausalLM
 from services.worker.models.kv_cache_spec import KVCacheSpec
@@ -70,8 +76,9 @@ class Worker:
                 raise ValueError("a worker group rank needs --dist-init-method (or MASTER_ADDR)")
             init_parallel_state(self.rank, dist_init_method, self.device, dist_timeout_s)
         torch.manual_seed(model_config.seed)
-        self.model = load_model(model_config, self.device, self.rank)
-        self.pooler = _pooler(self.model, model_config)
+        self.loaded = load(model_config, self.device, self.rank)
+        self.model = self.loaded.model
+        self.pooler = _pooler(self.loaded, model_config)
         self.draft_model = self._load_draft(model_config.speculative)
         lora = model_config.lora
         self.lora = None if lora is None else LoRAManager(self.model, lora, self.device)
@@ -144,8 +151,8 @@ class Worker:
             world_size=self.rank.world_size,
             tensor_parallel_size=self.rank.tensor_parallel_size,
             pipeline_parallel_size=self.rank.pipeline_parallel_size,
-            quantization=getattr(model, "quantization", "none"),
-            weight_bytes=int(getattr(model, "weight_bytes", 0)),
+            quantization=self.loaded.quantization,
+            weight_bytes=self.loaded.weight_bytes,
             speculative_config=speculative.to_json() if speculative else "",
             lora_config=self.lora.config.to_json() if self.lora else "",
             pooler_config=self.pooler.config.to_json() if self.pooler else "",
@@ -304,13 +311,13 @@ def _rank_device(device: torch.device, local_rank: int | None) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def _pooler(model: CausalLM, model_config: ModelConfig) -> Pooler | None:
+def _pooler(loaded: LoadedModel, model_config: ModelConfig) -> Pooler | None:
     """The pooling runner's Pooler (None: the model generates); what it cannot run with
     is refused by name."""
-    if model.pooler is None:
+    if loaded.pooler is None:
         return None
     if model_config.speculative is not None:
         raise ValueError("--runner pooling samples nothing: speculative_config does not apply")
     if model_config.lora is not None:
         raise ValueError("--runner pooling does not serve LoRA adapters (--enable-lora)")
-    return Pooler(model.pooler)
+    return Pooler(loaded.pooler)

@@ -180,3 +180,36 @@ def test_cuda_profile_counts_the_forward_peak() -> None:
     used_before = total - free
     expected = (int(total * 0.5) - used_before - 2 * gib) // per_block
     assert abs(num_blocks - expected) <= 2  # the allocator may round a little
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+def test_the_cpu_cache_becomes_resident_as_its_blocks_are_used():
+    """A 1 GiB cache costs (almost) nothing until written, reads as zeros, and a written
+    block costs its own pages only (Linux: /proc/self/status)."""
+    before = _resident_bytes()
+    engine = CacheEngine(
+        num_layers=4,
+        num_kv_heads=4,
+        head_dim=64,
+        block_size=16,
+        num_blocks=8192,
+        num_cpu_blocks=0,
+        dtype=torch.float32,
+        device="cpu",
+    )  # 4 layers x 8192 blocks x (K and V: 2 x 16 tokens x 4 heads x 64 x 4 bytes) = 1 GiB
+    total = sum(cache.nbytes for cache in engine.kv_caches)
+    assert total == 1 << 30
+    assert _resident_bytes() - before < 64 << 20
+    block = engine.kv_caches[0][:, 7]  # [2, block_size, heads, head_dim]
+    assert not block.any()  # zero-filled, never stale bit patterns
+    for cache in engine.kv_caches:
+        cache[:, :16] = 1.0  # 16 blocks of every layer in use: 4 x 16 x 32 KiB = 2 MiB
+    assert _resident_bytes() - before < 64 << 20
+    assert float(engine.kv_caches[3][1, 15].sum()) == 16 * 4 * 64

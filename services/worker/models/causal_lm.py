@@ -58,8 +58,6 @@ class CausalLM(nn.Module):
             getattr(self.text_config, "eos_token_id", None)
         )
         self.attention_ops = TORCH_ATTENTION
-        # The loader sets the pooling runner's PoolerConfig (None: the model generates).
-        self.pooler = None
         self.can_generate = True  # False: a pooling runner's model without an LM head
 
     def set_attention_ops(self, ops: AttentionOps) -> None:

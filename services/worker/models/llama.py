@@ -1,9 +1,12 @@
 """Native Llama family: Llama (incl. llama3 RoPE scaling, SmolLM), Mistral, Qwen2.
 
 Runs on the flattened batch ([num_tokens, hidden_size], no padding) with the paged KV cache.
-Fused QKV and gate/up projections are filled from HF's separate q/k/v and gate/up tensors
-through `stacked_params_mapping`; every other tensor loads by its HF name. The layers take
-`tp_rank`/`tp_size` so the same code runs tensor-parallel.
+A family is a description (`describe(config)`: services/worker/models/decoder_spec.py) from
+which these torch modules are built, layer by layer, and the native CPU step too
+(services/worker/native_step.py). Fused QKV and gate/up projections are filled from HF's
+separate q/k/v and gate/up tensors through `stacked_params_mapping`; every other tensor
+loads by its HF name. The layers take `tp_rank`/`tp_size` so the same code runs
+tensor-parallel.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from services.worker.layers.linear import (
 )
 from services.worker.layers.rotary_embedding import RotaryEmbedding
 from services.worker.layers.vocab_embedding import LMHead, VocabEmbedding
-from services.worker.models.causal_lm import CausalLM, config_head_dim, config_num_kv_heads
+from services.worker.models.causal_lm import CausalLM, config_num_kv_heads
+from services.worker.models.decoder_spec import DecoderSpec, LayerSpec
 from services.worker.models.kv_cache_spec import KVCacheSpec
 from services.worker.models.weight_utils import default_weight_loader
 from services.worker.native_step import NativeStep, unsupported_reason
@@ -52,39 +56,28 @@ def check_tensor_parallel(config: PretrainedConfig, tp_size: int) -> None:
         )
 
 
-def layer_sliding_window(config: PretrainedConfig, layer_idx: int) -> int | None:
-    """The attention window of one layer: per `layer_types` when the config has them."""
-    window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None and layer_types[layer_idx] != "sliding_attention":
-        return None
-    return int(window) if window else None
-
-
 class LlamaAttention(nn.Module):
     def __init__(
         self,
-        config: PretrainedConfig,
-        layer_idx: int,
-        biases: tuple[bool, bool],
+        spec: LayerSpec,
+        hidden_size: int,
+        rotary: RotaryEmbedding,
         tp_rank: int = 0,
         tp_size: int = 1,
     ) -> None:
         super().__init__()
-        num_heads, num_kv_heads = config.num_attention_heads, config_num_kv_heads(config)
-        head_dim = config_head_dim(config)
-        qkv_bias, o_bias = biases
+        heads, kv_heads, head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.qkv_proj = QKVLinear(
-            config.hidden_size, head_dim, num_heads, num_kv_heads, qkv_bias, tp_rank, tp_size
+            hidden_size, head_dim, heads, kv_heads, spec.qkv_bias, tp_rank, tp_size
         )
-        self.o_proj = RowLinear(num_heads * head_dim, config.hidden_size, o_bias, tp_rank, tp_size)
-        self.rotary_emb = RotaryEmbedding.from_config(config, head_dim)
+        self.o_proj = RowLinear(heads * head_dim, hidden_size, spec.o_bias, tp_rank, tp_size)
+        self.rotary_emb = rotary  # one for all layers: cos/sin are computed once per step
         self.attn = Attention(
-            num_heads // tp_size,
+            heads // tp_size,
             head_dim,
             head_dim**-0.5,
-            kv_heads_per_rank(num_kv_heads, tp_size),
-            sliding_window=layer_sliding_window(config, layer_idx),
+            kv_heads_per_rank(kv_heads, tp_size),
+            sliding_window=spec.sliding_window,
         )
 
     def forward(
@@ -104,32 +97,36 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: PretrainedConfig, tp_rank: int = 0, tp_size: int = 1) -> None:
+    def __init__(
+        self, spec: LayerSpec, hidden_size: int, tp_rank: int = 0, tp_size: int = 1
+    ) -> None:
         super().__init__()
-        bias = bool(getattr(config, "mlp_bias", False))
-        hidden, inter = config.hidden_size, config.intermediate_size
-        self.gate_up_proj = MergedColumnLinear(hidden, [inter, inter], bias, tp_rank, tp_size)
-        self.down_proj = RowLinear(inter, hidden, bias, tp_rank, tp_size)
-        self.act_fn = GatedActivation(getattr(config, "hidden_act", "silu"))
+        inter, bias = spec.intermediate_size, spec.mlp_bias
+        self.gate_up_proj = MergedColumnLinear(hidden_size, [inter, inter], bias, tp_rank, tp_size)
+        self.down_proj = RowLinear(inter, hidden_size, bias, tp_rank, tp_size)
+        self.act_fn = GatedActivation(spec.activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
+    """One layer of the description (pre-norm attention and gated MLP, RMSNorms)."""
+
     def __init__(
         self,
-        config: PretrainedConfig,
-        layer_idx: int,
-        biases: tuple[bool, bool],
+        spec: LayerSpec,
+        model: DecoderSpec,
+        rotary: RotaryEmbedding,
         tp_rank: int = 0,
         tp_size: int = 1,
     ) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_idx, biases, tp_rank, tp_size)
-        self.mlp = LlamaMLP(config, tp_rank, tp_size)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        hidden = model.hidden_size
+        self.self_attn = LlamaAttention(spec, hidden, rotary, tp_rank, tp_size)
+        self.mlp = LlamaMLP(spec, hidden, tp_rank, tp_size)
+        self.input_layernorm = RMSNorm(hidden, model.norm_eps)
+        self.post_attention_layernorm = RMSNorm(hidden, model.norm_eps)
 
     def forward(
         self,
@@ -164,33 +161,28 @@ def stage_layers(num_layers: int, pp_size: int, pp_rank: int) -> range:
 
 
 class LlamaModel(nn.Module):
-    """One pipeline stage of the decoder: stage 0 embeds, the last stage applies the final
-    norm; layers of other stages are left out (`nn.Identity` placeholders keep the
-    checkpoint's layer numbering)."""
+    """One pipeline stage of the decoder described by `spec`: stage 0 embeds, the last
+    stage applies the final norm; layers of other stages are left out (`nn.Identity`
+    placeholders keep the checkpoint's layer numbering)."""
 
-    def __init__(self, config: PretrainedConfig, biases: tuple[bool, bool], rank: RankInfo) -> None:
+    def __init__(self, config: PretrainedConfig, spec: DecoderSpec, rank: RankInfo) -> None:
         super().__init__()
         tp_rank, tp_size = rank.tp_rank, rank.tensor_parallel_size
+        self.spec = spec
         self.stage = rank
-        self.layer_range = stage_layers(
-            config.num_hidden_layers, rank.pipeline_parallel_size, rank.pp_rank
-        )
+        self.layer_range = stage_layers(spec.num_layers, rank.pipeline_parallel_size, rank.pp_rank)
         if rank.is_first_stage:
-            self.embed_tokens = VocabEmbedding(
-                config.vocab_size, config.hidden_size, tp_rank, tp_size
-            )
+            self.embed_tokens = VocabEmbedding(spec.vocab_size, spec.hidden_size, tp_rank, tp_size)
+        # One RoPE for all layers (they have the same): cos/sin are computed once per step.
+        self.rotary = RotaryEmbedding.from_config(config, spec.layers[0].head_dim)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, biases, tp_rank, tp_size)
+            LlamaDecoderLayer(spec.layers[i], spec, self.rotary, tp_rank, tp_size)
             if i in self.layer_range
             else nn.Identity()
-            for i in range(config.num_hidden_layers)
+            for i in range(spec.num_layers)
         )
-        # One RoPE for all layers (they have the same): cos/sin are computed once per step.
-        first = self.layers[self.layer_range.start]
-        for i in self.layer_range[1:]:
-            self.layers[i].self_attn.rotary_emb = first.self_attn.rotary_emb
         if rank.is_last_stage:
-            self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+            self.norm = RMSNorm(spec.hidden_size, spec.norm_eps)
         self.native: NativeStep | None = None  # set by LlamaForCausalLM.use_native_step
 
     def forward(
@@ -241,8 +233,9 @@ class LlamaForCausalLM(CausalLM):
         self.rank = rank = rank or RankInfo()
         self.tp_size = rank.tensor_parallel_size
         check_tensor_parallel(config, self.tp_size)
-        self.model = LlamaModel(config, self.attention_biases(config), rank)
-        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.spec = self.describe(config)
+        self.model = LlamaModel(config, self.spec, rank)
+        self.tie_word_embeddings = self.spec.tie_word_embeddings
         self.lm_head: LMHead | None = None
         if rank.is_last_stage:
             self.lm_head = LMHead(config.vocab_size, config.hidden_size, rank.tp_rank, self.tp_size)
@@ -250,10 +243,9 @@ class LlamaForCausalLM(CausalLM):
                 self.lm_head.tie_to(self.model.embed_tokens)
 
     @classmethod
-    def attention_biases(cls, config: PretrainedConfig) -> tuple[bool, bool]:
-        """(qkv_bias, o_proj_bias)."""
-        bias = bool(getattr(config, "attention_bias", False))
-        return bias, bias
+    def describe(cls, config: PretrainedConfig) -> DecoderSpec:
+        """The family's description of `config` (models/decoder_spec.py)."""
+        return DecoderSpec.from_config(config)
 
     @property
     def num_kv_heads(self) -> int:
@@ -283,7 +275,7 @@ class LlamaForCausalLM(CausalLM):
     def use_native_step(self) -> bool:
         """Runs the decoder stack (and the LM head) through the native CPU step where it
         applies (services/worker/native_step.py); False, with the reason logged, where not."""
-        reason = unsupported_reason(self.model)
+        reason = unsupported_reason(self.model, self.spec)
         if reason is not None:
             logger.info("native CPU step not used: %s; the torch modules run", reason)
             return False
@@ -396,5 +388,5 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
     """Llama with biases on the q/k/v projections (none on o_proj)."""
 
     @classmethod
-    def attention_biases(cls, config: PretrainedConfig) -> tuple[bool, bool]:
-        return True, False
+    def describe(cls, config: PretrainedConfig) -> DecoderSpec:
+        return DecoderSpec.from_config(config, qkv_bias=True, o_bias=False)

@@ -1,0 +1,140 @@
+"""Load time, resident memory and batch-1 time per token of one model file, pagestream
+beside llama.cpp on the same file and threads.
+
+    python -m benchmarks.load FILE.gguf [--llama-bin DIR] [--repeats 3] [--tokens 64]
+
+Each run is a fresh process, one at a time (nothing else may run beside it):
+  - pagestream: `LLM(model=FILE)` timed until it returns (the engine ready to generate),
+    the process's resident memory (VmRSS) then, and a greedy generation of `tokens` tokens
+    from a short prompt: time per token = (time for tokens - time for 1) / (tokens - 1).
+  - llama.cpp: `llama-server -m FILE -t THREADS` timed from start until /health answers
+    200, its VmRSS then; `llama-bench -p 0 -n TOKENS -t THREADS` for its time per token.
+Medians of `repeats` runs. A first start of pagestream on a GGUF file converts its
+tokenizer once (cached); `--cold` removes that cache first, for the first-start figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+_CHILD = """
+import json, sys, time
+start = time.perf_counter()
+from pagestream import LLM, SamplingParams
+imported = time.perf_counter()
+llm = LLM(model=sys.argv[1], max_model_len=4096)
+ready = time.perf_counter()
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+resident = rss()
+tokens = int(sys.argv[2])
+def timed(n):
+    params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+    t = time.perf_counter()
+    llm.generate(["Write a story about a fox."], params, use_tqdm=False)
+    return time.perf_counter() - t
+timed(2)
+one, many = timed(1), timed(tokens)
+print(json.dumps({"import_s": imported - start, "load_s": ready - imported,
+                  "rss_bytes": resident, "rss_after_bytes": rss(),
+                  "ms_per_token": 1000 * (many - one) / (tokens - 1)}))
+"""
+
+
+def rss_of(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def pagestream_run(model: Path, tokens: int) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(model), str(tokens)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def llama_server_run(binary: Path, model: Path, threads: int, port: int = 18765) -> dict:
+    env = dict(os.environ, LD_LIBRARY_PATH=str(binary.parent))
+    command = [str(binary), "-m", str(model), "-t", str(threads), "--port", str(port)]
+    start = time.perf_counter()
+    server = subprocess.Popen(
+        [*command, "-c", "4096"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                if server.poll() is not None:
+                    raise RuntimeError(f"llama-server exited ({server.returncode})") from None
+                time.sleep(0.05)
+        return {"load_s": time.perf_counter() - start, "rss_bytes": rss_of(server.pid)}
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def llama_bench_ms_per_token(binary: Path, model: Path, threads: int, tokens: int) -> float:
+    env = dict(os.environ, LD_LIBRARY_PATH=str(binary.parent))
+    command = [str(binary), "-m", str(model), "-t", str(threads), "-p", "0", "-n", str(tokens)]
+    done = subprocess.run(
+        [*command, "-o", "json", "-r", "3"], env=env, capture_output=True, text=True, check=True
+    )
+    (result,) = json.loads(done.stdout)
+    return 1000.0 / float(result["avg_ts"])
+
+
+def median_of(runs: list[dict]) -> dict:
+    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", type=Path)
+    parser.add_argument("--llama-bin", type=Path, help="llama.cpp's build/bin folder")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--cold", action="store_true", help="time a first start first")
+    args = parser.parse_args(argv)
+    report: dict = {"model": str(args.model), "file_bytes": args.model.stat().st_size}
+    if args.cold:
+        from services.common.model_source import _converted_dir_for
+
+        shutil.rmtree(_converted_dir_for(args.model), ignore_errors=True)
+        report["pagestream_first_start"] = pagestream_run(args.model, args.tokens)
+    report["pagestream"] = median_of(
+        [pagestream_run(args.model, args.tokens) for _ in range(args.repeats)]
+    )
+    if args.llama_bin is not None:
+        server = args.llama_bin / "llama-server"
+        runs = [llama_server_run(server, args.model, args.threads) for _ in range(args.repeats)]
+        report["llama_server"] = median_of(runs)
+        report["llama_bench_ms_per_token"] = llama_bench_ms_per_token(
+            args.llama_bin / "llama-bench", args.model, args.threads, args.tokens
+        )
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,148 @@
+"""A decoder model described once: what every layer is, whichever backend runs it.
+
+    spec = DecoderSpec.from_config(config, qkv_bias=True, o_bias=False)  # Qwen2
+    spec.layers[3].sliding_window   # None, or the layer's attention window
+    spec.native_unsupported(range(0, 28), tp_size=1)  # None, or "layer 3: ..."
+
+A `DecoderSpec` holds the model-wide facts (vocabulary, hidden size, final norm, tied
+embeddings, rotary) and one `LayerSpec` per layer (attention heads and biases, window,
+norms and their placement, q/k norms, MLP kind, width and activation): the same description
+builds the torch modules (services/worker/models/llama.py, the reference path and every
+device's) and the native CPU step (services/worker/native_step.py, one C++ DecoderStack),
+and `native_unsupported` checks every layer of it against what the C++ stack runs, naming
+the first layer it cannot and why. A family is a description: Llama, Mistral and Qwen2
+differ only in their biases and windows; a family with new parts (q/k norms, other norm
+placements, a mixture of experts) adds its fields here and its op to each backend, and until
+then the capability check sends it to the torch path by name.
+
+Sizes are the whole model's (heads, intermediate); a tensor-parallel rank's share is
+computed where the modules are built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transformers import PretrainedConfig
+
+from services.worker.layers.rotary_embedding import rope_parameters
+from services.worker.models.causal_lm import config_head_dim, config_num_kv_heads
+
+# What the C++ DecoderStack runs (kernels/cpu/decoder_stack.cpp).
+NATIVE_ACTIVATIONS = ("silu",)
+NATIVE_NORMS = ("rms",)
+NATIVE_PLACEMENTS = ("pre",)
+NATIVE_MLPS = ("gated",)
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    index: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    activation: str  # of the gated MLP: act(gate) * up
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    sliding_window: int | None  # None: full attention
+    norm: str = "rms"  # RMSNorm with a weight
+    norm_placement: str = "pre"  # norm -> attention -> residual; norm -> MLP -> residual
+    qk_norm: bool = False  # a norm over each head's queries and keys before rotary
+    mlp: str = "gated"  # dense gate/up/down
+
+    def native_unsupported(self) -> str | None:
+        """Why the C++ stack cannot run this layer, or None."""
+        checks = (
+            (self.activation in NATIVE_ACTIVATIONS, f"its MLP's activation is {self.activation}"),
+            (self.norm in NATIVE_NORMS, f"its norms are {self.norm}"),
+            (self.norm_placement in NATIVE_PLACEMENTS, f"its norms sit {self.norm_placement}"),
+            (not self.qk_norm, "it normalises queries and keys"),
+            (self.mlp in NATIVE_MLPS, f"its MLP is {self.mlp}"),
+        )
+        for supported, reason in checks:
+            if not supported:
+                return reason
+        return None
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    norm_eps: float
+    tie_word_embeddings: bool
+    rope_type: str
+    layers: tuple[LayerSpec, ...]
+
+    @classmethod
+    def from_config(
+        cls, config: PretrainedConfig, qkv_bias: bool | None = None, o_bias: bool | None = None
+    ) -> DecoderSpec:
+        """The Llama family's description of `config`: attention biases from
+        `attention_bias` unless the family fixes them, windows per `layer_types`."""
+        bias = bool(getattr(config, "attention_bias", False))
+        layers = tuple(
+            LayerSpec(
+                index=i,
+                num_heads=int(config.num_attention_heads),
+                num_kv_heads=config_num_kv_heads(config),
+                head_dim=config_head_dim(config),
+                intermediate_size=int(config.intermediate_size),
+                activation=str(getattr(config, "hidden_act", "silu")),
+                qkv_bias=bias if qkv_bias is None else qkv_bias,
+                o_bias=bias if o_bias is None else o_bias,
+                mlp_bias=bool(getattr(config, "mlp_bias", False)),
+                sliding_window=layer_sliding_window(config, i),
+            )
+            for i in range(int(config.num_hidden_layers))
+        )
+        architectures = getattr(config, "architectures", None) or ["unknown"]
+        return cls(
+            architecture=architectures[0],
+            vocab_size=int(config.vocab_size),
+            hidden_size=int(config.hidden_size),
+            num_layers=len(layers),
+            norm_eps=float(config.rms_norm_eps),
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            rope_type=str(rope_parameters(config)["rope_type"]),
+            layers=layers,
+        )
+
+    def native_unsupported(self, layer_range: range, tp_size: int, bf16: bool) -> str | None:
+        """Why the C++ stack cannot run layers `layer_range` of this model (split over
+        `tp_size` ranks; `bf16`: bfloat16 weights, whose GEMMs take pairs of input
+        features), naming the first layer it cannot, or None."""
+        shape = _shape(self.layers[layer_range.start])
+        for index in layer_range:
+            layer = self.layers[index]
+            reason = layer.native_unsupported()
+            if reason is None and _shape(layer) != shape:
+                reason = "its sizes differ from the stage's first layer's (one shape per stack)"
+            if reason is None and bf16:
+                widths = (
+                    self.hidden_size,
+                    layer.intermediate_size // tp_size,
+                    layer.num_heads // tp_size * layer.head_dim,
+                )
+                if any(width % 2 for width in widths):
+                    reason = f"bfloat16 GEMMs take pairs of input features; it has {widths}"
+            if reason is not None:
+                return f"layer {index}: {reason}"
+        return None
+
+
+def _shape(layer: LayerSpec) -> tuple[int, int, int, int]:
+    return layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.intermediate_size
+
+
+def layer_sliding_window(config: PretrainedConfig, layer_idx: int) -> int | None:
+    """The attention window of one layer: per `layer_types` when the config has them."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and layer_types[layer_idx] != "sliding_attention":
+        return None
+    return int(window) if window else None

@@ -1,0 +1,118 @@
+"""The model description (services/worker/models/decoder_spec.py): what it reads from each
+family's config, that the torch modules and the native step are built from it, and that the
+native step's capability check runs over every layer and names the one it refuses.
+
+Layer-by-layer equality of the two backends built from one description is
+tests/worker/test_native_step.py's (float32 and bfloat16, every native family).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from services.common.config import ModelConfig
+from services.worker.model_loader import load_model
+from services.worker.models.decoder_spec import DecoderSpec
+from services.worker.models.registry import native_model_class
+from services.worker.native_step import NATIVE_ENV, unsupported_reason
+from tests.worker.conftest import tiny_config
+
+
+def _spec(name: str) -> DecoderSpec:
+    config = tiny_config(name)
+    config.architectures = [type(config).__name__.replace("Config", "ForCausalLM")]
+    return native_model_class(config.architectures).describe(config)
+
+
+def test_each_family_is_described_from_its_config():
+    llama, qwen2, mistral = _spec("llama"), _spec("qwen2"), _spec("mistral")
+    assert (llama.num_layers, llama.hidden_size, llama.vocab_size) == (2, 64, 128)
+    assert llama.rope_type == "llama3" and not llama.tie_word_embeddings
+    first = llama.layers[0]
+    assert (first.num_heads, first.num_kv_heads, first.head_dim) == (4, 2, 16)
+    assert (first.qkv_bias, first.o_bias, first.activation) == (False, False, "silu")
+    assert all((layer.qkv_bias, layer.o_bias) == (True, False) for layer in qwen2.layers)
+    assert [layer.sliding_window for layer in mistral.layers] == [6, 6]
+    assert _spec("llama_tied").tie_word_embeddings
+
+
+def test_per_layer_windows_follow_layer_types():
+    # Qwen2 with max_window_layers=1: layer 0 full attention, layer 1 a 5-token window
+    assert [layer.sliding_window for layer in _spec("qwen2_sliding").layers] == [None, 5]
+
+
+def test_the_torch_modules_are_built_from_the_description(tiny_model_dir, monkeypatch):
+    monkeypatch.setenv(NATIVE_ENV, "0")
+    folder = tiny_model_dir("qwen2_sliding")
+    model = load_model(ModelConfig(model=str(folder), dtype="float32"), device="cpu")
+    spec = model.spec
+    for index, layer in enumerate(model.model.layers):
+        described = spec.layers[index]
+        attn = layer.self_attn
+        assert attn.attn.sliding_window == described.sliding_window
+        assert (attn.qkv_proj.bias is not None) == described.qkv_bias
+        assert (attn.o_proj.bias is not None) == described.o_bias
+        assert layer.mlp.down_proj.input_size == described.intermediate_size
+        assert layer.mlp.act_fn.hidden_act == described.activation
+
+
+def test_the_native_stack_is_shaped_by_the_description(tiny_model_dir, monkeypatch):
+    monkeypatch.delenv(NATIVE_ENV, raising=False)
+    model = load_model(ModelConfig(model=str(tiny_model_dir("mistral"))), device="cpu")
+    assert model.model.native is not None
+    assert model.model.native.stack.num_layers() == model.spec.num_layers
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (
+            dict(activation="gelu_pytorch_tanh"),
+            "layer 1: its MLP's activation is gelu_pytorch_tanh",
+        ),
+        (dict(qk_norm=True), "layer 1: it normalises queries and keys"),
+        (dict(norm_placement="post"), "layer 1: its norms sit post"),
+        (dict(mlp="moe"), "layer 1: its MLP is moe"),
+        (dict(intermediate_size=128), "layer 1: its sizes differ from the stage's first"),
+    ],
+)
+def test_the_capability_check_names_the_layer_it_refuses(change, reason):
+    spec = _spec("llama")
+    layers = (spec.layers[0], replace(spec.layers[1], **change))
+    changed = replace(spec, layers=layers)
+    assert spec.native_unsupported(range(2), tp_size=1, bf16=False) is None
+    assert changed.native_unsupported(range(2), tp_size=1, bf16=False).startswith(reason)
+    # a pipeline stage that holds only layer 0 is not refused for layer 1
+    assert changed.native_unsupported(range(1), tp_size=1, bf16=False) is None
+
+
+def test_bfloat16_needs_even_widths_on_this_ranks_share():
+    spec = _spec("llama")
+    odd = replace(spec, layers=tuple(replace(layer, intermediate_size=98) for layer in spec.layers))
+    assert odd.native_unsupported(range(2), tp_size=1, bf16=False) is None
+    assert odd.native_unsupported(range(2), tp_size=2, bf16=True).startswith(
+        "layer 0: bfloat16 GEMMs take pairs of input features"
+    )
+
+
+def test_a_refused_layer_keeps_the_torch_modules(tiny_model_dir, monkeypatch):
+    monkeypatch.delenv(NATIVE_ENV, raising=False)
+    folder = tiny_model_dir("llama")
+    model = load_model(ModelConfig(model=str(folder), dtype="float32"), device="cpu")
+    spec = model.spec
+    assert unsupported_reason(model.model, spec) is None
+    refused = replace(spec, layers=(spec.layers[0], replace(spec.layers[1], qk_norm=True)))
+    assert unsupported_reason(model.model, refused) == "layer 1: it normalises queries and keys"
+
+
+def test_the_capability_check_reads_every_layers_weights(tiny_model_dir, monkeypatch):
+    monkeypatch.setenv(NATIVE_ENV, "0")  # the torch modules keep their weights
+    folder = tiny_model_dir("llama")
+    model = load_model(ModelConfig(model=str(folder), dtype="float32"), device="cpu")
+    monkeypatch.delenv(NATIVE_ENV)
+    down = model.model.layers[1].mlp.down_proj
+    down.weight.data = down.weight.data.to(torch.float16)
+    assert unsupported_reason(model.model, model.spec).startswith("layer 1: down is torch.float16")
