@@ -32,11 +32,10 @@ from services.common.model_source import gguf_source, resolve_model
 from services.common.pooler_config import PoolerConfig
 from services.common.rank_info import RankInfo
 from services.worker.layers.attention import resolve_attention_backend
-from services.worker.layers.packed_weight import pack_linears
 from services.worker.layers.quantization.loading import ONLINE_METHODS, OnlineQuantization
 from services.worker.layers.quantization.model_weights import (
-    dequantize_model,
     finish_loading,
+    prepare_for_torch,
     quantization_name,
     resident_weight_bytes,
     set_online_quantization,
@@ -267,8 +266,7 @@ def _load_model(model_config: ModelConfig, device, rank: RankInfo) -> LoadedMode
     # a native model runs the C++ step on the CPU where it applies, else packed linears
     cpu_step = attention_ops.name == "cpu" and model_class is not None
     if model_class is not None and not (cpu_step and model.use_native_step()):  # type: ignore[attr-defined]
-        dequantize_model(model, torch_dtype)
-        pack_linears(model)
+        prepare_for_torch(model, torch_dtype)
     loaded = LoadedModel(
         model, quantization_name(formats), resident_weight_bytes(model), formats, pooler
     )

@@ -86,13 +86,13 @@ def _bias(linear: nn.Module, applies: bool = True) -> torch.Tensor:
     return linear.bias.detach() if linear.bias is not None and applies else torch.empty(0)
 
 
-def packed_linear(linear: nn.Module, bias: torch.Tensor) -> object:
-    """`linear`'s weight packed for the C++ GEMM (kernels/cpu/linear.h): its quantized
-    weight where it has one (services/worker/layers/quantization), else its float one."""
+def packed_table(table: nn.Module) -> object:
+    """An LM head's table packed for the C++ GEMM (kernels/cpu/linear.h): its quantized
+    table where it has one (services/worker/layers/quantization), else its float one."""
     packed_class = _extension().PackedLinear
-    quantized = getattr(linear, "quantized", None)
+    quantized = table.quantized
     if quantized is None:
-        return packed_class(linear.weight.detach(), bias)
+        return packed_class(table.weight.detach(), torch.empty(0))
     mins = quantized.mins if quantized.mins is not None else torch.empty(0)
     return packed_class.quantized(
         quantized.bits,
@@ -100,9 +100,9 @@ def packed_linear(linear: nn.Module, bias: torch.Tensor) -> object:
         quantized.scales,
         mins,
         quantized.group_size,
-        bias,
+        torch.empty(0),
         quantized.source,
-        linear.weight.dtype == torch.bfloat16,  # many rows in bfloat16 for a bfloat16 model
+        table.weight.dtype == torch.bfloat16,  # many rows in bfloat16 for a bfloat16 model
     )
 
 
@@ -122,12 +122,6 @@ def _stack_config(ext, spec: DecoderSpec, stage) -> object:
 
 def _final_norm(model: nn.Module) -> torch.Tensor:
     return model.norm.weight.detach() if model.stage.is_last_stage else torch.empty(0)
-
-
-def _release(linear: nn.Module) -> None:
-    """The C++ stack holds its own packed copy: the torch weights are freed."""
-    linear.weight.data = linear.weight.data.new_empty(0)
-    linear.quantized = None
 
 
 class NativeStep:
@@ -157,13 +151,11 @@ class NativeStep:
             weights = ext.LayerWeights()
             for name, linear in linears.items():
                 applies = first_rank or name in ("qkv", "gate_up")  # column-parallel biases
-                setattr(weights, name, packed_linear(linear, _bias(linear, applies)))
+                setattr(weights, name, linear.to_native(_bias(linear, applies)))
             weights.input_norm = layer.input_layernorm.weight.detach()
             weights.post_norm = layer.post_attention_layernorm.weight.detach()
             weights.sliding_window = spec.layers[index].sliding_window or 0
             stack.add_layer(weights)
-            for linear in linears.values():
-                _release(linear)
         logger.info(
             "native CPU step: %d layers in one C++ call per step (%s weights, float32 "
             "accumulation and activations)",

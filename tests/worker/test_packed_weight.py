@@ -7,7 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from services.worker.layers.linear import MergedColumnLinear, linear
-from services.worker.layers.packed_weight import PACKED_ENV, PackedWeight, pack_linears
+from services.worker.layers.linear_weight import FloatWeight, OneDNNWeight
+from services.worker.layers.packed_weight import PACKED_ENV, PackedWeight
+from services.worker.layers.quantization.model_weights import prepare_for_torch
 from services.worker.layers.vocab_embedding import LMHead
 
 
@@ -49,8 +51,9 @@ def test_packing_can_be_turned_off(monkeypatch):
     monkeypatch.setenv(PACKED_ENV, "0")
     layer = MergedColumnLinear(16, [8, 8])
     layer.weight.data.normal_()
-    assert not layer.pack() and layer.packed is None
-    assert pack_linears(torch.nn.Sequential(layer)) == 0
+    prepare_for_torch(torch.nn.Sequential(layer), torch.float32)
+    assert isinstance(layer.weight_format, FloatWeight)
+    assert layer.weight.numel() == 16 * 16
 
 
 def test_other_dtypes_and_devices_are_not_packed():
@@ -58,7 +61,7 @@ def test_other_dtypes_and_devices_are_not_packed():
     assert PackedWeight.of(torch.randn(8, 4, device="meta")) is None
 
 
-def test_pack_linears_packs_the_layers_and_the_lm_head_keeps_its_plain_rows():
+def test_the_torch_form_packs_the_layers_and_the_lm_head_keeps_its_plain_rows():
     gen = torch.Generator().manual_seed(0)
     fused = MergedColumnLinear(32, [16, 16])
     fused.weight.data = torch.randn(32, 32, generator=gen)
@@ -66,10 +69,11 @@ def test_pack_linears_packs_the_layers_and_the_lm_head_keeps_its_plain_rows():
     head.weight.data = torch.randn(50, 32, generator=gen)
     x = torch.randn(9, 32, generator=gen)
     before = (fused(x), head(x))
-    assert pack_linears(torch.nn.Sequential(fused, head)) == 2
-    assert fused.packed is not None and head.packed is not None
+    prepare_for_torch(torch.nn.Sequential(fused, head), torch.float32)
+    assert isinstance(fused.weight_format, OneDNNWeight) and head.packed is not None
     assert head.weight.shape == (50, 32)  # the embedding lookup and rescoring read it
     assert fused.weight.numel() == 0  # the packed copy serves every row count: freed
+    assert fused.weight_format.nbytes == 32 * 32 * 4
     assert fused(torch.empty(0, 32)).shape == (0, 32)
     torch.testing.assert_close(fused(x), before[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(head(x), before[1], atol=1e-5, rtol=1e-5)

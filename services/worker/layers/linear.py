@@ -7,10 +7,10 @@ tensor-parallel model only passes `tp_rank`/`tp_size`; with the defaults (0, 1) 
 plain linear layers. Fused layers (QKV, gate/up) take the separate HF tensors by `shard_id`.
 
 A checkpoint tensor may also be a `QuantizedWeight` (a GGUF file's blocks), or a float
-tensor the layer quantizes first (`online`, set by the model for int8 / int4): the same
-narrowing applies and the shards are kept quantized (services/worker/layers/quantization);
-`finish_loading()` joins them into `quantized`, which the native CPU step packs as it is
-and every other path de-quantizes once (`dequantize_weight`).
+tensor the layer quantizes first (`quantize_online`, for int8 / int4): the same narrowing
+applies and the shards are kept quantized. The weight's format is one object
+(linear_weight.py): `finish_loading()` joins the shards, then the native CPU step packs
+it as it is (`to_native`) or the torch path de-quantizes it once (`prepare_for_torch`).
 """
 
 from __future__ import annotations
@@ -22,13 +22,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from services.worker.layers.linear_weight import (
+    FloatWeight,
+    LinearWeight,
+    QuantizedParts,
+    copy_checked,
+)
 from services.worker.layers.packed_weight import PackedWeight
 from services.worker.layers.quantization import QuantizedWeight
 from services.worker.layers.quantization.loading import (
     Checkpoint,
     OnlineQuantization,
-    WeightParts,
-    dequantize_into,
     narrow,
     split_rows,
 )
@@ -98,7 +102,11 @@ def _check_divisible(name: str, size: int, tp_size: int) -> None:
 
 
 class LinearBase(nn.Module):
-    """y = x W^T (+ b); weight is [output_size, input_size] as in the checkpoint."""
+    """y = x W^T (+ b); weight is [output_size, input_size] as in the checkpoint.
+
+    The weight's format is one `LinearWeight` object (linear_weight.py), `weight_format`:
+    float as loaded, quantized shards joined by `finish_loading`, then the torch path's
+    form (`prepare_for_torch`) or the native step's (`to_native`)."""
 
     def __init__(
         self,
@@ -120,52 +128,46 @@ class LinearBase(nn.Module):
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
-        self.packed: PackedWeight | None = None
-        self.online: OnlineQuantization | None = None  # quantize float tensors at load
-        self.quantized: QuantizedWeight | None = None  # set by finish_loading
-        self._parts = WeightParts(output_size, input_size)
+        self.weight_format: LinearWeight = FloatWeight(self.weight)
         self.lora: LinearLoRA | None = None  # adapters' adds (services/worker/lora)
+
+    def quantize_online(self, online: OnlineQuantization) -> None:
+        """Float checkpoint tensors are quantized as they load (int8 / int4)."""
+        self.weight_format = QuantizedParts(self.weight, online)
 
     def _load_weight(
         self, param: nn.Parameter, loaded: Checkpoint, shard_id: object = None
     ) -> None:
-        """The weight's loader: a float tensor is quantized first when `online` is set (before
-        tensor-parallel narrowing, so every shard has the single-rank model's scales)."""
-        if self.online is not None and isinstance(loaded, torch.Tensor):
-            loaded = self.online.quantize(loaded)
-        self.weight_loader(param, loaded, shard_id)
+        """The weight's loader: the format sees the whole checkpoint tensor first (online
+        quantization runs before tensor-parallel narrowing, so every shard has the
+        single-rank model's scales)."""
+        self.weight_loader(param, self.weight_format.prepare(loaded), shard_id)
 
     def _store(self, param: nn.Parameter, src: Checkpoint, offset: int | None = None) -> None:
-        """Copies `src` into `param` (rows from `offset` when given); a quantized `src` is
-        kept as a part of the weight at that row offset."""
-        if isinstance(src, QuantizedWeight):
-            if param is not self.weight:
-                raise ValueError("a quantized checkpoint tensor can only load into a weight")
-            self._parts.add(offset or 0, src)
+        """Stores `src` into `param` (rows from `offset` when given): the weight's format
+        keeps it; a bias is copied."""
+        if param is self.weight:
+            self.weight_format = self.weight_format.store(src, offset)
             return
+        if isinstance(src, QuantizedWeight):
+            raise ValueError("a quantized checkpoint tensor can only load into a weight")
         dst = param.data if offset is None else param.data.narrow(0, offset, src.shape[0])
-        _copy_checked(dst, src)
+        copy_checked(dst, src)
 
     def finish_loading(self) -> None:
-        """Joins the quantized shards into `quantized` and frees the float weight, which
-        was never filled (raises ValueError when rows are missing or mixed with float)."""
-        if not self._parts:
-            return
-        self.quantized = self._parts.finish()
-        self._parts = WeightParts(0, 0)
-        self.weight.data = self.weight.data.new_empty(0)
+        """After every checkpoint tensor is in: quantized shards joined into one weight
+        (ValueError when rows are missing or mixed with float)."""
+        self.weight_format = self.weight_format.finish()
 
-    def dequantize_weight(self, dtype: torch.dtype) -> None:
-        """The float weight back from `quantized` (paths without a quantized kernel)."""
-        dequantize_into(self, dtype)
+    def prepare_for_torch(self, dtype: torch.dtype) -> None:
+        """The form the torch modules run: de-quantized to `dtype`, oneDNN-packed on CPU."""
+        self.weight_format = self.weight_format.for_torch(dtype)
 
-    def pack(self) -> bool:
-        """Packs the loaded weight for the CPU (see packed_weight.py); True if it did. When
-        the packed copy serves every row count, the plain one is freed (no doubled weights)."""
-        self.packed = PackedWeight.of(self.weight)
-        if self.packed is not None and self.packed.replaces_plain:
-            self.weight.data = self.weight.data.new_empty(0)
-        return self.packed is not None
+    def to_native(self, bias: torch.Tensor) -> object:
+        """The C++ packed linear of this weight (kernels/cpu/linear.h) with `bias` folded
+        in; the layer's own copy is freed (the C++ object holds the weight)."""
+        native, self.weight_format = self.weight_format.for_native(bias)
+        return native
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: Checkpoint, shard_id: object = None
@@ -173,7 +175,7 @@ class LinearBase(nn.Module):
         self._store(param, loaded_weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = linear(x, self.weight, self.bias, self.packed)
+        out = self.weight_format.apply(x, self.bias)
         if self.lora is not None:
             self.lora.add(x, out)
         return out
@@ -181,16 +183,8 @@ class LinearBase(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}, "
-            f"tp={self.tp_rank}/{self.tp_size}"
+            f"tp={self.tp_rank}/{self.tp_size}, {self.weight_format.format}"
         )
-
-
-def _copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:
-    if dst.shape != src.shape:
-        raise ValueError(
-            f"checkpoint tensor has shape {tuple(src.shape)}, expected {tuple(dst.shape)}"
-        )
-    dst.copy_(src)
 
 
 class ColumnLinear(LinearBase):
@@ -349,13 +343,13 @@ class RowLinear(LinearBase):
         self, param: nn.Parameter, loaded_weight: Checkpoint, shard_id: object = None
     ) -> None:
         if param.dim() == 1:  # bias: replicated
-            _copy_checked(param.data, loaded_weight)
+            copy_checked(param.data, loaded_weight)
             return
         size = self.input_size
         self._store(param, narrow(loaded_weight, 1, self.tp_rank * size, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = linear(x, self.weight, packed=self.packed)
+        out = self.weight_format.apply(x, None)
         if self.lora is not None:  # before the all-reduce, which sums it like the base
             self.lora.add(x, out)
         if self.tp_size > 1 and self.reduce_results:

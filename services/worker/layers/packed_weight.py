@@ -8,8 +8,9 @@ bfloat16 weight where this torch has oneDNN, else is None; `rows_from` says from
 rows (tokens) of input the packed path is the faster one, by dtype (measured in
 `benchmarks/linear_cpu.py`, quoted in `USE_PACKED_FROM`).
 
-`pack_linears(model)` packs every layer that has a `pack()` method (the decoder's linears
-and the LM head) after the weights are loaded; with $PAGESTREAM_CPU_PACKED=0 nothing is
+The torch path's linears hold it as their weight format (linear_weight.OneDNNWeight) and
+the LM head as its `packed` copy, made once the weights are loaded
+(quantization/model_weights.prepare_for_torch); with $PAGESTREAM_CPU_PACKED=0 nothing is
 packed (the plain path, for comparison).
 """
 
@@ -20,7 +21,6 @@ import os
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 logger = logging.getLogger(__name__)
 
@@ -82,13 +82,3 @@ class PackedWeight:
             return x.new_empty((0, self.tensor.shape[0]))
         _, linear = _OPS  # type: ignore[misc]
         return linear(x.contiguous(), self.tensor, bias, "none", [], "")
-
-
-def pack_linears(model: nn.Module) -> int:
-    """Packs every submodule with a `pack()` method; returns how many were packed."""
-    if not packing_enabled():
-        return 0
-    packed = sum(bool(module.pack()) for module in model.modules() if hasattr(module, "pack"))
-    if packed:
-        logger.info("packed %d linear weights into oneDNN's layout", packed)
-    return packed

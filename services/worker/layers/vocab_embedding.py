@@ -139,9 +139,9 @@ class LMHead(VocabEmbedding):
     def pack_native(self) -> None:
         """The native CPU step's packed copy (kernels/cpu/linear.cpp), which accumulates and
         writes float32 logits; the plain weight stays for the lookup and the rescoring."""
-        from services.worker.native_step import packed_linear
+        from services.worker.native_step import packed_table
 
-        self.native = packed_linear(self, torch.empty(0))
+        self.native = packed_table(self)
         self.native_rescores = self.quantized is None
         tied = self.tied
         if self.quantized is not None and tied is not None and tied.quantized is self.quantized:

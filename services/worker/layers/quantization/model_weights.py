@@ -1,7 +1,11 @@
 """A loaded model's weights as a whole: online quantization switched on for every layer
-that takes it, the quantized shards joined after loading, the fallback that de-quantizes
-them for paths without a quantized kernel, and what the log and the model info report
-(each tensor kind's format and the resident weight bytes)."""
+that takes it, the quantized shards joined after loading, the torch path's form of every
+weight (de-quantized where no quantized kernel runs, oneDNN-packed), and what the log and
+the model info report (each tensor kind's format and the resident weight bytes).
+
+Linears hold one weight-format object each (services/worker/layers/linear_weight.py); the
+token embedding and the LM head keep their table in their own module
+(services/worker/layers/vocab_embedding.py)."""
 
 from __future__ import annotations
 
@@ -10,61 +14,82 @@ import logging
 import torch
 from torch import nn
 
+from services.worker.layers.linear import LinearBase
+from services.worker.layers.linear_weight import QuantizedLinearWeight
+from services.worker.layers.packed_weight import packing_enabled
 from services.worker.layers.quantization.loading import OnlineQuantization
+from services.worker.layers.vocab_embedding import LMHead, VocabEmbedding
 
 logger = logging.getLogger(__name__)
 
 
-def _loading_modules(model: nn.Module) -> list[nn.Module]:
-    return [m for m in model.modules() if hasattr(m, "finish_loading")]
+def _linears(model: nn.Module) -> list[LinearBase]:
+    return [m for m in model.modules() if isinstance(m, LinearBase)]
+
+
+def _heads(model: nn.Module) -> list[LMHead]:
+    return [m for m in model.modules() if isinstance(m, LMHead)]
 
 
 def set_online_quantization(model: nn.Module, online: OnlineQuantization) -> None:
     """Every linear and the LM head quantize their float checkpoint tensors at load."""
-    for module in _loading_modules(model):
-        module.online = online
+    for linear in _linears(model):
+        linear.quantize_online(online)
+    for head in _heads(model):
+        head.online = online
 
 
 def finish_loading(model: nn.Module) -> None:
     """Joins each layer's quantized shards (after every checkpoint tensor is in)."""
-    for module in _loading_modules(model):
+    for module in [*_linears(model), *_heads(model)]:
         module.finish_loading()
 
 
-def dequantize_model(model: nn.Module, dtype: torch.dtype) -> int:
-    """Float weights back from the quantized ones, for the torch modules (other devices, or
-    no native CPU step); returns how many tensors it de-quantized."""
-    count = 0
-    for module in model.modules():
-        if getattr(module, "quantized", None) is not None:
-            module.dequantize_weight(dtype)
-            count += 1
-    if count:
+def prepare_for_torch(model: nn.Module, dtype: torch.dtype) -> None:
+    """The torch modules' form of every weight (other devices, or no native CPU step):
+    quantized ones de-quantized to `dtype` (the torch path has no quantized kernel), float
+    ones packed into oneDNN's layout on the CPU."""
+    linears = _linears(model)
+    tables = [m for m in model.modules() if isinstance(m, VocabEmbedding)]
+    dequantized = sum(isinstance(m.weight_format, QuantizedLinearWeight) for m in linears)
+    dequantized += sum(m.quantized is not None for m in tables)
+    for linear in linears:
+        linear.prepare_for_torch(dtype)
+    for table in tables:
+        table.dequantize_weight(dtype)
+    if packing_enabled():
+        for head in _heads(model):
+            head.pack()
+    if dequantized:
+        name = str(dtype).removeprefix("torch.")
         logger.info(
             "quantized weights de-quantized to %s at load (%d tensors): this path has no "
             "quantized kernel, so they take %s's memory and speed",
-            str(dtype).removeprefix("torch."),
-            count,
-            str(dtype).removeprefix("torch."),
+            name,
+            dequantized,
+            name,
         )
-    return count
+
+
+def _table_format(table: VocabEmbedding) -> str:
+    native = getattr(table, "native", None)
+    if table.quantized is not None:
+        return table.quantized.source
+    if native is not None:
+        return native.format()
+    return str(table.weight.dtype).removeprefix("torch.")
 
 
 def weight_formats(model: nn.Module) -> dict[str, str]:
     """Tensor kind (qkv_proj, lm_head, embed_tokens, ...) -> the format(s) it is held in."""
     formats: dict[str, set[str]] = {}
     for name, module in model.named_modules():
-        weight = getattr(module, "weight", None)
-        if not hasattr(module, "quantized") or weight is None:
-            continue
-        quantized = module.quantized
-        native = getattr(module, "native", None)
-        if quantized is not None:
-            held = quantized.source
-        elif native is not None:
-            held = native.format()
+        if isinstance(module, LinearBase):
+            held = module.weight_format.format
+        elif isinstance(module, VocabEmbedding):
+            held = _table_format(module)
         else:
-            held = str(weight.dtype).removeprefix("torch.")
+            continue
         formats.setdefault(name.rsplit(".", 1)[-1], set()).add(held)
     return {kind: "+".join(sorted(held)) for kind, held in formats.items()}
 
@@ -79,20 +104,23 @@ def quantization_name(formats: dict[str, str]) -> str:
 
 
 def resident_weight_bytes(model: nn.Module) -> int:
-    """Bytes of every weight the model holds: its torch parameters (the ones packed into a
-    native copy are freed), the quantized tensors still in torch, and the native copies."""
-    params = {id(p): p for p in model.parameters()}
+    """Bytes of every weight the model holds: each linear's weight in its format, the
+    other parameters (norms, biases, float tables), and the embedding's and LM head's
+    quantized or packed tables."""
+    linears = _linears(model)
+    linear_weights = {id(linear.weight) for linear in linears}
+    params = {id(p): p for p in model.parameters() if id(p) not in linear_weights}
     total = sum(p.numel() * p.element_size() for p in params.values())
+    total += sum(linear.weight_format.nbytes for linear in linears)
     seen: set[int] = set()
-    for module in model.modules():
-        quantized = getattr(module, "quantized", None)
-        if quantized is not None and id(quantized) not in seen:
-            seen.add(id(quantized))
-            total += quantized.nbytes
-        native = getattr(module, "native", None)
+    for table in (m for m in model.modules() if isinstance(m, VocabEmbedding)):
+        if table.quantized is not None and id(table.quantized) not in seen:
+            seen.add(id(table.quantized))
+            total += table.quantized.nbytes
+        native = getattr(table, "native", None)
         if native is not None:
             total += int(native.weight_bytes())
-        packed = getattr(module, "packed", None)  # oneDNN's copy (PackedWeight)
+        packed = getattr(table, "packed", None)  # oneDNN's copy (PackedWeight)
         if packed is not None and packed.replaces_plain:
             total += packed.tensor.numel() * packed.tensor.element_size()
     return total
