@@ -43,6 +43,7 @@ SOURCES = tuple(
     Path(__file__).with_name(name)
     for name in (
         "module.cpp",
+        "gguf_decode.cpp",
         "paged_decode.cpp",
         "pin_threads.cpp",
         "fused.cpp",

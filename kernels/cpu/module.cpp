@@ -1,6 +1,7 @@
 // The Python module of the CPU extension: every entry point of kernels/cpu's sources.
 #include <torch/extension.h>
 
+#include <tuple>
 #include <vector>
 
 void paged_decode(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache,
@@ -20,6 +21,8 @@ void rotary(torch::Tensor out, torch::Tensor x, torch::Tensor cos, torch::Tensor
             int64_t head_dim);  // fused.cpp
 namespace pagestream {
 void bind_native_step(pybind11::module_& m);  // decoder_stack.cpp
+std::tuple<at::Tensor, at::Tensor, at::Tensor> decode_q4_k(const at::Tensor& raw);  // gguf_decode.cpp
+std::tuple<at::Tensor, at::Tensor> decode_q6_k(const at::Tensor& raw);  // gguf_decode.cpp
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -32,5 +35,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "out = rms_norm(residual + x), sum_out = residual + x");
   m.def("silu_and_mul", &silu_and_mul, "out = silu(gate) * up for [gate | up]");
   m.def("rotary", &rotary, "rotary embedding of [tokens, heads * head_dim] (HF rotate_half)");
+  m.def("decode_q4_k", &pagestream::decode_q4_k,
+        "GGUF Q4_K blocks [N, bytes] -> 4-bit codes, float32 scales and mins (exact)");
+  m.def("decode_q6_k", &pagestream::decode_q6_k,
+        "GGUF Q6_K blocks [N, bytes] -> int8 codes and float32 scales (exact)");
   pagestream::bind_native_step(m);
 }

@@ -478,3 +478,26 @@ def test_online_quantizers_reject_bad_weights(quantize):
         quantize(torch.ones(2, 32, dtype=torch.int32))
     with pytest.raises(ValueError, match="2-D"):
         quantize(torch.ones(32))
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("n, k", [(1, 256), (37, 768), (130, 512)])
+def test_the_cpp_decoder_equals_the_numpy_one_bit_for_bit(name, n, k):
+    """kernels/cpu/gguf_decode.cpp (what decode_gguf runs where the extension builds) and
+    the numpy decoders (the reference): the same codes, scales and mins."""
+    from kernels import cpu
+    from services.worker.layers.quantization import gguf_blocks
+
+    reason = cpu.unavailable_reason()
+    assert reason is None, reason  # the CPU extension builds on every supported machine
+    raw = _random_raw(name, n, k, seed=k + n)
+    native = gguf_blocks._native_decoder(name)(raw)
+    block, size = gguf_blocks._BLOCKS[name]
+    reference = gguf_blocks._DECODERS[name](raw.reshape(n, k // block, size), n)
+    assert (native.bits, native.group_size) == (reference.bits, reference.group_size)
+    assert torch.equal(native.codes, reference.codes)
+    assert torch.equal(native.scales.view(torch.int32), reference.scales.view(torch.int32))
+    if reference.mins is None:
+        assert native.mins is None
+    else:
+        assert torch.equal(native.mins.view(torch.int32), reference.mins.view(torch.int32))

@@ -14,8 +14,11 @@ here (a permutation of whole rows, so quantized rows move with their scales).
 from __future__ import annotations
 
 import logging
+import os
 import re
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -123,27 +126,47 @@ def iterate_gguf_weights(
             f"{path} is a {arch!r} GGUF; pagestream loads GGUF files of the native family "
             f"({', '.join(GGUF_NATIVE_ARCHITECTURES)})."
         )
+    chosen = []
     for tensor in gguf.tensors:
         name = hf_name(tensor.name)
         if name is None:
             logger.debug("GGUF tensor %s has no HF counterpart; skipped", tensor.name)
-            continue
-        if wanted is not None and not wanted(name):
-            continue
-        try:
-            value = _read_tensor(gguf.raw(tensor), tensor, quantized)
-        except UnsupportedQuantization as exc:
-            raise ModelLoadError(
-                f"GGUF tensor {tensor.name} is {tensor.type_name}, which pagestream's "
-                f"kernels do not run ({exc}); load it de-quantized with --quantization none "
-                "(and an explicit --dtype)."
-            ) from exc
-        kind = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
-        heads = _heads_of(kind, config)
-        if heads is not None and arch in PERMUTED_ARCHITECTURES:
-            order = _rotary_order(value.shape[0], heads)
-            value = value[order] if isinstance(value, torch.Tensor) else select_rows(value, order)
-        yield name, value
+        elif wanted is None or wanted(name):
+            chosen.append((name, tensor))
+    # decoded a few tensors ahead on a small pool (numpy's array operations release the
+    # interpreter lock), yielded in file order
+    with ThreadPoolExecutor(DECODE_THREADS) as pool:
+        pending: deque = deque()
+        for name, tensor in chosen:
+            future = pool.submit(_decoded, gguf, tensor, quantized, config)
+            pending.append((name, future))
+            if len(pending) > 2 * DECODE_THREADS:
+                name_done, done = pending.popleft()
+                yield name_done, done.result()
+        while pending:
+            name_done, done = pending.popleft()
+            yield name_done, done.result()
+
+
+DECODE_THREADS = max(1, min(4, os.cpu_count() or 1))
+
+
+def _decoded(gguf: GGUFFile, tensor: GGUFTensor, quantized: bool, config: PretrainedConfig):
+    """One tensor decoded (and its query / key rows put back in HF's order)."""
+    try:
+        value = _read_tensor(gguf.raw(tensor), tensor, quantized)
+    except UnsupportedQuantization as exc:
+        raise ModelLoadError(
+            f"GGUF tensor {tensor.name} is {tensor.type_name}, which pagestream's "
+            f"kernels do not run ({exc}); load it de-quantized with --quantization none "
+            "(and an explicit --dtype)."
+        ) from exc
+    kind = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
+    heads = _heads_of(kind, config)
+    if heads is not None and gguf.architecture in PERMUTED_ARCHITECTURES:
+        order = _rotary_order(value.shape[0], heads)
+        value = value[order] if isinstance(value, torch.Tensor) else select_rows(value, order)
+    return value
 
 
 def dequantized_folder(name_or_path: str | Path) -> Path:
