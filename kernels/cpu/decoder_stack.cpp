@@ -229,6 +229,13 @@ class PackedLinear {
         make_quantized_linear(bits, codes, scales, mins, group, bias, format, bf16_rows));
   }
 
+  // Parts of one fused layer along its output features, each in its own format.
+  static PackedLinear stacked(const std::vector<PackedLinear>& parts) {
+    std::vector<std::shared_ptr<Linear>> linears;
+    for (const auto& part : parts) linears.push_back(part.linear());
+    return PackedLinear(make_stacked_linear(linears));
+  }
+
   // x [M, K] (any float dtype; rounded once into the weight's input type). With `exact`
   // (the plain weight [N, K]) and rescore_k > 0, each row's top rescore_k outputs are
   // recomputed as float32 dot products of x's float32 row (see rescore_rows).
@@ -686,6 +693,7 @@ void bind_native_step(py::module_& m) {
   py::class_<PackedLinear>(m, "PackedLinear")
       .def(py::init<at::Tensor, at::Tensor>())
       .def_static("quantized", &PackedLinear::quantized)
+      .def_static("stacked", &PackedLinear::stacked)
       .def("forward", &PackedLinear::forward)
       .def("gather_rows", &PackedLinear::gather_rows)
       .def("in_features", &PackedLinear::in_features)

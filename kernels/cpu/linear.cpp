@@ -249,6 +249,71 @@ std::shared_ptr<Linear> make_linear(const at::Tensor& weight, const at::Tensor& 
   return std::make_shared<BrgemmLinear<float>>(weight, bias);
 }
 
+namespace {
+
+class StackedLinear final : public Linear {
+ public:
+  explicit StackedLinear(std::vector<std::shared_ptr<Linear>> parts) : parts_(std::move(parts)) {
+    TORCH_CHECK(!parts_.empty(), "stacked linear: at least one part");
+    for (const auto& part : parts_) {
+      TORCH_CHECK(part && part->in_features() == parts_[0]->in_features() &&
+                      part->input_type() == parts_[0]->input_type(),
+                  "stacked linear: every part takes the same input (features and dtype)");
+      offsets_.push_back(n_);
+      n_ += part->out_features();
+    }
+  }
+
+  at::ScalarType input_type() const override { return parts_[0]->input_type(); }
+  int64_t in_features() const override { return parts_[0]->in_features(); }
+  int64_t out_features() const override { return n_; }
+
+  void run(const void* x, int64_t M, int64_t ld_x, float* out, int64_t ld_out,
+           bool accumulate) const override {
+    for (size_t i = 0; i < parts_.size(); ++i) {
+      parts_[i]->run(x, M, ld_x, out + offsets_[i], ld_out, accumulate);
+    }
+  }
+
+  void gather_rows(const int64_t* ids, int64_t n, float* out) const override {
+    const int64_t k = in_features();
+    for (int64_t i = 0; i < n; ++i) {
+      TORCH_CHECK(ids[i] >= 0 && ids[i] < n_, "gather_rows: row ", ids[i], " of ", n_);
+      size_t p = parts_.size() - 1;
+      while (offsets_[p] > ids[i]) --p;
+      const int64_t row = ids[i] - offsets_[p];
+      parts_[p]->gather_rows(&row, 1, out + i * k);
+    }
+  }
+
+  int64_t weight_bytes() const override {
+    int64_t bytes = 0;
+    for (const auto& part : parts_) bytes += part->weight_bytes();
+    return bytes;
+  }
+
+  std::string format() const override {
+    std::string names;
+    for (const auto& part : parts_) {
+      const std::string name = part->format();
+      if (names.find(name) == std::string::npos) names += (names.empty() ? "" : "+") + name;
+    }
+    return names;
+  }
+
+ private:
+  std::vector<std::shared_ptr<Linear>> parts_;
+  std::vector<int64_t> offsets_;
+  int64_t n_ = 0;
+};
+
+}  // namespace
+
+std::shared_ptr<Linear> make_stacked_linear(const std::vector<std::shared_ptr<Linear>>& parts) {
+  if (parts.size() == 1) return parts[0];
+  return std::make_shared<StackedLinear>(parts);
+}
+
 bool linear_supported(at::ScalarType dtype) {
   const int64_t M = 3, N = 40, K = 24;  // a partial column block and a partial row tile
   try {

@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace pagestream {
 
@@ -45,6 +46,11 @@ std::shared_ptr<Linear> make_quantized_linear(int64_t bits, const at::Tensor& co
                                               const at::Tensor& scales, const at::Tensor& mins,
                                               int64_t group, const at::Tensor& bias,
                                               const std::string& format, bool bf16_rows);
+
+// Linears of one input stacked along the output features (a fused layer whose parts came
+// in different formats, e.g. Q4_K query / key rows beside Q6_K value rows): each part runs
+// into its own columns of the output, so no part is widened to another's format.
+std::shared_ptr<Linear> make_stacked_linear(const std::vector<std::shared_ptr<Linear>>& parts);
 
 // Up to how many rows a bfloat16 model's quantized linears stream their codes through the
 // VNNI kernel (default 32; more rows: de-quantized blocks and brgemm); returns the

@@ -161,3 +161,36 @@ def test_rows_do_not_depend_on_the_rows_beside_them(bits, bf16_rows, rows):
     for row in range(rows):
         alone = linear.forward(x[row : row + 1], torch.empty(0), 0)
         assert torch.equal(together[row : row + 1], alone), row
+
+
+@pytest.mark.parametrize("rows", [1, 5, FEW_ROWS_FMA + 3])
+def test_stacked_parts_in_their_own_formats_equal_the_joined_weight(rows):
+    """A fused layer whose parts came in different formats (4-bit groups of 32 with mins,
+    then 8-bit groups of 16, then 4-bit again; N not a multiple of 16 in the middle): each
+    part runs in its own columns, the whole equals the de-quantized weights stacked, bias
+    slices included (float32 rows: exact weights, float32 math)."""
+    specs = [
+        (4, 48, 32, torch.float32, True),
+        (8, 24, 16, torch.float32, False),
+        (4, 32, 32, torch.float16, True),
+    ]
+    k = 64
+    parts, dense, biases = [], [], []
+    for index, (bits, n, group, scale_dtype, with_mins) in enumerate(specs):
+        codes, scales, mins, weight = random_weight(
+            n, k, bits, group, scale_dtype, with_mins, index
+        )
+        bias = torch.randn(n, generator=torch.Generator().manual_seed(10 + index))
+        parts.append(packed(bits, codes, scales, mins, group, bias, bf16_rows=False))
+        dense.append(weight)
+        biases.append(bias)
+    stacked = cpu.load().PackedLinear.stacked(parts)
+    assert stacked.out_features() == 48 + 24 + 32 and stacked.in_features() == k
+    assert stacked.weight_bytes() == sum(part.weight_bytes() for part in parts)
+    assert stacked.format() == "test4+test8"
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(3))
+    expected = x @ torch.cat(dense).T + torch.cat(biases)
+    got = stacked.forward(x, torch.empty(0), 0)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-5)
+    ids = torch.tensor([0, 47, 48, 71, 72, 103])
+    torch.testing.assert_close(stacked.gather_rows(ids), torch.cat(dense)[ids], atol=1e-6, rtol=0)

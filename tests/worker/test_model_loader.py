@@ -152,13 +152,18 @@ def test_bfloat16_load_stays_close_to_float32(tiny_model_dir, make_session):
 
 
 def write_tiny_gguf(
-    path: Path, hf_model, matrix_type: str | None = None, arch: str = "llama"
+    path: Path,
+    hf_model,
+    matrix_type: str | None = None,
+    arch: str = "llama",
+    overrides: dict[str, str] | None = None,
 ) -> dict[str, np.ndarray]:
     """Write `hf_model` (a tiny Llama or Qwen2) as a llama.cpp GGUF with a byte-level BPE
     tokenizer.
 
     By default the MLP weights are stored as Q8_0 so conversion really dequantizes; with
-    `matrix_type` every matrix (embedding included) is stored in that GGUF type: gguf's
+    `matrix_type` every matrix (embedding included) is stored in that GGUF type (but those
+    whose name holds a key of `overrides`, in its type: llama.cpp's mixes): gguf's
     own quantization of the weight for Q8_0 / Q4_0 / Q4_1, random blocks with small scales
     for the K-quants (gguf cannot quantize them). Returns the tensors (HF names, float32)
     the file de-quantizes to."""
@@ -184,7 +189,7 @@ def write_tiny_gguf(
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
-    expected = _add_tensors(writer, hf_model, matrix_type, arch)
+    expected = _add_tensors(writer, hf_model, matrix_type, arch, overrides or {})
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -214,7 +219,7 @@ def _matrix_blocks(array: np.ndarray, type_name: str, seed: int) -> np.ndarray:
 
 
 def _add_tensors(
-    writer: GGUFWriter, hf_model, matrix_type: str | None, arch: str
+    writer: GGUFWriter, hf_model, matrix_type: str | None, arch: str, overrides: dict[str, str]
 ) -> dict[str, np.ndarray]:
     config = hf_model.config
     model_arch = MODEL_ARCH.LLAMA if arch == "llama" else MODEL_ARCH.QWEN2
@@ -235,6 +240,8 @@ def _add_tensors(
         type_name = matrix_type if array.ndim == 2 else None
         if matrix_type is None and ".mlp." in name:
             type_name = "Q8_0"
+        if array.ndim == 2:  # a mix: the type of the first part of the name that has one
+            type_name = next((t for part, t in overrides.items() if part in name), type_name)
         if type_name is None:
             writer.add_tensor(gguf_name, array)
             continue

@@ -95,6 +95,26 @@ def test_gguf_formats_match_hf_on_the_dequantized_weights(matrix_type, tmp_path,
     _assert_matches(reference, _greedy(llm))
 
 
+def test_a_q4_k_m_like_mix_keeps_each_part_in_its_format(tmp_path, model_cache):
+    """llama.cpp's Q4_K_M: Q4_K matrices with Q6_K value and down projections and a Q6_K
+    embedding. The fused QKV's parts stay in their own formats on the native step (one C++
+    linear each, stacked), and greedy output matches HF on the de-quantized weights."""
+    path = tmp_path / "tiny.Q4_K_M.gguf"
+    mix = {"v_proj": "Q6_K", "down_proj": "Q6_K", "embed_tokens": "Q6_K"}
+    expected = write_tiny_gguf(path, _tiny(True), "Q4_K", overrides=mix)
+    reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
+    llm = LLM(str(path), quantization="gguf", **ENGINE)
+    assert llm.engine.model_info.quantization == "Q4_K+Q6_K"
+    layer = llm.engine.worker.model.model.layers[0]
+    qkv = layer.self_attn.qkv_proj.weight_format
+    assert qkv.format == "Q4_K+Q6_K"  # the stacked C++ linear: no part widened
+    linear = layer.self_attn.qkv_proj
+    # one 8-bit form with float32 scales and mins per 16, as a join would widen it to
+    widened = linear.output_size * linear.input_size * 1.5
+    assert qkv.nbytes < 0.75 * widened
+    _assert_matches(reference, _greedy(llm))
+
+
 def test_qwen2_gguf_with_biases(tmp_path, model_cache):
     path = tmp_path / "tiny-qwen2.Q4_1.gguf"
     expected = write_tiny_gguf(path, _tiny(False, "qwen2"), "Q4_1", arch="qwen2")

@@ -164,38 +164,53 @@ class QuantizedParts(LinearWeight):
             if self.online is not None:  # nothing arrived quantized: the float weight stays
                 return FloatWeight(self.param)
             raise ValueError("no quantized rows of the weight were loaded")
-        weight = QuantizedLinearWeight(self.param, self.parts.finish())
+        weight = QuantizedLinearWeight(self.param, self.parts.ordered())
         self._release()
         return weight
 
 
 class QuantizedLinearWeight(LinearWeight):
-    """A whole QuantizedWeight: the C++ GEMM runs it as it is; the torch modules take it
-    de-quantized once (they have no quantized kernel)."""
+    """A whole quantized weight as its row parts in order (a fused layer's q / k / v or
+    gate / up, each in the format it came in): the C++ GEMM runs each part as it is, into
+    its own output columns, so no part is widened to another's format and nothing is
+    copied to join them; the torch modules take the weight de-quantized once (they have no
+    quantized kernel)."""
 
-    def __init__(self, param: nn.Parameter, quantized: QuantizedWeight) -> None:
+    def __init__(self, param: nn.Parameter, parts: list[QuantizedWeight]) -> None:
         super().__init__(param)
-        self.quantized = quantized
+        self.parts = parts
 
     @property
     def format(self) -> str:
-        return self.quantized.source
+        names: list[str] = []
+        for part in self.parts:
+            names += [name for name in part.source.split("+") if name not in names]
+        return "+".join(names)
 
     @property
     def nbytes(self) -> int:
-        return self.quantized.nbytes
+        return sum(part.nbytes for part in self.parts)
 
     def for_torch(self, dtype: torch.dtype) -> LinearWeight:
-        self.param.data = self.quantized.dequantize(dtype).to(self.param.device)
+        rows = [part.dequantize(dtype) for part in self.parts]
+        self.param.data = torch.cat(rows).to(self.param.device)
         return FloatWeight(self.param).for_torch(dtype)
 
     def for_native(self, bias: torch.Tensor) -> tuple[object, LinearWeight]:
-        q = self.quantized
-        mins = q.mins if q.mins is not None else torch.empty(0)
+        packed_class = _extension().PackedLinear
         bf16_rows = self.param.dtype == torch.bfloat16  # many rows in bfloat16 for bf16 models
-        native = _extension().PackedLinear.quantized(
-            q.bits, q.codes, q.scales, mins, q.group_size, bias, q.source, bf16_rows
-        )
+        natives, row = [], 0
+        for q in self.parts:
+            n = q.shape[0]
+            part_bias = bias[row : row + n] if bias.numel() else bias
+            mins = q.mins if q.mins is not None else torch.empty(0)
+            natives.append(
+                packed_class.quantized(
+                    q.bits, q.codes, q.scales, mins, q.group_size, part_bias, q.source, bf16_rows
+                )
+            )
+            row += n
+        native = natives[0] if len(natives) == 1 else packed_class.stacked(natives)
         return native, NativeWeight(self.param, native)
 
 

@@ -114,8 +114,8 @@ class WeightParts:
     def __bool__(self) -> bool:
         return bool(self.parts)
 
-    def finish(self) -> QuantizedWeight:
-        """The whole weight; raises ValueError when the parts do not tile its rows."""
+    def ordered(self) -> list[QuantizedWeight]:
+        """The parts in row order; raises ValueError when they do not tile the rows."""
         ordered = sorted(self.parts.items())
         row = 0
         for offset, part in ordered:
@@ -124,5 +124,9 @@ class WeightParts:
             row += part.shape[0]
         if row != self.rows:
             raise ValueError(f"quantized rows [{row}, {self.rows}) of the weight were not loaded")
-        parts = [part for _, part in ordered]
+        return [part for _, part in ordered]
+
+    def finish(self) -> QuantizedWeight:
+        """The whole weight as one QuantizedWeight (the parts promoted to a common form)."""
+        parts = self.ordered()
         return parts[0] if len(parts) == 1 else cat_rows(parts)
