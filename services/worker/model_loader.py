@@ -34,6 +34,7 @@ from services.common.rank_info import RankInfo
 from services.worker.layers.attention import resolve_attention_backend
 from services.worker.layers.quantization.loading import ONLINE_METHODS, OnlineQuantization
 from services.worker.layers.quantization.model_weights import (
+    bytes_by_format,
     finish_loading,
     prepare_for_torch,
     quantization_name,
@@ -271,7 +272,8 @@ def _load_model(model_config: ModelConfig, device, rank: RankInfo) -> LoadedMode
         model, quantization_name(formats), resident_weight_bytes(model), formats, pooler
     )
     logger.info(
-        "loaded %s (%s%s) on %s as %s, %s attention, in %.2f s; weights: %s; %.1f MB resident",
+        "loaded %s (%s%s) on %s as %s, %s attention, in %.2f s; weights: %s; %.1f MB "
+        "resident (linears: %s)",
         gguf or folder,
         type(model).__name__,
         f", pooling {pooler.pooling_type}" if pooler else "",
@@ -281,6 +283,7 @@ def _load_model(model_config: ModelConfig, device, rank: RankInfo) -> LoadedMode
         time.perf_counter() - start,
         ", ".join(f"{kind} {held}" for kind, held in formats.items()),
         loaded.weight_bytes / 1e6,
+        ", ".join(f"{name} {held / 1e6:.1f} MB" for name, held in bytes_by_format(model).items()),
     )
     return loaded
 

@@ -35,6 +35,7 @@ from services.worker.layers.quantization import (
     gguf_float,
 )
 from services.worker.layers.quantization.loading import select_rows
+from services.worker.models.load_progress import LoadProgress
 
 logger = logging.getLogger(__name__)
 
@@ -135,17 +136,17 @@ def iterate_gguf_weights(
             chosen.append((name, tensor))
     # decoded a few tensors ahead on a small pool (numpy's array operations release the
     # interpreter lock), yielded in file order
+    progress = LoadProgress(path.name, sum(tensor.nbytes for _, tensor in chosen))
     with ThreadPoolExecutor(DECODE_THREADS) as pool:
         pending: deque = deque()
-        for name, tensor in chosen:
-            future = pool.submit(_decoded, gguf, tensor, quantized, config)
-            pending.append((name, future))
-            if len(pending) > 2 * DECODE_THREADS:
-                name_done, done = pending.popleft()
-                yield name_done, done.result()
-        while pending:
-            name_done, done = pending.popleft()
-            yield name_done, done.result()
+        for index, (name, tensor) in enumerate(chosen):
+            pending.append((name, tensor, pool.submit(_decoded, gguf, tensor, quantized, config)))
+            ahead = 0 if index == len(chosen) - 1 else 2 * DECODE_THREADS
+            while len(pending) > ahead:
+                name_done, tensor_done, future = pending.popleft()
+                yield name_done, future.result()
+                progress.add(tensor_done.nbytes)
+    progress.done()
 
 
 DECODE_THREADS = max(1, min(4, os.cpu_count() or 1))

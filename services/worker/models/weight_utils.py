@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from safetensors import SafetensorError, safe_open
 
 from services.common.model_errors import ModelLoadError
+from services.worker.models.load_progress import LoadProgress
 
 if TYPE_CHECKING:  # torch is imported by safe_open(framework="pt") when weights are read
     import torch
@@ -56,18 +57,23 @@ def iterate_weights(
 
     `wanted(name)` False skips a tensor without reading it (another pipeline stage's).
     """
-    for path in safetensors_files(folder):
+    files = safetensors_files(folder)
+    progress = LoadProgress(folder.name, sum(path.stat().st_size for path in files))
+    for path in files:
         logger.debug("reading %s", path)
         try:
             with safe_open(str(path), framework="pt", device="cpu") as handle:
                 names = [n for n in handle.keys() if wanted is None or wanted(n)]  # noqa: SIM118
-                tensors = ((name, handle.get_tensor(name)) for name in names)
-                yield from tensors
+                for name in names:
+                    tensor = handle.get_tensor(name)
+                    yield name, tensor
+                    progress.add(tensor.numel() * tensor.element_size())
         except SafetensorError as exc:
             raise ModelLoadError(
                 f"Weights file {path} is corrupt or truncated ({exc}). Delete the model folder "
                 "and convert or copy it again (for the default model: run `make setup`)."
             ) from exc
+    progress.done()
 
 
 def default_weight_loader(

@@ -90,7 +90,7 @@ def weight_formats(model: nn.Module) -> dict[str, str]:
             held = _table_format(module)
         else:
             continue
-        formats.setdefault(name.rsplit(".", 1)[-1], set()).add(held)
+        formats.setdefault(name.rsplit(".", 1)[-1], set()).update(held.split("+"))
     return {kind: "+".join(sorted(held)) for kind, held in formats.items()}
 
 
@@ -101,6 +101,16 @@ def quantization_name(formats: dict[str, str]) -> str:
     held = {part for value in formats.values() for part in value.split("+")}
     quantized = sorted(held - set(floats))
     return "+".join(quantized) if quantized else "none"
+
+
+def bytes_by_format(model: nn.Module) -> dict[str, int]:
+    """The linears' resident bytes by the format they are held in (a fused layer whose
+    parts differ counts under their joined name, "Q4_K+Q6_K"), largest first."""
+    held: dict[str, int] = {}
+    for linear in _linears(model):
+        fmt = linear.weight_format
+        held[fmt.format] = held.get(fmt.format, 0) + fmt.nbytes
+    return dict(sorted(held.items(), key=lambda item: -item[1]))
 
 
 def resident_weight_bytes(model: nn.Module) -> int:
