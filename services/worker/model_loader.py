@@ -44,7 +44,6 @@ from services.worker.layers.quantization.model_weights import (
 )
 from services.worker.models.causal_lm import CausalLM, normalize_token_ids
 from services.worker.models.gguf_weights import iterate_gguf_weights
-from services.worker.models.hf_fallback import HFFallbackForCausalLM
 from services.worker.models.registry import native_model_class
 from services.worker.models.weight_utils import iterate_weights
 from services.worker.pooler import read_hf_config, resolve_runner
@@ -250,6 +249,9 @@ def _load_model(model_config: ModelConfig, device, rank: RankInfo) -> LoadedMode
     quantization = resolve_quantization(model_config, gguf, model_class is not None)
     if model_class is None:
         _check_fallback(config, rank, quantization)
+        # imported here: transformers' modeling code costs ~1 s to import on 2 cores
+        from services.worker.models.hf_fallback import HFFallbackForCausalLM
+
         model: CausalLM = HFFallbackForCausalLM.from_pretrained(folder, target, torch_dtype)
     else:
         with _default_dtype(torch_dtype), target:

@@ -86,26 +86,6 @@ def _bias(linear: nn.Module, applies: bool = True) -> torch.Tensor:
     return linear.bias.detach() if linear.bias is not None and applies else torch.empty(0)
 
 
-def packed_table(table: nn.Module) -> object:
-    """An LM head's table packed for the C++ GEMM (kernels/cpu/linear.h): its quantized
-    table where it has one (services/worker/layers/quantization), else its float one."""
-    packed_class = _extension().PackedLinear
-    quantized = table.quantized
-    if quantized is None:
-        return packed_class(table.weight.detach(), torch.empty(0))
-    mins = quantized.mins if quantized.mins is not None else torch.empty(0)
-    return packed_class.quantized(
-        quantized.bits,
-        quantized.codes,
-        quantized.scales,
-        mins,
-        quantized.group_size,
-        torch.empty(0),
-        quantized.source,
-        table.weight.dtype == torch.bfloat16,  # many rows in bfloat16 for a bfloat16 model
-    )
-
-
 def _stack_config(ext, spec: DecoderSpec, stage) -> object:
     """The C++ stack's shape: this rank's share of the (uniform) layers' sizes."""
     first = spec.layers[0]

@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from services.worker.layers.linear import MergedColumnLinear, linear
+from services.worker.layers.linear import MergedColumnLinear
 from services.worker.layers.linear_weight import FloatWeight, OneDNNWeight
+from services.worker.layers.matmul import linear
 from services.worker.layers.packed_weight import PACKED_ENV, PackedWeight
 from services.worker.layers.quantization.model_weights import prepare_for_torch
 from services.worker.layers.vocab_embedding import LMHead

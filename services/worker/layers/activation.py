@@ -2,11 +2,36 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
+import torch.nn.functional as F
 from torch import nn
-from transformers.activations import ACT2FN
 
 from kernels.cpu import fused_ops
+
+# HF `hidden_act` names -> torch functions, as transformers' ACT2FN defines them (the names
+# the native families use; any other name is looked up in ACT2FN itself, whose import costs
+# ~1 s on 2 cores, so it is imported only then).
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "swish": F.silu,
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
+    "relu": F.relu,
+}
+
+
+def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The activation HF calls `name`; ValueError for a name transformers does not know."""
+    if name in _ACTIVATIONS:
+        return _ACTIVATIONS[name]
+    from transformers.activations import ACT2FN
+
+    if name not in ACT2FN:
+        raise ValueError(f"hidden_act {name!r} is not a known activation.")
+    return ACT2FN[name]
 
 
 class GatedActivation(nn.Module):
@@ -14,10 +39,8 @@ class GatedActivation(nn.Module):
 
     def __init__(self, hidden_act: str = "silu") -> None:
         super().__init__()
-        if hidden_act not in ACT2FN:
-            raise ValueError(f"hidden_act {hidden_act!r} is not a known activation.")
         self.hidden_act = hidden_act
-        self.act_fn = ACT2FN[hidden_act]
+        self.act_fn = activation(hidden_act)
 
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
         if self.hidden_act == "silu" and gate_up.device.type == "cpu":

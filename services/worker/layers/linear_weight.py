@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from services.worker.layers.matmul import linear
 from services.worker.layers.packed_weight import PackedWeight
 from services.worker.layers.quantization import QuantizedWeight
 from services.worker.layers.quantization.loading import Checkpoint, OnlineQuantization, WeightParts
@@ -106,8 +107,6 @@ class FloatWeight(LinearWeight):
         return native, NativeWeight(self.param, native)
 
     def apply(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        from services.worker.layers.linear import linear
-
         return linear(x, self.param, bias)
 
 
@@ -127,8 +126,6 @@ class OneDNNWeight(LinearWeight):
         return super().nbytes + tensor.numel() * tensor.element_size()
 
     def apply(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        from services.worker.layers.linear import linear
-
         return linear(x, self.param, bias, self.packed)
 
 

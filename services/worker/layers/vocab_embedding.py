@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.worker.layers.linear import linear
+from services.worker.layers.matmul import linear
 from services.worker.layers.packed_weight import PackedWeight
 from services.worker.layers.quantization import QuantizedWeight
 from services.worker.layers.quantization.loading import (
@@ -139,9 +139,7 @@ class LMHead(VocabEmbedding):
     def pack_native(self) -> None:
         """The native CPU step's packed copy (kernels/cpu/linear.cpp), which accumulates and
         writes float32 logits; the plain weight stays for the lookup and the rescoring."""
-        from services.worker.native_step import packed_table
-
-        self.native = packed_table(self)
+        self.native = _packed_table(self)
         self.native_rescores = self.quantized is None
         tied = self.tied
         if self.quantized is not None and tied is not None and tied.quantized is self.quantized:
@@ -176,6 +174,28 @@ class LMHead(VocabEmbedding):
 
 
 RESCORED_CANDIDATES = 16
+
+
+def _packed_table(table: VocabEmbedding) -> object:
+    """An LM head's table packed for the C++ GEMM (kernels/cpu/linear.h): its quantized
+    table where it has one (services/worker/layers/quantization), else its float one."""
+    from kernels import cpu
+
+    packed_class = cpu.load().PackedLinear
+    quantized = table.quantized
+    if quantized is None:
+        return packed_class(table.weight.detach(), torch.empty(0))
+    mins = quantized.mins if quantized.mins is not None else torch.empty(0)
+    return packed_class.quantized(
+        quantized.bits,
+        quantized.codes,
+        quantized.scales,
+        mins,
+        quantized.group_size,
+        torch.empty(0),
+        quantized.source,
+        table.weight.dtype == torch.bfloat16,  # many rows in bfloat16 for a bfloat16 model
+    )
 
 
 def rescore_top(logits: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
