@@ -126,7 +126,7 @@ class NativeStep:
         held: set[str] = set()
         for index in model.layer_range:
             layer = model.layers[index]
-            held |= set(weight_formats(layer).values())
+            held |= {part for kind in weight_formats(layer).values() for part in kind.split("+")}
             linears = _linears(layer)
             weights = ext.LayerWeights()
             for name, linear in linears.items():

@@ -5,8 +5,9 @@ apply to either kind of checkpoint tensor.
 A layer's weight loader narrows a checkpoint tensor to its tensor-parallel shard and
 copies it to a row offset of its (maybe fused) weight. For a `QuantizedWeight` the same
 narrowing applies to its codes and scales (`narrow`, `split_rows`), and the shard is kept
-as a part at its row offset (`WeightParts`); once every tensor is loaded the parts become
-the layer's one `QuantizedWeight` (`WeightParts.finish`), which the C++ GEMM repacks.
+as a part at its row offset (`WeightParts`); once every tensor is loaded the parts, in row
+order (`WeightParts.ordered`), are the layer's quantized weight, each part in its own
+format (services/worker/layers/linear_weight.py).
 `OnlineQuantization` turns a float checkpoint tensor into int8 / int4 before it is
 narrowed, so every tensor-parallel shard holds the rows and scales of the single-rank
 model.
@@ -125,8 +126,3 @@ class WeightParts:
         if row != self.rows:
             raise ValueError(f"quantized rows [{row}, {self.rows}) of the weight were not loaded")
         return [part for _, part in ordered]
-
-    def finish(self) -> QuantizedWeight:
-        """The whole weight as one QuantizedWeight (the parts promoted to a common form)."""
-        parts = self.ordered()
-        return parts[0] if len(parts) == 1 else cat_rows(parts)
