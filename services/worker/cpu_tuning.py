@@ -39,6 +39,19 @@ def tune_malloc() -> bool:
     return bool(ok)
 
 
+def return_freed_memory() -> bool:
+    """Hands the heap's freed pages back to the system now (glibc's malloc_trim, which
+    `tune_malloc`'s trim threshold otherwise defers): after a model load, which frees the
+    decoded checkpoint tensors once they are packed (330 MB of a 1.5B Q4_K_M model's load,
+    measured). True when pages were released; False where glibc is absent."""
+    name = ctypes.util.find_library("c") or "libc.so.6"
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    return bool(trim(0))
+
+
 # "0" leaves the threads where the OS puts them.
 CPU_PIN_ENV = "PAGESTREAM_CPU_PIN"
 

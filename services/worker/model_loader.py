@@ -12,7 +12,6 @@ native bf16 (avx512_bf16 or AMX), float32 on other CPUs ($PAGESTREAM_CPU_DTYPE o
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import json
 import logging
@@ -31,6 +30,7 @@ from services.common.model_errors import ModelLoadError
 from services.common.model_source import gguf_source, resolve_model
 from services.common.pooler_config import PoolerConfig
 from services.common.rank_info import RankInfo
+from services.worker.cpu_tuning import return_freed_memory
 from services.worker.layers.attention import resolve_attention_backend
 from services.worker.layers.quantization.loading import ONLINE_METHODS, OnlineQuantization
 from services.worker.layers.quantization.model_weights import (
@@ -205,7 +205,6 @@ class LoadedModel:
     model: CausalLM
     quantization: str  # the quantized formats in use ("Q4_K+Q6_K", "int8") or "none"
     weight_bytes: int  # resident bytes of every weight (packed copies included)
-    formats: dict[str, str]  # tensor kind (qkv_proj, lm_head, ...) -> its format(s)
     pooler: PoolerConfig | None  # the pooling runner's pooler, every field set; None: generates
 
 
@@ -217,7 +216,7 @@ def load(
     """load_model's model and what the worker reports of it, as one value."""
     with _no_cyclic_gc():
         loaded = _load_model(model_config, device, rank or RankInfo())
-    _return_freed_memory()
+    return_freed_memory()
     return loaded
 
 
@@ -270,9 +269,7 @@ def _load_model(model_config: ModelConfig, device, rank: RankInfo) -> LoadedMode
     cpu_step = attention_ops.name == "cpu" and model_class is not None
     if model_class is not None and not (cpu_step and model.use_native_step()):  # type: ignore[attr-defined]
         prepare_for_torch(model, torch_dtype)
-    loaded = LoadedModel(
-        model, quantization_name(formats), resident_weight_bytes(model), formats, pooler
-    )
+    loaded = LoadedModel(model, quantization_name(formats), resident_weight_bytes(model), pooler)
     logger.info(
         "loaded %s (%s%s) on %s as %s, %s attention, in %.2f s; weights: %s; %.1f MB "
         "resident (linears: %s)",
@@ -288,18 +285,6 @@ def _load_model(model_config: ModelConfig, device, rank: RankInfo) -> LoadedMode
         ", ".join(f"{name} {held / 1e6:.1f} MB" for name, held in bytes_by_format(model).items()),
     )
     return loaded
-
-
-def _return_freed_memory() -> None:
-    """Hands the heap's freed pages back to the system (glibc's malloc_trim): a load frees
-    the decoded checkpoint tensors after packing them, and glibc keeps most of those pages
-    (330 MB of a 1.5B Q4_K_M model's load, measured) unless asked."""
-    try:
-        libc = ctypes.CDLL(None)
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return
-    trim(0)
 
 
 def _finish_loading(model: CausalLM) -> None:

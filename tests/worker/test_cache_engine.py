@@ -12,6 +12,7 @@ from services.worker.cache_engine import (
     num_blocks_from_profile,
     profile_num_gpu_blocks,
 )
+from tests.helpers.memory import resident_anonymous_bytes
 
 # Same-width integer views, so comparisons are of raw bits (NaN payloads included).
 BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
@@ -182,18 +183,10 @@ def test_cuda_profile_counts_the_forward_peak() -> None:
     assert abs(num_blocks - expected) <= 2  # the allocator may round a little
 
 
-def _resident_bytes() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS in /proc/self/status")
-
-
 def test_the_cpu_cache_becomes_resident_as_its_blocks_are_used():
     """A 1 GiB cache costs (almost) nothing until written, reads as zeros, and a written
-    block costs its own pages only (Linux: /proc/self/status)."""
-    before = _resident_bytes()
+    block costs its own pages only (Linux: RssAnon)."""
+    before = resident_anonymous_bytes()
     engine = CacheEngine(
         num_layers=4,
         num_kv_heads=4,
@@ -206,10 +199,10 @@ def test_the_cpu_cache_becomes_resident_as_its_blocks_are_used():
     )  # 4 layers x 8192 blocks x (K and V: 2 x 16 tokens x 4 heads x 64 x 4 bytes) = 1 GiB
     total = sum(cache.nbytes for cache in engine.kv_caches)
     assert total == 1 << 30
-    assert _resident_bytes() - before < 64 << 20
+    assert resident_anonymous_bytes() - before < 64 << 20
     block = engine.kv_caches[0][:, 7]  # [2, block_size, heads, head_dim]
     assert not block.any()  # zero-filled, never stale bit patterns
     for cache in engine.kv_caches:
         cache[:, :16] = 1.0  # 16 blocks of every layer in use: 4 x 16 x 32 KiB = 2 MiB
-    assert _resident_bytes() - before < 64 << 20
+    assert resident_anonymous_bytes() - before < 64 << 20
     assert float(engine.kv_caches[3][1, 15].sum()) == 16 * 4 * 64

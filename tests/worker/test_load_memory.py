@@ -9,7 +9,6 @@ model would add ~116 MB, a second float copy another 117 MB."""
 
 from __future__ import annotations
 
-import ctypes
 import gc
 
 import pytest
@@ -17,7 +16,9 @@ import pytest
 from kernels import cpu
 from services.common.config import ModelConfig
 from services.common.model_source import resolve_model
+from services.worker.cpu_tuning import return_freed_memory
 from services.worker.model_loader import load
+from tests.helpers.memory import resident_anonymous_bytes
 from tests.worker.conftest import build_tiny_model
 from tests.worker.test_model_loader import write_tiny_gguf
 
@@ -33,14 +34,6 @@ SIZES = dict(
 ALLOWANCE = 48 << 20  # allocator slack, the step's first buffers
 
 
-def _resident() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no RssAnon")
-
-
 @pytest.fixture(scope="module")
 def hf_model():
     assert cpu.unavailable_reason() is None  # loaded before measuring: its code is not weights
@@ -49,10 +42,10 @@ def hf_model():
 
 def _load_growth(model_config: ModelConfig) -> tuple[int, int]:
     gc.collect()
-    ctypes.CDLL(None).malloc_trim(0)  # earlier tests' freed heap back first (glibc)
-    before = _resident()
+    return_freed_memory()  # earlier tests' freed heap back first (glibc)
+    before = resident_anonymous_bytes()
     loaded = load(model_config, device="cpu")
-    growth = _resident() - before
+    growth = resident_anonymous_bytes() - before
     return growth, loaded.weight_bytes
 
 

@@ -24,10 +24,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kernels import cpu
 from services.worker.layers.matmul import linear
 from services.worker.layers.packed_weight import PackedWeight
 from services.worker.layers.quantization import QuantizedWeight
 from services.worker.layers.quantization.loading import Checkpoint, OnlineQuantization, WeightParts
+from services.worker.layers.quantization.quantized_weight import joined_sources
 
 
 def copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -42,10 +44,13 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _extension():
-    from kernels import cpu
-
-    return cpu.load()
+def pack_quantized(q: QuantizedWeight, bias: torch.Tensor, bf16_rows: bool) -> object:
+    """`q` packed for the C++ GEMM (kernels/cpu/quantized_linear.cpp) with `bias` (empty:
+    none); `bf16_rows`: a bfloat16 model's many-row products may run in bfloat16."""
+    mins = q.mins if q.mins is not None else torch.empty(0)
+    return cpu.load().PackedLinear.quantized(
+        q.bits, q.codes, q.scales, mins, q.group_size, bias, q.source, bf16_rows
+    )
 
 
 class LinearWeight:
@@ -102,7 +107,7 @@ class FloatWeight(LinearWeight):
         return self if packed is None else OneDNNWeight(self.param, packed)
 
     def for_native(self, bias: torch.Tensor) -> tuple[object, LinearWeight]:
-        native = _extension().PackedLinear(self.param.detach(), bias)
+        native = cpu.load().PackedLinear(self.param.detach(), bias)
         self._release()
         return native, NativeWeight(self.param, native)
 
@@ -157,10 +162,8 @@ class QuantizedParts(LinearWeight):
     def finish(self) -> LinearWeight:
         """The whole weight (ValueError when rows are missing); the float parameter, never
         filled, is freed."""
-        if not self.parts:
-            if self.online is not None:  # nothing arrived quantized: the float weight stays
-                return FloatWeight(self.param)
-            raise ValueError("no quantized rows of the weight were loaded")
+        if not self.parts:  # online quantization set, but no tensor arrived
+            return FloatWeight(self.param)
         weight = QuantizedLinearWeight(self.param, self.parts.ordered())
         self._release()
         return weight
@@ -179,10 +182,7 @@ class QuantizedLinearWeight(LinearWeight):
 
     @property
     def format(self) -> str:
-        names: list[str] = []
-        for part in self.parts:
-            names += [name for name in part.source.split("+") if name not in names]
-        return "+".join(names)
+        return joined_sources(self.parts)
 
     @property
     def nbytes(self) -> int:
@@ -194,20 +194,15 @@ class QuantizedLinearWeight(LinearWeight):
         return FloatWeight(self.param).for_torch(dtype)
 
     def for_native(self, bias: torch.Tensor) -> tuple[object, LinearWeight]:
-        packed_class = _extension().PackedLinear
-        bf16_rows = self.param.dtype == torch.bfloat16  # many rows in bfloat16 for bf16 models
+        bf16_rows = self.param.dtype == torch.bfloat16
         natives, row = [], 0
         for q in self.parts:
             n = q.shape[0]
-            part_bias = bias[row : row + n] if bias.numel() else bias
-            mins = q.mins if q.mins is not None else torch.empty(0)
             natives.append(
-                packed_class.quantized(
-                    q.bits, q.codes, q.scales, mins, q.group_size, part_bias, q.source, bf16_rows
-                )
+                pack_quantized(q, bias[row : row + n] if bias.numel() else bias, bf16_rows)
             )
             row += n
-        native = natives[0] if len(natives) == 1 else packed_class.stacked(natives)
+        native = natives[0] if len(natives) == 1 else cpu.load().PackedLinear.stacked(natives)
         return native, NativeWeight(self.param, native)
 
 

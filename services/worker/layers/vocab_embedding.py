@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels import cpu
+from services.worker.layers.linear_weight import pack_quantized
 from services.worker.layers.matmul import linear
 from services.worker.layers.packed_weight import PackedWeight
 from services.worker.layers.quantization import QuantizedWeight
@@ -179,23 +181,9 @@ RESCORED_CANDIDATES = 16
 def _packed_table(table: VocabEmbedding) -> object:
     """An LM head's table packed for the C++ GEMM (kernels/cpu/linear.h): its quantized
     table where it has one (services/worker/layers/quantization), else its float one."""
-    from kernels import cpu
-
-    packed_class = cpu.load().PackedLinear
-    quantized = table.quantized
-    if quantized is None:
-        return packed_class(table.weight.detach(), torch.empty(0))
-    mins = quantized.mins if quantized.mins is not None else torch.empty(0)
-    return packed_class.quantized(
-        quantized.bits,
-        quantized.codes,
-        quantized.scales,
-        mins,
-        quantized.group_size,
-        torch.empty(0),
-        quantized.source,
-        table.weight.dtype == torch.bfloat16,  # many rows in bfloat16 for a bfloat16 model
-    )
+    if table.quantized is None:
+        return cpu.load().PackedLinear(table.weight.detach(), torch.empty(0))
+    return pack_quantized(table.quantized, torch.empty(0), table.weight.dtype == torch.bfloat16)
 
 
 def rescore_top(logits: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

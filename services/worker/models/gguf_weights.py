@@ -138,15 +138,22 @@ def iterate_gguf_weights(
     # interpreter lock), yielded in file order
     progress = LoadProgress(path.name, sum(tensor.nbytes for _, tensor in chosen))
     with ThreadPoolExecutor(DECODE_THREADS) as pool:
-        pending: deque = deque()
-        for index, (name, tensor) in enumerate(chosen):
+        pending: deque = deque()  # (name, tensor, future), at most 2 * DECODE_THREADS ahead
+        for name, tensor in chosen:
             pending.append((name, tensor, pool.submit(_decoded, gguf, tensor, quantized, config)))
-            ahead = 0 if index == len(chosen) - 1 else 2 * DECODE_THREADS
-            while len(pending) > ahead:
-                name_done, tensor_done, future = pending.popleft()
-                yield name_done, future.result()
-                progress.add(tensor_done.nbytes)
+            if len(pending) > 2 * DECODE_THREADS:
+                yield _oldest(pending, progress)
+        while pending:
+            yield _oldest(pending, progress)
     progress.done()
+
+
+def _oldest(pending: deque, progress: LoadProgress) -> tuple[str, object]:
+    """The first submitted tensor, decoded (waiting for it), counted as read."""
+    name, tensor, future = pending.popleft()
+    value = future.result()
+    progress.add(tensor.nbytes)
+    return name, value
 
 
 DECODE_THREADS = max(1, min(4, os.cpu_count() or 1))

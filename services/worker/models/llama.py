@@ -233,9 +233,8 @@ class LlamaForCausalLM(CausalLM):
         self.rank = rank = rank or RankInfo()
         self.tp_size = rank.tensor_parallel_size
         check_tensor_parallel(config, self.tp_size)
-        self.spec = self.describe(config)
-        self.model = LlamaModel(config, self.spec, rank)
-        self.tie_word_embeddings = self.spec.tie_word_embeddings
+        self.model = LlamaModel(config, self.describe(config), rank)
+        self.tie_word_embeddings = self.model.spec.tie_word_embeddings
         self.lm_head: LMHead | None = None
         if rank.is_last_stage:
             self.lm_head = LMHead(config.vocab_size, config.hidden_size, rank.tp_rank, self.tp_size)
@@ -246,6 +245,11 @@ class LlamaForCausalLM(CausalLM):
     def describe(cls, config: PretrainedConfig) -> DecoderSpec:
         """The family's description of `config` (models/decoder_spec.py)."""
         return DecoderSpec.from_config(config)
+
+    @property
+    def spec(self) -> DecoderSpec:
+        """The description the model was built from."""
+        return self.model.spec
 
     @property
     def num_kv_heads(self) -> int:
@@ -275,7 +279,7 @@ class LlamaForCausalLM(CausalLM):
     def use_native_step(self) -> bool:
         """Runs the decoder stack (and the LM head) through the native CPU step where it
         applies (services/worker/native_step.py); False, with the reason logged, where not."""
-        reason = unsupported_reason(self.model, self.spec)
+        reason = unsupported_reason(self.model, self.model.spec)
         if reason is not None:
             logger.info("native CPU step not used: %s; the torch modules run", reason)
             return False

@@ -72,11 +72,10 @@ def prepare_for_torch(model: nn.Module, dtype: torch.dtype) -> None:
 
 
 def _table_format(table: VocabEmbedding) -> str:
-    native = getattr(table, "native", None)
     if table.quantized is not None:
         return table.quantized.source
-    if native is not None:
-        return native.format()
+    if isinstance(table, LMHead) and table.native is not None:
+        return table.native.format()
     return str(table.weight.dtype).removeprefix("torch.")
 
 
@@ -127,10 +126,11 @@ def resident_weight_bytes(model: nn.Module) -> int:
         if table.quantized is not None and id(table.quantized) not in seen:
             seen.add(id(table.quantized))
             total += table.quantized.nbytes
-        native = getattr(table, "native", None)
-        if native is not None:
-            total += int(native.weight_bytes())
-        packed = getattr(table, "packed", None)  # oneDNN's copy (PackedWeight)
+        if not isinstance(table, LMHead):
+            continue
+        if table.native is not None:
+            total += int(table.native.weight_bytes())
+        packed = table.packed  # oneDNN's copy (PackedWeight)
         if packed is not None and packed.replaces_plain:
             total += packed.tensor.numel() * packed.tensor.element_size()
     return total

@@ -232,7 +232,7 @@ class QuantizedWeight:
             raise ValueError("cannot drop the mins of a weight that has them")
 
 
-def _joined_sources(parts: Sequence[QuantizedWeight]) -> str:
+def joined_sources(parts: Sequence[QuantizedWeight]) -> str:
     """ "+".join of the sources' unique names in order ("Q4_K+Q6_K" counts as two)."""
     names: list[str] = []
     for part in parts:
@@ -271,5 +271,5 @@ def cat_rows(parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
         mins,
         group_size,
         bits,
-        _joined_sources(parts),
+        joined_sources(parts),
     )
