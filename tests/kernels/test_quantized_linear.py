@@ -4,7 +4,10 @@ edge shapes (N not a multiple of 16, one column block, one group per row), both 
 paths (a float32 model's: codes streamed into float32 FMAs; a bfloat16 model's on a CPU
 with VNNI: rows rounded to int8 per block of k, compared with a reference that rounds them
 the same way) and the many-rows path (a bfloat16 slice per block for a bfloat16 model
-where this CPU has bfloat16 dot products, so compared with bfloat16 inputs)."""
+where this CPU has bfloat16 dot products, so compared with bfloat16 inputs). The compact
+forms the packing chooses by itself (8-bit codes within -32..31 held as 6 bits; float32
+scales that factor as int8 x a float16 per 256 k held in two levels, as the K-quants'
+are) give the same weights bit for bit and hold the bytes their source does."""
 
 from __future__ import annotations
 
@@ -30,6 +33,36 @@ def random_weight(n: int, k: int, bits: int, group: int, scale_dtype, with_mins:
     scales = (torch.rand(n, k // group, generator=g) * 0.02 + 0.001).to(scale_dtype)
     mins = (torch.randn(n, k // group, generator=g) * 0.05).to(scale_dtype) if with_mins else None
     expand = lambda t: t.float().repeat_interleave(group, dim=1)  # noqa: E731
+    dense = expand(scales) * values + (expand(mins) if with_mins else 0)
+    return codes, scales, mins, dense
+
+
+def kquant_weight(n: int, k: int, bits: int, group: int, with_mins: bool, seed: int):
+    """A weight in a K-quant's structure: float32 scales d * sc_j (d float16 per 256 k, sc_j
+    6-bit unsigned with mins -(dmin * m_j), or int8 without mins, as Q4_K / Q5_K and Q6_K
+    build them), 4-bit codes 0..15 or 8-bit codes within -32..31 (Q6_K's q - 32)."""
+    g = torch.Generator().manual_seed(seed)
+    supers, per = k // 256, 256 // group
+    d = (torch.rand(n, supers, generator=g) * 1e-3 + 1e-5).half().float()
+    if with_mins:
+        sub = torch.randint(0, 64, (n, supers, per), generator=g).float()
+        sub[0, 0, :] = 0  # an all-zero super-group (and zero mins: -(dmin * 0) is -0.0)
+        dmin = (torch.rand(n, supers, generator=g) * 1e-3).half().float()
+        m = torch.randint(0, 64, (n, supers, per), generator=g).float()
+        m[1 % n, 0, ::2] = 0
+        mins = (-(dmin[..., None] * m)).reshape(n, k // group)
+    else:
+        sub = torch.randint(-128, 128, (n, supers, per), generator=g).float()
+        mins = None
+    scales = (d[..., None] * sub).reshape(n, k // group)
+    if bits == 8:
+        codes = torch.randint(-32, 32, (n, k), generator=g, dtype=torch.int8)
+        values = codes.float()
+    else:
+        values = torch.randint(0, 16, (n, k), generator=g).float()
+        pairs = values.to(torch.uint8).reshape(n, k // 2, 2)
+        codes = pairs[..., 0] | (pairs[..., 1] << 4)
+    expand = lambda t: t.repeat_interleave(group, dim=1)  # noqa: E731
     dense = expand(scales) * values + (expand(mins) if with_mins else 0)
     return codes, scales, mins, dense
 
@@ -194,3 +227,66 @@ def test_stacked_parts_in_their_own_formats_equal_the_joined_weight(rows):
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-5)
     ids = torch.tensor([0, 47, 48, 71, 72, 103])
     torch.testing.assert_close(stacked.gather_rows(ids), torch.cat(dense)[ids], atol=1e-6, rtol=0)
+
+
+KQUANT_CASES = [
+    # bits, n, k, group, mins, bytes per weight the packing holds (K-quant: 4.5, 6.56)
+    (4, 200, 512, 32, True, (4 + 2 * 8 / 32 + 2 * 16 / 256) / 8),  # Q4_K
+    (8, 48, 256, 16, False, (6 + 8 / 16 + 16 / 256) / 8),  # Q6_K
+    (8, 100, 256, 32, True, (6 + 2 * 8 / 32 + 2 * 16 / 256) / 8),  # Q5_K
+]
+
+
+@pytest.mark.parametrize("bits,n,k,group,with_mins,per_weight", KQUANT_CASES)
+@pytest.mark.parametrize("rows", [1, 3, FEW_ROWS_FMA + 1, 37])
+@pytest.mark.parametrize("bf16_rows", [False, True])
+def test_k_quant_structure_is_held_compact_and_exact(
+    bits, n, k, group, with_mins, per_weight, rows, bf16_rows
+):
+    codes, scales, mins, dense = kquant_weight(n, k, bits, group, with_mins, seed=n + rows)
+    linear = packed(bits, codes, scales, mins, group, None, bf16_rows)
+    padded = -(-n // 16) * 16
+    # the compact bytes (each buffer rounded up to 64 bytes at most), far below the flat
+    # form's (8-bit codes, float32 scales: 8 + 32 / group bits a weight)
+    compact = padded * k * per_weight
+    assert compact <= linear.weight_bytes() <= compact + 5 * 64
+    ids = torch.tensor([0, 1, n - 1, n // 2])
+    assert torch.equal(linear.gather_rows(ids), dense[ids])  # the same weights, bit for bit
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    out = linear.forward(x, torch.empty(0), 0)
+    if bf16_rows and vnni() and rows <= FEW_ROWS_VNNI:
+        ref = int8_rows_reference(x, dense, mins, group)
+    elif bf16_rows and bf16_gemm() and rows > FEW_ROWS_VNNI:
+        ref = x.bfloat16().float() @ dense.bfloat16().float().T
+    else:
+        ref = x @ dense.T
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_scales_that_do_not_factor_stay_flat():
+    """Float32 scales of no common float16 factor (an online int4 weight's) keep 4 bytes a
+    group; 8-bit codes outside -32..31 keep 8 bits."""
+    n, k, group = 32, 256, 32
+    codes, scales, mins, dense = random_weight(n, k, 4, group, torch.float32, True, seed=5)
+    linear = packed(4, codes, scales, mins, group, None)
+    assert linear.weight_bytes() >= n * k // 2 + 2 * 4 * n * (k // group)
+    # (code * scale + min may be one fused multiply-add here: float32 scales, to 1e-6)
+    torch.testing.assert_close(linear.gather_rows(torch.arange(n)), dense, atol=1e-6, rtol=0)
+    codes8, scales8, _, dense8 = random_weight(n, k, 8, group, torch.float16, False, seed=6)
+    wide = packed(8, codes8, scales8, None, group, None)
+    assert wide.weight_bytes() >= n * k + 2 * n * (k // group)
+    assert torch.equal(wide.gather_rows(torch.arange(n)), dense8)
+
+
+def test_six_bit_codes_with_float16_scales():
+    """Q8_0-style float16 scales over codes that fit 6 bits: held as 6 bits, same values."""
+    n, k, group = 40, 64, 32
+    g = torch.Generator().manual_seed(7)
+    codes = torch.randint(-32, 32, (n, k), generator=g, dtype=torch.int8)
+    scales = (torch.rand(n, k // group, generator=g) * 0.02).half()
+    dense = scales.float().repeat_interleave(group, dim=1) * codes.float()
+    linear = packed(8, codes, scales, None, group, None, bf16_rows=False)
+    assert linear.weight_bytes() < 48 * k  # below 8 bits a weight (48: N padded)
+    assert torch.equal(linear.gather_rows(torch.arange(n)), dense)
+    x = torch.randn(3, k, generator=g)
+    torch.testing.assert_close(linear.forward(x, torch.empty(0), 0), x @ dense.T, rtol=1e-5, atol=1e-5)
