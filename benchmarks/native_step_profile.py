@@ -9,9 +9,12 @@ silu_mul, down), with the bytes a step streams and the read rate that implies.
     python -m benchmarks.native_step_profile --dtype bfloat16 --batch 1 --context 300
     python -m benchmarks.native_step_profile --dtype auto   # a GGUF model's own blocks
     python -m benchmarks.native_step_profile --query-len 5  # verifying 4 proposals
+    python -m benchmarks.native_step_profile --model FILE.gguf --dtype auto
 
 The weight bytes are the stack's packed weights as held (`DecoderStack.weight_bytes()`:
-quantized codes and scales, or the float matrices) and the LM head's.
+quantized codes and scales, or the float matrices) and the LM head's; `streaming_limit_ms`
+is their time at the read rate of a 1 GiB float32 sum on the same threads, the floor of a
+batch-1 decode step.
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ import time
 
 import torch
 
+from benchmarks.micro import read_bandwidth_gb_s
 from kernels.attention_metadata import AttentionMetadata
 from services.common.config import ModelConfig
 from services.worker.cpu_tuning import pin_threads
-from services.worker.model_loader import load_model
+from services.worker.model_loader import load
 
 
 def _decode_metadata(
@@ -47,8 +51,12 @@ def _decode_metadata(
     )
 
 
-def profile(dtype: str, batch: int, context: int, steps: int, query_len: int = 1) -> dict:
-    model = load_model(ModelConfig(dtype=dtype))
+def profile(
+    dtype: str, batch: int, context: int, steps: int, query_len: int = 1, model_path: str = ""
+) -> dict:
+    config = ModelConfig(dtype=dtype) if not model_path else ModelConfig(model_path, dtype)
+    loaded = load(config)
+    model = loaded.model
     native = model.model.native
     if native is None:
         raise SystemExit("the native step is not in use here (see the load log for why)")
@@ -78,9 +86,10 @@ def profile(dtype: str, batch: int, context: int, steps: int, query_len: int = 1
     stack_bytes = native.weight_bytes()
     head_bytes = int(model.lm_head.native.weight_bytes()) if model.lm_head.native else 0
     forward_ms = statistics.median(forward) * 1e3
+    bandwidth = read_bandwidth_gb_s()
     return {
         "dtype": dtype,
-        "quantization": model.quantization,
+        "quantization": loaded.quantization,
         "batch": batch,
         "query_len": query_len,
         "context": context,
@@ -90,11 +99,15 @@ def profile(dtype: str, batch: int, context: int, steps: int, query_len: int = 1
         "stack_weight_mb": round(stack_bytes / 1e6, 1),
         "stack_read_gb_s": round(stack_bytes / (forward_ms * 1e6), 1),
         "lm_head_weight_mb": round(head_bytes / 1e6, 1),
+        "read_gb_s": round(bandwidth, 1),
+        # a decode step must stream every weight once: its time at the machine's read rate
+        "streaming_limit_ms": round((stack_bytes + head_bytes) / (bandwidth * 1e6), 3),
     }
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="", help="a model path (default: the default model)")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--context", type=int, default=300)
@@ -103,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         "--query-len", type=int, default=1, help="tokens per sequence (k + 1 to verify k)"
     )
     args = parser.parse_args(argv)
-    print(profile(args.dtype, args.batch, args.context, args.steps, args.query_len))
+    print(profile(args.dtype, args.batch, args.context, args.steps, args.query_len, args.model))
 
 
 if __name__ == "__main__":
