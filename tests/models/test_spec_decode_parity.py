@@ -1,9 +1,12 @@
 """Greedy outputs with speculative decoding equal those without, token for token, in
 float32 on the tiny llama (and the default model): both methods (n-gram, and the target
 as its own draft, which must accept every proposal), over chunked prefill, prefix hits,
-preemption in both modes, and max_tokens ending inside an accepted run."""
+preemption in both modes (also near the cache-capped max_model_len, with async
+scheduling), and max_tokens ending inside an accepted run."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 
@@ -88,6 +91,63 @@ def test_preemption_in_both_modes(folder, method, mode):
     assert llm.engine.scheduler.kv.num_free_blocks == 12
     if mode == "swap":
         assert len(llm.engine.scheduler.kv.cpu_free) == llm.engine.cache_info.num_cpu_blocks
+
+
+def _near_cap_prompts(seed: int, count: int, max_len: int) -> list[list[int]]:
+    """Fresh prompts and self-repeating ones, 20 to max_len tokens long."""
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(count):
+        length = rng.randrange(20, max_len + 1)
+        if i % 2:
+            period = [rng.randrange(3, 500) for _ in range(length // 3)]
+            prompts.append((period * 4)[:length])
+        else:
+            prompts.append([rng.randrange(3, 500) for _ in range(length)])
+    return prompts
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemption_near_the_capped_max_model_len(folder, mode):
+    """The issue's shape: 32 requests of max_tokens 24 over 24 blocks of 4 (max_model_len is
+    capped at the cache's 96 tokens), prompts of up to 92 tokens, the target as its own
+    draft, with async scheduling, chunked prefill and prefix caching on top of preemption:
+    every request ends as in the plain run of the same blocks, those the cap ends
+    included, and none ends earlier."""
+    args = dict(
+        block_size=4,
+        swap_space=0.01,
+        preemption_mode=mode,
+        async_scheduling=True,
+        max_num_batched_tokens=16,
+        long_prefill_token_threshold=8,
+        enable_prefix_caching=True,
+    )
+    prompts = _near_cap_prompts(seed=5, count=32, max_len=92)
+    params = SamplingParams(temperature=0, max_tokens=24)
+    plain = LLM(str(folder), kv_cache_memory=KV_12_BLOCKS["ngram"] * 2, **args)
+    reference = _generate(plain, prompts, params)
+    llm = LLM(
+        str(folder),
+        kv_cache_memory=KV_12_BLOCKS["draft_model"] * 2,
+        speculative_config=spec_config("draft_model", folder),
+        **args,
+    )
+    scheduler = llm.engine.scheduler
+    assert llm.engine.cache_info.num_gpu_blocks == 24 and scheduler.max_model_len == 96
+    outputs = _generate(llm, prompts, params)
+    assert scheduler.num_preemptions > 0
+    assert_same_outputs(reference, outputs, folder, prompts)
+    capped = [
+        out
+        for out, prompt in zip(outputs, prompts, strict=True)
+        if len(prompt) + len(out.outputs[0].token_ids) == 96
+    ]
+    assert capped and all(out.outputs[0].finish_reason == "length" for out in capped)
+    check_method_stats(llm, "draft_model")
+    assert scheduler.kv.num_free_blocks == 24
+    if mode == "swap":
+        assert len(scheduler.kv.cpu_free) == llm.engine.cache_info.num_cpu_blocks
 
 
 def test_max_tokens_ending_inside_an_accepted_run(folder):
