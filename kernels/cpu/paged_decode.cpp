@@ -40,14 +40,22 @@ namespace {
 using bf16 = c10::BFloat16;
 
 constexpr int64_t SERIAL_VECTORS = 4096;
-// A row's context is cut into up to twice the threads equal parts of at least MIN_PART
-// positions, attended apart (in parallel) and merged, so one long sequence still keeps
-// every thread busy. The cut depends on the row's own length (and the process's thread
+// A row's context is cut into parts at multiples of a part size P, attended apart (in
+// parallel) and merged, so one long sequence still keeps every thread busy. P is the power
+// of two (at least MIN_PART) nearest above a quarter of the row's span per thread: 2 to 4
+// parts per thread. The cut depends on the row's own span (and the process's thread
 // count) alone, never on the other rows of the step, so a row's result is the same
 // whatever it is batched with: a sequence verifying speculative proposals gets, row for
 // row, what its decode steps would (a bfloat16 model rounds activations, so even a last-bit
 // difference would change its tokens).
-constexpr int64_t MIN_PART = 128;
+//
+// Rows of one sequence whose lengths follow one another (a verification's k + 1 rows, a
+// prefill chunk's) and whose cut is the same attend together, up to FOLD rows: each cache
+// block is read from memory once for all of them (as the query heads of a GQA group share
+// it), and each row's arithmetic is exactly what it would be alone (its own positions of
+// the block, its own scores and sums).
+constexpr int64_t MIN_PART = 64;
+constexpr int64_t FOLD = 8;
 // Cache blocks asked for ahead of the one being read (the block after the next is asked
 // for while reading this one; the next was asked for a block ago).
 constexpr int64_t PREFETCH_BLOCKS = 2;
@@ -278,52 +286,70 @@ std::pair<float, float> exp_scores(float* row, int64_t n, float scale, float sof
   return {peak, total};
 }
 
-// Scratch of one thread: the row's float32 queries and scores [kv_heads, group, n].
+// Scratch of one thread: the rows' float32 queries and scores [rows][kv_heads, group, n].
 struct Scratch {
   std::vector<float> q, scores;
 };
 
-// One row's attention over the positions [first, first + n), every KV head in the same
-// pass over each cache block (a block's token rows are contiguous: read once, from memory,
-// for all heads). For KV head h, result + h * stride holds acc [group, head_dim] = sum_t
-// exp(s_t - peak_j) v_t, unnormalised, then each query head's peak and sum of
-// exponentials, so parts of one context can be merged (stride = group * head_dim + 2 *
-// group).
+// One part of up to FOLD rows of one sequence: row i attends to the positions [first,
+// first + n[i]) (none when n[i] <= 0), every KV head in the same pass over each cache block
+// (a block's token rows are contiguous: read once, from memory, for all heads and rows).
+// For KV head h, result[i] + h * stride holds acc [group, head_dim] = sum_t exp(s_t -
+// peak_j) v_t, unnormalised, then each query head's peak and sum of exponentials, so parts
+// of one context can be merged (stride = group * head_dim + 2 * group). Row i's numbers are
+// those of a call with it alone: the same blocks, cut at its own last position.
 template <int G, typename Q, typename C>
-void attend_part(const Q* q, const C* key_cache, const C* value_cache, const int32_t* table,
-                 int64_t first, int64_t n, const Layout& l, float scale, float soft_cap,
-                 Scratch& s, float* result) {
+void attend_part(const Q* const* q, const int64_t* n, float* const* result, int64_t count,
+                 const C* key_cache, const C* value_cache, const int32_t* table, int64_t first,
+                 const Layout& l, float scale, float soft_cap, Scratch& s) {
   const int64_t width = l.group * l.head_dim, stride = width + 2 * l.group;
   const int64_t heads = l.num_kv_heads;
-  for (int64_t h = 0; h < heads; ++h) {
-    float* r = result + h * stride;
-    std::fill(r, r + width, 0.f);
-    std::fill(r + width, r + width + l.group, -std::numeric_limits<float>::infinity());
-    std::fill(r + width + l.group, r + stride, 0.f);
-  }
-  if (n <= 0) return;
-  s.q.resize(heads * width);
-  s.scores.resize(heads * l.group * n);
-  for (int64_t i = 0; i < heads * width; ++i) s.q[i] = to_float(q[i]);
-  float* scores = s.scores.data();
-  for_each_block(key_cache, table, first, n, l, [&](int64_t t, const BlockRows<C>& b) {
+  int64_t longest = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    longest = std::max(longest, n[i]);
     for (int64_t h = 0; h < heads; ++h) {
-      const BlockRows<C> head_rows{b.first + h * l.head_dim, b.rows, b.stride};
-      score_block<G>(scores + h * l.group * n + t, n, s.q.data() + h * width, head_rows, l);
+      float* r = result[i] + h * stride;
+      std::fill(r, r + width, 0.f);
+      std::fill(r + width, r + width + l.group, -std::numeric_limits<float>::infinity());
+      std::fill(r + width + l.group, r + stride, 0.f);
     }
+  }
+  if (longest <= 0) return;
+  const int64_t row_scores = heads * l.group * longest;  // one row's scores, `longest` apart
+  s.q.resize(count * heads * width);
+  s.scores.resize(count * row_scores);
+  for (int64_t i = 0; i < count; ++i) {
+    for (int64_t e = 0; e < heads * width; ++e) s.q[i * heads * width + e] = to_float(q[i][e]);
+  }
+  const auto each_row = [&](int64_t t, const BlockRows<C>& b, auto&& fn) {
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t rows = std::min(b.rows, n[i] - t);  // the row's own end cuts the block
+      if (rows <= 0) continue;
+      for (int64_t h = 0; h < heads; ++h) {
+        fn(i, h, BlockRows<C>{b.first + h * l.head_dim, rows, b.stride},
+           s.scores.data() + i * row_scores + h * l.group * longest + t);
+      }
+    }
+  };
+  for_each_block(key_cache, table, first, longest, l, [&](int64_t t, const BlockRows<C>& b) {
+    each_row(t, b, [&](int64_t i, int64_t h, const BlockRows<C>& rows, float* scores) {
+      score_block<G>(scores, longest, s.q.data() + (i * heads + h) * width, rows, l);
+    });
   });
-  for (int64_t h = 0; h < heads; ++h) {
-    float* r = result + h * stride;
-    for (int64_t j = 0; j < l.group; ++j) {
-      std::tie(r[width + j], r[width + l.group + j]) =
-          exp_scores(scores + (h * l.group + j) * n, n, scale, soft_cap);
+  for (int64_t i = 0; i < count; ++i) {
+    if (n[i] <= 0) continue;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* r = result[i] + h * stride;
+      for (int64_t j = 0; j < l.group; ++j) {
+        float* row = s.scores.data() + i * row_scores + (h * l.group + j) * longest;
+        std::tie(r[width + j], r[width + l.group + j]) = exp_scores(row, n[i], scale, soft_cap);
+      }
     }
   }
-  for_each_block(value_cache, table, first, n, l, [&](int64_t t, const BlockRows<C>& b) {
-    for (int64_t h = 0; h < heads; ++h) {
-      const BlockRows<C> head_rows{b.first + h * l.head_dim, b.rows, b.stride};
-      mix_block<G>(result + h * stride, scores + h * l.group * n + t, n, head_rows, l);
-    }
+  for_each_block(value_cache, table, first, longest, l, [&](int64_t t, const BlockRows<C>& b) {
+    each_row(t, b, [&](int64_t i, int64_t h, const BlockRows<C>& rows, float* probs) {
+      mix_block<G>(result[i] + h * stride, probs, longest, rows, l);
+    });
   });
 }
 
@@ -387,53 +413,89 @@ void check_plan(const Rows& rows, int64_t num_blocks, const Layout& l) {
   }
 }
 
-// Tasks are parts of rows (all KV heads of a row together: each cached token row is read
-// once; see MIN_PART for the cut).
+// Row r's span [first, len) and its cut: part j covers [max(first, j P), min(len, (j + 1) P))
+// for j = first / P .. (len - 1) / P (one empty part for an empty span).
+struct RowCut {
+  int64_t first, len, part, first_part, parts;
+  static RowCut of(int64_t len, int64_t sliding_window, int64_t threads) {
+    const int64_t first = sliding_window > 0 ? std::max<int64_t>(0, len - sliding_window) : 0;
+    int64_t part = MIN_PART;
+    while (part * 4 * threads < len - first) part *= 2;
+    const int64_t first_part = first / part;
+    const int64_t parts = len > first ? (len - 1) / part - first_part + 1 : 1;
+    return {first, len, part, first_part, parts};
+  }
+  int64_t start(int64_t j) const { return std::max(first, j * part); }
+  int64_t size(int64_t j) const { return std::min(len, (j + 1) * part) - start(j); }
+};
+
+// Tasks are parts of folds of rows (all KV heads of a row together: each cached token row
+// is read once; see MIN_PART and FOLD).
 template <int G, typename Q, typename C>
 void attend_items(Q* o, const Q* q, const C* kc, const C* vc, const Rows& rows,
                   const Layout& l, float scale, int64_t sliding_window, float soft_cap) {
   const int64_t width = l.group * l.head_dim;  // one KV head's query rows
   const int64_t stride = width + 2 * l.group, row_stride = l.num_kv_heads * stride;
   const int64_t num_rows = rows.num_rows, threads = at::get_num_threads();
-  std::vector<int64_t> first_task(num_rows + 1, 0);  // row r's parts: tasks [f[r], f[r+1])
+  std::vector<RowCut> cuts(num_rows);
+  std::vector<int64_t> first_result(num_rows + 1, 0);  // row r's parts' results from here
   int64_t vectors = 0;  // cached vectors to read, all rows together
   for (int64_t r = 0; r < num_rows; ++r) {
-    const int64_t len = rows.len[r];
-    const int64_t first = sliding_window > 0 ? std::max<int64_t>(0, len - sliding_window) : 0;
-    const int64_t parts = std::min(2 * threads, std::max<int64_t>(1, (len - first) / MIN_PART));
-    first_task[r + 1] = first_task[r] + parts;
-    vectors += (len - first) * l.num_kv_heads;
+    cuts[r] = RowCut::of(rows.len[r], sliding_window, threads);
+    first_result[r + 1] = first_result[r] + cuts[r].parts;
+    vectors += (cuts[r].len - cuts[r].first) * l.num_kv_heads;
   }
-  const int64_t tasks = first_task[num_rows];
+  // folds: runs of rows of one sequence, each one longer than the last, cut alike
+  struct Task {
+    int64_t row, count, part;
+  };
+  std::vector<Task> tasks;
+  for (int64_t r = 0; r < num_rows;) {
+    int64_t count = 1;
+    while (count < FOLD && r + count < num_rows && rows.seq[r + count] == rows.seq[r] &&
+           rows.len[r + count] == rows.len[r] + count && cuts[r + count].part == cuts[r].part &&
+           cuts[r + count].first == cuts[r].first) {
+      ++count;
+    }
+    const RowCut& longest = cuts[r + count - 1];
+    for (int64_t j = 0; j < longest.parts; ++j) tasks.push_back({r, count, longest.first_part + j});
+    r += count;
+  }
+  const int64_t num_tasks = static_cast<int64_t>(tasks.size());
   // Waking the thread team costs more than a small step's whole attention (a short batch-1
   // decode reads a few hundred vectors per layer): below SERIAL_VECTORS one thread does it.
-  const int64_t grain = tasks == num_rows && vectors < SERIAL_VECTORS ? tasks : 1;
+  const int64_t grain = vectors < SERIAL_VECTORS ? num_tasks : 1;
   // every part's result, written whole by attend_part (kept between calls: no page faults)
   thread_local std::vector<float> partial;
-  if (partial.size() < static_cast<size_t>(tasks * row_stride)) partial.resize(tasks * row_stride);
+  const int64_t results_size = first_result[num_rows] * row_stride;
+  if (partial.size() < static_cast<size_t>(results_size)) partial.resize(results_size);
   float* results = partial.data();  // the pool's threads see the caller's buffer through it
-  pagestream::parallel_for(tasks, grain, [&](int64_t begin, int64_t end) {
+  pagestream::parallel_for(num_tasks, grain, [&](int64_t begin, int64_t end) {
     Scratch scratch;
-    int64_t row = std::upper_bound(first_task.begin(), first_task.end(), begin) - first_task.begin() - 1;
+    const Q* qs[FOLD];
+    int64_t ns[FOLD];
+    float* outs[FOLD];
     for (int64_t task = begin; task < end; ++task) {
-      while (first_task[row + 1] <= task) ++row;
-      const int64_t len = rows.len[row];
-      const int64_t first = sliding_window > 0 ? std::max<int64_t>(0, len - sliding_window) : 0;
-      const int64_t parts = first_task[row + 1] - first_task[row];
-      const int64_t share = (len - first + parts - 1) / parts;
-      const int64_t start = std::min(len, first + (task - first_task[row]) * share);
-      const int64_t n = std::min(len, start + share) - start;
-      attend_part<G>(q + row * l.num_kv_heads * width, kc, vc,
-                     rows.tables + rows.seq[row] * l.max_blocks, start, n, l, scale, soft_cap,
-                     scratch, results + task * row_stride);
+      const Task& t = tasks[task];
+      int64_t count = 0;
+      for (int64_t i = 0; i < t.count; ++i) {
+        const int64_t row = t.row + i;
+        const RowCut& cut = cuts[row];
+        if (t.part >= cut.first_part + cut.parts) continue;  // ends in an earlier part
+        qs[count] = q + row * l.num_kv_heads * width;
+        ns[count] = cut.size(t.part);
+        outs[count] = results + (first_result[row] + t.part - cut.first_part) * row_stride;
+        ++count;
+      }
+      attend_part<G>(qs, ns, outs, count, kc, vc, rows.tables + rows.seq[t.row] * l.max_blocks,
+                     cuts[t.row].start(t.part), l, scale, soft_cap, scratch);
     }
   });
   pagestream::parallel_for(num_rows, grain == 1 ? 1 : num_rows, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
-      const int64_t parts = first_task[row + 1] - first_task[row];
       for (int64_t h = 0; h < l.num_kv_heads; ++h) {
         merge_parts(o + (row * l.num_kv_heads + h) * width,
-                    results + first_task[row] * row_stride + h * stride, parts,
+                    results + first_result[row] * row_stride + h * stride, cuts[row].parts,
                     row_stride, l);
       }
     }

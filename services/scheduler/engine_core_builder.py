@@ -107,7 +107,12 @@ class EngineCoreBuilder:
             if (pooler := PoolerConfig.from_json(model.pooler_config))
             else None,
         )
-        info = served_model_info(self.args.served_model_name, model, config, cache_info)
+        _warn_if_the_cache_caps(
+            config.max_model_len, scheduler.max_model_len, cache_info, speculative
+        )
+        info = served_model_info(
+            self.args.served_model_name, model, scheduler.max_model_len, cache_info
+        )
         return EngineCore(scheduler, executor), info
 
     def _check_model(self, model: ModelInfo) -> ModelInfo:
@@ -137,14 +142,38 @@ def _speculative(model: ModelInfo) -> SpeculativeConfig | None:
     return SpeculativeConfig.parse(model.speculative_config)
 
 
+def _warn_if_the_cache_caps(
+    asked: int, capped: int, cache: CacheInfo, speculative: SpeculativeConfig | None
+) -> None:
+    """A sequence can never outgrow the KV cache: say so once when that caps max_model_len
+    (the frontends are told the capped length, so longer prompts get a clear error)."""
+    if capped >= asked:
+        return
+    draft = " (a draft model's cache shares each block's bytes)" if speculative else ""
+    logger.warning(
+        "the KV cache holds %d tokens (%d blocks of %d)%s: max_model_len is %d, not %d; "
+        "give the cache more memory (kv_cache_memory / --kv-cache-memory) for longer sequences",
+        capped,
+        cache.num_gpu_blocks,
+        cache.block_size,
+        draft,
+        capped,
+        asked,
+    )
+
+
 def served_model_info(
-    served_name: str | None, model: ModelInfo, config: SchedulerConfig, cache: CacheInfo
+    served_name: str | None,
+    model: ModelInfo,
+    max_model_len: int,
+    cache: CacheInfo,
 ) -> ServedModelInfo:
-    """What the frontends are told about the model an engine core serves."""
+    """What the frontends are told about the model an engine core serves; `max_model_len`
+    is the scheduler's (the configured length, capped by what the KV cache holds)."""
     speculative = _speculative(model)
     return ServedModelInfo(
         model=served_name or model.model,
-        max_model_len=config.max_model_len,
+        max_model_len=max_model_len,
         vocab_size=model.vocab_size,
         eos_token_ids=model.eos_token_ids,
         block_size=cache.block_size,

@@ -213,3 +213,22 @@ def test_prompt_logprobs_survive_preemption(model_dir, mode):
             for token_id, entry in mine.items():
                 assert entry.logprob == pytest.approx(theirs[token_id].logprob, abs=1e-4)
         assert ours.outputs[0].token_ids == ref.outputs[0].token_ids
+
+
+def test_a_kv_cache_smaller_than_max_model_len_caps_it_and_says_so(model_dir, caplog):
+    """24 blocks of 4 hold 96 tokens: the engine serves max_model_len 96 (not the model's
+    256), says so at start, and a 100-token prompt is refused naming it (not ended as
+    "length" with no tokens)."""
+    with caplog.at_level("WARNING", logger="services.scheduler.engine_core_builder"):
+        llm = LLM(str(model_dir("llama")), kv_cache_memory=49152, block_size=4)
+    assert llm.engine.cache_info.num_gpu_blocks == 24
+    assert llm.engine.info.max_model_len == 96
+    assert any("max_model_len is 96, not 256" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ValueError, match="max_model_len=96"):
+        llm.generate({"prompt_token_ids": [5] * 100}, use_tqdm=False)
+    (out,) = llm.generate(
+        {"prompt_token_ids": [5] * 90},
+        SamplingParams(temperature=0, max_tokens=20, ignore_eos=True),
+        use_tqdm=False,
+    )
+    assert len(out.outputs[0].token_ids) == 6 and out.outputs[0].finish_reason == "length"
