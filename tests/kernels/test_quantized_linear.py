@@ -289,4 +289,6 @@ def test_six_bit_codes_with_float16_scales():
     assert linear.weight_bytes() < 48 * k  # below 8 bits a weight (48: N padded)
     assert torch.equal(linear.gather_rows(torch.arange(n)), dense)
     x = torch.randn(3, k, generator=g)
-    torch.testing.assert_close(linear.forward(x, torch.empty(0), 0), x @ dense.T, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        linear.forward(x, torch.empty(0), 0), x @ dense.T, rtol=1e-5, atol=1e-5
+    )
