@@ -446,6 +446,12 @@ struct Int8Rows {
 };
 
 #if defined(__AVX512VNNI__)
+inline __m512i quad(const int8_t* p) {  // 4 int8 codes in every 32-bit lane
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
 // int8 rows (VNNI kernel): chunks [q0, q0 + C) of a block for rows [row0, row0 + MT) of `rows`
 template <int Bits, typename View, bool HasMin, int MT, int C>
 void vnni_span(const Int8Rows& rows, int64_t row0, const Span<Bits, View>& sp) {
@@ -464,13 +470,14 @@ void vnni_span(const Int8Rows& rows, int64_t row0, const Span<Bits, View>& sp) {
         for (int q = 0; q < C; ++q) isum[m][q] = _mm512_setzero_si512();
       }
       for (int64_t u = b * block / KU; u < (b + 1) * block / KU; ++u) {
-        // each row's int8 codes of this unit, broadcast once for all C chunks
+        // each row's int8 codes of this unit, broadcast once for all C chunks (a broadcast
+        // per chunk from memory instead: 1.5x slower at one row, no faster at 5 or 8 rows
+        // in tiles of up to 8, measured on a 2-core Zen 4)
         __m512i x_lo[MT], x_hi[MT];
         for (int m = 0; m < MT; ++m) {
-          int32_t quads[2] = {0, 0};
-          std::memcpy(quads, rows.codes.data() + (row0 + m) * K + u * KU, KU);
-          x_lo[m] = _mm512_set1_epi32(quads[0]);
-          x_hi[m] = _mm512_set1_epi32(quads[1]);
+          const int8_t* xu = rows.codes.data() + (row0 + m) * K + u * KU;
+          x_lo[m] = quad(xu);
+          x_hi[m] = Bits == 8 ? x_lo[m] : quad(xu + 4);
         }
         for (int q = 0; q < C; ++q) {
           __m512i lo, hi;
@@ -725,15 +732,15 @@ class QuantizedLinear final : public Linear {
   }
 #endif
 
-  // Block `start` (nb columns) de-quantized into brgemm's B layout of T: bfloat16 VNNI
-  // pairs [K / 2][nb][2] or float32 [K][nb].
+  // Inputs k0 .. k1 of block `start` (nb columns) de-quantized into brgemm's B layout of T:
+  // bfloat16 VNNI pairs [(k1 - k0) / 2][nb][2] or float32 [k1 - k0][nb].
   template <typename T>
-  void dequantize_block(int64_t start, int64_t nb, T* dst) const {
+  void dequantize_block(int64_t start, int64_t nb, int64_t k0, int64_t k1, T* dst) const {
     const CodeBlock<Bits> codes = block_codes(start, nb);
     const View scales = block_scales(start, nb), mins = block_mins(start, nb);
 #if defined(__AVX512F__)
     const int64_t chunks = nb / 16;
-    for (int64_t u = 0; u < k_ / KU; ++u) {
+    for (int64_t u = k0 / KU; u < k1 / KU; ++u) {
       const int64_t g = u * KU / group_;  // a unit lies inside one group
       for (int64_t q = 0; q < chunks; ++q) {
         const __m512 s = load16(scales, g, 16 * q);
@@ -741,30 +748,39 @@ class QuantizedLinear final : public Linear {
         __m512 w[KU];
         unit_floats<Bits>(codes, u, q, w);
         for (int j = 0; j < KU; ++j) w[j] = dequant<HasMin>(w[j], s, m);
-        const int64_t k0 = u * KU;
+        const int64_t k = u * KU - k0;
         if constexpr (std::is_same_v<T, bf16>) {
           auto* out = reinterpret_cast<int32_t*>(dst);  // [K / 2][nb] pairs
           for (int j = 0; j < KU; j += 2) {
             const __m512i pair = _mm512_or_si512(bf16_bits(w[j]), _mm512_slli_epi32(bf16_bits(w[j + 1]), 16));
-            _mm512_storeu_si512(out + ((k0 + j) / 2) * nb + 16 * q, pair);
+            _mm512_storeu_si512(out + ((k + j) / 2) * nb + 16 * q, pair);
           }
         } else {
-          for (int j = 0; j < KU; ++j) _mm512_storeu_ps(dst + (k0 + j) * nb + 16 * q, w[j]);
+          for (int j = 0; j < KU; ++j) _mm512_storeu_ps(dst + (k + j) * nb + 16 * q, w[j]);
         }
       }
     }
     return;
 #endif
-    for (int64_t k = 0; k < k_; ++k) {
+    for (int64_t k = k0; k < k1; ++k) {
       for (int64_t c = 0; c < nb; ++c) {
         const float w = value(start, nb, k, c);
         if constexpr (std::is_same_v<T, bf16>) {
-          dst[((k / 2) * nb + c) * 2 + k % 2] = static_cast<bf16>(w);
+          dst[(((k - k0) / 2) * nb + c) * 2 + (k - k0) % 2] = static_cast<bf16>(w);
         } else {
-          dst[k * nb + c] = w;
+          dst[(k - k0) * nb + c] = w;
         }
       }
     }
+  }
+
+  // Inputs per de-quantized slice: a block's whole K while its slice fits L2 with room
+  // (Qwen2.5-1.5B's down projection, K = 8960: 1.1 MB of bfloat16 for 64 columns, more
+  // than a Zen 4 core's 1 MB L2, so every 32-row tile re-read it from L3), else slices of
+  // K_SLICE (whole units and groups) accumulated into the output.
+  int64_t k_slice() const {
+    constexpr int64_t K_SLICE = 2048;
+    return k_ <= K_SLICE || K_SLICE % group_ != 0 ? k_ : K_SLICE;  // slices of whole groups
   }
 
   template <typename T>
@@ -786,27 +802,37 @@ class QuantizedLinear final : public Linear {
       });
       x = rounded.data(), ld = k_;
     }
+    const int64_t slice = k_slice();
     pagestream::parallel_for(blocks(), 1, [&](int64_t begin, int64_t end) {
-      std::vector<T> weights(k_ * block_);
-      std::vector<float> tile(ROW_TILE * block_);
+      std::vector<T> weights(slice * block_);
+      std::vector<float> tile;  // a partial block's outputs, all rows (its columns past N dropped)
       for (int64_t blk = begin; blk < end; ++blk) {
         const int64_t start = blk * block_, nb = std::min(block_, np_ - start);
         const int64_t valid = std::min(nb, n_ - start);
-        dequantize_block<T>(start, nb, weights.data());
-        for (int64_t row = 0; row < M; row += ROW_TILE) {
-          const int64_t mt = std::min(ROW_TILE, M - row);
-          float* c = out + row * ld_out + start;
-          if (valid == nb) {  // straight into out
-            cpublas::brgemm(mt, nb, k_, ld, nb, ld_out, accumulate, x + row * ld, weights.data(), c, vnni);
-            if (has_bias_) add_bias(c, mt, nb, ld_out, bias_.data() + start);
-            continue;
-          }
-          cpublas::brgemm(mt, nb, k_, ld, nb, nb, false, x + row * ld, weights.data(), tile.data(), vnni);
-          for (int64_t r = 0; r < mt; ++r) {
-            for (int64_t col = 0; col < valid; ++col) {
-              const float v = tile[r * nb + col] + bias_[start + col];
-              c[r * ld_out + col] = accumulate ? c[r * ld_out + col] + v : v;
+        if (valid < nb) tile.assign(M * nb, 0.f);
+        for (int64_t k0 = 0; k0 < k_; k0 += slice) {
+          const int64_t kc = std::min(slice, k_ - k0);
+          dequantize_block<T>(start, nb, k0, k0 + kc, weights.data());
+          for (int64_t row = 0; row < M; row += ROW_TILE) {
+            const int64_t mt = std::min(ROW_TILE, M - row);
+            if (valid == nb) {  // straight into out
+              cpublas::brgemm(mt, nb, kc, ld, nb, ld_out, accumulate || k0 > 0, x + row * ld + k0,
+                              weights.data(), out + row * ld_out + start, vnni);
+            } else {
+              cpublas::brgemm(mt, nb, kc, ld, nb, nb, k0 > 0, x + row * ld + k0, weights.data(),
+                              tile.data() + row * nb, vnni);
             }
+          }
+        }
+        float* c = out + start;
+        if (valid == nb) {
+          if (has_bias_) add_bias(c, M, nb, ld_out, bias_.data() + start);
+          continue;
+        }
+        for (int64_t r = 0; r < M; ++r) {
+          for (int64_t col = 0; col < valid; ++col) {
+            const float v = tile[r * nb + col] + bias_[start + col];
+            c[r * ld_out + col] = accumulate ? c[r * ld_out + col] + v : v;
           }
         }
       }

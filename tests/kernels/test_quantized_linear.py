@@ -116,6 +116,7 @@ CASES = [
     (8, 33, 80, 80, torch.float32, False),  # int8 per output channel
     (4, 272, 256, 128, torch.float32, True),  # int4, groups of 128
     (4, 16, 32, 32, torch.float16, False),  # one block, one group per row
+    (4, 40, 4608, 32, torch.float32, True),  # K past one de-quantized slice (2048), N partial
 ]
 
 
@@ -234,6 +235,7 @@ KQUANT_CASES = [
     (4, 200, 512, 32, True, (4 + 2 * 8 / 32 + 2 * 16 / 256) / 8),  # Q4_K
     (8, 48, 256, 16, False, (6 + 8 / 16 + 16 / 256) / 8),  # Q6_K
     (8, 100, 256, 32, True, (6 + 2 * 8 / 32 + 2 * 16 / 256) / 8),  # Q5_K
+    (8, 64, 2304, 16, False, (6 + 8 / 16 + 16 / 256) / 8),  # Q6_K, K past one slice
 ]
 
 
