@@ -21,15 +21,20 @@ from kernels import cpu
 FEW_ROWS_FMA, FEW_ROWS_VNNI = 8, 32  # quantized_linear.cpp's streamed rows
 
 
+def random_codes(n: int, k: int, bits: int, g: torch.Generator, low: int):
+    """Codes as QuantizedWeight holds them and their values [N, K]: 8 bits int8 in
+    low..-low-1, 4 bits 0..15 packed two a byte (even k in the low nibble)."""
+    if bits == 8:
+        codes = torch.randint(low, -low, (n, k), generator=g, dtype=torch.int8)
+        return codes, codes.float()
+    values = torch.randint(0, 16, (n, k), generator=g).float()
+    pairs = values.to(torch.uint8).reshape(n, k // 2, 2)
+    return pairs[..., 0] | (pairs[..., 1] << 4), values
+
+
 def random_weight(n: int, k: int, bits: int, group: int, scale_dtype, with_mins: bool, seed: int):
     g = torch.Generator().manual_seed(seed)
-    if bits == 8:
-        codes = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
-        values = codes.float()
-    else:
-        values = torch.randint(0, 16, (n, k), generator=g).float()
-        pairs = values.to(torch.uint8).reshape(n, k // 2, 2)
-        codes = pairs[..., 0] | (pairs[..., 1] << 4)
+    codes, values = random_codes(n, k, bits, g, low=-128)
     scales = (torch.rand(n, k // group, generator=g) * 0.02 + 0.001).to(scale_dtype)
     mins = (torch.randn(n, k // group, generator=g) * 0.05).to(scale_dtype) if with_mins else None
     expand = lambda t: t.float().repeat_interleave(group, dim=1)  # noqa: E731
@@ -55,13 +60,7 @@ def kquant_weight(n: int, k: int, bits: int, group: int, with_mins: bool, seed: 
         sub = torch.randint(-128, 128, (n, supers, per), generator=g).float()
         mins = None
     scales = (d[..., None] * sub).reshape(n, k // group)
-    if bits == 8:
-        codes = torch.randint(-32, 32, (n, k), generator=g, dtype=torch.int8)
-        values = codes.float()
-    else:
-        values = torch.randint(0, 16, (n, k), generator=g).float()
-        pairs = values.to(torch.uint8).reshape(n, k // 2, 2)
-        codes = pairs[..., 0] | (pairs[..., 1] << 4)
+    codes, values = random_codes(n, k, bits, g, low=-32)
     expand = lambda t: t.repeat_interleave(group, dim=1)  # noqa: E731
     dense = expand(scales) * values + (expand(mins) if with_mins else 0)
     return codes, scales, mins, dense
