@@ -39,7 +39,13 @@ namespace {
 
 using bf16 = c10::BFloat16;
 
-constexpr int64_t SERIAL_VECTORS = 4096;
+// Multiply-adds (query heads x head_dim a cached vector, for its scores and its values) of
+// a step's attention below which one thread does it all: waking the thread team costs more
+// than a short batch-1 decode's attention. 4096 vectors of SmolLM2-135M's shape (GQA groups
+// of 3, head_dim 64); counted in work, not vectors, since a group of 6 heads of 128
+// (Qwen2.5-1.5B) does four times as much per vector: its 1,000-token decode row, serial,
+// took 107 us a layer on a 2-core Zen 4, a wasted second thread.
+constexpr int64_t SERIAL_WORK = 4096 * 3 * 64;
 // A row's context is cut into parts at multiples of a part size P, attended apart (in
 // parallel) and merged, so one long sequence still keeps every thread busy. P is the power
 // of two (at least MIN_PART) nearest above a quarter of the row's span per thread: 2 to 4
@@ -175,22 +181,51 @@ inline void score_block(float* scores, int64_t n, const float* q, const BlockRow
   }
 }
 
-// acc_j += sum_r probs[j * n + r] * v_r for the group's query heads j (acc: [group,
-// head_dim] float32); with G > 0 each accumulator chunk stays in a register over the block.
+// Chunks of 16 of a head's accumulators that stay in registers over a block in mix_block:
+// the G x CHUNKS accumulators and the CHUNKS values fit the 32 vector registers, and each
+// probability, broadcast once, serves CHUNKS products.
+template <int G>
+constexpr int mix_chunks() {
+  return G <= 6 ? 4 : 2;
+}
+
+// acc_j += sum_r probs[r * group + j] * v_r for the group's query heads j (acc: [group,
+// head_dim] float32; probs: the block's rows' probabilities, a row's group together); with
+// G > 0, mix_chunks<G>() chunks of each accumulator stay in registers over the block. Every
+// accumulator lane takes its products in row order whatever the chunking.
 template <int G, typename C>
-inline void mix_block(float* acc, const float* probs, int64_t n, const BlockRows<C>& b,
-                      const Layout& l) {
+inline void mix_block(float* acc, const float* probs, const BlockRows<C>& b, const Layout& l) {
 #if defined(__AVX512F__)
   if constexpr (G > 0) {
-    for (int64_t c = 0; c < l.head_dim; c += 16) {
+    constexpr int CH = mix_chunks<G>();
+    int64_t c = 0;
+    for (; c + 16 * CH <= l.head_dim; c += 16 * CH) {
+      __m512 a[G][CH];
+      for (int j = 0; j < G; ++j) {
+        for (int h = 0; h < CH; ++h) a[j][h] = _mm512_loadu_ps(acc + j * l.head_dim + c + 16 * h);
+      }
+      const C* row = b.first;
+      const float* p = probs;
+      for (int64_t r = 0; r < b.rows; ++r, row += b.stride, p += G) {
+        __m512 v[CH];
+        for (int h = 0; h < CH; ++h) v[h] = load16(row + c + 16 * h);
+        for (int j = 0; j < G; ++j) {
+          const __m512 w = _mm512_set1_ps(p[j]);
+          for (int h = 0; h < CH; ++h) a[j][h] = _mm512_fmadd_ps(w, v[h], a[j][h]);
+        }
+      }
+      for (int j = 0; j < G; ++j) {
+        for (int h = 0; h < CH; ++h) _mm512_storeu_ps(acc + j * l.head_dim + c + 16 * h, a[j][h]);
+      }
+    }
+    for (; c < l.head_dim; c += 16) {  // a head_dim that is no multiple of 16 * CH
       __m512 a[G];
       for (int j = 0; j < G; ++j) a[j] = _mm512_loadu_ps(acc + j * l.head_dim + c);
       const C* row = b.first;
-      for (int64_t r = 0; r < b.rows; ++r, row += b.stride) {
+      const float* p = probs;
+      for (int64_t r = 0; r < b.rows; ++r, row += b.stride, p += G) {
         const __m512 v = load16(row + c);
-        for (int j = 0; j < G; ++j) {
-          a[j] = _mm512_fmadd_ps(_mm512_set1_ps(probs[j * n + r]), v, a[j]);
-        }
+        for (int j = 0; j < G; ++j) a[j] = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), v, a[j]);
       }
       for (int j = 0; j < G; ++j) _mm512_storeu_ps(acc + j * l.head_dim + c, a[j]);
     }
@@ -200,7 +235,7 @@ inline void mix_block(float* acc, const float* probs, int64_t n, const BlockRows
   const C* row = b.first;
   for (int64_t r = 0; r < b.rows; ++r, row += b.stride) {
     for (int64_t j = 0; j < l.group; ++j) {
-      const float p = probs[j * n + r];
+      const float p = probs[r * l.group + j];
       float* a = acc + j * l.head_dim;
 #pragma omp simd
       for (int64_t i = 0; i < l.head_dim; ++i) a[i] += p * to_float(row[i]);
@@ -286,9 +321,10 @@ std::pair<float, float> exp_scores(float* row, int64_t n, float scale, float sof
   return {peak, total};
 }
 
-// Scratch of one thread: the rows' float32 queries and scores [rows][kv_heads, group, n].
+// Scratch of one thread: the rows' float32 queries, scores [rows][kv_heads, group, n] and
+// probabilities [rows][kv_heads, n, group] (a position's group together, as mix_block reads them).
 struct Scratch {
-  std::vector<float> q, scores;
+  std::vector<float> q, scores, probs;
 };
 
 // One part of up to FOLD rows of one sequence: row i attends to the positions [first,
@@ -327,28 +363,32 @@ void attend_part(const Q* const* q, const int64_t* n, float* const* result, int6
       if (rows <= 0) continue;
       for (int64_t h = 0; h < heads; ++h) {
         fn(i, h, BlockRows<C>{b.first + h * l.head_dim, rows, b.stride},
-           s.scores.data() + i * row_scores + h * l.group * longest + t);
+           i * row_scores + h * l.group * longest);
       }
     }
   };
   for_each_block(key_cache, table, first, longest, l, [&](int64_t t, const BlockRows<C>& b) {
-    each_row(t, b, [&](int64_t i, int64_t h, const BlockRows<C>& rows, float* scores) {
-      score_block<G>(scores, longest, s.q.data() + (i * heads + h) * width, rows, l);
+    each_row(t, b, [&](int64_t i, int64_t h, const BlockRows<C>& rows, int64_t at) {
+      score_block<G>(s.scores.data() + at + t, longest, s.q.data() + (i * heads + h) * width,
+                     rows, l);
     });
   });
+  s.probs.resize(count * row_scores);
   for (int64_t i = 0; i < count; ++i) {
     if (n[i] <= 0) continue;
     for (int64_t h = 0; h < heads; ++h) {
       float* r = result[i] + h * stride;
+      const int64_t at = i * row_scores + h * l.group * longest;
       for (int64_t j = 0; j < l.group; ++j) {
-        float* row = s.scores.data() + i * row_scores + (h * l.group + j) * longest;
+        float* row = s.scores.data() + at + j * longest;
         std::tie(r[width + j], r[width + l.group + j]) = exp_scores(row, n[i], scale, soft_cap);
+        for (int64_t t = 0; t < n[i]; ++t) s.probs[at + t * l.group + j] = row[t];
       }
     }
   }
   for_each_block(value_cache, table, first, longest, l, [&](int64_t t, const BlockRows<C>& b) {
-    each_row(t, b, [&](int64_t i, int64_t h, const BlockRows<C>& rows, float* probs) {
-      mix_block<G>(result[i] + h * stride, probs, longest, rows, l);
+    each_row(t, b, [&](int64_t i, int64_t h, const BlockRows<C>& rows, int64_t at) {
+      mix_block<G>(result[i] + h * stride, s.probs.data() + at + t * l.group, rows, l);
     });
   });
 }
@@ -439,11 +479,11 @@ void attend_items(Q* o, const Q* q, const C* kc, const C* vc, const Rows& rows,
   const int64_t num_rows = rows.num_rows, threads = at::get_num_threads();
   std::vector<RowCut> cuts(num_rows);
   std::vector<int64_t> first_result(num_rows + 1, 0);  // row r's parts' results from here
-  int64_t vectors = 0;  // cached vectors to read, all rows together
+  int64_t work = 0;  // multiply-adds per score and value, all rows together
   for (int64_t r = 0; r < num_rows; ++r) {
     cuts[r] = RowCut::of(rows.len[r], sliding_window, threads);
     first_result[r + 1] = first_result[r] + cuts[r].parts;
-    vectors += (cuts[r].len - cuts[r].first) * l.num_kv_heads;
+    work += (cuts[r].len - cuts[r].first) * l.num_q_heads * l.head_dim;
   }
   // folds: runs of rows of one sequence, each one longer than the last, cut alike
   struct Task {
@@ -462,9 +502,7 @@ void attend_items(Q* o, const Q* q, const C* kc, const C* vc, const Rows& rows,
     r += count;
   }
   const int64_t num_tasks = static_cast<int64_t>(tasks.size());
-  // Waking the thread team costs more than a small step's whole attention (a short batch-1
-  // decode reads a few hundred vectors per layer): below SERIAL_VECTORS one thread does it.
-  const int64_t grain = vectors < SERIAL_VECTORS ? num_tasks : 1;
+  const int64_t grain = work < SERIAL_WORK ? num_tasks : 1;
   // every part's result, written whole by attend_part (kept between calls: no page faults)
   thread_local std::vector<float> partial;
   const int64_t results_size = first_result[num_rows] * row_stride;

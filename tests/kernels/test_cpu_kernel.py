@@ -35,8 +35,8 @@ def test_the_kernel_builds_here():
 
 
 @pytest.mark.parametrize("block_size", [4, 16, 32])
-@pytest.mark.parametrize(("num_kv_heads", "group"), [(2, 1), (3, 3), (1, 8), (2, 4)])
-@pytest.mark.parametrize("head_dim", [64, 128, 40])
+@pytest.mark.parametrize(("num_kv_heads", "group"), [(2, 1), (3, 3), (1, 8), (2, 4), (2, 6)])
+@pytest.mark.parametrize("head_dim", [64, 128, 48, 40])
 def test_decode_batch_matches_references(block_size, num_kv_heads, group, head_dim):
     gen = torch.Generator().manual_seed(block_size + group)
     specs = [(int(torch.randint(0, 200, (1,), generator=gen)), 1) for _ in range(13)]
