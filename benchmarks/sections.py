@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from benchmarks.report_embeddings import embed_section
 from benchmarks.report_latency import latency_section
@@ -193,6 +194,7 @@ def run_serve_peer(args, folder, profile, workload, results) -> dict:
     options = ServePeerOptions(
         model=args.model,
         folder=folder,
+        same_file=Path(args.model).suffix.lower() == ".gguf" and Path(args.model).is_file(),
         concurrencies=listed(args.concurrencies, int),
         llama_server=args.llama_server,
         layouts=layouts,

