@@ -116,6 +116,8 @@ CASES = [
     (4, 272, 256, 128, torch.float32, True),  # int4, groups of 128
     (4, 16, 32, 32, torch.float16, False),  # one block, one group per row
     (4, 40, 4608, 32, torch.float32, True),  # K past one de-quantized slice (2048), N partial
+    (4, 48, 256, 16, torch.float32, True),  # Q2_K-like: 4 bits in groups of 16 with mins
+    (8, 64, 64, 32, torch.float16, True),  # Q5_1-like: 8 bits, float16 scales and mins
 ]
 
 
@@ -235,6 +237,7 @@ KQUANT_CASES = [
     (8, 48, 256, 16, False, (6 + 8 / 16 + 16 / 256) / 8),  # Q6_K
     (8, 100, 256, 32, True, (6 + 2 * 8 / 32 + 2 * 16 / 256) / 8),  # Q5_K
     (8, 64, 2304, 16, False, (6 + 8 / 16 + 16 / 256) / 8),  # Q6_K, K past one slice
+    (4, 48, 512, 16, True, (4 + 2 * 8 / 16 + 2 * 16 / 256) / 8),  # Q2_K (codes 0..3 as 4 bits)
 ]
 
 

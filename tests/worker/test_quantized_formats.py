@@ -31,6 +31,12 @@ FP16_FIELDS = {
     "Q4_K": (0, 2),
     "Q5_K": (0, 2),
     "Q6_K": (208, 1),
+    "Q5_0": (0, 1),
+    "Q5_1": (0, 2),
+    "IQ4_NL": (0, 1),
+    "Q2_K": (80, 2),
+    "Q3_K": (108, 1),
+    "IQ4_XS": (0, 1),
 }
 
 
@@ -70,8 +76,11 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 # --- GGUF blocks --------------------------------------------------------------------------
 
 
-def test_supported_types_are_the_six_block_formats():
-    assert set(GGUF_BLOCK_TYPES) == {"Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"}
+def test_supported_types_are_the_common_mixes_block_formats():
+    assert set(GGUF_BLOCK_TYPES) == {
+        *("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL"),
+        *("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"),
+    }
 
 
 @pytest.mark.parametrize(
@@ -97,6 +106,12 @@ def test_decode_matches_ggufs_dequantize_exactly(name, n, k, quantized):
         ("Q4_K", 4, 32, torch.float32, True),
         ("Q5_K", 8, 32, torch.float32, True),
         ("Q6_K", 8, 16, torch.float32, False),
+        ("Q5_0", 8, 32, torch.float16, False),
+        ("Q5_1", 8, 32, torch.float16, True),
+        ("IQ4_NL", 8, 32, torch.float16, False),
+        ("Q2_K", 4, 16, torch.float32, True),
+        ("Q3_K", 8, 16, torch.float32, False),
+        ("IQ4_XS", 8, 32, torch.float32, False),
     ],
 )
 def test_decoded_form(name, bits, group, scale_dtype, has_mins):
@@ -104,8 +119,19 @@ def test_decoded_form(name, bits, group, scale_dtype, has_mins):
     assert (qw.bits, qw.group_size, qw.scales.dtype) == (bits, group, scale_dtype)
     assert (qw.mins is not None) == has_mins
     codes = qw.unpacked_codes()
-    low, high = {"Q8_0": (-128, 127), "Q5_K": (0, 31), "Q6_K": (-32, 31)}.get(name, (0, 15))
+    low, high = {
+        "Q8_0": (-128, 127),
+        "Q5_K": (0, 31),
+        "Q6_K": (-32, 31),
+        "Q5_0": (-16, 15),
+        "Q5_1": (0, 31),
+        "IQ4_NL": (-127, 113),
+        "Q2_K": (0, 3),
+        "Q3_K": (-4, 3),
+        "IQ4_XS": (-127, 113),
+    }.get(name, (0, 15))
     assert low <= codes.min() and codes.max() <= high
+    assert codes.min() == low and codes.max() == high  # random bytes reach every code
 
 
 @pytest.mark.parametrize("k", [32, 96])
@@ -178,7 +204,7 @@ def test_decode_of_a_gguf_file_read_back_with_ggufreader(tmp_path):
             out += 1  # a fresh, writable tensor
 
 
-@pytest.mark.parametrize("type_name", ["Q2_K", "IQ4_XS", "Q5_0", "F16", "TQ1_0"])
+@pytest.mark.parametrize("type_name", ["IQ2_XXS", "IQ3_S", "Q8_1", "F16", "TQ1_0"])
 def test_unsupported_types_raise_naming_the_type(type_name):
     with pytest.raises(UnsupportedQuantization, match=type_name):
         decode_gguf(np.zeros((1, 144), np.uint8), type_name, 256)
@@ -342,7 +368,7 @@ def test_cat_rows_of_every_format_and_the_online_ones():
     parts = [qw for _, qw in _deq_all(k=512)] + [quantize_int8(w), quantize_int4(w, 128)]
     joined = _check_cat(parts)
     assert (joined.bits, joined.group_size) == (8, 16)
-    assert joined.source == "Q8_0+Q4_0+Q4_1+Q4_K+Q5_K+Q6_K+int8+int4"
+    assert joined.source == "+".join((*GGUF_BLOCK_TYPES, "int8", "int4"))
 
 
 def test_cat_rows_of_one_form_keeps_it():

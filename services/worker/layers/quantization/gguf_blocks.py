@@ -13,6 +13,26 @@ holds for it (uint8 [N, bytes_per_row]) and `tensor.tensor_type.name`. The block
           some 8 d overflows float16)
     Q4_1  32 elements, 20 bytes: fp16 d, fp16 m, 16 bytes of nibbles as Q4_0; w = d * q + m
           -> 4 bits, groups of 32, float16 scales d and mins m
+    Q5_0  32 elements, 22 bytes: fp16 d, 4 bytes qh (bit i: bit 4 of element i), 16 bytes
+          of low nibbles as Q4_0; w = d * (q - 16)
+          -> 8 bits (codes -16..15), groups of 32, float16 scales d
+    Q5_1  32 elements, 24 bytes: fp16 d, fp16 m, qh and nibbles as Q5_0; w = d * q + m
+          -> 8 bits (codes 0..31), groups of 32, float16 scales d and mins m
+    IQ4_NL 32 elements, 18 bytes: fp16 d, nibbles as Q4_0 indexing a fixed table of 16
+          int8 values v; w = d * v[q]
+          -> 8 bits (the table's values), groups of 32, float16 scales d
+    Q2_K  256 elements, 84 bytes: 16 bytes of 4-bit scales (low nibble) and mins (high),
+          64 bytes qs (element e = 128 h + 32 s + l: bits 2 s of qs[32 h + l]), fp16 d,
+          fp16 dmin; w = d sc_j * q - dmin m_j, sub-blocks of 16
+          -> 4 bits (codes 0..3), groups of 16, float32 scales d sc_j and mins -dmin m_j
+    Q3_K  256 elements, 110 bytes: 32 bytes hmask (bit e // 32 of byte e % 32: the high
+          bit, set meaning no -4), 64 bytes qs as Q2_K, 12 bytes of sixteen 6-bit scales,
+          fp16 d; w = d (sc_j - 32) * (q - 4 (1 - h)), sub-blocks of 16
+          -> 8 bits (codes -4..3), groups of 16, float32 scales d (sc_j - 32)
+    IQ4_XS 256 elements, 136 bytes: fp16 d, 2 bytes of the scales' high bits, 4 bytes of
+          their low nibbles, 128 bytes of IQ4_NL nibbles (16 a sub-block of 32);
+          w = d (sc_j - 32) * v[q]
+          -> 8 bits (the table's values), groups of 32, float32 scales d (sc_j - 32)
     Q4_K  256 elements, 144 bytes: fp16 d, fp16 dmin, 12 bytes of eight 6-bit scales sc_j
           and mins m_j, 128 bytes of nibbles (32-byte chunk c: sub-block 2c in the low
           nibbles, 2c + 1 in the high ones); w = d sc_j * q - dmin m_j
@@ -57,10 +77,20 @@ _BLOCKS = {
     "Q8_0": (32, 34),
     "Q4_0": (32, 18),
     "Q4_1": (32, 20),
+    "Q5_0": (32, 22),
+    "Q5_1": (32, 24),
+    "IQ4_NL": (32, 18),
+    "Q2_K": (256, 84),
+    "Q3_K": (256, 110),
     "Q4_K": (256, 144),
     "Q5_K": (256, 176),
     "Q6_K": (256, 210),
+    "IQ4_XS": (256, 136),
 }
+# IQ4_NL / IQ4_XS's non-linear code book (ggml's kvalues_iq4nl)
+_IQ4_VALUES = np.array(
+    [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8
+)
 GGUF_BLOCK_TYPES = tuple(_BLOCKS)
 GGUF_FLOAT_TYPES = ("F32", "F16", "BF16")
 _FLOAT16_MAX = float(np.finfo(np.float16).max)
@@ -148,6 +178,89 @@ def _q4_1(blocks: np.ndarray, n: int) -> QuantizedWeight:
     return QuantizedWeight(codes, scales, mins, 32, 4, "Q4_1")
 
 
+def _five_bits(blocks: np.ndarray, start: int) -> np.ndarray:
+    """Q5_0 / Q5_1's 4 bytes qh at byte `start` and the 16 bytes of nibbles after them ->
+    codes 0..31 [N, nb, 32] in element order."""
+    codes = _nibbles(blocks[..., start + 4 : start + 20])  # [N, nb, 32]
+    qh = _bytes(blocks, start, start + 4)  # [N, nb, 4]: bit i of the 32 -> element i
+    high = np.unpackbits(qh, axis=-1, bitorder="little")  # [N, nb, 32]
+    codes |= high << 4
+    return codes
+
+
+def _q5_0(blocks: np.ndarray, n: int) -> QuantizedWeight:
+    scales = torch.from_numpy(_bytes(blocks, 0, 2, np.float16)[..., 0].copy())
+    codes = _five_bits(blocks, 2).view(np.int8)
+    codes -= 16
+    return QuantizedWeight(_rows(codes, n), scales, None, 32, 8, "Q5_0")
+
+
+def _q5_1(blocks: np.ndarray, n: int) -> QuantizedWeight:
+    scales = torch.from_numpy(_bytes(blocks, 0, 2, np.float16)[..., 0].copy())
+    mins = torch.from_numpy(_bytes(blocks, 2, 4, np.float16)[..., 0].copy())
+    codes = _five_bits(blocks, 4).view(np.int8)
+    return QuantizedWeight(_rows(codes, n), scales, mins, 32, 8, "Q5_1")
+
+
+def _iq4_nl(blocks: np.ndarray, n: int) -> QuantizedWeight:
+    scales = torch.from_numpy(_bytes(blocks, 0, 2, np.float16)[..., 0].copy())
+    codes = _IQ4_VALUES[_nibbles(blocks[..., 2:18])]  # [N, nb, 32]
+    return QuantizedWeight(_rows(codes, n), scales, None, 32, 8, "IQ4_NL")
+
+
+def _two_bit_planes(qs: np.ndarray) -> np.ndarray:
+    """Q2_K / Q3_K's 64 bytes qs [N, nb, 64] -> codes 0..3 [N, nb, 256]: element
+    128 h + 32 s + l is bits 2 s of byte 32 h + l."""
+    halves = qs.reshape(*qs.shape[:2], 2, 1, 32)  # [N, nb, h, 1, l]
+    shifts = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 1, 4, 1)
+    return ((halves >> shifts) & 3).reshape(*qs.shape[:2], 256)
+
+
+def _q2_k(blocks: np.ndarray, n: int) -> QuantizedWeight:
+    packed = blocks[..., 0:16]  # [N, nb, 16]
+    d, dmin = _f16(blocks, 80), _f16(blocks, 82)  # [N, nb]
+    scales = d[..., None] * (packed & 0x0F).astype(np.float32)
+    mins = -(dmin[..., None] * (packed >> 4).astype(np.float32))
+    codes = _two_bit_planes(blocks[..., 16:80])  # [N, nb, 256]
+    packed_codes = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return QuantizedWeight(
+        _rows(packed_codes, n), _rows(scales, n), _rows(mins, n), 16, 4, "Q2_K"
+    )
+
+
+def _q3_k_scales(packed: np.ndarray) -> np.ndarray:
+    """Q3_K's 12 bytes [..., 12] -> its sixteen 6-bit scales [..., 16] (0..63): bytes 0..7
+    hold the low nibbles of scales j (low nibble) and 8 + j (high nibble); bits 2 i of
+    byte 8 + j are the top bits of scale 4 i + j."""
+    low = np.concatenate([packed[..., 0:8] & 0x0F, packed[..., 0:8] >> 4], axis=-1)
+    shifts = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(4, 1)
+    high = (packed[..., None, 8:12] >> shifts) & 3  # [..., i, j]: scale 4 i + j
+    return low | (high.reshape(*packed.shape[:-1], 16) << 4)
+
+
+def _q3_k(blocks: np.ndarray, n: int) -> QuantizedWeight:
+    sc = _q3_k_scales(blocks[..., 96:108]).view(np.int8) - np.int8(32)  # [N, nb, 16]
+    scales = _f16(blocks, 108)[..., None] * sc.astype(np.float32)
+    codes = _two_bit_planes(blocks[..., 32:96]).view(np.int8)  # [N, nb, 256]
+    hmask = np.unpackbits(blocks[..., 0:32, None], axis=-1, bitorder="little")  # [.., l, b]
+    high = np.swapaxes(hmask, -1, -2).reshape(*blocks.shape[:2], 256)  # e = 32 b + l
+    codes -= ((1 - high) << 2).view(np.int8)
+    return QuantizedWeight(_rows(codes, n), _rows(scales, n), None, 16, 8, "Q3_K")
+
+
+def _iq4_xs(blocks: np.ndarray, n: int) -> QuantizedWeight:
+    d = _f16(blocks, 0)  # [N, nb]
+    high_bits = _bytes(blocks, 2, 4, np.uint16)  # [N, nb, 1]: bits 2 j, 2 j + 1 -> j
+    low = blocks[..., 4:8]  # [N, nb, 4]: scale 2 i in the low nibble of byte i, 2 i + 1 high
+    low = np.stack([low & 0x0F, low >> 4], axis=-1).reshape(*blocks.shape[:2], 8)
+    high = (high_bits >> (2 * np.arange(8, dtype=np.uint16))) & 3  # [N, nb, 8]
+    sc = (low | (high.astype(np.uint8) << 4)).astype(np.int8) - np.int8(32)
+    scales = d[..., None] * sc.astype(np.float32)
+    qs = blocks[..., 8:136].reshape(*blocks.shape[:2], 8, 16)
+    codes = _IQ4_VALUES[_nibbles(qs)]  # [N, nb, 8, 32]
+    return QuantizedWeight(_rows(codes, n), _rows(scales, n), None, 32, 8, "IQ4_XS")
+
+
 def _q4_k(blocks: np.ndarray, n: int) -> QuantizedWeight:
     scales, mins = _k_scale_tensors(blocks, n)
     qs = blocks[..., 16:144].reshape(*blocks.shape[:2], 4, 32)  # [N, nb, chunk, 32]
@@ -183,9 +296,15 @@ _DECODERS = {
     "Q8_0": _q8_0,
     "Q4_0": _q4_0,
     "Q4_1": _q4_1,
+    "Q5_0": _q5_0,
+    "Q5_1": _q5_1,
+    "IQ4_NL": _iq4_nl,
+    "Q2_K": _q2_k,
+    "Q3_K": _q3_k,
     "Q4_K": _q4_k,
     "Q5_K": _q5_k,
     "Q6_K": _q6_k,
+    "IQ4_XS": _iq4_xs,
 }
 
 
