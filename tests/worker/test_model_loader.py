@@ -164,9 +164,9 @@ def write_tiny_gguf(
     By default the MLP weights are stored as Q8_0 so conversion really dequantizes; with
     `matrix_type` every matrix (embedding included) is stored in that GGUF type (but those
     whose name holds a key of `overrides`, in its type: llama.cpp's mixes): gguf's
-    own quantization of the weight for Q8_0 / Q4_0 / Q4_1, random blocks with small scales
-    for the K-quants (gguf cannot quantize them). Returns the tensors (HF names, float32)
-    the file de-quantizes to."""
+    own quantization of the weight for Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1, random blocks
+    with small scales for the others (gguf cannot quantize them). Returns the tensors (HF
+    names, float32) the file de-quantizes to."""
     config = hf_model.config
     writer = GGUFWriter(str(path), arch)
     writer.add_name("tiny-llama")
@@ -197,24 +197,34 @@ def write_tiny_gguf(
     return expected
 
 
-# K-quant blocks: (offset, count) of their float16 super-block scales (d, dmin).
-_K_QUANT_FP16 = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208, 1)}
+# The types gguf cannot quantize, written as random blocks: (offset, count) of their
+# float16 (super-)block scales (d, dmin).
+RANDOM_BLOCK_FP16 = {
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208, 1),
+    "Q2_K": (80, 2),
+    "Q3_K": (108, 1),
+    "IQ4_NL": (0, 1),
+    "IQ4_XS": (0, 1),
+    "IQ2_XXS": (0, 1),
+}
 
 
-def _k_quant_blocks(type_name: str, rows: int, cols: int, seed: int) -> np.ndarray:
-    """Random blocks of a K-quant with small super-block scales (weights of order 0.1)."""
+def _random_blocks(type_name: str, rows: int, cols: int, seed: int) -> np.ndarray:
+    """Random blocks of a type gguf cannot quantize, with small (super-)block scales."""
     rng = np.random.default_rng(seed)
     block, size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
     blocks = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
-    start, count = _K_QUANT_FP16[type_name]
+    start, count = RANDOM_BLOCK_FP16[type_name]
     scales = (rng.random((rows, cols // block, count)) * 4e-3 + 1e-3).astype(np.float16)
     blocks[..., start : start + 2 * count] = scales.view(np.uint8)
     return blocks.reshape(rows, -1)
 
 
 def _matrix_blocks(array: np.ndarray, type_name: str, seed: int) -> np.ndarray:
-    if type_name in _K_QUANT_FP16:
-        return _k_quant_blocks(type_name, array.shape[0], array.shape[1], seed)
+    if type_name in RANDOM_BLOCK_FP16:
+        return _random_blocks(type_name, array.shape[0], array.shape[1], seed)
     return quantize(array, GGMLQuantizationType[type_name])
 
 

@@ -1,6 +1,6 @@
 """Quantized models end to end, on tiny random models quantized in the test: GGUF files in
 every block format our kernels run (gguf's writer; gguf's own quantization for Q8_0 / Q4_0 /
-Q4_1, random blocks for the K-quants), and float checkpoints quantized online to int8 /
+Q4_1 / Q5_0 / Q5_1, random blocks for the others), and float checkpoints quantized online to int8 /
 int4. The reference is HF transformers in float32 on the same de-quantized weights (the
 weights differ from the float model's, so the float model is no reference), compared by
 greedy tokens with the near-tie rule of the parallel tests; the native CPU step runs the
@@ -29,6 +29,7 @@ from tests.worker.test_model_loader import write_tiny_gguf
 PROMPTS = [[5, 17, 200, 31, 64, 9], [3, 3, 3, 99, 150, 22, 7, 8, 41, 120, 77, 5, 6, 250]]
 ENGINE = {"dtype": "float32", "kv_cache_memory": "16MiB", "max_num_batched_tokens": 64}
 K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
+SMALL_BLOCKS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL")  # 32 elements a block
 
 
 def _tiny(k_quant: bool, arch: str = "llama"):
@@ -82,10 +83,10 @@ def _assert_matches(reference: Path, got: list[list[int]]) -> None:
         assert_same_or_near_tie(reference, prompt, tokens, expected)
 
 
-@pytest.mark.parametrize("matrix_type", ["Q8_0", "Q4_0", "Q4_1", *K_QUANTS])
+@pytest.mark.parametrize("matrix_type", [*SMALL_BLOCKS, *K_QUANTS, "Q2_K", "Q3_K", "IQ4_XS"])
 def test_gguf_formats_match_hf_on_the_dequantized_weights(matrix_type, tmp_path, model_cache):
     path = tmp_path / f"tiny.{matrix_type}.gguf"
-    expected = write_tiny_gguf(path, _tiny(matrix_type in K_QUANTS), matrix_type)
+    expected = write_tiny_gguf(path, _tiny(matrix_type not in SMALL_BLOCKS), matrix_type)
     reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
     llm = LLM(str(path), quantization="gguf", **ENGINE)
     info = llm.engine.model_info
@@ -193,9 +194,9 @@ def test_load_log_names_each_kind_and_the_resident_bytes(tmp_path, model_cache, 
 
 
 def test_unsupported_block_types_are_refused_naming_type_and_tensor(tmp_path, model_cache):
-    path = tmp_path / "tiny.Q5_0.gguf"
-    write_tiny_gguf(path, _tiny(False), "Q5_0")
-    with pytest.raises(ModelLoadError, match=r"GGUF tensor token_embd\.weight is Q5_0"):
+    path = tmp_path / "tiny.IQ2_XXS.gguf"
+    write_tiny_gguf(path, _tiny(True), "IQ2_XXS")
+    with pytest.raises(ModelLoadError, match=r"GGUF tensor token_embd\.weight is IQ2_XXS"):
         LLM(str(path), kv_cache_memory="16MiB")
     # asked for, the file runs de-quantized
     llm = LLM(str(path), quantization="none", dtype="float32", kv_cache_memory="16MiB")

@@ -6,8 +6,8 @@ One module per concern:
   weight [N, K] (int8 or packed 4-bit codes, per-group scales and optional mins), its
   torch reference `dequantize()`, and the exact narrowing / concatenation that sharding and
   fused layers need (`narrow_rows`, `narrow_cols`, `cat_rows`).
-- `gguf_blocks`: GGUF's block formats (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) decoded,
-  exactly, into `QuantizedWeight`; `gguf_float` for GGUF's float tensors.
+- `gguf_blocks`: GGUF's block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K..Q6_K,
+  IQ4_XS) decoded, exactly, into `QuantizedWeight`; `gguf_float` for GGUF's float tensors.
 - `online`: quantizers of float weights at load (`quantize_int8` per output channel,
   `quantize_int4` per group).
 

@@ -223,9 +223,7 @@ def _q2_k(blocks: np.ndarray, n: int) -> QuantizedWeight:
     mins = -(dmin[..., None] * (packed >> 4).astype(np.float32))
     codes = _two_bit_planes(blocks[..., 16:80])  # [N, nb, 256]
     packed_codes = codes[..., 0::2] | (codes[..., 1::2] << 4)
-    return QuantizedWeight(
-        _rows(packed_codes, n), _rows(scales, n), _rows(mins, n), 16, 4, "Q2_K"
-    )
+    return QuantizedWeight(_rows(packed_codes, n), _rows(scales, n), _rows(mins, n), 16, 4, "Q2_K")
 
 
 def _q3_k_scales(packed: np.ndarray) -> np.ndarray:
