@@ -1,7 +1,7 @@
 // The native CPU step: a Llama-family decoder stack (one pipeline stage of it) run over one
 // step's flattened rows in a single call from Python.
 //
-// Per layer: RMSNorm -> QKV -> rotary -> cache write -> paged attention over the step's rows
+// Per layer: RMSNorm -> QKV -> (Qwen3: RMSNorm of each query and key head) -> rotary -> cache write -> paged attention over the step's rows
 // -> o_proj added into the residual -> RMSNorm -> gate/up -> SiLU-and-mul -> down added into
 // the residual; then the final norm on the last stage. The residual stream, norms, rotary
 // and attention are float32; each matmul input is rounded once into its weight's input
@@ -82,6 +82,25 @@ void silu_mul_rows(T* out, const float* gate_up, int64_t rows, int64_t d) {
 #pragma omp simd
       for (int64_t i = 0; i < d; ++i) scratch[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
       store_row(out + r * d, scratch.data(), d);
+    }
+  });
+}
+
+// Each of `heads` heads (head_dim wide, from column 0) of rows `ld` apart normed in place
+// by RMSNorm with one weight [head_dim] for every head (Qwen3's q_norm / k_norm), float32.
+void norm_heads(float* x, int64_t ld, int64_t rows, int64_t heads, int64_t head_dim,
+                const float* weight, float eps) {
+  pagestream::parallel_for(rows, grain(heads * head_dim), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t h = 0; h < heads; ++h) {
+        float* head = x + r * ld + h * head_dim;
+        float squares = 0.f;
+#pragma omp simd reduction(+ : squares)
+        for (int64_t i = 0; i < head_dim; ++i) squares += head[i] * head[i];
+        const float inv = 1.f / std::sqrt(squares / static_cast<float>(head_dim) + eps);
+#pragma omp simd
+        for (int64_t i = 0; i < head_dim; ++i) head[i] = head[i] * inv * weight[i];
+      }
     }
   });
 }
@@ -172,6 +191,7 @@ struct Layer {
   std::shared_ptr<Linear> qkv, o, gate_up, down;
   std::vector<float> input_norm, post_norm;
   int64_t sliding_window;
+  std::vector<float> q_norm, k_norm;  // per-head query / key norms [head_dim], or empty
   LinearLoRA lora[NUM_LINEARS];  // adapter slices bound to each linear (empty: none)
 
   const Linear& linear(int index) const {
@@ -291,12 +311,14 @@ struct StackConfig {
   double eps = 1e-6;
 };
 
-// One layer's linears (any weight format, packed by the caller), norm weights and window
-// (0: full attention).
+// One layer's linears (any weight format, packed by the caller), norm weights, window
+// (0: full attention) and, for Qwen3, the per-head query and key norms [head_dim] (unset:
+// none).
 struct LayerWeights {
   PackedLinear qkv, o, gate_up, down;
   at::Tensor input_norm, post_norm;
   int64_t sliding_window = 0;
+  at::Tensor q_norm, k_norm;
 };
 
 // One step's inputs. hidden [T, hidden] float32, updated in place through every layer (then
@@ -336,6 +358,10 @@ class DecoderStack {
                 "DecoderStack.add_layer: qkv, o, gate_up, down, input_norm and post_norm must "
                 "all be set");
     add_layer(w.qkv, w.o, w.gate_up, w.down, w.input_norm, w.post_norm, w.sliding_window);
+    const bool q = w.q_norm.defined() && w.q_norm.numel(), k = w.k_norm.defined() && w.k_norm.numel();
+    TORCH_CHECK(q == k && (!q || (w.q_norm.numel() == head_dim_ && w.k_norm.numel() == head_dim_)),
+                "DecoderStack.add_layer: q_norm and k_norm come together, [head_dim] each");
+    if (q) layers_.back().q_norm = to_floats(w.q_norm), layers_.back().k_norm = to_floats(w.k_norm);
   }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
@@ -415,7 +441,9 @@ class DecoderStack {
       for (const auto* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) {
         bytes += (*linear)->weight_bytes();
       }
-      bytes += static_cast<int64_t>((layer.input_norm.size() + layer.post_norm.size()) * 4);
+      bytes += static_cast<int64_t>((layer.input_norm.size() + layer.post_norm.size() +
+                                     layer.q_norm.size() + layer.k_norm.size()) *
+                                    4);
     }
     return bytes;
   }
@@ -593,6 +621,10 @@ class DecoderStack {
     const void* normed = matmul_input(*layer.qkv, x, rows, hidden_, layer.input_norm.data());
     layer.qkv->run(normed, rows, hidden_, qkv_.data(), ld, false);  // [T, (H + 2K) * D]
     add_lora_rows(layer.lora[QKV_LINEAR], *layer.qkv, normed, qkv_.data(), ld);
+    if (!layer.q_norm.empty()) {
+      norm_heads(qkv_.data(), ld, rows, num_heads_, head_dim_, layer.q_norm.data(), eps_);
+      norm_heads(qkv_.data() + q_width, ld, rows, num_kv_heads_, head_dim_, layer.k_norm.data(), eps_);
+    }
     clock_.stop(NORM_QKV);
     const float* c = cos.data_ptr<float>();
     const float* s = sin.data_ptr<float>();
@@ -663,7 +695,9 @@ void bind_native_step(py::module_& m) {
       .def_readwrite("down", &LayerWeights::down)
       .def_readwrite("input_norm", &LayerWeights::input_norm)
       .def_readwrite("post_norm", &LayerWeights::post_norm)
-      .def_readwrite("sliding_window", &LayerWeights::sliding_window);
+      .def_readwrite("sliding_window", &LayerWeights::sliding_window)
+      .def_readwrite("q_norm", &LayerWeights::q_norm)
+      .def_readwrite("k_norm", &LayerWeights::k_norm);
   py::class_<StepArgs>(m, "StepArgs")
       .def(py::init<>())
       .def_readwrite("hidden", &StepArgs::hidden)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -32,9 +33,10 @@ logger = logging.getLogger(__name__)
 
 MARKER_FILE = "pagestream_conversion.json"
 # GGUF architectures the native models load straight from the file (no weights written).
-GGUF_NATIVE_ARCHITECTURES = ("llama", "qwen2", "mistral")
-# Bumped when the folder's contents change (2: no weights for native architectures).
-LAYOUT = 2
+GGUF_NATIVE_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
+# Bumped when the folder's contents change (2: no weights for native architectures; 3: the
+# head_dim of the file's key_length, native Qwen3, Llama 3.x's rotary scaling).
+LAYOUT = 3
 
 
 def _source_fingerprint(gguf_path: Path) -> dict[str, object]:
@@ -137,6 +139,7 @@ def _read_gguf(gguf_path: Path, with_weights: bool) -> tuple[object, dict]:
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    _fix_config(config, gguf_path)
     with torch.device("meta"):  # only for the tensor-name mapping; no memory, no init
         skeleton = AutoModelForCausalLM.from_config(config)
     config.architectures = [type(skeleton).__name__]
@@ -158,6 +161,107 @@ def _read_gguf(gguf_path: Path, with_weights: bool) -> tuple[object, dict]:
             f"GGUF file {gguf_path} lacks tensors for {', '.join(sorted(missing)[:8])}."
         )
     return config, tensors
+
+
+def _fix_config(config: object, gguf_path: Path) -> None:
+    """What transformers' GGUF config reader leaves out: config.head_dim from the file's
+    `{arch}.attention.key_length` (it keeps the config class's default: Qwen3's 128
+    whatever the file), and Llama 3.x's rotary scaling, which llama.cpp's converter stores
+    only as a `rope_freqs` tensor of per-frequency factors."""
+    from services.common.gguf_file import GGUFFile
+
+    gguf = GGUFFile(gguf_path)
+    key_length = gguf.metadata.get(f"{gguf.architecture}.attention.key_length")
+    if key_length:
+        config.head_dim = int(key_length)
+    factors = next((t for t in gguf.tensors if t.name == "rope_freqs.weight"), None)
+    if factors is not None and factors.type_name == "F32":
+        theta = float(config.rope_parameters["rope_theta"])
+        values = gguf.raw(factors).reshape(-1).view("<f4")
+        config.rope_parameters = llama3_rope_parameters(values.tolist(), theta, gguf_path)
+
+
+# Llama 3.x's rotary scaling as Meta ships it (Llama 3.1 / 3.2 / 3.3: factor 8 or 32, low 1,
+# high 4, 8192 original positions); the file's factors are matched against these.
+_LLAMA3_CANDIDATES = tuple(
+    (factor, 1.0, 4.0, original)
+    for factor in (8.0, 32.0, 16.0, 4.0, 2.0)
+    for original in (8192, 4096, 2048, 16384, 32768, 131072)
+)
+
+
+def llama3_factors(
+    head_dim: int, theta: float, factor: float, low: float, high: float, original: int
+) -> list[float]:
+    """llama.cpp's rope_freqs for a llama3 scaling: how much each frequency is divided by."""
+    out = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * math.pi * theta ** (i / head_dim)
+        if wavelen < original / high:
+            out.append(1.0)
+        elif wavelen > original / low:
+            out.append(factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return out
+
+
+def _fit_llama3(factors: list[float], theta: float) -> dict | None:
+    """The llama3 scaling of `factors` solved from its smooth part, or None. The factors
+    depend on (original, low, high) only through a = original / (high - low) and
+    b = -low / (high - low) (smooth = a / wavelen + b), so low = 1 loses nothing; two
+    frequencies strictly between 1 and the factor give a and b, every other one must agree."""
+    head_dim, factor = 2 * len(factors), max(factors)
+    wavelens = [2 * math.pi * theta ** (2 * i / head_dim) for i in range(len(factors))]
+    smooth = [(1 / f - 1 / factor) / (1 - 1 / factor) for f in factors] if factor > 1 else []
+    medium = [i for i, f in enumerate(factors) if 1 + 1e-6 < f < factor * (1 - 1e-6)]
+    if factor <= 1 or len(medium) < 2:
+        return None
+    i, j = medium[0], medium[-1]
+    a = (smooth[i] - smooth[j]) / (1 / wavelens[i] - 1 / wavelens[j])
+    b = smooth[i] - a / wavelens[i]
+    if b >= 0:
+        return None
+    high = 1 - 1 / b
+    original = a * (high - 1)
+    if abs(original - round(original)) < 1e-3 * original:
+        original = round(original)
+    expected = llama3_factors(head_dim, theta, factor, 1.0, high, original)
+    if not all(abs(x - y) <= 1e-4 * y for x, y in zip(factors, expected, strict=True)):
+        return None
+    return {
+        "rope_type": "llama3",
+        "rope_theta": theta,
+        "factor": factor,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": high,
+        "original_max_position_embeddings": original,
+    }
+
+
+def llama3_rope_parameters(factors: list[float], theta: float, gguf_path: Path) -> dict:
+    """HF's llama3 rope_parameters that give the file's per-frequency `factors`; a
+    ModelLoadError when none of the shipped scalings does."""
+    head_dim = 2 * len(factors)
+    for factor, low, high, original in _LLAMA3_CANDIDATES:
+        expected = llama3_factors(head_dim, theta, factor, low, high, original)
+        if all(abs(a - b) <= 1e-4 * b for a, b in zip(factors, expected, strict=True)):
+            return {
+                "rope_type": "llama3",
+                "rope_theta": theta,
+                "factor": factor,
+                "low_freq_factor": low,
+                "high_freq_factor": high,
+                "original_max_position_embeddings": original,
+            }
+    fitted = _fit_llama3(factors, theta)
+    if fitted is not None:
+        return fitted
+    raise ModelLoadError(
+        f"GGUF file {gguf_path}: its rope_freqs tensor matches no llama3 rotary scaling "
+        f"(factor, low/high frequency factors, original positions) pagestream knows."
+    )
 
 
 def _read_tokenizer(gguf_path: Path) -> object:

@@ -135,6 +135,9 @@ class NativeStep:
             weights.input_norm = layer.input_layernorm.weight.detach()
             weights.post_norm = layer.post_attention_layernorm.weight.detach()
             weights.sliding_window = spec.layers[index].sliding_window or 0
+            if spec.layers[index].qk_norm:
+                weights.q_norm = layer.self_attn.q_norm.weight.detach()
+                weights.k_norm = layer.self_attn.k_norm.weight.detach()
             stack.add_layer(weights)
         logger.info(
             "native CPU step: %d layers in one C++ call per step (%s weights, float32 "

@@ -5,11 +5,15 @@ divergence only where HF transformers' top two logits on those weights tie).
 Column-parallel layers take whole quantized rows, row-parallel ones whole groups of 32
 input features, the vocabulary shards its quantized rows (zero-padded).
 
-One worker group for the whole module (process groups take seconds to start)."""
+A tiny Qwen3 Q8_0 file (q/k norms replicated on both ranks, head_dim 32 with 4 heads on a
+hidden size of 64) does the same.
+
+One worker group per file for the whole module (process groups take seconds to start)."""
 
 from __future__ import annotations
 
 import pytest
+from transformers import AutoConfig
 
 from pagestream import LLM
 from services.common.model_source import resolve_model
@@ -28,29 +32,35 @@ ENGINE = dict(
 )
 
 
+def _write(root, name: str, matrix_type: str, arch: str):
+    path = root / f"tiny-{arch}.{matrix_type}.gguf"
+    # intermediate 128: each rank's half of down_proj's inputs is two whole groups of 32
+    model = build_tiny_model(name, seed=3, vocab_size=300, intermediate_size=128)
+    expected = write_tiny_gguf(path, model, matrix_type, arch=arch)
+    return path, _reference_folder(resolve_model(path), expected, root / f"reference-{arch}")
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("quantized-tp")
     cache = pytest.MonkeyPatch()
     isolated_model_cache(root / "cache", cache)
-    path = root / "tiny.Q4_1.gguf"
-    # intermediate 128: each rank's half of down_proj's inputs is two whole groups of 32
-    model = build_tiny_model("llama_tied", seed=3, vocab_size=300, intermediate_size=128)
-    expected = write_tiny_gguf(path, model, "Q4_1")
-    reference = _reference_folder(resolve_model(path), expected, root / "reference")
-    yield path, reference
+    yield {
+        "llama": _write(root, "llama_tied", "Q4_1", "llama"),
+        "qwen3": _write(root, "qwen3", "Q8_0", "qwen3"),
+    }
     cache.undo()
 
 
 @pytest.fixture(scope="module")
 def tp2(files):
-    llm = LLM(str(files[0]), tensor_parallel_size=2, **ENGINE)
+    llm = LLM(str(files["llama"][0]), tensor_parallel_size=2, **ENGINE)
     yield llm
     llm.engine.close()
 
 
 def test_tp2_quantized_shards_match_tp1_and_hf(tp2, files):
-    path, reference = files
+    path, reference = files["llama"]
     info = tp2.engine.model_info
     assert info.quantization == "Q4_1"
     prompts = mixed_prompts(6, seed=11, vocab=300)
@@ -66,6 +76,23 @@ def test_tp2_quantized_shards_match_tp1_and_hf(tp2, files):
     )
     for prompt, g, e in zip(prompts, got, expected, strict=True):
         assert_same_or_near_tie(reference, prompt, g, e)
+    hf = generate_ids(LLM(str(reference), dtype="float32", kv_cache_memory="4MiB"), prompts, params)
+    for prompt, g, e in zip(prompts, got, hf, strict=True):
+        assert_same_or_near_tie(reference, prompt, g, e)
+
+
+def test_tp2_qwen3_with_head_norms_matches_tp1_and_hf(files):
+    path, reference = files["qwen3"]
+    prompts = mixed_prompts(4, seed=12, vocab=300)
+    params = greedy_params(len(prompts), max_tokens=8)
+    tp2 = LLM(str(path), tensor_parallel_size=2, **ENGINE)
+    try:
+        assert tp2.engine.model_info.quantization == "Q8_0"
+        assert tp2.engine.model_info.tensor_parallel_size == 2
+        got = generate_ids(tp2, prompts, params)
+    finally:
+        tp2.engine.close()
+    assert AutoConfig.from_pretrained(reference).architectures == ["Qwen3ForCausalLM"]
     hf = generate_ids(LLM(str(reference), dtype="float32", kv_cache_memory="4MiB"), prompts, params)
     for prompt, g, e in zip(prompts, got, hf, strict=True):
         assert_same_or_near_tie(reference, prompt, g, e)

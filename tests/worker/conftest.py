@@ -24,6 +24,7 @@ from transformers import (
     PretrainedConfig,
     PreTrainedModel,
     Qwen2Config,
+    Qwen3Config,
 )
 
 from kernels.attention_metadata import AttentionMetadata
@@ -65,6 +66,10 @@ def tiny_config(name: str) -> PretrainedConfig:
             sliding_window=5,
             max_window_layers=1,
         )
+    if name == "qwen3":  # q/k norms, a head_dim that is not hidden / heads, tied embeddings
+        return Qwen3Config(**_LLAMA_COMMON, head_dim=32, tie_word_embeddings=True)
+    if name == "qwen3_bias":  # Qwen3 with attention biases (q/k/v and o)
+        return Qwen3Config(**_LLAMA_COMMON, attention_bias=True, tie_word_embeddings=False)
     if name == "mistral":  # a sliding window shorter than the test prompts
         return MistralConfig(**_LLAMA_COMMON, sliding_window=6, tie_word_embeddings=False)
     if name == "gpt2":

@@ -73,7 +73,6 @@ def test_the_native_stack_is_shaped_by_the_description(tiny_model_dir, monkeypat
             dict(activation="gelu_pytorch_tanh"),
             "layer 1: its MLP's activation is gelu_pytorch_tanh",
         ),
-        (dict(qk_norm=True), "layer 1: it normalises queries and keys"),
         (dict(norm_placement="post"), "layer 1: its norms sit post"),
         (dict(mlp="moe"), "layer 1: its MLP is moe"),
         (dict(intermediate_size=128), "layer 1: its sizes differ from the stage's first"),
@@ -104,8 +103,8 @@ def test_a_refused_layer_keeps_the_torch_modules(tiny_model_dir, monkeypatch):
     model = load_model(ModelConfig(model=str(folder), dtype="float32"), device="cpu")
     spec = model.spec
     assert unsupported_reason(model.model, spec) is None
-    refused = replace(spec, layers=(spec.layers[0], replace(spec.layers[1], qk_norm=True)))
-    assert unsupported_reason(model.model, refused) == "layer 1: it normalises queries and keys"
+    refused = replace(spec, layers=(spec.layers[0], replace(spec.layers[1], norm="layer")))
+    assert unsupported_reason(model.model, refused) == "layer 1: its norms are layer"
 
 
 def test_the_capability_check_reads_every_layers_weights(tiny_model_dir, monkeypatch):

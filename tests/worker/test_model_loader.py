@@ -158,7 +158,7 @@ def write_tiny_gguf(
     arch: str = "llama",
     overrides: dict[str, str] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Write `hf_model` (a tiny Llama or Qwen2) as a llama.cpp GGUF with a byte-level BPE
+    """Write `hf_model` (a tiny Llama, Qwen2 or Qwen3) as a llama.cpp GGUF with a byte-level BPE
     tokenizer.
 
     By default the MLP weights are stored as Q8_0 so conversion really dequantizes; with
@@ -178,6 +178,9 @@ def write_tiny_gguf(
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
     byte_tokens = list(bytes_to_unicode().values())
     merges = [("h", "i"), ("Ġ", "t"), ("Ġt", "hi")]
     tokens = ["<unk>", "<s>", "</s>", *byte_tokens, *("".join(pair) for pair in merges)]
@@ -190,6 +193,17 @@ def write_tiny_gguf(
     writer.add_eos_token_id(2)
     writer.add_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
     expected = _add_tensors(writer, hf_model, matrix_type, arch, overrides or {})
+    rope = config.rope_parameters
+    if rope.get("rope_type") == "llama3":  # llama.cpp's converter: a tensor of factors only
+        factors = gguf_conversion.llama3_factors(
+            head_dim,
+            rope["rope_theta"],
+            rope["factor"],
+            rope["low_freq_factor"],
+            rope["high_freq_factor"],
+            rope["original_max_position_embeddings"],
+        )
+        writer.add_tensor("rope_freqs.weight", np.array(factors, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -232,7 +246,9 @@ def _add_tensors(
     writer: GGUFWriter, hf_model, matrix_type: str | None, arch: str, overrides: dict[str, str]
 ) -> dict[str, np.ndarray]:
     config = hf_model.config
-    model_arch = MODEL_ARCH.LLAMA if arch == "llama" else MODEL_ARCH.QWEN2
+    model_arch = {"llama": MODEL_ARCH.LLAMA, "qwen2": MODEL_ARCH.QWEN2, "qwen3": MODEL_ARCH.QWEN3}[
+        arch
+    ]
     name_map = get_tensor_name_map(model_arch, config.num_hidden_layers)
     expected = {}
     for index, (name, tensor) in enumerate(hf_model.state_dict().items()):

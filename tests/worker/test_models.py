@@ -26,16 +26,26 @@ from services.worker.layers.rotary_embedding import RotaryEmbedding
 from services.worker.model_loader import load_model
 from services.worker.models.hf_fallback import HFFallbackForCausalLM
 from services.worker.models.kv_cache_spec import KVCacheSpec
-from services.worker.models.llama import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
+from services.worker.models.llama import (
+    LlamaForCausalLM,
+    MistralForCausalLM,
+    Qwen2ForCausalLM,
+    Qwen3ForCausalLM,
+)
 from tests.worker.conftest import VOCAB, SeqState
 
 ATOL = 1e-4
-ARCHS = ["llama", "llama_tied", "qwen2", "qwen2_sliding", "mistral", "gpt2", "opt"]
+ARCHS = [
+    *("llama", "llama_tied", "qwen2", "qwen2_sliding", "qwen3", "qwen3_bias", "mistral"),
+    *("gpt2", "opt"),
+]
 EXPECTED_CLASS = {
     "llama": LlamaForCausalLM,
     "llama_tied": LlamaForCausalLM,
     "qwen2": Qwen2ForCausalLM,
     "qwen2_sliding": Qwen2ForCausalLM,
+    "qwen3": Qwen3ForCausalLM,
+    "qwen3_bias": Qwen3ForCausalLM,
     "mistral": MistralForCausalLM,
     "gpt2": HFFallbackForCausalLM,
     "opt": HFFallbackForCausalLM,

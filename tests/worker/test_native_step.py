@@ -24,7 +24,7 @@ from services.worker.native_step import NATIVE_ENV
 from tests.worker.conftest import PagedSession, SeqState
 from tests.worker.test_models import random_tokens
 
-ARCHS = ["llama", "llama_tied", "qwen2", "qwen2_sliding", "mistral"]
+ARCHS = ["llama", "llama_tied", "qwen2", "qwen2_sliding", "qwen3", "qwen3_bias", "mistral"]
 
 
 def _load(folder, dtype: str, native: bool, monkeypatch):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from pagestream import LLM, SamplingParams
 from services.common.model_errors import ModelLoadError
@@ -33,8 +33,9 @@ SMALL_BLOCKS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL")  # 32 elements
 
 
 def _tiny(k_quant: bool, arch: str = "llama"):
-    sizes = {"hidden_size": 256, "intermediate_size": 512, "head_dim": 64} if k_quant else {}
-    name = "llama_tied" if arch == "llama" else "qwen2"
+    head_dim = 128 if arch == "qwen3" else 64  # Qwen3: heads * head_dim != hidden
+    sizes = {"hidden_size": 256, "intermediate_size": 512, "head_dim": head_dim} if k_quant else {}
+    name = {"llama": "llama_tied", "qwen2": "qwen2", "qwen3": "qwen3"}[arch]
     return build_tiny_model(name, seed=3, vocab_size=300, **sizes)
 
 
@@ -121,6 +122,62 @@ def test_qwen2_gguf_with_biases(tmp_path, model_cache):
     expected = write_tiny_gguf(path, _tiny(False, "qwen2"), "Q4_1", arch="qwen2")
     reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
     _assert_matches(reference, _greedy(LLM(str(path), quantization="gguf", **ENGINE)))
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_qwen3_gguf_with_head_norms_and_its_own_head_dim(
+    native, tmp_path, model_cache, monkeypatch
+):
+    """Qwen3's per-head query / key norms (F32 tensors of the file) and a head_dim that is
+    not hidden / heads (the file's key_length), in a Q4_K_M-like mix."""
+    monkeypatch.setenv("PAGESTREAM_CPU_NATIVE", "1" if native else "0")
+    path = tmp_path / "tiny-qwen3.Q4_K_M.gguf"
+    model = _tiny(True, "qwen3")
+    assert model.config.head_dim * model.config.num_attention_heads != model.config.hidden_size
+    mix = {"v_proj": "Q6_K", "down_proj": "Q6_K", "embed_tokens": "Q6_K"}
+    expected = write_tiny_gguf(path, model, "Q4_K", arch="qwen3", overrides=mix)
+    reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
+    llm = LLM(str(path), quantization="gguf", **ENGINE)
+    assert type(llm.engine.worker.model).__name__ == "Qwen3ForCausalLM"
+    assert (llm.engine.worker.model.model.native is not None) == native
+    _assert_matches(reference, _greedy(llm))
+
+
+LLAMA3_SCALINGS = [(8192, 8.0), (16, 4.0)]  # as Meta ships it; a short one (solved, not looked up)
+
+
+@pytest.mark.parametrize("original, factor", LLAMA3_SCALINGS)
+def test_llama3_rotary_scaling_from_the_files_rope_freqs(original, factor, tmp_path, model_cache):
+    """llama.cpp stores Llama 3.x's rotary scaling as a rope_freqs tensor only; the config
+    gets it back, and the greedy tokens are HF's under the original checkpoint's config."""
+    scaling = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": factor,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": original,
+    }
+    model = build_tiny_model(
+        "llama_tied",
+        seed=3,
+        vocab_size=300,
+        hidden_size=256,
+        intermediate_size=512,
+        head_dim=64,
+        rope_parameters=scaling,
+    )
+    path = tmp_path / "tiny-llama3.Q8_0.gguf"
+    expected = write_tiny_gguf(path, model, "Q8_0")
+    converted = AutoConfig.from_pretrained(resolve_model(path))
+    for key, value in scaling.items():
+        # a solved scaling is as exact as the file's float32 factors
+        expected_value = value if isinstance(value, str) else pytest.approx(value, rel=1e-6)
+        assert converted.rope_parameters[key] == expected_value, key
+    reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
+    model.config.save_pretrained(reference)  # HF under the checkpoint's own config
+    llm = LLM(str(path), quantization="gguf", **ENGINE)
+    _assert_matches(reference, _greedy(llm))
 
 
 def test_torch_path_dequantizes_at_load(tmp_path, model_cache, monkeypatch, caplog):

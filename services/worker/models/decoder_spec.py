@@ -1,6 +1,7 @@
 """A decoder model described once: what every layer is, whichever backend runs it.
 
     spec = DecoderSpec.from_config(config, qkv_bias=True, o_bias=False)  # Qwen2
+    spec = DecoderSpec.from_config(config, qk_norm=True)  # Qwen3
     spec.layers[3].sliding_window   # None, or the layer's attention window
     spec.native_unsupported(range(0, 28), tp_size=1)  # None, or "layer 3: ..."
 
@@ -11,9 +12,10 @@ builds the torch modules (services/worker/models/llama.py, the reference path an
 device's) and the native CPU step (services/worker/native_step.py, one C++ DecoderStack),
 and `native_unsupported` checks every layer of it against what the C++ stack runs, naming
 the first layer it cannot and why. A family is a description: Llama, Mistral and Qwen2
-differ only in their biases and windows; a family with new parts (q/k norms, other norm
-placements, a mixture of experts) adds its fields here and its op to each backend, and until
-then the capability check sends it to the torch path by name.
+differ only in their biases and windows, Qwen3 adds a norm over each head's queries and
+keys; a family with new parts (other norm placements, a mixture of experts) adds its
+fields here and its op to each backend, and until then the capability check sends it to
+the torch path by name.
 
 Sizes are the whole model's (heads, intermediate); a tensor-parallel rank's share is
 computed where the modules are built.
@@ -58,7 +60,6 @@ class LayerSpec:
             (self.activation in NATIVE_ACTIVATIONS, f"its MLP's activation is {self.activation}"),
             (self.norm in NATIVE_NORMS, f"its norms are {self.norm}"),
             (self.norm_placement in NATIVE_PLACEMENTS, f"its norms sit {self.norm_placement}"),
-            (not self.qk_norm, "it normalises queries and keys"),
             (self.mlp in NATIVE_MLPS, f"its MLP is {self.mlp}"),
         )
         for supported, reason in checks:
@@ -80,10 +81,15 @@ class DecoderSpec:
 
     @classmethod
     def from_config(
-        cls, config: PretrainedConfig, qkv_bias: bool | None = None, o_bias: bool | None = None
+        cls,
+        config: PretrainedConfig,
+        qkv_bias: bool | None = None,
+        o_bias: bool | None = None,
+        qk_norm: bool = False,
     ) -> DecoderSpec:
         """The Llama family's description of `config`: attention biases from
-        `attention_bias` unless the family fixes them, windows per `layer_types`."""
+        `attention_bias` unless the family fixes them, windows per `layer_types`, `qk_norm`
+        where the family normalises each head's queries and keys (Qwen3)."""
         bias = bool(getattr(config, "attention_bias", False))
         layers = tuple(
             LayerSpec(
@@ -97,6 +103,7 @@ class DecoderSpec:
                 o_bias=bias if o_bias is None else o_bias,
                 mlp_bias=bool(getattr(config, "mlp_bias", False)),
                 sliding_window=layer_sliding_window(config, i),
+                qk_norm=qk_norm,
             )
             for i in range(int(config.num_hidden_layers))
         )

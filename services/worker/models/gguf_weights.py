@@ -1,4 +1,5 @@
-"""Checkpoint tensors read straight from a GGUF file, under their HF names (Llama family).
+"""Checkpoint tensors read straight from a GGUF file, under their HF names (Llama family,
+Qwen2, Qwen3).
 
     for name, tensor in iterate_gguf_weights(path, config, quantized=True):
         ...  # "model.layers.0.self_attn.q_proj.weight", QuantizedWeight (Q4_1, ...)
@@ -59,6 +60,8 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",  # Qwen3
+    "attn_k_norm": "self_attn.k_norm",
 }
 _LAYER_PATTERN = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _GLOBAL_PATTERN = re.compile(r"(\w+)\.(weight|bias)$")

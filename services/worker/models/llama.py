@@ -1,4 +1,4 @@
-"""Native Llama family: Llama (incl. llama3 RoPE scaling, SmolLM), Mistral, Qwen2.
+"""Native Llama family: Llama (incl. llama3 RoPE scaling, SmolLM), Mistral, Qwen2, Qwen3.
 
 Runs on the flattened batch ([num_tokens, hidden_size], no padding) with the paged KV cache.
 A family is a description (`describe(config)`: services/worker/models/decoder_spec.py) from
@@ -61,6 +61,7 @@ class LlamaAttention(nn.Module):
         self,
         spec: LayerSpec,
         hidden_size: int,
+        norm_eps: float,
         rotary: RotaryEmbedding,
         tp_rank: int = 0,
         tp_size: int = 1,
@@ -72,6 +73,10 @@ class LlamaAttention(nn.Module):
         )
         self.o_proj = RowLinear(heads * head_dim, hidden_size, spec.o_bias, tp_rank, tp_size)
         self.rotary_emb = rotary  # one for all layers: cos/sin are computed once per step
+        self.head_dim = head_dim
+        # Qwen3: an RMSNorm over each head's queries and keys (one weight [D] for all heads)
+        self.q_norm = RMSNorm(head_dim, norm_eps) if spec.qk_norm else None
+        self.k_norm = RMSNorm(head_dim, norm_eps) if spec.qk_norm else None
         self.attn = Attention(
             heads // tp_size,
             head_dim,
@@ -90,10 +95,18 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(hidden_states)  # [num_tokens, (H + 2K) * D]
         q, k, v = self.qkv_proj.split(qkv)
         # q and k are adjacent in qkv: rotate them as one [num_tokens, (H + K) * D] block
-        qk = self.rotary_emb.rotate(positions, qkv[:, : q.shape[1] + k.shape[1]])
+        qk = qkv[:, : q.shape[1] + k.shape[1]]
+        if self.q_norm is not None:
+            qk = torch.cat([self._head_norm(self.q_norm, q), self._head_norm(self.k_norm, k)], -1)
+        qk = self.rotary_emb.rotate(positions, qk)
         q, k = qk.split([q.shape[1], k.shape[1]], dim=-1)
         attn_out = self.attn(q, k, v, kv_cache, attn_metadata)  # [num_tokens, H * D]
         return self.o_proj(attn_out)
+
+    def _head_norm(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+        """`norm` over each head of x [num_tokens, heads * D], in x's dtype."""
+        heads = x.reshape(-1, self.head_dim)  # [num_tokens * heads, D]
+        return norm(heads, x.dtype).reshape(x.shape)
 
 
 class LlamaMLP(nn.Module):
@@ -123,7 +136,7 @@ class LlamaDecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         hidden = model.hidden_size
-        self.self_attn = LlamaAttention(spec, hidden, rotary, tp_rank, tp_size)
+        self.self_attn = LlamaAttention(spec, hidden, model.norm_eps, rotary, tp_rank, tp_size)
         self.mlp = LlamaMLP(spec, hidden, tp_rank, tp_size)
         self.input_layernorm = RMSNorm(hidden, model.norm_eps)
         self.post_attention_layernorm = RMSNorm(hidden, model.norm_eps)
@@ -394,3 +407,12 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
     @classmethod
     def describe(cls, config: PretrainedConfig) -> DecoderSpec:
         return DecoderSpec.from_config(config, qkv_bias=True, o_bias=False)
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    """Llama with an RMSNorm over each head's queries and keys before rotary (q_norm,
+    k_norm), attention biases per `attention_bias`, and its own head_dim."""
+
+    @classmethod
+    def describe(cls, config: PretrainedConfig) -> DecoderSpec:
+        return DecoderSpec.from_config(config, qk_norm=True)

@@ -5,17 +5,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from services.worker.models.causal_lm import CausalLM
-from services.worker.models.llama import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
+from services.worker.models.llama import (
+    LlamaForCausalLM,
+    MistralForCausalLM,
+    Qwen2ForCausalLM,
+    Qwen3ForCausalLM,
+)
 
 # HF `architectures` name -> native implementation.
 NATIVE_MODELS: dict[str, type[CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
     # base-model checkpoints (saved by AutoModel: no LM head), for the pooling runner
     "LlamaModel": LlamaForCausalLM,
     "MistralModel": MistralForCausalLM,
     "Qwen2Model": Qwen2ForCausalLM,
+    "Qwen3Model": Qwen3ForCausalLM,
 }
 
 
