@@ -1,9 +1,11 @@
 // The native CPU step: a Llama-family decoder stack (one pipeline stage of it) run over one
 // step's flattened rows in a single call from Python.
 //
-// Per layer: RMSNorm -> QKV -> (Qwen3: RMSNorm of each query and key head) -> rotary -> cache write -> paged attention over the step's rows
-// -> o_proj added into the residual -> RMSNorm -> gate/up -> SiLU-and-mul -> down added into
-// the residual; then the final norm on the last stage. The residual stream, norms, rotary
+// Per layer: RMSNorm -> QKV -> (Qwen3, Gemma 3: RMSNorm of each query and key head) -> the
+// layer's rotary table (or none) -> cache write -> paged attention over the step's rows ->
+// o_proj (-> Gemma's RMSNorm of it) added into the residual -> RMSNorm -> gate/up ->
+// SiLU- or GELU(tanh)-and-mul -> down (-> its RMSNorm) added into the residual; then the
+// final norm on the last stage. The residual stream, norms, rotary
 // and attention are float32; each matmul input is rounded once into its weight's input
 // type and every matmul accumulates and writes float32 (linear.h), so bfloat16 weights
 // cost no extra rounding of the residual. Buffers grow to the largest step seen and are
@@ -81,6 +83,25 @@ void silu_mul_rows(T* out, const float* gate_up, int64_t rows, int64_t d) {
       const float* up = gate + d;
 #pragma omp simd
       for (int64_t i = 0; i < d; ++i) scratch[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+      store_row(out + r * d, scratch.data(), d);
+    }
+  });
+}
+
+// out[r] = gelu_tanh(gate[r]) * up[r] (PyTorch's tanh approximation), rounded into T.
+template <typename T>
+void gelu_tanh_mul_rows(T* out, const float* gate_up, int64_t rows, int64_t d) {
+  constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+  constexpr float kKappa = 0.044715f;
+  pagestream::parallel_for(rows, grain(4 * d), [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch(d);
+    for (int64_t r = begin; r < end; ++r) {
+      const float* gate = gate_up + r * 2 * d;
+      const float* up = gate + d;
+      for (int64_t i = 0; i < d; ++i) {
+        const float x = gate[i];
+        scratch[i] = 0.5f * x * (1.f + std::tanh(kBeta * (x + kKappa * x * x * x))) * up[i];
+      }
       store_row(out + r * d, scratch.data(), d);
     }
   });
@@ -192,6 +213,8 @@ struct Layer {
   std::vector<float> input_norm, post_norm;
   int64_t sliding_window;
   std::vector<float> q_norm, k_norm;  // per-head query / key norms [head_dim], or empty
+  std::vector<float> attn_out_norm, mlp_out_norm;  // Gemma's norms of the blocks' outputs
+  int64_t rotary = 0;  // the step's rotary table this layer uses; -1: none
   LinearLoRA lora[NUM_LINEARS];  // adapter slices bound to each linear (empty: none)
 
   const Linear& linear(int index) const {
@@ -306,24 +329,29 @@ class PackedLinear {
 
 // The stack's shape: one pipeline stage's layers, this tensor-parallel rank's share of them
 // (services/worker/native_step.py fills it from the model's description).
+// attention_scale: the softmax scale (0: 1 / sqrt(head_dim)); activation of the gated MLP:
+// "silu" or "gelu_pytorch_tanh".
 struct StackConfig {
   int64_t hidden = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0, intermediate = 0;
-  double eps = 1e-6;
+  double eps = 1e-6, attention_scale = 0.0;
+  std::string activation = "silu";
 };
 
 // One layer's linears (any weight format, packed by the caller), norm weights, window
-// (0: full attention) and, for Qwen3, the per-head query and key norms [head_dim] (unset:
-// none).
+// (0: full attention), for Qwen3 and Gemma 3 the per-head query and key norms [head_dim],
+// for Gemma the norms of the attention's and the MLP's outputs [hidden] (unset: none), and
+// the index of its rotary table in the step's cos/sin (-1: no rotary).
 struct LayerWeights {
   PackedLinear qkv, o, gate_up, down;
   at::Tensor input_norm, post_norm;
   int64_t sliding_window = 0;
-  at::Tensor q_norm, k_norm;
+  at::Tensor q_norm, k_norm, attn_out_norm, mlp_out_norm;
+  int64_t rotary = 0;
 };
 
 // One step's inputs. hidden [T, hidden] float32, updated in place through every layer (then
 // normed into `out` [T, hidden] when the stack has a final norm and out is given).
-// cos/sin [T, rot]; kv_caches one per layer; slot_mapping [T] int64; block_table
+// cos/sin [tables, T, rot] (or [T, rot]: one table); kv_caches one per layer; slot_mapping [T] int64; block_table
 // [S, max_blocks], query_start_loc [S + 1], seq_lens [S] int32. all_reduce: None or a
 // callable summing a [T, hidden] float32 tensor over the tensor-parallel group in place.
 // layer_outputs: unset or [layers, T, hidden] float32, filled with each layer's output.
@@ -345,11 +373,18 @@ class DecoderStack {
         head_dim_(config.head_dim),
         intermediate_(config.intermediate),
         eps_(static_cast<float>(config.eps)),
+        scale_(config.attention_scale > 0
+                   ? static_cast<float>(config.attention_scale)
+                   : static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.head_dim)))),
+        gelu_(config.activation == "gelu_pytorch_tanh"),
         final_norm_(final_norm.defined() && final_norm.numel() ? to_floats(final_norm)
                                                               : std::vector<float>{}) {
     TORCH_CHECK(hidden_ > 0 && num_heads_ > 0 && num_kv_heads_ > 0 && head_dim_ > 0 &&
                     intermediate_ > 0,
                 "DecoderStack: every size of the StackConfig must be set (> 0)");
+    TORCH_CHECK(gelu_ || config.activation == "silu",
+                "DecoderStack: activation must be silu or gelu_pytorch_tanh, not ",
+                config.activation);
   }
 
   void add_layer(const LayerWeights& w) {
@@ -362,6 +397,16 @@ class DecoderStack {
     TORCH_CHECK(q == k && (!q || (w.q_norm.numel() == head_dim_ && w.k_norm.numel() == head_dim_)),
                 "DecoderStack.add_layer: q_norm and k_norm come together, [head_dim] each");
     if (q) layers_.back().q_norm = to_floats(w.q_norm), layers_.back().k_norm = to_floats(w.k_norm);
+    const bool a = w.attn_out_norm.defined() && w.attn_out_norm.numel();
+    const bool m = w.mlp_out_norm.defined() && w.mlp_out_norm.numel();
+    TORCH_CHECK(a == m && (!a || (w.attn_out_norm.numel() == hidden_ && w.mlp_out_norm.numel() == hidden_)),
+                "DecoderStack.add_layer: attn_out_norm and mlp_out_norm come together, [hidden] each");
+    if (a) {
+      layers_.back().attn_out_norm = to_floats(w.attn_out_norm);
+      layers_.back().mlp_out_norm = to_floats(w.mlp_out_norm);
+    }
+    TORCH_CHECK(w.rotary >= -1, "DecoderStack.add_layer: rotary is a table index or -1");
+    layers_.back().rotary = w.rotary;
   }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
@@ -442,7 +487,8 @@ class DecoderStack {
         bytes += (*linear)->weight_bytes();
       }
       bytes += static_cast<int64_t>((layer.input_norm.size() + layer.post_norm.size() +
-                                     layer.q_norm.size() + layer.k_norm.size()) *
+                                     layer.q_norm.size() + layer.k_norm.size() +
+                                     layer.attn_out_norm.size() + layer.mlp_out_norm.size()) *
                                     4);
     }
     return bytes;
@@ -496,9 +542,15 @@ class DecoderStack {
                     hidden.dim() == 2 && hidden.size(1) == hidden_,
                 "DecoderStack.forward: hidden must be a contiguous float32 [T, ", hidden_, "]");
     TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat &&
-                    sin.scalar_type() == at::kFloat && cos.numel() == sin.numel() &&
-                    cos.numel() % std::max<int64_t>(rows, 1) == 0,
-                "DecoderStack.forward: cos/sin must be contiguous float32 [T, rotary_dim]");
+                    sin.scalar_type() == at::kFloat && cos.sizes() == sin.sizes() &&
+                    (cos.dim() == 2 || cos.dim() == 3) && cos.size(-2) == rows &&
+                    cos.size(-1) <= head_dim_,
+                "DecoderStack.forward: cos/sin must be contiguous float32 [tables, T, rotary_dim]");
+    const int64_t tables = cos.dim() == 3 ? cos.size(0) : 1;
+    for (const auto& layer : layers_) {
+      TORCH_CHECK(layer.rotary < tables, "DecoderStack.forward: a layer uses rotary table ",
+                  layer.rotary, " of ", tables);
+    }
     TORCH_CHECK(static_cast<int64_t>(kv_caches.size()) == num_layers(),
                 "DecoderStack.forward: one KV cache per layer");
     for (const auto& cache : kv_caches) {
@@ -590,21 +642,25 @@ class DecoderStack {
     });
   }
 
-  // x += linear(input) (+ its LoRA adds): straight into the residual, or through
-  // all_reduce first.
+  // x += linear(input) (+ its LoRA adds), normed by `out_norm` when it is given (Gemma):
+  // straight into the residual, or through all_reduce (and the norm) first.
   void add_row_parallel(const Linear& linear, const LinearLoRA& lora, const void* input,
-                        float* x, int64_t rows, const py::object* all_reduce) {
+                        float* x, int64_t rows, const py::object* all_reduce,
+                        const std::vector<float>& out_norm) {
     const int64_t k = linear.in_features();
-    if (all_reduce == nullptr) {
+    if (all_reduce == nullptr && out_norm.empty()) {
       linear.run(input, rows, k, x, hidden_, true);
       add_lora_rows(lora, linear, input, x, hidden_);
       return;
     }
     linear.run(input, rows, k, partial_.data(), hidden_, false);
     add_lora_rows(lora, linear, input, partial_.data(), hidden_);
-    {
+    if (all_reduce != nullptr) {
       py::gil_scoped_acquire gil;
       (*all_reduce)(torch::from_blob(partial_.data(), {rows, hidden_}, at::kFloat));
+    }
+    if (!out_norm.empty()) {
+      norm_rows(partial_.data(), partial_.data(), rows, hidden_, out_norm.data(), eps_);
     }
     pagestream::parallel_for(rows, grain(hidden_), [&](int64_t begin, int64_t end) {
       add_rows(x + begin * hidden_, partial_.data() + begin * hidden_, (end - begin) * hidden_);
@@ -616,7 +672,7 @@ class DecoderStack {
                        const at::Tensor& slot_mapping, const at::Tensor& block_table,
                        const py::object* all_reduce) {
     const int64_t q_width = num_heads_ * head_dim_, kv_width = num_kv_heads_ * head_dim_;
-    const int64_t ld = q_width + 2 * kv_width, rot = cos.numel() / std::max<int64_t>(rows, 1);
+    const int64_t ld = q_width + 2 * kv_width, rot = layer.rotary < 0 ? 0 : cos.size(-1);
     clock_.start();
     const void* normed = matmul_input(*layer.qkv, x, rows, hidden_, layer.input_norm.data());
     layer.qkv->run(normed, rows, hidden_, qkv_.data(), ld, false);  // [T, (H + 2K) * D]
@@ -626,8 +682,9 @@ class DecoderStack {
       norm_heads(qkv_.data() + q_width, ld, rows, num_kv_heads_, head_dim_, layer.k_norm.data(), eps_);
     }
     clock_.stop(NORM_QKV);
-    const float* c = cos.data_ptr<float>();
-    const float* s = sin.data_ptr<float>();
+    const int64_t table = std::max<int64_t>(layer.rotary, 0) * rows * cos.size(-1);
+    const float* c = cos.data_ptr<float>() + table;
+    const float* s = sin.data_ptr<float>() + table;
     float* keys = qkv_.data() + q_width;
     rotary_rows(query_.data(), q_width, qkv_.data(), ld, rows, num_heads_, head_dim_, c, s, rot);
     rotary_rows(keys, ld, keys, ld, rows, num_kv_heads_, head_dim_, c, s, rot);
@@ -641,13 +698,12 @@ class DecoderStack {
       clock_.stop(ROTARY_CACHE);
       attend_rows(attn_.data(), query_.data(), num_heads_, kv_cache,
                   block_table.data_ptr<int32_t>(), block_table.size(0), block_table.size(1),
-                  row_seq_.data(), row_len_.data(), rows,
-                  static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim_))),
-                  layer.sliding_window, 0.f);
+                  row_seq_.data(), row_len_.data(), rows, scale_, layer.sliding_window, 0.f);
       clock_.stop(ATTENTION);
     }
     const void* mixed = matmul_input(*layer.o, attn_.data(), rows, q_width, nullptr);
-    add_row_parallel(*layer.o, layer.lora[O_LINEAR], mixed, x, rows, all_reduce);
+    add_row_parallel(*layer.o, layer.lora[O_LINEAR], mixed, x, rows, all_reduce,
+                     layer.attn_out_norm);
     clock_.stop(O_PROJ);
   }
 
@@ -658,15 +714,21 @@ class DecoderStack {
     clock_.stop(NORM_GATE_UP);
     with_type(layer.down->input_type(), [&](auto tv) {
       using T = decltype(tv);
-      silu_mul_rows(static_cast<T*>(act()), gate_up_.data(), rows, intermediate_);
+      if (gelu_) {
+        gelu_tanh_mul_rows(static_cast<T*>(act()), gate_up_.data(), rows, intermediate_);
+      } else {
+        silu_mul_rows(static_cast<T*>(act()), gate_up_.data(), rows, intermediate_);
+      }
     });
     clock_.stop(SILU);
-    add_row_parallel(*layer.down, layer.lora[DOWN_LINEAR], act(), x, rows, all_reduce);
+    add_row_parallel(*layer.down, layer.lora[DOWN_LINEAR], act(), x, rows, all_reduce,
+                     layer.mlp_out_norm);
     clock_.stop(DOWN);
   }
 
   int64_t hidden_, num_heads_, num_kv_heads_, head_dim_, intermediate_;
-  float eps_;
+  float eps_, scale_;
+  bool gelu_;
   std::vector<float> final_norm_;
   std::vector<Layer> layers_;
   int64_t capacity_ = 0;
@@ -686,7 +748,9 @@ void bind_native_step(py::module_& m) {
       .def_readwrite("num_kv_heads", &StackConfig::num_kv_heads)
       .def_readwrite("head_dim", &StackConfig::head_dim)
       .def_readwrite("intermediate", &StackConfig::intermediate)
-      .def_readwrite("eps", &StackConfig::eps);
+      .def_readwrite("eps", &StackConfig::eps)
+      .def_readwrite("attention_scale", &StackConfig::attention_scale)
+      .def_readwrite("activation", &StackConfig::activation);
   py::class_<LayerWeights>(m, "LayerWeights")
       .def(py::init<>())
       .def_readwrite("qkv", &LayerWeights::qkv)
@@ -697,7 +761,10 @@ void bind_native_step(py::module_& m) {
       .def_readwrite("post_norm", &LayerWeights::post_norm)
       .def_readwrite("sliding_window", &LayerWeights::sliding_window)
       .def_readwrite("q_norm", &LayerWeights::q_norm)
-      .def_readwrite("k_norm", &LayerWeights::k_norm);
+      .def_readwrite("k_norm", &LayerWeights::k_norm)
+      .def_readwrite("attn_out_norm", &LayerWeights::attn_out_norm)
+      .def_readwrite("mlp_out_norm", &LayerWeights::mlp_out_norm)
+      .def_readwrite("rotary", &LayerWeights::rotary);
   py::class_<StepArgs>(m, "StepArgs")
       .def(py::init<>())
       .def_readwrite("hidden", &StepArgs::hidden)

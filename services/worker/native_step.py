@@ -8,7 +8,9 @@ residual stream, norms, rotary and attention in float32 and every matmul accumul
 and writing float32 around bfloat16 or float32 weights. With tensor parallelism the
 row-parallel outputs are summed through `tp_all_reduce` inside the same call.
 
-It applies on the CPU for float32 and bfloat16 weights with a SiLU MLP when the C++
+It applies on the CPU for float32 and bfloat16 weights (and the quantized forms) of the
+layers the description says it runs (SiLU or GELU-tanh MLPs, pre or sandwich norms, any
+number of rotary tables or none) when the C++
 extension builds here and its GEMM runs on this CPU; `unsupported_reason` says why not,
 and the torch modules (the reference, and the path of every other device) run instead.
 $PAGESTREAM_CPU_NATIVE=0 turns it off.
@@ -97,6 +99,8 @@ def _stack_config(ext, spec: DecoderSpec, stage) -> object:
     config.head_dim = first.head_dim
     config.intermediate = first.intermediate_size // tp
     config.eps = spec.norm_eps
+    config.attention_scale = first.scale
+    config.activation = first.activation
     return config
 
 
@@ -110,7 +114,8 @@ class NativeStep:
     def __init__(self, model: nn.Module, stack: object) -> None:
         self.model = model
         self.stack = stack
-        self.rotary = model.rotary
+        # the rotary tables the layers index, in order
+        self.rotaries = list(model.rotaries.values())
         self._ext = _extension()
         self.tp_size = model.stage.tensor_parallel_size
         self.lora: LoRASlots | None = None  # bound by bind_lora
@@ -133,8 +138,14 @@ class NativeStep:
                 applies = first_rank or name in ("qkv", "gate_up")  # column-parallel biases
                 setattr(weights, name, linear.to_native(_bias(linear, applies)))
             weights.input_norm = layer.input_layernorm.weight.detach()
-            weights.post_norm = layer.post_attention_layernorm.weight.detach()
+            weights.post_norm = layer.mlp_norm.weight.detach()
+            if layer.sandwich:  # norms of the attention's and the MLP's outputs
+                weights.attn_out_norm = layer.post_attention_layernorm.weight.detach()
+                weights.mlp_out_norm = layer.post_feedforward_layernorm.weight.detach()
             weights.sliding_window = spec.layers[index].sliding_window or 0
+            kinds = list(model.rotaries)
+            rope = spec.layers[index].rope
+            weights.rotary = kinds.index(rope) if rope in kinds else -1
             if spec.layers[index].qk_norm:
                 weights.q_norm = layer.self_attn.q_norm.weight.detach()
                 weights.k_norm = layer.self_attn.k_norm.weight.detach()
@@ -189,21 +200,19 @@ class NativeStep:
         output [T, hidden], other stages their hidden states. `layer_outputs` ([layers, T,
         hidden] float32), when given, receives each layer's output."""
         if self.model.stage.is_first_stage:
-            hidden = self.model.embed_tokens(input_ids).to(torch.float32)  # [T, hidden]
+            hidden = self.model.embed(input_ids).to(torch.float32)  # [T, hidden]
         else:
             # a copy: the stack updates it in place
             hidden = hidden_states.to(
                 torch.float32, memory_format=torch.contiguous_format, copy=True
             )
-        num_tokens = hidden.shape[0]
-        cos, sin = self.rotary.cached_cos_sin(positions)  # [T, 1, rotary_dim] float32
+        cos, sin = self._cos_sin(positions)  # [tables, T, rotary_dim] float32
         last = self.model.stage.is_last_stage
         out = torch.empty_like(hidden) if last else torch.empty(0)
         md = attn_metadata
         args = self._ext.StepArgs()
         args.hidden = hidden
-        args.cos = cos.reshape(num_tokens, -1).contiguous()
-        args.sin = sin.reshape(num_tokens, -1).contiguous()
+        args.cos, args.sin = cos, sin
         args.kv_caches = list(kv_caches)
         args.slot_mapping = md.slot_mapping.to(torch.int64).contiguous()
         args.block_table = md.block_table.to(torch.int32).contiguous()
@@ -217,3 +226,15 @@ class NativeStep:
         args.lora_slots, args.lora_ranks = self._lora_rows()
         self.stack.forward(args)
         return out if last else hidden
+
+    def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each rotary table's cos and sin at `positions`: [tables, T, rotary_dim] float32
+        (one empty table when no layer rotates)."""
+        num_tokens = positions.shape[0]
+        if not self.rotaries:
+            empty = torch.empty(1, num_tokens, 0)
+            return empty, empty
+        pairs = [rotary.cached_cos_sin(positions) for rotary in self.rotaries]
+        cos = torch.stack([c.reshape(num_tokens, -1) for c, _ in pairs])
+        sin = torch.stack([s.reshape(num_tokens, -1) for _, s in pairs])
+        return cos, sin

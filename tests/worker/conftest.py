@@ -17,6 +17,7 @@ import pytest
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    Gemma3TextConfig,
     GPT2Config,
     LlamaConfig,
     MistralConfig,
@@ -25,6 +26,7 @@ from transformers import (
     PreTrainedModel,
     Qwen2Config,
     Qwen3Config,
+    SmolLM3Config,
 )
 
 from kernels.attention_metadata import AttentionMetadata
@@ -70,6 +72,28 @@ def tiny_config(name: str) -> PretrainedConfig:
         return Qwen3Config(**_LLAMA_COMMON, head_dim=32, tie_word_embeddings=True)
     if name == "qwen3_bias":  # Qwen3 with attention biases (q/k/v and o)
         return Qwen3Config(**_LLAMA_COMMON, attention_bias=True, tie_word_embeddings=False)
+    if name == "smollm3":  # layer 1 of 2 without rotary (no_rope_layers [1, 0])
+        return SmolLM3Config(
+            **_LLAMA_COMMON, no_rope_layer_interval=2, pad_token_id=None, tie_word_embeddings=False
+        )
+    if name == "gemma3":  # sandwich (1 + w) norms, GeGLU, scaled embeddings, q/k norms,
+        # query_pre_attn_scalar != head_dim, sliding layers (6-token window) with their own
+        # rotary base around a full one with linear scaling, a final logit cap, tied
+        rope = {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+        }
+        common = {**_LLAMA_COMMON, "num_hidden_layers": 3}
+        return Gemma3TextConfig(
+            **common,
+            head_dim=32,
+            query_pre_attn_scalar=24,
+            sliding_window=6,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters=rope,
+            final_logit_softcapping=5.0,
+            tie_word_embeddings=True,
+        )
     if name == "mistral":  # a sliding window shorter than the test prompts
         return MistralConfig(**_LLAMA_COMMON, sliding_window=6, tie_word_embeddings=False)
     if name == "gpt2":

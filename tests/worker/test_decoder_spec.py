@@ -69,13 +69,11 @@ def test_the_native_stack_is_shaped_by_the_description(tiny_model_dir, monkeypat
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
-        (
-            dict(activation="gelu_pytorch_tanh"),
-            "layer 1: its MLP's activation is gelu_pytorch_tanh",
-        ),
+        (dict(activation="relu"), "layer 1: its MLP's activation is relu"),
         (dict(norm_placement="post"), "layer 1: its norms sit post"),
         (dict(mlp="moe"), "layer 1: its MLP is moe"),
-        (dict(intermediate_size=128), "layer 1: its sizes differ from the stage's first"),
+        (dict(intermediate_size=128), "layer 1: its sizes, activation or attention scale"),
+        (dict(attention_scale=0.5), "layer 1: its sizes, activation or attention scale"),
     ],
 )
 def test_the_capability_check_names_the_layer_it_refuses(change, reason):

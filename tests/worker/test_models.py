@@ -27,17 +27,19 @@ from services.worker.model_loader import load_model
 from services.worker.models.hf_fallback import HFFallbackForCausalLM
 from services.worker.models.kv_cache_spec import KVCacheSpec
 from services.worker.models.llama import (
+    Gemma3ForCausalLM,
     LlamaForCausalLM,
     MistralForCausalLM,
     Qwen2ForCausalLM,
     Qwen3ForCausalLM,
+    SmolLM3ForCausalLM,
 )
 from tests.worker.conftest import VOCAB, SeqState
 
 ATOL = 1e-4
 ARCHS = [
     *("llama", "llama_tied", "qwen2", "qwen2_sliding", "qwen3", "qwen3_bias", "mistral"),
-    *("gpt2", "opt"),
+    *("smollm3", "gemma3", "gpt2", "opt"),
 ]
 EXPECTED_CLASS = {
     "llama": LlamaForCausalLM,
@@ -47,6 +49,8 @@ EXPECTED_CLASS = {
     "qwen3": Qwen3ForCausalLM,
     "qwen3_bias": Qwen3ForCausalLM,
     "mistral": MistralForCausalLM,
+    "smollm3": SmolLM3ForCausalLM,
+    "gemma3": Gemma3ForCausalLM,
     "gpt2": HFFallbackForCausalLM,
     "opt": HFFallbackForCausalLM,
 }

@@ -24,7 +24,10 @@ from services.worker.native_step import NATIVE_ENV
 from tests.worker.conftest import PagedSession, SeqState
 from tests.worker.test_models import random_tokens
 
-ARCHS = ["llama", "llama_tied", "qwen2", "qwen2_sliding", "qwen3", "qwen3_bias", "mistral"]
+ARCHS = [
+    *("llama", "llama_tied", "qwen2", "qwen2_sliding", "qwen3", "qwen3_bias", "mistral"),
+    *("smollm3", "gemma3"),
+]
 
 
 def _load(folder, dtype: str, native: bool, monkeypatch):
@@ -87,11 +90,18 @@ def test_float32_layers_equal_the_torch_path(arch, tiny_model_dir, monkeypatch):
     ours = _run(folder, "float32", True, monkeypatch)
     reference = _run(folder, "float32", False, monkeypatch)
     for (layers, logits), (ref_layers, ref_logits) in zip(ours, reference, strict=True):
-        torch.testing.assert_close(layers, ref_layers, atol=1e-5, rtol=1e-5)
+        # float32 rounding scales with the residual (Gemma's scaled embeddings reach ~16)
+        scale = max(1.0, ref_layers.abs().max().item())
+        torch.testing.assert_close(layers, ref_layers, atol=1e-5 * scale, rtol=1e-5)
         torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+# bfloat16 weights: a relative error of a few 2^-9 (Gemma's random (1 + w) norms, ~2x, on
+# both sides of each block weigh it about twice)
+BF16_BOUND = {"llama": 2e-2, "qwen2": 2e-2, "gemma3": 4e-2}
+
+
+@pytest.mark.parametrize("arch", BF16_BOUND)
 def test_bfloat16_layers_as_close_to_float32_as_the_torch_path(arch, tiny_model_dir, monkeypatch):
     folder = tiny_model_dir(arch)
     exact = _run(folder, "float32", False, monkeypatch)
@@ -104,7 +114,7 @@ def test_bfloat16_layers_as_close_to_float32_as_the_torch_path(arch, tiny_model_
             ours_err = (layers[i] - ref[i]).norm() / ref[i].norm()
             torch_err = (theirs[i] - ref[i]).norm() / ref[i].norm()
             assert ours_err <= torch_err * 1.1 + 1e-6, (step, i, float(ours_err), float(torch_err))
-            assert ours_err < 2e-2  # bfloat16 weights: a relative error of a few 2^-9
+            assert ours_err < BF16_BOUND[arch]
 
 
 def test_native_step_is_the_cpu_default(tiny_model_dir, monkeypatch):

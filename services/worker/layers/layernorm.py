@@ -51,12 +51,22 @@ def rms_norm_torch(
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+    """`unit_offset`: Gemma's norm, x / rms(x) * (1 + w) with the product in float32 (HF's
+    Gemma3RMSNorm): the weight is held in float32 with the 1 added at load, so the same
+    norm kernels (and the native step) run it as a plain RMSNorm."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, unit_offset: bool = False) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
+        dtype = torch.float32 if unit_offset else None
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
         self.eps = eps
+        self.unit_offset = unit_offset
+        if unit_offset:
+            self.weight.weight_loader = _load_plus_one
 
     def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        if self.unit_offset:  # the product in float32, then rounded once
+            return rms_norm(x, self.weight, self.eps).to(out_dtype or x.dtype)
         return rms_norm(x, self.weight, self.eps, out_dtype)
 
     def add_and_norm(
@@ -66,4 +76,12 @@ class RMSNorm(nn.Module):
         return add_rms_norm(residual, x, self.weight, self.eps)
 
     def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, eps={self.eps}"
+        offset = ", unit_offset" if self.unit_offset else ""
+        return f"{self.weight.shape[0]}, eps={self.eps}{offset}"
+
+
+def _load_plus_one(param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+    """A (1 + w) norm's checkpoint weight w, held as 1 + w in float32."""
+    if tuple(loaded.shape) != tuple(param.shape):
+        raise ValueError(f"shape {tuple(loaded.shape)} != {tuple(param.shape)}")
+    param.data.copy_(loaded.to(torch.float32) + 1.0)

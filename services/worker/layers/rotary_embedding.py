@@ -37,17 +37,27 @@ def default_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
     return 1.0 / (theta**exponents)  # [head_dim // 2]
 
 
-def compute_inv_freq(config: PretrainedConfig, head_dim: int) -> tuple[torch.Tensor, float]:
-    """(inv_freq [rotary_dim // 2] float32, attention_scaling) for this config's RoPE type."""
+def compute_inv_freq(
+    config: PretrainedConfig, head_dim: int, layer_type: str | None = None
+) -> tuple[torch.Tensor, float]:
+    """(inv_freq [rotary_dim // 2] float32, attention_scaling) for this config's RoPE type;
+    `layer_type`: the parameters of that layer type, where the config holds one set per
+    type (Gemma 3's sliding and full attention layers)."""
     params = rope_parameters(config)
-    rope_type = params["rope_type"]
+    kwargs = {}
+    if layer_type is not None:
+        params, kwargs = dict(params[layer_type]), {"layer_type": layer_type}
+    rope_type = params.get("rope_type", "default")
     if rope_type == "default":
-        return default_inv_freq(head_dim, float(params["rope_theta"])), 1.0
+        partial = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1))
+        rotary_dim = int(head_dim * float(partial or 1))  # HF: the first features only
+        return default_inv_freq(rotary_dim, float(params["rope_theta"])), 1.0
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     if rope_type not in ROPE_INIT_FUNCTIONS:
         raise ValueError(f"rope_type {rope_type!r} is not supported.")
-    inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+    init = ROPE_INIT_FUNCTIONS[rope_type]
+    inv_freq, attention_scaling = init(config, torch.device("cpu"), **kwargs)
     return inv_freq.to(torch.float32), float(attention_scaling)
 
 
@@ -84,8 +94,10 @@ class RotaryEmbedding(nn.Module):
         self._last: tuple[torch.Tensor, ...] | None = None
 
     @classmethod
-    def from_config(cls, config: PretrainedConfig, head_dim: int) -> RotaryEmbedding:
-        inv_freq, attention_scaling = compute_inv_freq(config, head_dim)
+    def from_config(
+        cls, config: PretrainedConfig, head_dim: int, layer_type: str | None = None
+    ) -> RotaryEmbedding:
+        inv_freq, attention_scaling = compute_inv_freq(config, head_dim, layer_type)
         return cls(head_dim, inv_freq, attention_scaling)
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

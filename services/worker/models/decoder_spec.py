@@ -31,9 +31,9 @@ from services.worker.layers.rotary_embedding import rope_parameters
 from services.worker.models.causal_lm import config_head_dim, config_num_kv_heads
 
 # What the C++ DecoderStack runs (kernels/cpu/decoder_stack.cpp).
-NATIVE_ACTIVATIONS = ("silu",)
-NATIVE_NORMS = ("rms",)
-NATIVE_PLACEMENTS = ("pre",)
+NATIVE_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+NATIVE_NORMS = ("rms", "rms_unit_offset")  # the offset is folded into the weights at load
+NATIVE_PLACEMENTS = ("pre", "sandwich")
 NATIVE_MLPS = ("gated",)
 
 
@@ -49,10 +49,23 @@ class LayerSpec:
     o_bias: bool
     mlp_bias: bool
     sliding_window: int | None  # None: full attention
-    norm: str = "rms"  # RMSNorm with a weight
-    norm_placement: str = "pre"  # norm -> attention -> residual; norm -> MLP -> residual
+    # RMSNorm with a weight w ("rms"), or with 1 + w (Gemma's "rms_unit_offset")
+    norm: str = "rms"
+    # "pre": norm -> attention -> residual, norm -> MLP -> residual; "sandwich" (Gemma):
+    # norm -> attention -> norm -> residual, norm -> MLP -> norm -> residual
+    norm_placement: str = "pre"
     qk_norm: bool = False  # a norm over each head's queries and keys before rotary
     mlp: str = "gated"  # dense gate/up/down
+    # which rotary: "default" (the config's one set of parameters), a layer type whose own
+    # parameters the config holds (Gemma 3: "sliding_attention", "full_attention"), or
+    # "none" (SmolLM3's layers without position embedding)
+    rope: str = "default"
+    attention_scale: float | None = None  # None: head_dim ** -0.5
+
+    @property
+    def scale(self) -> float:
+        """The attention's softmax scale."""
+        return self.head_dim**-0.5 if self.attention_scale is None else self.attention_scale
 
     def native_unsupported(self) -> str | None:
         """Why the C++ stack cannot run this layer, or None."""
@@ -78,6 +91,8 @@ class DecoderSpec:
     tie_word_embeddings: bool
     rope_type: str
     layers: tuple[LayerSpec, ...]
+    embedding_scale: float = 1.0  # Gemma: the embeddings times sqrt(hidden_size)
+    final_logit_softcapping: float | None = None  # cap * tanh(logits / cap)
 
     @classmethod
     def from_config(
@@ -86,11 +101,18 @@ class DecoderSpec:
         qkv_bias: bool | None = None,
         o_bias: bool | None = None,
         qk_norm: bool = False,
+        norm: str = "rms",
+        norm_placement: str = "pre",
+        embedding_scale: float = 1.0,
     ) -> DecoderSpec:
         """The Llama family's description of `config`: attention biases from
         `attention_bias` unless the family fixes them, windows per `layer_types`, `qk_norm`
-        where the family normalises each head's queries and keys (Qwen3)."""
+        where the family normalises each head's queries and keys (Qwen3, Gemma 3), the
+        norms' kind and placement and the embeddings' scale where the family fixes them
+        (Gemma); each layer's rotary per `layer_types` and `no_rope_layers`, the attention
+        scale per `query_pre_attn_scalar`."""
         bias = bool(getattr(config, "attention_bias", False))
+        scalar = getattr(config, "query_pre_attn_scalar", None)
         layers = tuple(
             LayerSpec(
                 index=i,
@@ -98,12 +120,16 @@ class DecoderSpec:
                 num_kv_heads=config_num_kv_heads(config),
                 head_dim=config_head_dim(config),
                 intermediate_size=int(config.intermediate_size),
-                activation=str(getattr(config, "hidden_act", "silu")),
                 qkv_bias=bias if qkv_bias is None else qkv_bias,
                 o_bias=bias if o_bias is None else o_bias,
                 mlp_bias=bool(getattr(config, "mlp_bias", False)),
                 sliding_window=layer_sliding_window(config, i),
                 qk_norm=qk_norm,
+                norm=norm,
+                norm_placement=norm_placement,
+                rope=layer_rope(config, i),
+                attention_scale=float(scalar) ** -0.5 if scalar else None,
+                activation=_activation(config),
             )
             for i in range(int(config.num_hidden_layers))
         )
@@ -115,8 +141,10 @@ class DecoderSpec:
             num_layers=len(layers),
             norm_eps=float(config.rms_norm_eps),
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-            rope_type=str(rope_parameters(config)["rope_type"]),
+            rope_type=_rope_type(config, layers),
             layers=layers,
+            embedding_scale=embedding_scale,
+            final_logit_softcapping=getattr(config, "final_logit_softcapping", None),
         )
 
     def native_unsupported(self, layer_range: range, tp_size: int, bf16: bool) -> str | None:
@@ -128,7 +156,10 @@ class DecoderSpec:
             layer = self.layers[index]
             reason = layer.native_unsupported()
             if reason is None and _shape(layer) != shape:
-                reason = "its sizes differ from the stage's first layer's (one shape per stack)"
+                reason = (
+                    "its sizes, activation or attention scale differ from the stage's first "
+                    "layer's (one shape per stack)"
+                )
             if reason is None and bf16:
                 widths = (
                     self.hidden_size,
@@ -142,8 +173,38 @@ class DecoderSpec:
         return None
 
 
-def _shape(layer: LayerSpec) -> tuple[int, int, int, int]:
-    return layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.intermediate_size
+def _shape(layer: LayerSpec) -> tuple:
+    """What the C++ stack holds once for all of its layers."""
+    sizes = layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.intermediate_size
+    return (*sizes, layer.activation, layer.scale)
+
+
+def _activation(config: PretrainedConfig) -> str:
+    """The gated MLP's activation (Gemma names it `hidden_activation`)."""
+    name = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
+    return str(name)
+
+
+def layer_rope(config: PretrainedConfig, layer_idx: int) -> str:
+    """Which rotary one layer uses (LayerSpec.rope)."""
+    no_rope = getattr(config, "no_rope_layers", None)
+    if no_rope is not None and not no_rope[layer_idx]:
+        return "none"  # SmolLM3: 1 = rotary, 0 = none
+    layer_types = getattr(config, "layer_types", None)
+    params = getattr(config, "rope_parameters", None) or {}
+    if layer_types is not None and layer_types[layer_idx] in params:
+        return str(layer_types[layer_idx])  # Gemma 3: parameters per layer type
+    return "default"
+
+
+def _rope_type(config: PretrainedConfig, layers: tuple[LayerSpec, ...]) -> str:
+    """The rotary scaling's type ("default", "llama3", ...), of the layers' first with
+    parameters of their own where the config has them per layer type."""
+    kinds = [layer.rope for layer in layers if layer.rope not in ("default", "none")]
+    params = rope_parameters(config)
+    if kinds:
+        params = params[kinds[0]]
+    return str(params.get("rope_type", "default"))
 
 
 def layer_sliding_window(config: PretrainedConfig, layer_idx: int) -> int | None:

@@ -1,4 +1,6 @@
-"""Native Llama family: Llama (incl. llama3 RoPE scaling, SmolLM), Mistral, Qwen2, Qwen3.
+"""Native Llama family: Llama (incl. llama3 RoPE scaling, SmolLM2), Mistral, Qwen2, Qwen3,
+SmolLM3 (layers without rotary) and Gemma 3's text model ((1 + w) norms around both
+blocks, GeGLU, scaled embeddings, local and global rotary).
 
 Runs on the flattened batch ([num_tokens, hidden_size], no padding) with the paged KV cache.
 A family is a description (`describe(config)`: services/worker/models/decoder_spec.py) from
@@ -62,7 +64,7 @@ class LlamaAttention(nn.Module):
         spec: LayerSpec,
         hidden_size: int,
         norm_eps: float,
-        rotary: RotaryEmbedding,
+        rotary: RotaryEmbedding | None,
         tp_rank: int = 0,
         tp_size: int = 1,
     ) -> None:
@@ -72,15 +74,17 @@ class LlamaAttention(nn.Module):
             hidden_size, head_dim, heads, kv_heads, spec.qkv_bias, tp_rank, tp_size
         )
         self.o_proj = RowLinear(heads * head_dim, hidden_size, spec.o_bias, tp_rank, tp_size)
-        self.rotary_emb = rotary  # one for all layers: cos/sin are computed once per step
+        # shared by the layers of its kind (cos/sin computed once per step); None: no rotary
+        self.rotary_emb = rotary
         self.head_dim = head_dim
-        # Qwen3: an RMSNorm over each head's queries and keys (one weight [D] for all heads)
-        self.q_norm = RMSNorm(head_dim, norm_eps) if spec.qk_norm else None
-        self.k_norm = RMSNorm(head_dim, norm_eps) if spec.qk_norm else None
+        # Qwen3, Gemma 3: a norm over each head's queries and keys (one weight [D] for all)
+        unit = spec.norm == "rms_unit_offset"
+        self.q_norm = RMSNorm(head_dim, norm_eps, unit) if spec.qk_norm else None
+        self.k_norm = RMSNorm(head_dim, norm_eps, unit) if spec.qk_norm else None
         self.attn = Attention(
             heads // tp_size,
             head_dim,
-            head_dim**-0.5,
+            spec.scale,
             kv_heads_per_rank(kv_heads, tp_size),
             sliding_window=spec.sliding_window,
         )
@@ -98,7 +102,8 @@ class LlamaAttention(nn.Module):
         qk = qkv[:, : q.shape[1] + k.shape[1]]
         if self.q_norm is not None:
             qk = torch.cat([self._head_norm(self.q_norm, q), self._head_norm(self.k_norm, k)], -1)
-        qk = self.rotary_emb.rotate(positions, qk)
+        if self.rotary_emb is not None:
+            qk = self.rotary_emb.rotate(positions, qk)
         q, k = qk.split([q.shape[1], k.shape[1]], dim=-1)
         attn_out = self.attn(q, k, v, kv_cache, attn_metadata)  # [num_tokens, H * D]
         return self.o_proj(attn_out)
@@ -124,22 +129,36 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    """One layer of the description (pre-norm attention and gated MLP, RMSNorms)."""
+    """One layer of the description: attention and gated MLP with their RMSNorms placed
+    "pre" (HF's input_layernorm before the attention, post_attention_layernorm before the
+    MLP) or "sandwich" (Gemma: input_layernorm and post_attention_layernorm around the
+    attention, pre_ and post_feedforward_layernorm around the MLP)."""
 
     def __init__(
         self,
         spec: LayerSpec,
         model: DecoderSpec,
-        rotary: RotaryEmbedding,
+        rotary: RotaryEmbedding | None,
         tp_rank: int = 0,
         tp_size: int = 1,
     ) -> None:
         super().__init__()
-        hidden = model.hidden_size
-        self.self_attn = LlamaAttention(spec, hidden, model.norm_eps, rotary, tp_rank, tp_size)
+        hidden, eps = model.hidden_size, model.norm_eps
+        unit = spec.norm == "rms_unit_offset"
+        self.self_attn = LlamaAttention(spec, hidden, eps, rotary, tp_rank, tp_size)
         self.mlp = LlamaMLP(spec, hidden, tp_rank, tp_size)
-        self.input_layernorm = RMSNorm(hidden, model.norm_eps)
-        self.post_attention_layernorm = RMSNorm(hidden, model.norm_eps)
+        self.input_layernorm = RMSNorm(hidden, eps, unit)
+        self.post_attention_layernorm = RMSNorm(hidden, eps, unit)
+        self.sandwich = spec.norm_placement == "sandwich"
+        if self.sandwich:
+            self.pre_feedforward_layernorm = RMSNorm(hidden, eps, unit)
+            self.post_feedforward_layernorm = RMSNorm(hidden, eps, unit)
+        self.dtype = torch.get_default_dtype()  # the matmuls' input dtype
+
+    @property
+    def mlp_norm(self) -> RMSNorm:
+        """The norm of the MLP's input."""
+        return self.pre_feedforward_layernorm if self.sandwich else self.post_attention_layernorm
 
     def forward(
         self,
@@ -148,10 +167,26 @@ class LlamaDecoderLayer(nn.Module):
         kv_cache: torch.Tensor,
         attn_metadata: AttentionMetadata,
     ) -> torch.Tensor:
+        if self.sandwich:
+            return self._sandwich(positions, hidden_states, kv_cache, attn_metadata)
         normed = self.input_layernorm(hidden_states)
         attn_out = self.self_attn(positions, normed, kv_cache, attn_metadata)
         hidden_states, normed = self.post_attention_layernorm.add_and_norm(hidden_states, attn_out)
         return hidden_states + self.mlp(normed)
+
+    def _sandwich(
+        self,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        residual = hidden_states.dtype
+        normed = self.input_layernorm(hidden_states, self.dtype)
+        attn_out = self.self_attn(positions, normed, kv_cache, attn_metadata)
+        hidden_states = hidden_states + self.post_attention_layernorm(attn_out, residual)
+        normed = self.pre_feedforward_layernorm(hidden_states, self.dtype)
+        return hidden_states + self.post_feedforward_layernorm(self.mlp(normed), residual)
 
 
 def residual_dtype(hidden_states: torch.Tensor) -> torch.dtype:
@@ -186,17 +221,21 @@ class LlamaModel(nn.Module):
         self.layer_range = stage_layers(spec.num_layers, rank.pipeline_parallel_size, rank.pp_rank)
         if rank.is_first_stage:
             self.embed_tokens = VocabEmbedding(spec.vocab_size, spec.hidden_size, tp_rank, tp_size)
-        # One RoPE for all layers (they have the same): cos/sin are computed once per step.
-        self.rotary = RotaryEmbedding.from_config(config, spec.layers[0].head_dim)
+        # One RoPE per kind the layers use: cos/sin are computed once per step for each.
+        self.rotaries = rotaries(config, spec)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(spec.layers[i], spec, self.rotary, tp_rank, tp_size)
+            LlamaDecoderLayer(spec.layers[i], spec, self._rotary(spec.layers[i]), tp_rank, tp_size)
             if i in self.layer_range
             else nn.Identity()
             for i in range(spec.num_layers)
         )
         if rank.is_last_stage:
-            self.norm = RMSNorm(spec.hidden_size, spec.norm_eps)
+            unit = spec.layers[-1].norm == "rms_unit_offset"
+            self.norm = RMSNorm(spec.hidden_size, spec.norm_eps, unit)
         self.native: NativeStep | None = None  # set by LlamaForCausalLM.use_native_step
+
+    def _rotary(self, layer: LayerSpec) -> RotaryEmbedding | None:
+        return self.rotaries[layer.rope] if layer.rope in self.rotaries else None  # noqa: SIM401
 
     def forward(
         self,
@@ -212,7 +251,7 @@ class LlamaModel(nn.Module):
                 input_ids, positions, kv_caches, attn_metadata, hidden_states
             )
         if self.stage.is_first_stage:
-            hidden_states = self.embed_tokens(input_ids)  # [num_tokens, hidden_size]
+            hidden_states = self.embed(input_ids)  # [num_tokens, hidden_size]
             hidden_states = hidden_states.to(residual_dtype(hidden_states))
         layers = self.layers[self.layer_range.start : self.layer_range.stop]
         for layer, kv_cache in zip(layers, kv_caches, strict=True):
@@ -222,6 +261,26 @@ class LlamaModel(nn.Module):
         # In the residual's dtype: a float32 residual keeps its last norm in float32 too,
         # which the LM head's exact rescoring of its top candidates reads.
         return self.norm(hidden_states, hidden_states.dtype)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The tokens' embeddings [num_tokens, hidden_size], times the family's scale
+        (Gemma: sqrt(hidden_size), rounded to the embeddings' dtype as HF does)."""
+        embedded = self.embed_tokens(input_ids)
+        if self.spec.embedding_scale == 1.0:
+            return embedded
+        return embedded * torch.tensor(self.spec.embedding_scale, dtype=embedded.dtype)
+
+
+def rotaries(config: PretrainedConfig, spec: DecoderSpec) -> nn.ModuleDict:
+    """One RotaryEmbedding per rotary kind of the layers (LayerSpec.rope; "none" has none)."""
+    head_dim = spec.layers[0].head_dim
+    kinds = dict.fromkeys(layer.rope for layer in spec.layers if layer.rope != "none")
+    return nn.ModuleDict(
+        {
+            kind: RotaryEmbedding.from_config(config, head_dim, None if kind == "default" else kind)
+            for kind in kinds
+        }
+    )
 
 
 class LlamaForCausalLM(CausalLM):
@@ -287,7 +346,11 @@ class LlamaForCausalLM(CausalLM):
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         if self.lm_head is None:
             return None  # a pooling runner's model
-        return self.lm_head(hidden_states)  # [num_rows, vocab_size] float32 (TP rank 0)
+        logits = self.lm_head(hidden_states)  # [num_rows, vocab_size] float32 (TP rank 0)
+        cap = self.model.spec.final_logit_softcapping
+        if cap and logits is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     def use_native_step(self) -> bool:
         """Runs the decoder stack (and the LM head) through the native CPU step where it
@@ -416,3 +479,29 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
     @classmethod
     def describe(cls, config: PretrainedConfig) -> DecoderSpec:
         return DecoderSpec.from_config(config, qk_norm=True)
+
+
+class SmolLM3ForCausalLM(LlamaForCausalLM):
+    """Llama whose layers listed 0 in `no_rope_layers` (every fourth) have no rotary."""
+
+
+class Gemma3ForCausalLM(LlamaForCausalLM):
+    """Gemma 3's text model: (1 + w) RMSNorms before and after the attention and the MLP,
+    q/k norms, a GeGLU (tanh) MLP, embeddings times sqrt(hidden_size), the attention
+    scaled by query_pre_attn_scalar, sliding layers with their own rotary base (5 of 6 in
+    the checkpoints) and tied embeddings."""
+
+    @classmethod
+    def describe(cls, config: PretrainedConfig) -> DecoderSpec:
+        if getattr(config, "attn_logit_softcapping", None):
+            raise ModelLoadError(
+                "Gemma 3 with attn_logit_softcapping is not supported by the native model "
+                f"(the config sets {config.attn_logit_softcapping}); Gemma 3 checkpoints do not."
+            )
+        return DecoderSpec.from_config(
+            config,
+            qk_norm=True,
+            norm="rms_unit_offset",
+            norm_placement="sandwich",
+            embedding_scale=float(config.hidden_size) ** 0.5,
+        )

@@ -6,10 +6,12 @@ from collections.abc import Sequence
 
 from services.worker.models.causal_lm import CausalLM
 from services.worker.models.llama import (
+    Gemma3ForCausalLM,
     LlamaForCausalLM,
     MistralForCausalLM,
     Qwen2ForCausalLM,
     Qwen3ForCausalLM,
+    SmolLM3ForCausalLM,
 )
 
 # HF `architectures` name -> native implementation.
@@ -18,11 +20,15 @@ NATIVE_MODELS: dict[str, type[CausalLM]] = {
     "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
     # base-model checkpoints (saved by AutoModel: no LM head), for the pooling runner
     "LlamaModel": LlamaForCausalLM,
     "MistralModel": MistralForCausalLM,
     "Qwen2Model": Qwen2ForCausalLM,
     "Qwen3Model": Qwen3ForCausalLM,
+    "SmolLM3Model": SmolLM3ForCausalLM,
+    "Gemma3TextModel": Gemma3ForCausalLM,
 }
 
 
