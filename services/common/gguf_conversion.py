@@ -33,10 +33,11 @@ logger = logging.getLogger(__name__)
 
 MARKER_FILE = "pagestream_conversion.json"
 # GGUF architectures the native models load straight from the file (no weights written).
-GGUF_NATIVE_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
+GGUF_NATIVE_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma3")
 # Bumped when the folder's contents change (2: no weights for native architectures; 3: the
-# head_dim of the file's key_length, native Qwen3, Llama 3.x's rotary scaling).
-LAYOUT = 3
+# head_dim of the file's key_length, native Qwen3, Llama 3.x's rotary scaling; 4: Gemma 3's
+# attention scale and rotary scaling).
+LAYOUT = 4
 
 
 def _source_fingerprint(gguf_path: Path) -> dict[str, object]:
@@ -174,11 +175,26 @@ def _fix_config(config: object, gguf_path: Path) -> None:
     key_length = gguf.metadata.get(f"{gguf.architecture}.attention.key_length")
     if key_length:
         config.head_dim = int(key_length)
+    if gguf.architecture == "gemma3":
+        _fix_gemma3(config, gguf.metadata)
     factors = next((t for t in gguf.tensors if t.name == "rope_freqs.weight"), None)
     if factors is not None and factors.type_name == "F32":
         theta = float(config.rope_parameters["rope_theta"])
         values = gguf.raw(factors).reshape(-1).view("<f4")
         config.rope_parameters = llama3_rope_parameters(values.tolist(), theta, gguf_path)
+
+
+def _fix_gemma3(config: object, metadata: dict) -> None:
+    """Gemma 3 facts the file holds only as llama.cpp assumes them: the attention scale
+    (1 / sqrt(head_dim), but hidden / heads for the 62-layer 27B) and the global layers'
+    linear rotary scaling (4B and larger)."""
+    heads, layers = int(config.num_attention_heads), int(config.num_hidden_layers)
+    big = layers == 62  # llama.cpp's test for the 27B
+    config.query_pre_attn_scalar = config.hidden_size // heads if big else config.head_dim
+    if metadata.get("gemma3.rope.scaling.type") == "linear":
+        factor = float(metadata["gemma3.rope.scaling.factor"])
+        full = dict(config.rope_parameters["full_attention"])
+        config.rope_parameters["full_attention"] = {**full, "rope_type": "linear", "factor": factor}
 
 
 # Llama 3.x's rotary scaling as Meta ships it (Llama 3.1 / 3.2 / 3.3: factor 8 or 32, low 1,

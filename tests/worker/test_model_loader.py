@@ -15,6 +15,7 @@ from gguf import (
     MODEL_ARCH,
     GGMLQuantizationType,
     GGUFWriter,
+    RopeScalingType,
     get_tensor_name_map,
 )
 from gguf.quants import dequantize, quantize
@@ -158,8 +159,8 @@ def write_tiny_gguf(
     arch: str = "llama",
     overrides: dict[str, str] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Write `hf_model` (a tiny Llama, Qwen2 or Qwen3) as a llama.cpp GGUF with a byte-level BPE
-    tokenizer.
+    """Write `hf_model` (a tiny Llama, Qwen2, Qwen3 or Gemma 3) as a llama.cpp GGUF with a
+    byte-level BPE tokenizer.
 
     By default the MLP weights are stored as Q8_0 so conversion really dequantizes; with
     `matrix_type` every matrix (embedding included) is stored in that GGUF type (but those
@@ -177,10 +178,18 @@ def write_tiny_gguf(
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    if arch != "gemma3":  # Gemma 3: per layer type (below)
+        writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
+    if arch == "gemma3":
+        writer.add_sliding_window(config.sliding_window)
+        full = config.rope_parameters["full_attention"]
+        writer.add_rope_freq_base(full["rope_theta"])
+        if full["rope_type"] == "linear":
+            writer.add_rope_scaling_type(RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(full["factor"])
     byte_tokens = list(bytes_to_unicode().values())
     merges = [("h", "i"), ("Ġ", "t"), ("Ġt", "hi")]
     tokens = ["<unk>", "<s>", "</s>", *byte_tokens, *("".join(pair) for pair in merges)]
@@ -246,9 +255,12 @@ def _add_tensors(
     writer: GGUFWriter, hf_model, matrix_type: str | None, arch: str, overrides: dict[str, str]
 ) -> dict[str, np.ndarray]:
     config = hf_model.config
-    model_arch = {"llama": MODEL_ARCH.LLAMA, "qwen2": MODEL_ARCH.QWEN2, "qwen3": MODEL_ARCH.QWEN3}[
-        arch
-    ]
+    model_arch = {
+        "llama": MODEL_ARCH.LLAMA,
+        "qwen2": MODEL_ARCH.QWEN2,
+        "qwen3": MODEL_ARCH.QWEN3,
+        "gemma3": MODEL_ARCH.GEMMA3,
+    }[arch]
     name_map = get_tensor_name_map(model_arch, config.num_hidden_layers)
     expected = {}
     for index, (name, tensor) in enumerate(hf_model.state_dict().items()):
@@ -263,6 +275,10 @@ def _add_tensors(
                 array = array.reshape(num_heads, 2, -1, *array.shape[1:]).swapaxes(1, 2)
                 array = array.reshape(expected[name].shape)
         gguf_name = f"{name_map.get_name(base)}.{suffix}"
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            # llama.cpp's converter stores Gemma's (1 + w) norms as 1 + w
+            writer.add_tensor(gguf_name, array + np.float32(1.0))
+            continue
         type_name = matrix_type if array.ndim == 2 else None
         if matrix_type is None and ".mlp." in name:
             type_name = "Q8_0"

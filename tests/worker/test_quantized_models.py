@@ -143,6 +143,59 @@ def test_qwen3_gguf_with_head_norms_and_its_own_head_dim(
     _assert_matches(reference, _greedy(llm))
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_gemma3_gguf_with_its_four_norms_and_local_layers(
+    native, tmp_path, model_cache, monkeypatch
+):
+    """A Gemma-3-shaped file as llama.cpp writes it: norms stored as 1 + w, ffn_norm the
+    MLP's input norm, 5 sliding layers to 1 global (the pattern the file implies) with
+    linear rotary scaling on the global one, the attention scale of head_dim; a Q4_K_M-like
+    mix (Q4_K, Q6_K for the values and down, Q8_0 embedding)."""
+    monkeypatch.setenv("PAGESTREAM_CPU_NATIVE", "1" if native else "0")
+    layer_types = ["sliding_attention"] * 5 + ["full_attention"]
+    model = build_tiny_model(
+        "gemma3",
+        seed=3,
+        vocab_size=300,
+        hidden_size=256,
+        intermediate_size=512,
+        head_dim=64,
+        num_hidden_layers=6,
+        layer_types=layer_types,
+        query_pre_attn_scalar=64,
+        final_logit_softcapping=None,
+    )
+    path = tmp_path / "tiny-gemma3.Q4_K_M.gguf"
+    mix = {"v_proj": "Q6_K", "down_proj": "Q6_K", "embed_tokens": "Q8_0"}
+    expected = write_tiny_gguf(path, model, "Q4_K", arch="gemma3", overrides=mix)
+    converted = AutoConfig.from_pretrained(resolve_model(path))
+    assert converted.layer_types == layer_types and converted.sliding_window == 6
+    assert converted.rope_parameters["full_attention"]["factor"] == 2.0
+    reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
+    model.config.save_pretrained(reference)  # HF under the checkpoint's own config
+    llm = LLM(str(path), quantization="gguf", **ENGINE)
+    assert type(llm.engine.worker.model).__name__ == "Gemma3ForCausalLM"
+    assert (llm.engine.worker.model.model.native is not None) == native
+    # prompts past the 6-token window
+    _assert_matches(reference, _greedy(llm))
+    # and the log-probabilities (Gemma's norms make greedy tokens nearly blind to a scale)
+    _assert_logprobs_match(reference, llm)
+
+
+def _assert_logprobs_match(reference: Path, llm: LLM, max_tokens: int = 8) -> None:
+    """Each generated token's log-probability equals HF's on the same sequence."""
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=0, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    model = AutoModelForCausalLM.from_pretrained(reference, dtype=torch.float32).eval()
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        tokens = out.outputs[0].token_ids
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0]
+        expected = torch.log_softmax(logits[len(prompt) - 1 : -1], -1)
+        for i, (token, entry) in enumerate(zip(tokens, out.outputs[0].logprobs, strict=True)):
+            assert entry[token].logprob == pytest.approx(expected[i, token].item(), abs=1e-3)
+
+
 LLAMA3_SCALINGS = [(8192, 8.0), (16, 4.0)]  # as Meta ships it; a short one (solved, not looked up)
 
 

@@ -1,5 +1,5 @@
 """Checkpoint tensors read straight from a GGUF file, under their HF names (Llama family,
-Qwen2, Qwen3).
+Qwen2, Qwen3, Gemma 3).
 
     for name, tensor in iterate_gguf_weights(path, config, quantized=True):
         ...  # "model.layers.0.self_attn.q_proj.weight", QuantizedWeight (Q4_1, ...)
@@ -9,7 +9,8 @@ exactly; services/worker/layers/quantization) when `quantized`, else de-quantize
 float32 (gguf's own de-quantizer: every type it knows). Float tensors (norms, F16 / BF16
 matrices) come as float32 tensors either way. llama.cpp stores the query and key rows of
 the "llama" architecture in an interleaved rotary order; they are put back in HF's order
-here (a permutation of whole rows, so quantized rows move with their scales).
+here (a permutation of whole rows, so quantized rows move with their scales). Gemma's
+norms are stored as 1 + w (ggml multiplies by the weight); w is given back here.
 """
 
 from __future__ import annotations
@@ -63,17 +64,27 @@ _LAYER_NAMES = {
     "attn_q_norm": "self_attn.q_norm",  # Qwen3
     "attn_k_norm": "self_attn.k_norm",
 }
+# Gemma 3 names its four norms apart: ffn_norm is the MLP's input norm there.
+_GEMMA3_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_LAYER_NAMES_BY_ARCH = {"gemma3": _GEMMA3_LAYER_NAMES}
+UNIT_OFFSET_NORM_ARCHITECTURES = ("gemma3",)
 _LAYER_PATTERN = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _GLOBAL_PATTERN = re.compile(r"(\w+)\.(weight|bias)$")
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """ "blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight"; None for tensors
-    the HF model does not have (rope_freqs: recomputed from the config)."""
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
+    """ "blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight" (under the names of
+    `arch`'s HF model); None for tensors the HF model does not have (rope_freqs:
+    recomputed from the config)."""
     layer = _LAYER_PATTERN.match(gguf_name)
     if layer is not None:
         index, kind, param = layer.groups()
-        module = _LAYER_NAMES.get(kind)
+        module = _LAYER_NAMES_BY_ARCH.get(arch, _LAYER_NAMES).get(kind)
         return None if module is None else f"model.layers.{index}.{module}.{param}"
     top = _GLOBAL_PATTERN.match(gguf_name)
     if top is not None and top.group(1) in _GLOBAL_NAMES:
@@ -132,7 +143,7 @@ def iterate_gguf_weights(
         )
     chosen = []
     for tensor in gguf.tensors:
-        name = hf_name(tensor.name)
+        name = hf_name(tensor.name, arch)
         if name is None:
             logger.debug("GGUF tensor %s has no HF counterpart; skipped", tensor.name)
         elif wanted is None or wanted(name):
@@ -177,6 +188,8 @@ def _decoded(gguf: GGUFFile, tensor: GGUFTensor, quantized: bool, config: Pretra
     if heads is not None and gguf.architecture in PERMUTED_ARCHITECTURES:
         order = _rotary_order(value.shape[0], heads)
         value = value[order] if isinstance(value, torch.Tensor) else select_rows(value, order)
+    if gguf.architecture in UNIT_OFFSET_NORM_ARCHITECTURES and tensor.name.endswith("norm.weight"):
+        value = value - 1.0  # stored as 1 + w
     return value
 
 
