@@ -6,7 +6,8 @@ Column-parallel layers take whole quantized rows, row-parallel ones whole groups
 input features, the vocabulary shards its quantized rows (zero-padded).
 
 A tiny Qwen3 Q8_0 file (q/k norms replicated on both ranks, head_dim 32 with 4 heads on a
-hidden size of 64) does the same.
+hidden size of 64) and a tiny Gemma 3 one (its output norms after the all-reduce) do the
+same.
 
 One worker group per file for the whole module (process groups take seconds to start)."""
 
@@ -32,10 +33,10 @@ ENGINE = dict(
 )
 
 
-def _write(root, name: str, matrix_type: str, arch: str):
+def _write(root, name: str, matrix_type: str, arch: str, **overrides):
     path = root / f"tiny-{arch}.{matrix_type}.gguf"
     # intermediate 128: each rank's half of down_proj's inputs is two whole groups of 32
-    model = build_tiny_model(name, seed=3, vocab_size=300, intermediate_size=128)
+    model = build_tiny_model(name, seed=3, vocab_size=300, intermediate_size=128, **overrides)
     expected = write_tiny_gguf(path, model, matrix_type, arch=arch)
     return path, _reference_folder(resolve_model(path), expected, root / f"reference-{arch}")
 
@@ -48,6 +49,17 @@ def files(tmp_path_factory):
     yield {
         "llama": _write(root, "llama_tied", "Q4_1", "llama"),
         "qwen3": _write(root, "qwen3", "Q8_0", "qwen3"),
+        # what a GGUF file can say: 5 sliding layers to 1 full, the scale of head_dim
+        "gemma3": _write(
+            root,
+            "gemma3",
+            "Q8_0",
+            "gemma3",
+            num_hidden_layers=6,
+            layer_types=["sliding_attention"] * 5 + ["full_attention"],
+            query_pre_attn_scalar=32,
+            final_logit_softcapping=None,
+        ),
     }
     cache.undo()
 
@@ -81,8 +93,9 @@ def test_tp2_quantized_shards_match_tp1_and_hf(tp2, files):
         assert_same_or_near_tie(reference, prompt, g, e)
 
 
-def test_tp2_qwen3_with_head_norms_matches_tp1_and_hf(files):
-    path, reference = files["qwen3"]
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_tp2_qwen3_and_gemma3_match_hf(arch, files):
+    path, reference = files[arch]
     prompts = mixed_prompts(4, seed=12, vocab=300)
     params = greedy_params(len(prompts), max_tokens=8)
     tp2 = LLM(str(path), tensor_parallel_size=2, **ENGINE)
@@ -92,7 +105,8 @@ def test_tp2_qwen3_with_head_norms_matches_tp1_and_hf(files):
         got = generate_ids(tp2, prompts, params)
     finally:
         tp2.engine.close()
-    assert AutoConfig.from_pretrained(reference).architectures == ["Qwen3ForCausalLM"]
+    expected_class = {"qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}[arch]
+    assert AutoConfig.from_pretrained(reference).architectures == [expected_class]
     hf = generate_ids(LLM(str(reference), dtype="float32", kv_cache_memory="4MiB"), prompts, params)
     for prompt, g, e in zip(prompts, got, hf, strict=True):
         assert_same_or_near_tie(reference, prompt, g, e)
