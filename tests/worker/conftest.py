@@ -22,6 +22,7 @@ from transformers import (
     LlamaConfig,
     MistralConfig,
     OPTConfig,
+    Phi3Config,
     PretrainedConfig,
     PreTrainedModel,
     Qwen2Config,
@@ -76,24 +77,8 @@ def tiny_config(name: str) -> PretrainedConfig:
         return SmolLM3Config(
             **_LLAMA_COMMON, no_rope_layer_interval=2, pad_token_id=None, tie_word_embeddings=False
         )
-    if name == "gemma3":  # sandwich (1 + w) norms, GeGLU, scaled embeddings, q/k norms,
-        # query_pre_attn_scalar != head_dim, sliding layers (6-token window) with their own
-        # rotary base around a full one with linear scaling, a final logit cap, tied
-        rope = {
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
-        }
-        common = {**_LLAMA_COMMON, "num_hidden_layers": 3}
-        return Gemma3TextConfig(
-            **common,
-            head_dim=32,
-            query_pre_attn_scalar=24,
-            sliding_window=6,
-            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-            rope_parameters=rope,
-            final_logit_softcapping=5.0,
-            tie_word_embeddings=True,
-        )
+    if name in _FAMILY_CONFIGS:
+        return _FAMILY_CONFIGS[name]()
     if name == "mistral":  # a sliding window shorter than the test prompts
         return MistralConfig(**_LLAMA_COMMON, sliding_window=6, tie_word_embeddings=False)
     if name == "gpt2":
@@ -112,6 +97,52 @@ def tiny_config(name: str) -> PretrainedConfig:
             eos_token_id=2,
         )
     raise KeyError(name)
+
+
+def _gemma3_config() -> PretrainedConfig:
+    """Gemma 3: sandwich (1 + w) norms, GeGLU, scaled embeddings, q/k norms,
+    query_pre_attn_scalar != head_dim, sliding layers (6-token window) with their own
+    rotary base around a full one with linear scaling, a final logit cap, tied."""
+    rope = {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+    }
+    common = {**_LLAMA_COMMON, "num_hidden_layers": 3}
+    return Gemma3TextConfig(
+        **common,
+        head_dim=32,
+        query_pre_attn_scalar=24,
+        sliding_window=6,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters=rope,
+        final_logit_softcapping=5.0,
+        tie_word_embeddings=True,
+    )
+
+
+def _phi4_config() -> PretrainedConfig:
+    """Phi-4-mini's shape: fused qkv / gate_up tensors, 3/4 of each head
+    rotated with longrope (its short factors: the tests stay within the 128 original
+    positions; past them HF switches a whole forward to the long ones, see llama.py)."""
+    rope = {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.75,
+        "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+        "long_factor": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+        "original_max_position_embeddings": 128,
+    }
+    return Phi3Config(
+        **_LLAMA_COMMON,
+        rope_parameters=rope,
+        original_max_position_embeddings=128,
+        pad_token_id=None,
+        sliding_window=None,
+        tie_word_embeddings=True,
+    )
+
+
+_FAMILY_CONFIGS = {"gemma3": _gemma3_config, "phi4": _phi4_config}
 
 
 def randomize_(model: torch.nn.Module, seed: int) -> None:

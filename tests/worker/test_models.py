@@ -30,6 +30,7 @@ from services.worker.models.llama import (
     Gemma3ForCausalLM,
     LlamaForCausalLM,
     MistralForCausalLM,
+    Phi3ForCausalLM,
     Qwen2ForCausalLM,
     Qwen3ForCausalLM,
     SmolLM3ForCausalLM,
@@ -39,7 +40,7 @@ from tests.worker.conftest import VOCAB, SeqState
 ATOL = 1e-4
 ARCHS = [
     *("llama", "llama_tied", "qwen2", "qwen2_sliding", "qwen3", "qwen3_bias", "mistral"),
-    *("smollm3", "gemma3", "gpt2", "opt"),
+    *("smollm3", "gemma3", "phi4", "gpt2", "opt"),
 ]
 EXPECTED_CLASS = {
     "llama": LlamaForCausalLM,
@@ -51,6 +52,7 @@ EXPECTED_CLASS = {
     "mistral": MistralForCausalLM,
     "smollm3": SmolLM3ForCausalLM,
     "gemma3": Gemma3ForCausalLM,
+    "phi4": Phi3ForCausalLM,
     "gpt2": HFFallbackForCausalLM,
     "opt": HFFallbackForCausalLM,
 }

@@ -26,7 +26,7 @@ from tests.worker.test_models import random_tokens
 
 ARCHS = [
     *("llama", "llama_tied", "qwen2", "qwen2_sliding", "qwen3", "qwen3_bias", "mistral"),
-    *("smollm3", "gemma3"),
+    *("smollm3", "gemma3", "phi4"),
 ]
 
 

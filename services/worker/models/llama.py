@@ -1,5 +1,6 @@
 """Native Llama family: Llama (incl. llama3 RoPE scaling, SmolLM2), Mistral, Qwen2, Qwen3,
-SmolLM3 (layers without rotary) and Gemma 3's text model ((1 + w) norms around both
+SmolLM3 (layers without rotary), Phi-3 / Phi-4-mini (fused checkpoint tensors, partial
+rotary) and Gemma 3's text model ((1 + w) norms around both
 blocks, GeGLU, scaled embeddings, local and global rotary).
 
 Runs on the flattened batch ([num_tokens, hidden_size], no padding) with the paged KV cache.
@@ -505,3 +506,33 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
             norm_placement="sandwich",
             embedding_scale=float(config.hidden_size) ** 0.5,
         )
+
+
+class Phi3ForCausalLM(LlamaForCausalLM):
+    """Llama whose checkpoints hold q/k/v as one qkv_proj and gate/up as one gate_up_proj
+    (split here into the separate tensors every loader takes, so they shard as Llama's);
+    Phi-4-mini rotates only the first partial_rotary_factor of each head, with longrope.
+    Longrope uses its short factors at every position: HF's too within
+    original_max_position_embeddings (4,096 for Phi-4-mini); past it HF switches a whole
+    forward to the long factors by the batch's longest sequence, which has no per-token
+    equivalent in a mixed batch (outputs there differ from HF's)."""
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        return super().load_weights(self._split_fused(weights))
+
+    def _split_fused(
+        self, weights: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterable[tuple[str, torch.Tensor]]:
+        layer = self.model.spec.layers[0]
+        q, kv = layer.num_heads * layer.head_dim, layer.num_kv_heads * layer.head_dim
+        for name, tensor in weights:
+            if name.endswith("self_attn.qkv_proj.weight"):
+                base = name.removesuffix("qkv_proj.weight")
+                parts = torch.split(tensor, [q, kv, kv])
+                yield from zip([f"{base}{p}_proj.weight" for p in "qkv"], parts, strict=True)
+            elif name.endswith("mlp.gate_up_proj.weight"):
+                base = name.removesuffix("gate_up_proj.weight")
+                gate, up = torch.chunk(tensor, 2)  # HF's order: gate, then up
+                yield from ((f"{base}gate_proj.weight", gate), (f"{base}up_proj.weight", up))
+            else:
+                yield name, tensor

@@ -9,6 +9,7 @@ from services.worker.models.llama import (
     Gemma3ForCausalLM,
     LlamaForCausalLM,
     MistralForCausalLM,
+    Phi3ForCausalLM,
     Qwen2ForCausalLM,
     Qwen3ForCausalLM,
     SmolLM3ForCausalLM,
@@ -22,6 +23,7 @@ NATIVE_MODELS: dict[str, type[CausalLM]] = {
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
     # base-model checkpoints (saved by AutoModel: no LM head), for the pooling runner
     "LlamaModel": LlamaForCausalLM,
     "MistralModel": MistralForCausalLM,
@@ -29,6 +31,7 @@ NATIVE_MODELS: dict[str, type[CausalLM]] = {
     "Qwen3Model": Qwen3ForCausalLM,
     "SmolLM3Model": SmolLM3ForCausalLM,
     "Gemma3TextModel": Gemma3ForCausalLM,
+    "Phi3Model": Phi3ForCausalLM,
 }
 
 
