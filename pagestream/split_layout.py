@@ -9,6 +9,7 @@ routing frontend); run_split hands them to the Supervisor.
 from __future__ import annotations
 
 import argparse
+import random
 import shutil
 import socket
 import sys
@@ -23,9 +24,32 @@ from services.common.tls import TlsConfig
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
+    """A free port below the kernel's ephemeral range: a role binds its port only after
+    it has started (a scheduler after its workers loaded), and a port from the ephemeral
+    range can meanwhile be taken as the source port of any outgoing connection (the
+    workers' gloo group, a gRPC client), which no restart frees."""
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(min(20000, low - 1000), low)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # every candidate was taken: the kernel's pick
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux; IANA's 49152 elsewhere)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as handle:
+            return max(2048, int(handle.read().split()[0]))
+    except (OSError, ValueError, IndexError):
+        return 49152
 
 
 @dataclass(frozen=True)
