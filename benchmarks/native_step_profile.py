@@ -26,7 +26,7 @@ import time
 import torch
 
 from benchmarks.micro import read_bandwidth_gb_s
-from kernels.attention_metadata import AttentionMetadata
+from pagestream_kernels.attention_metadata import AttentionMetadata
 from services.common.config import ModelConfig
 from services.worker.cpu_tuning import pin_threads
 from services.worker.model_loader import load

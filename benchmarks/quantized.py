@@ -15,7 +15,7 @@ Greedy agreement of each run with pagestream float32 on the de-quantized weights
 same file (the float model those blocks stand for), over the whole workload: equal
 requests, the mean first difference, as benchmarks/results.py counts them. llama.cpp
 rounds its activations to 8 bits inside the quantized dot products; pagestream does the
-same on the bfloat16 VNNI path (kernels/cpu/quantized_linear.cpp).
+same on the bfloat16 VNNI path (pagestream_kernels/cpu/quantized_linear.cpp).
 """
 
 from __future__ import annotations

@@ -72,14 +72,14 @@ def thread_cpus() -> list[int]:
 def pin_threads() -> list[int]:
     """Pins torch's intra-op thread i to CPU i of `thread_cpus()` (and sets that many
     threads), so the OS never stacks two compute threads on a core or moves them between
-    cores mid-step. Needs the C++ CPU kernels (kernels/cpu); returns the CPUs pinned to,
+    cores mid-step. Needs the C++ CPU kernels (pagestream_kernels/cpu); returns the CPUs pinned to,
     [] when nothing was pinned ($PAGESTREAM_CPU_PIN=0, no compiler, not Linux)."""
     if os.environ.get(CPU_PIN_ENV, "1") == "0" or not sys.platform.startswith("linux"):
         return []
     cpus = thread_cpus()
     if not cpus:
         return []
-    from kernels import cpu as cpu_kernels
+    from pagestream_kernels import cpu as cpu_kernels
 
     try:
         module = cpu_kernels.load()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.attention_metadata import AttentionMetadata
+from pagestream_kernels.attention_metadata import AttentionMetadata
 from services.worker.models.causal_lm import CausalLM
 from services.worker.parallel_state import get_rank_info
 

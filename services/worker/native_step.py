@@ -1,7 +1,7 @@
 """The native CPU step of the Llama family: one C++ call runs a stage's decoder stack.
 
-`NativeStep.build(model)` hands every layer's weights to `kernels/cpu/decoder_stack.cpp`
-(packed once into the layout of its GEMM, `kernels/cpu/linear.cpp`) and frees the torch
+`NativeStep.build(model)` hands every layer's weights to `pagestream_kernels/cpu/decoder_stack.cpp`
+(packed once into the layout of its GEMM, `pagestream_kernels/cpu/linear.cpp`) and frees the torch
 copies, so the weights are held once; from then on `LlamaModel.forward` is the embedding
 lookup, the step's cos/sin and one `DecoderStack.forward` over all of its layers, with the
 residual stream, norms, rotary and attention in float32 and every matmul accumulating
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from kernels.attention_metadata import AttentionMetadata
+from pagestream_kernels.attention_metadata import AttentionMetadata
 from services.worker.layers.linear import kv_heads_per_rank
 from services.worker.layers.quantization.model_weights import weight_formats
 from services.worker.parallel_state import tp_all_reduce
@@ -43,7 +43,7 @@ _EMPTY_INT = torch.empty(0, dtype=torch.int32)
 
 
 def _extension():
-    from kernels import cpu
+    from pagestream_kernels import cpu
 
     return cpu.load()
 

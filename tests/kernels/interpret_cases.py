@@ -18,12 +18,12 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-import kernels.triton as triton_kernels
-from kernels import reference
-from kernels.attention_metadata import AttentionMetadata
-from kernels.triton.launch import run_paged_attention
-from kernels.triton.lora import add_lora_launches, lora_rows_per_program
+import pagestream_kernels.triton as triton_kernels
 from pagestream import LLM, SamplingParams
+from pagestream_kernels import reference
+from pagestream_kernels.attention_metadata import AttentionMetadata
+from pagestream_kernels.triton.launch import run_paged_attention
+from pagestream_kernels.triton.lora import add_lora_launches, lora_rows_per_program
 
 if os.environ.get("TRITON_INTERPRET") != "1" or not triton_kernels.is_interpreted():
     raise RuntimeError("run with TRITON_INTERPRET=1 set before the process starts")

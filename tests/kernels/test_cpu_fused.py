@@ -1,4 +1,4 @@
-"""kernels/cpu/fused.cpp against the torch compositions it replaces (same rounding points)."""
+"""cpu/fused.cpp against the torch compositions it replaces (same rounding points)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu import fused_ops
+from pagestream_kernels.cpu import fused_ops
 from services.worker.layers.layernorm import rms_norm_torch
 
 BF16_ULP = 2.0**-7  # a bfloat16 result may differ by one ulp (the float32 sum's order)

@@ -1,4 +1,4 @@
-"""kernels.cpu (decode groups in C++, built on first use) against the torch references.
+"""pagestream_kernels.cpu (decode groups in C++, built on first use) against the torch references.
 
 The same NaN-poisoned batches as test_reference.py: a stray read of an unwritten slot fails.
 The build needs gcc and ninja, which `make setup` provides; a machine without them fails here
@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from kernels import cpu, paged_attention_naive, reference
+from pagestream_kernels import cpu, paged_attention_naive, reference
 from services.worker.layers.attention import resolve_attention_backend
 from tests.kernels.test_reference import MIXED, build_batch, reference_attention
 
@@ -180,7 +180,7 @@ def test_a_stale_build_lock_is_cleared_and_a_fresh_one_kept(tmp_path):
     import os
     import time
 
-    from kernels import cpu
+    from pagestream_kernels import cpu
 
     lock = tmp_path / "lock"
     lock.write_text("")
@@ -193,7 +193,7 @@ def test_a_stale_build_lock_is_cleared_and_a_fresh_one_kept(tmp_path):
 
 
 def test_a_built_module_loads_without_the_build_machinery(tmp_path):
-    from kernels import cpu
+    from pagestream_kernels import cpu
 
     assert cpu._load_built("missing", tmp_path) is None
     (tmp_path / "broken.so").write_bytes(b"not a shared object")

@@ -1,4 +1,4 @@
-"""The native CPU step's kernels (kernels/cpu/linear.cpp, paged_decode.cpp's rows entry)
+"""The native CPU step's kernels (pagestream_kernels/cpu/linear.cpp, paged_decode.cpp's rows entry)
 against torch references: the packed GEMM against a float32 matmul of the same rounded
 inputs, the row-wise paged attention against the per-sequence SDPA ground truth on the
 NaN-poisoned mixed batches of test_reference.py (a stray read of an unwritten slot fails)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu
+from pagestream_kernels import cpu
 from tests.kernels.test_reference import MIXED, build_batch, reference_attention
 
 

@@ -1,4 +1,4 @@
-"""kernels/cpu/quantized_linear.cpp against its torch reference (de-quantize, then a float32
+"""cpu/quantized_linear.cpp against its torch reference (de-quantize, then a float32
 matmul): every code width, scale dtype and group size, with and without mins and bias,
 edge shapes (N not a multiple of 16, one column block, one group per row), both few-rows
 paths (a float32 model's: codes streamed into float32 FMAs; a bfloat16 model's on a CPU
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import cpu
+from pagestream_kernels import cpu
 
 FEW_ROWS_FMA, FEW_ROWS_VNNI = 8, 32  # quantized_linear.cpp's streamed rows
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import paged_attention, paged_attention_naive, reference, reshape_and_cache
-from kernels.attention_metadata import AttentionMetadata
+from pagestream_kernels import paged_attention, paged_attention_naive, reference, reshape_and_cache
+from pagestream_kernels.attention_metadata import AttentionMetadata
 
 # (cached context tokens, query tokens) per sequence: decode rows, a whole prompt, chunked
 # prefills on top of cached context, a short prompt, a sequence with nothing scheduled.

@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import triton  # noqa: F401  (a dependency of the project on Linux: make setup installs it)
 
-import kernels.triton
-from kernels.triton import aot
+import pagestream_kernels.triton
+from pagestream_kernels.triton import aot
 
 
 @pytest.fixture(scope="module")
 def compiled():
-    if kernels.triton.is_interpreted():  # a setting of this run, not of the machine: no skip
+    if pagestream_kernels.triton.is_interpreted():  # this run's setting: no skip
         pytest.fail("TRITON_INTERPRET=1: the kernels are interpreted; run without it", False)
     return aot.compile_all()
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import reference
-from kernels.attention_metadata import AttentionMetadata
+from pagestream_kernels import reference
+from pagestream_kernels.attention_metadata import AttentionMetadata
 
 pytestmark = [
     pytest.mark.gpu,
@@ -102,7 +102,7 @@ def sdpa(batch: Batch, scale: float) -> torch.Tensor:
 
 
 def triton_attention(batch: Batch, split_kv=None, **options) -> torch.Tensor:
-    from kernels.triton.launch import run_paged_attention
+    from pagestream_kernels.triton.launch import run_paged_attention
 
     scale = HEAD_DIM**-0.5
     out = run_paged_attention(*batch.args(), scale, split_kv=split_kv, **options)
@@ -160,7 +160,7 @@ def test_offsets_past_two_to_the_31_elements():
 
 
 def test_reshape_and_cache_equals_reference_bitwise():
-    from kernels.triton import reshape_and_cache
+    from pagestream_kernels.triton import reshape_and_cache
 
     gen = torch.Generator(device="cuda").manual_seed(6)
     cache = torch.randn((2, 64, 16, KV_HEADS, HEAD_DIM), generator=gen, device="cuda")
@@ -207,7 +207,7 @@ def test_add_lora_matches_reference_at_llama_sizes(rows_per_program):
     # The v slice of Llama-3-8B's fused qkv (K 4096 -> n 1024 at column 5120 of 6144), bf16
     # input, ranks 64 (= R), 8, 0 and 16: a 600-row prefill chunk of one adapter, then 200
     # decode rows of mixed adapters and none.
-    from kernels.triton.lora import add_lora_launches
+    from pagestream_kernels.triton.lora import add_lora_launches
 
     gen = torch.Generator(device="cuda").manual_seed(7)
     num_tokens, k, n, max_rank, offset, width = 800, 4096, 1024, 64, 5120, 6144

@@ -30,7 +30,7 @@ from transformers import (
     SmolLM3Config,
 )
 
-from kernels.attention_metadata import AttentionMetadata
+from pagestream_kernels.attention_metadata import AttentionMetadata
 
 VOCAB = 128
 _LLAMA_COMMON = dict(

@@ -13,7 +13,7 @@ import gc
 
 import pytest
 
-from kernels import cpu
+from pagestream_kernels import cpu
 from services.common.config import ModelConfig
 from services.common.model_source import resolve_model
 from services.worker.cpu_tuning import return_freed_memory

@@ -509,9 +509,9 @@ def test_online_quantizers_reject_bad_weights(quantize):
 @pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
 @pytest.mark.parametrize("n, k", [(1, 256), (37, 768), (130, 512)])
 def test_the_cpp_decoder_equals_the_numpy_one_bit_for_bit(name, n, k):
-    """kernels/cpu/gguf_decode.cpp (what decode_gguf runs where the extension builds) and
+    """pagestream_kernels/cpu/gguf_decode.cpp (what decode_gguf runs where the extension builds) and
     the numpy decoders (the reference): the same codes, scales and mins."""
-    from kernels import cpu
+    from pagestream_kernels import cpu
     from services.worker.layers.quantization import gguf_blocks
 
     reason = cpu.unavailable_reason()

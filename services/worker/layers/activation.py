@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.cpu import fused_ops
+from pagestream_kernels.cpu import fused_ops
 
 # HF `hidden_act` names -> torch functions, as transformers' ACT2FN defines them (the names
 # the native families use; any other name is looked up in ACT2FN itself, whose import costs
@@ -44,7 +44,7 @@ class GatedActivation(nn.Module):
 
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
         if self.hidden_act == "silu" and gate_up.device.type == "cpu":
-            fused = fused_ops.silu_and_mul(gate_up)  # one C++ pass (kernels/cpu/fused.cpp)
+            fused = fused_ops.silu_and_mul(gate_up)  # one C++ pass (cpu/fused.cpp)
             if fused is not None:
                 return fused
         gate, up = gate_up.chunk(2, dim=-1)  # [num_tokens, d] each

@@ -3,9 +3,10 @@
 The layer works on the flattened batch ([num_tokens, num_heads * head_dim], no padding); the
 per-step layout (slot_mapping, block_table, seq_lens, query_start_loc) comes from
 `AttentionMetadata`. The kernels (causal within each sequence, GQA, optional sliding window
-and logit soft-cap) come from an `AttentionOps` backend: "torch" is `kernels`' reference;
-"cpu" (kernels/cpu: decode groups in C++, the rest as torch) and "triton" (kernels/triton)
-load lazily on first use, and other backends register with `register_attention_backend`;
+and logit soft-cap) come from an `AttentionOps` backend: "torch" is pagestream_kernels'
+reference; "cpu" (pagestream_kernels/cpu: decode groups in C++, the rest as torch) and
+"triton" (pagestream_kernels/triton) load lazily on first use, and other backends register
+with `register_attention_backend`;
 `resolve_attention_backend` picks one for --attention-backend auto|torch|cpu|triton.
 """
 
@@ -18,15 +19,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kernels import paged_attention, reshape_and_cache
-from kernels.attention_metadata import AttentionMetadata
+from pagestream_kernels import paged_attention, reshape_and_cache
+from pagestream_kernels.attention_metadata import AttentionMetadata
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class AttentionOps:
-    """One attention backend: the two kernels of `kernels/`, same signatures."""
+    """One attention backend: the two kernels of `pagestream_kernels/`, same signatures."""
 
     name: str
     reshape_and_cache: Callable[..., None]
@@ -68,13 +69,13 @@ def register_attention_backend(ops: AttentionOps) -> None:
 
 
 def _load_triton(device: torch.device) -> AttentionOps:
-    """kernels.triton, imported on first use: importing this module never needs triton or a GPU.
+    """pagestream_kernels.triton, imported on first use: importing this module needs no triton/GPU.
 
     On CPU the kernels run only through Triton's interpreter (TRITON_INTERPRET=1 set before
     the process imported triton); otherwise, or without triton, a ValueError says why.
     """
     try:
-        from kernels import triton as triton_kernels
+        from pagestream_kernels import triton as triton_kernels
     except ImportError as exc:
         raise ValueError(f"attention backend 'triton' is not available: {exc}") from exc
     reason = triton_kernels.unavailable_reason(device)
@@ -84,10 +85,10 @@ def _load_triton(device: torch.device) -> AttentionOps:
 
 
 def _load_cpu(device: torch.device) -> AttentionOps:
-    """kernels.cpu: decode attention in C++, built on first use (ValueError if it can't be)."""
+    """pagestream_kernels.cpu: decode attention in C++, built on first use (else ValueError)."""
     if device.type != "cpu":
         raise ValueError(f"attention backend 'cpu' runs on the CPU, not on {device.type}.")
-    from kernels import cpu as cpu_kernels
+    from pagestream_kernels import cpu as cpu_kernels
 
     reason = cpu_kernels.unavailable_reason()
     if reason is not None:

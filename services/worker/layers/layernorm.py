@@ -10,14 +10,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.cpu import fused_ops
+from pagestream_kernels.cpu import fused_ops
 
 
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None
 ) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) * weight, the statistics in float32; output in out_dtype
-    (default: the weight's dtype). On the CPU one fused C++ pass (kernels/cpu/fused.cpp)
+    (default: the weight's dtype). On the CPU one fused C++ pass (pagestream_kernels/cpu/fused.cpp)
     where it applies, else the torch composition."""
     if out_dtype in (None, weight.dtype) and x.device.type == "cpu":
         fused = fused_ops.rms_norm(x, weight, eps)

@@ -113,7 +113,7 @@ class LinearBase(nn.Module):
         self.weight_format = self.weight_format.for_torch(dtype)
 
     def to_native(self, bias: torch.Tensor) -> object:
-        """The C++ packed linear of this weight (kernels/cpu/linear.h) with `bias` folded
+        """The C++ packed linear of this weight (pagestream_kernels/cpu/linear.h) with `bias` folded
         in; the layer's own copy is freed (the C++ object holds the weight)."""
         native, self.weight_format = self.weight_format.for_native(bias)
         return native

@@ -8,7 +8,7 @@ format is the object's class, never a set of optional attributes:
     QuantizedParts       quantized checkpoint shards arriving (GGUF blocks, or float
                          tensors quantized online: int8 / int4), by row offset
     QuantizedLinearWeight  the whole quantized weight (a QuantizedWeight)
-    NativeWeight         handed to the C++ GEMM (kernels/cpu/linear.h): the C++ object
+    NativeWeight         handed to the C++ GEMM (pagestream_kernels/cpu/linear.h): the C++ object
                          holds it; torch holds nothing
 
 One small interface: `store` (a checkpoint shard into its rows), `finish` (after every
@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels import cpu
+from pagestream_kernels import cpu
 from services.worker.layers.matmul import linear
 from services.worker.layers.packed_weight import PackedWeight
 from services.worker.layers.quantization import QuantizedWeight
@@ -45,7 +45,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def pack_quantized(q: QuantizedWeight, bias: torch.Tensor, bf16_rows: bool) -> object:
-    """`q` packed for the C++ GEMM (kernels/cpu/quantized_linear.cpp) with `bias` (empty:
+    """`q` packed for the C++ GEMM (pagestream_kernels/cpu/quantized_linear.cpp) with `bias` (empty:
     none); `bf16_rows`: a bfloat16 model's many-row products may run in bfloat16."""
     mins = q.mins if q.mins is not None else torch.empty(0)
     return cpu.load().PackedLinear.quantized(

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from kernels.cpu import fused_ops
+from pagestream_kernels.cpu import fused_ops
 
 
 def rope_parameters(config: PretrainedConfig) -> dict:
@@ -122,7 +122,7 @@ class RotaryEmbedding(nn.Module):
         num_tokens = positions.shape[0]
         cos, sin = self.cached_cos_sin(positions)
         if heads.device.type == "cpu":
-            fused = fused_ops.rotary(heads, cos, sin, self.head_dim)  # kernels/cpu/fused.cpp
+            fused = fused_ops.rotary(heads, cos, sin, self.head_dim)  # cpu/fused.cpp
             if fused is not None:
                 return fused
         rotated = apply_rotary(heads.reshape(num_tokens, -1, self.head_dim), cos, sin)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import cpu
+from pagestream_kernels import cpu
 from services.worker.layers.linear_weight import pack_quantized
 from services.worker.layers.matmul import linear
 from services.worker.layers.packed_weight import PackedWeight
@@ -100,7 +100,9 @@ class LMHead(VocabEmbedding):
     (None on the other TP ranks). `tie_to(embedding)` shares the embedding's weight."""
 
     packed: PackedWeight | None = None
-    native: object | None = None  # kernels/cpu PackedLinear: float32 logits around any weight
+    native: object | None = (
+        None  # pagestream_kernels/cpu PackedLinear: float32 logits around any weight
+    )
     native_rescores = False  # the packed copy holds the float weight (not quantized codes)
     tied: VocabEmbedding | None = None
     online: OnlineQuantization | None = None  # quantize the float table at load
@@ -139,7 +141,7 @@ class LMHead(VocabEmbedding):
         return self.packed is not None
 
     def pack_native(self) -> None:
-        """The native CPU step's packed copy (kernels/cpu/linear.cpp), which accumulates and
+        """The native CPU step's packed copy (cpu/linear.cpp), which accumulates and
         writes float32 logits; the plain weight stays for the lookup and the rescoring."""
         self.native = _packed_table(self)
         self.native_rescores = self.quantized is None
@@ -179,7 +181,7 @@ RESCORED_CANDIDATES = 16
 
 
 def _packed_table(table: VocabEmbedding) -> object:
-    """An LM head's table packed for the C++ GEMM (kernels/cpu/linear.h): its quantized
+    """An LM head's table packed for the C++ GEMM (pagestream_kernels/cpu/linear.h): its quantized
     table where it has one (services/worker/layers/quantization), else its float one."""
     if table.quantized is None:
         return cpu.load().PackedLinear(table.weight.detach(), torch.empty(0))

@@ -48,7 +48,7 @@ class LinearLoRA:
         if batch is None:
             return
         if x.is_cuda:
-            from kernels.triton import add_lora
+            from pagestream_kernels.triton import add_lora
 
             ranks, offsets = self.slots.ranks, [part.layout.out_offset for part in self.slices]
             for part, offset in zip(self.slices, offsets, strict=True):

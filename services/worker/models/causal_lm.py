@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from kernels.attention_metadata import AttentionMetadata
+from pagestream_kernels.attention_metadata import AttentionMetadata
 from services.worker.layers.attention import TORCH_ATTENTION, Attention, AttentionOps
 from services.worker.models.kv_cache_spec import KVCacheSpec
 

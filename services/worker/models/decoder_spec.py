@@ -30,7 +30,7 @@ from transformers import PretrainedConfig
 from services.worker.layers.rotary_embedding import rope_parameters
 from services.worker.models.causal_lm import config_head_dim, config_num_kv_heads
 
-# What the C++ DecoderStack runs (kernels/cpu/decoder_stack.cpp).
+# What the C++ DecoderStack runs (pagestream_kernels/cpu/decoder_stack.cpp).
 NATIVE_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 NATIVE_NORMS = ("rms", "rms_unit_offset")  # the offset is folded into the weights at load
 NATIVE_PLACEMENTS = ("pre", "sandwich")

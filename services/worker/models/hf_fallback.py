@@ -21,7 +21,7 @@ import torch
 from safetensors import SafetensorError
 from transformers import AttentionInterface, AutoModelForCausalLM, PreTrainedModel
 
-from kernels.attention_metadata import AttentionMetadata
+from pagestream_kernels.attention_metadata import AttentionMetadata
 from services.common.model_errors import ModelLoadError
 from services.worker.layers.attention import AttentionOps
 from services.worker.models.causal_lm import CausalLM

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from kernels.attention_metadata import AttentionMetadata
+from pagestream_kernels.attention_metadata import AttentionMetadata
 from services.common.model_errors import ModelLoadError
 from services.common.rank_info import RankInfo
 from services.worker.layers.activation import GatedActivation

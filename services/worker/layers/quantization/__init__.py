@@ -11,7 +11,7 @@ One module per concern:
 - `online`: quantizers of float weights at load (`quantize_int8` per output channel,
   `quantize_int4` per group).
 
-The C++ kernels (kernels/cpu/quantized_linear.cpp) repack a `QuantizedWeight` once, at
+The C++ kernels (pagestream_kernels/cpu/quantized_linear.cpp) repack a `QuantizedWeight` once, at
 load, into their own layout; `dequantize()` is what their results are checked against.
 """
 

@@ -50,7 +50,7 @@ d * sc (11 x 8 significant bits at most) are exact in float32, and the promoted 
 (d q + (-8 d) for d (q - 8); x + (-m) for x - m) round the same or not at all.
 
 Q4_K and Q6_K (the bulk of llama.cpp's Q4_K_M / Q5_K_M mixes) are decoded by the C++
-extension where it builds (kernels/cpu/gguf_decode.cpp, row blocks over the thread team,
+extension where it builds (pagestream_kernels/cpu/gguf_decode.cpp, row blocks over the thread team,
 the same values bit for bit); the numpy decoders here are the reference and the fallback.
 
 `gguf_float(raw, type_name, shape)` reads the float tensors (F32, F16, BF16: norm weights,
@@ -356,13 +356,13 @@ _NATIVE_DECODERS = {"Q4_K": _native_q4_k, "Q6_K": _native_q6_k}
 
 def _native_decoder(type_name: str):
     """raw -> QuantizedWeight through the C++ decoder of a K-quant type
-    (kernels/cpu/gguf_decode.cpp: the same values, row blocks over the thread team, ~5x
+    (pagestream_kernels/cpu/gguf_decode.cpp: the same values, row blocks over the thread team, ~5x
     faster than numpy), or None (the extension does not build here, or a type decoded in
     numpy only)."""
     decoder = _NATIVE_DECODERS.get(type_name)
     if decoder is None:
         return None
-    from kernels import cpu
+    from pagestream_kernels import cpu
 
     if cpu.unavailable_reason() is not None:
         return None

@@ -2,8 +2,8 @@
 
 The worker's model runner builds one `AttentionMetadata` per forward pass from the
 InputBatch's tensors of the same names; every attention layer of the model reads it
-unchanged, and every paged-attention kernel (kernels.reference, kernels.cpu,
-kernels.triton) takes it as its one description of the batch.
+unchanged, and every paged-attention kernel (pagestream_kernels.reference, pagestream_kernels.cpu,
+pagestream_kernels.triton) takes it as its one description of the batch.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 // This step's keys and values into their cache slots (the C++ form of
-// kernels.reference.reshape_and_cache): one pass, no index tensors, rounding to the
+// pagestream_kernels.reference.reshape_and_cache): one pass, no index tensors, rounding to the
 // cache's dtype on the way (float32 -> bfloat16 rounds to nearest even, as torch's .to).
 //
 // key, value  [tokens, num_kv_heads, head_dim], rows any stride apart (slices of QKV)

@@ -1,7 +1,7 @@
 """CPU kernels in C++, built on first use by torch's extension loader (gcc and ninja).
 
-`paged_attention` has the signature of `kernels.reference.paged_attention`: groups of decode
-rows (one query token per sequence: most rows of a busy server) run `paged_decode.cpp`, which
+`paged_attention` has the signature of `reference.paged_attention`: groups of decode rows
+(one query token per sequence: most rows of a busy server) run `paged_decode.cpp`, which
 reads each cached key and value once, straight through the block table; prefill groups keep
 the reference's masked SDPA. float32 and bfloat16 queries over float32 or bfloat16 caches
 (a bfloat16 query over a float32 cache, and other dtypes, take the reference path); the
@@ -10,7 +10,7 @@ kernel call with no planning. `reshape_and_cache` writes a step's keys and value
 pass (`cache_write.cpp`).
 
 The same extension holds the fused elementwise steps of a decoder layer (`fused.cpp`,
-called through `kernels.cpu.fused_ops`) and the intra-op thread pinning
+called through `pagestream_kernels.cpu.fused_ops`) and the intra-op thread pinning
 (`pin_threads.cpp`, called from services/worker/cpu_tuning.py).
 
 The build lands in $PAGESTREAM_CACHE/torch_extensions under a name keyed by the sources, the
@@ -33,9 +33,9 @@ from pathlib import Path
 
 import torch
 
-from kernels.attention_metadata import AttentionMetadata
-from kernels.reference import AttentionOptions, planned_attention
-from kernels.reference import reshape_and_cache as reference_reshape_and_cache
+from pagestream_kernels.attention_metadata import AttentionMetadata
+from pagestream_kernels.reference import AttentionOptions, planned_attention
+from pagestream_kernels.reference import reshape_and_cache as reference_reshape_and_cache
 
 logger = logging.getLogger(__name__)
 
@@ -224,7 +224,7 @@ def supports(query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
 def reshape_and_cache(
     key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    """kernels.reference.reshape_and_cache in one C++ pass where the kernel takes the
+    """reference.reshape_and_cache in one C++ pass where the kernel takes the
     tensors (CPU, float32/bfloat16 rows into a float32/bfloat16 cache), else the reference."""
     fits = (
         key.device.type == "cpu"
@@ -256,7 +256,7 @@ def paged_attention(
     sliding_window: int | None = None,
     soft_cap: float | None = None,
 ) -> torch.Tensor:
-    """kernels.reference.paged_attention with decode groups in C++ (CPU tensors, see above)."""
+    """reference.paged_attention with decode groups in C++ (CPU tensors, see above)."""
     options = AttentionOptions(scale, sliding_window, soft_cap)
     block_table, seq_lens = metadata.block_table, metadata.seq_lens
     kernel = paged_decode if supports(query, kv_cache) else None

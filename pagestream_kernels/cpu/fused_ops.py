@@ -1,4 +1,4 @@
-"""The fused CPU steps of kernels/cpu/fused.cpp, or None where they do not apply.
+"""The fused CPU steps of pagestream_kernels/cpu/fused.cpp, or None where they do not apply.
 
 Each function returns the result, or None when the tensors are not what the C++ takes
 (another device or dtype, a non-contiguous view, a weight dtype other than the output's)
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import cpu
+from pagestream_kernels import cpu
 
 _TYPES = (torch.float32, torch.bfloat16)
 

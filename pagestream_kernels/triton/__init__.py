@@ -1,4 +1,4 @@
-"""Triton kernels with kernels.reference's signatures: `reshape_and_cache`, `paged_attention`,
+"""Triton kernels with reference.py's signatures: `reshape_and_cache`, `paged_attention`,
 `add_lora`.
 
 Importing this package needs triton but no GPU. The kernels run on CUDA tensors, or on CPU
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from kernels.triton.launch import paged_attention, reshape_and_cache
-from kernels.triton.lora import add_lora
-from kernels.triton.unified_attention import unified_attention_kernel
+from pagestream_kernels.triton.launch import paged_attention, reshape_and_cache
+from pagestream_kernels.triton.lora import add_lora
+from pagestream_kernels.triton.unified_attention import unified_attention_kernel
 
 
 def is_interpreted() -> bool:

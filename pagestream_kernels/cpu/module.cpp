@@ -1,4 +1,4 @@
-// The Python module of the CPU extension: every entry point of kernels/cpu's sources.
+// The Python module of the CPU extension: every entry point of pagestream_kernels/cpu's sources.
 #include <torch/extension.h>
 
 #include <tuple>

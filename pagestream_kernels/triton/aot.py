@@ -1,13 +1,13 @@
 """Ahead-of-time compile of every kernel configuration the worker uses, for sm_90 (H100/H200).
 
 Needs no GPU: ``triton.compile`` with ``GPUTarget("cuda", 90, 32)`` runs Triton's bundled
-LLVM and ptxas. The launches are built by the same `kernels.triton.launch` functions the
+LLVM and ptxas. The launches are built by the same `pagestream_kernels.triton.launch` functions the
 worker calls, on meta tensors, so the signatures, constexprs and options are exactly those a
 real run would compile (pointer and multiple-of-16 integer specialisation mirrored).
 Resource usage comes from the cubin (``cuobjdump -res-usage``): registers, stack / local
 bytes (spills) and static shared memory, plus the dynamic shared memory Triton requests.
 
-    .venv/bin/python -m kernels.triton.aot    # prints one line per configuration
+    .venv/bin/python -m pagestream_kernels.triton.aot    # prints one line per configuration
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels.attention_metadata import AttentionMetadata
-from kernels.triton.launch import (
+from pagestream_kernels.attention_metadata import AttentionMetadata
+from pagestream_kernels.triton.launch import (
     KernelLaunch,
     paged_attention_launches,
     reshape_and_cache_launches,

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton.launch import KernelLaunch
+from pagestream_kernels.triton.launch import KernelLaunch
 
 SHRINK_BLOCK_R = 16  # ranks per shrink program (the minimum tl.dot dimension)
 SHRINK_BLOCK_K = 64  # input features per shrink loop step
@@ -541,7 +541,7 @@ def add_lora(
     offset: int = 0,
 ) -> torch.Tensor:
     """y[:, offset:offset + n] += each row's LoRA delta, in place; returns y (see
-    kernels.reference.add_lora). One shrink and one expand launch for all rows."""
+    pagestream_kernels.reference.add_lora). One shrink and one expand launch for all rows."""
     for launch in add_lora_launches(y, x, a, b, token_slots, slot_ranks, offset):
         launch()
     return y

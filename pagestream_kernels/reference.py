@@ -3,7 +3,7 @@
 ``reshape_and_cache`` writes a step's new keys/values into their cache slots;
 ``paged_attention`` attends a flattened varlen batch over the paged cache;
 ``paged_attention_naive`` is a slow, obviously correct loop kept as the test oracle.
-Every paged-attention kernel of this package (kernels.cpu, kernels.triton) has the same
+Every paged-attention kernel of this package (its cpu and triton modules) has the same
 signature: the query, the cache, the step's AttentionMetadata, the scale, and the
 optional sliding window and soft cap.
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.attention_metadata import AttentionMetadata
+from pagestream_kernels.attention_metadata import AttentionMetadata
 
 # Padded key tokens (batch * longest context) per decode group: bounds padding waste and keeps
 # the gathered buffers small (~6 MiB per fp32 key buffer at 3 kv heads x 64). Measured 1.5-5x
@@ -102,7 +102,7 @@ def paged_attention(
     return planned_attention(query, kv_cache, metadata, options)
 
 
-# A kernel for groups of decode rows (one query token each), e.g. kernels.cpu's:
+# A kernel for groups of decode rows (one query token each), e.g. pagestream_kernels.cpu's:
 # (query [B, q_heads, head_dim], kv_cache, block_table [B, max_blocks] int32,
 #  seq_lens [B] int32, options) -> [B, q_heads, head_dim]
 DecodeKernel = Callable[..., torch.Tensor]

@@ -1,8 +1,8 @@
-"""Python wrappers of the Triton kernels, with kernels/reference.py's exact signatures.
+"""Python wrappers of the Triton kernels, with pagestream_kernels/reference.py's exact signatures.
 
 Launch parameters come from shape heuristics (`attention_config`), not autotuning: the
 worker's shapes are known (decode rows vs prefill chunks, GQA group, head dim), and every
-configuration it can pick is compiled ahead of time for sm_90 by `kernels.triton.aot`,
+configuration it can pick is compiled ahead of time for sm_90 by `pagestream_kernels.triton.aot`,
 which builds its launches through the same `*_launches` functions as the wrappers below.
 """
 
@@ -14,9 +14,12 @@ from typing import Any
 
 import torch
 
-from kernels.attention_metadata import AttentionMetadata
-from kernels.triton.reshape_and_cache import reshape_and_cache_kernel
-from kernels.triton.unified_attention import reduce_segments_kernel, unified_attention_kernel
+from pagestream_kernels.attention_metadata import AttentionMetadata
+from pagestream_kernels.triton.reshape_and_cache import reshape_and_cache_kernel
+from pagestream_kernels.triton.unified_attention import (
+    reduce_segments_kernel,
+    unified_attention_kernel,
+)
 
 # Split-KV decode: segments per sequence (a power of two: the reduce kernel loads them as one
 # vector) and when to use it: decode-only batches with fewer (sequence, kv head) programs than
@@ -78,7 +81,7 @@ def attention_config(
     """
     padded = head_dim_padded(head_dim)
     # fp32 (ieee dot, no tensor cores) and 256-dim heads need narrow key tiles: wider ones
-    # spill on sm_90 with Triton 3.6 (measured with kernels.triton.aot on 3.6 and 3.9).
+    # spill on sm_90 with Triton 3.6 (measured with pagestream_kernels.triton.aot on 3.6 and 3.9).
     wide = padded > 128 or dtype == torch.float32
     tile = 16 if dtype == torch.float32 else 32 if padded > 128 else 64
     group_rows = 1 << (group_size - 1).bit_length()
@@ -153,7 +156,7 @@ def reshape_and_cache(
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Scatter ``key``/``value`` rows into their cache slots, in place (see kernels.reference)."""
+    """Scatter ``key``/``value`` rows into their cache slots, in place (see reference.py)."""
     for launch in reshape_and_cache_launches(key, value, kv_cache, slot_mapping):
         launch()
 
@@ -281,7 +284,7 @@ def paged_attention(
     sliding_window: int | None = None,
     soft_cap: float | None = None,
 ) -> torch.Tensor:
-    """Causal varlen attention over the paged cache (see kernels.reference.paged_attention);
+    """Causal varlen attention over the paged cache (see reference.paged_attention);
     the metadata's max_query_len / max_seq_len (host ints) pick the kernel's tiling."""
     return run_paged_attention(
         query, kv_cache, metadata, scale, sliding_window=sliding_window, soft_cap=soft_cap

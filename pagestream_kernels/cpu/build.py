@@ -1,4 +1,4 @@
-"""`python -m kernels.cpu.build`: build (or find built) the C++ CPU kernels; `make setup`
+"""`python -m pagestream_kernels.cpu.build`: build (or find built) the C++ CPU kernels; `make setup`
 runs it so that no model load compiles them. Exits 1, saying why, when they cannot be."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import logging
 import sys
 import time
 
-from kernels import cpu
+from pagestream_kernels import cpu
 
 
 def main() -> int:
