@@ -132,6 +132,11 @@ class EngineArgs:
     tensor_parallel_size: int = flag(
         ParallelConfig.tensor_parallel_size, "ranks per stage", short="-tp"
     )
+    enable_expert_parallel: bool = flag(
+        ModelConfig.enable_expert_parallel,
+        "mixture-of-experts models: each tensor-parallel rank holds whole experts (an "
+        "even share of them) instead of a slice of every expert",
+    )
     pipeline_parallel_size: int = flag(
         ParallelConfig.pipeline_parallel_size, "pipeline stages", short="-pp"
     )
@@ -229,6 +234,7 @@ class EngineArgs:
             device=self.device,
             quantization=self.quantization,
             quantization_group_size=self.quantization_group_size,
+            enable_expert_parallel=self.enable_expert_parallel,
             speculative=SpeculativeConfig.parse(self.speculative_config),
             lora=self.lora_config(),
             runner=self.resolved_runner(),

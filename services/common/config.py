@@ -140,6 +140,9 @@ class ModelConfig:
     device: str = "auto"  # auto: cuda when available, else cpu
     quantization: str | None = None  # None: gguf for .gguf files at dtype auto, else none
     quantization_group_size: int = 128  # int4's group of input features
+    # a mixture of experts' whole experts on each TP rank (vLLM's name), else every expert
+    # split over the ranks like the dense MLP
+    enable_expert_parallel: bool = False
     speculative: SpeculativeConfig | None = None  # speculative decoding (None: off)
     lora: LoRAConfig | None = None  # LoRA adapters (None: off)
     runner: str = "auto"  # RUNNERS (the worker resolves auto from the model's files)

@@ -254,7 +254,12 @@ def _load_model(model_config: ModelConfig, device, rank: RankInfo) -> LoadedMode
         model: CausalLM = HFFallbackForCausalLM.from_pretrained(folder, target, torch_dtype)
     else:
         with _default_dtype(torch_dtype), target:
-            model = model_class(config, rank, pooling=runner == "pooling")  # type: ignore[call-arg]
+            model = model_class(  # type: ignore[call-arg]
+                config,
+                rank,
+                pooling=runner == "pooling",
+                expert_parallel=model_config.enable_expert_parallel,
+            )
         if quantization in ONLINE_METHODS:
             online = OnlineQuantization(quantization, model_config.quantization_group_size)
             set_online_quantization(model, online)

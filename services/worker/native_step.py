@@ -54,6 +54,11 @@ def unsupported_reason(model: nn.Module, spec: DecoderSpec) -> str | None:
     description) and against its weights (device and dtype of each linear)."""
     if os.environ.get(NATIVE_ENV, "1") == "0":
         return f"${NATIVE_ENV}=0"
+    tp_size = model.stage.tensor_parallel_size
+    # the description first: a layer the C++ stack cannot hold may lack its linears
+    reason = spec.native_unsupported(model.layer_range, tp_size, bf16=False)
+    if reason is not None:
+        return reason
     dtypes = set()
     for index in model.layer_range:
         for name, linear in _linears(model.layers[index]).items():
@@ -65,7 +70,7 @@ def unsupported_reason(model: nn.Module, spec: DecoderSpec) -> str | None:
                 )
             dtypes.add(weight.dtype)
     bf16 = torch.bfloat16 in dtypes
-    reason = spec.native_unsupported(model.layer_range, model.stage.tensor_parallel_size, bf16)
+    reason = spec.native_unsupported(model.layer_range, tp_size, bf16)
     if reason is not None:
         return reason
     try:

@@ -6,6 +6,7 @@ import random
 import pytest
 
 from pagestream import LLM, SamplingParams
+from tests.worker.conftest import MOE_FAMILIES
 
 
 def _prompts(tokenizer, count: int, seed: int) -> list[list[int]]:
@@ -35,7 +36,9 @@ def _check(llm, folder, hf_greedy, prompts, max_tokens):
     return outputs
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "smollm3", "gemma3", "phi4"])
+@pytest.mark.parametrize(
+    "name", ["llama", "qwen2", "qwen3", "smollm3", "gemma3", "phi4", *MOE_FAMILIES]
+)
 def test_batch_with_chunked_prefill_and_prefix_hits(model_dir, hf_greedy, name):
     folder = model_dir(name)
     llm = LLM(str(folder), kv_cache_memory="16MiB", max_num_batched_tokens=48, block_size=16)

@@ -21,12 +21,16 @@ from transformers import (
     GPT2Config,
     LlamaConfig,
     MistralConfig,
+    MixtralConfig,
+    OlmoeConfig,
     OPTConfig,
     Phi3Config,
     PretrainedConfig,
     PreTrainedModel,
     Qwen2Config,
+    Qwen2MoeConfig,
     Qwen3Config,
+    Qwen3MoeConfig,
     SmolLM3Config,
 )
 
@@ -142,7 +146,65 @@ def _phi4_config() -> PretrainedConfig:
     )
 
 
-_FAMILY_CONFIGS = {"gemma3": _gemma3_config, "phi4": _phi4_config}
+def _mixtral_config() -> PretrainedConfig:
+    """Mixtral: every MLP 4 experts, each token's top 2 renormalised."""
+    return MixtralConfig(
+        **_LLAMA_COMMON, num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False
+    )
+
+
+def _qwen2_moe_config() -> PretrainedConfig:
+    """Qwen2-MoE: layer 0 dense (mlp_only_layers), layer 1 six experts of width 48, the top
+    2 not renormalised, and a shared expert of width 80 behind its sigmoid gate."""
+    return Qwen2MoeConfig(
+        **_LLAMA_COMMON,
+        num_experts=6,
+        num_experts_per_tok=2,
+        moe_intermediate_size=48,
+        shared_expert_intermediate_size=80,
+        mlp_only_layers=[0],
+        norm_topk_prob=False,
+        tie_word_embeddings=False,
+    )
+
+
+def _qwen3_moe_config() -> PretrainedConfig:
+    """Qwen3-MoE: per-head q/k norms, head_dim 32, 4 experts of width 48, top 2
+    renormalised."""
+    return Qwen3MoeConfig(
+        **_LLAMA_COMMON,
+        head_dim=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=48,
+        norm_topk_prob=True,
+        tie_word_embeddings=False,
+    )
+
+
+def _olmoe_config() -> PretrainedConfig:
+    """OLMoE: q/k norms over all heads' features, q/k/v clamped to +-1.5 (which the
+    random weights reach), 4 experts, top 2 not renormalised."""
+    return OlmoeConfig(
+        **_LLAMA_COMMON,
+        num_experts=4,
+        num_experts_per_tok=2,
+        clip_qkv=1.5,
+        norm_topk_prob=False,
+        pad_token_id=None,
+        tie_word_embeddings=False,
+    )
+
+
+_FAMILY_CONFIGS = {
+    "gemma3": _gemma3_config,
+    "phi4": _phi4_config,
+    "mixtral": _mixtral_config,
+    "qwen2_moe": _qwen2_moe_config,
+    "qwen3_moe": _qwen3_moe_config,
+    "olmoe": _olmoe_config,
+}
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 
 
 def randomize_(model: torch.nn.Module, seed: int) -> None:

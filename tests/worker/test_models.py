@@ -30,17 +30,22 @@ from services.worker.models.llama import (
     Gemma3ForCausalLM,
     LlamaForCausalLM,
     MistralForCausalLM,
+    MixtralForCausalLM,
+    OlmoeForCausalLM,
     Phi3ForCausalLM,
     Qwen2ForCausalLM,
+    Qwen2MoeForCausalLM,
     Qwen3ForCausalLM,
+    Qwen3MoeForCausalLM,
     SmolLM3ForCausalLM,
 )
-from tests.worker.conftest import VOCAB, SeqState
+from tests.worker.conftest import MOE_FAMILIES, VOCAB, SeqState
 
 ATOL = 1e-4
 ARCHS = [
     *("llama", "llama_tied", "qwen2", "qwen2_sliding", "qwen3", "qwen3_bias", "mistral"),
     *("smollm3", "gemma3", "phi4", "gpt2", "opt"),
+    *MOE_FAMILIES,
 ]
 EXPECTED_CLASS = {
     "llama": LlamaForCausalLM,
@@ -55,6 +60,10 @@ EXPECTED_CLASS = {
     "phi4": Phi3ForCausalLM,
     "gpt2": HFFallbackForCausalLM,
     "opt": HFFallbackForCausalLM,
+    "mixtral": MixtralForCausalLM,
+    "qwen2_moe": Qwen2MoeForCausalLM,
+    "qwen3_moe": Qwen3MoeForCausalLM,
+    "olmoe": OlmoeForCausalLM,
 }
 
 
@@ -233,3 +242,25 @@ def test_unavailable_attention_backend_is_a_clear_error(tiny_model_dir):
     config = ModelConfig(model=str(tiny_model_dir("llama")), attention_backend="triton")
     with pytest.raises(ValueError, match="not available"):
         load_model(config, device="cpu")
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe"])
+def test_moe_checkpoint_with_stacked_experts(arch, tmp_path, make_session):
+    """A checkpoint that holds each layer's experts stacked, as transformers 5 names them
+    in memory (mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down_proj [E, H, I]),
+    loads expert by expert and gives HF's logits."""
+    from safetensors.torch import save_file
+
+    from tests.worker.conftest import build_tiny_model
+
+    hf = build_tiny_model(arch, seed=3)
+    state = {name: tensor.contiguous() for name, tensor in hf.state_dict().items()}
+    assert any(name.endswith("mlp.experts.gate_up_proj") for name in state)
+    save_file(state, str(tmp_path / "model.safetensors"))
+    hf.config.save_pretrained(tmp_path)
+    session = make_session(load(tmp_path))
+    seq = SeqState(random_tokens(17, seed=8))
+    (logits,) = session.step([(seq, 17)])
+    with torch.no_grad():
+        reference = hf(torch.tensor([seq.token_ids])).logits[0]
+    assert_close(logits, reference)

@@ -34,14 +34,13 @@ class SliceLayout:
 
 
 def linears_of(layer: nn.Module) -> dict[str, nn.Module]:
-    """A decoder layer's fused linears by name."""
+    """A decoder layer's fused linears by name (the attention's only where the layer's MLP
+    is a mixture of experts: adapters on experts are not supported)."""
     attn, mlp = layer.self_attn, layer.mlp
-    return {
-        "qkv_proj": attn.qkv_proj,
-        "o_proj": attn.o_proj,
-        "gate_up_proj": mlp.gate_up_proj,
-        "down_proj": mlp.down_proj,
-    }
+    linears = {"qkv_proj": attn.qkv_proj, "o_proj": attn.o_proj}
+    if hasattr(mlp, "gate_up_proj"):
+        linears.update(gate_up_proj=mlp.gate_up_proj, down_proj=mlp.down_proj)
+    return linears
 
 
 def slice_layouts(name: str, linear: nn.Module) -> tuple[SliceLayout, ...]:

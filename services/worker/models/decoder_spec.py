@@ -1,8 +1,9 @@
 """A decoder model described once: what every layer is, whichever backend runs it.
 
     spec = DecoderSpec.from_config(config, qkv_bias=True, o_bias=False)  # Qwen2
-    spec = DecoderSpec.from_config(config, qk_norm=True)  # Qwen3
+    spec = DecoderSpec.from_config(config, qk_norm="head")  # Qwen3
     spec.layers[3].sliding_window   # None, or the layer's attention window
+    spec = DecoderSpec.from_config(config, moe=True)  # Mixtral, Qwen2/3-MoE, OLMoE
     spec.native_unsupported(range(0, 28), tp_size=1)  # None, or "layer 3: ..."
 
 A `DecoderSpec` holds the model-wide facts (vocabulary, hidden size, final norm, tied
@@ -15,7 +16,10 @@ the first layer it cannot and why. A family is a description: Llama, Mistral and
 differ only in their biases and windows, Qwen3 adds a norm over each head's queries and
 keys; a family with new parts (other norm placements, a mixture of experts) adds its
 fields here and its op to each backend, and until then the capability check sends it to
-the torch path by name.
+the torch path by name. A mixture-of-experts layer ("moe") routes each token to
+`experts_per_token` of `num_experts` gated MLPs of `intermediate_size` each (softmax over
+the router's logits, the top k, renormalised to sum to one where the family does), plus a
+shared expert behind a sigmoid gate where `shared_expert_size` is set (Qwen2-MoE).
 
 Sizes are the whole model's (heads, intermediate); a tensor-parallel rank's share is
 computed where the modules are built.
@@ -54,8 +58,16 @@ class LayerSpec:
     # "pre": norm -> attention -> residual, norm -> MLP -> residual; "sandwich" (Gemma):
     # norm -> attention -> norm -> residual, norm -> MLP -> norm -> residual
     norm_placement: str = "pre"
-    qk_norm: bool = False  # a norm over each head's queries and keys before rotary
-    mlp: str = "gated"  # dense gate/up/down
+    # a norm over each head's queries and keys before rotary ("head": one weight [D] for
+    # all, Qwen3 / Gemma 3), over all the queries' and all the keys' features ("all",
+    # OLMoE), or none ("")
+    qk_norm: str = ""
+    mlp: str = "gated"  # "gated": dense gate/up/down; "moe": a mixture of gated experts
+    num_experts: int = 0  # "moe": the experts, each a gated MLP of intermediate_size
+    experts_per_token: int = 0  # "moe": the top k the router picks for each token
+    renormalize: bool = True  # "moe": the top k's probabilities rescaled to sum to 1
+    shared_expert_size: int = 0  # "moe": a shared expert's width (0: none)
+    clip_qkv: float | None = None  # q, k and v clamped to +-clip_qkv (OLMoE)
     # which rotary: "default" (the config's one set of parameters), a layer type whose own
     # parameters the config holds (Gemma 3: "sliding_attention", "full_attention"), or
     # "none" (SmolLM3's layers without position embedding)
@@ -74,6 +86,8 @@ class LayerSpec:
             (self.norm in NATIVE_NORMS, f"its norms are {self.norm}"),
             (self.norm_placement in NATIVE_PLACEMENTS, f"its norms sit {self.norm_placement}"),
             (self.mlp in NATIVE_MLPS, f"its MLP is {self.mlp}"),
+            (self.qk_norm != "all", "its q/k norms span all heads"),
+            (self.clip_qkv is None, "it clamps q, k and v"),
         )
         for supported, reason in checks:
             if not supported:
@@ -100,39 +114,28 @@ class DecoderSpec:
         config: PretrainedConfig,
         qkv_bias: bool | None = None,
         o_bias: bool | None = None,
-        qk_norm: bool = False,
+        qk_norm: str = "",
         norm: str = "rms",
         norm_placement: str = "pre",
         embedding_scale: float = 1.0,
+        moe: bool = False,
     ) -> DecoderSpec:
         """The Llama family's description of `config`: attention biases from
         `attention_bias` unless the family fixes them, windows per `layer_types`, `qk_norm`
         where the family normalises each head's queries and keys (Qwen3, Gemma 3), the
         norms' kind and placement and the embeddings' scale where the family fixes them
         (Gemma); each layer's rotary per `layer_types` and `no_rope_layers`, the attention
-        scale per `query_pre_attn_scalar`."""
+        scale per `query_pre_attn_scalar`; with `moe`, the sparse layers' experts and
+        routing (`moe_layer`)."""
         bias = bool(getattr(config, "attention_bias", False))
-        scalar = getattr(config, "query_pre_attn_scalar", None)
-        layers = tuple(
-            LayerSpec(
-                index=i,
-                num_heads=int(config.num_attention_heads),
-                num_kv_heads=config_num_kv_heads(config),
-                head_dim=config_head_dim(config),
-                intermediate_size=int(config.intermediate_size),
-                qkv_bias=bias if qkv_bias is None else qkv_bias,
-                o_bias=bias if o_bias is None else o_bias,
-                mlp_bias=bool(getattr(config, "mlp_bias", False)),
-                sliding_window=layer_sliding_window(config, i),
-                qk_norm=qk_norm,
-                norm=norm,
-                norm_placement=norm_placement,
-                rope=layer_rope(config, i),
-                attention_scale=float(scalar) ** -0.5 if scalar else None,
-                activation=_activation(config),
-            )
-            for i in range(int(config.num_hidden_layers))
-        )
+        family = {
+            "qkv_bias": bias if qkv_bias is None else qkv_bias,
+            "o_bias": bias if o_bias is None else o_bias,
+            "qk_norm": qk_norm,
+            "norm": norm,
+            "norm_placement": norm_placement,
+        }
+        layers = tuple(_layer(config, i, family, moe) for i in range(int(config.num_hidden_layers)))
         architectures = getattr(config, "architectures", None) or ["unknown"]
         return cls(
             architecture=architectures[0],
@@ -177,6 +180,51 @@ def _shape(layer: LayerSpec) -> tuple:
     """What the C++ stack holds once for all of its layers."""
     sizes = layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.intermediate_size
     return (*sizes, layer.activation, layer.scale)
+
+
+def _layer(config: PretrainedConfig, index: int, family: dict[str, object], moe: bool) -> LayerSpec:
+    """Layer `index` of `config` with the family's fixed fields (and, with `moe`, its
+    experts where the layer is sparse)."""
+    scalar = getattr(config, "query_pre_attn_scalar", None)
+    fields: dict[str, object] = {
+        "index": index,
+        "num_heads": int(config.num_attention_heads),
+        "num_kv_heads": config_num_kv_heads(config),
+        "head_dim": config_head_dim(config),
+        "intermediate_size": int(config.intermediate_size),
+        "mlp_bias": bool(getattr(config, "mlp_bias", False)),
+        "sliding_window": layer_sliding_window(config, index),
+        "rope": layer_rope(config, index),
+        "attention_scale": float(scalar) ** -0.5 if scalar else None,
+        "activation": _activation(config),
+        "clip_qkv": getattr(config, "clip_qkv", None),
+        **family,
+    }
+    if moe:
+        fields.update(moe_layer(config, index))
+    return LayerSpec(**fields)  # type: ignore[arg-type]
+
+
+def moe_layer(config: PretrainedConfig, layer_idx: int) -> dict[str, object]:
+    """One layer's mixture-of-experts fields (LayerSpec), by the names each family's config
+    uses: Mixtral's num_local_experts (its experts intermediate_size wide, always
+    renormalised), Qwen2-MoE / Qwen3-MoE's num_experts, moe_intermediate_size,
+    norm_topk_prob, the dense layers of mlp_only_layers and decoder_sparse_step, and
+    Qwen2-MoE's shared_expert_intermediate_size; OLMoE's as Qwen's. {} for a dense layer."""
+    experts = int(getattr(config, "num_local_experts", 0) or getattr(config, "num_experts", 0))
+    step = int(getattr(config, "decoder_sparse_step", 1) or 1)
+    dense = layer_idx in (getattr(config, "mlp_only_layers", None) or ())
+    if experts == 0 or dense or (layer_idx + 1) % step:
+        return {}
+    width = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+    return {
+        "mlp": "moe",
+        "intermediate_size": int(width),
+        "num_experts": experts,
+        "experts_per_token": int(config.num_experts_per_tok),
+        "renormalize": bool(getattr(config, "norm_topk_prob", True)),
+        "shared_expert_size": int(getattr(config, "shared_expert_intermediate_size", 0) or 0),
+    }
 
 
 def _activation(config: PretrainedConfig) -> str:

@@ -24,15 +24,11 @@ from transformers import PretrainedConfig
 from pagestream_kernels.attention_metadata import AttentionMetadata
 from services.common.model_errors import ModelLoadError
 from services.common.rank_info import RankInfo
-from services.worker.layers.activation import GatedActivation
 from services.worker.layers.attention import Attention
+from services.worker.layers.fused_moe import FusedMoE
+from services.worker.layers.gated_mlp import GatedMLP
 from services.worker.layers.layernorm import RMSNorm
-from services.worker.layers.linear import (
-    MergedColumnLinear,
-    QKVLinear,
-    RowLinear,
-    kv_heads_per_rank,
-)
+from services.worker.layers.linear import QKVLinear, RowLinear, kv_heads_per_rank
 from services.worker.layers.rotary_embedding import RotaryEmbedding
 from services.worker.layers.vocab_embedding import LMHead, VocabEmbedding
 from services.worker.models.causal_lm import CausalLM, config_num_kv_heads
@@ -78,10 +74,19 @@ class LlamaAttention(nn.Module):
         # shared by the layers of its kind (cos/sin computed once per step); None: no rotary
         self.rotary_emb = rotary
         self.head_dim = head_dim
-        # Qwen3, Gemma 3: a norm over each head's queries and keys (one weight [D] for all)
+        # Qwen3, Gemma 3: a norm over each head's queries and keys (one weight [D] for all);
+        # OLMoE: one over all the queries' features [H * D] and all the keys' [K * D]
         unit = spec.norm == "rms_unit_offset"
-        self.q_norm = RMSNorm(head_dim, norm_eps, unit) if spec.qk_norm else None
-        self.k_norm = RMSNorm(head_dim, norm_eps, unit) if spec.qk_norm else None
+        self.per_head = spec.qk_norm == "head"
+        if spec.qk_norm == "all" and tp_size > 1:
+            raise ValueError(
+                "this model's q/k norms span all heads (OLMoE), which tensor parallelism "
+                f"would split; --tensor-parallel-size {tp_size} is not supported for it yet."
+            )
+        q_width, k_width = (1, 1) if self.per_head else (heads, kv_heads)
+        self.q_norm = RMSNorm(q_width * head_dim, norm_eps, unit) if spec.qk_norm else None
+        self.k_norm = RMSNorm(k_width * head_dim, norm_eps, unit) if spec.qk_norm else None
+        self.clip_qkv = spec.clip_qkv  # OLMoE: q, k (after their norms) and v clamped
         self.attn = Attention(
             heads // tp_size,
             head_dim,
@@ -102,31 +107,22 @@ class LlamaAttention(nn.Module):
         # q and k are adjacent in qkv: rotate them as one [num_tokens, (H + K) * D] block
         qk = qkv[:, : q.shape[1] + k.shape[1]]
         if self.q_norm is not None:
-            qk = torch.cat([self._head_norm(self.q_norm, q), self._head_norm(self.k_norm, k)], -1)
+            qk = torch.cat([self._qk_norm(self.q_norm, q), self._qk_norm(self.k_norm, k)], -1)
+        if self.clip_qkv is not None:
+            qk, v = qk.clamp(-self.clip_qkv, self.clip_qkv), v.clamp(-self.clip_qkv, self.clip_qkv)
         if self.rotary_emb is not None:
             qk = self.rotary_emb.rotate(positions, qk)
         q, k = qk.split([q.shape[1], k.shape[1]], dim=-1)
         attn_out = self.attn(q, k, v, kv_cache, attn_metadata)  # [num_tokens, H * D]
         return self.o_proj(attn_out)
 
-    def _head_norm(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
-        """`norm` over each head of x [num_tokens, heads * D], in x's dtype."""
+    def _qk_norm(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+        """`norm` over each head of x [num_tokens, heads * D] (or over all its features),
+        in x's dtype."""
+        if not self.per_head:
+            return norm(x, x.dtype)
         heads = x.reshape(-1, self.head_dim)  # [num_tokens * heads, D]
         return norm(heads, x.dtype).reshape(x.shape)
-
-
-class LlamaMLP(nn.Module):
-    def __init__(
-        self, spec: LayerSpec, hidden_size: int, tp_rank: int = 0, tp_size: int = 1
-    ) -> None:
-        super().__init__()
-        inter, bias = spec.intermediate_size, spec.mlp_bias
-        self.gate_up_proj = MergedColumnLinear(hidden_size, [inter, inter], bias, tp_rank, tp_size)
-        self.down_proj = RowLinear(inter, hidden_size, bias, tp_rank, tp_size)
-        self.act_fn = GatedActivation(spec.activation)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -142,12 +138,13 @@ class LlamaDecoderLayer(nn.Module):
         rotary: RotaryEmbedding | None,
         tp_rank: int = 0,
         tp_size: int = 1,
+        expert_parallel: bool = False,
     ) -> None:
         super().__init__()
         hidden, eps = model.hidden_size, model.norm_eps
         unit = spec.norm == "rms_unit_offset"
         self.self_attn = LlamaAttention(spec, hidden, eps, rotary, tp_rank, tp_size)
-        self.mlp = LlamaMLP(spec, hidden, tp_rank, tp_size)
+        self.mlp = _mlp(spec, hidden, tp_rank, tp_size, expert_parallel)
         self.input_layernorm = RMSNorm(hidden, eps, unit)
         self.post_attention_layernorm = RMSNorm(hidden, eps, unit)
         self.sandwich = spec.norm_placement == "sandwich"
@@ -190,6 +187,17 @@ class LlamaDecoderLayer(nn.Module):
         return hidden_states + self.post_feedforward_layernorm(self.mlp(normed), residual)
 
 
+def _mlp(
+    spec: LayerSpec, hidden_size: int, tp_rank: int, tp_size: int, expert_parallel: bool
+) -> nn.Module:
+    """The layer's MLP: one gated MLP, or a mixture of them (spec.mlp == "moe")."""
+    if spec.mlp != "moe":
+        return GatedMLP(
+            hidden_size, spec.intermediate_size, spec.activation, spec.mlp_bias, tp_rank, tp_size
+        )
+    return FusedMoE(spec, hidden_size, tp_rank, tp_size, expert_parallel)
+
+
 def residual_dtype(hidden_states: torch.Tensor) -> torch.dtype:
     """The residual stream's dtype: float32 on the CPU whatever the weights' (llama.cpp's
     mixed precision: bf16 weights and matmul inputs, everything added and normalised in
@@ -214,7 +222,13 @@ class LlamaModel(nn.Module):
     stage applies the final norm; layers of other stages are left out (`nn.Identity`
     placeholders keep the checkpoint's layer numbering)."""
 
-    def __init__(self, config: PretrainedConfig, spec: DecoderSpec, rank: RankInfo) -> None:
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        spec: DecoderSpec,
+        rank: RankInfo,
+        expert_parallel: bool = False,
+    ) -> None:
         super().__init__()
         tp_rank, tp_size = rank.tp_rank, rank.tensor_parallel_size
         self.spec = spec
@@ -225,7 +239,14 @@ class LlamaModel(nn.Module):
         # One RoPE per kind the layers use: cos/sin are computed once per step for each.
         self.rotaries = rotaries(config, spec)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(spec.layers[i], spec, self._rotary(spec.layers[i]), tp_rank, tp_size)
+            LlamaDecoderLayer(
+                spec.layers[i],
+                spec,
+                self._rotary(spec.layers[i]),
+                tp_rank,
+                tp_size,
+                expert_parallel,
+            )
             if i in self.layer_range
             else nn.Identity()
             for i in range(spec.num_layers)
@@ -297,16 +318,22 @@ class LlamaForCausalLM(CausalLM):
     skipped_weight_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq",)
 
     def __init__(
-        self, config: PretrainedConfig, rank: RankInfo | None = None, pooling: bool = False
+        self,
+        config: PretrainedConfig,
+        rank: RankInfo | None = None,
+        pooling: bool = False,
+        expert_parallel: bool = False,
     ) -> None:
         """`pooling`: a pooling runner's model, whose checkpoint may have no LM head (a
-        base model saved by AutoModel): it then loads without one and only pools."""
+        base model saved by AutoModel): it then loads without one and only pools.
+        `expert_parallel`: a mixture of experts' whole experts placed on the TP ranks
+        instead of each expert split over them (services/worker/layers/fused_moe.py)."""
         super().__init__(config)
         self.pooling = pooling
         self.rank = rank = rank or RankInfo()
         self.tp_size = rank.tensor_parallel_size
         check_tensor_parallel(config, self.tp_size)
-        self.model = LlamaModel(config, self.describe(config), rank)
+        self.model = LlamaModel(config, self.describe(config), rank, expert_parallel)
         self.tie_word_embeddings = self.model.spec.tie_word_embeddings
         self.lm_head: LMHead | None = None
         if rank.is_last_stage:
@@ -384,12 +411,22 @@ class LlamaForCausalLM(CausalLM):
         if name.startswith("lm_head.") and self.lm_head is None:
             return False
         if name.startswith("model.layers."):
-            return int(name.split(".")[2]) in self.model.layer_range
+            index = int(name.split(".")[2])
+            return index in self.model.layer_range and self._owns_expert(index, name)
         if name.startswith("model.embed_tokens."):
             return self.rank.is_first_stage or self._lm_head_from_embedding()
         if name.startswith(("model.norm.", "lm_head.")):
             return self.rank.is_last_stage
         return True
+
+    def _owns_expert(self, index: int, name: str) -> bool:
+        """False for an expert's tensor ("...experts.<j>...") that another rank holds
+        under expert parallelism; True for every other tensor of layer `index`."""
+        parts = name.split(".")
+        if "experts" not in parts[:-2]:
+            return True
+        expert = parts[parts.index("experts") + 1]
+        return not expert.isdigit() or int(expert) in self.model.layers[index].mlp.local_experts
 
     def _lm_head_from_embedding(self) -> bool:
         """Tied weights on a last stage that has no embedding: the head loads its copy."""
@@ -479,7 +516,7 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
 
     @classmethod
     def describe(cls, config: PretrainedConfig) -> DecoderSpec:
-        return DecoderSpec.from_config(config, qk_norm=True)
+        return DecoderSpec.from_config(config, qk_norm="head")
 
 
 class SmolLM3ForCausalLM(LlamaForCausalLM):
@@ -501,7 +538,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
             )
         return DecoderSpec.from_config(
             config,
-            qk_norm=True,
+            qk_norm="head",
             norm="rms_unit_offset",
             norm_placement="sandwich",
             embedding_scale=float(config.hidden_size) ** 0.5,
@@ -536,3 +573,74 @@ class Phi3ForCausalLM(LlamaForCausalLM):
                 yield from ((f"{base}gate_proj.weight", gate), (f"{base}up_proj.weight", up))
             else:
                 yield name, tensor
+
+
+class MixtureOfExpertsForCausalLM(LlamaForCausalLM):
+    """Llama whose sparse layers' MLP is a mixture of gated experts (LayerSpec.mlp ==
+    "moe", services/worker/layers/fused_moe.py), each expert loaded as its own gated MLP:
+    the family's checkpoint names are mapped to ours (`checkpoint_renames`), and the
+    stacked experts of checkpoints saved by transformers 5 (`mlp.experts.gate_up_proj`
+    [E, 2I, H], `mlp.experts.down_proj` [E, H, I]) split per expert."""
+
+    checkpoint_renames: tuple[tuple[str, str], ...] = ()
+    describe_options: dict[str, object] = {}  # noqa: RUF012  (read only)
+
+    @classmethod
+    def describe(cls, config: PretrainedConfig) -> DecoderSpec:
+        return DecoderSpec.from_config(config, moe=True, **cls.describe_options)  # type: ignore[arg-type]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        return super().load_weights(self._per_expert(weights))
+
+    def _per_expert(
+        self, weights: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterable[tuple[str, torch.Tensor]]:
+        for name, tensor in weights:
+            for old, new in self.checkpoint_renames:
+                name = name.replace(old, new)
+            if name.endswith("mlp.experts.gate_up_proj"):
+                base = name.removesuffix("gate_up_proj")
+                for j, stacked in enumerate(tensor):  # [2I, H]: gate, then up
+                    gate, up = torch.chunk(stacked, 2)
+                    yield f"{base}{j}.gate_proj.weight", gate
+                    yield f"{base}{j}.up_proj.weight", up
+            elif name.endswith("mlp.experts.down_proj"):
+                base = name.removesuffix("down_proj")
+                yield from ((f"{base}{j}.down_proj.weight", w) for j, w in enumerate(tensor))
+            else:
+                yield name, tensor
+
+
+class MixtralForCausalLM(MixtureOfExpertsForCausalLM):
+    """Mistral whose every MLP is a mixture of num_local_experts experts, top
+    num_experts_per_tok renormalised; its checkpoints name the mixture block_sparse_moe
+    and each expert's gate / down / up projections w1 / w2 / w3."""
+
+    checkpoint_renames = (
+        (".block_sparse_moe.", ".mlp."),
+        (".w1.", ".gate_proj."),
+        (".w2.", ".down_proj."),
+        (".w3.", ".up_proj."),
+    )
+
+
+class Qwen2MoeForCausalLM(MixtureOfExpertsForCausalLM):
+    """Qwen2 (q/k/v biases) whose sparse layers (every decoder_sparse_step-th, less
+    mlp_only_layers) mix num_experts experts of moe_intermediate_size, top k renormalised
+    per norm_topk_prob, plus a shared expert behind a sigmoid gate."""
+
+    describe_options = {"qkv_bias": True, "o_bias": False}  # noqa: RUF012
+
+
+class Qwen3MoeForCausalLM(MixtureOfExpertsForCausalLM):
+    """Qwen3 (per-head q/k norms) with Qwen2-MoE's sparse layers, without a shared
+    expert."""
+
+    describe_options = {"qk_norm": "head"}  # noqa: RUF012
+
+
+class OlmoeForCausalLM(MixtureOfExpertsForCausalLM):
+    """OLMoE: an RMSNorm over all the queries' and all the keys' features, q / k / v
+    clamped to +-clip_qkv where set, and every MLP a mixture of experts."""
+
+    describe_options = {"qk_norm": "all"}  # noqa: RUF012

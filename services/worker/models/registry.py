@@ -1,4 +1,5 @@
-"""Which model class runs a checkpoint: native for the Llama family, else the HF fallback."""
+"""Which model class runs a checkpoint: native for the Llama family (its dense and
+mixture-of-experts members), else the HF fallback."""
 
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ from services.worker.models.llama import (
     Gemma3ForCausalLM,
     LlamaForCausalLM,
     MistralForCausalLM,
+    MixtralForCausalLM,
+    OlmoeForCausalLM,
     Phi3ForCausalLM,
     Qwen2ForCausalLM,
+    Qwen2MoeForCausalLM,
     Qwen3ForCausalLM,
+    Qwen3MoeForCausalLM,
     SmolLM3ForCausalLM,
 )
 
@@ -24,6 +29,10 @@ NATIVE_MODELS: dict[str, type[CausalLM]] = {
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "OlmoeForCausalLM": OlmoeForCausalLM,
     # base-model checkpoints (saved by AutoModel: no LM head), for the pooling runner
     "LlamaModel": LlamaForCausalLM,
     "MistralModel": MistralForCausalLM,
@@ -32,6 +41,10 @@ NATIVE_MODELS: dict[str, type[CausalLM]] = {
     "SmolLM3Model": SmolLM3ForCausalLM,
     "Gemma3TextModel": Gemma3ForCausalLM,
     "Phi3Model": Phi3ForCausalLM,
+    "MixtralModel": MixtralForCausalLM,
+    "Qwen2MoeModel": Qwen2MoeForCausalLM,
+    "Qwen3MoeModel": Qwen3MoeForCausalLM,
+    "OlmoeModel": OlmoeForCausalLM,
 }
 
 

@@ -1,0 +1,121 @@
+"""A mixture of gated experts: each token's top k of E gated MLPs, weighted by the router.
+
+    moe = FusedMoE(spec.layers[0], hidden_size=64)  # a LayerSpec with mlp == "moe"
+    y = moe(x)  # [num_tokens, hidden_size] -> [num_tokens, hidden_size]
+
+The router (`gate`, [E, H]) scores every expert; `route` keeps each token's top k of the
+softmax (in float32) and renormalises them to sum to one where the family does (Mixtral,
+Qwen3-MoE, OLMoE: `norm_topk_prob`). The token slots are then grouped by expert, so each
+expert's gate/up/down runs once per step over exactly its rows, and the weighted outputs are
+added back per token in float32. Qwen2-MoE adds a shared expert every token passes through,
+scaled by sigmoid(shared_expert_gate(x)).
+
+Under tensor parallelism every expert is split over its intermediate features like the dense
+MLP; with `expert_parallel` each rank holds whole experts instead (a contiguous block of
+E / tp_size), the shared expert still split. Either way the ranks' partial sums meet in one
+all-reduce at the end.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from services.worker.layers.gated_mlp import GatedMLP
+from services.worker.parallel_state import tp_all_reduce
+
+if TYPE_CHECKING:
+    from services.worker.models.decoder_spec import LayerSpec
+
+
+def route(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's top k experts and their weights: router_logits [T, E] ->
+    (weights [T, k] float32, experts [T, k] int64)."""
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+    weights, experts = probs.topk(top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, experts
+
+
+def group_by_expert(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, list[int]]:
+    """The token slots ordered by expert: experts [T, k] -> (slots [T * k], the count of
+    slots per expert [E]); slot s is token s // k's (s % k)-th pick."""
+    slots = torch.argsort(experts.reshape(-1), stable=True)
+    counts = torch.bincount(experts.reshape(-1), minlength=num_experts)
+    return slots, counts.tolist()
+
+
+def expert_range(num_experts: int, tp_rank: int, tp_size: int) -> range:
+    """The experts one rank holds under expert parallelism (a contiguous block)."""
+    if num_experts % tp_size:
+        raise ValueError(
+            f"--enable-expert-parallel needs --tensor-parallel-size {tp_size} to divide the "
+            f"model's {num_experts} experts."
+        )
+    share = num_experts // tp_size
+    return range(tp_rank * share, (tp_rank + 1) * share)
+
+
+class FusedMoE(nn.Module):
+    """The mixture of a layer described by `spec` (LayerSpec with mlp == "moe")."""
+
+    def __init__(
+        self,
+        spec: LayerSpec,
+        hidden_size: int,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        expert_parallel: bool = False,
+    ) -> None:
+        super().__init__()
+        self.top_k, self.renormalize = spec.experts_per_token, spec.renormalize
+        self.tp_size = tp_size
+        num_experts = self.num_experts = spec.num_experts
+        # the router stays replicated and unquantized (a plain parameter, not a LinearBase)
+        self.gate = nn.Linear(hidden_size, num_experts, bias=False)
+        whole = expert_parallel and tp_size > 1
+        self.local_experts = (
+            expert_range(num_experts, tp_rank, tp_size) if whole else range(num_experts)
+        )
+        # an expert's own split: whole on its rank under expert parallelism, else 1 / tp
+        split = (0, 1) if whole else (tp_rank, tp_size)
+        inter, act = spec.intermediate_size, spec.activation
+        self.experts = nn.ModuleList(
+            GatedMLP(hidden_size, inter, act, False, *split, reduce_results=False)
+            if j in self.local_experts
+            else nn.Identity()
+            for j in range(num_experts)
+        )
+        self.shared_expert: GatedMLP | None = None
+        if spec.shared_expert_size:
+            self.shared_expert = GatedMLP(
+                hidden_size, spec.shared_expert_size, act, False, tp_rank, tp_size, False
+            )
+            self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, H] -> [T, H] in x's dtype; the experts' sum accumulated in float32."""
+        weights, experts = route(F.linear(x, self.gate.weight), self.top_k, self.renormalize)
+        slots, counts = group_by_expert(experts, self.num_experts)
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # [T, H]
+        start = 0
+        for j, count in enumerate(counts):
+            rows = slots[start : start + count]  # this expert's token slots
+            start += count
+            if count == 0 or j not in self.local_experts:
+                continue
+            tokens = rows // self.top_k
+            y = self.experts[j](x[tokens])  # [count, H]
+            out.index_add_(0, tokens, y.float() * weights.reshape(-1)[rows, None])
+        if self.shared_expert is not None:
+            gate = torch.sigmoid(F.linear(x, self.shared_expert_gate.weight).float())  # [T, 1]
+            out += gate * self.shared_expert(x).float()
+        if self.tp_size > 1:
+            tp_all_reduce(out)
+        return out.to(x.dtype)
