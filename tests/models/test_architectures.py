@@ -30,8 +30,8 @@ CONFIGS = {
     "qwen3": lambda: transformers.Qwen3Config(
         **COMMON, intermediate_size=96, num_key_value_heads=2, head_dim=16
     ),
-    "bloom": lambda: transformers.BloomConfig(
-        vocab_size=VOCAB, hidden_size=64, n_layer=2, n_head=4, bos_token_id=1, eos_token_id=2
+    "falcon": lambda: transformers.FalconConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4
     ),
 }
 PROMPT = [5, 17, 33, 99, 250, 12, 8, 41, 7, 7, 300]
@@ -65,10 +65,27 @@ def test_greedy_equals_hf(tmp_path, name):
     assert [o.outputs[0].token_ids for o in outputs] == [ref, ref]
 
 
-def test_architecture_without_attention_interface_fails_clearly(tmp_path):
-    config = transformers.FalconConfig(
-        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4
-    )
-    _save(config, tmp_path)
+# Loaded by transformers under any attention name, but Bloom runs its own attention and
+# Mamba keeps a recurrent state: the load-time probe refuses both.
+UNPAGEABLE = {
+    "bloom": lambda: transformers.BloomConfig(
+        vocab_size=VOCAB, hidden_size=64, n_layer=2, n_head=4, bos_token_id=1, eos_token_id=2
+    ),
+    "mamba": lambda: transformers.MambaConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2
+    ),
+    "gpt_neo": lambda: transformers.GPTNeoConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        attention_types=[[["global", "local"], 1]],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNPAGEABLE))
+def test_architecture_without_attention_interface_fails_clearly(tmp_path, name):
+    _save(UNPAGEABLE[name](), tmp_path)
     with pytest.raises(ModelLoadError, match="not supported yet"):
         LLM(str(tmp_path), kv_cache_memory="8MiB")

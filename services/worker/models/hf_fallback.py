@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
+from torch.nn import functional as F
 from transformers import AttentionInterface, AutoModelForCausalLM, PreTrainedModel
 
 from pagestream_kernels.attention_metadata import AttentionMetadata
@@ -40,6 +41,13 @@ class _PagedStep:
 
 # The step being run by HFFallbackForCausalLM.forward in this thread/task.
 _CURRENT_STEP: ContextVar[_PagedStep | None] = ContextVar("pagestream_paged_step", default=None)
+# At load: the layers whose attention went through the interface in a probe forward.
+_PROBED_LAYERS: ContextVar[set[int] | None] = ContextVar("pagestream_probe", default=None)
+_NO_ATTENTION_INTERFACE = (
+    "the model in {folder} picks its attention classes itself instead of through "
+    "transformers' attention interface (or keeps a state outside attention), so pagestream "
+    "cannot page its KV cache; this architecture is not supported yet."
+)
 
 
 def pagestream_attention_forward(
@@ -54,6 +62,10 @@ def pagestream_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """transformers attention function: query [1, H, T, D], key/value [1, K, T, D] ->
     ([1, T, H, D], None). attention_mask is ignored (the kernel masks causally)."""
+    probed = _PROBED_LAYERS.get()
+    if probed is not None:  # the load-time probe: plain causal attention, nothing cached
+        probed.add(getattr(module, "layer_idx", -1))
+        return _probe_attention(query, key, value, scaling), None
     step = _CURRENT_STEP.get()
     if step is None:
         raise RuntimeError(
@@ -80,6 +92,39 @@ def pagestream_attention_forward(
         soft_cap=float(soft_cap) if soft_cap else None,  # type: ignore[arg-type]
     )
     return out.unsqueeze(0), None  # [1, num_tokens, num_heads, head_dim]
+
+
+def _probe_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None
+) -> torch.Tensor:
+    """query [1, H, T, D], key/value [1, K, T, D] -> [1, T, H, D], causal, without a cache."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
+    return out.transpose(1, 2)
+
+
+def check_attention_interface(hf_model: PreTrainedModel, folder: Path) -> None:
+    """Raise ModelLoadError unless every layer's attention of `hf_model` runs through our
+    attention function: transformers loads some models with any attention name and then
+    runs their own attention (or a recurrent state), which would ignore the paged cache.
+    A two-token forward at load tells."""
+    layers = int(hf_model.config.get_text_config().num_hidden_layers)
+    probed: set[int] = set()
+    token = _PROBED_LAYERS.set(probed)
+    try:
+        with torch.no_grad():
+            hf_model.base_model(
+                input_ids=torch.tensor([[1, 2]], device=hf_model.device),
+                position_ids=torch.tensor([[0, 1]], device=hf_model.device),
+                use_cache=False,
+            )
+    except Exception as exc:  # a model that cannot run without its own attention state
+        raise ModelLoadError(_NO_ATTENTION_INTERFACE.format(folder=folder)) from exc
+    finally:
+        _PROBED_LAYERS.reset(token)
+    if probed != set(range(layers)):
+        raise ModelLoadError(_NO_ATTENTION_INTERFACE.format(folder=folder))
 
 
 def register_attention() -> None:
@@ -110,11 +155,7 @@ class HFFallbackForCausalLM(CausalLM):
             ) from exc
         except KeyError as exc:
             if exc.args == (ATTN_IMPLEMENTATION,):
-                raise ModelLoadError(
-                    f"the model in {folder} picks its attention classes itself instead of "
-                    "through transformers' attention interface, so pagestream cannot page its "
-                    "KV cache; this architecture is not supported yet."
-                ) from exc
+                raise ModelLoadError(_NO_ATTENTION_INTERFACE.format(folder=folder)) from exc
             raise ModelLoadError(
                 f"transformers cannot load {folder} as a causal LM: {exc}"
             ) from exc
@@ -122,6 +163,7 @@ class HFFallbackForCausalLM(CausalLM):
             raise ModelLoadError(
                 f"transformers cannot load {folder} as a causal LM: {exc}"
             ) from exc
+        check_attention_interface(hf_model, folder)
         logger.info("running %s through the transformers fallback", type(hf_model).__name__)
         return cls(hf_model.requires_grad_(False).to(device).eval())
 
