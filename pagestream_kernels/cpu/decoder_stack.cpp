@@ -37,6 +37,9 @@
 #include "paged_attention.h"
 
 namespace pagestream {
+
+class MoEBlock;  // a layer's mixture of experts (below)
+
 namespace {
 
 using bf16 = c10::BFloat16;
@@ -216,6 +219,7 @@ struct Layer {
   std::vector<float> attn_out_norm, mlp_out_norm;  // Gemma's norms of the blocks' outputs
   int64_t rotary = 0;  // the step's rotary table this layer uses; -1: none
   LinearLoRA lora[NUM_LINEARS];  // adapter slices bound to each linear (empty: none)
+  std::shared_ptr<MoEBlock> moe;  // a mixture of experts instead of gate_up / down
 
   const Linear& linear(int index) const {
     const std::shared_ptr<Linear>* all[NUM_LINEARS] = {&qkv, &o, &gate_up, &down};
@@ -327,6 +331,177 @@ class PackedLinear {
   std::shared_ptr<Linear> linear_;
 };
 
+// One layer's mixture of gated experts (services/worker/layers/fused_moe.py is the torch
+// reference): router [E, hidden] float32; per expert its gate_up [2I, hidden] and down
+// [hidden, I] (unset for an expert another rank holds); each token's top_k experts by the
+// router's softmax, renormalised to sum to 1 where `renormalize`; an optional shared
+// expert every token passes through, scaled by sigmoid(shared_gate . x) (shared_gate
+// [hidden]).
+struct MoEWeights {
+  at::Tensor router;
+  std::vector<PackedLinear> gate_up, down;
+  int64_t top_k = 0;
+  bool renormalize = true;
+  PackedLinear shared_gate_up, shared_down;
+  at::Tensor shared_gate;
+};
+
+// The mixture's step: the rows grouped by expert, each expert's gate/up, SiLU and down
+// run once over its rows (each weight byte read once per step), the weighted outputs
+// summed per row in float32.
+class MoEBlock {
+ public:
+  MoEBlock(const MoEWeights& w, int64_t hidden)
+      : hidden_(hidden), top_k_(w.top_k), renormalize_(w.renormalize) {
+    TORCH_CHECK(w.router.defined() && w.router.dim() == 2 && w.router.size(1) == hidden,
+                "MoEWeights: router must be [experts, hidden]");
+    experts_ = w.router.size(0);
+    router_ = to_floats(w.router);
+    TORCH_CHECK(static_cast<int64_t>(w.gate_up.size()) == experts_ &&
+                    static_cast<int64_t>(w.down.size()) == experts_,
+                "MoEWeights: one gate_up and one down per expert (unset off this rank)");
+    TORCH_CHECK(top_k_ > 0 && top_k_ <= experts_, "MoEWeights: top_k must be in [1, experts]");
+    for (int64_t e = 0; e < experts_; ++e) {
+      gate_up_.push_back(w.gate_up[e].linear());
+      down_.push_back(w.down[e].linear());
+      TORCH_CHECK((gate_up_[e] == nullptr) == (down_[e] == nullptr),
+                  "MoEWeights: expert ", e, " has gate_up and down, or neither");
+      if (gate_up_[e] != nullptr) check_expert(*gate_up_[e], *down_[e]);
+    }
+    shared_gate_up_ = w.shared_gate_up.linear();
+    shared_down_ = w.shared_down.linear();
+    if (shared_gate_up_ != nullptr) {
+      TORCH_CHECK(shared_down_ != nullptr && w.shared_gate.defined() &&
+                      w.shared_gate.numel() == hidden,
+                  "MoEWeights: a shared expert needs shared_down and shared_gate [hidden]");
+      check_expert(*shared_gate_up_, *shared_down_);
+      shared_gate_ = to_floats(w.shared_gate);
+    }
+  }
+
+  // out [rows, hidden] = the mixture of normed [rows, hidden] (float32): this rank's part
+  // of it under tensor or expert parallelism (the caller sums the ranks').
+  void run(const float* normed, int64_t rows, float* out) {
+    route(normed, rows);
+    std::fill(out, out + rows * hidden_, 0.f);
+    for (int64_t e = 0; e < experts_; ++e) {
+      const int64_t begin = starts_[e], n = starts_[e + 1] - begin;
+      if (n == 0 || gate_up_[e] == nullptr) continue;
+      gathered_.resize(n * hidden_);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t row = order_[begin + i] / top_k_;
+        std::memcpy(gathered_.data() + i * hidden_, normed + row * hidden_, hidden_ * 4);
+      }
+      run_expert(*gate_up_[e], *down_[e], gathered_.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t slot = order_[begin + i];
+        add_scaled(out + (slot / top_k_) * hidden_, y_.data() + i * hidden_, weights_[slot]);
+      }
+    }
+    if (shared_gate_up_ != nullptr) {
+      run_expert(*shared_gate_up_, *shared_down_, normed, rows);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float gate = dot(normed + r * hidden_, shared_gate_.data(), hidden_);
+        add_scaled(out + r * hidden_, y_.data() + r * hidden_, 1.f / (1.f + std::exp(-gate)));
+      }
+    }
+  }
+
+  int64_t weight_bytes() const {
+    int64_t bytes = static_cast<int64_t>((router_.size() + shared_gate_.size()) * 4);
+    for (int64_t e = 0; e < experts_; ++e) {
+      if (gate_up_[e] != nullptr) bytes += gate_up_[e]->weight_bytes() + down_[e]->weight_bytes();
+    }
+    if (shared_gate_up_ != nullptr) {
+      bytes += shared_gate_up_->weight_bytes() + shared_down_->weight_bytes();
+    }
+    return bytes;
+  }
+
+ private:
+  void check_expert(const Linear& gate_up, const Linear& down) const {
+    TORCH_CHECK(gate_up.in_features() == hidden_ && down.out_features() == hidden_ &&
+                    gate_up.out_features() == 2 * down.in_features(),
+                "MoEWeights: an expert's gate_up must be [2I, hidden] and its down [hidden, I]");
+  }
+
+  static float dot(const float* a, const float* b, int64_t n) {
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+    return sum;
+  }
+
+  void add_scaled(float* dst, const float* src, float scale) const {
+#pragma omp simd
+    for (int64_t i = 0; i < hidden_; ++i) dst[i] += scale * src[i];
+  }
+
+  // Each row's top_k experts and weights (weights_, slot r * top_k + j), and the slots
+  // ordered by expert: order_[starts_[e] .. starts_[e + 1]) are expert e's.
+  void route(const float* normed, int64_t rows) {
+    picks_.resize(rows * top_k_);
+    weights_.resize(rows * top_k_);
+    pagestream::parallel_for(rows, grain(experts_ * hidden_), [&](int64_t begin, int64_t end) {
+      std::vector<float> probs(experts_);
+      for (int64_t r = begin; r < end; ++r) {
+        float top = -INFINITY, sum = 0.f;
+        for (int64_t e = 0; e < experts_; ++e) {
+          probs[e] = dot(normed + r * hidden_, router_.data() + e * hidden_, hidden_);
+          top = std::max(top, probs[e]);
+        }
+        for (int64_t e = 0; e < experts_; ++e) sum += probs[e] = std::exp(probs[e] - top);
+        float kept = 0.f;
+        for (int64_t j = 0; j < top_k_; ++j) {  // the largest left, the lowest index on ties
+          const int64_t best = std::max_element(probs.begin(), probs.end()) - probs.begin();
+          picks_[r * top_k_ + j] = static_cast<int32_t>(best);
+          weights_[r * top_k_ + j] = probs[best] / sum;
+          kept += probs[best] / sum;
+          probs[best] = -1.f;
+        }
+        if (renormalize_) {
+          for (int64_t j = 0; j < top_k_; ++j) weights_[r * top_k_ + j] /= kept;
+        }
+      }
+    });
+    starts_.assign(experts_ + 1, 0);
+    for (const int32_t e : picks_) ++starts_[e + 1];
+    for (int64_t e = 0; e < experts_; ++e) starts_[e + 1] += starts_[e];
+    order_.resize(picks_.size());
+    std::vector<int64_t> next(starts_.begin(), starts_.end() - 1);
+    for (int64_t slot = 0; slot < static_cast<int64_t>(picks_.size()); ++slot) {
+      order_[next[picks_[slot]]++] = slot;
+    }
+  }
+
+  // y_ [n, hidden] = down(silu(gate) * up) of x [n, hidden] float32.
+  void run_expert(const Linear& gate_up, const Linear& down, const float* x, int64_t n) {
+    const int64_t inter = down.in_features();
+    input_.resize(n * std::max(hidden_, inter) * 4);
+    gate_up_out_.resize(n * 2 * inter);
+    y_.resize(n * hidden_);
+    with_type(gate_up.input_type(), [&](auto tv) {
+      round_rows(reinterpret_cast<decltype(tv)*>(input_.data()), x, n, hidden_);
+    });
+    gate_up.run(input_.data(), n, hidden_, gate_up_out_.data(), 2 * inter, false);
+    with_type(down.input_type(), [&](auto tv) {
+      silu_mul_rows(reinterpret_cast<decltype(tv)*>(input_.data()), gate_up_out_.data(), n, inter);
+    });
+    down.run(input_.data(), n, inter, y_.data(), hidden_, false);
+  }
+
+  int64_t hidden_, top_k_, experts_ = 0;
+  bool renormalize_;
+  std::vector<float> router_, shared_gate_;
+  std::vector<std::shared_ptr<Linear>> gate_up_, down_;
+  std::shared_ptr<Linear> shared_gate_up_, shared_down_;
+  // one step's routing and buffers
+  std::vector<int32_t> picks_;
+  std::vector<float> weights_, gathered_, gate_up_out_, y_;
+  std::vector<int64_t> starts_, order_;
+  std::vector<uint8_t> input_;
+};
+
 // The stack's shape: one pipeline stage's layers, this tensor-parallel rank's share of them
 // (services/worker/native_step.py fills it from the model's description).
 // attention_scale: the softmax scale (0: 1 / sqrt(head_dim)); activation of the gated MLP:
@@ -347,6 +522,7 @@ struct LayerWeights {
   int64_t sliding_window = 0;
   at::Tensor q_norm, k_norm, attn_out_norm, mlp_out_norm;
   int64_t rotary = 0;
+  MoEWeights moe;  // its router set: the layer's MLP is this mixture (gate_up / down unset)
 };
 
 // One step's inputs. hidden [T, hidden] float32, updated in place through every layer (then
@@ -388,11 +564,15 @@ class DecoderStack {
   }
 
   void add_layer(const LayerWeights& w) {
-    TORCH_CHECK(w.qkv.linear() && w.o.linear() && w.gate_up.linear() && w.down.linear() &&
+    const bool moe = w.moe.router.defined() && w.moe.router.numel();
+    TORCH_CHECK(w.qkv.linear() && w.o.linear() && (moe || (w.gate_up.linear() && w.down.linear())) &&
                     w.input_norm.defined() && w.post_norm.defined(),
-                "DecoderStack.add_layer: qkv, o, gate_up, down, input_norm and post_norm must "
-                "all be set");
-    add_layer(w.qkv, w.o, w.gate_up, w.down, w.input_norm, w.post_norm, w.sliding_window);
+                "DecoderStack.add_layer: qkv, o, gate_up and down (or a mixture of experts), "
+                "input_norm and post_norm must all be set");
+    TORCH_CHECK(!moe || !gelu_, "DecoderStack.add_layer: a mixture of experts runs SiLU experts");
+    add_layer(w.qkv, w.o, moe ? PackedLinear() : w.gate_up, moe ? PackedLinear() : w.down,
+              w.input_norm, w.post_norm, w.sliding_window);
+    if (moe) layers_.back().moe = std::make_shared<MoEBlock>(w.moe, hidden_);
     const bool q = w.q_norm.defined() && w.q_norm.numel(), k = w.k_norm.defined() && w.k_norm.numel();
     TORCH_CHECK(q == k && (!q || (w.q_norm.numel() == head_dim_ && w.k_norm.numel() == head_dim_)),
                 "DecoderStack.add_layer: q_norm and k_norm come together, [head_dim] each");
@@ -427,12 +607,13 @@ class DecoderStack {
                  const PackedLinear& down, const at::Tensor& input_norm,
                  const at::Tensor& post_norm, int64_t sliding_window) {
     const int64_t qkv_width = (num_heads_ + 2 * num_kv_heads_) * head_dim_;
+    const bool dense = gate_up.linear() != nullptr;
     TORCH_CHECK(qkv.out_features() == qkv_width && qkv.in_features() == hidden_ &&
                     o.out_features() == hidden_ && o.in_features() == num_heads_ * head_dim_ &&
-                    gate_up.out_features() == 2 * intermediate_ &&
-                    gate_up.in_features() == hidden_ && down.out_features() == hidden_ &&
-                    down.in_features() == intermediate_ && input_norm.numel() == hidden_ &&
-                    post_norm.numel() == hidden_,
+                    (!dense || (gate_up.out_features() == 2 * intermediate_ &&
+                                gate_up.in_features() == hidden_ && down.out_features() == hidden_ &&
+                                down.in_features() == intermediate_)) &&
+                    input_norm.numel() == hidden_ && post_norm.numel() == hidden_,
                 "DecoderStack.add_layer: weight shapes do not match the stack's config");
     layers_.push_back(Layer{qkv.linear(), o.linear(), gate_up.linear(), down.linear(),
                             to_floats(input_norm), to_floats(post_norm), sliding_window});
@@ -484,8 +665,9 @@ class DecoderStack {
     int64_t bytes = 0;
     for (const auto& layer : layers_) {
       for (const auto* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) {
-        bytes += (*linear)->weight_bytes();
+        if (*linear != nullptr) bytes += (*linear)->weight_bytes();
       }
+      if (layer.moe != nullptr) bytes += layer.moe->weight_bytes();
       bytes += static_cast<int64_t>((layer.input_norm.size() + layer.post_norm.size() +
                                      layer.q_norm.size() + layer.k_norm.size() +
                                      layer.attn_out_norm.size() + layer.mlp_out_norm.size()) *
@@ -655,6 +837,13 @@ class DecoderStack {
     }
     linear.run(input, rows, k, partial_.data(), hidden_, false);
     add_lora_rows(lora, linear, input, partial_.data(), hidden_);
+    add_partial(x, rows, all_reduce, out_norm);
+  }
+
+  // x += partial_ [rows, hidden] (this rank's part of a row-parallel output), summed over
+  // the ranks by all_reduce and normed by out_norm first where given.
+  void add_partial(float* x, int64_t rows, const py::object* all_reduce,
+                   const std::vector<float>& out_norm) {
     if (all_reduce != nullptr) {
       py::gil_scoped_acquire gil;
       (*all_reduce)(torch::from_blob(partial_.data(), {rows, hidden_}, at::kFloat));
@@ -708,6 +897,15 @@ class DecoderStack {
   }
 
   void mlp_block(const Layer& layer, float* x, int64_t rows, const py::object* all_reduce) {
+    if (layer.moe != nullptr) {
+      moe_normed_.resize(rows * hidden_);
+      norm_rows(moe_normed_.data(), x, rows, hidden_, layer.post_norm.data(), eps_);
+      clock_.stop(NORM_GATE_UP);
+      layer.moe->run(moe_normed_.data(), rows, partial_.data());
+      add_partial(x, rows, all_reduce, layer.mlp_out_norm);
+      clock_.stop(DOWN);
+      return;
+    }
     const void* normed = matmul_input(*layer.gate_up, x, rows, hidden_, layer.post_norm.data());
     layer.gate_up->run(normed, rows, hidden_, gate_up_.data(), 2 * intermediate_, false);
     add_lora_rows(layer.lora[GATE_UP_LINEAR], *layer.gate_up, normed, gate_up_.data(), 2 * intermediate_);
@@ -732,7 +930,7 @@ class DecoderStack {
   std::vector<float> final_norm_;
   std::vector<Layer> layers_;
   int64_t capacity_ = 0;
-  std::vector<float> qkv_, query_, attn_, gate_up_, partial_;
+  std::vector<float> qkv_, query_, attn_, gate_up_, partial_, moe_normed_;
   std::vector<uint8_t> act_;  // the next matmul's input, in its weight's input type
   void* act() { return act_.data(); }
   std::vector<int32_t> row_seq_, row_len_;
@@ -764,7 +962,18 @@ void bind_native_step(py::module_& m) {
       .def_readwrite("k_norm", &LayerWeights::k_norm)
       .def_readwrite("attn_out_norm", &LayerWeights::attn_out_norm)
       .def_readwrite("mlp_out_norm", &LayerWeights::mlp_out_norm)
-      .def_readwrite("rotary", &LayerWeights::rotary);
+      .def_readwrite("rotary", &LayerWeights::rotary)
+      .def_readwrite("moe", &LayerWeights::moe);
+  py::class_<MoEWeights>(m, "MoEWeights")
+      .def(py::init<>())
+      .def_readwrite("router", &MoEWeights::router)
+      .def_readwrite("gate_up", &MoEWeights::gate_up)
+      .def_readwrite("down", &MoEWeights::down)
+      .def_readwrite("top_k", &MoEWeights::top_k)
+      .def_readwrite("renormalize", &MoEWeights::renormalize)
+      .def_readwrite("shared_gate_up", &MoEWeights::shared_gate_up)
+      .def_readwrite("shared_down", &MoEWeights::shared_down)
+      .def_readwrite("shared_gate", &MoEWeights::shared_gate);
   py::class_<StepArgs>(m, "StepArgs")
       .def(py::init<>())
       .def_readwrite("hidden", &StepArgs::hidden)
@@ -792,6 +1001,7 @@ void bind_native_step(py::module_& m) {
       .def("forward", py::overload_cast<const StepArgs&>(&DecoderStack::forward),
            py::arg("args"), py::call_guard<py::gil_scoped_release>());
   py::class_<PackedLinear>(m, "PackedLinear")
+      .def(py::init<>(), "none (an expert another rank holds)")
       .def(py::init<at::Tensor, at::Tensor>())
       .def_static("quantized", &PackedLinear::quantized)
       .def_static("stacked", &PackedLinear::stacked)

@@ -9,8 +9,8 @@ and writing float32 around bfloat16 or float32 weights. With tensor parallelism 
 row-parallel outputs are summed through `tp_all_reduce` inside the same call.
 
 It applies on the CPU for float32 and bfloat16 weights (and the quantized forms) of the
-layers the description says it runs (SiLU or GELU-tanh MLPs, pre or sandwich norms, any
-number of rotary tables or none) when the C++
+layers the description says it runs (SiLU or GELU-tanh MLPs, mixtures of SiLU experts,
+pre or sandwich norms, any number of rotary tables or none) when the C++
 extension builds here and its GEMM runs on this CPU; `unsupported_reason` says why not,
 and the torch modules (the reference, and the path of every other device) run instead.
 $PAGESTREAM_CPU_NATIVE=0 turns it off.
@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from pagestream_kernels.attention_metadata import AttentionMetadata
+from services.worker.layers.fused_moe import FusedMoE
 from services.worker.layers.linear import kv_heads_per_rank
 from services.worker.layers.quantization.model_weights import weight_formats
 from services.worker.parallel_state import tp_all_reduce
@@ -84,9 +85,39 @@ def unsupported_reason(model: nn.Module, spec: DecoderSpec) -> str | None:
 
 
 def _linears(layer: nn.Module) -> dict[str, nn.Module]:
-    """A decoder layer's linears by the C++ stack's names."""
+    """A decoder layer's linears by the C++ stack's names (a mixture's experts as
+    "expert <j> gate_up" and so on, this rank's)."""
     sa, mlp = layer.self_attn, layer.mlp
-    return {"qkv": sa.qkv_proj, "o": sa.o_proj, "gate_up": mlp.gate_up_proj, "down": mlp.down_proj}
+    linears = {"qkv": sa.qkv_proj, "o": sa.o_proj}
+    if not isinstance(mlp, FusedMoE):
+        return {**linears, "gate_up": mlp.gate_up_proj, "down": mlp.down_proj}
+    experts = {f"expert {j}": mlp.experts[j] for j in mlp.local_experts}
+    if mlp.shared_expert is not None:
+        experts["shared expert"] = mlp.shared_expert
+    for name, expert in experts.items():
+        linears.update({f"{name} gate_up": expert.gate_up_proj, f"{name} down": expert.down_proj})
+    return linears
+
+
+def _moe_weights(ext, moe: FusedMoE) -> object:
+    """A mixture's weights for the C++ stack: this rank's experts packed (unset for the
+    others), the router and the shared expert's gate in float32."""
+    weights = ext.MoEWeights()
+    weights.router = moe.gate.weight.detach().float()
+    experts = [moe.experts[j] if j in moe.local_experts else None for j in range(moe.num_experts)]
+    weights.gate_up = [_packed(ext, e.gate_up_proj if e else None) for e in experts]
+    weights.down = [_packed(ext, e.down_proj if e else None) for e in experts]
+    weights.top_k, weights.renormalize = moe.top_k, moe.renormalize
+    if moe.shared_expert is not None:
+        weights.shared_gate_up = _packed(ext, moe.shared_expert.gate_up_proj)
+        weights.shared_down = _packed(ext, moe.shared_expert.down_proj)
+        weights.shared_gate = moe.shared_expert_gate.weight.detach().float().reshape(-1)
+    return weights
+
+
+def _packed(ext, linear: nn.Module | None) -> object:
+    """`linear` in the C++ stack's packed form (experts have no biases); unset for None."""
+    return ext.PackedLinear() if linear is None else linear.to_native(torch.empty(0))
 
 
 def _bias(linear: nn.Module, applies: bool = True) -> torch.Tensor:
@@ -102,7 +133,8 @@ def _stack_config(ext, spec: DecoderSpec, stage) -> object:
     config.num_heads = first.num_heads // tp
     config.num_kv_heads = kv_heads_per_rank(first.num_kv_heads, tp)
     config.head_dim = first.head_dim
-    config.intermediate = first.intermediate_size // tp
+    dense = [layer for layer in spec.layers if layer.mlp == "gated"] or [first]
+    config.intermediate = dense[0].intermediate_size // tp  # the dense MLPs' (a mixture's: unused)
     config.eps = spec.norm_eps
     config.attention_scale = first.scale
     config.activation = first.activation
@@ -139,9 +171,14 @@ class NativeStep:
             held |= {part for kind in weight_formats(layer).values() for part in kind.split("+")}
             linears = _linears(layer)
             weights = ext.LayerWeights()
-            for name, linear in linears.items():
+            for name in ("qkv", "o", "gate_up", "down"):
+                if name not in linears:  # a mixture's layer: its experts go below
+                    continue
+                linear = linears[name]
                 applies = first_rank or name in ("qkv", "gate_up")  # column-parallel biases
                 setattr(weights, name, linear.to_native(_bias(linear, applies)))
+            if isinstance(layer.mlp, FusedMoE):
+                weights.moe = _moe_weights(ext, layer.mlp)
             weights.input_norm = layer.input_layernorm.weight.detach()
             weights.post_norm = layer.mlp_norm.weight.detach()
             if layer.sandwich:  # norms of the attention's and the MLP's outputs

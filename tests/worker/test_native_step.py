@@ -27,6 +27,7 @@ from tests.worker.test_models import random_tokens
 ARCHS = [
     *("llama", "llama_tied", "qwen2", "qwen2_sliding", "qwen3", "qwen3_bias", "mistral"),
     *("smollm3", "gemma3", "phi4"),
+    *("mixtral", "qwen2_moe", "qwen3_moe"),  # mixtures of experts (OLMoE: the torch path)
 ]
 
 
@@ -98,7 +99,7 @@ def test_float32_layers_equal_the_torch_path(arch, tiny_model_dir, monkeypatch):
 
 # bfloat16 weights: a relative error of a few 2^-9 (Gemma's random (1 + w) norms, ~2x, on
 # both sides of each block weigh it about twice)
-BF16_BOUND = {"llama": 2e-2, "qwen2": 2e-2, "gemma3": 4e-2}
+BF16_BOUND = {"llama": 2e-2, "qwen2": 2e-2, "gemma3": 4e-2, "qwen2_moe": 2e-2}
 
 
 @pytest.mark.parametrize("arch", BF16_BOUND)

@@ -38,7 +38,7 @@ from services.worker.models.causal_lm import config_head_dim, config_num_kv_head
 NATIVE_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 NATIVE_NORMS = ("rms", "rms_unit_offset")  # the offset is folded into the weights at load
 NATIVE_PLACEMENTS = ("pre", "sandwich")
-NATIVE_MLPS = ("gated",)
+NATIVE_MLPS = ("gated", "moe")
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,7 @@ class LayerSpec:
             (self.norm in NATIVE_NORMS, f"its norms are {self.norm}"),
             (self.norm_placement in NATIVE_PLACEMENTS, f"its norms sit {self.norm_placement}"),
             (self.mlp in NATIVE_MLPS, f"its MLP is {self.mlp}"),
+            (self.mlp != "moe" or self.activation == "silu", "its experts are not SiLU"),
             (self.qk_norm != "all", "its q/k norms span all heads"),
             (self.clip_qkv is None, "it clamps q, k and v"),
         )
@@ -155,6 +156,8 @@ class DecoderSpec:
         `tp_size` ranks; `bf16`: bfloat16 weights, whose GEMMs take pairs of input
         features), naming the first layer it cannot, or None."""
         shape = _shape(self.layers[layer_range.start])
+        dense = [i for i in layer_range if self.layers[i].mlp == "gated"]
+        width = self.layers[dense[0]].intermediate_size if dense else None
         for index in layer_range:
             layer = self.layers[index]
             reason = layer.native_unsupported()
@@ -163,6 +166,8 @@ class DecoderSpec:
                     "its sizes, activation or attention scale differ from the stage's first "
                     "layer's (one shape per stack)"
                 )
+            if reason is None and index in dense and layer.intermediate_size != width:
+                reason = "its MLP's width differs from the stage's other dense layers'"
             if reason is None and bf16:
                 widths = (
                     self.hidden_size,
@@ -177,8 +182,9 @@ class DecoderSpec:
 
 
 def _shape(layer: LayerSpec) -> tuple:
-    """What the C++ stack holds once for all of its layers."""
-    sizes = layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.intermediate_size
+    """What the C++ stack holds once for all of its layers (the dense MLPs' width too,
+    checked apart: a mixture's experts have their own)."""
+    sizes = layer.num_heads, layer.num_kv_heads, layer.head_dim
     return (*sizes, layer.activation, layer.scale)
 
 
