@@ -33,11 +33,11 @@ logger = logging.getLogger(__name__)
 
 MARKER_FILE = "pagestream_conversion.json"
 # GGUF architectures the native models load straight from the file (no weights written).
-GGUF_NATIVE_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma3")
+GGUF_NATIVE_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma3", "qwen2moe", "qwen3moe")
 # Bumped when the folder's contents change (2: no weights for native architectures; 3: the
 # head_dim of the file's key_length, native Qwen3, Llama 3.x's rotary scaling; 4: Gemma 3's
-# attention scale and rotary scaling).
-LAYOUT = 4
+# attention scale and rotary scaling; 5: the experts' widths of Qwen2-MoE / Qwen3-MoE).
+LAYOUT = 5
 
 
 def _source_fingerprint(gguf_path: Path) -> dict[str, object]:
@@ -177,11 +177,24 @@ def _fix_config(config: object, gguf_path: Path) -> None:
         config.head_dim = int(key_length)
     if gguf.architecture == "gemma3":
         _fix_gemma3(config, gguf.metadata)
+    _fix_experts(config, gguf.architecture, gguf.metadata)
     factors = next((t for t in gguf.tensors if t.name == "rope_freqs.weight"), None)
     if factors is not None and factors.type_name == "F32":
         theta = float(config.rope_parameters["rope_theta"])
         values = gguf.raw(factors).reshape(-1).view("<f4")
         config.rope_parameters = llama3_rope_parameters(values.tolist(), theta, gguf_path)
+
+
+def _fix_experts(config: object, arch: str, metadata: dict) -> None:
+    """A mixture's widths, which transformers' GGUF config reader leaves at the config
+    class's defaults: each expert's (`expert_feed_forward_length`) and Qwen2-MoE's shared
+    expert's (`expert_shared_feed_forward_length`)."""
+    width = metadata.get(f"{arch}.expert_feed_forward_length")
+    if width:
+        config.moe_intermediate_size = int(width)
+    shared = metadata.get(f"{arch}.expert_shared_feed_forward_length")
+    if shared:
+        config.shared_expert_intermediate_size = int(shared)
 
 
 def _fix_gemma3(config: object, metadata: dict) -> None:

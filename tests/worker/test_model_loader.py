@@ -175,6 +175,13 @@ def write_tiny_gguf(
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_feed_forward_length(config.intermediate_size)
+    if getattr(config, "num_experts", None):  # Qwen2-MoE / Qwen3-MoE
+        writer.add_expert_count(config.num_experts)
+        writer.add_expert_used_count(config.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+        shared = getattr(config, "shared_expert_intermediate_size", 0)
+        if shared:
+            writer.add_expert_shared_feed_forward_length(shared)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
@@ -251,6 +258,56 @@ def _matrix_blocks(array: np.ndarray, type_name: str, seed: int) -> np.ndarray:
     return quantize(array, GGMLQuantizationType[type_name])
 
 
+_SHARED_EXPERT_KINDS = {
+    "gate_proj": "ffn_gate_shexp",
+    "up_proj": "ffn_up_shexp",
+    "down_proj": "ffn_down_shexp",
+}
+
+
+def _add_moe_tensor(
+    writer: GGUFWriter, name: str, array: np.ndarray, type_name: str, seed: int
+) -> dict[str, np.ndarray]:
+    """A mixture's tensor as llama.cpp writes it: the router F32 (ffn_gate_inp), the
+    experts stacked [E, rows, K] per projection (ffn_gate_exps, ffn_up_exps, ffn_down_exps)
+    and the shared expert (ffn_*_shexp) in `type_name`, the shared expert's gate F32
+    [hidden]. Returns what the file de-quantizes to under HF's per-expert names."""
+    layer = name.split(".")[2]
+    blk = f"blk.{layer}"
+    if name.endswith(".mlp.gate.weight"):
+        writer.add_tensor(f"{blk}.ffn_gate_inp.weight", array)
+        return {name: array}
+    if name.endswith("shared_expert_gate.weight"):
+        writer.add_tensor(f"{blk}.ffn_gate_inp_shexp.weight", array.reshape(-1))
+        return {name: array}
+    if ".shared_expert." in name:
+        kind = _SHARED_EXPERT_KINDS[name.split(".")[-2]]
+        return {name: _add_matrix(writer, f"{blk}.{kind}.weight", array, type_name, seed)}
+    if name.endswith("experts.gate_up_proj"):  # [E, 2I, K]: gate rows, then up rows
+        gate, up = np.split(array, 2, axis=1)
+        parts = {"gate_proj": ("ffn_gate_exps", gate), "up_proj": ("ffn_up_exps", up)}
+    else:
+        parts = {"down_proj": ("ffn_down_exps", array)}
+    expected = {}
+    for proj, (kind, stacked) in parts.items():
+        values = _add_matrix(writer, f"{blk}.{kind}.weight", stacked, type_name, seed)
+        for e, value in enumerate(values):
+            expected[f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight"] = value
+    return expected
+
+
+def _add_matrix(
+    writer: GGUFWriter, gguf_name: str, array: np.ndarray, type_name: str, seed: int
+) -> np.ndarray:
+    """`array` ([rows, K], or [E, rows, K] stacked) written in `type_name`; returns its
+    de-quantized values."""
+    flat = array.reshape(-1, array.shape[-1])
+    qtype = GGMLQuantizationType[type_name]
+    blocks = _matrix_blocks(np.ascontiguousarray(flat), type_name, seed)
+    writer.add_tensor(gguf_name, blocks.reshape(*array.shape[:-1], -1), raw_dtype=qtype)
+    return dequantize(blocks, qtype).reshape(array.shape)
+
+
 def _add_tensors(
     writer: GGUFWriter, hf_model, matrix_type: str | None, arch: str, overrides: dict[str, str]
 ) -> dict[str, np.ndarray]:
@@ -260,6 +317,8 @@ def _add_tensors(
         "qwen2": MODEL_ARCH.QWEN2,
         "qwen3": MODEL_ARCH.QWEN3,
         "gemma3": MODEL_ARCH.GEMMA3,
+        "qwen2moe": MODEL_ARCH.QWEN2MOE,
+        "qwen3moe": MODEL_ARCH.QWEN3MOE,
     }[arch]
     name_map = get_tensor_name_map(model_arch, config.num_hidden_layers)
     expected = {}
@@ -268,6 +327,9 @@ def _add_tensors(
             continue  # tied
         base, suffix = name.rsplit(".", 1)
         array = tensor.numpy().astype(np.float32)
+        if ".mlp.experts." in name or ".mlp.gate." in name or ".mlp.shared_expert" in name:
+            expected.update(_add_moe_tensor(writer, name, array, matrix_type or "Q8_0", index))
+            continue
         expected[name] = array
         heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
         for proj, num_heads in heads.items():

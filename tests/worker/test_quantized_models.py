@@ -182,6 +182,39 @@ def test_gemma3_gguf_with_its_four_norms_and_local_layers(
     _assert_logprobs_match(reference, llm)
 
 
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe"])
+def test_moe_gguf_with_stacked_quantized_experts(
+    family, native, tmp_path, model_cache, monkeypatch
+):
+    """A Qwen3-MoE / Qwen2-MoE file as llama.cpp writes it: each layer's experts stacked
+    per projection ([experts, rows, K], Q4_K and Q6_K for down), the router F32, Qwen2-MoE's
+    shared expert and its gate, the experts' widths in the metadata; kept quantized, expert
+    by expert."""
+    monkeypatch.setenv("PAGESTREAM_CPU_NATIVE", "1" if native else "0")
+    sizes = {"hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 256}
+    if family == "qwen2_moe":  # every layer sparse, as llama.cpp's qwen2moe has them
+        sizes.update(shared_expert_intermediate_size=512, mlp_only_layers=[])
+    else:
+        sizes["head_dim"] = 64
+    model = build_tiny_model(family, seed=3, vocab_size=300, **sizes)
+    path = tmp_path / f"tiny-{family}.Q4_K_M.gguf"
+    mix = {"down": "Q6_K", "v_proj": "Q6_K", "embed_tokens": "Q8_0"}
+    arch = family.replace("_", "")
+    expected = write_tiny_gguf(path, model, "Q4_K", arch=arch, overrides=mix)
+    converted = AutoConfig.from_pretrained(resolve_model(path))
+    assert converted.moe_intermediate_size == 256
+    assert converted.num_experts == model.config.num_experts
+    reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
+    model.config.save_pretrained(reference)  # HF under the checkpoint's own config
+    llm = LLM(str(path), quantization="gguf", **ENGINE)
+    worker_model = llm.engine.worker.model
+    assert (worker_model.model.native is not None) == native
+    if native:  # the experts stay in the file's blocks
+        assert "Q4_K" in llm.engine.model_info.quantization
+    _assert_matches(reference, _greedy(llm))
+
+
 def _assert_logprobs_match(reference: Path, llm: LLM, max_tokens: int = 8) -> None:
     """Each generated token's log-probability equals HF's on the same sequence."""
     params = SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=0, ignore_eos=True)

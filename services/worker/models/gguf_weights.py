@@ -1,5 +1,5 @@
 """Checkpoint tensors read straight from a GGUF file, under their HF names (Llama family,
-Qwen2, Qwen3, Gemma 3).
+Qwen2, Qwen3, Gemma 3, Qwen2-MoE, Qwen3-MoE).
 
     for name, tensor in iterate_gguf_weights(path, config, quantized=True):
         ...  # "model.layers.0.self_attn.q_proj.weight", QuantizedWeight (Q4_1, ...)
@@ -10,7 +10,9 @@ float32 (gguf's own de-quantizer: every type it knows). Float tensors (norms, F1
 matrices) come as float32 tensors either way. llama.cpp stores the query and key rows of
 the "llama" architecture in an interleaved rotary order; they are put back in HF's order
 here (a permutation of whole rows, so quantized rows move with their scales). Gemma's
-norms are stored as 1 + w (ggml multiplies by the weight); w is given back here.
+norms are stored as 1 + w (ggml multiplies by the weight); w is given back here. A
+mixture's experts are stacked in the file (`ffn_gate_exps` [experts, I, K], ...): each
+expert's rows become a tensor of their own, still quantized; its router is read as float32.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import re
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -63,7 +66,22 @@ _LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
     "attn_q_norm": "self_attn.q_norm",  # Qwen3
     "attn_k_norm": "self_attn.k_norm",
+    # mixtures of experts: the router, Qwen2-MoE's shared expert and its gate
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
+# A mixture's experts, stacked in one 3D tensor per projection [experts, rows, K]: split
+# into one tensor per expert (a view of its rows' bytes) under HF's per-expert names.
+_EXPERT_NAMES = {
+    "ffn_gate_exps": "gate_proj",
+    "ffn_up_exps": "up_proj",
+    "ffn_down_exps": "down_proj",
+}
+# Read as float32 whatever the file stores: the router and the shared expert's gate.
+_FLOAT_MODULES = ("mlp.gate.", "mlp.shared_expert_gate.")
 # Gemma 3 names its four norms apart: ffn_norm is the MLP's input norm there.
 _GEMMA3_LAYER_NAMES = {
     **_LAYER_NAMES,
@@ -143,23 +161,52 @@ def iterate_gguf_weights(
         )
     chosen = []
     for tensor in gguf.tensors:
-        name = hf_name(tensor.name, arch)
-        if name is None:
-            logger.debug("GGUF tensor %s has no HF counterpart; skipped", tensor.name)
-        elif wanted is None or wanted(name):
-            chosen.append((name, tensor))
+        for name, part in _parts(tensor, arch):
+            if name is None:
+                logger.debug("GGUF tensor %s has no HF counterpart; skipped", tensor.name)
+            elif wanted is None or wanted(name):
+                chosen.append((name, part))
     # decoded a few tensors ahead on a small pool (numpy's array operations release the
     # interpreter lock), yielded in file order
     progress = LoadProgress(path.name, sum(tensor.nbytes for _, tensor in chosen))
     with ThreadPoolExecutor(DECODE_THREADS) as pool:
         pending: deque = deque()  # (name, tensor, future), at most 2 * DECODE_THREADS ahead
         for name, tensor in chosen:
-            pending.append((name, tensor, pool.submit(_decoded, gguf, tensor, quantized, config)))
+            keep = quantized and not _read_as_float(name)
+            pending.append((name, tensor, pool.submit(_decoded, gguf, tensor, keep, config)))
             if len(pending) > 2 * DECODE_THREADS:
                 yield _oldest(pending, progress)
         while pending:
             yield _oldest(pending, progress)
     progress.done()
+
+
+def _parts(tensor: GGUFTensor, arch: str) -> Iterator[tuple[str | None, GGUFTensor]]:
+    """(HF name, tensor) for a file's tensor: itself, or for a stacked experts tensor
+    ("blk.3.ffn_up_exps.weight" [E, I, K]) each expert's rows as a tensor of their own
+    ("model.layers.3.mlp.experts.<e>.up_proj.weight" [I, K])."""
+    layer = _LAYER_PATTERN.match(tensor.name)
+    if layer is None or layer.group(2) not in _EXPERT_NAMES or len(tensor.shape) != 3:
+        yield hf_name(tensor.name, arch), tensor
+        return
+    index, kind, param = layer.groups()
+    experts = tensor.shape[0]
+    size = tensor.nbytes // experts
+    for e in range(experts):
+        name = f"model.layers.{index}.mlp.experts.{e}.{_EXPERT_NAMES[kind]}.{param}"
+        part = replace(
+            tensor,
+            name=f"{tensor.name}[{e}]",
+            shape=tensor.shape[1:],
+            offset=tensor.offset + e * size,
+            nbytes=size,
+        )
+        yield name, part
+
+
+def _read_as_float(name: str) -> bool:
+    """Whether parameter `name` is read as float32 whatever the file stores."""
+    return any(f".{module}" in name for module in _FLOAT_MODULES)
 
 
 def _oldest(pending: deque, progress: LoadProgress) -> tuple[str, object]:
@@ -190,6 +237,8 @@ def _decoded(gguf: GGUFFile, tensor: GGUFTensor, quantized: bool, config: Pretra
         value = value[order] if isinstance(value, torch.Tensor) else select_rows(value, order)
     if gguf.architecture in UNIT_OFFSET_NORM_ARCHITECTURES and tensor.name.endswith("norm.weight"):
         value = value - 1.0  # stored as 1 + w
+    if kind == "ffn_gate_inp_shexp":  # [hidden] in the file, HF's Linear(hidden, 1)
+        value = value.reshape(1, -1)
     return value
 
 
