@@ -36,7 +36,8 @@ MARKER_FILE = "pagestream_conversion.json"
 GGUF_NATIVE_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma3", "qwen2moe", "qwen3moe")
 # Bumped when the folder's contents change (2: no weights for native architectures; 3: the
 # head_dim of the file's key_length, native Qwen3, Llama 3.x's rotary scaling; 4: Gemma 3's
-# attention scale and rotary scaling; 5: the experts' widths of Qwen2-MoE / Qwen3-MoE).
+# attention scale and rotary scaling; 5: mixtures of experts: Qwen2-MoE / Qwen3-MoE's
+# widths, Mixtral's config).
 LAYOUT = 5
 
 
@@ -140,7 +141,7 @@ def _read_gguf(gguf_path: Path, with_weights: bool) -> tuple[object, dict]:
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    _fix_config(config, gguf_path)
+    config = _fix_config(config, gguf_path)
     with torch.device("meta"):  # only for the tensor-name mapping; no memory, no init
         skeleton = AutoModelForCausalLM.from_config(config)
     config.architectures = [type(skeleton).__name__]
@@ -164,14 +165,16 @@ def _read_gguf(gguf_path: Path, with_weights: bool) -> tuple[object, dict]:
     return config, tensors
 
 
-def _fix_config(config: object, gguf_path: Path) -> None:
+def _fix_config(config: object, gguf_path: Path) -> object:
     """What transformers' GGUF config reader leaves out: config.head_dim from the file's
     `{arch}.attention.key_length` (it keeps the config class's default: Qwen3's 128
-    whatever the file), and Llama 3.x's rotary scaling, which llama.cpp's converter stores
-    only as a `rope_freqs` tensor of per-frequency factors."""
+    whatever the file), Llama 3.x's rotary scaling, which llama.cpp's converter stores
+    only as a `rope_freqs` tensor of per-frequency factors, the experts' widths, and
+    Mixtral, which llama.cpp stores as a "llama" file with experts."""
     from services.common.gguf_file import GGUFFile
 
     gguf = GGUFFile(gguf_path)
+    config = _mixtral_config(config, gguf.architecture, gguf.metadata)
     key_length = gguf.metadata.get(f"{gguf.architecture}.attention.key_length")
     if key_length:
         config.head_dim = int(key_length)
@@ -183,6 +186,22 @@ def _fix_config(config: object, gguf_path: Path) -> None:
         theta = float(config.rope_parameters["rope_theta"])
         values = gguf.raw(factors).reshape(-1).view("<f4")
         config.rope_parameters = llama3_rope_parameters(values.tolist(), theta, gguf_path)
+    return config
+
+
+def _mixtral_config(config: object, arch: str, metadata: dict) -> object:
+    """A "llama" file with `llama.expert_count` experts is a Mixtral (every MLP a mixture of
+    that many experts, `llama.expert_used_count` per token): its config as MixtralConfig."""
+    experts = int(metadata.get(f"{arch}.expert_count", 0) or 0)
+    if arch not in ("llama", "mistral") or experts == 0:
+        return config
+    from transformers import MixtralConfig
+
+    values = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")}
+    mixtral = MixtralConfig(**values)
+    mixtral.num_local_experts = experts
+    mixtral.num_experts_per_tok = int(metadata[f"{arch}.expert_used_count"])
+    return mixtral
 
 
 def _fix_experts(config: object, arch: str, metadata: dict) -> None:

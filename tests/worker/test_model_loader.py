@@ -175,9 +175,11 @@ def write_tiny_gguf(
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_feed_forward_length(config.intermediate_size)
-    if getattr(config, "num_experts", None):  # Qwen2-MoE / Qwen3-MoE
-        writer.add_expert_count(config.num_experts)
+    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+    if experts:  # Qwen2-MoE / Qwen3-MoE, Mixtral (a "llama" file with experts)
+        writer.add_expert_count(experts)
         writer.add_expert_used_count(config.num_experts_per_tok)
+    if getattr(config, "moe_intermediate_size", None):
         writer.add_expert_feed_forward_length(config.moe_intermediate_size)
         shared = getattr(config, "shared_expert_intermediate_size", 0)
         if shared:

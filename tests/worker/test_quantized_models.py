@@ -183,28 +183,35 @@ def test_gemma3_gguf_with_its_four_norms_and_local_layers(
 
 
 @pytest.mark.parametrize("native", [True, False])
-@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe", "mixtral"])
 def test_moe_gguf_with_stacked_quantized_experts(
     family, native, tmp_path, model_cache, monkeypatch
 ):
-    """A Qwen3-MoE / Qwen2-MoE file as llama.cpp writes it: each layer's experts stacked
-    per projection ([experts, rows, K], Q4_K and Q6_K for down), the router F32, Qwen2-MoE's
-    shared expert and its gate, the experts' widths in the metadata; kept quantized, expert
-    by expert."""
+    """A Qwen3-MoE / Qwen2-MoE / Mixtral file as llama.cpp writes it: each layer's experts
+    stacked per projection ([experts, rows, K], Q4_K and Q6_K for down), the router F32,
+    Qwen2-MoE's shared expert and its gate, the experts' widths in the metadata, Mixtral as
+    a "llama" file with experts (its query / key rows permuted); kept quantized, expert by
+    expert."""
     monkeypatch.setenv("PAGESTREAM_CPU_NATIVE", "1" if native else "0")
-    sizes = {"hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 256}
+    width = 256  # the experts' (Mixtral's: intermediate_size)
+    sizes = {"hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": width}
     if family == "qwen2_moe":  # every layer sparse, as llama.cpp's qwen2moe has them
         sizes.update(shared_expert_intermediate_size=512, mlp_only_layers=[])
-    else:
+    elif family == "qwen3_moe":
         sizes["head_dim"] = 64
+    else:
+        width = sizes.pop("moe_intermediate_size")
+        sizes.update(intermediate_size=width, head_dim=64)
     model = build_tiny_model(family, seed=3, vocab_size=300, **sizes)
     path = tmp_path / f"tiny-{family}.Q4_K_M.gguf"
     mix = {"down": "Q6_K", "v_proj": "Q6_K", "embed_tokens": "Q8_0"}
-    arch = family.replace("_", "")
+    arch = "llama" if family == "mixtral" else family.replace("_", "")
     expected = write_tiny_gguf(path, model, "Q4_K", arch=arch, overrides=mix)
     converted = AutoConfig.from_pretrained(resolve_model(path))
-    assert converted.moe_intermediate_size == 256
-    assert converted.num_experts == model.config.num_experts
+    assert converted.model_type == model.config.model_type
+    assert getattr(converted, "moe_intermediate_size", converted.intermediate_size) == width
+    if family == "mixtral":  # the names transformers reads Mixtral checkpoints under
+        expected = {_mixtral_name(name): value for name, value in expected.items()}
     reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
     model.config.save_pretrained(reference)  # HF under the checkpoint's own config
     llm = LLM(str(path), quantization="gguf", **ENGINE)
@@ -213,6 +220,13 @@ def test_moe_gguf_with_stacked_quantized_experts(
     if native:  # the experts stay in the file's blocks
         assert "Q4_K" in llm.engine.model_info.quantization
     _assert_matches(reference, _greedy(llm))
+
+
+def _mixtral_name(name: str) -> str:
+    """HF's per-expert name -> Mixtral's (block_sparse_moe, w1 / w3 / w2)."""
+    for ours, theirs in (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")):
+        name = name.replace(f".{ours}.", f".{theirs}.") if ".experts." in name else name
+    return name.replace(".mlp.", ".block_sparse_moe.")
 
 
 def _assert_logprobs_match(reference: Path, llm: LLM, max_tokens: int = 8) -> None:
