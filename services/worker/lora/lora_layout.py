@@ -64,16 +64,22 @@ def slice_layouts(name: str, linear: nn.Module) -> tuple[SliceLayout, ...]:
 
 
 def model_modules(config) -> dict[str, list[int]]:
-    """HF module -> [in_features, out_features] of the whole base linear."""
+    """HF module -> [in_features, out_features] of the whole base linear (a mixture of
+    experts': the attention's only, adapters on experts are not served)."""
     hidden, head_dim = config.hidden_size, config_head_dim(config)
     q = config.num_attention_heads * head_dim
     kv = config_num_kv_heads(config) * head_dim
     inter = config.intermediate_size
-    return {
+    attention = {
         "q_proj": [hidden, q],
         "k_proj": [hidden, kv],
         "v_proj": [hidden, kv],
         "o_proj": [q, hidden],
+    }
+    if getattr(config, "num_local_experts", 0) or getattr(config, "num_experts", 0):
+        return attention
+    return {
+        **attention,
         "gate_proj": [hidden, inter],
         "up_proj": [hidden, inter],
         "down_proj": [inter, hidden],
