@@ -2,9 +2,10 @@
 
     model = load_model(ModelConfig(model="/models/llama", dtype="auto"), device="cpu")
 
-Native architectures (Llama, Mistral, Qwen2) are constructed directly on the target device
-and filled straight from the safetensors files, or from a GGUF file's tensors (kept
-quantized with `quantization` "gguf", the default for .gguf models at dtype auto); int8 /
+Native architectures (the Llama family and its mixtures of experts: registry.py) are
+constructed directly on the target device and filled straight from the safetensors files,
+or from a GGUF file's tensors (kept quantized with `quantization` "gguf", the default for
+.gguf models at dtype auto); int8 /
 int4 quantize a float checkpoint as it loads. Any other causal LM goes through
 transformers (`HFFallbackForCausalLM`). dtype "auto" is bfloat16 on CUDA and on CPUs with
 native bf16 (avx512_bf16 or AMX), float32 on other CPUs ($PAGESTREAM_CPU_DTYPE overrides).
@@ -44,7 +45,7 @@ from services.worker.layers.quantization.model_weights import (
 )
 from services.worker.models.causal_lm import CausalLM, normalize_token_ids
 from services.worker.models.gguf_weights import iterate_gguf_weights
-from services.worker.models.registry import native_model_class
+from services.worker.models.registry import native_families, native_model_class
 from services.worker.models.weight_utils import iterate_weights
 from services.worker.pooler import read_hf_config, resolve_runner
 
@@ -142,7 +143,7 @@ def _check_fallback(config: PretrainedConfig, rank: RankInfo, quantization: str 
         names = ", ".join(getattr(config, "architectures", None) or ["unknown"])
         raise ModelLoadError(
             f"{names} runs through the transformers fallback, which takes float weights only; "
-            f"quantization {quantization!r} needs a native model (Llama, Mistral, Qwen2). "
+            f"quantization {quantization!r} needs a native model ({native_families()}). "
             "Pass --quantization none (a .gguf file is then de-quantized)."
         )
     if rank.world_size > 1:
@@ -150,7 +151,7 @@ def _check_fallback(config: PretrainedConfig, rank: RankInfo, quantization: str 
         raise ValueError(
             f"{names} runs through the transformers fallback, which supports only "
             "--tensor-parallel-size 1 and --pipeline-parallel-size 1 (tensor and pipeline "
-            "parallelism need a native model: Llama, Mistral, Qwen2)."
+            f"parallelism need a native model: {native_families()})."
         )
 
 

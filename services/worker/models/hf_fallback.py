@@ -164,7 +164,11 @@ class HFFallbackForCausalLM(CausalLM):
                 f"transformers cannot load {folder} as a causal LM: {exc}"
             ) from exc
         check_attention_interface(hf_model, folder)
-        logger.info("running %s through the transformers fallback", type(hf_model).__name__)
+        logger.warning(
+            "running %s through the transformers fallback: no tensor or pipeline "
+            "parallelism, no native CPU step, no quantized weights (de-quantized), no LoRA",
+            type(hf_model).__name__,
+        )
         return cls(hf_model.requires_grad_(False).to(device).eval())
 
     def forward(

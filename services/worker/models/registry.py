@@ -54,3 +54,9 @@ def native_model_class(architectures: Sequence[str] | None) -> type[CausalLM] | 
         if name in NATIVE_MODELS:
             return NATIVE_MODELS[name]
     return None
+
+
+def native_families() -> str:
+    """The native families by name, for messages ("Gemma3, Llama, ...")."""
+    names = {cls.__name__.removesuffix("ForCausalLM") for cls in NATIVE_MODELS.values()}
+    return ", ".join(sorted(names))
