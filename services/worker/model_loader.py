@@ -6,8 +6,9 @@ Native architectures (the Llama family and its mixtures of experts: registry.py)
 constructed directly on the target device and filled straight from the safetensors files,
 or from a GGUF file's tensors (kept quantized with `quantization` "gguf", the default for
 .gguf models at dtype auto); int8 / int4 quantize a float checkpoint as it loads. Any
-other causal LM goes through transformers (`HFFallbackForCausalLM`). dtype "auto" is bfloat16 on CUDA and on CPUs with
-native bf16 (avx512_bf16 or AMX), float32 on other CPUs ($PAGESTREAM_CPU_DTYPE overrides).
+other causal LM goes through transformers (`HFFallbackForCausalLM`). dtype "auto" is
+bfloat16 on CUDA and on CPUs with native bf16 (avx512_bf16 or AMX), float32 on other CPUs
+($PAGESTREAM_CPU_DTYPE overrides).
 """
 
 from __future__ import annotations
