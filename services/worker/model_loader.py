@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
 from services.common.config import ModelConfig
@@ -33,6 +34,7 @@ from services.common.pooler_config import PoolerConfig
 from services.common.rank_info import RankInfo
 from services.worker.cpu_tuning import return_freed_memory
 from services.worker.layers.attention import resolve_attention_backend
+from services.worker.layers.fused_moe import FusedMoE
 from services.worker.layers.quantization.loading import ONLINE_METHODS, OnlineQuantization
 from services.worker.layers.quantization.model_weights import (
     bytes_by_format,
@@ -235,6 +237,14 @@ def _no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
+def _use_triton_experts(model: nn.Module) -> None:
+    """Mixtures of experts with float weights run their experts through the Triton kernels."""
+    moes = [m for m in model.modules() if isinstance(m, FusedMoE)]
+    stacked = sum(moe.use_triton() for moe in moes)
+    if moes:
+        logger.info("mixture of experts: %d of %d layers on the Triton kernels", stacked, len(moes))
+
+
 def _load_model(model_config: ModelConfig, device, rank: RankInfo) -> LoadedModel:
     start = time.perf_counter()
     folder = resolve_model(model_config.model)
@@ -275,6 +285,8 @@ def _load_model(model_config: ModelConfig, device, rank: RankInfo) -> LoadedMode
     cpu_step = attention_ops.name == "cpu" and model_class is not None
     if model_class is not None and not (cpu_step and model.use_native_step()):  # type: ignore[attr-defined]
         prepare_for_torch(model, torch_dtype)
+        if attention_ops.name == "triton":
+            _use_triton_experts(model)
     loaded = LoadedModel(model, quantization_name(formats), resident_weight_bytes(model), pooler)
     logger.info(
         "loaded %s (%s%s) on %s as %s, %s attention, in %.2f s; weights: %s; %.1f MB "

@@ -372,3 +372,64 @@ def test_add_lora_rejects_bad_arguments(change, match):
     args = dict(zip(names, case.args(case.y), strict=True))
     with pytest.raises(ValueError, match=match):
         triton_kernels.add_lora(**{**args, **change})
+
+
+# ---------------------------------------------------------------- mixture of experts
+
+
+def _moe_module(shared: int, tp_rank: int = 0, tp_size: int = 1, expert_parallel: bool = False):
+    from services.worker.layers.fused_moe import FusedMoE
+    from tests.worker.test_fused_moe import HIDDEN, moe_spec, randomized
+
+    moe = FusedMoE(moe_spec(shared), HIDDEN, tp_rank, tp_size, expert_parallel)
+    return randomized(moe, seed=5), HIDDEN
+
+
+@pytest.mark.parametrize("shared", [0, 40])
+def test_fused_moe_kernels_equal_the_expert_loop(shared):
+    """FusedMoE through the Triton kernels (its float weights stacked) equals its own loop
+    over experts, with a shared expert and with 37 tokens (blocks of 16 slots padded)."""
+    moe, hidden = _moe_module(shared)
+    x = torch.randn(37, hidden, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        expected = moe(x)
+        assert moe.use_triton()
+        got = moe(x)
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
+
+
+def test_fused_moe_kernels_skip_the_experts_another_rank_holds(monkeypatch):
+    """Expert parallelism: rank 1 of 2 holds experts 3..5; the others' slots are dropped
+    (-1), as the loop skips them."""
+    from services.worker.layers import fused_moe
+
+    monkeypatch.setattr(fused_moe, "tp_all_reduce", lambda tensor: None)
+    moe, hidden = _moe_module(0, tp_rank=1, tp_size=2, expert_parallel=True)
+    x = torch.randn(9, hidden, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        expected = moe(x)
+        assert moe.use_triton()
+        assert moe.triton[0].shape[0] == 3  # only the local experts are stacked
+        got = moe(x)
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
+
+
+def test_fused_moe_kernel_in_half_precision():
+    from pagestream_kernels.triton.fused_moe import fused_moe
+
+    generator = torch.Generator().manual_seed(8)
+    experts, hidden, inter, tokens, top_k = 5, 64, 48, 21, 2
+    x = torch.randn(tokens, hidden, generator=generator).half()
+    w13 = (torch.randn(experts, 2 * inter, hidden, generator=generator) * 0.2).half()
+    w2 = (torch.randn(experts, hidden, inter, generator=generator) * 0.2).half()
+    picks = torch.randint(0, experts, (tokens, top_k), generator=generator)
+    weights = torch.rand(tokens, top_k, generator=generator)
+    expected = torch.zeros(tokens, hidden)
+    for t in range(tokens):
+        for j in range(top_k):
+            e = int(picks[t, j])
+            gate, up = (x[t].float() @ w13[e].float().T).chunk(2)
+            act = (torch.nn.functional.silu(gate) * up).half().float()
+            expected[t] += weights[t, j] * (act @ w2[e].float().T)
+    got = fused_moe(x, w13, w2, weights, picks)
+    torch.testing.assert_close(got, expected, atol=3e-3, rtol=3e-3)

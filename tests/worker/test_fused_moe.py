@@ -104,3 +104,13 @@ def test_expert_parallel_ranks_hold_whole_experts_whose_sums_add_up(monkeypatch)
 def test_expert_parallel_needs_the_ranks_to_divide_the_experts():
     with pytest.raises(ValueError, match="divide the model's 6 experts"):
         expert_range(6, 0, 4)
+
+
+def test_align_by_expert_pads_each_experts_run_to_whole_blocks():
+    from pagestream_kernels.triton.fused_moe import align_by_expert
+
+    experts = torch.tensor([[2, 0], [2, -1], [0, 2]])  # slots 0..5; slot 3 dropped
+    slots, block_expert = align_by_expert(experts, num_experts=3, block_m=4)
+    pad = 6
+    assert block_expert.tolist() == [0, 2]  # expert 1 has no slot, no block
+    assert slots.tolist() == [1, 4, pad, pad, 0, 2, 5, pad]

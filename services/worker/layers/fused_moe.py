@@ -10,6 +10,9 @@ expert's gate/up/down runs once per step over exactly its rows, and the weighted
 added back per token in float32. Qwen2-MoE adds a shared expert every token passes through,
 scaled by sigmoid(shared_expert_gate(x)).
 
+On CUDA (the triton attention backend) the experts' float weights are stacked once and run
+through pagestream_kernels/triton/fused_moe.py's two grouped GEMMs (`use_triton`).
+
 Under tensor parallelism every expert is split over its intermediate features like the dense
 MLP; with `expert_parallel` each rank holds whole experts instead (a contiguous block of
 E / tp_size), the shared expert still split. Either way the ranks' partial sums meet in one
@@ -25,6 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from services.worker.layers.gated_mlp import GatedMLP
+from services.worker.layers.linear_weight import FloatWeight
 from services.worker.parallel_state import tp_all_reduce
 
 if TYPE_CHECKING:
@@ -98,10 +102,51 @@ class FusedMoE(nn.Module):
                 hidden_size, spec.shared_expert_size, act, False, tp_rank, tp_size, False
             )
             self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False)
+        # (w13 [E, 2I, H], w2 [E, H, I], local index of each expert or -1): use_triton's
+        self.triton: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def use_triton(self) -> bool:
+        """Runs the experts through the Triton kernels (pagestream_kernels/triton/fused_moe.py)
+        where every local expert holds a float weight: their weights stacked once ([E, 2I,
+        H] and [E, H, I]), each expert's parameters then views of the stacks (held once).
+        False, and the loop over experts stays, for other formats."""
+        local = [self.experts[j] for j in self.local_experts]
+        linears = [lin for e in local for lin in (e.gate_up_proj, e.down_proj)]
+        if not all(isinstance(lin.weight_format, FloatWeight) for lin in linears):
+            return False
+        w13 = torch.stack([e.gate_up_proj.weight.detach() for e in local])
+        w2 = torch.stack([e.down_proj.weight.detach() for e in local])
+        for i, expert in enumerate(local):
+            expert.gate_up_proj.weight.data = w13[i]
+            expert.down_proj.weight.data = w2[i]
+        index = torch.full((self.num_experts,), -1, dtype=torch.int64, device=w13.device)
+        index[self.local_experts.start : self.local_experts.stop] = torch.arange(
+            len(local), device=w13.device
+        )
+        self.triton = (w13, w2, index)
+        return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, H] -> [T, H] in x's dtype; the experts' sum accumulated in float32."""
         weights, experts = route(F.linear(x, self.gate.weight), self.top_k, self.renormalize)
+        if self.triton is not None:
+            from pagestream_kernels.triton.fused_moe import fused_moe
+
+            w13, w2, index = self.triton
+            out = fused_moe(x, w13, w2, weights, index[experts])
+        else:
+            out = self._experts_loop(x, weights, experts)
+        if self.shared_expert is not None:
+            gate = torch.sigmoid(F.linear(x, self.shared_expert_gate.weight).float())  # [T, 1]
+            out += gate * self.shared_expert(x).float()
+        if self.tp_size > 1:
+            tp_all_reduce(out)
+        return out.to(x.dtype)
+
+    def _experts_loop(
+        self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
+    ) -> torch.Tensor:
+        """The local experts' weighted sum [T, H] float32, expert by expert in torch."""
         slots, counts = group_by_expert(experts, self.num_experts)
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # [T, H]
         start = 0
@@ -113,9 +158,4 @@ class FusedMoE(nn.Module):
             tokens = rows // self.top_k
             y = self.experts[j](x[tokens])  # [count, H]
             out.index_add_(0, tokens, y.float() * weights.reshape(-1)[rows, None])
-        if self.shared_expert is not None:
-            gate = torch.sigmoid(F.linear(x, self.shared_expert_gate.weight).float())  # [T, 1]
-            out += gate * self.shared_expert(x).float()
-        if self.tp_size > 1:
-            tp_all_reduce(out)
-        return out.to(x.dtype)
+        return out
