@@ -65,6 +65,25 @@ def _llama3_scaling(factor: float) -> dict:
     }
 
 
+_QWEN3 = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_act": "silu",
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "attention_bias": False,
+    "tie_word_embeddings": False,
+}
+# Qwen3-30B-A3B's layer (hidden 2048, 32 / 4 heads of 128, 128 experts of 768, 8 a token)
+_QWEN3_A3B_LAYER = {
+    "hidden_size": 2048,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+}
+
 # The real models' configs (their config.json on the hub), by a short name.
 SHAPES: dict[str, dict] = {
     "qwen2.5-0.5b": _QWEN2
@@ -127,6 +146,26 @@ SHAPES: dict[str, dict] = {
         "rope_scaling": _llama3_scaling(8.0),
         "tie_word_embeddings": False,
     },
+    # Qwen3-30B-A3B scaled to fit a small machine: its layers' shapes and active
+    # parameters (8 experts of 768 a token), 8 of its 48 layers and 32 of its 128 experts
+    "qwen3-30b-a3b-8l32e": _QWEN3
+    | _QWEN3_A3B_LAYER
+    | {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "num_hidden_layers": 8,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_experts": 32,
+        "num_experts_per_tok": 8,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+    },
+    # its dense twin: the same attention and active MLP width (8 x 768), one dense MLP
+    "qwen3-a3b-dense-8l": _QWEN3
+    | _QWEN3_A3B_LAYER
+    | {"num_hidden_layers": 8, "intermediate_size": 6144},
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
@@ -147,11 +186,12 @@ def full_config(name: str) -> dict:
 
 
 def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
-    """HF name -> shape of every tensor of a Llama / Qwen2 checkpoint of `config`."""
-    hidden, inter = config["hidden_size"], config["intermediate_size"]
-    head_dim = config["head_dim"]
+    """HF name -> shape of every tensor of a Llama / Qwen2 / Qwen3 / Qwen3-MoE checkpoint of
+    `config`."""
+    hidden, head_dim = config["hidden_size"], config["head_dim"]
     q, kv = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
     qkv_bias = config["model_type"] == "qwen2"
+    qk_norm = config["model_type"] in ("qwen3", "qwen3_moe")
     shapes: dict[str, tuple[int, ...]] = {
         "model.embed_tokens.weight": (config["vocab_size"], hidden)
     }
@@ -164,10 +204,11 @@ def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
             p + "self_attn.k_proj.weight": (kv, hidden),
             p + "self_attn.v_proj.weight": (kv, hidden),
             p + "self_attn.o_proj.weight": (hidden, q),
-            p + "mlp.gate_proj.weight": (inter, hidden),
-            p + "mlp.up_proj.weight": (inter, hidden),
-            p + "mlp.down_proj.weight": (hidden, inter),
         }
+        shapes |= _mlp_shapes(config, p + "mlp.")
+        if qk_norm:
+            shapes |= {p + "self_attn.q_norm.weight": (head_dim,)}
+            shapes |= {p + "self_attn.k_norm.weight": (head_dim,)}
         if qkv_bias:
             shapes |= {
                 p + "self_attn.q_proj.bias": (q,),
@@ -177,6 +218,22 @@ def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     shapes["model.norm.weight"] = (hidden,)
     if not config["tie_word_embeddings"]:
         shapes["lm_head.weight"] = (config["vocab_size"], hidden)
+    return shapes
+
+
+def _mlp_shapes(config: dict, prefix: str) -> dict[str, tuple[int, ...]]:
+    """One layer's MLP: dense gate / up / down, or a router and its experts'."""
+    hidden = config["hidden_size"]
+    experts = config.get("num_experts", 0)
+    inter = config["moe_intermediate_size"] if experts else config["intermediate_size"]
+    parts = [f"experts.{j}." for j in range(experts)] if experts else [""]
+    shapes = {prefix + "gate.weight": (experts, hidden)} if experts else {}
+    for part in parts:
+        shapes |= {
+            prefix + part + "gate_proj.weight": (inter, hidden),
+            prefix + part + "up_proj.weight": (inter, hidden),
+            prefix + part + "down_proj.weight": (hidden, inter),
+        }
     return shapes
 
 

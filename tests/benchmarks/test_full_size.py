@@ -38,3 +38,17 @@ def test_every_shape_has_a_consistent_config():
 def test_an_unknown_shape_is_refused_by_name():
     with pytest.raises(ValueError, match="unknown shape 'gpt-5'"):
         full_config("gpt-5")
+
+
+def test_the_scaled_mixture_and_its_dense_twin_have_the_same_active_parameters():
+    moe = tensor_shapes(full_config("qwen3-30b-a3b-8l32e"))
+    dense = tensor_shapes(full_config("qwen3-a3b-dense-8l"))
+    config = full_config("qwen3-30b-a3b-8l32e")
+    experts, active = config["num_experts"], config["num_experts_per_tok"]
+    expert_params = sum(math.prod(s) for name, s in moe.items() if ".experts." in name)
+    router = sum(math.prod(s) for name, s in moe.items() if name.endswith("mlp.gate.weight"))
+    rest = sum(math.prod(s) for name, s in moe.items() if ".experts." not in name) - router
+    assert rest == sum(math.prod(s) for name, s in dense.items() if ".mlp." not in name)
+    dense_mlp = sum(math.prod(s) for name, s in dense.items() if ".mlp." in name)
+    assert expert_params * active // experts == dense_mlp
+    assert moe["model.layers.0.self_attn.q_norm.weight"] == (128,)
