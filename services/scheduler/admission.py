@@ -7,7 +7,7 @@ from collections import deque
 
 from services.common.config import SchedulerConfig
 from services.common.engine_errors import EngineOverloadedError
-from services.scheduler.kv_cache_manager import cdiv
+from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request
 
 
@@ -16,7 +16,7 @@ class RequestRejectedError(ValueError):
 
 
 def validate_request(
-    request: Request, known: dict, config: SchedulerConfig, num_blocks: int, block_size: int
+    request: Request, known: dict, config: SchedulerConfig, kv: KVCacheManager
 ) -> None:
     """Raise RequestRejectedError naming the problem (`known`: ids already in use)."""
     num_prompt = request.num_prompt_tokens
@@ -28,11 +28,11 @@ def validate_request(
         raise RequestRejectedError(
             f"the prompt has {num_prompt} tokens, more than max_model_len ({config.max_model_len})."
         )
-    needed = cdiv(num_prompt, block_size)
-    if needed > num_blocks:
+    needed = kv.peak_blocks(num_prompt)
+    if needed > kv.num_blocks:
         raise RequestRejectedError(
             f"the prompt has {num_prompt} tokens and needs {needed} KV-cache blocks, "
-            f"but the whole cache holds {num_blocks} blocks of {block_size}."
+            f"but the whole cache holds {kv.num_blocks} blocks of {kv.block_size}."
         )
     if request.sampling_params.n > config.max_num_seqs:
         raise RequestRejectedError(

@@ -125,8 +125,11 @@ class EngineCoreBuilder:
         return model
 
     def _cache_config(self, cache_info: CacheInfo) -> CacheConfig:
-        """The engine's cache settings with the block size the workers laid out."""
+        """The engine's cache settings with the block size the workers laid out and the
+        model's sliding window (what the scheduler may free)."""
         cache_config = self.args.cache_config()
+        window = self.model.sliding_window if self.model is not None else 0
+        cache_config = replace(cache_config, sliding_window=window)
         if cache_config.block_size == cache_info.block_size:
             return cache_config
         logger.warning(

@@ -31,7 +31,7 @@ from services.scheduler.admission import (
     validate_request,
 )
 from services.scheduler.in_flight import StepsInFlight
-from services.scheduler.kv_cache_manager import KVCacheManager, cdiv
+from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.lora_slot_table import LoRASlotTable
 from services.scheduler.plan_builder import PlanBuilder
 from services.scheduler.request import Request, RequestStatus
@@ -71,10 +71,18 @@ class Scheduler:
         self.structured = structured or StructuredOutputManager(None, 0)
         self.block_size = cache_config.block_size
         self.kv = KVCacheManager(
-            self.block_size, num_gpu_blocks, num_cpu_blocks, cache_config.enable_prefix_caching
+            self.block_size,
+            num_gpu_blocks,
+            num_cpu_blocks,
+            cache_config.enable_prefix_caching,
+            cache_config.sliding_window,
+            _max_step_tokens(scheduler_config),
         )
-        # A sequence can never outgrow the whole cache: that is a length cap too.
-        self.max_model_len = min(scheduler_config.max_model_len, num_gpu_blocks * self.block_size)
+        # A sequence can never outgrow the whole cache (but for its blocks freed outside a
+        # sliding window): that is a length cap too.
+        self.max_model_len = scheduler_config.max_model_len
+        if not self.kv.holds_any_length:
+            self.max_model_len = min(self.max_model_len, num_gpu_blocks * self.block_size)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -90,7 +98,7 @@ class Scheduler:
 
     # ---- admission -----------------------------------------------------------------
     def add_request(self, request: Request) -> None:
-        validate_request(request, self.requests, self.config, self.kv.num_blocks, self.block_size)
+        validate_request(request, self.requests, self.config, self.kv)
         if request.lora_request is not None and not self.loras.max_loras:
             raise RequestRejectedError(
                 f"the request asks for the LoRA adapter {request.lora_request.lora_name!r}, "
@@ -343,7 +351,7 @@ class Scheduler:
                     return
                 if self.is_blocked(request):
                     return  # a sibling's step is in flight: the queue moves next step
-                if cdiv(request.num_tokens, self.block_size) > self.kv.num_blocks:
+                if self.kv.peak_blocks(request.num_tokens) > self.kv.num_blocks:
                     self._finish_waiting(RequestStatus.FINISHED_IGNORED)
                     continue
                 if not self._admit(request, plan):
@@ -557,3 +565,11 @@ class Scheduler:
 
 def _adapter_names(requests) -> tuple[str, ...]:
     return tuple(sorted({r.lora_request.lora_name for r in requests if r.lora_request}))
+
+
+def _max_step_tokens(config: SchedulerConfig) -> int:
+    """The most tokens one step computes for one sequence (0: a whole prompt at once)."""
+    if not config.enable_chunked_prefill:
+        return 0
+    threshold = config.long_prefill_token_threshold
+    return min(config.max_num_batched_tokens, threshold or config.max_num_batched_tokens)

@@ -157,6 +157,8 @@ class Worker:
             lora_config=self.lora.config.to_json() if self.lora else "",
             pooler_config=self.pooler.config.to_json() if self.pooler else "",
             can_generate=self.model.can_generate,
+            # a draft model reads the same blocks with its own layers: nothing is freed
+            sliding_window=self.model.sliding_window if self.draft_model is None else 0,
         )
 
     def initialize_cache(

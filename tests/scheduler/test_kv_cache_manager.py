@@ -140,3 +140,67 @@ def test_free_queue_operations_are_consistent():
     pool.touch([pool.blocks[1]])
     assert [b.block_id for b in pool.free_queue] == [3, 4, 2, 0]
     assert pool.blocks[1].ref_cnt == 1
+
+
+def _window_kv(**kwargs) -> KVCacheManager:
+    """Blocks of 4 under a 6-token window, chunks of 4: a sequence peaks at 4 blocks."""
+    return KVCacheManager(4, 16, sliding_window=6, max_step_tokens=4, **kwargs)
+
+
+def _grow(kv: KVCacheManager, request, tokens: int) -> None:
+    """Prefill / decode `tokens` more tokens, one chunk of at most 4 at a time."""
+    while tokens:
+        step = min(4, tokens)
+        assert kv.allocate_slots(request, step) is not None
+        request.num_computed_tokens += step
+        tokens -= step
+
+
+def test_a_sliding_window_frees_the_blocks_behind_it():
+    kv = _window_kv()
+    assert kv.peak_blocks(10**6) == 4 and kv.peak_blocks(8) == 2 and kv.holds_any_length
+    request = make_request("w", list(range(40)), block_size=4)
+    _grow(kv, request, 40)
+    table = kv.get_block_ids("w")
+    assert len(table) == 10 and kv.num_held_blocks("w") <= 4
+    # the next query at 40 sees 35..40: blocks 0..7 (tokens 0..31) are behind the window
+    assert kv.num_nulled["w"] == (40 - 4 - 6 + 1) // 4 == 7
+    assert kv.take_rewritten("w")  # the worker gets the table whole
+    assert kv.num_free_blocks == 16 - kv.num_held_blocks("w")
+    kv.free(request)
+    assert kv.num_free_blocks == 16 and not kv.num_nulled
+
+
+def test_freed_window_blocks_stay_cached_for_a_prefix_hit():
+    kv = _window_kv()
+    first = make_request("a", list(range(40)), block_size=4)
+    _grow(kv, first, 40)
+    kv.free(first)
+    second = make_request("b", list(range(40)), block_size=4)
+    blocks, hit = kv.get_computed_blocks(second)
+    assert hit == 36  # every full block but the last token's, from the start
+    assert kv.allocate_slots(second, 40 - hit, blocks) is not None
+    second.num_computed_tokens = 40
+    assert kv.num_held_blocks("b") <= 4  # the hit's early blocks freed again at once
+
+
+def test_fork_and_swap_keep_the_freed_entries():
+    kv = _window_kv(num_cpu_blocks=8)
+    parent = make_request("p", list(range(30)), block_size=4)
+    _grow(kv, parent, 30)
+    child = make_request("p#1", list(range(30)), block_size=4)
+    child.num_computed_tokens = 30
+    kv.fork(parent, child)
+    assert kv.get_block_ids("p#1") == kv.get_block_ids("p")
+    assert kv.num_nulled["p#1"] == kv.num_nulled["p"] > 0
+    table = kv.get_block_ids("p")
+    out = kv.swap_out(parent)
+    assert len(out) == kv.num_held_blocks("p#1")  # only the held blocks move
+    back = kv.swap_in(parent, 1)
+    assert len(back) == len(out)
+    restored = kv.get_block_ids("p")
+    nulled = kv.num_nulled["p"]
+    assert restored[:nulled] == [0] * nulled and len(restored) >= len(table)
+    for request in (parent, child):
+        kv.free(request)
+    assert kv.num_free_blocks == 16 and len(kv.cpu_free) == 8

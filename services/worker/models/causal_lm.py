@@ -120,3 +120,9 @@ class CausalLM(nn.Module):
     @property
     def kv_cache_spec(self) -> KVCacheSpec:
         return KVCacheSpec(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype)
+
+    @property
+    def sliding_window(self) -> int:
+        """The window every layer attends within (0: some layer sees the whole context, or
+        the model does not say: nothing of its cache may be freed)."""
+        return 0

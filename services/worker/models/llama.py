@@ -352,6 +352,12 @@ class LlamaForCausalLM(CausalLM):
         return self.model.spec
 
     @property
+    def sliding_window(self) -> int:
+        """The widest window where every layer (of every stage) has one, else 0."""
+        windows = [layer.sliding_window for layer in self.model.spec.layers]
+        return max(windows) if all(windows) else 0
+
+    @property
     def num_kv_heads(self) -> int:
         """KV heads this rank holds (split, or one replicated head)."""
         return kv_heads_per_rank(config_num_kv_heads(self.config), self.tp_size)
