@@ -68,7 +68,8 @@ def profile(
         for _ in range(spec.num_layers)
     ]
     md = _decode_metadata(batch, context, block_size, query_len)
-    ids = torch.full((batch * query_len,), 5)
+    # distinct tokens: a mixture of experts routes each row as a real batch would
+    ids = (torch.arange(batch * query_len) * 7919 + 5) % model.vocab_size
     positions = torch.arange(context - query_len, context).repeat(batch)
     forward, head = [], []
     with torch.inference_mode():
