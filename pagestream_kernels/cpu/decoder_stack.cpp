@@ -174,6 +174,12 @@ void write_cache(const at::Tensor& kv_cache, const float* keys, const float* val
   }
 }
 
+// x[i] clamped to [-limit, limit] (OLMoE's clip_qkv).
+void clamp_rows(float* x, int64_t n, float limit) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) x[i] = std::min(limit, std::max(-limit, x[i]));
+}
+
 void add_rows(float* dst, const float* src, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
@@ -215,7 +221,10 @@ struct Layer {
   std::shared_ptr<Linear> qkv, o, gate_up, down;
   std::vector<float> input_norm, post_norm;
   int64_t sliding_window;
-  std::vector<float> q_norm, k_norm;  // per-head query / key norms [head_dim], or empty
+  // query / key norms: per head [head_dim] (Qwen3), or over all of them [H * D], [K * D]
+  // (OLMoE), or empty
+  std::vector<float> q_norm, k_norm;
+  float clip_qkv = 0.f;  // q, k (after their norms) and v clamped to +-clip_qkv; 0: none
   std::vector<float> attn_out_norm, mlp_out_norm;  // Gemma's norms of the blocks' outputs
   int64_t rotary = 0;  // the step's rotary table this layer uses; -1: none
   LinearLoRA lora[NUM_LINEARS];  // adapter slices bound to each linear (empty: none)
@@ -522,6 +531,7 @@ struct LayerWeights {
   int64_t sliding_window = 0;
   at::Tensor q_norm, k_norm, attn_out_norm, mlp_out_norm;
   int64_t rotary = 0;
+  double clip_qkv = 0.0;  // OLMoE: q, k and v clamped to +-clip_qkv (0: none)
   MoEWeights moe;  // its router set: the layer's MLP is this mixture (gate_up / down unset)
 };
 
@@ -574,9 +584,15 @@ class DecoderStack {
               w.input_norm, w.post_norm, w.sliding_window);
     if (moe) layers_.back().moe = std::make_shared<MoEBlock>(w.moe, hidden_);
     const bool q = w.q_norm.defined() && w.q_norm.numel(), k = w.k_norm.defined() && w.k_norm.numel();
-    TORCH_CHECK(q == k && (!q || (w.q_norm.numel() == head_dim_ && w.k_norm.numel() == head_dim_)),
-                "DecoderStack.add_layer: q_norm and k_norm come together, [head_dim] each");
+    const bool per_head = q && w.q_norm.numel() == head_dim_ && w.k_norm.numel() == head_dim_;
+    const bool whole = q && w.q_norm.numel() == num_heads_ * head_dim_ &&
+                       w.k_norm.numel() == num_kv_heads_ * head_dim_;
+    TORCH_CHECK(q == k && (!q || per_head || whole),
+                "DecoderStack.add_layer: q_norm and k_norm come together, [head_dim] each or "
+                "[heads * head_dim] and [kv_heads * head_dim]");
     if (q) layers_.back().q_norm = to_floats(w.q_norm), layers_.back().k_norm = to_floats(w.k_norm);
+    TORCH_CHECK(w.clip_qkv >= 0, "DecoderStack.add_layer: clip_qkv must be >= 0");
+    layers_.back().clip_qkv = static_cast<float>(w.clip_qkv);
     const bool a = w.attn_out_norm.defined() && w.attn_out_norm.numel();
     const bool m = w.mlp_out_norm.defined() && w.mlp_out_norm.numel();
     TORCH_CHECK(a == m && (!a || (w.attn_out_norm.numel() == hidden_ && w.mlp_out_norm.numel() == hidden_)),
@@ -867,9 +883,14 @@ class DecoderStack {
     layer.qkv->run(normed, rows, hidden_, qkv_.data(), ld, false);  // [T, (H + 2K) * D]
     add_lora_rows(layer.lora[QKV_LINEAR], *layer.qkv, normed, qkv_.data(), ld);
     if (!layer.q_norm.empty()) {
-      norm_heads(qkv_.data(), ld, rows, num_heads_, head_dim_, layer.q_norm.data(), eps_);
-      norm_heads(qkv_.data() + q_width, ld, rows, num_kv_heads_, head_dim_, layer.k_norm.data(), eps_);
+      // per head, or one norm over all of the queries' (keys') features
+      const bool whole = static_cast<int64_t>(layer.q_norm.size()) == q_width && num_heads_ > 1;
+      const int64_t q_heads = whole ? 1 : num_heads_, k_heads = whole ? 1 : num_kv_heads_;
+      const int64_t q_dim = whole ? q_width : head_dim_, k_dim = whole ? kv_width : head_dim_;
+      norm_heads(qkv_.data(), ld, rows, q_heads, q_dim, layer.q_norm.data(), eps_);
+      norm_heads(qkv_.data() + q_width, ld, rows, k_heads, k_dim, layer.k_norm.data(), eps_);
     }
+    if (layer.clip_qkv > 0.f) clamp_rows(qkv_.data(), rows * ld, layer.clip_qkv);
     clock_.stop(NORM_QKV);
     const int64_t table = std::max<int64_t>(layer.rotary, 0) * rows * cos.size(-1);
     const float* c = cos.data_ptr<float>() + table;
@@ -963,6 +984,7 @@ void bind_native_step(py::module_& m) {
       .def_readwrite("attn_out_norm", &LayerWeights::attn_out_norm)
       .def_readwrite("mlp_out_norm", &LayerWeights::mlp_out_norm)
       .def_readwrite("rotary", &LayerWeights::rotary)
+      .def_readwrite("clip_qkv", &LayerWeights::clip_qkv)
       .def_readwrite("moe", &LayerWeights::moe);
   py::class_<MoEWeights>(m, "MoEWeights")
       .def(py::init<>())

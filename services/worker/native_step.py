@@ -188,9 +188,10 @@ class NativeStep:
             kinds = list(model.rotaries)
             rope = spec.layers[index].rope
             weights.rotary = kinds.index(rope) if rope in kinds else -1
-            if spec.layers[index].qk_norm:
+            if spec.layers[index].qk_norm:  # per head, or over all heads (OLMoE)
                 weights.q_norm = layer.self_attn.q_norm.weight.detach()
                 weights.k_norm = layer.self_attn.k_norm.weight.detach()
+            weights.clip_qkv = spec.layers[index].clip_qkv or 0.0
             stack.add_layer(weights)
         logger.info(
             "native CPU step: %d layers in one C++ call per step (%s weights, float32 "

@@ -72,8 +72,6 @@ def test_the_native_stack_is_shaped_by_the_description(tiny_model_dir, monkeypat
         (dict(activation="relu"), "layer 1: its MLP's activation is relu"),
         (dict(norm_placement="post"), "layer 1: its norms sit post"),
         (dict(mlp="mixer"), "layer 1: its MLP is mixer"),
-        (dict(qk_norm="all"), "layer 1: its q/k norms span all heads"),
-        (dict(clip_qkv=8.0), "layer 1: it clamps q, k and v"),
         (dict(mlp="moe", activation="gelu_pytorch_tanh"), "layer 1: its experts are not SiLU"),
         (dict(intermediate_size=128), "layer 1: its MLP's width differs"),
         (dict(head_dim=32), "layer 1: its sizes, activation or attention scale"),

@@ -27,7 +27,7 @@ from tests.worker.test_models import random_tokens
 ARCHS = [
     *("llama", "llama_tied", "qwen2", "qwen2_sliding", "qwen3", "qwen3_bias", "mistral"),
     *("smollm3", "gemma3", "phi4"),
-    *("mixtral", "qwen2_moe", "qwen3_moe"),  # mixtures of experts (OLMoE: the torch path)
+    *("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"),  # mixtures of experts
 ]
 
 

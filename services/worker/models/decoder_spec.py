@@ -87,8 +87,6 @@ class LayerSpec:
             (self.norm_placement in NATIVE_PLACEMENTS, f"its norms sit {self.norm_placement}"),
             (self.mlp in NATIVE_MLPS, f"its MLP is {self.mlp}"),
             (self.mlp != "moe" or self.activation == "silu", "its experts are not SiLU"),
-            (self.qk_norm != "all", "its q/k norms span all heads"),
-            (self.clip_qkv is None, "it clamps q, k and v"),
         )
         for supported, reason in checks:
             if not supported:
