@@ -84,6 +84,24 @@ UNPAGEABLE = {
 }
 
 
+def test_attention_sinks_are_refused_by_name(tmp_path):
+    """gpt-oss passes a learned sink logit per head (s_aux) that our kernels would drop."""
+    config = transformers.GptOssConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+    )
+    _save(config, tmp_path)
+    with pytest.raises(ModelLoadError, match="attention sinks"):
+        LLM(str(tmp_path), kv_cache_memory="8MiB")
+
+
 @pytest.mark.parametrize("name", sorted(UNPAGEABLE))
 def test_architecture_without_attention_interface_fails_clearly(tmp_path, name):
     _save(UNPAGEABLE[name](), tmp_path)

@@ -62,6 +62,8 @@ def pagestream_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """transformers attention function: query [1, H, T, D], key/value [1, K, T, D] ->
     ([1, T, H, D], None). attention_mask is ignored (the kernel masks causally)."""
+    if kwargs.get("s_aux") is not None:  # gpt-oss: a learned sink logit per head
+        raise NotImplementedError("attention sinks (s_aux) are not supported by the paged kernels")
     probed = _PROBED_LAYERS.get()
     if probed is not None:  # the load-time probe: plain causal attention, nothing cached
         probed.add(getattr(module, "layer_idx", -1))
@@ -119,6 +121,10 @@ def check_attention_interface(hf_model: PreTrainedModel, folder: Path) -> None:
                 position_ids=torch.tensor([[0, 1]], device=hf_model.device),
                 use_cache=False,
             )
+    except NotImplementedError as exc:  # an attention option our kernels do not run
+        raise ModelLoadError(
+            f"the model in {folder} needs {exc}; this architecture is not supported yet."
+        ) from exc
     except Exception as exc:  # a model that cannot run without its own attention state
         raise ModelLoadError(_NO_ATTENTION_INTERFACE.format(folder=folder)) from exc
     finally:
