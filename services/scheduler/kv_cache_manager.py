@@ -199,10 +199,9 @@ class KVCacheManager:
         keep = cdiv(request.num_computed_tokens, self.block_size)
         if len(blocks) <= keep:
             return 0
-        tail = _real(blocks[keep:])
+        tail = blocks[keep:]  # never behind the window: that lies before the step's start
         del blocks[keep:]
         self.pool.free_blocks(reversed(tail))
-        self.num_nulled[rid] = min(self.num_nulled.get(rid, 0), keep)
         self.num_cached_blocks[rid] = min(self.num_cached_blocks.get(rid, 0), keep)
         self._rewritten.add(rid)
         return len(tail)

@@ -30,14 +30,16 @@ from services.worker.models.llama import (
     Gemma3ForCausalLM,
     LlamaForCausalLM,
     MistralForCausalLM,
-    MixtralForCausalLM,
-    OlmoeForCausalLM,
     Phi3ForCausalLM,
     Qwen2ForCausalLM,
-    Qwen2MoeForCausalLM,
     Qwen3ForCausalLM,
-    Qwen3MoeForCausalLM,
     SmolLM3ForCausalLM,
+)
+from services.worker.models.mixture_of_experts import (
+    MixtralForCausalLM,
+    OlmoeForCausalLM,
+    Qwen2MoeForCausalLM,
+    Qwen3MoeForCausalLM,
 )
 from tests.worker.conftest import MOE_FAMILIES, VOCAB, SeqState
 

@@ -10,14 +10,16 @@ from services.worker.models.llama import (
     Gemma3ForCausalLM,
     LlamaForCausalLM,
     MistralForCausalLM,
-    MixtralForCausalLM,
-    OlmoeForCausalLM,
     Phi3ForCausalLM,
     Qwen2ForCausalLM,
-    Qwen2MoeForCausalLM,
     Qwen3ForCausalLM,
-    Qwen3MoeForCausalLM,
     SmolLM3ForCausalLM,
+)
+from services.worker.models.mixture_of_experts import (
+    MixtralForCausalLM,
+    OlmoeForCausalLM,
+    Qwen2MoeForCausalLM,
+    Qwen3MoeForCausalLM,
 )
 
 # HF `architectures` name -> native implementation.
