@@ -84,6 +84,21 @@ _QWEN3_A3B_LAYER = {
     "head_dim": 128,
 }
 
+_GEMMA3 = {
+    "architectures": ["Gemma3ForCausalLM"],
+    "model_type": "gemma3_text",
+    "hidden_activation": "gelu_pytorch_tanh",
+    "vocab_size": 262144,
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "rope_local_base_freq": 10000.0,
+    "attention_bias": False,
+    "final_logit_softcapping": None,
+    "attn_logit_softcapping": None,
+    "tie_word_embeddings": True,
+}
+
 # The real models' configs (their config.json on the hub), by a short name.
 SHAPES: dict[str, dict] = {
     "qwen2.5-0.5b": _QWEN2
@@ -146,6 +161,31 @@ SHAPES: dict[str, dict] = {
         "rope_scaling": _llama3_scaling(8.0),
         "tie_word_embeddings": False,
     },
+    "qwen3-1.7b": _QWEN3
+    | {
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "tie_word_embeddings": True,
+    },
+    # 5 local layers (a 512-token window) to each global one
+    "gemma-3-1b": _GEMMA3
+    | {
+        "hidden_size": 1152,
+        "intermediate_size": 6912,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 256,
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 512,
+        "layer_types": [
+            "full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(26)
+        ],
+    },
     # Qwen3-30B-A3B scaled to fit a small machine: its layers' shapes and active
     # parameters (8 experts of 768 a token), 8 of its 48 layers and 32 of its 128 experts
     "qwen3-30b-a3b-8l32e": _QWEN3
@@ -186,12 +226,13 @@ def full_config(name: str) -> dict:
 
 
 def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
-    """HF name -> shape of every tensor of a Llama / Qwen2 / Qwen3 / Qwen3-MoE checkpoint of
-    `config`."""
+    """HF name -> shape of every tensor of a Llama / Qwen2 / Qwen3 / Qwen3-MoE / Gemma 3
+    checkpoint of `config`."""
     hidden, head_dim = config["hidden_size"], config["head_dim"]
     q, kv = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
     qkv_bias = config["model_type"] == "qwen2"
-    qk_norm = config["model_type"] in ("qwen3", "qwen3_moe")
+    qk_norm = config["model_type"] in ("qwen3", "qwen3_moe", "gemma3_text")
+    sandwich = config["model_type"] == "gemma3_text"  # norms of both blocks' outputs
     shapes: dict[str, tuple[int, ...]] = {
         "model.embed_tokens.weight": (config["vocab_size"], hidden)
     }
@@ -206,6 +247,9 @@ def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
             p + "self_attn.o_proj.weight": (hidden, q),
         }
         shapes |= _mlp_shapes(config, p + "mlp.")
+        if sandwich:
+            shapes |= {p + "pre_feedforward_layernorm.weight": (hidden,)}
+            shapes |= {p + "post_feedforward_layernorm.weight": (hidden,)}
         if qk_norm:
             shapes |= {p + "self_attn.q_norm.weight": (head_dim,)}
             shapes |= {p + "self_attn.k_norm.weight": (head_dim,)}

@@ -9,7 +9,11 @@ Each run is a fresh process, one at a time (nothing else may run beside it):
     from a short prompt: time per token = (time for tokens - time for 1) / (tokens - 1).
   - llama.cpp: `llama-server -m FILE -t THREADS` timed from start until /health answers
     200, its VmRSS then; `llama-bench -p 0 -n TOKENS -t THREADS` for its time per token.
-Medians of `repeats` runs. A first start of pagestream on a GGUF file converts its
+With `--batch N`, offline throughput too: pagestream's `LLM.generate` over N requests of
+`--prompt-len` random token ids and `tokens` greedy tokens each (max_num_seqs N), against
+`llama-batched-bench -npp PROMPT -ntg TOKENS -npl N` (llama.cpp's parallel decoding of N
+sequences in one context); both as generated tokens per second of the whole run,
+prefill included. Medians of `repeats` runs. A first start of pagestream on a GGUF file converts its
 tokenizer once (cached); `--cold` removes that cache first, for the first-start figure.
 """
 
@@ -50,6 +54,43 @@ print(json.dumps({"import_s": imported - start, "load_s": ready - imported,
                   "rss_bytes": resident, "rss_after_bytes": rss(),
                   "ms_per_token": 1000 * (many - one) / (tokens - 1)}))
 """
+
+
+_BATCH_CHILD = """
+import json, random, sys, time
+from pagestream import LLM, SamplingParams
+model, batch, prompt_len, tokens = sys.argv[1], *map(int, sys.argv[2:5])
+llm = LLM(model=model, max_model_len=4096, max_num_seqs=batch)
+rng = random.Random(0)
+prompts = [{"prompt_token_ids": [rng.randrange(100, 20000) for _ in range(prompt_len)]}
+           for _ in range(batch)]
+params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+llm.generate(prompts[:2], SamplingParams(max_tokens=2, temperature=0.0), use_tqdm=False)
+llm.engine.scheduler.kv.reset_prefix_cache()
+start = time.perf_counter()
+llm.generate(prompts, params, use_tqdm=False)
+print(json.dumps({"tokens_per_s": batch * tokens / (time.perf_counter() - start)}))
+"""
+
+
+def pagestream_batch_run(model: Path, batch: int, prompt_len: int, tokens: int) -> dict:
+    command = [sys.executable, "-c", _BATCH_CHILD, str(model), str(batch), str(prompt_len)]
+    done = subprocess.run([*command, str(tokens)], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def llama_batched_run(binary: Path, model: Path, threads: int, shape: tuple[int, int, int]):
+    """llama-batched-bench's generated tokens per second over one run of `batch`
+    sequences (prefill included), and its decode-only rate."""
+    batch, prompt_len, tokens = shape
+    env = dict(os.environ, LD_LIBRARY_PATH=str(binary.parent))
+    context = batch * (prompt_len + tokens) + 64
+    command = [str(binary), "-m", str(model), "-t", str(threads), "-c", str(context)]
+    command += ["-npp", str(prompt_len), "-ntg", str(tokens), "-npl", str(batch)]
+    command += ["--output-format", "jsonl"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    row = json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
+    return {"tokens_per_s": batch * tokens / row["t"], "decode_tokens_per_s": row["speed_tg"]}
 
 
 def rss_of(pid: int) -> int:
@@ -115,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--cold", action="store_true", help="time a first start first")
+    parser.add_argument("--batch", type=int, default=0, help="offline throughput at N too")
+    parser.add_argument("--prompt-len", type=int, default=128)
     args = parser.parse_args(argv)
     report: dict = {"model": str(args.model), "file_bytes": args.model.stat().st_size}
     if args.cold:
@@ -132,6 +175,17 @@ def main(argv: list[str] | None = None) -> int:
         report["llama_bench_ms_per_token"] = llama_bench_ms_per_token(
             args.llama_bin / "llama-bench", args.model, args.threads, args.tokens
         )
+    if args.batch:
+        shape = (args.batch, args.prompt_len, args.tokens)
+        runs = [pagestream_batch_run(args.model, *shape) for _ in range(args.repeats)]
+        report["pagestream_batch"] = median_of(runs)
+        if args.llama_bin is not None:
+            binary = args.llama_bin / "llama-batched-bench"
+            runs = [
+                llama_batched_run(binary, args.model, args.threads, shape)
+                for _ in range(args.repeats)
+            ]
+            report["llama_batched"] = median_of(runs)
     print(json.dumps(report, indent=1))
     return 0
 

@@ -25,6 +25,9 @@ class AttentionMetadata:
     query_start_loc: [num_seqs + 1] int32, prefix sums of num_scheduled_tokens.
     max_query_len:   host int, the largest num_scheduled_tokens in the batch.
     max_seq_len:     host int, the largest seq_len in the batch.
+    groups:          with KV cache groups (layers sharing one block table, a hybrid
+                     model's), every group's metadata, this one (group 0's) first; each
+                     layer reads its own group's (`group(g)`). Empty: one group.
     """
 
     slot_mapping: torch.Tensor
@@ -33,6 +36,7 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor
     max_query_len: int
     max_seq_len: int
+    groups: tuple[AttentionMetadata, ...] = ()
 
     def __post_init__(self) -> None:
         num_seqs = self.seq_lens.shape[0]
@@ -64,6 +68,14 @@ class AttentionMetadata:
             max_query_len=int(q_lens.max()) if q_lens.numel() else 0,
             max_seq_len=int(seq_lens.max()) if seq_lens.numel() else 0,
         )
+
+    def group(self, index: int) -> AttentionMetadata:
+        """The metadata of KV cache group `index` (this one when there is one group)."""
+        return self.groups[index] if self.groups else self
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.groups) or 1
 
     @property
     def num_seqs(self) -> int:

@@ -227,6 +227,7 @@ struct Layer {
   float clip_qkv = 0.f;  // q, k (after their norms) and v clamped to +-clip_qkv; 0: none
   std::vector<float> attn_out_norm, mlp_out_norm;  // Gemma's norms of the blocks' outputs
   int64_t rotary = 0;  // the step's rotary table this layer uses; -1: none
+  int64_t kv_group = 0;  // the KV cache group whose block table and slots it uses
   LinearLoRA lora[NUM_LINEARS];  // adapter slices bound to each linear (empty: none)
   std::shared_ptr<MoEBlock> moe;  // a mixture of experts instead of gate_up / down
 
@@ -524,7 +525,8 @@ struct StackConfig {
 // One layer's linears (any weight format, packed by the caller), norm weights, window
 // (0: full attention), for Qwen3 and Gemma 3 the per-head query and key norms [head_dim],
 // for Gemma the norms of the attention's and the MLP's outputs [hidden] (unset: none), and
-// the index of its rotary table in the step's cos/sin (-1: no rotary).
+// the index of its rotary table in the step's cos/sin (-1: no rotary), and its KV cache
+// group (the step's block_table / slot_mapping row it reads when there are several).
 struct LayerWeights {
   PackedLinear qkv, o, gate_up, down;
   at::Tensor input_norm, post_norm;
@@ -532,13 +534,15 @@ struct LayerWeights {
   at::Tensor q_norm, k_norm, attn_out_norm, mlp_out_norm;
   int64_t rotary = 0;
   double clip_qkv = 0.0;  // OLMoE: q, k and v clamped to +-clip_qkv (0: none)
+  int64_t kv_group = 0;
   MoEWeights moe;  // its router set: the layer's MLP is this mixture (gate_up / down unset)
 };
 
 // One step's inputs. hidden [T, hidden] float32, updated in place through every layer (then
 // normed into `out` [T, hidden] when the stack has a final norm and out is given).
 // cos/sin [tables, T, rot] (or [T, rot]: one table); kv_caches one per layer; slot_mapping [T] int64; block_table
-// [S, max_blocks], query_start_loc [S + 1], seq_lens [S] int32. all_reduce: None or a
+// [S, max_blocks] (or, with KV cache groups, [G, T] and [G, S, max_blocks]: layer i uses
+// group kv_group's), query_start_loc [S + 1], seq_lens [S] int32. all_reduce: None or a
 // callable summing a [T, hidden] float32 tensor over the tensor-parallel group in place.
 // layer_outputs: unset or [layers, T, hidden] float32, filled with each layer's output.
 // lora_slots [T] / lora_ranks [slots] int32: each row's adapter slot (unset: none).
@@ -603,6 +607,8 @@ class DecoderStack {
     }
     TORCH_CHECK(w.rotary >= -1, "DecoderStack.add_layer: rotary is a table index or -1");
     layers_.back().rotary = w.rotary;
+    TORCH_CHECK(w.kv_group >= 0, "DecoderStack.add_layer: kv_group must be >= 0");
+    layers_.back().kv_group = w.kv_group;
   }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
@@ -715,9 +721,12 @@ class DecoderStack {
     reserve(rows);
     float* x = hidden.data_ptr<float>();
     const bool reduce = !all_reduce.is_none();
+    const bool grouped = block_table.dim() == 3;
     for (size_t i = 0; i < layers_.size(); ++i) {
-      attention_block(layers_[i], x, rows, cos, sin, kv_caches[i], slot_mapping, block_table,
-                      reduce ? &all_reduce : nullptr);
+      const int64_t g = grouped ? layers_[i].kv_group : 0;
+      attention_block(layers_[i], x, rows, cos, sin, kv_caches[i],
+                      grouped ? slot_mapping[g] : slot_mapping,
+                      grouped ? block_table[g] : block_table, reduce ? &all_reduce : nullptr);
       mlp_block(layers_[i], x, rows, reduce ? &all_reduce : nullptr);
       if (layer_outputs.defined() && layer_outputs.numel()) {
         std::memcpy(layer_outputs[i].data_ptr<float>(), x, rows * hidden_ * 4);
@@ -758,21 +767,28 @@ class DecoderStack {
                   "DecoderStack.forward: caches must be contiguous [2, blocks, block_size, ",
                   num_kv_heads_, ", ", head_dim_, "]");
     }
+    const bool grouped = block_table.dim() == 3;
+    const int64_t groups = grouped ? block_table.size(0) : 1;
     TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous() &&
-                    slot_mapping.numel() == rows,
-                "DecoderStack.forward: slot_mapping must be int64 [T]");
+                    slot_mapping.dim() == (grouped ? 2 : 1) && slot_mapping.numel() == groups * rows,
+                "DecoderStack.forward: slot_mapping must be int64 [T] (or [G, T] beside a "
+                "block_table [G, S, n])");
+    for (const auto& layer : layers_) {
+      TORCH_CHECK(!grouped || layer.kv_group < groups, "DecoderStack.forward: a layer reads KV "
+                  "cache group ", layer.kv_group, " of ", groups);
+    }
     for (const auto& t : {block_table, query_start_loc, seq_lens}) {
       TORCH_CHECK(t.scalar_type() == at::kInt && t.is_contiguous(),
                   "DecoderStack.forward: block_table, query_start_loc, seq_lens must be int32");
     }
     const int64_t seqs = seq_lens.numel();
-    TORCH_CHECK(query_start_loc.numel() == seqs + 1 && block_table.dim() == 2 &&
-                    block_table.size(0) == seqs,
-                "DecoderStack.forward: query_start_loc [S + 1] and block_table [S, n]");
+    TORCH_CHECK(query_start_loc.numel() == seqs + 1 && (block_table.dim() == 2 || grouped) &&
+                    block_table.size(-2) == seqs,
+                "DecoderStack.forward: query_start_loc [S + 1] and block_table [S, n] or [G, S, n]");
     if (!kv_caches.empty() && kv_caches[0].numel() > 0) {
       const int64_t slots = kv_caches[0].size(1) * kv_caches[0].size(2);
       const int64_t* s = slot_mapping.data_ptr<int64_t>();
-      for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t r = 0; r < groups * rows; ++r) {
         TORCH_CHECK(s[r] < slots, "DecoderStack.forward: slot ", s[r], " is out of range");
       }
     }
@@ -985,6 +1001,7 @@ void bind_native_step(py::module_& m) {
       .def_readwrite("mlp_out_norm", &LayerWeights::mlp_out_norm)
       .def_readwrite("rotary", &LayerWeights::rotary)
       .def_readwrite("clip_qkv", &LayerWeights::clip_qkv)
+      .def_readwrite("kv_group", &LayerWeights::kv_group)
       .def_readwrite("moe", &LayerWeights::moe);
   py::class_<MoEWeights>(m, "MoEWeights")
       .def(py::init<>())

@@ -77,9 +77,10 @@ class CacheConfig:
     kv_cache_memory: int | None = None  # bytes; CPU default is 4 GiB (see resolved_kv_bytes)
     swap_space: int = 4 * 1024**3  # bytes of CPU swap pool
     cache_dtype: str = "auto"
-    # Not a flag: the window every layer of the model attends within, as the workers
-    # describe the model (0: some layer sees the whole context); blocks outside it are freed.
-    sliding_window: int = 0
+    # Not a flag: the workers' KV cache groups (layers sharing one block table), as they
+    # describe the model: per group the window its layers attend within (0: full
+    # attention); a windowed group's blocks outside the window are freed.
+    kv_cache_groups: tuple[int, ...] = (0,)
 
     def __post_init__(self) -> None:
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128, 256):

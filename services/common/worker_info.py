@@ -31,8 +31,10 @@ class ModelInfo:
     lora_config: str = ""  # its LoRA limits and target linears (LoRAConfig JSON); "": off
     pooler_config: str = ""  # how it pools (PoolerConfig JSON, every field set); "": generates
     can_generate: bool = True  # False: a pooling runner without an LM head
-    # the window every layer attends within (0: some layer sees the whole context)
-    sliding_window: int = 0
+    # its KV cache groups (layers sharing one block table; a table holds one entry per
+    # group for each block position): per group the window its layers attend within
+    # (0: full attention)
+    kv_cache_groups: tuple[int, ...] = (0,)
 
     def model_fields(self) -> dict:
         """What every rank of one group must agree on (everything but its own rank and what

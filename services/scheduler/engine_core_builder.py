@@ -126,10 +126,10 @@ class EngineCoreBuilder:
 
     def _cache_config(self, cache_info: CacheInfo) -> CacheConfig:
         """The engine's cache settings with the block size the workers laid out and the
-        model's sliding window (what the scheduler may free)."""
+        model's KV cache groups (their windows: what the scheduler may free)."""
         cache_config = self.args.cache_config()
-        window = self.model.sliding_window if self.model is not None else 0
-        cache_config = replace(cache_config, sliding_window=window)
+        groups = self.model.kv_cache_groups if self.model is not None else (0,)
+        cache_config = replace(cache_config, kv_cache_groups=groups)
         if cache_config.block_size == cache_info.block_size:
             return cache_config
         logger.warning(

@@ -75,14 +75,14 @@ class Scheduler:
             num_gpu_blocks,
             num_cpu_blocks,
             cache_config.enable_prefix_caching,
-            cache_config.sliding_window,
+            cache_config.kv_cache_groups,
             _max_step_tokens(scheduler_config),
         )
         # A sequence can never outgrow the whole cache (but for its blocks freed outside a
         # sliding window): that is a length cap too.
         self.max_model_len = scheduler_config.max_model_len
-        if not self.kv.holds_any_length:
-            self.max_model_len = min(self.max_model_len, num_gpu_blocks * self.block_size)
+        if (longest := self.kv.longest_sequence()) is not None:
+            self.max_model_len = min(self.max_model_len, longest)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []

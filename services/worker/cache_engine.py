@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from services.worker.models.kv_cache_spec import KVCacheSpec
+
 logger = logging.getLogger(__name__)
 
 _GIB = 1024**3
@@ -26,22 +28,15 @@ class CacheEngine:
 
     def __init__(
         self,
-        num_layers: int,
-        num_kv_heads: int,
-        head_dim: int,
+        spec: KVCacheSpec,
         block_size: int,
         num_blocks: int,
         num_cpu_blocks: int,
-        dtype: torch.dtype,
         device: torch.device | str,
     ) -> None:
-        for name, value in (
-            ("num_layers", num_layers),
-            ("num_kv_heads", num_kv_heads),
-            ("head_dim", head_dim),
-            ("block_size", block_size),
-            ("num_blocks", num_blocks),
-        ):
+        """`spec.num_tensors` cache tensors of the spec's shape and dtype; each model layer
+        uses its own, or `spec.layer_slots[i]` when layers share them (KV cache groups)."""
+        for name, value in (("block_size", block_size), ("num_blocks", num_blocks)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}.")
         if num_cpu_blocks < 0:
@@ -50,12 +45,15 @@ class CacheEngine:
         self.num_blocks = num_blocks
         self.num_cpu_blocks = num_cpu_blocks
         self.block_size = block_size
-        self.dtype = dtype
-        block_shape = (block_size, num_kv_heads, head_dim)
+        self.dtype = dtype = spec.dtype
+        num_layers = spec.num_tensors
+        block_shape = (block_size, spec.num_kv_heads, spec.head_dim)
         # Zeroed, not empty: stale NaN bit patterns must never reach a masked attention read.
         self.kv_caches: list[torch.Tensor] = [
             zeroed((2, num_blocks, *block_shape), dtype, self.device) for _ in range(num_layers)
         ]  # per layer [2, num_blocks, block_size, num_kv_heads, head_dim]
+        slots = spec.layer_slots or range(num_layers)
+        self.layer_caches = [self.kv_caches[s] for s in slots]  # what each model layer uses
         pin = self.device.type == "cuda"
         # Empty, not zeroed: a swap block is always written (swap_out) before it is read, and
         # untouched pages of a large swap pool then cost no memory.

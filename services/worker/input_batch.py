@@ -60,7 +60,10 @@ class InputBatch:
         vocab_size: int,
         eos_token_id: int | None,
         device: torch.device | str,
+        num_kv_groups: int = 1,
     ) -> None:
+        """`num_kv_groups`: the KV cache groups a block table holds an entry of for each
+        block position (the plan's block ids come so, position-major)."""
         for name, value in (
             ("block_size", block_size),
             ("max_num_seqs", max_num_seqs),
@@ -72,7 +75,8 @@ class InputBatch:
         self.block_size = block_size
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
-        self.max_blocks_per_req = -(-max_model_len // block_size)
+        self.num_kv_groups = num_kv_groups
+        self.max_blocks_per_req = -(-max_model_len // block_size) * num_kv_groups  # entries
         self.device = torch.device(device)
         self.capacity = 0
         self._token_ids = np.zeros((0, max_model_len), np.int32)
@@ -335,8 +339,7 @@ class InputBatch:
         self._check_schedule(plan, request_ids, num_known, slots, num_computed, num_scheduled)
         flat = flatten_batch(
             self._token_ids,
-            self._block_tables,
-            self._num_blocks,
+            *self._grouped_tables(),
             slots,
             num_known,
             num_computed,
@@ -444,7 +447,7 @@ class InputBatch:
             num_computed,
             num_scheduled,
             num_known,
-            self._num_blocks[slots] * self.block_size,
+            self._num_slots(slots),
             plan.total_num_scheduled_tokens,
         )
         if problem is None and self._drafts:
@@ -520,8 +523,17 @@ class InputBatch:
         """(num_computed_tokens as the last plan set them, known tokens, KV slots in the
         block table) per request  [S] each."""
         slots = np.fromiter((self._slot(r) for r in request_ids), np.int64, len(request_ids))
-        num_slots = self._num_blocks[slots] * self.block_size
-        return self._num_computed[slots], self._num_tokens[slots], num_slots
+        return self._num_computed[slots], self._num_tokens[slots], self._num_slots(slots)
+
+    def _grouped_tables(self) -> tuple[np.ndarray, np.ndarray]:
+        """The tables as [capacity, max_positions, G] (a view) and their positions."""
+        groups = self.num_kv_groups
+        tables = self._block_tables.reshape(self.capacity, -1, groups)
+        return tables, self._num_blocks // groups
+
+    def _num_slots(self, slots: np.ndarray) -> np.ndarray:
+        """KV slots in each slot's block table [S]."""
+        return self._num_blocks[slots] // self.num_kv_groups * self.block_size
 
     def write_tokens(self, request_ids: list[str], positions: np.ndarray, token_ids) -> None:
         """Token ids past the requests' known tokens (proposals being made), so a forward
@@ -538,8 +550,7 @@ class InputBatch:
         seq_lens = num_computed + num_scheduled
         flat = flatten_batch(
             self._token_ids,
-            self._block_tables,
-            self._num_blocks,
+            *self._grouped_tables(),
             slots,
             seq_lens,
             num_computed,

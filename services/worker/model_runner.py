@@ -117,7 +117,7 @@ class ModelRunner:
             shape = (len(inputs.positions), self.model.text_config.hidden_size)
             dtype = getattr(self.model, "hidden_dtype", self.model.dtype)
             extra["hidden_states"] = self.link.recv(shape, dtype, self.model.device)
-        kv_caches = self.cache_engine.kv_caches
+        kv_caches = self.cache_engine.layer_caches
         metadata = inputs.attention_metadata()
         return self.model(inputs.input_ids, inputs.positions, kv_caches, metadata, **extra)
 

@@ -192,6 +192,7 @@ class NativeStep:
                 weights.q_norm = layer.self_attn.q_norm.weight.detach()
                 weights.k_norm = layer.self_attn.k_norm.weight.detach()
             weights.clip_qkv = spec.layers[index].clip_qkv or 0.0
+            weights.kv_group = model.layer_groups[index - model.layer_range.start]
             stack.add_layer(weights)
         logger.info(
             "native CPU step: %d layers in one C++ call per step (%s weights, float32 "
@@ -257,8 +258,12 @@ class NativeStep:
         args.hidden = hidden
         args.cos, args.sin = cos, sin
         args.kv_caches = list(kv_caches)
-        args.slot_mapping = md.slot_mapping.to(torch.int64).contiguous()
-        args.block_table = md.block_table.to(torch.int32).contiguous()
+        if md.groups:  # KV cache groups: [G, T] slots and [G, S, n] tables
+            args.slot_mapping = torch.stack([g.slot_mapping for g in md.groups]).to(torch.int64)
+            args.block_table = torch.stack([g.block_table for g in md.groups]).to(torch.int32)
+        else:
+            args.slot_mapping = md.slot_mapping.to(torch.int64).contiguous()
+            args.block_table = md.block_table.to(torch.int32).contiguous()
         args.query_start_loc = md.query_start_loc.to(torch.int32).contiguous()
         args.seq_lens = md.seq_lens.to(torch.int32).contiguous()
         if self.tp_size > 1:

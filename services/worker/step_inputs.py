@@ -2,13 +2,16 @@
 
 Request i with num_computed_tokens c and num_scheduled_tokens n feeds token_ids[c:c+n]
 at positions c..c+n-1; slot = block_table[pos // block_size] * block_size + pos %
-block_size; seq_len = c + n. It samples iff c + n == its number of known tokens, which
+block_size; seq_len = c + n. With G KV cache groups a table holds G entries a block
+position (group g's block of position p at p * G + g), and every group has its own slots
+and table. It samples iff c + n == its number of known tokens, which
 counts the speculative proposals it verifies this step (written after its token ids): a
 request verifying k proposals samples at its last k + 1 positions.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,10 +58,10 @@ class StepInputs:
     request_ids: list[str]  # scheduled requests, in row order
     input_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64
-    slot_mapping: torch.Tensor  # [T] int64
+    slot_mapping: torch.Tensor  # [G, T] int64, per KV cache group
     query_start_loc: torch.Tensor  # [S+1] int32
     seq_lens: torch.Tensor  # [S] int32
-    block_table: torch.Tensor  # [S, max_blocks] int32 (columns past a row's table are 0)
+    block_table: torch.Tensor  # [G, S, max_blocks] int32 (columns past a row's table are 0)
     max_query_len: int
     max_seq_len: int
     query_start_loc_host: list[int]  # [S+1]
@@ -78,9 +81,16 @@ class StepInputs:
         return self.query_start_loc_host[-1]
 
     def attention_metadata(self) -> AttentionMetadata:
+        """Group 0's metadata, with every group's when there are several."""
+        groups = [self._group_metadata(g) for g in range(self.slot_mapping.shape[0])]
+        if len(groups) == 1:
+            return groups[0]
+        return dataclasses.replace(groups[0], groups=tuple(groups))
+
+    def _group_metadata(self, group: int) -> AttentionMetadata:
         return AttentionMetadata(
-            slot_mapping=self.slot_mapping,
-            block_table=self.block_table,
+            slot_mapping=self.slot_mapping[group],
+            block_table=self.block_table[group],
             seq_lens=self.seq_lens,
             query_start_loc=self.query_start_loc,
             max_query_len=self.max_query_len,
@@ -94,18 +104,18 @@ class FlatBatch:
 
     input_ids: np.ndarray  # [T] int64
     positions: np.ndarray  # [T] int64
-    slot_mapping: np.ndarray  # [T] int64
+    slot_mapping: np.ndarray  # [G, T] int64
     query_start_loc: np.ndarray  # [S+1] int32
     seq_lens: np.ndarray  # [S] int32
-    block_table: np.ndarray  # [S, max_blocks] int32
+    block_table: np.ndarray  # [G, S, max_blocks] int32
     samples: np.ndarray  # [S] bool: the request has caught up and samples
     logits_indices: np.ndarray  # [S] int64 flat row of each request's last scheduled token
 
 
 def flatten_batch(
     token_ids: np.ndarray,  # [capacity, max_model_len] every slot's prompt + output ids
-    block_tables: np.ndarray,  # [capacity, max_blocks_per_req] int32
-    num_blocks: np.ndarray,  # [capacity] int64 blocks in each slot's table
+    block_tables: np.ndarray,  # [capacity, max_positions, G] int32, per KV cache group
+    num_blocks: np.ndarray,  # [capacity] int64 block positions in each slot's table
     slots: np.ndarray,  # [S] int64 the scheduled requests' slots, in row order
     num_known: np.ndarray,  # [S] int64 known tokens of each (proposals included)
     num_computed: np.ndarray,  # [S] int64
@@ -119,7 +129,7 @@ def flatten_batch(
     slot_of_token = slots[row_of_token]  # [T]
     offsets = np.arange(total, dtype=np.int64) - query_start_loc[row_of_token]  # [T]
     positions = num_computed[row_of_token] + offsets  # [T]
-    blocks = block_tables[slot_of_token, positions // block_size].astype(np.int64)  # [T]
+    blocks = block_tables[slot_of_token, positions // block_size].T.astype(np.int64)  # [G, T]
     seq_lens = num_computed + num_scheduled  # [S]
     width = int(num_blocks[slots].max(initial=0))
     return FlatBatch(
@@ -128,7 +138,7 @@ def flatten_batch(
         slot_mapping=blocks * block_size + positions % block_size,
         query_start_loc=query_start_loc.astype(np.int32),
         seq_lens=seq_lens.astype(np.int32),
-        block_table=block_tables[slots, :width],
+        block_table=block_tables[slots, :width].transpose(2, 0, 1),  # [G, S, width]
         samples=seq_lens == num_known,
         logits_indices=query_start_loc[1:] - 1,
     )

@@ -34,7 +34,7 @@ from services.worker.model_loader import (
 )
 from services.worker.model_runner import ModelRunner
 from services.worker.models.causal_lm import CausalLM
-from services.worker.models.kv_cache_spec import KVCacheSpec
+from services.worker.models.kv_cache_spec import KVCacheGroups, KVCacheSpec
 from services.worker.parallel_state import DEFAULT_TIMEOUT_S, init_parallel_state
 from services.worker.pooler import Pooler
 from services.worker.sampler import Sampler
@@ -114,8 +114,19 @@ class Worker:
         """The model's cache layout in the cache dtype (--kv-cache-dtype; auto: the model's)."""
         return self._cache_spec(self.model)
 
+    @property
+    def kv_cache_groups(self) -> KVCacheGroups:
+        """How the model's layers share block tables: the model's grouping, or one group
+        of full attention beside a draft model (it reads the same blocks with its own
+        layers, so nothing is freed)."""
+        if self.draft_model is None:
+            return self.model.kv_cache_groups
+        return KVCacheGroups.single(self.model.num_layers)
+
     def _cache_spec(self, model: CausalLM) -> KVCacheSpec:
         spec = model.kv_cache_spec
+        if self.draft_model is not None:
+            spec = dataclasses.replace(spec, layer_slots=())
         if self.cache_config.cache_dtype == "auto":
             return spec
         return dataclasses.replace(
@@ -157,8 +168,7 @@ class Worker:
             lora_config=self.lora.config.to_json() if self.lora else "",
             pooler_config=self.pooler.config.to_json() if self.pooler else "",
             can_generate=self.model.can_generate,
-            # a draft model reads the same blocks with its own layers: nothing is freed
-            sliding_window=self.model.sliding_window if self.draft_model is None else 0,
+            kv_cache_groups=self.kv_cache_groups.windows,
         )
 
     def initialize_cache(
@@ -210,18 +220,10 @@ class Worker:
         block_size = self.cache_config.block_size
         bytes_per_block = self._bytes_per_block()
         cache_engine = self._cache_engine(self.kv_cache_spec, num_gpu_blocks, num_cpu_blocks)
-        input_batch = InputBatch(
-            block_size,
-            self.max_num_seqs,
-            max_model_len,
-            info.vocab_size,
-            self.model.eos_token_id,
-            self.device,
-        )
         self.runner = ModelRunner(
             self.model,
             cache_engine,
-            input_batch,
+            self._input_batch(max_model_len),
             Sampler(self.model_config.seed),
             self.rank,
             self._proposer(num_gpu_blocks, num_cpu_blocks),
@@ -241,14 +243,7 @@ class Worker:
 
     def _cache_engine(self, spec: KVCacheSpec, num_blocks: int, num_cpu_blocks: int) -> CacheEngine:
         return CacheEngine(
-            spec.num_layers,
-            spec.num_kv_heads,
-            spec.head_dim,
-            self.cache_config.block_size,
-            num_blocks,
-            num_cpu_blocks,
-            spec.dtype,
-            self.device,
+            spec, self.cache_config.block_size, num_blocks, num_cpu_blocks, self.device
         )
 
     def _proposer(self, num_blocks: int, num_cpu_blocks: int) -> Proposer | None:
@@ -294,14 +289,18 @@ class Worker:
         """Drop every request's state (the scheduler restarted); the cache stays allocated."""
         if self.runner is not None:
             self.runner.link.wait()
-            self.runner.input_batch = InputBatch(
-                self.cache_config.block_size,
-                self.max_num_seqs,
-                self.runner.input_batch.max_model_len,
-                self.model.vocab_size,
-                self.model.eos_token_id,
-                self.device,
-            )
+            self.runner.input_batch = self._input_batch(self.runner.input_batch.max_model_len)
+
+    def _input_batch(self, max_model_len: int) -> InputBatch:
+        return InputBatch(
+            self.cache_config.block_size,
+            self.max_num_seqs,
+            max_model_len,
+            self.model.vocab_size,
+            self.model.eos_token_id,
+            self.device,
+            self.kv_cache_groups.num_groups,
+        )
 
 
 def _rank_device(device: torch.device, local_rank: int | None) -> torch.device:

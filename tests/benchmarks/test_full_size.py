@@ -18,6 +18,8 @@ from benchmarks.full_size import SHAPES, full_config, tensor_shapes
         ("qwen2.5-1.5b", 1.544),
         ("llama-3.2-1b", 1.236),
         ("llama-3.1-8b", 8.030),
+        ("qwen3-1.7b", 1.721),  # published: 1.7B, 1.4B without the embedding
+        ("gemma-3-1b", 1.000),
     ],
 )
 def test_parameter_counts_are_the_real_models(name, billions):

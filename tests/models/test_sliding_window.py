@@ -110,3 +110,51 @@ def test_a_prompt_longer_than_the_cache_is_served_within_its_window(model_dir, h
 
 def test_the_null_entry_is_never_freed_or_cached():
     assert NULL_BLOCK.ref_cnt > 1 << 40 and NULL_BLOCK.block_hash is None
+
+
+@pytest.mark.parametrize(
+    ("mode", "backend"), [("recompute", "auto"), ("swap", "auto"), ("swap", "torch")]
+)
+def test_a_hybrid_model_frees_its_windowed_layers_blocks_and_equals_hf(
+    model_dir, hf_greedy, monkeypatch, mode, backend
+):
+    """The tiny Gemma 3 (sliding, full, sliding; a 6-token window): three KV cache groups
+    of one layer each, so a block costs one layer's KV; the full group keeps every block,
+    the two windowed groups their window's, and outputs stay HF's."""
+    folder = model_dir("gemma3")
+    bytes_per_block = 2 * BLOCK * 2 * 32 * 4  # K and V, one layer, 2 heads of 32, float32
+    llm = LLM(
+        str(folder),
+        attention_backend=backend,
+        dtype="float32",
+        block_size=BLOCK,
+        kv_cache_memory=64 * bytes_per_block,
+        max_num_batched_tokens=BUDGET,
+        preemption_mode=mode,
+        swap_space=0.01,
+    )
+    assert llm.engine.cache_info.bytes_per_block == bytes_per_block
+    kv = llm.engine.scheduler.kv
+    assert (kv.num_groups, kv.windowed, kv.sliding_window) == (3, (1, 2), 6)
+    window_peak = -(-(6 - 1 + BUDGET) // BLOCK) + 1
+    allocate, seen = kv.allocate_slots, []
+
+    def recording(request, *args, **kwargs):
+        blocks = allocate(request, *args, **kwargs)
+        rid = request.request_id
+        positions = len(kv.req_to_blocks.get(rid, [])) // 3
+        seen.append((kv.num_held_blocks(rid), positions, kv.num_nulled.get(rid, 0)))
+        return blocks
+
+    monkeypatch.setattr(kv, "allocate_slots", recording)
+    prompts = _prompts(9, seed=3)
+    params = SamplingParams(temperature=0, max_tokens=70)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    for prompt, out in zip(prompts, outputs, strict=True):
+        _assert_hf(folder, hf_greedy, prompt, out.outputs[0].token_ids, 70)
+    # the full group holds each position, the windowed ones at most their peak
+    assert all(held <= positions + 2 * window_peak for held, positions, _ in seen)
+    assert max(nulled for *_, nulled in seen) > 20  # ~100 tokens past a 6-token window
+    assert kv.num_free_blocks == 64 and not kv.num_nulled and not kv.req_to_blocks
+    assert llm.engine.scheduler.get_stats().prefix_cache_hits > 0
+    assert llm.engine.scheduler.num_preemptions > 0  # 9 x (33 + 14) blocks exceed 64

@@ -1,8 +1,10 @@
 """Block pool, prefix caching, copy-on-write and swapping (behaviours 1, 2, 7, 9)."""
 
+import pytest
+
 from services.common.block_hash import hash_block_tokens, hash_request_tokens
 from services.scheduler.block_pool import BlockPool
-from services.scheduler.kv_cache_manager import KVCacheManager
+from services.scheduler.kv_cache_manager import NULL_BLOCK, KVCacheManager
 from tests.scheduler.stand_in_worker import make_request
 
 
@@ -144,7 +146,7 @@ def test_free_queue_operations_are_consistent():
 
 def _window_kv(**kwargs) -> KVCacheManager:
     """Blocks of 4 under a 6-token window, chunks of 4: a sequence peaks at 4 blocks."""
-    return KVCacheManager(4, 16, sliding_window=6, max_step_tokens=4, **kwargs)
+    return KVCacheManager(4, 16, group_windows=(6,), max_step_tokens=4, **kwargs)
 
 
 def _grow(kv: KVCacheManager, request, tokens: int) -> None:
@@ -204,3 +206,98 @@ def test_fork_and_swap_keep_the_freed_entries():
     for request in (parent, child):
         kv.free(request)
     assert kv.num_free_blocks == 16 and len(kv.cpu_free) == 8
+
+
+def _hybrid_kv(**kwargs) -> KVCacheManager:
+    """One full-attention group beside two windowed ones (6 tokens), blocks of 4, chunks
+    of 4: a table holds 3 entries a block position."""
+    return KVCacheManager(4, 40, group_windows=(0, 6, 6), max_step_tokens=4, **kwargs)
+
+
+def _entries(kv: KVCacheManager, rid: str, group: int) -> list[int]:
+    """Group `group`'s block ids, a freed entry as None."""
+    blocks = kv.req_to_blocks[rid][group :: kv.num_groups]
+    return [None if b is NULL_BLOCK else b.block_id for b in blocks]
+
+
+def test_hybrid_groups_free_only_the_windowed_entries():
+    kv = _hybrid_kv()
+    # the full group holds every block, each windowed group its window and a chunk
+    assert kv.peak_blocks(40) == 10 + 2 * 4 and not kv.holds_any_length
+    assert kv.longest_sequence() == (40 - 2 * 4) * 4  # 32 positions of the full group
+    request = make_request("h", list(range(40)), block_size=4)
+    _grow(kv, request, 40)
+    table = kv.get_block_ids("h")
+    assert len(table) == 10 * 3
+    full, *windowed = (_entries(kv, "h", g) for g in range(3))
+    assert None not in full and len(set(full)) == 10  # nothing of the full group is freed
+    for entries in windowed:
+        assert entries[:7] == [None] * 7 and None not in entries[7:]
+    assert kv.num_held_blocks("h") == 10 + 2 * 3 <= kv.peak_blocks(40)
+    assert kv.num_free_blocks == 40 - kv.num_held_blocks("h")
+    kv.free(request)
+    assert kv.num_free_blocks == 40 and not kv.num_nulled
+
+
+def test_hybrid_prefix_hit_takes_the_full_groups_blocks_and_the_window():
+    kv = _hybrid_kv()
+    first = make_request("a", list(range(40)), block_size=4)
+    _grow(kv, first, 40)
+    full_blocks = _entries(kv, "a", 0)
+    kv.free(first)
+    second = make_request("b", [*range(40), 99], block_size=4)
+    blocks, hit = kv.get_computed_blocks(second)
+    assert hit == 40
+    ids = [None if b is NULL_BLOCK else b.block_id for b in blocks]
+    assert ids[0::3] == full_blocks  # the full group's chain, whole
+    first_seen = (40 - 6 + 1) // 4  # the window of the first new token (position 40)
+    for group in (1, 2):
+        entries = ids[group::3]
+        assert entries[:first_seen] == [None] * first_seen and None not in entries[first_seen:]
+    assert kv.allocate_slots(second, 1, blocks) is not None
+    assert len(kv.get_block_ids("b")) == 11 * 3
+
+
+def test_hybrid_hit_stops_where_a_windowed_group_lost_its_window():
+    """Evicting a windowed group's block inside the window of the longest hit shortens
+    the hit to where every group still has what its layers read."""
+    kv = _hybrid_kv()
+    first = make_request("a", list(range(40)), block_size=4)
+    _grow(kv, first, 40)
+    last_windowed = kv.req_to_blocks["a"][9 * 3 + 1]  # group 1's block at position 9
+    kv.free(first)
+    kv.pool.uncache(last_windowed)
+    blocks, hit = kv.get_computed_blocks(make_request("b", list(range(44)), block_size=4))
+    assert hit == 36  # positions 0..8: group 1's window of position 36 is 31..35, cached
+    assert len(blocks) == 9 * 3
+
+
+def test_hybrid_copy_on_write_fork_and_swap_per_entry():
+    kv = _hybrid_kv(num_cpu_blocks=40)
+    parent = make_request("p", list(range(30)), block_size=4)
+    _grow(kv, parent, 30)
+    child = make_request("p#1", list(range(30)), block_size=4)
+    child.num_computed_tokens = 30
+    kv.fork(parent, child)
+    assert kv.get_block_ids("p#1") == kv.get_block_ids("p")
+    # the child's next token lands in the shared, partly filled position 7: every group's
+    # entry there is copied
+    assert kv.allocate_slots(child, 1) is not None
+    copies = kv.take_pending_copies()
+    assert len(copies) == 3
+    shared = kv.get_block_ids("p")[7 * 3 : 8 * 3]
+    assert sorted(src for src, _ in copies) == sorted(shared)
+    held = kv.num_held_blocks("p")
+    out = kv.swap_out(parent)
+    assert len(out) == held
+    back = kv.swap_in(parent, 1)
+    assert len(back) == held
+    assert _entries(kv, "p", 1)[: kv.num_nulled["p"]] == [None] * kv.num_nulled["p"]
+    for request in (parent, child):
+        kv.free(request)
+    assert kv.num_free_blocks == 40 and len(kv.cpu_free) == 40
+
+
+def test_kv_cache_groups_must_share_one_window():
+    with pytest.raises(ValueError, match="one window"):
+        KVCacheManager(4, 8, group_windows=(0, 4, 8))

@@ -12,6 +12,7 @@ from services.worker.cache_engine import (
     num_blocks_from_profile,
     profile_num_gpu_blocks,
 )
+from services.worker.models.kv_cache_spec import KVCacheSpec
 from tests.helpers.memory import resident_anonymous_bytes
 
 # Same-width integer views, so comparisons are of raw bits (NaN payloads included).
@@ -21,13 +22,10 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 def make_engine(dtype: torch.dtype, device: str = "cpu", seed: int = 0) -> CacheEngine:
     engine = CacheEngine(
-        num_layers=3,
-        num_kv_heads=2,
-        head_dim=8,
+        KVCacheSpec(num_layers=3, num_kv_heads=2, head_dim=8, dtype=dtype),
         block_size=4,
         num_blocks=10,
         num_cpu_blocks=6,
-        dtype=dtype,
         device=device,
     )
     gen = torch.Generator().manual_seed(seed)
@@ -109,9 +107,9 @@ def test_out_of_range_block_ids_are_clear_errors() -> None:
 
 def test_constructor_validates() -> None:
     with pytest.raises(ValueError, match="num_blocks"):
-        CacheEngine(2, 2, 8, 16, 0, 0, torch.float32, "cpu")
+        CacheEngine(KVCacheSpec(2, 2, 8, torch.float32), 16, 0, 0, "cpu")
     with pytest.raises(ValueError, match="num_cpu_blocks"):
-        CacheEngine(2, 2, 8, 16, 4, -1, torch.float32, "cpu")
+        CacheEngine(KVCacheSpec(2, 2, 8, torch.float32), 16, 4, -1, "cpu")
 
 
 def test_bytes_per_block_formula_and_tensor_size() -> None:
@@ -188,13 +186,10 @@ def test_the_cpu_cache_becomes_resident_as_its_blocks_are_used():
     block costs its own pages only (Linux: RssAnon)."""
     before = resident_anonymous_bytes()
     engine = CacheEngine(
-        num_layers=4,
-        num_kv_heads=4,
-        head_dim=64,
+        KVCacheSpec(num_layers=4, num_kv_heads=4, head_dim=64, dtype=torch.float32),
         block_size=16,
         num_blocks=8192,
         num_cpu_blocks=0,
-        dtype=torch.float32,
         device="cpu",
     )  # 4 layers x 8192 blocks x (K and V: 2 x 16 tokens x 4 heads x 64 x 4 bytes) = 1 GiB
     total = sum(cache.nbytes for cache in engine.kv_caches)

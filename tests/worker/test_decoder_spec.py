@@ -16,6 +16,7 @@ import torch
 from services.common.config import ModelConfig
 from services.worker.model_loader import load_model
 from services.worker.models.decoder_spec import DecoderSpec
+from services.worker.models.kv_cache_spec import KVCacheGroups
 from services.worker.models.registry import native_model_class
 from services.worker.native_step import NATIVE_ENV, unsupported_reason
 from tests.worker.conftest import tiny_config
@@ -115,3 +116,23 @@ def test_the_capability_check_reads_every_layers_weights(tiny_model_dir, monkeyp
     down = model.model.layers[1].mlp.down_proj
     down.weight.data = down.weight.data.to(torch.float16)
     assert unsupported_reason(model.model, model.spec).startswith("layer 1: down is torch.float16")
+
+
+def test_kv_cache_groups_of_a_hybrid_model():
+    """Gemma 3's 5 local : 1 global over 12 layers: the 2 full layers form one group and
+    the 10 windowed ones five more of 2, so a block holds 2 layers' KV; slot s of every
+    group shares one cache tensor."""
+    windows = [None if i % 6 == 5 else 512 for i in range(12)]
+    groups = KVCacheGroups.from_windows(windows)
+    assert groups.windows == (0, 512, 512, 512, 512, 512)
+    assert groups.layers[0] == (5, 11) and groups.layers[1] == (0, 1)
+    assert groups.group_size == 2
+    placement = groups.placement()
+    assert placement[5] == (0, 0) and placement[11] == (0, 1) and placement[4] == (3, 0)
+    assert sorted(layer for group in groups.layers for layer in group) == list(range(12))
+    # one kind only: one group (windowed everywhere: the widest window)
+    assert KVCacheGroups.from_windows([4, 8, 8]) == KVCacheGroups.single(3, 8)
+    assert KVCacheGroups.from_windows([None, None]) == KVCacheGroups.single(2)
+    # more full layers than windowed: groups of the windowed count, the last one short
+    mixed = KVCacheGroups.from_windows([None, None, None, 6, 6])
+    assert mixed.windows == (0, 0, 6) and mixed.layers == ((0, 1), (2,), (3, 4))

@@ -69,10 +69,10 @@ def test_hand_made_plan_with_chunked_prefill_and_decodes():
     assert_tensor(inputs.input_ids, [10, 11, 12, 13, 14, 15, 24, 30, 31, 32, 33, 34], torch.int64)
     assert_tensor(inputs.positions, [0, 1, 2, 3, 4, 5, 4, 0, 1, 2, 3, 4], torch.int64)
     slots = [28, 29, 30, 31, 12, 13, 24, 8, 9, 10, 11, 32]
-    assert_tensor(inputs.slot_mapping, slots, torch.int64)
+    assert_tensor(inputs.slot_mapping[0], slots, torch.int64)
     assert_tensor(inputs.query_start_loc, [0, 6, 7, 12], torch.int32)
     assert_tensor(inputs.seq_lens, [6, 5, 5], torch.int32)
-    assert_tensor(inputs.block_table, [[7, 3, 9], [5, 6, 0], [2, 8, 0]], torch.int32)
+    assert_tensor(inputs.block_table[0], [[7, 3, 9], [5, 6, 0], [2, 8, 0]], torch.int32)
     assert (inputs.max_query_len, inputs.max_seq_len, inputs.num_tokens) == (6, 6, 12)
     # "a" is mid-prefill: only the caught-up requests sample.
     assert inputs.sampling_request_ids == ["b", "c"]
@@ -92,8 +92,8 @@ def test_hand_made_plan_with_chunked_prefill_and_decodes():
     inputs = batch.prepare(second)
     assert_tensor(inputs.input_ids, [16, 17, 18, 19, 40, 41], torch.int64)
     assert_tensor(inputs.positions, [6, 7, 8, 9, 5, 5], torch.int64)
-    assert_tensor(inputs.slot_mapping, [14, 15, 36, 37, 25, 33], torch.int64)
-    assert_tensor(inputs.block_table, [[7, 3, 9], [5, 6, 0], [2, 8, 11]], torch.int32)
+    assert_tensor(inputs.slot_mapping[0], [14, 15, 36, 37, 25, 33], torch.int64)
+    assert_tensor(inputs.block_table[0], [[7, 3, 9], [5, 6, 0], [2, 8, 11]], torch.int32)
     assert inputs.sampling_request_ids == ["a", "b", "c"]
     assert_tensor(inputs.logits_indices, [3, 4, 5], torch.int64)
     assert inputs.sampling_metadata.output_positions == (0, 1, 3)
@@ -121,8 +121,8 @@ def test_diffs_applied_across_plans():
     assert batch.num_prompt_tokens("c") == 3
     inputs = batch.prepare(third)
     assert_tensor(inputs.input_ids, [50, 52], torch.int64)
-    assert_tensor(inputs.slot_mapping, [9 * 4 + 2, 13 * 4 + 2], torch.int64)
-    assert_tensor(inputs.block_table, [[7, 3, 9], [12, 13, 0]], torch.int32)
+    assert_tensor(inputs.slot_mapping[0], [9 * 4 + 2, 13 * 4 + 2], torch.int64)
+    assert_tensor(inputs.block_table[0], [[7, 3, 9], [12, 13, 0]], torch.int32)
     # b comes back as a new request (recompute preemption) and reuses a free slot.
     fourth = plan({"b": 7}, new=[new_req("b", range(20, 25), [1, 4], output=[51, 53])])
     batch.update(fourth)
@@ -201,7 +201,7 @@ def test_random_batches_match_per_token_reference():
     ids, positions, slots = reference_layout(requests, BLOCK_SIZE)
     assert inputs.input_ids.tolist() == ids
     assert inputs.positions.tolist() == positions
-    assert inputs.slot_mapping.tolist() == slots
+    assert inputs.slot_mapping[0].tolist() == slots
     samples = [f"r{i}" for i, (t, _, c, n) in enumerate(requests) if c + n == len(t)]
     assert inputs.sampling_request_ids == samples
 
@@ -252,7 +252,7 @@ def test_prepare_256_decodes_is_fast():
         inputs = batch.prepare(step)
         timings.append(time.perf_counter() - start)
     assert inputs.num_tokens == 256 and len(inputs.sampling_request_ids) == 256
-    assert inputs.slot_mapping[5].item() == (5 * 8 + 99 // 16) * 16 + 99 % 16
+    assert inputs.slot_mapping[0, 5].item() == (5 * 8 + 99 // 16) * 16 + 99 % 16
     assert float(np.median(timings)) < 0.02  # measured ~1 ms on one CPU core
 
 
@@ -261,7 +261,7 @@ def test_empty_plan_gives_an_empty_batch():
     batch.update(step1())
     inputs = batch.prepare(SchedulerOutput())
     assert inputs.num_tokens == 0 and inputs.request_ids == []
-    assert inputs.input_ids.shape == (0,) and tuple(inputs.block_table.shape) == (0, 0)
+    assert inputs.input_ids.shape == (0,) and tuple(inputs.block_table.shape) == (1, 0, 0)
     assert inputs.sampling_metadata is None and inputs.prompt_logprobs is None
 
 

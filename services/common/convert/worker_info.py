@@ -22,6 +22,7 @@ def worker_description_to_pb(info) -> worker_pb2.WorkerDescription:
 def worker_description_from_pb(message: worker_pb2.WorkerDescription) -> ModelInfo:
     values = {name: getattr(message, name) for name in _MODEL_FIELDS}
     values["eos_token_ids"] = tuple(values["eos_token_ids"])
+    values["kv_cache_groups"] = tuple(values["kv_cache_groups"]) or (0,)
     return ModelInfo(**values)
 
 

@@ -18,7 +18,7 @@ from transformers import PretrainedConfig
 
 from pagestream_kernels.attention_metadata import AttentionMetadata
 from services.worker.layers.attention import TORCH_ATTENTION, Attention, AttentionOps
-from services.worker.models.kv_cache_spec import KVCacheSpec
+from services.worker.models.kv_cache_spec import KVCacheGroups, KVCacheSpec
 
 
 def normalize_token_ids(value: int | Sequence[int] | None) -> tuple[int, ...]:
@@ -122,7 +122,7 @@ class CausalLM(nn.Module):
         return KVCacheSpec(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype)
 
     @property
-    def sliding_window(self) -> int:
-        """The window every layer attends within (0: some layer sees the whole context, or
-        the model does not say: nothing of its cache may be freed)."""
-        return 0
+    def kv_cache_groups(self) -> KVCacheGroups:
+        """How the layers share block tables and what of them may be freed (one group of
+        full attention unless the model says otherwise: nothing of its cache is freed)."""
+        return KVCacheGroups.single(self.num_layers)

@@ -33,7 +33,7 @@ from services.worker.layers.rotary_embedding import RotaryEmbedding
 from services.worker.layers.vocab_embedding import LMHead, VocabEmbedding
 from services.worker.models.causal_lm import CausalLM, config_num_kv_heads
 from services.worker.models.decoder_spec import DecoderSpec, LayerSpec
-from services.worker.models.kv_cache_spec import KVCacheSpec
+from services.worker.models.kv_cache_spec import KVCacheGroups, KVCacheSpec
 from services.worker.models.weight_utils import default_weight_loader
 from services.worker.native_step import NativeStep, unsupported_reason
 
@@ -255,6 +255,9 @@ class LlamaModel(nn.Module):
             unit = spec.layers[-1].norm == "rms_unit_offset"
             self.norm = RMSNorm(spec.hidden_size, spec.norm_eps, unit)
         self.native: NativeStep | None = None  # set by LlamaForCausalLM.use_native_step
+        self.kv_cache_groups = _kv_cache_groups(spec, self.layer_range)
+        # per layer of this stage: the KV cache group whose block table it reads
+        self.layer_groups = [g for g, _ in self.kv_cache_groups.placement()]
 
     def _rotary(self, layer: LayerSpec) -> RotaryEmbedding | None:
         return self.rotaries[layer.rope] if layer.rope in self.rotaries else None  # noqa: SIM401
@@ -276,8 +279,8 @@ class LlamaModel(nn.Module):
             hidden_states = self.embed(input_ids)  # [num_tokens, hidden_size]
             hidden_states = hidden_states.to(residual_dtype(hidden_states))
         layers = self.layers[self.layer_range.start : self.layer_range.stop]
-        for layer, kv_cache in zip(layers, kv_caches, strict=True):
-            hidden_states = layer(positions, hidden_states, kv_cache, attn_metadata)
+        for layer, kv_cache, group in zip(layers, kv_caches, self.layer_groups, strict=True):
+            hidden_states = layer(positions, hidden_states, kv_cache, attn_metadata.group(group))
         if not self.stage.is_last_stage:
             return hidden_states
         # In the residual's dtype: a float32 residual keeps its last norm in float32 too,
@@ -291,6 +294,16 @@ class LlamaModel(nn.Module):
         if self.spec.embedding_scale == 1.0:
             return embedded
         return embedded * torch.tensor(self.spec.embedding_scale, dtype=embedded.dtype)
+
+
+def _kv_cache_groups(spec: DecoderSpec, layer_range: range) -> KVCacheGroups:
+    """How the stage's layers share block tables: a hybrid model's full and windowed
+    layers in groups of their own (KVCacheGroups); a pipeline stage keeps one group (its
+    layers' window when every layer of the model has one)."""
+    windows = [layer.sliding_window for layer in spec.layers]
+    if len(layer_range) == len(windows):
+        return KVCacheGroups.from_windows(windows)
+    return KVCacheGroups.single(len(layer_range), max(windows) if all(windows) else 0)  # type: ignore[type-var]
 
 
 def rotaries(config: PretrainedConfig, spec: DecoderSpec) -> nn.ModuleDict:
@@ -352,10 +365,8 @@ class LlamaForCausalLM(CausalLM):
         return self.model.spec
 
     @property
-    def sliding_window(self) -> int:
-        """The widest window where every layer (of every stage) has one, else 0."""
-        windows = [layer.sliding_window for layer in self.model.spec.layers]
-        return max(windows) if all(windows) else 0
+    def kv_cache_groups(self) -> KVCacheGroups:
+        return self.model.kv_cache_groups
 
     @property
     def num_kv_heads(self) -> int:
@@ -365,7 +376,9 @@ class LlamaForCausalLM(CausalLM):
     @property
     def kv_cache_spec(self) -> KVCacheSpec:
         num_layers = len(self.model.layer_range)  # this stage's layers
-        return KVCacheSpec(num_layers, self.num_kv_heads, self.head_dim, self.dtype)
+        groups = self.kv_cache_groups
+        slots = tuple(s for _, s in groups.placement()) if groups.num_groups > 1 else ()
+        return KVCacheSpec(num_layers, self.num_kv_heads, self.head_dim, self.dtype, slots)
 
     def forward(
         self,
