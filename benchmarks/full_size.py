@@ -317,6 +317,19 @@ def _write_shards(folder: Path, shapes: dict[str, tuple[int, ...]], seed: int) -
     (folder / "model.safetensors.index.json").write_text(json.dumps(index_file, indent=1))
 
 
+def _pad_vocabulary(path: Path, vocab_size: int) -> None:
+    """Fill the tokenizer's vocabulary up to the embedding's rows with unreachable
+    `<unusedN>` tokens: llama.cpp's Gemma converter cuts the embedding to the tokenizer's
+    size (others pad the GGUF vocabulary), and the shape must stay the real model's."""
+    tokenizer = json.loads(path.read_text())
+    vocab = tokenizer["model"]["vocab"]
+    taken = set(vocab.values()) | {token["id"] for token in tokenizer["added_tokens"]}
+    for index in range(vocab_size):
+        if index not in taken:
+            vocab[f"<unused{index}>"] = index
+    path.write_text(json.dumps(tokenizer))
+
+
 def hf_folder(name: str, seed: int = 0) -> Path:
     """The random-weight HF folder of `name`, written once."""
     from services.common.model_source import resolve_model
@@ -334,6 +347,7 @@ def hf_folder(name: str, seed: int = 0) -> Path:
     tokenizer = resolve_model("smollm2-135m-instruct")
     for file in TOKENIZER_FILES:
         shutil.copy(tokenizer / file, tmp / file)
+    _pad_vocabulary(tmp / "tokenizer.json", config["vocab_size"])
     _write_shards(tmp, tensor_shapes(config), seed)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)

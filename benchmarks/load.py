@@ -170,8 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.llama_bin is not None:
         server = args.llama_bin / "llama-server"
-        runs = [llama_server_run(server, args.model, args.threads) for _ in range(args.repeats)]
-        report["llama_server"] = median_of(runs)
+        try:
+            runs = [llama_server_run(server, args.model, args.threads) for _ in range(args.repeats)]
+            report["llama_server"] = median_of(runs)
+        except RuntimeError as exc:  # its figures are left out, llama-bench's still run
+            report["llama_server"] = {"error": str(exc)}
         report["llama_bench_ms_per_token"] = llama_bench_ms_per_token(
             args.llama_bin / "llama-bench", args.model, args.threads, args.tokens
         )

@@ -33,7 +33,16 @@ logger = logging.getLogger(__name__)
 
 MARKER_FILE = "pagestream_conversion.json"
 # GGUF architectures the native models load straight from the file (no weights written).
-GGUF_NATIVE_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma3", "qwen2moe", "qwen3moe")
+GGUF_NATIVE_ARCHITECTURES = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "mistral",
+    "gemma3",
+    "phi3",
+    "qwen2moe",
+    "qwen3moe",
+)
 # Bumped when the folder's contents change (2: no weights for native architectures; 3: the
 # head_dim of the file's key_length, native Qwen3, Llama 3.x's rotary scaling; 4: Gemma 3's
 # attention scale and rotary scaling; 5: mixtures of experts: Qwen2-MoE / Qwen3-MoE's
@@ -180,6 +189,8 @@ def _fix_config(config: object, gguf_path: Path) -> object:
         config.head_dim = int(key_length)
     if gguf.architecture == "gemma3":
         _fix_gemma3(config, gguf.metadata)
+    if gguf.architecture == "phi3":
+        _fix_phi3(config, gguf)
     _fix_experts(config, gguf.architecture, gguf.metadata)
     factors = next((t for t in gguf.tensors if t.name == "rope_freqs.weight"), None)
     if factors is not None and factors.type_name == "F32":
@@ -227,6 +238,33 @@ def _fix_gemma3(config: object, metadata: dict) -> None:
         factor = float(metadata["gemma3.rope.scaling.factor"])
         full = dict(config.rope_parameters["full_attention"])
         config.rope_parameters["full_attention"] = {**full, "rope_type": "linear", "factor": factor}
+
+
+def _fix_phi3(config: object, gguf) -> None:
+    """Phi-3 / Phi-4-mini facts transformers' GGUF reader drops: the rotated share of each
+    head (`rope.dimension_count`), longrope's per-frequency factors (llama.cpp keeps them
+    as the `rope_factors_short` / `rope_factors_long` tensors) with its original context,
+    the sliding window, the tied embedding (no `output` tensor) and the padding id."""
+    meta, names = gguf.metadata, {t.name: t for t in gguf.tensors}
+    rope = {"rope_type": "default", "rope_theta": float(config.rope_parameters["rope_theta"])}
+    rotated = meta.get("phi3.rope.dimension_count")
+    if rotated:
+        rope["partial_rotary_factor"] = int(rotated) / int(config.head_dim)
+    short, long = names.get("rope_factors_short.weight"), names.get("rope_factors_long.weight")
+    if short is not None and long is not None:
+        original = int(meta["phi3.rope.scaling.original_context_length"])
+        rope |= {
+            "rope_type": "longrope",
+            "short_factor": gguf.raw(short).reshape(-1).view("<f4").tolist(),
+            "long_factor": gguf.raw(long).reshape(-1).view("<f4").tolist(),
+            "original_max_position_embeddings": original,
+        }
+        config.original_max_position_embeddings = original
+    config.rope_parameters = rope
+    config.sliding_window = int(meta.get("phi3.attention.sliding_window", 0)) or None
+    config.tie_word_embeddings = "output.weight" not in names
+    pad = meta.get("tokenizer.ggml.padding_token_id")  # else Phi3Config's 32000, any vocab
+    config.pad_token_id = int(pad) if pad is not None and int(pad) < config.vocab_size else None
 
 
 # Llama 3.x's rotary scaling as Meta ships it (Llama 3.1 / 3.2 / 3.3: factor 8 or 32, low 1,

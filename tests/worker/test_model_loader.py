@@ -159,8 +159,8 @@ def write_tiny_gguf(
     arch: str = "llama",
     overrides: dict[str, str] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Write `hf_model` (a tiny Llama, Qwen2, Qwen3 or Gemma 3) as a llama.cpp GGUF with a
-    byte-level BPE tokenizer.
+    """Write `hf_model` (a tiny Llama, Qwen2, Qwen3, Gemma 3 or Phi-3) as a llama.cpp GGUF
+    with a byte-level BPE tokenizer.
 
     By default the MLP weights are stored as Q8_0 so conversion really dequantizes; with
     `matrix_type` every matrix (embedding included) is stored in that GGUF type (but those
@@ -192,6 +192,14 @@ def write_tiny_gguf(
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
+    if arch == "phi3":  # the rotated share of a head; longrope's factors as tensors
+        rope = config.rope_parameters
+        writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
+        if rope.get("rope_type") == "longrope":
+            writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+            for kind in ("long", "short"):
+                factors = np.array(rope[f"{kind}_factor"], dtype=np.float32)
+                writer.add_tensor(f"rope_factors_{kind}.weight", factors)
     if arch == "gemma3":
         writer.add_sliding_window(config.sliding_window)
         full = config.rope_parameters["full_attention"]
@@ -319,6 +327,7 @@ def _add_tensors(
         "qwen2": MODEL_ARCH.QWEN2,
         "qwen3": MODEL_ARCH.QWEN3,
         "gemma3": MODEL_ARCH.GEMMA3,
+        "phi3": MODEL_ARCH.PHI3,
         "qwen2moe": MODEL_ARCH.QWEN2MOE,
         "qwen3moe": MODEL_ARCH.QWEN3MOE,
     }[arch]

@@ -57,7 +57,8 @@ def _reference_folder(folder: Path, tensors: dict, out: Path) -> Path:
 
 
 def _greedy(llm: LLM, max_tokens: int = 12) -> list[list[int]]:
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    # EOS banned until the end, as HF's min_new_tokens does in _hf_greedy
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, min_tokens=max_tokens)
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
     return [out.outputs[0].token_ids for out in outs]
 
@@ -179,6 +180,32 @@ def test_gemma3_gguf_with_its_four_norms_and_local_layers(
     # prompts past the 6-token window
     _assert_matches(reference, _greedy(llm))
     # and the log-probabilities (Gemma's norms make greedy tokens nearly blind to a scale)
+    _assert_logprobs_match(reference, llm)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_phi3_gguf_with_fused_tensors_and_longrope(native, tmp_path, model_cache, monkeypatch):
+    """A Phi-4-mini-shaped file as llama.cpp writes it: the fused attn_qkv and ffn_up (gate
+    then up rows) kept quantized as they are, 3/4 of each head rotated (rope.dimension_count)
+    with longrope's factors as the rope_factors_short / _long tensors, tied embeddings."""
+    monkeypatch.setenv("PAGESTREAM_CPU_NATIVE", "1" if native else "0")
+    model = build_tiny_model("phi4", seed=3, vocab_size=300)
+    path = tmp_path / "tiny-phi4.Q5_0.gguf"  # widths of 64 / 96: blocks of 32
+    mix = {"down_proj": "Q8_0", "embed_tokens": "Q8_0"}
+    expected = write_tiny_gguf(path, model, "Q5_0", arch="phi3", overrides=mix)
+    converted = AutoConfig.from_pretrained(resolve_model(path))
+    rope, original = converted.rope_parameters, model.config.rope_parameters
+    assert rope["rope_type"] == "longrope" and rope["partial_rotary_factor"] == 0.75
+    for kind in ("short_factor", "long_factor"):
+        assert rope[kind] == pytest.approx(original[kind])
+    assert converted.original_max_position_embeddings == 128 and converted.tie_word_embeddings
+    reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
+    model.config.save_pretrained(reference)  # HF under the checkpoint's own config
+    llm = LLM(str(path), quantization="gguf", **ENGINE)
+    assert type(llm.engine.worker.model).__name__ == "Phi3ForCausalLM"
+    assert (llm.engine.worker.model.model.native is not None) == native
+    assert llm.engine.model_info.quantization == "Q5_0+Q8_0"  # kept quantized
+    _assert_matches(reference, _greedy(llm))
     _assert_logprobs_match(reference, llm)
 
 

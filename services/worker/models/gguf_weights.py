@@ -1,5 +1,5 @@
 """Checkpoint tensors read straight from a GGUF file, under their HF names (Llama family,
-Qwen2, Qwen3, Gemma 3, Qwen2-MoE, Qwen3-MoE).
+Qwen2, Qwen3, Gemma 3, Phi-3, Qwen2-MoE, Qwen3-MoE).
 
     for name, tensor in iterate_gguf_weights(path, config, quantized=True):
         ...  # "model.layers.0.self_attn.q_proj.weight", QuantizedWeight (Q4_1, ...)
@@ -89,7 +89,13 @@ _GEMMA3_LAYER_NAMES = {
     "post_attention_norm": "post_attention_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
-_LAYER_NAMES_BY_ARCH = {"gemma3": _GEMMA3_LAYER_NAMES}
+# Phi-3 stores its fused checkpoint tensors as they are: qkv rows, gate then up rows.
+_PHI3_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "attn_qkv": "self_attn.qkv_proj",
+    "ffn_up": "mlp.gate_up_proj",
+}
+_LAYER_NAMES_BY_ARCH = {"gemma3": _GEMMA3_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES}
 UNIT_OFFSET_NORM_ARCHITECTURES = ("gemma3",)
 _LAYER_PATTERN = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _GLOBAL_PATTERN = re.compile(r"(\w+)\.(weight|bias)$")

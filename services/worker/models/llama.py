@@ -29,6 +29,7 @@ from services.worker.layers.fused_moe import FusedMoE
 from services.worker.layers.gated_mlp import GatedMLP
 from services.worker.layers.layernorm import RMSNorm
 from services.worker.layers.linear import QKVLinear, RowLinear, kv_heads_per_rank
+from services.worker.layers.quantization.loading import split_rows
 from services.worker.layers.rotary_embedding import RotaryEmbedding
 from services.worker.layers.vocab_embedding import LMHead, VocabEmbedding
 from services.worker.models.causal_lm import CausalLM, config_num_kv_heads
@@ -584,11 +585,12 @@ class Phi3ForCausalLM(LlamaForCausalLM):
         for name, tensor in weights:
             if name.endswith("self_attn.qkv_proj.weight"):
                 base = name.removesuffix("qkv_proj.weight")
-                parts = torch.split(tensor, [q, kv, kv])
+                parts = split_rows(tensor, [q, kv, kv])  # float or quantized (GGUF) rows
                 yield from zip([f"{base}{p}_proj.weight" for p in "qkv"], parts, strict=True)
             elif name.endswith("mlp.gate_up_proj.weight"):
                 base = name.removesuffix("gate_up_proj.weight")
-                gate, up = torch.chunk(tensor, 2)  # HF's order: gate, then up
+                half = tensor.shape[0] // 2
+                gate, up = split_rows(tensor, [half, half])  # HF's order: gate, then up
                 yield from ((f"{base}gate_proj.weight", gate), (f"{base}up_proj.weight", up))
             else:
                 yield name, tensor
