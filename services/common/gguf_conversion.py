@@ -40,9 +40,14 @@ GGUF_NATIVE_ARCHITECTURES = (
     "mistral",
     "gemma3",
     "phi3",
+    "smollm3",
     "qwen2moe",
     "qwen3moe",
 )
+# Architectures transformers' GGUF reader does not know whose files are "llama" files in
+# all but the name (llama.cpp's smollm3: the same tensors and keys, every 4th layer
+# without rotary): read through a metadata-only "llama" twin of the file.
+LLAMA_LIKE_ARCHITECTURES = ("smollm3",)
 # Bumped when the folder's contents change (2: no weights for native architectures; 3: the
 # head_dim of the file's key_length, native Qwen3, Llama 3.x's rotary scaling; 4: Gemma 3's
 # attention scale and rotary scaling; 5: mixtures of experts: Qwen2-MoE / Qwen3-MoE's
@@ -124,9 +129,17 @@ def write_hf_folder(gguf_path: Path, out_dir: Path) -> None:
     tokenizer files (with the chat template), and model.safetensors (float32, de-quantized)
     unless the architecture is one the native models read from the GGUF file."""
     try:
-        with_weights = gguf_architecture(gguf_path) not in GGUF_NATIVE_ARCHITECTURES
-        config, tensors = _read_gguf(gguf_path, with_weights)
-        tokenizer = _read_tokenizer(gguf_path)
+        arch = gguf_architecture(gguf_path)
+        with_weights = arch not in GGUF_NATIVE_ARCHITECTURES
+        readable = (
+            _llama_twin(gguf_path, out_dir) if arch in LLAMA_LIKE_ARCHITECTURES else gguf_path
+        )
+        config, tensors = _read_gguf(readable, with_weights)
+        tokenizer = _read_tokenizer(readable)
+        if arch == "smollm3":
+            config = _smollm3_config(config, gguf_path)
+        if readable != gguf_path:
+            readable.unlink()
     except ModelLoadError:
         raise
     except Exception as exc:  # GGUF parsing raises many types; report one clear error
@@ -142,6 +155,48 @@ def write_hf_folder(gguf_path: Path, out_dir: Path) -> None:
     config.save_pretrained(out_dir)
     GenerationConfig.from_model_config(config).save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+
+
+def _llama_twin(gguf_path: Path, out_dir: Path) -> Path:
+    """A metadata-only copy of `gguf_path` (no tensors) whose architecture reads "llama",
+    its `{arch}.*` keys renamed `llama.*`: what transformers' GGUF readers take."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    reader = GGUFReader(str(gguf_path))
+    arch = gguf_architecture(gguf_path)
+    twin = out_dir / "llama-twin.gguf"
+    writer = GGUFWriter(str(twin), "llama")
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        name = (
+            "llama." + field.name.removeprefix(arch + ".")
+            if field.name.startswith(arch + ".")
+            else field.name
+        )
+        sub_type = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
+        writer.add_key_value(name, field.contents(), field.types[0], sub_type=sub_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    return twin
+
+
+def _smollm3_config(config: object, gguf_path: Path) -> object:
+    """SmolLM3 from the twin's llama config: llama.cpp leaves rotary out of every 4th layer
+    (its fixed `n_no_rope_layer_step`; the file says nothing more), and the embedding is
+    tied when the file (not the tensorless twin) has no `output` tensor."""
+    from transformers import SmolLM3Config
+
+    from services.common.gguf_file import GGUFFile
+
+    values = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")}
+    values["tie_word_embeddings"] = all(
+        t.name != "output.weight" for t in GGUFFile(gguf_path).tensors
+    )
+    smollm3 = SmolLM3Config(**values, no_rope_layer_interval=4, no_rope_layers=None)
+    smollm3.architectures = ["SmolLM3ForCausalLM"]
+    return smollm3
 
 
 def _read_gguf(gguf_path: Path, with_weights: bool) -> tuple[object, dict]:

@@ -328,6 +328,7 @@ def _add_tensors(
         "qwen3": MODEL_ARCH.QWEN3,
         "gemma3": MODEL_ARCH.GEMMA3,
         "phi3": MODEL_ARCH.PHI3,
+        "smollm3": MODEL_ARCH.SMOLLM3,
         "qwen2moe": MODEL_ARCH.QWEN2MOE,
         "qwen3moe": MODEL_ARCH.QWEN3MOE,
     }[arch]
@@ -344,7 +345,10 @@ def _add_tensors(
         expected[name] = array
         heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
         for proj, num_heads in heads.items():
-            if base.endswith(proj) and arch == "llama":  # llama.cpp's rotary permutation
+            if base.endswith(proj) and arch in (
+                "llama",
+                "smollm3",
+            ):  # llama.cpp's rotary permutation
                 array = array.reshape(num_heads, 2, -1, *array.shape[1:]).swapaxes(1, 2)
                 array = array.reshape(expected[name].shape)
         gguf_name = f"{name_map.get_name(base)}.{suffix}"
@@ -364,7 +368,10 @@ def _add_tensors(
         blocks = _matrix_blocks(array, type_name, seed=index)
         writer.add_tensor(gguf_name, blocks, raw_dtype=qtype)
         values = dequantize(blocks, qtype).reshape(array.shape)
-        if base.endswith(("q_proj", "k_proj")) and arch == "llama":  # back into HF's order
+        if base.endswith(("q_proj", "k_proj")) and arch in (
+            "llama",
+            "smollm3",
+        ):  # back into HF's order
             num_heads = heads[base.rsplit(".", 1)[-1]]
             values = values.reshape(num_heads, -1, 2, values.shape[1]).swapaxes(1, 2)
             values = values.reshape(array.shape)

@@ -210,6 +210,28 @@ def test_phi3_gguf_with_fused_tensors_and_longrope(native, tmp_path, model_cache
 
 
 @pytest.mark.parametrize("native", [True, False])
+def test_smollm3_gguf_with_its_layers_without_rotary(native, tmp_path, model_cache, monkeypatch):
+    """A SmolLM3 file as llama.cpp writes it ("smollm3": a llama file in all but the name,
+    query / key rows permuted): every 4th layer without rotary, as llama.cpp assumes; its
+    config and tokenizer read through a "llama" twin of the metadata, kept quantized."""
+    monkeypatch.setenv("PAGESTREAM_CPU_NATIVE", "1" if native else "0")
+    layers = {"num_hidden_layers": 4, "no_rope_layer_interval": 4, "no_rope_layers": [1, 1, 1, 0]}
+    model = build_tiny_model("smollm3", seed=3, vocab_size=300, **layers)
+    path = tmp_path / "tiny-smollm3.Q8_0.gguf"
+    expected = write_tiny_gguf(path, model, "Q8_0", arch="smollm3")
+    converted = AutoConfig.from_pretrained(resolve_model(path))
+    assert converted.model_type == "smollm3" and converted.no_rope_layers == [1, 1, 1, 0]
+    assert converted.tie_word_embeddings == model.config.tie_word_embeddings is False
+    assert not (resolve_model(path) / "llama-twin.gguf").exists()
+    reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
+    llm = LLM(str(path), quantization="gguf", **ENGINE)
+    assert type(llm.engine.worker.model).__name__ == "SmolLM3ForCausalLM"
+    assert (llm.engine.worker.model.model.native is not None) == native
+    assert llm.engine.model_info.quantization == "Q8_0"
+    _assert_matches(reference, _greedy(llm))
+
+
+@pytest.mark.parametrize("native", [True, False])
 @pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe", "mixtral"])
 def test_moe_gguf_with_stacked_quantized_experts(
     family, native, tmp_path, model_cache, monkeypatch

@@ -44,9 +44,9 @@ from services.worker.models.load_progress import LoadProgress
 
 logger = logging.getLogger(__name__)
 
-# Only "llama" (smollm files carry it too) and "mistral" files hold permuted query / key
-# rows (llama.cpp's converter permutes them for its rotary kernels).
-PERMUTED_ARCHITECTURES = ("llama", "mistral")
+# Only "llama" (smollm files carry it too), "mistral" and "smollm3" files hold permuted
+# query / key rows (llama.cpp's converter permutes them for its rotary kernels).
+PERMUTED_ARCHITECTURES = ("llama", "mistral", "smollm3")
 FLOAT_TYPES = ("F32", "F16", "BF16")
 
 _GLOBAL_NAMES = {
