@@ -22,11 +22,19 @@ from services.common.served_model_info import ServedModelInfo
 from services.common.structured_outputs import check_grammar
 from services.frontend.lora_registry import LoRARegistry
 from services.frontend.pooling_request_state import PoolingRequestState
+from services.frontend.request_limits import CONTEXT_LENGTH_EXCEEDED
 from services.frontend.request_state import RequestState
 
 
 def new_request_id() -> str:
     return f"req-{uuid.uuid4().hex}"
+
+
+class ContextLengthExceededError(ValueError):
+    """A prompt longer than the model's context (OpenAI's code: context_length_exceeded,
+    which clients match to trim their history)."""
+
+    code = CONTEXT_LENGTH_EXCEEDED
 
 
 @dataclass(frozen=True)
@@ -173,7 +181,7 @@ class InputProcessor:
                 f"outside the vocabulary [0, {self.vocab_size})."
             )
         if len(ids) > self.max_model_len:
-            raise ValueError(
+            raise ContextLengthExceededError(
                 f"the prompt has {len(ids)} tokens, more than the maximum context length "
                 f"max_model_len={self.max_model_len}."
             )

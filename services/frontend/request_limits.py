@@ -13,12 +13,18 @@ from services.frontend.frontend_config import FrontendConfig
 __all__ = ["LimitExceededError", "RequestLimits"]
 
 
-class LimitExceededError(ValueError):
-    """A request over one of the frontend's limits; `param` is the request's field."""
+# OpenAI's error code for a prompt over the context (clients match it to trim history).
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+
+class LimitExceededError(ValueError):
+    """A request over one of the frontend's limits; `param` is the request's field, `code`
+    OpenAI's error code."""
+
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_value") -> None:
         super().__init__(message)
         self.param = param
+        self.code = code
 
 
 class RequestLimits:
@@ -49,6 +55,7 @@ class RequestLimits:
                 f"{param} has {len(token_ids)} tokens, more than the maximum context length "
                 f"max_model_len={self.max_model_len}.",
                 param,
+                CONTEXT_LENGTH_EXCEEDED,
             )
 
     def check_n(self, n: int, param: str = "n") -> None:

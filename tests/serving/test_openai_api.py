@@ -241,6 +241,33 @@ async def test_chat_stream_role_then_content_then_finish(server):
     assert usage_chunk.choices == [] and usage_chunk.usage.completion_tokens == 12
 
 
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+async def test_the_last_text_comes_before_the_finish_reason(server, endpoint):
+    """OpenAI streams the final text with finish_reason null, then an empty delta with the
+    reason: a client that keeps text only while finish_reason is null gets all of it."""
+    client = server.sync_client()
+    if endpoint == "chat":
+        args = {"messages": MESSAGES}
+        create, whole_text = client.chat.completions.create, lambda r: r.choices[0].message.content
+        text_of = lambda choice: choice.delta.content or ""  # noqa: E731
+    else:
+        args = {"prompt": PROMPT}
+        create, whole_text = client.completions.create, lambda r: r.choices[0].text
+        text_of = lambda choice: choice.text  # noqa: E731
+    args |= {"model": MODEL, "max_tokens": 8, "temperature": 0.0, "extra_body": NO_EOS}
+    whole = await asyncio.to_thread(lambda: create(**args))
+    chunks = await asyncio.to_thread(lambda: list(create(**args, stream=True)))
+    choices = [c.choices[0] for c in chunks]
+    kept = "".join(text_of(c) for c in choices if c.finish_reason is None)
+    assert kept == whole_text(whole) and kept
+    last = choices[-1]
+    assert last.finish_reason == "length" and text_of(last) == ""
+    assert [c.finish_reason for c in choices].count("length") == 1
+    if endpoint == "chat":
+        assert last.delta.model_dump(exclude_none=True) == {}
+        assert whole.choices[0].message.tool_calls is None  # no tools: no tool_calls field
+
+
 async def test_sse_framing_over_raw_http(server):
     body = {"model": MODEL, "prompt": PROMPT, "stream": True, **GREEDY, **NO_EOS}
     async with server.raw() as client:

@@ -76,11 +76,14 @@ async def test_prompts_longer_than_the_context_are_400(server):
     too_long = _completion(prompt=list(range(3, 3 + 300)))
     error = _error(await _post(server, COMPLETIONS, too_long), 400)
     assert error["param"] == "prompt" and "256" in error["message"]
+    assert error["code"] == "context_length_exceeded"  # OpenAI's: clients trim history on it
     over_budget = _completion(prompt=list(range(3, 3 + 250)), max_tokens=10)
     error = _error(await _post(server, COMPLETIONS, over_budget), 400)
     assert error["param"] == "max_tokens" and "maximum context length" in error["message"]
+    assert error["code"] == "context_length_exceeded"
     chat = _chat(messages=[{"role": "user", "content": "fox " * 400}])
-    assert _error(await _post(server, CHAT, chat), 400)["param"] == "messages"
+    error = _error(await _post(server, CHAT, chat), 400)
+    assert (error["param"], error["code"]) == ("messages", "context_length_exceeded")
 
 
 @pytest.mark.parametrize(

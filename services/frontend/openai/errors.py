@@ -138,7 +138,8 @@ def to_openai_error(exc: BaseException) -> OpenAIError:
     if isinstance(exc, RequestBodyTooLargeError):
         return OpenAIError(400, str(exc), "invalid_request_error", None, "request_too_large")
     if isinstance(exc, ValueError):
-        return OpenAIError(400, str(exc), "invalid_request_error", _param_of(exc), "invalid_value")
+        code = getattr(exc, "code", None) or "invalid_value"
+        return OpenAIError(400, str(exc), "invalid_request_error", _param_of(exc), code)
     if isinstance(exc, StarletteHTTPException):
         status = HTTPStatus(exc.status_code)
         code = status.phrase.lower().replace(" ", "_")

@@ -21,11 +21,13 @@ __all__ = [
 
 
 class InvalidRequestError(ValueError):
-    """A bad request parameter, with the parameter's name (HTTP 400)."""
+    """A bad request parameter, with the parameter's name (HTTP 400) and OpenAI's error
+    code (invalid_value, or context_length_exceeded for a prompt over the context)."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_value") -> None:
         super().__init__(message)
         self.param = param
+        self.code = code
 
 
 class ModelNotFoundError(LookupError):

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from services.common.lora_request import LoRARequest
 from services.common.outputs import RequestOutput
 from services.common.sampling_params import RequestOutputKind, SamplingParams
+from services.frontend.input_processor import ContextLengthExceededError
 from services.frontend.metrics import FrontendMetrics, RequestMetrics
 from services.frontend.openai.errors import InvalidRequestError, ModelNotFoundError, to_openai_error
 
@@ -150,7 +151,8 @@ class ServingBase:
         try:
             processed = self.frontend.input_processor.process(prompt, add_special_tokens)
         except ValueError as exc:
-            raise InvalidRequestError(str(exc), param) from exc
+            code = getattr(exc, "code", None) or "invalid_value"
+            raise InvalidRequestError(str(exc), param, code) from exc
         text = processed.prompt
         if text is None and self.frontend.tokenizer is not None:
             text = self.frontend.tokenizer.decode(processed.prompt_token_ids)
@@ -168,6 +170,7 @@ class ServingBase:
                     f"the prompt has {num_prompt} tokens and leaves no room to generate "
                     f"within the maximum context length of {self.max_model_len} tokens.",
                     prompt_param,
+                    ContextLengthExceededError.code,
                 )
             return min(room, self.frontend.default_sampling.get("max_tokens", room))
         if requested < 1:
@@ -178,6 +181,7 @@ class ServingBase:
                 f"you requested {num_prompt + requested} tokens ({num_prompt} in the prompt, "
                 f"{requested} for the completion). Reduce the prompt or {param}.",
                 param,
+                ContextLengthExceededError.code,
             )
         return requested
 

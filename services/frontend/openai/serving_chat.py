@@ -1,7 +1,9 @@
 """POST /v1/chat/completions: messages through the chat template -> assistant replies.
 
-Streaming sends, per choice, a first chunk with role "assistant", then content deltas,
-then the choice's finish_reason; with include_usage a last chunk with no choices. With
+Streaming sends, per choice, a first chunk with role "assistant", then content deltas
+(finish_reason null), then a chunk with an empty delta and the choice's finish_reason, as
+OpenAI does (clients that collect text while finish_reason is null keep the last token);
+with include_usage a last chunk with no choices. With
 tools (tool_choice.py), each choice's text goes through a tool-call parser stream:
 content and tool-call deltas in the stream, `tool_calls` in the message, built from the
 same parsed deltas so both agree.
@@ -111,14 +113,15 @@ class ChatTracker:
             if finish is not None:
                 num_calls = choice.tools.num_calls if choice.tools is not None else 0
                 finish = choice.finish_reason = finish_reason(finish, num_calls)
-            if has_delta or finish is not None or (logprobs is not None and o.token_ids):
+            if has_delta or (logprobs is not None and o.token_ids):
+                updates.append(ChatStreamChoice(index=choice.index, delta=delta, logprobs=logprobs))
+            if finish is not None:  # its own chunk, after the last text
                 updates.append(
                     ChatStreamChoice(
                         index=choice.index,
-                        delta=delta,
-                        logprobs=logprobs,
+                        delta=DeltaMessage(),
                         finish_reason=finish,
-                        stop_reason=choice.stop_reason if finish else None,
+                        stop_reason=choice.stop_reason,
                     )
                 )
         return updates

@@ -41,8 +41,9 @@ class _Choice:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
 
-    def update(self, output, prompt_logprobs) -> CompletionChoice | None:
-        """Apply one delta; returns the stream chunk's choice (None when nothing new)."""
+    def update(self, output, prompt_logprobs) -> list[CompletionChoice]:
+        """Apply one delta; returns the stream chunks' choices: the new text (finish_reason
+        null), then, when it ends, the finish_reason with no text (as OpenAI streams)."""
         if self.score_only:
             output = _without_generation(output)
         text, logprobs = output.text, None
@@ -62,15 +63,16 @@ class _Choice:
         if output.finish_reason is not None and not self.finish_sent:
             finish, self.finish_sent = output.finish_reason, True
             self.finish_reason, self.stop_reason = output.finish_reason, output.stop_reason
-        if not text and finish is None and not (logprobs is not None and output.token_ids):
-            return None  # tokens whose text is still held back (a partial character)
-        return CompletionChoice(
-            index=self.index,
-            text=text,
-            logprobs=logprobs,
-            finish_reason=finish,
-            stop_reason=self.stop_reason if finish else None,
-        )
+        choices = []  # no text: tokens still held back (a partial character)
+        if text or (logprobs is not None and output.token_ids):
+            choices.append(CompletionChoice(index=self.index, text=text, logprobs=logprobs))
+        if finish is not None:
+            choices.append(
+                CompletionChoice(
+                    index=self.index, text="", finish_reason=finish, stop_reason=self.stop_reason
+                )
+            )
+        return choices
 
     def final(self) -> CompletionChoice:
         return CompletionChoice(
@@ -119,9 +121,7 @@ class _CompletionTracker:
         updates = []
         for o in output.outputs:
             choice = self.choices[prompt_index * self.job.n + o.index]
-            update = choice.update(o, output.prompt_logprobs)
-            if update is not None:
-                updates.append(update)
+            updates += choice.update(o, output.prompt_logprobs)
         return updates
 
     def prelude(self) -> list:

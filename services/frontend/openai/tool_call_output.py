@@ -32,7 +32,7 @@ def message_out(extracted: ExtractedToolCalls) -> ChatMessageOut:
         ToolCallOut(id=c.id, function=FunctionCallOut(name=c.name, arguments=c.arguments))
         for c in extracted.tool_calls
     ]
-    return ChatMessageOut(content=extracted.content, tool_calls=calls)
+    return ChatMessageOut(content=extracted.content, tool_calls=calls or None)
 
 
 def finish_reason(reason: str, num_calls: int) -> str:
