@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
+from services.common.model_errors import ModelLoadError
+
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
 # sentence-transformers' 1_Pooling/config.json keys -> our pooling types
 _ST_MODES = {
@@ -34,6 +36,10 @@ class PoolerConfig:
     # to be truncated to (empty: not a Matryoshka model unless `dimensions` says so).
     hidden_size: int = 0
     matryoshka_dimensions: tuple[int, ...] = field(default_factory=tuple)
+    # Filled by the worker: the model attends bidirectionally (an encoder), so a prompt
+    # runs whole in one step (never chunked, never from a prefix hit) and its state at
+    # any position depends on every token.
+    whole_prompt: bool = False
 
     def __post_init__(self) -> None:
         if self.pooling_type is not None:
@@ -142,7 +148,8 @@ class PoolerConfig:
 
 def _sentence_transformers(folder: Path | None) -> tuple[str | None, bool]:
     """(pooling type, normalize) from a sentence-transformers folder; (None, True)
-    without one (normalized embeddings are what retrieval expects)."""
+    without one (normalized embeddings are what retrieval expects). A module or pooling
+    mode the pipeline does not run is refused by name (ModelLoadError), never skipped."""
     if folder is None:
         return None, True
     modules_file = folder / "modules.json"
@@ -156,6 +163,12 @@ def _sentence_transformers(folder: Path | None) -> tuple[str | None, bool]:
             str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in modules if isinstance(m, dict)
         }
         normalize = "Normalize" in kinds
+        unknown = sorted(set(kinds) - {"Transformer", "Pooling", "Normalize"})
+        if unknown:
+            raise ModelLoadError(
+                f"{modules_file}: sentence-transformers module(s) {', '.join(unknown)} are "
+                "not supported (Transformer, Pooling and Normalize are)"
+            )
         if "Pooling" in kinds:
             pooling_dir = folder / str(kinds["Pooling"].get("path", "1_Pooling"))
     config_file = pooling_dir / "config.json"
@@ -165,6 +178,11 @@ def _sentence_transformers(folder: Path | None) -> tuple[str | None, bool]:
         config = json.loads(config_file.read_text())
     except (OSError, json.JSONDecodeError):
         return None, normalize
+    modes = [key for key, value in config.items() if key.startswith("pooling_mode_") and value]
+    unsupported = [key for key in modes if key not in _ST_MODES]
+    if unsupported or config.get("include_prompt") is False:
+        what = ", ".join(unsupported) or "include_prompt false"
+        raise ModelLoadError(f"{config_file}: {what} is not supported (lasttoken, mean, cls are)")
     for key, pooling_type in _ST_MODES.items():
         if config.get(key):
             return pooling_type, normalize

@@ -103,9 +103,7 @@ class EngineCoreBuilder:
             structured,
             num_lookahead_tokens=speculative.num_lookahead_tokens if speculative else 0,
             max_loras=lora.max_loras if (lora := LoRAConfig.from_json(model.lora_config)) else 0,
-            pooling_type=pooler.pooling_type
-            if (pooler := PoolerConfig.from_json(model.pooler_config))
-            else None,
+            pooler=PoolerConfig.from_json(model.pooler_config),
         )
         _warn_if_the_cache_caps(
             config.max_model_len, scheduler.max_model_len, cache_info, speculative

@@ -22,6 +22,7 @@ from collections import deque
 
 from services.common.config import CacheConfig, SchedulerConfig
 from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
+from services.common.pooler_config import PoolerConfig
 from services.common.runner_output import RunnerOutput
 from services.common.scheduler_output import SchedulerOutput
 from services.scheduler.admission import (
@@ -55,12 +56,13 @@ class Scheduler:
         structured: StructuredOutputManager | None = None,
         num_lookahead_tokens: int = 0,
         max_loras: int = 0,
-        pooling_type: str | None = None,
+        pooler: PoolerConfig | None = None,
     ) -> None:
         self.config = scheduler_config
-        # Pooling: how the workers pool (PoolerConfig.pooling_type; None: the engine runs
-        # the generate runner and pooling requests are refused).
-        self.pooling_type = pooling_type
+        # Pooling: how the workers pool (None: the engine runs the generate runner and
+        # pooling requests are refused); an encoder's prompts run whole, one step each.
+        self.pooling_type = pooler.pooling_type if pooler is not None else None
+        self.whole_prompts = pooler is not None and pooler.whole_prompt
         # LoRA: the workers' adapter slots (0: LoRA is off, adapters are refused).
         self.loras = LoRASlotTable(max_loras)
         # Speculative decoding with a draft model: KV slots each sequence keeps past its
@@ -129,7 +131,20 @@ class Scheduler:
             )
         if request.sampling_params.n != 1 or request.sampling_params.use_beam_search:
             raise RequestRejectedError("a pooling request has one sequence (n=1, no beams).")
-        request.pools_every_position = self.pooling_type != "LAST"
+        request.pools_every_position = self.pooling_type != "LAST" or self.whole_prompts
+        if self.whole_prompts and request.num_prompt_tokens > self._max_prefill_step:
+            raise RequestRejectedError(
+                f"the prompt has {request.num_prompt_tokens} tokens; an encoder attends over "
+                "a whole prompt in one step, so it must fit max_num_batched_tokens "
+                f"({self._max_prefill_step})."
+            )
+
+    @property
+    def _max_prefill_step(self) -> int:
+        """The most prompt tokens of one request a step computes."""
+        threshold = self.config.long_prefill_token_threshold
+        budget = self.config.max_num_batched_tokens
+        return min(budget, threshold) if threshold else budget
 
     def abort_requests(self, request_ids: list[str]) -> None:
         """Abort requests by id; a group's id (n > 1, beam search) aborts all its sequences."""
@@ -371,7 +386,10 @@ class Scheduler:
         num_new = max(target - num_hit, 0)
         if not self.config.enable_chunked_prefill and num_new > plan.token_budget:
             return False  # strict FCFS: nothing behind it may overtake
+        whole = num_new
         num_new = self._num_new_tokens(num_new, True, plan.token_budget)
+        if self.whole_prompts and num_new < whole:
+            return False  # an encoder's prompt runs whole: it waits for a step with room
         lookahead = self._lookahead(request, num_new + num_hit)
         new_blocks = self.kv.allocate_slots(request, num_new, computed_blocks, lookahead)
         if new_blocks is None:

@@ -13,6 +13,7 @@ bfloat16 on CUDA and on CPUs with native bf16 (avx512_bf16 or AMX), float32 on o
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import logging
@@ -279,6 +280,8 @@ def _load_model(model_config: ModelConfig, device, rank: RankInfo) -> LoadedMode
         model.to(target).eval()
     model.eos_token_ids = read_eos_token_ids(folder, config)
     pooler = model_config.pooler.resolve(folder, hf_config) if runner == "pooling" else None
+    if pooler is not None and model.bidirectional:  # an encoder: prompts run whole
+        pooler = dataclasses.replace(pooler, whole_prompt=True)
     model.set_attention_ops(attention_ops)
     formats = weight_formats(model)
     # a native model runs the C++ step on the CPU where it applies, else packed linears

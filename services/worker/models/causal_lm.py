@@ -59,6 +59,7 @@ class CausalLM(nn.Module):
         )
         self.attention_ops = TORCH_ATTENTION
         self.can_generate = True  # False: a pooling runner's model without an LM head
+        self.bidirectional = False  # True: an encoder (every row sees its whole prompt)
 
     def set_attention_ops(self, ops: AttentionOps) -> None:
         """Run every attention layer through `ops` (see resolve_attention_backend)."""

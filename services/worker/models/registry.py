@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from services.worker.models.bert import BertEncoder
 from services.worker.models.causal_lm import CausalLM
 from services.worker.models.llama import (
     Gemma3ForCausalLM,
@@ -47,6 +48,10 @@ NATIVE_MODELS: dict[str, type[CausalLM]] = {
     "Qwen2MoeModel": Qwen2MoeForCausalLM,
     "Qwen3MoeModel": Qwen3MoeForCausalLM,
     "OlmoeModel": OlmoeForCausalLM,
+    # encoders (the pooling runner only)
+    "BertModel": BertEncoder,
+    "RobertaModel": BertEncoder,
+    "XLMRobertaModel": BertEncoder,
 }
 
 

@@ -1,0 +1,222 @@
+"""BERT-family encoders for the pooling runner: BERT, RoBERTa, XLM-RoBERTa.
+
+    hidden = model(input_ids [T], positions [T], kv_caches, attn_metadata)  # [T, hidden]
+
+A post-norm encoder (HF's BertModel): word + position + token-type embeddings and their
+LayerNorm, then per layer bidirectional self-attention and a GELU MLP, each followed by
+its residual LayerNorm. RoBERTa's positions start after its padding id. The output is the
+last hidden state of every row (what sentence-transformers' Transformer module returns);
+the Pooler picks and pools rows from it.
+
+Attention is bidirectional, so a sequence's rows see its later tokens too: each step must
+hold whole prompts (the scheduler schedules an encoder's prompt in one step, never
+chunked, never from a prefix hit: `PoolerConfig.whole_prompt`), and nothing is kept in
+the paged cache (an encoder never decodes): the step's own keys and values are all a
+query reads. Token type 0 for every token (sentence-transformers' single-text inputs).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PretrainedConfig
+
+from pagestream_kernels.attention_metadata import AttentionMetadata
+from services.common.model_errors import ModelLoadError
+from services.common.rank_info import RankInfo
+from services.worker.models.causal_lm import CausalLM
+from services.worker.models.kv_cache_spec import KVCacheSpec
+
+# Checkpoint prefixes of the same encoder under a task head (BertForMaskedLM: "bert.").
+_PREFIXES = ("bert.", "roberta.", "model.")
+_ACTIVATIONS = {
+    "gelu": lambda x: F.gelu(x),
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+
+
+def bidirectional_attention(
+    q: torch.Tensor,  # [T, H, D]
+    k: torch.Tensor,  # [T, H, D]
+    v: torch.Tensor,  # [T, H, D]
+    starts: Sequence[int],  # [S + 1] host prefix sums of the sequences' rows
+) -> torch.Tensor:
+    """Each sequence's rows attend to all of its rows (no causal mask): [T, H, D]."""
+    out = torch.empty_like(q)
+    for begin, end in itertools.pairwise(starts):
+        qs, ks, vs = (t[begin:end].transpose(0, 1) for t in (q, k, v))  # [H, n, D]
+        out[begin:end] = F.scaled_dot_product_attention(qs, ks, vs).transpose(0, 1)
+    return out
+
+
+class BertLayer(nn.Module):
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__()
+        hidden, inter, eps = config.hidden_size, config.intermediate_size, config.layer_norm_eps
+        self.num_heads = config.num_attention_heads
+        self.qkv = nn.Linear(hidden, 3 * hidden)  # query, key, value rows
+        self.attn_out = nn.Linear(hidden, hidden)
+        self.attn_norm = nn.LayerNorm(hidden, eps=eps)
+        self.up = nn.Linear(hidden, inter)
+        self.down = nn.Linear(inter, hidden)
+        self.out_norm = nn.LayerNorm(hidden, eps=eps)
+        if config.hidden_act not in _ACTIVATIONS:
+            raise ModelLoadError(f"hidden_act {config.hidden_act!r} is not supported for BERT")
+        self.act = _ACTIVATIONS[config.hidden_act]
+
+    def forward(self, x: torch.Tensor, starts: Sequence[int]) -> torch.Tensor:
+        rows = x.shape[0]
+        q, k, v = self.qkv(x).view(rows, 3, self.num_heads, -1).unbind(1)  # [T, H, D] each
+        mixed = bidirectional_attention(q, k, v, starts).reshape(rows, -1)  # [T, hidden]
+        x = self.attn_norm(x + self.attn_out(mixed))
+        return self.out_norm(x + self.down(self.act(self.up(x))))
+
+
+class BertEncoder(CausalLM):
+    """The encoder of a BERT / RoBERTa / XLM-RoBERTa checkpoint (BertModel's names, or
+    under a task head's "bert." / "roberta." prefix); its pooler layer is not used."""
+
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        rank: RankInfo | None = None,
+        pooling: bool = True,
+        expert_parallel: bool = False,
+    ) -> None:
+        super().__init__(config)
+        reason = self.unsupported(config, rank or RankInfo(), pooling)
+        if reason:
+            raise ModelLoadError(f"{type(self).__name__}: {reason}")
+        hidden = config.hidden_size
+        self.can_generate, self.bidirectional = False, True
+        roberta = config.model_type in ("roberta", "xlm-roberta", "camembert")
+        # RoBERTa numbers positions from its padding id + 1 (HF's position ids of an
+        # unpadded sequence)
+        self.position_offset = int(config.pad_token_id) + 1 if roberta else 0
+        self.word_embeddings = nn.Embedding(config.vocab_size, hidden)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, hidden)
+        self.token_type_embeddings = nn.Embedding(max(config.type_vocab_size, 1), hidden)
+        self.embed_norm = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
+        self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+    @staticmethod
+    def unsupported(config: PretrainedConfig, rank: RankInfo, pooling: bool) -> str | None:
+        """Why this encoder cannot run here (None: it can)."""
+        if not pooling:
+            return "an encoder only pools: run it with --runner pooling (embeddings)"
+        if rank.tensor_parallel_size > 1 or rank.pipeline_parallel_size > 1:
+            return "encoders run on one rank (no tensor or pipeline parallelism yet)"
+        if getattr(config, "position_embedding_type", "absolute") != "absolute":
+            return f"position_embedding_type {config.position_embedding_type!r} is not supported"
+        if getattr(config, "is_decoder", False):
+            return "a BERT decoder (is_decoder) is not supported"
+        return None
+
+    def use_native_step(self) -> bool:
+        return False  # the torch path: no native CPU step for encoders yet
+
+    @property
+    def max_model_len(self) -> int | None:
+        return int(self.config.max_position_embeddings) - self.position_offset
+
+    @property
+    def kv_cache_spec(self) -> KVCacheSpec:
+        """Nothing is kept in the cache: one tiny layer, so its blocks cost (almost) nothing."""
+        return KVCacheSpec(1, 1, 1, self.dtype)
+
+    @property
+    def num_layers(self) -> int:
+        return 1  # of cache: see kv_cache_spec
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: Sequence[torch.Tensor],
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        starts = attn_metadata.query_start_loc.tolist()
+        seq_lens = attn_metadata.seq_lens.tolist()
+        if [end - begin for begin, end in itertools.pairwise(starts)] != seq_lens:
+            raise RuntimeError("an encoder step must hold whole prompts (none was chunked)")
+        token_types = torch.zeros_like(input_ids)
+        x = (
+            self.word_embeddings(input_ids)
+            + self.position_embeddings(positions + self.position_offset)
+            + self.token_type_embeddings(token_types)
+        )
+        x = self.embed_norm(x)  # [T, hidden]
+        for layer in self.layers:
+            x = layer(x, starts)
+        return x
+
+    @staticmethod
+    def owns_weight(name: str) -> bool:
+        """Whether a checkpoint tensor loads into this encoder (skipped unread otherwise)."""
+        return _our_name(name) is not None
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("an encoder has no LM head: it only pools")
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """HF BertModel names -> ours; q, k and v rows go into one qkv matrix."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        pending: dict[str, dict[str, torch.Tensor]] = {}
+        for name, tensor in weights:
+            target = _our_name(name)
+            if target is None:
+                continue
+            if isinstance(target, tuple):  # a part of qkv
+                key, part = target
+                pending.setdefault(key, {})[part] = tensor
+                if len(pending[key]) < 3:
+                    continue
+                parts = pending.pop(key)
+                tensor = torch.cat([parts["query"], parts["key"], parts["value"]])
+                target = key
+            params[target].data.copy_(tensor)
+            loaded.add(target)
+        missing = sorted(set(params) - loaded)
+        if missing:
+            raise ModelLoadError(f"the checkpoint lacks {', '.join(missing[:6])}")
+        return loaded
+
+
+_EMBEDDINGS = {
+    "embeddings.word_embeddings": "word_embeddings",
+    "embeddings.position_embeddings": "position_embeddings",
+    "embeddings.token_type_embeddings": "token_type_embeddings",
+    "embeddings.LayerNorm": "embed_norm",
+}
+_LAYER = {
+    "attention.output.dense": "attn_out",
+    "attention.output.LayerNorm": "attn_norm",
+    "intermediate.dense": "up",
+    "output.dense": "down",
+    "output.LayerNorm": "out_norm",
+}
+
+
+def _our_name(name: str) -> str | tuple[str, str] | None:
+    """A checkpoint name as ours: a parameter, (qkv parameter, "query" | "key" | "value"),
+    or None (the pooler and task heads, position_ids buffers)."""
+    for prefix in _PREFIXES:
+        name = name.removeprefix(prefix)
+    module, _, param = name.rpartition(".")
+    if module in _EMBEDDINGS:
+        return f"{_EMBEDDINGS[module]}.{param}"
+    if not module.startswith("encoder.layer."):
+        return None
+    index, _, rest = module.removeprefix("encoder.layer.").partition(".")
+    if rest.startswith("attention.self."):
+        return f"layers.{index}.qkv.{param}", rest.removeprefix("attention.self.")
+    if rest in _LAYER:
+        return f"layers.{index}.{_LAYER[rest]}.{param}"
+    return None

@@ -1,0 +1,157 @@
+"""BERT-family encoders through the pooling runner: embeddings equal sentence-transformers'
+own on tiny random encoders saved as sentence-transformers folders (BERT, XLM-RoBERTa;
+mean and CLS pooling; Normalize on and off), several prompts a step or one, and what the
+pipeline cannot run yet refused by name rather than run differently."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import BertConfig, BertModel, XLMRobertaConfig, XLMRobertaModel
+
+from pagestream import LLM
+from services.common.model_errors import ModelLoadError
+from tests.helpers.hf_pooling import cosine
+from tests.helpers.tiny_tokenizer import VOCAB, build_tokenizer
+
+TEXTS = [
+    "the quick brown fox jumps over the lazy dog",
+    "hi",
+    "a story about a fox and a dog who were friends for a long time",
+    "dog",
+]
+
+
+def _encoder(arch: str, seed: int):
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=96,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    if arch == "bert":
+        model = BertModel(BertConfig(**common, max_position_embeddings=64))
+    else:  # positions after the padding id (0 here: the tokenizer pads with <unk>)
+        config = XLMRobertaConfig(**common, max_position_embeddings=66, pad_token_id=0)
+        model = XLMRobertaModel(config)
+    with torch.no_grad():  # norms and biases away from 1 / 0, so a wrong one shows
+        for name, param in model.named_parameters():
+            if "LayerNorm" in name or name.endswith("bias"):
+                param.add_(torch.randn_like(param) * 0.1)
+    return model.eval()
+
+
+def st_folder(tmp_path: Path, arch: str, pooling: str, normalize: bool, seed: int = 0) -> Path:
+    """A sentence-transformers folder: the encoder, 1_Pooling, optionally 2_Normalize."""
+    folder = tmp_path / f"{arch}-{pooling}-{normalize}"
+    _encoder(arch, seed).save_pretrained(folder)
+    tokenizer = build_tokenizer()
+    tokenizer.pad_token = "<unk>"
+    tokenizer.save_pretrained(folder)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+    ]
+    if normalize:
+        normalizer = "sentence_transformers.models.Normalize"
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": normalizer})
+        (folder / "2_Normalize").mkdir()
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling").mkdir()
+    pooling_config = {
+        "word_embedding_dimension": 64,
+        "pooling_mode_cls_token": pooling == "cls",
+        "pooling_mode_mean_tokens": pooling == "mean",
+        "pooling_mode_max_tokens": pooling == "max",
+        "pooling_mode_mean_sqrt_len_tokens": False,
+    }
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 60}))
+    return folder
+
+
+def st_embeddings(folder: Path, texts: list[str]) -> np.ndarray:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(folder), device="cpu")
+    return model.encode(texts, convert_to_numpy=True, batch_size=len(texts))
+
+
+def _assert_close(got, expected) -> None:
+    for g, e in zip(got, expected, strict=True):
+        g = np.asarray(g, np.float32)
+        assert cosine(g, e) > 0.9999
+        np.testing.assert_allclose(g, e, atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("arch", "pooling", "normalize"),
+    [("bert", "mean", True), ("bert", "cls", False), ("xlm-roberta", "mean", False)],
+)
+@pytest.mark.parametrize("budget", [512, 48])  # all prompts in one step, or few a step
+def test_embeddings_equal_sentence_transformers(tmp_path, arch, pooling, normalize, budget):
+    folder = st_folder(tmp_path, arch, pooling, normalize)
+    expected = st_embeddings(folder, TEXTS)
+    llm = LLM(str(folder), dtype="float32", kv_cache_memory="8MiB", max_num_batched_tokens=budget)
+    try:
+        assert type(llm.engine.worker.model).__name__ == "BertEncoder"
+        outputs = llm.embed(TEXTS, use_tqdm=False)
+    finally:
+        llm.engine.close()
+    got = [o.outputs.embedding for o in outputs]
+    _assert_close(got, expected)
+    norms = np.linalg.norm(np.asarray(got), axis=1)
+    assert np.allclose(norms, 1.0, atol=1e-5) == normalize
+
+
+def test_a_prompt_longer_than_a_step_is_refused_by_name(tmp_path):
+    """An encoder's prompt is attended as a whole in one step: one longer than
+    max_num_batched_tokens can never run, and says so."""
+    folder = st_folder(tmp_path, "bert", "mean", True)
+    llm = LLM(str(folder), dtype="float32", kv_cache_memory="8MiB", max_num_batched_tokens=16)
+    try:
+        with pytest.raises(ValueError, match="max_num_batched_tokens"):
+            llm.embed([{"prompt_token_ids": list(range(3, 30))}], use_tqdm=False)
+        assert len(llm.embed(TEXTS[:1], use_tqdm=False)) == 1  # the engine still serves
+    finally:
+        llm.engine.close()
+
+
+def test_pooling_modes_the_pipeline_lacks_are_refused_by_name(tmp_path):
+    folder = st_folder(tmp_path, "bert", "max", True)
+    with pytest.raises(ModelLoadError, match="pooling_mode_max_tokens"):
+        LLM(str(folder), dtype="float32", kv_cache_memory="8MiB")
+
+
+async def test_the_openai_client_embeds_with_an_encoder(tmp_path):
+    """`serve` on a sentence-transformers BERT folder: the official client's embeddings
+    (base64, as the SDK asks) equal sentence-transformers'; a prompt over a step is a 400
+    naming the problem and the server serves on."""
+    import openai
+
+    from tests.helpers.openai_server import MODEL, running_server
+
+    folder = st_folder(tmp_path, "bert", "mean", True)
+    expected = st_embeddings(folder, TEXTS)
+    engine = dict(dtype="float32", kv_cache_memory="8MiB", max_num_batched_tokens=48)
+    async with running_server(folder, **engine) as server:
+        client = server.async_client()
+        result = await client.embeddings.create(model=MODEL, input=TEXTS)
+        _assert_close([d.embedding for d in result.data], expected)
+        with pytest.raises(openai.BadRequestError, match="max_num_batched_tokens"):
+            await client.embeddings.create(model=MODEL, input=[list(range(3, 60))])
+        again = await client.embeddings.create(model=MODEL, input=TEXTS[:1])
+        _assert_close([again.data[0].embedding], expected[:1])
