@@ -53,8 +53,11 @@ def st_folder(tmp_path: Path, arch: str, pooling: str, normalize: bool, seed: in
     """A sentence-transformers folder: the encoder, 1_Pooling, optionally 2_Normalize."""
     folder = tmp_path / f"{arch}-{pooling}-{normalize}"
     _encoder(arch, seed).save_pretrained(folder)
-    tokenizer = build_tokenizer()
-    tokenizer.pad_token = "<unk>"
+    if arch == "bert":  # BERT's own: WordPiece, [CLS] text [SEP]
+        tokenizer = wordpiece_tokenizer()
+    else:
+        tokenizer = build_tokenizer()
+        tokenizer.pad_token = "<unk>"
     tokenizer.save_pretrained(folder)
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
@@ -81,6 +84,34 @@ def st_folder(tmp_path: Path, arch: str, pooling: str, normalize: bool, seed: in
     (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config))
     (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 60}))
     return folder
+
+
+def wordpiece_tokenizer():
+    """A BERT tokenizer (lower-casing WordPiece; [CLS] a [SEP], pairs [CLS] a [SEP] b [SEP]
+    with token types 0 then 1) trained on the test texts: ids 0-4 are [PAD] [UNK] [CLS]
+    [SEP] [MASK], as BERT's vocabularies start."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import BertTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(vocab_size=200, special_tokens=specials)
+    tokenizer.train_from_iterator(TEXTS * 4, trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", 2), ("[SEP]", 3)],
+    )
+    return BertTokenizerFast(
+        tokenizer_object=tokenizer,
+        unk_token="[UNK]",
+        sep_token="[SEP]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        mask_token="[MASK]",
+    )
 
 
 def st_embeddings(folder: Path, texts: list[str]) -> np.ndarray:
@@ -112,6 +143,9 @@ def test_embeddings_equal_sentence_transformers(tmp_path, arch, pooling, normali
     finally:
         llm.engine.close()
     got = [o.outputs.embedding for o in outputs]
+    if arch == "bert":  # the prompts as sentence-transformers tokenizes them: [CLS] .. [SEP]
+        ids = [o.prompt_token_ids for o in outputs]
+        assert all(p[0] == 2 and p[-1] == 3 for p in ids)
     _assert_close(got, expected)
     norms = np.linalg.norm(np.asarray(got), axis=1)
     assert np.allclose(norms, 1.0, atol=1e-5) == normalize
