@@ -6,13 +6,20 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+import numpy as np
 from tqdm import tqdm
 
 from pagestream.engine_args import EngineArgs
 from pagestream.llm_engine import LLMEngine
 from pagestream.tensor_outputs import as_tensors
 from services.common.lora_request import LoRARequest
-from services.common.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
+from services.common.outputs import (
+    EmbeddingRequestOutput,
+    PoolingRequestOutput,
+    RequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+)
 from services.common.pooling_params import PoolingParams
 from services.common.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from services.frontend.tokenizer import apply_chat_template
@@ -102,6 +109,34 @@ class LLM:
             )
         outputs = self._pool(prompts, pooling_params, "embed", use_tqdm)
         return [EmbeddingRequestOutput.from_base(o) for o in outputs]
+
+    def score(
+        self,
+        text_1: str | Sequence[str],
+        text_2: str | Sequence[str],
+        use_tqdm: bool = True,
+    ) -> list[ScoringRequestOutput]:
+        """vLLM's LLM.score for an embedding model: the cosine of each pair's normalized
+        embeddings, text_1 against every text_2 (one text_1) or pairwise."""
+        first = [text_1] if isinstance(text_1, str) else list(text_1)
+        second = [text_2] if isinstance(text_2, str) else list(text_2)
+        if len(first) == 1:
+            first = first * len(second)
+        if len(first) != len(second) or not second:
+            raise ValueError(
+                f"text_2 has {len(second)} texts and text_1 {len(first)}: give one text_1, "
+                "or as many as text_2 (at least one)."
+            )
+        embedded = self.embed([*first, *second], PoolingParams(normalize=True), use_tqdm)
+        pairs = zip(embedded[: len(first)], embedded[len(first) :], strict=True)
+        return [
+            ScoringRequestOutput(
+                request_id=a.request_id,
+                outputs=ScoringOutput(float(np.dot(a.outputs.embedding, b.outputs.embedding))),
+                prompt_token_ids=a.prompt_token_ids + b.prompt_token_ids,
+            )
+            for a, b in pairs
+        ]
 
     def encode(
         self,

@@ -66,6 +66,21 @@ class EmbeddingOutput:
 
 
 @dataclass
+class ScoringOutput:
+    """How relevant the second text is to the first (vLLM's `outputs.score`)."""
+
+    score: float
+
+
+@dataclass
+class ScoringRequestOutput:
+    request_id: str
+    outputs: ScoringOutput
+    prompt_token_ids: list[int]  # both texts'
+    finished: bool = True
+
+
+@dataclass
 class PoolingRequestOutput:
     request_id: str
     outputs: PoolingOutput | None  # None: it ended without a result (`error` says why)

@@ -189,3 +189,73 @@ async def test_the_openai_client_embeds_with_an_encoder(tmp_path):
             await client.embeddings.create(model=MODEL, input=[list(range(3, 60))])
         again = await client.embeddings.create(model=MODEL, input=TEXTS[:1])
         _assert_close([again.data[0].embedding], expected[:1])
+
+
+def _cosine_matrix(vectors: np.ndarray) -> np.ndarray:
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    return unit @ unit.T
+
+
+async def test_score_and_rerank_with_an_embedding_model(tmp_path):
+    """/v1/score (vLLM's body) and /rerank, /v1/rerank, /v2/rerank (Jina's / Cohere's) over
+    a bi-encoder: the cosine of sentence-transformers' embeddings, documents best first;
+    bad bodies are 400s naming the field."""
+    from tests.helpers.openai_server import MODEL, running_server
+
+    folder = st_folder(tmp_path, "bert", "mean", True)
+    query, documents = TEXTS[0], TEXTS[1:]
+    cosines = _cosine_matrix(st_embeddings(folder, TEXTS))[0]  # the query against each
+    engine = dict(dtype="float32", kv_cache_memory="8MiB", max_num_batched_tokens=48)
+    async with running_server(folder, **engine) as server, server.raw() as http:
+        body = {"model": MODEL, "text_1": query, "text_2": documents}
+        scores = (await http.post("/v1/score", json=body)).json()
+        assert [d["index"] for d in scores["data"]] == [0, 1, 2]
+        np.testing.assert_allclose([d["score"] for d in scores["data"]], cosines[1:], atol=1e-5)
+        assert scores["object"] == "list" and scores["usage"]["prompt_tokens"] > 0
+        pairwise = {"model": MODEL, "text_1": documents, "text_2": documents[::-1]}
+        pairs = (await http.post("/v1/score", json=pairwise)).json()["data"]
+        assert pairs[1]["score"] == pytest.approx(1.0, abs=1e-5)  # the middle text itself
+        best_first = sorted(range(3), key=lambda i: -cosines[1 + i])
+        for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+            body = {"model": MODEL, "query": query, "documents": documents, "top_n": 2}
+            ranked = (await http.post(path, json=body)).json()
+            assert [r["index"] for r in ranked["results"]] == best_first[:2]
+            for result in ranked["results"]:
+                assert result["document"]["text"] == documents[result["index"]]
+                assert result["relevance_score"] == pytest.approx(
+                    cosines[1 + result["index"]], abs=1e-5
+                )
+        cohere = {
+            "query": query,
+            "documents": [{"text": d} for d in documents],
+            "return_documents": False,
+        }
+        ranked = (await http.post("/v2/rerank", json=cohere)).json()["results"]
+        assert len(ranked) == 3 and all("document" not in r for r in ranked)
+        for bad, field in [
+            ({"query": query, "documents": []}, "documents"),
+            ({"query": "", "documents": documents}, "query"),
+            ({"query": query, "documents": documents, "top_n": -1}, "top_n"),
+        ]:
+            response = await http.post("/v1/rerank", json=bad)
+            assert response.status_code == 400 and response.json()["error"]["param"] == field
+        mismatch = {"text_1": documents[:2], "text_2": documents}
+        response = await http.post("/v1/score", json=mismatch)
+        assert response.status_code == 400 and response.json()["error"]["param"] == "text_2"
+
+
+def test_llm_score_is_the_cosine_of_the_embeddings(tmp_path):
+    folder = st_folder(tmp_path, "bert", "cls", False)  # not normalized: score normalizes
+    cosines = _cosine_matrix(st_embeddings(folder, TEXTS))
+    llm = LLM(str(folder), dtype="float32", kv_cache_memory="8MiB", max_num_batched_tokens=48)
+    try:
+        one_to_many = llm.score(TEXTS[0], TEXTS[1:], use_tqdm=False)
+        pairwise = llm.score(TEXTS[:2], TEXTS[2:], use_tqdm=False)
+        with pytest.raises(ValueError, match="text_2"):
+            llm.score(TEXTS[:2], TEXTS[1:], use_tqdm=False)
+    finally:
+        llm.engine.close()
+    got = [o.outputs.score for o in one_to_many]
+    np.testing.assert_allclose(got, cosines[0, 1:], atol=1e-5)
+    got = [o.outputs.score for o in pairwise]
+    np.testing.assert_allclose(got, [cosines[0, 2], cosines[1, 3]], atol=1e-5)

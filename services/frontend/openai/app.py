@@ -40,6 +40,8 @@ from services.frontend.openai.protocol import (
     DetokenizeRequest,
     EmbeddingRequest,
     LoadLoRAAdapterRequest,
+    RerankRequest,
+    ScoreRequest,
     TokenizeRequest,
     UnloadLoRAAdapterRequest,
 )
@@ -51,6 +53,7 @@ from services.frontend.openai.serving_completions import OpenAIServingCompletion
 from services.frontend.openai.serving_embedding import OpenAIServingEmbedding
 from services.frontend.openai.serving_lora import OpenAIServingLoRA
 from services.frontend.openai.serving_responses import OpenAIServingResponses
+from services.frontend.openai.serving_score import OpenAIServingScores
 from services.frontend.openai.serving_tokenization import OpenAIServingTokenization
 from services.frontend.tool_options import ToolServerOptions
 
@@ -108,6 +111,12 @@ def _v1_router(app: FastAPI, api_key: str | None) -> APIRouter:
     async def embeddings(request: EmbeddingRequest, raw_request: Request):
         return await state.embedding.create_embedding(request, raw_request)
 
+    @router.post("/score")
+    async def score(request: ScoreRequest, raw_request: Request):
+        return await state.scores.create_score(request, raw_request)
+
+    _rerank_route(router, state, "/rerank")
+
     @router.post("/responses")
     async def responses(request: ResponsesRequest, raw_request: Request):
         return await state.responses.create_response(request, raw_request)
@@ -131,6 +140,18 @@ def _v1_router(app: FastAPI, api_key: str | None) -> APIRouter:
 
     _model_routes(router, state)
     return router
+
+
+def _rerank_router(api_key: str | None) -> APIRouter:
+    """Jina's and Cohere's paths for reranking (vLLM serves them too), behind the API key."""
+    router = APIRouter(dependencies=[Depends(_api_key_check(api_key))])
+    return router
+
+
+def _rerank_route(router: APIRouter, state, path: str) -> None:
+    @router.post(path)
+    async def rerank(request: RerankRequest, raw_request: Request):
+        return await state.scores.rerank(request, raw_request)
 
 
 def _model_routes(router: APIRouter, state) -> None:
@@ -227,6 +248,7 @@ def build_app(
     state.chat = OpenAIServingChat(*args, tool_options=tool_options)
     state.tokenization = OpenAIServingTokenization(*args)
     state.embedding = OpenAIServingEmbedding(*args)
+    state.scores = OpenAIServingScores(state.embedding)
     state.lora = OpenAIServingLoRA(frontend, state.served_model_names, lora_runtime_updates)
     state.tokenization.default_chat_template = state.chat.tool_options.chat_template
     store = ResponseStore.from_config(frontend.config)
@@ -234,6 +256,10 @@ def build_app(
     for exc_class in _MAPPED_ERRORS:
         app.add_exception_handler(exc_class, _error_response)
     app.include_router(_v1_router(app, api_key))
+    reranking = _rerank_router(api_key)
+    for path in ("/rerank", "/v2/rerank"):
+        _rerank_route(reranking, state, path)
+    app.include_router(reranking)
     _open_routes(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=frontend.config.max_request_body_bytes)
     return app

@@ -291,3 +291,64 @@ class EmbeddingRequest(OpenAIBaseModel):
             raise InvalidRequestError(
                 f"dimensions must be at least 1, got {self.dimensions}.", "dimensions"
             )
+
+
+# ---- scores and reranking -------------------------------------------------------------
+class ScoreRequest(OpenAIBaseModel):
+    """vLLM's /v1/score: text_1 against text_2 (one against many, or pairwise)."""
+
+    model: str | None = None
+    text_1: str | list[str]
+    text_2: str | list[str]
+    truncate_prompt_tokens: int | None = None
+    priority: int = 0
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """(text_1, text_2) per score: one text_1 against every text_2, or pairwise."""
+        first = [self.text_1] if isinstance(self.text_1, str) else list(self.text_1)
+        second = [self.text_2] if isinstance(self.text_2, str) else list(self.text_2)
+        for name, texts in (("text_1", first), ("text_2", second)):
+            if not texts:
+                raise InvalidRequestError(f"{name} must not be empty.", name)
+            for i, text in enumerate(texts):
+                if not text:
+                    raise InvalidRequestError(f"{name}[{i}] is empty.", name)
+        if len(first) == 1:
+            first = first * len(second)
+        if len(first) != len(second):
+            raise InvalidRequestError(
+                f"text_2 has {len(second)} texts and text_1 {len(first)}: give one text_1, "
+                "or as many as text_2.",
+                "text_2",
+            )
+        return list(zip(first, second, strict=True))
+
+
+class RerankDocument(OpenAIBaseModel):
+    text: str
+
+
+class RerankRequest(OpenAIBaseModel):
+    """Jina's / Cohere's /rerank (vLLM's /rerank, /v1/rerank, /v2/rerank): the documents
+    ordered by relevance to the query, the top_n best (0 or none: all)."""
+
+    model: str | None = None
+    query: str
+    documents: list[str | RerankDocument]
+    top_n: int | None = None
+    return_documents: bool = True
+    truncate_prompt_tokens: int | None = None
+    priority: int = 0
+
+    def texts(self) -> list[str]:
+        if not self.query:
+            raise InvalidRequestError("query must not be empty.", "query")
+        if not self.documents:
+            raise InvalidRequestError("documents must not be empty.", "documents")
+        texts = [d if isinstance(d, str) else d.text for d in self.documents]
+        for i, text in enumerate(texts):
+            if not text:
+                raise InvalidRequestError(f"documents[{i}] is empty.", "documents")
+        if self.top_n is not None and self.top_n < 0:
+            raise InvalidRequestError(f"top_n must be >= 0, got {self.top_n}.", "top_n")
+        return texts

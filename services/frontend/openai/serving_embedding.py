@@ -29,41 +29,19 @@ from services.frontend.openai.serving_base import ClientDisconnectedError, Servi
 
 class OpenAIServingEmbedding(ServingBase):
     async def create_embedding(self, request: EmbeddingRequest, raw_request: Request) -> Response:
-        model = self.check_model(request.model)
+        model = self.check_pooling_model(request.model)
         request.check()
-        if self.frontend.input_processor.pooler is None:
-            raise InvalidRequestError(
-                f"the model {model!r} runs with --runner generate: it does not serve "
-                "embeddings; start the server with --runner pooling.",
-                "model",
-            )
         prompts = request.prompts()
-        if len(prompts) > MAX_EMBED_INPUTS:
-            raise InvalidRequestError(
-                f"input: at most {MAX_EMBED_INPUTS} inputs per request, got {len(prompts)}.",
-                "input",
-            )
         for prompt in prompts:  # token ids over the context are fine when truncated
             if isinstance(prompt, str) or request.truncate_prompt_tokens is None:
                 self.check_prompt_size(prompt, "input")
         params = self._params(request)
         request_id = random_id("embd")
-        recorder = self.metrics.start_request()
-        work = self.frontend.encode_many(
-            [p if isinstance(p, str) else {"prompt_token_ids": p} for p in prompts],
-            params,
-            request_id,
-            priority=request.priority,
-            add_special_tokens=request.add_special_tokens,
+        outputs = await self.embed(
+            prompts, params, request_id, raw_request, request.priority, request.add_special_tokens
         )
-        try:
-            outputs = await self.until_disconnected(raw_request, self._named(work))
-        except ClientDisconnectedError:
-            recorder.finish([None] * len(prompts))
+        if outputs is None:
             return Response(status_code=499)
-        for output in outputs:
-            recorder.on_prompt(len(output.prompt_token_ids))
-        recorder.finish(["stop"] * len(outputs))
         data = [
             EmbeddingData(index=i, embedding=_encode(o.outputs.data, request.encoding_format))
             for i, o in enumerate(outputs)
@@ -76,6 +54,52 @@ class OpenAIServingEmbedding(ServingBase):
             usage=EmbeddingUsage(prompt_tokens=num_tokens, total_tokens=num_tokens),
         )
         return JSONResponse(body.model_dump())
+
+    def check_pooling_model(self, model_name: str | None, what: str = "embeddings") -> str:
+        """The served model's name, which must run the pooling runner."""
+        model = self.check_model(model_name)
+        if self.frontend.input_processor.pooler is None:
+            raise InvalidRequestError(
+                f"the model {model!r} runs with --runner generate: it does not serve "
+                f"{what}; start the server with --runner pooling.",
+                "model",
+            )
+        return model
+
+    async def embed(
+        self,
+        prompts: list[str | list[int]],
+        params: PoolingParams,
+        request_id: str,
+        raw_request: Request,
+        priority: int = 0,
+        add_special_tokens: bool = True,
+        field: str = "input",
+    ) -> list | None:
+        """Every prompt's pooled output, in order (None: the client went away); errors of
+        the inputs name `field`."""
+        if len(prompts) > MAX_EMBED_INPUTS:
+            raise InvalidRequestError(
+                f"{field}: at most {MAX_EMBED_INPUTS} inputs per request, got {len(prompts)}.",
+                field,
+            )
+        recorder = self.metrics.start_request()
+        work = self.frontend.encode_many(
+            [p if isinstance(p, str) else {"prompt_token_ids": p} for p in prompts],
+            params,
+            request_id,
+            priority=priority,
+            add_special_tokens=add_special_tokens,
+        )
+        try:
+            outputs = await self.until_disconnected(raw_request, self._named(work, field))
+        except ClientDisconnectedError:
+            recorder.finish([None] * len(prompts))
+            return None
+        for output in outputs:
+            recorder.on_prompt(len(output.prompt_token_ids))
+        recorder.finish(["stop"] * len(outputs))
+        return outputs
 
     @staticmethod
     def _params(request: EmbeddingRequest) -> PoolingParams:
@@ -90,15 +114,16 @@ class OpenAIServingEmbedding(ServingBase):
             raise InvalidRequestError(str(exc), param) from exc
 
     @staticmethod
-    async def _named(work):
-        """Errors of the inputs name the `input` field (ValueErrors are the request's)."""
+    async def _named(work, field: str):
+        """Errors of the inputs name `field` (ValueErrors are the request's)."""
         try:
             return await work
         except InvalidRequestError:
             raise
         except ValueError as exc:
-            param = "dimensions" if "dimensions" in str(exc) else "input"
-            raise InvalidRequestError(str(exc), param) from exc
+            param = "dimensions" if "dimensions" in str(exc) else field
+            code = getattr(exc, "code", None) or "invalid_value"
+            raise InvalidRequestError(str(exc), param, code) from exc
 
 
 def _encode(vector: np.ndarray, encoding_format: str) -> list[float] | str:
