@@ -116,8 +116,10 @@ class LLM:
         text_2: str | Sequence[str],
         use_tqdm: bool = True,
     ) -> list[ScoringRequestOutput]:
-        """vLLM's LLM.score for an embedding model: the cosine of each pair's normalized
-        embeddings, text_1 against every text_2 (one text_1) or pairwise."""
+        """vLLM's LLM.score: each pair's relevance, text_1 against every text_2 (one
+        text_1) or pairwise: a cross-encoder's score of the pair read together (its logit
+        through the checkpoint's activation), or an embedding model's cosine of the two
+        normalized embeddings."""
         first = [text_1] if isinstance(text_1, str) else list(text_1)
         second = [text_2] if isinstance(text_2, str) else list(text_2)
         if len(first) == 1:
@@ -127,6 +129,9 @@ class LLM:
                 f"text_2 has {len(second)} texts and text_1 {len(first)}: give one text_1, "
                 "or as many as text_2 (at least one)."
             )
+        pooler = self.engine.input_processor.pooler
+        if pooler is not None and pooler.num_labels:
+            return self._cross_scores(list(zip(first, second, strict=True)), pooler, use_tqdm)
         embedded = self.embed([*first, *second], PoolingParams(normalize=True), use_tqdm)
         pairs = zip(embedded[: len(first)], embedded[len(first) :], strict=True)
         return [
@@ -137,6 +142,24 @@ class LLM:
             )
             for a, b in pairs
         ]
+
+    def _cross_scores(self, pairs, pooler, use_tqdm: bool) -> list[ScoringRequestOutput]:
+        if pooler.num_labels != 1:
+            raise ValueError(
+                f"the model classifies into {pooler.num_labels} labels: scores need one"
+            )
+        prompts = [{"prompt_token_ids": self.engine.tokenizer(a, b)["input_ids"]} for a, b in pairs]
+        outputs = self.encode(prompts, use_tqdm=use_tqdm)
+        scores = []
+        for output in outputs:
+            logit = float(output.outputs.data[0])
+            score = 1.0 / (1.0 + np.exp(-logit)) if pooler.score_activation == "sigmoid" else logit
+            scores.append(
+                ScoringRequestOutput(
+                    output.request_id, ScoringOutput(float(score)), output.prompt_token_ids
+                )
+            )
+        return scores
 
     def encode(
         self,

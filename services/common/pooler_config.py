@@ -40,6 +40,10 @@ class PoolerConfig:
     # runs whole in one step (never chunked, never from a prefix hit) and its state at
     # any position depends on every token.
     whole_prompt: bool = False
+    # Filled by the worker for a cross-encoder: its labels (the pooled vector is their
+    # logits; 0: an embedding model) and what turns a logit into a score.
+    num_labels: int = 0
+    score_activation: str = "identity"
 
     def __post_init__(self) -> None:
         if self.pooling_type is not None:
@@ -104,6 +108,17 @@ class PoolerConfig:
         if resolved.dimensions is not None:
             resolved._check_size(resolved.dimensions, "pooler_config.dimensions")
         return resolved
+
+    def for_classifier(self, num_labels: int, activation: str) -> PoolerConfig:
+        """A cross-encoder's: its first row through its head, logits as they are."""
+        return replace(
+            self,
+            pooling_type="CLS",
+            normalize=False,
+            hidden_size=num_labels,
+            num_labels=num_labels,
+            score_activation=activation,
+        )
 
     @property
     def is_matryoshka(self) -> bool:

@@ -265,6 +265,11 @@ def _load_model(model_config: ModelConfig, device, rank: RankInfo) -> LoadedMode
 
         model: CausalLM = HFFallbackForCausalLM.from_pretrained(folder, target, torch_dtype)
     else:
+        if (
+            getattr(model_class, "reads_pairs", False)
+            and getattr(config, "sep_token_id", None) is None
+        ):
+            config.sep_token_id = _sep_token_id(folder)  # where a pair's second text starts
         with _default_dtype(torch_dtype), target:
             model = model_class(  # type: ignore[call-arg]
                 config,
@@ -282,6 +287,8 @@ def _load_model(model_config: ModelConfig, device, rank: RankInfo) -> LoadedMode
     pooler = model_config.pooler.resolve(folder, hf_config) if runner == "pooling" else None
     if pooler is not None and model.bidirectional:  # an encoder: prompts run whole
         pooler = dataclasses.replace(pooler, whole_prompt=True)
+    if pooler is not None and getattr(model, "num_labels", 0):  # a cross-encoder's logits
+        pooler = pooler.for_classifier(model.num_labels, _score_activation(config))
     model.set_attention_ops(attention_ops)
     formats = weight_formats(model)
     # a native model runs the C++ step on the CPU where it applies, else packed linears
@@ -306,6 +313,28 @@ def _load_model(model_config: ModelConfig, device, rank: RankInfo) -> LoadedMode
         ", ".join(f"{name} {held / 1e6:.1f} MB" for name, held in bytes_by_format(model).items()),
     )
     return loaded
+
+
+def _sep_token_id(folder: Path) -> int | None:
+    """The folder's tokenizer's [SEP] id (None: it has none)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder)).sep_token_id
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read the tokenizer of {folder}: {exc}") from exc
+
+
+def _score_activation(config: PretrainedConfig) -> str:
+    """What turns a cross-encoder's logit into its score, as sentence-transformers'
+    CrossEncoder does: the config's activation_fn, else a sigmoid for one label."""
+    saved = (getattr(config, "sentence_transformers", None) or {}).get("activation_fn", "")
+    name = str(saved).rsplit(".", 1)[-1].lower()
+    if name in ("sigmoid", "identity"):
+        return name
+    if saved:
+        raise ModelLoadError(f"the cross-encoder's activation_fn {saved!r} is not supported")
+    return "sigmoid" if int(config.num_labels) == 1 else "identity"
 
 
 def _finish_loading(model: CausalLM) -> None:

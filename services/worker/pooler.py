@@ -28,7 +28,8 @@ def resolve_runner(runner: str, folder: Path, hf_config: Mapping) -> str:
         return runner
     architectures = hf_config.get("architectures") or []
     base_model = bool(architectures) and all(
-        name.endswith("Model") and not name.endswith("ForCausalLM") for name in architectures
+        name.endswith(("Model", "ForSequenceClassification")) and not name.endswith("ForCausalLM")
+        for name in architectures
     )
     return "pooling" if base_model or (folder / "modules.json").is_file() else "generate"
 
@@ -41,8 +42,11 @@ def read_hf_config(folder: Path) -> dict:
 
 
 class Pooler:
-    def __init__(self, config: PoolerConfig) -> None:
+    def __init__(self, config: PoolerConfig, head=None) -> None:
         self.config = config  # every field set (PoolerConfig.resolve)
+        # a cross-encoder's classification head over its pooled rows [P, hidden] -> [P, labels]
+        # (its prompts run whole, so a part is the whole state)
+        self.head = head
 
     def parts(self, hidden: torch.Tensor, rows: PoolingInputs) -> dict[str, np.ndarray]:
         """request_id -> its part [hidden] float32 (absent: nothing to add this step)."""
@@ -64,5 +68,8 @@ class Pooler:
                 picked[rid] = hidden[end - 1].float()
         if not picked:
             return {}
-        stacked = torch.stack(list(picked.values())).cpu().numpy()  # [P, hidden]
+        stacked = torch.stack(list(picked.values()))  # [P, hidden]
+        if self.head is not None:
+            stacked = self.head(stacked.to(hidden.dtype)).float()  # [P, labels]
+        stacked = stacked.detach().cpu().numpy()
         return {rid: stacked[i] for i, rid in enumerate(picked)}

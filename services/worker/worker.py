@@ -321,4 +321,5 @@ def _pooler(loaded: LoadedModel, model_config: ModelConfig) -> Pooler | None:
         raise ValueError("--runner pooling samples nothing: speculative_config does not apply")
     if model_config.lora is not None:
         raise ValueError("--runner pooling does not serve LoRA adapters (--enable-lora)")
-    return Pooler(loaded.pooler)
+    head = loaded.model.pooled_head if loaded.pooler.num_labels else None
+    return Pooler(loaded.pooler, head)

@@ -259,3 +259,73 @@ def test_llm_score_is_the_cosine_of_the_embeddings(tmp_path):
     np.testing.assert_allclose(got, cosines[0, 1:], atol=1e-5)
     got = [o.outputs.score for o in pairwise]
     np.testing.assert_allclose(got, [cosines[0, 2], cosines[1, 3]], atol=1e-5)
+
+
+def cross_encoder_folder(tmp_path: Path, arch: str, seed: int = 0) -> Path:
+    """A reranker as sentence-transformers' CrossEncoder saves one: a one-label
+    *ForSequenceClassification checkpoint with its tokenizer (BERT: pairs as
+    [CLS] a [SEP] b [SEP], the second text token type 1)."""
+    from transformers import BertForSequenceClassification, XLMRobertaForSequenceClassification
+
+    base = _encoder(arch, seed)
+    config = base.config
+    config.num_labels = 1
+    torch.manual_seed(seed + 1)
+    if arch == "bert":
+        model = BertForSequenceClassification(config)
+        tokenizer = wordpiece_tokenizer()
+    else:
+        model = XLMRobertaForSequenceClassification(config)
+        tokenizer = build_tokenizer()
+        tokenizer.pad_token = "<unk>"
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.add_(torch.randn_like(param) * (0.1 if "LayerNorm" in name else 0.05))
+    folder = tmp_path / f"{arch}-reranker"
+    model.eval().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("arch", ["bert", "xlm-roberta"])
+async def test_a_cross_encoder_scores_pairs_as_sentence_transformers_does(tmp_path, arch):
+    """A reranker's /v1/score, /rerank and LLM.score equal HF's own forward of the pair
+    (AutoModelForSequenceClassification's logit through a sigmoid), and for BERT
+    sentence-transformers' CrossEncoder.predict too; its /v1/embeddings is a 400 naming
+    the model."""
+    from sentence_transformers import CrossEncoder
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from tests.helpers.openai_server import MODEL, running_server
+
+    folder = cross_encoder_folder(tmp_path, arch)
+    query, documents = TEXTS[3], TEXTS[:3]  # pairs within the tiny models' 64 positions
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    hf = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    with torch.no_grad():
+        logits = [hf(**tokenizer(query, d, return_tensors="pt")).logits[0, 0] for d in documents]
+    expected = torch.sigmoid(torch.stack(logits)).numpy()
+    if arch == "bert":  # (sentence-transformers 6's predict differs from HF's own forward
+        # for this tiny XLM-RoBERTa by ~0.02; the reference is HF's)
+        pairs = [(query, d) for d in documents]
+        predicted = CrossEncoder(str(folder), device="cpu").predict(pairs)
+        np.testing.assert_allclose(predicted, expected, atol=1e-5)
+    assert len(set(np.round(expected, 4))) == 3  # distinct scores: the order is a real test
+    engine = dict(dtype="float32", kv_cache_memory="8MiB", max_num_batched_tokens=128)
+    async with running_server(folder, **engine) as server, server.raw() as http:
+        body = {"model": MODEL, "text_1": query, "text_2": documents}
+        scores = (await http.post("/v1/score", json=body)).json()["data"]
+        np.testing.assert_allclose([d["score"] for d in scores], expected, atol=1e-5)
+        ranked = (await http.post("/rerank", json={"query": query, "documents": documents})).json()
+        assert [r["index"] for r in ranked["results"]] == list(np.argsort(-expected))
+        np.testing.assert_allclose(
+            [r["relevance_score"] for r in ranked["results"]], np.sort(expected)[::-1], atol=1e-5
+        )
+        response = await http.post("/v1/embeddings", json={"model": MODEL, "input": "a fox"})
+        assert response.status_code == 400 and response.json()["error"]["param"] == "model"
+    llm = LLM(str(folder), **engine)
+    try:
+        got = [o.outputs.score for o in llm.score(query, documents, use_tqdm=False)]
+    finally:
+        llm.engine.close()
+    np.testing.assert_allclose(got, expected, atol=1e-5)

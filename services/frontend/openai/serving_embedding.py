@@ -30,6 +30,12 @@ from services.frontend.openai.serving_base import ClientDisconnectedError, Servi
 class OpenAIServingEmbedding(ServingBase):
     async def create_embedding(self, request: EmbeddingRequest, raw_request: Request) -> Response:
         model = self.check_pooling_model(request.model)
+        if self.frontend.input_processor.pooler.num_labels:
+            raise InvalidRequestError(
+                f"the model {model!r} is a cross-encoder: it scores text pairs "
+                "(/v1/score, /rerank) and gives no embeddings.",
+                "model",
+            )
         request.check()
         prompts = request.prompts()
         for prompt in prompts:  # token ids over the context are fine when truncated

@@ -6,7 +6,11 @@ A post-norm encoder (HF's BertModel): word + position + token-type embeddings an
 LayerNorm, then per layer bidirectional self-attention and a GELU MLP, each followed by
 its residual LayerNorm. RoBERTa's positions start after its padding id. The output is the
 last hidden state of every row (what sentence-transformers' Transformer module returns);
-the Pooler picks and pools rows from it.
+the Pooler picks and pools rows from it. A cross-encoder (`*ForSequenceClassification`:
+a reranker) adds its classification head over the first row (`pooled_head`: BERT's
+pooler + classifier, RoBERTa's classifier.dense + out_proj, both dense -> tanh -> labels),
+and its second text's tokens (after the first [SEP]) are token type 1, as its tokenizer
+marks a pair.
 
 Attention is bidirectional, so a sequence's rows see its later tokens too: each step must
 hold whole prompts (the scheduler schedules an encoder's prompt in one step, never
@@ -80,7 +84,10 @@ class BertLayer(nn.Module):
 
 class BertEncoder(CausalLM):
     """The encoder of a BERT / RoBERTa / XLM-RoBERTa checkpoint (BertModel's names, or
-    under a task head's "bert." / "roberta." prefix); its pooler layer is not used."""
+    under a task head's "bert." / "roberta." prefix); an embedding model's pooler layer is
+    not used, a cross-encoder's head is."""
+
+    reads_pairs = True  # its config needs sep_token_id (the loader reads the tokenizer's)
 
     def __init__(
         self,
@@ -104,6 +111,15 @@ class BertEncoder(CausalLM):
         self.token_type_embeddings = nn.Embedding(max(config.type_vocab_size, 1), hidden)
         self.embed_norm = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
         self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        architectures = getattr(config, "architectures", None) or []
+        self.num_labels = 0  # 0: an embedding model (no head)
+        if any(a.endswith("ForSequenceClassification") for a in architectures):
+            self.num_labels = int(config.num_labels)
+            self.head_dense = nn.Linear(hidden, hidden)
+            self.head_out = nn.Linear(hidden, self.num_labels)
+        # the second text of a pair is token type 1 (None: every token is type 0)
+        sep = getattr(config, "sep_token_id", None)
+        self.sep_token_id = int(sep) if sep is not None and config.type_vocab_size > 1 else None
 
     @staticmethod
     def unsupported(config: PretrainedConfig, rank: RankInfo, pooling: bool) -> str | None:
@@ -145,7 +161,7 @@ class BertEncoder(CausalLM):
         seq_lens = attn_metadata.seq_lens.tolist()
         if [end - begin for begin, end in itertools.pairwise(starts)] != seq_lens:
             raise RuntimeError("an encoder step must hold whole prompts (none was chunked)")
-        token_types = torch.zeros_like(input_ids)
+        token_types = self._token_types(input_ids, starts)
         x = (
             self.word_embeddings(input_ids)
             + self.position_embeddings(positions + self.position_offset)
@@ -156,10 +172,24 @@ class BertEncoder(CausalLM):
             x = layer(x, starts)
         return x
 
-    @staticmethod
-    def owns_weight(name: str) -> bool:
+    def _token_types(self, input_ids: torch.Tensor, starts: Sequence[int]) -> torch.Tensor:
+        """[T]: 1 for each sequence's tokens after its first [SEP] (a pair's second text)."""
+        types = torch.zeros_like(input_ids)
+        if self.sep_token_id is None:
+            return types
+        is_sep = (input_ids == self.sep_token_id).long()
+        for begin, end in itertools.pairwise(starts):
+            seen = torch.cumsum(is_sep[begin:end], 0) - is_sep[begin:end]  # seps before
+            types[begin:end] = (seen > 0).long()
+        return types
+
+    def pooled_head(self, pooled: torch.Tensor) -> torch.Tensor:
+        """A cross-encoder's logits [P, num_labels] from its first rows [P, hidden]."""
+        return self.head_out(torch.tanh(self.head_dense(pooled)))
+
+    def owns_weight(self, name: str) -> bool:
         """Whether a checkpoint tensor loads into this encoder (skipped unread otherwise)."""
-        return _our_name(name) is not None
+        return _our_name(name, self.num_labels > 0) is not None
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("an encoder has no LM head: it only pools")
@@ -170,7 +200,7 @@ class BertEncoder(CausalLM):
         loaded: set[str] = set()
         pending: dict[str, dict[str, torch.Tensor]] = {}
         for name, tensor in weights:
-            target = _our_name(name)
+            target = _our_name(name, self.num_labels > 0)
             if target is None:
                 continue
             if isinstance(target, tuple):  # a part of qkv
@@ -204,12 +234,23 @@ _LAYER = {
 }
 
 
-def _our_name(name: str) -> str | tuple[str, str] | None:
+# A cross-encoder's head: BERT's pooler + classifier, RoBERTa's classification head.
+_HEAD = {
+    "pooler.dense": "head_dense",
+    "classifier": "head_out",
+    "classifier.dense": "head_dense",
+    "classifier.out_proj": "head_out",
+}
+
+
+def _our_name(name: str, with_head: bool) -> str | tuple[str, str] | None:
     """A checkpoint name as ours: a parameter, (qkv parameter, "query" | "key" | "value"),
-    or None (the pooler and task heads, position_ids buffers)."""
+    or None (an embedding model's pooler layer, position_ids buffers)."""
     for prefix in _PREFIXES:
         name = name.removeprefix(prefix)
     module, _, param = name.rpartition(".")
+    if module in _HEAD:
+        return f"{_HEAD[module]}.{param}" if with_head else None
     if module in _EMBEDDINGS:
         return f"{_EMBEDDINGS[module]}.{param}"
     if not module.startswith("encoder.layer."):

@@ -52,6 +52,9 @@ NATIVE_MODELS: dict[str, type[CausalLM]] = {
     "BertModel": BertEncoder,
     "RobertaModel": BertEncoder,
     "XLMRobertaModel": BertEncoder,
+    "BertForSequenceClassification": BertEncoder,  # cross-encoders (rerankers)
+    "RobertaForSequenceClassification": BertEncoder,
+    "XLMRobertaForSequenceClassification": BertEncoder,
 }
 
 
