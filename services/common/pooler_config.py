@@ -18,13 +18,10 @@ from pathlib import Path
 
 from services.common.model_errors import ModelLoadError
 
-POOLING_TYPES = ("LAST", "MEAN", "CLS")
-# sentence-transformers' 1_Pooling/config.json keys -> our pooling types
-_ST_MODES = {
-    "pooling_mode_lasttoken": "LAST",
-    "pooling_mode_mean_tokens": "MEAN",
-    "pooling_mode_cls_token": "CLS",
-}
+# --pooler-config's (vLLM's); MAX and WEIGHTED_MEAN come only from a sentence-transformers
+# folder, for an encoder's whole prompts
+OPERATOR_POOLING_TYPES = ("LAST", "MEAN", "CLS")
+POOLING_TYPES = (*OPERATOR_POOLING_TYPES, "MAX", "WEIGHTED_MEAN")
 
 
 @dataclass(frozen=True)
@@ -88,12 +85,19 @@ class PoolerConfig:
                 f"pooler_config: unknown field(s) {', '.join(unknown)} "
                 f"(known: {', '.join(sorted(known))})."
             )
+        kind = str(value.get("pooling_type") or "").upper()
+        if kind and kind not in OPERATOR_POOLING_TYPES:
+            raise ValueError(
+                f"pooler_config.pooling_type must be one of {', '.join(OPERATOR_POOLING_TYPES)}; "
+                f"got {value['pooling_type']!r}."
+            )
         return cls(**value)
 
     # ---- filled in from the model ---------------------------------------------------
     def resolve(self, folder: Path | None, hf_config: Mapping) -> PoolerConfig:
         """Every field set: the operator's values over the model folder's."""
-        pooling_type, normalize = _sentence_transformers(folder)
+        pipeline = sentence_transformers_pipeline(folder)
+        pooling_type, normalize = pipeline.pooling_type, pipeline.normalize
         hidden = int(hf_config.get("hidden_size") or 0)
         matryoshka = tuple(hf_config.get("matryoshka_dimensions") or ())
         if not matryoshka and hf_config.get("is_matryoshka"):
@@ -161,44 +165,87 @@ class PoolerConfig:
         return cls(**{k: v for k, v in values.items() if k in names})
 
 
-def _sentence_transformers(folder: Path | None) -> tuple[str | None, bool]:
-    """(pooling type, normalize) from a sentence-transformers folder; (None, True)
-    without one (normalized embeddings are what retrieval expects). A module or pooling
-    mode the pipeline does not run is refused by name (ModelLoadError), never skipped."""
+@dataclass(frozen=True)
+class SentenceTransformersPipeline:
+    """What a sentence-transformers folder's modules.json says to do after the model: the
+    pooling mode, the Dense layers' folders (in order) and whether it normalizes."""
+
+    pooling_type: str | None = None
+    dense_dirs: tuple[str, ...] = ()
+    normalize: bool = True  # without a folder: normalized (what retrieval expects)
+
+    @property
+    def needs_whole_prompts(self) -> bool:
+        """Pooling no chunked prefill can add up part by part (MAX, WEIGHTED_MEAN) or Dense
+        layers after it: only an encoder (its prompts run whole) runs these."""
+        return bool(self.dense_dirs) or self.pooling_type in ("MAX", "WEIGHTED_MEAN")
+
+
+# sentence-transformers 6's 1_Pooling `pooling_mode` values -> our pooling types
+_ST_MODE_NAMES = {
+    "lasttoken": "LAST",
+    "mean": "MEAN",
+    "cls": "CLS",
+    "max": "MAX",
+    "weightedmean": "WEIGHTED_MEAN",
+}
+
+
+def sentence_transformers_pipeline(folder: Path | None) -> SentenceTransformersPipeline:
+    """The folder's pipeline; a module or pooling mode it does not run is refused by name
+    (ModelLoadError), never skipped."""
     if folder is None:
-        return None, True
+        return SentenceTransformersPipeline()
     modules_file = folder / "modules.json"
-    pooling_dir, normalize = folder / "1_Pooling", True
+    pooling_dir, normalize, dense = folder / "1_Pooling", True, []
     if modules_file.is_file():
         try:
             modules = json.loads(modules_file.read_text())
         except (OSError, json.JSONDecodeError):
             modules = []
-        kinds = {
-            str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in modules if isinstance(m, dict)
-        }
-        normalize = "Normalize" in kinds
-        unknown = sorted(set(kinds) - {"Transformer", "Pooling", "Normalize"})
+        kinds = [
+            (str(m.get("type", "")).rsplit(".", 1)[-1], m) for m in modules if isinstance(m, dict)
+        ]
+        unknown = sorted({k for k, _ in kinds} - {"Transformer", "Pooling", "Dense", "Normalize"})
         if unknown:
             raise ModelLoadError(
                 f"{modules_file}: sentence-transformers module(s) {', '.join(unknown)} are "
-                "not supported (Transformer, Pooling and Normalize are)"
+                "not supported (Transformer, Pooling, Dense and Normalize are)"
             )
-        if "Pooling" in kinds:
-            pooling_dir = folder / str(kinds["Pooling"].get("path", "1_Pooling"))
+        normalize = any(k == "Normalize" for k, _ in kinds)
+        dense = [str(m.get("path", "")) for k, m in kinds if k == "Dense"]
+        pooling_dir = next(
+            (folder / str(m.get("path", "1_Pooling")) for k, m in kinds if k == "Pooling"),
+            pooling_dir,
+        )
+    return SentenceTransformersPipeline(_pooling_mode(pooling_dir), tuple(dense), normalize)
+
+
+def _pooling_mode(pooling_dir: Path) -> str | None:
+    """1_Pooling/config.json's mode: sentence-transformers 6's `pooling_mode` string or the
+    older `pooling_mode_*` flags (None: no such file)."""
     config_file = pooling_dir / "config.json"
     if not config_file.is_file():
-        return None, normalize
+        return None
     try:
         config = json.loads(config_file.read_text())
     except (OSError, json.JSONDecodeError):
-        return None, normalize
-    modes = [key for key, value in config.items() if key.startswith("pooling_mode_") and value]
-    unsupported = [key for key in modes if key not in _ST_MODES]
-    if unsupported or config.get("include_prompt") is False:
-        what = ", ".join(unsupported) or "include_prompt false"
-        raise ModelLoadError(f"{config_file}: {what} is not supported (lasttoken, mean, cls are)")
-    for key, pooling_type in _ST_MODES.items():
-        if config.get(key):
-            return pooling_type, normalize
-    return None, normalize
+        return None
+    if config.get("include_prompt") is False:
+        raise ModelLoadError(f"{config_file}: include_prompt false is not supported")
+    if "pooling_mode" in config:
+        modes = [str(config["pooling_mode"])]
+    else:
+        modes = [
+            key.removeprefix("pooling_mode_")
+            for key, on in config.items()
+            if on and key.startswith("pooling_mode_")
+        ]
+        modes = [m.removesuffix("_tokens").removesuffix("_token") for m in modes]
+    unsupported = [m for m in modes if m not in _ST_MODE_NAMES]
+    if unsupported or len(modes) > 1:
+        raise ModelLoadError(
+            f"{config_file}: pooling mode {' + '.join(modes)} is not supported (one of "
+            f"{', '.join(_ST_MODE_NAMES)})"
+        )
+    return _ST_MODE_NAMES[modes[0]] if modes else None

@@ -489,8 +489,9 @@ class Scheduler:
     def _pool(self, request: Request, part) -> bool:
         """Add this step's part of a pooling request's state; at the end of its prompt
         it finishes (True: its final output is due)."""
+        adds_up = self.pooling_type == "MEAN" and not self.whole_prompts  # else parts are final
         if part is not None:
-            if self.pooling_type == "MEAN" and request.pooled is not None:
+            if adds_up and request.pooled is not None:
                 request.pooled = request.pooled + part
             else:
                 request.pooled = part
@@ -500,7 +501,7 @@ class Scheduler:
             request.error = "the workers returned no pooled state for the request"
             self._finish(request, RequestStatus.FINISHED_ERROR)
             return True
-        if self.pooling_type == "MEAN":
+        if adds_up:
             request.pooled = request.pooled / request.num_prompt_tokens
         self._finish(request, RequestStatus.FINISHED_STOPPED)
         return True

@@ -31,7 +31,7 @@ from transformers import AutoConfig, PretrainedConfig
 from services.common.config import ModelConfig
 from services.common.model_errors import ModelLoadError
 from services.common.model_source import gguf_source, resolve_model
-from services.common.pooler_config import PoolerConfig
+from services.common.pooler_config import PoolerConfig, sentence_transformers_pipeline
 from services.common.rank_info import RankInfo
 from services.worker.cpu_tuning import return_freed_memory
 from services.worker.layers.attention import resolve_attention_backend
@@ -49,6 +49,7 @@ from services.worker.layers.quantization.model_weights import (
 from services.worker.models.causal_lm import CausalLM, normalize_token_ids
 from services.worker.models.gguf_weights import iterate_gguf_weights
 from services.worker.models.registry import native_families, native_model_class
+from services.worker.models.st_dense import load_dense_layers
 from services.worker.models.weight_utils import iterate_weights
 from services.worker.pooler import read_hf_config, resolve_runner
 
@@ -210,6 +211,9 @@ class LoadedModel:
     quantization: str  # the quantized formats in use ("Q4_K+Q6_K", "int8") or "none"
     weight_bytes: int  # resident bytes of every weight (packed copies included)
     pooler: PoolerConfig | None  # the pooling runner's pooler, every field set; None: generates
+    # what the pooled vector goes through: a cross-encoder's classifier or the folder's
+    # Dense layers ([P, hidden] -> [P, out]); None: nothing
+    head: object = None
 
 
 def load(
@@ -284,11 +288,11 @@ def _load_model(model_config: ModelConfig, device, rank: RankInfo) -> LoadedMode
         _finish_loading(model)
         model.to(target).eval()
     model.eos_token_ids = read_eos_token_ids(folder, config)
-    pooler = model_config.pooler.resolve(folder, hf_config) if runner == "pooling" else None
-    if pooler is not None and model.bidirectional:  # an encoder: prompts run whole
-        pooler = dataclasses.replace(pooler, whole_prompt=True)
-    if pooler is not None and getattr(model, "num_labels", 0):  # a cross-encoder's logits
-        pooler = pooler.for_classifier(model.num_labels, _score_activation(config))
+    pooler, head = (
+        _pooler(model, model_config, folder, hf_config, config)
+        if runner == "pooling"
+        else (None, None)
+    )
     model.set_attention_ops(attention_ops)
     formats = weight_formats(model)
     # a native model runs the C++ step on the CPU where it applies, else packed linears
@@ -297,7 +301,8 @@ def _load_model(model_config: ModelConfig, device, rank: RankInfo) -> LoadedMode
         prepare_for_torch(model, torch_dtype)
         if attention_ops.name == "triton":
             _use_triton_experts(model)
-    loaded = LoadedModel(model, quantization_name(formats), resident_weight_bytes(model), pooler)
+    weight_bytes = resident_weight_bytes(model)
+    loaded = LoadedModel(model, quantization_name(formats), weight_bytes, pooler, head)
     logger.info(
         "loaded %s (%s%s) on %s as %s, %s attention, in %.2f s; weights: %s; %.1f MB "
         "resident (linears: %s)",
@@ -313,6 +318,30 @@ def _load_model(model_config: ModelConfig, device, rank: RankInfo) -> LoadedMode
         ", ".join(f"{name} {held / 1e6:.1f} MB" for name, held in bytes_by_format(model).items()),
     )
     return loaded
+
+
+def _pooler(model, model_config: ModelConfig, folder: Path, hf_config: dict, config):
+    """The pooling runner's PoolerConfig (every field set) and the head the pooled vector
+    goes through (a cross-encoder's classifier, a folder's Dense layers, or None)."""
+    pooler = model_config.pooler.resolve(folder, hf_config)
+    pipeline = sentence_transformers_pipeline(folder)
+    if not model.bidirectional and (
+        pipeline.needs_whole_prompts or pooler.pooling_type in ("MAX", "WEIGHTED_MEAN")
+    ):
+        raise ModelLoadError(
+            f"{folder}: {pooler.pooling_type} pooling and Dense modules run for encoders only "
+            "(a decoder's prompt is pooled part by part, chunk by chunk)"
+        )
+    if not model.bidirectional:
+        return pooler, None
+    pooler = dataclasses.replace(pooler, whole_prompt=True)  # an encoder: prompts run whole
+    if model.num_labels:  # a cross-encoder's logits
+        return pooler.for_classifier(model.num_labels, _score_activation(config)), model.pooled_head
+    if not pipeline.dense_dirs:
+        return pooler, None
+    head = load_dense_layers(folder, pipeline.dense_dirs, model.dtype).to(model.device)
+    out_features = head[-1][0].out_features
+    return dataclasses.replace(pooler, hidden_size=out_features), head
 
 
 def _sep_token_id(folder: Path) -> int | None:

@@ -49,7 +49,10 @@ class Pooler:
         self.head = head
 
     def parts(self, hidden: torch.Tensor, rows: PoolingInputs) -> dict[str, np.ndarray]:
-        """request_id -> its part [hidden] float32 (absent: nothing to add this step)."""
+        """request_id -> its part [hidden] float32 (absent: nothing to add this step); an
+        encoder's whole prompts give their final pooled vectors (through the head)."""
+        if self.config.whole_prompt:
+            return self._whole(hidden, rows)
         kind = self.config.pooling_type
         picked: dict[str, torch.Tensor] = {}
         for rid, start, end, first, num_prompt in zip(
@@ -68,8 +71,33 @@ class Pooler:
                 picked[rid] = hidden[end - 1].float()
         if not picked:
             return {}
-        stacked = torch.stack(list(picked.values()))  # [P, hidden]
-        if self.head is not None:
-            stacked = self.head(stacked.to(hidden.dtype)).float()  # [P, labels]
-        stacked = stacked.detach().cpu().numpy()
+        stacked = torch.stack(list(picked.values())).cpu().numpy()  # [P, hidden]
         return {rid: stacked[i] for i, rid in enumerate(picked)}
+
+    def _whole(self, hidden: torch.Tensor, rows: PoolingInputs) -> dict[str, np.ndarray]:
+        pooled = [
+            pool_rows(hidden[start:end].float(), self.config.pooling_type)
+            for start, end in zip(rows.row_starts, rows.row_ends, strict=True)
+        ]
+        if not pooled:
+            return {}
+        stacked = torch.stack(pooled)  # [P, hidden]
+        if self.head is not None:  # a cross-encoder's classifier, or Dense layers
+            stacked = self.head(stacked.to(hidden.dtype)).float()  # [P, out]
+        stacked = stacked.detach().cpu().numpy()
+        return {rid: stacked[i] for i, rid in enumerate(rows.request_ids)}
+
+
+def pool_rows(rows: torch.Tensor, kind: str) -> torch.Tensor:
+    """A whole prompt's rows [n, hidden] pooled as sentence-transformers pools them:
+    WEIGHTED_MEAN weighs position i by i + 1."""
+    if kind == "MEAN":
+        return rows.mean(dim=0)
+    if kind == "CLS":
+        return rows[0]
+    if kind == "LAST":
+        return rows[-1]
+    if kind == "MAX":
+        return rows.max(dim=0).values
+    weights = torch.arange(1, rows.shape[0] + 1, dtype=rows.dtype, device=rows.device)
+    return (rows * weights[:, None]).sum(dim=0) / weights.sum()

@@ -321,5 +321,4 @@ def _pooler(loaded: LoadedModel, model_config: ModelConfig) -> Pooler | None:
         raise ValueError("--runner pooling samples nothing: speculative_config does not apply")
     if model_config.lora is not None:
         raise ValueError("--runner pooling does not serve LoRA adapters (--enable-lora)")
-    head = loaded.model.pooled_head if loaded.pooler.num_labels else None
-    return Pooler(loaded.pooler, head)
+    return Pooler(loaded.pooler, loaded.head)

@@ -164,10 +164,60 @@ def test_a_prompt_longer_than_a_step_is_refused_by_name(tmp_path):
         llm.engine.close()
 
 
-def test_pooling_modes_the_pipeline_lacks_are_refused_by_name(tmp_path):
-    folder = st_folder(tmp_path, "bert", "max", True)
-    with pytest.raises(ModelLoadError, match="pooling_mode_max_tokens"):
+def st6_folder(tmp_path: Path, pooling: str, dense: bool, normalize: bool) -> Path:
+    """A folder as sentence-transformers 6 saves one (its `pooling_mode` string, a Dense
+    layer in 2_Dense with its own weights), built from the tiny BERT with its own API."""
+    from sentence_transformers import SentenceTransformer, models
+
+    base = st_folder(tmp_path, "bert", "mean", False)
+    modules = [models.Transformer(str(base)), models.Pooling(64, pooling_mode=pooling)]
+    if dense:
+        torch.manual_seed(5)
+        modules.append(models.Dense(64, 32, activation_function=torch.nn.Tanh()))
+    if normalize:
+        modules.append(models.Normalize())
+    folder = tmp_path / f"st6-{pooling}-{dense}-{normalize}"
+    SentenceTransformer(modules=modules, device="cpu").save(str(folder))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("pooling", "dense", "normalize"),
+    [
+        ("weightedmean", True, True),
+        ("max", True, False),
+        ("cls", False, True),
+        ("lasttoken", False, False),
+    ],
+)
+def test_sentence_transformers_6_folders_with_dense_layers(tmp_path, pooling, dense, normalize):
+    folder = st6_folder(tmp_path, pooling, dense, normalize)
+    expected = st_embeddings(folder, TEXTS)
+    llm = LLM(str(folder), dtype="float32", kv_cache_memory="8MiB", max_num_batched_tokens=48)
+    try:
+        got = [o.outputs.embedding for o in llm.embed(TEXTS, use_tqdm=False)]
+    finally:
+        llm.engine.close()
+    assert np.asarray(got).shape == expected.shape == (len(TEXTS), 32 if dense else 64)
+    _assert_close(got, expected)
+
+
+def test_pooling_the_pipeline_lacks_is_refused_by_name(tmp_path, model_dir):
+    folder = st_folder(tmp_path, "bert", "mean", True)
+    config = {"word_embedding_dimension": 64, "pooling_mode_mean_sqrt_len_tokens": True}
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="mean_sqrt_len"):
         LLM(str(folder), dtype="float32", kv_cache_memory="8MiB")
+    # a decoder pools chunk by chunk: no Dense layers after it, no max pooling
+    import shutil
+
+    decoder = tmp_path / "decoder"
+    shutil.copytree(model_dir("llama"), decoder)
+    shutil.copytree(folder / "1_Pooling", decoder / "1_Pooling")
+    (decoder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "max"}))
+    (decoder / "modules.json").write_text((folder / "modules.json").read_text())
+    with pytest.raises(ModelLoadError, match="encoders only"):
+        LLM(str(decoder), dtype="float32", kv_cache_memory="8MiB")
 
 
 async def test_the_openai_client_embeds_with_an_encoder(tmp_path):
