@@ -335,6 +335,7 @@ def _pooler(model, model_config: ModelConfig, folder: Path, hf_config: dict, con
     if not model.bidirectional:
         return pooler, None
     pooler = dataclasses.replace(pooler, whole_prompt=True)  # an encoder: prompts run whole
+    model.max_seq_length = _max_seq_length(folder)
     if model.num_labels:  # a cross-encoder's logits
         return pooler.for_classifier(model.num_labels, _score_activation(config)), model.pooled_head
     if not pipeline.dense_dirs:
@@ -342,6 +343,15 @@ def _pooler(model, model_config: ModelConfig, folder: Path, hf_config: dict, con
     head = load_dense_layers(folder, pipeline.dense_dirs, model.dtype).to(model.device)
     out_features = head[-1][0].out_features
     return dataclasses.replace(pooler, hidden_size=out_features), head
+
+
+def _max_seq_length(folder: Path) -> int | None:
+    """sentence_bert_config.json's max_seq_length (None: the folder has none)."""
+    try:
+        value = json.loads((folder / "sentence_bert_config.json").read_text()).get("max_seq_length")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+    return int(value) if isinstance(value, int) and value > 0 else None
 
 
 def _sep_token_id(folder: Path) -> int | None:

@@ -159,6 +159,10 @@ def test_a_prompt_longer_than_a_step_is_refused_by_name(tmp_path):
     try:
         with pytest.raises(ValueError, match="max_num_batched_tokens"):
             llm.embed([{"prompt_token_ids": list(range(3, 30))}], use_tqdm=False)
+        # sentence_bert_config.json's max_seq_length (60) caps the prompt, not the 64 positions
+        assert llm.engine.info.max_model_len == 60
+        with pytest.raises(ValueError, match="max_model_len=60"):
+            llm.embed([{"prompt_token_ids": list(range(3, 64))}], use_tqdm=False)
         assert len(llm.embed(TEXTS[:1], use_tqdm=False)) == 1  # the engine still serves
     finally:
         llm.engine.close()

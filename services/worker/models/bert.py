@@ -102,6 +102,7 @@ class BertEncoder(CausalLM):
             raise ModelLoadError(f"{type(self).__name__}: {reason}")
         hidden = config.hidden_size
         self.can_generate, self.bidirectional = False, True
+        self.max_seq_length: int | None = None  # sentence_bert_config.json's, if any
         roberta = config.model_type in ("roberta", "xlm-roberta", "camembert")
         # RoBERTa numbers positions from its padding id + 1 (HF's position ids of an
         # unpadded sequence)
@@ -139,7 +140,11 @@ class BertEncoder(CausalLM):
 
     @property
     def max_model_len(self) -> int | None:
-        return int(self.config.max_position_embeddings) - self.position_offset
+        """Its positions, or the shorter max_seq_length its sentence-transformers folder
+        was trained to (set by the loader; a longer prompt is refused by name, or cut with
+        truncate_prompt_tokens, rather than read past what the model was trained on)."""
+        positions = int(self.config.max_position_embeddings) - self.position_offset
+        return min(positions, self.max_seq_length or positions)
 
     @property
     def kv_cache_spec(self) -> KVCacheSpec:
