@@ -14,6 +14,8 @@ from pagestream.llm_engine import LLMEngine
 from pagestream.tensor_outputs import as_tensors
 from services.common.lora_request import LoRARequest
 from services.common.outputs import (
+    ClassificationOutput,
+    ClassificationRequestOutput,
     EmbeddingRequestOutput,
     PoolingRequestOutput,
     RequestOutput,
@@ -142,6 +144,31 @@ class LLM:
             )
             for a, b in pairs
         ]
+
+    def classify(self, prompts, use_tqdm: bool = True) -> list[ClassificationRequestOutput]:
+        """vLLM's LLM.classify: each prompt's label probabilities from a classification
+        checkpoint (`*ForSequenceClassification`): a softmax over its labels' logits, a
+        sigmoid for one label."""
+        pooler = self.engine.input_processor.pooler
+        if pooler is None or not pooler.num_labels:
+            raise ValueError(
+                "classify needs a classification model (*ForSequenceClassification) under "
+                "the pooling runner; this one gives embeddings (LLM.embed) or generates."
+            )
+        results = []
+        for output in self.encode(prompts, use_tqdm=use_tqdm):
+            logits = np.asarray(output.outputs.data, np.float64)
+            if pooler.num_labels == 1:
+                probs = 1.0 / (1.0 + np.exp(-logits))
+            else:
+                probs = np.exp(logits - logits.max())
+                probs /= probs.sum()
+            results.append(
+                ClassificationRequestOutput(
+                    output.request_id, ClassificationOutput(probs.tolist()), output.prompt_token_ids
+                )
+            )
+        return results
 
     def _cross_scores(self, pairs, pooler, use_tqdm: bool) -> list[ScoringRequestOutput]:
         if pooler.num_labels != 1:

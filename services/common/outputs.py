@@ -81,6 +81,26 @@ class ScoringRequestOutput:
 
 
 @dataclass
+class ClassificationOutput:
+    """Each label's probability (vLLM's `outputs.probs`): a softmax over the labels, a
+    sigmoid for a one-label model."""
+
+    probs: list[float]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass
+class ClassificationRequestOutput:
+    request_id: str
+    outputs: ClassificationOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+
+
+@dataclass
 class PoolingRequestOutput:
     request_id: str
     outputs: PoolingOutput | None  # None: it ended without a result (`error` says why)

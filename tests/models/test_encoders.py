@@ -383,3 +383,39 @@ async def test_a_cross_encoder_scores_pairs_as_sentence_transformers_does(tmp_pa
     finally:
         llm.engine.close()
     np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_llm_classify_gives_the_labels_softmax(tmp_path):
+    """A three-label BERT classifier: LLM.classify's probabilities are the softmax of HF's
+    own logits; an embedding model refuses classify by name."""
+    from transformers import AutoModelForSequenceClassification, BertForSequenceClassification
+
+    base = _encoder("bert", 0)
+    base.config.num_labels = 3
+    torch.manual_seed(2)
+    model = BertForSequenceClassification(base.config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.05)
+    folder = tmp_path / "classifier"
+    model.save_pretrained(folder)
+    tokenizer = wordpiece_tokenizer()
+    tokenizer.save_pretrained(folder)
+    hf = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    with torch.no_grad():
+        logits = [hf(**tokenizer(t, return_tensors="pt")).logits[0] for t in TEXTS]
+    expected = torch.softmax(torch.stack(logits), dim=-1).numpy()
+    llm = LLM(str(folder), dtype="float32", kv_cache_memory="8MiB", max_num_batched_tokens=48)
+    try:
+        got = [o.outputs.probs for o in llm.classify(TEXTS, use_tqdm=False)]
+    finally:
+        llm.engine.close()
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    embedder = LLM(
+        str(st_folder(tmp_path, "bert", "mean", True)), dtype="float32", kv_cache_memory="8MiB"
+    )
+    try:
+        with pytest.raises(ValueError, match="classification model"):
+            embedder.classify(TEXTS[:1], use_tqdm=False)
+    finally:
+        embedder.engine.close()
