@@ -177,16 +177,14 @@ class LLM:
             )
         prompts = [{"prompt_token_ids": self.engine.tokenizer(a, b)["input_ids"]} for a, b in pairs]
         outputs = self.encode(prompts, use_tqdm=use_tqdm)
-        scores = []
-        for output in outputs:
-            logit = float(output.outputs.data[0])
-            score = 1.0 / (1.0 + np.exp(-logit)) if pooler.score_activation == "sigmoid" else logit
-            scores.append(
-                ScoringRequestOutput(
-                    output.request_id, ScoringOutput(float(score)), output.prompt_token_ids
-                )
+        return [
+            ScoringRequestOutput(
+                o.request_id,
+                ScoringOutput(pooler.score(float(o.outputs.data[0]))),
+                o.prompt_token_ids,
             )
-        return scores
+            for o in outputs
+        ]
 
     def encode(
         self,

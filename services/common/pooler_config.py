@@ -12,6 +12,7 @@ the worker (which fills it in), the scheduler and the frontends read it.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -123,6 +124,10 @@ class PoolerConfig:
             num_labels=num_labels,
             score_activation=activation,
         )
+
+    def score(self, logit: float) -> float:
+        """A cross-encoder's score of its first label's logit (score_activation)."""
+        return 1.0 / (1.0 + math.exp(-logit)) if self.score_activation == "sigmoid" else logit
 
     @property
     def is_matryoshka(self) -> bool:

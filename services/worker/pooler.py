@@ -44,8 +44,8 @@ def read_hf_config(folder: Path) -> dict:
 class Pooler:
     def __init__(self, config: PoolerConfig, head=None) -> None:
         self.config = config  # every field set (PoolerConfig.resolve)
-        # a cross-encoder's classification head over its pooled rows [P, hidden] -> [P, labels]
-        # (its prompts run whole, so a part is the whole state)
+        # what an encoder's pooled vectors go through ([P, hidden] -> [P, out]): a
+        # cross-encoder's classifier or the folder's Dense layers (its prompts run whole)
         self.head = head
 
     def parts(self, hidden: torch.Tensor, rows: PoolingInputs) -> dict[str, np.ndarray]:

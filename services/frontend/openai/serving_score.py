@@ -123,7 +123,5 @@ class OpenAIServingScores:
         )
         if outputs is None:
             return None
-        logits = np.array([float(o.outputs.data[0]) for o in outputs])
-        if pooler.score_activation == "sigmoid":
-            logits = 1.0 / (1.0 + np.exp(-logits))
-        return logits.tolist(), sum(len(o.prompt_token_ids) for o in outputs)
+        scores = [pooler.score(float(o.outputs.data[0])) for o in outputs]
+        return scores, sum(len(o.prompt_token_ids) for o in outputs)
