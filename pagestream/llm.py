@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-import numpy as np
 from tqdm import tqdm
 
 from pagestream.engine_args import EngineArgs
@@ -24,6 +23,12 @@ from services.common.outputs import (
 )
 from services.common.pooling_params import PoolingParams
 from services.common.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
+from services.frontend.pair_scoring import (
+    PairScoring,
+    classification_params,
+    classifier_pooler,
+    pair_texts,
+)
 from services.frontend.tokenizer import apply_chat_template
 
 
@@ -98,16 +103,19 @@ class LLM:
         dimensions: int | None = None,
         normalize: bool | None = None,
         truncate_prompt_tokens: int | None = None,
+        prompt_name: str | None = None,
     ) -> list[EmbeddingRequestOutput]:
         """One embedding per prompt, in input order: the pooled state, truncated to
         `dimensions` (Matryoshka models) and L2-normalized as the pooler config (or
         `normalize`) says; `truncate_prompt_tokens` keeps each prompt's last k tokens (-1:
-        the context length). Needs runner="pooling"."""
+        the context length); `prompt_name` puts one of the model's sentence-transformers
+        prompts ("query", "document", ...) before each text. Needs runner="pooling"."""
         if pooling_params is None:
             pooling_params = PoolingParams(
                 dimensions=dimensions,
                 normalize=normalize,
                 truncate_prompt_tokens=truncate_prompt_tokens,
+                prompt_name=prompt_name,
             )
         outputs = self._pool(prompts, pooling_params, "embed", use_tqdm)
         return [EmbeddingRequestOutput.from_base(o) for o in outputs]
@@ -117,73 +125,46 @@ class LLM:
         text_1: str | Sequence[str],
         text_2: str | Sequence[str],
         use_tqdm: bool = True,
+        *,
+        truncate_prompt_tokens: int | None = None,
     ) -> list[ScoringRequestOutput]:
         """vLLM's LLM.score: each pair's relevance, text_1 against every text_2 (one
         text_1) or pairwise: a cross-encoder's score of the pair read together (its logit
         through the checkpoint's activation), or an embedding model's cosine of the two
         normalized embeddings."""
-        first = [text_1] if isinstance(text_1, str) else list(text_1)
-        second = [text_2] if isinstance(text_2, str) else list(text_2)
-        if len(first) == 1:
-            first = first * len(second)
-        if len(first) != len(second) or not second:
-            raise ValueError(
-                f"text_2 has {len(second)} texts and text_1 {len(first)}: give one text_1, "
-                "or as many as text_2 (at least one)."
-            )
-        pooler = self.engine.input_processor.pooler
-        if pooler is not None and pooler.num_labels:
-            return self._cross_scores(list(zip(first, second, strict=True)), pooler, use_tqdm)
-        embedded = self.embed([*first, *second], PoolingParams(normalize=True), use_tqdm)
-        pairs = zip(embedded[: len(first)], embedded[len(first) :], strict=True)
+        engine = self.engine
+        plan = PairScoring.plan(
+            pair_texts(text_1, text_2),
+            engine.input_processor.pooler,
+            engine.tokenizer,
+            truncate_prompt_tokens,
+        )
+        prompts = [p if isinstance(p, str) else {"prompt_token_ids": p} for p in plan.prompts]
+        outputs = self._pool(prompts, plan.params, "embed", use_tqdm)
         return [
             ScoringRequestOutput(
-                request_id=a.request_id,
-                outputs=ScoringOutput(float(np.dot(a.outputs.embedding, b.outputs.embedding))),
-                prompt_token_ids=a.prompt_token_ids + b.prompt_token_ids,
+                pooled[0].request_id,
+                ScoringOutput(plan.score(pooled)),
+                [t for o in pooled for t in o.prompt_token_ids],
             )
-            for a, b in pairs
+            for pooled in plan.per_pair(outputs)
         ]
 
-    def classify(self, prompts, use_tqdm: bool = True) -> list[ClassificationRequestOutput]:
+    def classify(
+        self, prompts, use_tqdm: bool = True, *, truncate_prompt_tokens: int | None = None
+    ) -> list[ClassificationRequestOutput]:
         """vLLM's LLM.classify: each prompt's label probabilities from a classification
         checkpoint (`*ForSequenceClassification`): a softmax over its labels' logits, a
         sigmoid for one label."""
-        pooler = self.engine.input_processor.pooler
-        if pooler is None or not pooler.num_labels:
-            raise ValueError(
-                "classify needs a classification model (*ForSequenceClassification) under "
-                "the pooling runner; this one gives embeddings (LLM.embed) or generates."
-            )
-        results = []
-        for output in self.encode(prompts, use_tqdm=use_tqdm):
-            logits = np.asarray(output.outputs.data, np.float64)
-            if pooler.num_labels == 1:
-                probs = 1.0 / (1.0 + np.exp(-logits))
-            else:
-                probs = np.exp(logits - logits.max())
-                probs /= probs.sum()
-            results.append(
-                ClassificationRequestOutput(
-                    output.request_id, ClassificationOutput(probs.tolist()), output.prompt_token_ids
-                )
-            )
-        return results
-
-    def _cross_scores(self, pairs, pooler, use_tqdm: bool) -> list[ScoringRequestOutput]:
-        if pooler.num_labels != 1:
-            raise ValueError(
-                f"the model classifies into {pooler.num_labels} labels: scores need one"
-            )
-        prompts = [{"prompt_token_ids": self.engine.tokenizer(a, b)["input_ids"]} for a, b in pairs]
-        outputs = self.encode(prompts, use_tqdm=use_tqdm)
+        pooler = classifier_pooler(self.engine.input_processor.pooler)
+        params = classification_params(truncate_prompt_tokens)
         return [
-            ScoringRequestOutput(
+            ClassificationRequestOutput(
                 o.request_id,
-                ScoringOutput(pooler.score(float(o.outputs.data[0]))),
+                ClassificationOutput(pooler.probabilities(o.outputs.data)),
                 o.prompt_token_ids,
             )
-            for o in outputs
+            for o in self._pool(prompts, params, "embed", use_tqdm)
         ]
 
     def encode(

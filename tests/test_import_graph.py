@@ -275,7 +275,7 @@ def test_importing_the_scheduler_or_common_loads_no_torch():
 PB2_PACKAGES = ("services.common.proto", "services.common.convert")
 PB2_MODULES = {
     "services.frontend.generation_pb",  # GenerateRequest/Response <-> the Frontend's terms
-    "services.frontend.embed_pb",  # EmbedRequest/Response <-> the Frontend's terms
+    "services.frontend.pooling_pb",  # EmbedRequest/Response <-> the Frontend's terms
     "services.frontend.frontend_server",  # registers the Generation servicer
     "services.frontend.grpc_engine_client",  # frontend -> engine core over EngineCore.Connect
     "services.scheduler.executor.worker_group",  # engine core -> a worker group

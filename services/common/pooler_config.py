@@ -42,6 +42,11 @@ class PoolerConfig:
     # logits; 0: an embedding model) and what turns a logit into a score.
     num_labels: int = 0
     score_activation: str = "identity"
+    labels: tuple[str, ...] = field(default_factory=tuple)  # id2label's names, by id
+    # config_sentence_transformers.json's named prompts (query / document prefixes), put
+    # before a text whose request names one, and the one used when a request names none.
+    prompts: Mapping[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
 
     def __post_init__(self) -> None:
         if self.pooling_type is not None:
@@ -64,6 +69,8 @@ class PoolerConfig:
                 f"pooler_config.dimensions must be an integer >= 1, got {self.dimensions!r}."
             )
         object.__setattr__(self, "matryoshka_dimensions", tuple(self.matryoshka_dimensions))
+        object.__setattr__(self, "labels", tuple(self.labels))
+        object.__setattr__(self, "prompts", dict(self.prompts))
 
     @classmethod
     def parse(cls, value: str | Mapping | PoolerConfig | None) -> PoolerConfig:
@@ -109,13 +116,17 @@ class PoolerConfig:
             normalize=self.normalize if self.normalize is not None else normalize,
             hidden_size=hidden,
             matryoshka_dimensions=matryoshka,
+            **_named_prompts(folder),
         )
         if resolved.dimensions is not None:
             resolved._check_size(resolved.dimensions, "pooler_config.dimensions")
         return resolved
 
-    def for_classifier(self, num_labels: int, activation: str) -> PoolerConfig:
-        """A cross-encoder's: its first row through its head, logits as they are."""
+    def for_classifier(
+        self, num_labels: int, activation: str, labels: tuple[str, ...] = ()
+    ) -> PoolerConfig:
+        """A classifier's (a cross-encoder is one with one label): its first row through
+        its head, logits as they are."""
         return replace(
             self,
             pooling_type="CLS",
@@ -123,11 +134,37 @@ class PoolerConfig:
             hidden_size=num_labels,
             num_labels=num_labels,
             score_activation=activation,
+            labels=labels or tuple(f"LABEL_{i}" for i in range(num_labels)),
         )
 
     def score(self, logit: float) -> float:
         """A cross-encoder's score of its first label's logit (score_activation)."""
         return 1.0 / (1.0 + math.exp(-logit)) if self.score_activation == "sigmoid" else logit
+
+    def probabilities(self, logits) -> list[float]:
+        """A classifier's label probabilities: a softmax over its labels' logits, a
+        sigmoid for one label (what vLLM's classify returns)."""
+        values = [float(x) for x in logits]
+        if len(values) == 1:
+            return [1.0 / (1.0 + math.exp(-values[0]))]
+        top = max(values)
+        exps = [math.exp(x - top) for x in values]
+        total = sum(exps)
+        return [e / total for e in exps]
+
+    def prompt_text(self, prompt_name: str | None) -> str:
+        """The text put before an input whose request names `prompt_name` (None: the
+        folder's default prompt, if any); an unknown name is a ValueError naming it."""
+        name = prompt_name if prompt_name is not None else self.default_prompt_name
+        if name is None:
+            return ""
+        if name not in self.prompts:
+            known = ", ".join(sorted(self.prompts)) or "none"
+            raise ValueError(
+                f"prompt_name {name!r} is not one of the model's prompts ({known}; from its "
+                "config_sentence_transformers.json)."
+            )
+        return self.prompts[name]
 
     @property
     def is_matryoshka(self) -> bool:
@@ -224,6 +261,25 @@ def sentence_transformers_pipeline(folder: Path | None) -> SentenceTransformersP
             pooling_dir,
         )
     return SentenceTransformersPipeline(_pooling_mode(pooling_dir), tuple(dense), normalize)
+
+
+def _named_prompts(folder: Path | None) -> dict:
+    """config_sentence_transformers.json's `prompts` and `default_prompt_name` (empty:
+    the folder has none)."""
+    path = None if folder is None else folder / "config_sentence_transformers.json"
+    if path is None or not path.is_file():
+        return {}
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{path} is not valid JSON: {exc}") from exc
+    prompts = config.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+        raise ModelLoadError(f"{path}: prompts must map names to strings")
+    default = config.get("default_prompt_name") or None
+    if default is not None and default not in prompts:
+        raise ModelLoadError(f"{path}: default_prompt_name {default!r} names no prompt")
+    return {"prompts": prompts, "default_prompt_name": default}
 
 
 def _pooling_mode(pooling_dir: Path) -> str | None:

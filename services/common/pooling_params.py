@@ -24,6 +24,9 @@ class PoolingParams:
     # Keep only the prompt's last k tokens (-1: the last max_model_len); None: all of it
     # (a prompt over the context is then refused).
     truncate_prompt_tokens: int | None = None
+    # One of the model's named prompts (config_sentence_transformers.json: "query",
+    # "document", ...) put before a text input; None: the model's default prompt, if any.
+    prompt_name: str | None = None
 
     def __post_init__(self) -> None:
         if self.task not in POOLING_TASKS:
@@ -48,6 +51,7 @@ class PoolingParams:
         """ValueError (naming the field) if the engine's pooler cannot honour it."""
         if self.dimensions is not None:
             pooler.check_dimensions(self.dimensions)
+        pooler.prompt_text(self.prompt_name)
 
     def finish(self, pooled: np.ndarray, pooler: PoolerConfig) -> np.ndarray:
         """The request's result from the engine's pooled state [hidden] float32."""

@@ -23,10 +23,11 @@ from services.common.convert.lora import lora_to_pb
 from services.common.engine_errors import EngineUnavailableError
 from services.common.grpc_errors import grpc_errors
 from services.common.proto.pagestream.v1 import generation_pb2, generation_pb2_grpc
-from services.frontend import embed_pb, generation_pb
+from services.frontend import generation_pb, pooling_pb
 from services.frontend.api_key import ApiKey
 from services.frontend.frontend import Frontend
 from services.frontend.input_processor import new_request_id
+from services.frontend.pair_scoring import PairScoring, classification_params, classifier_pooler
 
 logger = logging.getLogger(__name__)
 
@@ -110,14 +111,63 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     @grpc_errors
     async def Embed(self, request, context) -> generation_pb2.EmbedResponse:
         frontend = self._ready(context)
-        prompts = embed_pb.embed_inputs_from_pb(request)
-        params = embed_pb.embed_params_from_pb(request)
+        prompts = pooling_pb.embed_inputs_from_pb(request)
+        params = pooling_pb.embed_params_from_pb(request)
         request_id = request.request_id or new_request_id()
-        special = request.add_special_tokens if request.HasField("add_special_tokens") else True
         outputs = await frontend.encode_many(
-            prompts, params, request_id, priority=request.priority, add_special_tokens=special
+            prompts,
+            params,
+            request_id,
+            priority=request.priority,
+            add_special_tokens=pooling_pb.add_special_tokens(request),
         )
-        return embed_pb.embed_response(request_id, outputs)
+        return pooling_pb.embed_response(request_id, outputs)
+
+    @grpc_errors
+    async def Score(self, request, context) -> generation_pb2.ScoreResponse:
+        frontend = self._ready(context)
+        plan = self._plan(frontend, pooling_pb.score_pairs_from_pb(request), request)
+        request_id = request.request_id or new_request_id()
+        outputs = await self._pool_plan(frontend, plan, request, request_id)
+        return pooling_pb.score_response(request_id, plan, outputs)
+
+    @grpc_errors
+    async def Rerank(self, request, context) -> generation_pb2.RerankResponse:
+        frontend = self._ready(context)
+        plan = self._plan(frontend, pooling_pb.rerank_pairs_from_pb(request), request)
+        request_id = request.request_id or new_request_id()
+        outputs = await self._pool_plan(frontend, plan, request, request_id)
+        return pooling_pb.rerank_response(request, request_id, plan, outputs)
+
+    @grpc_errors
+    async def Classify(self, request, context) -> generation_pb2.ClassifyResponse:
+        frontend = self._ready(context)
+        pooler = classifier_pooler(frontend.input_processor.pooler)
+        prompts = pooling_pb.embed_inputs_from_pb(request)
+        params = classification_params(pooling_pb.optional(request, "truncate_prompt_tokens"))
+        request_id = request.request_id or new_request_id()
+        outputs = await frontend.encode_many(
+            prompts,
+            params,
+            request_id,
+            priority=request.priority,
+            add_special_tokens=pooling_pb.add_special_tokens(request),
+        )
+        return pooling_pb.classify_response(request_id, pooler, outputs)
+
+    @staticmethod
+    def _plan(frontend: Frontend, pairs: list[tuple[str, str]], request) -> PairScoring:
+        truncate = pooling_pb.optional(request, "truncate_prompt_tokens")
+        return PairScoring.plan(
+            pairs, frontend.input_processor.pooler, frontend.tokenizer, truncate
+        )
+
+    @staticmethod
+    async def _pool_plan(frontend: Frontend, plan: PairScoring, request, request_id: str):
+        prompts = [p if isinstance(p, str) else {"prompt_token_ids": p} for p in plan.prompts]
+        return await frontend.encode_many(
+            prompts, plan.params, request_id, priority=request.priority
+        )
 
     # ---- draining and cancellation -------------------------------------------------------
     async def drained(self) -> None:

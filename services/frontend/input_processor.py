@@ -113,6 +113,7 @@ class InputProcessor:
         request_id = request_id or new_request_id()
         keep = params.truncate_prompt_tokens
         keep_last = self.max_model_len if keep == -1 else keep
+        prompt = _with_prefix(prompt, self.pooler.prompt_text(params.prompt_name))
         processed = self.process(prompt, add_special_tokens, keep_last)
         request = EngineCoreRequest(
             request_id=request_id,
@@ -186,3 +187,14 @@ class InputProcessor:
                 f"max_model_len={self.max_model_len}."
             )
         return ProcessedPrompt(text, ids)
+
+
+def _with_prefix(prompt, prefix: str):
+    """A text prompt with a named prompt's text before it (token ids stay as they are)."""
+    if not prefix:
+        return prompt
+    if isinstance(prompt, str):
+        return prefix + prompt
+    if isinstance(prompt, dict) and isinstance(prompt.get("prompt"), str):
+        return {**prompt, "prompt": prefix + prompt["prompt"]}
+    return prompt

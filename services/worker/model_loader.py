@@ -337,7 +337,10 @@ def _pooler(model, model_config: ModelConfig, folder: Path, hf_config: dict, con
     pooler = dataclasses.replace(pooler, whole_prompt=True)  # an encoder: prompts run whole
     model.max_seq_length = _max_seq_length(folder)
     if model.num_labels:  # a cross-encoder's logits
-        return pooler.for_classifier(model.num_labels, _score_activation(config)), model.pooled_head
+        classifier = pooler.for_classifier(
+            model.num_labels, _score_activation(config), _label_names(config, model.num_labels)
+        )
+        return classifier, model.pooled_head
     if not pipeline.dense_dirs:
         return pooler, None
     head = load_dense_layers(folder, pipeline.dense_dirs, model.dtype).to(model.device)
@@ -362,6 +365,12 @@ def _sep_token_id(folder: Path) -> int | None:
         return AutoTokenizer.from_pretrained(str(folder)).sep_token_id
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot read the tokenizer of {folder}: {exc}") from exc
+
+
+def _label_names(config: PretrainedConfig, num_labels: int) -> tuple[str, ...]:
+    """The classifier's labels by id, from config.json's id2label."""
+    names = {int(k): str(v) for k, v in (getattr(config, "id2label", None) or {}).items()}
+    return tuple(names.get(i, f"LABEL_{i}") for i in range(num_labels))
 
 
 def _score_activation(config: PretrainedConfig) -> str:

@@ -17,6 +17,7 @@ def pooling_params_to_pb(params: PoolingParams) -> generation_pb2.PoolingParams:
         dimensions=params.dimensions,
         normalize=params.normalize,
         truncate_prompt_tokens=params.truncate_prompt_tokens,
+        prompt_name=params.prompt_name,
     )
 
 
@@ -29,6 +30,7 @@ def pooling_params_from_pb(message: generation_pb2.PoolingParams) -> PoolingPara
         truncate_prompt_tokens=message.truncate_prompt_tokens
         if message.HasField("truncate_prompt_tokens")
         else None,
+        prompt_name=message.prompt_name if message.HasField("prompt_name") else None,
     )
 
 

@@ -36,6 +36,7 @@ from services.frontend.openai.errors import (
 )
 from services.frontend.openai.protocol import (
     ChatCompletionRequest,
+    ClassificationRequest,
     CompletionRequest,
     DetokenizeRequest,
     EmbeddingRequest,
@@ -114,6 +115,10 @@ def _v1_router(app: FastAPI, api_key: str | None) -> APIRouter:
     @router.post("/score")
     async def score(request: ScoreRequest, raw_request: Request):
         return await state.scores.create_score(request, raw_request)
+
+    @router.post("/classify")
+    async def classify(request: ClassificationRequest, raw_request: Request):
+        return await state.scores.classify(request, raw_request)
 
     _rerank_route(router, state, "/rerank")
 

@@ -14,6 +14,7 @@ from services.common.structured_outputs import StructuredOutputsParams
 from services.frontend.openai.chat_messages import ChatMessage, ChatTool, ToolChoice
 from services.frontend.openai.exceptions import InvalidRequestError
 from services.frontend.openai.structured_request import StructuredOutputFields
+from services.frontend.pair_scoring import pair_texts
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -251,16 +252,11 @@ class UnloadLoRAAdapterRequest(OpenAIBaseModel):
 EmbeddingInput = str | list[str] | list[int] | list[list[int]]
 
 
-class EmbeddingRequest(OpenAIBaseModel):
-    """OpenAI's /v1/embeddings body, plus vLLM's extras (normalize, add_special_tokens,
-    priority)."""
+class PooledInputsRequest(OpenAIBaseModel):
+    """What a pooling route reads: one input or many (strings or token id lists)."""
 
     model: str | None = None
     input: EmbeddingInput
-    encoding_format: str = "float"
-    dimensions: int | None = None
-    user: str | None = None
-    normalize: bool | None = None
     truncate_prompt_tokens: int | None = None
     add_special_tokens: bool = True
     priority: int = 0
@@ -280,6 +276,17 @@ class EmbeddingRequest(OpenAIBaseModel):
             if not item:
                 raise InvalidRequestError(f"input[{i}] is empty.", "input")
         return items
+
+
+class EmbeddingRequest(PooledInputsRequest):
+    """OpenAI's /v1/embeddings body, plus vLLM's extras (normalize, add_special_tokens,
+    priority) and `prompt_name` (one of the model's sentence-transformers prompts)."""
+
+    encoding_format: str = "float"
+    dimensions: int | None = None
+    user: str | None = None
+    normalize: bool | None = None
+    prompt_name: str | None = None
 
     def check(self) -> None:
         if self.encoding_format not in ("float", "base64"):
@@ -305,23 +312,7 @@ class ScoreRequest(OpenAIBaseModel):
 
     def pairs(self) -> list[tuple[str, str]]:
         """(text_1, text_2) per score: one text_1 against every text_2, or pairwise."""
-        first = [self.text_1] if isinstance(self.text_1, str) else list(self.text_1)
-        second = [self.text_2] if isinstance(self.text_2, str) else list(self.text_2)
-        for name, texts in (("text_1", first), ("text_2", second)):
-            if not texts:
-                raise InvalidRequestError(f"{name} must not be empty.", name)
-            for i, text in enumerate(texts):
-                if not text:
-                    raise InvalidRequestError(f"{name}[{i}] is empty.", name)
-        if len(first) == 1:
-            first = first * len(second)
-        if len(first) != len(second):
-            raise InvalidRequestError(
-                f"text_2 has {len(second)} texts and text_1 {len(first)}: give one text_1, "
-                "or as many as text_2.",
-                "text_2",
-            )
-        return list(zip(first, second, strict=True))
+        return pair_texts(self.text_1, self.text_2)
 
 
 class RerankDocument(OpenAIBaseModel):
@@ -341,14 +332,8 @@ class RerankRequest(OpenAIBaseModel):
     priority: int = 0
 
     def texts(self) -> list[str]:
-        if not self.query:
-            raise InvalidRequestError("query must not be empty.", "query")
-        if not self.documents:
-            raise InvalidRequestError("documents must not be empty.", "documents")
-        texts = [d if isinstance(d, str) else d.text for d in self.documents]
-        for i, text in enumerate(texts):
-            if not text:
-                raise InvalidRequestError(f"documents[{i}] is empty.", "documents")
-        if self.top_n is not None and self.top_n < 0:
-            raise InvalidRequestError(f"top_n must be >= 0, got {self.top_n}.", "top_n")
-        return texts
+        return [d if isinstance(d, str) else d.text for d in self.documents]
+
+
+class ClassificationRequest(PooledInputsRequest):
+    """vLLM's /v1/classify: each input's label probabilities."""

@@ -226,6 +226,22 @@ class ScoreResponse(BaseModel):
     usage: EmbeddingUsage
 
 
+class ClassificationData(BaseModel):
+    index: int
+    label: str
+    probs: list[float]
+    num_classes: int
+
+
+class ClassificationResponse(BaseModel):
+    id: str
+    object: Literal["list"] = "list"
+    created: int = Field(default_factory=now)
+    model: str
+    data: list[ClassificationData]
+    usage: EmbeddingUsage
+
+
 class RerankResultDocument(BaseModel):
     text: str
 

@@ -15,7 +15,6 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from services.common.pooling_params import PoolingParams
-from services.frontend.embed_pb import MAX_EMBED_INPUTS
 from services.frontend.openai.errors import InvalidRequestError
 from services.frontend.openai.protocol import EmbeddingRequest
 from services.frontend.openai.responses import (
@@ -25,6 +24,7 @@ from services.frontend.openai.responses import (
     random_id,
 )
 from services.frontend.openai.serving_base import ClientDisconnectedError, ServingBase
+from services.frontend.pooling_pb import MAX_EMBED_INPUTS
 
 
 class OpenAIServingEmbedding(ServingBase):
@@ -114,6 +114,7 @@ class OpenAIServingEmbedding(ServingBase):
                 dimensions=request.dimensions,
                 normalize=request.normalize,
                 truncate_prompt_tokens=request.truncate_prompt_tokens,
+                prompt_name=request.prompt_name,
             )
         except ValueError as exc:
             param = "truncate_prompt_tokens" if "truncate" in str(exc) else "dimensions"
@@ -127,9 +128,12 @@ class OpenAIServingEmbedding(ServingBase):
         except InvalidRequestError:
             raise
         except ValueError as exc:
-            param = "dimensions" if "dimensions" in str(exc) else field
+            param = next((p for p in _PARAMS if str(exc).startswith(p)), field)
             code = getattr(exc, "code", None) or "invalid_value"
             raise InvalidRequestError(str(exc), param, code) from exc
+
+
+_PARAMS = ("dimensions", "prompt_name", "truncate_prompt_tokens")  # errors that name them
 
 
 def _encode(vector: np.ndarray, encoding_format: str) -> list[float] | str:

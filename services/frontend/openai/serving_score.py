@@ -1,24 +1,23 @@
-"""POST /v1/score and the rerank routes (/rerank, /v1/rerank, /v2/rerank): how relevant a
-text is to another, from a cross-encoder (the pair read together, its logit through the
-checkpoint's activation: a sigmoid for one label, as sentence-transformers' CrossEncoder)
-or from an embedding model (the cosine of the two texts' embeddings, as vLLM scores with
-one; each distinct text embedded once).
+"""POST /v1/score, the rerank routes (/rerank, /v1/rerank, /v2/rerank) and /v1/classify:
+how relevant a text is to another, planned by PairScoring (a cross-encoder's score of the
+pair read together, or the cosine of an embedding model's embeddings), and a classifier's
+label probabilities.
 
 The score body is vLLM's (`text_1` against `text_2`: one against many, or pairwise), the rerank
 body Jina's / Cohere's (`query`, `documents` as strings or {"text": ...}, `top_n`,
-`return_documents`), its results by relevance, best first.
+`return_documents`), its results by relevance, best first; the classify body vLLM's
+(`input`: one or many), each result the most probable label and every label's probability.
 """
 
 from __future__ import annotations
 
-import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from services.common.pooling_params import PoolingParams
-from services.frontend.openai.errors import InvalidRequestError
-from services.frontend.openai.protocol import RerankRequest, ScoreRequest
+from services.frontend.openai.protocol import ClassificationRequest, RerankRequest, ScoreRequest
 from services.frontend.openai.responses import (
+    ClassificationData,
+    ClassificationResponse,
     EmbeddingUsage,
     RerankResponse,
     RerankResult,
@@ -29,17 +28,24 @@ from services.frontend.openai.responses import (
     random_id,
 )
 from services.frontend.openai.serving_embedding import OpenAIServingEmbedding
+from services.frontend.pair_scoring import (
+    PairScoring,
+    check_top_n,
+    classification_params,
+    classifier_pooler,
+    query_pairs,
+    rerank_order,
+)
 
 
 class OpenAIServingScores:
     def __init__(self, embedding: OpenAIServingEmbedding) -> None:
-        self.embedding = embedding  # scores are computed from its embeddings
+        self.embedding = embedding  # scores are computed from its pooled outputs
 
     async def create_score(self, request: ScoreRequest, raw_request: Request) -> Response:
         model = self.embedding.check_pooling_model(request.model, "scores")
-        pairs = request.pairs()
         request_id = random_id("score")
-        scored = await self._scores(pairs, request, request_id, raw_request, "text_2")
+        scored = await self._scores(request.pairs(), request, request_id, raw_request, "text_2")
         if scored is None:
             return Response(status_code=499)
         scores, num_tokens = scored
@@ -51,15 +57,14 @@ class OpenAIServingScores:
     async def rerank(self, request: RerankRequest, raw_request: Request) -> Response:
         model = self.embedding.check_pooling_model(request.model, "reranking")
         documents = request.texts()
+        pairs = query_pairs(request.query, documents)
+        check_top_n(request.top_n)
         request_id = random_id("rerank")
-        pairs = [(request.query, document) for document in documents]
         scored = await self._scores(pairs, request, request_id, raw_request, "documents")
         if scored is None:
             return Response(status_code=499)
         scores, num_tokens = scored
-        order = sorted(range(len(documents)), key=lambda i: -scores[i])
-        if request.top_n:
-            order = order[: request.top_n]
+        order = rerank_order(scores, request.top_n)
         results = [
             RerankResult(
                 index=i,
@@ -74,6 +79,32 @@ class OpenAIServingScores:
         body = RerankResponse(id=request_id, model=model, usage=usage, results=results)
         return JSONResponse(body.model_dump(exclude_none=True))
 
+    async def classify(self, request: ClassificationRequest, raw_request: Request) -> Response:
+        model = self.embedding.check_pooling_model(request.model, "classification")
+        pooler = classifier_pooler(self.embedding.frontend.input_processor.pooler)
+        prompts = request.prompts()
+        for prompt in prompts:
+            if isinstance(prompt, str) or request.truncate_prompt_tokens is None:
+                self.embedding.check_prompt_size(prompt, "input")
+        params = classification_params(request.truncate_prompt_tokens)
+        request_id = random_id("classify")
+        outputs = await self.embedding.embed(
+            prompts, params, request_id, raw_request, request.priority, request.add_special_tokens
+        )
+        if outputs is None:
+            return Response(status_code=499)
+        data = []
+        for i, output in enumerate(outputs):
+            probs = pooler.probabilities(output.outputs.data)
+            label = pooler.labels[max(range(len(probs)), key=probs.__getitem__)]
+            data.append(
+                ClassificationData(index=i, label=label, probs=probs, num_classes=len(probs))
+            )
+        num_tokens = sum(len(o.prompt_token_ids) for o in outputs)
+        usage = EmbeddingUsage(prompt_tokens=num_tokens, total_tokens=num_tokens)
+        body = ClassificationResponse(id=request_id, model=model, data=data, usage=usage)
+        return JSONResponse(body.model_dump())
+
     async def _scores(
         self,
         pairs: list[tuple[str, str]],
@@ -85,43 +116,16 @@ class OpenAIServingScores:
         """Each pair's score and the tokens read (None: the client went away)."""
         for text in dict.fromkeys(text for pair in pairs for text in pair):
             self.embedding.check_prompt_size(text, field)
-        pooler = self.embedding.frontend.input_processor.pooler
-        try:
-            params = PoolingParams(
-                normalize=not pooler.num_labels,
-                truncate_prompt_tokens=request.truncate_prompt_tokens,
-            )
-        except ValueError as exc:
-            raise InvalidRequestError(str(exc), "truncate_prompt_tokens") from exc
-        if pooler.num_labels:
-            return await self._cross_scores(pairs, params, request, request_id, raw_request, field)
-        distinct = list(dict.fromkeys(text for pair in pairs for text in pair))
+        frontend = self.embedding.frontend
+        plan = PairScoring.plan(
+            pairs,
+            frontend.input_processor.pooler,
+            frontend.tokenizer,
+            request.truncate_prompt_tokens,
+        )
         outputs = await self.embedding.embed(
-            distinct, params, request_id, raw_request, request.priority, field=field
+            plan.prompts, plan.params, request_id, raw_request, request.priority, field=field
         )
         if outputs is None:
             return None
-        by_text = dict(zip(distinct, outputs, strict=True))
-        vectors = {text: np.asarray(o.outputs.data, np.float64) for text, o in by_text.items()}
-        scores = [float(vectors[a] @ vectors[b]) for a, b in pairs]
-        return scores, sum(len(by_text[t].prompt_token_ids) for pair in pairs for t in pair)
-
-    async def _cross_scores(self, pairs, params, request, request_id, raw_request, field):
-        """A cross-encoder reads each pair as its tokenizer joins them; its first logit
-        through the checkpoint's activation is the score."""
-        pooler = self.embedding.frontend.input_processor.pooler
-        if pooler.num_labels != 1:
-            raise InvalidRequestError(
-                f"the model classifies into {pooler.num_labels} labels: scores need a "
-                "cross-encoder with one.",
-                "model",
-            )
-        tokenizer = self.embedding.frontend.tokenizer
-        prompts = [tokenizer(a, b)["input_ids"] for a, b in pairs]
-        outputs = await self.embedding.embed(
-            prompts, params, request_id, raw_request, request.priority, field=field
-        )
-        if outputs is None:
-            return None
-        scores = [pooler.score(float(o.outputs.data[0])) for o in outputs]
-        return scores, sum(len(o.prompt_token_ids) for o in outputs)
+        return plan.scores(outputs), plan.num_tokens(outputs)

@@ -64,6 +64,21 @@ class GenerationStub:
                 request_serializer=pagestream_dot_v1_dot_generation__pb2.EmbedRequest.SerializeToString,
                 response_deserializer=pagestream_dot_v1_dot_generation__pb2.EmbedResponse.FromString,
                 _registered_method=True)
+        self.Score = channel.unary_unary(
+                '/pagestream.v1.Generation/Score',
+                request_serializer=pagestream_dot_v1_dot_generation__pb2.ScoreRequest.SerializeToString,
+                response_deserializer=pagestream_dot_v1_dot_generation__pb2.ScoreResponse.FromString,
+                _registered_method=True)
+        self.Rerank = channel.unary_unary(
+                '/pagestream.v1.Generation/Rerank',
+                request_serializer=pagestream_dot_v1_dot_generation__pb2.RerankRequest.SerializeToString,
+                response_deserializer=pagestream_dot_v1_dot_generation__pb2.RerankResponse.FromString,
+                _registered_method=True)
+        self.Classify = channel.unary_unary(
+                '/pagestream.v1.Generation/Classify',
+                request_serializer=pagestream_dot_v1_dot_generation__pb2.ClassifyRequest.SerializeToString,
+                response_deserializer=pagestream_dot_v1_dot_generation__pb2.ClassifyResponse.FromString,
+                _registered_method=True)
 
 
 class GenerationServicer:
@@ -111,6 +126,28 @@ class GenerationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Score(self, request, context):
+        """How relevant each text_2 is to its text_1 (vLLM's /v1/score): a cross-encoder's
+        score of the pair read together, or the cosine of an embedding model's embeddings.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Rerank(self, request, context):
+        """The documents by relevance to the query, best first (Jina's / Cohere's /rerank).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Classify(self, request, context):
+        """Label probabilities from a classification model (*ForSequenceClassification).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -143,6 +180,21 @@ def add_GenerationServicer_to_server(servicer, server):
                     servicer.Embed,
                     request_deserializer=pagestream_dot_v1_dot_generation__pb2.EmbedRequest.FromString,
                     response_serializer=pagestream_dot_v1_dot_generation__pb2.EmbedResponse.SerializeToString,
+            ),
+            'Score': grpc.unary_unary_rpc_method_handler(
+                    servicer.Score,
+                    request_deserializer=pagestream_dot_v1_dot_generation__pb2.ScoreRequest.FromString,
+                    response_serializer=pagestream_dot_v1_dot_generation__pb2.ScoreResponse.SerializeToString,
+            ),
+            'Rerank': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rerank,
+                    request_deserializer=pagestream_dot_v1_dot_generation__pb2.RerankRequest.FromString,
+                    response_serializer=pagestream_dot_v1_dot_generation__pb2.RerankResponse.SerializeToString,
+            ),
+            'Classify': grpc.unary_unary_rpc_method_handler(
+                    servicer.Classify,
+                    request_deserializer=pagestream_dot_v1_dot_generation__pb2.ClassifyRequest.FromString,
+                    response_serializer=pagestream_dot_v1_dot_generation__pb2.ClassifyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -307,6 +359,87 @@ class Generation:
             '/pagestream.v1.Generation/Embed',
             pagestream_dot_v1_dot_generation__pb2.EmbedRequest.SerializeToString,
             pagestream_dot_v1_dot_generation__pb2.EmbedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Score(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pagestream.v1.Generation/Score',
+            pagestream_dot_v1_dot_generation__pb2.ScoreRequest.SerializeToString,
+            pagestream_dot_v1_dot_generation__pb2.ScoreResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rerank(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pagestream.v1.Generation/Rerank',
+            pagestream_dot_v1_dot_generation__pb2.RerankRequest.SerializeToString,
+            pagestream_dot_v1_dot_generation__pb2.RerankResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Classify(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pagestream.v1.Generation/Classify',
+            pagestream_dot_v1_dot_generation__pb2.ClassifyRequest.SerializeToString,
+            pagestream_dot_v1_dot_generation__pb2.ClassifyResponse.FromString,
             options,
             channel_credentials,
             insecure,
