@@ -11,114 +11,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import BertConfig, BertModel, XLMRobertaConfig, XLMRobertaModel
 
 from pagestream import LLM
 from services.common.model_errors import ModelLoadError
+from tests.helpers.encoder_folders import (
+    TEXTS,
+    classifier_folder,
+    cross_encoder_folder,
+    hf_label_probabilities,
+    hf_pair_scores,
+    st_embeddings,
+    st_folder,
+)
 from tests.helpers.hf_pooling import cosine
-from tests.helpers.tiny_tokenizer import VOCAB, build_tokenizer
-
-TEXTS = [
-    "the quick brown fox jumps over the lazy dog",
-    "hi",
-    "a story about a fox and a dog who were friends for a long time",
-    "dog",
-]
-
-
-def _encoder(arch: str, seed: int):
-    torch.manual_seed(seed)
-    common = dict(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=96,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    if arch == "bert":
-        model = BertModel(BertConfig(**common, max_position_embeddings=64))
-    else:  # positions after the padding id (0 here: the tokenizer pads with <unk>)
-        config = XLMRobertaConfig(**common, max_position_embeddings=66, pad_token_id=0)
-        model = XLMRobertaModel(config)
-    with torch.no_grad():  # norms and biases away from 1 / 0, so a wrong one shows
-        for name, param in model.named_parameters():
-            if "LayerNorm" in name or name.endswith("bias"):
-                param.add_(torch.randn_like(param) * 0.1)
-    return model.eval()
-
-
-def st_folder(tmp_path: Path, arch: str, pooling: str, normalize: bool, seed: int = 0) -> Path:
-    """A sentence-transformers folder: the encoder, 1_Pooling, optionally 2_Normalize."""
-    folder = tmp_path / f"{arch}-{pooling}-{normalize}"
-    _encoder(arch, seed).save_pretrained(folder)
-    if arch == "bert":  # BERT's own: WordPiece, [CLS] text [SEP]
-        tokenizer = wordpiece_tokenizer()
-    else:
-        tokenizer = build_tokenizer()
-        tokenizer.pad_token = "<unk>"
-    tokenizer.save_pretrained(folder)
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {
-            "idx": 1,
-            "name": "1",
-            "path": "1_Pooling",
-            "type": "sentence_transformers.models.Pooling",
-        },
-    ]
-    if normalize:
-        normalizer = "sentence_transformers.models.Normalize"
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": normalizer})
-        (folder / "2_Normalize").mkdir()
-    (folder / "modules.json").write_text(json.dumps(modules))
-    (folder / "1_Pooling").mkdir()
-    pooling_config = {
-        "word_embedding_dimension": 64,
-        "pooling_mode_cls_token": pooling == "cls",
-        "pooling_mode_mean_tokens": pooling == "mean",
-        "pooling_mode_max_tokens": pooling == "max",
-        "pooling_mode_mean_sqrt_len_tokens": False,
-    }
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config))
-    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 60}))
-    return folder
-
-
-def wordpiece_tokenizer():
-    """A BERT tokenizer (lower-casing WordPiece; [CLS] a [SEP], pairs [CLS] a [SEP] b [SEP]
-    with token types 0 then 1) trained on the test texts: ids 0-4 are [PAD] [UNK] [CLS]
-    [SEP] [MASK], as BERT's vocabularies start."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import BertTokenizerFast
-
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    trainer = trainers.WordPieceTrainer(vocab_size=200, special_tokens=specials)
-    tokenizer.train_from_iterator(TEXTS * 4, trainer)
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", 2), ("[SEP]", 3)],
-    )
-    return BertTokenizerFast(
-        tokenizer_object=tokenizer,
-        unk_token="[UNK]",
-        sep_token="[SEP]",
-        pad_token="[PAD]",
-        cls_token="[CLS]",
-        mask_token="[MASK]",
-    )
-
-
-def st_embeddings(folder: Path, texts: list[str]) -> np.ndarray:
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(str(folder), device="cpu")
-    return model.encode(texts, convert_to_numpy=True, batch_size=len(texts))
 
 
 def _assert_close(got, expected) -> None:
@@ -315,32 +220,6 @@ def test_llm_score_is_the_cosine_of_the_embeddings(tmp_path):
     np.testing.assert_allclose(got, [cosines[0, 2], cosines[1, 3]], atol=1e-5)
 
 
-def cross_encoder_folder(tmp_path: Path, arch: str, seed: int = 0) -> Path:
-    """A reranker as sentence-transformers' CrossEncoder saves one: a one-label
-    *ForSequenceClassification checkpoint with its tokenizer (BERT: pairs as
-    [CLS] a [SEP] b [SEP], the second text token type 1)."""
-    from transformers import BertForSequenceClassification, XLMRobertaForSequenceClassification
-
-    base = _encoder(arch, seed)
-    config = base.config
-    config.num_labels = 1
-    torch.manual_seed(seed + 1)
-    if arch == "bert":
-        model = BertForSequenceClassification(config)
-        tokenizer = wordpiece_tokenizer()
-    else:
-        model = XLMRobertaForSequenceClassification(config)
-        tokenizer = build_tokenizer()
-        tokenizer.pad_token = "<unk>"
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            param.add_(torch.randn_like(param) * (0.1 if "LayerNorm" in name else 0.05))
-    folder = tmp_path / f"{arch}-reranker"
-    model.eval().save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
 @pytest.mark.parametrize("arch", ["bert", "xlm-roberta"])
 async def test_a_cross_encoder_scores_pairs_as_sentence_transformers_does(tmp_path, arch):
     """A reranker's /v1/score, /rerank and LLM.score equal HF's own forward of the pair
@@ -348,17 +227,12 @@ async def test_a_cross_encoder_scores_pairs_as_sentence_transformers_does(tmp_pa
     sentence-transformers' CrossEncoder.predict too; its /v1/embeddings is a 400 naming
     the model."""
     from sentence_transformers import CrossEncoder
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from tests.helpers.openai_server import MODEL, running_server
 
     folder = cross_encoder_folder(tmp_path, arch)
     query, documents = TEXTS[3], TEXTS[:3]  # pairs within the tiny models' 64 positions
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    hf = AutoModelForSequenceClassification.from_pretrained(folder).eval()
-    with torch.no_grad():
-        logits = [hf(**tokenizer(query, d, return_tensors="pt")).logits[0, 0] for d in documents]
-    expected = torch.sigmoid(torch.stack(logits)).numpy()
+    expected = hf_pair_scores(folder, query, documents)
     if arch == "bert":  # (sentence-transformers 6's predict differs from HF's own forward
         # for this tiny XLM-RoBERTa by ~0.02; the reference is HF's)
         pairs = [(query, d) for d in documents]
@@ -388,23 +262,8 @@ async def test_a_cross_encoder_scores_pairs_as_sentence_transformers_does(tmp_pa
 def test_llm_classify_gives_the_labels_softmax(tmp_path):
     """A three-label BERT classifier: LLM.classify's probabilities are the softmax of HF's
     own logits; an embedding model refuses classify by name."""
-    from transformers import AutoModelForSequenceClassification, BertForSequenceClassification
-
-    base = _encoder("bert", 0)
-    base.config.num_labels = 3
-    torch.manual_seed(2)
-    model = BertForSequenceClassification(base.config).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.05)
-    folder = tmp_path / "classifier"
-    model.save_pretrained(folder)
-    tokenizer = wordpiece_tokenizer()
-    tokenizer.save_pretrained(folder)
-    hf = AutoModelForSequenceClassification.from_pretrained(folder).eval()
-    with torch.no_grad():
-        logits = [hf(**tokenizer(t, return_tensors="pt")).logits[0] for t in TEXTS]
-    expected = torch.softmax(torch.stack(logits), dim=-1).numpy()
+    folder = classifier_folder(tmp_path, ["negative", "neutral", "positive"])
+    expected = hf_label_probabilities(folder, TEXTS)
     llm = LLM(str(folder), dtype="float32", kv_cache_memory="8MiB", max_num_batched_tokens=48)
     try:
         got = [o.outputs.probs for o in llm.classify(TEXTS, use_tqdm=False)]
