@@ -8,7 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import BertConfig, BertModel, XLMRobertaConfig, XLMRobertaModel
+from transformers import (
+    BertConfig,
+    BertModel,
+    MPNetConfig,
+    MPNetModel,
+    XLMRobertaConfig,
+    XLMRobertaModel,
+)
 
 from tests.helpers.tiny_tokenizer import VOCAB, build_tokenizer
 
@@ -33,6 +40,8 @@ def encoder(arch: str, seed: int):
     )
     if arch == "bert":
         model = BertModel(BertConfig(**common, max_position_embeddings=64))
+    elif arch == "mpnet":  # positions from 2 (its fixed padding index 1), relative bias
+        model = MPNetModel(MPNetConfig(**common, max_position_embeddings=66, pad_token_id=0))
     else:  # positions after the padding id (0 here: the tokenizer pads with <unk>)
         config = XLMRobertaConfig(**common, max_position_embeddings=66, pad_token_id=0)
         model = XLMRobertaModel(config)
@@ -40,6 +49,8 @@ def encoder(arch: str, seed: int):
         for name, param in model.named_parameters():
             if "LayerNorm" in name or name.endswith("bias"):
                 param.add_(torch.randn_like(param) * 0.1)
+            if "relative_attention_bias" in name:  # ~1 per score, so a wrong bucket shows
+                param.normal_(0.0, 1.0)
     return model.eval()
 
 
@@ -47,8 +58,10 @@ def st_folder(tmp_path: Path, arch: str, pooling: str, normalize: bool, seed: in
     """A sentence-transformers folder: the encoder, 1_Pooling, optionally 2_Normalize."""
     folder = tmp_path / f"{arch}-{pooling}-{normalize}"
     encoder(arch, seed).save_pretrained(folder)
-    if arch == "bert":  # BERT's own: WordPiece, [CLS] text [SEP]
+    if arch in ("bert", "mpnet"):  # BERT's own: WordPiece, [CLS] text [SEP]
         tokenizer = wordpiece_tokenizer()
+        if arch == "mpnet":  # MPNet takes no token types
+            tokenizer.model_input_names = ["input_ids", "attention_mask"]
     else:
         tokenizer = build_tokenizer()
         tokenizer.pad_token = "<unk>"
@@ -119,7 +132,11 @@ def cross_encoder_folder(tmp_path: Path, arch: str, seed: int = 0) -> Path:
     """A reranker as sentence-transformers' CrossEncoder saves one: a one-label
     *ForSequenceClassification checkpoint with its tokenizer (BERT: pairs as
     [CLS] a [SEP] b [SEP], the second text token type 1)."""
-    from transformers import BertForSequenceClassification, XLMRobertaForSequenceClassification
+    from transformers import (
+        BertForSequenceClassification,
+        MPNetForSequenceClassification,
+        XLMRobertaForSequenceClassification,
+    )
 
     base = encoder(arch, seed)
     config = base.config
@@ -128,6 +145,10 @@ def cross_encoder_folder(tmp_path: Path, arch: str, seed: int = 0) -> Path:
     if arch == "bert":
         model = BertForSequenceClassification(config)
         tokenizer = wordpiece_tokenizer()
+    elif arch == "mpnet":
+        model = MPNetForSequenceClassification(config)
+        tokenizer = wordpiece_tokenizer()
+        tokenizer.model_input_names = ["input_ids", "attention_mask"]
     else:
         model = XLMRobertaForSequenceClassification(config)
         tokenizer = build_tokenizer()

@@ -35,7 +35,12 @@ def _assert_close(got, expected) -> None:
 
 @pytest.mark.parametrize(
     ("arch", "pooling", "normalize"),
-    [("bert", "mean", True), ("bert", "cls", False), ("xlm-roberta", "mean", False)],
+    [
+        ("bert", "mean", True),
+        ("bert", "cls", False),
+        ("xlm-roberta", "mean", False),
+        ("mpnet", "mean", True),
+    ],
 )
 @pytest.mark.parametrize("budget", [512, 48])  # all prompts in one step, or few a step
 def test_embeddings_equal_sentence_transformers(tmp_path, arch, pooling, normalize, budget):
@@ -220,7 +225,7 @@ def test_llm_score_is_the_cosine_of_the_embeddings(tmp_path):
     np.testing.assert_allclose(got, [cosines[0, 2], cosines[1, 3]], atol=1e-5)
 
 
-@pytest.mark.parametrize("arch", ["bert", "xlm-roberta"])
+@pytest.mark.parametrize("arch", ["bert", "xlm-roberta", "mpnet"])
 async def test_a_cross_encoder_scores_pairs_as_sentence_transformers_does(tmp_path, arch):
     """A reranker's /v1/score, /rerank and LLM.score equal HF's own forward of the pair
     (AutoModelForSequenceClassification's logit through a sigmoid), and for BERT

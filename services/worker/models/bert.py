@@ -1,10 +1,12 @@
-"""BERT-family encoders for the pooling runner: BERT, RoBERTa, XLM-RoBERTa.
+"""BERT-family encoders for the pooling runner: BERT, RoBERTa, XLM-RoBERTa, MPNet.
 
     hidden = model(input_ids [T], positions [T], kv_caches, attn_metadata)  # [T, hidden]
 
 A post-norm encoder (HF's BertModel): word + position + token-type embeddings and their
 LayerNorm, then per layer bidirectional self-attention and a GELU MLP, each followed by
-its residual LayerNorm. RoBERTa's positions start after its padding id. The output is the
+its residual LayerNorm. RoBERTa's positions start after its padding id. MPNet has no token
+types, numbers positions from 2 and adds a relative position bias (T5's buckets, one table
+shared by every layer) to each layer's attention scores. The output is the
 last hidden state of every row (what sentence-transformers' Transformer module returns);
 the Pooler picks and pools rows from it. A cross-encoder (`*ForSequenceClassification`:
 a reranker) adds its classification head over the first row (`pooled_head`: BERT's
@@ -22,6 +24,7 @@ query reads. Token type 0 for every token (sentence-transformers' single-text in
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -36,7 +39,8 @@ from services.worker.models.causal_lm import CausalLM
 from services.worker.models.kv_cache_spec import KVCacheSpec
 
 # Checkpoint prefixes of the same encoder under a task head (BertForMaskedLM: "bert.").
-_PREFIXES = ("bert.", "roberta.", "model.")
+_PREFIXES = ("bert.", "roberta.", "mpnet.", "model.")
+_MPNET_BUCKETS, _MPNET_MAX_DISTANCE = 32, 128  # HF's MPNet always buckets with these
 _ACTIVATIONS = {
     "gelu": lambda x: F.gelu(x),
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
@@ -50,13 +54,38 @@ def bidirectional_attention(
     k: torch.Tensor,  # [T, H, D]
     v: torch.Tensor,  # [T, H, D]
     starts: Sequence[int],  # [S + 1] host prefix sums of the sequences' rows
+    biases: Sequence[torch.Tensor] | None = None,  # per sequence [H, n, n] added to scores
 ) -> torch.Tensor:
     """Each sequence's rows attend to all of its rows (no causal mask): [T, H, D]."""
     out = torch.empty_like(q)
-    for begin, end in itertools.pairwise(starts):
+    for i, (begin, end) in enumerate(itertools.pairwise(starts)):
         qs, ks, vs = (t[begin:end].transpose(0, 1) for t in (q, k, v))  # [H, n, D]
-        out[begin:end] = F.scaled_dot_product_attention(qs, ks, vs).transpose(0, 1)
+        bias = None if biases is None else biases[i]
+        attended = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=bias)
+        out[begin:end] = attended.transpose(0, 1)
     return out
+
+
+def relative_position_buckets(
+    n: int, num_buckets: int, max_distance: int, device: torch.device
+) -> torch.Tensor:
+    """T5's bidirectional buckets of key position - query position: [n, n] int64 (half the
+    buckets for keys before the query, exact near it, logarithmic out to max_distance)."""
+    positions = torch.arange(n, device=device)
+    distance = positions[:, None] - positions[None, :]  # query - key
+    half = num_buckets // 2
+    bucket = (distance < 0).long() * half
+    distance = distance.abs()
+    exact = half // 2
+    far = (
+        exact
+        + (
+            torch.log(distance.float().clamp(min=1) / exact)
+            / math.log(max_distance / exact)
+            * (half - exact)
+        ).long()
+    )
+    return bucket + torch.where(distance < exact, distance, far.clamp(max=half - 1))
 
 
 class BertLayer(nn.Module):
@@ -74,18 +103,20 @@ class BertLayer(nn.Module):
             raise ModelLoadError(f"hidden_act {config.hidden_act!r} is not supported for BERT")
         self.act = _ACTIVATIONS[config.hidden_act]
 
-    def forward(self, x: torch.Tensor, starts: Sequence[int]) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, starts: Sequence[int], biases: Sequence[torch.Tensor] | None
+    ) -> torch.Tensor:
         rows = x.shape[0]
         q, k, v = self.qkv(x).view(rows, 3, self.num_heads, -1).unbind(1)  # [T, H, D] each
-        mixed = bidirectional_attention(q, k, v, starts).reshape(rows, -1)  # [T, hidden]
+        mixed = bidirectional_attention(q, k, v, starts, biases).reshape(rows, -1)
         x = self.attn_norm(x + self.attn_out(mixed))
         return self.out_norm(x + self.down(self.act(self.up(x))))
 
 
 class BertEncoder(CausalLM):
-    """The encoder of a BERT / RoBERTa / XLM-RoBERTa checkpoint (BertModel's names, or
-    under a task head's "bert." / "roberta." prefix); an embedding model's pooler layer is
-    not used, a cross-encoder's head is."""
+    """The encoder of a BERT / RoBERTa / XLM-RoBERTa / MPNet checkpoint (BertModel's
+    names, or under a task head's "bert." / "roberta." / "mpnet." prefix); an embedding
+    model's pooler layer is not used, a cross-encoder's head is."""
 
     reads_pairs = True  # its config needs sep_token_id (the loader reads the tokenizer's)
 
@@ -103,13 +134,15 @@ class BertEncoder(CausalLM):
         hidden = config.hidden_size
         self.can_generate, self.bidirectional = False, True
         self.max_seq_length: int | None = None  # sentence_bert_config.json's, if any
-        roberta = config.model_type in ("roberta", "xlm-roberta", "camembert")
-        # RoBERTa numbers positions from its padding id + 1 (HF's position ids of an
-        # unpadded sequence)
-        self.position_offset = int(config.pad_token_id) + 1 if roberta else 0
+        self.position_offset = _position_offset(config)
         self.word_embeddings = nn.Embedding(config.vocab_size, hidden)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, hidden)
-        self.token_type_embeddings = nn.Embedding(max(config.type_vocab_size, 1), hidden)
+        num_types = int(getattr(config, "type_vocab_size", 0) or 0)  # MPNet: none
+        self.token_type_embeddings = nn.Embedding(num_types, hidden) if num_types else None
+        self.relative_bias = None  # MPNet's [buckets, heads], shared by every layer
+        if config.model_type == "mpnet":
+            buckets = config.relative_attention_num_buckets
+            self.relative_bias = nn.Embedding(buckets, config.num_attention_heads)
         self.embed_norm = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
         self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
         architectures = getattr(config, "architectures", None) or []
@@ -120,7 +153,7 @@ class BertEncoder(CausalLM):
             self.head_out = nn.Linear(hidden, self.num_labels)
         # the second text of a pair is token type 1 (None: every token is type 0)
         sep = getattr(config, "sep_token_id", None)
-        self.sep_token_id = int(sep) if sep is not None and config.type_vocab_size > 1 else None
+        self.sep_token_id = int(sep) if sep is not None and num_types > 1 else None
 
     @staticmethod
     def unsupported(config: PretrainedConfig, rank: RankInfo, pooling: bool) -> str | None:
@@ -166,16 +199,26 @@ class BertEncoder(CausalLM):
         seq_lens = attn_metadata.seq_lens.tolist()
         if [end - begin for begin, end in itertools.pairwise(starts)] != seq_lens:
             raise RuntimeError("an encoder step must hold whole prompts (none was chunked)")
-        token_types = self._token_types(input_ids, starts)
-        x = (
-            self.word_embeddings(input_ids)
-            + self.position_embeddings(positions + self.position_offset)
-            + self.token_type_embeddings(token_types)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(
+            positions + self.position_offset
         )
+        if self.token_type_embeddings is not None:
+            x = x + self.token_type_embeddings(self._token_types(input_ids, starts))
         x = self.embed_norm(x)  # [T, hidden]
+        biases = self._position_biases(seq_lens, x.device, x.dtype)
         for layer in self.layers:
-            x = layer(x, starts)
+            x = layer(x, starts, biases)
         return x
+
+    def _position_biases(self, seq_lens, device, dtype) -> list[torch.Tensor] | None:
+        """MPNet's relative position bias per sequence, [H, n, n] (None: no bias)."""
+        if self.relative_bias is None:
+            return None
+        cached: dict[int, torch.Tensor] = {}
+        for n in set(seq_lens):
+            buckets = relative_position_buckets(n, _MPNET_BUCKETS, _MPNET_MAX_DISTANCE, device)
+            cached[n] = self.relative_bias(buckets).permute(2, 0, 1).to(dtype)  # [H, n, n]
+        return [cached[n] for n in seq_lens]
 
     def _token_types(self, input_ids: torch.Tensor, starts: Sequence[int]) -> torch.Tensor:
         """[T]: 1 for each sequence's tokens after its first [SEP] (a pair's second text)."""
@@ -224,15 +267,28 @@ class BertEncoder(CausalLM):
         return loaded
 
 
+def _position_offset(config: PretrainedConfig) -> int:
+    """Where a sequence's position ids start (HF's ids of an unpadded sequence): RoBERTa's
+    after its padding id, MPNet's after its fixed padding index 1, BERT's at 0."""
+    if config.model_type == "mpnet":
+        return 2
+    if config.model_type in ("roberta", "xlm-roberta", "camembert"):
+        return int(config.pad_token_id) + 1
+    return 0
+
+
 _EMBEDDINGS = {
     "embeddings.word_embeddings": "word_embeddings",
     "embeddings.position_embeddings": "position_embeddings",
     "embeddings.token_type_embeddings": "token_type_embeddings",
     "embeddings.LayerNorm": "embed_norm",
+    "encoder.relative_attention_bias": "relative_bias",  # MPNet
 }
 _LAYER = {
     "attention.output.dense": "attn_out",
     "attention.output.LayerNorm": "attn_norm",
+    "attention.attn.o": "attn_out",  # MPNet's
+    "attention.LayerNorm": "attn_norm",
     "intermediate.dense": "up",
     "output.dense": "down",
     "output.LayerNorm": "out_norm",
@@ -248,6 +304,9 @@ _HEAD = {
 }
 
 
+_QKV_PARTS = {"q": "query", "k": "key", "v": "value"}  # MPNet's names
+
+
 def _our_name(name: str, with_head: bool) -> str | tuple[str, str] | None:
     """A checkpoint name as ours: a parameter, (qkv parameter, "query" | "key" | "value"),
     or None (an embedding model's pooler layer, position_ids buffers)."""
@@ -261,8 +320,10 @@ def _our_name(name: str, with_head: bool) -> str | tuple[str, str] | None:
     if not module.startswith("encoder.layer."):
         return None
     index, _, rest = module.removeprefix("encoder.layer.").partition(".")
-    if rest.startswith("attention.self."):
-        return f"layers.{index}.qkv.{param}", rest.removeprefix("attention.self.")
+    for attention in ("attention.self.", "attention.attn."):  # BERT's, MPNet's
+        if rest.startswith(attention) and rest != "attention.attn.o":
+            part = rest.removeprefix(attention)
+            return f"layers.{index}.qkv.{param}", _QKV_PARTS.get(part, part)
     if rest in _LAYER:
         return f"layers.{index}.{_LAYER[rest]}.{param}"
     return None

@@ -52,9 +52,16 @@ NATIVE_MODELS: dict[str, type[CausalLM]] = {
     "BertModel": BertEncoder,
     "RobertaModel": BertEncoder,
     "XLMRobertaModel": BertEncoder,
+    "MPNetModel": BertEncoder,
+    # a masked-LM checkpoint embeds with its encoder (all-mpnet-base-v2 is saved as one)
+    "BertForMaskedLM": BertEncoder,
+    "RobertaForMaskedLM": BertEncoder,
+    "XLMRobertaForMaskedLM": BertEncoder,
+    "MPNetForMaskedLM": BertEncoder,
     "BertForSequenceClassification": BertEncoder,  # cross-encoders (rerankers)
     "RobertaForSequenceClassification": BertEncoder,
     "XLMRobertaForSequenceClassification": BertEncoder,
+    "MPNetForSequenceClassification": BertEncoder,
 }
 
 
