@@ -123,13 +123,17 @@ class PoolerConfig:
         return resolved
 
     def for_classifier(
-        self, num_labels: int, activation: str, labels: tuple[str, ...] = ()
+        self,
+        num_labels: int,
+        activation: str,
+        labels: tuple[str, ...] = (),
+        pooling_type: str = "CLS",
     ) -> PoolerConfig:
-        """A classifier's (a cross-encoder is one with one label): its first row through
-        its head, logits as they are."""
+        """A classifier's (a cross-encoder is one with one label): its first row (or the
+        mean of its rows) through its head, logits as they are."""
         return replace(
             self,
-            pooling_type="CLS",
+            pooling_type=pooling_type,
             normalize=False,
             hidden_size=num_labels,
             num_labels=num_labels,

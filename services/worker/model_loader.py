@@ -338,7 +338,10 @@ def _pooler(model, model_config: ModelConfig, folder: Path, hf_config: dict, con
     model.max_seq_length = _max_seq_length(folder)
     if model.num_labels:  # a cross-encoder's logits
         classifier = pooler.for_classifier(
-            model.num_labels, _score_activation(config), _label_names(config, model.num_labels)
+            model.num_labels,
+            _score_activation(config),
+            _label_names(config, model.num_labels),
+            model.classifier_pooling,
         )
         return classifier, model.pooled_head
     if not pipeline.dense_dirs:

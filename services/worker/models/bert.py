@@ -1,42 +1,30 @@
 """BERT-family encoders for the pooling runner: BERT, RoBERTa, XLM-RoBERTa, MPNet.
 
-    hidden = model(input_ids [T], positions [T], kv_caches, attn_metadata)  # [T, hidden]
-
 A post-norm encoder (HF's BertModel): word + position + token-type embeddings and their
 LayerNorm, then per layer bidirectional self-attention and a GELU MLP, each followed by
 its residual LayerNorm. RoBERTa's positions start after its padding id. MPNet has no token
 types, numbers positions from 2 and adds a relative position bias (T5's buckets, one table
-shared by every layer) to each layer's attention scores. The output is the
-last hidden state of every row (what sentence-transformers' Transformer module returns);
-the Pooler picks and pools rows from it. A cross-encoder (`*ForSequenceClassification`:
-a reranker) adds its classification head over the first row (`pooled_head`: BERT's
-pooler + classifier, RoBERTa's classifier.dense + out_proj, both dense -> tanh -> labels),
-and its second text's tokens (after the first [SEP]) are token type 1, as its tokenizer
-marks a pair.
-
-Attention is bidirectional, so a sequence's rows see its later tokens too: each step must
-hold whole prompts (the scheduler schedules an encoder's prompt in one step, never
-chunked, never from a prefix hit: `PoolerConfig.whole_prompt`), and nothing is kept in
-the paged cache (an encoder never decodes): the step's own keys and values are all a
-query reads. Token type 0 for every token (sentence-transformers' single-text inputs).
+shared by every layer) to each layer's attention scores. A cross-encoder
+(`*ForSequenceClassification`: a reranker) adds its classification head over the first
+row (`pooled_head`: BERT's pooler + classifier, RoBERTa's and MPNet's classifier.dense +
+out_proj, both dense -> tanh -> labels), and its second text's tokens (after the first
+[SEP]) are token type 1, as its tokenizer marks a pair; a single text is all type 0.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
-from pagestream_kernels.attention_metadata import AttentionMetadata
 from services.common.model_errors import ModelLoadError
 from services.common.rank_info import RankInfo
-from services.worker.models.causal_lm import CausalLM
-from services.worker.models.kv_cache_spec import KVCacheSpec
+from services.worker.models.encoder import Encoder, bidirectional_attention
 
 # Checkpoint prefixes of the same encoder under a task head (BertForMaskedLM: "bert.").
 _PREFIXES = ("bert.", "roberta.", "mpnet.", "model.")
@@ -47,23 +35,6 @@ _ACTIVATIONS = {
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "relu": F.relu,
 }
-
-
-def bidirectional_attention(
-    q: torch.Tensor,  # [T, H, D]
-    k: torch.Tensor,  # [T, H, D]
-    v: torch.Tensor,  # [T, H, D]
-    starts: Sequence[int],  # [S + 1] host prefix sums of the sequences' rows
-    biases: Sequence[torch.Tensor] | None = None,  # per sequence [H, n, n] added to scores
-) -> torch.Tensor:
-    """Each sequence's rows attend to all of its rows (no causal mask): [T, H, D]."""
-    out = torch.empty_like(q)
-    for i, (begin, end) in enumerate(itertools.pairwise(starts)):
-        qs, ks, vs = (t[begin:end].transpose(0, 1) for t in (q, k, v))  # [H, n, D]
-        bias = None if biases is None else biases[i]
-        attended = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=bias)
-        out[begin:end] = attended.transpose(0, 1)
-    return out
 
 
 def relative_position_buckets(
@@ -113,7 +84,7 @@ class BertLayer(nn.Module):
         return self.out_norm(x + self.down(self.act(self.up(x))))
 
 
-class BertEncoder(CausalLM):
+class BertEncoder(Encoder):
     """The encoder of a BERT / RoBERTa / XLM-RoBERTa / MPNet checkpoint (BertModel's
     names, or under a task head's "bert." / "roberta." / "mpnet." prefix); an embedding
     model's pooler layer is not used, a cross-encoder's head is."""
@@ -127,13 +98,8 @@ class BertEncoder(CausalLM):
         pooling: bool = True,
         expert_parallel: bool = False,
     ) -> None:
-        super().__init__(config)
-        reason = self.unsupported(config, rank or RankInfo(), pooling)
-        if reason:
-            raise ModelLoadError(f"{type(self).__name__}: {reason}")
+        super().__init__(config, rank, pooling, expert_parallel)
         hidden = config.hidden_size
-        self.can_generate, self.bidirectional = False, True
-        self.max_seq_length: int | None = None  # sentence_bert_config.json's, if any
         self.position_offset = _position_offset(config)
         self.word_embeddings = nn.Embedding(config.vocab_size, hidden)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, hidden)
@@ -145,60 +111,32 @@ class BertEncoder(CausalLM):
             self.relative_bias = nn.Embedding(buckets, config.num_attention_heads)
         self.embed_norm = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
         self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
-        architectures = getattr(config, "architectures", None) or []
-        self.num_labels = 0  # 0: an embedding model (no head)
-        if any(a.endswith("ForSequenceClassification") for a in architectures):
-            self.num_labels = int(config.num_labels)
+        if self.num_labels:
             self.head_dense = nn.Linear(hidden, hidden)
             self.head_out = nn.Linear(hidden, self.num_labels)
         # the second text of a pair is token type 1 (None: every token is type 0)
         sep = getattr(config, "sep_token_id", None)
         self.sep_token_id = int(sep) if sep is not None and num_types > 1 else None
 
-    @staticmethod
-    def unsupported(config: PretrainedConfig, rank: RankInfo, pooling: bool) -> str | None:
-        """Why this encoder cannot run here (None: it can)."""
-        if not pooling:
-            return "an encoder only pools: run it with --runner pooling (embeddings)"
-        if rank.tensor_parallel_size > 1 or rank.pipeline_parallel_size > 1:
-            return "encoders run on one rank (no tensor or pipeline parallelism yet)"
+    @classmethod
+    def unsupported(cls, config: PretrainedConfig, rank: RankInfo, pooling: bool) -> str | None:
         if getattr(config, "position_embedding_type", "absolute") != "absolute":
             return f"position_embedding_type {config.position_embedding_type!r} is not supported"
         if getattr(config, "is_decoder", False):
             return "a BERT decoder (is_decoder) is not supported"
-        return None
-
-    def use_native_step(self) -> bool:
-        return False  # the torch path: no native CPU step for encoders yet
+        return super().unsupported(config, rank, pooling)
 
     @property
-    def max_model_len(self) -> int | None:
-        """Its positions, or the shorter max_seq_length its sentence-transformers folder
-        was trained to (set by the loader; a longer prompt is refused by name, or cut with
-        truncate_prompt_tokens, rather than read past what the model was trained on)."""
-        positions = int(self.config.max_position_embeddings) - self.position_offset
-        return min(positions, self.max_seq_length or positions)
+    def max_positions(self) -> int:
+        return int(self.config.max_position_embeddings) - self.position_offset
 
-    @property
-    def kv_cache_spec(self) -> KVCacheSpec:
-        """Nothing is kept in the cache: one tiny layer, so its blocks cost (almost) nothing."""
-        return KVCacheSpec(1, 1, 1, self.dtype)
-
-    @property
-    def num_layers(self) -> int:
-        return 1  # of cache: see kv_cache_spec
-
-    def forward(
+    def encode(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        kv_caches: Sequence[torch.Tensor],
-        attn_metadata: AttentionMetadata,
+        starts: Sequence[int],
+        seq_lens: Sequence[int],
     ) -> torch.Tensor:
-        starts = attn_metadata.query_start_loc.tolist()
-        seq_lens = attn_metadata.seq_lens.tolist()
-        if [end - begin for begin, end in itertools.pairwise(starts)] != seq_lens:
-            raise RuntimeError("an encoder step must hold whole prompts (none was chunked)")
         x = self.word_embeddings(input_ids) + self.position_embeddings(
             positions + self.position_offset
         )
@@ -232,39 +170,10 @@ class BertEncoder(CausalLM):
         return types
 
     def pooled_head(self, pooled: torch.Tensor) -> torch.Tensor:
-        """A cross-encoder's logits [P, num_labels] from its first rows [P, hidden]."""
         return self.head_out(torch.tanh(self.head_dense(pooled)))
 
-    def owns_weight(self, name: str) -> bool:
-        """Whether a checkpoint tensor loads into this encoder (skipped unread otherwise)."""
-        return _our_name(name, self.num_labels > 0) is not None
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        raise RuntimeError("an encoder has no LM head: it only pools")
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """HF BertModel names -> ours; q, k and v rows go into one qkv matrix."""
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
-        pending: dict[str, dict[str, torch.Tensor]] = {}
-        for name, tensor in weights:
-            target = _our_name(name, self.num_labels > 0)
-            if target is None:
-                continue
-            if isinstance(target, tuple):  # a part of qkv
-                key, part = target
-                pending.setdefault(key, {})[part] = tensor
-                if len(pending[key]) < 3:
-                    continue
-                parts = pending.pop(key)
-                tensor = torch.cat([parts["query"], parts["key"], parts["value"]])
-                target = key
-            params[target].data.copy_(tensor)
-            loaded.add(target)
-        missing = sorted(set(params) - loaded)
-        if missing:
-            raise ModelLoadError(f"the checkpoint lacks {', '.join(missing[:6])}")
-        return loaded
+    def checkpoint_name(self, name: str) -> str | tuple[str, str] | None:
+        return _our_name(name, self.num_labels > 0)
 
 
 def _position_offset(config: PretrainedConfig) -> int:
