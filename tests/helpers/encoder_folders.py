@@ -11,6 +11,8 @@ import torch
 from transformers import (
     BertConfig,
     BertModel,
+    ModernBertConfig,
+    ModernBertModel,
     MPNetConfig,
     MPNetModel,
     XLMRobertaConfig,
@@ -42,12 +44,28 @@ def encoder(arch: str, seed: int):
         model = BertModel(BertConfig(**common, max_position_embeddings=64))
     elif arch == "mpnet":  # positions from 2 (its fixed padding index 1), relative bias
         model = MPNetModel(MPNetConfig(**common, max_position_embeddings=66, pad_token_id=0))
+    elif arch == "modernbert":  # layers full, local, local; a window of 4 either side
+        config = ModernBertConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            intermediate_size=96,
+            max_position_embeddings=64,
+            local_attention=8,
+            pad_token_id=0,
+            bos_token_id=2,
+            cls_token_id=2,
+            eos_token_id=3,
+            sep_token_id=3,
+        )
+        model = ModernBertModel(config)
     else:  # positions after the padding id (0 here: the tokenizer pads with <unk>)
         config = XLMRobertaConfig(**common, max_position_embeddings=66, pad_token_id=0)
         model = XLMRobertaModel(config)
     with torch.no_grad():  # norms and biases away from 1 / 0, so a wrong one shows
         for name, param in model.named_parameters():
-            if "LayerNorm" in name or name.endswith("bias"):
+            if "norm" in name.lower() or name.endswith("bias"):
                 param.add_(torch.randn_like(param) * 0.1)
             if "relative_attention_bias" in name:  # ~1 per score, so a wrong bucket shows
                 param.normal_(0.0, 1.0)
@@ -58,9 +76,9 @@ def st_folder(tmp_path: Path, arch: str, pooling: str, normalize: bool, seed: in
     """A sentence-transformers folder: the encoder, 1_Pooling, optionally 2_Normalize."""
     folder = tmp_path / f"{arch}-{pooling}-{normalize}"
     encoder(arch, seed).save_pretrained(folder)
-    if arch in ("bert", "mpnet"):  # BERT's own: WordPiece, [CLS] text [SEP]
+    if arch in ("bert", "mpnet", "modernbert"):  # WordPiece, [CLS] text [SEP]
         tokenizer = wordpiece_tokenizer()
-        if arch == "mpnet":  # MPNet takes no token types
+        if arch != "bert":  # no token types
             tokenizer.model_input_names = ["input_ids", "attention_mask"]
     else:
         tokenizer = build_tokenizer()
@@ -134,6 +152,7 @@ def cross_encoder_folder(tmp_path: Path, arch: str, seed: int = 0) -> Path:
     [CLS] a [SEP] b [SEP], the second text token type 1)."""
     from transformers import (
         BertForSequenceClassification,
+        ModernBertForSequenceClassification,
         MPNetForSequenceClassification,
         XLMRobertaForSequenceClassification,
     )
@@ -145,8 +164,15 @@ def cross_encoder_folder(tmp_path: Path, arch: str, seed: int = 0) -> Path:
     if arch == "bert":
         model = BertForSequenceClassification(config)
         tokenizer = wordpiece_tokenizer()
-    elif arch == "mpnet":
-        model = MPNetForSequenceClassification(config)
+    elif arch in ("mpnet", "modernbert"):
+        if arch == "modernbert":
+            config.classifier_pooling = "mean"  # (its other pooling, cls, is BERT's)
+        kind = (
+            MPNetForSequenceClassification
+            if arch == "mpnet"
+            else ModernBertForSequenceClassification
+        )
+        model = kind(config)
         tokenizer = wordpiece_tokenizer()
         tokenizer.model_input_names = ["input_ids", "attention_mask"]
     else:

@@ -14,6 +14,7 @@ import torch
 
 from pagestream import LLM
 from services.common.model_errors import ModelLoadError
+from services.worker.models.encoder import Encoder
 from tests.helpers.encoder_folders import (
     TEXTS,
     classifier_folder,
@@ -40,6 +41,8 @@ def _assert_close(got, expected) -> None:
         ("bert", "cls", False),
         ("xlm-roberta", "mean", False),
         ("mpnet", "mean", True),
+        ("modernbert", "mean", True),
+        ("modernbert", "cls", False),
     ],
 )
 @pytest.mark.parametrize("budget", [512, 48])  # all prompts in one step, or few a step
@@ -48,7 +51,7 @@ def test_embeddings_equal_sentence_transformers(tmp_path, arch, pooling, normali
     expected = st_embeddings(folder, TEXTS)
     llm = LLM(str(folder), dtype="float32", kv_cache_memory="8MiB", max_num_batched_tokens=budget)
     try:
-        assert type(llm.engine.worker.model).__name__ == "BertEncoder"
+        assert isinstance(llm.engine.worker.model, Encoder)  # native, not the fallback
         outputs = llm.embed(TEXTS, use_tqdm=False)
     finally:
         llm.engine.close()
@@ -225,7 +228,7 @@ def test_llm_score_is_the_cosine_of_the_embeddings(tmp_path):
     np.testing.assert_allclose(got, [cosines[0, 2], cosines[1, 3]], atol=1e-5)
 
 
-@pytest.mark.parametrize("arch", ["bert", "xlm-roberta", "mpnet"])
+@pytest.mark.parametrize("arch", ["bert", "xlm-roberta", "mpnet", "modernbert"])
 async def test_a_cross_encoder_scores_pairs_as_sentence_transformers_does(tmp_path, arch):
     """A reranker's /v1/score, /rerank and LLM.score equal HF's own forward of the pair
     (AutoModelForSequenceClassification's logit through a sigmoid), and for BERT

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from services.worker.models.bert import BertEncoder
+from services.worker.models.modernbert import ModernBertEncoder
 from services.worker.models.causal_lm import CausalLM
 from services.worker.models.llama import (
     Gemma3ForCausalLM,
@@ -62,6 +63,9 @@ NATIVE_MODELS: dict[str, type[CausalLM]] = {
     "RobertaForSequenceClassification": BertEncoder,
     "XLMRobertaForSequenceClassification": BertEncoder,
     "MPNetForSequenceClassification": BertEncoder,
+    "ModernBertModel": ModernBertEncoder,
+    "ModernBertForMaskedLM": ModernBertEncoder,
+    "ModernBertForSequenceClassification": ModernBertEncoder,
 }
 
 
