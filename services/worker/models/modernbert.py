@@ -20,8 +20,8 @@ from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
 from services.common.rank_info import RankInfo
-from services.worker.models.encoder import Encoder, bidirectional_attention, window_mask
 from services.worker.layers.rotary_embedding import RotaryEmbedding
+from services.worker.models.encoder import Encoder, bidirectional_attention, window_mask
 
 _LOCAL = "sliding_attention"
 

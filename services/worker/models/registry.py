@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from services.worker.models.bert import BertEncoder
-from services.worker.models.modernbert import ModernBertEncoder
 from services.worker.models.causal_lm import CausalLM
 from services.worker.models.llama import (
     Gemma3ForCausalLM,
@@ -23,6 +22,7 @@ from services.worker.models.mixture_of_experts import (
     Qwen2MoeForCausalLM,
     Qwen3MoeForCausalLM,
 )
+from services.worker.models.modernbert import ModernBertEncoder
 
 # HF `architectures` name -> native implementation.
 NATIVE_MODELS: dict[str, type[CausalLM]] = {
