@@ -15,6 +15,8 @@ from transformers import (
     ModernBertModel,
     MPNetConfig,
     MPNetModel,
+    NomicBertConfig,
+    NomicBertModel,
     XLMRobertaConfig,
     XLMRobertaModel,
 )
@@ -60,6 +62,8 @@ def encoder(arch: str, seed: int):
             sep_token_id=3,
         )
         model = ModernBertModel(config)
+    elif arch == "nomic_bert":  # rotary, SwiGLU, token types
+        model = NomicBertModel(NomicBertConfig(**common, max_position_embeddings=64))
     else:  # positions after the padding id (0 here: the tokenizer pads with <unk>)
         config = XLMRobertaConfig(**common, max_position_embeddings=66, pad_token_id=0)
         model = XLMRobertaModel(config)
@@ -76,9 +80,9 @@ def st_folder(tmp_path: Path, arch: str, pooling: str, normalize: bool, seed: in
     """A sentence-transformers folder: the encoder, 1_Pooling, optionally 2_Normalize."""
     folder = tmp_path / f"{arch}-{pooling}-{normalize}"
     encoder(arch, seed).save_pretrained(folder)
-    if arch in ("bert", "mpnet", "modernbert"):  # WordPiece, [CLS] text [SEP]
+    if arch in ("bert", "mpnet", "modernbert", "nomic_bert"):  # WordPiece, [CLS] text [SEP]
         tokenizer = wordpiece_tokenizer()
-        if arch != "bert":  # no token types
+        if arch in ("mpnet", "modernbert"):  # no token types
             tokenizer.model_input_names = ["input_ids", "attention_mask"]
     else:
         tokenizer = build_tokenizer()
@@ -154,6 +158,7 @@ def cross_encoder_folder(tmp_path: Path, arch: str, seed: int = 0) -> Path:
         BertForSequenceClassification,
         ModernBertForSequenceClassification,
         MPNetForSequenceClassification,
+        NomicBertForSequenceClassification,
         XLMRobertaForSequenceClassification,
     )
 
@@ -161,8 +166,11 @@ def cross_encoder_folder(tmp_path: Path, arch: str, seed: int = 0) -> Path:
     config = base.config
     config.num_labels = 1
     torch.manual_seed(seed + 1)
-    if arch == "bert":
-        model = BertForSequenceClassification(config)
+    if arch in ("bert", "nomic_bert"):
+        kind = (
+            BertForSequenceClassification if arch == "bert" else NomicBertForSequenceClassification
+        )
+        model = kind(config)
         tokenizer = wordpiece_tokenizer()
     elif arch in ("mpnet", "modernbert"):
         if arch == "modernbert":

@@ -43,6 +43,7 @@ def _assert_close(got, expected) -> None:
         ("mpnet", "mean", True),
         ("modernbert", "mean", True),
         ("modernbert", "cls", False),
+        ("nomic_bert", "mean", True),
     ],
 )
 @pytest.mark.parametrize("budget", [512, 48])  # all prompts in one step, or few a step
@@ -228,7 +229,7 @@ def test_llm_score_is_the_cosine_of_the_embeddings(tmp_path):
     np.testing.assert_allclose(got, [cosines[0, 2], cosines[1, 3]], atol=1e-5)
 
 
-@pytest.mark.parametrize("arch", ["bert", "xlm-roberta", "mpnet", "modernbert"])
+@pytest.mark.parametrize("arch", ["bert", "xlm-roberta", "mpnet", "modernbert", "nomic_bert"])
 async def test_a_cross_encoder_scores_pairs_as_sentence_transformers_does(tmp_path, arch):
     """A reranker's /v1/score, /rerank and LLM.score equal HF's own forward of the pair
     (AutoModelForSequenceClassification's logit through a sigmoid), and for BERT

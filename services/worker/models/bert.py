@@ -13,7 +13,6 @@ out_proj, both dense -> tanh -> labels), and its second text's tokens (after the
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 
@@ -24,7 +23,7 @@ from transformers import PretrainedConfig
 
 from services.common.model_errors import ModelLoadError
 from services.common.rank_info import RankInfo
-from services.worker.models.encoder import Encoder, bidirectional_attention
+from services.worker.models.encoder import Encoder, bidirectional_attention, pair_token_types
 
 # Checkpoint prefixes of the same encoder under a task head (BertForMaskedLM: "bert.").
 _PREFIXES = ("bert.", "roberta.", "mpnet.", "model.")
@@ -141,7 +140,9 @@ class BertEncoder(Encoder):
             positions + self.position_offset
         )
         if self.token_type_embeddings is not None:
-            x = x + self.token_type_embeddings(self._token_types(input_ids, starts))
+            x = x + self.token_type_embeddings(
+                pair_token_types(input_ids, starts, self.sep_token_id)
+            )
         x = self.embed_norm(x)  # [T, hidden]
         biases = self._position_biases(seq_lens, x.device, x.dtype)
         for layer in self.layers:
@@ -157,17 +158,6 @@ class BertEncoder(Encoder):
             buckets = relative_position_buckets(n, _MPNET_BUCKETS, _MPNET_MAX_DISTANCE, device)
             cached[n] = self.relative_bias(buckets).permute(2, 0, 1).to(dtype)  # [H, n, n]
         return [cached[n] for n in seq_lens]
-
-    def _token_types(self, input_ids: torch.Tensor, starts: Sequence[int]) -> torch.Tensor:
-        """[T]: 1 for each sequence's tokens after its first [SEP] (a pair's second text)."""
-        types = torch.zeros_like(input_ids)
-        if self.sep_token_id is None:
-            return types
-        is_sep = (input_ids == self.sep_token_id).long()
-        for begin, end in itertools.pairwise(starts):
-            seen = torch.cumsum(is_sep[begin:end], 0) - is_sep[begin:end]  # seps before
-            types[begin:end] = (seen > 0).long()
-        return types
 
     def pooled_head(self, pooled: torch.Tensor) -> torch.Tensor:
         return self.head_out(torch.tanh(self.head_dense(pooled)))

@@ -14,13 +14,14 @@ the pooled row (`pooled_head`).
 
 A subclass builds its layers, runs them in `encode` and names the checkpoint's tensors as
 its own in `checkpoint_name` (a parameter, or a (parameter, part) of one fused from several
-tensors, joined in `fused_parts` order).
+tensors, joined in the order `fused` gives for the parameter's module name).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -60,8 +61,24 @@ def window_mask(n: int, half_window: int, device: torch.device) -> torch.Tensor 
     return ((positions[:, None] - positions[None, :]).abs() <= half_window)[None]
 
 
+def pair_token_types(
+    input_ids: torch.Tensor, starts: Sequence[int], sep_token_id: int | None
+) -> torch.Tensor:
+    """[T]: 1 for each sequence's tokens after its first [SEP] (a pair's second text, as
+    BERT's tokenizer marks it), else 0."""
+    types = torch.zeros_like(input_ids)
+    if sep_token_id is None:
+        return types
+    is_sep = (input_ids == sep_token_id).long()
+    for begin, end in itertools.pairwise(starts):
+        seen = torch.cumsum(is_sep[begin:end], 0) - is_sep[begin:end]  # seps before
+        types[begin:end] = (seen > 0).long()
+    return types
+
+
 class Encoder(CausalLM):
-    fused_parts: tuple[str, ...] = ("query", "key", "value")  # a fused tensor's order
+    # a fused parameter's module name -> its parts, in the order its rows join them
+    fused: ClassVar[dict[str, tuple[str, ...]]] = {"qkv": ("query", "key", "value")}
 
     def __init__(
         self,
@@ -165,11 +182,12 @@ class Encoder(CausalLM):
                 continue
             if isinstance(target, tuple):
                 key, part = target
+                order = self.fused[key.rsplit(".", 2)[-2]]
                 pending.setdefault(key, {})[part] = tensor
-                if len(pending[key]) < len(self.fused_parts):
+                if len(pending[key]) < len(order):
                     continue
                 parts = pending.pop(key)
-                tensor = torch.cat([parts[p] for p in self.fused_parts])
+                tensor = torch.cat([parts[p] for p in order])
                 target = key
             if target not in params:
                 raise ModelLoadError(f"the checkpoint's {name} has no place in this encoder")

@@ -23,6 +23,7 @@ from services.worker.models.mixture_of_experts import (
     Qwen3MoeForCausalLM,
 )
 from services.worker.models.modernbert import ModernBertEncoder
+from services.worker.models.nomic_bert import NomicBertEncoder
 
 # HF `architectures` name -> native implementation.
 NATIVE_MODELS: dict[str, type[CausalLM]] = {
@@ -66,6 +67,9 @@ NATIVE_MODELS: dict[str, type[CausalLM]] = {
     "ModernBertModel": ModernBertEncoder,
     "ModernBertForMaskedLM": ModernBertEncoder,
     "ModernBertForSequenceClassification": ModernBertEncoder,
+    "NomicBertModel": NomicBertEncoder,
+    "NomicBertForMaskedLM": NomicBertEncoder,
+    "NomicBertForSequenceClassification": NomicBertEncoder,
 }
 
 
