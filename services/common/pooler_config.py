@@ -47,6 +47,10 @@ class PoolerConfig:
     # before a text whose request names one, and the one used when a request names none.
     prompts: Mapping[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
+    # A folder sentence-transformers 6 saved with a "message" modality (its tokenizer has a
+    # chat template): a text input is rendered as a user message through the template (a
+    # named prompt as the system message before it), as its encode does.
+    chat_template_inputs: bool = False
 
     def __post_init__(self) -> None:
         if self.pooling_type is not None:
@@ -116,6 +120,7 @@ class PoolerConfig:
             normalize=self.normalize if self.normalize is not None else normalize,
             hidden_size=hidden,
             matryoshka_dimensions=matryoshka,
+            chat_template_inputs=_message_modality(folder),
             **_named_prompts(folder),
         )
         if resolved.dimensions is not None:
@@ -265,6 +270,17 @@ def sentence_transformers_pipeline(folder: Path | None) -> SentenceTransformersP
             pooling_dir,
         )
     return SentenceTransformersPipeline(_pooling_mode(pooling_dir), tuple(dense), normalize)
+
+
+def _message_modality(folder: Path | None) -> bool:
+    """Whether sentence_bert_config.json's modality_config names the "message" modality."""
+    path = None if folder is None else folder / "sentence_bert_config.json"
+    try:
+        config = json.loads(path.read_text()) if path is not None and path.is_file() else {}
+    except (OSError, json.JSONDecodeError):
+        return False
+    modalities = config.get("modality_config") if isinstance(config, dict) else None
+    return isinstance(modalities, dict) and "message" in modalities
 
 
 def _named_prompts(folder: Path | None) -> dict:

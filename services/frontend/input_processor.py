@@ -113,7 +113,12 @@ class InputProcessor:
         request_id = request_id or new_request_id()
         keep = params.truncate_prompt_tokens
         keep_last = self.max_model_len if keep == -1 else keep
-        prompt = _with_prefix(prompt, self.pooler.prompt_text(params.prompt_name))
+        prefix = self.pooler.prompt_text(params.prompt_name)
+        text = _prompt_text(prompt)
+        if text is not None and self.pooler.chat_template_inputs and self._has_chat_template():
+            prompt, add_special_tokens = self._as_message(text, prefix), False
+        elif text is not None:
+            prompt = prefix + text
         processed = self.process(prompt, add_special_tokens, keep_last)
         request = EngineCoreRequest(
             request_id=request_id,
@@ -127,6 +132,19 @@ class InputProcessor:
             request_id, processed.prompt, processed.prompt_token_ids, params, self.pooler
         )
         return request, state
+
+    def _has_chat_template(self) -> bool:
+        return getattr(self.tokenizer, "chat_template", None) is not None
+
+    def _as_message(self, text: str, system: str) -> str:
+        """A pooling text as sentence-transformers 6 renders it for a "message" model: a
+        user message (after a system message holding the named prompt, if any) through the
+        chat template, without a generation prompt."""
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": text})
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=False
+        )
 
     def process(
         self, prompt, add_special_tokens: bool = True, keep_last: int | None = None
@@ -189,12 +207,11 @@ class InputProcessor:
         return ProcessedPrompt(text, ids)
 
 
-def _with_prefix(prompt, prefix: str):
-    """A text prompt with a named prompt's text before it (token ids stay as they are)."""
-    if not prefix:
-        return prompt
+def _prompt_text(prompt) -> str | None:
+    """A text prompt's text (None: token ids)."""
     if isinstance(prompt, str):
-        return prefix + prompt
-    if isinstance(prompt, dict) and isinstance(prompt.get("prompt"), str):
-        return {**prompt, "prompt": prefix + prompt["prompt"]}
-    return prompt
+        return prompt
+    if isinstance(prompt, dict) and "prompt_token_ids" not in prompt:
+        text = prompt.get("prompt")
+        return text if isinstance(text, str) else None
+    return None

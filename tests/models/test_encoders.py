@@ -287,3 +287,84 @@ def test_llm_classify_gives_the_labels_softmax(tmp_path):
             embedder.classify(TEXTS[:1], use_tqdm=False)
     finally:
         embedder.engine.close()
+
+
+def embedding_gemma_folder(tmp_path: Path, chat_template: bool = False) -> Path:
+    """EmbeddingGemma's shape in tiny: a Gemma 3 text model with use_bidirectional_attention
+    (windowed and full layers, grouped-query heads), mean pooling, two Dense layers (up and
+    back down, no activation) and Normalize, saved by sentence-transformers (6: with a chat
+    template its folder says the "message" modality, and encode renders each text as a user
+    message through the template)."""
+    from sentence_transformers import SentenceTransformer, models
+    from transformers import Gemma3TextConfig, Gemma3TextModel
+
+    from tests.helpers.tiny_tokenizer import VOCAB, build_tokenizer
+
+    torch.manual_seed(7)
+    config = Gemma3TextConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        sliding_window=8,  # bidirectionally: 4 positions either side
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        max_position_embeddings=128,
+        use_bidirectional_attention=True,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    model = Gemma3TextModel(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.add_(torch.randn_like(param) * 0.1)
+    base = tmp_path / "gemma-base"
+    model.save_pretrained(base)
+    tokenizer = build_tokenizer()
+    tokenizer.pad_token = "<unk>"  # (id 0: the config's pad id)
+    if not chat_template:
+        tokenizer.chat_template = None
+    tokenizer.save_pretrained(base)
+    identity = torch.nn.Identity()
+    modules = [
+        models.Transformer(str(base)),
+        models.Pooling(64, pooling_mode="mean"),
+        models.Dense(64, 96, bias=False, activation_function=identity),
+        models.Dense(96, 64, bias=False, activation_function=identity),
+        models.Normalize(),
+    ]
+    folder = tmp_path / f"embedding-gemma-{chat_template}"
+    SentenceTransformer(modules=modules, device="cpu").save(str(folder))
+    return folder
+
+
+@pytest.mark.parametrize(("budget", "chat_template"), [(512, False), (80, False), (512, True)])
+def test_a_bidirectional_gemma_embeds_as_sentence_transformers(tmp_path, budget, chat_template):
+    """EmbeddingGemma's recipe: the decoder family read bidirectionally (no causal mask,
+    windowed layers within half their window either side), equal to sentence-transformers'
+    encode (texts longer than the window either side, so a wrong mask shows), with and
+    without a named prompt; with a chat template, each text rendered as its message."""
+    folder = embedding_gemma_folder(tmp_path, chat_template)
+    config_file = folder / "config_sentence_transformers.json"
+    config = json.loads(config_file.read_text())
+    config["prompts"] = {"query": "task: search result | query: ", "document": ""}
+    config_file.write_text(json.dumps(config))
+    texts = [*TEXTS, "the fox and the dog were friends " * 3]
+    expected = st_embeddings(folder, texts)
+    from sentence_transformers import SentenceTransformer
+
+    queries = SentenceTransformer(str(folder), device="cpu").encode(texts, prompt_name="query")
+    llm = LLM(str(folder), dtype="float32", kv_cache_memory="8MiB", max_num_batched_tokens=budget)
+    try:
+        assert llm.engine.worker.model.bidirectional
+        got = [o.outputs.embedding for o in llm.embed(texts, use_tqdm=False)]
+        got_queries = llm.embed(texts, use_tqdm=False, prompt_name="query")
+    finally:
+        llm.engine.close()
+    _assert_close(got, expected)
+    _assert_close([o.outputs.embedding for o in got_queries], queries)

@@ -60,6 +60,9 @@ class CausalLM(nn.Module):
         self.attention_ops = TORCH_ATTENTION
         self.can_generate = True  # False: a pooling runner's model without an LM head
         self.bidirectional = False  # True: an encoder (every row sees its whole prompt)
+        # an encoder's: its sentence-transformers folder's max_seq_length (set by the loader)
+        self.max_seq_length: int | None = None
+        self.num_labels = 0  # a classifier's labels (its pooled rows through pooled_head)
 
     def set_attention_ops(self, ops: AttentionOps) -> None:
         """Run every attention layer through `ops` (see resolve_attention_backend)."""
@@ -102,6 +105,17 @@ class CausalLM(nn.Module):
 
     @property
     def max_model_len(self) -> int | None:
+        """Its positions, or the shorter max_seq_length an encoder's sentence-transformers
+        folder was trained to (a longer prompt is refused by name, or cut with
+        truncate_prompt_tokens, rather than read past what the model was trained on)."""
+        positions = self.max_positions
+        if positions is None:
+            return self.max_seq_length
+        return min(positions, self.max_seq_length or positions)
+
+    @property
+    def max_positions(self) -> int | None:
+        """The longest sequence its positions cover (None: the config does not say)."""
         return config_max_model_len(self.text_config)
 
     @property

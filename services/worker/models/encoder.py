@@ -25,6 +25,7 @@ from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from transformers import PretrainedConfig
 
 from pagestream_kernels.attention_metadata import AttentionMetadata
@@ -40,6 +41,7 @@ def bidirectional_attention(
     v: torch.Tensor,  # [T, H, D]
     starts: Sequence[int],  # [S + 1] host prefix sums of the sequences' rows
     biases: Sequence[torch.Tensor | None] | None = None,  # per sequence, added to scores
+    scale: float | None = None,  # None: 1 / sqrt(D)
 ) -> torch.Tensor:
     """Each sequence's rows attend to all of its rows (no causal mask; a bias [H | 1, n, n]
     adds to a sequence's scores: a relative position bias, or -inf outside a window)."""
@@ -47,7 +49,7 @@ def bidirectional_attention(
     for i, (begin, end) in enumerate(itertools.pairwise(starts)):
         qs, ks, vs = (t[begin:end].transpose(0, 1) for t in (q, k, v))  # [H, n, D]
         bias = None if biases is None else biases[i]
-        attended = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=bias)
+        attended = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=bias, scale=scale)
         out[begin:end] = attended.transpose(0, 1)
     return out
 
@@ -59,6 +61,48 @@ def window_mask(n: int, half_window: int, device: torch.device) -> torch.Tensor 
         return None
     positions = torch.arange(n, device=device)
     return ((positions[:, None] - positions[None, :]).abs() <= half_window)[None]
+
+
+class BidirectionalAttention(nn.Module):
+    """A decoder family's attention read bidirectionally (EmbeddingGemma: Gemma 3 with
+    `use_bidirectional_attention`): in place of its paged causal attention, each whole
+    prompt's rows attend to all of its rows, or to those within `half_window` positions
+    either side on a windowed layer; the cache is neither written nor read."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        scale: float,
+        num_kv_heads: int,
+        half_window: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim, self.scale = num_heads, head_dim, scale
+        self.num_kv_heads, self.half_window = num_kv_heads, half_window
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, H * D]
+        k: torch.Tensor,  # [T, K * D]
+        v: torch.Tensor,  # [T, K * D]
+        kv_cache: torch.Tensor | None,
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        rows = q.shape[0]
+        starts = attn_metadata.query_start_loc.tolist()
+        group = self.num_heads // self.num_kv_heads
+        q = q.view(rows, self.num_heads, self.head_dim)
+        k, v = (
+            t.view(rows, self.num_kv_heads, self.head_dim).repeat_interleave(group, dim=1)
+            for t in (k, v)
+        )  # [T, H, D]
+        masks = None
+        if self.half_window is not None:
+            lens = attn_metadata.seq_lens.tolist()
+            masks = [window_mask(n, self.half_window, q.device) for n in lens]
+        out = bidirectional_attention(q, k, v, starts, masks, self.scale)
+        return out.reshape(rows, -1)  # [T, H * D]
 
 
 def pair_token_types(
@@ -92,7 +136,6 @@ class Encoder(CausalLM):
         if reason:
             raise ModelLoadError(f"{type(self).__name__}: {reason}")
         self.can_generate, self.bidirectional = False, True
-        self.max_seq_length: int | None = None  # sentence_bert_config.json's, if any
         architectures = getattr(config, "architectures", None) or []
         classifies = any(a.endswith("ForSequenceClassification") for a in architectures)
         self.num_labels = int(config.num_labels) if classifies else 0  # 0: no head
@@ -112,15 +155,7 @@ class Encoder(CausalLM):
 
     @property
     def max_positions(self) -> int:
-        """The longest sequence its positions cover."""
         return int(self.config.max_position_embeddings)
-
-    @property
-    def max_model_len(self) -> int | None:
-        """Its positions, or the shorter max_seq_length its sentence-transformers folder
-        was trained to (set by the loader; a longer prompt is refused by name, or cut with
-        truncate_prompt_tokens, rather than read past what the model was trained on)."""
-        return min(self.max_positions, self.max_seq_length or self.max_positions)
 
     @property
     def kv_cache_spec(self) -> KVCacheSpec:

@@ -34,6 +34,7 @@ from services.worker.layers.rotary_embedding import RotaryEmbedding
 from services.worker.layers.vocab_embedding import LMHead, VocabEmbedding
 from services.worker.models.causal_lm import CausalLM, config_num_kv_heads
 from services.worker.models.decoder_spec import DecoderSpec, LayerSpec
+from services.worker.models.encoder import BidirectionalAttention
 from services.worker.models.kv_cache_spec import KVCacheGroups, KVCacheSpec
 from services.worker.models.weight_utils import default_weight_loader
 from services.worker.native_step import NativeStep, unsupported_reason
@@ -354,6 +355,30 @@ class LlamaForCausalLM(CausalLM):
             self.lm_head = LMHead(config.vocab_size, config.hidden_size, rank.tp_rank, self.tp_size)
             if self.tie_word_embeddings and rank.is_first_stage:
                 self.lm_head.tie_to(self.model.embed_tokens)
+        if pooling and self.reads_bidirectionally(config):
+            self._attend_bidirectionally()
+
+    @classmethod
+    def reads_bidirectionally(cls, config: PretrainedConfig) -> bool:
+        """Whether the checkpoint is an encoder made from this family (EmbeddingGemma's
+        `use_bidirectional_attention`): where HF honours the flag."""
+        return False
+
+    def _attend_bidirectionally(self) -> None:
+        """Every layer's attention bidirectional over each whole prompt (a windowed layer's
+        within half its window either side, as HF's bidirectional sliding mask): the model
+        then only pools, its prompts run whole and the cache is never read."""
+        if self.tp_size > 1 or not (self.rank.is_first_stage and self.rank.is_last_stage):
+            raise ModelLoadError(
+                "a bidirectional encoder runs on one rank (no tensor or pipeline parallelism)"
+            )
+        for layer, spec in zip(self.model.layers, self.model.spec.layers, strict=True):
+            window = spec.sliding_window
+            half_window = None if window is None else window - 1
+            layer.self_attn.attn = BidirectionalAttention(
+                spec.num_heads, spec.head_dim, spec.scale, spec.num_kv_heads, half_window
+            )
+        self.can_generate, self.bidirectional = False, True
 
     @classmethod
     def describe(cls, config: PretrainedConfig) -> DecoderSpec:
@@ -403,6 +428,8 @@ class LlamaForCausalLM(CausalLM):
     def use_native_step(self) -> bool:
         """Runs the decoder stack (and the LM head) through the native CPU step where it
         applies (services/worker/native_step.py); False, with the reason logged, where not."""
+        if self.bidirectional:
+            return False  # the native step attends causally over the paged cache
         reason = unsupported_reason(self.model, self.model.spec)
         if reason is not None:
             logger.info("native CPU step not used: %s; the torch modules run", reason)
@@ -563,6 +590,10 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
             norm_placement="sandwich",
             embedding_scale=float(config.hidden_size) ** 0.5,
         )
+
+    @classmethod
+    def reads_bidirectionally(cls, config: PretrainedConfig) -> bool:
+        return bool(getattr(config, "use_bidirectional_attention", False))
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):
