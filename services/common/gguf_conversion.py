@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from services.common.gguf_encoders import ENCODER_ARCHITECTURES, write_encoder_folder
 from services.common.model_errors import ModelLoadError
 
 logger = logging.getLogger(__name__)
@@ -51,8 +52,8 @@ LLAMA_LIKE_ARCHITECTURES = ("smollm3",)
 # Bumped when the folder's contents change (2: no weights for native architectures; 3: the
 # head_dim of the file's key_length, native Qwen3, Llama 3.x's rotary scaling; 4: Gemma 3's
 # attention scale and rotary scaling; 5: mixtures of experts: Qwen2-MoE / Qwen3-MoE's
-# widths, Mixtral's config).
-LAYOUT = 5
+# widths, Mixtral's config; 6: encoders, services/common/gguf_encoders.py).
+LAYOUT = 6
 
 
 def _source_fingerprint(gguf_path: Path) -> dict[str, object]:
@@ -130,6 +131,9 @@ def write_hf_folder(gguf_path: Path, out_dir: Path) -> None:
     unless the architecture is one the native models read from the GGUF file."""
     try:
         arch = gguf_architecture(gguf_path)
+        if arch in ENCODER_ARCHITECTURES:
+            write_encoder_folder(gguf_path, out_dir)
+            return
         with_weights = arch not in GGUF_NATIVE_ARCHITECTURES
         readable = (
             _llama_twin(gguf_path, out_dir) if arch in LLAMA_LIKE_ARCHITECTURES else gguf_path

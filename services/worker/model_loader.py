@@ -29,6 +29,7 @@ from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
 from services.common.config import ModelConfig
+from services.common.gguf_conversion import GGUF_NATIVE_ARCHITECTURES, gguf_architecture
 from services.common.model_errors import ModelLoadError
 from services.common.model_source import gguf_source, resolve_model
 from services.common.pooler_config import PoolerConfig, sentence_transformers_pipeline
@@ -179,6 +180,15 @@ def resolve_quantization(
     return requested
 
 
+def _native_gguf(model: str) -> Path | None:
+    """The GGUF file whose tensors the native models read (None: an HF folder, or a file
+    whose converted folder holds the weights: an encoder's, services/common/gguf_encoders)."""
+    gguf = gguf_source(model)
+    if gguf is None or gguf_architecture(gguf) not in GGUF_NATIVE_ARCHITECTURES:
+        return None
+    return gguf
+
+
 def _checkpoint(folder: Path, gguf: Path | None, quantization: str | None, model, config):
     """The model's checkpoint tensors: a GGUF file's (quantized blocks kept for "gguf")
     or the folder's safetensors."""
@@ -260,7 +270,7 @@ def _load_model(model_config: ModelConfig, device, rank: RankInfo) -> LoadedMode
     model_class = native_model_class(getattr(config, "architectures", None))
     hf_config = read_hf_config(folder)
     runner = resolve_runner(model_config.runner, folder, hf_config)
-    gguf = gguf_source(model_config.model)
+    gguf = _native_gguf(model_config.model)
     quantization = resolve_quantization(model_config, gguf, model_class is not None)
     if model_class is None:
         _check_fallback(config, rank, quantization)
