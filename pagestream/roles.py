@@ -45,8 +45,10 @@ def engine_args(ns: argparse.Namespace) -> EngineArgs:
     return from_flags(EngineArgs, ns, model=ns.model)
 
 
-async def start_http(frontend, ns: argparse.Namespace, model_name: str):
-    """The OpenAI-compatible HTTP server on --host/--port (a negative port turns it off)."""
+async def start_http(frontend, ns: argparse.Namespace, model_name: str, tools):
+    """The OpenAI-compatible HTTP server on --host/--port (a negative port turns it off);
+    `tools`: tool_options(ns), read before the engine starts (a bad --chat-template fails
+    then, not after the model has loaded)."""
     if ns.port is None or ns.port < 0:
         return None
     from services.frontend.openai.app import build_app
@@ -57,7 +59,7 @@ async def start_http(frontend, ns: argparse.Namespace, model_name: str):
         frontend,
         names,
         api_key=_api_key(ns),
-        tool_options=tool_options(ns),
+        tool_options=tools,
         lora_runtime_updates=ns.enable_lora_runtime_updates,
     )
     return await serve_http(app, ns.host, ns.port)
@@ -234,7 +236,7 @@ async def run_frontend(ns: argparse.Namespace) -> None:
     from services.frontend.generation_defaults import load_generation_defaults
     from services.frontend.tokenizer import load_tokenizer
 
-    tls, config = tls_config(ns), from_flags(FrontendConfig, ns)
+    tls, config, tools = tls_config(ns), from_flags(FrontendConfig, ns), tool_options(ns)
     folder = await asyncio.to_thread(resolve_model, ns.model)
     tokenizer = await asyncio.to_thread(load_tokenizer, folder)
     defaults = load_generation_defaults(folder, ns.generation_config)
@@ -246,7 +248,7 @@ async def run_frontend(ns: argparse.Namespace) -> None:
     grpc_server = await serve_frontend(ready, ns.host, ns.grpc_port, tls=tls, api_key=_api_key(ns))
     frontend = await ready  # raises (and exits non-zero) when the scheduler never comes up
     load_lora_modules(frontend, ns)
-    http = await start_http(frontend, ns, frontend.info.model)
+    http = await start_http(frontend, ns, frontend.info.model, tools)
     schedulers = ", ".join(ns.scheduler)
     logger.info("frontend: gRPC on %s, scheduler(s) %s", grpc_server.address, schedulers)
     await serve_forever(ServerGroup(grpc_server, http, frontend.close), GRACE_S)
@@ -260,14 +262,14 @@ async def run_serve(ns: argparse.Namespace) -> None:
     from services.frontend.frontend_config import FrontendConfig
     from services.frontend.frontend_server import serve_frontend
 
-    config = from_flags(FrontendConfig, ns)
+    config, tools = from_flags(FrontendConfig, ns), tool_options(ns)
     engine = await asyncio.to_thread(AsyncEngine, engine_args(ns), not ns.single_process, config)
     frontend = engine.frontend
     load_lora_modules(frontend, ns)
     grpc_server = await serve_frontend(
         frontend, ns.host, ns.grpc_port, tls=tls_config(ns), api_key=_api_key(ns)
     )
-    http = await start_http(frontend, ns, engine.info.model)
+    http = await start_http(frontend, ns, engine.info.model, tools)
     where = f"gRPC {grpc_server.address}" + (f", HTTP {http.url}" if http else "")
     layout = "one process" if ns.single_process else f"engine core in process {engine.process.pid}"
     logger.info("pagestream serving %s on %s (%s)", ns.model, where, layout)

@@ -75,3 +75,15 @@ def test_building_the_parser_loads_no_torch_transformers_or_fastapi():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     )
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_plain_text_chat_template_is_refused_before_the_model_loads(caplog, tmp_path):
+    """`serve --chat-template WORDS` (neither a file nor a Jinja template) stops at once,
+    naming the flag: the model (here a folder that does not exist) is never read."""
+    from pagestream.cli import main
+
+    missing = tmp_path / "no-such-model"
+    code = main(["serve", str(missing), "--chat-template", "plain words", "--port", "-1"])
+    assert code == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors and "--chat-template" in errors[-1] and "neither a file" in errors[-1]
