@@ -11,8 +11,8 @@ the LM head, for several row counts (tokens in the step), in float32 and bfloat1
 
     .venv/bin/python -m benchmarks.linear_cpu [--model NAME] [--rows 1,2,8,64,256,1024]
 
-It prints ms per pass (median of interleaved rounds) and GFLOP/s; the row thresholds in
-packed_weight.USE_PACKED_FROM come from this table.
+It prints ms per pass (median of interleaved rounds) and GFLOP/s; packed_weight.py's choice
+of the packed path at every row count comes from this table.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ def test_float32_packed_and_plain_paths_agree_with_f_linear(rows, with_bias):
     packed = PackedWeight.of(w)
     assert packed is not None
     assert packed.applies(x)
-    for ours in (linear(x, w, b, packed), linear(x, w, b)):  # packed, then the plain paths
+    for ours in (linear(x, w, b, packed), linear(x, w, b)):  # packed, then the plain path
         torch.testing.assert_close(ours.double(), _exact(x, w, b), atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(ours, F.linear(x, w, b), atol=1e-4, rtol=1e-4)
 

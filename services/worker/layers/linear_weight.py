@@ -116,14 +116,13 @@ class FloatWeight(LinearWeight):
 
 
 class OneDNNWeight(LinearWeight):
-    """The float weight in oneDNN's layout (packed_weight.py); the plain copy is freed when
-    the packed one serves every row count."""
+    """The float weight in oneDNN's layout (packed_weight.py); the plain copy is freed (the
+    packed one serves every input)."""
 
     def __init__(self, param: nn.Parameter, packed: PackedWeight) -> None:
         super().__init__(param)
         self.packed = packed
-        if packed.replaces_plain:
-            self._release()
+        self._release()
 
     @property
     def nbytes(self) -> int:

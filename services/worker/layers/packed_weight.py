@@ -4,14 +4,17 @@ oneDNN's linear on a plain [out, in] weight reorders it into its blocked layout 
 call; `torch.ops.mkldnn._reorder_linear_weight` does that once and the packed tensor is
 passed to `torch.ops.mkldnn._linear_pointwise` from then on (what torch.compile's CPU
 inductor does for frozen linears). `PackedWeight.of(weight)` packs a CPU float32 or
-bfloat16 weight where this torch has oneDNN, else is None; `rows_from` says from how many
-rows (tokens) of input the packed path is the faster one, by dtype (measured in
-`benchmarks/linear_cpu.py`, quoted in `USE_PACKED_FROM`).
+bfloat16 weight where this torch has oneDNN, else is None. The packed path is the faster
+one at every row count (measured with benchmarks/linear_cpu.py on SmolLM2-135M's 30
+layers, 2-core Zen 5 VM (avx512_bf16), torch 2.13, 2 threads, ms per pass at 1 / 4 / 64 /
+1024 rows: float32 packed 8.2 / 9.1 / 37 / 408, W @ x^T 10.3 / 11.8 / 75 / 958, F.linear
+24 / 37 / 96 / 960; bfloat16 packed 6.3 / 6.3 / 20 / 211, F.linear 8.7 / 9.0 / 24 /
+216), so a packed weight serves every input and its plain copy is freed.
 
 The torch path's linears hold it as their weight format (linear_weight.OneDNNWeight) and
 the LM head as its `packed` copy, made once the weights are loaded
 (quantization/model_weights.prepare_for_torch); with $PAGESTREAM_CPU_PACKED=0 nothing is
-packed (the plain path, for comparison).
+packed (the plain path, for benchmarks/linear_cpu.py's comparison).
 """
 
 from __future__ import annotations
@@ -25,14 +28,6 @@ import torch
 logger = logging.getLogger(__name__)
 
 PACKED_ENV = "PAGESTREAM_CPU_PACKED"
-
-# From how many input rows the packed weight is used, by dtype (fewer rows: the plain
-# path of services.worker.layers.linear.linear). Measured with benchmarks/linear_cpu.py
-# on SmolLM2-135M's 30 layers, 2-core Zen 5 VM (avx512_bf16), torch 2.13, 2 threads, ms
-# per pass at 1 / 4 / 64 / 1024 rows: float32 packed 8.2 / 9.1 / 37 / 408, W @ x^T
-# 10.3 / 11.8 / 75 / 958, F.linear 24 / 37 / 96 / 960; bfloat16 packed 6.3 / 6.3 / 20 /
-# 211, F.linear 8.7 / 9.0 / 24 / 216. Packed wins at every row count in both dtypes.
-USE_PACKED_FROM = {torch.float32: 1, torch.bfloat16: 1}
 
 
 def _ops():
@@ -50,31 +45,26 @@ def packing_enabled() -> bool:
     return _OPS is not None and os.environ.get(PACKED_ENV, "1") != "0"
 
 
+PACKED_DTYPES = (torch.float32, torch.bfloat16)
+
+
 @dataclass(frozen=True)
 class PackedWeight:
-    """A weight [out, in] in oneDNN's layout, and the plain-path row threshold."""
+    """A weight [out, in] in oneDNN's layout."""
 
     tensor: torch.Tensor
-    rows_from: int
 
     @classmethod
     def of(cls, weight: torch.Tensor) -> PackedWeight | None:
         if not packing_enabled() or weight.device.type != "cpu" or weight.dim() != 2:
             return None
-        rows_from = USE_PACKED_FROM.get(weight.dtype)
-        if rows_from is None:
+        if weight.dtype not in PACKED_DTYPES:
             return None
         reorder, _ = _OPS  # type: ignore[misc]
-        return cls(reorder(weight.detach().contiguous()), rows_from)
-
-    @property
-    def replaces_plain(self) -> bool:
-        """Used at every row count: the plain weight is never read by the matmul again."""
-        return self.rows_from <= 1
+        return cls(reorder(weight.detach().contiguous()))
 
     def applies(self, x: torch.Tensor) -> bool:
-        rows_ok = x.shape[0] >= self.rows_from or self.replaces_plain
-        return x.dim() == 2 and x.dtype == self.tensor.dtype and rows_ok
+        return x.dim() == 2 and x.dtype == self.tensor.dtype
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [rows, in] -> [rows, out] (+ bias)."""

@@ -131,6 +131,6 @@ def resident_weight_bytes(model: nn.Module) -> int:
         if table.native is not None:
             total += int(table.native.weight_bytes())
         packed = table.packed  # oneDNN's copy (PackedWeight)
-        if packed is not None and packed.replaces_plain:
+        if packed is not None:
             total += packed.tensor.numel() * packed.tensor.element_size()
     return total
