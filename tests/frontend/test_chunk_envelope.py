@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from services.frontend.openai.responses import (
+from services.frontend.openai.replies import (
     ChatChoiceLogprobs,
     ChatCompletionChunk,
     ChatLogprobEntry,

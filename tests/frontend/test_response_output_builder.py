@@ -3,13 +3,13 @@ in OpenAI's order (a message's part and text, then each function call's argument
 
 from __future__ import annotations
 
-from services.frontend.openai.response_output_builder import ResponseOutputBuilder
-from services.frontend.openai.responses import (
+from services.frontend.openai.replies import (
     ChatLogprobEntry,
     DeltaFunctionCall,
     DeltaMessage,
     DeltaToolCall,
 )
+from services.frontend.openai.response_output_builder import ResponseOutputBuilder
 
 
 def _call(index: int, arguments: str, call_id: str | None = None, name: str | None = None):

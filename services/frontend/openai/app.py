@@ -46,8 +46,8 @@ from services.frontend.openai.protocol import (
     TokenizeRequest,
     UnloadLoRAAdapterRequest,
 )
+from services.frontend.openai.replies import ModelCard, ModelList
 from services.frontend.openai.response_store import ResponseStore
-from services.frontend.openai.responses import ModelCard, ModelList
 from services.frontend.openai.responses_request import ResponsesRequest
 from services.frontend.openai.serving_chat import OpenAIServingChat
 from services.frontend.openai.serving_completions import OpenAIServingCompletion

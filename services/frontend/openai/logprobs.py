@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from services.common.outputs import Logprob
-from services.frontend.openai.responses import (
+from services.frontend.openai.replies import (
     ChatLogprobEntry,
     ChatTopLogprob,
     CompletionLogProbs,

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from services.frontend.openai.responses import ChatLogprobEntry
+from services.frontend.openai.replies import ChatLogprobEntry
 
 
 def new_id(prefix: str) -> str:

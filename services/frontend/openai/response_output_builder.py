@@ -10,6 +10,7 @@ are dicts without their sequence_number (the stream numbers them as it sends the
 
 from __future__ import annotations
 
+from services.frontend.openai.replies import ChatLogprobEntry, DeltaMessage, DeltaToolCall
 from services.frontend.openai.response_object import (
     FunctionCallOutputItem,
     ItemStatus,
@@ -17,7 +18,6 @@ from services.frontend.openai.response_object import (
     OutputMessage,
     OutputText,
 )
-from services.frontend.openai.responses import ChatLogprobEntry, DeltaMessage, DeltaToolCall
 
 
 class ResponseOutputBuilder:

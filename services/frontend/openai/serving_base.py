@@ -250,16 +250,28 @@ class ServingBase:
         self, raw_request: Request, job: Job, tracker: Tracker, stream: bool, include_usage: bool
     ) -> Response:
         """Run the job: an SSE stream, or one JSON body once every choice has finished."""
+        return await self.run_job(
+            raw_request,
+            job,
+            tracker,
+            stream,
+            lambda first, outputs: _events(tracker, first, outputs, include_usage),
+            lambda: tracker.response().model_dump(),
+        )
+
+    async def run_job(self, raw_request: Request, job: Job, tracker, stream: bool, events, body):
+        """Run the job for a client: `events(first, outputs)` as an SSE stream once the first
+        output came, or `body()` as JSON once `tracker` has taken every output; a client
+        gone before then is a 499 (its request aborted)."""
         outputs = self.outputs(job)
         try:
             if stream:
                 first = await self.until_disconnected(raw_request, first_output(outputs))
-                events = _events(tracker, first, outputs, include_usage)
-                return StreamingResponse(events, media_type="text/event-stream")
+                return StreamingResponse(events(first, outputs), media_type="text/event-stream")
             await self.until_disconnected(raw_request, collect_outputs(tracker, outputs))
         except ClientDisconnectedError:
             return Response(status_code=499)
-        return JSONResponse(tracker.response().model_dump())
+        return JSONResponse(body())
 
     # ---- client disconnects ------------------------------------------------------
     @staticmethod

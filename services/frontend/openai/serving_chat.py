@@ -22,7 +22,7 @@ from services.frontend.openai.chat_rendering import render_chat
 from services.frontend.openai.exceptions import InvalidRequestError
 from services.frontend.openai.logprobs import chat_logprobs
 from services.frontend.openai.protocol import ChatCompletionRequest
-from services.frontend.openai.responses import (
+from services.frontend.openai.replies import (
     ChatChoice,
     ChatChoiceLogprobs,
     ChatCompletionChunk,

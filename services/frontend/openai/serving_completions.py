@@ -10,7 +10,7 @@ from fastapi import Request
 from services.common.outputs import CompletionOutput, RequestOutput
 from services.frontend.openai.logprobs import CompletionLogprobsBuilder
 from services.frontend.openai.protocol import CompletionRequest
-from services.frontend.openai.responses import (
+from services.frontend.openai.replies import (
     CompletionChoice,
     CompletionLogProbs,
     CompletionResponse,

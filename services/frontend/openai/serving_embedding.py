@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from services.common.pooling_params import PoolingParams
 from services.frontend.openai.errors import InvalidRequestError
 from services.frontend.openai.protocol import EmbeddingRequest
-from services.frontend.openai.responses import (
+from services.frontend.openai.replies import (
     EmbeddingData,
     EmbeddingResponse,
     EmbeddingUsage,

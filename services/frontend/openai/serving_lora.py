@@ -8,7 +8,7 @@ from starlette.exceptions import HTTPException
 from services.common.lora_request import LoRARequest
 from services.frontend.openai.exceptions import InvalidRequestError
 from services.frontend.openai.protocol import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
-from services.frontend.openai.responses import ModelCard
+from services.frontend.openai.replies import ModelCard
 
 
 class OpenAIServingLoRA:

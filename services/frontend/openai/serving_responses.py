@@ -22,7 +22,6 @@ import json
 import logging
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from services.common.outputs import RequestOutput
 from services.frontend.openai.chat_messages import ChatMessage, FunctionCallIn, ToolCallIn
@@ -42,11 +41,8 @@ from services.frontend.openai.response_output_builder import ResponseOutputBuild
 from services.frontend.openai.response_store import ResponseStore
 from services.frontend.openai.responses_request import ResponsesRequest
 from services.frontend.openai.serving_base import (
-    ClientDisconnectedError,
     Job,
     ServingBase,
-    collect_outputs,
-    first_output,
 )
 from services.frontend.openai.serving_chat import ChatFields, ChatTracker, OpenAIServingChat
 from services.frontend.openai.tool_choice import plan_tools
@@ -120,17 +116,13 @@ class OpenAIServingResponses(ServingBase):
 
     async def create_response(self, request: ResponsesRequest, raw_request: Request):
         run = self._start(request)
-        outputs = self.outputs(run.job)
-        try:
-            if request.stream:
-                first = await self.until_disconnected(raw_request, first_output(outputs))
-                events = self._events(run, first, outputs)
-                return StreamingResponse(events, media_type="text/event-stream")
-            await self.until_disconnected(raw_request, collect_outputs(run, outputs))
-        except ClientDisconnectedError:
-            return Response(status_code=499)
-        run.finish()
-        return JSONResponse(self._keep(run))
+
+        def body() -> dict:
+            run.finish()
+            return self._keep(run)
+
+        events = lambda first, outputs: self._events(run, first, outputs)  # noqa: E731
+        return await self.run_job(raw_request, run.job, run, request.stream, events, body)
 
     def retrieve(self, response_id: str) -> dict:
         stored = self.store.get(response_id)

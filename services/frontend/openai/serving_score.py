@@ -15,7 +15,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from services.frontend.openai.protocol import ClassificationRequest, RerankRequest, ScoreRequest
-from services.frontend.openai.responses import (
+from services.frontend.openai.replies import (
     ClassificationData,
     ClassificationResponse,
     EmbeddingUsage,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from services.frontend.openai.exceptions import InvalidRequestError
 from services.frontend.openai.protocol import DetokenizeRequest, TokenizeRequest
-from services.frontend.openai.responses import DetokenizeResponse, TokenizeResponse
+from services.frontend.openai.replies import DetokenizeResponse, TokenizeResponse
 from services.frontend.openai.serving_base import ServingBase
 from services.frontend.openai.serving_chat import message_text, render_chat
 

@@ -3,7 +3,7 @@ the final assistant message, plus the finish reason a response with calls report
 
 from __future__ import annotations
 
-from services.frontend.openai.responses import (
+from services.frontend.openai.replies import (
     ChatMessageOut,
     DeltaFunctionCall,
     DeltaMessage,

@@ -1,4 +1,5 @@
-"""OpenAI response bodies and stream chunks (pydantic, OpenAI's field names)."""
+"""OpenAI reply bodies and stream chunks of every route but the Responses API (whose objects
+are response_object.py's): pydantic, OpenAI's field names."""
 
 from __future__ import annotations
 
