@@ -24,6 +24,7 @@ from services.common.engine_errors import EngineUnavailableError
 from services.common.model_source import resolve_model
 from services.common.outputs import PoolingRequestOutput, RequestOutput
 from services.common.pooling_params import PoolingParams
+from services.common.request_options import RequestOptions
 from services.common.sampling_params import SamplingParams
 from services.frontend.frontend import Frontend
 from services.frontend.frontend_config import FrontendConfig
@@ -107,10 +108,11 @@ class AsyncEngine:
     ) -> AsyncIterator[RequestOutput]:
         """Stream outputs (cumulative or delta, per output_kind) until the request ends.
 
-        kwargs: priority, cache_salt, add_special_tokens, lora_request. A consumer that
-        stops iterating aborts the request.
+        kwargs: priority, cache_salt, add_special_tokens, lora_request (RequestOptions'
+        fields). A consumer that stops iterating aborts the request.
         """
-        return self.frontend.generate(prompt, sampling_params, request_id, **kwargs)
+        options = RequestOptions(**kwargs)
+        return self.frontend.generate(prompt, sampling_params, request_id, options)
 
     async def encode(
         self,
@@ -121,8 +123,9 @@ class AsyncEngine:
     ) -> PoolingRequestOutput:
         """One prompt's pooled output on a pooling engine (runner="pooling"): its
         embedding for task "embed" (the default), the raw pooled state for "encode".
-        kwargs: priority, add_special_tokens."""
-        output = await self.frontend.encode(prompt, pooling_params, request_id, **kwargs)
+        kwargs: priority, cache_salt, add_special_tokens."""
+        options = RequestOptions(**kwargs)
+        output = await self.frontend.encode(prompt, pooling_params, request_id, options)
         return as_tensors(output)
 
     async def abort(self, request_id: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
+from services.common.compatibility import check_compatibility
 from services.common.config import (
     ATTENTION_BACKENDS,
     DEFAULT_MODEL,
@@ -201,16 +202,12 @@ class EngineArgs:
             self.max_waiting_requests = 0
         SpeculativeConfig.parse(self.speculative_config)  # a bad config fails here, by name
         PoolerConfig.parse(self.pooler_config)
-        self.resolved_runner()
+        check_compatibility(self)  # combinations the flags alone refuse, by name
         self.lora_config()
 
     def resolved_runner(self) -> str:
-        """--runner, with --convert embed's pooling (which a generate runner contradicts)."""
-        if self.convert != "embed":
-            return self.runner
-        if self.runner == "generate":
-            raise ValueError("--convert embed makes an embedding model: use --runner pooling.")
-        return "pooling"
+        """--runner, with --convert embed's pooling."""
+        return "pooling" if self.convert == "embed" else self.runner
 
     def lora_config(self) -> LoRAConfig | None:
         if not self.enable_lora:

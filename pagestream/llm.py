@@ -22,6 +22,7 @@ from services.common.outputs import (
     ScoringRequestOutput,
 )
 from services.common.pooling_params import PoolingParams
+from services.common.request_options import RequestOptions
 from services.common.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from services.frontend.pair_scoring import (
     PairScoring,
@@ -193,7 +194,7 @@ class LLM:
             for prompt, pp in zip(prompts, params, strict=True):
                 if pp.task != task:
                     raise ValueError(f"LLM.{task} got pooling_params with task {pp.task!r}.")
-                ids.append(engine.add_pooling_request(None, prompt, pp).request_id)
+                ids.append(engine.add_request(None, prompt, pp).request_id)
         except ValueError:
             engine.abort_request(ids)
             raise
@@ -210,9 +211,8 @@ class LLM:
         try:
             for prompt, sp, lora in zip(prompts, params, loras, strict=True):
                 final = sp.clone(output_kind=RequestOutputKind.FINAL_ONLY)
-                state = engine.add_request(
-                    None, prompt, final, add_special_tokens=add_special_tokens, lora_request=lora
-                )
+                options = RequestOptions(add_special_tokens=add_special_tokens, lora_request=lora)
+                state = engine.add_request(None, prompt, final, options)
                 ids.append(state.request_id)
         except ValueError:
             engine.abort_request(ids)

@@ -8,10 +8,10 @@ from functools import partial
 
 from pagestream.engine_args import EngineArgs
 from pagestream.executor_factory import WORKER_START_TIMEOUT_S, build_executor
-from services.common.lora_request import LoRARequest
 from services.common.model_source import resolve_model
 from services.common.outputs import RequestOutput
 from services.common.pooling_params import PoolingParams
+from services.common.request_options import DEFAULT_OPTIONS, RequestOptions
 from services.common.sampling_params import SamplingParams
 from services.common.worker_info import CacheInfo, ModelInfo
 from services.frontend.generation_defaults import load_generation_defaults
@@ -73,40 +73,13 @@ class LLMEngine:
         self,
         request_id: str | None,
         prompt,
-        params: SamplingParams,
-        *,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        add_special_tokens: bool = True,
-        lora_request: LoRARequest | None = None,
-    ) -> RequestState:
-        """Validate, tokenize and admit; raises ValueError naming the problem."""
-        request, state = self.input_processor.make_request(
-            request_id,
-            prompt,
-            params,
-            priority=priority,
-            cache_salt=cache_salt,
-            add_special_tokens=add_special_tokens,
-            lora_request=lora_request,
-        )
-        self._admit(request, state)
-        return state
-
-    def add_pooling_request(
-        self,
-        request_id: str | None,
-        prompt,
-        params: PoolingParams,
-        *,
-        priority: int = 0,
-        add_special_tokens: bool = True,
-    ) -> PoolingRequestState:
-        """A pooling request (the engine runs --runner pooling); ValueError naming the
+        params: SamplingParams | PoolingParams,
+        options: RequestOptions = DEFAULT_OPTIONS,
+    ) -> RequestState | PoolingRequestState:
+        """Validate, tokenize and admit a generation (SamplingParams) or a pooling request
+        (PoolingParams: the engine runs --runner pooling); raises ValueError naming the
         problem."""
-        request, state = self.input_processor.make_pooling_request(
-            request_id, prompt, params, priority=priority, add_special_tokens=add_special_tokens
-        )
+        request, state = self.input_processor.make_request(request_id, prompt, params, options)
         self._admit(request, state)
         return state
 

@@ -24,9 +24,9 @@ from collections.abc import AsyncIterator, Callable
 
 from services.common.engine_errors import EngineUnavailableError
 from services.common.engine_output import SchedulerStats
-from services.common.lora_request import LoRARequest
 from services.common.outputs import PoolingRequestOutput, RequestOutput
 from services.common.pooling_params import PoolingParams
+from services.common.request_options import DEFAULT_OPTIONS, RequestOptions
 from services.common.sampling_params import RequestOutputKind, SamplingParams
 from services.common.served_model_info import ServedModelInfo
 from services.frontend.engine_client import EngineCoreClient, output_error
@@ -122,29 +122,11 @@ class Frontend:
         prompt,
         sampling_params: SamplingParams | None = None,
         request_id: str | None = None,
-        *,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        add_special_tokens: bool = True,
-        lora_request: LoRARequest | None = None,
+        options: RequestOptions = DEFAULT_OPTIONS,
     ) -> AsyncIterator[RequestOutput]:
         """Stream outputs until the request ends; a consumer that stops iterating aborts it."""
-        if not self.is_ready:
-            raise EngineUnavailableError(self.not_ready_reason())
-        self._ensure_pump()
         params = sampling_params or SamplingParams(**self.default_sampling)
-        if request_id in self._queues:  # its stream may outlive its state: check both
-            raise ValueError(f"request_id {request_id!r} is already in use.")
-        self._check_prompt_size(prompt)
-        request, state = self.input_processor.make_request(
-            request_id,
-            prompt,
-            params,
-            priority=priority,
-            cache_salt=cache_salt,
-            add_special_tokens=add_special_tokens,
-            lora_request=lora_request,
-        )
+        request, state = self._make(request_id, prompt, params, options)
         async for output in self._submit(request, state, params.output_kind):
             yield output
 
@@ -153,58 +135,33 @@ class Frontend:
         prompt,
         pooling_params: PoolingParams | None = None,
         request_id: str | None = None,
-        *,
-        priority: int = 0,
-        add_special_tokens: bool = True,
+        options: RequestOptions = DEFAULT_OPTIONS,
     ) -> PoolingRequestOutput:
         """One prompt's pooled output (an engine running --runner pooling); ValueError
         naming the problem for bad input or a generate engine."""
         ids = None if request_id is None else [request_id]
-        outputs = await self._encode(
-            [prompt], pooling_params, ids, priority=priority, add_special_tokens=add_special_tokens
-        )
-        return outputs[0]
+        return (await self._encode([prompt], pooling_params, ids, options))[0]
 
     async def encode_many(
         self,
         prompts: list,
         pooling_params: PoolingParams | None = None,
         request_id: str | None = None,
-        *,
-        priority: int = 0,
-        add_special_tokens: bool = True,
+        options: RequestOptions = DEFAULT_OPTIONS,
     ) -> list[PoolingRequestOutput]:
         """Several prompts' pooled outputs, in order (engine requests `request_id`-i, run
         side by side); every prompt is checked before any is admitted, and the first that
         fails ends the others."""
         base = request_id or new_request_id()
         ids = [f"{base}-{i}" for i in range(len(prompts))]
-        return await self._encode(
-            prompts, pooling_params, ids, priority=priority, add_special_tokens=add_special_tokens
-        )
+        return await self._encode(prompts, pooling_params, ids, options)
 
-    async def _encode(
-        self, prompts, params, request_ids, *, priority: int, add_special_tokens: bool
-    ) -> list[PoolingRequestOutput]:
-        if not self.is_ready:
-            raise EngineUnavailableError(self.not_ready_reason())
-        self._ensure_pump()
+    async def _encode(self, prompts, params, request_ids, options) -> list[PoolingRequestOutput]:
         params = params or PoolingParams()
-        requests = []
-        for i, prompt in enumerate(prompts):
-            request_id = request_ids[i] if request_ids else None
-            if request_id in self._queues:
-                raise ValueError(f"request_id {request_id!r} is already in use.")
-            self._check_prompt_size(prompt)
-            requests.append(
-                self.input_processor.make_pooling_request(
-                    request_id,
-                    prompt,
-                    params,
-                    priority=priority,
-                    add_special_tokens=add_special_tokens,
-                )
-            )
+        requests = [
+            self._make(request_ids[i] if request_ids else None, prompt, params, options)
+            for i, prompt in enumerate(prompts)
+        ]
         try:
             async with asyncio.TaskGroup() as group:  # one failing cancels (aborts) the rest
                 window = asyncio.Semaphore(ENCODE_WINDOW)
@@ -212,6 +169,17 @@ class Frontend:
         except BaseExceptionGroup as failed:
             raise failed.exceptions[0] from None  # the first error, as a single request's
         return [task.result() for task in tasks]
+
+    def _make(self, request_id, prompt, params, options: RequestOptions):
+        """A checked engine request and its state (not admitted yet): the engine is ready,
+        the id is free, the prompt within the size limit before it is tokenized."""
+        if not self.is_ready:
+            raise EngineUnavailableError(self.not_ready_reason())
+        self._ensure_pump()
+        if request_id in self._queues:  # its stream may outlive its state: check both
+            raise ValueError(f"request_id {request_id!r} is already in use.")
+        self._check_prompt_size(prompt)
+        return self.input_processor.make_request(request_id, prompt, params, options)
 
     async def _pooled(self, request, state, window: asyncio.Semaphore) -> PoolingRequestOutput:
         final = None

@@ -18,6 +18,7 @@ from services.common.convert import sampling as convert_sampling
 from services.common.lora_request import LoRARequest
 from services.common.outputs import CompletionOutput, Logprob, RequestOutput
 from services.common.proto.pagestream.v1 import generation_pb2
+from services.common.request_options import DEFAULT_OPTIONS, RequestOptions
 from services.common.sampling_params import RequestOutputKind, SamplingParams
 from services.common.served_model_info import ServedModelInfo
 from services.frontend.input_processor import new_request_id
@@ -35,20 +36,14 @@ class GenerateCall:
     request_id: str
     prompt: str | dict
     sampling_params: SamplingParams
-    priority: int = 0
-    cache_salt: str | None = None
-    add_special_tokens: bool = True
-    lora_request: LoRARequest | None = None
+    options: RequestOptions = DEFAULT_OPTIONS
 
     def arguments(self) -> dict:
         return {
             "prompt": self.prompt,
             "sampling_params": self.sampling_params,
             "request_id": self.request_id,
-            "priority": self.priority,
-            "cache_salt": self.cache_salt,
-            "add_special_tokens": self.add_special_tokens,
-            "lora_request": self.lora_request,
+            "options": self.options,
         }
 
 
@@ -69,10 +64,12 @@ def generate_call_from_pb(
         request_id=request.request_id or new_request_id(),
         prompt=prompt,
         sampling_params=params,
-        priority=request.priority,
-        cache_salt=request.cache_salt if request.HasField("cache_salt") else None,
-        add_special_tokens=default_special if special is None else special,
-        lora_request=_lora_of(request, loras),
+        options=RequestOptions(
+            priority=request.priority,
+            cache_salt=request.cache_salt if request.HasField("cache_salt") else None,
+            add_special_tokens=default_special if special is None else special,
+            lora_request=_lora_of(request, loras),
+        ),
     )
 
 

@@ -23,6 +23,7 @@ from services.common.convert.lora import lora_to_pb
 from services.common.engine_errors import EngineUnavailableError
 from services.common.grpc_errors import grpc_errors
 from services.common.proto.pagestream.v1 import generation_pb2, generation_pb2_grpc
+from services.common.request_options import RequestOptions
 from services.frontend import generation_pb, pooling_pb
 from services.frontend.api_key import ApiKey
 from services.frontend.frontend import Frontend
@@ -115,11 +116,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         params = pooling_pb.embed_params_from_pb(request)
         request_id = request.request_id or new_request_id()
         outputs = await frontend.encode_many(
-            prompts,
-            params,
-            request_id,
-            priority=request.priority,
-            add_special_tokens=pooling_pb.add_special_tokens(request),
+            prompts, params, request_id, pooling_pb.request_options(request)
         )
         return pooling_pb.embed_response(request_id, outputs)
 
@@ -147,11 +144,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         params = classification_params(pooling_pb.optional(request, "truncate_prompt_tokens"))
         request_id = request.request_id or new_request_id()
         outputs = await frontend.encode_many(
-            prompts,
-            params,
-            request_id,
-            priority=request.priority,
-            add_special_tokens=pooling_pb.add_special_tokens(request),
+            prompts, params, request_id, pooling_pb.request_options(request)
         )
         return pooling_pb.classify_response(request_id, pooler, outputs)
 
@@ -165,9 +158,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     @staticmethod
     async def _pool_plan(frontend: Frontend, plan: PairScoring, request, request_id: str):
         prompts = [p if isinstance(p, str) else {"prompt_token_ids": p} for p in plan.prompts]
-        return await frontend.encode_many(
-            prompts, plan.params, request_id, priority=request.priority
-        )
+        options = RequestOptions(priority=request.priority)
+        return await frontend.encode_many(prompts, plan.params, request_id, options)
 
     # ---- draining and cancellation -------------------------------------------------------
     async def drained(self) -> None:

@@ -1,7 +1,8 @@
 """InputProcessor: a prompt and its sampling parameters -> a validated engine request.
 
-`make_request` is the one place a request is admitted on the frontend side (the offline
-LLMEngine and the serving Frontend both call it): the prompt is tokenized and checked
+`make_request` is the one place a request is built on the frontend side (the offline
+LLMEngine and the serving Frontend both call it, with the request's RequestOptions; a
+PoolingParams makes a pooling request): the prompt is tokenized and checked
 against the context length and the vocabulary, the parameters against the vocabulary and
 the grammar compiler, and it returns the EngineCoreRequest to send and the RequestState
 that detokenizes its outputs. Bad input raises ValueError naming the field, before
@@ -14,9 +15,9 @@ import uuid
 from dataclasses import dataclass
 
 from services.common.engine_request import EngineCoreRequest
-from services.common.lora_request import LoRARequest
 from services.common.pooler_config import PoolerConfig
 from services.common.pooling_params import PoolingParams
+from services.common.request_options import DEFAULT_OPTIONS, RequestOptions
 from services.common.sampling_params import RequestOutputKind, SamplingParams
 from services.common.served_model_info import ServedModelInfo
 from services.common.structured_outputs import check_grammar
@@ -58,24 +59,24 @@ class InputProcessor:
         self,
         request_id: str | None,
         prompt,
-        params: SamplingParams,
-        *,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        add_special_tokens: bool = True,
-        lora_request: LoRARequest | None = None,
-    ) -> tuple[EngineCoreRequest, RequestState]:
-        """The engine request and its frontend state (a fresh id when none is given)."""
+        params: SamplingParams | PoolingParams,
+        options: RequestOptions = DEFAULT_OPTIONS,
+    ) -> tuple[EngineCoreRequest, RequestState | PoolingRequestState]:
+        """The engine request and its frontend state (a fresh id when none is given): a
+        generation for SamplingParams, a pooling request (an embedding) for PoolingParams."""
+        request_id = request_id or new_request_id()
+        if isinstance(params, PoolingParams):
+            return self._pooling_request(request_id, prompt, params, options)
         if not self.can_generate:
             raise ValueError(
                 "this model runs with --runner pooling and its checkpoint has no LM head: it "
                 "serves embeddings (/v1/embeddings, LLM.embed), not generation."
             )
-        request_id = request_id or new_request_id()
-        processed = self.process(prompt, add_special_tokens)
+        processed = self.process(prompt, options.add_special_tokens)
         self.check_params(params)
-        if lora_request is not None:
-            lora_request = self.loras.check(lora_request)
+        lora = options.lora_request
+        if lora is not None:
+            lora = self.loras.check(lora)
         eos = self.eos_token_ids
         request = EngineCoreRequest(
             request_id=request_id,
@@ -83,38 +84,31 @@ class InputProcessor:
             sampling_params=params,
             eos_token_id=eos[0] if eos else None,
             extra_stop_token_ids=tuple(eos[1:]),
-            priority=priority,
-            cache_salt=cache_salt,
-            lora_request=lora_request,
+            priority=options.priority,
+            cache_salt=options.cache_salt,
+            lora_request=lora,
         )
         state = RequestState(
             request_id, processed.prompt, processed.prompt_token_ids, params, self.tokenizer
         )
         return request, state
 
-    def make_pooling_request(
-        self,
-        request_id: str | None,
-        prompt,
-        params: PoolingParams,
-        *,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        add_special_tokens: bool = True,
+    def _pooling_request(
+        self, request_id: str, prompt, params: PoolingParams, options: RequestOptions
     ) -> tuple[EngineCoreRequest, PoolingRequestState]:
-        """A pooling request (embeddings) and its frontend state; ValueError naming the
-        problem, e.g. when the engine does not pool."""
         if self.pooler is None:
             raise ValueError(
                 "this model runs with --runner generate: it does not serve embeddings; start "
                 "it with --runner pooling (and --pooler-config to choose how it pools)."
             )
+        if options.lora_request is not None:
+            raise ValueError("a pooling request (an embedding, a score) runs no LoRA adapter.")
         params.verify(self.pooler)
-        request_id = request_id or new_request_id()
         keep = params.truncate_prompt_tokens
         keep_last = self.max_model_len if keep == -1 else keep
         prefix = self.pooler.prompt_text(params.prompt_name)
         text = _prompt_text(prompt)
+        add_special_tokens = options.add_special_tokens
         if text is not None and self.pooler.chat_template_inputs and self._has_chat_template():
             prompt, add_special_tokens = self._as_message(text, prefix), False
         elif text is not None:
@@ -124,8 +118,8 @@ class InputProcessor:
             request_id=request_id,
             prompt_token_ids=processed.prompt_token_ids,
             sampling_params=SamplingParams(max_tokens=1, output_kind=RequestOutputKind.FINAL_ONLY),
-            priority=priority,
-            cache_salt=cache_salt,
+            priority=options.priority,
+            cache_salt=options.cache_salt,
             pooling_params=params,
         )
         state = PoolingRequestState(

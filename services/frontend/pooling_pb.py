@@ -12,6 +12,7 @@ from services.common.outputs import PoolingRequestOutput
 from services.common.pooler_config import PoolerConfig
 from services.common.pooling_params import PoolingParams
 from services.common.proto.pagestream.v1 import generation_pb2
+from services.common.request_options import RequestOptions
 from services.frontend.generation_pb import reject_unknown_fields
 from services.frontend.pair_scoring import (
     PairScoring,
@@ -74,9 +75,13 @@ def optional(message, name: str):
     return getattr(message, name) if message.HasField(name) else None
 
 
-def add_special_tokens(message) -> bool:
-    value = optional(message, "add_special_tokens")
-    return True if value is None else value
+def request_options(message) -> RequestOptions:
+    """An EmbedRequest's or ClassifyRequest's priority and add_special_tokens (default
+    true)."""
+    special = optional(message, "add_special_tokens")
+    return RequestOptions(
+        priority=message.priority, add_special_tokens=True if special is None else special
+    )
 
 
 def score_pairs_from_pb(request: generation_pb2.ScoreRequest) -> list[tuple[str, str]]:

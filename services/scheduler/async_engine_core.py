@@ -24,7 +24,6 @@ from services.common.engine_request import EngineCoreRequest
 from services.scheduler.engine_core import EngineCore
 from services.scheduler.executor.executor import WorkerStepError
 from services.scheduler.kv_event_publisher import KvEventPublisher
-from services.scheduler.request import Request
 
 logger = logging.getLogger(__name__)
 
@@ -93,10 +92,8 @@ class AsyncEngineCore:
             raise EngineUnavailableError(
                 f"the workers are not available ({self.lost_error}); reconnecting"
             )
-        engine_request = Request.from_engine_request(request, self.core.scheduler.block_size)
-        engine_request.client_id = client_id
         async with self._lock:
-            self.core.add_request(engine_request)
+            self.core.add_request(request, client_id)
         self._wakeup.set()
 
     async def abort(self, request_ids: list[str]) -> None:

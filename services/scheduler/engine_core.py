@@ -41,12 +41,14 @@ class EngineCore:
         self.batch_queue = BatchQueue(executor.max_concurrent_batches)
         self.num_steps = 0  # plans submitted to the executor
 
-    def add_request(self, request: Request | EngineCoreRequest) -> Request:
-        """Admit a request; raises RequestRejectedError (a ValueError) saying why not."""
-        if isinstance(request, EngineCoreRequest):
-            request = Request.from_engine_request(request, self.scheduler.block_size)
-        self.scheduler.add_request(request)
-        return request
+    def add_request(self, request: EngineCoreRequest, client_id: int = 0) -> Request:
+        """Admit a request from client `client_id` (its outputs go back to that client);
+        raises RequestRejectedError (a ValueError) saying why not. The one place an
+        EngineCoreRequest becomes the scheduler's Request."""
+        admitted = Request.from_engine_request(request, self.scheduler.block_size)
+        admitted.client_id = client_id
+        self.scheduler.add_request(admitted)
+        return admitted
 
     def abort_requests(self, request_ids: list[str]) -> None:
         """Abort now; an aborted request's step still in flight is ignored when it lands."""

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
 
+from services.common.compatibility import check_with_model
 from services.common.config import CacheConfig, SchedulerConfig
 from services.common.lora_config import LoRAConfig
 from services.common.pooler_config import PoolerConfig
@@ -119,6 +120,7 @@ class EngineCoreBuilder:
                 f"the workers now run {model.model} ({model.model_fields()}), "
                 f"not {self.model.model}: restart the scheduler"
             )
+        check_with_model(self.args, model)
         self.model = model
         return model
 

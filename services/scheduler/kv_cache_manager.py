@@ -329,7 +329,7 @@ class KVCacheManager:
         cpu_ids = [None if b is NULL_BLOCK else self.cpu_free.popleft() for b in blocks]
         mapping = [(b.block_id, c) for b, c in zip(blocks, cpu_ids, strict=True) if c is not None]
         self.pool.free_blocks(reversed(real))
-        del self.req_to_blocks[rid]
+        self.req_to_blocks.pop(rid, None)  # (a forked child may hold none yet)
         self.num_cached_blocks.pop(rid, None)
         self.swapped[rid] = cpu_ids  # None: an entry freed outside the window
         return mapping

@@ -78,7 +78,7 @@ class Worker:
         torch.manual_seed(model_config.seed)
         self.loaded = load(model_config, self.device, self.rank)
         self.model = self.loaded.model
-        self.pooler = _pooler(self.loaded, model_config)
+        self.pooler = _pooler(self.loaded)
         self.draft_model = self._load_draft(model_config.speculative)
         lora = model_config.lora
         self.lora = None if lora is None else LoRAManager(self.model, lora, self.device)
@@ -91,11 +91,6 @@ class Worker:
         checked to share the target's vocabulary."""
         if speculative is None or speculative.method != "draft_model":
             return None
-        if self.rank.world_size > 1:
-            raise ValueError(
-                "speculative_config.method draft_model runs on a single worker; with tensor "
-                "or pipeline parallelism use the ngram method"
-            )
         draft_config = dataclasses.replace(
             self.model_config, model=speculative.model, max_model_len=None, speculative=None
         )
@@ -312,13 +307,9 @@ def _rank_device(device: torch.device, local_rank: int | None) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def _pooler(loaded: LoadedModel, model_config: ModelConfig) -> Pooler | None:
-    """The pooling runner's Pooler (None: the model generates); what it cannot run with
-    is refused by name."""
+def _pooler(loaded: LoadedModel) -> Pooler | None:
+    """The pooling runner's Pooler (None: the model generates; what it cannot run beside,
+    speculation or LoRA, is refused by services/common/compatibility.py)."""
     if loaded.pooler is None:
         return None
-    if model_config.speculative is not None:
-        raise ValueError("--runner pooling samples nothing: speculative_config does not apply")
-    if model_config.lora is not None:
-        raise ValueError("--runner pooling does not serve LoRA adapters (--enable-lora)")
     return Pooler(loaded.pooler, loaded.head)

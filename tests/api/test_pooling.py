@@ -125,7 +125,7 @@ def test_pooling_shares_steps_with_generation(pooling_llm, model_dir, hf_greedy,
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     gen = [engine.add_request(None, {"prompt_token_ids": p}, greedy) for p in PROMPTS[1:]]
     pooled = [
-        engine.add_pooling_request(None, {"prompt_token_ids": p}, PoolingParams(task="encode"))
+        engine.add_request(None, {"prompt_token_ids": p}, PoolingParams(task="encode"))
         for p in PROMPTS
     ]
     results = run_until_done(engine)
@@ -293,7 +293,7 @@ def test_preempted_pooling_requests_keep_their_embedding(model_dir, hf_greedy, m
         gen = [engine.add_request(None, {"prompt_token_ids": p}, greedy) for p in gen_prompts]
         pool_prompts = [PROMPTS[0][:17], PROMPTS[2][:16], PROMPTS[0][3:20]]
         pooled = [
-            engine.add_pooling_request(None, {"prompt_token_ids": p}, PoolingParams(task="encode"))
+            engine.add_request(None, {"prompt_token_ids": p}, PoolingParams(task="encode"))
             for p in pool_prompts
         ]
         results = run_until_done(engine)

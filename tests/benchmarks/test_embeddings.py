@@ -1,6 +1,8 @@
 """`pagestream bench embed --profile smoke` on a tiny model: every configuration runs on
 the same inputs, pagestream's embeddings agree with HF AutoModel's, and the report renders
-its table; HF's padded batches pool each row's last real position."""
+its table; HF's padded batches pool each row's last real position. The encoder mode on its
+tiny shape (no llama-server): a BERT vocabulary's layout, the same embeddings as
+sentence-transformers, llama-server's comparison marked absent."""
 
 from __future__ import annotations
 
@@ -9,11 +11,20 @@ import json
 
 import numpy as np
 import torch
-from transformers import AutoModel
+from transformers import AutoModel, AutoTokenizer
 
 from benchmarks.cli import add_bench_parser, run_bench
-from benchmarks.embeddings import HF, hf_embed
-from benchmarks.report_embeddings import HEADING
+from benchmarks.embeddings import (
+    ENCODER_PROFILES,
+    HF,
+    SPECIALS,
+    ST,
+    EncoderOptions,
+    hf_embed,
+    run_encoders,
+)
+from benchmarks.report_embeddings import ENCODER_HEADING, HEADING, encoder_section
+from tests.worker.conftest import isolated_model_cache
 
 
 def test_hf_padded_batches_equal_one_at_a_time(model_dir):
@@ -53,3 +64,26 @@ def test_bench_embed_smoke(model_dir, tmp_path):
     for line in text.splitlines():
         if line.startswith("|") and not line.startswith("|---"):
             assert line.endswith("|") and "None" not in line, line
+
+
+def test_encoder_mode_tiny(tmp_path, monkeypatch):
+    cache = isolated_model_cache(tmp_path / "cache", monkeypatch)
+    part = run_encoders(EncoderOptions(("tiny",), ENCODER_PROFILES["smoke"], llamacpp=False))
+    folder = cache / "encoder_bench" / "tiny"
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert len(tokenizer) == 30522 and tokenizer.convert_tokens_to_ids(SPECIALS) == [0, 1, 2, 3, 4]
+    assert (folder / "vocab.txt").read_text().splitlines()[:5] == SPECIALS
+    ids = tokenizer("The harbour town").input_ids
+    assert ids[0] == 2 and ids[-1] == 3 and 1 not in ids  # [CLS] ... [SEP], no [UNK]
+    (shape,) = part["shapes"]
+    assert shape["llama_server"] == {"error": "not run (--no-llamacpp)"}
+    assert shape["inputs"]["count"] == 12 and shape["inputs"]["max"] <= 256
+    ours, st = shape["runs"]
+    assert (ours["config"], st["config"]) == ("pagestream float32", f"{ST}, batch 4")
+    assert ours["cosine_min"] > 0.9999 and ours["vs_st"] > 0 and ours["vs_llama"] is None
+    assert ours["single_ms"] > 0 and st["single_ms"] > 0
+    lines = encoder_section({**part, "meta": {}})
+    assert lines[0] == ENCODER_HEADING and any("absent (not run" in line for line in lines)
+    for line in "\n".join(lines).splitlines():
+        if line.startswith("|"):
+            assert "None" not in line, line

@@ -1,5 +1,5 @@
 """Stepping an offline LLMEngine by hand (requests added with add_request /
-add_pooling_request)."""
+add_request with PoolingParams)."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ def test_tp2_embeddings_equal_hf_beside_generation(tp2, model_dir, hf_greedy):
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     gen = engine.add_request(None, {"prompt_token_ids": PROMPTS[1]}, greedy)
     pooled = [
-        engine.add_pooling_request(None, {"prompt_token_ids": p}, PoolingParams(task="encode"))
+        engine.add_request(None, {"prompt_token_ids": p}, PoolingParams(task="encode"))
         for p in PROMPTS
     ]
     results = run_until_done(engine)

@@ -103,7 +103,7 @@ def run_waves(executor_factory, num_blocks, budget, mode, caching):
     outputs: dict = {}
     for wave in _waves():
         for request in wave:
-            core.add_request(request)
+            core.scheduler.add_request(request)
         for _ in range(5):
             _collect(outputs, core.step())
             check_invariants(scheduler)

@@ -75,7 +75,8 @@ def test_random_interleavings_at_depth_two(ops, mode, caching, budget, eager):
     for op, arg in ops:
         if op == "add":
             rid = f"r{len(added)}"
-            added[rid] = core.add_request(_request(rid, len(added), arg))
+            added[rid] = _request(rid, len(added), arg)
+            core.scheduler.add_request(added[rid])
         elif op == "step":
             for _ in range(arg):
                 core.step()

@@ -15,7 +15,7 @@ def test_engine_core_runs_requests_to_completion(build, depth):
     core = EngineCore(scheduler, UniExecutor(worker, depth))
     requests = [make_request(f"r{i}", list(range(i, 20 + 7 * i)), max_tokens=9) for i in range(6)]
     for request in requests:
-        core.add_request(request)
+        core.scheduler.add_request(request)
     finished = {}
     while core.has_work():
         for batch in core.step().values():
@@ -35,7 +35,7 @@ def test_engine_core_runs_requests_to_completion(build, depth):
 def test_abort_of_waiting_request_reports_final_output(build, depth):
     scheduler, worker = build(30)
     core = EngineCore(scheduler, UniExecutor(worker, depth))
-    core.add_request(make_request("a", [1, 2, 3]))
+    core.scheduler.add_request(make_request("a", [1, 2, 3]))
     core.abort_requests(["a"])
     outputs = core.step()
     assert [(o.request_id, o.finish_reason) for o in outputs[0].outputs] == [("a", "abort")]
@@ -49,7 +49,7 @@ def test_a_failing_request_is_aborted_and_the_others_finish(build, monkeypatch, 
     core = EngineCore(scheduler, UniExecutor(worker, depth))
     requests = [make_request(f"r{i}", list(range(i, 12 + i)), max_tokens=5) for i in range(3)]
     for request in requests:
-        core.add_request(request)
+        core.scheduler.add_request(request)
     process = scheduler._process_tokens
 
     def flaky(request, token_ids, plan, runner_output):

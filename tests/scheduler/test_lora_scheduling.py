@@ -320,7 +320,7 @@ def test_async_scheduling_keeps_slots_while_steps_are_in_flight():
     for i, lora in enumerate(loras):
         prompt = [i + 1] * (4 + 3 * i)
         request = make_lora_request(f"r{i}", prompt, lora, 4, max_tokens=3 + 2 * (i % 3))
-        core.add_request(request)
+        core.scheduler.add_request(request)
         executor.sequences[request.request_id] = request
     finished = set()
     while core.has_work():

@@ -3,7 +3,7 @@ block-manager invariants, and every output equals the unbatched reference."""
 
 from collections import Counter
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from services.common.config import CacheConfig, SchedulerConfig
@@ -59,6 +59,19 @@ op_st = st.one_of(
     caching=st.booleans(),
     chunked=st.booleans(),
     budget=st.sampled_from([8, 32, 64]),
+)
+@example(  # found by this test: swap preemption of a forked child holding no blocks yet
+    ops=[
+        ("add", (1, 0, 1, 2)),
+        ("add", (1, 0, 1, 3)),
+        ("add", (9, 0, 1, 3)),
+        ("add", (16, 0, 2, 1)),
+        ("add", (1, 0, 1, 2)),
+    ],
+    mode="swap",
+    caching=False,
+    chunked=False,
+    budget=8,
 )
 def test_random_interleavings_keep_invariants(ops, mode, caching, chunked, budget):
     config = SchedulerConfig(

@@ -68,9 +68,9 @@ def spy_on_params(engine, monkeypatch) -> list[SamplingParams]:
     seen: list[SamplingParams] = []
     original = engine.frontend.generate
 
-    def spy(prompt, sampling_params=None, request_id=None, **kwargs):
+    def spy(prompt, sampling_params=None, request_id=None, *args, **kwargs):
         seen.append(sampling_params)
-        return original(prompt, sampling_params, request_id, **kwargs)
+        return original(prompt, sampling_params, request_id, *args, **kwargs)
 
     monkeypatch.setattr(engine.frontend, "generate", spy)
     return seen

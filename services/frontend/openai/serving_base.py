@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from services.common.lora_request import LoRARequest
 from services.common.outputs import RequestOutput
+from services.common.request_options import DEFAULT_OPTIONS, RequestOptions
 from services.common.sampling_params import RequestOutputKind, SamplingParams
 from services.frontend.input_processor import ContextLengthExceededError
 from services.frontend.metrics import FrontendMetrics, RequestMetrics
@@ -54,9 +55,7 @@ class Job:
     prompts: list[Prompt]
     params: list[SamplingParams]
     recorder: RequestMetrics
-    priority: int = 0
-    cache_salt: str | None = None
-    lora_request: LoRARequest | None = None  # the adapter `model` names (None: the base)
+    options: RequestOptions = DEFAULT_OPTIONS  # its lora_request: the adapter `model` names
 
     @property
     def n(self) -> int:
@@ -221,12 +220,7 @@ class ServingBase:
         params.output_kind = RequestOutputKind.DELTA
         try:
             stream = self.frontend.generate(
-                prompt.as_engine_prompt(),
-                params,
-                request_id,
-                priority=job.priority,
-                cache_salt=job.cache_salt,
-                lora_request=job.lora_request,
+                prompt.as_engine_prompt(), params, request_id, job.options
             )
             async with contextlib.aclosing(stream):  # aborts it when cancelled mid-put
                 async for output in stream:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from services.common.outputs import RequestOutput
+from services.common.request_options import RequestOptions
 from services.common.structured_outputs import StructuredOutputsParams
 from services.frontend.openai.chat_messages import ChatMessage
 from services.frontend.openai.chat_rendering import render_chat
@@ -225,9 +226,11 @@ class OpenAIServingChat(ServingBase):
             prompts=[prompt],
             params=[params],
             recorder=self.metrics.start_request(),
-            priority=request.priority,
-            cache_salt=request.cache_salt,
-            lora_request=self.lora_of(model),
+            options=RequestOptions(
+                priority=request.priority,
+                cache_salt=request.cache_salt,
+                lora_request=self.lora_of(model),
+            ),
         )
 
     def _check_limits(self, request: ChatCompletionRequest, fields: ChatFields) -> None:

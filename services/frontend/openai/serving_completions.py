@@ -8,6 +8,7 @@ import dataclasses
 from fastapi import Request
 
 from services.common.outputs import CompletionOutput, RequestOutput
+from services.common.request_options import RequestOptions
 from services.frontend.openai.logprobs import CompletionLogprobsBuilder
 from services.frontend.openai.protocol import CompletionRequest
 from services.frontend.openai.replies import (
@@ -186,9 +187,11 @@ class OpenAIServingCompletion(ServingBase):
             prompts=prompts,
             params=params,
             recorder=self.metrics.start_request(),
-            priority=request.priority,
-            cache_salt=request.cache_salt,
-            lora_request=self.lora_of(model),
+            options=RequestOptions(
+                priority=request.priority,
+                cache_salt=request.cache_salt,
+                lora_request=self.lora_of(model),
+            ),
         )
 
     def _check_limits(self, request: CompletionRequest) -> None:

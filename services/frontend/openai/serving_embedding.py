@@ -15,6 +15,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from services.common.pooling_params import PoolingParams
+from services.common.request_options import RequestOptions
 from services.frontend.openai.errors import InvalidRequestError
 from services.frontend.openai.protocol import EmbeddingRequest
 from services.frontend.openai.replies import (
@@ -94,8 +95,7 @@ class OpenAIServingEmbedding(ServingBase):
             [p if isinstance(p, str) else {"prompt_token_ids": p} for p in prompts],
             params,
             request_id,
-            priority=priority,
-            add_special_tokens=add_special_tokens,
+            RequestOptions(priority=priority, add_special_tokens=add_special_tokens),
         )
         try:
             outputs = await self.until_disconnected(raw_request, self._named(work, field))
