@@ -23,6 +23,8 @@ runs benchmarks/kernels.py).
                                                 # chat (~10 min; --profile full: ~45 min)
     pagestream bench embed                      # the pooling runner's embeddings vs HF
                                                 # AutoModel, inputs/s (~6 min)
+    pagestream bench embed --encoders minilm,bge-base  # random BERT-shaped encoders vs
+                                                # sentence-transformers and llama-server
 
 Results accumulate in <docs>/benchmarks/results.json and the report is rewritten whole to
 <docs>/benchmarks.md (tables) with PNG plots in <docs>/benchmarks/ after every section
@@ -108,7 +110,14 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     add(
         "--no-llamacpp",
         action="store_true",
-        help="latency: skip llama.cpp at batch 1 (run by default; needs the bench extra)",
+        help="latency: skip llama.cpp at batch 1 (run by default; needs the bench extra); "
+        "embed --encoders: skip llama-server",
+    )
+    add(
+        "--encoders",
+        default=None,
+        help="embed: random encoders of these shapes (minilm, bge-base; tiny) instead of "
+        "--model, against sentence-transformers and llama-server (--llama-server)",
     )
     peer = bench.add_argument_group("serve --peer")
     peer.add_argument(
@@ -120,7 +129,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     )
     peer.add_argument("--concurrencies", default="1,4,16,64", help="serve --peer: levels")
     peer.add_argument(
-        "--llama-server", default=None, help="serve --peer: the binary (default $LLAMA_SERVER)"
+        "--llama-server",
+        default=None,
+        help="serve --peer, embed --encoders: the binary (default $LLAMA_SERVER)",
     )
     peer.add_argument(
         "--single-process",
@@ -227,6 +238,8 @@ def _chosen(args: argparse.Namespace) -> tuple[Section, ...]:
         return tuple(BY_NAME[name] for name in ALL)
     if args.what == "serve" and args.peer:
         return (BY_NAME["serve_peer"],)
+    if args.what == "embed" and args.encoders:
+        return (BY_NAME["embed_encoder"],)
     return (BY_NAME[args.what],)
 
 
@@ -242,9 +255,10 @@ def run_bench(args: argparse.Namespace) -> int:
     docs = Path(args.docs_dir)
     results_path = docs / "benchmarks" / "results.json"
     results = load_results(results_path)
+    encoders = args.what == "embed" and args.encoders
     meta = {
         "profile": profile.name,
-        "model": args.model,
+        "model": f"random encoders {args.encoders}" if encoders else args.model,
         "command": command_line(args),
         "machine": machine_info(),
         "workload": workload.summary(),

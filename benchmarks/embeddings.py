@@ -21,25 +21,48 @@ HF model built anew each round, a warm-up before timing); figures are medians ov
 rounds, ratios the median of each round's ratio to the same round's HF run at its fastest
 batch size. Agreement: every configuration's embeddings against HF float32's (cosine
 similarity: the lowest and the median over the inputs).
+
+Encoder mode (`--encoders minilm,bge-base`): random BERT encoders of real shapes
+(ENCODER_SHAPES) as sentence-transformers folders, made once under
+$PAGESTREAM_CACHE/encoder_bench/ with a WordPiece tokenizer trained on the corpus (padded
+with unreachable [unusedN] pieces to BERT's 30522). The same passages as text for every
+engine, 16..256 tokens with [CLS] and [SEP]: pagestream's `LLM(folder, runner="pooling",
+dtype="float32").embed(texts)`, sentence-transformers' `encode(texts, batch_size=B)` at
+each of `hf_batch_sizes`, and llama-server `--embedding -np C` (the GGUF by llama.cpp's own
+converter, f32) with C clients posting one text each to /v1/embeddings, for each C of
+`concurrencies`. Ratios against each round's fastest sentence-transformers batch size and
+llama-server C; cosines against sentence-transformers'. Each run warms up on the first
+WARM_UP inputs. A llama-server that fails is left out, its error recorded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import gc
+import json
 import logging
 import statistics
+import subprocess
+import sys
 import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from benchmarks.results import median, ratio, rotated
-from benchmarks.workload import Profile, make_workload
+from benchmarks.workload import CORPUS_PATH, Profile, make_workload
 
 logger = logging.getLogger(__name__)
 
 HF = "HF AutoModel float32"
+ST = "sentence-transformers float32"
+LLAMA = "llama-server"
 
 
 @dataclass(frozen=True)
@@ -47,8 +70,9 @@ class EmbedProfile:
     name: str
     num_inputs: int
     rounds: int
-    hf_batch_sizes: tuple[int, ...]
+    hf_batch_sizes: tuple[int, ...]  # the encoder mode: sentence-transformers' batch sizes
     single_inputs: int  # one at a time
+    concurrencies: tuple[int, ...] = ()  # the encoder mode: llama-server's clients
 
 
 # quick on 2 cores: ~2 min a round (64 inputs, 9k tokens; HF batch 1 is the slowest run)
@@ -56,6 +80,11 @@ EMBED_PROFILES = {
     "smoke": EmbedProfile("smoke", 8, 1, (1, 4), 2),
     "quick": EmbedProfile("quick", 64, 3, (1, 16), 16),
     "full": EmbedProfile("full", 256, 5, (1, 16, 64), 32),
+}
+ENCODER_PROFILES = {
+    "smoke": EmbedProfile("smoke", 12, 1, (4,), 2, (2,)),
+    "quick": EmbedProfile("quick", 128, 3, (8, 32, 128), 16, (4, 16)),
+    "full": EmbedProfile("full", 256, 5, (8, 32, 128), 32, (4, 16)),
 }
 
 
@@ -115,28 +144,32 @@ def run_pagestream(config: Config, inputs: list[list[int]], options: EmbedOption
         enable_prefix_caching=False,  # rounds repeat the inputs: no hits across them
     )
     prompts = [{"prompt_token_ids": ids} for ids in inputs]
-    llm.embed(prompts[:2], use_tqdm=False)  # warm-up
-    start = time.perf_counter()
-    outputs = llm.embed(prompts, use_tqdm=False)
-    elapsed = time.perf_counter() - start
-    single = []
-    if config.single:
-        for prompt in prompts[: options.profile.single_inputs]:
-            start = time.perf_counter()
-            llm.embed([prompt], use_tqdm=False)
-            single.append(time.perf_counter() - start)
+    run = timed(functools.partial(embedded, llm), prompts, options.profile, config.single)
     info = llm.engine.model_info
-    run = {
-        "elapsed_s": elapsed,
-        "embeddings": np.array([o.outputs.embedding for o in outputs], np.float32),
-        "single_s": single,
-        "dtype": info.dtype,
-        "quantization": info.quantization,
-    }
+    run.update(dtype=info.dtype, quantization=info.quantization)
     llm.engine.close()
     del llm
     gc.collect()
     return run
+
+
+def embedded(llm, prompts) -> np.ndarray:
+    return np.array([o.outputs.embedding for o in llm.embed(prompts, use_tqdm=False)], np.float32)
+
+
+def timed(embed, inputs: list, profile: EmbedProfile, single: bool, warm: int = 2) -> dict:
+    """embed(inputs) after a warm-up on the first `warm`, then (`single`) the first inputs
+    one at a time."""
+    embed(inputs[:warm])
+    start = time.perf_counter()
+    embeddings = embed(inputs)
+    elapsed = time.perf_counter() - start
+    single_s = []
+    for one in inputs[: profile.single_inputs if single else 0]:
+        start = time.perf_counter()
+        embed([one])
+        single_s.append(time.perf_counter() - start)
+    return {"elapsed_s": elapsed, "embeddings": np.asarray(embeddings), "single_s": single_s}
 
 
 # ---- HF -------------------------------------------------------------------------------
@@ -156,31 +189,22 @@ def hf_embed(model, batch: list[list[int]]) -> np.ndarray:
     return torch.nn.functional.normalize(last, dim=-1).numpy()
 
 
+def hf_batches(model, size: int, inputs: list[list[int]]) -> np.ndarray:
+    return np.concatenate(
+        [hf_embed(model, inputs[i : i + size]) for i in range(0, len(inputs), size)]
+    )
+
+
 def run_hf(config: Config, inputs: list[list[int]], options: EmbedOptions) -> dict:
     import torch
     from transformers import AutoModel
 
     model = AutoModel.from_pretrained(options.model, dtype=torch.float32).eval()
-    size = config.hf_batch
-    hf_embed(model, inputs[:2])  # warm-up
-    start = time.perf_counter()
-    parts = [hf_embed(model, inputs[i : i + size]) for i in range(0, len(inputs), size)]
-    elapsed = time.perf_counter() - start
-    single = []
-    if config.single:
-        for tokens in inputs[: options.profile.single_inputs]:
-            start = time.perf_counter()
-            hf_embed(model, [tokens])
-            single.append(time.perf_counter() - start)
+    embed = functools.partial(hf_batches, model, config.hf_batch)
+    run = timed(embed, inputs, options.profile, config.single)
     del model
     gc.collect()
-    return {
-        "elapsed_s": elapsed,
-        "embeddings": np.concatenate(parts),
-        "single_s": single,
-        "dtype": "float32",
-        "quantization": "none",
-    }
+    return {**run, "dtype": "float32", "quantization": "none"}
 
 
 # ---- the run ---------------------------------------------------------------------------
@@ -190,7 +214,8 @@ def _cosines(got: np.ndarray, reference: np.ndarray) -> np.ndarray:
     return (got * reference).sum(axis=1)
 
 
-def summarize(config: Config, runs: list[dict], hf_best: list[float], reference, inputs) -> dict:
+def summarize(config, runs: list[dict], bests: dict[str, list], reference, inputs) -> dict:
+    """One configuration's figures; `bests`: vs_NAME's per-round baselines (None: absent)."""
     tokens = sum(map(len, inputs))
     per_s = [len(inputs) / r["elapsed_s"] for r in runs]
     cosines = _cosines(runs[0]["embeddings"], reference)
@@ -201,7 +226,10 @@ def summarize(config: Config, runs: list[dict], hf_best: list[float], reference,
         "quantization": runs[0]["quantization"],
         "inputs_per_s": median(per_s),
         "tokens_per_s": median([tokens / r["elapsed_s"] for r in runs], 1),
-        "vs_hf": median([ratio(a, b) for a, b in zip(per_s, hf_best, strict=True)]),
+        **{
+            f"vs_{name}": median([ratio(a, b) for a, b in zip(per_s, best, strict=True)])
+            for name, best in bests.items()
+        },
         "single_ms": median(single, 1) if single else None,
         "cosine_min": round(float(cosines.min()), 6),
         "cosine_median": round(float(np.median(cosines)), 6),
@@ -218,36 +246,323 @@ def run_embed(tokenizer, options: EmbedOptions) -> dict:
     config = AutoConfig.from_pretrained(options.model)
     inputs = bench_inputs(tokenizer, profile, getattr(config, "max_position_embeddings", 512))
     configs = configurations(options, gguf_source(options.source) is not None)
-    found: dict[str, list[dict]] = {c.label: [] for c in configs}
-    for round_index in range(profile.rounds):
-        for config in rotated(configs, round_index):
-            runner = run_hf if config.model is None else run_pagestream
-            run = runner(config, inputs, options)
-            found[config.label].append(run)
-            logger.info("%s: %.1f inputs/s", config.label, len(inputs) / run["elapsed_s"])
+
+    def run(config: Config) -> dict:
+        return (run_hf if config.model is None else run_pagestream)(config, inputs, options)
+
+    found = run_rounds(configs, run, profile.rounds, len(inputs))
     hf_labels = [c.label for c in configs if c.model is None]
-    hf_best = [
-        max(len(inputs) / found[label][i]["elapsed_s"] for label in hf_labels)
-        for i in range(profile.rounds)
-    ]
+    hf_best = fastest(found, hf_labels, len(inputs), profile.rounds)
     reference = found[hf_labels[0]][0]["embeddings"]
-    lengths = [len(ids) for ids in inputs]
     return {
         "profile": profile.name,
         "rounds": profile.rounds,
         "threads": torch.get_num_threads(),
         "pooling_type": options.pooling_type,
-        "inputs": {
-            "count": len(inputs),
-            "tokens": sum(lengths),
-            "median": float(np.median(lengths)),
-            "max": max(lengths),
-        },
+        "inputs": input_stats(inputs),
         "single_inputs": profile.single_inputs,
-        "runs": [summarize(c, found[c.label], hf_best, reference, inputs) for c in configs],
+        "runs": [summarize(c, found[c.label], {"hf": hf_best}, reference, inputs) for c in configs],
+    }
+
+
+def run_rounds(configs: list, run, rounds: int, count: int) -> dict[str, list[dict]]:
+    """run(config) of every configuration once a round, in an order rotated each round."""
+    found: dict[str, list[dict]] = {c.label: [] for c in configs}
+    for round_index in range(rounds):
+        for config in rotated(configs, round_index):
+            found[config.label].append(run(config))
+            logger.info(
+                "%s: %.1f inputs/s", config.label, count / found[config.label][-1]["elapsed_s"]
+            )
+    return found
+
+
+def fastest(found: dict[str, list[dict]], labels: list[str], count: int, rounds: int) -> list:
+    """Each round's inputs/s of the fastest of `labels` (None: no such run)."""
+    return [
+        max((count / found[label][i]["elapsed_s"] for label in labels), default=None)
+        for i in range(rounds)
+    ]
+
+
+def input_stats(inputs: list[list[int]]) -> dict:
+    lengths = [len(ids) for ids in inputs]
+    return {
+        "count": len(lengths),
+        "tokens": sum(lengths),
+        "median": float(np.median(lengths)),
+        "max": max(lengths),
     }
 
 
 def with_profile(profile: EmbedProfile, num_inputs: int | None, rounds: int | None):
     changes = {"num_inputs": num_inputs, "rounds": rounds}
     return dataclasses.replace(profile, **{k: v for k, v in changes.items() if v})
+
+
+# ---- the encoder mode ------------------------------------------------------------------
+VOCAB = 30522  # BERT's uncased WordPiece vocabulary
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # ids 0..4, as BERT's
+# Warm-up inputs: 2 left pagestream's first engine in a process 10x slower on its first
+# full call (tiny shape, 12 inputs: 0.25 s, then 0.025 s); 8 did not.
+WARM_UP = 16
+
+
+@dataclass(frozen=True)
+class EncoderShape:
+    layers: int
+    hidden: int
+    heads: int
+    intermediate: int
+    pooling: str  # 1_Pooling's: mean or cls (then Normalize)
+    max_seq_length: int  # sentence_bert_config.json's
+
+
+ENCODER_SHAPES = {
+    "minilm": EncoderShape(6, 384, 12, 1536, "mean", 256),  # all-MiniLM-L6-v2
+    "bge-base": EncoderShape(12, 768, 12, 3072, "cls", 512),  # bge-base-en-v1.5
+    "tiny": EncoderShape(2, 64, 4, 128, "mean", 256),  # tests and smoke runs
+}
+
+
+@dataclass(frozen=True)
+class EncoderOptions:
+    shapes: tuple[str, ...]
+    profile: EmbedProfile
+    llamacpp: bool = True
+    llama_server: str | None = None  # the binary (else $LLAMA_SERVER, else on PATH)
+    # An encoder keeps no KV cache, but the engine sizes a block pool by this: at the
+    # default (4 GiB) the tiny shape took 41 s and 7 GB to start (2 cores; not timed).
+    kv_cache_memory: str = "64MiB"
+
+    def __post_init__(self) -> None:
+        if unknown := set(self.shapes) - set(ENCODER_SHAPES):
+            raise ValueError(f"unknown encoder shapes {sorted(unknown)}: {list(ENCODER_SHAPES)}")
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    label: str
+    engine: str  # pagestream, st, llama
+    size: int = 0  # sentence-transformers' batch size, llama-server's clients
+    single: bool = False
+
+
+def wordpiece_vocab() -> list[str]:
+    """BERT's layout: the specials, the corpus's lower-cased WordPiece pieces, [unusedN]."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(vocab_size=VOCAB, special_tokens=SPECIALS)
+    tokenizer.train_from_iterator(CORPUS_PATH.read_text(encoding="utf-8").splitlines(), trainer)
+    words = sorted(vocab := tokenizer.get_vocab(), key=vocab.get)
+    return words + [f"[unused{i}]" for i in range(VOCAB - len(words))]
+
+
+def encoder_folder(name: str) -> Path:
+    """`name`'s random sentence-transformers folder, made once (renamed into place whole)."""
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    from services.common.model_source import cache_dir
+
+    shape, out = ENCODER_SHAPES[name], cache_dir() / "encoder_bench" / name
+    if out.is_dir():
+        return out
+    tmp = out.with_name(name + ".tmp")
+    torch.manual_seed(0)
+    config = BertConfig(  # 512 positions, BERT's default
+        vocab_size=VOCAB,
+        hidden_size=shape.hidden,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        intermediate_size=shape.intermediate,
+    )
+    BertModel(config).save_pretrained(tmp)
+    words = wordpiece_vocab()
+    BertTokenizerFast(vocab={w: i for i, w in enumerate(words)}).save_pretrained(tmp)
+    (tmp / "vocab.txt").write_text("\n".join(words) + "\n", encoding="utf-8")
+    modules = [("", "Transformer"), ("1_Pooling", "Pooling"), ("2_Normalize", "Normalize")]
+    files = {
+        "modules.json": [
+            {"idx": i, "name": str(i), "path": path, "type": f"sentence_transformers.models.{kind}"}
+            for i, (path, kind) in enumerate(modules)
+        ],
+        "1_Pooling/config.json": {
+            "word_embedding_dimension": shape.hidden,
+            "pooling_mode_cls_token": shape.pooling == "cls",
+            "pooling_mode_mean_tokens": shape.pooling == "mean",
+        },
+        "sentence_bert_config.json": {"max_seq_length": shape.max_seq_length},
+    }
+    for path, _ in modules[1:]:
+        (tmp / path).mkdir()
+    for file, content in files.items():
+        (tmp / file).write_text(json.dumps(content), encoding="utf-8")
+    tmp.rename(out)
+    return out
+
+
+# llama.cpp's converter, told the pre-tokenizer's name (WordPiece has none to tell, but the
+# converter recognises a tokenizer by hashing its output, and this vocabulary is unknown).
+_CONVERT = """
+import runpy, sys
+llama, folder, out = sys.argv[1:4]
+sys.path[:0] = [llama, llama + "/gguf-py"]
+from conversion import base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "bert-bge"
+sys.argv = ["convert_hf_to_gguf.py", folder, "--outtype", "f32", "--outfile", out]
+runpy.run_path(llama + "/convert_hf_to_gguf.py", run_name="__main__")
+"""
+
+
+def encoder_gguf(folder: Path) -> Path:
+    """The folder's F32 GGUF file by llama.cpp's own converter ($LLAMA_CPP_DIR), made once."""
+    from benchmarks.full_size import llama_cpp_dir
+
+    out = folder.with_name(f"{folder.name}.f32.gguf")
+    if not out.is_file():
+        tmp = out.with_name(out.name + ".tmp")
+        command = [sys.executable, "-c", _CONVERT, str(llama_cpp_dir()), str(folder), str(tmp)]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"convert_hf_to_gguf.py failed: {done.stderr[-2000:]}")
+        tmp.rename(out)
+    return out
+
+
+def embedding_server(binary: str, gguf: Path, slots: int):
+    """llama-server --embedding (benchmarks/serve_peer.py's) with `slots` slots of 512
+    positions, on pagestream's threads."""
+    import torch
+
+    from benchmarks.serve_peer import LlamaServer
+
+    threads = str(torch.get_num_threads())
+
+    class EmbeddingServer(LlamaServer):
+        def command(self) -> list[str]:
+            return [
+                *(self.binary, "-m", str(self.gguf), "--embedding", "-t", threads, "-tb", threads),
+                *("-np", str(self.slots), "-c", str(self.slots * 512), "--no-webui"),
+                *("--host", "127.0.0.1", "--port", str(self.port)),
+            ]
+
+    return EmbeddingServer(binary, gguf, slots, options=None)
+
+
+def llama_embed(url: str, texts: list[str], clients: int) -> np.ndarray:
+    """`clients` clients posting one text each to /v1/embeddings, in input order."""
+
+    def post(text: str) -> list[float]:
+        body = json.dumps({"input": text}).encode()
+        request = urllib.request.Request(url + "/v1/embeddings", body, JSON)
+        with urllib.request.urlopen(request, timeout=600) as reply:
+            return json.load(reply)["data"][0]["embedding"]
+
+    with ThreadPoolExecutor(clients) as pool:
+        return np.array(list(pool.map(post, texts)), np.float32)
+
+
+JSON = {"Content-Type": "application/json"}
+
+
+def llama_setup(folder: Path, options: EncoderOptions) -> dict:
+    """The GGUF file and llama-server, checked on one input; {"error": ...} where either
+    fails (with what llama-server printed, where it did not start)."""
+    from benchmarks.serve_peer import llama_server_binary, llama_server_version
+
+    if not options.llamacpp:
+        return {"error": "not run (--no-llamacpp)"}
+    try:
+        binary = llama_server_binary(options)
+        with (server := embedding_server(binary, encoder_gguf(folder), 1)):
+            llama_embed(server.url, ["a check"], 1)
+    except (OSError, RuntimeError, TimeoutError) as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        if "exited before it was ready" in error:  # run again, for what it printed
+            done = subprocess.run(server.command(), capture_output=True, text=True, timeout=120)
+            error += f"; it printed: {(done.stdout + done.stderr).strip()[-1500:]}"
+        logger.warning("llama-server left out: %s", error)
+        return {"error": error}
+    return {"binary": binary, "version": llama_server_version(binary), "gguf": str(server.gguf)}
+
+
+def encoder_texts(tokenizer, profile: EmbedProfile) -> list[str]:
+    """The passages as text: 14..254 pieces (16..256 tokens with [CLS] and [SEP])."""
+    shapes = Profile("embed", profile.num_inputs, prompt_median=126, prompt_range=(14, 254))
+    requests = make_workload(tokenizer, shapes).requests
+    return [tokenizer.decode(r.prompt_token_ids).lstrip("# ") for r in requests]  # no ##x first
+
+
+def encoder_configs(profile: EmbedProfile, llama: bool) -> list[EncoderConfig]:
+    configs = [EncoderConfig("pagestream float32", "pagestream", single=True)]
+    for i, size in enumerate(profile.hf_batch_sizes):
+        configs.append(EncoderConfig(f"{ST}, batch {size}", "st", size, single=i == 0))
+    for i, size in enumerate(profile.concurrencies if llama else ()):
+        configs.append(EncoderConfig(f"{LLAMA} F32, {size} clients", "llama", size, i == 0))
+    return configs
+
+
+@contextlib.contextmanager
+def encoder_engine(config: EncoderConfig, folder: Path, llama: dict, options: EncoderOptions):
+    """`config`'s engine, started: yields its embed(texts) -> [n, hidden]."""
+    if config.engine == "pagestream":
+        from pagestream import LLM
+
+        memory = options.kv_cache_memory
+        llm = LLM(str(folder), runner="pooling", dtype="float32", kv_cache_memory=memory)
+        try:
+            yield functools.partial(embedded, llm)
+        finally:
+            llm.engine.close()
+    elif config.engine == "st":
+        from sentence_transformers import SentenceTransformer
+
+        model = SentenceTransformer(str(folder), device="cpu")
+        yield functools.partial(model.encode, batch_size=config.size, show_progress_bar=False)
+    else:
+        with embedding_server(llama["binary"], Path(llama["gguf"]), config.size) as server:
+            yield functools.partial(llama_embed, server.url, clients=config.size)
+
+
+def run_encoder(name: str, options: EncoderOptions) -> dict:
+    """One shape, every configuration over the rounds."""
+    from transformers import AutoTokenizer
+
+    profile, folder = options.profile, encoder_folder(name)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    texts = encoder_texts(tokenizer, profile)
+    token_ids = tokenizer(texts).input_ids
+    llama = llama_setup(folder, options)
+    configs = encoder_configs(profile, "error" not in llama)
+
+    def run(config: EncoderConfig) -> dict:
+        with encoder_engine(config, folder, llama, options) as embed:
+            timing = timed(embed, texts, profile, config.single, WARM_UP)
+        gc.collect()
+        weights = "F32 GGUF" if config.engine == "llama" else "float32"
+        return {**timing, "dtype": weights, "quantization": "none"}
+
+    found = run_rounds(configs, run, profile.rounds, len(texts))
+    labels = {e: [c.label for c in configs if c.engine == e] for e in ("st", "llama")}
+    bests = {e: fastest(found, labels[e], len(texts), profile.rounds) for e in labels}
+    reference = found[labels["st"][0]][0]["embeddings"]
+    runs = [summarize(c, found[c.label], bests, reference, token_ids) for c in configs]
+    inputs = input_stats(token_ids)
+    shape = dataclasses.asdict(ENCODER_SHAPES[name])
+    return {"shape": name, **shape, "inputs": inputs, "llama_server": llama, "runs": runs}
+
+
+def run_encoders(options: EncoderOptions) -> dict:
+    import torch
+
+    return {
+        "profile": options.profile.name,
+        "rounds": options.profile.rounds,
+        "threads": torch.get_num_threads(),
+        "single_inputs": options.profile.single_inputs,
+        "shapes": [run_encoder(name, options) for name in options.shapes],
+    }

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.report_embeddings import embed_section
+from benchmarks.report_embeddings import embed_section, encoder_section
 from benchmarks.report_latency import latency_section
 from benchmarks.report_lora import lora_section
 from benchmarks.report_memory import memory_section
@@ -183,6 +183,21 @@ def run_embed(args, folder, profile, workload, results) -> dict:
     return load_average(run_embed, AutoTokenizer.from_pretrained(folder), options)
 
 
+def run_embed_encoder(args, folder, profile, workload, results) -> dict:
+    """Random BERT-shaped encoders (--encoders, default minilm,bge-base): pagestream against
+    sentence-transformers and llama-server (benchmarks/embeddings.py's encoder mode);
+    --num-requests sets the number of inputs."""
+    from benchmarks.embeddings import ENCODER_PROFILES, EncoderOptions, run_encoders, with_profile
+
+    options = EncoderOptions(
+        shapes=listed(args.encoders) or ("minilm", "bge-base"),
+        profile=with_profile(ENCODER_PROFILES[profile.name], args.num_requests, args.rounds),
+        llamacpp=not args.no_llamacpp,
+        llama_server=args.llama_server,
+    )
+    return load_average(run_encoders, options)
+
+
 def run_serve_peer(args, folder, profile, workload, results) -> dict:
     """pagestream serve against llama-server at each concurrency (benchmarks/serve_peer.py)."""
     from transformers import AutoConfig
@@ -338,5 +353,14 @@ SECTIONS = (
     ),
     Section("lora", "lora", run_lora, lora_section, True, "offline", own_workload=True),
     Section("embed", "embed", run_embed, embed_section, True, "offline", own_workload=True),
+    Section(
+        "embed_encoder",
+        "embed",
+        run_embed_encoder,
+        encoder_section,
+        True,
+        "encoder",
+        own_workload=True,
+    ),
 )
 BY_NAME = {s.name: s for s in SECTIONS}

@@ -192,7 +192,17 @@ class Worker:
         bytes_per_block = self._bytes_per_block()
         num_gpu_blocks = self._num_device_blocks(bytes_per_block)
         num_cpu_blocks = self.cache_config.swap_space // bytes_per_block
+        if self.model.bidirectional:  # an encoder reads no cache: blocks only count tokens
+            most = self._encoder_blocks(max_model_len, max_num_seqs, block_size)
+            num_gpu_blocks, num_cpu_blocks = min(num_gpu_blocks, most), min(num_cpu_blocks, most)
         return CacheInfo(num_gpu_blocks, num_cpu_blocks, block_size, bytes_per_block)
+
+    def _encoder_blocks(self, max_model_len: int | None, max_num_seqs: int, block_size: int):
+        """What an encoder's scheduler can ever hold: every running prompt at its longest
+        (its cache is bookkeeping only; a budget's worth of tiny blocks would take seconds
+        and gigabytes to allocate for nothing)."""
+        longest = max_model_len or self.model.max_model_len or block_size
+        return max_num_seqs * -(-int(longest) // block_size) + 1
 
     def allocate_cache(
         self,

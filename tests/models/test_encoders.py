@@ -368,3 +368,18 @@ def test_a_bidirectional_gemma_embeds_as_sentence_transformers(tmp_path, budget,
         llm.engine.close()
     _assert_close(got, expected)
     _assert_close([o.outputs.embedding for o in got_queries], queries)
+
+
+def test_an_encoder_holds_only_the_blocks_its_prompts_can_use(tmp_path):
+    """The default KV budget in an encoder's tiny bookkeeping blocks would be tens of
+    millions of them (seconds and gigabytes to allocate); an encoder holds what
+    max_num_seqs prompts at the longest can use, and serves as before."""
+    folder = st_folder(tmp_path, "bert", "mean", True)
+    llm = LLM(str(folder), dtype="float32", max_num_seqs=8)
+    try:
+        blocks = llm.engine.cache_info.num_gpu_blocks
+        got = [o.outputs.embedding for o in llm.embed(TEXTS, use_tqdm=False)]
+    finally:
+        llm.engine.close()
+    assert blocks <= 8 * -(-60 // 16) + 1  # max_seq_length 60, blocks of 16
+    _assert_close(got, st_embeddings(folder, TEXTS))
