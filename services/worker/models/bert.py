@@ -23,6 +23,7 @@ from transformers import PretrainedConfig
 
 from services.common.model_errors import ModelLoadError
 from services.common.rank_info import RankInfo
+from services.worker.layers.linear import LinearBase
 from services.worker.models.encoder import Encoder, bidirectional_attention, pair_token_types
 
 # Checkpoint prefixes of the same encoder under a task head (BertForMaskedLM: "bert.").
@@ -63,11 +64,11 @@ class BertLayer(nn.Module):
         super().__init__()
         hidden, inter, eps = config.hidden_size, config.intermediate_size, config.layer_norm_eps
         self.num_heads = config.num_attention_heads
-        self.qkv = nn.Linear(hidden, 3 * hidden)  # query, key, value rows
-        self.attn_out = nn.Linear(hidden, hidden)
+        self.qkv = LinearBase(hidden, 3 * hidden, bias=True)  # query, key, value rows
+        self.attn_out = LinearBase(hidden, hidden, bias=True)
         self.attn_norm = nn.LayerNorm(hidden, eps=eps)
-        self.up = nn.Linear(hidden, inter)
-        self.down = nn.Linear(inter, hidden)
+        self.up = LinearBase(hidden, inter, bias=True)
+        self.down = LinearBase(inter, hidden, bias=True)
         self.out_norm = nn.LayerNorm(hidden, eps=eps)
         if config.hidden_act not in _ACTIVATIONS:
             raise ModelLoadError(f"hidden_act {config.hidden_act!r} is not supported for BERT")
@@ -111,8 +112,8 @@ class BertEncoder(Encoder):
         self.embed_norm = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
         self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
         if self.num_labels:
-            self.head_dense = nn.Linear(hidden, hidden)
-            self.head_out = nn.Linear(hidden, self.num_labels)
+            self.head_dense = LinearBase(hidden, hidden, bias=True)
+            self.head_out = LinearBase(hidden, self.num_labels, bias=True)
         # the second text of a pair is token type 1 (None: every token is type 0)
         sep = getattr(config, "sep_token_id", None)
         self.sep_token_id = int(sep) if sep is not None and num_types > 1 else None

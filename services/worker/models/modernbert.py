@@ -20,6 +20,7 @@ from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
 from services.common.rank_info import RankInfo
+from services.worker.layers.linear import LinearBase
 from services.worker.layers.rotary_embedding import RotaryEmbedding
 from services.worker.models.encoder import Encoder, bidirectional_attention, window_mask
 
@@ -36,11 +37,11 @@ class ModernBertLayer(nn.Module):
         hidden, inter = config.hidden_size, config.intermediate_size
         self.num_heads = config.num_attention_heads
         self.attn_norm = nn.Identity() if index == 0 else _norm(config)
-        self.qkv = nn.Linear(hidden, 3 * hidden, bias=config.attention_bias)
-        self.attn_out = nn.Linear(hidden, hidden, bias=config.attention_bias)
+        self.qkv = LinearBase(hidden, 3 * hidden, bias=config.attention_bias)
+        self.attn_out = LinearBase(hidden, hidden, bias=config.attention_bias)
         self.mlp_norm = _norm(config)
-        self.up_gate = nn.Linear(hidden, 2 * inter, bias=config.mlp_bias)
-        self.down = nn.Linear(inter, hidden, bias=config.mlp_bias)
+        self.up_gate = LinearBase(hidden, 2 * inter, bias=config.mlp_bias)
+        self.down = LinearBase(inter, hidden, bias=config.mlp_bias)
         self.act = ACT2FN[config.hidden_activation]
         self.local = config.layer_types[index] == _LOCAL
 
@@ -91,10 +92,10 @@ class ModernBertEncoder(Encoder):
         self.half_window = int(config.local_attention) // 2
         if self.num_labels:
             self.classifier_pooling = str(config.classifier_pooling).upper()
-            self.head_dense = nn.Linear(hidden, hidden, bias=config.classifier_bias)
+            self.head_dense = LinearBase(hidden, hidden, bias=config.classifier_bias)
             self.head_act = ACT2FN[config.classifier_activation]
             self.head_norm = _norm(config)
-            self.head_out = nn.Linear(hidden, self.num_labels)
+            self.head_out = LinearBase(hidden, self.num_labels, bias=True)
 
     def encode(
         self,

@@ -19,6 +19,7 @@ from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
 from services.common.rank_info import RankInfo
+from services.worker.layers.linear import LinearBase
 from services.worker.layers.rotary_embedding import RotaryEmbedding
 from services.worker.models.encoder import Encoder, bidirectional_attention, pair_token_types
 
@@ -29,11 +30,11 @@ class NomicBertLayer(nn.Module):
         hidden, inter, eps = config.hidden_size, config.intermediate_size, config.layer_norm_eps
         self.num_heads, self.head_dim = config.num_attention_heads, config.head_dim
         width = self.num_heads * self.head_dim
-        self.qkv = nn.Linear(hidden, 3 * width, bias=False)  # query, key, value rows
-        self.attn_out = nn.Linear(width, hidden, bias=False)
+        self.qkv = LinearBase(hidden, 3 * width, bias=False)  # query, key, value rows
+        self.attn_out = LinearBase(width, hidden, bias=False)
         self.attn_norm = nn.LayerNorm(hidden, eps=eps)
-        self.gate_up = nn.Linear(hidden, 2 * inter, bias=False)  # gate, up rows
-        self.down = nn.Linear(inter, hidden, bias=False)
+        self.gate_up = LinearBase(hidden, 2 * inter, bias=False)  # gate, up rows
+        self.down = LinearBase(inter, hidden, bias=False)
         self.mlp_norm = nn.LayerNorm(hidden, eps=eps)
         self.act = ACT2FN[config.hidden_act]
 
@@ -80,8 +81,8 @@ class NomicBertEncoder(Encoder):
         self.layers = nn.ModuleList(NomicBertLayer(config) for _ in range(config.num_hidden_layers))
         self.rotary = RotaryEmbedding.from_config(config, config.head_dim)
         if self.num_labels:
-            self.head_dense = nn.Linear(hidden, hidden)
-            self.head_out = nn.Linear(hidden, self.num_labels)
+            self.head_dense = LinearBase(hidden, hidden, bias=True)
+            self.head_out = LinearBase(hidden, self.num_labels, bias=True)
         sep = getattr(config, "sep_token_id", None)
         self.sep_token_id = int(sep) if sep is not None and num_types > 1 else None
 
