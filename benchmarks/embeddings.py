@@ -27,12 +27,13 @@ Encoder mode (`--encoders minilm,bge-base`): random BERT encoders of real shapes
 $PAGESTREAM_CACHE/encoder_bench/ with a WordPiece tokenizer trained on the corpus (padded
 with unreachable [unusedN] pieces to BERT's 30522). The same passages as text for every
 engine, 16..256 tokens with [CLS] and [SEP]: pagestream's `LLM(folder, runner="pooling",
-dtype="float32").embed(texts)`, sentence-transformers' `encode(texts, batch_size=B)` at
-each of `hf_batch_sizes`, and llama-server `--embedding -np C` (the GGUF by llama.cpp's own
-converter, f32) with C clients posting one text each to /v1/embeddings, for each C of
-`concurrencies`. Ratios against each round's fastest sentence-transformers batch size and
-llama-server C; cosines against sentence-transformers'. Each run warms up on the first
-WARM_UP inputs. A llama-server that fails is left out, its error recorded.
+dtype=D).embed(texts)` at float32 and at dtype auto, sentence-transformers'
+`encode(texts, batch_size=B)` at each of `hf_batch_sizes`, and llama-server `--embedding
+-np C` (the GGUF by llama.cpp's own converter, f32) with C clients posting one text each
+to /v1/embeddings, for each C of `concurrencies`. Ratios against each round's fastest
+sentence-transformers batch size and llama-server C; cosines against sentence-
+transformers'. Each run warms up on the first WARM_UP inputs. A llama-server that fails
+is left out, its error recorded.
 """
 
 from __future__ import annotations
@@ -346,6 +347,7 @@ class EncoderConfig:
     engine: str  # pagestream, st, llama
     size: int = 0  # sentence-transformers' batch size, llama-server's clients
     single: bool = False
+    dtype: str = "float32"  # pagestream's (auto: bfloat16 on CPUs with native bf16)
 
 
 def wordpiece_vocab() -> list[str]:
@@ -498,7 +500,10 @@ def encoder_texts(tokenizer, profile: EmbedProfile) -> list[str]:
 
 
 def encoder_configs(profile: EmbedProfile, llama: bool) -> list[EncoderConfig]:
-    configs = [EncoderConfig("pagestream float32", "pagestream", single=True)]
+    configs = [
+        EncoderConfig("pagestream float32", "pagestream", single=True),
+        EncoderConfig("pagestream dtype auto", "pagestream", single=True, dtype="auto"),
+    ]
     for i, size in enumerate(profile.hf_batch_sizes):
         configs.append(EncoderConfig(f"{ST}, batch {size}", "st", size, single=i == 0))
     for i, size in enumerate(profile.concurrencies if llama else ()):
@@ -508,24 +513,28 @@ def encoder_configs(profile: EmbedProfile, llama: bool) -> list[EncoderConfig]:
 
 @contextlib.contextmanager
 def encoder_engine(config: EncoderConfig, folder: Path, llama: dict, options: EncoderOptions):
-    """`config`'s engine, started: yields its embed(texts) -> [n, hidden]."""
+    """`config`'s engine, started: yields its embed(texts) -> [n, hidden] and its weights'
+    dtype."""
     if config.engine == "pagestream":
         from pagestream import LLM
 
         memory = options.kv_cache_memory
-        llm = LLM(str(folder), runner="pooling", dtype="float32", kv_cache_memory=memory)
+        llm = LLM(str(folder), runner="pooling", dtype=config.dtype, kv_cache_memory=memory)
         try:
-            yield functools.partial(embedded, llm)
+            yield functools.partial(embedded, llm), llm.engine.model_info.dtype
         finally:
             llm.engine.close()
     elif config.engine == "st":
         from sentence_transformers import SentenceTransformer
 
         model = SentenceTransformer(str(folder), device="cpu")
-        yield functools.partial(model.encode, batch_size=config.size, show_progress_bar=False)
+        yield (
+            functools.partial(model.encode, batch_size=config.size, show_progress_bar=False),
+            ("float32"),
+        )
     else:
         with embedding_server(llama["binary"], Path(llama["gguf"]), config.size) as server:
-            yield functools.partial(llama_embed, server.url, clients=config.size)
+            yield functools.partial(llama_embed, server.url, clients=config.size), "F32 GGUF"
 
 
 def run_encoder(name: str, options: EncoderOptions) -> dict:
@@ -540,10 +549,9 @@ def run_encoder(name: str, options: EncoderOptions) -> dict:
     configs = encoder_configs(profile, "error" not in llama)
 
     def run(config: EncoderConfig) -> dict:
-        with encoder_engine(config, folder, llama, options) as embed:
+        with encoder_engine(config, folder, llama, options) as (embed, weights):
             timing = timed(embed, texts, profile, config.single, WARM_UP)
         gc.collect()
-        weights = "F32 GGUF" if config.engine == "llama" else "float32"
         return {**timing, "dtype": weights, "quantization": "none"}
 
     found = run_rounds(configs, run, profile.rounds, len(texts))

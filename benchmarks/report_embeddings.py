@@ -64,7 +64,8 @@ def encoder_section(part: dict) -> list[str]:
         "",
         measured(part, command, f"{part['threads']} threads")
         + " Random-weight BERT encoders of real shapes, the same passages as text for every "
-        'engine: `LLM(folder, runner="pooling", dtype="float32").embed(texts)` in one call; '
+        'engine: `LLM(folder, runner="pooling", dtype=D).embed(texts)` in one call (float32, '
+        "and dtype auto: bfloat16 where the CPU has native bf16); "
         "sentence-transformers' `encode(texts, batch_size=B)`; llama-server `--embedding -np "
         "C` on the GGUF file its own converter made, C clients posting one text each to "
         f"/v1/embeddings. Medians over {part['rounds']} round(s) in rotated orders; `x vs` is "

@@ -78,8 +78,10 @@ def test_encoder_mode_tiny(tmp_path, monkeypatch):
     (shape,) = part["shapes"]
     assert shape["llama_server"] == {"error": "not run (--no-llamacpp)"}
     assert shape["inputs"]["count"] == 12 and shape["inputs"]["max"] <= 256
-    ours, st = shape["runs"]
+    ours, auto, st = shape["runs"]
     assert (ours["config"], st["config"]) == ("pagestream float32", f"{ST}, batch 4")
+    assert ours["dtype"] == "float32" and auto["dtype"] in ("float32", "bfloat16")
+    assert auto["cosine_min"] > 0.99 and auto["single_ms"] > 0
     assert ours["cosine_min"] > 0.9999 and ours["vs_st"] > 0 and ours["vs_llama"] is None
     assert ours["single_ms"] > 0 and st["single_ms"] > 0
     lines = encoder_section({**part, "meta": {}})
