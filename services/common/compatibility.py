@@ -63,12 +63,12 @@ RULES = (
 
 MODEL_RULES = (
     Rule(
-        lambda a, m: bool(m.pooler_config) and bool(m.speculative_config),
+        lambda a, m: m.capabilities.pooler is not None and m.capabilities.speculative is not None,
         "the model runs the pooling runner (an embedding model: --runner auto chose it), "
         "which samples nothing: --speculative-config does not apply.",
     ),
     Rule(
-        lambda a, m: bool(m.pooler_config) and bool(m.lora_config),
+        lambda a, m: m.capabilities.pooler is not None and m.capabilities.lora is not None,
         "the model runs the pooling runner (an embedding model: --runner auto chose it), "
         "which does not serve LoRA adapters (--enable-lora).",
     ),

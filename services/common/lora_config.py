@@ -7,8 +7,7 @@ adapter is checked against `modules` before any request uses it) and the worker 
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
 # The linears an adapter may target, by their HF names (Llama family).
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -43,11 +42,3 @@ class LoRAConfig:
 
     def with_model(self, modules: dict[str, list[int]], num_layers: int) -> LoRAConfig:
         return replace(self, modules=dict(modules), num_layers=num_layers)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> LoRAConfig | None:
-        """ "" means LoRA is off."""
-        return cls(**json.loads(text)) if text else None

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from services.common.model_errors import ModelLoadError
@@ -202,18 +202,6 @@ class PoolerConfig:
                 f"{name} must be one of the model's matryoshka_dimensions "
                 f"{list(sizes)}, got {dimensions}."
             )
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> PoolerConfig | None:
-        """ "" means the engine does not pool (the generate runner)."""
-        if not text:
-            return None
-        values = json.loads(text)
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in names})
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from services.common.model_capabilities import ModelCapabilities
 
 
 @dataclass(frozen=True)
@@ -17,16 +19,18 @@ class ServedModelInfo:
     num_gpu_blocks: int = 0
     quantization: str = "none"
     weight_bytes: int = 0
-    speculative_decoding: str = ""  # "ngram k=4", "draft_model k=3"; "" when off
-    lora_config: str = ""  # the engine's LoRA limits and target linears (LoRAConfig JSON)
-    pooler_config: str = ""  # the pooling runner's pooler (PoolerConfig JSON); "": generates
-    # A pooling runner generates too when its checkpoint has an LM head.
-    can_generate: bool = True
+    # what the model can do: generate, pool, LoRA, the speculative decoding it runs
+    capabilities: ModelCapabilities = field(default_factory=ModelCapabilities)
 
     @property
     def runner(self) -> str:
-        """vLLM's runner: "pooling" (embeddings) or "generate"."""
-        return "pooling" if self.pooler_config else "generate"
+        return self.capabilities.runner
+
+    @property
+    def speculative_decoding(self) -> str:
+        """The speculative decoding in use ("ngram k=4", "draft_model k=3"), "" when off."""
+        speculative = self.capabilities.speculative
+        return speculative.describe() if speculative is not None else ""
 
     @property
     def eos_token_id(self) -> int | None:

@@ -6,7 +6,9 @@ services/worker/worker.py's ModelInfo and CacheInfo one to one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from services.common.model_capabilities import ModelCapabilities
 
 
 @dataclass(frozen=True)
@@ -27,10 +29,8 @@ class ModelInfo:
     pipeline_parallel_size: int = 1
     quantization: str = "none"  # the quantized formats in use ("Q4_1+Q8_0", "int8") or none
     weight_bytes: int = 0  # resident weight bytes of this rank
-    speculative_config: str = ""  # the speculative decoding it runs (SpeculativeConfig JSON)
-    lora_config: str = ""  # its LoRA limits and target linears (LoRAConfig JSON); "": off
-    pooler_config: str = ""  # how it pools (PoolerConfig JSON, every field set); "": generates
-    can_generate: bool = True  # False: a pooling runner without an LM head
+    # what the model can do: generate, pool, LoRA, the speculative decoding it runs
+    capabilities: ModelCapabilities = field(default_factory=ModelCapabilities)
     # its KV cache groups (layers sharing one block table; a table holds one entry per
     # group for each block position): per group the window its layers attend within
     # (0: full attention)

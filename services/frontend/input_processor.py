@@ -15,7 +15,6 @@ import uuid
 from dataclasses import dataclass
 
 from services.common.engine_request import EngineCoreRequest
-from services.common.pooler_config import PoolerConfig
 from services.common.pooling_params import PoolingParams
 from services.common.request_options import DEFAULT_OPTIONS, RequestOptions
 from services.common.sampling_params import RequestOutputKind, SamplingParams
@@ -50,10 +49,10 @@ class InputProcessor:
         self.max_model_len = info.max_model_len
         self.vocab_size = info.vocab_size
         self.eos_token_ids = info.eos_token_ids
-        self.loras = LoRARegistry(info.lora_config)
+        self.loras = LoRARegistry(info.capabilities.lora)
         # The pooling runner's pooler (None: the engine generates).
-        self.pooler = PoolerConfig.from_json(info.pooler_config)
-        self.can_generate = info.can_generate
+        self.pooler = info.capabilities.pooler
+        self.can_generate = info.capabilities.can_generate
 
     def make_request(
         self,

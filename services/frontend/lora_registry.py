@@ -29,8 +29,8 @@ _MAX_CHECKED = 1024
 
 
 class LoRARegistry:
-    def __init__(self, lora_config: str) -> None:
-        self.config = LoRAConfig.from_json(lora_config)
+    def __init__(self, config: LoRAConfig | None) -> None:
+        self.config = config  # None: LoRA is off
         self.adapters: dict[str, LoRARequest] = {}  # served by name
         self._checked: dict[tuple, LoRARequest] = {}
         # Ids for named adapters, far from the small ids LLM users pick by hand.

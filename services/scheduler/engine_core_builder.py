@@ -22,8 +22,6 @@ from typing import Protocol
 
 from services.common.compatibility import check_with_model
 from services.common.config import CacheConfig, SchedulerConfig
-from services.common.lora_config import LoRAConfig
-from services.common.pooler_config import PoolerConfig
 from services.common.served_model_info import ServedModelInfo
 from services.common.speculative_config import SpeculativeConfig
 from services.common.worker_info import CacheInfo, ModelInfo
@@ -95,7 +93,7 @@ class EngineCoreBuilder:
         structured = StructuredOutputManager(
             tokenizer_json_of(self.args.model), model.vocab_size, model.eos_token_ids
         )
-        speculative = _speculative(model)
+        speculative = model.capabilities.speculative  # the workers' flags are the truth
         scheduler = Scheduler(
             config,
             self._cache_config(cache_info),
@@ -103,8 +101,8 @@ class EngineCoreBuilder:
             cache_info.num_cpu_blocks,
             structured,
             num_lookahead_tokens=speculative.num_lookahead_tokens if speculative else 0,
-            max_loras=lora.max_loras if (lora := LoRAConfig.from_json(model.lora_config)) else 0,
-            pooler=PoolerConfig.from_json(model.pooler_config),
+            max_loras=model.capabilities.max_loras,
+            pooler=model.capabilities.pooler,
         )
         _warn_if_the_cache_caps(
             config.max_model_len, scheduler.max_model_len, cache_info, speculative
@@ -140,11 +138,6 @@ class EngineCoreBuilder:
         return replace(cache_config, block_size=cache_info.block_size)
 
 
-def _speculative(model: ModelInfo) -> SpeculativeConfig | None:
-    """The speculative decoding the workers run (they say: their flags are the truth)."""
-    return SpeculativeConfig.parse(model.speculative_config)
-
-
 def _warn_if_the_cache_caps(
     asked: int, capped: int, cache: CacheInfo, speculative: SpeculativeConfig | None
 ) -> None:
@@ -173,7 +166,6 @@ def served_model_info(
 ) -> ServedModelInfo:
     """What the frontends are told about the model an engine core serves; `max_model_len`
     is the scheduler's (the configured length, capped by what the KV cache holds)."""
-    speculative = _speculative(model)
     return ServedModelInfo(
         model=served_name or model.model,
         max_model_len=max_model_len,
@@ -185,8 +177,5 @@ def served_model_info(
         num_gpu_blocks=cache.num_gpu_blocks,
         quantization=model.quantization,
         weight_bytes=model.weight_bytes,
-        speculative_decoding=speculative.describe() if speculative else "",
-        lora_config=model.lora_config,
-        pooler_config=model.pooler_config,
-        can_generate=model.can_generate,
+        capabilities=model.capabilities,
     )

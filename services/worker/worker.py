@@ -11,6 +11,7 @@ import threading
 import torch
 
 from services.common.config import CacheConfig, ModelConfig
+from services.common.model_capabilities import ModelCapabilities
 from services.common.rank_info import RankInfo
 from services.common.runner_output import RunnerOutput
 from services.common.scheduler_output import SchedulerOutput
@@ -141,7 +142,6 @@ class Worker:
         max_len = self.model_config.max_model_len or model.max_model_len or 2048
         if self.draft_model is not None and self.draft_model.max_model_len:
             max_len = min(max_len, self.draft_model.max_model_len)
-        speculative = self.model_config.speculative
         return ModelInfo(
             model=self.model_config.model,
             architecture=type(model).__name__,
@@ -159,10 +159,12 @@ class Worker:
             pipeline_parallel_size=self.rank.pipeline_parallel_size,
             quantization=self.loaded.quantization,
             weight_bytes=self.loaded.weight_bytes,
-            speculative_config=speculative.to_json() if speculative else "",
-            lora_config=self.lora.config.to_json() if self.lora else "",
-            pooler_config=self.pooler.config.to_json() if self.pooler else "",
-            can_generate=self.model.can_generate,
+            capabilities=ModelCapabilities(
+                can_generate=self.model.can_generate,
+                pooler=self.pooler.config if self.pooler else None,
+                lora=self.lora.config if self.lora else None,
+                speculative=self.model_config.speculative,
+            ),
             kv_cache_groups=self.kv_cache_groups.windows,
         )
 

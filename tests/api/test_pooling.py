@@ -159,7 +159,7 @@ def test_a_base_model_checkpoint_pools_and_refuses_to_generate(tmp_path, model_d
     assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["LlamaModel"]
     llm = LLM(str(tmp_path), **ENGINE)
     try:
-        assert llm.engine.info.runner == "pooling" and not llm.engine.info.can_generate
+        assert llm.engine.info.runner == "pooling" and not llm.engine.info.capabilities.can_generate
         out = llm.embed(_ids(PROMPTS[:1]), use_tqdm=False)[0]
         _close(out.outputs.embedding, normalized(hf_pooled(tmp_path, PROMPTS[0], "LAST")))
         with pytest.raises(ValueError, match="no LM head"):

@@ -10,6 +10,10 @@ import pytest
 
 from pagestream.engine_args import EngineArgs
 from services.common.compatibility import check_with_model
+from services.common.lora_config import LoRAConfig
+from services.common.model_capabilities import ModelCapabilities
+from services.common.pooler_config import PoolerConfig
+from services.common.speculative_config import SpeculativeConfig
 from services.common.worker_info import ModelInfo
 
 DRAFT = '{"method": "draft_model", "model": "draft", "num_speculative_tokens": 2}'
@@ -46,21 +50,22 @@ def test_combinations_that_go_together(arguments):
     EngineArgs(model="no-such-model", **arguments)
 
 
+LAST = PoolerConfig(pooling_type="LAST")
 MODEL = ModelInfo("m", "LlamaModel", "float32", "cpu", 2, 2, 8, 64, (2,), 64)
 
 
 @pytest.mark.parametrize(
     ("described", "words"),
     [
-        (dict(pooler_config='{"pooling_type": "LAST"}', speculative_config=NGRAM), "speculative"),
-        (dict(pooler_config='{"pooling_type": "LAST"}', lora_config="{}"), "--enable-lora"),
+        (ModelCapabilities(pooler=LAST, speculative=SpeculativeConfig("ngram", 4)), "speculative"),
+        (ModelCapabilities(pooler=LAST, lora=LoRAConfig()), "--enable-lora"),
     ],
 )
 def test_refused_once_the_workers_describe_a_pooling_model(described, words):
     """runner auto picked pooling for the model (a base checkpoint): what it runs beside
     is refused before any cache is laid out."""
     with pytest.raises(ValueError, match=words):
-        check_with_model(EngineArgs(model="m"), dataclasses.replace(MODEL, **described))
+        check_with_model(EngineArgs(model="m"), dataclasses.replace(MODEL, capabilities=described))
     check_with_model(EngineArgs(model="m"), MODEL)  # a generating model with neither
 
 

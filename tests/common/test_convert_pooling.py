@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from services.common.convert.capabilities import capabilities_from_pb, capabilities_to_pb
 from services.common.convert.engine_io import (
     engine_request_from_pb,
     engine_request_to_pb,
@@ -18,6 +19,7 @@ from services.common.convert.pooling import pooled_from_bytes, pooled_to_bytes
 from services.common.convert.step import plan_from_pb, plan_to_pb, result_from_pb, result_to_pb
 from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs
 from services.common.engine_request import EngineCoreRequest
+from services.common.model_capabilities import ModelCapabilities
 from services.common.pooler_config import PoolerConfig
 from services.common.pooling_params import PoolingParams
 from services.common.runner_output import RunnerOutput
@@ -83,12 +85,29 @@ def test_plans_and_results_carry_pooling():
 
 
 def test_model_info_says_the_runner():
-    pooler = PoolerConfig(pooling_type="MEAN", normalize=True, hidden_size=64)
-    info = ServedModelInfo("m", 256, 512, (2,), pooler_config=pooler.to_json(), can_generate=False)
+    pooler = PoolerConfig(
+        pooling_type="MEAN",
+        normalize=True,
+        hidden_size=64,
+        matryoshka_dimensions=(32, 64),
+        num_labels=2,
+        score_activation="softmax",
+        labels=("no", "yes"),
+        prompts={"query": "query: "},
+        default_prompt_name="query",
+    )
+    capabilities = ModelCapabilities(can_generate=False, pooler=pooler)
+    info = ServedModelInfo("m", 256, 512, (2,), capabilities=capabilities)
     message = _wire(served_model_info_to_pb(info))
-    assert message.runner == "pooling" and not message.can_generate
+    assert message.runner == "pooling" and not message.capabilities.can_generate
+    assert message.capabilities.pooler.labels == ["no", "yes"]
+    assert not message.capabilities.HasField("lora")
     back = served_model_info_from_pb(message)
-    assert back == info and PoolerConfig.from_json(back.pooler_config) == pooler
+    assert back == info and back.capabilities.pooler == pooler
+    unset = PoolerConfig(pooling_type="LAST")  # normalize, dimensions unset stay unset
+    assert capabilities_from_pb(_wire(capabilities_to_pb(ModelCapabilities(pooler=unset)))) == (
+        ModelCapabilities(pooler=unset)
+    )
     assert (
         served_model_info_from_pb(
             _wire(served_model_info_to_pb(ServedModelInfo("g", 8, 8, ())))

@@ -19,10 +19,12 @@ from pagestream.cli import build_parser
 from pagestream.cli_flags import role_argv
 from pagestream.engine_args import EngineArgs
 from services.common.block_hash import first_block_keys, hash_block_tokens, hash_request_tokens
+from services.common.convert.capabilities import capabilities_from_pb, capabilities_to_pb
 from services.common.flags import from_flags
 from services.common.lora_adapter import LoRAAdapterError, inspect_adapter
 from services.common.lora_config import TARGET_MODULES, LoRAConfig
 from services.common.lora_request import LoRARequest
+from services.common.model_capabilities import ModelCapabilities
 from services.frontend.lora_options import LoRAModule, LoRAServerOptions, parse_lora_module
 
 # The tiny llama of tests/worker/conftest.py: hidden 64, 4 heads and 2 KV heads of 16,
@@ -270,8 +272,11 @@ def test_lora_config_defaults_and_round_trip():
     config = LoRAConfig()
     assert (config.max_loras, config.max_lora_rank, config.num_cpu_loras) == (1, 16, 1)
     assert LoRAConfig(max_loras=2, max_cpu_loras=5).num_cpu_loras == 5
-    assert LoRAConfig.from_json(CONFIG.to_json()) == CONFIG
-    assert LoRAConfig.from_json("") is None
+    wire = capabilities_from_pb(capabilities_to_pb(ModelCapabilities(lora=CONFIG)))
+    assert (
+        wire.lora == CONFIG
+        and capabilities_from_pb(capabilities_to_pb(ModelCapabilities())).lora is None
+    )
 
 
 @pytest.mark.parametrize(

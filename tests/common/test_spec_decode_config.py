@@ -25,6 +25,7 @@ from services.common.convert.worker_info import (
 )
 from services.common.engine_output import SchedulerStats, add_stats
 from services.common.flags import from_flags, to_flags
+from services.common.model_capabilities import ModelCapabilities
 from services.common.runner_output import RunnerOutput, TokenLogprobs
 from services.common.sampling_params import SamplingParams
 from services.common.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
@@ -216,12 +217,15 @@ def test_the_model_descriptions_carry_the_speculation():
     speculative = SpeculativeConfig("draft_model", 3, model="/m/draft")
     model = ModelInfo(
         "m", "LlamaForCausalLM", "float32", "cpu", 2, 4, 64, 512, (2,), 256,
-        speculative_config=speculative.to_json(),
+        capabilities=ModelCapabilities(speculative=speculative),
     )  # fmt: skip
     back = worker_description_from_pb(_wire(worker_description_to_pb(model)))
-    assert back == model and SpeculativeConfig.parse(back.speculative_config) == speculative
+    assert back == model and back.capabilities.speculative == speculative
     info = ServedModelInfo(
         "tiny", 256, 512, (2, 3), 16, "LlamaForCausalLM", "float32", 1024,
-        speculative_decoding=speculative.describe(),
+        capabilities=ModelCapabilities(speculative=speculative),
     )  # fmt: skip
-    assert served_model_info_from_pb(_wire(served_model_info_to_pb(info))) == info
+    message = _wire(served_model_info_to_pb(info))
+    assert message.speculative_decoding == "draft_model k=3"
+    assert message.capabilities.speculative.model == "/m/draft"
+    assert served_model_info_from_pb(message) == info

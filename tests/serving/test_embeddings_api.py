@@ -202,7 +202,7 @@ async def test_grpc_embed_matches_hf(grpc_target, server, model_dir):
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.Embed(bad, timeout=TIMEOUT)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "empty" in err.value.details()
-    assert info.runner == "pooling" and '"pooling_type": "LAST"' in info.pooler_config
+    assert info.runner == "pooling" and info.capabilities.pooler.pooling_type == "LAST"
     assert reply.request_id and len(reply.embeddings) == 2
     _assert_embedding(reply.embeddings[0].values, _reference(model_dir, _ids_of(server, TEXTS[0])))
     _assert_embedding(reply.embeddings[1].values, _reference(model_dir, IDS))

@@ -26,7 +26,6 @@ from pagestream.cli import build_parser
 from pagestream.engine_args import EngineArgs
 from pagestream.roles import load_lora_modules
 from services.common.flags import from_flags
-from services.common.lora_config import LoRAConfig
 from services.common.proto.pagestream.v1 import generation_pb2 as pb
 from services.common.proto.pagestream.v1 import generation_pb2_grpc
 from services.frontend.frontend_server import serve_frontend
@@ -409,9 +408,12 @@ async def test_grpc_model_info_lists_the_adapters(stub, adapters):
     assert listed[NAMED].base_model_name == PARENT and not listed[FIRST].base_model_name
     assert listed[FIRST].path == str(adapters["first"]) and listed[FIRST].id >= 1
     assert len(listed[FIRST].digest) == 16
-    config = LoRAConfig.from_json(info.lora_config)
+    config = info.capabilities.lora
     assert (config.max_loras, config.max_lora_rank, config.num_layers) == (2, 16, 2)
-    assert json.loads(info.lora_config)["modules"]["q_proj"] == [64, 64]
+    assert (config.modules["q_proj"].in_features, config.modules["q_proj"].out_features) == (
+        64,
+        64,
+    )
 
 
 # ---- /metrics --------------------------------------------------------------------------------

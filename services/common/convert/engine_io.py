@@ -12,6 +12,7 @@ import dataclasses
 import math
 from dataclasses import fields
 
+from services.common.convert.capabilities import capabilities_from_pb, capabilities_to_pb
 from services.common.convert.logprobs import pack_logprobs, unpack_logprobs
 from services.common.convert.lora import lora_from_pb, lora_to_pb
 from services.common.convert.pooling import (
@@ -189,10 +190,8 @@ def served_model_info_to_pb(info: ServedModelInfo) -> generation_pb2.ModelInfo:
         quantization=info.quantization,
         weight_bytes=info.weight_bytes,
         speculative_decoding=info.speculative_decoding,
-        lora_config=info.lora_config,
         runner=info.runner,
-        pooler_config=info.pooler_config,
-        can_generate=info.can_generate,
+        capabilities=capabilities_to_pb(info.capabilities),
     )
 
 
@@ -208,10 +207,7 @@ def served_model_info_from_pb(message: generation_pb2.ModelInfo) -> ServedModelI
         num_gpu_blocks=message.num_gpu_blocks,
         quantization=message.quantization or "none",
         weight_bytes=message.weight_bytes,
-        speculative_decoding=message.speculative_decoding,
-        lora_config=message.lora_config,
-        pooler_config=message.pooler_config,
-        can_generate=message.can_generate,
+        capabilities=capabilities_from_pb(message.capabilities),
     )
 
 

@@ -405,8 +405,100 @@ class GetModelInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class ModelCapabilities(_message.Message):
+    __slots__ = ("can_generate", "pooler", "lora", "speculative")
+    CAN_GENERATE_FIELD_NUMBER: _ClassVar[int]
+    POOLER_FIELD_NUMBER: _ClassVar[int]
+    LORA_FIELD_NUMBER: _ClassVar[int]
+    SPECULATIVE_FIELD_NUMBER: _ClassVar[int]
+    can_generate: bool
+    pooler: PoolerCapability
+    lora: LoRACapability
+    speculative: SpeculativeCapability
+    def __init__(self, can_generate: _Optional[bool] = ..., pooler: _Optional[_Union[PoolerCapability, _Mapping]] = ..., lora: _Optional[_Union[LoRACapability, _Mapping]] = ..., speculative: _Optional[_Union[SpeculativeCapability, _Mapping]] = ...) -> None: ...
+
+class PoolerCapability(_message.Message):
+    __slots__ = ("pooling_type", "normalize", "dimensions", "hidden_size", "matryoshka_dimensions", "whole_prompt", "num_labels", "score_activation", "labels", "prompts", "default_prompt_name", "chat_template_inputs")
+    class PromptsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    POOLING_TYPE_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZE_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MATRYOSHKA_DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    WHOLE_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    NUM_LABELS_FIELD_NUMBER: _ClassVar[int]
+    SCORE_ACTIVATION_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    PROMPTS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_PROMPT_NAME_FIELD_NUMBER: _ClassVar[int]
+    CHAT_TEMPLATE_INPUTS_FIELD_NUMBER: _ClassVar[int]
+    pooling_type: str
+    normalize: bool
+    dimensions: int
+    hidden_size: int
+    matryoshka_dimensions: _containers.RepeatedScalarFieldContainer[int]
+    whole_prompt: bool
+    num_labels: int
+    score_activation: str
+    labels: _containers.RepeatedScalarFieldContainer[str]
+    prompts: _containers.ScalarMap[str, str]
+    default_prompt_name: str
+    chat_template_inputs: bool
+    def __init__(self, pooling_type: _Optional[str] = ..., normalize: _Optional[bool] = ..., dimensions: _Optional[int] = ..., hidden_size: _Optional[int] = ..., matryoshka_dimensions: _Optional[_Iterable[int]] = ..., whole_prompt: _Optional[bool] = ..., num_labels: _Optional[int] = ..., score_activation: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., chat_template_inputs: _Optional[bool] = ...) -> None: ...
+
+class LoRACapability(_message.Message):
+    __slots__ = ("max_loras", "max_lora_rank", "max_cpu_loras", "modules", "num_layers")
+    class ModulesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: LinearShape
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[LinearShape, _Mapping]] = ...) -> None: ...
+    MAX_LORAS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LORA_RANK_FIELD_NUMBER: _ClassVar[int]
+    MAX_CPU_LORAS_FIELD_NUMBER: _ClassVar[int]
+    MODULES_FIELD_NUMBER: _ClassVar[int]
+    NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    max_loras: int
+    max_lora_rank: int
+    max_cpu_loras: int
+    modules: _containers.MessageMap[str, LinearShape]
+    num_layers: int
+    def __init__(self, max_loras: _Optional[int] = ..., max_lora_rank: _Optional[int] = ..., max_cpu_loras: _Optional[int] = ..., modules: _Optional[_Mapping[str, LinearShape]] = ..., num_layers: _Optional[int] = ...) -> None: ...
+
+class LinearShape(_message.Message):
+    __slots__ = ("in_features", "out_features")
+    IN_FEATURES_FIELD_NUMBER: _ClassVar[int]
+    OUT_FEATURES_FIELD_NUMBER: _ClassVar[int]
+    in_features: int
+    out_features: int
+    def __init__(self, in_features: _Optional[int] = ..., out_features: _Optional[int] = ...) -> None: ...
+
+class SpeculativeCapability(_message.Message):
+    __slots__ = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model", "disable_by_batch_size")
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOOKUP_MIN_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOOKUP_MAX_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DISABLE_BY_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_min: int
+    prompt_lookup_max: int
+    model: str
+    disable_by_batch_size: int
+    def __init__(self, method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., prompt_lookup_min: _Optional[int] = ..., prompt_lookup_max: _Optional[int] = ..., model: _Optional[str] = ..., disable_by_batch_size: _Optional[int] = ...) -> None: ...
+
 class ModelInfo(_message.Message):
-    __slots__ = ("model", "architecture", "dtype", "max_model_len", "vocab_size", "eos_token_ids", "block_size", "num_gpu_blocks", "quantization", "weight_bytes", "speculative_decoding", "lora_config", "lora_adapters", "runner", "pooler_config", "can_generate")
+    __slots__ = ("model", "architecture", "dtype", "max_model_len", "vocab_size", "eos_token_ids", "block_size", "num_gpu_blocks", "quantization", "weight_bytes", "speculative_decoding", "lora_adapters", "runner", "capabilities")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -418,11 +510,9 @@ class ModelInfo(_message.Message):
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_BYTES_FIELD_NUMBER: _ClassVar[int]
     SPECULATIVE_DECODING_FIELD_NUMBER: _ClassVar[int]
-    LORA_CONFIG_FIELD_NUMBER: _ClassVar[int]
     LORA_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     RUNNER_FIELD_NUMBER: _ClassVar[int]
-    POOLER_CONFIG_FIELD_NUMBER: _ClassVar[int]
-    CAN_GENERATE_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     model: str
     architecture: str
     dtype: str
@@ -434,9 +524,7 @@ class ModelInfo(_message.Message):
     quantization: str
     weight_bytes: int
     speculative_decoding: str
-    lora_config: str
     lora_adapters: _containers.RepeatedCompositeFieldContainer[LoRAAdapter]
     runner: str
-    pooler_config: str
-    can_generate: bool
-    def __init__(self, model: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., block_size: _Optional[int] = ..., num_gpu_blocks: _Optional[int] = ..., quantization: _Optional[str] = ..., weight_bytes: _Optional[int] = ..., speculative_decoding: _Optional[str] = ..., lora_config: _Optional[str] = ..., lora_adapters: _Optional[_Iterable[_Union[LoRAAdapter, _Mapping]]] = ..., runner: _Optional[str] = ..., pooler_config: _Optional[str] = ..., can_generate: _Optional[bool] = ...) -> None: ...
+    capabilities: ModelCapabilities
+    def __init__(self, model: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., block_size: _Optional[int] = ..., num_gpu_blocks: _Optional[int] = ..., quantization: _Optional[str] = ..., weight_bytes: _Optional[int] = ..., speculative_decoding: _Optional[str] = ..., lora_adapters: _Optional[_Iterable[_Union[LoRAAdapter, _Mapping]]] = ..., runner: _Optional[str] = ..., capabilities: _Optional[_Union[ModelCapabilities, _Mapping]] = ...) -> None: ...

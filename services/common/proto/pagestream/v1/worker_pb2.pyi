@@ -12,7 +12,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerDescription(_message.Message):
-    __slots__ = ("model", "architecture", "dtype", "device", "num_layers", "num_kv_heads", "head_dim", "vocab_size", "eos_token_ids", "max_model_len", "rank", "world_size", "tensor_parallel_size", "pipeline_parallel_size", "quantization", "weight_bytes", "speculative_config", "lora_config", "pooler_config", "can_generate", "kv_cache_groups")
+    __slots__ = ("model", "architecture", "dtype", "device", "num_layers", "num_kv_heads", "head_dim", "vocab_size", "eos_token_ids", "max_model_len", "rank", "world_size", "tensor_parallel_size", "pipeline_parallel_size", "quantization", "weight_bytes", "capabilities", "kv_cache_groups")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -29,10 +29,7 @@ class WorkerDescription(_message.Message):
     PIPELINE_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_BYTES_FIELD_NUMBER: _ClassVar[int]
-    SPECULATIVE_CONFIG_FIELD_NUMBER: _ClassVar[int]
-    LORA_CONFIG_FIELD_NUMBER: _ClassVar[int]
-    POOLER_CONFIG_FIELD_NUMBER: _ClassVar[int]
-    CAN_GENERATE_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_GROUPS_FIELD_NUMBER: _ClassVar[int]
     model: str
     architecture: str
@@ -50,12 +47,9 @@ class WorkerDescription(_message.Message):
     pipeline_parallel_size: int
     quantization: str
     weight_bytes: int
-    speculative_config: str
-    lora_config: str
-    pooler_config: str
-    can_generate: bool
+    capabilities: _generation_pb2.ModelCapabilities
     kv_cache_groups: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, model: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_model_len: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ..., pipeline_parallel_size: _Optional[int] = ..., quantization: _Optional[str] = ..., weight_bytes: _Optional[int] = ..., speculative_config: _Optional[str] = ..., lora_config: _Optional[str] = ..., pooler_config: _Optional[str] = ..., can_generate: _Optional[bool] = ..., kv_cache_groups: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, model: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_model_len: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ..., pipeline_parallel_size: _Optional[int] = ..., quantization: _Optional[str] = ..., weight_bytes: _Optional[int] = ..., capabilities: _Optional[_Union[_generation_pb2.ModelCapabilities, _Mapping]] = ..., kv_cache_groups: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class InitializeCacheRequest(_message.Message):
     __slots__ = ("max_model_len", "max_num_seqs", "max_num_batched_tokens")
