@@ -29,10 +29,10 @@ from services.scheduler.engine_core import EngineCore
 from services.scheduler.executor.uni import UniExecutor
 from services.scheduler.lora_slot_table import LoRASlotTable
 from services.scheduler.scheduler import RequestRejectedError, Scheduler
-from tests.scheduler.stand_in_lora_worker import (
-    LoRAStandInWorker,
+from tests.scheduler.stand_in_worker import (
+    StandInWorker,
     adapter,
-    make_lora_request,
+    make_request,
     reference_generate,
 )
 from tests.scheduler.test_scheduler_properties import check_invariants
@@ -50,7 +50,7 @@ def _build(num_blocks, max_loras, block_size=4, num_cpu_blocks=0, caching=True, 
         num_cpu_blocks=num_cpu_blocks,
         max_loras=max_loras,
     )
-    worker = LoRAStandInWorker(num_blocks, block_size, num_cpu_blocks, max_loras=max_loras)
+    worker = StandInWorker(num_blocks, block_size, num_cpu_blocks, max_loras=max_loras)
     return Driver(scheduler, worker)
 
 
@@ -60,7 +60,7 @@ class Driver:
     every row's slot holding its request's adapter, no adapter in two slots, and the slot
     of a request that stays running never changing (nor its contents on the worker)."""
 
-    def __init__(self, scheduler: Scheduler, worker: LoRAStandInWorker) -> None:
+    def __init__(self, scheduler: Scheduler, worker: StandInWorker) -> None:
         self.scheduler, self.worker = scheduler, worker
         self.sequences = {}  # every request and forked sequence seen, by id
         self.plans: list[SchedulerOutput] = []
@@ -120,8 +120,8 @@ class Driver:
             expected = reference_generate(
                 sequence.prompt_token_ids,
                 sequence.sampling_params,
-                sequence.lora_request,
                 max_model_len,
+                lora=sequence.lora_request,
             )
             assert sequence.output_token_ids == expected, rid
 
@@ -162,8 +162,8 @@ def _scheduled(plan) -> set[str]:
 
 def test_the_slot_table_fills_keeps_and_reuses_slots():
     table = LoRASlotTable(2)
-    x, y, z = (make_lora_request(n, [1], lora, 4) for n, lora in (("x", A), ("y", B), ("z", C)))
-    base = make_lora_request("base", [1], None, 4)
+    x, y, z = (make_request(n, [1], 4, lora) for n, lora in (("x", A), ("y", B), ("z", C)))
+    base = make_request("base", [1], 4, None)
     assert table.fits(base, [x, y]) and table.fits(x, [x, y]) and not table.fits(z, [x, y])
     assert table.fits(z, [x, base])
     assert table.assign([base], [base]) == ({}, {})  # no adapter: no slot
@@ -176,7 +176,7 @@ def test_the_slot_table_fills_keeps_and_reuses_slots():
     # an adapter that comes back finds its old slot while no other took it
     table.assign([x], [x])
     assert table.slots == [A, C]
-    y2 = make_lora_request("y2", [1], B, 4)
+    y2 = make_request("y2", [1], 4, B)
     assert table.assign([y2], [y2]) == ({"y2": 1}, {1: B})  # the least recently used
     assert table.assign([x], [x, y2]) == ({"x": 0}, {0: A})
     with pytest.raises(RuntimeError, match="more adapters are running"):
@@ -188,7 +188,7 @@ def test_four_adapters_and_the_base_through_two_slots():
     loras = [None, A, B, C, D]
     for i in range(15):
         prompt = [i + 1] * (5 + i)
-        driver.add(make_lora_request(f"r{i}", prompt, loras[i % 5], 4, max_tokens=5 + i % 4))
+        driver.add(make_request(f"r{i}", prompt, 4, loras[i % 5], max_tokens=5 + i % 4))
     driver.run()
     assert driver.most_adapters == 2  # the limit was reached, never passed
     driver.assert_reference_outputs()
@@ -207,13 +207,13 @@ def test_four_adapters_and_the_base_through_two_slots():
 
 def test_base_and_running_adapters_pass_an_adapter_that_waits_for_a_slot():
     driver = _build(64, max_loras=2)
-    driver.add(make_lora_request("a", [1] * 6, A, 4, max_tokens=8, ignore_eos=True))
-    driver.add(make_lora_request("b", [2] * 6, B, 4, max_tokens=4, ignore_eos=True))
+    driver.add(make_request("a", [1] * 6, 4, A, max_tokens=8, ignore_eos=True))
+    driver.add(make_request("b", [2] * 6, 4, B, max_tokens=4, ignore_eos=True))
     plan, _ = driver.step()
     assert _scheduled(plan) == {"a", "b"}
-    driver.add(make_lora_request("c", [3] * 6, C, 4, max_tokens=3, ignore_eos=True))
-    driver.add(make_lora_request("base", [4] * 6, None, 4, max_tokens=3, ignore_eos=True))
-    driver.add(make_lora_request("a2", [5] * 6, A, 4, max_tokens=3, ignore_eos=True))
+    driver.add(make_request("c", [3] * 6, 4, C, max_tokens=3, ignore_eos=True))
+    driver.add(make_request("base", [4] * 6, 4, None, max_tokens=3, ignore_eos=True))
+    driver.add(make_request("a2", [5] * 6, 4, A, max_tokens=3, ignore_eos=True))
     plan, _ = driver.step()
     assert _scheduled(plan) == {"a", "b", "base", "a2"}  # c waits; who came after it runs
     assert [r.request_id for r in driver.scheduler.waiting] == ["c"]
@@ -235,9 +235,9 @@ def test_base_and_running_adapters_pass_an_adapter_that_waits_for_a_slot():
 
 def test_a_waiting_adapter_keeps_its_place_among_other_waiting_requests():
     driver = _build(64, max_loras=1, max_num_seqs=2)
-    driver.add(make_lora_request("a", [1] * 6, A, 4, max_tokens=6, ignore_eos=True))
-    driver.add(make_lora_request("b", [2] * 6, B, 4, max_tokens=2, ignore_eos=True))
-    driver.add(make_lora_request("base", [3] * 6, None, 4, max_tokens=2, ignore_eos=True))
+    driver.add(make_request("a", [1] * 6, 4, A, max_tokens=6, ignore_eos=True))
+    driver.add(make_request("b", [2] * 6, 4, B, max_tokens=2, ignore_eos=True))
+    driver.add(make_request("base", [3] * 6, 4, None, max_tokens=2, ignore_eos=True))
     plan, _ = driver.step()
     assert _scheduled(plan) == {"a", "base"}  # max_num_seqs 2: b waits for a's slot
     assert [r.request_id for r in driver.scheduler.waiting] == ["b"]
@@ -247,7 +247,7 @@ def test_a_waiting_adapter_keeps_its_place_among_other_waiting_requests():
 
 def _admitted(driver, rid, prompt, lora, **kwargs) -> int:
     """Runs one request to its end; the tokens its first step found cached."""
-    driver.add(make_lora_request(rid, prompt, lora, 4, max_tokens=2, ignore_eos=True, **kwargs))
+    driver.add(make_request(rid, prompt, 4, lora, max_tokens=2, ignore_eos=True, **kwargs))
     plan, _ = driver.step()
     (new,) = [n for n in plan.scheduled_new_reqs if n.request_id == rid]
     driver.run()
@@ -276,15 +276,15 @@ def test_the_prefix_cache_is_split_by_adapter():
 def test_same_prompt_under_two_adapters_never_shares_blocks():
     driver = _build(64, max_loras=2)
     prompt = list(range(30, 46))
-    driver.add(make_lora_request("a1", prompt, A, 4, max_tokens=6, ignore_eos=True))
-    driver.add(make_lora_request("b1", prompt, B, 4, max_tokens=6, ignore_eos=True))
-    driver.add(make_lora_request("base", prompt, None, 4, max_tokens=6, ignore_eos=True))
+    driver.add(make_request("a1", prompt, 4, A, max_tokens=6, ignore_eos=True))
+    driver.add(make_request("b1", prompt, 4, B, max_tokens=6, ignore_eos=True))
+    driver.add(make_request("base", prompt, 4, None, max_tokens=6, ignore_eos=True))
     driver.step()
     kv = driver.scheduler.kv
     tables = {rid: set(kv.get_block_ids(rid)) for rid in ("a1", "b1", "base")}
     assert not tables["a1"] & tables["b1"]
     assert not (tables["a1"] | tables["b1"]) & tables["base"]
-    driver.add(make_lora_request("a2", prompt, A, 4, max_tokens=6, ignore_eos=True))
+    driver.add(make_request("a2", prompt, 4, A, max_tokens=6, ignore_eos=True))
     driver.step()
     shared = kv.get_block_ids("a1")[:3]
     assert kv.get_block_ids("a2")[:3] == shared  # the same adapter reads a1's blocks
@@ -319,7 +319,7 @@ def test_async_scheduling_keeps_slots_while_steps_are_in_flight():
     loras = [A, B, None, C, A, D, B, None, C, D]
     for i, lora in enumerate(loras):
         prompt = [i + 1] * (4 + 3 * i)
-        request = make_lora_request(f"r{i}", prompt, lora, 4, max_tokens=3 + 2 * (i % 3))
+        request = make_request(f"r{i}", prompt, 4, lora, max_tokens=3 + 2 * (i % 3))
         core.scheduler.add_request(request)
         executor.sequences[request.request_id] = request
     finished = set()
@@ -330,7 +330,7 @@ def test_async_scheduling_keeps_slots_while_steps_are_in_flight():
     assert finished == {f"r{i}" for i in range(len(loras))}
     for rid, request in executor.sequences.items():
         expected = reference_generate(
-            request.prompt_token_ids, request.sampling_params, request.lora_request, 256
+            request.prompt_token_ids, request.sampling_params, 256, lora=request.lora_request
         )
         assert request.output_token_ids == expected, rid
     assert scheduler.kv.num_free_blocks == 64
@@ -338,8 +338,8 @@ def test_async_scheduling_keeps_slots_while_steps_are_in_flight():
 
 def test_a_request_hashes_its_blocks_with_its_adapter():
     prompt = list(range(12))
-    with_a = make_lora_request("x", prompt, A, 4)
-    base = make_lora_request("y", prompt, None, 4)
+    with_a = make_request("x", prompt, 4, A)
+    base = make_request("y", prompt, 4, None)
     assert with_a.block_hashes == hash_request_tokens(prompt, 4, lora_identity=A.identity)
     assert base.block_hashes == hash_request_tokens(prompt, 4)
     assert not set(with_a.block_hashes) & set(base.block_hashes)
@@ -351,7 +351,7 @@ def test_preemption_keeps_the_adapter(mode, max_loras):
     driver = _build(12, max_loras, num_cpu_blocks=32, preemption_mode=mode)
     for i, lora in enumerate([A, B, None, A]):
         prompt = [i + 1] * (5 + i)
-        driver.add(make_lora_request(f"r{i}", prompt, lora, 4, max_tokens=24, ignore_eos=True))
+        driver.add(make_request(f"r{i}", prompt, 4, lora, max_tokens=24, ignore_eos=True))
     driver.run()
     assert driver.scheduler.num_preemptions > 0
     driver.assert_reference_outputs()
@@ -364,8 +364,8 @@ def test_preemption_keeps_the_adapter(mode, max_loras):
 
 def test_parallel_sampling_keeps_the_adapter_and_counts_it_once():
     driver = _build(40, max_loras=2)
-    driver.add(make_lora_request("g", list(range(10)), A, 4, n=3, seed=7, max_tokens=6))
-    driver.add(make_lora_request("h", list(range(20, 30)), B, 4, max_tokens=6, ignore_eos=True))
+    driver.add(make_request("g", list(range(10)), 4, A, n=3, seed=7, max_tokens=6))
+    driver.add(make_request("h", list(range(20, 30)), 4, B, max_tokens=6, ignore_eos=True))
     driver.run()
     group = [driver.sequences[rid] for rid in ("g", "g#1", "g#2")]
     assert all(s.lora_request == A for s in group)
@@ -382,7 +382,7 @@ def test_parallel_sampling_keeps_the_adapter_and_counts_it_once():
 def test_beam_search_keeps_the_adapter():
     driver = _build(64, max_loras=1)
     params = dict(n=2, use_beam_search=True, max_tokens=4, ignore_eos=True)
-    driver.add(make_lora_request("beam", list(range(8)), A, 4, **params))
+    driver.add(make_request("beam", list(range(8)), 4, A, **params))
     driver.run()
     beams = [s for rid, s in driver.sequences.items() if rid != "beam"]
     assert beams and all(s.lora_request == A for s in beams)
@@ -394,7 +394,7 @@ def test_beam_search_keeps_the_adapter():
 def test_an_adapter_is_refused_when_lora_is_off():
     driver = _build(16, max_loras=0)
     with pytest.raises(RequestRejectedError, match=r"LoRA adapter 'A'.*--enable-lora"):
-        driver.scheduler.add_request(make_lora_request("a", [1, 2, 3], A, 4))
+        driver.scheduler.add_request(make_request("a", [1, 2, 3], 4, A))
     assert "a" not in driver.scheduler.requests and not driver.scheduler.waiting
     core = EngineCore(driver.scheduler, UniExecutor(driver.worker, 1))
     request = EngineCoreRequest("e", [1, 2, 3], SamplingParams(max_tokens=2), lora_request=B)
@@ -412,7 +412,7 @@ def test_an_adapter_is_refused_when_lora_is_off():
 def test_the_plans_lora_columns_round_trip():
     driver = _build(64, max_loras=2)
     for i, lora in enumerate([A, None, B, A]):
-        driver.add(make_lora_request(f"r{i}", [i + 1] * 9, lora, 4, max_tokens=3))
+        driver.add(make_request(f"r{i}", [i + 1] * 9, 4, lora, max_tokens=3))
     driver.run()
     plans = [p for p in driver.plans if p.lora_adapters]
     assert any(
@@ -467,9 +467,9 @@ def test_a_request_and_the_stats_carry_adapters_over_the_wire():
     base = EngineCoreRequest("b", [1], SamplingParams())
     assert engine_request_from_pb(_wire(engine_request_to_pb(base))).lora_request is None
     driver = _build(64, max_loras=2)
-    driver.add(make_lora_request("a", [1] * 6, A, 4, max_tokens=4))
-    driver.add(make_lora_request("b", [2] * 6, B, 4, max_tokens=4))
-    driver.add(make_lora_request("c", [3] * 6, C, 4, max_tokens=4))
+    driver.add(make_request("a", [1] * 6, 4, A, max_tokens=4))
+    driver.add(make_request("b", [2] * 6, 4, B, max_tokens=4))
+    driver.add(make_request("c", [3] * 6, 4, C, max_tokens=4))
     driver.step()
     stats = driver.scheduler.get_stats()
     assert (stats.running_lora_adapters, stats.waiting_lora_adapters) == (("A", "B"), ("C",))
@@ -523,8 +523,8 @@ def test_random_interleavings_keep_adapters_and_slots_right(ops, max_loras, mode
             rid = f"r{len(added)}"
             prompt = ([100 + family] * 8 + list(range(len(added), 64)))[:length]
             seed = len(added) if n > 1 else None
-            request = make_lora_request(
-                rid, prompt, loras[which], 4, max_tokens=max_tokens, n=n, seed=seed
+            request = make_request(
+                rid, prompt, 4, loras[which], max_tokens=max_tokens, n=n, seed=seed
             )
             driver.add(request)
             added[rid] = request
@@ -544,6 +544,6 @@ def test_random_interleavings_keep_adapters_and_slots_right(ops, max_loras, mode
         if request.group_id in aborted or rid in aborted:
             continue
         expected = reference_generate(
-            request.prompt_token_ids, request.sampling_params, request.lora_request, 64
+            request.prompt_token_ids, request.sampling_params, 64, lora=request.lora_request
         )
         assert request.output_token_ids == expected, rid

@@ -17,14 +17,15 @@ from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import RequestStatus
 from services.scheduler.scheduler import Scheduler
 from services.scheduler.spec_decode_stats import SpecDecodeStats
-from tests.scheduler.stand_in_spec_worker import (
-    SpecStandInWorker,
+from tests.scheduler.stand_in_worker import (
+    StandInWorker,
     accurate,
+    make_request,
+    reference_generate,
     true_continuation,
     wrong,
     wrong_token,
 )
-from tests.scheduler.stand_in_worker import make_request, reference_generate
 from tests.scheduler.test_scheduler_properties import check_invariants
 
 BS = 4
@@ -39,7 +40,7 @@ def build(num_blocks=32, proposer=None, lookahead=0, num_cpu_blocks=0, caching=T
         num_cpu_blocks=num_cpu_blocks,
         num_lookahead_tokens=lookahead,
     )
-    worker = SpecStandInWorker(
+    worker = StandInWorker(
         num_blocks,
         BS,
         num_cpu_blocks,
@@ -347,7 +348,7 @@ def test_forked_sequences_do_not_share_lookahead_blocks():
     scheduler.add_request(make_request("g", list(range(10, 18)), BS, n=2, seed=1, max_tokens=6))
     plan = scheduler.schedule()
     assert plan.num_scheduled_tokens == {"g": 7}
-    scheduler.update_from_output(plan, SpecStandInWorker(32, BS).execute(plan))
+    scheduler.update_from_output(plan, StandInWorker(32, BS).execute(plan))
     scheduler.schedule()  # the fork; each sequence computes prompt position 7
     tables = {r: scheduler.kv.get_block_ids(r) for r in ("g", "g#1")}
     writes_at = 8 // BS  # the block of the next position each writes (its first output)

@@ -12,8 +12,12 @@ from hypothesis import strategies as st
 
 from services.common.config import CacheConfig, SchedulerConfig
 from services.scheduler.scheduler import Scheduler
-from tests.scheduler.stand_in_spec_worker import SpecStandInWorker, random_proposer
-from tests.scheduler.stand_in_worker import make_request, reference_generate
+from tests.scheduler.stand_in_worker import (
+    StandInWorker,
+    make_request,
+    random_proposer,
+    reference_generate,
+)
 from tests.scheduler.test_scheduler_properties import check_invariants
 from tests.scheduler.test_spec_decode import check_stats
 
@@ -88,7 +92,7 @@ def test_random_proposals_keep_invariants_and_outputs(
     cache = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=caching)
     lookahead = k if draft_model else 0
     scheduler = Scheduler(config, cache, NUM_BLOCKS, NUM_CPU_BLOCKS, num_lookahead_tokens=lookahead)
-    worker = SpecStandInWorker(
+    worker = StandInWorker(
         NUM_BLOCKS,
         BLOCK_SIZE,
         NUM_CPU_BLOCKS,
