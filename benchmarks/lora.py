@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 from benchmarks.lora_adapters import ADAPTER_STD, adapter_folders, adapter_info
 from benchmarks.offline import make_llm, token_ids, warm_up
-from benchmarks.results import agreement, median, ratio, rotated
+from benchmarks.results import against_baseline, rotated
 from benchmarks.token_clock import TokenClock
 from benchmarks.workload import BenchRequest, Profile, Workload, greedy_inputs, make_workload
 
@@ -244,27 +244,7 @@ def summarize(label: str, setup: LoRASetup, runs: list[dict], baseline: list[dic
     """One configuration's runs: medians over its rounds, its ratios to the same rounds'
     base runs, and its greedy outputs' agreement with the base model's (the round that
     agrees least)."""
-    tok_s = [r["output_tokens"] / r["elapsed_s"] for r in runs]
-    base_tok_s = [r["output_tokens"] / r["elapsed_s"] for r in baseline]
-    tpot = [r["tpot_ms"] for r in runs]
-    reference = baseline[0]["token_ids"]  # every round against the first base run
-    same = min((agreement(r["token_ids"], reference) for r in runs), key=lambda a: a["equal"])
-    return {
-        "config": label,
-        **setup.describe(),
-        "requests": same["requests"],
-        "output_tokens": runs[0]["output_tokens"],
-        "output_tok_s": median(tok_s, 2),
-        "output_tok_s_per_round": [round(x, 2) for x in tok_s],
-        "tpot_ms": median(tpot, 2),
-        "tpot_ms_per_round": [None if t is None else round(t, 2) for t in tpot],
-        "vs_base": median([ratio(a, b) for a, b in zip(tok_s, base_tok_s, strict=True)]),
-        "tpot_vs_base": median(
-            [ratio(r["tpot_ms"], b["tpot_ms"]) for r, b in zip(runs, baseline, strict=True)]
-        ),
-        "equal_outputs": same["equal"],
-        "mean_first_difference": same["mean_first_difference"],
-    }
+    return {"config": label, **setup.describe(), **against_baseline(runs, baseline, "base")}
 
 
 def check_targets(runs: list[dict]) -> list[dict]:

@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.offline import make_llm, timed_generate, token_ids, warm_up
-from benchmarks.results import agreement, median, ratio, rotated
+from benchmarks.results import against_baseline, ratio, rotated
 from benchmarks.token_clock import TokenClock
 from benchmarks.workload import (
     BenchRequest,
@@ -415,29 +415,13 @@ def summarize(config: SpecConfig, key: tuple, runs: list[dict], baseline: list[d
     """One (configuration, workload, batch): medians over its rounds, its ratios to the
     same rounds' runs without speculation, and its greedy outputs' agreement with theirs
     (the round that agrees least)."""
-    tok_s = [r["output_tokens"] / r["elapsed_s"] for r in runs]
-    base_tok_s = [r["output_tokens"] / r["elapsed_s"] for r in baseline]
-    tpot = [r["tpot_ms"] for r in runs]
-    reference = baseline[0]["token_ids"]  # every round against the first without speculation
-    same = min((agreement(r["token_ids"], reference) for r in runs), key=lambda a: a["equal"])
     return {
         "config": config.label,
         "workload": key[1],
         "batch": key[2],
         **config.describe(),
-        "requests": same["requests"],
-        "output_tokens": runs[0]["output_tokens"],
-        "output_tok_s": median(tok_s, 2),
-        "output_tok_s_per_round": [round(x, 2) for x in tok_s],
-        "tpot_ms": median(tpot, 2),
-        "tpot_ms_per_round": [None if t is None else round(t, 2) for t in tpot],
-        "vs_none": median([ratio(a, b) for a, b in zip(tok_s, base_tok_s, strict=True)]),
-        "tpot_vs_none": median(
-            [ratio(r["tpot_ms"], b["tpot_ms"]) for r, b in zip(runs, baseline, strict=True)]
-        ),
+        **against_baseline(runs, baseline, "none"),
         **acceptance(summed([r["spec"] for r in runs])),
-        "differing_outputs": same["requests"] - same["equal"],
-        "mean_first_difference": same["mean_first_difference"],
     }
 
 
