@@ -249,9 +249,14 @@ class EngineArgs:
             cache_dtype=self.kv_cache_dtype,
         )
 
-    def scheduler_config(self, model_max_len: int, device: str = "cpu") -> SchedulerConfig:
+    def scheduler_config(
+        self, model_max_len: int, device: str = "cpu", whole_prompts: bool = False
+    ) -> SchedulerConfig:
         """The scheduler's limits once the model's own context length and the workers'
-        device are known (the step budget's defaults differ by device, CPU_STEP_DEFAULTS)."""
+        device are known (the step budget's defaults differ by device, STEP_DEFAULTS).
+        An encoder (`whole_prompts`: each prompt runs whole in one step) defaults to a step
+        that holds its longest prompt and to no long-prefill cap: nothing decodes beside
+        it, and a capped step would refuse every prompt longer than the cap."""
         max_model_len = self.max_model_len or model_max_len
         if self.max_model_len and self.max_model_len > model_max_len:
             raise ValueError(
@@ -261,10 +266,11 @@ class EngineArgs:
         budget, long_prefill = STEP_DEFAULTS["cuda" if device.startswith("cuda") else "cpu"]
         batched = self.max_num_batched_tokens
         if batched is None:
-            batched = budget if self.enable_chunked_prefill else max(budget, max_model_len)
+            chunked = self.enable_chunked_prefill and not whole_prompts
+            batched = budget if chunked else max(budget, max_model_len)
         if self.long_prefill_token_threshold is not None:
             long_prefill = self.long_prefill_token_threshold
-        elif not self.enable_chunked_prefill:
+        elif not self.enable_chunked_prefill or whole_prompts:
             long_prefill = 0
         return SchedulerConfig(
             max_num_seqs=self.max_num_seqs,

@@ -86,7 +86,9 @@ class EngineCoreBuilder:
 
     def _assemble(self, executor: Executor) -> tuple[EngineCore, ServedModelInfo]:
         model = self._check_model(executor.describe())
-        config = self.args.scheduler_config(model.max_model_len, model.device)
+        pooler = model.capabilities.pooler
+        whole = pooler is not None and pooler.whole_prompt
+        config = self.args.scheduler_config(model.max_model_len, model.device, whole)
         self.cache = cache_info = executor.initialize_cache(
             config.max_model_len, config.max_num_seqs, config.max_num_batched_tokens
         )

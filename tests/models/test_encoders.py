@@ -383,3 +383,26 @@ def test_an_encoder_holds_only_the_blocks_its_prompts_can_use(tmp_path):
         llm.engine.close()
     assert blocks <= 8 * -(-60 // 16) + 1  # max_seq_length 60, blocks of 16
     _assert_close(got, st_embeddings(folder, TEXTS))
+
+
+def test_a_prompt_longer_than_the_cpu_prefill_cap_runs_whole(tmp_path):
+    """The CPU's default step carries at most 256 tokens of a generating prompt (so
+    decodes wait less); an encoder's default step holds its longest prompt instead, so a
+    400-token passage of a 512-token model embeds (it was refused) and equals
+    sentence-transformers'."""
+    from transformers import BertConfig, BertModel
+
+    folder = st_folder(tmp_path, "bert", "mean", True)
+    config = BertConfig.from_pretrained(folder)
+    config.max_position_embeddings = 512
+    torch.manual_seed(1)
+    BertModel(config).save_pretrained(folder)
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 512}))
+    text = " ".join(TEXTS * 12)
+    llm = LLM(str(folder), dtype="float32", kv_cache_memory="8MiB")
+    try:
+        (out,) = llm.embed([text], use_tqdm=False)
+    finally:
+        llm.engine.close()
+    assert 300 < len(out.prompt_token_ids) <= 512
+    _assert_close([out.outputs.embedding], st_embeddings(folder, [text]))
