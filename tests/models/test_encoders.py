@@ -362,6 +362,9 @@ def test_a_bidirectional_gemma_embeds_as_sentence_transformers(tmp_path, budget,
     llm = LLM(str(folder), dtype="float32", kv_cache_memory="8MiB", max_num_batched_tokens=budget)
     try:
         assert llm.engine.worker.model.bidirectional
+        # nothing is kept: one group of one tiny bookkeeping layer, whatever its windows
+        assert llm.engine.model_info.kv_cache_groups == (0,)
+        assert llm.engine.cache_info.bytes_per_block == 2 * 16 * 4  # K and V, 16 slots, fp32
         got = [o.outputs.embedding for o in llm.embed(texts, use_tqdm=False)]
         got_queries = llm.embed(texts, use_tqdm=False, prompt_name="query")
     finally:

@@ -260,6 +260,7 @@ class LlamaModel(nn.Module):
         self.kv_cache_groups = _kv_cache_groups(spec, self.layer_range)
         # per layer of this stage: the KV cache group whose block table it reads
         self.layer_groups = [g for g, _ in self.kv_cache_groups.placement()]
+        self.reads_cache = True  # False: bidirectional (LlamaForCausalLM._attend_bidirectionally)
 
     def _rotary(self, layer: LayerSpec) -> RotaryEmbedding | None:
         return self.rotaries[layer.rope] if layer.rope in self.rotaries else None  # noqa: SIM401
@@ -281,6 +282,8 @@ class LlamaModel(nn.Module):
             hidden_states = self.embed(input_ids)  # [num_tokens, hidden_size]
             hidden_states = hidden_states.to(residual_dtype(hidden_states))
         layers = self.layers[self.layer_range.start : self.layer_range.stop]
+        if not self.reads_cache:  # one tiny bookkeeping cache, read by no layer
+            kv_caches = [None] * len(layers)
         for layer, kv_cache, group in zip(layers, kv_caches, self.layer_groups, strict=True):
             hidden_states = layer(positions, hidden_states, kv_cache, attn_metadata.group(group))
         if not self.stage.is_last_stage:
@@ -378,6 +381,10 @@ class LlamaForCausalLM(CausalLM):
             layer.self_attn.attn = BidirectionalAttention(
                 spec.num_heads, spec.head_dim, spec.scale, spec.num_kv_heads, half_window
             )
+        # Nothing is kept: one tiny cache in one group (as an Encoder's) only counts tokens.
+        self.model.kv_cache_groups = KVCacheGroups.single(1)
+        self.model.layer_groups = [0] * len(self.model.layer_groups)
+        self.model.reads_cache = False
         self.can_generate, self.bidirectional = False, True
 
     @classmethod
@@ -401,6 +408,8 @@ class LlamaForCausalLM(CausalLM):
 
     @property
     def kv_cache_spec(self) -> KVCacheSpec:
+        if not self.model.reads_cache:
+            return KVCacheSpec(1, 1, 1, self.dtype)  # bookkeeping only (bidirectional)
         num_layers = len(self.model.layer_range)  # this stage's layers
         groups = self.kv_cache_groups
         slots = tuple(s for _, s in groups.placement()) if groups.num_groups > 1 else ()
