@@ -18,7 +18,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.common.lora_config import TARGET_MODULES, LoRAConfig
+from services.common.lora_config import TARGET_MODULES, LoRAConfig, LoRATargets
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -47,14 +47,16 @@ class AdapterSpec:
         return {module for _, module in self.targets}
 
 
-def inspect_adapter(path: str, config: LoRAConfig) -> AdapterSpec:
+def inspect_adapter(path: str, config: LoRAConfig, model: LoRATargets) -> AdapterSpec:
+    """The adapter in `path`, checked against the engine's limits and the base model's
+    target linears (LoRAAdapterError naming what does not fit)."""
     folder = Path(path)
     if not folder.is_dir():
         raise LoRAAdapterError(f"the LoRA adapter folder {path!r} does not exist.")
     peft = _read_config(folder)
     rank = _rank(peft, config, path)
     header = _read_header(folder, path)
-    targets = _check_tensors(header, rank, config, path)
+    targets = _check_tensors(header, rank, model, path)
     alpha = peft.get("lora_alpha", rank)
     if not isinstance(alpha, int | float) or isinstance(alpha, bool):
         raise LoRAAdapterError(f"{path}: lora_alpha must be a number, got {alpha!r}.")
@@ -126,7 +128,7 @@ def _read_header(folder: Path, path: str) -> dict:
     return header
 
 
-def _check_tensors(header: dict, rank: int, config: LoRAConfig, path: str) -> set[tuple[int, str]]:
+def _check_tensors(header: dict, rank: int, model: LoRATargets, path: str) -> set[tuple[int, str]]:
     found: dict[tuple[int, str], dict[str, list[int]]] = {}
     for name, entry in header.items():
         match = _KEY.search(name)
@@ -136,21 +138,21 @@ def _check_tensors(header: dict, rank: int, config: LoRAConfig, path: str) -> se
                 f"{'/'.join(TARGET_MODULES)} (embeddings, the LM head and biases are not served)."
             )
         layer, module, which = int(match[1]), match[2], match[3]
-        if module not in config.modules:
+        if module not in model.modules:
             raise LoRAAdapterError(
                 f"{path}: the adapter targets {module!r}, which the model does not have "
-                f"(targets: {', '.join(sorted(config.modules))})."
+                f"(targets: {', '.join(sorted(model.modules))})."
             )
-        if layer >= config.num_layers:
+        if layer >= model.num_layers:
             raise LoRAAdapterError(
                 f"{path}: tensor {name!r} is for layer {layer}; the model has "
-                f"{config.num_layers} layers."
+                f"{model.num_layers} layers."
             )
         found.setdefault((layer, module), {})[which] = list(entry.get("shape", []))
     if not found:
         raise LoRAAdapterError(f"{path}: {WEIGHTS_FILE} holds no LoRA weights.")
     for (layer, module), shapes in sorted(found.items()):
-        in_features, out_features = config.modules[module]
+        in_features, out_features = model.modules[module]
         want = {"A": [rank, in_features], "B": [out_features, rank]}
         for which, shape in want.items():
             if shapes.get(which) != shape:

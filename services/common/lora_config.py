@@ -1,13 +1,16 @@
 """LoRAConfig: the engine's LoRA limits (vLLM's `enable_lora`, `max_loras`, `max_lora_rank`,
-`max_cpu_loras`) and, once a worker has loaded the model, the base model's target linears.
+`max_cpu_loras`), as the operator set them; LoRATargets: what the loaded base model offers
+adapters (its target linears and layers), found by the worker, never configured.
 
 Torch-free: the command line, the scheduler (admission by max_loras), the frontend (an
-adapter is checked against `modules` before any request uses it) and the worker read it.
+adapter is checked against the targets before any request uses it) and the worker read
+them; both travel in ModelCapabilities.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 # The linears an adapter may target, by their HF names (Llama family).
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -20,10 +23,6 @@ class LoRAConfig:
     max_loras: int = DEFAULT_MAX_LORAS  # adapters in one step (the workers' slots)
     max_lora_rank: int = DEFAULT_MAX_LORA_RANK
     max_cpu_loras: int | None = None  # adapters each worker keeps loaded (None: max_loras)
-    # Filled by the worker: HF module name -> [in_features, out_features] of the whole
-    # (unsharded) base linear, and the number of decoder layers.
-    modules: dict[str, list[int]] = field(default_factory=dict)
-    num_layers: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_loras", "max_lora_rank"):
@@ -40,5 +39,15 @@ class LoRAConfig:
     def num_cpu_loras(self) -> int:
         return self.max_cpu_loras or self.max_loras
 
-    def with_model(self, modules: dict[str, list[int]], num_layers: int) -> LoRAConfig:
-        return replace(self, modules=dict(modules), num_layers=num_layers)
+
+@dataclass(frozen=True)
+class LoRATargets:
+    """The base model's linears an adapter may target: HF module name -> (in_features,
+    out_features) of the whole (unsharded) linear, and its number of decoder layers."""
+
+    modules: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    num_layers: int = 0
+
+    def __post_init__(self) -> None:
+        shapes = {name: tuple(shape) for name, shape in self.modules.items()}
+        object.__setattr__(self, "modules", shapes)

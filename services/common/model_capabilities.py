@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.lora_config import LoRAConfig
+from services.common.lora_config import LoRAConfig, LoRATargets
 from services.common.pooler_config import PoolerConfig
 from services.common.speculative_config import SpeculativeConfig
 
@@ -20,7 +20,8 @@ from services.common.speculative_config import SpeculativeConfig
 class ModelCapabilities:
     can_generate: bool = True  # False: a pooling runner whose checkpoint has no LM head
     pooler: PoolerConfig | None = None  # how it pools, resolved (None: the generate runner)
-    lora: LoRAConfig | None = None  # its LoRA limits and the base linears (None: off)
+    lora: LoRAConfig | None = None  # its LoRA limits (None: LoRA off)
+    lora_targets: LoRATargets | None = None  # the base linears adapters may target
     speculative: SpeculativeConfig | None = None  # the speculative decoding it runs
 
     @property

@@ -49,7 +49,7 @@ class InputProcessor:
         self.max_model_len = info.max_model_len
         self.vocab_size = info.vocab_size
         self.eos_token_ids = info.eos_token_ids
-        self.loras = LoRARegistry(info.capabilities.lora)
+        self.loras = LoRARegistry(info.capabilities.lora, info.capabilities.lora_targets)
         # The pooling runner's pooler (None: the engine generates).
         self.pooler = info.capabilities.pooler
         self.can_generate = info.capabilities.can_generate

@@ -19,7 +19,7 @@ from services.common.lora_adapter import (
     LoRAAdapterError,
     inspect_adapter,
 )
-from services.common.lora_config import LoRAConfig
+from services.common.lora_config import LoRAConfig, LoRATargets
 from services.common.lora_request import LoRARequest
 
 # Checked adapters remembered, by (name, id, path, the files' sizes and times): LLM.generate
@@ -29,8 +29,9 @@ _MAX_CHECKED = 1024
 
 
 class LoRARegistry:
-    def __init__(self, config: LoRAConfig | None) -> None:
+    def __init__(self, config: LoRAConfig | None, targets: LoRATargets | None) -> None:
         self.config = config  # None: LoRA is off
+        self.targets = targets or LoRATargets()  # the base linears adapters may target
         self.adapters: dict[str, LoRARequest] = {}  # served by name
         self._checked: dict[tuple, LoRARequest] = {}
         # Ids for named adapters, far from the small ids LLM users pick by hand.
@@ -50,7 +51,7 @@ class LoRARegistry:
         key = (lora.lora_name, lora.lora_int_id, lora.lora_path, _files_stamp(lora.lora_path))
         checked = self._checked.get(key)
         if checked is None:
-            spec = inspect_adapter(lora.lora_path, self.config)
+            spec = inspect_adapter(lora.lora_path, self.config, self.targets)
             checked = dataclasses.replace(lora, digest=spec.digest)
             if len(self._checked) >= _MAX_CHECKED:
                 self._checked.pop(next(iter(self._checked)))

@@ -163,6 +163,7 @@ class Worker:
                 can_generate=self.model.can_generate,
                 pooler=self.pooler.config if self.pooler else None,
                 lora=self.lora.config if self.lora else None,
+                lora_targets=self.lora.targets if self.lora else None,
                 speculative=self.model_config.speculative,
             ),
             kv_cache_groups=self.kv_cache_groups.windows,

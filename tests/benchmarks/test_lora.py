@@ -133,7 +133,7 @@ def test_adapters_pass_the_engines_checks(model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from services.common.lora_adapter import inspect_adapter
-    from services.common.lora_config import TARGET_MODULES, LoRAConfig
+    from services.common.lora_config import TARGET_MODULES, LoRAConfig, LoRATargets
 
     model = model_dir("llama")
     options = _options(model=str(model), ranks=(4,), adapter_counts=(2,), adapter_dir=str(tmp_path))
@@ -146,8 +146,8 @@ def test_adapters_pass_the_engines_checks(model_dir, tmp_path):
         if name.rsplit(".", 1)[-1] in TARGET_MODULES
     }
     modules = {name.rsplit(".", 1)[-1]: shape for name, shape in modules.items()}
-    lora = LoRAConfig(max_lora_rank=4).with_model(modules, len(layers))
-    specs = [inspect_adapter(folder, lora) for folder in folders]
+    targets = LoRATargets(modules, len(layers))
+    specs = [inspect_adapter(folder, LoRAConfig(max_lora_rank=4), targets) for folder in folders]
     assert all(s.rank == 4 and s.scale == 1.0 for s in specs)
     assert specs[0].modules == set(TARGET_MODULES)
     assert len(specs[0].targets) == len(TARGET_MODULES) * len(layers)

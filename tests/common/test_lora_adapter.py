@@ -22,7 +22,7 @@ from services.common.block_hash import first_block_keys, hash_block_tokens, hash
 from services.common.convert.capabilities import capabilities_from_pb, capabilities_to_pb
 from services.common.flags import from_flags
 from services.common.lora_adapter import LoRAAdapterError, inspect_adapter
-from services.common.lora_config import TARGET_MODULES, LoRAConfig
+from services.common.lora_config import TARGET_MODULES, LoRAConfig, LoRATargets
 from services.common.lora_request import LoRARequest
 from services.common.model_capabilities import ModelCapabilities
 from services.frontend.lora_options import LoRAModule, LoRAServerOptions, parse_lora_module
@@ -38,7 +38,8 @@ MODULES = {
     "up_proj": [64, 96],
     "down_proj": [96, 64],
 }
-CONFIG = LoRAConfig(max_loras=2, max_lora_rank=16).with_model(MODULES, 2)
+CONFIG = LoRAConfig(max_loras=2, max_lora_rank=16)
+TARGETS = LoRATargets(MODULES, 2)  # the base model's linears, as the worker finds them
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
@@ -68,9 +69,9 @@ def _copy(folder, tmp_path):
     return shutil.copytree(folder, tmp_path / "copy")
 
 
-def _refused(path, match: str, config: LoRAConfig = CONFIG) -> str:
+def _refused(path, match: str, targets: LoRATargets = TARGETS) -> str:
     with pytest.raises(LoRAAdapterError, match=match) as err:
-        inspect_adapter(str(path), config)
+        inspect_adapter(str(path), CONFIG, targets)
     assert isinstance(err.value, ValueError)
     return str(err.value)
 
@@ -100,7 +101,7 @@ def test_the_worker_reads_the_same_target_shapes(base):
 
 
 def test_a_peft_adapter_gives_its_rank_scale_and_targets(good):
-    spec = inspect_adapter(str(good), CONFIG)
+    spec = inspect_adapter(str(good), CONFIG, TARGETS)
     assert (spec.rank, spec.scale, spec.path) == (8, 2.0, str(good))
     modules = {*ATTENTION, "down_proj"}
     assert spec.targets == {(layer, m) for layer in (0, 1) for m in modules}
@@ -120,30 +121,30 @@ def test_a_peft_adapter_gives_its_rank_scale_and_targets(good):
 )
 def test_the_scale_is_peft_s(make, r, alpha, rslora, scale):
     folder = make(r=r, lora_alpha=alpha, use_rslora=rslora, target_modules=("v_proj",))
-    spec = inspect_adapter(str(folder), CONFIG)
+    spec = inspect_adapter(str(folder), CONFIG, TARGETS)
     assert spec.rank == r and math.isclose(spec.scale, scale)
     assert spec.targets == {(0, "v_proj"), (1, "v_proj")}
 
 
 def test_every_target_at_the_largest_rank(make):
     folder = make(r=16, target_modules=TARGET_MODULES)
-    spec = inspect_adapter(str(folder), CONFIG)
+    spec = inspect_adapter(str(folder), CONFIG, TARGETS)
     assert spec.rank == 16 and spec.modules == set(TARGET_MODULES)
 
 
 def test_the_digest_is_of_the_files(make, good, tmp_path):
     again = make(folder=tmp_path / "same", r=8, target_modules=(*ATTENTION, "down_proj"))
-    assert inspect_adapter(str(again), CONFIG).digest == inspect_adapter(str(good), CONFIG).digest
-    before = inspect_adapter(str(again), CONFIG).digest
+    before = inspect_adapter(str(again), CONFIG, TARGETS).digest
+    assert before == inspect_adapter(str(good), CONFIG, TARGETS).digest
     # new weights saved over the same folder (a reload under the same path)
     make(folder=again, r=8, target_modules=(*ATTENTION, "down_proj"), seed=1)
-    after = inspect_adapter(str(again), CONFIG)
+    after = inspect_adapter(str(again), CONFIG, TARGETS)
     assert after.digest != before and after.rank == 8
     # the config counts too
     config = json.loads((again / "adapter_config.json").read_text())
     config["lora_alpha"] = 32
     (again / "adapter_config.json").write_text(json.dumps(config))
-    changed = inspect_adapter(str(again), CONFIG)
+    changed = inspect_adapter(str(again), CONFIG, TARGETS)
     assert changed.digest != after.digest and changed.scale == 4.0
 
 
@@ -176,8 +177,7 @@ def test_a_rank_over_max_lora_rank(make):
     folder = make(r=32, lora_alpha=32, target_modules=("q_proj",))
     _refused(folder, r"rank 32 is over max_lora_rank \(16\).*--max-lora-rank")
     # a larger limit takes it
-    larger = LoRAConfig(max_lora_rank=32).with_model(MODULES, 2)
-    assert inspect_adapter(str(folder), larger).rank == 32
+    assert inspect_adapter(str(folder), LoRAConfig(max_lora_rank=32), TARGETS).rank == 32
 
 
 @pytest.mark.parametrize("module", ["lm_head", "embed_tokens"])
@@ -191,9 +191,7 @@ def test_embeddings_and_the_lm_head_are_not_served(make, module, with_base_layer
 
 
 def test_a_target_the_model_lacks(good):
-    no_down = LoRAConfig(max_lora_rank=16).with_model(
-        {k: v for k, v in MODULES.items() if k != "down_proj"}, 2
-    )
+    no_down = LoRATargets({k: v for k, v in MODULES.items() if k != "down_proj"}, 2)
     _refused(
         good, r"targets 'down_proj', which the model does not have \(targets: gate_proj, ", no_down
     )
@@ -272,11 +270,11 @@ def test_lora_config_defaults_and_round_trip():
     config = LoRAConfig()
     assert (config.max_loras, config.max_lora_rank, config.num_cpu_loras) == (1, 16, 1)
     assert LoRAConfig(max_loras=2, max_cpu_loras=5).num_cpu_loras == 5
-    wire = capabilities_from_pb(capabilities_to_pb(ModelCapabilities(lora=CONFIG)))
-    assert (
-        wire.lora == CONFIG
-        and capabilities_from_pb(capabilities_to_pb(ModelCapabilities())).lora is None
-    )
+    capabilities = ModelCapabilities(lora=CONFIG, lora_targets=TARGETS)
+    wire = capabilities_from_pb(capabilities_to_pb(capabilities))
+    assert wire == capabilities and wire.lora_targets.modules["down_proj"] == (96, 64)
+    off = capabilities_from_pb(capabilities_to_pb(ModelCapabilities()))
+    assert off.lora is None and off.lora_targets is None and off.runner == "generate"
 
 
 @pytest.mark.parametrize(

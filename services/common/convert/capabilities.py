@@ -3,7 +3,7 @@ unset sub-message is a part that is off)."""
 
 from __future__ import annotations
 
-from services.common.lora_config import LoRAConfig
+from services.common.lora_config import LoRAConfig, LoRATargets
 from services.common.model_capabilities import ModelCapabilities
 from services.common.pooler_config import PoolerConfig
 from services.common.proto.pagestream.v1 import generation_pb2 as pb
@@ -15,7 +15,8 @@ def capabilities_to_pb(capabilities: ModelCapabilities) -> pb.ModelCapabilities:
     if capabilities.pooler is not None:
         message.pooler.CopyFrom(_pooler_to_pb(capabilities.pooler))
     if capabilities.lora is not None:
-        message.lora.CopyFrom(_lora_to_pb(capabilities.lora))
+        targets = capabilities.lora_targets or LoRATargets()
+        message.lora.CopyFrom(_lora_to_pb(capabilities.lora, targets))
     if capabilities.speculative is not None:
         message.speculative.CopyFrom(_speculative_to_pb(capabilities.speculative))
     return message
@@ -26,6 +27,7 @@ def capabilities_from_pb(message: pb.ModelCapabilities) -> ModelCapabilities:
         can_generate=message.can_generate,
         pooler=_pooler_from_pb(message.pooler) if message.HasField("pooler") else None,
         lora=_lora_from_pb(message.lora) if message.HasField("lora") else None,
+        lora_targets=_targets_from_pb(message.lora) if message.HasField("lora") else None,
         speculative=(
             _speculative_from_pb(message.speculative) if message.HasField("speculative") else None
         ),
@@ -70,16 +72,16 @@ def _pooler_from_pb(message: pb.PoolerCapability) -> PoolerConfig:
     )
 
 
-def _lora_to_pb(lora: LoRAConfig) -> pb.LoRACapability:
+def _lora_to_pb(lora: LoRAConfig, targets: LoRATargets) -> pb.LoRACapability:
     return pb.LoRACapability(
         max_loras=lora.max_loras,
         max_lora_rank=lora.max_lora_rank,
         max_cpu_loras=lora.max_cpu_loras,
         modules={
             name: pb.LinearShape(in_features=shape[0], out_features=shape[1])
-            for name, shape in lora.modules.items()
+            for name, shape in targets.modules.items()
         },
-        num_layers=lora.num_layers,
+        num_layers=targets.num_layers,
     )
 
 
@@ -88,11 +90,12 @@ def _lora_from_pb(message: pb.LoRACapability) -> LoRAConfig:
         max_loras=message.max_loras,
         max_lora_rank=message.max_lora_rank,
         max_cpu_loras=_optional(message, "max_cpu_loras"),
-        modules={
-            name: [shape.in_features, shape.out_features] for name, shape in message.modules.items()
-        },
-        num_layers=message.num_layers,
     )
+
+
+def _targets_from_pb(message: pb.LoRACapability) -> LoRATargets:
+    modules = {name: (s.in_features, s.out_features) for name, s in message.modules.items()}
+    return LoRATargets(modules, message.num_layers)
 
 
 def _speculative_to_pb(speculative: SpeculativeConfig) -> pb.SpeculativeCapability:

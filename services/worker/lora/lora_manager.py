@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from services.common.lora_adapter import LoRAAdapterError, inspect_adapter
-from services.common.lora_config import LoRAConfig
+from services.common.lora_config import LoRAConfig, LoRATargets
 from services.common.lora_request import LoRARequest
 from services.common.scheduler_output import SchedulerOutput
 from services.worker.lora.adapter_weights import AdapterWeights
@@ -37,7 +37,8 @@ class LoRAManager:
                 "transformers fallback, without them."
             )
         text = model.text_config
-        self.config = config.with_model(model_modules(text), int(text.num_hidden_layers))
+        self.config = config
+        self.targets = LoRATargets(model_modules(text), int(text.num_hidden_layers))
         self.slots = LoRASlots(model, self.config, device)
         self._layouts = self.slots.layouts()
         self.host: OrderedDict[str, AdapterWeights] = OrderedDict()
@@ -51,7 +52,7 @@ class LoRAManager:
         if weights is not None:
             self.host.move_to_end(lora.identity)
             return weights
-        spec = inspect_adapter(lora.lora_path, self.config)
+        spec = inspect_adapter(lora.lora_path, self.config, self.targets)
         if lora.digest and spec.digest != lora.digest:
             raise LoRAAdapterError(
                 f"the files in {lora.lora_path} changed since the adapter was checked; "
