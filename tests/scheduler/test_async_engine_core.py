@@ -106,3 +106,43 @@ async def test_rebuilds_that_keep_failing_end_the_loop_after_max_rebuilds(build,
         await asyncio.wait_for(core.outputs(client), TIMEOUT_S)
     assert attempts == [0, 1]
     await core.shutdown()
+
+
+async def test_adds_that_arrive_during_a_step_join_the_next_one_together(build):
+    """The engine-core service reads its stream ahead of the engine: the adds that arrive
+    while a step runs are admitted together and share the next step (taken one at a time,
+    each waited out a step and ran in a step of its own: 128 embeddings, 128 steps)."""
+    import time
+
+    from services.common.convert.engine_io import engine_request_to_pb
+    from services.common.proto.pagestream.v1 import engine_pb2
+    from services.scheduler.engine_core_service import EngineCoreServicer
+    from tests.scheduler.stand_in_worker import StandInWorker
+
+    class SlowWorker(StandInWorker):
+        def execute(self, plan):
+            time.sleep(0.05)  # a step long enough for the rest to arrive during it
+            return super().execute(plan)
+
+    scheduler, _ = build(64, block_size=4)
+    worker = SlowWorker(64, 4)
+    core = AsyncEngineCore(EngineCore(scheduler, UniExecutor(worker, 1)))
+    servicer = EngineCoreServicer(core, info=None)
+    client = core.connect()
+    rids = [f"r{i}" for i in range(8)]
+
+    async def stream():
+        for i, rid in enumerate(rids):
+            add = engine_request_to_pb(_request(rid, [i + 1, i + 2, i + 3], 2))
+            yield engine_pb2.EngineRequest(add=add)
+            # a stream read suspends (as gRPC's does); after the first, its step starts
+            await asyncio.sleep(0.01 if i == 0 else 0)
+
+    out: asyncio.Queue = asyncio.Queue()
+    reader = asyncio.create_task(servicer._read_requests(client, stream(), out))
+    results = await _drain(core, client, set(rids))
+    await asyncio.wait_for(reader, TIMEOUT_S)
+    await core.shutdown()
+    admitted = [len(p.scheduled_new_reqs) for p in worker.plans if p.scheduled_new_reqs]
+    assert admitted == [1, 7], admitted
+    assert all(reason == "length" for _, reason in results.values())
