@@ -15,10 +15,10 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from services.common.engine_errors import EngineOverloadedError, EngineUnavailableError
+from services.common.engine_errors import EngineUnavailableError
 from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from services.common.engine_request import EngineCoreRequest
 from services.scheduler.engine_core import EngineCore
@@ -87,52 +87,19 @@ class AsyncEngineCore:
     async def add_request(self, client_id: int, request: EngineCoreRequest) -> None:
         """Admit a request (RequestRejectedError says why not; EngineUnavailableError
         while the workers are away)."""
-        (error,) = await self.apply(client_id, [request])
-        if error is not None:
-            raise error
-
-    async def abort(self, request_ids: list[str]) -> None:
-        await self.apply(0, [request_ids])
-
-    async def apply(
-        self, client_id: int, items: Sequence[EngineCoreRequest | list[str]]
-    ) -> list[Exception | None]:
-        async with self.between_steps():
-            return self.apply_now(client_id, items)
-
-    @contextlib.asynccontextmanager
-    async def between_steps(self):
-        """Holds the engine between two steps: `apply_now` may be called inside (a reader
-        that takes everything that arrived while a step ran, once the step is done, makes
-        it join the next step together; taken one at a time, each add would wait out a
-        step and run in a step of its own)."""
         self._check_alive()
-        async with self._lock:
-            yield
-        self._wakeup.set()
-
-    def apply_now(
-        self, client_id: int, items: Sequence[EngineCoreRequest | list[str]]
-    ) -> list[Exception | None]:
-        """Adds (an EngineCoreRequest) and aborts (a list of request ids) in their order;
-        only inside `between_steps`. Per item: None, or the error that refused the add
-        (RequestRejectedError, EngineOverloadedError, EngineUnavailableError while the
-        workers are away)."""
-        return [self._apply_one(client_id, item) for item in items]
-
-    def _apply_one(self, client_id: int, item: EngineCoreRequest | list[str]) -> Exception | None:
-        if isinstance(item, list):
-            self.core.abort_requests(item)
-            return None
         if not self.ready:
-            return EngineUnavailableError(
+            raise EngineUnavailableError(
                 f"the workers are not available ({self.lost_error}); reconnecting"
             )
-        try:
-            self.core.add_request(item, client_id)
-        except (ValueError, EngineOverloadedError) as exc:
-            return exc
-        return None
+        async with self._lock:
+            self.core.add_request(request, client_id)
+        self._wakeup.set()
+
+    async def abort(self, request_ids: list[str]) -> None:
+        async with self._lock:
+            self.core.abort_requests(request_ids)
+        self._wakeup.set()
 
     async def outputs(self, client_id: int) -> EngineCoreOutputs:
         """The next batch for this client (raises EngineDeadError if the loop failed)."""

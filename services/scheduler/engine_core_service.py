@@ -59,17 +59,6 @@ def rejection(request_id: str, error: str, code: str | None = None) -> EngineCor
     return EngineCoreOutputs([output])
 
 
-def _rejection(request_id: str, exc: Exception) -> EngineCoreOutputs:
-    """The output that tells a client its add was refused, and why."""
-    if isinstance(exc, EngineUnavailableError):
-        return rejection(request_id, str(exc), "unavailable")
-    if isinstance(exc, EngineOverloadedError):
-        logger.debug("refused %s: %s", request_id, exc)
-        return rejection(request_id, str(exc), "resource_exhausted")
-    logger.info("rejected %s: %s", request_id, exc)
-    return rejection(request_id, str(exc))
-
-
 class EngineCoreServicer(engine_pb2_grpc.EngineCoreServicer):
     def __init__(self, core: AsyncEngineCore, info: ServedModelInfo) -> None:
         self.core = core
@@ -110,53 +99,29 @@ class EngineCoreServicer(engine_pb2_grpc.EngineCoreServicer):
             out.put_nowait(exc)
 
     async def _read_requests(self, client_id: int, requests, out: asyncio.Queue) -> None:
-        """Reads ahead of the engine: messages queue as they arrive and are applied in
-        batches (everything that came while a step ran, together: a frontend's 128
-        embeddings join one step, not one step each)."""
-        arrived: asyncio.Queue = asyncio.Queue()
-        applier = asyncio.create_task(self._apply_arrived(client_id, arrived, out))
         try:
             async for message in requests:
-                arrived.put_nowait(message)
-            arrived.put_nowait(None)  # the client closed its side
-            await applier
+                kind = message.WhichOneof("kind")
+                if kind == "add":
+                    await self._add(client_id, message.add, out)
+                elif kind == "abort":
+                    await self.core.abort(list(message.abort.request_ids))
         except Exception as exc:
             out.put_nowait(exc)
         else:
-            out.put_nowait(_END)
-        finally:
-            applier.cancel()
+            out.put_nowait(_END)  # the client closed its side
 
-    async def _apply_arrived(self, client_id: int, arrived: asyncio.Queue, out) -> None:
-        while True:
-            first = await arrived.get()
-            async with self.core.between_steps():  # then take all that came meanwhile
-                messages = [first]
-                while not arrived.empty():
-                    messages.append(arrived.get_nowait())
-                self._apply(client_id, [m for m in messages if m is not None], out)
-            if messages[-1] is None:
-                return
-
-    def _apply(self, client_id: int, messages: list, out) -> None:
-        """The messages' adds and aborts in their order; a refused add comes back as its
-        rejection output."""
-        items, adds = [], []
-        for message in messages:
-            kind = message.WhichOneof("kind")
-            if kind == "abort":
-                items.append(list(message.abort.request_ids))
-            elif kind == "add":
-                try:
-                    items.append(engine_request_from_pb(message.add))
-                except ValueError as exc:
-                    out.put_nowait(_rejection(message.add.request_id, exc))
-                    continue
-                adds.append((len(items) - 1, message.add.request_id))
-        errors = self.core.apply_now(client_id, items)
-        for index, request_id in adds:
-            if errors[index] is not None:
-                out.put_nowait(_rejection(request_id, errors[index]))
+    async def _add(self, client_id: int, message: engine_pb2.AddRequest, out) -> None:
+        try:
+            await self.core.add_request(client_id, engine_request_from_pb(message))
+        except ValueError as exc:
+            logger.info("rejected %s: %s", message.request_id, exc)
+            out.put_nowait(rejection(message.request_id, str(exc)))
+        except EngineUnavailableError as exc:
+            out.put_nowait(rejection(message.request_id, str(exc), "unavailable"))
+        except EngineOverloadedError as exc:
+            logger.debug("refused %s: %s", message.request_id, exc)
+            out.put_nowait(rejection(message.request_id, str(exc), "resource_exhausted"))
 
     @grpc_errors
     async def GetStats(self, request, context):
