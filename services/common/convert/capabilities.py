@@ -23,11 +23,12 @@ def capabilities_to_pb(capabilities: ModelCapabilities) -> pb.ModelCapabilities:
 
 
 def capabilities_from_pb(message: pb.ModelCapabilities) -> ModelCapabilities:
+    lora = message.lora if message.HasField("lora") else None
     return ModelCapabilities(
         can_generate=message.can_generate,
         pooler=_pooler_from_pb(message.pooler) if message.HasField("pooler") else None,
-        lora=_lora_from_pb(message.lora) if message.HasField("lora") else None,
-        lora_targets=_targets_from_pb(message.lora) if message.HasField("lora") else None,
+        lora=_lora_from_pb(lora) if lora is not None else None,
+        lora_targets=_targets_from_pb(lora) if lora is not None else None,
         speculative=(
             _speculative_from_pb(message.speculative) if message.HasField("speculative") else None
         ),

@@ -260,7 +260,14 @@ class LlamaModel(nn.Module):
         self.kv_cache_groups = _kv_cache_groups(spec, self.layer_range)
         # per layer of this stage: the KV cache group whose block table it reads
         self.layer_groups = [g for g, _ in self.kv_cache_groups.placement()]
-        self.reads_cache = True  # False: bidirectional (LlamaForCausalLM._attend_bidirectionally)
+        self.reads_cache = True  # False: bidirectional (read_no_cache)
+
+    def read_no_cache(self) -> None:
+        """No layer reads the paged cache (bidirectional): one tiny cache in one group, as
+        an Encoder's, only counts tokens."""
+        self.kv_cache_groups = KVCacheGroups.single(1)
+        self.layer_groups = [0] * len(self.layer_groups)
+        self.reads_cache = False
 
     def _rotary(self, layer: LayerSpec) -> RotaryEmbedding | None:
         return self.rotaries[layer.rope] if layer.rope in self.rotaries else None  # noqa: SIM401
@@ -381,10 +388,7 @@ class LlamaForCausalLM(CausalLM):
             layer.self_attn.attn = BidirectionalAttention(
                 spec.num_heads, spec.head_dim, spec.scale, spec.num_kv_heads, half_window
             )
-        # Nothing is kept: one tiny cache in one group (as an Encoder's) only counts tokens.
-        self.model.kv_cache_groups = KVCacheGroups.single(1)
-        self.model.layer_groups = [0] * len(self.model.layer_groups)
-        self.model.reads_cache = False
+        self.model.read_no_cache()
         self.can_generate, self.bidirectional = False, True
 
     @classmethod
