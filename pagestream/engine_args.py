@@ -110,6 +110,14 @@ class EngineArgs:
         "paged attention kernels: torch, cpu (C++) or triton",
         choices=ATTENTION_BACKENDS,
     )
+    enforce_eager: bool = flag(
+        ModelConfig.enforce_eager,
+        "run the model's torch modules op by op (vLLM's eager mode): on the CPU the native "
+        "decoder step (one C++ call per step over prepacked weights) is not used, the "
+        "modules run with packed linears and --attention-backend's kernels; for comparing "
+        "the two paths or working around the native one (no CUDA graphs are captured, so "
+        "CUDA runs the same either way)",
+    )
     quantization: str | None = flag(
         None,
         "weight-only quantization: gguf runs a .gguf file's Q8_0 / Q4_0 / Q4_1 / Q4_K / "
@@ -228,6 +236,7 @@ class EngineArgs:
             seed=self.seed,
             max_model_len=self.max_model_len,
             attention_backend=self.attention_backend,
+            enforce_eager=self.enforce_eager,
             device=self.device,
             quantization=self.quantization,
             quantization_group_size=self.quantization_group_size,

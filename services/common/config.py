@@ -141,6 +141,8 @@ class ModelConfig:
     seed: int = 0
     max_model_len: int | None = None  # None: the model's own context length
     attention_backend: str = "auto"
+    # the torch modules op by op: on the CPU no native decoder step (services/worker/native_step.py)
+    enforce_eager: bool = False
     device: str = "auto"  # auto: cuda when available, else cpu
     quantization: str | None = None  # None: gguf for .gguf files at dtype auto, else none
     quantization_group_size: int = 128  # int4's group of input features

@@ -305,8 +305,10 @@ def _load_model(model_config: ModelConfig, device, rank: RankInfo) -> LoadedMode
     )
     model.set_attention_ops(attention_ops)
     formats = weight_formats(model)
-    # a native model runs the C++ step on the CPU where it applies, else packed linears
+    # a native model runs the C++ step on the CPU where it applies (unless eager), else
+    # packed linears
     cpu_step = attention_ops.name == "cpu" and model_class is not None
+    cpu_step = cpu_step and not model_config.enforce_eager
     if model_class is not None and not (cpu_step and model.use_native_step()):  # type: ignore[attr-defined]
         prepare_for_torch(model, torch_dtype)
         if attention_ops.name == "triton":

@@ -13,13 +13,12 @@ layers the description says it runs (SiLU or GELU-tanh MLPs, mixtures of SiLU ex
 pre or sandwich norms, any number of rotary tables or none) when the C++
 extension builds here and its GEMM runs on this CPU; `unsupported_reason` says why not,
 and the torch modules (the reference, and the path of every other device) run instead.
-$PAGESTREAM_CPU_NATIVE=0 turns it off.
+--enforce-eager (ModelConfig.enforce_eager) turns it off.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -38,7 +37,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-NATIVE_ENV = "PAGESTREAM_CPU_NATIVE"
 _DTYPES = (torch.float32, torch.bfloat16)
 _EMPTY_INT = torch.empty(0, dtype=torch.int32)
 
@@ -53,8 +51,6 @@ def unsupported_reason(model: nn.Module, spec: DecoderSpec) -> str | None:
     """Why the native step cannot run `model` (a LlamaModel built from `spec`) here, or
     None: every layer of the stage is checked against what the C++ stack runs (the
     description) and against its weights (device and dtype of each linear)."""
-    if os.environ.get(NATIVE_ENV, "1") == "0":
-        return f"${NATIVE_ENV}=0"
     tp_size = model.stage.tensor_parallel_size
     # the description first: a layer the C++ stack cannot hold may lack its linears
     reason = spec.native_unsupported(model.layer_range, tp_size, bf16=False)

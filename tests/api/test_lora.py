@@ -12,13 +12,12 @@ one name. Bad adapters are refused with a ValueError naming the problem, and the
 serves the next request as before.
 
 The tests that compute run on both CPU paths: the default (the native C++ step where it
-applies) and the torch path ($PAGESTREAM_CPU_NATIVE=0). One LLM per configuration and path
+applies) and the torch path (enforce_eager=True). One LLM per configuration and path
 for the module."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import random
 import shutil
 from pathlib import Path
@@ -28,7 +27,6 @@ from safetensors.torch import load_file, save_file
 
 from pagestream import LLM, AsyncEngine, LoRARequest, RequestOutputKind, SamplingParams
 from services.common.block_hash import hash_request_tokens
-from services.worker.native_step import NATIVE_ENV
 from tests.helpers.parallel import set_preemption_mode
 from tests.helpers.peft_reference import ATTENTION, MLP, PeftReference, save_adapter
 from tests.helpers.tiny_tokenizer import VOCAB
@@ -89,12 +87,9 @@ def engines(folder):
 
     def get(kind: str, path: str = "default") -> LLM:
         if (kind, path) not in built:
-            with pytest.MonkeyPatch.context() as patch:
-                if path == "torch":
-                    patch.setenv(NATIVE_ENV, "0")
-                llm = LLM(str(folder), **ENGINES[kind])
+            llm = LLM(str(folder), enforce_eager=path == "torch", **ENGINES[kind])
             native = llm.engine.worker.model.model.native
-            if path == "torch" or os.environ.get(NATIVE_ENV) == "0":
+            if path == "torch":
                 assert native is None
             else:  # float32 on the CPU: the native step runs, with the adapters
                 assert native is not None

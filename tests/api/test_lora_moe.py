@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 
 from pagestream import LLM, LoRARequest, SamplingParams
-from services.worker.native_step import NATIVE_ENV
 from tests.helpers.peft_reference import ATTENTION, PeftReference, save_adapter
 
 ENGINE = dict(dtype="float32", enable_lora=True, max_lora_rank=8, kv_cache_memory="8MiB")
@@ -26,9 +25,8 @@ def adapter(folder, tmp_path_factory):
 
 
 @pytest.mark.parametrize("native", [True, False])
-def test_attention_adapter_equals_peft(folder, adapter, native, monkeypatch):
-    monkeypatch.setenv(NATIVE_ENV, "1" if native else "0")
-    llm = LLM(str(folder), **ENGINE)
+def test_attention_adapter_equals_peft(folder, adapter, native):
+    llm = LLM(str(folder), enforce_eager=not native, **ENGINE)
     assert (llm.engine.worker.model.model.native is not None) == native
     lora = LoRARequest("attn", 1, str(adapter))
     params = SamplingParams(temperature=0, max_tokens=8)

@@ -33,7 +33,11 @@ def test_parsed_flags_become_the_configs_and_defaults_stay_defaults():
 def test_every_config_reaches_a_child_role_unchanged():
     configs = [
         EngineArgs(
-            dtype="float32", max_num_seqs=3, enable_prefix_caching=False, quantization="int8"
+            dtype="float32",
+            max_num_seqs=3,
+            enable_prefix_caching=False,
+            quantization="int8",
+            enforce_eager=True,
         ),
         FrontendConfig(max_n=4, request_timeout_s=2.5),
         RouterConfig(policy="round_robin", cache_threshold=0.25),
@@ -44,6 +48,12 @@ def test_every_config_reaches_a_child_role_unchanged():
     ns = build_parser().parse_args(argv[argv.index("serve") :])
     for config in configs:
         assert from_flags(type(config), ns) == config
+
+
+def test_enforce_eager_reaches_the_model_config():
+    args = from_flags(EngineArgs, _serve("--enforce-eager"))
+    assert args.enforce_eager and args.model_config().enforce_eager
+    assert not from_flags(EngineArgs, _serve()).model_config().enforce_eager
 
 
 def test_a_child_of_the_python_api_keeps_its_unbounded_queue():

@@ -18,7 +18,7 @@ from services.worker.model_loader import load_model
 from services.worker.models.decoder_spec import DecoderSpec
 from services.worker.models.kv_cache_spec import KVCacheGroups
 from services.worker.models.registry import native_model_class
-from services.worker.native_step import NATIVE_ENV, unsupported_reason
+from services.worker.native_step import unsupported_reason
 from tests.worker.conftest import tiny_config
 
 
@@ -45,10 +45,10 @@ def test_per_layer_windows_follow_layer_types():
     assert [layer.sliding_window for layer in _spec("qwen2_sliding").layers] == [None, 5]
 
 
-def test_the_torch_modules_are_built_from_the_description(tiny_model_dir, monkeypatch):
-    monkeypatch.setenv(NATIVE_ENV, "0")
+def test_the_torch_modules_are_built_from_the_description(tiny_model_dir):
     folder = tiny_model_dir("qwen2_sliding")
-    model = load_model(ModelConfig(model=str(folder), dtype="float32"), device="cpu")
+    config = ModelConfig(model=str(folder), dtype="float32", enforce_eager=True)
+    model = load_model(config, device="cpu")
     spec = model.spec
     for index, layer in enumerate(model.model.layers):
         described = spec.layers[index]
@@ -60,8 +60,7 @@ def test_the_torch_modules_are_built_from_the_description(tiny_model_dir, monkey
         assert layer.mlp.act_fn.hidden_act == described.activation
 
 
-def test_the_native_stack_is_shaped_by_the_description(tiny_model_dir, monkeypatch):
-    monkeypatch.delenv(NATIVE_ENV, raising=False)
+def test_the_native_stack_is_shaped_by_the_description(tiny_model_dir):
     model = load_model(ModelConfig(model=str(tiny_model_dir("mistral"))), device="cpu")
     assert model.model.native is not None
     assert model.model.native.stack.num_layers() == model.spec.num_layers
@@ -98,8 +97,7 @@ def test_bfloat16_needs_even_widths_on_this_ranks_share():
     )
 
 
-def test_a_refused_layer_keeps_the_torch_modules(tiny_model_dir, monkeypatch):
-    monkeypatch.delenv(NATIVE_ENV, raising=False)
+def test_a_refused_layer_keeps_the_torch_modules(tiny_model_dir):
     folder = tiny_model_dir("llama")
     model = load_model(ModelConfig(model=str(folder), dtype="float32"), device="cpu")
     spec = model.spec
@@ -108,11 +106,10 @@ def test_a_refused_layer_keeps_the_torch_modules(tiny_model_dir, monkeypatch):
     assert unsupported_reason(model.model, refused) == "layer 1: its norms are layer"
 
 
-def test_the_capability_check_reads_every_layers_weights(tiny_model_dir, monkeypatch):
-    monkeypatch.setenv(NATIVE_ENV, "0")  # the torch modules keep their weights
+def test_the_capability_check_reads_every_layers_weights(tiny_model_dir):
     folder = tiny_model_dir("llama")
-    model = load_model(ModelConfig(model=str(folder), dtype="float32"), device="cpu")
-    monkeypatch.delenv(NATIVE_ENV)
+    config = ModelConfig(model=str(folder), dtype="float32", enforce_eager=True)
+    model = load_model(config, device="cpu")  # the torch modules keep their weights
     down = model.model.layers[1].mlp.down_proj
     down.weight.data = down.weight.data.to(torch.float16)
     assert unsupported_reason(model.model, model.spec).startswith("layer 1: down is torch.float16")

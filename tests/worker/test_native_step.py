@@ -20,7 +20,6 @@ import torch
 
 from services.common.config import ModelConfig
 from services.worker.model_loader import load_model
-from services.worker.native_step import NATIVE_ENV
 from tests.worker.conftest import PagedSession, SeqState
 from tests.worker.test_models import random_tokens
 
@@ -31,9 +30,9 @@ ARCHS = [
 ]
 
 
-def _load(folder, dtype: str, native: bool, monkeypatch):
-    monkeypatch.setenv(NATIVE_ENV, "1" if native else "0")
-    model = load_model(ModelConfig(model=str(folder), dtype=dtype), device="cpu")
+def _load(folder, dtype: str, native: bool):
+    config = ModelConfig(model=str(folder), dtype=dtype, enforce_eager=not native)
+    model = load_model(config, device="cpu")
     assert (model.model.native is not None) == native
     return model
 
@@ -80,16 +79,16 @@ def _layer_outputs(model, folder_dtype_session) -> list[torch.Tensor]:
     return outputs
 
 
-def _run(folder, dtype, native, monkeypatch):
-    model = _load(folder, dtype, native, monkeypatch)
+def _run(folder, dtype, native):
+    model = _load(folder, dtype, native)
     return _layer_outputs(model, PagedSession(model, num_blocks=32, block_size=4))
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_float32_layers_equal_the_torch_path(arch, tiny_model_dir, monkeypatch):
+def test_float32_layers_equal_the_torch_path(arch, tiny_model_dir):
     folder = tiny_model_dir(arch)
-    ours = _run(folder, "float32", True, monkeypatch)
-    reference = _run(folder, "float32", False, monkeypatch)
+    ours = _run(folder, "float32", True)
+    reference = _run(folder, "float32", False)
     for (layers, logits), (ref_layers, ref_logits) in zip(ours, reference, strict=True):
         # float32 rounding scales with the residual (Gemma's scaled embeddings reach ~16)
         scale = max(1.0, ref_layers.abs().max().item())
@@ -103,11 +102,11 @@ BF16_BOUND = {"llama": 2e-2, "qwen2": 2e-2, "gemma3": 4e-2, "qwen2_moe": 2e-2}
 
 
 @pytest.mark.parametrize("arch", BF16_BOUND)
-def test_bfloat16_layers_as_close_to_float32_as_the_torch_path(arch, tiny_model_dir, monkeypatch):
+def test_bfloat16_layers_as_close_to_float32_as_the_torch_path(arch, tiny_model_dir):
     folder = tiny_model_dir(arch)
-    exact = _run(folder, "float32", False, monkeypatch)
-    ours = _run(folder, "bfloat16", True, monkeypatch)
-    torch_bf16 = _run(folder, "bfloat16", False, monkeypatch)
+    exact = _run(folder, "float32", False)
+    ours = _run(folder, "bfloat16", True)
+    torch_bf16 = _run(folder, "bfloat16", False)
     for step, ((layers, _), (ref, _), (theirs, _)) in enumerate(
         zip(ours, exact, torch_bf16, strict=True)
     ):
@@ -118,16 +117,14 @@ def test_bfloat16_layers_as_close_to_float32_as_the_torch_path(arch, tiny_model_
             assert ours_err < BF16_BOUND[arch]
 
 
-def test_native_step_is_the_cpu_default(tiny_model_dir, monkeypatch):
-    monkeypatch.delenv(NATIVE_ENV, raising=False)
+def test_native_step_is_the_cpu_default(tiny_model_dir):
     model = load_model(ModelConfig(model=str(tiny_model_dir("llama"))), device="cpu")
     assert model.model.native is not None
     # the stack holds the weights: the torch linears' copies are freed, not doubled
     assert model.model.layers[0].mlp.gate_up_proj.weight.numel() == 0
 
 
-def test_torch_attention_backend_keeps_the_torch_modules(tiny_model_dir, monkeypatch):
-    monkeypatch.delenv(NATIVE_ENV, raising=False)
+def test_torch_attention_backend_keeps_the_torch_modules(tiny_model_dir):
     config = ModelConfig(model=str(tiny_model_dir("llama")), attention_backend="torch")
     model = load_model(replace(config, dtype="float32"), device="cpu")
     assert model.model.native is None

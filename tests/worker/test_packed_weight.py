@@ -6,10 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from services.worker.layers import packed_weight
 from services.worker.layers.linear import MergedColumnLinear
 from services.worker.layers.linear_weight import FloatWeight, OneDNNWeight
 from services.worker.layers.matmul import linear
-from services.worker.layers.packed_weight import PACKED_ENV, PackedWeight
+from services.worker.layers.packed_weight import PackedWeight
 from services.worker.layers.quantization.model_weights import prepare_for_torch
 from services.worker.layers.vocab_embedding import LMHead
 
@@ -48,8 +49,8 @@ def test_bfloat16_packed_matmul_is_the_exact_product_rounded_once(rows):
     torch.testing.assert_close(ours.double(), exact, atol=1e-3, rtol=2.0**-8 * 1.01)
 
 
-def test_packing_can_be_turned_off(monkeypatch):
-    monkeypatch.setenv(PACKED_ENV, "0")
+def test_a_torch_without_onednn_keeps_plain_weights(monkeypatch):
+    monkeypatch.setattr(packed_weight, "_OPS", None)
     layer = MergedColumnLinear(16, [8, 8])
     layer.weight.data.normal_()
     prepare_for_torch(torch.nn.Sequential(layer), torch.float32)

@@ -4,7 +4,7 @@ Q4_1 / Q5_0 / Q5_1, random blocks for the others), and float checkpoints quantiz
 int4. The reference is HF transformers in float32 on the same de-quantized weights (the
 weights differ from the float model's, so the float model is no reference), compared by
 greedy tokens with the near-tie rule of the parallel tests; the native CPU step runs the
-quantized kernels, `PAGESTREAM_CPU_NATIVE=0` the torch modules on weights de-quantized at
+quantized kernels, `enforce_eager=True` the torch modules on weights de-quantized at
 load."""
 
 from __future__ import annotations
@@ -126,33 +126,27 @@ def test_qwen2_gguf_with_biases(tmp_path, model_cache):
 
 
 @pytest.mark.parametrize("native", [True, False])
-def test_qwen3_gguf_with_head_norms_and_its_own_head_dim(
-    native, tmp_path, model_cache, monkeypatch
-):
+def test_qwen3_gguf_with_head_norms_and_its_own_head_dim(native, tmp_path, model_cache):
     """Qwen3's per-head query / key norms (F32 tensors of the file) and a head_dim that is
     not hidden / heads (the file's key_length), in a Q4_K_M-like mix."""
-    monkeypatch.setenv("PAGESTREAM_CPU_NATIVE", "1" if native else "0")
     path = tmp_path / "tiny-qwen3.Q4_K_M.gguf"
     model = _tiny(True, "qwen3")
     assert model.config.head_dim * model.config.num_attention_heads != model.config.hidden_size
     mix = {"v_proj": "Q6_K", "down_proj": "Q6_K", "embed_tokens": "Q6_K"}
     expected = write_tiny_gguf(path, model, "Q4_K", arch="qwen3", overrides=mix)
     reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
-    llm = LLM(str(path), quantization="gguf", **ENGINE)
+    llm = LLM(str(path), quantization="gguf", **ENGINE, enforce_eager=not native)
     assert type(llm.engine.worker.model).__name__ == "Qwen3ForCausalLM"
     assert (llm.engine.worker.model.model.native is not None) == native
     _assert_matches(reference, _greedy(llm))
 
 
 @pytest.mark.parametrize("native", [True, False])
-def test_gemma3_gguf_with_its_four_norms_and_local_layers(
-    native, tmp_path, model_cache, monkeypatch
-):
+def test_gemma3_gguf_with_its_four_norms_and_local_layers(native, tmp_path, model_cache):
     """A Gemma-3-shaped file as llama.cpp writes it: norms stored as 1 + w, ffn_norm the
     MLP's input norm, 5 sliding layers to 1 global (the pattern the file implies) with
     linear rotary scaling on the global one, the attention scale of head_dim; a Q4_K_M-like
     mix (Q4_K, Q6_K for the values and down, Q8_0 embedding)."""
-    monkeypatch.setenv("PAGESTREAM_CPU_NATIVE", "1" if native else "0")
     layer_types = ["sliding_attention"] * 5 + ["full_attention"]
     model = build_tiny_model(
         "gemma3",
@@ -174,7 +168,7 @@ def test_gemma3_gguf_with_its_four_norms_and_local_layers(
     assert converted.rope_parameters["full_attention"]["factor"] == 2.0
     reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
     model.config.save_pretrained(reference)  # HF under the checkpoint's own config
-    llm = LLM(str(path), quantization="gguf", **ENGINE)
+    llm = LLM(str(path), quantization="gguf", **ENGINE, enforce_eager=not native)
     assert type(llm.engine.worker.model).__name__ == "Gemma3ForCausalLM"
     assert (llm.engine.worker.model.model.native is not None) == native
     # prompts past the 6-token window
@@ -184,11 +178,10 @@ def test_gemma3_gguf_with_its_four_norms_and_local_layers(
 
 
 @pytest.mark.parametrize("native", [True, False])
-def test_phi3_gguf_with_fused_tensors_and_longrope(native, tmp_path, model_cache, monkeypatch):
+def test_phi3_gguf_with_fused_tensors_and_longrope(native, tmp_path, model_cache):
     """A Phi-4-mini-shaped file as llama.cpp writes it: the fused attn_qkv and ffn_up (gate
     then up rows) kept quantized as they are, 3/4 of each head rotated (rope.dimension_count)
     with longrope's factors as the rope_factors_short / _long tensors, tied embeddings."""
-    monkeypatch.setenv("PAGESTREAM_CPU_NATIVE", "1" if native else "0")
     model = build_tiny_model("phi4", seed=3, vocab_size=300)
     path = tmp_path / "tiny-phi4.Q5_0.gguf"  # widths of 64 / 96: blocks of 32
     mix = {"down_proj": "Q8_0", "embed_tokens": "Q8_0"}
@@ -201,7 +194,7 @@ def test_phi3_gguf_with_fused_tensors_and_longrope(native, tmp_path, model_cache
     assert converted.original_max_position_embeddings == 128 and converted.tie_word_embeddings
     reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
     model.config.save_pretrained(reference)  # HF under the checkpoint's own config
-    llm = LLM(str(path), quantization="gguf", **ENGINE)
+    llm = LLM(str(path), quantization="gguf", **ENGINE, enforce_eager=not native)
     assert type(llm.engine.worker.model).__name__ == "Phi3ForCausalLM"
     assert (llm.engine.worker.model.model.native is not None) == native
     assert llm.engine.model_info.quantization == "Q5_0+Q8_0"  # kept quantized
@@ -210,11 +203,10 @@ def test_phi3_gguf_with_fused_tensors_and_longrope(native, tmp_path, model_cache
 
 
 @pytest.mark.parametrize("native", [True, False])
-def test_smollm3_gguf_with_its_layers_without_rotary(native, tmp_path, model_cache, monkeypatch):
+def test_smollm3_gguf_with_its_layers_without_rotary(native, tmp_path, model_cache):
     """A SmolLM3 file as llama.cpp writes it ("smollm3": a llama file in all but the name,
     query / key rows permuted): every 4th layer without rotary, as llama.cpp assumes; its
     config and tokenizer read through a "llama" twin of the metadata, kept quantized."""
-    monkeypatch.setenv("PAGESTREAM_CPU_NATIVE", "1" if native else "0")
     layers = {"num_hidden_layers": 4, "no_rope_layer_interval": 4, "no_rope_layers": [1, 1, 1, 0]}
     model = build_tiny_model("smollm3", seed=3, vocab_size=300, **layers)
     path = tmp_path / "tiny-smollm3.Q8_0.gguf"
@@ -224,7 +216,7 @@ def test_smollm3_gguf_with_its_layers_without_rotary(native, tmp_path, model_cac
     assert converted.tie_word_embeddings == model.config.tie_word_embeddings is False
     assert not (resolve_model(path) / "llama-twin.gguf").exists()
     reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
-    llm = LLM(str(path), quantization="gguf", **ENGINE)
+    llm = LLM(str(path), quantization="gguf", **ENGINE, enforce_eager=not native)
     assert type(llm.engine.worker.model).__name__ == "SmolLM3ForCausalLM"
     assert (llm.engine.worker.model.model.native is not None) == native
     assert llm.engine.model_info.quantization == "Q8_0"
@@ -233,15 +225,12 @@ def test_smollm3_gguf_with_its_layers_without_rotary(native, tmp_path, model_cac
 
 @pytest.mark.parametrize("native", [True, False])
 @pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe", "mixtral"])
-def test_moe_gguf_with_stacked_quantized_experts(
-    family, native, tmp_path, model_cache, monkeypatch
-):
+def test_moe_gguf_with_stacked_quantized_experts(family, native, tmp_path, model_cache):
     """A Qwen3-MoE / Qwen2-MoE / Mixtral file as llama.cpp writes it: each layer's experts
     stacked per projection ([experts, rows, K], Q4_K and Q6_K for down), the router F32,
     Qwen2-MoE's shared expert and its gate, the experts' widths in the metadata, Mixtral as
     a "llama" file with experts (its query / key rows permuted); kept quantized, expert by
     expert."""
-    monkeypatch.setenv("PAGESTREAM_CPU_NATIVE", "1" if native else "0")
     width = 256  # the experts' (Mixtral's: intermediate_size)
     sizes = {"hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": width}
     if family == "qwen2_moe":  # every layer sparse, as llama.cpp's qwen2moe has them
@@ -263,7 +252,7 @@ def test_moe_gguf_with_stacked_quantized_experts(
         expected = {_mixtral_name(name): value for name, value in expected.items()}
     reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
     model.config.save_pretrained(reference)  # HF under the checkpoint's own config
-    llm = LLM(str(path), quantization="gguf", **ENGINE)
+    llm = LLM(str(path), quantization="gguf", **ENGINE, enforce_eager=not native)
     worker_model = llm.engine.worker.model
     assert (worker_model.model.native is not None) == native
     if native:  # the experts stay in the file's blocks
@@ -329,13 +318,12 @@ def test_llama3_rotary_scaling_from_the_files_rope_freqs(original, factor, tmp_p
     _assert_matches(reference, _greedy(llm))
 
 
-def test_torch_path_dequantizes_at_load(tmp_path, model_cache, monkeypatch, caplog):
+def test_torch_path_dequantizes_at_load(tmp_path, model_cache, caplog):
     path = tmp_path / "tiny.Q4_K.gguf"
     expected = write_tiny_gguf(path, _tiny(True), "Q4_K")
     reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
-    monkeypatch.setenv("PAGESTREAM_CPU_NATIVE", "0")
     with caplog.at_level("INFO"):
-        llm = LLM(str(path), quantization="gguf", **ENGINE)
+        llm = LLM(str(path), quantization="gguf", **ENGINE, enforce_eager=True)
     assert "de-quantized to float32 at load" in caplog.text
     assert llm.engine.worker.model.model.native is None
     _assert_matches(reference, _greedy(llm))

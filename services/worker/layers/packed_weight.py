@@ -13,21 +13,18 @@ layers, 2-core Zen 5 VM (avx512_bf16), torch 2.13, 2 threads, ms per pass at 1 /
 
 The torch path's linears hold it as their weight format (linear_weight.OneDNNWeight) and
 the LM head as its `packed` copy, made once the weights are loaded
-(quantization/model_weights.prepare_for_torch); with $PAGESTREAM_CPU_PACKED=0 nothing is
-packed (the plain path, for benchmarks/linear_cpu.py's comparison).
+(quantization/model_weights.prepare_for_torch). A torch without oneDNN packs nothing and
+runs the plain weights (FloatWeight).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
 import torch
 
 logger = logging.getLogger(__name__)
-
-PACKED_ENV = "PAGESTREAM_CPU_PACKED"
 
 
 def _ops():
@@ -42,7 +39,7 @@ _OPS = _ops()
 
 
 def packing_enabled() -> bool:
-    return _OPS is not None and os.environ.get(PACKED_ENV, "1") != "0"
+    return _OPS is not None
 
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
