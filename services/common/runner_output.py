@@ -41,7 +41,6 @@ class RunnerOutput:
     # request_id -> why its step could not run as asked (its LoRA adapter would not load):
     # the scheduler ends it with finish reason "error" and that message.
     request_errors: dict[str, str] = field(default_factory=dict)
-    # Pooling requests: request_id -> this step's part of its pooled state [hidden]
-    # float32 (MEAN: the sum over the step's positions; LAST / CLS: the state at that
-    # position, only in the step that computes it).
+    # Pooling requests whose prompt ended this step: request_id -> its final pooled vector
+    # [out] float32 (pooled, through the head, truncated and normalized as asked).
     pooled: dict[str, np.ndarray] = field(default_factory=dict)

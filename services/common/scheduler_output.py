@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.common.engine_request import check_request_kind
 from services.common.lora_request import LoRARequest
+from services.common.pooling_params import PoolingParams
 from services.common.sampling_params import SamplingParams
 
 
@@ -24,12 +26,16 @@ class NewRequestData:
     # Tokens generated before this request reached the worker (resumed after a
     # recompute preemption, or a forked n > 1 / beam sequence). Empty for fresh ones.
     output_token_ids: list[int]
-    sampling_params: SamplingParams
+    sampling_params: SamplingParams | None  # None: a pooling request
     block_ids: list[int]  # the whole block table
     num_computed_tokens: int  # tokens already in the KV cache (prefix hits, forks)
-    # A pooling request: its prompt is run, nothing is sampled, and the worker returns its
-    # part of the pooled state each step (RunnerOutput.pooled).
-    pooling: bool = False
+    # A pooling request (exactly one of the two params is set): its prompt is run, nothing
+    # is sampled, and the worker returns its final pooled vector in the step that ends
+    # the prompt (RunnerOutput.pooled).
+    pooling_params: PoolingParams | None = None
+
+    def __post_init__(self) -> None:
+        check_request_kind(self.sampling_params, self.pooling_params)
 
 
 @dataclass(frozen=True)

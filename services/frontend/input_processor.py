@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from services.common.engine_request import EngineCoreRequest
 from services.common.pooling_params import PoolingParams
 from services.common.request_options import DEFAULT_OPTIONS, RequestOptions
-from services.common.sampling_params import RequestOutputKind, SamplingParams
+from services.common.sampling_params import SamplingParams
 from services.common.served_model_info import ServedModelInfo
 from services.common.structured_outputs import check_grammar
 from services.frontend.lora_registry import LoRARegistry
@@ -116,13 +116,12 @@ class InputProcessor:
         request = EngineCoreRequest(
             request_id=request_id,
             prompt_token_ids=processed.prompt_token_ids,
-            sampling_params=SamplingParams(max_tokens=1, output_kind=RequestOutputKind.FINAL_ONLY),
             priority=options.priority,
             cache_salt=options.cache_salt,
             pooling_params=params,
         )
         state = PoolingRequestState(
-            request_id, processed.prompt, processed.prompt_token_ids, params, self.pooler
+            request_id, processed.prompt, processed.prompt_token_ids, params
         )
         return request, state
 

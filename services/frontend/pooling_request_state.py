@@ -1,5 +1,6 @@
 """PoolingRequestState: a pooling request on the frontend, from its engine request to its
-one output (the pooled state, finished as its PoolingParams ask)."""
+one output (the pooled vector as the worker finished it: pooled, truncated to the
+request's dimensions and normalized as its PoolingParams ask; here it is only wrapped)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import time
 
 from services.common.engine_output import EngineCoreOutput
 from services.common.outputs import PoolingOutput, PoolingRequestOutput
-from services.common.pooler_config import PoolerConfig
 from services.common.pooling_params import PoolingParams
 
 
@@ -18,13 +18,11 @@ class PoolingRequestState:
         prompt: str | None,
         prompt_token_ids: list[int],
         params: PoolingParams,
-        pooler: PoolerConfig,
     ) -> None:
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
         self.params = params
-        self.pooler = pooler
         self.arrival_time = time.monotonic()
         self.first_token_time: float | None = None
         self.num_cached_tokens = 0
@@ -48,7 +46,7 @@ class PoolingRequestState:
             self.first_token_time = time.monotonic()
             self._output = PoolingRequestOutput(
                 request_id=self.request_id,
-                outputs=PoolingOutput(self.params.finish(out.pooled, self.pooler)),
+                outputs=PoolingOutput(out.pooled),
                 prompt_token_ids=self.prompt_token_ids,
                 prompt=self.prompt,
                 num_cached_tokens=self.num_cached_tokens,

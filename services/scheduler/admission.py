@@ -34,9 +34,9 @@ def validate_request(
             f"the prompt has {num_prompt} tokens and needs {needed} KV-cache blocks, "
             f"but the whole cache holds {kv.num_blocks} blocks of {kv.block_size}."
         )
-    if request.sampling_params.n > config.max_num_seqs:
+    if request.num_sequences > config.max_num_seqs:
         raise RequestRejectedError(
-            f"n={request.sampling_params.n} exceeds max_num_seqs ({config.max_num_seqs})."
+            f"n={request.num_sequences} exceeds max_num_seqs ({config.max_num_seqs})."
         )
 
 

@@ -39,7 +39,7 @@ class PlanBuilder:
                 sampling_params=request.sampling_params,
                 block_ids=block_ids,
                 num_computed_tokens=request.num_computed_tokens,
-                pooling=request.pooling_params is not None,
+                pooling_params=request.pooling_params,
             )
         )
         self._schedule(request, num_tokens)

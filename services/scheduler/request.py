@@ -6,11 +6,9 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from services.common.block_hash import BlockHash, hash_request_tokens
 from services.common.engine_output import EngineCoreOutput
-from services.common.engine_request import EngineCoreRequest
+from services.common.engine_request import EngineCoreRequest, check_request_kind
 from services.common.lora_request import LoRARequest
 from services.common.pooling_params import PoolingParams
 from services.common.sampling_params import SamplingParams
@@ -52,7 +50,9 @@ _FINISH_REASONS = {
 class Request:
     request_id: str
     prompt_token_ids: list[int]
-    sampling_params: SamplingParams
+    # Exactly one of sampling_params (it generates) and pooling_params (it pools: a prefill
+    # that samples nothing; see is_pooling) is set.
+    sampling_params: SamplingParams | None = None
     eos_token_id: int | None = None
     arrival_time: float = field(default_factory=time.monotonic)
     priority: int = 0
@@ -84,18 +84,16 @@ class Request:
     # Speculative decoding: the worker's proposals to follow the last token, to be verified
     # in the request's next step (consumed when it is scheduled).
     spec_token_ids: list[int] = field(default_factory=list)
-    # Pooling: the request's params (None: it generates), its pooled state so far (the
-    # workers' parts added up, or the state at the pooled position), and whether the
-    # pooler reads every prompt position (MEAN, CLS: no prefix-cache hits, which would
-    # skip positions; LAST reads only the last one, which is always computed).
+    # Pooling: the request's params, and whether the pooler reads every prompt position
+    # (MEAN, CLS: no prefix-cache hits, which would skip positions; LAST reads only the
+    # last one, which is always computed).
     pooling_params: PoolingParams | None = None
-    pooled: np.ndarray | None = field(default=None, repr=False)
     pools_every_position: bool = False
 
     @classmethod
     def from_engine_request(cls, req: EngineCoreRequest, block_size: int) -> Request:
         params = req.sampling_params
-        if req.extra_stop_token_ids and not params.ignore_eos:
+        if params is not None and req.extra_stop_token_ids and not params.ignore_eos:
             params = params.clone()
             params.all_stop_token_ids = params.all_stop_token_ids | set(req.extra_stop_token_ids)
         return cls(
@@ -112,9 +110,25 @@ class Request:
         )
 
     def __post_init__(self) -> None:
+        check_request_kind(self.sampling_params, self.pooling_params)
         self.prompt_token_ids = list(self.prompt_token_ids)
-        self.pending_fork = self.sampling_params.n > 1 and not self.sampling_params.use_beam_search
+        self.pending_fork = self.num_sequences > 1 and not self.uses_beam_search
         self.update_block_hashes()
+
+    @property
+    def is_pooling(self) -> bool:
+        """A pooling request: it has no sampling_params, and every path that reads them
+        asks this first (or goes through the properties below)."""
+        return self.pooling_params is not None
+
+    @property
+    def num_sequences(self) -> int:
+        """The sequences it becomes: n (1 for a pooling request)."""
+        return 1 if self.is_pooling else self.sampling_params.n
+
+    @property
+    def uses_beam_search(self) -> bool:
+        return not self.is_pooling and self.sampling_params.use_beam_search
 
     @property
     def lora_identity(self) -> str | None:
@@ -145,7 +159,9 @@ class Request:
     @property
     def needs_every_prompt_position(self) -> bool:
         """Prompt logprobs, or a pooler that reads all positions: no prefix-cache hits."""
-        return self.sampling_params.prompt_logprobs is not None or self.pools_every_position
+        if self.is_pooling:
+            return self.pools_every_position
+        return self.sampling_params.prompt_logprobs is not None
 
     @property
     def is_prefill(self) -> bool:
@@ -180,8 +196,11 @@ class Request:
             self.lora_identity,
         )
 
-    def to_output(self, new_ids, logprobs=None, prompt_logprobs=None) -> EngineCoreOutput:
-        """This step's output for the client (queue time on the first token only)."""
+    def to_output(
+        self, new_ids, logprobs=None, prompt_logprobs=None, pooled=None
+    ) -> EngineCoreOutput:
+        """This step's output for the client (queue time on the first token only; a
+        pooling request's final output carries its pooled vector)."""
         queued_s = None
         first = new_ids and self.num_output_tokens == len(new_ids)
         if first and self.first_scheduled_time is not None:
@@ -199,5 +218,5 @@ class Request:
             queued_s=queued_s,
             error=self.error,
             error_code=self.error_code,
-            pooled=self.pooled if self.is_finished and self.pooling_params else None,
+            pooled=pooled,
         )

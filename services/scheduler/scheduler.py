@@ -112,7 +112,7 @@ class Scheduler:
             request.block_size = self.block_size
             request.block_hashes = []
             request.update_block_hashes()
-        if request.sampling_params.use_beam_search:
+        if request.uses_beam_search:
             self.groups.add_beam_request(request, self.max_model_len)
         try:
             self.structured.admit(request)
@@ -122,15 +122,13 @@ class Scheduler:
         enqueue_waiting(self.waiting, request, self.config.policy)
 
     def _check_pooling(self, request: Request) -> None:
-        if request.pooling_params is None:
+        if not request.is_pooling:
             return
         if self.pooling_type is None:
             raise RequestRejectedError(
                 "this engine runs the generate runner: pooling requests (embeddings) need "
                 "a pooling engine (--runner pooling)."
             )
-        if request.sampling_params.n != 1 or request.sampling_params.use_beam_search:
-            raise RequestRejectedError("a pooling request has one sequence (n=1, no beams).")
         request.pools_every_position = self.pooling_type != "LAST" or self.whole_prompts
         if self.whole_prompts and request.num_prompt_tokens > self._max_prefill_step:
             raise RequestRejectedError(
@@ -307,7 +305,6 @@ class Scheduler:
             return
         self.kv.free(victim)
         victim.num_computed_tokens = 0
-        victim.pooled = None  # recomputed from its first position
         victim.status = RequestStatus.PREEMPTED
         self._drop_from_worker(victim)
         self.waiting.appendleft(victim)
@@ -362,7 +359,7 @@ class Scheduler:
                 if not self.loras.fits(request, self.running):
                     passed_over.append(self.waiting.popleft())
                     continue
-                if len(self.running) + request.sampling_params.n > self.config.max_num_seqs:
+                if len(self.running) + request.num_sequences > self.config.max_num_seqs:
                     return
                 if self.is_blocked(request):
                     return  # a sibling's step is in flight: the queue moves next step
@@ -424,9 +421,9 @@ class Scheduler:
                 self._fail(request, runner_output.request_errors[rid])
                 outputs.setdefault(request.client_id, []).append(request.to_output([]))
                 continue
-            if request.pooling_params is not None:
-                if self._pool(request, runner_output.pooled.get(rid)):
-                    outputs.setdefault(request.client_id, []).append(request.to_output([]))
+            if request.is_pooling:
+                if (output := self._pooling_output(request, runner_output.pooled)) is not None:
+                    outputs.setdefault(request.client_id, []).append(output)
                 continue
             try:
                 new_outputs = self._request_outputs(request, token_ids, plan, runner_output)
@@ -486,25 +483,19 @@ class Scheduler:
             logprobs = logprobs[: len(new_ids)]  # it stopped inside an accepted run
         return request.to_output(new_ids, logprobs, prompt_logprobs)
 
-    def _pool(self, request: Request, part) -> bool:
-        """Add this step's part of a pooling request's state; at the end of its prompt
-        it finishes (True: its final output is due)."""
-        adds_up = self.pooling_type == "MEAN" and not self.whole_prompts  # else parts are final
-        if part is not None:
-            if adds_up and request.pooled is not None:
-                request.pooled = request.pooled + part
-            else:
-                request.pooled = part
-        if request.num_computed_tokens < request.num_prompt_tokens:
-            return False
-        if request.pooled is None:
-            request.error = "the workers returned no pooled state for the request"
-            self._finish(request, RequestStatus.FINISHED_ERROR)
-            return True
-        if adds_up:
-            request.pooled = request.pooled / request.num_prompt_tokens
-        self._finish(request, RequestStatus.FINISHED_STOPPED)
-        return True
+    def _pooling_output(self, request: Request, pooled: dict) -> EngineCoreOutput | None:
+        """A pooling request ends with the final pooled vector the worker sends once, in
+        the step that ends its prompt (pooled, headed, truncated and normalized there: the
+        scheduler only forwards it); a prompt done without one is an error."""
+        vector = pooled.get(request.request_id)
+        if vector is not None:
+            self._finish(request, RequestStatus.FINISHED_STOPPED)
+            return request.to_output([], pooled=vector)
+        if request.is_prefill:
+            return None  # more of its prompt to run
+        request.error = "the workers returned no pooled vector for the request's prompt"
+        self._finish(request, RequestStatus.FINISHED_ERROR)
+        return request.to_output([])
 
     def _roll_back_rejected(self, request: Request, drafts: list[int], token_ids: list[int]):
         """The step verified `drafts` and kept len(token_ids) - 1 of them (then the target's

@@ -77,6 +77,8 @@ class StructuredOutputManager:
     # ---- admission and compilation -----------------------------------------------------
     def admit(self, request: Request) -> None:
         """Start compiling the request's grammar (ValueError when it cannot be served)."""
+        if request.is_pooling:
+            return
         constraint = request.sampling_params.structured_outputs
         if constraint is None:
             return

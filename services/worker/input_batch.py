@@ -20,6 +20,7 @@ import torch
 
 from services.common.sampling_params import SamplingParams
 from services.common.scheduler_output import NewRequestData, SchedulerOutput
+from services.worker.pooling_state import PoolingState
 from services.worker.sampling_metadata import SamplingMetadata
 from services.worker.sampling_ops import grammar_mask
 from services.worker.sampling_table import SamplingParamsTable
@@ -48,7 +49,8 @@ class UnknownRequestError(InvalidPlanError):
 @dataclass
 class _RequestState:
     slot: int
-    sampling_params: SamplingParams
+    sampling_params: SamplingParams | None  # None: a pooling request
+    pooling: PoolingState | None = None  # a pooling request's pooled state so far
 
 
 class InputBatch:
@@ -275,12 +277,15 @@ class InputBatch:
         self._num_prompt_tokens[slot] = len(new.prompt_token_ids)
         self._num_computed[slot] = new.num_computed_tokens
         self._set_blocks(slot, 0, new.block_ids)
-        self._sampling.set_row(slot, new.sampling_params)
-        self._requests[new.request_id] = _RequestState(slot, new.sampling_params)
-        if new.sampling_params.prompt_logprobs is not None:
-            self._prompt_logprobs_ids.add(new.request_id)
-        if new.pooling:
+        state = _RequestState(slot, new.sampling_params)
+        if new.pooling_params is not None:  # a fresh pooled state, from position 0
+            state.pooling = PoolingState(new.pooling_params)
             self._pooling_ids.add(new.request_id)
+        else:
+            self._sampling.set_row(slot, new.sampling_params)
+            if new.sampling_params.prompt_logprobs is not None:
+                self._prompt_logprobs_ids.add(new.request_id)
+        self._requests[new.request_id] = state
 
     def _remove(self, request_id: str) -> None:
         state = self._requests.pop(request_id, None)
@@ -482,6 +487,7 @@ class InputBatch:
             row_ends=[int(starts[row + 1]) for row in rows],
             first_positions=[int(num_computed[row]) for row in rows],
             num_prompt_tokens=[int(self._num_prompt_tokens[slots[row]]) for row in rows],
+            states=[self._requests[request_ids[row]].pooling for row in rows],
         )
 
     def _prompt_logprobs_inputs(

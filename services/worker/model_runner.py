@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
 from services.common.rank_info import RankInfo
@@ -74,7 +75,7 @@ class ModelRunner:
         sampled, logprobs = self._sample(hidden, inputs)
         prompt_logprobs = self._prompt_logprobs(hidden, inputs.prompt_logprobs)
         spec_token_ids = self._propose(plan, inputs, sampled)
-        pooled = self._pool(hidden, inputs)
+        pooled, pool_errors = self._pool(hidden, inputs)
         done = time.perf_counter()
         return RunnerOutput(
             request_ids=inputs.request_ids,
@@ -83,16 +84,20 @@ class ModelRunner:
             prompt_logprobs=prompt_logprobs,
             timings=StepTimings(prepared - start, forwarded - prepared, done - forwarded),
             spec_token_ids=spec_token_ids,
-            request_errors=errors,
+            request_errors={**errors, **pool_errors},
             pooled=pooled,
         )
 
-    def _pool(self, hidden: torch.Tensor, inputs: StepInputs) -> dict:
+    def _pool(
+        self, hidden: torch.Tensor, inputs: StepInputs
+    ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        """The final pooled vectors of the pooling requests whose prompt ends this step,
+        and the requests whose chunk could not be pooled (only the output rank pools)."""
         if inputs.pooling is None or not self.rank.is_output_rank:
-            return {}
+            return {}, {}
         if self.pooler is None:
             raise InvalidPlanError("the plan has pooling requests, but this worker generates")
-        return self.pooler.parts(hidden, inputs.pooling)
+        return self.pooler.pool(hidden, inputs.pooling)
 
     def _propose(
         self, plan: SchedulerOutput, inputs: StepInputs, sampled: dict[str, list[int]]

@@ -1,11 +1,14 @@
-"""Pooler: a pooling request's part of its pooled hidden state, per step.
+"""Pooler: pooling requests' pooled vectors, final, in the step that ends each prompt.
 
 The model's last stage returns the final norm's output for every row [T, hidden] (what
-HF's `AutoModel` calls last_hidden_state). A pooling request's prompt may be chunked over
-several steps, so each step returns only its part: MEAN the sum over the step's rows
-(the scheduler adds the parts and divides by the prompt length), LAST the state at the
-prompt's last position, CLS the state at position 0, each only in the step that computes
-it. Rows of requests that sample are never read.
+HF's `AutoModel` calls last_hidden_state). A decoder's prompt may be chunked over several
+steps: each chunk's rows go into the request's PoolingState (the sum of the rows for
+MEAN, position 0's row for CLS), kept in the worker's InputBatch, and the step that ends
+the prompt pools it (MEAN divided by the prompt length, CLS or LAST picked) and returns
+it once, final: through the head (an encoder's Dense layers or classifier), then
+truncated to the request's `dimensions` and normalized as its PoolingParams ask. The
+scheduler only forwards it, and the frontend only formats it. An encoder's prompts run
+whole, one step each. Rows of requests that sample are never read.
 """
 
 from __future__ import annotations
@@ -48,44 +51,41 @@ class Pooler:
         # cross-encoder's classifier or the folder's Dense layers (its prompts run whole)
         self.head = head
 
-    def parts(self, hidden: torch.Tensor, rows: PoolingInputs) -> dict[str, np.ndarray]:
-        """request_id -> its part [hidden] float32 (absent: nothing to add this step); an
-        encoder's whole prompts give their final pooled vectors (through the head)."""
-        if self.config.whole_prompt:
-            return self._whole(hidden, rows)
+    def pool(
+        self, hidden: torch.Tensor, rows: PoolingInputs
+    ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        """This step's final pooled vectors (request_id -> [out] float32, only for the
+        requests whose prompt ends in this step) and the requests whose chunk could not
+        be read (request_id -> why)."""
         kind = self.config.pooling_type
-        picked: dict[str, torch.Tensor] = {}
-        for rid, start, end, first, num_prompt in zip(
+        pooled: dict[str, torch.Tensor] = {}
+        errors: dict[str, str] = {}
+        for rid, start, end, first, num_prompt, state in zip(
             rows.request_ids,
             rows.row_starts,
             rows.row_ends,
             rows.first_positions,
             rows.num_prompt_tokens,
+            rows.states,
             strict=True,
         ):
-            if kind == "MEAN":
-                picked[rid] = hidden[start:end].float().sum(dim=0)
-            elif kind == "CLS" and first == 0:
-                picked[rid] = hidden[start].float()
-            elif kind == "LAST" and first + (end - start) == num_prompt:
-                picked[rid] = hidden[end - 1].float()
-        if not picked:
-            return {}
-        stacked = torch.stack(list(picked.values())).cpu().numpy()  # [P, hidden]
-        return {rid: stacked[i] for i, rid in enumerate(picked)}
-
-    def _whole(self, hidden: torch.Tensor, rows: PoolingInputs) -> dict[str, np.ndarray]:
-        pooled = [
-            pool_rows(hidden[start:end].float(), self.config.pooling_type)
-            for start, end in zip(rows.row_starts, rows.row_ends, strict=True)
-        ]
+            if self.config.whole_prompt:  # an encoder's whole prompt, in this step
+                pooled[rid] = pool_rows(hidden[start:end].float(), kind)
+            elif (error := state.read(hidden[start:end], first, kind)) is not None:
+                errors[rid] = error
+            elif first + (end - start) == num_prompt:
+                pooled[rid] = state.result(hidden[end - 1], kind, num_prompt)
         if not pooled:
-            return {}
-        stacked = torch.stack(pooled)  # [P, hidden]
+            return {}, errors
+        stacked = torch.stack(list(pooled.values()))  # [P, hidden]
         if self.head is not None:  # a cross-encoder's classifier, or Dense layers
             stacked = self.head(stacked.to(hidden.dtype)).float()  # [P, out]
         stacked = stacked.detach().cpu().numpy()
-        return {rid: stacked[i] for i, rid in enumerate(rows.request_ids)}
+        states = dict(zip(rows.request_ids, rows.states, strict=True))
+        finals = {
+            rid: states[rid].params.finish(stacked[i], self.config) for i, rid in enumerate(pooled)
+        }
+        return finals, errors
 
 
 def pool_rows(rows: torch.Tensor, kind: str) -> torch.Tensor:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from pagestream_kernels.attention_metadata import AttentionMetadata
+from services.worker.pooling_state import PoolingState
 from services.worker.sampling_metadata import SamplingMetadata
 
 
@@ -42,13 +43,15 @@ class PromptLogprobsInputs:
 @dataclass(frozen=True)
 class PoolingInputs:
     """The rows of this step's pooling requests: request i owns flat rows
-    row_starts[i]..row_ends[i]-1, prompt positions first_positions[i] on."""
+    row_starts[i]..row_ends[i]-1, prompt positions first_positions[i] on, and its pooled
+    state so far (kept in the InputBatch between steps)."""
 
     request_ids: list[str]
     row_starts: list[int]
     row_ends: list[int]
     first_positions: list[int]
     num_prompt_tokens: list[int]
+    states: list[PoolingState]
 
 
 @dataclass(frozen=True)

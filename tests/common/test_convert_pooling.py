@@ -43,7 +43,7 @@ def _wire(message):
     ],
 )
 def test_pooling_requests_round_trip(params):
-    request = EngineCoreRequest("p", [1, 2, 3], SamplingParams(max_tokens=1), pooling_params=params)
+    request = EngineCoreRequest("p", [1, 2, 3], pooling_params=params)
     back = engine_request_from_pb(_wire(engine_request_to_pb(request)))
     assert back.pooling_params == params
     plain = EngineCoreRequest("g", [1], SamplingParams())
@@ -73,7 +73,7 @@ def test_engine_outputs_carry_the_pooled_state_of_their_final_output():
 
 
 def test_plans_and_results_carry_pooling():
-    new = NewRequestData("p", [1, 2, 3], [], SamplingParams(max_tokens=1), [0], 0, pooling=True)
+    new = NewRequestData("p", [1, 2, 3], [], None, [0], 0, pooling_params=PoolingParams())
     plan = SchedulerOutput(
         scheduled_new_reqs=[new], num_scheduled_tokens={"p": 3}, total_num_scheduled_tokens=3
     )

@@ -33,34 +33,38 @@ _STATS_FIELDS = tuple(f.name for f in fields(SchedulerStats))
 
 # ---- requests -------------------------------------------------------------------------
 def engine_request_to_pb(request: EngineCoreRequest) -> engine_pb2.AddRequest:
+    sampling, pooling = request.sampling_params, request.pooling_params
     return engine_pb2.AddRequest(
         request_id=request.request_id,
         prompt_token_ids=request.prompt_token_ids,
-        sampling_params=sampling_params_to_pb(request.sampling_params),
+        sampling_params=sampling_params_to_pb(sampling) if sampling is not None else None,
         eos_token_id=request.eos_token_id,
         extra_stop_token_ids=request.extra_stop_token_ids,
         priority=request.priority,
         cache_salt=request.cache_salt or "",
         lora=lora_to_pb(request.lora_request) if request.lora_request else None,
-        pooling=pooling_params_to_pb(request.pooling_params) if request.pooling_params else None,
+        pooling_params=pooling_params_to_pb(pooling) if pooling is not None else None,
     )
 
 
 def engine_request_from_pb(message: engine_pb2.AddRequest) -> EngineCoreRequest:
-    """Raises ValueError (naming the field) on invalid sampling params."""
+    """Raises ValueError (naming the field) on invalid params, or unless exactly one of
+    sampling_params and pooling_params is set."""
     if not message.request_id:
         raise ValueError("request_id must not be empty.")
     return EngineCoreRequest(
         request_id=message.request_id,
         prompt_token_ids=list(message.prompt_token_ids),
-        sampling_params=sampling_params_from_pb(message.sampling_params),
+        sampling_params=sampling_params_from_pb(message.sampling_params)
+        if message.HasField("sampling_params")
+        else None,
         eos_token_id=message.eos_token_id if message.HasField("eos_token_id") else None,
         extra_stop_token_ids=tuple(message.extra_stop_token_ids),
         priority=message.priority,
         cache_salt=message.cache_salt or None,
         lora_request=lora_from_pb(message.lora) if message.HasField("lora") else None,
-        pooling_params=pooling_params_from_pb(message.pooling)
-        if message.HasField("pooling")
+        pooling_params=pooling_params_from_pb(message.pooling_params)
+        if message.HasField("pooling_params")
         else None,
     )
 

@@ -10,7 +10,12 @@ from itertools import islice
 
 from services.common.convert.logprobs import pack_logprobs, unpack_logprobs
 from services.common.convert.lora import lora_columns_from_pb, lora_columns_to_pb
-from services.common.convert.pooling import pooled_from_bytes, pooled_to_bytes
+from services.common.convert.pooling import (
+    pooled_from_bytes,
+    pooled_to_bytes,
+    pooling_params_from_pb,
+    pooling_params_to_pb,
+)
 from services.common.convert.sampling import sampling_params_from_pb, sampling_params_to_pb
 from services.common.proto.pagestream.v1 import worker_pb2
 from services.common.runner_output import RunnerOutput, StepTimings
@@ -58,8 +63,11 @@ def _keyed_lists_from_pb(message) -> dict[str, list[int]]:
 
 
 def _new_request_to_pb(new: NewRequestData) -> worker_pb2.NewRequest:
-    params = sampling_params_to_pb(new.sampling_params)
-    params.ClearField("structured_outputs")  # the worker only sees the per-step masks
+    params = None
+    if new.sampling_params is not None:
+        params = sampling_params_to_pb(new.sampling_params)
+        params.ClearField("structured_outputs")  # the worker only sees the per-step masks
+    pooling = new.pooling_params
     return worker_pb2.NewRequest(
         request_id=new.request_id,
         prompt_token_ids=new.prompt_token_ids,
@@ -67,7 +75,7 @@ def _new_request_to_pb(new: NewRequestData) -> worker_pb2.NewRequest:
         sampling_params=params,
         block_ids=new.block_ids,
         num_computed_tokens=new.num_computed_tokens,
-        pooling=new.pooling,
+        pooling_params=pooling_params_to_pb(pooling) if pooling is not None else None,
     )
 
 
@@ -76,10 +84,14 @@ def _new_request_from_pb(message: worker_pb2.NewRequest) -> NewRequestData:
         request_id=message.request_id,
         prompt_token_ids=list(message.prompt_token_ids),
         output_token_ids=list(message.output_token_ids),
-        sampling_params=sampling_params_from_pb(message.sampling_params),
+        sampling_params=sampling_params_from_pb(message.sampling_params)
+        if message.HasField("sampling_params")
+        else None,
         block_ids=list(message.block_ids),
         num_computed_tokens=message.num_computed_tokens,
-        pooling=message.pooling,
+        pooling_params=pooling_params_from_pb(message.pooling_params)
+        if message.HasField("pooling_params")
+        else None,
     )
 
 

@@ -1,0 +1,55 @@
+"""PoolingState: one pooling request's pooled state so far, on the worker.
+
+It lives with the request's slot in the InputBatch, so it goes whenever the worker drops
+the request: finished, aborted, or preempted for recompute (the scheduler then drops the
+request from the worker and sends it again in full, and a fresh state starts from
+position 0). A request swapped out keeps its slot and its state, and resumes at the
+position it stopped at. Only the output rank reads rows into it (the Pooler).
+
+A chunked prompt is read chunk by chunk: MEAN adds each chunk's rows, CLS keeps
+position 0's row; LAST needs only the row of the step that ends the prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from services.common.pooling_params import PoolingParams
+
+
+@dataclass(eq=False)
+class PoolingState:
+    params: PoolingParams
+    # MEAN: the sum of the rows read so far; CLS: position 0's row  [hidden] float32
+    total: torch.Tensor | None = None
+    num_read: int = 0  # prompt positions read so far: where the next chunk must start
+
+    def read(self, rows: torch.Tensor, first: int, kind: str) -> str | None:
+        """Take in a chunk's rows [n, hidden] (prompt positions first..first+n-1); a
+        message, reading nothing, when the chunk does not continue where the state
+        stopped (positions skipped, or read twice)."""
+        if kind == "LAST":
+            return None  # only the last row counts (a prefix hit may skip the others)
+        if first != self.num_read:
+            return (
+                f"its {kind} pooled state has read prompt positions 0..{self.num_read - 1}, "
+                f"but this step's chunk starts at position {first}"
+            )
+        if kind == "MEAN":
+            part = rows.float().sum(dim=0)  # [hidden]
+            self.total = part if self.total is None else self.total + part
+        elif first == 0:  # CLS
+            self.total = rows[0].float().clone()  # no view: keep not the step's hidden
+        self.num_read = first + rows.shape[0]
+        return None
+
+    def result(self, last_row: torch.Tensor, kind: str, num_prompt_tokens: int) -> torch.Tensor:
+        """The pooled state once the prompt's last row [hidden] is read  [hidden] float32."""
+        if kind == "LAST":
+            return last_row.float()
+        assert self.total is not None, "a pooled state finishes only after reading rows"
+        if kind == "MEAN":
+            return self.total / num_prompt_tokens
+        return self.total
