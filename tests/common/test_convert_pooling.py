@@ -3,6 +3,8 @@ plans, results, engine outputs and model info."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -114,3 +116,40 @@ def test_model_info_says_the_runner():
         ).runner
         == "generate"
     )
+
+
+def test_a_pooling_request_travels_without_sampling_params():
+    request = EngineCoreRequest("p", [1, 2, 3], pooling_params=PoolingParams(dimensions=8))
+    message = _wire(engine_request_to_pb(request))
+    assert not message.HasField("sampling_params") and message.HasField("pooling_params")
+    back = engine_request_from_pb(message)
+    assert back.sampling_params is None
+    assert back == replace(request, arrival_time=back.arrival_time)
+    new = NewRequestData("p", [1, 2, 3], [], None, [0], 0, pooling_params=PoolingParams())
+    plan = SchedulerOutput(
+        scheduled_new_reqs=[new], num_scheduled_tokens={"p": 3}, total_num_scheduled_tokens=3
+    )
+    step = _wire(plan_to_pb(plan))
+    assert not step.new_requests[0].HasField("sampling_params")
+    assert plan_from_pb(step).scheduled_new_reqs == [new]
+
+
+@pytest.mark.parametrize("kind", ["neither", "both"])
+def test_a_message_with_neither_or_both_params_is_refused_by_name(kind):
+    request = engine_request_to_pb(EngineCoreRequest("r", [1], SamplingParams()))
+    plan = plan_to_pb(
+        SchedulerOutput(
+            scheduled_new_reqs=[NewRequestData("r", [1], [], SamplingParams(), [0], 0)],
+            num_scheduled_tokens={"r": 1},
+            total_num_scheduled_tokens=1,
+        )
+    )
+    for message in (request, plan.new_requests[0]):
+        if kind == "neither":
+            message.ClearField("sampling_params")
+        else:
+            message.pooling_params.task = "embed"
+    with pytest.raises(ValueError, match=f"sampling_params.*pooling_params.*got {kind}"):
+        engine_request_from_pb(request)
+    with pytest.raises(ValueError, match=f"sampling_params.*pooling_params.*got {kind}"):
+        plan_from_pb(plan)

@@ -1,0 +1,109 @@
+"""A pooling request step by step through the whole engine (LLM(runner="pooling"), tiny
+random Llama, float32): a MEAN prompt chunked over several steps comes back once, in the
+step that ends it, equal to the same prompt in one step and to HF's mean; a request
+preempted mid-prompt (recompute or swap) gives the vector it gives alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pagestream import LLM, PoolingParams, SamplingParams
+from tests.helpers.engine_steps import run_until_done
+from tests.helpers.hf_pooling import cosine, hf_pooled
+
+PROMPTS = [
+    [5, 17, 33, 99, 250, 12, 8, 41, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31, 33, 35],
+    [200, 100, 50, 25, 12, 6, 3, 1, 2, 4, 8, 16, 32, 64, 128, 255, 7, 77],
+]
+ENCODE = PoolingParams(task="encode")
+
+
+def _mean_llm(folder, **engine) -> LLM:
+    config = {"pooling_type": "MEAN"}
+    return LLM(str(folder), runner="pooling", pooler_config=config, dtype="float32", **engine)
+
+
+def _record_steps(engine) -> list:
+    """(plan, future of its RunnerOutput) for every step the engine submits from now on."""
+    steps = []
+    execute = engine.executor.execute
+
+    def record(plan):
+        future = execute(plan)
+        steps.append((plan, future))
+        return future
+
+    engine.executor.execute = record
+    return steps
+
+
+def _encode(engine, prompts) -> tuple[list[np.ndarray], list[str]]:
+    """Each prompt's raw pooled vector, and its request id."""
+    states = [engine.add_request(None, {"prompt_token_ids": p}, ENCODE) for p in prompts]
+    results = run_until_done(engine)
+    vectors = [np.asarray(results[s.request_id].outputs.data) for s in states]
+    return vectors, [s.request_id for s in states]
+
+
+def test_a_chunked_mean_prompt_equals_the_whole_prompt_and_hf(model_dir):
+    folder = model_dir("llama")
+    chunked_llm = _mean_llm(folder, kv_cache_memory="8MiB", max_num_batched_tokens=4)
+    try:
+        steps = _record_steps(chunked_llm.engine)
+        chunked, request_ids = _encode(chunked_llm.engine, PROMPTS)
+    finally:
+        chunked_llm.engine.close()
+    for rid in request_ids:
+        ran = [plan for plan, _ in steps if rid in plan.num_scheduled_tokens]
+        returned = [plan for plan, out in steps if rid in out.result().pooled]
+        assert len(ran) >= 5  # 18 or 23 tokens, at most 4 a step
+        assert returned == [ran[-1]]  # once, in the step that ends the prompt
+    whole_llm = _mean_llm(folder, kv_cache_memory="8MiB", max_num_batched_tokens=64)
+    try:
+        whole, _ = _encode(whole_llm.engine, PROMPTS)
+    finally:
+        whole_llm.engine.close()
+    for prompt, a, b in zip(PROMPTS, chunked, whole, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+        ref = hf_pooled(folder, prompt, "MEAN")
+        assert cosine(a, ref) > 0.9999
+        np.testing.assert_allclose(a, ref, atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_a_pooling_request_preempted_mid_prompt_gives_the_same_vector(model_dir, mode):
+    """12 blocks of 4 tokens: MEAN requests alone first (nothing is preempted), then
+    behind two growing generation requests, which preempt them part-way through."""
+    llm = _mean_llm(
+        model_dir("llama"),
+        block_size=4,
+        kv_cache_memory=24576,  # 12 blocks of this model
+        swap_space=0.01,
+        preemption_mode=mode,
+        max_num_batched_tokens=8,
+        enable_prefix_caching=False,
+    )
+    try:
+        engine, scheduler = llm.engine, llm.engine.scheduler
+        pool_prompts = [PROMPTS[0][:17], PROMPTS[1][:16], PROMPTS[0][3:20]]
+        alone = [_encode(engine, [p])[0][0] for p in pool_prompts]
+        mid_prompt = []
+        preempt = scheduler._preempt
+
+        def record(victim, mode=None):
+            if victim.is_pooling and 0 < victim.num_computed_tokens < victim.num_prompt_tokens:
+                mid_prompt.append(victim.request_id)
+            preempt(victim, mode)
+
+        scheduler._preempt = record
+        greedy = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)
+        for prompt in (PROMPTS[0][:12], PROMPTS[1][:12]):  # each grows to 7 blocks
+            engine.add_request(None, {"prompt_token_ids": prompt}, greedy)
+        preempted, _ = _encode(engine, pool_prompts)
+        assert mid_prompt, "no pooling request was preempted part-way through its prompt"
+        for a, b in zip(preempted, alone, strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+        assert scheduler.kv.num_free_blocks == 12
+    finally:
+        llm.engine.close()
