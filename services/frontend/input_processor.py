@@ -120,9 +120,7 @@ class InputProcessor:
             cache_salt=options.cache_salt,
             pooling_params=params,
         )
-        state = PoolingRequestState(
-            request_id, processed.prompt, processed.prompt_token_ids, params
-        )
+        state = PoolingRequestState(request_id, processed.prompt, processed.prompt_token_ids)
         return request, state
 
     def _has_chat_template(self) -> bool:

@@ -8,21 +8,13 @@ import time
 
 from services.common.engine_output import EngineCoreOutput
 from services.common.outputs import PoolingOutput, PoolingRequestOutput
-from services.common.pooling_params import PoolingParams
 
 
 class PoolingRequestState:
-    def __init__(
-        self,
-        request_id: str,
-        prompt: str | None,
-        prompt_token_ids: list[int],
-        params: PoolingParams,
-    ) -> None:
+    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int]) -> None:
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
-        self.params = params
         self.arrival_time = time.monotonic()
         self.first_token_time: float | None = None
         self.num_cached_tokens = 0
