@@ -1,8 +1,9 @@
-"""The pooling runner under tensor parallelism: LLM(tensor_parallel_size=2, runner="pooling")
-over gloo (the mp backend) embeds as HF AutoModel does (MEAN pooling, float32), chunked,
-beside generation requests, whose tokens stay HF's.
+"""The pooling runner in a worker group: LLM(runner="pooling") with tensor_parallel_size=2
+or pipeline_parallel_size=2 over gloo (the mp backend) embeds as HF AutoModel does (MEAN
+pooling, float32), chunked, beside generation requests, whose tokens stay HF's; only the
+output rank pools.
 
-One worker group for the whole module (process groups take seconds to start)."""
+One worker group per layout for the whole module (process groups take seconds to start)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ from tests.helpers.hf_pooling import cosine, hf_pooled
 PROMPTS = [[5, 17, 33, 99, 250, 12, 8, 41, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25], [3, 4, 5, 6]]
 
 
-@pytest.fixture(scope="module")
-def tp2(model_dir):
+@pytest.fixture(scope="module", params=["tp2", "pp2"])
+def group(model_dir, request):
+    layout = {"tp2": "tensor_parallel_size", "pp2": "pipeline_parallel_size"}[request.param]
     llm = LLM(
         str(model_dir("llama")),
-        tensor_parallel_size=2,
+        **{layout: 2},
         runner="pooling",
         pooler_config={"pooling_type": "MEAN"},
         dtype="float32",
@@ -31,9 +33,9 @@ def tp2(model_dir):
     llm.engine.close()
 
 
-def test_tp2_embeddings_equal_hf_beside_generation(tp2, model_dir, hf_greedy):
+def test_group_embeddings_equal_hf_beside_generation(group, model_dir, hf_greedy):
     folder = model_dir("llama")
-    engine = tp2.engine
+    engine = group.engine
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     gen = engine.add_request(None, {"prompt_token_ids": PROMPTS[1]}, greedy)
     pooled = [
