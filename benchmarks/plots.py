@@ -10,10 +10,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from benchmarks.report_structured import LABELS
 from benchmarks.results import part_of
 
 DPI = 110
+LABELS = {  # the structured runs
+    "unconstrained": "unconstrained",
+    "json_schema": "JSON schema",
+    "matched_length": "no grammar, constrained lengths",
+}
 
 
 def write_plots(results: dict, folder: Path) -> list[Path]:

@@ -2,9 +2,10 @@
 and its PNG plots (benchmarks/plots.py).
 
 The file is written whole every time from every section that has results, in the order of
-benchmarks/sections.py's SECTIONS, each rendered by its section's renderer from its results
-alone: `pagestream bench throughput` and `pagestream bench routing` run separately still
-produce one report, and a section run again replaces its old text.
+benchmarks/sections.py's SECTIONS, each rendered by its SectionReport from its results alone
+(benchmarks/section_report.py; old records through benchmarks/migration.py): `pagestream
+bench throughput` and `pagestream bench routing` run separately still produce one report,
+and a section run again replaces its old text.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import logging
 from pathlib import Path
 
 from benchmarks import plots
-from benchmarks.report_throughput import headline
+from benchmarks.markdown import table
+from benchmarks.migration import migrate
 from benchmarks.results import part_of
 from benchmarks.sections import SECTIONS
 from benchmarks.workload import PROFILES
@@ -62,11 +64,39 @@ def _notes(results: dict) -> str:
     return meta.get("notes") or (profile.notes() if profile else "")
 
 
+def headline(tp: dict) -> str:
+    """The README's table: pagestream in float32 and bfloat16 against HF transformers and
+    llama.cpp on the same workload, with each run's fraction of its dtype's matmul ceiling."""
+    runs = {r["name"]: r for r in tp["runs"]}
+    fractions = {
+        **tp.get("ceiling", {}).get("fraction", {}),
+        **tp.get("ceiling_bfloat16", {}).get("fraction", {}),
+    }
+    ours = {_dtype_of(n): r for n, r in runs.items() if n.startswith("pagestream")}
+    shown = [n for n in runs if n.startswith("pagestream")]
+    shown += [ratio["baseline"] for ratio in tp["ratios"].values()]
+    rows = []
+    for name in shown:
+        run, mine = runs[name], ours.get(_dtype_of(name))
+        speed = run["output_tokens_per_s"]
+        faster = name.startswith("pagestream") or mine is None
+        ratio = "1.00x" if faster else f"{mine['output_tokens_per_s'] / speed:.2f}x faster"
+        fraction = fractions.get(name)
+        rows.append([name, speed, ratio, None if fraction is None else f"{fraction:.0%}"])
+    header = ["engine (offline, same prompts and lengths)", "output tok/s"]
+    return table([*header, "pagestream, same dtype", "of the matmul ceiling"], rows)
+
+
+def _dtype_of(name: str) -> str:
+    return "bfloat16" if "bfloat16" in name or "BF16" in name else "float32"
+
+
 def render(results: dict) -> str:
+    results = migrate(results)
     out = _header(results)
     for section in SECTIONS:
         if found := part_of(results, section.key, section.part):
-            out += section.render(found)
+            out += section.report.render(found)
             out += [""] * (out[-1] != "")  # a blank line between sections
     machine = results.get("meta", {}).get("machine", {})
     if machine and not machine.get("cuda") and CPU_NOTES.exists():

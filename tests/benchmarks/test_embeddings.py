@@ -23,7 +23,7 @@ from benchmarks.embeddings import (
     hf_embed,
     run_encoders,
 )
-from benchmarks.report_embeddings import ENCODER_HEADING, HEADING, encoder_section
+from benchmarks.sections import EMBED, ENCODER
 from tests.worker.conftest import isolated_model_cache
 
 
@@ -60,7 +60,7 @@ def test_bench_embed_smoke(model_dir, tmp_path):
     assert by_label["pagestream float32"]["single_ms"] > 0
     assert part["inputs"]["count"] == 8
     text = (tmp_path / "benchmarks.md").read_text()
-    assert text.count(HEADING) == 1
+    assert text.count(f"## {EMBED.heading}\n") == 1
     for line in text.splitlines():
         if line.startswith("|") and not line.startswith("|---"):
             assert line.endswith("|") and "None" not in line, line
@@ -84,8 +84,9 @@ def test_encoder_mode_tiny(tmp_path, monkeypatch):
     assert auto["cosine_min"] > 0.99 and auto["single_ms"] > 0
     assert ours["cosine_min"] > 0.9999 and ours["vs_st"] > 0 and ours["vs_llama"] is None
     assert ours["single_ms"] > 0 and st["single_ms"] > 0
-    lines = encoder_section({**part, "meta": {}})
-    assert lines[0] == ENCODER_HEADING and any("absent (not run" in line for line in lines)
+    lines = ENCODER.render({**part, "meta": {}})
+    assert lines[0] == f"## {ENCODER.heading}" and "### shapes: tiny" in lines
+    assert any("llama server: error not run (--no-llamacpp)" in line for line in lines)
     for line in "\n".join(lines).splitlines():
         if line.startswith("|"):
             assert "None" not in line, line

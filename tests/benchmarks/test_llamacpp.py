@@ -24,8 +24,8 @@ from benchmarks.llamacpp import (
     check_requests,
     import_llama_cpp,
 )
-from benchmarks.report_throughput import llamacpp_lines
 from benchmarks.results import RunResult
+from benchmarks.sections import THROUGHPUT
 from benchmarks.throughput import ThroughputOptions, _llamacpp_ratios, run_throughput
 from benchmarks.workload import BenchRequest
 
@@ -180,12 +180,14 @@ def test_ratios_use_the_fastest_llamacpp_run_of_each_dtype_and_the_report_shows_
             "agreement": {"F32": a},
         },
     }
-    text = "\n".join(llamacpp_lines(tp))
-    assert "| llama.cpp F32 (32 seqs) | 120.0 | 10.0 | 5 | — | x1.25 (float32) |" in text
-    assert "| llama.cpp F32 (16 seqs) | 100.0 | 10.0 | 5 | 1.5..2.5 | — |" in text
-    assert "x1.25 (bfloat16)" in text and "flash attention off" in text
-    assert "1 of 2 equal all the way (first differences at 2, 1)" in text
-    assert llamacpp_lines({"runs": [], "ratios": {}}) == []
+    text = "\n".join(THROUGHPUT.render(tp))
+    assert (
+        "| llama.cpp F32 (16 seqs) | 10.0 | 4 | 400 | 1000 | 1000 | 0.4 | 100.0 | 140.0 | 5 | "
+        "1.5 | 2.5 |" in text
+    )
+    assert "| vs_llamacpp_f32 | llama.cpp F32 (32 seqs) | 1.0 | 1.25 | 1.19 | pagestream" in text
+    assert "- llamacpp · agreement · F32: requests 2; equal 1;" in text and "flash attn off" in text
+    assert "first differences 2, 1" in text
 
 
 class ZeroEngine:
@@ -264,10 +266,5 @@ def test_full_agreement_compares_the_timed_runs_with_pagestream_float32(
     assert (full["BF16"]["equal"], full["BF16"]["mean_first_difference"]) == (2, 7.5)
     assert full["pagestream bfloat16"]["run"] == "pagestream LLM.generate (bfloat16)"
     assert full["pagestream bfloat16"]["requests"] == 4
-    text = "\n".join(llamacpp_lines(tp))
-    assert (
-        "- Whole workload (4 requests, mean output length 9), llama.cpp BF16 (2 seqs) vs "
-        "pagestream float32: 2 of 4 equal all the way; the first difference falls at token "
-        "7.5 on average." in text
-    )
-    assert "pagestream LLM.generate (bfloat16) vs pagestream float32" in text
+    text = "\n".join(THROUGHPUT.render(tp))
+    assert "| BF16 | llama.cpp BF16 (2 seqs) | 4 | 2 | 7.5 | 9 |" in text

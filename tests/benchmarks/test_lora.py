@@ -21,7 +21,7 @@ from benchmarks.lora import (
     spread,
 )
 from benchmarks.lora_adapters import STAMP, adapter_folders
-from benchmarks.report_lora import HEADING, lora_section
+from benchmarks.sections import LORA
 from benchmarks.workload import PROFILES
 
 LABELS = [
@@ -116,8 +116,8 @@ def test_bench_lora_smoke(model_dir, tmp_path):
     made = sorted(adapters.iterdir())
     assert len(made) == 32 and all((f / STAMP).is_file() for f in made)
     text = (tmp_path / "benchmarks.md").read_text()
-    assert text.count(HEADING) == 1 and "### One chat" in text
-    assert "Target: 4 adapters of rank 8 cost at most 15%" in text
+    assert text.count(f"## {LORA.heading}\n") == 1 and "### chat" in text
+    assert "### targets" in text and "| adapters | rank | issue target | max cost |" in text
     for line in text.splitlines():
         if line.startswith("|") and not line.startswith("|---"):
             assert line.endswith("|") and "None" not in line, line
@@ -152,60 +152,3 @@ def test_adapters_pass_the_engines_checks(model_dir, tmp_path):
     assert specs[0].modules == set(TARGET_MODULES)
     assert len(specs[0].targets) == len(TARGET_MODULES) * len(layers)
     assert specs[0].digest != specs[1].digest  # each its own seed
-
-
-def test_report_renders_tables_and_targets():
-    def run(config, adapters, rank, tok_s, vs_base, equal=4):
-        return {
-            "config": config,
-            "enable_lora": config != BASE,
-            "adapters": adapters,
-            "rank": rank,
-            "requests": 4,
-            "output_tok_s": tok_s,
-            "vs_base": vs_base,
-            "tpot_ms": 20.0,
-            "tpot_vs_base": 1.1,
-            "equal_outputs": equal,
-        }
-
-    runs = [
-        run(BASE, 0, None, 100.0, 1.0),
-        run(NO_ADAPTER, 0, None, 99.0, 0.99),
-        run("4 adapters, rank 8", 4, 8, 90.0, 0.9, equal=1),
-        run("16 adapters, rank 8", 16, 8, 60.0, 0.6, equal=0),
-    ]
-    part = {
-        "meta": {"command": "pagestream bench lora --profile quick", "machine": {}},
-        "threads": 2,
-        "dtype": "bfloat16",
-        "weight_bytes": 270e6,
-        "rounds": 2,
-        "chat_requests": 2,
-        "chat_max_tokens": 128,
-        "adapters": {
-            "std": 0.01,
-            "targets": ["q_proj", "v_proj"],
-            "per_rank": [{"rank": 8, "count": 16, "file_bytes": 9.8e6}],
-        },
-        "workload": {
-            "num_requests": 4,
-            "prompt_tokens": 1000,
-            "prompt_median": 250.0,
-            "prompt_max": 400,
-            "output_tokens": 500,
-            "output_median": 120.0,
-            "output_max": 200,
-        },
-        "runs": runs,
-        "chat": [runs[0], {**runs[2], "config": "1 adapter, rank 8", "adapters": 1}],
-        "targets": check_targets(runs),
-    }
-    text = "\n".join(lora_section(part))
-    assert text.startswith(HEADING) and "rank 8: 16 of 9.8 MB each" in text
-    assert "| 4 adapters, rank 8 | 4 | 8 | 90.0 | 0.9 | 20.0 | 1.1 | 1 of 4 |" in text
-    assert f"| {BASE} | 0 | - | 100.0 | 1.0 | 20.0 | 1.1 | 4 of 4 |" in text
-    assert "| 1 adapter, rank 8 | 8 | 20.0 | 1.1 | 90.0 | 0.9 | 1 of 4 |" in text
-    assert "4 adapters of rank 8 cost at most 15%" in text and "10.0%: **met**" in text
-    assert "16 adapters of rank 8 cost at most 30%" in text and "40.0%: **missed**" in text
-    assert "LoRA on with no adapter: x0.99" in text and "for 4 of 4 requests" in text

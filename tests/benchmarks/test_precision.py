@@ -8,8 +8,8 @@ import argparse
 import json
 
 from benchmarks.cli import add_bench_parser, run_bench
-from benchmarks.report_precision import HEADING
 from benchmarks.results import agreement, first_difference
+from benchmarks.sections import PRECISION
 
 
 def test_first_difference_and_agreement():
@@ -44,4 +44,4 @@ def test_bench_precision_smoke(model_dir, tmp_path):
     assert 0 <= a["equal"] <= 6 and 0 <= a["mean_first_difference"] <= a["mean_output_len"]
     assert "pagestream bench precision --profile smoke" in offline["meta"]["command"]
     report = (tmp_path / "benchmarks.md").read_text()
-    assert report.count(HEADING) == 1 and "bf16 / float32 output tok/s" in report
+    assert report.count(f"## {PRECISION.heading}\n") == 1 and "bf16 over fp32" in report

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import latency, quantized
-from benchmarks.report_quantized import quantized_section
 from benchmarks.results import RunResult
+from benchmarks.sections import QUANTIZED
 from benchmarks.workload import BenchRequest
 from tests.worker.test_quantized_models import tiny_gguf_file
 
@@ -49,9 +49,9 @@ def test_run_quantized_pairs_each_file_with_llamacpp(tiny_q8_0, monkeypatch):
     assert ratio == pytest.approx(ours["output_tokens_per_s"] / 5.5, rel=0.01)
     assert result["agreement"]["llama.cpp Q8_0 (4 seqs)"]["equal"] == 0
     assert result["agreement"]["pagestream LLM.generate (Q8_0 blocks)"]["requests"] == 2
-    lines = "\n".join(quantized_section(result))
-    assert "| llama.cpp Q8_0 (4 seqs) | 5.5 | 2.0 | 0 |" in lines
-    assert "tiny.Q8_0.gguf" in lines
+    lines = "\n".join(QUANTIZED.render(result))
+    assert "| llama.cpp Q8_0 (4 seqs) | 2.0 | 2 | 10 | 11 | 11 | 1.0 | 5.5 |" in lines
+    assert "source gguf tiny.Q8_0.gguf" in lines
 
 
 def test_streaming_bytes_of_the_quantized_runs(tiny_q8_0):

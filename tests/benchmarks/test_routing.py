@@ -12,7 +12,6 @@ import json
 import pytest
 
 from benchmarks.cli import add_bench_parser, run_bench
-from benchmarks.report_routing import HEADING
 from benchmarks.routing import (
     POLICIES,
     ROUTING_PROFILES,
@@ -20,6 +19,7 @@ from benchmarks.routing import (
     conversation_workload,
     kv_cache_plan,
 )
+from benchmarks.sections import ROUTING
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -110,7 +110,7 @@ def test_cache_aware_hits_at_least_as_often_as_round_robin(routing_run):
 def test_routing_report_section_and_plot(routing_run):
     docs, _ = routing_run
     text = (docs / "benchmarks.md").read_text()
-    assert text.count(HEADING) == 1
+    assert text.count(f"## {ROUTING.heading}\n") == 1 and "### summary" in text
     assert "`pagestream bench routing --profile smoke" in text
     assert "](benchmarks/routing.png)" in text
     assert (docs / "benchmarks" / "routing.png").read_bytes().startswith(PNG_MAGIC)

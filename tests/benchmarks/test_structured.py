@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks.cli import add_bench_parser, run_bench
 from benchmarks.grammar_timing import FILLS, LARK, REGEXES
-from benchmarks.report_structured import HEADING
+from benchmarks.sections import STRUCTURED
 from benchmarks.structured import (
     STRUCTURED_PROFILES,
     VARIANTS,
@@ -111,7 +111,7 @@ def test_compile_and_mask_fill_recorded(structured_run):
 def test_structured_report_section_and_plot(structured_run):
     docs, _ = structured_run
     text = (docs / "benchmarks.md").read_text()
-    assert text.count(HEADING + "\n") == 1
+    assert text.count(f"## {STRUCTURED.heading}\n") == 1
     assert "`pagestream bench structured --profile smoke" in text
     assert "](benchmarks/structured.png)" in text and "](../" not in text
     assert (docs / "benchmarks" / "structured.png").read_bytes().startswith(PNG_MAGIC)

@@ -1,0 +1,153 @@
+"""SectionReport: one section of docs/benchmarks.md, rendered from its results alone and the
+same way for every section: its heading, the sentence that says how to reproduce it and where
+it was measured, a few words on the method, then every figure of its results: the scalars of
+each group as a bullet, each list of rows (benchmarks/row.py's schema and any other) and each
+mapping of like records as a table, a wide table of a few rows turned on its side."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks.markdown import measured, table
+
+WIDE = 14  # columns beyond which a table of few rows is turned on its side
+TALL = 5  # the most rows of a table that is turned
+HIDDEN = frozenset({"meta", "token_ids", "series", "failure_examples"})  # no figures
+WORDS = (  # a result key's words, in this order
+    (r"_per_s\b", "/s"),
+    (r"(^|_)tok_s(_|$)", r"\1tok/s\2"),
+    (r"^vs_", "x vs "),
+    (r"_vs_", " x vs "),
+    (r"_", " "),
+)
+
+
+def words(key: str) -> str:
+    """A result key as a header: output_tok_s_per_round -> "output tok/s per round"."""
+    for pattern, replacement in WORDS:
+        key = re.sub(pattern, replacement, key)
+    return key
+
+
+@dataclass(frozen=True)
+class SectionReport:
+    heading: str  # "## HEADING"
+    command: str  # the default `pagestream bench ...` of the reproduce sentence
+    method: str = ""  # how it was measured, in words (the figures come from the results)
+    skip: tuple[str, ...] = ()  # keys of no figure the report shows
+    code: tuple[str, ...] = ()  # keys shown as JSON (a schema)
+    group_by: dict[str, str] = field(default_factory=dict)  # rows key -> a table per value
+    keys: dict[str, tuple[str, ...]] = field(default_factory=dict)  # a mapping's key columns
+    plots: tuple[str, ...] = ()  # <docs>/benchmarks/PLOT.png (benchmarks/plots.py)
+    notes: Path | None = None  # hand-written words rendered after the figures
+
+    def render(self, part: dict) -> list[str]:
+        out = [f"## {self.heading}", "", self.method]
+        out += self._figures(part, ())
+        out += [line for plot in self.plots for line in ("", f"![{plot}](benchmarks/{plot}.png)")]
+        if self.notes and self.notes.exists():
+            out += ["", self.notes.read_text(encoding="utf-8").strip()]
+        return out
+
+    def _figures(self, part: dict, path: tuple[str, ...]) -> list[str]:
+        """The bullets of the part's scalars, then a table per group of records in it."""
+        lead = ["", measured(part, self.command)] if "meta" in part else []  # a run's part
+        facts, out = [], []
+        for key, value in part.items():
+            if key in HIDDEN or key in self.skip or (key == "load_average" and lead):
+                continue
+            where = (*path, key)
+            if key in self.code:
+                out += ["", f"{words(key)}:", "", "```json", json.dumps(value), "```"]
+            elif _is_rows(value) and isinstance(value, list) and any(map(_has_rows, value)):
+                for item in value:  # records holding rows of their own: a part each
+                    name = next(iter(item.values()))
+                    out += ["", f"### {words(key)}: {name}", *self._figures(item, where)]
+            elif _is_rows(value):
+                names = (*self.keys.get(key, ()), words(key), "")
+                out += self._table(where, _rows(value, names))
+            elif isinstance(value, dict) and value:
+                heading = ["", f"### {words(key)}"] if "meta" in value else []
+                out += heading + self._figures(value, where)
+            else:
+                facts.append(f"{words(key)} {_cell(value)}")
+        if facts:
+            title = " · ".join(map(words, path)) or "figures"
+            out = ["", f"- {title}: " + "; ".join(facts), *out]
+        return lead + out
+
+    def _table(self, path: tuple[str, ...], rows: list[dict]) -> list[str]:
+        by = self.group_by.get(path[-1])
+        groups = {}
+        for row in rows:
+            groups.setdefault(row.get(by) if by else None, []).append(row)
+        out = []
+        for name, group in groups.items():
+            title = " · ".join(map(words, path)) + (f": {by} {name}" if by else "")
+            out += ["", f"### {title}" if len(path) == 1 else f"{title}:", "", _grid(group)]
+        return out
+
+
+def _is_rows(value) -> bool:
+    """A list of records, or a mapping of two or more records (a record per key)."""
+    if isinstance(value, list):
+        return bool(value) and all(isinstance(v, dict) for v in value)
+    if isinstance(value, dict):
+        return len(value) > 1 and all(isinstance(v, dict) for v in value.values())
+    return False
+
+
+def _has_rows(record: dict) -> bool:
+    return any(isinstance(v, list) and _is_rows(v) for v in record.values())
+
+
+def _rows(value, names: tuple[str, ...]) -> list[dict]:
+    """Flat rows of a list of records, or of a mapping (its key the first column; a mapping
+    of mappings of records, one row per record under both keys)."""
+    if isinstance(value, list):
+        return [_flat(v) for v in value]
+    rows = []
+    for name, record in value.items():
+        if record and all(isinstance(v, dict) for v in record.values()):
+            rows += [{names[0]: name, **row} for row in _rows(record, names[1:])]
+        else:
+            rows.append({names[0]: name, **_flat(record)})
+    return rows
+
+
+def _flat(record: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in record.items():
+        if key in HIDDEN:
+            continue
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _grid(rows: list[dict]) -> str:
+    header = list(dict.fromkeys(k for row in rows for k in row))
+    if len(header) > WIDE and len(rows) <= TALL:  # on its side: a row per field
+        first = header[0]
+        return table(
+            [first, *(_cell(r.get(first)) for r in rows)],
+            [[words(k), *(_cell(r.get(k)) for r in rows)] for k in header[1:]],
+        )
+    return table(list(map(words, header)), [[_cell(r.get(k)) for k in header] for r in rows])
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, list):
+        if value and all(isinstance(v, list) for v in value):
+            return "; ".join(" / ".join(map(_cell, v)) for v in value)
+        return ", ".join(map(_cell, value)) or "—"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_cell(v)}" for k, v in value.items()) or "—"
+    return " ".join(str(value).split()).replace("|", "\\|")
