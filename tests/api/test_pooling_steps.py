@@ -107,3 +107,28 @@ def test_a_pooling_request_preempted_mid_prompt_gives_the_same_vector(model_dir,
         assert scheduler.kv.num_free_blocks == 12
     finally:
         llm.engine.close()
+
+
+def test_a_pooling_request_aborted_mid_prompt_leaves_no_state_behind(model_dir):
+    """Its partial sums go with it on the worker (dropped with the next plan): the same id
+    again pools from scratch, not on top of them."""
+    folder = model_dir("llama")
+    llm = _mean_llm(folder, kv_cache_memory="8MiB", max_num_batched_tokens=4)
+    try:
+        engine = llm.engine
+        engine.add_request("p", {"prompt_token_ids": PROMPTS[0]}, ENCODE)
+        engine.step()
+        engine.step()
+        assert 0 < engine.scheduler.requests["p"].num_computed_tokens < len(PROMPTS[0])
+        engine.abort_request(["p"])
+        aborted = run_until_done(engine)["p"]
+        assert aborted.outputs is None and "abort" in aborted.error
+        again, _ = _encode_with_id(engine, "p", PROMPTS[0])
+    finally:
+        llm.engine.close()
+    np.testing.assert_allclose(again, hf_pooled(folder, PROMPTS[0], "MEAN"), atol=1e-4, rtol=1e-3)
+
+
+def _encode_with_id(engine, request_id: str, prompt) -> tuple[np.ndarray, str]:
+    engine.add_request(request_id, {"prompt_token_ids": prompt}, ENCODE)
+    return np.asarray(run_until_done(engine)[request_id].outputs.data), request_id
