@@ -10,16 +10,14 @@ import copy
 from benchmarks.routing import hit_rate_bound
 
 RENAMED = {"vs_none": "vs_baseline", "vs_base": "vs_baseline"}  # the A/B rows' ratios
-RENAMED |= {f"tpot_{old}": f"tpot_{new}" for old, new in RENAMED.items()}
+RENAMED |= {f"tpot_{old}": f"tpot_{new}" for old, new in RENAMED.items()} | {"config": "variant"}
 
 
 def migrate(results: dict) -> dict:
     results = copy.deepcopy(results)
     for part in _parts(results, "speculative", "lora"):
         for row in part.get("runs", []) + part.get("chat", []):
-            for old, new in RENAMED.items():
-                if old in row:
-                    row[new] = row.pop(old)
+            row.update({RENAMED.get(k, k): row.pop(k) for k in list(row)})
     kv = (results.get("memory") or {}).get("kv_utilization", {})
     if kv.get("num_samples"):
         kv.setdefault("waste", {k: round(1 - kv[k], 4) for k in ALLOCATIONS})

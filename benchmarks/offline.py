@@ -24,10 +24,10 @@ def warm_up(llm, request: BenchRequest) -> None:
     llm.engine.scheduler.kv.reset_prefix_cache()
 
 
-def timed_generate(llm, prompts: list[dict], params) -> tuple[float, list]:
-    """(seconds, outputs) of one `LLM.generate`."""
+def timed_generate(llm, prompts: list[dict], params, **kwargs) -> tuple[float, list]:
+    """(seconds, outputs) of one `LLM.generate` (kwargs: its lora_request)."""
     start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
+    outputs = llm.generate(prompts, params, use_tqdm=False, **kwargs)
     return time.perf_counter() - start, outputs
 
 

@@ -24,40 +24,28 @@ either, the model's own GGUF file, as the results note). They speculate at every
 engine's default disable_by_batch_size, the middle ngram and the last draft run again with
 that default, to show where proposing stops paying.
 
-Each round runs every configuration once, in an order rotated each round, on an engine of
-its own (no prefix caching, warmed up at one request and at the largest batch) over every
-workload and batch; figures are medians over the rounds, each ratio the median of each
-round's ratio to that round's run without speculation. Per run: output tokens/s (every
-output token over the wall time of the generate calls), TPOT (per request, its first to its
-last token over its tokens - 1; the median request), the scheduler's spec_decode_* counters
-(their difference over the run, summed over the rounds) and how many requests' greedy
-tokens differ from the run without speculation (speculation verifies with the target: none
-should).
+They run side by side through the one A/B driver (benchmarks/ab_driver.py: an engine of its
+own per configuration and round, prefix caching off, medians over the rounds, ratios to the
+run without speculation); its probe adds the scheduler's spec_decode_* counters (their
+difference over each run, summed over the rounds) to each row.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import math
 import os
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.offline import make_llm, timed_generate, token_ids, warm_up
-from benchmarks.results import against_baseline, ratio, rotated
-from benchmarks.token_clock import TokenClock
-from benchmarks.workload import (
-    BenchRequest,
-    CorpusSource,
-    Profile,
-    greedy_inputs,
-    make_workload,
-)
+from benchmarks.ab_driver import ABDriver
+from benchmarks.ab_workload import ABWorkload
+from benchmarks.results import ratio
+from benchmarks.variant import Variant
+from benchmarks.workload import BenchRequest, CorpusSource, Profile, make_workload
 from services.common.speculative_config import DEFAULT_DISABLE_BY_BATCH_SIZE
 
 logger = logging.getLogger(__name__)
@@ -123,37 +111,6 @@ class SpeculativeOptions:
 
 
 # ---- the workloads ---------------------------------------------------------------------
-@dataclass(frozen=True)
-class SpecWorkload:
-    name: str
-    requests: list[BenchRequest]  # output_len: the request's max_tokens
-    ignore_eos: bool
-
-    def for_batch(self, batch: int, num_requests: int) -> list[BenchRequest]:
-        return self.requests[: batch * math.ceil(num_requests / batch)]
-
-    def inputs(self, requests: list[BenchRequest]) -> tuple[list[dict], list]:
-        from pagestream import SamplingParams
-
-        prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
-        params = [
-            SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=self.ignore_eos)
-            for r in requests
-        ]
-        return prompts, params
-
-    def summary(self) -> dict:
-        lengths = [r.prompt_len for r in self.requests]
-        return {
-            "pool": len(self.requests),
-            "prompt_min": min(lengths),
-            "prompt_median": float(np.median(lengths)),
-            "prompt_max": max(lengths),
-            "max_tokens": max(r.output_len for r in self.requests),
-            "ignore_eos": self.ignore_eos,
-        }
-
-
 def chat_prompt(tokenizer, task: str, passage: str) -> list[int]:
     """The task and its passage as one user turn (the model's template, if it has one)."""
     text = f"{task}\n\n{passage}".rstrip()
@@ -178,7 +135,7 @@ def copy_requests(tokenizer, count: int, profile: SpeculativeProfile) -> list[Be
     return requests
 
 
-def make_workloads(tokenizer, options: SpeculativeOptions) -> list[SpecWorkload]:
+def make_workloads(tokenizer, options: SpeculativeOptions) -> list[ABWorkload]:
     profile = options.profile
     pool = max(b * math.ceil(profile.num_requests / b) for b in options.batches)
     default = make_workload(
@@ -187,26 +144,32 @@ def make_workloads(tokenizer, options: SpeculativeOptions) -> list[SpecWorkload]
     default = [
         BenchRequest(r.prompt_token_ids, min(r.output_len, profile.max_tokens)) for r in default
     ]
+    copy = copy_requests(tokenizer, pool, profile)
+    shape = {"batches": options.batches, "num_requests": profile.num_requests}
     return [
-        SpecWorkload("copy", copy_requests(tokenizer, pool, profile), ignore_eos=False),
-        SpecWorkload("default", default, ignore_eos=True),
+        ABWorkload("copy", copy, ignore_eos=False, **shape),
+        ABWorkload("default", default, ignore_eos=True, **shape),
     ]
 
 
 # ---- the configurations ----------------------------------------------------------------
-@dataclass(frozen=True)
-class SpecConfig:
-    label: str
-    speculative: dict | None = None  # LLM(speculative_config=...)
-    batch: int | None = None  # runs at this batch only (None: at every batch)
+def describe(speculative: dict | None) -> dict:
+    """A configuration's row facts: its method, k and disable_by_batch_size."""
+    spec = speculative or {}
+    return {
+        "method": spec.get("method", "none"),
+        "k": spec.get("num_speculative_tokens", 0),
+        "disable_by_batch_size": spec.get("disable_by_batch_size"),
+    }
 
-    def describe(self) -> dict:
-        spec = self.speculative or {}
-        return {
-            "method": spec.get("method", "none"),
-            "k": spec.get("num_speculative_tokens", 0),
-            "disable_by_batch_size": spec.get("disable_by_batch_size"),
-        }
+
+def variant(label: str, speculative: dict | None = None, batch: int | None = None) -> Variant:
+    return Variant(
+        label,
+        {"speculative_config": speculative},
+        describe(speculative),
+        batches=(batch,) if batch else None,
+    )
 
 
 def resolve_draft(options: SpeculativeOptions) -> dict:
@@ -259,7 +222,7 @@ def draft_label(path: str) -> str:
     return name.name
 
 
-def configurations(options: SpeculativeOptions, draft_path: str | None) -> list[SpecConfig]:
+def configurations(options: SpeculativeOptions, draft_path: str | None) -> list[Variant]:
     """No speculation, ngram at each k, the drafts; then, at the largest batch when it
     reaches the default disable_by_batch_size, the middle ngram and the last draft with it."""
     forced = {"disable_by_batch_size": options.forced_disable}
@@ -269,33 +232,31 @@ def configurations(options: SpeculativeOptions, draft_path: str | None) -> list[
         "prompt_lookup_max": options.prompt_lookup_max,
     }
     ngrams = [
-        SpecConfig(f"ngram k={k}", {**ngram, "num_speculative_tokens": k, **forced})
+        variant(f"ngram k={k}", {**ngram, "num_speculative_tokens": k, **forced})
         for k in options.ks
     ]
     drafts = [("target", options.model)] * options.self_draft
     if draft_path:
         drafts.append((draft_label(draft_path), draft_path))
+    draft_k = {"method": "draft_model", "num_speculative_tokens": options.draft_k, **forced}
     draft_runs = [
-        SpecConfig(
-            f"draft {label} k={options.draft_k}",
-            {"method": "draft_model", "model": path, "num_speculative_tokens": options.draft_k}
-            | forced,
-        )
+        variant(f"draft {label} k={options.draft_k}", {**draft_k, "model": path})
         for label, path in drafts
     ]
     largest = max(options.batches)
     defaults = []
     if largest >= DEFAULT_DISABLE_BY_BATCH_SIZE:
         chosen = ngrams[len(ngrams) // 2 :][:1] + draft_runs[-1:]
+        default = {"disable_by_batch_size": DEFAULT_DISABLE_BY_BATCH_SIZE}
         defaults = [
-            SpecConfig(
-                f"{c.label}, default disable_by_batch_size",
-                {**c.speculative, "disable_by_batch_size": DEFAULT_DISABLE_BY_BATCH_SIZE},
+            variant(
+                f"{v.label}, default disable_by_batch_size",
+                {**v.engine["speculative_config"], **default},
                 largest,
             )
-            for c in chosen
+            for v in chosen
         ]
-    return [SpecConfig(NO_SPECULATION), *ngrams, *draft_runs, *defaults]
+    return [variant(NO_SPECULATION), *ngrams, *draft_runs, *defaults]
 
 
 # ---- the measurement -------------------------------------------------------------------
@@ -311,77 +272,6 @@ def spec_counts(before, after) -> dict:
         - before.spec_decode_num_accepted_tokens,
         "accepted_per_pos": [n - (old[i] if i < len(old) else 0) for i, n in enumerate(new)],
     }
-
-
-def measure(llm, workload: SpecWorkload, batch: int, num_requests: int) -> dict:
-    """One run: the workload's requests for `batch`, `batch` per generate call."""
-    requests = workload.for_batch(batch, num_requests)
-    prompts, params = workload.inputs(requests)
-    scheduler = llm.engine.scheduler
-    clock = TokenClock()
-    before, elapsed, tokens = scheduler.get_stats(), 0.0, []
-    with clock.attached(llm.engine):
-        for start in range(0, len(prompts), batch):
-            chunk = slice(start, start + batch)
-            seconds, outputs = timed_generate(llm, prompts[chunk], params[chunk])
-            elapsed += seconds
-            tokens += token_ids(outputs)
-    tpots = clock.tpot_ms()
-    return {
-        "elapsed_s": elapsed,
-        "output_tokens": sum(map(len, tokens)),
-        "tpot_ms": statistics.median(tpots) if tpots else None,
-        "spec": spec_counts(before, scheduler.get_stats()),
-        "token_ids": tokens,
-    }
-
-
-def warm_up_batch(llm, workload: SpecWorkload, batch: int) -> None:
-    """The engine's first calls, at one request and at the largest batch (short prompts,
-    a few tokens: its proposer's paths too), before anything is timed."""
-    warm_up(llm, workload.requests[0])
-    short = [BenchRequest(r.prompt_token_ids[:32], 8) for r in workload.requests[:batch]]
-    llm.generate(*greedy_inputs(short), use_tqdm=False)
-
-
-def _engine_info(llm) -> dict:
-    info = llm.engine.model_info
-    found = {"dtype": info.dtype, "weight_bytes": info.weight_bytes}
-    draft = getattr(getattr(llm.engine, "worker", None), "draft_model", None)
-    if draft is not None:
-        found["draft_quantization"] = getattr(draft, "quantization", None)
-        found["draft_weight_bytes"] = getattr(draft, "weight_bytes", None)
-    return found
-
-
-def run_config(config: SpecConfig, workloads, options: SpeculativeOptions, found: dict) -> dict:
-    """Every workload and batch of one configuration on an engine of its own; each run's
-    measurement appended to found[(label, workload, batch)]. Returns the engine's info."""
-    llm = make_llm(
-        options.model,
-        options.dtype,
-        options.kv_cache_memory,
-        max_num_seqs=max(options.batches),
-        enable_prefix_caching=False,
-        speculative_config=config.speculative,
-    )
-    warm_up_batch(llm, workloads[0], max(options.batches))
-    batches = (config.batch,) if config.batch else options.batches
-    for workload in workloads:
-        for batch in batches:
-            run = measure(llm, workload, batch, options.profile.num_requests)
-            found.setdefault((config.label, workload.name, batch), []).append(run)
-            logger.info(
-                "%s, %s, batch %d: %.1f output tok/s",
-                config.label,
-                workload.name,
-                batch,
-                run["output_tokens"] / run["elapsed_s"],
-            )
-    info = _engine_info(llm)
-    del llm
-    gc.collect()
-    return info
 
 
 def acceptance(counts: dict) -> dict:
@@ -411,18 +301,17 @@ def summed(counts: list[dict]) -> dict:
     return {**total, "accepted_per_pos": per_pos}
 
 
-def summarize(config: SpecConfig, key: tuple, runs: list[dict], baseline: list[dict]) -> dict:
-    """One (configuration, workload, batch): medians over its rounds, its ratios to the
-    same rounds' runs without speculation, and its greedy outputs' agreement with theirs
-    (the round that agrees least)."""
-    return {
-        "config": config.label,
-        "workload": key[1],
-        "batch": key[2],
-        **config.describe(),
-        **against_baseline(runs, baseline, "none"),
-        **acceptance(summed([r["spec"] for r in runs])),
-    }
+class SpecCounters:
+    """The driver's probe: the scheduler's spec_decode_* counters over each run."""
+
+    def snapshot(self, llm):
+        return llm.engine.scheduler.get_stats()
+
+    def counted(self, before, after) -> dict:
+        return spec_counts(before, after)
+
+    def summary(self, counts: list[dict]) -> dict:
+        return acceptance(summed(counts))
 
 
 def run_speculative(tokenizer, options: SpeculativeOptions) -> dict:
@@ -431,16 +320,17 @@ def run_speculative(tokenizer, options: SpeculativeOptions) -> dict:
     draft = resolve_draft(options)
     workloads = make_workloads(tokenizer, options)
     configs = configurations(options, draft["path"])
-    found: dict[tuple, list[dict]] = {}
-    engines: dict[str, dict] = {}
-    for round_index in range(options.profile.rounds):
-        for config in rotated(configs, round_index):
-            engines[config.label] = run_config(config, workloads, options, found)
-    by_label = {c.label: c for c in configs}
-    runs = [
-        summarize(by_label[key[0]], key, measured, found[(NO_SPECULATION, *key[1:])])
-        for key, measured in sorted(found.items(), key=_order(configs, workloads))
-    ]
+    driver = ABDriver(
+        options.model,
+        workloads,
+        options.profile.rounds,
+        options.dtype,
+        options.kv_cache_memory,
+        {"enable_prefix_caching": False, "max_num_seqs": max(options.batches)},
+        probe=SpecCounters(),
+    )
+    runs = driver.run(configs)
+    engines = driver.engines
     return {
         "profile": options.profile.name,
         "rounds": options.profile.rounds,
@@ -460,20 +350,14 @@ def run_speculative(tokenizer, options: SpeculativeOptions) -> dict:
     }
 
 
-def _order(configs: list[SpecConfig], workloads: list[SpecWorkload]):
-    """Runs in the report's order: workload, batch, then configuration."""
-    config_index = {c.label: i for i, c in enumerate(configs)}
-    workload_index = {w.name: i for i, w in enumerate(workloads)}
-    return lambda item: (workload_index[item[0][1]], item[0][2], config_index[item[0][0]])
-
-
-def _draft_info(draft: dict, engines: dict, configs: list[SpecConfig]) -> dict:
+def _draft_info(draft: dict, engines: dict, configs: list[Variant]) -> dict:
     """The pair's draft: what was asked, the file that ran, its quantization and bytes."""
     path = draft["path"]
     info = {"choice": draft["choice"], "file": Path(path).name if path else None}
     if draft.get("note"):
         info["note"] = draft["note"]
-    labels = [c.label for c in configs if path and (c.speculative or {}).get("model") == path]
+    specs = [(c.label, c.engine["speculative_config"] or {}) for c in configs]
+    labels = [label for label, spec in specs if path and spec.get("model") == path]
     label = labels[-1] if labels else None
     if label in engines:
         info["quantization"] = engines[label].get("draft_quantization")

@@ -69,7 +69,7 @@ def test_old_rows_take_the_row_schema_and_lost_figures_come_back():
         },
     }
     new = migrate(old)
-    assert new["lora"]["offline"]["runs"] == [{"config": "base model", "vs_baseline": 1.0}]
+    assert new["lora"]["offline"]["runs"] == [{"variant": "base model", "vs_baseline": 1.0}]
     assert new["memory"]["kv_utilization"]["waste"] == {
         "paged": 0.1,
         "prealloc_max": 0.75,

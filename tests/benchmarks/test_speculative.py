@@ -50,16 +50,18 @@ def test_configurations_force_speculation_and_add_the_default_at_the_largest_bat
         "ngram k=4, default disable_by_batch_size",
         "draft Q4_0 GGUF k=3, default disable_by_batch_size",
     ]
-    assert configs[0].speculative is None and configs[0].batch is None
-    assert configs[1].speculative == {
+    assert configs[0].engine["speculative_config"] is None and configs[0].batches is None
+    assert configs[1].engine["speculative_config"] == {
         "method": "ngram",
         "prompt_lookup_min": 2,
         "prompt_lookup_max": 5,
         "num_speculative_tokens": 2,
         "disable_by_batch_size": 1000,
     }
-    assert configs[4].speculative["model"] == "/models/target"
-    assert configs[-1].batch == 32 and configs[-1].speculative["disable_by_batch_size"] == 32
+    assert configs[4].engine["speculative_config"]["model"] == "/models/target"
+    assert configs[-1].batches == (32,)
+    assert configs[-1].engine["speculative_config"]["disable_by_batch_size"] == 32
+    assert configs[1].facts == {"method": "ngram", "k": 2, "disable_by_batch_size": 1000}
     small = configurations(_options(batches=(1, 4), ks=(3,), self_draft=False), None)
     assert [c.label for c in small] == [NO_SPECULATION, "ngram k=3"]  # no batch reaches 8
 
@@ -116,7 +118,7 @@ def test_bench_speculative_smoke(model_dir, tmp_path):
     part = results["speculative"]["offline"]
     assert "pagestream bench speculative --profile smoke" in part["meta"]["command"]
     assert "workload" not in part["meta"] and set(part["workloads"]) == {"copy", "default"}
-    seen = {(r["workload"], r["batch"], r["config"]) for r in part["runs"]}
+    seen = {(r["workload"], r["batch"], r["variant"]) for r in part["runs"]}
     forced = (NO_SPECULATION, "ngram k=2", "draft target k=3")
     defaults = (
         "ngram k=2, default disable_by_batch_size",
@@ -126,15 +128,15 @@ def test_bench_speculative_smoke(model_dir, tmp_path):
     expected |= {(w, 32, c) for w in ("copy", "default") for c in defaults}
     assert seen == expected
     for run in part["runs"]:
-        assert run["output_tok_s"] > 0 and run["vs_none"] > 0
+        assert run["output_tok_s"] > 0 and run["vs_baseline"] > 0
         assert run["requests"] == (2 if run["batch"] == 1 else 32)
         assert run["differing_outputs"] == 0, run  # greedy: the target's tokens either way
         assert run["num_accepted_tokens"] <= run["num_draft_tokens"]
-        if run["config"] == NO_SPECULATION:
-            assert run["num_drafts"] == 0 and run["vs_none"] == 1.0
-        if run["config"] == "draft target k=3":  # its own draft: every proposal accepted
+        if run["variant"] == NO_SPECULATION:
+            assert run["num_drafts"] == 0 and run["vs_baseline"] == 1.0
+        if run["variant"] == "draft target k=3":  # its own draft: every proposal accepted
             assert run["num_drafts"] > 0 and run["acceptance_rate"] == 1.0
-    by_key = {(r["workload"], r["batch"], r["config"]): r for r in part["runs"]}
+    by_key = {(r["workload"], r["batch"], r["variant"]): r for r in part["runs"]}
     for workload in ("copy", "default"):  # batch 32 at the default 32: proposals stop
         on, default = (by_key[workload, 32, label] for label in (forced[2], defaults[1]))
         assert on["num_drafts"] > default["num_drafts"]
