@@ -26,13 +26,10 @@ engine of that rank's fewest adapters) also run the workload's first `chat_reque
 requests one after the other (batch 1), each output capped at `chat_max_tokens`: the time
 per output token of a single conversation.
 
-Each round runs every configuration once, in an order rotated each round, on an engine of
-its own (no prefix caching; warmed up at one request and at the whole batch with every
-adapter it serves, so that loading them is not timed); figures are medians over the
-rounds, each ratio the median of each round's ratio to that round's base run. Per run:
-output tokens/s (every output token over the wall time of the generate calls), TPOT (per
-request, its first to its last token over its tokens - 1; the median request) and how many
-requests' greedy tokens equal the base model's (LoRA on with no adapter: all of them must).
+They run side by side through the one A/B driver (benchmarks/ab_driver.py: an engine of its
+own per configuration and round, prefix caching off, every adapter loaded in its warm-up,
+medians over the rounds, ratios to the base model's run); LoRA on with no adapter must keep
+every one of the base model's greedy tokens.
 
 The issue's targets: 4 adapters of rank 8 cost at most 15% of the base model's output
 tok/s, 16 adapters at most 30%; checked on the continuous-batching runs of every rank
@@ -42,17 +39,14 @@ tok/s, 16 adapters at most 30%; checked on the continuous-batching runs of every
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
-import statistics
-import time
 from dataclasses import dataclass
 
+from benchmarks.ab_driver import ABDriver
+from benchmarks.ab_workload import ABWorkload
 from benchmarks.lora_adapters import ADAPTER_STD, adapter_folders, adapter_info
-from benchmarks.offline import make_llm, token_ids, warm_up
-from benchmarks.results import against_baseline, rotated
-from benchmarks.token_clock import TokenClock
-from benchmarks.workload import BenchRequest, Profile, Workload, greedy_inputs, make_workload
+from benchmarks.variant import Variant
+from benchmarks.workload import BenchRequest, Profile, make_workload
 
 logger = logging.getLogger(__name__)
 
@@ -105,146 +99,39 @@ class LoRAOptions:
             raise ValueError("chat_max_tokens must be >= 2 and adapter_std > 0.")
 
 
-# ---- the adapters' requests --------------------------------------------------------
-def lora_requests(folders: list[str], rank: int) -> list:
+# ---- the configurations ----------------------------------------------------------------
+def lora_requests(folders: list[str], rank: int) -> tuple:
     """One LoRARequest per adapter folder (ids 1, 2, ...)."""
     from pagestream import LoRARequest
 
-    return [LoRARequest(f"bench-r{rank}-{i}", i + 1, path) for i, path in enumerate(folders)]
+    return tuple(LoRARequest(f"bench-r{rank}-{i}", i + 1, p) for i, p in enumerate(folders))
 
 
-def spread(loras: list, num_requests: int) -> list:
-    """Request i's adapter: loras[i mod len(loras)] (None for every request without any)."""
-    return [loras[i % len(loras)] if loras else None for i in range(num_requests)]
+def setup(label: str, limits=None, adapters: tuple = (), rank=None, chat=False) -> Variant:
+    """A configuration: LoRA off (no limits) or on with (max_loras, max_lora_rank), its
+    requests spread round-robin over `adapters`; the chat too where `chat`."""
+    max_loras, max_rank = limits or (None, None)
+    engine = {}
+    if limits:
+        engine = {"enable_lora": True, "max_loras": max_loras, "max_lora_rank": max_rank}
+        engine["max_cpu_loras"] = max_loras
+    facts = {"enable_lora": limits is not None, "adapters": len(adapters), "rank": rank}
+    facts |= {"max_loras": max_loras, "max_lora_rank": max_rank}
+    return Variant(label, engine, facts, adapters, workloads=None if chat else ("batch",))
 
 
-# ---- the configurations ----------------------------------------------------------------
-@dataclass(frozen=True)
-class LoRASetup:
-    label: str
-    adapters: int = 0  # how many adapters the requests are spread over
-    rank: int | None = None
-    limits: tuple[int, int] | None = None  # (max_loras, max_lora_rank); None: LoRA off
-    chat: bool = False  # also one chat at a time (with one adapter where it has any)
-
-    def engine_kwargs(self) -> dict:
-        if self.limits is None:
-            return {}
-        max_loras, max_rank = self.limits
-        return {
-            "enable_lora": True,
-            "max_loras": max_loras,
-            "max_lora_rank": max_rank,
-            "max_cpu_loras": max_loras,
-        }
-
-    def describe(self) -> dict:
-        max_loras, max_rank = self.limits or (None, None)
-        return {
-            "enable_lora": self.limits is not None,
-            "adapters": self.adapters,
-            "rank": self.rank,
-            "max_loras": max_loras,
-            "max_lora_rank": max_rank,
-        }
-
-    @property
-    def chat_label(self) -> str:
-        return f"1 adapter, rank {self.rank}" if self.adapters else self.label
-
-
-def configurations(options: LoRAOptions) -> list[LoRASetup]:
+def configurations(options: LoRAOptions, adapters: dict[int, list[str]]) -> list[Variant]:
     """The base model, LoRA on with no adapter (the largest run's limits), then each rank
     with each adapter count; the chats on the first two and each rank's fewest adapters."""
     fewest = min(options.adapter_counts)
     largest = (max(options.adapter_counts), max(options.ranks))
-    setups = [LoRASetup(BASE, chat=True), LoRASetup(NO_ADAPTER, limits=largest, chat=True)]
+    setups = [setup(BASE, chat=True), setup(NO_ADAPTER, largest, chat=True)]
     for rank in options.ranks:
         for n in options.adapter_counts:
+            loras = lora_requests(adapters[rank][:n], rank)
             label = f"{n} adapter{'s' * (n > 1)}, rank {rank}"
-            setups.append(LoRASetup(label, n, rank, (n, rank), chat=n == fewest))
+            setups.append(setup(label, (n, rank), loras, rank, chat=n == fewest))
     return setups
-
-
-# ---- the measurement -------------------------------------------------------------------
-def timed_generate_lora(llm, prompts: list[dict], params, loras) -> tuple[float, list]:
-    """(seconds, outputs) of one `LLM.generate` with each prompt's adapter."""
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False, lora_request=loras)
-    return time.perf_counter() - start, outputs
-
-
-def measure(llm, requests: list[BenchRequest], loras: list, batch: int | None = None) -> dict:
-    """One run: `requests` with their adapters, `batch` per generate call (None: all)."""
-    prompts, params = greedy_inputs(requests)
-    step = batch or len(prompts)
-    clock = TokenClock()
-    elapsed, tokens = 0.0, []
-    with clock.attached(llm.engine):
-        for start in range(0, len(prompts), step):
-            chunk = slice(start, start + step)
-            seconds, outputs = timed_generate_lora(llm, prompts[chunk], params[chunk], loras[chunk])
-            elapsed += seconds
-            tokens += token_ids(outputs)
-    tpots = clock.tpot_ms()
-    return {
-        "elapsed_s": elapsed,
-        "output_tokens": sum(map(len, tokens)),
-        "tpot_ms": statistics.median(tpots) if tpots else None,
-        "token_ids": tokens,
-    }
-
-
-def warm_up_lora(llm, requests: list[BenchRequest], loras: list) -> None:
-    """The engine's first calls, at one request and at the whole batch with its adapters
-    (short prompts, a few tokens: every adapter loaded into its slot), before any timing."""
-    warm_up(llm, requests[0])
-    short = [BenchRequest(r.prompt_token_ids[:32], 8) for r in requests]
-    llm.generate(*greedy_inputs(short), use_tqdm=False, lora_request=loras)
-    llm.engine.scheduler.kv.reset_prefix_cache()
-
-
-def run_config(
-    setup: LoRASetup,
-    requests: list[BenchRequest],
-    chat: list[BenchRequest],
-    adapters: dict[int, list[str]],
-    options: LoRAOptions,
-    found: dict,
-) -> dict:
-    """One configuration on an engine of its own: the batch run, appended to
-    found[("batch", label)], and its chat, to found[("chat", chat label)]. Returns the
-    engine's info."""
-    llm = make_llm(
-        options.model,
-        options.dtype,
-        options.kv_cache_memory,
-        enable_prefix_caching=False,
-        **setup.engine_kwargs(),
-    )
-    loras = lora_requests(adapters[setup.rank][: setup.adapters], setup.rank) if setup.rank else []
-    per_request = spread(loras, len(requests))
-    warm_up_lora(llm, requests, per_request)
-    run = measure(llm, requests, per_request)
-    found.setdefault(("batch", setup.label), []).append(run)
-    logger.info("%s: %.1f output tok/s", setup.label, run["output_tokens"] / run["elapsed_s"])
-    if setup.chat:
-        one = spread(loras[:1], len(chat))
-        run = measure(llm, chat, one, batch=1)
-        found.setdefault(("chat", setup.chat_label), []).append(run)
-        logger.info("%s, one chat: TPOT %.2f ms", setup.chat_label, run["tpot_ms"] or 0.0)
-    info = llm.engine.model_info
-    engine = {"dtype": info.dtype, "weight_bytes": info.weight_bytes}
-    del llm
-    gc.collect()
-    return engine
-
-
-def summarize(label: str, setup: LoRASetup, runs: list[dict], baseline: list[dict]) -> dict:
-    """One configuration's runs: medians over its rounds, its ratios to the same rounds'
-    base runs, and its greedy outputs' agreement with the base model's (the round that
-    agrees least)."""
-    return {"config": label, **setup.describe(), **against_baseline(runs, baseline, "base")}
 
 
 def check_targets(runs: list[dict]) -> list[dict]:
@@ -253,7 +140,7 @@ def check_targets(runs: list[dict]) -> list[dict]:
     checked = []
     for run in runs:
         for count, most in TARGETS:
-            if run["adapters"] != count or run["vs_base"] is None:
+            if run["adapters"] != count or run["vs_baseline"] is None:
                 continue
             checked.append(
                 {
@@ -261,9 +148,9 @@ def check_targets(runs: list[dict]) -> list[dict]:
                     "rank": run["rank"],
                     "issue_target": run["rank"] == TARGET_RANK,
                     "max_cost": most,
-                    "vs_base": run["vs_base"],
-                    "cost": round(1 - run["vs_base"], 3),
-                    "met": run["vs_base"] >= 1 - most,
+                    "vs_baseline": run["vs_baseline"],
+                    "cost": round(1 - run["vs_baseline"], 3),
+                    "met": run["vs_baseline"] >= 1 - most,
                 }
             )
     return checked
@@ -283,26 +170,21 @@ def run_lora(tokenizer, options: LoRAOptions) -> dict:
         BenchRequest(r.prompt_token_ids, min(r.output_len, profile.chat_max_tokens))
         for r in workload[: profile.chat_requests]
     ]
-    setups = configurations(options)
-    found: dict[tuple[str, str], list[dict]] = {}
-    engines: dict[str, dict] = {}
-    for round_index in range(profile.rounds):
-        for setup in rotated(setups, round_index):
-            engines[setup.label] = run_config(setup, requests, chat, adapters, options, found)
-    runs = [
-        summarize(s.label, s, found[("batch", s.label)], found[("batch", BASE)]) for s in setups
+    workloads = [
+        ABWorkload("batch", requests),  # every request in one generate call
+        ABWorkload("chat", chat, batches=(1,), max_adapters=1),  # one after the other
     ]
-    chats = [
-        summarize(s.chat_label, s, found[("chat", s.chat_label)], found[("chat", BASE)])
-        for s in setups
-        if s.chat
-    ]
-    off = next(r for r in runs if r["config"] == NO_ADAPTER)
-    if off["equal_outputs"] != off["requests"]:
+    driver = ABDriver(
+        options.model, workloads, profile.rounds, options.dtype, options.kv_cache_memory
+    )
+    runs = driver.run(configurations(options, adapters))
+    batch = [r for r in runs if r["workload"] == "batch"]
+    for off in (r for r in runs if r["variant"] == NO_ADAPTER and r["differing_outputs"]):
         logger.warning(
-            "LoRA on with no adapter: %d of %d requests' greedy tokens differ from the base "
+            "LoRA on with no adapter, %s: %d of %d requests' greedy tokens differ from the base "
             "model's",
-            off["requests"] - off["equal_outputs"],
+            off["workload"],
+            off["differing_outputs"],
             off["requests"],
         )
     return {
@@ -314,11 +196,10 @@ def run_lora(tokenizer, options: LoRAOptions) -> dict:
         "ranks": list(options.ranks),
         "adapter_counts": list(options.adapter_counts),
         "threads": torch.get_num_threads(),
-        "dtype": engines[BASE]["dtype"],
-        "weight_bytes": engines[BASE]["weight_bytes"],
+        "dtype": driver.engines[BASE]["dtype"],
+        "weight_bytes": driver.engines[BASE]["weight_bytes"],
         "adapters": adapter_info(adapters, options),
-        "workload": Workload(requests, options.workload_profile).summary(),
+        "workloads": {w.name: w.summary() for w in workloads},
         "runs": runs,
-        "chat": chats,
-        "targets": check_targets(runs),
+        "targets": check_targets(batch),
     }

@@ -124,34 +124,6 @@ def agreement(got: list[list[int]], reference: list[list[int]]) -> dict:
     }
 
 
-def against_baseline(runs: list[dict], baseline: list[dict], name: str) -> dict:
-    """A feature's generation runs against the same rounds' baseline runs (round i against
-    round i): medians over the rounds of output tok/s and TPOT, their per-round values,
-    `vs_NAME` / `tpot_vs_NAME` (the median of each round's ratio), and the greedy outputs'
-    agreement with the first baseline run's (the round that agrees least:
-    `equal_outputs`, `differing_outputs`, `mean_first_difference`)."""
-    tok_s = [r["output_tokens"] / r["elapsed_s"] for r in runs]
-    base_tok_s = [r["output_tokens"] / r["elapsed_s"] for r in baseline]
-    tpot = [r["tpot_ms"] for r in runs]
-    reference = baseline[0]["token_ids"]
-    same = min((agreement(r["token_ids"], reference) for r in runs), key=lambda a: a["equal"])
-    return {
-        "requests": same["requests"],
-        "output_tokens": runs[0]["output_tokens"],
-        "output_tok_s": median(tok_s, 2),
-        "output_tok_s_per_round": [round(x, 2) for x in tok_s],
-        "tpot_ms": median(tpot, 2),
-        "tpot_ms_per_round": [None if t is None else round(t, 2) for t in tpot],
-        f"vs_{name}": median([ratio(a, b) for a, b in zip(tok_s, base_tok_s, strict=True)]),
-        f"tpot_vs_{name}": median(
-            [ratio(r["tpot_ms"], b["tpot_ms"]) for r, b in zip(runs, baseline, strict=True)]
-        ),
-        "equal_outputs": same["equal"],
-        "differing_outputs": same["requests"] - same["equal"],
-        "mean_first_difference": same["mean_first_difference"],
-    }
-
-
 def load_average(run, *args, **kwargs) -> dict:
     """``run(*args, **kwargs)``'s results with the load average before and after it (the
     machine may be shared)."""

@@ -86,7 +86,7 @@ class SectionReport:
             groups.setdefault(row.get(by) if by else None, []).append(row)
         out = []
         for name, group in groups.items():
-            title = " · ".join(map(words, path)) + (f": {by} {name}" if by else "")
+            title = " · ".join(map(words, path)) + (f": {by} {name}" if name else "")
             out += ["", f"### {title}" if len(path) == 1 else f"{title}:", "", _grid(group)]
         return out
 

@@ -450,6 +450,7 @@ LORA = SectionReport(
     "costs), n adapters of rank r spread round-robin, max_loras = max_cpu_loras = n. "
     "Targets: 4 adapters of rank 8 cost at most 15% of the base model's output tok/s, 16 at "
     "most 30%. " + SIDE_BY_SIDE,
+    group_by={"runs": "workload"},
 )
 EMBED = SectionReport(
     "Embeddings against HF AutoModel (CPU)",

@@ -18,7 +18,6 @@ from benchmarks.lora import (
     LoRAOptions,
     check_targets,
     configurations,
-    spread,
 )
 from benchmarks.lora_adapters import STAMP, adapter_folders
 from benchmarks.sections import LORA
@@ -44,32 +43,38 @@ def _options(model: str = "/models/base", **changes) -> LoRAOptions:
 
 
 def test_configurations():
-    setups = configurations(_options())
+    adapters = {r: [f"/a/r{r}-{i}" for i in range(16)] for r in (8, 64)}
+    setups = configurations(_options(), adapters)
     assert [s.label for s in setups] == LABELS
-    assert setups[0].engine_kwargs() == {} and setups[0].chat
-    assert setups[1].engine_kwargs() == {
+    assert setups[0].engine == {} and setups[0].workloads is None  # the chat too
+    assert setups[1].engine == {
         "enable_lora": True,
         "max_loras": 16,
         "max_lora_rank": 64,
         "max_cpu_loras": 16,
     }
-    assert setups[1].adapters == 0 and setups[1].chat_label == NO_ADAPTER
-    assert setups[3].engine_kwargs()["max_loras"] == 4 and setups[3].limits == (4, 8)
-    assert [s.chat_label for s in setups if s.chat] == CHATS
-    assert spread(["a", "b", "c"], 7) == ["a", "b", "c", "a", "b", "c", "a"]
-    assert spread([], 2) == [None, None]
-    fewer = configurations(_options(ranks=(16,), adapter_counts=(2, 3)))
-    assert [s.label for s in fewer if s.chat] == [BASE, NO_ADAPTER, "2 adapters, rank 16"]
-    assert fewer[2].chat_label == "1 adapter, rank 16"
+    assert setups[1].adapters == () and setups[1].facts["enable_lora"]
+    assert setups[3].engine["max_loras"] == 4 and setups[3].facts["max_lora_rank"] == 8
+    assert [a.lora_path for a in setups[3].adapters] == adapters[8][:4]
+    assert [s.label for s in setups if s.workloads is None] == CHATS
+    assert [a.lora_path for a in setups[4].spread(3, most=1)] == [adapters[8][0]] * 3
+    assert [a.lora_int_id for a in setups[4].spread(18)][15:] == [16, 1, 2]
+    assert setups[0].spread(2) == [None, None]
+    fewer = configurations(_options(ranks=(16,), adapter_counts=(2, 3)), {16: adapters[8]})
+    assert [s.label for s in fewer if s.workloads is None] == [
+        BASE,
+        NO_ADAPTER,
+        "2 adapters, rank 16",
+    ]
 
 
 def test_targets():
     runs = [
-        {"adapters": 0, "rank": None, "vs_base": 0.99},
-        {"adapters": 4, "rank": 8, "vs_base": 0.85},
-        {"adapters": 16, "rank": 8, "vs_base": 0.69},
-        {"adapters": 4, "rank": 64, "vs_base": 0.7},
-        {"adapters": 1, "rank": 64, "vs_base": 0.9},
+        {"adapters": 0, "rank": None, "vs_baseline": 0.99},
+        {"adapters": 4, "rank": 8, "vs_baseline": 0.85},
+        {"adapters": 16, "rank": 8, "vs_baseline": 0.69},
+        {"adapters": 4, "rank": 64, "vs_baseline": 0.7},
+        {"adapters": 1, "rank": 64, "vs_baseline": 0.9},
     ]
     checked = check_targets(runs)
     assert [(t["adapters"], t["rank"], t["met"], t["issue_target"]) for t in checked] == [
@@ -96,18 +101,19 @@ def test_bench_lora_smoke(model_dir, tmp_path):
     assert "meta" not in results  # the other sections' meta is left alone
     part = results["lora"]["offline"]
     assert "pagestream bench lora --profile smoke" in part["meta"]["command"]
-    assert "workload" not in part["meta"] and part["workload"]["num_requests"] == 16
-    assert [r["config"] for r in part["runs"]] == LABELS
-    assert [r["config"] for r in part["chat"]] == CHATS
-    for run in part["runs"] + part["chat"]:
-        assert run["output_tok_s"] > 0 and run["vs_base"] > 0 and run["tpot_ms"] > 0, run
-        assert run["enable_lora"] == (run["config"] != BASE)
-    by_label = {r["config"]: r for r in part["runs"]}
-    assert by_label[BASE]["vs_base"] == 1.0 and by_label[BASE]["requests"] == 16
-    for runs in (part["runs"], part["chat"]):  # LoRA on, no adapter: the base model's tokens
-        off = next(r for r in runs if r["config"] == NO_ADAPTER)
+    assert "workload" not in part["meta"] and part["workloads"]["batch"]["num_requests"] == 16
+    batch = [r for r in part["runs"] if r["workload"] == "batch"]
+    chat = [r for r in part["runs"] if r["workload"] == "chat"]
+    assert [r["variant"] for r in batch] == LABELS and [r["variant"] for r in chat] == CHATS
+    for run in part["runs"]:
+        assert run["output_tok_s"] > 0 and run["vs_baseline"] > 0 and run["tpot_ms"] > 0, run
+        assert run["enable_lora"] == (run["variant"] != BASE)
+    by_label = {r["variant"]: r for r in batch}
+    assert by_label[BASE]["vs_baseline"] == 1.0 and by_label[BASE]["requests"] == 16
+    for runs in (batch, chat):  # LoRA on, no adapter: the base model's tokens
+        off = next(r for r in runs if r["variant"] == NO_ADAPTER)
         assert off["equal_outputs"] == off["requests"] > 0, off
-    assert part["chat"][0]["requests"] == 2
+    assert chat[0]["requests"] == 2 and chat[0]["batch"] == 1
     assert by_label["16 adapters, rank 64"]["max_loras"] == 16
     checked = {(t["adapters"], t["rank"]) for t in part["targets"]}
     assert checked == {(4, 8), (16, 8), (4, 64), (16, 64)}
@@ -116,7 +122,7 @@ def test_bench_lora_smoke(model_dir, tmp_path):
     made = sorted(adapters.iterdir())
     assert len(made) == 32 and all((f / STAMP).is_file() for f in made)
     text = (tmp_path / "benchmarks.md").read_text()
-    assert text.count(f"## {LORA.heading}\n") == 1 and "### chat" in text
+    assert text.count(f"## {LORA.heading}\n") == 1 and "### runs: workload chat" in text
     assert "### targets" in text and "| adapters | rank | issue target | max cost |" in text
     for line in text.splitlines():
         if line.startswith("|") and not line.startswith("|---"):
