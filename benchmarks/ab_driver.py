@@ -79,8 +79,8 @@ class ABDriver:
     def _run_variant(self, variant: Variant, found: dict) -> dict:
         """Every workload and batch of one variant on an engine of its own; each run
         appended to found[(label, workload, batch)]. Returns what the engine held."""
-        kwargs = {**self.engine, **variant.engine}
-        llm = make_llm(kwargs.pop("model", self.model), self.dtype, self.kv_cache_memory, **kwargs)
+        kwargs = {"model": self.model, "dtype": self.dtype, **self.engine, **variant.engine}
+        llm = make_llm(kv_cache_memory=self.kv_cache_memory, **kwargs)
         self._warm_up(llm, variant)
         for workload in filter(variant.runs, self.workloads):
             for batch in variant.batches_of(workload):

@@ -37,11 +37,17 @@ def test_bench_precision_smoke(model_dir, tmp_path):
     part = json.loads((tmp_path / "benchmarks" / "results.json").read_text())["precision"]
     offline = part["offline"]
     assert offline["requests"] == 6 and offline["rounds"] == 2
-    for dtype in ("float32", "bfloat16"):
-        assert len(offline["output_tok_s_per_round"][dtype]) == 2
-        assert offline["output_tok_s"][dtype] > 0
-    a = offline["agreement"]
-    assert 0 <= a["equal"] <= 6 and 0 <= a["mean_first_difference"] <= a["mean_output_len"]
+    fp32, bf16 = offline["runs"]
+    assert (fp32["variant"], bf16["variant"]) == ("float32", "bfloat16")
+    assert fp32["vs_baseline"] == 1.0 and fp32["equal_outputs"] == 6  # its own tokens
+    for run in offline["runs"]:
+        assert len(run["output_tok_s_per_round"]) == 2 and run["output_tok_s"] > 0
+        assert run["tpot_ms"] > 0 and run["requests"] == 6
+    assert 0 <= bf16["equal_outputs"] <= 6
+    assert 0 <= bf16["mean_first_difference"] <= bf16["output_tokens"] / 6
     assert "pagestream bench precision --profile smoke" in offline["meta"]["command"]
     report = (tmp_path / "benchmarks.md").read_text()
-    assert report.count(f"## {PRECISION.heading}\n") == 1 and "bf16 over fp32" in report
+    assert (
+        report.count(f"## {PRECISION.heading}\n") == 1
+        and "| variant | float32 | bfloat16 |" in report
+    )
