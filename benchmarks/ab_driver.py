@@ -52,10 +52,11 @@ class ABDriver:
     engine: dict = field(default_factory=lambda: {"enable_prefix_caching": False})
     probe: Probe | None = None
     engines: dict[str, dict] = field(default_factory=dict)  # label -> what its engine held
+    found: dict[tuple, list[dict]] = field(default_factory=dict)  # (label, workload, batch)
 
     def run(self, variants: list[Variant]) -> list[dict]:
         """Every variant's rows (in the variants' order within each workload and batch)."""
-        found: dict[tuple, list[dict]] = {}
+        found = self.found
         for round_index in range(self.rounds):
             for variant in rotated(variants, round_index):
                 self.engines[variant.label] = self._run_variant(variant, found)
@@ -91,7 +92,8 @@ class ABDriver:
                     "%s, %s, batch %s: %.1f tok/s", variant.label, workload.name, batch, tok_s
                 )
         info = llm.engine.model_info
-        held = {"dtype": info.dtype, "weight_bytes": info.weight_bytes}
+        held = {"dtype": info.dtype, "quantization": info.quantization}
+        held["weight_bytes"] = info.weight_bytes
         draft = getattr(getattr(llm.engine, "worker", None), "draft_model", None)
         if draft is not None:
             held["draft_quantization"] = getattr(draft, "quantization", None)

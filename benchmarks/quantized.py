@@ -20,14 +20,17 @@ same on the bfloat16 VNNI path (pagestream_kernels/cpu/quantized_linear.cpp).
 
 from __future__ import annotations
 
-import dataclasses
-import gc
 import logging
 import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.ab_driver import ABDriver
+from benchmarks.ab_workload import ABWorkload
+from benchmarks.results import ratio
+from benchmarks.row import Row
+from benchmarks.variant import Variant
 from benchmarks.workload import BenchRequest
 
 logger = logging.getLogger(__name__)
@@ -78,79 +81,55 @@ def llama_quantized(source: Path, llama_quantize: str, file_type: str) -> Path:
     return out
 
 
-def _pagestream(model: str, requests: list[BenchRequest], name: str, **engine) -> tuple:
-    from benchmarks.offline import run_pagestream
-    from pagestream import LLM
+def variants(source: Path, files: list[Path], floats: str) -> list[Variant]:
+    """pagestream float32 on the de-quantized weights (the baseline), bfloat16 on them, and
+    each GGUF file with its blocks kept (dtype auto: a bfloat16 KV cache)."""
+    found = [
+        Variant(f"pagestream LLM.generate ({d}, de-quantized)", {"model": floats, "dtype": d})
+        for d in ("float32", "bfloat16")
+    ]
+    for path in files:
+        engine = {"model": str(path), "dtype": "auto", "quantization": "gguf"}
+        found.append(Variant(f"pagestream LLM.generate ({_label(path)} blocks)", engine))
+    return found
 
-    llm = LLM(model, **engine)
-    info = llm.engine.model_info
-    run = run_pagestream(llm, requests, name)
-    run.extra["quantization"], run.extra["weight_bytes"] = info.quantization, info.weight_bytes
-    run.extra.pop("kv_utilization", None)  # the throughput section reports it
-    del llm
-    gc.collect()
-    return run
+
+def _label(path: Path) -> str:
+    return path.stem.rsplit(".", 1)[-1]
 
 
-def _file_runs(path: Path, requests, options: QuantizedOptions, reference) -> tuple[list, dict]:
-    """pagestream and llama.cpp on one GGUF file, and their agreement with `reference`."""
-    from benchmarks.llamacpp import LlamaCppOptions, full_agreement, run_llamacpp
+def llamacpp_row(path: Path, requests, options: QuantizedOptions, baseline: list[dict]) -> dict:
+    """llama.cpp on one GGUF file (bfloat16 KV cache), a row against pagestream float32."""
+    from benchmarks.llamacpp import LlamaCppOptions, run_llamacpp
 
-    label = path.stem.rsplit(".", 1)[-1]
-    ours = _pagestream(
-        str(path),
-        requests,
-        f"pagestream LLM.generate ({label} blocks)",
-        quantization="gguf",
-        kv_cache_memory=options.kv_cache_memory,
-    )
     cpp_options = LlamaCppOptions(model=str(path), dtypes=("BF16",), seqs=(options.seqs,))
-    theirs, tokens = run_llamacpp(requests, path, "BF16", options.seqs, cpp_options)
-    theirs = dataclasses.replace(theirs, name=f"llama.cpp {label} ({options.seqs} seqs)")
-    agreement = {
-        ours.name: full_agreement(ours.name, ours.token_ids, reference),
-        theirs.name: full_agreement(theirs.name, tokens, reference),
-    }
-    return [ours, theirs], agreement
+    run, tokens = run_llamacpp(requests, path, "BF16", options.seqs, cpp_options)
+    timed = {"elapsed_s": run.elapsed_s, "output_tokens": run.output_tokens, "tpot_ms": None}
+    name = f"llama.cpp {_label(path)} ({options.seqs} seqs)"
+    row = Row.of(name, "default", None, [{**timed, "token_ids": tokens}], baseline, run.extra)
+    return row.as_dict()
 
 
 def run_quantized(requests: list[BenchRequest], options: QuantizedOptions) -> dict:
     from benchmarks.gguf_export import source_gguf
-    from benchmarks.llamacpp import full_agreement
     from services.worker.models.gguf_weights import dequantized_folder
 
     source = source_gguf(options.model)
-    floats = str(dequantized_folder(options.model))
-    reference_run, bf16_run = (
-        _pagestream(
-            floats,
-            requests,
-            f"pagestream LLM.generate ({dtype}, de-quantized)",
-            dtype=dtype,
-            kv_cache_memory=options.kv_cache_memory,
-        )
-        for dtype in ("float32", "bfloat16")
-    )
-    reference = reference_run.token_ids
     files = [source]
     quantize = options.llama_quantize or os.environ.get(QUANTIZE_ENV)
     if quantize:
         files.append(make_q8_0(source, quantize))
-    runs = [reference_run, bf16_run]
-    agreement = {bf16_run.name: full_agreement(bf16_run.name, bf16_run.token_ids, reference)}
-    for path in files:
-        file_runs, file_agreement = _file_runs(path, requests, options, reference)
-        runs += file_runs
-        agreement.update(file_agreement)
+    floats = str(dequantized_folder(options.model))
+    driver = ABDriver(
+        floats, [ABWorkload("default", requests)], 1, "float32", options.kv_cache_memory
+    )
+    runs = driver.run(variants(source, files, floats))
+    for row in runs:
+        row |= driver.engines[row["variant"]]  # dtype, quantization, weight_bytes
+    baseline = driver.found[(runs[0]["variant"], "default", None)]
+    theirs = [llamacpp_row(path, requests, options, baseline) for path in files]
     ratios = {
-        f"{ours.name} / {theirs.name}": round(
-            ours.output_tokens_per_s / theirs.output_tokens_per_s, 2
-        )
-        for ours, theirs in zip(runs[2::2], runs[3::2], strict=True)
+        f"{ours['variant']} / {cpp['variant']}": ratio(ours["output_tok_s"], cpp["output_tok_s"], 2)
+        for ours, cpp in zip(runs[2:], theirs, strict=True)
     }
-    return {
-        "runs": [r.as_dict() for r in runs],
-        "ratios": ratios,
-        "agreement": agreement,
-        "source_gguf": source.name,
-    }
+    return {"runs": runs + theirs, "ratios": ratios, "source_gguf": source.name}

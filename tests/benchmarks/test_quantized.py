@@ -35,23 +35,25 @@ def test_run_quantized_pairs_each_file_with_llamacpp(tiny_q8_0, monkeypatch):
     options = quantized.QuantizedOptions(str(tiny_q8_0), kv_cache_memory="16MiB", seqs=4)
     result = quantized.run_quantized(REQUESTS, options)
     assert calls == [("tiny.Q8_0.gguf", "BF16", 4)]
-    names = [run["name"] for run in result["runs"]]
+    names = [run["variant"] for run in result["runs"]]
     assert names == [
         "pagestream LLM.generate (float32, de-quantized)",
         "pagestream LLM.generate (bfloat16, de-quantized)",
         "pagestream LLM.generate (Q8_0 blocks)",
         "llama.cpp Q8_0 (4 seqs)",
     ]
-    ours = result["runs"][2]
+    reference, _, ours, theirs = result["runs"]
+    assert reference["equal_outputs"] == 2 and reference["vs_baseline"] == 1.0
     assert ours["quantization"] == "Q8_0" and ours["output_tokens"] == 11
+    assert ours["dtype"] in ("float32", "bfloat16") and ours["weight_bytes"] > 0
     assert "kv_utilization" not in ours
     ratio = result["ratios"]["pagestream LLM.generate (Q8_0 blocks) / llama.cpp Q8_0 (4 seqs)"]
-    assert ratio == pytest.approx(ours["output_tokens_per_s"] / 5.5, rel=0.01)
-    assert result["agreement"]["llama.cpp Q8_0 (4 seqs)"]["equal"] == 0
-    assert result["agreement"]["pagestream LLM.generate (Q8_0 blocks)"]["requests"] == 2
+    assert ratio == pytest.approx(ours["output_tok_s"] / 5.5, rel=0.01)
+    assert theirs["output_tok_s"] == 5.5 and theirs["equal_outputs"] == 0  # agrees with nothing
+    assert ours["requests"] == 2 and theirs["differing_outputs"] == 2
     lines = "\n".join(QUANTIZED.render(result))
-    assert "| llama.cpp Q8_0 (4 seqs) | 2.0 | 2 | 10 | 11 | 11 | 1.0 | 5.5 |" in lines
-    assert "source gguf tiny.Q8_0.gguf" in lines
+    assert "| variant | pagestream LLM.generate (float32, de-quantized) |" in lines
+    assert "| output tok/s |" in lines and "source gguf tiny.Q8_0.gguf" in lines
 
 
 def test_streaming_bytes_of_the_quantized_runs(tiny_q8_0):
