@@ -1,15 +1,16 @@
 """Time per output token at small batches: `pagestream bench latency`.
 
 One chat's speed, as a llama.cpp user compares it: a prompt of `prompt_len` tokens, then
-`output_len` greedy tokens (ignore_eos), batch 1, 4 and 16 copies of it, through
-`LLM.generate` in each dtype. The time per output token is the decode part alone:
-(time for output_len tokens - time for 1 token) / (output_len - 1), median of `rounds`.
+`output_len` greedy tokens (ignore_eos), batch 1, 4 and 16 copies of it, each dtype a variant
+on the A/B driver (benchmarks/ab_driver.py; float32 the baseline): its TPOT is the time per
+output token of the decode part alone (per request, first to last token over its tokens - 1),
+medians over `rounds` rounds that take turns.
 
-Beside it, in the same run: the weight-streaming limit (the bytes a decode step must read,
-every linear weight and the LM head once, over the read bandwidth measured here by summing
-a 1 GiB float32 tensor on the same threads) and, with the bench extra installed,
-llama.cpp at batch 1 on the same weights (F32 / BF16 GGUF files exported from the
-model's GGUF, benchmarks/gguf_export.py), threads and prompt, timed the same way.
+Beside it: the weight-streaming limit (the bytes a decode step must read, every linear weight
+and the LM head once, over the read bandwidth measured here by summing a 1 GiB float32
+tensor on the same threads) and, with the bench extra installed, llama.cpp at batch 1 on the
+same weights (F32 / BF16 GGUF files exported from the model's GGUF, benchmarks/gguf_export.py),
+threads and prompt, timed as (time for output_len tokens - time for 1) / (output_len - 1).
 
 Quantized runs beside the float ones: "gguf" runs the model's own GGUF file as it is (its
 Q4_1 / Q8_0 blocks, `quantization="gguf"`), and llama.cpp runs that very file; "int8" /
@@ -20,7 +21,6 @@ codes and scales of int8 / int4.
 
 from __future__ import annotations
 
-import gc
 import logging
 import statistics
 import time
@@ -28,9 +28,11 @@ from dataclasses import dataclass
 
 import torch
 
+from benchmarks.ab_driver import ABDriver
+from benchmarks.ab_workload import ABWorkload
 from benchmarks.micro import read_bandwidth_gb_s
-from benchmarks.offline import timed_generate
-from benchmarks.workload import BenchRequest, greedy_inputs
+from benchmarks.variant import Variant
+from benchmarks.workload import BenchRequest
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +45,7 @@ class LatencyOptions:
     model: str  # the model's name or path (llama.cpp's GGUF is exported from its GGUF)
     folder: str  # its resolved HF folder (what pagestream loads)
     kv_cache_memory: str
-    dtypes: tuple[str, ...] = ("gguf", "int8", "bfloat16", "float32")
+    dtypes: tuple[str, ...] = ("float32", "bfloat16", "int8", "gguf")  # the first: baseline
     batch_sizes: tuple[int, ...] = (1, 4, 16)
     prompt_len: int = 200
     output_len: int = 128
@@ -86,38 +88,20 @@ def _prompt(prompt_len: int) -> list[int]:
     return [1000 + (i * 37) % 20000 for i in range(prompt_len)]
 
 
-def _time_generate(llm, batch: int, prompt: list[int], tokens: int) -> float:
-    return timed_generate(llm, *greedy_inputs([BenchRequest(prompt, tokens)] * batch))[0]
-
-
 def _per_token_ms(full_s: float, first_s: float, output_len: int) -> float:
     return (full_s - first_s) / (output_len - 1) * 1e3
 
 
-def measure_pagestream(options: LatencyOptions, dtype: str) -> dict:
-    from pagestream import LLM
-
-    if dtype == "gguf":  # the model's own GGUF file, its blocks as they are
-        llm = LLM(options.model, quantization="gguf", kv_cache_memory=options.kv_cache_memory)
+def variant(dtype: str, options: LatencyOptions) -> Variant:
+    """A dtype's engine: the model's own GGUF file with its blocks kept, the float folder
+    quantized at load (int8 / int4) or in a dtype."""
+    if dtype == "gguf":
+        engine = {"model": options.model, "quantization": "gguf", "dtype": "auto"}
     elif dtype in QUANTIZED_RUNS:
-        llm = LLM(options.folder, quantization=dtype, kv_cache_memory=options.kv_cache_memory)
+        engine = {"quantization": dtype, "dtype": "auto"}
     else:
-        llm = LLM(options.folder, dtype=dtype, kv_cache_memory=options.kv_cache_memory)
-    prompt = _prompt(options.prompt_len)
-    _time_generate(llm, 1, prompt, 4)  # warm-up
-    result: dict = {"ms_per_token": {}, "ms_per_token_per_round": {}}
-    for batch in options.batch_sizes:
-        rounds = []
-        for _ in range(options.rounds):
-            first = _time_generate(llm, batch, prompt, 1)
-            full = _time_generate(llm, batch, prompt, options.output_len)
-            rounds.append(round(_per_token_ms(full, first, options.output_len), 2))
-        result["ms_per_token"][str(batch)] = statistics.median(rounds)
-        result["ms_per_token_per_round"][str(batch)] = rounds
-        logger.info("pagestream %s batch %d: %s ms/token", dtype, batch, rounds)
-    del llm
-    gc.collect()
-    return result
+        engine = {"dtype": dtype}
+    return Variant(dtype, engine, {"dtype": dtype})
 
 
 def measure_llamacpp(options: LatencyOptions, dtype: str) -> dict:
@@ -155,34 +139,40 @@ def measure_llamacpp(options: LatencyOptions, dtype: str) -> dict:
 
 
 def run_latency(options: LatencyOptions) -> dict:
-    """Every dtype through pagestream (and llama.cpp at batch 1), the streaming limit. The
-    read bandwidth of a shared machine drifts (31-57 GB/s seen within minutes on the 2-core
-    VM), so it is read before and after each dtype's runs and the limit takes the highest
-    reading: the fastest the weights could have been streamed during the run."""
+    """Every dtype through pagestream at each batch, llama.cpp at batch 1, the streaming
+    limit. The read bandwidth of a shared machine drifts (31-57 GB/s seen within minutes on
+    the 2-core VM), so it is read before and after pagestream's runs and each llama.cpp
+    run, and the limit takes the highest reading: the fastest the weights could have been
+    streamed during the run."""
     readings = [read_bandwidth_gb_s()]
+    prompt = BenchRequest(_prompt(options.prompt_len), options.output_len)
+    batches = options.batch_sizes
+    copies = ABWorkload("one prompt", [prompt] * max(batches), True, batches, num_requests=1)
+    memory = options.kv_cache_memory
+    driver = ABDriver(options.folder, [copies], options.rounds, "float32", memory, engine={})
+    runs = driver.run([variant(d, options) for d in options.dtypes])
+    readings.append(read_bandwidth_gb_s())
     part: dict = {
         "prompt_len": options.prompt_len,
         "output_len": options.output_len,
         "rounds": options.rounds,
         "threads": torch.get_num_threads(),
+        "runs": runs,
         "dtypes": {},
     }
+    batch1 = {r["variant"]: r["tpot_ms"] for r in runs if r["batch"] == min(batches)}
     for dtype in options.dtypes:
-        ours = measure_pagestream(options, dtype)
-        bytes_read = decode_bytes(options.folder, dtype, options.model)
-        entry: dict = {"pagestream": ours, "decode_bytes": bytes_read}
+        entry: dict = {"decode_bytes": decode_bytes(options.folder, dtype, options.model)}
         if options.llamacpp and (dtype in LLAMACPP_DTYPES or dtype == "gguf"):
             theirs = measure_llamacpp(options, dtype)
+            readings.append(read_bandwidth_gb_s())
             entry["llamacpp"] = theirs
-            entry["llamacpp_over_ours"] = round(
-                theirs["ms_per_token"] / ours["ms_per_token"]["1"], 2
-            )
-        readings.append(read_bandwidth_gb_s())
+            entry["llamacpp_over_ours"] = round(theirs["ms_per_token"] / batch1[dtype], 2)
         part["dtypes"][dtype] = entry
     bandwidth = max(readings)
     part["read_gb_s"] = [round(r, 1) for r in readings]
-    for entry in part["dtypes"].values():
+    for dtype, entry in part["dtypes"].items():
         limit_ms = entry["decode_bytes"] / (bandwidth * 1e9) * 1e3
         entry["streaming_limit_ms"] = round(limit_ms, 2)
-        entry["batch1_over_limit"] = round(entry["pagestream"]["ms_per_token"]["1"] / limit_ms, 2)
+        entry["batch1_over_limit"] = round(batch1[dtype] / limit_ms, 2)
     return part

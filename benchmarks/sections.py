@@ -397,12 +397,15 @@ PRECISION = SectionReport(
 LATENCY = SectionReport(
     "Time per output token at small batches (CPU)",
     "pagestream bench latency",
-    "A prompt, then greedy tokens, batch 1 / 4 / 16 copies of it; ms per output token = "
-    "(time for all - time for one) / (output_len - 1), median of the rounds. The streaming "
-    "limit: the bytes a decode step reads (every linear weight and the LM head) over the "
-    "highest read bandwidth measured in the run (read gb/s: summing 1 GiB, before and after "
-    "each dtype). llama.cpp: batch 1 on the same weights (F32 / BF16 GGUF files, the GGUF "
-    "file itself for gguf), same threads and prompt.",
+    "A prompt, then greedy tokens (ignore_eos), batch 1 / 4 / 16 copies of it, each dtype a "
+    "variant taking turns over the rounds: TPOT is the decode part alone (results written "
+    "before the A/B driver: ms per token = (time for all - time for one) / (output_len - "
+    "1)), medians of the rounds. The streaming limit: the bytes a decode step reads (every "
+    "linear weight and the LM head) over the highest read bandwidth measured in the run "
+    "(read gb/s: summing 1 GiB). llama.cpp: batch 1 on the same weights (F32 / BF16 GGUF "
+    "files, the GGUF file itself for gguf), same threads and prompt, timed (all - one) / "
+    "(output_len - 1).",
+    group_by={"runs": "batch"},
 )
 SERVE_PEER = SectionReport(
     "Served side by side with llama-server (CPU)",

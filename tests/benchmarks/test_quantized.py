@@ -1,4 +1,4 @@
-"""benchmarks/quantized.py and its report on a tiny GGUF model: pagestream runs the file's
+"""benchmarks/quantized.py and latency.py on tiny models: pagestream runs the file's
 blocks and the de-quantized float32 reference, the agreement counts equal requests, and the
 ratios pair each file's pagestream run with its llama.cpp run. llama.cpp itself (the bench
 extra, not installed in CI) is replaced by a stand-in that returns chosen tokens; the real
@@ -65,3 +65,20 @@ def test_streaming_bytes_of_the_quantized_runs(tiny_q8_0):
     assert latency.decode_bytes(folder, "gguf", str(tiny_q8_0)) == sum(
         int(t.n_bytes) for t in matrices
     )
+
+
+def test_latency_runs_each_dtype_at_each_batch_on_the_driver(model_dir, monkeypatch):
+    monkeypatch.setattr(latency, "read_bandwidth_gb_s", lambda: 10.0)
+    monkeypatch.setattr(latency, "_prompt", lambda n: [5 + i % 97 for i in range(n)])  # tiny
+    folder = str(model_dir("llama"))
+    options = latency.LatencyOptions(
+        folder, folder, "16MiB", ("float32", "bfloat16"), (1, 2), 8, 4, 1, llamacpp=False
+    )
+    part = latency.run_latency(options)
+    seen = [(r["variant"], r["batch"], r["requests"]) for r in part["runs"]]
+    assert seen == [("float32", 1, 1), ("bfloat16", 1, 1), ("float32", 2, 2), ("bfloat16", 2, 2)]
+    assert all(r["tpot_ms"] > 0 and r["output_tokens"] == 4 * r["batch"] for r in part["runs"])
+    assert part["read_gb_s"] == [10.0, 10.0] and "llamacpp" not in part["dtypes"]["float32"]
+    fp32 = part["dtypes"]["float32"]
+    assert fp32["streaming_limit_ms"] == round(fp32["decode_bytes"] / 10e9 * 1e3, 2)
+    assert fp32["batch1_over_limit"] > 0
