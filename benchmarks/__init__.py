@@ -1,17 +1,19 @@
 """Benchmarks of pagestream side by side with its peers (HF transformers, llama.cpp through
 llama-cpp-python and llama-server), all behind `pagestream bench` (benchmarks/cli.py):
 
-- sections.py: every section of the report (what runs it, where its results go, what
-  renders it); cli.py parses the command line and runs them, or one of its TOOLS;
+- sections.py: every section of the report (what runs it, where its results go, its
+  SectionReport); cli.py parses the command line and runs them, or one of its TOOLS;
 - workload.py: the seeded requests; results.py: the results model (RunResult, percentiles,
-  ratios, agreement, the machine, results.json); report.py: the one report writer
-  (report_<section>.py render each section, plots.py its figures, markdown.py the tables);
-- the drivers, one per kind of workload: offline.py (`LLM.generate`), serving.py with
-  server_process.py and load_clients.py (servers under load over HTTP / gRPC), micro.py
-  (interleaved timed calls); the peers: hf_baselines.py, llamacpp.py, serve_peer.py
-  (llama-server), gguf_export.py (their weights);
-- what each section measures with them: throughput.py, memory.py, parallel.py,
-  routing.py, structured.py, precision.py, latency.py, quantized.py, and the tools.
+  ratios, agreement, the machine, results.json); report.py: the one report writer, every
+  section rendered by section_report.py's SectionReport (old records through
+  migration.py), plots.py its figures, markdown.py the tables;
+- the drivers: ab_driver.py, the one offline A/B driver (Variants over ABWorkloads, Rows of
+  one schema: speculative, lora, precision, quantized, latency), offline.py (`LLM.generate`
+  timed), serving.py with server_process.py and load_clients.py (servers under load over
+  HTTP / gRPC), micro.py (interleaved timed calls); the peers: hf_baselines.py,
+  llamacpp.py, serve_peer.py (llama-server), gguf_export.py (their weights);
+- what the other sections measure with them: throughput.py, memory.py, parallel.py,
+  routing.py, structured.py, embeddings.py, and the tools.
 
 Run modules as `python -m benchmarks.<name>` from the repository root (a script run as
 `python benchmarks/<name>.py` puts benchmarks/ first on sys.path, where kernels.py would

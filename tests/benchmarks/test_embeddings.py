@@ -23,7 +23,7 @@ from benchmarks.embeddings import (
     hf_embed,
     run_encoders,
 )
-from benchmarks.sections import EMBED, ENCODER
+from benchmarks.reports import EMBED, ENCODER
 from tests.worker.conftest import isolated_model_cache
 
 

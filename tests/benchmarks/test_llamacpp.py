@@ -24,8 +24,8 @@ from benchmarks.llamacpp import (
     check_requests,
     import_llama_cpp,
 )
+from benchmarks.reports import THROUGHPUT
 from benchmarks.results import RunResult
-from benchmarks.sections import THROUGHPUT
 from benchmarks.throughput import ThroughputOptions, _llamacpp_ratios, run_throughput
 from benchmarks.workload import BenchRequest
 

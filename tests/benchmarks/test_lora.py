@@ -20,7 +20,7 @@ from benchmarks.lora import (
     configurations,
 )
 from benchmarks.lora_adapters import STAMP, adapter_folders
-from benchmarks.sections import LORA
+from benchmarks.reports import LORA
 from benchmarks.workload import PROFILES
 
 LABELS = [

@@ -8,8 +8,8 @@ import argparse
 import json
 
 from benchmarks.cli import add_bench_parser, run_bench
+from benchmarks.reports import PRECISION
 from benchmarks.results import agreement, first_difference
-from benchmarks.sections import PRECISION
 
 
 def test_first_difference_and_agreement():

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import latency, quantized
+from benchmarks.reports import QUANTIZED
 from benchmarks.results import RunResult
-from benchmarks.sections import QUANTIZED
 from benchmarks.workload import BenchRequest
 from tests.worker.test_quantized_models import tiny_gguf_file
 

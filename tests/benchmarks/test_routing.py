@@ -12,6 +12,7 @@ import json
 import pytest
 
 from benchmarks.cli import add_bench_parser, run_bench
+from benchmarks.reports import ROUTING
 from benchmarks.routing import (
     POLICIES,
     ROUTING_PROFILES,
@@ -19,7 +20,6 @@ from benchmarks.routing import (
     conversation_workload,
     kv_cache_plan,
 )
-from benchmarks.sections import ROUTING
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -2,7 +2,7 @@
 the prompts (distinct, seeded, clear of special ids) -- without starting any server."""
 
 from benchmarks.load_clients import RequestRecord
-from benchmarks.sections import SERVE_PEER
+from benchmarks.reports import SERVE_PEER
 from benchmarks.serve_peer import (
     ServePeerOptions,
     make_requests,

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from benchmarks.cli import add_bench_parser, run_bench
-from benchmarks.sections import SPECULATIVE
+from benchmarks.reports import SPECULATIVE
 from benchmarks.speculative import (
     NO_SPECULATION,
     SPECULATIVE_PROFILES,

@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks.cli import add_bench_parser, run_bench
 from benchmarks.grammar_timing import FILLS, LARK, REGEXES
-from benchmarks.sections import STRUCTURED
+from benchmarks.reports import STRUCTURED
 from benchmarks.structured import (
     STRUCTURED_PROFILES,
     VARIANTS,
