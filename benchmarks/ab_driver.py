@@ -82,25 +82,20 @@ class ABDriver:
         appended to found[(label, workload, batch)]. Returns what the engine held."""
         kwargs = {"model": self.model, "dtype": self.dtype, **self.engine, **variant.engine}
         llm = make_llm(kv_cache_memory=self.kv_cache_memory, **kwargs)
-        self._warm_up(llm, variant)
-        for workload in filter(variant.runs, self.workloads):
-            for batch in variant.batches_of(workload):
-                run = self.measure(llm, variant, workload, batch)
-                found.setdefault((variant.label, workload.name, batch), []).append(run)
-                tok_s = run["output_tokens"] / run["elapsed_s"]
-                logger.info(
-                    "%s, %s, batch %s: %.1f tok/s", variant.label, workload.name, batch, tok_s
-                )
-        info = llm.engine.model_info
-        held = {"dtype": info.dtype, "quantization": info.quantization}
-        held["weight_bytes"] = info.weight_bytes
-        draft = getattr(getattr(llm.engine, "worker", None), "draft_model", None)
-        if draft is not None:
-            held["draft_quantization"] = getattr(draft, "quantization", None)
-            held["draft_weight_bytes"] = getattr(draft, "weight_bytes", None)
-        del llm
-        gc.collect()
-        return held
+        try:
+            self._warm_up(llm, variant)
+            for workload in filter(variant.runs, self.workloads):
+                for batch in variant.batches_of(workload):
+                    run = self.measure(llm, variant, workload, batch)
+                    found.setdefault((variant.label, workload.name, batch), []).append(run)
+                    tok_s = run["output_tokens"] / run["elapsed_s"]
+                    logger.info("%s, %s, batch %s: %.1f tok/s", variant.label, workload.name,
+                                batch, tok_s)  # fmt: skip
+            return _held(llm.engine)
+        finally:
+            llm.engine.close()  # its worker processes too, before the next engine starts
+            del llm
+            gc.collect()
 
     def _warm_up(self, llm, variant: Variant) -> None:
         """The first calls, at one request and at the largest batch with every adapter (short
@@ -139,3 +134,15 @@ class ABDriver:
         if self.probe is not None:
             run["counts"] = self.probe.counted(before, self.probe.snapshot(llm))
         return run
+
+
+def _held(engine) -> dict:
+    """What an engine held: its dtype, quantization and weight bytes (its draft's too)."""
+    info = engine.model_info
+    held = {"dtype": info.dtype, "quantization": info.quantization}
+    held["weight_bytes"] = info.weight_bytes
+    draft = getattr(getattr(engine, "worker", None), "draft_model", None)
+    if draft is not None:
+        held["draft_quantization"] = getattr(draft, "quantization", None)
+        held["draft_weight_bytes"] = getattr(draft, "weight_bytes", None)
+    return held
