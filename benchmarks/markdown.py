@@ -4,26 +4,11 @@ every figure)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 
 def table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join("—" if c is None else str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
-
-
-def columns(items, cells: dict[str, str | Callable]) -> str:
-    """A table of a row per item: each header's cell is a function of the item, or its
-    value under a key ("ttft_ms.p50": item["ttft_ms"]["p50"]; None where it is missing)."""
-    rows = [[c(item) if callable(c) else _at(item, c) for c in cells.values()] for item in items]
-    return table(list(cells), rows)
-
-
-def _at(item: dict, path: str):
-    for key in path.split("."):
-        item = item.get(key) if isinstance(item, dict) else None
-    return item
 
 
 def measured(part: dict, default_command: str, details: str | None = None) -> str:
