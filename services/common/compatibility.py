@@ -10,7 +10,7 @@ Each rule is one entry of RULES / MODEL_RULES: a predicate and the message that 
 flags. `args` is anything with EngineArgs' fields (the scheduler role passes its own). What
 only a loaded model can tell (a transformers-fallback architecture with quantization or
 LoRA, a draft model's vocabulary) is refused where the model loads; what one request asks
-(n > 1 on a pooling model) where it is admitted.
+(a pooling request of a generate engine) where it is admitted.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Pooling across the process boundaries serve uses: the engine core in a child process
-(engine.proto carries the pooled state) over a worker in a process of its own
-(worker.proto carries each step's parts); the results equal HF AutoModel's."""
+(engine.proto carries the pooled vector) over a worker in a process of its own
+(worker.proto carries the final vector of the step that ends the prompt); the results
+equal HF AutoModel's."""
 
 from __future__ import annotations
 
