@@ -6,14 +6,10 @@ sentence-transformers, llama-server's comparison marked absent."""
 
 from __future__ import annotations
 
-import argparse
-import json
-
 import numpy as np
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from benchmarks.cli import add_bench_parser, run_bench
 from benchmarks.embeddings import (
     ENCODER_PROFILES,
     HF,
@@ -24,6 +20,7 @@ from benchmarks.embeddings import (
     run_encoders,
 )
 from benchmarks.reports import EMBED, ENCODER
+from tests.benchmarks.bench import assert_tables, bench, report
 from tests.worker.conftest import isolated_model_cache
 
 
@@ -37,12 +34,8 @@ def test_hf_padded_batches_equal_one_at_a_time(model_dir):
 
 
 def test_bench_embed_smoke(model_dir, tmp_path):
-    parser = argparse.ArgumentParser()
-    add_bench_parser(parser.add_subparsers(dest="command"))
-    argv = ["bench", "embed", "--profile", "smoke", "--model", str(model_dir("llama"))]
-    argv += ["--docs-dir", str(tmp_path), "--kv-cache-memory", "16MiB"]
-    assert run_bench(parser.parse_args(argv)) == 0
-    results = json.loads((tmp_path / "benchmarks" / "results.json").read_text())
+    argv = ["embed", "--profile", "smoke", "--model", str(model_dir("llama"))]
+    results = bench(tmp_path, *argv, "--kv-cache-memory", "16MiB")
     part = results["embed"]["offline"]
     assert "pagestream bench embed --profile smoke" in part["meta"]["command"]
     labels = [r["config"] for r in part["runs"]]
@@ -59,11 +52,8 @@ def test_bench_embed_smoke(model_dir, tmp_path):
     assert by_label[f"{HF}, batch 4"]["cosine_min"] > 0.9999  # padding changes nothing
     assert by_label["pagestream float32"]["single_ms"] > 0
     assert part["inputs"]["count"] == 8
-    text = (tmp_path / "benchmarks.md").read_text()
+    text = report(tmp_path)
     assert text.count(f"## {EMBED.heading}\n") == 1
-    for line in text.splitlines():
-        if line.startswith("|") and not line.startswith("|---"):
-            assert line.endswith("|") and "None" not in line, line
 
 
 def test_encoder_mode_tiny(tmp_path, monkeypatch):
@@ -87,6 +77,4 @@ def test_encoder_mode_tiny(tmp_path, monkeypatch):
     lines = ENCODER.render({**part, "meta": {}})
     assert lines[0] == f"## {ENCODER.heading}" and "### shapes: tiny" in lines
     assert any("llama server: error not run (--no-llamacpp)" in line for line in lines)
-    for line in "\n".join(lines).splitlines():
-        if line.startswith("|"):
-            assert "None" not in line, line
+    assert_tables("\n".join(lines))

@@ -8,7 +8,6 @@ workload (64 of 64 equal on the default model), in the report."""
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import sys
 import types
@@ -16,7 +15,7 @@ import types
 import pytest
 
 from benchmarks import llamacpp
-from benchmarks.cli import add_bench_parser, run_bench
+from benchmarks.cli import run_bench
 from benchmarks.llamacpp import (
     LlamaCppEngine,
     LlamaCppOptions,
@@ -28,6 +27,7 @@ from benchmarks.reports import THROUGHPUT
 from benchmarks.results import RunResult
 from benchmarks.throughput import ThroughputOptions, _llamacpp_ratios, run_throughput
 from benchmarks.workload import BenchRequest
+from tests.benchmarks.bench import bench_args
 
 VOCAB = 97
 
@@ -121,12 +121,8 @@ def test_missing_llama_cpp_names_the_extra_before_anything_runs(monkeypatch, mod
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails as if not installed
     with pytest.raises(RuntimeError, match=r"pip install 'pagestream\[bench\]'"):
         import_llama_cpp()
-    parser = argparse.ArgumentParser()
-    add_bench_parser(parser.add_subparsers(dest="command"))
-    argv = ["bench", "throughput", "--llamacpp", "--profile", "smoke", "--no-hf"]
-    args = parser.parse_args(
-        [*argv, "--model", str(model_dir("llama")), "--docs-dir", str(tmp_path)]
-    )
+    argv = ["throughput", "--llamacpp", "--profile", "smoke", "--no-hf"]
+    args = bench_args(tmp_path, *argv, "--model", str(model_dir("llama")))
     with pytest.raises(SystemExit, match=r"pagestream\[bench\]"):
         run_bench(args)
     assert not (tmp_path / "benchmarks" / "results.json").exists()

@@ -4,12 +4,9 @@ section once, however often the benchmark runs."""
 
 from __future__ import annotations
 
-import argparse
-import json
-
-from benchmarks.cli import add_bench_parser, run_bench
 from benchmarks.reports import PRECISION
 from benchmarks.results import agreement, first_difference
+from tests.benchmarks.bench import bench
 
 
 def test_first_difference_and_agreement():
@@ -26,15 +23,9 @@ def test_first_difference_and_agreement():
 
 
 def test_bench_precision_smoke(model_dir, tmp_path):
-    parser = argparse.ArgumentParser()
-    add_bench_parser(parser.add_subparsers(dest="command"))
-    model = str(model_dir("llama"))
-    argv = ["bench", "precision", "--profile", "smoke", "--model", model]
-    argv += ["--docs-dir", str(tmp_path), "--num-requests", "6", "--kv-cache-memory", "16MiB"]
-    args = parser.parse_args(argv)
-    assert run_bench(args) == 0
-    assert run_bench(args) == 0  # a second run replaces the section
-    part = json.loads((tmp_path / "benchmarks" / "results.json").read_text())["precision"]
+    argv = ["precision", "--profile", "smoke", "--model", str(model_dir("llama"))]
+    argv += ["--num-requests", "6", "--kv-cache-memory", "16MiB"]
+    part = bench(tmp_path, *argv, times=2)["precision"]  # a second run replaces the section
     offline = part["offline"]
     assert offline["requests"] == 6 and offline["rounds"] == 2
     fp32, bf16 = offline["runs"]

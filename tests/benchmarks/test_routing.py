@@ -6,12 +6,8 @@ round_robin can match its hit rate but never beat it."""
 
 from __future__ import annotations
 
-import argparse
-import json
-
 import pytest
 
-from benchmarks.cli import add_bench_parser, run_bench
 from benchmarks.reports import ROUTING
 from benchmarks.routing import (
     POLICIES,
@@ -20,6 +16,7 @@ from benchmarks.routing import (
     conversation_workload,
     kv_cache_plan,
 )
+from tests.benchmarks.bench import bench, report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -27,13 +24,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def routing_run(model_dir, tmp_path_factory):
     docs = tmp_path_factory.mktemp("docs-routing")
-    parser = argparse.ArgumentParser()
-    add_bench_parser(parser.add_subparsers(dest="command"))
-    model = str(model_dir("llama"))
-    argv = ["bench", "routing", "--profile", "smoke", "--model", model, "--docs-dir", str(docs)]
-    assert run_bench(parser.parse_args(argv)) == 0
-    results = json.loads((docs / "benchmarks" / "results.json").read_text())
-    return docs, results
+    return docs, bench(docs, "routing", "--profile", "smoke", "--model", str(model_dir("llama")))
 
 
 def test_conversations_share_their_system_prompt_only(model_dir):
@@ -109,11 +100,8 @@ def test_cache_aware_hits_at_least_as_often_as_round_robin(routing_run):
 
 def test_routing_report_section_and_plot(routing_run):
     docs, _ = routing_run
-    text = (docs / "benchmarks.md").read_text()
+    text = report(docs)
     assert text.count(f"## {ROUTING.heading}\n") == 1 and "### summary" in text
     assert "`pagestream bench routing --profile smoke" in text
     assert "](benchmarks/routing.png)" in text
     assert (docs / "benchmarks" / "routing.png").read_bytes().startswith(PNG_MAGIC)
-    for line in text.splitlines():
-        if line.startswith("|") and not line.startswith("|---"):
-            assert line.endswith("|") and "None" not in line, line

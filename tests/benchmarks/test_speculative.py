@@ -5,12 +5,8 @@ choice on their own."""
 
 from __future__ import annotations
 
-import argparse
-import json
-
 import pytest
 
-from benchmarks.cli import add_bench_parser, run_bench
 from benchmarks.reports import SPECULATIVE
 from benchmarks.speculative import (
     NO_SPECULATION,
@@ -25,6 +21,7 @@ from benchmarks.speculative import (
 from benchmarks.token_clock import TokenClock
 from benchmarks.workload import PROFILES
 from services.common.engine_output import SchedulerStats
+from tests.benchmarks.bench import bench, report
 
 
 def _options(**changes) -> SpeculativeOptions:
@@ -102,18 +99,10 @@ def test_counters_and_clock():
     assert clock.tpot_ms() == pytest.approx([100.0, 0.0])  # b: 2 tokens in one step
 
 
-def _run(tmp_path, model: str, *extra: str) -> dict:
-    parser = argparse.ArgumentParser()
-    add_bench_parser(parser.add_subparsers(dest="command"))
-    argv = ["bench", "speculative", "--profile", "smoke", "--model", model]
-    argv += ["--docs-dir", str(tmp_path), "--kv-cache-memory", "16MiB", *extra]
-    assert run_bench(parser.parse_args(argv)) == 0
-    return json.loads((tmp_path / "benchmarks" / "results.json").read_text())
-
-
 def test_bench_speculative_smoke(model_dir, tmp_path):
     model = str(model_dir("llama"))
-    results = _run(tmp_path, model, "--batches", "1,32", "--ks", "2", "--draft", "none")
+    argv = ["speculative", "--profile", "smoke", "--model", model, "--kv-cache-memory", "16MiB"]
+    results = bench(tmp_path, *argv, "--batches", "1,32", "--ks", "2", "--draft", "none")
     assert "meta" not in results  # the other sections' meta is left alone
     part = results["speculative"]["offline"]
     assert "pagestream bench speculative --profile smoke" in part["meta"]["command"]
@@ -140,8 +129,5 @@ def test_bench_speculative_smoke(model_dir, tmp_path):
     for workload in ("copy", "default"):  # batch 32 at the default 32: proposals stop
         on, default = (by_key[workload, 32, label] for label in (forced[2], defaults[1]))
         assert on["num_drafts"] > default["num_drafts"]
-    text = (tmp_path / "benchmarks.md").read_text()
+    text = report(tmp_path)
     assert text.count(f"## {SPECULATIVE.heading}\n") == 1 and "### runs: workload copy" in text
-    for line in text.splitlines():
-        if line.startswith("|") and not line.startswith("|---"):
-            assert line.endswith("|") and "None" not in line, line

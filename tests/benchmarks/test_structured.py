@@ -5,12 +5,8 @@ the report gets its section (once, however often it runs) and its plot."""
 
 from __future__ import annotations
 
-import argparse
-import json
-
 import pytest
 
-from benchmarks.cli import add_bench_parser, run_bench
 from benchmarks.grammar_timing import FILLS, LARK, REGEXES
 from benchmarks.reports import STRUCTURED
 from benchmarks.structured import (
@@ -19,6 +15,7 @@ from benchmarks.structured import (
     round_order,
     valid_record,
 )
+from tests.benchmarks.bench import bench, report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PROFILE = STRUCTURED_PROFILES["smoke"]
@@ -27,14 +24,8 @@ PROFILE = STRUCTURED_PROFILES["smoke"]
 @pytest.fixture(scope="module")
 def structured_run(model_dir, tmp_path_factory):
     docs = tmp_path_factory.mktemp("docs-structured")
-    parser = argparse.ArgumentParser()
-    add_bench_parser(parser.add_subparsers(dest="command"))
-    model = str(model_dir("llama"))
-    argv = ["bench", "structured", "--profile", "smoke", "--model", model, "--docs-dir", str(docs)]
-    args = parser.parse_args(argv)
-    assert run_bench(args) == 0
-    assert run_bench(args) == 0  # a second run replaces the section, never duplicates it
-    results = json.loads((docs / "benchmarks" / "results.json").read_text())
+    argv = ["structured", "--profile", "smoke", "--model", str(model_dir("llama"))]
+    results = bench(docs, *argv, times=2)  # a second run replaces the section
     return docs, results
 
 
@@ -110,11 +101,8 @@ def test_compile_and_mask_fill_recorded(structured_run):
 
 def test_structured_report_section_and_plot(structured_run):
     docs, _ = structured_run
-    text = (docs / "benchmarks.md").read_text()
+    text = report(docs)
     assert text.count(f"## {STRUCTURED.heading}\n") == 1
     assert "`pagestream bench structured --profile smoke" in text
     assert "](benchmarks/structured.png)" in text and "](../" not in text
     assert (docs / "benchmarks" / "structured.png").read_bytes().startswith(PNG_MAGIC)
-    for line in text.splitlines():
-        if line.startswith("|") and not line.startswith("|---"):
-            assert line.endswith("|") and "None" not in line, line
