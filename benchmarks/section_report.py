@@ -82,8 +82,9 @@ class SectionReport:
     def _table(self, path: tuple[str, ...], rows: list[dict]) -> list[str]:
         by = self.group_by.get(path[-1])
         groups = {}
-        for row in rows:
-            groups.setdefault(row.get(by) if by else None, []).append(row)
+        for row in rows:  # a table per value of `by`, the value in its title
+            rest = {k: v for k, v in row.items() if k != by}
+            groups.setdefault(row.get(by) if by else None, []).append(rest)
         out = []
         for name, group in groups.items():
             title = " · ".join(map(words, path)) + (f": {by} {name}" if name else "")

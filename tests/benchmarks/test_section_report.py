@@ -97,7 +97,7 @@ def test_a_part_renders_facts_tables_groups_and_turned_tables():
     assert lines[:3] == ["## A feature", "", "Words."]
     assert "- figures: rounds 2; empty —" in text and "- draft: file d.gguf; size —" in text
     assert '```json\n{"type": "object"}\n```' in text
-    assert "### runs: batch 1" in text and "| b | 4 | 40.0 |" in text
+    assert "### runs: batch 4" in text and "| b | 40.0 |" in text  # batch: in the title
     assert "| engines | x | y |" in text and "| k19 | 19 | 19 |" in text  # on its side
     assert "| servers |  | tok/s |" in text and "| s | 4 | 5 |" in text
     assert words("output_tok_s_per_round") == "output tok/s per round"
