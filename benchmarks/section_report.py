@@ -93,12 +93,17 @@ class SectionReport:
 
 
 def _is_rows(value) -> bool:
-    """A list of records, or a mapping of two or more records (a record per key)."""
+    """A list of records, or a mapping of two or more records (a record per key; mappings of
+    records of one shape, each a group of rows)."""
     if isinstance(value, list):
         return bool(value) and all(isinstance(v, dict) for v in value)
-    if isinstance(value, dict):
-        return len(value) > 1 and all(isinstance(v, dict) for v in value.values())
-    return False
+    if not isinstance(value, dict) or len(value) < 2:
+        return False
+    if not all(isinstance(v, dict) for v in value.values()):
+        return False
+    groups = [v for v in value.values() if v and all(isinstance(r, dict) for r in v.values())]
+    shapes = {frozenset(next(iter(g.values()))) for g in groups}
+    return not groups or (len(groups) == len(value) and len(shapes) == 1)
 
 
 def _has_rows(record: dict) -> bool:

@@ -91,6 +91,7 @@ def test_a_part_renders_facts_tables_groups_and_turned_tables():
         "engines": {"x": wide, "y": wide},
         "servers": {"s": {"1": {"tok_s": 3}, "4": {"tok_s": 5}}, "t": {"1": {"tok_s": 4}}},
         "empty": [],
+        "summary": {"variants": {"a": {"x": 1}, "b": {"x": 2}}, "ratios": {"a": {"y": 3}}},
     }
     lines = report.render(part)
     text = "\n".join(lines)
@@ -100,5 +101,7 @@ def test_a_part_renders_facts_tables_groups_and_turned_tables():
     assert "### runs: batch 4" in text and "| b | 40.0 |" in text  # batch: in the title
     assert "| engines | x | y |" in text and "| k19 | 19 | 19 |" in text  # on its side
     assert "| servers |  | tok/s |" in text and "| s | 4 | 5 |" in text
+    assert "summary · variants:" in text and "| b | 2 |" in text  # groups of other shapes
+    assert "- summary · ratios · a: y 3" in text
     assert words("output_tok_s_per_round") == "output tok/s per round"
     assert words("tpot_vs_baseline") == "tpot x vs baseline"
