@@ -34,7 +34,7 @@ class PoolingState:
             return None  # only the last row counts (a prefix hit may skip the others)
         if first != self.num_read:
             return (
-                f"its {kind} pooled state has read prompt positions 0..{self.num_read - 1}, "
+                f"its {kind} pooled state expects prompt position {self.num_read} next, "
                 f"but this step's chunk starts at position {first}"
             )
         if kind == "MEAN":

@@ -110,8 +110,8 @@ def test_a_pooling_request_preempted_mid_prompt_gives_the_same_vector(model_dir,
 
 
 def test_a_pooling_request_aborted_mid_prompt_leaves_no_state_behind(model_dir):
-    """Its partial sums go with it on the worker (dropped with the next plan): the same id
-    again pools from scratch, not on top of them."""
+    """Its partial sums go with it on the worker (its slot is dropped with the next plan,
+    whichever request that plan runs): the same id again pools from scratch."""
     folder = model_dir("llama")
     llm = _mean_llm(folder, kv_cache_memory="8MiB", max_num_batched_tokens=4)
     try:
@@ -123,6 +123,11 @@ def test_a_pooling_request_aborted_mid_prompt_leaves_no_state_behind(model_dir):
         engine.abort_request(["p"])
         aborted = run_until_done(engine)["p"]
         assert aborted.outputs is None and "abort" in aborted.error
+        assert "p" in engine.worker.runner.input_batch  # no plan has run since the abort
+        engine.add_request("q", {"prompt_token_ids": PROMPTS[1]}, ENCODE)
+        engine.step()  # the next plan carries the abort to the worker
+        assert "p" not in engine.worker.runner.input_batch  # its slot and state are gone
+        run_until_done(engine)
         again, _ = _encode_with_id(engine, "p", PROMPTS[0])
     finally:
         llm.engine.close()
