@@ -46,7 +46,6 @@ import json
 import logging
 import statistics
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -407,27 +406,14 @@ def encoder_folder(name: str) -> Path:
     return out
 
 
-# llama.cpp's converter, told the pre-tokenizer's name (WordPiece has none to tell, but the
-# converter recognises a tokenizer by hashing its output, and this vocabulary is unknown).
-_CONVERT = """
-import runpy, sys
-llama, folder, out = sys.argv[1:4]
-sys.path[:0] = [llama, llama + "/gguf-py"]
-from conversion import base
-base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "bert-bge"
-sys.argv = ["convert_hf_to_gguf.py", folder, "--outtype", "f32", "--outfile", out]
-runpy.run_path(llama + "/convert_hf_to_gguf.py", run_name="__main__")
-"""
-
-
 def encoder_gguf(folder: Path) -> Path:
     """The folder's F32 GGUF file by llama.cpp's own converter ($LLAMA_CPP_DIR), made once."""
-    from benchmarks.full_size import llama_cpp_dir
+    from benchmarks.full_size import converter_command
 
     out = folder.with_name(f"{folder.name}.f32.gguf")
     if not out.is_file():
         tmp = out.with_name(out.name + ".tmp")
-        command = [sys.executable, "-c", _CONVERT, str(llama_cpp_dir()), str(folder), str(tmp)]
+        command = converter_command(folder, tmp, "f32", "bert-bge")
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(f"convert_hf_to_gguf.py failed: {done.stderr[-2000:]}")

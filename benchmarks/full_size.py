@@ -366,17 +366,24 @@ def llama_cpp_dir() -> Path:
 
 
 # llama.cpp's converter, told the pre-tokenizer's name: it recognises a tokenizer by hashing
-# its output on a test text, and the default tokenizer as the GGUF conversion rebuilds it is
-# not among the hashes it knows (the pre-tokenizer changes no shape, size or speed).
+# its output on a test text, and neither the default tokenizer as the GGUF conversion
+# rebuilds it nor the encoders' WordPiece vocabulary (benchmarks/embeddings.py) is among the
+# hashes it knows (the pre-tokenizer changes no shape, size or speed).
 _CONVERT = """
 import runpy, sys
-llama, folder, out = sys.argv[1:4]
+llama, folder, out, outtype, pre = sys.argv[1:6]
 sys.path[:0] = [llama, llama + "/gguf-py"]
 from conversion import base
-base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "smollm"
-sys.argv = ["convert_hf_to_gguf.py", folder, "--outtype", "q8_0", "--outfile", out]
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
+sys.argv = ["convert_hf_to_gguf.py", folder, "--outtype", outtype, "--outfile", out]
 runpy.run_path(llama + "/convert_hf_to_gguf.py", run_name="__main__")
 """
+
+
+def converter_command(folder: Path, out: Path, outtype: str, pre: str) -> list[str]:
+    """llama.cpp's convert_hf_to_gguf.py ($LLAMA_CPP_DIR) on `folder`, told `pre`."""
+    paths = (llama_cpp_dir(), folder, out)
+    return [sys.executable, "-c", _CONVERT, *map(str, paths), outtype, pre]
 
 
 def gguf_file(name: str, quant: str = "Q4_K_M", seed: int = 0) -> Path:
@@ -389,7 +396,7 @@ def gguf_file(name: str, quant: str = "Q4_K_M", seed: int = 0) -> Path:
     tmp = out.with_name(out.name + ".tmp")
     if quant == "Q8_0":
         folder = hf_folder(name, seed)
-        command = [sys.executable, "-c", _CONVERT, str(llama), str(folder), str(tmp)]
+        command = converter_command(folder, tmp, "q8_0", "smollm")
     else:
         source = gguf_file(name, "Q8_0", seed)
         binary = llama / "build" / "bin" / "llama-quantize"
