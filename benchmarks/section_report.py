@@ -37,7 +37,6 @@ class SectionReport:
     heading: str  # "## HEADING"
     command: str  # the default `pagestream bench ...` of the reproduce sentence
     method: str = ""  # how it was measured, in words (the figures come from the results)
-    skip: tuple[str, ...] = ()  # keys of no figure the report shows
     code: tuple[str, ...] = ()  # keys shown as JSON (a schema)
     group_by: dict[str, str] = field(default_factory=dict)  # rows key -> a table per value
     keys: dict[str, tuple[str, ...]] = field(default_factory=dict)  # a mapping's key columns
@@ -57,7 +56,7 @@ class SectionReport:
         lead = ["", measured(part, self.command)] if "meta" in part else []  # a run's part
         facts, out = [], []
         for key, value in part.items():
-            if key in HIDDEN or key in self.skip or (key == "load_average" and lead):
+            if key in HIDDEN or (key == "load_average" and lead):  # that in the sentence
                 continue
             where = (*path, key)
             if key in self.code:
@@ -87,7 +86,7 @@ class SectionReport:
             groups.setdefault(row.get(by) if by else None, []).append(rest)
         out = []
         for name, group in groups.items():
-            title = " · ".join(map(words, path)) + (f": {by} {name}" if name else "")
+            title = " · ".join(map(words, path)) + (f": {by} {name}" if name is not None else "")
             out += ["", f"### {title}" if len(path) == 1 else f"{title}:", "", _grid(group)]
         return out
 
