@@ -15,9 +15,11 @@ each ratio the median of each round's ratio to that round's baseline run."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import statistics
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -53,49 +55,67 @@ class ABDriver:
     probe: Probe | None = None
     engines: dict[str, dict] = field(default_factory=dict)  # label -> what its engine held
     found: dict[tuple, list[dict]] = field(default_factory=dict)  # (label, workload, batch)
+    # A driver of another kind of engine (embeddings.py's) overrides start, held, measure
+    # and row.
 
     def run(self, variants: list[Variant]) -> list[dict]:
         """Every variant's rows (in the variants' order within each workload and batch)."""
-        found = self.found
         for round_index in range(self.rounds):
             for variant in rotated(variants, round_index):
-                self.engines[variant.label] = self._run_variant(variant, found)
+                self._run_variant(variant)
         baseline = variants[0].label
         rows = []
         for workload in self.workloads:
             for batch in dict.fromkeys(b for v in variants for b in v.batches_of(workload)):
                 for variant in variants:
-                    runs = found.get((variant.label, workload.name, batch))
+                    runs = self.found.get((variant.label, workload.name, batch))
                     if runs:
-                        base = found[(baseline, workload.name, batch)]
-                        rows.append(self._row(variant, workload, batch, runs, base))
+                        base = self.found[(baseline, workload.name, batch)]
+                        rows.append(self.row(variant, workload, batch, runs, base))
         return rows
 
-    def _row(self, variant, workload, batch, runs, baseline) -> dict:
+    def _run_variant(self, variant: Variant) -> None:
+        """Every workload and batch of one variant on an engine of its own; each run
+        appended to found[(label, workload, batch)], what the engine held to engines."""
+        with self.start(variant) as engine:
+            for workload in filter(variant.runs, self.workloads):
+                for batch in variant.batches_of(workload):
+                    run = self.measure(engine, variant, workload, batch)
+                    self.found.setdefault((variant.label, workload.name, batch), []).append(run)
+                    what = (variant.label, workload.name, batch, run["elapsed_s"])
+                    logger.info("%s, %s, batch %s: %.2f s", *what)
+            self.engines[variant.label] = self.held(engine)
+
+    def row(self, variant, workload, batch, runs, baseline) -> dict:
         extras = dict(variant.facts)
         if self.probe is not None:
             extras |= self.probe.summary([r["counts"] for r in runs])
         return Row.of(variant.label, workload.name, batch, runs, baseline, extras).as_dict()
 
-    def _run_variant(self, variant: Variant, found: dict) -> dict:
-        """Every workload and batch of one variant on an engine of its own; each run
-        appended to found[(label, workload, batch)]. Returns what the engine held."""
+    @contextlib.contextmanager
+    def start(self, variant: Variant) -> Iterator:
+        """The variant's engine (the driver's engine arguments and its own), warmed up;
+        closed with its worker processes before the next one starts."""
         kwargs = {"model": self.model, "dtype": self.dtype, **self.engine, **variant.engine}
         llm = make_llm(kv_cache_memory=self.kv_cache_memory, **kwargs)
         try:
             self._warm_up(llm, variant)
-            for workload in filter(variant.runs, self.workloads):
-                for batch in variant.batches_of(workload):
-                    run = self.measure(llm, variant, workload, batch)
-                    found.setdefault((variant.label, workload.name, batch), []).append(run)
-                    tok_s = run["output_tokens"] / run["elapsed_s"]
-                    logger.info("%s, %s, batch %s: %.1f tok/s", variant.label, workload.name,
-                                batch, tok_s)  # fmt: skip
-            return _held(llm.engine)
+            yield llm
         finally:
-            llm.engine.close()  # its worker processes too, before the next engine starts
+            llm.engine.close()
             del llm
             gc.collect()
+
+    def held(self, llm) -> dict:
+        """What an engine held: its dtype, quantization and weight bytes (its draft's too)."""
+        info = llm.engine.model_info
+        held = {"dtype": info.dtype, "quantization": info.quantization}
+        held["weight_bytes"] = info.weight_bytes
+        draft = getattr(getattr(llm.engine, "worker", None), "draft_model", None)
+        if draft is not None:
+            held["draft_quantization"] = getattr(draft, "quantization", None)
+            held["draft_weight_bytes"] = getattr(draft, "weight_bytes", None)
+        return held
 
     def _warm_up(self, llm, variant: Variant) -> None:
         """The first calls, at one request and at the largest batch with every adapter (short
@@ -134,15 +154,3 @@ class ABDriver:
         if self.probe is not None:
             run["counts"] = self.probe.counted(before, self.probe.snapshot(llm))
         return run
-
-
-def _held(engine) -> dict:
-    """What an engine held: its dtype, quantization and weight bytes (its draft's too)."""
-    info = engine.model_info
-    held = {"dtype": info.dtype, "quantization": info.quantization}
-    held["weight_bytes"] = info.weight_bytes
-    draft = getattr(getattr(engine, "worker", None), "draft_model", None)
-    if draft is not None:
-        held["draft_quantization"] = getattr(draft, "quantization", None)
-        held["draft_weight_bytes"] = getattr(draft, "weight_bytes", None)
-    return held

@@ -17,7 +17,8 @@ One input at a time: the first `single_inputs` inputs embedded one after the oth
 interactive query) by pagestream float32 and HF batch 1: the median milliseconds per input.
 
 Each round runs every configuration once, in an order rotated each round (engines and the
-HF model built anew each round, a warm-up before timing); figures are medians over the
+HF model built anew each round, a warm-up before timing: EmbedDriver, the A/B driver of
+benchmarks/ab_driver.py on embedding engines); figures are medians over the
 rounds, ratios the median of each round's ratio to the same round's HF run at its fastest
 batch size. Agreement: every configuration's embeddings against HF float32's (cosine
 similarity: the lowest and the median over the inputs).
@@ -49,13 +50,17 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.results import median, ratio, rotated
+from benchmarks.ab_driver import ABDriver
+from benchmarks.ab_workload import ABWorkload
+from benchmarks.results import median, ratio
+from benchmarks.variant import Variant
 from benchmarks.workload import CORPUS_PATH, Profile, make_workload
 
 logger = logging.getLogger(__name__)
@@ -97,24 +102,30 @@ class EmbedOptions:
     pooling_type: str = "LAST"
 
 
-@dataclass(frozen=True)
-class Config:
-    label: str
-    model: str | None  # None: HF
-    dtype: str = "float32"
-    hf_batch: int = 0
-    single: bool = False  # also one input at a time
+def engine(label: str, kind: str, single: bool = False, **how) -> Variant:
+    """A configuration: its engine's kind (pagestream, hf, st, llama) and how it is made
+    (model, dtype, llm: LLM arguments, size: HF / sentence-transformers' batch size or
+    llama-server's clients); `single`: the first inputs one at a time too."""
+    return Variant(label, {"kind": kind, "single": single, **how})
 
 
-def configurations(options: EmbedOptions, gguf: bool) -> list[Config]:
+def configurations(options: EmbedOptions, gguf: bool) -> list[Variant]:
+    llm = {
+        "kv_cache_memory": options.kv_cache_memory,
+        "pooler_config": {"pooling_type": options.pooling_type, "normalize": True},
+        "enable_prefix_caching": False,  # rounds repeat the inputs: no hits across them
+    }
     configs = [
-        Config("pagestream float32", options.model, "float32", single=True),
-        Config("pagestream dtype auto", options.model, "auto"),
+        engine("pagestream float32", "pagestream", True, model=options.model, llm=llm),
+        engine("pagestream dtype auto", "pagestream", model=options.model, dtype="auto", llm=llm),
     ]
     if gguf:
-        configs.append(Config("pagestream GGUF (quantized)", options.source, "auto"))
+        source = {"model": options.source, "dtype": "auto", "llm": llm}
+        configs.append(engine("pagestream GGUF (quantized)", "pagestream", **source))
     for size in options.profile.hf_batch_sizes:
-        configs.append(Config(f"{HF}, batch {size}", None, hf_batch=size, single=size == 1))
+        configs.append(
+            engine(f"{HF}, batch {size}", "hf", size == 1, model=options.model, size=size)
+        )
     return configs
 
 
@@ -131,28 +142,7 @@ def bench_inputs(tokenizer, profile: EmbedProfile, max_len: int) -> list[list[in
     return [r.prompt_token_ids[:longest] for r in make_workload(tokenizer, shapes).requests]
 
 
-# ---- pagestream -----------------------------------------------------------------------
-def run_pagestream(config: Config, inputs: list[list[int]], options: EmbedOptions) -> dict:
-    from pagestream import LLM
-
-    llm = LLM(
-        config.model,
-        runner="pooling",
-        dtype=config.dtype,
-        kv_cache_memory=options.kv_cache_memory,
-        pooler_config={"pooling_type": options.pooling_type, "normalize": True},
-        enable_prefix_caching=False,  # rounds repeat the inputs: no hits across them
-    )
-    prompts = [{"prompt_token_ids": ids} for ids in inputs]
-    run = timed(functools.partial(embedded, llm), prompts, options.profile, config.single)
-    info = llm.engine.model_info
-    run.update(dtype=info.dtype, quantization=info.quantization)
-    llm.engine.close()
-    del llm
-    gc.collect()
-    return run
-
-
+# ---- the engines -----------------------------------------------------------------------
 def embedded(llm, prompts) -> np.ndarray:
     return np.array([o.outputs.embedding for o in llm.embed(prompts, use_tqdm=False)], np.float32)
 
@@ -195,18 +185,6 @@ def hf_batches(model, size: int, inputs: list[list[int]]) -> np.ndarray:
     )
 
 
-def run_hf(config: Config, inputs: list[list[int]], options: EmbedOptions) -> dict:
-    import torch
-    from transformers import AutoModel
-
-    model = AutoModel.from_pretrained(options.model, dtype=torch.float32).eval()
-    embed = functools.partial(hf_batches, model, config.hf_batch)
-    run = timed(embed, inputs, options.profile, config.single)
-    del model
-    gc.collect()
-    return {**run, "dtype": "float32", "quantization": "none"}
-
-
 # ---- the run ---------------------------------------------------------------------------
 def _cosines(got: np.ndarray, reference: np.ndarray) -> np.ndarray:
     got = got / np.linalg.norm(got, axis=1, keepdims=True)
@@ -214,16 +192,18 @@ def _cosines(got: np.ndarray, reference: np.ndarray) -> np.ndarray:
     return (got * reference).sum(axis=1)
 
 
-def summarize(config, runs: list[dict], bests: dict[str, list], reference, inputs) -> dict:
+def summarize(
+    config, runs: list[dict], held: dict, bests: dict[str, list], reference, inputs
+) -> dict:
     """One configuration's figures; `bests`: vs_NAME's per-round baselines (None: absent)."""
     tokens = sum(map(len, inputs))
     per_s = [len(inputs) / r["elapsed_s"] for r in runs]
     cosines = _cosines(runs[0]["embeddings"], reference)
     single = [statistics.median(r["single_s"]) * 1000 for r in runs if r["single_s"]]
     return {
-        "config": config.label,
-        "dtype": runs[0]["dtype"],
-        "quantization": runs[0]["quantization"],
+        "config": config.label,  # the row schema's variant
+        "dtype": held["dtype"],
+        "quantization": held["quantization"],
         "inputs_per_s": median(per_s),
         "tokens_per_s": median([tokens / r["elapsed_s"] for r in runs], 1),
         **{
@@ -236,6 +216,72 @@ def summarize(config, runs: list[dict], bests: dict[str, list], reference, input
     }
 
 
+@dataclass
+class EmbedDriver(ABDriver):
+    """The A/B driver (benchmarks/ab_driver.py) on embedding engines: a variant's engine is
+    pagestream's pooling runner, HF AutoModel, sentence-transformers or llama-server; a run
+    embeds the workload's inputs (token ids or texts) after a warm-up on the first `warm`,
+    the first inputs one at a time where the variant says `single`; rows against each
+    round's fastest run of each group (vs_NAME) and the reference's embeddings (cosine)."""
+
+    profile: EmbedProfile | None = None
+    warm: int = 2
+    groups: dict[str, list[str]] = field(default_factory=dict)  # NAME -> its labels
+    reference: str = HF  # the label whose first round's embeddings the cosines compare with
+    folder: Path | None = None  # the encoder's (sentence-transformers, llama-server)
+    llama: dict = field(default_factory=dict)  # llama_setup's
+    tokens: list | None = None  # the inputs' token ids, where the inputs are texts
+
+    @contextlib.contextmanager
+    def start(self, variant: Variant) -> Iterator[tuple]:
+        """(embed(inputs) -> [n, hidden], dtype, quantization) of the variant's engine."""
+        how = variant.engine
+        if how["kind"] == "pagestream":
+            from pagestream import LLM
+
+            model = how.get("model") or str(self.folder)
+            llm = LLM(model, runner="pooling", dtype=how.get("dtype", "float32"), **how["llm"])
+            info = llm.engine.model_info
+            try:
+                yield functools.partial(embedded, llm), info.dtype, info.quantization
+            finally:
+                llm.engine.close()
+        elif how["kind"] == "hf":
+            import torch
+            from transformers import AutoModel
+
+            model = AutoModel.from_pretrained(how["model"], dtype=torch.float32).eval()
+            yield functools.partial(hf_batches, model, how["size"]), "float32", "none"
+        elif how["kind"] == "st":
+            from sentence_transformers import SentenceTransformer
+
+            model = SentenceTransformer(str(self.folder), device="cpu")
+            encode = functools.partial(model.encode, show_progress_bar=False)
+            yield functools.partial(encode, batch_size=how["size"]), "float32", "none"
+        else:
+            gguf, size = Path(self.llama["gguf"]), how["size"]
+            with embedding_server(self.llama["binary"], gguf, size) as server:
+                yield functools.partial(llama_embed, server.url, clients=size), "F32 GGUF", "none"
+        gc.collect()
+
+    def held(self, engine: tuple) -> dict:
+        return {"dtype": engine[1], "quantization": engine[2]}
+
+    def measure(self, engine: tuple, variant, workload, batch) -> dict:
+        single = variant.engine["single"]
+        return timed(engine[0], workload.requests, self.profile, single, self.warm)
+
+    def row(self, variant, workload, batch, runs, baseline) -> dict:
+        inputs = workload.requests
+        bests = {
+            name: fastest(self.found, labels, workload.name, len(inputs), self.rounds)
+            for name, labels in self.groups.items()
+        }
+        reference = self.found[(self.reference, workload.name, batch)][0]["embeddings"]
+        tokens = self.tokens if self.tokens is not None else inputs
+        return summarize(variant, runs, self.engines[variant.label], bests, reference, tokens)
+
+
 def run_embed(tokenizer, options: EmbedOptions) -> dict:
     import torch
     from transformers import AutoConfig
@@ -246,14 +292,15 @@ def run_embed(tokenizer, options: EmbedOptions) -> dict:
     config = AutoConfig.from_pretrained(options.model)
     inputs = bench_inputs(tokenizer, profile, getattr(config, "max_position_embeddings", 512))
     configs = configurations(options, gguf_source(options.source) is not None)
-
-    def run(config: Config) -> dict:
-        return (run_hf if config.model is None else run_pagestream)(config, inputs, options)
-
-    found = run_rounds(configs, run, profile.rounds, len(inputs))
-    hf_labels = [c.label for c in configs if c.model is None]
-    hf_best = fastest(found, hf_labels, len(inputs), profile.rounds)
-    reference = found[hf_labels[0]][0]["embeddings"]
+    hf_labels = [c.label for c in configs if c.engine["kind"] == "hf"]
+    driver = EmbedDriver(
+        options.model,
+        [ABWorkload("inputs", inputs)],
+        profile.rounds,
+        profile=profile,
+        groups={"hf": hf_labels},
+        reference=hf_labels[0],
+    )
     return {
         "profile": profile.name,
         "rounds": profile.rounds,
@@ -261,26 +308,17 @@ def run_embed(tokenizer, options: EmbedOptions) -> dict:
         "pooling_type": options.pooling_type,
         "inputs": input_stats(inputs),
         "single_inputs": profile.single_inputs,
-        "runs": [summarize(c, found[c.label], {"hf": hf_best}, reference, inputs) for c in configs],
+        "runs": driver.run(configs),
     }
 
 
-def run_rounds(configs: list, run, rounds: int, count: int) -> dict[str, list[dict]]:
-    """run(config) of every configuration once a round, in an order rotated each round."""
-    found: dict[str, list[dict]] = {c.label: [] for c in configs}
-    for round_index in range(rounds):
-        for config in rotated(configs, round_index):
-            found[config.label].append(run(config))
-            logger.info(
-                "%s: %.1f inputs/s", config.label, count / found[config.label][-1]["elapsed_s"]
-            )
-    return found
-
-
-def fastest(found: dict[str, list[dict]], labels: list[str], count: int, rounds: int) -> list:
+def fastest(found: dict, labels: list[str], workload: str, count: int, rounds: int) -> list:
     """Each round's inputs/s of the fastest of `labels` (None: no such run)."""
     return [
-        max((count / found[label][i]["elapsed_s"] for label in labels), default=None)
+        max(
+            (count / found[(label, workload, None)][i]["elapsed_s"] for label in labels),
+            default=None,
+        )
         for i in range(rounds)
     ]
 
@@ -338,15 +376,6 @@ class EncoderOptions:
     def __post_init__(self) -> None:
         if unknown := set(self.shapes) - set(ENCODER_SHAPES):
             raise ValueError(f"unknown encoder shapes {sorted(unknown)}: {list(ENCODER_SHAPES)}")
-
-
-@dataclass(frozen=True)
-class EncoderConfig:
-    label: str
-    engine: str  # pagestream, st, llama
-    size: int = 0  # sentence-transformers' batch size, llama-server's clients
-    single: bool = False
-    dtype: str = "float32"  # pagestream's (auto: bfloat16 on CPUs with native bf16)
 
 
 def wordpiece_vocab() -> list[str]:
@@ -485,42 +514,17 @@ def encoder_texts(tokenizer, profile: EmbedProfile) -> list[str]:
     return [tokenizer.decode(r.prompt_token_ids).lstrip("# ") for r in requests]  # no ##x first
 
 
-def encoder_configs(profile: EmbedProfile, llama: bool) -> list[EncoderConfig]:
+def encoder_configs(profile: EmbedProfile, llama: bool, options: EncoderOptions) -> list[Variant]:
+    llm = {"kv_cache_memory": options.kv_cache_memory}
     configs = [
-        EncoderConfig("pagestream float32", "pagestream", single=True),
-        EncoderConfig("pagestream dtype auto", "pagestream", single=True, dtype="auto"),
+        engine("pagestream float32", "pagestream", True, llm=llm),
+        engine("pagestream dtype auto", "pagestream", True, dtype="auto", llm=llm),
     ]
     for i, size in enumerate(profile.hf_batch_sizes):
-        configs.append(EncoderConfig(f"{ST}, batch {size}", "st", size, single=i == 0))
+        configs.append(engine(f"{ST}, batch {size}", "st", i == 0, size=size))
     for i, size in enumerate(profile.concurrencies if llama else ()):
-        configs.append(EncoderConfig(f"{LLAMA} F32, {size} clients", "llama", size, i == 0))
+        configs.append(engine(f"{LLAMA} F32, {size} clients", "llama", i == 0, size=size))
     return configs
-
-
-@contextlib.contextmanager
-def encoder_engine(config: EncoderConfig, folder: Path, llama: dict, options: EncoderOptions):
-    """`config`'s engine, started: yields its embed(texts) -> [n, hidden] and its weights'
-    dtype."""
-    if config.engine == "pagestream":
-        from pagestream import LLM
-
-        memory = options.kv_cache_memory
-        llm = LLM(str(folder), runner="pooling", dtype=config.dtype, kv_cache_memory=memory)
-        try:
-            yield functools.partial(embedded, llm), llm.engine.model_info.dtype
-        finally:
-            llm.engine.close()
-    elif config.engine == "st":
-        from sentence_transformers import SentenceTransformer
-
-        model = SentenceTransformer(str(folder), device="cpu")
-        yield (
-            functools.partial(model.encode, batch_size=config.size, show_progress_bar=False),
-            ("float32"),
-        )
-    else:
-        with embedding_server(llama["binary"], Path(llama["gguf"]), config.size) as server:
-            yield functools.partial(llama_embed, server.url, clients=config.size), "F32 GGUF"
 
 
 def run_encoder(name: str, options: EncoderOptions) -> dict:
@@ -532,21 +536,23 @@ def run_encoder(name: str, options: EncoderOptions) -> dict:
     texts = encoder_texts(tokenizer, profile)
     token_ids = tokenizer(texts).input_ids
     llama = llama_setup(folder, options)
-    configs = encoder_configs(profile, "error" not in llama)
-
-    def run(config: EncoderConfig) -> dict:
-        with encoder_engine(config, folder, llama, options) as (embed, weights):
-            timing = timed(embed, texts, profile, config.single, WARM_UP)
-        gc.collect()
-        return {**timing, "dtype": weights, "quantization": "none"}
-
-    found = run_rounds(configs, run, profile.rounds, len(texts))
-    labels = {e: [c.label for c in configs if c.engine == e] for e in ("st", "llama")}
-    bests = {e: fastest(found, labels[e], len(texts), profile.rounds) for e in labels}
-    reference = found[labels["st"][0]][0]["embeddings"]
-    runs = [summarize(c, found[c.label], bests, reference, token_ids) for c in configs]
-    inputs = input_stats(token_ids)
+    configs = encoder_configs(profile, "error" not in llama, options)
+    groups = {k: [c.label for c in configs if c.engine["kind"] == k] for k in ("st", "llama")}
+    driver = EmbedDriver(
+        str(folder),
+        [ABWorkload("inputs", texts)],
+        profile.rounds,
+        profile=profile,
+        warm=WARM_UP,
+        groups=groups,
+        reference=groups["st"][0],
+        folder=folder,
+        llama=llama,
+        tokens=token_ids,
+    )
+    runs = driver.run(configs)
     shape = dataclasses.asdict(ENCODER_SHAPES[name])
+    inputs = input_stats(token_ids)
     return {"shape": name, **shape, "inputs": inputs, "llama_server": llama, "runs": runs}
 
 
