@@ -7,9 +7,10 @@ Three parts, in one process:
   plus a third run with no grammar whose every request is held to the length its
   constrained output had (ignore_eos): the same steps and batch sizes as the constrained
   run, so the two differ only by what the grammar costs. The variants take turns over
-  rounds (rotated order), the prefix cache is emptied before every run, and figures are
-  medians. The scheduler's ``masks`` (bitmask rows filled each step) and ``accept``
-  (matchers advanced) are timed in place, and the steps' own timings recorded.
+  rounds on one engine (StructuredDriver, the A/B driver's rotated order), the prefix cache
+  is emptied before every run, and figures are medians. The scheduler's ``masks`` (bitmask
+  rows filled each step) and ``accept`` (matchers advanced) are timed in place, and the
+  steps' own timings recorded.
 - Grammar compile time on a StructuredOutputManager of the model's tokenizer (its build
   timed apart): cold (admit -> the matcher ready, for a grammar never seen) and cached
   (the same grammar again: a copy of the cached matcher), plus each one's first mask,
@@ -30,12 +31,15 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
+from benchmarks.ab_driver import ABDriver
+from benchmarks.ab_workload import ABWorkload
 from benchmarks.grammar_timing import measure_compile, measure_mask_fill
 from benchmarks.offline import make_llm, timed_generate
 from benchmarks.results import rotated
 from benchmarks.step_recorder import StepRecorder, summarize_steps
+from benchmarks.variant import Variant
 
 logger = logging.getLogger(__name__)
 
@@ -224,37 +228,61 @@ def _validity(completions) -> dict:
 
 
 def round_order(round_index: int) -> list[str]:
-    """VARIANTS rotated by the round: matched_length never comes before the first
-    json_schema run (it takes that run's lengths)."""
+    """VARIANTS in the A/B driver's order of a round: rotated by the round, so that
+    matched_length never comes before the first json_schema run (it takes that run's
+    lengths)."""
     return rotated(VARIANTS, round_index)
 
 
-def run_side_by_side(llm, prompts, profile: StructuredProfile) -> tuple[list[dict], list]:
-    """Every round's runs and the last constrained run's completions."""
+@dataclass
+class StructuredDriver(ABDriver):
+    """The A/B driver (benchmarks/ab_driver.py) on one engine: every variant runs on the same
+    warmed-up LLM (the schema's grammar compiled once), a run is one LLM.generate over the
+    workload's prompts (token ids) with the variant's sampling params (matched_length: the
+    last constrained run's lengths), its record kept in `records` in the order run; a row is
+    a variant's medians."""
+
+    llm: object = None
+    profile: StructuredProfile | None = None
+    records: list[dict] = field(default_factory=list)
+    constrained: list = field(default_factory=list)  # the last json_schema run's completions
+
+    @contextmanager
+    def start(self, variant: Variant) -> Iterator:
+        yield self.llm
+
+    def held(self, llm) -> dict:
+        return {}
+
+    def measure(self, llm, variant: Variant, workload, batch) -> dict:
+        lengths = [len(c.token_ids) for c in self.constrained] or None
+        params = sampling_params(variant.label, self.profile, lengths)
+        round_index = len(self.found.get((variant.label, workload.name, batch), []))
+        prompts = workload.requests  # token ids
+        record, completions = run_variant(llm, prompts, params, variant.label, round_index)
+        if variant.label == "json_schema":
+            self.constrained = completions
+        self.records.append(record)
+        return {**record, "elapsed_s": record["seconds"]}
+
+    def row(self, variant: Variant, workload, batch, runs, baseline) -> dict:
+        return {"variant": variant.label, **_variant_summary(runs)}
+
+
+def run_side_by_side(llm, prompts, profile: StructuredProfile) -> tuple[list[dict], dict, list]:
+    """Every round's runs (their records, in the order run) and their summary (medians per
+    variant, the constrained run's ratios), and the last constrained run's completions."""
     warm = sampling_params("json_schema", profile, None)[:2]  # compiles the schema too
     llm.generate([{"prompt_token_ids": p} for p in prompts[:2]], warm, False)
-    runs, constrained = [], []
-    for round_index in range(profile.rounds):
-        for variant in round_order(round_index):
-            lengths = [len(c.token_ids) for c in constrained] or None
-            params = sampling_params(variant, profile, lengths)
-            record, completions = run_variant(llm, prompts, params, variant, round_index)
-            logger.info(
-                "round %d %s: %.1f output tok/s, %d tokens",
-                round_index,
-                variant,
-                record["output_tokens_per_s"],
-                record["output_tokens"],
-            )
-            runs.append(record)
-            if variant == "json_schema":
-                constrained = completions
-    return runs, constrained
+    workload = ABWorkload("prompts", prompts)
+    driver = StructuredDriver("", [workload], profile.rounds, llm=llm, profile=profile)
+    rows = driver.run([Variant(v) for v in VARIANTS])
+    return driver.records, summarize_runs(rows), driver.constrained
 
 
-def summarize_runs(runs: list[dict]) -> dict:
-    """Medians per variant, the ratios against the constrained run, and validity totals."""
-    summary = {v: _variant_summary([r for r in runs if r["variant"] == v]) for v in VARIANTS}
+def summarize_runs(rows: list[dict]) -> dict:
+    """Each variant's medians (its row), the ratios against the constrained run."""
+    summary = {r["variant"]: {k: v for k, v in r.items() if k != "variant"} for r in rows}
     ours = summary["json_schema"]
     ratios = {}
     for other in ("unconstrained", "matched_length"):
@@ -323,7 +351,7 @@ def run_structured(tokenizer, options: StructuredOptions) -> dict:
     prompts = person_prompts(tokenizer, profile.num_prompts)
     llm = make_llm(options.model, options.dtype, options.kv_cache_memory)
     engine_manager = llm.engine.scheduler.structured
-    runs, constrained = run_side_by_side(llm, prompts, profile)
+    runs, summary, constrained = run_side_by_side(llm, prompts, profile)
 
     def make_manager():
         return StructuredOutputManager(
@@ -357,7 +385,7 @@ def run_structured(tokenizer, options: StructuredOptions) -> dict:
         "example_output": constrained[0].text if constrained else None,
         "torch_threads": _torch_threads(),
         "runs": runs,
-        "summary": summarize_runs(runs),
+        "summary": summary,
         "compile": compile_times,
         "mask_fill": mask_fill,
     }
