@@ -3,6 +3,9 @@
 Clients (frontends) connect and get an id; their add/abort calls land between steps; each
 step's outputs are routed to the queue of the client that owns the request. The step
 itself (the executor's forward pass) runs on one worker thread, never on the event loop.
+A stream reader (the gRPC servicer) queues its adds and aborts without waiting
+(`queue_add` / `queue_abort`): the loop takes everything queued at the start of each
+step, so the adds that arrive while a step runs share the next one.
 With a batch queue deeper than one (async scheduling, pipeline parallelism) a step may
 submit a plan and return before any output: the loop runs while the core has work, and
 that counts plans in flight. A step whose executor failed raises, which ends the loop.
@@ -15,10 +18,11 @@ import asyncio
 import contextlib
 import itertools
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from services.common.engine_errors import EngineUnavailableError
+from services.common.engine_errors import EngineOverloadedError, EngineUnavailableError
 from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from services.common.engine_request import EngineCoreRequest
 from services.scheduler.engine_core import EngineCore
@@ -62,6 +66,8 @@ class AsyncEngineCore:
         self._client_ids = itertools.count(1)
         self._lock = asyncio.Lock()
         self._wakeup = asyncio.Event()
+        # Queued adds (client id, request) and aborts (client id, request ids), in order.
+        self._queued: deque[tuple[int, EngineCoreRequest | list[str]]] = deque()
         self._task: asyncio.Task | None = None
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="pagestream-step")
         self.dead_error: BaseException | None = None
@@ -77,7 +83,8 @@ class AsyncEngineCore:
         return client_id
 
     async def disconnect(self, client_id: int) -> None:
-        """A client that goes away aborts every request it still has."""
+        """A client that goes away aborts every request it still has (what it queued and
+        the loop has not taken yet is dropped)."""
         self._queues.pop(client_id, None)
         requests = self.core.scheduler.requests.values()
         owned = sorted({r.group_id for r in requests if r.client_id == client_id})
@@ -89,9 +96,7 @@ class AsyncEngineCore:
         while the workers are away)."""
         self._check_alive()
         if not self.ready:
-            raise EngineUnavailableError(
-                f"the workers are not available ({self.lost_error}); reconnecting"
-            )
+            raise self._unavailable()
         async with self._lock:
             self.core.add_request(request, client_id)
         self._wakeup.set()
@@ -99,6 +104,23 @@ class AsyncEngineCore:
     async def abort(self, request_ids: list[str]) -> None:
         async with self._lock:
             self.core.abort_requests(request_ids)
+        self._wakeup.set()
+
+    def queue_add(self, client_id: int, request: EngineCoreRequest) -> None:
+        """Admit a request at the start of the next step, without waiting for it: a refused
+        one comes back through outputs(client_id) as its output with finish_reason "error"
+        (error_code: None for a bad request, "resource_exhausted", "unavailable")."""
+        self._check_alive()
+        if not self.ready:
+            self._route({client_id: refusal(request.request_id, self._unavailable())})
+            return
+        self._queued.append((client_id, request))
+        self._wakeup.set()
+
+    def queue_abort(self, client_id: int, request_ids: list[str]) -> None:
+        """Abort at the start of the next step, after everything queued before."""
+        self._check_alive()
+        self._queued.append((client_id, list(request_ids)))
         self._wakeup.set()
 
     async def outputs(self, client_id: int) -> EngineCoreOutputs:
@@ -123,6 +145,11 @@ class AsyncEngineCore:
     def _check_alive(self) -> None:
         if self.dead_error is not None:
             raise EngineDeadError(f"the engine loop failed: {self.dead_error!r}")
+
+    def _unavailable(self) -> EngineUnavailableError:
+        return EngineUnavailableError(
+            f"the workers are not available ({self.lost_error}); reconnecting"
+        )
 
     def _ensure_loop(self) -> None:
         if self._task is None or self._task.done():
@@ -150,9 +177,9 @@ class AsyncEngineCore:
         loop = asyncio.get_running_loop()
         while True:
             self._wakeup.clear()
+            self._take_queued()
             if not self.core.has_work():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wakeup.wait(), IDLE_CHECK_S)
+                await self._wait_for_wakeup(IDLE_CHECK_S)
                 self._raise_if_workers_failed()
                 continue
             async with self._lock:
@@ -160,6 +187,41 @@ class AsyncEngineCore:
                 self.kv_events.publish()
             self._route(batches)
             await asyncio.sleep(0)  # let adds and aborts in between steps
+
+    async def _wait_for_wakeup(self, timeout_s: float) -> None:
+        """Until something is added or aborted, or `timeout_s` passed. Not asyncio.wait_for:
+        before Python 3.12 it returns normally when cancelled just after the event was set
+        (an add right before shutdown() left the loop running and shutdown() waiting)."""
+        waiter = asyncio.ensure_future(self._wakeup.wait())
+        try:
+            await asyncio.wait([waiter], timeout=timeout_s)
+        finally:
+            waiter.cancel()
+
+    def _take_queued(self) -> None:
+        """Everything queued since the last step, in order: adds of clients still
+        connected (a refusal is routed to its client), and aborts."""
+        while self._queued:
+            client_id, item = self._queued.popleft()
+            if client_id not in self._queues:
+                continue  # gone: disconnect() aborted what it had
+            if isinstance(item, list):
+                self.core.abort_requests(item)
+                continue
+            try:
+                self.core.add_request(item, client_id)
+            except (ValueError, EngineOverloadedError) as exc:
+                self._route({client_id: refusal(item.request_id, exc)})
+            except Exception as exc:  # a bug admitting it: this request fails, not the loop
+                logger.exception("admitting %s failed", item.request_id)
+                self._route({client_id: refusal(item.request_id, exc)})
+
+    def _refuse_queued(self, exc: Exception) -> None:
+        """The workers are lost: every queued add is refused with `exc`."""
+        while self._queued:
+            client_id, item = self._queued.popleft()
+            if not isinstance(item, list):
+                self._route({client_id: refusal(item.request_id, exc)})
 
     def _raise_if_workers_failed(self) -> None:
         """A rank lost while idle is noticed now, not at the next request."""
@@ -176,6 +238,7 @@ class AsyncEngineCore:
         await self._notify(False)
         async with self._lock:
             self._route(self._fail_everything(f"the workers failed: {exc}"))
+            self._refuse_queued(self._unavailable())
         loop = asyncio.get_running_loop()
         for attempt in itertools.count():
             try:
@@ -227,3 +290,19 @@ class AsyncEngineCore:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         await asyncio.to_thread(self._thread.shutdown, wait=True)
+
+
+def refusal(request_id: str, exc: Exception) -> EngineCoreOutputs:
+    """The output that tells a client its add was refused, and why."""
+    code = None  # the request itself is invalid (ValueError, RequestRejectedError)
+    if isinstance(exc, EngineUnavailableError):
+        code = "unavailable"
+    elif isinstance(exc, EngineOverloadedError):
+        code = "resource_exhausted"
+        logger.debug("refused %s: %s", request_id, exc)
+    else:
+        logger.info("rejected %s: %s", request_id, exc)
+    output = EngineCoreOutput(
+        request_id, [], finish_reason="error", error=str(exc), error_code=code
+    )
+    return EngineCoreOutputs([output])

@@ -28,14 +28,12 @@ from services.common.convert.engine_io import (
     stats_to_pb,
 )
 from services.common.convert.kv_events import kv_events_to_pb
-from services.common.engine_errors import EngineOverloadedError, EngineUnavailableError
-from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs
 from services.common.grpc_errors import grpc_errors
 from services.common.grpc_server import GrpcServer, start_server
 from services.common.proto.pagestream.v1 import engine_pb2, engine_pb2_grpc
 from services.common.served_model_info import ServedModelInfo
 from services.common.tls import TlsConfig
-from services.scheduler.async_engine_core import AsyncEngineCore
+from services.scheduler.async_engine_core import AsyncEngineCore, refusal
 from services.scheduler.engine_core_builder import EngineCoreArgs, EngineCoreBuilder
 from services.scheduler.executor.worker_group import GroupArgs, WorkerGroupExecutor
 
@@ -50,13 +48,6 @@ class SchedulerArgs(EngineCoreArgs, GroupArgs, Protocol):
 
 ENGINE_CORE_SERVICE = engine_pb2.DESCRIPTOR.services_by_name["EngineCore"].full_name
 _END = object()
-
-
-def rejection(request_id: str, error: str, code: str | None = None) -> EngineCoreOutputs:
-    """The output that tells a client its request was not admitted (`code`: see
-    EngineCoreOutput.error_code; None: the request itself is invalid)."""
-    output = EngineCoreOutput(request_id, [], finish_reason="error", error=error, error_code=code)
-    return EngineCoreOutputs([output])
 
 
 class EngineCoreServicer(engine_pb2_grpc.EngineCoreServicer):
@@ -99,29 +90,28 @@ class EngineCoreServicer(engine_pb2_grpc.EngineCoreServicer):
             out.put_nowait(exc)
 
     async def _read_requests(self, client_id: int, requests, out: asyncio.Queue) -> None:
+        """Reads ahead of the engine: each add and abort is queued for the next step as it
+        arrives, so what comes while a step runs joins the next one together (awaited one
+        at a time, a frontend's 128 embeddings ran 128 steps). The read is the only wait."""
         try:
             async for message in requests:
                 kind = message.WhichOneof("kind")
                 if kind == "add":
-                    await self._add(client_id, message.add, out)
+                    self._queue_add(client_id, message.add, out)
                 elif kind == "abort":
-                    await self.core.abort(list(message.abort.request_ids))
+                    self.core.queue_abort(client_id, list(message.abort.request_ids))
         except Exception as exc:
             out.put_nowait(exc)
         else:
             out.put_nowait(_END)  # the client closed its side
 
-    async def _add(self, client_id: int, message: engine_pb2.AddRequest, out) -> None:
+    def _queue_add(self, client_id: int, message: engine_pb2.AddRequest, out) -> None:
         try:
-            await self.core.add_request(client_id, engine_request_from_pb(message))
+            request = engine_request_from_pb(message)
         except ValueError as exc:
-            logger.info("rejected %s: %s", message.request_id, exc)
-            out.put_nowait(rejection(message.request_id, str(exc)))
-        except EngineUnavailableError as exc:
-            out.put_nowait(rejection(message.request_id, str(exc), "unavailable"))
-        except EngineOverloadedError as exc:
-            logger.debug("refused %s: %s", message.request_id, exc)
-            out.put_nowait(rejection(message.request_id, str(exc), "resource_exhausted"))
+            out.put_nowait(refusal(message.request_id, exc))
+            return
+        self.core.queue_add(client_id, request)  # a refusal comes back as an output
 
     @grpc_errors
     async def GetStats(self, request, context):

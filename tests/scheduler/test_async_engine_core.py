@@ -106,3 +106,138 @@ async def test_rebuilds_that_keep_failing_end_the_loop_after_max_rebuilds(build,
         await asyncio.wait_for(core.outputs(client), TIMEOUT_S)
     assert attempts == [0, 1]
     await core.shutdown()
+
+
+async def test_adds_that_arrive_during_a_step_join_the_next_one_together(build):
+    """The engine-core service reads its stream ahead of the engine: the adds that arrive
+    while a step runs are queued, the loop takes them all before the next step, and they
+    share it (taken one at a time, each waited out a step and ran in a step of its own:
+    128 embeddings, 128 steps)."""
+    import time
+
+    from services.common.convert.engine_io import engine_request_to_pb
+    from services.common.proto.pagestream.v1 import engine_pb2
+    from services.scheduler.engine_core_service import EngineCoreServicer
+    from tests.scheduler.stand_in_worker import StandInWorker
+
+    class SlowWorker(StandInWorker):
+        def execute(self, plan):
+            time.sleep(0.05)  # a step long enough for the rest to arrive during it
+            return super().execute(plan)
+
+    scheduler, _ = build(64, block_size=4)
+    worker = SlowWorker(64, 4)
+    core = AsyncEngineCore(EngineCore(scheduler, UniExecutor(worker, 1)))
+    servicer = EngineCoreServicer(core, info=None)
+    client = core.connect()
+    rids = [f"r{i}" for i in range(8)]
+
+    async def stream():
+        for i, rid in enumerate(rids):
+            add = engine_request_to_pb(_request(rid, [i + 1, i + 2, i + 3], 2))
+            yield engine_pb2.EngineRequest(add=add)
+            # a stream read suspends (as gRPC's does); after the first, its step starts
+            await asyncio.sleep(0.01 if i == 0 else 0)
+
+    out: asyncio.Queue = asyncio.Queue()
+    reader = asyncio.create_task(servicer._read_requests(client, stream(), out))
+    results = await _drain(core, client, set(rids))
+    await asyncio.wait_for(reader, TIMEOUT_S)
+    await core.shutdown()
+    admitted = [len(p.scheduled_new_reqs) for p in worker.plans if p.scheduled_new_reqs]
+    assert admitted == [1, 7], admitted
+    assert all(reason == "length" for _, reason in results.values())
+
+
+async def test_queued_adds_and_aborts_keep_their_order_and_refusals_reach_the_client(build):
+    scheduler, worker = build(40, block_size=4, max_model_len=16)
+    core = AsyncEngineCore(EngineCore(scheduler, UniExecutor(worker, 1)))
+    client = core.connect()
+    core.queue_add(client, _request("kept", [1, 2, 3], 4))
+    core.queue_add(client, _request("aborted", [4, 5, 6], 4))
+    core.queue_abort(client, ["aborted"])  # taken with its add, after it
+    core.queue_add(client, _request("too-long", list(range(20)), 4))
+    errors = {}
+
+    async def note_error(out):
+        errors[out.request_id] = out.error
+
+    results = await _drain(core, client, {"kept", "aborted", "too-long"}, note_error)
+    await core.shutdown()
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    assert results["kept"] == (reference_generate([1, 2, 3], params, 160), "length")
+    assert results["aborted"][1] == "abort"
+    assert results["too-long"] == ([], "error") and "max_model_len" in errors["too-long"]
+    assert scheduler.kv.num_free_blocks == 40
+
+
+async def test_the_adds_a_client_queued_before_it_went_away_are_dropped(build):
+    scheduler, worker = build(40, block_size=4)
+    core = AsyncEngineCore(EngineCore(scheduler, UniExecutor(worker, 1)))
+    gone, stays = core.connect(), core.connect()
+    core.queue_add(gone, _request("orphan", [1, 2, 3], 4))
+    await core.disconnect(gone)  # before the loop took its add
+    core.queue_add(stays, _request("r0", [4, 5, 6], 4))
+    results = await _drain(core, stays, {"r0"})
+    await core.shutdown()
+    assert results["r0"][1] == "length"
+    assert [r.request_id for p in worker.plans for r in p.scheduled_new_reqs] == ["r0"]
+
+
+async def test_shutdown_right_after_an_add_or_abort_ends_the_loop(build):
+    """An add or abort wakes the idle loop; a shutdown in the same turn used to be lost
+    (asyncio.wait_for before Python 3.12 swallows a cancellation that lands as the event
+    it waits for is set), leaving the loop running and shutdown() waiting for ever: the
+    engine-core server's stop with a stream open hung so."""
+    scheduler, worker = build(40, block_size=4)
+    core = AsyncEngineCore(EngineCore(scheduler, UniExecutor(worker, 1)))
+    client = core.connect()
+    for _ in range(3):
+        await asyncio.sleep(0)  # the loop starts and waits, idle
+    core.queue_abort(client, ["nothing"])
+    stopping = asyncio.create_task(core.shutdown())
+    await asyncio.wait([stopping], timeout=TIMEOUT_S)  # (wait_for would hide the hang)
+    ignored = not stopping.done()
+    if ignored:
+        core._task.cancel()  # a second cancel ends it
+        await stopping
+    assert not ignored, "the loop ignored shutdown()'s cancel"
+    assert core._task.cancelled()
+
+
+async def test_queued_adds_while_the_workers_are_away_are_refused_as_unavailable(build):
+    import threading
+
+    scheduler, worker = build(40, block_size=4)
+    fresh_scheduler, fresh_worker = build(40, block_size=4)
+    back = threading.Event()
+
+    def rebuild():
+        back.wait(TIMEOUT_S)
+        return EngineCore(fresh_scheduler, UniExecutor(fresh_worker, 1))
+
+    executor = StandInExecutor(worker, 1, fail_at_plan=0)
+    core = AsyncEngineCore(EngineCore(scheduler, executor), rebuild=rebuild, max_rebuilds=1)
+    readiness: asyncio.Queue = asyncio.Queue()
+
+    async def on_ready(ready):
+        readiness.put_nowait(ready)
+
+    core.on_ready = on_ready
+    client = core.connect()
+    core.queue_add(client, _request("lost", list(range(9)), 4))
+    assert await asyncio.wait_for(readiness.get(), TIMEOUT_S) is False
+    core.queue_add(client, _request("refused", [1, 2, 3], 4))
+    back.set()
+    assert await asyncio.wait_for(readiness.get(), TIMEOUT_S) is True
+    core.queue_add(client, _request("served", [1, 2, 3], 4))
+    codes = {}
+
+    async def note_error(out):
+        if out.finish_reason == "error":
+            codes[out.request_id] = out.error_code
+
+    results = await _drain(core, client, {"lost", "refused", "served"}, note_error)
+    await core.shutdown()
+    assert codes == {"lost": "unavailable", "refused": "unavailable"}
+    assert results["served"][1] == "length"
