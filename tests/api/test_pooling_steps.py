@@ -1,14 +1,14 @@
 """A pooling request step by step through the whole engine (LLM(runner="pooling"), tiny
 random Llama, float32): a MEAN prompt chunked over several steps comes back once, in the
-step that ends it, equal to the same prompt in one step and to HF's mean; a request
-preempted mid-prompt (recompute or swap) gives the vector it gives alone."""
+step that ends it, equal to the same prompt in one step and to HF's mean; one aborted
+mid-prompt leaves no pooled state on the worker. Preemption mid-prompt is
+tests/api/test_pooling.py's (against HF)."""
 
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
-from pagestream import LLM, PoolingParams, SamplingParams
+from pagestream import LLM, PoolingParams
 from tests.helpers.engine_steps import run_until_done
 from tests.helpers.hf_pooling import cosine, hf_pooled
 
@@ -69,44 +69,6 @@ def test_a_chunked_mean_prompt_equals_the_whole_prompt_and_hf(model_dir):
         ref = hf_pooled(folder, prompt, "MEAN")
         assert cosine(a, ref) > 0.9999
         np.testing.assert_allclose(a, ref, atol=1e-4, rtol=1e-3)
-
-
-@pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_a_pooling_request_preempted_mid_prompt_gives_the_same_vector(model_dir, mode):
-    """12 blocks of 4 tokens: MEAN requests alone first (nothing is preempted), then
-    behind two growing generation requests, which preempt them part-way through."""
-    llm = _mean_llm(
-        model_dir("llama"),
-        block_size=4,
-        kv_cache_memory=24576,  # 12 blocks of this model
-        swap_space=0.01,
-        preemption_mode=mode,
-        max_num_batched_tokens=8,
-        enable_prefix_caching=False,
-    )
-    try:
-        engine, scheduler = llm.engine, llm.engine.scheduler
-        pool_prompts = [PROMPTS[0][:17], PROMPTS[1][:16], PROMPTS[0][3:20]]
-        alone = [_encode(engine, [p])[0][0] for p in pool_prompts]
-        mid_prompt = []
-        preempt = scheduler._preempt
-
-        def record(victim, mode=None):
-            if victim.is_pooling and 0 < victim.num_computed_tokens < victim.num_prompt_tokens:
-                mid_prompt.append(victim.request_id)
-            preempt(victim, mode)
-
-        scheduler._preempt = record
-        greedy = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)
-        for prompt in (PROMPTS[0][:12], PROMPTS[1][:12]):  # each grows to 7 blocks
-            engine.add_request(None, {"prompt_token_ids": prompt}, greedy)
-        preempted, _ = _encode(engine, pool_prompts)
-        assert mid_prompt, "no pooling request was preempted part-way through its prompt"
-        for a, b in zip(preempted, alone, strict=True):
-            np.testing.assert_allclose(a, b, atol=1e-5)
-        assert scheduler.kv.num_free_blocks == 12
-    finally:
-        llm.engine.close()
 
 
 def test_a_pooling_request_aborted_mid_prompt_leaves_no_state_behind(model_dir):
