@@ -109,7 +109,8 @@ class AsyncEngineCore:
     def queue_add(self, client_id: int, request: EngineCoreRequest) -> None:
         """Admit a request at the start of the next step, without waiting for it: a refused
         one comes back through outputs(client_id) as its output with finish_reason "error"
-        (error_code: None for a bad request, "resource_exhausted", "unavailable")."""
+        (error_code: None for a bad request, "resource_exhausted", "unavailable", or
+        "internal" when admitting it failed by the engine's fault)."""
         self._check_alive()
         if not self.ready:
             self._route({client_id: refusal(request.request_id, self._unavailable())})
@@ -118,7 +119,8 @@ class AsyncEngineCore:
         self._wakeup.set()
 
     def queue_abort(self, client_id: int, request_ids: list[str]) -> None:
-        """Abort at the start of the next step, after everything queued before."""
+        """Abort at the start of the next step, after everything queued before; only the
+        client's own requests among `request_ids` end (ids are shared by all clients)."""
         self._check_alive()
         self._queued.append((client_id, list(request_ids)))
         self._wakeup.set()
@@ -206,7 +208,7 @@ class AsyncEngineCore:
             if client_id not in self._queues:
                 continue  # gone: disconnect() aborted what it had
             if isinstance(item, list):
-                self.core.abort_requests(item)
+                self.core.abort_requests(self._owned(client_id, item))
                 continue
             try:
                 self.core.add_request(item, client_id)
@@ -214,7 +216,27 @@ class AsyncEngineCore:
                 self._route({client_id: refusal(item.request_id, exc)})
             except Exception as exc:  # a bug admitting it: this request fails, not the loop
                 logger.exception("admitting %s failed", item.request_id)
-                self._route({client_id: refusal(item.request_id, exc)})
+                self._route({client_id: refusal(item.request_id, exc, "internal")})
+
+    def _owned(self, client_id: int, request_ids: list[str]) -> list[str]:
+        """Those of `request_ids` (request or group ids) that are `client_id`'s: ids are
+        one namespace across clients, and a client aborts only its own requests (one whose
+        add was refused as "already in use" must not end the other client's)."""
+        scheduler = self.core.scheduler
+        ids = set(request_ids)
+        owned = {
+            rid
+            for r in scheduler.requests.values()
+            if r.client_id == client_id
+            for rid in (r.request_id, r.group_id)
+            if rid in ids
+        }
+        owned |= {
+            g
+            for g in ids & set(scheduler.groups.beam_groups)
+            if scheduler.groups.beam_groups[g].client_id == client_id
+        }
+        return [rid for rid in request_ids if rid in owned]
 
     def _refuse_queued(self, exc: Exception) -> None:
         """The workers are lost: every queued add is refused with `exc`."""
@@ -292,15 +314,15 @@ class AsyncEngineCore:
         await asyncio.to_thread(self._thread.shutdown, wait=True)
 
 
-def refusal(request_id: str, exc: Exception) -> EngineCoreOutputs:
-    """The output that tells a client its add was refused, and why."""
-    code = None  # the request itself is invalid (ValueError, RequestRejectedError)
-    if isinstance(exc, EngineUnavailableError):
+def refusal(request_id: str, exc: Exception, code: str | None = None) -> EngineCoreOutputs:
+    """The output that tells a client its add was refused, and why: `code` if given
+    ("internal": the engine's fault, HTTP 500, not the request's), else from `exc`."""
+    if code is None and isinstance(exc, EngineUnavailableError):
         code = "unavailable"
-    elif isinstance(exc, EngineOverloadedError):
+    elif code is None and isinstance(exc, EngineOverloadedError):
         code = "resource_exhausted"
         logger.debug("refused %s: %s", request_id, exc)
-    else:
+    elif code is None:  # the request itself is invalid (ValueError, RequestRejectedError)
         logger.info("rejected %s: %s", request_id, exc)
     output = EngineCoreOutput(
         request_id, [], finish_reason="error", error=str(exc), error_code=code

@@ -241,3 +241,45 @@ async def test_queued_adds_while_the_workers_are_away_are_refused_as_unavailable
     await core.shutdown()
     assert codes == {"lost": "unavailable", "refused": "unavailable"}
     assert results["served"][1] == "length"
+
+
+async def test_a_queued_abort_ends_only_the_aborting_clients_own_requests(build):
+    """Request ids are one namespace across frontends: a frontend whose add of "shared" was
+    refused (the id was in use by another frontend's request) and whose caller then went
+    away aborts "shared"; that must not end the other frontend's request."""
+    scheduler, worker = build(40, block_size=4)
+    core = AsyncEngineCore(EngineCore(scheduler, UniExecutor(worker, 1)))
+    owner, other = core.connect(), core.connect()
+    core.queue_add(owner, _request("shared", [1, 2, 3], 4))
+    core.queue_add(other, _request("shared", [4, 5, 6], 4))  # refused: the id is in use
+    core.queue_abort(other, ["shared"])  # its caller went away before the refusal came
+    refused = await _drain(core, other, {"shared"})
+    results = await _drain(core, owner, {"shared"})
+    await core.shutdown()
+    assert refused["shared"] == ([], "error")
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    assert results["shared"] == (reference_generate([1, 2, 3], params, 160), "length")
+
+
+async def test_an_add_that_fails_by_the_engines_fault_is_an_internal_error(build):
+    """A bug admitting a request fails that request alone, as the engine's fault
+    (error_code "internal": HTTP 500 / gRPC INTERNAL), not as a bad request (400)."""
+    scheduler, worker = build(40, block_size=4)
+    core = AsyncEngineCore(EngineCore(scheduler, UniExecutor(worker, 1)))
+    client = core.connect()
+
+    def broken(request):
+        raise KeyError("a bug")
+
+    real_add = scheduler.add_request
+    scheduler.add_request = broken
+    core.queue_add(client, _request("hit", [1, 2, 3], 4))
+    batch = await asyncio.wait_for(core.outputs(client), TIMEOUT_S)
+    scheduler.add_request = real_add
+    core.queue_add(client, _request("after", [1, 2, 3], 4))
+    results = await _drain(core, client, {"after"})
+    await core.shutdown()
+    [output] = batch.outputs
+    assert (output.request_id, output.finish_reason) == ("hit", "error")
+    assert output.error_code == "internal" and "a bug" in output.error
+    assert results["after"][1] == "length"
