@@ -1,5 +1,6 @@
-"""llama.cpp's encoder GGUF files (`bert`: BERT, bge, all-MiniLM, e5; `nomic-bert`:
-nomic-embed-text) as sentence-transformers folders the native encoders read.
+"""llama.cpp's encoder GGUF files (`bert`: BERT, bge, all-MiniLM, e5, and XLM-RoBERTa:
+bge-m3, multilingual-e5; `nomic-bert`: nomic-embed-text) as sentence-transformers folders
+the native encoders read.
 
 transformers cannot read these files, so the folder is written from the file alone:
 - config.json: BertConfig / NomicBertConfig from the `{arch}.*` keys;
@@ -7,7 +8,11 @@ transformers cannot read these files, so the folder is written from the file alo
   space" spelling (a word-initial piece is stored as "▁piece", a continuation as the bare
   piece: BERT's "##piece"; control tokens as they are), lower-casing as
   `tokenizer.ggml.normalizer.lowercase` says, [CLS] text [SEP] (pairs: [CLS] a [SEP] b
-  [SEP], b token type 1) from the file's cls / sep ids;
+  [SEP], b token type 1) from the file's cls / sep ids; or, for XLM-RoBERTa (a `bert` file
+  whose tokenizer is llama.cpp's "t5", a SentencePiece Unigram), services/common/
+  gguf_unigram.py's tokenizer.json, and an XLMRobertaConfig whose position table gets back
+  the pad_token_id + 1 rows the converter cut off (RoBERTa's positions start after the
+  padding id);
 - modules.json, 1_Pooling (`{arch}.pooling_type`: mean, cls or last) and Normalize (what
   llama-server's embeddings return by default);
 - model.safetensors: every tensor de-quantized to float32 (gguf's de-quantizer) under the
@@ -22,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from services.common.gguf_unigram import UNIGRAM_MODEL, unigram_tokenizer
 from services.common.model_errors import ModelLoadError
 
 ENCODER_ARCHITECTURES = ("bert", "nomic-bert")
@@ -73,8 +79,12 @@ def write_encoder_folder(gguf_path: Path, out_dir: Path) -> None:
     meta = {name: field.contents() for name, field in reader.fields.items()}
     arch = meta["general.architecture"]
     tensors = _tensors(reader, arch)
-    config = _config(meta, arch, tensors)
-    tokenizer = _tokenizer(meta)
+    if arch == "bert" and meta.get("tokenizer.ggml.model") == UNIGRAM_MODEL:
+        config = _xlm_roberta_config(meta, tensors)
+        tokenizer = unigram_tokenizer(meta, max_length=int(meta["bert.context_length"]))
+    else:
+        config = _config(meta, arch, tensors)
+        tokenizer = _tokenizer(meta)
     from safetensors.torch import save_file
 
     config.save_pretrained(out_dir)
@@ -115,12 +125,48 @@ def _config(meta: dict, arch: str, tensors: dict):
     return config
 
 
+def _xlm_roberta_config(meta: dict, tensors: dict):
+    """XLMRobertaConfig from a `bert` file with a Unigram vocabulary. llama.cpp's converter
+    drops the position table's first pad_token_id + 1 rows (never read: RoBERTa numbers
+    positions from pad_token_id + 1) and writes context_length = the rows it keeps; the
+    table gets them back as zeros, so HF's XLMRobertaModel indexes it as the checkpoint did."""
+    from transformers import XLMRobertaConfig
+
+    pad = int(meta.get("tokenizer.ggml.padding_token_id", 1))
+    name = "embeddings.position_embeddings.weight"
+    kept = tensors[name]
+    tensors[name] = _with_zero_rows(kept, pad + 1)
+    config = XLMRobertaConfig(
+        vocab_size=tensors["embeddings.word_embeddings.weight"].shape[0],
+        hidden_size=int(meta["bert.embedding_length"]),
+        num_hidden_layers=int(meta["bert.block_count"]),
+        num_attention_heads=int(meta["bert.attention.head_count"]),
+        intermediate_size=int(meta["bert.feed_forward_length"]),
+        max_position_embeddings=kept.shape[0] + pad + 1,
+        type_vocab_size=tensors["embeddings.token_type_embeddings.weight"].shape[0],
+        layer_norm_eps=float(meta.get("bert.attention.layer_norm_epsilon", 1e-5)),
+        pad_token_id=pad,
+        bos_token_id=int(meta.get("tokenizer.ggml.bos_token_id", 0)),
+        eos_token_id=int(meta.get("tokenizer.ggml.eos_token_id", 2)),
+    )
+    config.architectures = ["XLMRobertaModel"]
+    return config
+
+
+def _with_zero_rows(table, rows: int):
+    """`rows` zero rows, then `table`."""
+    import torch
+
+    return torch.cat([table.new_zeros(rows, table.shape[1]), table])
+
+
 def _tokenizer(meta: dict):
     """The file's WordPiece vocabulary as a BERT tokenizer."""
     if meta.get("tokenizer.ggml.model") != "bert":
         raise ModelLoadError(
             f"an encoder GGUF with tokenizer {meta.get('tokenizer.ggml.model')!r} is not "
-            "supported (WordPiece, llama.cpp's 'bert', is)"
+            "supported (WordPiece, llama.cpp's 'bert', and, in `bert` files, SentencePiece "
+            "Unigram, its 't5', are)"
         )
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import BertTokenizerFast
