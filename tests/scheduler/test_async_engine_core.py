@@ -283,3 +283,51 @@ async def test_an_add_that_fails_by_the_engines_fault_is_an_internal_error(build
     assert (output.request_id, output.finish_reason) == ("hit", "error")
     assert output.error_code == "internal" and "a bug" in output.error
     assert results["after"][1] == "length"
+
+
+async def test_the_waiting_bound_holds_for_adds_taken_together(build):
+    """30 adds taken in one go, under max_waiting_requests=4: four wait and run, and each
+    of the other 26 is refused as overloaded (RESOURCE_EXHAUSTED / HTTP 429)."""
+    scheduler, worker = build(80, block_size=4, max_num_seqs=2, max_waiting_requests=4)
+    core = AsyncEngineCore(EngineCore(scheduler, UniExecutor(worker, 1)))
+    client = core.connect()
+    rids = [f"r{i}" for i in range(30)]
+    for i, rid in enumerate(rids):
+        core.queue_add(client, _request(rid, [1, 2, 3, i], 5))
+    codes = {}
+
+    async def note_code(out):
+        codes[out.request_id] = out.error_code
+
+    results = await _drain(core, client, set(rids), note_code)
+    await core.shutdown()
+    assert [rid for rid in rids if results[rid][1] == "length"] == rids[:4]
+    assert {codes[rid] for rid in rids[4:]} == {"resource_exhausted"}
+    assert scheduler.kv.num_free_blocks == 80
+
+
+async def test_an_id_aborted_and_added_again_in_one_take_ends_then_runs_anew(build):
+    """The abort's final output reaches the client before any output of the new request
+    of the same id, and the new one runs in full (a step of the old one may be in flight)."""
+    scheduler, worker = build(40, block_size=4)
+    core = AsyncEngineCore(EngineCore(scheduler, UniExecutor(worker, 2)))
+    client = core.connect()
+    core.queue_add(client, _request("x", [1, 2, 3], 50))
+    seen = []
+    while len(seen) < 3:  # the first request is running
+        batch = await asyncio.wait_for(core.outputs(client), TIMEOUT_S)
+        seen += [(o.new_token_ids, o.finish_reason) for o in batch.outputs]
+    core.queue_abort(client, ["x"])
+    core.queue_add(client, _request("x", [4, 5, 6], 4))
+    after = []
+    while not after or after[-1][1] != "length":
+        batch = await asyncio.wait_for(core.outputs(client), TIMEOUT_S)
+        after += [(o.new_token_ids, o.finish_reason) for o in batch.outputs]
+    await core.shutdown()
+    reasons = [reason for _, reason in after]
+    assert reasons.count("abort") == 1 and after[reasons.index("abort")][0] == []
+    # before the abort: old tokens the client had not read yet; after it: the new request
+    new = [t for tokens, _ in after[reasons.index("abort") + 1 :] for t in tokens]
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    assert new == reference_generate([4, 5, 6], params, 160)
+    assert scheduler.kv.num_free_blocks == 40
