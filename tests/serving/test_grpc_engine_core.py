@@ -165,14 +165,14 @@ async def test_a_frontend_aborts_only_its_own_request_of_a_shared_id(stack):
     """Request ids are one namespace across frontends: another frontend's add of the same
     id is refused as in use, and its abort of that id (its caller gone before the refusal
     came) leaves the first frontend's request running to its end."""
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    stream = stack.frontend.generate(PROMPT_IDS, params, "shared")
-    first = await asyncio.wait_for(anext(stream), TIMEOUT_S)  # admitted, running
     other = await GrpcEngineCoreClient.connect(stack.scheduler.address, timeout_s=TIMEOUT_S)
+    params = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+    stream = stack.frontend.generate(PROMPT_IDS, params, "shared")
     try:
+        first = await asyncio.wait_for(anext(stream), TIMEOUT_S)  # admitted, running
         prompt = PROMPT_IDS["prompt_token_ids"]
         await other.add_request(EngineCoreRequest("shared", prompt, params))
-        await other.abort(["shared"])
+        await other.abort(["shared"])  # written right behind the add
         batch = await asyncio.wait_for(other.next_outputs(), TIMEOUT_S)
         (refused,) = batch.outputs
         assert refused.finish_reason == "error" and "already in use" in refused.error
@@ -180,7 +180,7 @@ async def test_a_frontend_aborts_only_its_own_request_of_a_shared_id(stack):
         await other.close()
     outputs = [first] + [o async for o in stream]
     completion = outputs[-1].outputs[0]
-    assert completion.finish_reason == "length" and len(completion.token_ids) == 12
+    assert completion.finish_reason == "length" and len(completion.token_ids) == 200
 
 
 async def _engine_core_status(address: str) -> int:
