@@ -88,6 +88,25 @@ def st_folder(tmp_path: Path, arch: str, pooling: str, normalize: bool, seed: in
         tokenizer = build_tokenizer()
         tokenizer.pad_token = "<unk>"
     tokenizer.save_pretrained(folder)
+    pooling_config = {
+        "word_embedding_dimension": 64,
+        "pooling_mode_cls_token": pooling == "cls",
+        "pooling_mode_mean_tokens": pooling == "mean",
+        "pooling_mode_max_tokens": pooling == "max",
+        "pooling_mode_mean_sqrt_len_tokens": False,
+    }
+    write_st_pipeline(folder, pooling_config, normalize, max_seq_length=60)
+    return folder
+
+
+_ST = "sentence_transformers.models."
+
+
+def write_st_pipeline(
+    folder: Path, pooling_config: dict, normalize: bool, max_seq_length: int
+) -> None:
+    """A sentence-transformers pipeline over the folder's transformer: modules.json,
+    1_Pooling with `pooling_config`, optionally 2_Normalize, and max_seq_length."""
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {
@@ -98,21 +117,13 @@ def st_folder(tmp_path: Path, arch: str, pooling: str, normalize: bool, seed: in
         },
     ]
     if normalize:
-        normalizer = "sentence_transformers.models.Normalize"
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": normalizer})
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": _ST + "Normalize"})
         (folder / "2_Normalize").mkdir()
     (folder / "modules.json").write_text(json.dumps(modules))
     (folder / "1_Pooling").mkdir()
-    pooling_config = {
-        "word_embedding_dimension": 64,
-        "pooling_mode_cls_token": pooling == "cls",
-        "pooling_mode_mean_tokens": pooling == "mean",
-        "pooling_mode_max_tokens": pooling == "max",
-        "pooling_mode_mean_sqrt_len_tokens": False,
-    }
     (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config))
-    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 60}))
-    return folder
+    config = {"max_seq_length": max_seq_length}
+    (folder / "sentence_bert_config.json").write_text(json.dumps(config))
 
 
 def wordpiece_tokenizer():

@@ -22,7 +22,7 @@ from transformers import AutoTokenizer, XLMRobertaConfig, XLMRobertaModel, XLMRo
 
 from pagestream import LLM
 from services.common.gguf_encoders import write_encoder_folder
-from tests.helpers.encoder_folders import st_embeddings
+from tests.helpers.encoder_folders import st_embeddings, write_st_pipeline
 from tests.helpers.hf_pooling import cosine
 from tests.models.test_encoder_gguf import BERT_NAMES, _gguf_name
 
@@ -125,27 +125,8 @@ def xlm_roberta_folder(tmp_path: Path, pooling: str) -> Path:
     folder = tmp_path / f"xlm-roberta-{pooling}"
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {
-            "idx": 1,
-            "name": "1",
-            "path": "1_Pooling",
-            "type": "sentence_transformers.models.Pooling",
-        },
-        {
-            "idx": 2,
-            "name": "2",
-            "path": "2_Normalize",
-            "type": "sentence_transformers.models.Normalize",
-        },
-    ]
-    (folder / "modules.json").write_text(json.dumps(modules))
-    (folder / "1_Pooling").mkdir()
-    (folder / "2_Normalize").mkdir()
     pooling_config = {"word_embedding_dimension": 64, "pooling_mode": pooling}
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config))
-    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 64}))
+    write_st_pipeline(folder, pooling_config, normalize=True, max_seq_length=64)
     return folder
 
 
