@@ -230,9 +230,10 @@ class Frontend:
                 finished = output.finished
                 yield output
         finally:
-            self._forget(request_id)
-            if not finished:
-                self._spawn(self.client.abort([request_id]))
+            if finished:
+                self._forget(request_id)
+            else:  # the consumer went away: abort, and keep the id until the abort lands
+                self._abandon(request_id)
 
     async def _next(self, request_id: str, queue: RequestOutputQueue, deadline) -> RequestOutput:
         if deadline is None:
@@ -255,6 +256,14 @@ class Frontend:
         self._queues.pop(request_id, None)
         self.output_processor.remove(request_id)
         self.client.release(request_id)
+
+    def _abandon(self, request_id: str) -> None:
+        """A request whose consumer stopped before its end: its outputs are dropped from
+        now on, the engine core is told to abort it, and its state stays (the id refused
+        as in use) until the engine core's final output for it arrives, so a request
+        re-added under the same id is never the one that abort ends."""
+        self._queues.pop(request_id, None)
+        self._spawn(self.client.abort([request_id]))
 
     async def abort(self, request_id: str) -> bool:
         """End a request; its stream gets a final output with finish_reason "abort"."""
@@ -321,16 +330,23 @@ class Frontend:
             logger.error("failing %d in-flight request(s)", len(self._queues))
         for queue in self._queues.values():
             queue.put_error(error)
+        for request_id in [r for r in self.output_processor.states if r not in self._queues]:
+            self._forget(request_id)  # abandoned: their aborts will not be answered
         self._readiness_changed()
 
     def _deliver(self, outputs) -> None:
         for output in (o for o in outputs if o.error):  # rejections, lost workers
-            queue = self._queues.get(output.parent_request_id or output.request_id)
+            request_id = output.parent_request_id or output.request_id
+            queue = self._queues.get(request_id)
             if queue is not None:
                 queue.put_error(output_error(output.error_code, output.error))
+            elif request_id in self.output_processor.states:
+                self._forget(request_id)  # abandoned (_abandon): it ended there
         ready, to_abort = self.output_processor.process([o for o in outputs if not o.error])
         for state, output in ready:
             queue = self._queues.get(state.request_id)
+            if queue is None and state.finished:
+                self.client.release(state.request_id)  # abandoned, and now ended there
             if queue is not None and not queue.put(output):
                 self._overflowed(state.request_id, queue)
                 to_abort.append(state.request_id)

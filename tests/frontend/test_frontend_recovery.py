@@ -208,3 +208,52 @@ async def test_a_consumer_that_stops_reading_is_aborted_past_the_bound(caplog):
         assert read == list(range(9)) and client.aborted == ["stalled"]
     finally:
         await frontend.close()
+
+
+async def test_an_abandoned_id_stays_in_use_until_its_abort_lands():
+    """A consumer that stops early aborts its request; a request re-added under the same id
+    before the engine core's final output for the abort is refused (that abort would end
+    it), and is served once the abort has landed."""
+    client = ScriptedClient()
+    frontend = Frontend(client, None, INFO)
+    try:
+        stream = frontend.generate(PROMPT, _params(), "r")
+        first = asyncio.ensure_future(anext(stream))
+        await eventually_async(lambda: client.added == ["r"])
+        client.emit(EngineCoreOutput("r", [11]))
+        await asyncio.wait_for(first, TIMEOUT)
+        await stream.aclose()  # the consumer goes away
+        await eventually_async(lambda: client.aborted == ["r"])
+        with pytest.raises(ValueError, match="'r' is already in use"):
+            await asyncio.wait_for(anext(frontend.generate(PROMPT, _params(), "r")), TIMEOUT)
+        assert client.added == ["r"] and "r" not in client.released
+        client.emit(EngineCoreOutput("r", [12], "abort"))  # the abort lands
+        await eventually_async(lambda: client.released == ["r"])
+        again = frontend.generate(PROMPT, _params(), "r")
+        pending = asyncio.ensure_future(anext(again))
+        await eventually_async(lambda: client.added == ["r", "r"])
+        client.emit(EngineCoreOutput("r", [13], "length"))
+        output = await asyncio.wait_for(pending, TIMEOUT)
+        assert output.finished and output.outputs[0].token_ids == [13]
+        assert client.aborted == ["r"]
+    finally:
+        await frontend.close()
+
+
+async def test_abandoned_ids_are_freed_when_the_engine_core_is_lost():
+    client = ScriptedClient()
+    frontend = Frontend(client, None, INFO)
+    try:
+        stream = frontend.generate(PROMPT, _params(), "r")
+        first = asyncio.ensure_future(anext(stream))
+        await eventually_async(lambda: client.added == ["r"])
+        client.emit(EngineCoreOutput("r", [11]))
+        await asyncio.wait_for(first, TIMEOUT)
+        await stream.aclose()
+        await eventually_async(lambda: client.aborted == ["r"])
+        client.lose(EngineUnavailableError("gone"))  # the abort is never answered
+        await eventually_async(lambda: client.released == ["r"])
+        await eventually_async(lambda: frontend.is_ready)
+        assert "r" not in frontend.output_processor.states
+    finally:
+        await frontend.close()
