@@ -210,6 +210,17 @@ async def test_a_consumer_that_stops_reading_is_aborted_past_the_bound(caplog):
         await frontend.close()
 
 
+async def _abandon(client: ScriptedClient, frontend: Frontend, request_id: str) -> None:
+    """A request whose consumer reads one output, then goes away (the frontend aborts it)."""
+    stream = frontend.generate(PROMPT, _params(), request_id)
+    first = asyncio.ensure_future(anext(stream))
+    await eventually_async(lambda: client.added == [request_id])
+    client.emit(EngineCoreOutput(request_id, [11]))
+    await asyncio.wait_for(first, TIMEOUT)
+    await stream.aclose()
+    await eventually_async(lambda: client.aborted == [request_id])
+
+
 async def test_an_abandoned_id_stays_in_use_until_its_abort_lands():
     """A consumer that stops early aborts its request; a request re-added under the same id
     before the engine core's final output for the abort is refused (that abort would end
@@ -217,13 +228,7 @@ async def test_an_abandoned_id_stays_in_use_until_its_abort_lands():
     client = ScriptedClient()
     frontend = Frontend(client, None, INFO)
     try:
-        stream = frontend.generate(PROMPT, _params(), "r")
-        first = asyncio.ensure_future(anext(stream))
-        await eventually_async(lambda: client.added == ["r"])
-        client.emit(EngineCoreOutput("r", [11]))
-        await asyncio.wait_for(first, TIMEOUT)
-        await stream.aclose()  # the consumer goes away
-        await eventually_async(lambda: client.aborted == ["r"])
+        await _abandon(client, frontend, "r")
         with pytest.raises(ValueError, match="'r' is already in use"):
             await asyncio.wait_for(anext(frontend.generate(PROMPT, _params(), "r")), TIMEOUT)
         assert client.added == ["r"] and "r" not in client.released
@@ -244,13 +249,7 @@ async def test_abandoned_ids_are_freed_when_the_engine_core_is_lost():
     client = ScriptedClient()
     frontend = Frontend(client, None, INFO)
     try:
-        stream = frontend.generate(PROMPT, _params(), "r")
-        first = asyncio.ensure_future(anext(stream))
-        await eventually_async(lambda: client.added == ["r"])
-        client.emit(EngineCoreOutput("r", [11]))
-        await asyncio.wait_for(first, TIMEOUT)
-        await stream.aclose()
-        await eventually_async(lambda: client.aborted == ["r"])
+        await _abandon(client, frontend, "r")
         client.lose(EngineUnavailableError("gone"))  # the abort is never answered
         await eventually_async(lambda: client.released == ["r"])
         await eventually_async(lambda: frontend.is_ready)

@@ -62,21 +62,37 @@ def _phantom(token: str, special: bool) -> str:
     return token[2:] if token.startswith("##") else "\u2581" + token
 
 
+def encoder_writer(
+    path: Path, arch: str, config: dict, pooling: gguf.PoolingType, context_length: int = 0
+) -> gguf.GGUFWriter:
+    """A GGUFWriter holding an encoder's hyperparameters as the converter writes them
+    (`context_length`: the position rows it keeps; 0: max_position_embeddings)."""
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(context_length or config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_layer_norm_eps(config["layer_norm_eps"])
+    writer.add_causal_attention(False)
+    writer.add_pooling_type(pooling)
+    return writer
+
+
+def write_and_close(writer: gguf.GGUFWriter) -> None:
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def write_encoder_gguf(folder: Path, arch: str, path: Path, quantized: bool) -> Path:
     """The folder's encoder as llama.cpp's convert_hf_to_gguf.py writes it (mean pooling)."""
     import json
 
     config = json.loads((folder / "config.json").read_text())
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(config["num_attention_heads"])
-    writer.add_layer_norm_eps(config["layer_norm_eps"])
-    writer.add_causal_attention(False)
-    writer.add_pooling_type(gguf.PoolingType.MEAN)
+    writer = encoder_writer(path, arch, config, gguf.PoolingType.MEAN)
     if arch == "nomic-bert":
         writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
@@ -109,10 +125,7 @@ def write_encoder_gguf(folder: Path, arch: str, path: Path, quantized: bool) -> 
             writer.add_tensor(target, raw, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
         else:
             writer.add_tensor(target, values)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_and_close(writer)
     return path
 
 

@@ -24,7 +24,12 @@ from pagestream import LLM
 from services.common.gguf_encoders import write_encoder_folder
 from tests.helpers.encoder_folders import st_embeddings, write_st_pipeline
 from tests.helpers.hf_pooling import cosine
-from tests.models.test_encoder_gguf import BERT_NAMES, _gguf_name
+from tests.models.test_encoder_gguf import (
+    BERT_NAMES,
+    _gguf_name,
+    encoder_writer,
+    write_and_close,
+)
 
 CORPUS = [
     "the quick brown fox jumps over the lazy dog",
@@ -142,15 +147,8 @@ def write_xlm_roberta_gguf(
         score for _, score in json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]
     ]
     offset = config["pad_token_id"] + 1
-    writer = gguf.GGUFWriter(str(path), "bert")
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_context_length(config["max_position_embeddings"] - offset)
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(config["num_attention_heads"])
-    writer.add_layer_norm_eps(config["layer_norm_eps"])
-    writer.add_causal_attention(False)
-    writer.add_pooling_type(pooling)
+    context_length = config["max_position_embeddings"] - offset
+    writer = encoder_writer(path, "bert", config, pooling, context_length)
     specials = set(tokenizer.all_special_ids)
     tokens, kinds = [], []
     for i in range(config["vocab_size"]):
@@ -184,10 +182,7 @@ def write_xlm_roberta_gguf(
         if name == "embeddings.position_embeddings.weight":
             values = values[offset:]
         writer.add_tensor(_gguf_name(name, BERT_NAMES), values)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_and_close(writer)
     return path
 
 
