@@ -9,11 +9,11 @@ llama-cpp-python and llama-server), all behind `pagestream bench` (benchmarks/cl
   migration.py), plots.py its figures, markdown.py the tables;
 - the drivers: ab_driver.py, the one offline A/B driver (Variants over ABWorkloads, Rows of
   one schema: speculative, lora, precision, quantized, latency; embeddings.py's EmbedDriver
-  runs its embedding engines on it, structured.py's StructuredDriver its variants on one
-  engine), offline.py (`LLM.generate` timed), serving.py with server_process.py and
-  load_clients.py (servers under load over HTTP / gRPC), micro.py (interleaved timed
-  calls); the peers: hf_baselines.py, llamacpp.py, serve_peer.py (llama-server),
-  gguf_export.py (their weights);
+  runs its embedding engines on it, encoders.py's EncoderDriver the encoders' peers too,
+  structured.py's StructuredDriver its variants on one engine), offline.py (`LLM.generate`
+  timed), serving.py with server_process.py and load_clients.py (servers under load over
+  HTTP / gRPC), micro.py (interleaved timed calls); the peers: hf_baselines.py,
+  llamacpp.py, serve_peer.py (llama-server), gguf_export.py (their weights);
 - what the other sections measure with them: throughput.py, memory.py, parallel.py,
   routing.py, structured.py, and the tools.
 

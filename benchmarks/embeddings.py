@@ -23,18 +23,9 @@ rounds, ratios the median of each round's ratio to the same round's HF run at it
 batch size. Agreement: every configuration's embeddings against HF float32's (cosine
 similarity: the lowest and the median over the inputs).
 
-Encoder mode (`--encoders minilm,bge-base`): random BERT encoders of real shapes
-(ENCODER_SHAPES) as sentence-transformers folders, made once under
-$PAGESTREAM_CACHE/encoder_bench/ with a WordPiece tokenizer trained on the corpus (padded
-with unreachable [unusedN] pieces to BERT's 30522). The same passages as text for every
-engine, 16..256 tokens with [CLS] and [SEP]: pagestream's `LLM(folder, runner="pooling",
-dtype=D).embed(texts)` at float32 and at dtype auto, sentence-transformers'
-`encode(texts, batch_size=B)` at each of `hf_batch_sizes`, and llama-server `--embedding
--np C` (the GGUF by llama.cpp's own converter, f32) with C clients posting one text each
-to /v1/embeddings, for each C of `concurrencies`. Ratios against each round's fastest
-sentence-transformers batch size and llama-server C; cosines against sentence-
-transformers'. Each run warms up on the first WARM_UP inputs. A llama-server that fails
-is left out, its error recorded.
+The encoder mode (`--encoders minilm,bge-base`: random BERT encoders against
+sentence-transformers and llama-server) is benchmarks/encoders.py, on this module's
+EmbedDriver.
 """
 
 from __future__ import annotations
@@ -43,15 +34,9 @@ import contextlib
 import dataclasses
 import functools
 import gc
-import json
-import logging
 import statistics
-import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,13 +46,9 @@ from benchmarks.ab_driver import ABDriver
 from benchmarks.ab_workload import ABWorkload
 from benchmarks.results import median, ratio
 from benchmarks.variant import Variant
-from benchmarks.workload import CORPUS_PATH, Profile, make_workload
-
-logger = logging.getLogger(__name__)
+from benchmarks.workload import Profile, make_workload
 
 HF = "HF AutoModel float32"
-ST = "sentence-transformers float32"
-LLAMA = "llama-server"
 
 
 @dataclass(frozen=True)
@@ -75,9 +56,9 @@ class EmbedProfile:
     name: str
     num_inputs: int
     rounds: int
-    hf_batch_sizes: tuple[int, ...]  # the encoder mode: sentence-transformers' batch sizes
+    hf_batch_sizes: tuple[int, ...]  # encoders.py's: sentence-transformers' batch sizes
     single_inputs: int  # one at a time
-    concurrencies: tuple[int, ...] = ()  # the encoder mode: llama-server's clients
+    concurrencies: tuple[int, ...] = ()  # encoders.py's: llama-server's clients
 
 
 # quick on 2 cores: ~2 min a round (64 inputs, 9k tokens; HF batch 1 is the slowest run)
@@ -85,11 +66,6 @@ EMBED_PROFILES = {
     "smoke": EmbedProfile("smoke", 8, 1, (1, 4), 2),
     "quick": EmbedProfile("quick", 64, 3, (1, 16), 16),
     "full": EmbedProfile("full", 256, 5, (1, 16, 64), 32),
-}
-ENCODER_PROFILES = {
-    "smoke": EmbedProfile("smoke", 12, 1, (4,), 2, (2,)),
-    "quick": EmbedProfile("quick", 128, 3, (8, 32, 128), 16, (4, 16)),
-    "full": EmbedProfile("full", 256, 5, (8, 32, 128), 32, (4, 16)),
 }
 
 
@@ -219,17 +195,17 @@ def summarize(
 @dataclass
 class EmbedDriver(ABDriver):
     """The A/B driver (benchmarks/ab_driver.py) on embedding engines: a variant's engine is
-    pagestream's pooling runner, HF AutoModel, sentence-transformers or llama-server; a run
-    embeds the workload's inputs (token ids or texts) after a warm-up on the first `warm`,
-    the first inputs one at a time where the variant says `single`; rows against each
-    round's fastest run of each group (vs_NAME) and the reference's embeddings (cosine)."""
+    pagestream's pooling runner or HF AutoModel (benchmarks/encoders.py's EncoderDriver adds
+    sentence-transformers and llama-server); a run embeds the workload's inputs (token ids
+    or texts) after a warm-up on the first `warm`, the first inputs one at a time where the
+    variant says `single`; rows against each round's fastest run of each group (vs_NAME)
+    and the reference's embeddings (cosine)."""
 
     profile: EmbedProfile | None = None
     warm: int = 2
     groups: dict[str, list[str]] = field(default_factory=dict)  # NAME -> its labels
     reference: str = HF  # the label whose first round's embeddings the cosines compare with
-    folder: Path | None = None  # the encoder's (sentence-transformers, llama-server)
-    llama: dict = field(default_factory=dict)  # llama_setup's
+    folder: Path | None = None  # the model of variants that name none (encoders.py's)
     tokens: list | None = None  # the inputs' token ids, where the inputs are texts
 
     @contextlib.contextmanager
@@ -252,16 +228,8 @@ class EmbedDriver(ABDriver):
 
             model = AutoModel.from_pretrained(how["model"], dtype=torch.float32).eval()
             yield functools.partial(hf_batches, model, how["size"]), "float32", "none"
-        elif how["kind"] == "st":
-            from sentence_transformers import SentenceTransformer
-
-            model = SentenceTransformer(str(self.folder), device="cpu")
-            encode = functools.partial(model.encode, show_progress_bar=False)
-            yield functools.partial(encode, batch_size=how["size"]), "float32", "none"
         else:
-            gguf, size = Path(self.llama["gguf"]), how["size"]
-            with embedding_server(self.llama["binary"], gguf, size) as server:
-                yield functools.partial(llama_embed, server.url, clients=size), "F32 GGUF", "none"
+            raise ValueError(f"{variant.label}: no {how['kind']!r} engine here (encoders.py's)")
         gc.collect()
 
     def held(self, engine: tuple) -> dict:
@@ -336,233 +304,3 @@ def input_stats(inputs: list[list[int]]) -> dict:
 def with_profile(profile: EmbedProfile, num_inputs: int | None, rounds: int | None):
     changes = {"num_inputs": num_inputs, "rounds": rounds}
     return dataclasses.replace(profile, **{k: v for k, v in changes.items() if v})
-
-
-# ---- the encoder mode ------------------------------------------------------------------
-VOCAB = 30522  # BERT's uncased WordPiece vocabulary
-SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # ids 0..4, as BERT's
-# Warm-up inputs: 2 left pagestream's first engine in a process 10x slower on its first
-# full call (tiny shape, 12 inputs: 0.25 s, then 0.025 s); 8 did not.
-WARM_UP = 16
-
-
-@dataclass(frozen=True)
-class EncoderShape:
-    layers: int
-    hidden: int
-    heads: int
-    intermediate: int
-    pooling: str  # 1_Pooling's: mean or cls (then Normalize)
-    max_seq_length: int  # sentence_bert_config.json's
-
-
-ENCODER_SHAPES = {
-    "minilm": EncoderShape(6, 384, 12, 1536, "mean", 256),  # all-MiniLM-L6-v2
-    "bge-base": EncoderShape(12, 768, 12, 3072, "cls", 512),  # bge-base-en-v1.5
-    "tiny": EncoderShape(2, 64, 4, 128, "mean", 256),  # tests and smoke runs
-}
-
-
-@dataclass(frozen=True)
-class EncoderOptions:
-    shapes: tuple[str, ...]
-    profile: EmbedProfile
-    llamacpp: bool = True
-    llama_server: str | None = None  # the binary (else $LLAMA_SERVER, else on PATH)
-    # An encoder keeps no KV cache, but the engine sizes a block pool by this: at the
-    # default (4 GiB) the tiny shape took 41 s and 7 GB to start (2 cores; not timed).
-    kv_cache_memory: str = "64MiB"
-
-    def __post_init__(self) -> None:
-        if unknown := set(self.shapes) - set(ENCODER_SHAPES):
-            raise ValueError(f"unknown encoder shapes {sorted(unknown)}: {list(ENCODER_SHAPES)}")
-
-
-def wordpiece_vocab() -> list[str]:
-    """BERT's layout: the specials, the corpus's lower-cased WordPiece pieces, [unusedN]."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    trainer = trainers.WordPieceTrainer(vocab_size=VOCAB, special_tokens=SPECIALS)
-    tokenizer.train_from_iterator(CORPUS_PATH.read_text(encoding="utf-8").splitlines(), trainer)
-    words = sorted(vocab := tokenizer.get_vocab(), key=vocab.get)
-    return words + [f"[unused{i}]" for i in range(VOCAB - len(words))]
-
-
-def encoder_folder(name: str) -> Path:
-    """`name`'s random sentence-transformers folder, made once (renamed into place whole)."""
-    import torch
-    from transformers import BertConfig, BertModel, BertTokenizerFast
-
-    from services.common.model_source import cache_dir
-
-    shape, out = ENCODER_SHAPES[name], cache_dir() / "encoder_bench" / name
-    if out.is_dir():
-        return out
-    tmp = out.with_name(name + ".tmp")
-    torch.manual_seed(0)
-    config = BertConfig(  # 512 positions, BERT's default
-        vocab_size=VOCAB,
-        hidden_size=shape.hidden,
-        num_hidden_layers=shape.layers,
-        num_attention_heads=shape.heads,
-        intermediate_size=shape.intermediate,
-    )
-    BertModel(config).save_pretrained(tmp)
-    words = wordpiece_vocab()
-    BertTokenizerFast(vocab={w: i for i, w in enumerate(words)}).save_pretrained(tmp)
-    (tmp / "vocab.txt").write_text("\n".join(words) + "\n", encoding="utf-8")
-    modules = [("", "Transformer"), ("1_Pooling", "Pooling"), ("2_Normalize", "Normalize")]
-    files = {
-        "modules.json": [
-            {"idx": i, "name": str(i), "path": path, "type": f"sentence_transformers.models.{kind}"}
-            for i, (path, kind) in enumerate(modules)
-        ],
-        "1_Pooling/config.json": {
-            "word_embedding_dimension": shape.hidden,
-            "pooling_mode_cls_token": shape.pooling == "cls",
-            "pooling_mode_mean_tokens": shape.pooling == "mean",
-        },
-        "sentence_bert_config.json": {"max_seq_length": shape.max_seq_length},
-    }
-    for path, _ in modules[1:]:
-        (tmp / path).mkdir()
-    for file, content in files.items():
-        (tmp / file).write_text(json.dumps(content), encoding="utf-8")
-    tmp.rename(out)
-    return out
-
-
-def encoder_gguf(folder: Path) -> Path:
-    """The folder's F32 GGUF file by llama.cpp's own converter ($LLAMA_CPP_DIR), made once."""
-    from benchmarks.full_size import converter_command
-
-    out = folder.with_name(f"{folder.name}.f32.gguf")
-    if not out.is_file():
-        tmp = out.with_name(out.name + ".tmp")
-        command = converter_command(folder, tmp, "f32", "bert-bge")
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode:
-            raise RuntimeError(f"convert_hf_to_gguf.py failed: {done.stderr[-2000:]}")
-        tmp.rename(out)
-    return out
-
-
-def embedding_server(binary: str, gguf: Path, slots: int):
-    """llama-server --embedding (benchmarks/serve_peer.py's) with `slots` slots of 512
-    positions, on pagestream's threads."""
-    import torch
-
-    from benchmarks.serve_peer import LlamaServer
-
-    threads = str(torch.get_num_threads())
-
-    class EmbeddingServer(LlamaServer):
-        def command(self) -> list[str]:
-            return [
-                *(self.binary, "-m", str(self.gguf), "--embedding", "-t", threads, "-tb", threads),
-                *("-np", str(self.slots), "-c", str(self.slots * 512), "--no-webui"),
-                *("--host", "127.0.0.1", "--port", str(self.port)),
-            ]
-
-    return EmbeddingServer(binary, gguf, slots, options=None)
-
-
-def llama_embed(url: str, texts: list[str], clients: int) -> np.ndarray:
-    """`clients` clients posting one text each to /v1/embeddings, in input order."""
-
-    def post(text: str) -> list[float]:
-        body = json.dumps({"input": text}).encode()
-        request = urllib.request.Request(url + "/v1/embeddings", body, JSON)
-        with urllib.request.urlopen(request, timeout=600) as reply:
-            return json.load(reply)["data"][0]["embedding"]
-
-    with ThreadPoolExecutor(clients) as pool:
-        return np.array(list(pool.map(post, texts)), np.float32)
-
-
-JSON = {"Content-Type": "application/json"}
-
-
-def llama_setup(folder: Path, options: EncoderOptions) -> dict:
-    """The GGUF file and llama-server, checked on one input; {"error": ...} where either
-    fails (with what llama-server printed, where it did not start)."""
-    from benchmarks.serve_peer import llama_server_binary, llama_server_version
-
-    if not options.llamacpp:
-        return {"error": "not run (--no-llamacpp)"}
-    try:
-        binary = llama_server_binary(options)
-        with (server := embedding_server(binary, encoder_gguf(folder), 1)):
-            llama_embed(server.url, ["a check"], 1)
-    except (OSError, RuntimeError, TimeoutError) as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        if "exited before it was ready" in error:  # run again, for what it printed
-            done = subprocess.run(server.command(), capture_output=True, text=True, timeout=120)
-            error += f"; it printed: {(done.stdout + done.stderr).strip()[-1500:]}"
-        logger.warning("llama-server left out: %s", error)
-        return {"error": error}
-    return {"binary": binary, "version": llama_server_version(binary), "gguf": str(server.gguf)}
-
-
-def encoder_texts(tokenizer, profile: EmbedProfile) -> list[str]:
-    """The passages as text: 14..254 pieces (16..256 tokens with [CLS] and [SEP])."""
-    shapes = Profile("embed", profile.num_inputs, prompt_median=126, prompt_range=(14, 254))
-    requests = make_workload(tokenizer, shapes).requests
-    return [tokenizer.decode(r.prompt_token_ids).lstrip("# ") for r in requests]  # no ##x first
-
-
-def encoder_configs(profile: EmbedProfile, llama: bool, options: EncoderOptions) -> list[Variant]:
-    llm = {"kv_cache_memory": options.kv_cache_memory}
-    configs = [
-        engine("pagestream float32", "pagestream", True, llm=llm),
-        engine("pagestream dtype auto", "pagestream", True, dtype="auto", llm=llm),
-    ]
-    for i, size in enumerate(profile.hf_batch_sizes):
-        configs.append(engine(f"{ST}, batch {size}", "st", i == 0, size=size))
-    for i, size in enumerate(profile.concurrencies if llama else ()):
-        configs.append(engine(f"{LLAMA} F32, {size} clients", "llama", i == 0, size=size))
-    return configs
-
-
-def run_encoder(name: str, options: EncoderOptions) -> dict:
-    """One shape, every configuration over the rounds."""
-    from transformers import AutoTokenizer
-
-    profile, folder = options.profile, encoder_folder(name)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    texts = encoder_texts(tokenizer, profile)
-    token_ids = tokenizer(texts).input_ids
-    llama = llama_setup(folder, options)
-    configs = encoder_configs(profile, "error" not in llama, options)
-    groups = {k: [c.label for c in configs if c.engine["kind"] == k] for k in ("st", "llama")}
-    driver = EmbedDriver(
-        str(folder),
-        [ABWorkload("inputs", texts)],
-        profile.rounds,
-        profile=profile,
-        warm=WARM_UP,
-        groups=groups,
-        reference=groups["st"][0],
-        folder=folder,
-        llama=llama,
-        tokens=token_ids,
-    )
-    runs = driver.run(configs)
-    shape = dataclasses.asdict(ENCODER_SHAPES[name])
-    inputs = input_stats(token_ids)
-    return {"shape": name, **shape, "inputs": inputs, "llama_server": llama, "runs": runs}
-
-
-def run_encoders(options: EncoderOptions) -> dict:
-    import torch
-
-    return {
-        "profile": options.profile.name,
-        "rounds": options.profile.rounds,
-        "threads": torch.get_num_threads(),
-        "single_inputs": options.profile.single_inputs,
-        "shapes": [run_encoder(name, options) for name in options.shapes],
-    }

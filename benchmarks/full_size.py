@@ -367,7 +367,7 @@ def llama_cpp_dir() -> Path:
 
 # llama.cpp's converter, told the pre-tokenizer's name: it recognises a tokenizer by hashing
 # its output on a test text, and neither the default tokenizer as the GGUF conversion
-# rebuilds it nor the encoders' WordPiece vocabulary (benchmarks/embeddings.py) is among the
+# rebuilds it nor the encoders' WordPiece vocabulary (benchmarks/encoders.py) is among the
 # hashes it knows (the pre-tokenizer changes no shape, size or speed).
 _CONVERT = """
 import runpy, sys

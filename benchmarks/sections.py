@@ -174,9 +174,10 @@ def run_embed(args, folder, profile, workload, results) -> dict:
 
 def run_embed_encoder(args, folder, profile, workload, results) -> dict:
     """Random BERT-shaped encoders (--encoders, default minilm,bge-base): pagestream against
-    sentence-transformers and llama-server (benchmarks/embeddings.py's encoder mode);
+    sentence-transformers and llama-server (benchmarks/encoders.py);
     --num-requests sets the number of inputs."""
-    from benchmarks.embeddings import ENCODER_PROFILES, EncoderOptions, run_encoders, with_profile
+    from benchmarks.embeddings import with_profile
+    from benchmarks.encoders import ENCODER_PROFILES, EncoderOptions, run_encoders
 
     options = EncoderOptions(
         shapes=listed(args.encoders) or ("minilm", "bge-base"),
