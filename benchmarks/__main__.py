@@ -1,4 +1,4 @@
-"""`python -m benchmarks ...`: the benchmark command line (see benchmarks/cli.py)."""
+"""`python -m benchmarks ...`: the benchmark command line (benchmarks/cli.py)."""
 
 import sys
 

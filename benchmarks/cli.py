@@ -1,40 +1,15 @@
-"""`pagestream bench`: every section of the report (benchmarks/sections.py: throughput /
-serve / memory / all against HF transformers and llama.cpp, the parallel runs, routing,
-structured outputs, precision, latency, serve --peer, quantized, speculative, lora, embed),
-and the measurement tools that write no section (TOOLS: `pagestream bench kernels --flex`
-runs benchmarks/kernels.py).
+"""`pagestream bench`: every section of the report (benchmarks/sections.py) and the tools that
+write none (TOOLS). `pagestream bench` runs this module in a child process (`python -m
+benchmarks`), so the pagestream package never imports the benchmarks.
 
-    pagestream bench all --profile quick     # what `make bench` runs (~30 min on 2 cores)
-    pagestream bench throughput --profile full --bf16
+    pagestream bench all --profile quick   # what `make bench` runs: throughput, serve, memory
     pagestream bench throughput --llamacpp --bf16  # + llama.cpp F32 / BF16 (the bench extra)
-    pagestream bench parallel --profile quick   # tp = 1/2/3, pp = 2, async on/off (~15 min)
-    pagestream bench routing --profile quick    # serve -dp 2 under each router policy
-    pagestream bench structured --profile quick # JSON schema vs none, compile times (~3 min)
-    pagestream bench precision --profile quick  # bfloat16 vs float32: speed and agreement
-    pagestream bench latency                    # ms per output token at batch 1/4/16 vs
-                                                # the weight-streaming limit and llama.cpp
-    pagestream bench serve --peer llamacpp      # served side by side with llama-server at
-                                                # concurrency 1/4/16/64 (~15 min)
-    pagestream bench speculative                # ngram / draft models vs none at batch
-                                                # 1/4/16, copy-heavy and default prompts
-                                                # (~10 min; --profile full: ~1 hour)
-    pagestream bench lora                       # 0 / 1 / 4 / 16 random adapters of rank 8
-                                                # and 64 vs the base model, batched and one
-                                                # chat (~10 min; --profile full: ~45 min)
-    pagestream bench embed                      # the pooling runner's embeddings vs HF
-                                                # AutoModel, inputs/s (~6 min)
-    pagestream bench embed --encoders minilm,bge-base  # random BERT-shaped encoders vs
-                                                # sentence-transformers and llama-server
+    pagestream bench serve --peer llamacpp  # beside llama-server at concurrency 1/4/16/64
+    pagestream bench embed --encoders minilm,bge-base  # vs sentence-transformers, llama-server
 
-Results accumulate in <docs>/benchmarks/results.json and the report is rewritten whole to
-<docs>/benchmarks.md (tables) with PNG plots in <docs>/benchmarks/ after every section
-(benchmarks/report.py). Only throughput, serve and memory make up `all`; the others are
-self-contained: each of their parts (parallel: offline, async_serving; routing: dp2; ...)
-keeps its own command, date and machine, and they leave the other sections (and their
-meta) as they are.
-This module is the `benchmarks` package's command line (`python -m benchmarks ...`);
-`pagestream bench ...` runs it in a child process, so the pagestream package never imports
-the benchmarks (they import pagestream).
+Results accumulate in <docs>/benchmarks/results.json; after every section the report is
+rewritten whole to <docs>/benchmarks.md, its plots to <docs>/benchmarks/. The sections outside
+`all` are self-contained: each of their parts keeps its own command, date and machine.
 """
 
 from __future__ import annotations
@@ -56,16 +31,63 @@ logger = logging.getLogger("pagestream.bench")
 
 ALL = ("throughput", "serve", "memory")  # what `all` runs
 LLAMACPP_SEQS = "32"  # measured: 32 and 16 within 3% on the quick workload, 32 ahead
-# Measurements of one part that write no report section: `pagestream bench NAME ARGS` runs
-# benchmarks/NAME.py's main(ARGS) (`pagestream bench NAME --help` lists its options).
+# `pagestream bench NAME ARGS` runs benchmarks/NAME.py's main(ARGS): measurements of one part
 TOOLS = {
-    "attention_cpu": "the torch paged attention on the CPU, per varlen mix",
-    "linear_cpu": "which matmul form is fastest at which row count (CPU)",
     "native_step_profile": "where a native CPU decode step's time goes",
-    "scheduler_sweep": "the CPU scheduler defaults, swept",
     "collectives": "what one gloo collective costs between local processes",
     "kernels": "the Triton paged-attention kernels (CUDA)",
     "soak": "mixed traffic against the split deployment for a fixed time",
+}
+# Each group's (flag, kind, help): kind False is a switch, a type a value of it (default
+# None), a tuple the choices (the first the default), anything else the default.
+OPTIONS = {
+    "": (
+        ("--model", DEFAULT_MODEL, "model name or folder"),
+        ("--profile", ("quick", "full", "smoke"), "the workload's size"),
+        ("--num-requests", int, "override the profile's request count"),
+        ("--docs-dir", "docs", "where benchmarks.md and its plots go"),
+        ("--kv-cache-memory", KV_DEFAULT, "KV cache (parallel, routing: sized unless given)"),
+        ("--hf-batch-sizes", str, "HF static batch sizes, e.g. 8,16,32"),
+        ("--no-hf", False, "skip the HF transformers baselines"),
+        ("--no-hf-continuous", False, "skip HF continuous batching"),
+        ("--bf16", False, "also run pagestream in bfloat16"),
+        ("--llamacpp", False, "throughput: also llama.cpp (F32, BF16 with --bf16)"),
+        ("--llamacpp-seqs", LLAMACPP_SEQS, "llama.cpp's n_seq_max values (the fastest counts)"),
+        ("--rates", str, "serving request rates (req/s), e.g. 1,4"),
+        ("--no-split", False, "skip the --split-services comparison"),
+        ("--no-llamacpp", False, "latency, embed --encoders: skip llama.cpp / llama-server"),
+        ("--encoders", str, "embed: random encoders of these shapes (minilm, bge-base, tiny)"),
+    ),
+    "serve --peer": (
+        ("--peer", (None, "llamacpp"), "serve: closed-loop clients against the peer's server"),
+        ("--concurrencies", "1,4,16,64", "serve --peer: the levels"),
+        ("--llama-server", str, "serve --peer, embed --encoders: the binary ($LLAMA_SERVER)"),
+        ("--single-process", False, "serve --peer: also `pagestream serve --single-process`"),
+        ("--worker-process", False, "serve --peer: also the worker in a process of its own"),
+    ),
+    "parallel": (
+        ("--layouts", str, "layouts, e.g. tp1,tp1-async,tp1-mp,tp2,tp3,pp2,tp2xpp2"),
+        ("--rounds", int, "override the profile's rounds (any self-contained section)"),
+        ("--no-async-serve", False, "skip the serving runs with async scheduling on vs off"),
+        ("--no-offline", False, "skip the offline layouts (keep their last results)"),
+    ),
+    "speculative": (
+        ("--batches", str, "batch sizes (default 1,4,16,32)"),
+        ("--ks", str, "ngram num_speculative_tokens (default 2,4,6)"),
+        ("--draft", str, "the draft: Q4_0 (default), Q8_0, gguf, a model path or none"),
+        ("--draft-k", int, "the drafts' k (default 3)"),
+        ("--prompt-lookup-min", int, "ngram's (default 2)"),
+        ("--prompt-lookup-max", int, "ngram's (default 5)"),
+    ),
+    "lora": (
+        ("--lora-ranks", str, "adapter ranks (default 8,64)"),
+        ("--lora-adapters", str, "how many adapters the requests are spread over (default 1,4,16)"),
+        ("--lora-dir", str, "where the adapters are made (default $PAGESTREAM_CACHE/bench-lora)"),
+    ),
+    "routing": (
+        ("--policies", str, "router policies (default cache_aware,round_robin,least_loaded)"),
+        ("--concurrency", int, "requests in flight (default: the profile's)"),
+    ),
 }
 
 
@@ -77,151 +99,22 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
         epilog="measurements without a report section (pagestream bench NAME --help):\n"
         + "\n".join(f"  {name:20} {what}" for name, what in TOOLS.items()),
     )
-    add = bench.add_argument
-    add("what", choices=(*BY_NAME, "all"), help="which benchmark to run")
-    add("--model", default=DEFAULT_MODEL, help="model name or folder")
-    add("--profile", default="quick", choices=("quick", "full", "smoke"))
-    add("--num-requests", type=int, default=None, help="override the profile's request count")
-    add("--docs-dir", default="docs", help="where benchmarks.md and its plots go")
-    add(
-        "--kv-cache-memory",
-        default=KV_DEFAULT,
-        help="pagestream's KV cache (CPU); parallel: sized to the requests unless given; "
-        "routing: per replica, sized by the profile unless given",
-    )
-    add("--hf-batch-sizes", default=None, help="HF static batch sizes, e.g. 8,16,32")
-    add("--no-hf", action="store_true", help="skip the HF transformers baselines")
-    add("--no-hf-continuous", action="store_true", help="skip HF continuous batching")
-    add("--bf16", action="store_true", help="also run pagestream in bfloat16")
-    add(
-        "--llamacpp",
-        action="store_true",
-        help="throughput: also run llama.cpp (F32, and BF16 with --bf16) on the same weights; "
-        "needs `pip install 'pagestream[bench]'`",
-    )
-    add(
-        "--llamacpp-seqs",
-        default=LLAMACPP_SEQS,
-        help="llama.cpp's parallel sequences (n_seq_max), e.g. 16,32: each is run, the "
-        "ratios use the fastest",
-    )
-    add("--rates", default=None, help="serving request rates (req/s), e.g. 1,4")
-    add("--no-split", action="store_true", help="skip the --split-services comparison")
-    add(
-        "--no-llamacpp",
-        action="store_true",
-        help="latency: skip llama.cpp at batch 1 (run by default; needs the bench extra); "
-        "embed --encoders: skip llama-server",
-    )
-    add(
-        "--encoders",
-        default=None,
-        help="embed: random encoders of these shapes (minilm, bge-base; tiny) instead of "
-        "--model, against sentence-transformers and llama-server (--llama-server)",
-    )
-    peer = bench.add_argument_group("serve --peer")
-    peer.add_argument(
-        "--peer",
-        choices=("llamacpp",),
-        default=None,
-        help="serve: instead of the rate sweep, closed-loop clients at each --concurrencies "
-        "against pagestream serve and the peer's own server (llama-server) on the same weights",
-    )
-    peer.add_argument("--concurrencies", default="1,4,16,64", help="serve --peer: levels")
-    peer.add_argument(
-        "--llama-server",
-        default=None,
-        help="serve --peer, embed --encoders: the binary (default $LLAMA_SERVER)",
-    )
-    peer.add_argument(
-        "--single-process",
-        action="store_true",
-        help="serve --peer: also run `pagestream serve --single-process`",
-    )
-    peer.add_argument(
-        "--worker-process",
-        action="store_true",
-        help="serve --peer: also run the worker in a process of its own below the engine core "
-        "(--distributed-executor-backend mp)",
-    )
-    parallel = bench.add_argument_group("parallel")
-    parallel.add_argument(
-        "--layouts",
-        default=None,
-        help="parallel: layouts to run, e.g. tp1,tp1-async,tp1-mp,tp2,tp3,pp2,tp2xpp2 "
-        "(-mp: tp=1 in a worker process; -async: --async-scheduling)",
-    )
-    parallel.add_argument(
-        "--rounds",
-        type=int,
-        default=None,
-        help="parallel, routing, structured, speculative, lora, embed: override the profile's "
-        "rounds",
-    )
-    parallel.add_argument(
-        "--no-async-serve",
-        action="store_true",
-        help="parallel: skip the serving runs with async scheduling on vs off",
-    )
-    parallel.add_argument(
-        "--no-offline",
-        action="store_true",
-        help="parallel: skip the offline layouts (keep their last results)",
-    )
-    speculative = bench.add_argument_group("speculative")
-    speculative.add_argument(
-        "--batches", default=None, help="speculative: batch sizes (default 1,4,16,32)"
-    )
-    speculative.add_argument(
-        "--ks", default=None, help="speculative: ngram num_speculative_tokens (default 2,4,6)"
-    )
-    speculative.add_argument(
-        "--draft",
-        default=None,
-        help="speculative: the cheaper draft of the target: Q4_0 (default) or Q8_0, made by "
-        "$LLAMA_QUANTIZE from the model's GGUF file (that file itself when it cannot be made), "
-        "gguf (the model's own GGUF file), a model path, or none",
-    )
-    speculative.add_argument(
-        "--draft-k", type=int, default=None, help="speculative: the drafts' k (default 3)"
-    )
-    speculative.add_argument(
-        "--prompt-lookup-min", type=int, default=None, help="speculative: ngram's (default 2)"
-    )
-    speculative.add_argument(
-        "--prompt-lookup-max", type=int, default=None, help="speculative: ngram's (default 5)"
-    )
-    lora = bench.add_argument_group("lora")
-    lora.add_argument("--lora-ranks", default=None, help="lora: adapter ranks (default 8,64)")
-    lora.add_argument(
-        "--lora-adapters",
-        default=None,
-        help="lora: how many adapters the requests are spread over (default 1,4,16)",
-    )
-    lora.add_argument(
-        "--lora-dir",
-        default=None,
-        help="lora: where its random adapters are made once (default $PAGESTREAM_CACHE/bench-lora)",
-    )
-    routing = bench.add_argument_group("routing")
-    routing.add_argument(
-        "--policies",
-        default=None,
-        help="routing: router policies to compare, e.g. cache_aware,round_robin "
-        "(default: cache_aware,round_robin,least_loaded)",
-    )
-    routing.add_argument(
-        "--concurrency",
-        type=int,
-        default=None,
-        help="routing: requests in flight (default: the profile's)",
-    )
+    bench.add_argument("what", choices=(*BY_NAME, "all"), help="which benchmark to run")
+    for group, options in OPTIONS.items():
+        add = bench.add_argument_group(group).add_argument if group else bench.add_argument
+        for flag, kind, text in options:
+            if kind is False:
+                add(flag, action="store_true", help=text)
+            elif isinstance(kind, tuple):
+                add(flag, default=kind[0], choices=[c for c in kind if c], help=text)
+            else:
+                kwargs = {"type": kind} if isinstance(kind, type) else {"default": kind}
+                add(flag, help=text, **kwargs)
     return bench
 
 
 def _profile(args: argparse.Namespace):
-    profile = PROFILES[args.profile]
-    changes: dict = {}
+    profile, changes = PROFILES[args.profile], {}
     if args.num_requests is not None:
         changes["num_requests"] = args.num_requests
         changes["serve_num_requests"] = min(profile.serve_num_requests, args.num_requests)

@@ -1,6 +1,4 @@
-"""The pieces of markdown every report section is made of: a table, and the sentence that
-says how to reproduce a part's figures and where they were measured (the CPU named with
-every figure)."""
+"""The report's markdown pieces: a table, and the sentence that says how to reproduce a part."""
 
 from __future__ import annotations
 
@@ -11,16 +9,14 @@ def table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-def measured(part: dict, default_command: str, details: str | None = None) -> str:
-    """The sentence "Reproduce: `command` (profile, model); measured DATE on CPU (details),
-    load average ..." from the part's meta (command, profile, model, machine) and load."""
+def measured(part: dict, default_command: str) -> str:
+    """ "Reproduce: `command` (profile, model); measured DATE on CPU (cores, torch), load ..."."""
     meta = part.get("meta", {})
     machine = meta.get("machine", {})
-    details = details or f"{machine.get('cores')} cores, torch {machine.get('torch')}"
     text = (
         f"Reproduce: `{meta.get('command', default_command)}` (profile `{meta.get('profile')}`, "
         f"model `{meta.get('model')}`); measured {machine.get('date')} on {machine.get('cpu')} "
-        f"({details})"
+        f"({machine.get('cores')} cores, torch {machine.get('torch')})"
     )
     load = part.get("load_average")
     if load:

@@ -1,6 +1,5 @@
-"""The micro-benchmark driver: a few calls timed in interleaved rounds (each round runs every
-call once, so a noisy stretch of a shared machine hits them all alike), and the machine's
-read bandwidth, the ceiling of every memory-bound step."""
+"""Calls timed in interleaved rounds (a noisy stretch hits them all alike), and the machine's
+read bandwidth."""
 
 from __future__ import annotations
 
@@ -22,8 +21,7 @@ def interleaved(calls: dict[str, Callable[[], object]], rounds: int) -> dict[str
 
 
 def read_bandwidth_gb_s(gib: float = 1.0, rounds: int = 5) -> float:
-    """Median GB/s of summing a float32 tensor far bigger than the caches (a pure read
-    stream) on torch's threads."""
+    """Median GB/s of summing a float32 tensor far bigger than the caches, on torch's threads."""
     import torch
 
     data = torch.ones(int(gib * 2**30) // 4)

@@ -1,6 +1,5 @@
-"""The offline driver: pagestream's `LLM.generate` timed over a workload, as every offline
-section runs it (throughput, memory, precision, quantized, parallel, structured): an engine,
-a short warm-up that leaves nothing in the prefix cache, then the timed run."""
+"""The offline driver: an engine, a warm-up that leaves the prefix cache empty, then
+`LLM.generate` timed over a workload."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ def make_llm(model: str, dtype: str = "float32", kv_cache_memory="2GiB", **engin
 
 
 def warm_up(llm, request: BenchRequest) -> None:
-    """Two short greedy requests (the first calls' costs), then an empty prefix cache: the
-    warm-up must not give the timed run a prefix hit."""
+    """Two short greedy requests, then an empty prefix cache (no prefix hit for the timed run)."""
     llm.generate(*greedy_inputs([BenchRequest(request.prompt_token_ids[:16], 4)] * 2), False)
     llm.engine.scheduler.kv.reset_prefix_cache()
 

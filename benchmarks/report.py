@@ -1,29 +1,25 @@
-"""The report writer: the results (results.json, benchmarks/results.py) -> docs/benchmarks.md
-and its PNG plots (benchmarks/plots.py).
-
-The file is written whole every time from every section that has results, in the order of
-benchmarks/sections.py's SECTIONS, each rendered by its SectionReport from its results alone
-(benchmarks/section_report.py; old records through benchmarks/migration.py): `pagestream
-bench throughput` and `pagestream bench routing` run separately still produce one report,
-and a section run again replaces its old text.
-"""
+"""The report writer: results.json -> docs/benchmarks.md and its plots (benchmarks/plots.py),
+written whole every time, every section that has results in SECTIONS' order, each rendered
+from its results alone by its SectionReport."""
 
 from __future__ import annotations
 
+import copy
 import logging
 from pathlib import Path
 
 from benchmarks import plots
 from benchmarks.markdown import table
-from benchmarks.migration import migrate
 from benchmarks.results import part_of
+from benchmarks.routing import hit_rate_bound
 from benchmarks.sections import SECTIONS
 from benchmarks.workload import PROFILES
 
 logger = logging.getLogger(__name__)
 
-# The profile of the CPU path behind the numbers (written by hand, dated inside).
-CPU_NOTES = Path(__file__).parent / "data" / "cpu_notes.md"
+CPU_NOTES = Path(__file__).parent / "data" / "cpu_notes.md"  # the CPU path's profile, by hand
+ALLOCATIONS = ("paged", "prealloc_max", "prealloc_oracle")
+TP1 = ("tp=1 (worker process)", "tp=1 (in process)")  # the step baselines, first found
 
 
 def _header(results: dict) -> list[str]:
@@ -49,24 +45,16 @@ def _header(results: dict) -> list[str]:
             "seeded, text from benchmarks/data/corpus.txt; greedy with ignore_eos.",
             "",
         ]
-    if notes := _notes(results):
+    profile = PROFILES.get(meta.get("profile"))  # results before runs kept their notes
+    if notes := meta.get("notes") or (profile.notes() if profile else ""):
         out += [notes, ""]
     if results.get("throughput"):
         out += ["## Headline", "", headline(results["throughput"]), ""]
     return out
 
 
-def _notes(results: dict) -> str:
-    """The main sections' profile, as their run described it (results written before runs
-    kept their notes: the stock profile of that name)."""
-    meta = results.get("meta", {})
-    profile = PROFILES.get(meta.get("profile"))
-    return meta.get("notes") or (profile.notes() if profile else "")
-
-
 def headline(tp: dict) -> str:
-    """The README's table: pagestream in float32 and bfloat16 against HF transformers and
-    llama.cpp on the same workload, with each run's fraction of its dtype's matmul ceiling."""
+    """pagestream in each dtype against HF and llama.cpp, with its matmul ceiling's fraction."""
     runs = {r["name"]: r for r in tp["runs"]}
     fractions = {
         **tp.get("ceiling", {}).get("fraction", {}),
@@ -91,8 +79,36 @@ def _dtype_of(name: str) -> str:
     return "bfloat16" if "bfloat16" in name or "BF16" in name else "float32"
 
 
+def derived(results: dict) -> dict:
+    """The results with the figures computed from the recorded ones: the KV cache's waste,
+    routing's hit rate with prefixes spread over both replicas, each parallel layout's step
+    forward minus tp = 1's (in a worker process where it ran) on the same model."""
+    results = copy.deepcopy(results)
+    kv = (results.get("memory") or {}).get("kv_utilization", {})
+    if kv.get("num_samples"):
+        kv.setdefault("waste", {k: round(1 - kv[k], 4) for k in ALLOCATIONS})
+    for part in (results.get("routing") or {}).values():
+        w = part["workload"]
+        shape = (w["conversations"], w["turns"], w["system_prompt_len"], w["question_len"])
+        part["kv_cache"].setdefault("spread_hit_rate", hit_rate_bound(*shape, computed=2))
+    runs = (results.get("parallel") or {}).get("offline", {}).get("runs", [])
+    for run in runs:
+        same = [r for r in runs if r["model"] == run["model"] and r["layout"] in TP1]
+        if run["tp"] == run["pp"] == 1 or not same:
+            continue
+        base = min(same, key=lambda r: TP1.index(r["layout"]))
+        for kind in ("decode", "prefill"):
+            step, tp1 = run["steps"].get(kind, {}), base["steps"].get(kind, {})
+            if step.get("num_steps") and tp1.get("num_steps"):
+                step.setdefault("tp1_layout", base["layout"])
+                step.setdefault("tp1_forward_ms", tp1["forward_ms"])
+                minus = round(step["forward_ms"] - tp1["forward_ms"], 2)
+                step.setdefault("forward_minus_tp1_ms", minus)
+    return results
+
+
 def render(results: dict) -> str:
-    results = migrate(results)
+    results = derived(results)
     out = _header(results)
     for section in SECTIONS:
         if found := part_of(results, section.key, section.part):

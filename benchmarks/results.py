@@ -1,7 +1,5 @@
-"""The results model: one engine's run over a workload (RunResult), the figures drawn from
-runs (percentiles, medians, ratios, greedy agreement), the machine every figure was measured
-on, and results.json, which accumulates every section's results for the report writer
-(benchmarks/report.py)."""
+"""The results model: one engine's run (RunResult), the figures drawn from runs (percentiles,
+medians, ratios, greedy agreement), the machine, and results.json (every section's results)."""
 
 from __future__ import annotations
 
@@ -32,8 +30,7 @@ class RunResult:
 
     @classmethod
     def of(cls, name: str, requests, elapsed_s: float, *, generated: int, **kwargs) -> RunResult:
-        """A run over ``requests`` (BenchRequests) that generated ``generated`` tokens, all
-        of them useful unless ``output_tokens`` says otherwise."""
+        """A run over ``requests`` that generated ``generated`` tokens (all useful by default)."""
         kwargs.setdefault("output_tokens", generated)
         kwargs.setdefault("extra", {})
         return cls(
@@ -75,8 +72,7 @@ class RunResult:
 def percentiles(
     values, points=(50, 99), *, scale: float = 1.0, digits: int = 1, mean: bool = False
 ) -> dict:
-    """{"p50": ..., "p99": ...} (and "mean") of ``values`` times ``scale``, rounded; None
-    for each where there are no values."""
+    """{"p50": ..., "p99": ...} (and "mean") of ``values`` times ``scale``, rounded (None: none)."""
     array = np.asarray(list(values), dtype=float) * scale
     keys = [f"p{p}" for p in points] + ["mean"] * mean
     if not array.size:
@@ -98,8 +94,7 @@ def ratio(a: float | None, b: float | None, digits: int = 3) -> float | None:
 
 
 def rotated(items, round_index: int) -> list:
-    """``items`` in the order of round ``round_index``: rotated by one each round, so that
-    no item always runs first (or right after the same neighbour)."""
+    """``items`` rotated by one each round: none always runs first or after the same one."""
     shift = round_index % len(items)
     return [*items[shift:], *items[:shift]]
 
@@ -113,8 +108,7 @@ def first_difference(got: list[int], reference: list[int]) -> int:
 
 
 def agreement(got: list[list[int]], reference: list[list[int]]) -> dict:
-    """Greedy agreement of ``got`` with ``reference``, request by request: how many are
-    equal all the way, where the first difference falls (the output length where none)."""
+    """Greedy agreement with ``reference``: requests equal all the way, first differences."""
     firsts = [first_difference(g, r) for g, r in zip(got, reference, strict=True)]
     return {
         "requests": len(reference),
@@ -125,8 +119,7 @@ def agreement(got: list[list[int]], reference: list[list[int]]) -> dict:
 
 
 def load_average(run, *args, **kwargs) -> dict:
-    """``run(*args, **kwargs)``'s results with the load average before and after it (the
-    machine may be shared)."""
+    """``run(*args, **kwargs)``'s results with the load average before and after it."""
     start = os.getloadavg()[0]
     result = run(*args, **kwargs)
     end = os.getloadavg()[0]

@@ -1,7 +1,6 @@
 """The sections of `pagestream bench` (SECTIONS, in the report's order): each one's runner,
-(args, folder, profile, workload, results) -> its results, where results.json keeps them,
-and its report (a SectionReport, benchmarks/section_report.py; their words: reports.py).
-benchmarks/cli.py parses the command line and runs them; benchmarks/report.py renders them."""
+(args, folder, profile, workload, results) -> its results, where results.json keeps them, and
+its report (benchmarks/reports.py). cli.py runs them; report.py renders them."""
 
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ from pathlib import Path
 from benchmarks import reports
 from benchmarks.results import load_average
 from benchmarks.section_report import SectionReport
+from benchmarks.workload import scaled
 
 KV_DEFAULT = "2GiB"  # --kv-cache-memory's default: the sections that size their own cache
 
@@ -27,46 +27,48 @@ def given(**values) -> dict:
     return {name: value for name, value in values.items() if value}
 
 
-def run_routing(args, folder, profile, workload, results) -> dict:
-    """serve -dp 2 under each router policy on conversations sharing system prompts; the
-    KV cache per replica is sized by the routing profile unless --kv-cache-memory is given."""
+def _own_kv(args) -> str | None:
+    """--kv-cache-memory where given; None (the section sizes its cache) at the default."""
+    return None if args.kv_cache_memory == KV_DEFAULT else args.kv_cache_memory
+
+
+def _sized(profiles: dict, profile, args, count: str = "num_requests"):
+    """The section's own profile of the run's profile name, --num-requests and --rounds applied."""
+    return dataclasses.replace(
+        profiles[profile.name], **given(**{count: args.num_requests}, rounds=args.rounds)
+    )
+
+
+def _tokenized(run, folder: str, options) -> dict:
+    """run(tokenizer, options), with the load average around it."""
     from transformers import AutoTokenizer
 
+    return load_average(run, AutoTokenizer.from_pretrained(folder), options)
+
+
+def run_routing(args, folder, profile, workload, results) -> dict:
     from benchmarks.routing import POLICIES, ROUTING_PROFILES, RoutingOptions, run_routing
 
-    policies = listed(args.policies)
     options = RoutingOptions(
-        model=folder,
-        profile=ROUTING_PROFILES[profile.name],
-        policies=policies or POLICIES,
-        kv_cache_memory=None if args.kv_cache_memory == KV_DEFAULT else args.kv_cache_memory,
+        folder,
+        ROUTING_PROFILES[profile.name],
+        listed(args.policies) or POLICIES,
+        _own_kv(args),
         concurrency=args.concurrency,
         rounds=args.rounds,
     )
-    return load_average(run_routing, AutoTokenizer.from_pretrained(folder), options)
+    return _tokenized(run_routing, folder, options)
 
 
 def run_structured(args, folder, profile, workload, results) -> dict:
-    """The same JSON-record prompts unconstrained and with a JSON schema, grammar compile
-    times and mask fill per row (benchmarks/structured.py); --num-requests sets the number
-    of prompts."""
-    from transformers import AutoTokenizer
-
     from benchmarks.structured import STRUCTURED_PROFILES, StructuredOptions, run_structured
 
-    structured = dataclasses.replace(
-        STRUCTURED_PROFILES[profile.name],
-        **given(num_prompts=args.num_requests, rounds=args.rounds),
-    )
-    options = StructuredOptions(
-        model=folder, profile=structured, kv_cache_memory=args.kv_cache_memory
-    )
-    return load_average(run_structured, AutoTokenizer.from_pretrained(folder), options)
+    structured = _sized(STRUCTURED_PROFILES, profile, args, "num_prompts")
+    options = StructuredOptions(folder, structured, args.kv_cache_memory)
+    return _tokenized(run_structured, folder, options)
 
 
 def run_precision(args, folder, profile, workload, results) -> dict:
-    """bfloat16 against float32 on the profile's workload (benchmarks/precision.py):
-    throughput side by side and greedy agreement."""
     from benchmarks.precision import PrecisionOptions, run_precision
 
     options = PrecisionOptions(folder, args.kv_cache_memory, **given(rounds=args.rounds))
@@ -74,48 +76,33 @@ def run_precision(args, folder, profile, workload, results) -> dict:
 
 
 def run_latency(args, folder, profile, workload, results) -> dict:
-    """Time per output token at batch 1 / 4 / 16 by dtype, the weight-streaming limit and
-    llama.cpp at batch 1 (benchmarks/latency.py)."""
     from benchmarks.latency import LatencyOptions, run_latency
 
-    options = LatencyOptions(
-        args.model,
-        folder,
-        args.kv_cache_memory,
-        llamacpp=not args.no_llamacpp,
-        **given(rounds=args.rounds),
+    kwargs = given(rounds=args.rounds)
+    llamacpp = not args.no_llamacpp
+    return run_latency(
+        LatencyOptions(args.model, folder, args.kv_cache_memory, **kwargs, llamacpp=llamacpp)
     )
-    return run_latency(options)
 
 
 def run_quantized(args, folder, profile, workload, results) -> dict:
-    """The model's own GGUF file kept quantized, against llama.cpp on the same file, and
-    both runs' greedy agreement with float32 (benchmarks/quantized.py)."""
     from benchmarks.quantized import QuantizedOptions, run_quantized
 
     seqs = listed(args.llamacpp_seqs, int)[0]
-    options = QuantizedOptions(args.model, args.kv_cache_memory, seqs)
-    return run_quantized(workload.requests, options)
+    return run_quantized(
+        workload.requests, QuantizedOptions(args.model, args.kv_cache_memory, seqs)
+    )
 
 
 def run_speculative(args, folder, profile, workload, results) -> dict:
-    """No speculation against ngram at each k and draft models (the target itself, a
-    quantized GGUF file of the same model) at each batch, on a copy-heavy and the default
-    workload (benchmarks/speculative.py); --num-requests and --rounds override its profile."""
-    from transformers import AutoTokenizer
-
     from benchmarks.speculative import SPECULATIVE_PROFILES, SpeculativeOptions, run_speculative
 
-    speculative = dataclasses.replace(
-        SPECULATIVE_PROFILES[profile.name],
-        **given(num_requests=args.num_requests, rounds=args.rounds),
-    )
     options = SpeculativeOptions(
-        model=folder,
-        source_model=args.model,
-        profile=speculative,
-        workload_profile=profile,
-        kv_cache_memory=args.kv_cache_memory,
+        folder,
+        args.model,
+        _sized(SPECULATIVE_PROFILES, profile, args),
+        profile,
+        args.kv_cache_memory,
         **given(
             batches=listed(args.batches, int),
             ks=listed(args.ks, int),
@@ -125,88 +112,60 @@ def run_speculative(args, folder, profile, workload, results) -> dict:
             prompt_lookup_max=args.prompt_lookup_max,
         ),
     )
-    return load_average(run_speculative, AutoTokenizer.from_pretrained(folder), options)
+    return _tokenized(run_speculative, folder, options)
 
 
 def run_lora(args, folder, profile, workload, results) -> dict:
-    """The base model alone against LoRA on with no adapter and with 1 / 4 / 16 random
-    adapters of rank 8 and 64 (requests spread round-robin) on the default workload, and
-    one chat at a time (benchmarks/lora.py); --num-requests and --rounds override its
-    profile."""
-    from transformers import AutoTokenizer
-
     from benchmarks.lora import LORA_PROFILES, LoRAOptions, run_lora
 
-    lora = dataclasses.replace(
-        LORA_PROFILES[profile.name],
-        **given(num_requests=args.num_requests, rounds=args.rounds),
-    )
     options = LoRAOptions(
-        model=folder,
-        profile=lora,
-        workload_profile=profile,
-        kv_cache_memory=args.kv_cache_memory,
+        folder,
+        _sized(LORA_PROFILES, profile, args),
+        profile,
+        args.kv_cache_memory,
         **given(
             ranks=listed(args.lora_ranks, int),
             adapter_counts=listed(args.lora_adapters, int),
             adapter_dir=args.lora_dir,
         ),
     )
-    return load_average(run_lora, AutoTokenizer.from_pretrained(folder), options)
+    return _tokenized(run_lora, folder, options)
 
 
 def run_embed(args, folder, profile, workload, results) -> dict:
-    """Embeddings of the default corpus's passages: pagestream's pooling runner (float32,
-    dtype auto, the GGUF file) against HF AutoModel in padded batches
-    (benchmarks/embeddings.py); --num-requests sets the number of inputs."""
-    from transformers import AutoTokenizer
+    from benchmarks.embeddings import EMBED_PROFILES, EmbedOptions, run_embed
 
-    from benchmarks.embeddings import EMBED_PROFILES, EmbedOptions, run_embed, with_profile
-
-    options = EmbedOptions(
-        model=folder,
-        source=args.model,
-        profile=with_profile(EMBED_PROFILES[profile.name], args.num_requests, args.rounds),
-        kv_cache_memory=args.kv_cache_memory,
+    embed = _sized(EMBED_PROFILES, profile, args, "num_inputs")
+    return _tokenized(
+        run_embed, folder, EmbedOptions(folder, args.model, embed, args.kv_cache_memory)
     )
-    return load_average(run_embed, AutoTokenizer.from_pretrained(folder), options)
 
 
 def run_embed_encoder(args, folder, profile, workload, results) -> dict:
-    """Random BERT-shaped encoders (--encoders, default minilm,bge-base): pagestream against
-    sentence-transformers and llama-server (benchmarks/encoders.py);
-    --num-requests sets the number of inputs."""
-    from benchmarks.embeddings import with_profile
     from benchmarks.encoders import ENCODER_PROFILES, EncoderOptions, run_encoders
 
-    options = EncoderOptions(
-        shapes=listed(args.encoders) or ("minilm", "bge-base"),
-        profile=with_profile(ENCODER_PROFILES[profile.name], args.num_requests, args.rounds),
-        llamacpp=not args.no_llamacpp,
-        llama_server=args.llama_server,
-    )
+    shapes = listed(args.encoders) or ("minilm", "bge-base")
+    encoder = _sized(ENCODER_PROFILES, profile, args, "num_inputs")
+    options = EncoderOptions(shapes, encoder, not args.no_llamacpp, args.llama_server)
     return load_average(run_encoders, options)
 
 
 def run_serve_peer(args, folder, profile, workload, results) -> dict:
-    """pagestream serve against llama-server at each concurrency (benchmarks/serve_peer.py)."""
     from transformers import AutoConfig
 
     from benchmarks.serve_peer import ServePeerOptions, run_serve_peer
 
-    layouts = ("engine-core-process",)
-    layouts += ("single-process",) * args.single_process + ("worker-process",) * args.worker_process
+    layouts = ("engine-core-process",) + ("single-process",) * args.single_process
     options = ServePeerOptions(
-        model=args.model,
-        folder=folder,
+        args.model,
+        folder,
         same_file=Path(args.model).suffix.lower() == ".gguf" and Path(args.model).is_file(),
         concurrencies=listed(args.concurrencies, int),
+        layouts=layouts + ("worker-process",) * args.worker_process,
         llama_server=args.llama_server,
-        layouts=layouts,
         **given(rounds=args.rounds),
     )
-    vocab_size = AutoConfig.from_pretrained(folder).vocab_size
-    return run_serve_peer(options, vocab_size)
+    return run_serve_peer(options, AutoConfig.from_pretrained(folder).vocab_size)
 
 
 def run_throughput(args, folder, profile, workload, results) -> dict:
@@ -230,18 +189,19 @@ def _llamacpp_options(args):
         import_llama_cpp()  # before minutes of other runs
     except RuntimeError as exc:
         raise SystemExit(str(exc)) from exc
-    return LlamaCppOptions(
-        model=args.model,
-        dtypes=("F32", "BF16") if args.bf16 else ("F32",),
-        seqs=listed(args.llamacpp_seqs, int),
-    )
+    dtypes = ("F32", "BF16") if args.bf16 else ("F32",)
+    return LlamaCppOptions(args.model, dtypes, listed(args.llamacpp_seqs, int))
+
+
+def _serve_requests(workload, profile) -> list:
+    """The serving runs' requests: the profile's first, outputs scaled down."""
+    requests = workload.requests[: profile.serve_num_requests]
+    return scaled(requests, profile.serve_output_scale)
 
 
 def run_serving(args, folder, profile, workload, results) -> dict:
     from benchmarks.serving import ServingOptions, run_serving
-    from benchmarks.workload import scaled
 
-    requests = scaled(workload.requests[: profile.serve_num_requests], profile.serve_output_scale)
     options = ServingOptions(
         model=folder,
         rates=profile.serve_rates,
@@ -254,41 +214,32 @@ def run_serving(args, folder, profile, workload, results) -> dict:
             "float32",  # as the HF baselines (auto is bfloat16 on CPUs with native bf16)
         ),
     )
-    return run_serving(requests, options)
+    return run_serving(_serve_requests(workload, profile), options)
 
 
 def run_memory(args, folder, profile, workload, results) -> dict:
     from benchmarks.memory import MemoryOptions, run_memory
 
     options = MemoryOptions(folder, profile, args.kv_cache_memory)
-    throughput = results.get("throughput") or {}
-    kv = throughput.get("runs", [{}])[0].get("kv_utilization")
+    kv = (results.get("throughput") or {}).get("runs", [{}])[0].get("kv_utilization")
     return run_memory(workload.requests, options, kv_utilization=kv)
 
 
 def run_parallel(args, folder, profile, workload, results) -> dict:
-    """Offline layouts side by side, then async scheduling on / off behind the servers;
-    each part with the load average before and after it (the machine may be shared)."""
+    """Offline layouts side by side, then async scheduling on / off behind the servers; the
+    KV cache sized to the requests unless --kv-cache-memory is given."""
     from benchmarks.parallel import DEFAULT_LAYOUTS, Layout, ParallelOptions
     from benchmarks.parallel import run_parallel as run_layouts
     from benchmarks.serving import AsyncServingOptions, run_async_serving
-    from benchmarks.workload import scaled
 
-    rounds = args.rounds or profile.parallel_rounds
-    # The KV cache is sized to the requests unless --kv-cache-memory is given: every rank
-    # of every layout would otherwise hold the default 2 GiB.
-    kv = None if args.kv_cache_memory == KV_DEFAULT else args.kv_cache_memory
-    found = {}
+    rounds, kv, found = args.rounds or profile.parallel_rounds, _own_kv(args), {}
     if not args.no_offline:
         requests = workload.requests[: profile.parallel_num_requests]
         requests = scaled(requests, profile.parallel_output_scale)
-        layouts = listed(args.layouts, Layout.parse) or tuple(map(Layout.parse, DEFAULT_LAYOUTS))
+        layouts = listed(args.layouts or ",".join(DEFAULT_LAYOUTS), Layout.parse)
         offline = ParallelOptions(folder, layouts=layouts, rounds=rounds, kv_cache_memory=kv)
         found["offline"] = load_average(run_layouts, requests, offline)
     if not args.no_async_serve:
-        serve_requests = scaled(
-            workload.requests[: profile.serve_num_requests], profile.serve_output_scale
-        )
         serving = AsyncServingOptions(
             model=folder,
             rates=profile.serve_rates if args.rates else (),  # saturation only, unless asked
@@ -296,7 +247,8 @@ def run_parallel(args, folder, profile, workload, results) -> dict:
             rounds=rounds,
             kv_cache_memory=kv,
         )
-        found["async_serving"] = load_average(run_async_serving, serve_requests, serving)
+        requests = _serve_requests(workload, profile)
+        found["async_serving"] = load_average(run_async_serving, requests, serving)
     return found
 
 
@@ -318,7 +270,7 @@ SECTIONS = (
     Section("serve", "serving", run_serving, reports.SERVING),
     Section("memory", "memory", run_memory, reports.MEMORY),
     Section("parallel", "parallel", run_parallel, reports.PARALLEL, self_contained=True),
-    Section("routing", "routing", run_routing, reports.ROUTING, True, "dp2", own_workload=True),
+    Section("routing", "routing", run_routing, reports.ROUTING, True, "dp2", True),
     Section("structured", "structured", run_structured, reports.STRUCTURED, True, "offline", True),
     Section("precision", "precision", run_precision, reports.PRECISION, True, "offline"),
     Section("latency", "latency", run_latency, reports.LATENCY, True, "batch"),
@@ -327,8 +279,8 @@ SECTIONS = (
     Section(
         "speculative", "speculative", run_speculative, reports.SPECULATIVE, True, "offline", True
     ),
-    Section("lora", "lora", run_lora, reports.LORA, True, "offline", own_workload=True),
-    Section("embed", "embed", run_embed, reports.EMBED, True, "offline", own_workload=True),
+    Section("lora", "lora", run_lora, reports.LORA, True, "offline", True),
+    Section("embed", "embed", run_embed, reports.EMBED, True, "offline", True),
     Section("embed_encoder", "embed", run_embed_encoder, reports.ENCODER, True, "encoder", True),
 )
 BY_NAME = {s.name: s for s in SECTIONS}

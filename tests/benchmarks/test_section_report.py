@@ -1,6 +1,6 @@
 """The one report renderer (benchmarks/section_report.py) on recorded results: every section of
-docs/benchmarks/results.json renders with every figure its records hold, old records through
-benchmarks/migration.py, and the committed docs/benchmarks.md is exactly what it renders."""
+docs/benchmarks/results.json renders with every figure its records hold (and those computed from
+them), and the committed docs/benchmarks.md is exactly what it renders."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.migration import migrate
-from benchmarks.report import render
+from benchmarks.report import derived, render
 from benchmarks.results import load_results, part_of
 from benchmarks.section_report import HIDDEN, SectionReport, words
 from benchmarks.sections import SECTIONS
@@ -35,7 +34,7 @@ def leaves(value, key=""):
 
 @pytest.mark.parametrize("section", SECTIONS, ids=lambda s: s.name)
 def test_every_recorded_figure_is_in_its_section(section):
-    part = part_of(migrate(RESULTS), section.key, section.part)
+    part = part_of(derived(RESULTS), section.key, section.part)
     if not part:
         pytest.skip(f"no recorded {section.name} results")
     text = "\n".join(section.report.render(part))
@@ -55,9 +54,8 @@ def test_the_committed_report_is_its_results_rendered():
     assert render(RESULTS) + "\n" == (DOCS / "benchmarks.md").read_text(encoding="utf-8")
 
 
-def test_old_rows_take_the_row_schema_and_lost_figures_come_back():
+def test_figures_computed_from_the_recorded_ones():
     old = {
-        "lora": {"offline": {"runs": [{"config": "base model", "vs_base": 1.0}], "chat": []}},
         "memory": {
             "kv_utilization": {
                 "num_samples": 3,
@@ -67,14 +65,13 @@ def test_old_rows_take_the_row_schema_and_lost_figures_come_back():
             }
         },
     }
-    new = migrate(old)
-    assert new["lora"]["offline"]["runs"] == [{"variant": "base model", "vs_baseline": 1.0}]
+    new = derived(old)
     assert new["memory"]["kv_utilization"]["waste"] == {
         "paged": 0.1,
         "prealloc_max": 0.75,
         "prealloc_oracle": 0.5,
     }
-    assert "vs_base" in old["lora"]["offline"]["runs"][0]  # the recorded results stay
+    assert "waste" not in old["memory"]["kv_utilization"]  # the recorded results stay
 
 
 def test_a_part_renders_facts_tables_groups_and_turned_tables():
