@@ -9,9 +9,9 @@ import logging
 from pathlib import Path
 
 from benchmarks import plots
-from benchmarks.markdown import table
 from benchmarks.results import part_of
 from benchmarks.routing import hit_rate_bound
+from benchmarks.section_report import table
 from benchmarks.sections import SECTIONS
 from benchmarks.workload import PROFILES
 

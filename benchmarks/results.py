@@ -7,6 +7,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,15 +32,10 @@ class RunResult:
     @classmethod
     def of(cls, name: str, requests, elapsed_s: float, *, generated: int, **kwargs) -> RunResult:
         """A run over ``requests`` that generated ``generated`` tokens (all useful by default)."""
-        kwargs.setdefault("output_tokens", generated)
-        kwargs.setdefault("extra", {})
+        kwargs = {"output_tokens": generated, "extra": {}, **kwargs}
+        prompt_tokens = sum(r.prompt_len for r in requests)
         return cls(
-            name=name,
-            elapsed_s=elapsed_s,
-            num_requests=len(requests),
-            prompt_tokens=sum(r.prompt_len for r in requests),
-            generated_tokens=generated,
-            **kwargs,
+            name, elapsed_s, len(requests), prompt_tokens, generated_tokens=generated, **kwargs
         )
 
     @property
@@ -143,14 +139,9 @@ def machine_info() -> dict:
 
 
 def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    info = Path("/proc/cpuinfo")
+    names = re.findall(r"^model name[^:]*:(.*)$", info.read_text() if info.exists() else "", re.M)
+    return names[0].strip() if names else platform.processor() or platform.machine()
 
 
 def part_of(results: dict, key: str, part: str | None = None) -> dict:
@@ -160,9 +151,7 @@ def part_of(results: dict, key: str, part: str | None = None) -> dict:
 
 
 def load_results(path: Path) -> dict:
-    if path.exists():
-        return json.loads(path.read_text(encoding="utf-8"))
-    return {}
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
 
 
 def save_results(path: Path, results: dict) -> None:

@@ -1,8 +1,6 @@
-"""SectionReport: one section of docs/benchmarks.md, rendered from its results alone and the
-same way for every section: its heading, the sentence that says how to reproduce it and where
-it was measured, a few words on the method, then every figure of its results: the scalars of
-each group as a bullet, each list of rows (benchmarks/row.py's schema and any other) and each
-mapping of like records as a table, a wide table of a few rows turned on its side."""
+"""SectionReport: one section of docs/benchmarks.md from its results alone: its heading, how to
+reproduce it, the method in words, then every figure: each group's scalars as a bullet, each
+list or mapping of like records as a table (a wide one of few rows turned on its side)."""
 
 from __future__ import annotations
 
@@ -10,8 +8,6 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from benchmarks.markdown import measured, table
 
 WIDE = 14  # columns beyond which a table of few rows is turned on its side
 TALL = 5  # the most rows of a table that is turned
@@ -23,6 +19,26 @@ WORDS = (  # a result key's words, in this order
     (r"_vs_", " x vs "),
     (r"_", " "),
 )
+
+
+def table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join("—" if c is None else str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def measured(part: dict, default_command: str) -> str:
+    """ "Reproduce: `command` (profile, model); measured DATE on CPU (cores, torch), load ..."."""
+    meta = part.get("meta", {})
+    machine = meta.get("machine", {})
+    text = (
+        f"Reproduce: `{meta.get('command', default_command)}` (profile `{meta.get('profile')}`, "
+        f"model `{meta.get('model')}`); measured {machine.get('date')} on {machine.get('cpu')} "
+        f"({machine.get('cores')} cores, torch {machine.get('torch')})"
+    )
+    if load := part.get("load_average"):
+        text += f", load average {load['start']} at the start and {load['end']} at the end"
+    return text + "."
 
 
 def words(key: str) -> str:
@@ -52,7 +68,6 @@ class SectionReport:
         return out
 
     def _figures(self, part: dict, path: tuple[str, ...]) -> list[str]:
-        """The bullets of the part's scalars, then a table per group of records in it."""
         lead = ["", measured(part, self.command)] if "meta" in part else []  # a run's part
         facts, out = [], []
         for key, value in part.items():
@@ -92,8 +107,7 @@ class SectionReport:
 
 
 def _is_rows(value) -> bool:
-    """A list of records, or a mapping of two or more records (a record per key; mappings of
-    records of one shape, each a group of rows)."""
+    """A list of records, or a mapping of two or more records (or of groups of like records)."""
     if isinstance(value, list):
         return bool(value) and all(isinstance(v, dict) for v in value)
     if not isinstance(value, dict) or len(value) < 2:
@@ -110,8 +124,7 @@ def _has_rows(record: dict) -> bool:
 
 
 def _rows(value, names: tuple[str, ...]) -> list[dict]:
-    """Flat rows of a list of records, or of a mapping (its key the first column; a mapping
-    of mappings of records, one row per record under both keys)."""
+    """Flat rows of a list of records, or of a mapping (its keys the first columns)."""
     if isinstance(value, list):
         return [_flat(v) for v in value]
     rows = []

@@ -122,14 +122,14 @@ class Workload:
     profile: Profile
 
     def summary(self) -> dict:
-        prompts = np.array([r.prompt_len for r in self.requests])
-        outputs = np.array([r.output_len for r in self.requests])
+        prompts = [r.prompt_len for r in self.requests]
+        outputs = [r.output_len for r in self.requests]
         return {
             **totals(self.requests),
             "prompt_median": float(np.median(prompts)),
-            "prompt_max": int(prompts.max()),
+            "prompt_max": max(prompts),
             "output_median": float(np.median(outputs)),
-            "output_max": int(outputs.max()),
+            "output_max": max(outputs),
         }
 
 
@@ -142,9 +142,7 @@ def totals(requests: list[BenchRequest]) -> dict:
     }
 
 
-def lognormal_lengths(
-    rng: np.random.Generator, n: int, median: int, bounds: tuple[int, int], sigma: float
-) -> list[int]:
+def lognormal_lengths(rng, n: int, median: int, bounds: tuple[int, int], sigma: float) -> list:
     raw = rng.lognormal(mean=np.log(median), sigma=sigma, size=n)
     return np.clip(np.rint(raw), bounds[0], bounds[1]).astype(int).tolist()
 
@@ -169,20 +167,12 @@ class CorpusSource:
 
 
 def make_workload(tokenizer, profile: Profile) -> Workload:
-    n = profile.num_requests
-    rng = np.random.default_rng(profile.seed)
-    prompt_lens = lognormal_lengths(
-        rng, n, profile.prompt_median, profile.prompt_range, profile.sigma
-    )
-    output_lens = lognormal_lengths(
-        rng, n, profile.output_median, profile.output_range, profile.sigma
-    )
+    n, rng, p = profile.num_requests, np.random.default_rng(profile.seed), profile
+    prompt_lens = lognormal_lengths(rng, n, p.prompt_median, p.prompt_range, p.sigma)
+    output_lens = lognormal_lengths(rng, n, p.output_median, p.output_range, p.sigma)
     corpus = CorpusSource(tokenizer)
-    offsets = corpus.offsets(rng, n)
-    requests = [
-        BenchRequest(corpus.window(start, p), o)
-        for start, p, o in zip(offsets, prompt_lens, output_lens, strict=True)
-    ]
+    lengths = zip(corpus.offsets(rng, n), prompt_lens, output_lens, strict=True)
+    requests = [BenchRequest(corpus.window(at, size), out) for at, size, out in lengths]
     return Workload(requests, profile)
 
 
@@ -210,9 +200,7 @@ def greedy_inputs(requests: list[BenchRequest]) -> tuple[list[dict], list]:
     return prompts, params
 
 
-def scaled(
-    requests: list[BenchRequest], output_scale: float, minimum: int = 8
-) -> list[BenchRequest]:
+def scaled(requests: list[BenchRequest], output_scale: float, minimum: int = 8) -> list:
     """The same prompts with output lengths scaled down (shorter serving runs)."""
     return [
         BenchRequest(r.prompt_token_ids, max(minimum, round(r.output_len * output_scale)))
