@@ -1,23 +1,10 @@
 """Time per output token at small batches: `pagestream bench latency`.
 
-One chat's speed, as a llama.cpp user compares it: a prompt of `prompt_len` tokens, then
-`output_len` greedy tokens (ignore_eos), batch 1, 4 and 16 copies of it, each dtype a variant
-on the A/B driver (benchmarks/ab_driver.py; float32 the baseline): its TPOT is the time per
-output token of the decode part alone (per request, first to last token over its tokens - 1),
-medians over `rounds` rounds that take turns.
-
-Beside it: the weight-streaming limit (the bytes a decode step must read, every linear weight
-and the LM head once, over the read bandwidth measured here by summing a 1 GiB float32
-tensor on the same threads) and, with the bench extra installed, llama.cpp at batch 1 on the
-same weights (F32 / BF16 GGUF files exported from the model's GGUF, benchmarks/gguf_export.py),
-threads and prompt, timed as (time for output_len tokens - time for 1) / (output_len - 1).
-
-Quantized runs beside the float ones: "gguf" runs the model's own GGUF file as it is (its
-Q4_1 / Q8_0 blocks, `quantization="gguf"`), and llama.cpp runs that very file; "int8" /
-"int4" quantize the float checkpoint at load. Their streaming limit counts the bytes they
-really read: the file's matrix bytes (the tied embedding once, as the LM head), or the
-codes and scales of int8 / int4.
-"""
+A prompt of `prompt_len` tokens, then `output_len` greedy tokens (ignore_eos), batch 1, 4 and
+16 copies of it, each dtype a variant on the A/B driver (float32 the baseline); beside it the
+weight-streaming limit (the bytes a decode step reads over the read bandwidth measured here)
+and llama.cpp at batch 1 on the same weights, timed (all - one token) / (output_len - 1).
+"gguf" runs the model's own GGUF file as it is; "int8" / "int4" quantize at load."""
 
 from __future__ import annotations
 
@@ -28,16 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
-from benchmarks.ab_driver import ABDriver
-from benchmarks.ab_workload import ABWorkload
+from benchmarks.ab_driver import ABDriver, ABWorkload, Variant
 from benchmarks.micro import read_bandwidth_gb_s
-from benchmarks.variant import Variant
 from benchmarks.workload import BenchRequest
 
 logger = logging.getLogger(__name__)
 
 LLAMACPP_DTYPES = {"float32": "F32", "bfloat16": "BF16"}
-QUANTIZED_RUNS = ("gguf", "int8", "int4")
 
 
 @dataclass(frozen=True)
@@ -58,8 +42,8 @@ class LatencyOptions:
 
 
 def decode_bytes(folder: str, dtype: str, model: str = "") -> int:
-    """What one decode step must read: every linear weight of the stack and the LM head
-    once, in the run's dtype or quantized form (the embedding rows it gathers are a few KB)."""
+    """What one decode step reads: every linear weight and the LM head once, in the run's
+    dtype or quantized form (a GGUF file's matrices as it stores them)."""
     from benchmarks.ceiling import ModelShapes
 
     if dtype == "gguf":
@@ -88,47 +72,40 @@ def _prompt(prompt_len: int) -> list[int]:
     return [1000 + (i * 37) % 20000 for i in range(prompt_len)]
 
 
-def _per_token_ms(full_s: float, first_s: float, output_len: int) -> float:
-    return (full_s - first_s) / (output_len - 1) * 1e3
-
-
 def variant(dtype: str, options: LatencyOptions) -> Variant:
-    """A dtype's engine: the model's own GGUF file with its blocks kept, the float folder
-    quantized at load (int8 / int4) or in a dtype."""
+    """The model's own GGUF file, the float folder quantized at load, or in a dtype."""
+    engine = {"dtype": dtype}
     if dtype == "gguf":
         engine = {"model": options.model, "quantization": "gguf", "dtype": "auto"}
-    elif dtype in QUANTIZED_RUNS:
+    elif dtype in ("int8", "int4"):
         engine = {"quantization": dtype, "dtype": "auto"}
-    else:
-        engine = {"dtype": dtype}
     return Variant(dtype, engine, {"dtype": dtype})
 
 
 def measure_llamacpp(options: LatencyOptions, dtype: str) -> dict:
+    """llama.cpp at batch 1: the very file pagestream runs for gguf, else an export."""
     from benchmarks.gguf_export import export_gguf, source_gguf
     from benchmarks.llamacpp import LlamaCppEngine, LlamaCppOptions, llama_cpp_version
 
-    if dtype == "gguf":  # the very file pagestream runs
-        path = source_gguf(options.model)
-        gguf_dtype = path.stem.rsplit(".", 1)[-1]
-    else:
+    path = source_gguf(options.model)
+    gguf_dtype = path.stem.rsplit(".", 1)[-1]
+    if dtype != "gguf":
         gguf_dtype = LLAMACPP_DTYPES[dtype]
-        path = export_gguf(source_gguf(options.model), gguf_dtype)
+        path = export_gguf(path, gguf_dtype)
     kv_type = "BF16" if dtype == "gguf" else gguf_dtype  # the gguf run's cache: bfloat16
-    cpp_options = LlamaCppOptions(model=options.model, dtypes=(kv_type,))
     prompt = _prompt(options.prompt_len)
-    max_len = options.prompt_len + options.output_len
     rounds = []
+    cpp_options = LlamaCppOptions(model=options.model, dtypes=(kv_type,))
+    max_len = options.prompt_len + options.output_len
     with LlamaCppEngine(path, kv_type, cpp_options, max_len, 1) as engine:
         engine.warm_up(BenchRequest(prompt, 4))
         for _ in range(options.rounds):
-            start = time.perf_counter()
-            engine.generate([BenchRequest(prompt, 1)])
-            first = time.perf_counter() - start
-            start = time.perf_counter()
-            engine.generate([BenchRequest(prompt, options.output_len)])
-            full = time.perf_counter() - start
-            rounds.append(round(_per_token_ms(full, first, options.output_len), 2))
+            seconds = []
+            for output_len in (1, options.output_len):
+                start = time.perf_counter()
+                engine.generate([BenchRequest(prompt, output_len)])
+                seconds.append(time.perf_counter() - start)
+            rounds.append(round((seconds[1] - seconds[0]) / (options.output_len - 1) * 1e3, 2))
     logger.info("llama.cpp %s batch 1: %s ms/token", gguf_dtype, rounds)
     return {
         "ms_per_token": statistics.median(rounds),
@@ -139,11 +116,9 @@ def measure_llamacpp(options: LatencyOptions, dtype: str) -> dict:
 
 
 def run_latency(options: LatencyOptions) -> dict:
-    """Every dtype through pagestream at each batch, llama.cpp at batch 1, the streaming
-    limit. The read bandwidth of a shared machine drifts (31-57 GB/s seen within minutes on
-    the 2-core VM), so it is read before and after pagestream's runs and each llama.cpp
-    run, and the limit takes the highest reading: the fastest the weights could have been
-    streamed during the run."""
+    """Every dtype at each batch, llama.cpp at batch 1, the streaming limit. The read
+    bandwidth of a shared machine drifts, so it is read before and after each engine's runs
+    and the limit takes the highest reading."""
     readings = [read_bandwidth_gb_s()]
     prompt = BenchRequest(_prompt(options.prompt_len), options.output_len)
     batches = options.batch_sizes

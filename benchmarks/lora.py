@@ -1,52 +1,26 @@
 """LoRA adapters against the base model, offline on the CPU: `pagestream bench lora`.
 
-The model's float weights through the in-process `LLM` at dtype auto (bfloat16 on a CPU
-with native bf16), greedy, ignore_eos, on the profile's default workload (its synthetic
-prompts, benchmarks/workload.py; the first `num_requests` requests), every request in one
-generate call (continuous batching).
-
-Adapters (benchmarks/lora_adapters.py): random PEFT LoRA adapters of each rank of `ranks`,
-made by the benchmark itself, once, into `adapter_dir` (default
-$PAGESTREAM_CACHE/bench-lora, one folder per model, rank and index): peft.get_peft_model
-over the model's HF weights (transformers, the same folder), every q/k/v/o/gate/up/down
-projection of every layer targeted, lora_alpha = r (scale 1), init_lora_weights=False and
-then every A and B drawn from a seeded normal of std `adapter_std` (0.01). Small on
-purpose: the outputs stay sensible text, and greedy tokens still move off the base model's
-(each run says how many stay equal). Nothing is downloaded; peft is a dev dependency
-(`pip install peft` where it is missing).
-
-Configurations: the base model alone (enable_lora off); LoRA on with no request using an
-adapter (the largest run's max_loras and max_lora_rank: what having LoRA on costs); then,
-for each rank and each count n of `adapter_counts`, n adapters with the requests spread
-round-robin (request i runs adapter i mod n), max_loras = max_cpu_loras = n (all of them in
-one step) and max_lora_rank = the rank.
-
-One chat: the base model, LoRA on with no adapter, and one adapter of each rank (on the
-engine of that rank's fewest adapters) also run the workload's first `chat_requests`
-requests one after the other (batch 1), each output capped at `chat_max_tokens`: the time
-per output token of a single conversation.
-
-They run side by side through the one A/B driver (benchmarks/ab_driver.py: an engine of its
-own per configuration and round, prefix caching off, every adapter loaded in its warm-up,
-medians over the rounds, ratios to the base model's run); LoRA on with no adapter must keep
-every one of the base model's greedy tokens.
-
-The issue's targets: 4 adapters of rank 8 cost at most 15% of the base model's output
-tok/s, 16 adapters at most 30%; checked on the continuous-batching runs of every rank
-(rank 8 is the target; the others are shown against the same bounds).
-"""
+Greedy, ignore_eos, on the A/B driver: the default workload's first `num_requests` requests in
+one generate call, and one chat (its first `chat_requests`, batch 1, capped at
+`chat_max_tokens`). Variants: the base model, LoRA on with no adapter (the largest run's
+limits; it must keep the base model's tokens) and n random adapters of each rank spread
+round-robin, max_loras = max_cpu_loras = n. The adapters: peft over the model's HF weights,
+every projection of every layer, lora_alpha = r, every A and B from a seeded normal of std
+`adapter_std`; made once into `adapter_dir` (default $PAGESTREAM_CACHE/bench-lora)."""
 
 from __future__ import annotations
 
 import dataclasses
+import gc
+import hashlib
+import json
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
-from benchmarks.ab_driver import ABDriver
-from benchmarks.ab_workload import ABWorkload
-from benchmarks.lora_adapters import ADAPTER_STD, adapter_folders, adapter_info
-from benchmarks.variant import Variant
+from benchmarks.ab_driver import ABDriver, ABWorkload, Variant
 from benchmarks.workload import BenchRequest, Profile, make_workload
+from services.common.lora_config import TARGET_MODULES
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +28,9 @@ BASE = "base model"
 NO_ADAPTER = "LoRA on, no adapter"
 TARGET_RANK = 8  # the rank the issue's targets name
 TARGETS = ((4, 0.15), (16, 0.30))  # (adapters, the most output tok/s they may cost)
+ADAPTER_STD = 0.01  # every A and B ~ normal(0, std): outputs stay sensible text
+ADAPTER_SEED = 0
+STAMP = "pagestream_bench_lora.json"  # in each adapter's folder: what it was made from
 
 
 @dataclass(frozen=True)
@@ -65,9 +42,6 @@ class LoRAProfile:
     chat_max_tokens: int  # the cap on their output lengths
 
 
-# One round at quick (2 cores, bfloat16): 8 engines over 32 requests (6.2k output tokens,
-# ~25 s for the base model) and 4 chats of 2 x 128 tokens, ~5 minutes; the first run also
-# makes the adapters (16 of each rank, 1.4 GB in float32: ~30 s).
 LORA_PROFILES = {
     "smoke": LoRAProfile("smoke", 16, 1, 2, 8),  # the drivers end to end
     "quick": LoRAProfile("quick", 32, 2, 2, 128),  # ~10 min on 2 cores
@@ -88,33 +62,101 @@ class LoRAOptions:
     dtype: str = "auto"
 
     def __post_init__(self) -> None:
-        if not self.ranks or min(self.ranks) < 1:
-            raise ValueError(f"ranks must be >= 1, got {self.ranks}.")
-        if not self.adapter_counts or min(self.adapter_counts) < 1:
-            raise ValueError(f"adapter counts must be >= 1, got {self.adapter_counts}.")
         profile = self.profile
-        if profile.rounds < 1 or profile.num_requests < 1 or profile.chat_requests < 1:
+        if min(self.ranks, default=0) < 1 or min(self.adapter_counts, default=0) < 1:
+            raise ValueError(
+                f"ranks and adapter counts must be >= 1: {self.ranks}, {self.adapter_counts}."
+            )
+        if min(profile.rounds, profile.num_requests, profile.chat_requests) < 1:
             raise ValueError("rounds, num_requests and chat_requests must be >= 1.")
         if profile.chat_max_tokens < 2 or self.adapter_std <= 0:
             raise ValueError("chat_max_tokens must be >= 2 and adapter_std > 0.")
 
 
-# ---- the configurations ----------------------------------------------------------------
-def lora_requests(folders: list[str], rank: int) -> tuple:
-    """One LoRARequest per adapter folder (ids 1, 2, ...)."""
-    from pagestream import LoRARequest
+def adapter_root(options: LoRAOptions) -> Path:
+    from services.common.model_source import cache_dir
 
-    return tuple(LoRARequest(f"bench-r{rank}-{i}", i + 1, p) for i, p in enumerate(folders))
+    return Path(options.adapter_dir) if options.adapter_dir else cache_dir() / "bench-lora"
+
+
+def adapter_folders(options: LoRAOptions) -> dict[int, list[str]]:
+    """rank -> the folders of max(adapter_counts) adapters of that rank, each made once (again
+    when its stamp changed: the model's weights, the rank, its index or the std)."""
+    model = Path(options.model).resolve()
+    digest = hashlib.sha256(str(model).encode()).hexdigest()[:8]
+    weights = [
+        [f.name, f.stat().st_size, f.stat().st_mtime_ns]
+        for f in sorted(model.glob("*.safetensors"))
+    ]
+    folders, missing = {}, {}
+    for rank in options.ranks:
+        names = [f"{model.name}-{digest}-r{rank}-{i}" for i in range(max(options.adapter_counts))]
+        folders[rank] = [adapter_root(options) / name for name in names]
+        for index, folder in enumerate(folders[rank]):
+            stamp = {"model": str(model), "weights": weights, "rank": rank, "index": index}
+            stamp |= {
+                "seed": ADAPTER_SEED,
+                "std": options.adapter_std,
+                "targets": list(TARGET_MODULES),
+            }
+            try:
+                made = json.loads((folder / STAMP).read_text()) == stamp
+            except (OSError, ValueError):
+                made = False
+            if not made:
+                missing.setdefault(rank, []).append((index, folder, stamp))
+    if missing:
+        logger.info("making %d random LoRA adapters", sum(map(len, missing.values())))
+        make_adapters(model, missing, options.adapter_std)
+    return {rank: [str(f) for f in found] for rank, found in folders.items()}
+
+
+def make_adapters(model: Path, wanted: dict[int, list[tuple[int, Path, dict]]], std: float):
+    """Random PEFT adapters: rank -> [(index, folder, stamp)], each A and B ~ normal(0, std)
+    seeded by rank and index; the stamp written last, once the folder is whole."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as exc:
+        raise SystemExit(
+            "pagestream bench lora makes its adapters with peft: `pip install peft`."
+        ) from exc
+
+    for rank, items in wanted.items():
+        base = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+        config = LoraConfig(
+            r=rank,
+            lora_alpha=rank,
+            target_modules=list(TARGET_MODULES),
+            lora_dropout=0.0,
+            bias="none",
+            init_lora_weights=False,
+            task_type="CAUSAL_LM",
+        )
+        peft_model = get_peft_model(base, config)
+        params = [p for name, p in peft_model.named_parameters() if ".lora_" in name]
+        for index, folder, stamp in items:
+            generator = torch.Generator().manual_seed(ADAPTER_SEED + 1000 * rank + index)
+            with torch.no_grad():
+                for param in params:
+                    param.normal_(0.0, std, generator=generator)
+            (folder / STAMP).unlink(missing_ok=True)
+            peft_model.save_pretrained(folder)
+            (folder / STAMP).write_text(json.dumps(stamp))
+        del peft_model, base
+        gc.collect()
 
 
 def setup(label: str, limits=None, adapters: tuple = (), rank=None, chat=False) -> Variant:
     """A configuration: LoRA off (no limits) or on with (max_loras, max_lora_rank), its
     requests spread round-robin over `adapters`; the chat too where `chat`."""
     max_loras, max_rank = limits or (None, None)
-    engine = {}
-    if limits:
-        engine = {"enable_lora": True, "max_loras": max_loras, "max_lora_rank": max_rank}
-        engine["max_cpu_loras"] = max_loras
+    engine = (
+        {"enable_lora": True, "max_loras": max_loras, "max_lora_rank": max_rank} if limits else {}
+    )
+    engine |= {"max_cpu_loras": max_loras} if limits else {}
     facts = {"enable_lora": limits is not None, "adapters": len(adapters), "rank": rank}
     facts |= {"max_loras": max_loras, "max_lora_rank": max_rank}
     return Variant(label, engine, facts, adapters, workloads=None if chat else ("batch",))
@@ -123,48 +165,48 @@ def setup(label: str, limits=None, adapters: tuple = (), rank=None, chat=False) 
 def configurations(options: LoRAOptions, adapters: dict[int, list[str]]) -> list[Variant]:
     """The base model, LoRA on with no adapter (the largest run's limits), then each rank
     with each adapter count; the chats on the first two and each rank's fewest adapters."""
-    fewest = min(options.adapter_counts)
+    from pagestream import LoRARequest
+
     largest = (max(options.adapter_counts), max(options.ranks))
     setups = [setup(BASE, chat=True), setup(NO_ADAPTER, largest, chat=True)]
     for rank in options.ranks:
         for n in options.adapter_counts:
-            loras = lora_requests(adapters[rank][:n], rank)
+            paths = adapters[rank][:n]
+            loras = tuple(LoRARequest(f"bench-r{rank}-{i}", i + 1, p) for i, p in enumerate(paths))
             label = f"{n} adapter{'s' * (n > 1)}, rank {rank}"
-            setups.append(setup(label, (n, rank), loras, rank, chat=n == fewest))
+            setups.append(setup(label, (n, rank), loras, rank, n == min(options.adapter_counts)))
     return setups
 
 
 def check_targets(runs: list[dict]) -> list[dict]:
     """Each target (adapters, the most they may cost) against each rank's run of that many
     adapters: its ratio to the base model, its cost (1 - ratio), met or not."""
-    checked = []
-    for run in runs:
-        for count, most in TARGETS:
-            if run["adapters"] != count or run["vs_baseline"] is None:
-                continue
-            checked.append(
-                {
-                    "adapters": count,
-                    "rank": run["rank"],
-                    "issue_target": run["rank"] == TARGET_RANK,
-                    "max_cost": most,
-                    "vs_baseline": run["vs_baseline"],
-                    "cost": round(1 - run["vs_baseline"], 3),
-                    "met": run["vs_baseline"] >= 1 - most,
-                }
-            )
-    return checked
+    return [
+        {
+            "adapters": count,
+            "rank": run["rank"],
+            "issue_target": run["rank"] == TARGET_RANK,
+            "max_cost": most,
+            "vs_baseline": run["vs_baseline"],
+            "cost": round(1 - run["vs_baseline"], 3),
+            "met": run["vs_baseline"] >= 1 - most,
+        }
+        for run in runs
+        for count, most in TARGETS
+        if run["adapters"] == count and run["vs_baseline"] is not None
+    ]
 
 
 def run_lora(tokenizer, options: LoRAOptions) -> dict:
     import torch
 
+    from services.common.lora_adapter import WEIGHTS_FILE
+
     profile = options.profile
     adapters = adapter_folders(options)
     pool = max(profile.num_requests, profile.chat_requests)
-    workload = make_workload(
-        tokenizer, dataclasses.replace(options.workload_profile, num_requests=pool)
-    ).requests
+    shapes = dataclasses.replace(options.workload_profile, num_requests=pool)
+    workload = make_workload(tokenizer, shapes).requests
     requests = workload[: profile.num_requests]
     chat = [
         BenchRequest(r.prompt_token_ids, min(r.output_len, profile.chat_max_tokens))
@@ -178,11 +220,10 @@ def run_lora(tokenizer, options: LoRAOptions) -> dict:
         options.model, workloads, profile.rounds, options.dtype, options.kv_cache_memory
     )
     runs = driver.run(configurations(options, adapters))
-    batch = [r for r in runs if r["workload"] == "batch"]
     for off in (r for r in runs if r["variant"] == NO_ADAPTER and r["differing_outputs"]):
         logger.warning(
-            "LoRA on with no adapter, %s: %d of %d requests' greedy tokens differ from the base "
-            "model's",
+            "LoRA on with no adapter, %s: %d of %d requests' greedy tokens differ from the "
+            "base model's",
             off["workload"],
             off["differing_outputs"],
             off["requests"],
@@ -198,8 +239,21 @@ def run_lora(tokenizer, options: LoRAOptions) -> dict:
         "threads": torch.get_num_threads(),
         "dtype": driver.engines[BASE]["dtype"],
         "weight_bytes": driver.engines[BASE]["weight_bytes"],
-        "adapters": adapter_info(adapters, options),
+        "adapters": {
+            "std": options.adapter_std,
+            "seed": ADAPTER_SEED,
+            "targets": list(TARGET_MODULES),
+            "folder": str(adapter_root(options)),
+            "per_rank": [
+                {
+                    "rank": rank,
+                    "count": len(found),
+                    "file_bytes": (Path(found[0]) / WEIGHTS_FILE).stat().st_size,
+                }
+                for rank, found in adapters.items()
+            ],
+        },
         "workloads": {w.name: w.summary() for w in workloads},
         "runs": runs,
-        "targets": check_targets(batch),
+        "targets": check_targets([r for r in runs if r["workload"] == "batch"]),
     }

@@ -1,39 +1,21 @@
 """A GGUF model's own file as it is, against llama.cpp on the very same file:
 `pagestream bench quantized`.
 
-Offline throughput on the profile's workload (every engine gets the same prompts and output
-lengths, ignore_eos): pagestream with the file's blocks kept (`quantization="gguf"`, dtype
-auto: a bfloat16 KV cache) and llama.cpp on that file with `seqs` sequences in parallel (a
-bfloat16 KV cache too), one engine at a time. With `$LLAMA_QUANTIZE` (llama.cpp's
-llama-quantize), a Q8_0 file made from the F32 export of the same weights runs both ways as
-well.
-
-Beside them, pagestream bfloat16 on the de-quantized weights: what the file ran as before
-its blocks were kept (the float model in bfloat16, not quantized).
-
-Greedy agreement of each run with pagestream float32 on the de-quantized weights of the
-same file (the float model those blocks stand for), over the whole workload: equal
-requests, the mean first difference, as benchmarks/results.py counts them. llama.cpp
-rounds its activations to 8 bits inside the quantized dot products; pagestream does the
-same on the bfloat16 VNNI path (pagestream_kernels/cpu/quantized_linear.cpp).
-"""
+The profile's workload (ignore_eos) through pagestream with the file's blocks kept and through
+llama.cpp (`seqs` sequences, both with bfloat16 KV caches), beside pagestream bfloat16 on the
+de-quantized weights; with $LLAMA_QUANTIZE, a Q8_0 file made from the F32 export runs both
+ways too. Greedy agreement is with pagestream float32 on the de-quantized weights."""
 
 from __future__ import annotations
 
-import logging
 import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.ab_driver import ABDriver
-from benchmarks.ab_workload import ABWorkload
+from benchmarks.ab_driver import ABDriver, ABWorkload, Variant, ab_row
 from benchmarks.results import ratio
-from benchmarks.row import Row
-from benchmarks.variant import Variant
 from benchmarks.workload import BenchRequest
-
-logger = logging.getLogger(__name__)
 
 QUANTIZE_ENV = "LLAMA_QUANTIZE"
 
@@ -46,30 +28,17 @@ class QuantizedOptions:
     llama_quantize: str | None = None  # llama-quantize, for the Q8_0 runs
 
 
-def make_q8_0(source: Path, llama_quantize: str) -> Path:
-    """A Q8_0 file of `source`'s weights (from its F32 export), made once next to it."""
-    return llama_quantized(source, llama_quantize, "Q8_0")
-
-
-def llama_quantized_path(source: Path, file_type: str) -> Path:
-    """Where llama_quantized keeps `source`'s `file_type` file: next to it."""
-    return source.with_name(f"{source.stem}.{file_type}.gguf")
-
-
-def is_made(path: Path, source: Path) -> bool:
-    """`path` was made (no earlier than `source`), so it need not be made again."""
-    return path.is_file() and path.stat().st_mtime >= source.stat().st_mtime
-
-
-def llama_quantized(source: Path, llama_quantize: str, file_type: str) -> Path:
-    """A `file_type` ("Q8_0", "Q4_0", ... as llama-quantize names them) file of `source`'s
-    weights, quantized by llama-quantize from its F32 export, made once next to it. The
-    binary's own folder goes first on LD_LIBRARY_PATH (its shared libraries live there)."""
+def llama_quantized(source: Path, llama_quantize: str | None, file_type: str) -> Path | None:
+    """A `file_type` ("Q8_0", "Q4_0", ...) file of `source`'s weights, made once next to it
+    by llama-quantize from its F32 export (the binary's folder first on LD_LIBRARY_PATH);
+    None where it was not made and there is no llama-quantize to make it."""
     from benchmarks.gguf_export import export_gguf
 
-    out = llama_quantized_path(source, file_type)
-    if is_made(out, source):
+    out = source.with_name(f"{source.stem}.{file_type}.gguf")
+    if out.is_file() and out.stat().st_mtime >= source.stat().st_mtime:
         return out
+    if not llama_quantize:
+        return None
     f32 = export_gguf(source, "F32")
     tmp = out.with_name(out.name + ".tmp")
     env = dict(os.environ)
@@ -81,7 +50,11 @@ def llama_quantized(source: Path, llama_quantize: str, file_type: str) -> Path:
     return out
 
 
-def variants(source: Path, files: list[Path], floats: str) -> list[Variant]:
+def _label(path: Path) -> str:
+    return path.stem.rsplit(".", 1)[-1]
+
+
+def variants(files: list[Path], floats: str) -> list[Variant]:
     """pagestream float32 on the de-quantized weights (the baseline), bfloat16 on them, and
     each GGUF file with its blocks kept (dtype auto: a bfloat16 KV cache)."""
     found = [
@@ -94,10 +67,6 @@ def variants(source: Path, files: list[Path], floats: str) -> list[Variant]:
     return found
 
 
-def _label(path: Path) -> str:
-    return path.stem.rsplit(".", 1)[-1]
-
-
 def llamacpp_row(path: Path, requests, options: QuantizedOptions, baseline: list[dict]) -> dict:
     """llama.cpp on one GGUF file (bfloat16 KV cache), a row against pagestream float32."""
     from benchmarks.llamacpp import LlamaCppOptions, run_llamacpp
@@ -106,8 +75,7 @@ def llamacpp_row(path: Path, requests, options: QuantizedOptions, baseline: list
     run, tokens = run_llamacpp(requests, path, "BF16", options.seqs, cpp_options)
     timed = {"elapsed_s": run.elapsed_s, "output_tokens": run.output_tokens, "tpot_ms": None}
     name = f"llama.cpp {_label(path)} ({options.seqs} seqs)"
-    row = Row.of(name, "default", None, [{**timed, "token_ids": tokens}], baseline, run.extra)
-    return row.as_dict()
+    return ab_row(name, "default", None, [{**timed, "token_ids": tokens}], baseline, run.extra)
 
 
 def run_quantized(requests: list[BenchRequest], options: QuantizedOptions) -> dict:
@@ -118,12 +86,11 @@ def run_quantized(requests: list[BenchRequest], options: QuantizedOptions) -> di
     files = [source]
     quantize = options.llama_quantize or os.environ.get(QUANTIZE_ENV)
     if quantize:
-        files.append(make_q8_0(source, quantize))
+        files.append(llama_quantized(source, quantize, "Q8_0"))
     floats = str(dequantized_folder(options.model))
-    driver = ABDriver(
-        floats, [ABWorkload("default", requests)], 1, "float32", options.kv_cache_memory
-    )
-    runs = driver.run(variants(source, files, floats))
+    workload = ABWorkload("default", requests)
+    driver = ABDriver(floats, [workload], 1, "float32", options.kv_cache_memory)
+    runs = driver.run(variants(files, floats))
     for row in runs:
         row |= driver.engines[row["variant"]]  # dtype, quantization, weight_bytes
     baseline = driver.found[(runs[0]["variant"], "default", None)]

@@ -12,11 +12,12 @@ from benchmarks.lora import (
     BASE,
     LORA_PROFILES,
     NO_ADAPTER,
+    STAMP,
     LoRAOptions,
+    adapter_folders,
     check_targets,
     configurations,
 )
-from benchmarks.lora_adapters import STAMP, adapter_folders
 from benchmarks.reports import LORA
 from benchmarks.workload import PROFILES
 from tests.benchmarks.bench import bench, report

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks.ab_driver import TokenClock
 from benchmarks.reports import SPECULATIVE
 from benchmarks.speculative import (
     NO_SPECULATION,
@@ -18,7 +19,6 @@ from benchmarks.speculative import (
     spec_counts,
     summed,
 )
-from benchmarks.token_clock import TokenClock
 from benchmarks.workload import PROFILES
 from services.common.engine_output import SchedulerStats
 from tests.benchmarks.bench import bench, report
