@@ -30,7 +30,6 @@ from services.common.config import DEFAULT_MODEL
 logger = logging.getLogger("pagestream.bench")
 
 ALL = ("throughput", "serve", "memory")  # what `all` runs
-LLAMACPP_SEQS = "32"  # measured: 32 and 16 within 3% on the quick workload, 32 ahead
 # `pagestream bench NAME ARGS` runs benchmarks/NAME.py's main(ARGS): measurements of one part
 TOOLS = {
     "native_step_profile": "where a native CPU decode step's time goes",
@@ -38,57 +37,35 @@ TOOLS = {
     "kernels": "the Triton paged-attention kernels (CUDA)",
     "soak": "mixed traffic against the split deployment for a fixed time",
 }
-# Each group's (flag, kind, help): kind False is a switch, a type a value of it (default
-# None), a tuple the choices (the first the default), anything else the default.
-OPTIONS = {
-    "": (
-        ("--model", DEFAULT_MODEL, "model name or folder"),
-        ("--profile", ("quick", "full", "smoke"), "the workload's size"),
-        ("--num-requests", int, "override the profile's request count"),
-        ("--docs-dir", "docs", "where benchmarks.md and its plots go"),
-        ("--kv-cache-memory", KV_DEFAULT, "KV cache (parallel, routing: sized unless given)"),
-        ("--hf-batch-sizes", str, "HF static batch sizes, e.g. 8,16,32"),
-        ("--no-hf", False, "skip the HF transformers baselines"),
-        ("--no-hf-continuous", False, "skip HF continuous batching"),
-        ("--bf16", False, "also run pagestream in bfloat16"),
-        ("--llamacpp", False, "throughput: also llama.cpp (F32, BF16 with --bf16)"),
-        ("--llamacpp-seqs", LLAMACPP_SEQS, "llama.cpp's n_seq_max values (the fastest counts)"),
-        ("--rates", str, "serving request rates (req/s), e.g. 1,4"),
-        ("--no-split", False, "skip the --split-services comparison"),
-        ("--no-llamacpp", False, "latency, embed --encoders: skip llama.cpp / llama-server"),
-        ("--encoders", str, "embed: random encoders of these shapes (minilm, bge-base, tiny)"),
-    ),
-    "serve --peer": (
-        ("--peer", (None, "llamacpp"), "serve: closed-loop clients against the peer's server"),
-        ("--concurrencies", "1,4,16,64", "serve --peer: the levels"),
-        ("--llama-server", str, "serve --peer, embed --encoders: the binary ($LLAMA_SERVER)"),
-        ("--single-process", False, "serve --peer: also `pagestream serve --single-process`"),
-        ("--worker-process", False, "serve --peer: also the worker in a process of its own"),
-    ),
-    "parallel": (
-        ("--layouts", str, "layouts, e.g. tp1,tp1-async,tp1-mp,tp2,tp3,pp2,tp2xpp2"),
-        ("--rounds", int, "override the profile's rounds (any self-contained section)"),
-        ("--no-async-serve", False, "skip the serving runs with async scheduling on vs off"),
-        ("--no-offline", False, "skip the offline layouts (keep their last results)"),
-    ),
-    "speculative": (
-        ("--batches", str, "batch sizes (default 1,4,16,32)"),
-        ("--ks", str, "ngram num_speculative_tokens (default 2,4,6)"),
-        ("--draft", str, "the draft: Q4_0 (default), Q8_0, gguf, a model path or none"),
-        ("--draft-k", int, "the drafts' k (default 3)"),
-        ("--prompt-lookup-min", int, "ngram's (default 2)"),
-        ("--prompt-lookup-max", int, "ngram's (default 5)"),
-    ),
-    "lora": (
-        ("--lora-ranks", str, "adapter ranks (default 8,64)"),
-        ("--lora-adapters", str, "how many adapters the requests are spread over (default 1,4,16)"),
-        ("--lora-dir", str, "where the adapters are made (default $PAGESTREAM_CACHE/bench-lora)"),
-    ),
-    "routing": (
-        ("--policies", str, "router policies (default cache_aware,round_robin,least_loaded)"),
-        ("--concurrency", int, "requests in flight (default: the profile's)"),
-    ),
-}
+# (flag, kind, help): kind False is a switch, a type a value of it (default None), a tuple the
+# choices (the first the default), anything else the default.
+OPTIONS = (
+    ("--model", DEFAULT_MODEL, "model name or folder"),
+    ("--profile", ("quick", "full", "smoke"), "the workload's size"),
+    ("--num-requests", int, "override the profile's request count"),
+    ("--docs-dir", "docs", "where benchmarks.md and its plots go"),
+    ("--kv-cache-memory", KV_DEFAULT, "KV cache (parallel, routing: sized unless given)"),
+    ("--no-hf", False, "skip the HF transformers baselines"),
+    ("--bf16", False, "also run pagestream in bfloat16"),
+    ("--llamacpp", False, "throughput: also llama.cpp (F32, BF16 with --bf16)"),
+    ("--rates", str, "serving request rates (req/s), e.g. 1,4"),
+    ("--no-split", False, "skip the --split-services comparison"),
+    ("--no-llamacpp", False, "latency, embed --encoders: skip llama.cpp / llama-server"),
+    ("--encoders", str, "embed: random encoders of these shapes (minilm, bge-base, tiny)"),
+    ("--peer", (None, "llamacpp"), "serve: closed-loop clients against the peer's own server"),
+    ("--concurrencies", "1,4,16,64", "serve --peer: the levels"),
+    ("--llama-server", str, "serve --peer, embed --encoders: the binary ($LLAMA_SERVER)"),
+    ("--single-process", False, "serve --peer: also `pagestream serve --single-process`"),
+    ("--worker-process", False, "serve --peer: also the worker in a process of its own"),
+    ("--layouts", str, "parallel: layouts, e.g. tp1,tp1-async,tp1-mp,tp2,tp3,pp2,tp2xpp2"),
+    ("--rounds", int, "override the profile's rounds (the self-contained sections)"),
+    ("--no-async-serve", False, "parallel: skip the serving runs with async scheduling on / off"),
+    ("--no-offline", False, "parallel: skip the offline layouts (keep their last results)"),
+    ("--batches", str, "speculative: batch sizes (default 1,4,16,32)"),
+    ("--ks", str, "speculative: ngram num_speculative_tokens (default 2,4,6)"),
+    ("--draft", str, "speculative: Q4_0 (default), Q8_0, gguf, a model path or none"),
+    ("--lora-dir", str, "lora: where its adapters are made ($PAGESTREAM_CACHE/bench-lora)"),
+)
 
 
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
@@ -100,16 +77,14 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
         + "\n".join(f"  {name:20} {what}" for name, what in TOOLS.items()),
     )
     bench.add_argument("what", choices=(*BY_NAME, "all"), help="which benchmark to run")
-    for group, options in OPTIONS.items():
-        add = bench.add_argument_group(group).add_argument if group else bench.add_argument
-        for flag, kind, text in options:
-            if kind is False:
-                add(flag, action="store_true", help=text)
-            elif isinstance(kind, tuple):
-                add(flag, default=kind[0], choices=[c for c in kind if c], help=text)
-            else:
-                kwargs = {"type": kind} if isinstance(kind, type) else {"default": kind}
-                add(flag, help=text, **kwargs)
+    for flag, kind, text in OPTIONS:
+        if kind is False:
+            bench.add_argument(flag, action="store_true", help=text)
+        elif isinstance(kind, tuple):
+            bench.add_argument(flag, default=kind[0], choices=[c for c in kind if c], help=text)
+        else:
+            kwargs = {"type": kind} if isinstance(kind, type) else {"default": kind}
+            bench.add_argument(flag, help=text, **kwargs)
     return bench
 
 
@@ -119,8 +94,6 @@ def _profile(args: argparse.Namespace):
         changes["num_requests"] = args.num_requests
         changes["serve_num_requests"] = min(profile.serve_num_requests, args.num_requests)
         changes["parallel_num_requests"] = min(profile.parallel_num_requests, args.num_requests)
-    if args.hf_batch_sizes is not None:
-        changes["hf_batch_sizes"] = listed(args.hf_batch_sizes, int)
     if args.rates is not None:
         changes["serve_rates"] = listed(args.rates, float)
     return dataclasses.replace(profile, **changes)

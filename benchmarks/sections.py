@@ -47,16 +47,10 @@ def _tokenized(run, folder: str, options) -> dict:
 
 
 def run_routing(args, folder, profile, workload, results) -> dict:
-    from benchmarks.routing import POLICIES, ROUTING_PROFILES, RoutingOptions, run_routing
+    from benchmarks.routing import ROUTING_PROFILES, RoutingOptions, run_routing
 
-    options = RoutingOptions(
-        folder,
-        ROUTING_PROFILES[profile.name],
-        listed(args.policies) or POLICIES,
-        _own_kv(args),
-        concurrency=args.concurrency,
-        rounds=args.rounds,
-    )
+    routing = ROUTING_PROFILES[profile.name]
+    options = RoutingOptions(folder, routing, kv_cache_memory=_own_kv(args), rounds=args.rounds)
     return _tokenized(run_routing, folder, options)
 
 
@@ -78,20 +72,15 @@ def run_precision(args, folder, profile, workload, results) -> dict:
 def run_latency(args, folder, profile, workload, results) -> dict:
     from benchmarks.latency import LatencyOptions, run_latency
 
-    kwargs = given(rounds=args.rounds)
-    llamacpp = not args.no_llamacpp
-    return run_latency(
-        LatencyOptions(args.model, folder, args.kv_cache_memory, **kwargs, llamacpp=llamacpp)
-    )
+    llamacpp, rounds = not args.no_llamacpp, given(rounds=args.rounds)
+    options = LatencyOptions(args.model, folder, args.kv_cache_memory, llamacpp=llamacpp, **rounds)
+    return run_latency(options)
 
 
 def run_quantized(args, folder, profile, workload, results) -> dict:
     from benchmarks.quantized import QuantizedOptions, run_quantized
 
-    seqs = listed(args.llamacpp_seqs, int)[0]
-    return run_quantized(
-        workload.requests, QuantizedOptions(args.model, args.kv_cache_memory, seqs)
-    )
+    return run_quantized(workload.requests, QuantizedOptions(args.model, args.kv_cache_memory))
 
 
 def run_speculative(args, folder, profile, workload, results) -> dict:
@@ -103,14 +92,7 @@ def run_speculative(args, folder, profile, workload, results) -> dict:
         _sized(SPECULATIVE_PROFILES, profile, args),
         profile,
         args.kv_cache_memory,
-        **given(
-            batches=listed(args.batches, int),
-            ks=listed(args.ks, int),
-            draft=args.draft,
-            draft_k=args.draft_k,
-            prompt_lookup_min=args.prompt_lookup_min,
-            prompt_lookup_max=args.prompt_lookup_max,
-        ),
+        **given(batches=listed(args.batches, int), ks=listed(args.ks, int), draft=args.draft),
     )
     return _tokenized(run_speculative, folder, options)
 
@@ -118,17 +100,8 @@ def run_speculative(args, folder, profile, workload, results) -> dict:
 def run_lora(args, folder, profile, workload, results) -> dict:
     from benchmarks.lora import LORA_PROFILES, LoRAOptions, run_lora
 
-    options = LoRAOptions(
-        folder,
-        _sized(LORA_PROFILES, profile, args),
-        profile,
-        args.kv_cache_memory,
-        **given(
-            ranks=listed(args.lora_ranks, int),
-            adapter_counts=listed(args.lora_adapters, int),
-            adapter_dir=args.lora_dir,
-        ),
-    )
+    lora = _sized(LORA_PROFILES, profile, args)
+    options = LoRAOptions(folder, lora, profile, args.kv_cache_memory, adapter_dir=args.lora_dir)
     return _tokenized(run_lora, folder, options)
 
 
@@ -136,9 +109,8 @@ def run_embed(args, folder, profile, workload, results) -> dict:
     from benchmarks.embeddings import EMBED_PROFILES, EmbedOptions, run_embed
 
     embed = _sized(EMBED_PROFILES, profile, args, "num_inputs")
-    return _tokenized(
-        run_embed, folder, EmbedOptions(folder, args.model, embed, args.kv_cache_memory)
-    )
+    options = EmbedOptions(folder, args.model, embed, args.kv_cache_memory)
+    return _tokenized(run_embed, folder, options)
 
 
 def run_embed_encoder(args, folder, profile, workload, results) -> dict:
@@ -174,7 +146,7 @@ def run_throughput(args, folder, profile, workload, results) -> dict:
     options = ThroughputOptions(
         model=folder,
         hf_batch_sizes=() if args.no_hf else profile.hf_batch_sizes,
-        hf_continuous=not (args.no_hf or args.no_hf_continuous),
+        hf_continuous=not args.no_hf,
         kv_cache_memory=args.kv_cache_memory,
         extra_dtypes=("bfloat16",) if args.bf16 else (),
         llamacpp=_llamacpp_options(args) if args.llamacpp else None,
@@ -189,8 +161,7 @@ def _llamacpp_options(args):
         import_llama_cpp()  # before minutes of other runs
     except RuntimeError as exc:
         raise SystemExit(str(exc)) from exc
-    dtypes = ("F32", "BF16") if args.bf16 else ("F32",)
-    return LlamaCppOptions(args.model, dtypes, listed(args.llamacpp_seqs, int))
+    return LlamaCppOptions(args.model, ("F32", "BF16") if args.bf16 else ("F32",))
 
 
 def _serve_requests(workload, profile) -> list:
@@ -202,17 +173,12 @@ def _serve_requests(workload, profile) -> list:
 def run_serving(args, folder, profile, workload, results) -> dict:
     from benchmarks.serving import ServingOptions, run_serving
 
+    # No prefix caching: the runs reuse the prompts. float32 as the HF baselines (auto is
+    # bfloat16 on CPUs with native bf16).
+    flags = ("--kv-cache-memory", args.kv_cache_memory, "--no-enable-prefix-caching")
+    flags += ("--dtype", "float32")
     options = ServingOptions(
-        model=folder,
-        rates=profile.serve_rates,
-        split_services=not args.no_split,
-        engine_flags=(
-            "--kv-cache-memory",
-            args.kv_cache_memory,
-            "--no-enable-prefix-caching",  # runs reuse the prompts: no hits across runs
-            "--dtype",
-            "float32",  # as the HF baselines (auto is bfloat16 on CPUs with native bf16)
-        ),
+        folder, profile.serve_rates, split_services=not args.no_split, engine_flags=flags
     )
     return run_serving(_serve_requests(workload, profile), options)
 
