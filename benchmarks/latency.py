@@ -1,10 +1,7 @@
 """Time per output token at small batches: `pagestream bench latency`.
 
-A prompt of `prompt_len` tokens, then `output_len` greedy tokens (ignore_eos), batch 1, 4 and
-16 copies of it, each dtype a variant on the A/B driver (float32 the baseline); beside it the
-weight-streaming limit (the bytes a decode step reads over the read bandwidth measured here)
-and llama.cpp at batch 1 on the same weights, timed (all - one token) / (output_len - 1).
-"gguf" runs the model's own GGUF file as it is; "int8" / "int4" quantize at load."""
+Each dtype at batch 1 / 4 / 16 on the A/B driver (float32 the baseline), the weight-streaming
+limit and llama.cpp at batch 1 on the same weights."""
 
 from __future__ import annotations
 

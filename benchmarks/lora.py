@@ -1,12 +1,7 @@
 """LoRA adapters against the base model, offline on the CPU: `pagestream bench lora`.
 
-Greedy, ignore_eos, on the A/B driver: the default workload's first `num_requests` requests in
-one generate call, and one chat (its first `chat_requests`, batch 1, capped at
-`chat_max_tokens`). Variants: the base model, LoRA on with no adapter (the largest run's
-limits; it must keep the base model's tokens) and n random adapters of each rank spread
-round-robin, max_loras = max_cpu_loras = n. The adapters: peft over the model's HF weights,
-every projection of every layer, lora_alpha = r, every A and B from a seeded normal of std
-`adapter_std`; made once into `adapter_dir` (default $PAGESTREAM_CACHE/bench-lora)."""
+The base model, LoRA on with no adapter and n random adapters of each rank (made once with
+peft) side by side on the A/B driver, over the default workload in one call and one chat."""
 
 from __future__ import annotations
 
@@ -62,14 +57,11 @@ class LoRAOptions:
     dtype: str = "auto"
 
     def __post_init__(self) -> None:
-        profile = self.profile
-        if min(self.ranks, default=0) < 1 or min(self.adapter_counts, default=0) < 1:
-            raise ValueError(
-                f"ranks and adapter counts must be >= 1: {self.ranks}, {self.adapter_counts}."
-            )
-        if min(profile.rounds, profile.num_requests, profile.chat_requests) < 1:
-            raise ValueError("rounds, num_requests and chat_requests must be >= 1.")
-        if profile.chat_max_tokens < 2 or self.adapter_std <= 0:
+        p = self.profile
+        least = min(*self.ranks, *self.adapter_counts, p.rounds, p.num_requests, p.chat_requests)
+        if not self.ranks or not self.adapter_counts or least < 1:
+            raise ValueError("ranks, adapter counts, rounds and request counts must be >= 1.")
+        if p.chat_max_tokens < 2 or self.adapter_std <= 0:
             raise ValueError("chat_max_tokens must be >= 2 and adapter_std > 0.")
 
 
@@ -77,6 +69,10 @@ def adapter_root(options: LoRAOptions) -> Path:
     from services.common.model_source import cache_dir
 
     return Path(options.adapter_dir) if options.adapter_dir else cache_dir() / "bench-lora"
+
+
+def made_with(options: LoRAOptions) -> dict:
+    return {"std": options.adapter_std, "seed": ADAPTER_SEED, "targets": list(TARGET_MODULES)}
 
 
 def adapter_folders(options: LoRAOptions) -> dict[int, list[str]]:
@@ -94,11 +90,7 @@ def adapter_folders(options: LoRAOptions) -> dict[int, list[str]]:
         folders[rank] = [adapter_root(options) / name for name in names]
         for index, folder in enumerate(folders[rank]):
             stamp = {"model": str(model), "weights": weights, "rank": rank, "index": index}
-            stamp |= {
-                "seed": ADAPTER_SEED,
-                "std": options.adapter_std,
-                "targets": list(TARGET_MODULES),
-            }
+            stamp |= made_with(options)
             try:
                 made = json.loads((folder / STAMP).read_text()) == stamp
             except (OSError, ValueError):
@@ -153,12 +145,9 @@ def setup(label: str, limits=None, adapters: tuple = (), rank=None, chat=False) 
     """A configuration: LoRA off (no limits) or on with (max_loras, max_lora_rank), its
     requests spread round-robin over `adapters`; the chat too where `chat`."""
     max_loras, max_rank = limits or (None, None)
-    engine = (
-        {"enable_lora": True, "max_loras": max_loras, "max_lora_rank": max_rank} if limits else {}
-    )
-    engine |= {"max_cpu_loras": max_loras} if limits else {}
-    facts = {"enable_lora": limits is not None, "adapters": len(adapters), "rank": rank}
-    facts |= {"max_loras": max_loras, "max_lora_rank": max_rank}
+    lora = {"max_loras": max_loras, "max_lora_rank": max_rank}
+    engine = {"enable_lora": True, **lora, "max_cpu_loras": max_loras} if limits else {}
+    facts = {"enable_lora": limits is not None, "adapters": len(adapters), "rank": rank, **lora}
     return Variant(label, engine, facts, adapters, workloads=None if chat else ("batch",))
 
 
@@ -221,13 +210,8 @@ def run_lora(tokenizer, options: LoRAOptions) -> dict:
     )
     runs = driver.run(configurations(options, adapters))
     for off in (r for r in runs if r["variant"] == NO_ADAPTER and r["differing_outputs"]):
-        logger.warning(
-            "LoRA on with no adapter, %s: %d of %d requests' greedy tokens differ from the "
-            "base model's",
-            off["workload"],
-            off["differing_outputs"],
-            off["requests"],
-        )
+        what = (off["workload"], off["differing_outputs"], off["requests"])
+        logger.warning("LoRA on, no adapter, %s: %d of %d differ from the base model", *what)
     return {
         "profile": profile.name,
         "rounds": profile.rounds,
@@ -240,9 +224,7 @@ def run_lora(tokenizer, options: LoRAOptions) -> dict:
         "dtype": driver.engines[BASE]["dtype"],
         "weight_bytes": driver.engines[BASE]["weight_bytes"],
         "adapters": {
-            "std": options.adapter_std,
-            "seed": ADAPTER_SEED,
-            "targets": list(TARGET_MODULES),
+            **made_with(options),
             "folder": str(adapter_root(options)),
             "per_rank": [
                 {

@@ -1,10 +1,6 @@
-"""A GGUF model's own file as it is, against llama.cpp on the very same file:
-`pagestream bench quantized`.
+"""A GGUF file as it is, against llama.cpp on the very same file: `pagestream bench quantized`.
 
-The profile's workload (ignore_eos) through pagestream with the file's blocks kept and through
-llama.cpp (`seqs` sequences, both with bfloat16 KV caches), beside pagestream bfloat16 on the
-de-quantized weights; with $LLAMA_QUANTIZE, a Q8_0 file made from the F32 export runs both
-ways too. Greedy agreement is with pagestream float32 on the de-quantized weights."""
+Both beside pagestream on the de-quantized weights; greedy agreement with its float32 run."""
 
 from __future__ import annotations
 

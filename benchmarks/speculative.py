@@ -1,13 +1,7 @@
 """Speculative decoding against none, offline on the CPU: `pagestream bench speculative`.
 
-Greedy on the A/B driver over two workloads: copy (seeded chat prompts asking to correct,
-edit, reformat or summarise a passage of the corpus, stopping at EOS: outputs that copy their
-prompt) and default (the profile's prompts, ignore_eos). Variants: none, ngram at each k, the
-draft_model method with the target itself (every proposal accepted) and a cheaper draft (by
-default a Q4_0 file llama-quantize makes from the model's GGUF file; without it, that file),
-all proposing at every batch; at the largest batch, when it reaches the engine's default
-disable_by_batch_size, the middle ngram and the last draft again with that default. The
-probe adds the scheduler's spec_decode_* counters over each run to the rows."""
+No speculation, ngram at each k and draft models side by side on the A/B driver, over a
+copy-heavy and the default workload; the probe adds the spec_decode_* counters to each row."""
 
 from __future__ import annotations
 
@@ -108,13 +102,12 @@ def make_workloads(tokenizer, options: SpeculativeOptions) -> list[ABWorkload]:
     ]
     rng = np.random.default_rng(profile.seed)
     corpus = CorpusSource(tokenizer)
-    lengths = rng.integers(profile.prompt_range[0], profile.prompt_range[1] + 1, size=pool)
+    low, high = profile.prompt_range
+    lengths = rng.integers(low, high + 1, size=pool).tolist()
     copy = []
-    for i, (length, offset) in enumerate(
-        zip(lengths.tolist(), corpus.offsets(rng, pool), strict=True)
-    ):
+    for i, offset in enumerate(corpus.offsets(rng, pool)):
         task = TASKS[i % len(TASKS)]
-        room = max(16, length - len(chat_prompt(tokenizer, task, "")))
+        room = max(16, lengths[i] - len(chat_prompt(tokenizer, task, "")))
         passage = tokenizer.decode(corpus.window(offset, room)).strip()
         copy.append(BenchRequest(chat_prompt(tokenizer, task, passage), profile.max_tokens))
     shape = {"batches": options.batches, "num_requests": profile.num_requests}
