@@ -1,26 +1,36 @@
-"""Streaming clients for the serving benchmarks: one request each, timed per token, and the
-closed loop that keeps a number of them in flight.
-
-HTTP goes through the official ``openai`` client (``/v1/completions`` with token-id prompts,
-``stream=True``, ``ignore_eos`` as an extra body field), gRPC through the generated
-``pagestream.v1.Generation`` stub on ``grpc.aio``. Both record the send time, the arrival
-time of every message that carries new tokens, the end time and the output token count
-from the final usage, or the error that ended the request.
-"""
+"""The online benchmarks' driver: servers as child processes, streaming clients that time
+every request per token (HTTP through the official `openai` client, gRPC through the
+pagestream.v1.Generation stub), the closed-loop and Poisson loads, and their summary."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
+import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from benchmarks.results import percentiles
 from benchmarks.workload import BenchRequest
+from pagestream.supervisor import terminate
 from services.common.proto.pagestream.v1 import generation_pb2 as pb
 from services.common.proto.pagestream.v1 import generation_pb2_grpc
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -49,19 +59,34 @@ class RequestRecord:
 
     @property
     def itls(self) -> list[float]:
-        """Gaps between consecutive token-bearing messages."""
-        times = self.token_times
-        return [b - a for a, b in itertools.pairwise(times)]
+        return [b - a for a, b in itertools.pairwise(self.token_times)]
 
 
-class HttpClient:
-    """OpenAI-compatible completions over HTTP (SSE streaming)."""
+class _Client:
+    """Sends a request (greedy, ignore_eos); records its token arrivals, usage or error."""
+
+    async def send(self, request: BenchRequest) -> RequestRecord:
+        record = RequestRecord(sent=time.perf_counter(), expected_tokens=request.output_len)
+        try:
+            async for has_tokens, usage in self._stream(request):  # usage: the final count
+                if has_tokens:
+                    record.token_times.append(time.perf_counter())
+                if usage is not None:
+                    record.output_tokens = usage
+        except grpc.RpcError as exc:
+            record.error = f"{exc.code().name}: {exc.details()}"
+        except Exception as exc:  # any failure is a data point, not a crash
+            record.error = f"{type(exc).__name__}: {exc}"
+        record.end = time.perf_counter()
+        return record
+
+
+class HttpClient(_Client):
+    """/v1/completions with token-id prompts over SSE (`max_retries`: of failed connects)."""
 
     name = "HTTP"
 
     def __init__(self, base_url: str, max_retries: int = 0) -> None:
-        """`max_retries`: the openai client's own retries of a request that failed to
-        connect (llama-server closes kept-alive connections that the client then reuses)."""
         from openai import AsyncOpenAI
 
         for name in ("httpx", "httpx2"):  # one INFO line per request otherwise
@@ -69,48 +94,36 @@ class HttpClient:
         self.client = AsyncOpenAI(
             base_url=f"{base_url}/v1", api_key="bench", max_retries=max_retries, timeout=900
         )
-        self.model: str | None = None
 
     async def __aenter__(self) -> HttpClient:
-        models = await self.client.models.list()
-        self.model = models.data[0].id
+        self.model = (await self.client.models.list()).data[0].id
         return self
 
     async def __aexit__(self, *exc) -> None:
         await self.client.close()
 
-    async def send(self, request: BenchRequest) -> RequestRecord:
-        record = RequestRecord(sent=time.perf_counter(), expected_tokens=request.output_len)
-        try:
-            stream = await self.client.completions.create(
-                model=self.model,
-                prompt=request.prompt_token_ids,
-                max_tokens=request.output_len,
-                temperature=0,
-                stream=True,
-                stream_options={"include_usage": True},
-                extra_body={"ignore_eos": True},
-            )
-            async for chunk in stream:
-                now = time.perf_counter()
-                if chunk.choices and chunk.choices[0].text:
-                    record.token_times.append(now)
-                if chunk.usage is not None:
-                    record.output_tokens = chunk.usage.completion_tokens
-        except Exception as exc:  # any failure is a data point, not a crash
-            record.error = f"{type(exc).__name__}: {exc}"
-        record.end = time.perf_counter()
-        return record
+    async def _stream(self, request: BenchRequest):
+        stream = await self.client.completions.create(
+            model=self.model,
+            prompt=request.prompt_token_ids,
+            max_tokens=request.output_len,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+        async for chunk in stream:
+            usage = chunk.usage and chunk.usage.completion_tokens
+            yield bool(chunk.choices and chunk.choices[0].text), usage
 
 
-class GrpcClient:
+class GrpcClient(_Client):
     """pagestream.v1.Generation/Generate (server streaming) over grpc.aio."""
 
     name = "gRPC"
 
     def __init__(self, address: str) -> None:
         self.address = address
-        self.channel: grpc.aio.Channel | None = None
 
     async def __aenter__(self) -> GrpcClient:
         self.channel = grpc.aio.insecure_channel(self.address)
@@ -118,28 +131,18 @@ class GrpcClient:
         return self
 
     async def __aexit__(self, *exc) -> None:
-        if self.channel is not None:
-            await self.channel.close()
+        await self.channel.close()
 
-    async def send(self, request: BenchRequest) -> RequestRecord:
-        record = RequestRecord(sent=time.perf_counter(), expected_tokens=request.output_len)
+    async def _stream(self, request: BenchRequest):
         message = pb.GenerateRequest(
             token_ids=pb.TokenIds(token_ids=request.prompt_token_ids),
             sampling_params=pb.SamplingParams(
                 temperature=0, max_tokens=request.output_len, ignore_eos=True
             ),
         )
-        try:
-            async for response in self.stub.Generate(message, timeout=900):
-                now = time.perf_counter()
-                if response.token_ids:
-                    record.token_times.append(now)
-                if response.HasField("usage"):
-                    record.output_tokens = response.usage.completion_tokens
-        except grpc.RpcError as exc:
-            record.error = f"{exc.code().name}: {exc.details()}"
-        record.end = time.perf_counter()
-        return record
+        async for response in self.stub.Generate(message, timeout=900):
+            usage = response.usage.completion_tokens if response.HasField("usage") else None
+            yield bool(response.token_ids), usage
 
 
 async def closed_loop(client, requests: list[BenchRequest], concurrency: int):
@@ -155,3 +158,175 @@ async def closed_loop(client, requests: list[BenchRequest], concurrency: int):
     start = time.perf_counter()
     await asyncio.gather(*(sender() for _ in range(concurrency)))
     return records, time.perf_counter() - start
+
+
+async def poisson(client, requests: list[BenchRequest], rate: float, seed: int):
+    """(records, seconds): every request sent at its seeded Poisson arrival time (rate inf:
+    all at once, the server's saturated throughput)."""
+    offsets = [0.0] * len(requests)
+    if rate != math.inf:
+        gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=len(requests))
+        offsets = np.concatenate([[0.0], np.cumsum(gaps[1:])]).tolist()
+    start = time.perf_counter()
+
+    async def one(request: BenchRequest, offset: float) -> RequestRecord:
+        await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
+        return await client.send(request)
+
+    records = await asyncio.gather(*(one(r, o) for r, o in zip(requests, offsets, strict=True)))
+    return records, time.perf_counter() - start
+
+
+def summarize(records: list[RequestRecord], duration_s: float, **percentile_options) -> dict:
+    """Counts, throughput, and TTFT, TPOT and ITL percentiles in ms of the complete
+    requests (results.percentiles' options: p50 / p99 unless told)."""
+    ok = [r for r in records if r.ok]
+    failures = [
+        r.error or f"{r.output_tokens} of {r.expected_tokens} tokens" for r in records if not r.ok
+    ]
+    output_tokens = sum(r.output_tokens for r in ok)
+    ms = {"scale": 1e3, **percentile_options}
+    return {
+        "num_requests": len(records),
+        "completed": len(ok),
+        "failures": len(failures),
+        "failure_examples": failures[:3],
+        "duration_s": round(duration_s, 2),
+        "requests_per_s": round(len(ok) / duration_s, 3),
+        "output_tokens": output_tokens,
+        "output_tokens_per_s": round(output_tokens / duration_s, 2),
+        "ttft_ms": percentiles((r.ttft for r in ok if r.ttft is not None), **ms),
+        "tpot_ms": percentiles((r.tpot for r in ok if r.tpot is not None), **ms),
+        "itl_ms": percentiles((gap for r in ok for gap in r.itls), **ms),
+    }
+
+
+def figure(result: dict, path: str):
+    """``result["ttft_ms"]["p50"]`` for "ttft_ms.p50"; None where it is missing."""
+    for key in path.split("."):
+        result = result.get(key) if isinstance(result, dict) else None
+    return result
+
+
+# ---- servers as child processes -----------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ChildServer:
+    """A server as a child process: `command()`, waited for until `ready()`, stopped with
+    SIGTERM as a user or an orchestrator would (and any children it left SIGKILLed)."""
+
+    startup_timeout_s: float = 300.0
+    env: dict[str, str] | None = None  # set in its environment (and its children's)
+    quiet = False  # its output to /dev/null
+    what = "the server"
+    process: subprocess.Popen | None = None
+
+    def __enter__(self):
+        env = {**os.environ, **self.env} if self.env else None
+        out = subprocess.DEVNULL if self.quiet else None
+        self.process = subprocess.Popen(self.command(), env=env, stdout=out, stderr=out)
+        try:
+            wait_ready([self.process], self.ready, self.startup_timeout_s, self.what)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        process, self.process = self.process, None
+        if process is None:
+            return
+        children = descendants(process.pid)  # the roles of --split-services / -dp
+        terminate([process], timeout_s)
+        for pid in children:
+            if proc_stat(pid)[:1] not in ([], ["Z"]):  # still running (a zombie has exited)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+                    logger.warning("killed process %d, left behind by the server", pid)
+
+
+@dataclass
+class ServerProcess(ChildServer):
+    """`pagestream serve`, ready once /ready and grpc.health.v1 both answer."""
+
+    model: str
+    split_services: bool = False
+    engine_flags: tuple[str, ...] = ()
+    startup_timeout_s: float = 300.0
+    env: dict[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        self.grpc_port, self.http_port = free_port(), free_port()
+        self.grpc_address = f"127.0.0.1:{self.grpc_port}"
+        self.http_url = f"http://127.0.0.1:{self.http_port}"
+        self.what = f"the server `{' '.join(self.command())}`"
+
+    def command(self) -> list[str]:
+        command = [sys.executable, "-m", "pagestream.cli", "--log-level", "WARNING", "serve"]
+        command += [self.model, "--grpc-port", str(self.grpc_port), "--port", str(self.http_port)]
+        return command + [*self.engine_flags] + ["--split-services"] * self.split_services
+
+    def ready(self) -> bool:
+        return http_healthy(f"{self.http_url}/ready") and grpc_serving(self.grpc_address)
+
+    def client(self, transport: str) -> HttpClient | GrpcClient:
+        return HttpClient(self.http_url) if transport == "http" else GrpcClient(self.grpc_address)
+
+
+def wait_ready(processes, ready, timeout_s: float, what: str) -> None:
+    """Poll ``ready()``; raise when one of ``processes`` exits first or on the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in processes):
+            raise RuntimeError(f"{what} exited before it was ready")
+        if ready():
+            return
+        time.sleep(0.25)
+    raise TimeoutError(f"{what} was not ready within {timeout_s} s")
+
+
+def proc_stat(pid: int | str) -> list[str]:
+    """/proc/PID/stat's fields from the state on (Linux; [] where it cannot be read)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def descendants(pid: int) -> list[int]:
+    """The process ids below ``pid`` (Linux /proc; empty elsewhere)."""
+    parents: dict[int, list[int]] = {}
+    for path in Path("/proc").glob("[0-9]*"):
+        if fields := proc_stat(path.name):
+            parents.setdefault(int(fields[1]), []).append(int(path.name))
+    found, todo = [], list(parents.get(pid, []))
+    while todo:
+        found.append(child := todo.pop())
+        todo += parents.get(child, [])
+    return found
+
+
+def http_healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def grpc_serving(address: str) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=2
+            )
+        except grpc.RpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING

@@ -1,16 +1,9 @@
 """Routing across data-parallel replicas: `pagestream serve -dp 2` under each --router-policy.
 
-The workload is a set of conversations: every conversation's turns share one long system
-prompt (its own window of benchmarks/data/corpus.txt) and each turn adds a short question
-of its own; the turns of all conversations are sent in one seeded shuffled order at a fixed
-concurrency (a closed loop: a client sends its next request when its last one ends) over
-gRPC, greedy with ignore_eos. Each policy gets a fresh server (empty caches) whose KV cache
-per replica holds only some of the conversations' prefixes, so a policy that spreads every
-conversation over both replicas evicts and recomputes them. The frontend's /metrics, read
-after a warm-up and after the run, give each replica's prefix-cache queries and hits
-(prompt tokens) and the router's decisions; the client times TTFT, ITL and end to end.
-Policies take turns over rounds (fresh servers each time), in a rotated order.
-"""
+Conversations whose turns share a long system prompt, shuffled together and sent in a closed
+loop over gRPC to a fresh server per policy and round (rotated order) whose KV cache per
+replica holds only some of the prefixes; /metrics before and after give each replica's
+prefix-cache queries and hits and the router's decisions."""
 
 from __future__ import annotations
 
@@ -24,10 +17,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from benchmarks.load_clients import GrpcClient, RequestRecord, closed_loop
+from benchmarks.load_clients import GrpcClient, ServerProcess, closed_loop, figure, summarize
 from benchmarks.results import percentiles, rotated
-from benchmarks.server_process import ServerProcess
-from benchmarks.serving import summarize
 from benchmarks.workload import BenchRequest, CorpusSource, totals
 
 logger = logging.getLogger(__name__)
@@ -69,6 +60,12 @@ ROUTING_PROFILES = {
         "full", 16, 8, 1024, 32, 64, concurrency=8, kv_conversations=10, rounds=3
     ),
 }
+# summarize_policies' figures: (its name, where a run has it)
+SUMMARY_FIELDS = {"hit_rate": "hit_rate"}
+SUMMARY_FIELDS |= {
+    f"{f}_{p}_ms": f"{f}_ms.{p}" for f in ("ttft", "itl", "e2e") for p in ("p50", "p99")
+}
+SUMMARY_FIELDS |= {key: key for key in ("output_tokens_per_s", "requests_per_s", "duration_s")}
 
 
 @dataclass(frozen=True)
@@ -79,7 +76,8 @@ class Turn:
 
 
 def conversation_workload(tokenizer, profile: RoutingProfile) -> list[Turn]:
-    """Every conversation's turns, shuffled together (seeded)."""
+    """Every conversation's turns (its system prompt, a question of its own: windows of
+    benchmarks/data/corpus.txt), shuffled together (seeded)."""
     rng = np.random.default_rng(profile.seed)
     corpus = CorpusSource(tokenizer)
     offsets = corpus.offsets(rng, profile.conversations + profile.num_requests)
@@ -104,13 +102,8 @@ def conversation_workload(tokenizer, profile: RoutingProfile) -> list[Turn]:
 
 def best_hit_rate(profile: RoutingProfile, block_size: int = BLOCK_SIZE) -> float:
     """Hits / queries when every conversation's prefix is computed exactly once."""
-    return hit_rate_bound(
-        profile.conversations,
-        profile.turns,
-        profile.system_prompt_len,
-        profile.question_len,
-        block_size=block_size,
-    )
+    shape = (profile.conversations, profile.turns, profile.system_prompt_len, profile.question_len)
+    return hit_rate_bound(*shape, block_size=block_size)
 
 
 def hit_rate_bound(
@@ -121,9 +114,8 @@ def hit_rate_bound(
     computed: int = 1,
     block_size: int = BLOCK_SIZE,
 ) -> float:
-    """The hit rate when each conversation's prefix is computed ``computed`` times (once per
-    replica it went to) and never evicted; the cached part of a prompt is its full blocks of
-    system prompt."""
+    """The hit rate when each conversation's prefix (its full blocks of system prompt) is
+    computed ``computed`` times (once per replica it went to) and never evicted."""
     cached = system_prompt_len // block_size * block_size
     hits = conversations * max(0, turns - computed) * cached
     return round(hits / (conversations * turns * (system_prompt_len + question_len)), 4)
@@ -168,14 +160,21 @@ def run_routing(tokenizer, options: RoutingOptions) -> dict:
     kv = options.kv_cache_memory or plan["bytes_per_replica"]
     concurrency = options.concurrency or profile.concurrency
     rounds = options.rounds or profile.rounds
+    requests = [t.request for t in turns]
     runs = []
     for round_index in range(rounds):
         for policy in rotated(options.policies, round_index):
-            run = _run_policy(options, policy, turns, kv, concurrency)
-            run["round"] = round_index
-            runs.append(run)
+            run = _run_policy(options, policy, requests, kv, concurrency)
+            runs.append({**run, "round": round_index})
+    workload = {k: v for k, v in asdict(profile).items() if k not in ("name", "kv_conversations")}
     return {
-        "workload": _workload_summary(profile, turns, concurrency),
+        "workload": {
+            **workload,
+            "concurrency": concurrency,
+            **totals(requests),
+            "order": " ".join(str(t.conversation) for t in turns),  # conversation of each request
+            "transport": GrpcClient.name,
+        },
         "kv_cache": {
             **plan,
             "kv_cache_memory": str(kv),
@@ -190,34 +189,20 @@ def run_routing(tokenizer, options: RoutingOptions) -> dict:
     }
 
 
-def _workload_summary(profile: RoutingProfile, turns: list[Turn], concurrency: int) -> dict:
-    return {
-        **{k: v for k, v in asdict(profile).items() if k not in ("name", "kv_conversations")},
-        "concurrency": concurrency,
-        **totals([t.request for t in turns]),
-        "order": " ".join(str(t.conversation) for t in turns),  # conversation of each request
-        "transport": GrpcClient.name,
-    }
-
-
-def _run_policy(options: RoutingOptions, policy: str, turns: list[Turn], kv, concurrency: int):
+def _run_policy(options: RoutingOptions, policy: str, requests, kv, concurrency: int) -> dict:
     flags = ("--data-parallel-size", str(DATA_PARALLEL_SIZE), "--router-policy", policy)
     flags += ("--kv-cache-memory", str(kv), "--dtype", "float32")
     threads = str(options.threads_per_replica)
     env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-    server = ServerProcess(options.model, engine_flags=flags, env=env)
     start = time.perf_counter()
-    with server:
+    with ServerProcess(options.model, engine_flags=flags, env=env) as server:
         startup_s = time.perf_counter() - start
         load = os.getloadavg()[0]
-        run = asyncio.run(_drive(server, [t.request for t in turns], concurrency))
+        run = asyncio.run(_drive(server, requests, concurrency))
     logger.info(
         "%s: hit rate %.3f, requests per engine %s, TTFT p50 %s ms, %.1f output tok/s",
-        policy,
-        run["hit_rate"],
-        [e["requests"] for e in run["engines"].values()],
-        run["ttft_ms"]["p50"],
-        run["output_tokens_per_s"],
+        *(policy, run["hit_rate"], [e["requests"] for e in run["engines"].values()]),
+        *(run["ttft_ms"]["p50"], run["output_tokens_per_s"]),
     )
     return {
         "policy": policy,
@@ -228,21 +213,18 @@ def _run_policy(options: RoutingOptions, policy: str, turns: list[Turn], kv, con
 
 
 async def _drive(server: ServerProcess, requests: list[BenchRequest], concurrency: int) -> dict:
+    """Two short requests at once (one per replica under every policy; shorter than a block,
+    they leave no prefix cached), the metrics, the closed loop, the metrics again."""
     async with GrpcClient(server.grpc_address) as client:
-        await _warm_up(client, requests[0])
+        warm = BenchRequest(requests[0].prompt_token_ids[-(BLOCK_SIZE // 2) :], 4)
+        for record in await asyncio.gather(client.send(warm), client.send(warm)):
+            if not record.ok:
+                raise RuntimeError(f"warm-up failed: {record.error}")
         before = await asyncio.to_thread(read_metrics, server.http_url)
         records, duration = await closed_loop(client, requests, concurrency)
         after = await asyncio.to_thread(read_metrics, server.http_url)
-    return {**summarize_run(records, duration), **cache_deltas(before, after)}
-
-
-async def _warm_up(client: GrpcClient, request: BenchRequest) -> None:
-    """Two short requests at once, one per replica under every policy; a prompt shorter than
-    a block leaves nothing in the prefix caches (and the metrics are read after it)."""
-    warm = BenchRequest(request.prompt_token_ids[-(BLOCK_SIZE // 2) :], 4)
-    for record in await asyncio.gather(client.send(warm), client.send(warm)):
-        if not record.ok:
-            raise RuntimeError(f"warm-up failed: {record.error}")
+    e2e = percentiles((r.end - r.sent for r in records if r.ok), scale=1e3)
+    return {**summarize(records, duration), "e2e_ms": e2e, **cache_deltas(before, after)}
 
 
 def read_metrics(base_url: str) -> dict[str, dict]:
@@ -254,8 +236,7 @@ def read_metrics(base_url: str) -> dict[str, dict]:
     engines: dict[str, dict] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            engine = sample.labels.get("engine")
-            if engine is None:
+            if (engine := sample.labels.get("engine")) is None:
                 continue
             entry = engines.setdefault(engine, {"queries": 0, "hits": 0, "reasons": {}})
             if sample.name == "pagestream:prefix_cache_queries_total":
@@ -272,11 +253,8 @@ def cache_deltas(before: dict[str, dict], after: dict[str, dict]) -> dict:
     engines = {}
     for name, end in sorted(after.items()):
         start = before.get(name, {"queries": 0, "hits": 0, "reasons": {}})
-        reasons = {
-            reason: count - start["reasons"].get(reason, 0)
-            for reason, count in sorted(end["reasons"].items())
-            if count - start["reasons"].get(reason, 0)
-        }
+        reasons = {r: n - start["reasons"].get(r, 0) for r, n in sorted(end["reasons"].items())}
+        reasons = {r: n for r, n in reasons.items() if n}
         queries, hits = end["queries"] - start["queries"], end["hits"] - start["hits"]
         engines[name] = {
             "requests": sum(reasons.values()),
@@ -290,28 +268,6 @@ def cache_deltas(before: dict[str, dict], after: dict[str, dict]) -> dict:
     return {"hit_rate": round(hits / queries, 4) if queries else 0.0, "engines": engines}
 
 
-def summarize_run(records: list[RequestRecord], duration_s: float) -> dict:
-    """The serving summary (benchmarks/serving.py) plus end-to-end latency percentiles."""
-    summary = summarize(records, duration_s)
-    summary["e2e_ms"] = percentiles((r.end - r.sent for r in records if r.ok), scale=1e3)
-    return summary
-
-
-# (summary key, how to read it off a run)
-_SUMMARY_FIELDS = (
-    ("hit_rate", lambda r: r["hit_rate"]),
-    ("ttft_p50_ms", lambda r: r["ttft_ms"]["p50"]),
-    ("ttft_p99_ms", lambda r: r["ttft_ms"]["p99"]),
-    ("itl_p50_ms", lambda r: r["itl_ms"]["p50"]),
-    ("itl_p99_ms", lambda r: r["itl_ms"]["p99"]),
-    ("e2e_p50_ms", lambda r: r["e2e_ms"]["p50"]),
-    ("e2e_p99_ms", lambda r: r["e2e_ms"]["p99"]),
-    ("output_tokens_per_s", lambda r: r["output_tokens_per_s"]),
-    ("requests_per_s", lambda r: r["requests_per_s"]),
-    ("duration_s", lambda r: r["duration_s"]),
-)
-
-
 def summarize_policies(runs: list[dict]) -> list[dict]:
     """Per policy (in the order first run): the median of each figure over its rounds."""
     by_policy: dict[str, list[dict]] = {}
@@ -320,11 +276,10 @@ def summarize_policies(runs: list[dict]) -> list[dict]:
     summary = []
     for policy, policy_runs in by_policy.items():
         entry: dict = {"policy": policy, "rounds": len(policy_runs)}
-        for key, read in _SUMMARY_FIELDS:
-            values = [read(r) for r in policy_runs if read(r) is not None]
-            entry[key] = (
-                round(float(np.median(values)), 4 if key == "hit_rate" else 2) if values else None
-            )
+        for key, path in SUMMARY_FIELDS.items():
+            values = [v for r in policy_runs if (v := figure(r, path)) is not None]
+            digits = 4 if key == "hit_rate" else 2
+            entry[key] = round(float(np.median(values)), digits) if values else None
         entry["requests_per_engine"] = [
             [e["requests"] for _, e in sorted(r["engines"].items())] for r in policy_runs
         ]

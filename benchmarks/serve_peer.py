@@ -1,35 +1,16 @@
 """Serving side by side with llama.cpp's server: `pagestream bench serve --peer llamacpp`.
 
-guidellm's "concurrent" profile, reproduced with the project's own streaming client (the
-official `openai` client, benchmarks/load_clients.py): at each concurrency C, C clients
-send requests back to back (closed loop) until `requests_per_level(C)` have finished;
-every request is a fixed prompt of `prompt_len` token ids (seeded random ids, distinct per
-request, so no run gets prefix hits) and `output_len` greedy tokens with ignore_eos. The
-same requests go, one server at a time, to
-
-- `pagestream serve` (its defaults: bf16 where the CPU has it, the engine core in a process
-  of its own), and optionally other layouts (`LAYOUT_FLAGS`: one process, or the worker in
-  a process of its own below the engine core);
-- `llama-server` (llama.cpp's own server, `-t <cores> -np C -c C x (prompt + output)` so
-  every client has a slot) on the BF16 GGUF of the same weights (benchmarks/gguf_export.py);
-  or, for a model given as a .gguf file (`same_file`), both servers on that file as it is,
-  its quantized blocks kept (pagestream with `--quantization gguf`);
-
-and, for the served / offline ratio, `LLM.generate` on the same requests with
-`max_num_seqs=C` (in a child process). The machine's speed drifts within minutes, so each
-level runs `rounds` times, every server and offline back to back on the same fresh
-prompts each round, and reports the median round. Per level: output tok/s (output tokens
-over the level's wall time), TTFT and ITL percentiles, and the CPU time per output token
-of each process: the frontend's and the engine core's (pagestream), the server's
-(llama-server), and the client's (this process: the `openai` client parsing the
-stream), from /proc.
-"""
+At each concurrency C, C clients send requests back to back (closed loop, guidellm's
+"concurrent" profile) to `pagestream serve` in each layout, to `llama-server -np C` on the
+BF16 GGUF of the same weights (or both on a given .gguf file as it is), and to
+`LLM.generate` with max_num_seqs=C (served / offline); every prompt is distinct (no prefix
+hits). Each level runs `rounds` times, all of them back to back on fresh prompts, and
+reports the median round: output tok/s, TTFT and ITL, and each process's CPU per token."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import gc
 import logging
 import multiprocessing
@@ -42,27 +23,29 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.load_clients import HttpClient, closed_loop
-from benchmarks.results import ratio
-from benchmarks.server_process import (
+from benchmarks.load_clients import (
+    ChildServer,
+    HttpClient,
     ServerProcess,
+    closed_loop,
     descendants,
+    figure,
     free_port,
     http_healthy,
-    stop_process,
-    wait_ready,
+    proc_stat,
+    summarize,
 )
-from benchmarks.serving import summarize
+from benchmarks.results import ratio
 from benchmarks.workload import BenchRequest
 
 logger = logging.getLogger(__name__)
 
-LLAMA_SERVER_ENV = "LLAMA_SERVER"
+LLAMA_SERVER_ENV = "LLAMA_SERVER"  # the llama-server binary (else: llama-server on PATH)
 LAYOUT_FLAGS = {
     "engine-core-process": [],  # serve's default
     "single-process": ["--single-process"],
     "worker-process": ["--distributed-executor-backend", "mp"],  # below the engine core
-}  # the llama-server binary (else: llama-server on PATH)
+}
 
 
 @dataclass(frozen=True)
@@ -97,46 +80,38 @@ def make_requests(options: ServePeerOptions, count: int, vocab_size: int) -> lis
     return [BenchRequest(row.tolist(), options.output_len) for row in ids]
 
 
-# ---- the load ------------------------------------------------------------------------
 async def level_load(base_url: str, requests: list[BenchRequest], concurrency: int) -> dict:
-    """`concurrency` clients, each sending its next request when the last one ended."""
     async with HttpClient(base_url, max_retries=2) as client:
         await client.send(BenchRequest(requests[0].prompt_token_ids, 4))  # warm up
         records, duration = await closed_loop(client, requests, concurrency)
     return summarize(records, duration, points=(50, 90, 99), digits=2, mean=True)
 
 
-# ---- CPU accounting ----------------------------------------------------------------
 def cpu_seconds(pid: int) -> float:
     """utime + stime of one process (Linux /proc), 0 where it cannot be read."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _process_cpu(roles: dict[str, list[int]]) -> dict[str, float]:
-    """CPU seconds so far per role (its processes summed); "client" is this process."""
-    cpu = {role: sum(map(cpu_seconds, pids)) for role, pids in roles.items()}
-    return {**cpu, "client": time.process_time()}
+    fields = proc_stat(pid)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") if fields else 0.0
 
 
 def timed_level(base_url: str, requests, concurrency: int, roles: dict[str, list[int]]) -> dict:
-    """One level's closed loop, with the CPU each role spent per output token."""
-    before = _process_cpu(roles)
+    """One level's closed loop, with the CPU each role (its processes; "client": this one)
+    spent per output token."""
+
+    def cpu() -> dict[str, float]:
+        own = {role: sum(map(cpu_seconds, pids)) for role, pids in roles.items()}
+        return {**own, "client": time.process_time()}
+
+    before = cpu()
     result = asyncio.run(level_load(base_url, requests, concurrency))
-    after = _process_cpu(roles)
-    tokens = max(result["output_tokens"], 1)
+    after, tokens = cpu(), max(result["output_tokens"], 1)
     result["cpu_ms_per_output_token"] = {
         role: round((after[role] - before[role]) * 1000 / tokens, 3) for role in before
     }
     return result
 
 
-# ---- the servers -------------------------------------------------------------------
 def served_model(options: ServePeerOptions) -> tuple[str, str | None]:
-    """What pagestream runs: (model, quantization): the GGUF file with its own blocks, or
+    """What pagestream runs, (model, quantization): the GGUF file with its own blocks, or
     the float folder."""
     return (options.model, "gguf") if options.same_file else (options.folder, None)
 
@@ -146,12 +121,6 @@ def start_pagestream(options: ServePeerOptions, layout: str) -> ServerProcess:
     flags = [*options.engine_flags, "--max-num-seqs", str(max(options.concurrencies))]
     flags += LAYOUT_FLAGS[layout] + (["--quantization", quantization] if quantization else [])
     return ServerProcess(model, engine_flags=tuple(flags))
-
-
-def pagestream_level(server: ServerProcess, requests, concurrency: int) -> dict:
-    pid = server.process.pid  # the frontend; its children: the engine core and below
-    roles = {"frontend": [pid], "engine_core": descendants(pid)}
-    return timed_level(server.http_url, requests, concurrency, roles)
 
 
 def llama_server_binary(options: ServePeerOptions) -> str:
@@ -167,18 +136,24 @@ def llama_server_binary(options: ServePeerOptions) -> str:
 
 
 @dataclass
-class LlamaServer:
+class LlamaServer(ChildServer):
+    """llama-server with `slots` slots of a request each, on all the cores."""
+
     binary: str
     gguf: Path
     slots: int
     options: ServePeerOptions
     startup_timeout_s: float = 120.0
     port: int = field(default_factory=free_port)
-    process: subprocess.Popen | None = None
+    quiet = True
+    what = "llama-server"
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def ready(self) -> bool:
+        return http_healthy(f"{self.url}/health")
 
     def command(self) -> list[str]:
         per_slot = self.options.prompt_len + self.options.output_len + 16
@@ -190,21 +165,6 @@ class LlamaServer:
             *("--host", "127.0.0.1", "--port", str(self.port), "--no-webui"),
         ]
 
-    def __enter__(self) -> LlamaServer:
-        quiet = subprocess.DEVNULL
-        self.process = subprocess.Popen(self.command(), stdout=quiet, stderr=quiet)
-        try:
-            healthy = functools.partial(http_healthy, f"{self.url}/health")
-            wait_ready([self.process], healthy, self.startup_timeout_s, "llama-server")
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.process is not None:
-            stop_process(self.process, 20)
-
 
 def llama_server_version(binary: str) -> str:
     try:
@@ -215,74 +175,60 @@ def llama_server_version(binary: str) -> str:
     return next((line for line in lines if "version" in line), lines[0] if lines else "?")
 
 
-def _brief(result: dict) -> str:
-    if "ttft_ms" not in result:  # offline
-        return f"{result['output_tokens_per_s']} out tok/s"
-    return (
-        f"{result['output_tokens_per_s']} out tok/s, TTFT p50 {result['ttft_ms']['p50']} ms, "
-        f"ITL p50 {result['itl_ms']['p50']} ms, failed {result['failures']}, CPU ms/token "
-        f"{result['cpu_ms_per_output_token']}"
-    )
-
-
-# ---- offline -----------------------------------------------------------------------
 def offline_worker(model: str, quantization: str | None, output_len: int, jobs) -> None:
-    """A child process: (concurrency, prompt id lists) in, output tok/s out; one LLM per
-    concurrency (max_num_seqs = it, no prefix caching), warmed up once."""
+    """A child process (its thread pinning never reaches the client's): (concurrency,
+    prompts) in, output tok/s out; one LLM at a time, per concurrency, warmed up once."""
     from pagestream import LLM, SamplingParams
 
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
-    engines: dict = {}  # one at a time: the levels run in turn, and memory is finite
+    llm, llm_concurrency = None, None
     while (job := jobs.recv()) is not None:
         concurrency, prompts = job
-        if concurrency not in engines:
-            for old in engines.values():
-                old.engine.close()
-            engines.clear()
-            gc.collect()
-            engines[concurrency] = LLM(
+        if concurrency != llm_concurrency:
+            if llm is not None:
+                llm.engine.close()
+                llm = None
+                gc.collect()
+            llm = LLM(
                 model,
                 quantization=quantization,
                 kv_cache_memory="2GiB",
                 max_num_seqs=concurrency,
                 enable_prefix_caching=False,
             )
-            engines[concurrency].generate(prompts[:1], params, use_tqdm=False)  # warm up
+            llm.generate(prompts[:1], params, use_tqdm=False)  # warm up
+            llm_concurrency = concurrency
         start = time.perf_counter()
-        outputs = engines[concurrency].generate(prompts, params, use_tqdm=False)
-        duration = time.perf_counter() - start
+        outputs = llm.generate(prompts, params, use_tqdm=False)
         tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-        jobs.send(round(tokens / duration, 1))
+        jobs.send(round(tokens / (time.perf_counter() - start), 1))
 
 
-class OfflineRunner:
-    """LLM.generate in a child process (its thread pinning never reaches the client's)."""
+@contextlib.contextmanager
+def offline_runner(options: ServePeerOptions):
+    """run(requests, concurrency) -> {"output_tokens_per_s": ...} by offline_worker."""
+    context = multiprocessing.get_context("spawn")
+    jobs, theirs = context.Pipe()
+    worker = (*served_model(options), options.output_len, theirs)
+    process = context.Process(target=offline_worker, args=worker)
+    process.start()
 
-    def __init__(self, options: ServePeerOptions) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.jobs, theirs = context.Pipe()
-        self.process = context.Process(
-            target=offline_worker,
-            args=(*served_model(options), options.output_len, theirs),
-        )
-        self.process.start()
+    def run(requests: list[BenchRequest], concurrency: int) -> dict:
+        jobs.send((concurrency, [{"prompt_token_ids": r.prompt_token_ids} for r in requests]))
+        return {"output_tokens_per_s": jobs.recv()}
 
-    def run(self, requests: list[BenchRequest], concurrency: int) -> dict:
-        self.jobs.send((concurrency, [{"prompt_token_ids": r.prompt_token_ids} for r in requests]))
-        return {"output_tokens_per_s": self.jobs.recv()}
-
-    def close(self) -> None:
-        self.jobs.send(None)
-        self.process.join(timeout=60)
-        if self.process.is_alive():
-            self.process.kill()
+    try:
+        yield run
+    finally:
+        jobs.send(None)
+        process.join(timeout=60)
+        if process.is_alive():
+            process.kill()
 
 
-# ---- the whole run -----------------------------------------------------------------
 def run_serve_peer(options: ServePeerOptions, vocab_size: int) -> dict:
     """Every level, round by round: each pagestream layout, llama-server and offline on the
-    same requests back to back (the machine's speed drifts within minutes, so the figures
-    compared are always neighbours); fresh prompts every round (no prefix hits)."""
+    same requests back to back (the machine's speed drifts within minutes)."""
     from benchmarks.gguf_export import export_gguf, source_gguf
 
     binary = llama_server_binary(options)
@@ -293,24 +239,27 @@ def run_serve_peer(options: ServePeerOptions, vocab_size: int) -> dict:
     names = [f"pagestream ({layout})" for layout in options.layouts] + ["llama-server"]
     runs: dict = {name: {} for name in [*names, "offline"]}
     with contextlib.ExitStack() as stack:
-        servers = {}
-        for layout, name in zip(options.layouts, names, strict=False):
-            servers[name] = stack.enter_context(start_pagestream(options, layout))
-        offline = OfflineRunner(options) if options.offline else None
-        if offline is not None:
-            stack.callback(offline.close)
+        servers = {
+            n: stack.enter_context(start_pagestream(options, layout))
+            for n, layout in zip(names, options.layouts, strict=False)
+        }
+        offline = stack.enter_context(offline_runner(options)) if options.offline else None
         for concurrency, count in counts.items():
             with LlamaServer(binary, gguf, concurrency, options) as peer:
                 for _ in range(options.rounds):
                     requests = [next(pool) for _ in range(count)]
-                    results = {
-                        n: pagestream_level(s, requests, concurrency) for n, s in servers.items()
-                    }
-                    results["llama-server"] = timed_level(
-                        peer.url, requests, concurrency, {"server": [peer.process.pid]}
-                    )
+                    results = {}
+                    for (
+                        name,
+                        server,
+                    ) in servers.items():  # the frontend, and below it the engine core
+                        pid = server.process.pid
+                        roles = {"frontend": [pid], "engine_core": descendants(pid)}
+                        results[name] = timed_level(server.http_url, requests, concurrency, roles)
+                    roles = {"server": [peer.process.pid]}
+                    results["llama-server"] = timed_level(peer.url, requests, concurrency, roles)
                     if offline is not None:
-                        results["offline"] = offline.run(requests, concurrency)
+                        results["offline"] = offline(requests, concurrency)
                     for name, result in results.items():
                         runs[name].setdefault(str(concurrency), []).append(result)
                         logger.info("%s c=%d: %s", name, concurrency, _brief(result))
@@ -328,9 +277,16 @@ def run_serve_peer(options: ServePeerOptions, vocab_size: int) -> dict:
     return part
 
 
+def _brief(result: dict) -> str:
+    brief = f"{result['output_tokens_per_s']} out tok/s"
+    if "ttft_ms" in result:  # not offline
+        brief += f", TTFT p50 {result['ttft_ms']['p50']} ms, ITL p50 {result['itl_ms']['p50']} ms"
+        brief += f", failed {result['failures']}, CPU ms/token {result['cpu_ms_per_output_token']}"
+    return brief
+
+
 def median_run(rounds: list[dict]) -> dict:
-    """The round with the median output tok/s (its latencies with it), and every round's
-    tok/s."""
+    """The round with the median output tok/s (its latencies with it), and every round's."""
     ordered = sorted(rounds, key=lambda r: r["output_tokens_per_s"] or 0)
     return {
         **ordered[(len(ordered) - 1) // 2],
@@ -340,26 +296,17 @@ def median_run(rounds: list[dict]) -> dict:
 
 def ratios(part: dict, name: str) -> dict:
     """Ours / llama-server per level (and served / offline)."""
-    ours = part["servers"][name]
-    theirs = part["servers"]["llama-server"]
-    offline = part.get("offline", {})
+    peer, offline = part["servers"]["llama-server"], part.get("offline", {})
+    figures = {"tok_s": "output_tokens_per_s", "itl_p50": "itl_ms.p50", "ttft_p50": "ttft_ms.p50"}
     out = {}
-    for level, mine in ours.items():
-        peer = theirs.get(level, {})
-        entry = {
-            "tok_s_vs_llama_server": ratio(
-                mine["output_tokens_per_s"], peer.get("output_tokens_per_s")
-            ),
-            "itl_p50_vs_llama_server": ratio(
-                mine["itl_ms"]["p50"], peer.get("itl_ms", {}).get("p50")
-            ),
-            "ttft_p50_vs_llama_server": ratio(
-                mine["ttft_ms"]["p50"], peer.get("ttft_ms", {}).get("p50")
-            ),
+    for level, mine in part["servers"][name].items():
+        theirs = peer.get(level, {})
+        out[level] = {
+            f"{k}_vs_llama_server": ratio(figure(mine, f), figure(theirs, f))
+            for k, f in figures.items()
         }
         if level in offline:
-            entry["served_vs_offline"] = ratio(
+            out[level]["served_vs_offline"] = ratio(
                 mine["output_tokens_per_s"], offline[level]["output_tokens_per_s"]
             )
-        out[level] = entry
     return out
