@@ -1,14 +1,10 @@
 """GPU benchmark of the Triton paged-attention kernels at Llama-3-8B sizes (bf16, 32 query
 heads, 8 KV heads, head dim 128, block size 16).
 
-Decode at batch 1/16/64/256 x context 1k/4k: time, effective KV read bandwidth (K and V
-bytes of every context token / time) as a share of this GPU's measured device-to-device copy
-bandwidth ((read + write) / time of a 1 GiB copy), the split-KV and single-pass variants, and
-the ratio to dense SDPA over the same keys/values stored contiguously (FlexAttention too at
-batch 64 x 4k, with --flex). Prefill of 2k-token chunks (a 2k prompt, four 2k prompts, a 2k
-chunk over 6k cached tokens): time, causal TFLOP/s and the ratio to SDPA (FlexAttention: the
-2k prompt). The kernel's output is checked against the baseline's before timing.
-Goal (issue 7): decode at batch 64 x 4k reaches >= 70% of the copy bandwidth.
+Decode at batch 1/16/64/256 x context 1k/4k: time, KV read bandwidth and its share of a
+1 GiB device copy's, split-KV and single-pass variants, ratio to dense SDPA (FlexAttention
+too with --flex). Prefill of 2k-token chunks: time, causal TFLOP/s, ratio to SDPA. Outputs
+are checked against SDPA first. Goal (issue 7): decode b64 x 4k at >= 70% of the copy.
 
     python -m benchmarks.kernels [--flex] [--json out.json]
 
@@ -47,7 +43,7 @@ class Row:
 
 @dataclass
 class PagedBatch:
-    args: tuple[torch.Tensor, ...]  # query, kv_cache, block_table, seq_lens, query_start_loc
+    args: tuple  # query, kv_cache, metadata
     max_query_len: int
     max_seq_len: int
     dense_q: torch.Tensor  # [B, Q_HEADS, q_len, D] (equal query lengths)
@@ -65,36 +61,26 @@ def copy_bandwidth_gb_per_s() -> float:
     """Device-to-device copy of 1 GiB: (read + write) bytes / time."""
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    ms = bench_ms(lambda: dst.copy_(src))
-    return 2 * src.numel() / ms / 1e6
+    return 2 * src.numel() / bench_ms(lambda: dst.copy_(src)) / 1e6
 
 
 def build(batch: int, context: int, q_len: int) -> PagedBatch:
     """`batch` sequences of `context` cached tokens plus `q_len` new ones, shuffled blocks."""
-    seq_len = context + q_len
+    seq_len, cuda = context + q_len, {"device": "cuda"}
     per_seq = -(-seq_len // BLOCK_SIZE)
-    kv_cache = torch.randn(
-        (2, batch * per_seq, BLOCK_SIZE, KV_HEADS, HEAD_DIM), device="cuda", dtype=DTYPE
-    )
-    perm = torch.randperm(batch * per_seq, device="cuda", dtype=torch.int64)
-    block_table = perm.view(batch, per_seq).int()
-    positions = torch.arange(seq_len, device="cuda")
+    shape = (2, batch * per_seq, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
+    kv_cache = torch.randn(shape, dtype=DTYPE, **cuda)
+    block_table = torch.randperm(batch * per_seq, dtype=torch.int64, **cuda).view(batch, -1).int()
+    positions = torch.arange(seq_len, **cuda)
     slots = block_table[:, positions // BLOCK_SIZE].long() * BLOCK_SIZE + positions % BLOCK_SIZE
-    flat = kv_cache.view(2, -1, KV_HEADS, HEAD_DIM)
-    dense = flat[:, slots.flatten()].view(2, batch, seq_len, KV_HEADS, HEAD_DIM)
-    dense = dense.transpose(2, 3).contiguous()  # [2, B, KV_HEADS, L, D]
-    query = torch.randn((batch * q_len, Q_HEADS, HEAD_DIM), device="cuda", dtype=DTYPE)
-    seq_lens = torch.full((batch,), seq_len, dtype=torch.int32, device="cuda")
-    starts = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * q_len
-    dense_q = query.view(batch, q_len, Q_HEADS, HEAD_DIM).transpose(1, 2)
-    return PagedBatch(
-        args=(query, kv_cache, AttentionMetadata.cached(block_table, seq_lens, starts)),
-        max_query_len=q_len,
-        max_seq_len=seq_len,
-        dense_q=dense_q.contiguous(),
-        dense_k=dense[0],
-        dense_v=dense[1],
-    )
+    dense = kv_cache.view(2, -1, KV_HEADS, HEAD_DIM)[:, slots.flatten()]
+    dense = dense.view(2, batch, seq_len, KV_HEADS, HEAD_DIM).transpose(2, 3).contiguous()
+    query = torch.randn((batch * q_len, Q_HEADS, HEAD_DIM), dtype=DTYPE, **cuda)
+    seq_lens = torch.full((batch,), seq_len, dtype=torch.int32, **cuda)
+    starts = torch.arange(batch + 1, dtype=torch.int32, **cuda) * q_len
+    metadata = AttentionMetadata.cached(block_table, seq_lens, starts)
+    dense_q = query.view(batch, q_len, Q_HEADS, HEAD_DIM).transpose(1, 2).contiguous()
+    return PagedBatch((query, kv_cache, metadata), q_len, seq_len, dense_q, dense[0], dense[1])
 
 
 def triton_fn(batch: PagedBatch, split_kv: bool | None) -> Callable[[], torch.Tensor]:
@@ -121,28 +107,33 @@ def sdpa_fn(batch: PagedBatch) -> Callable[[], torch.Tensor]:
     return lambda: F.scaled_dot_product_attention(q, k_rep, v_rep, attn_mask=bias, scale=SCALE)
 
 
-def flex_fn(batch: PagedBatch) -> Callable[[], torch.Tensor]:
+def flex_ms(batch: PagedBatch) -> float | None:
+    """FlexAttention's time over the dense keys/values (an optional baseline: None if it
+    does not run here)."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     offset = batch.max_seq_len - batch.max_query_len
+    q, k, v = batch.dense_q, batch.dense_k, batch.dense_v
 
     def causal(b, h, q_idx, kv_idx):
         return kv_idx <= q_idx + offset
 
-    mask = create_block_mask(
-        causal, None, None, batch.max_query_len, batch.max_seq_len, device="cuda"
-    )
-    compiled = torch.compile(flex_attention, dynamic=False)
-    q, k, v = batch.dense_q, batch.dense_k, batch.dense_v
-    return lambda: compiled(q, k, v, block_mask=mask, scale=SCALE, enable_gqa=True)
+    try:
+        lengths = (batch.max_query_len, batch.max_seq_len)
+        mask = create_block_mask(causal, None, None, *lengths, device="cuda")
+        compiled = torch.compile(flex_attention, dynamic=False)
+        return bench_ms(lambda: compiled(q, k, v, block_mask=mask, scale=SCALE, enable_gqa=True))
+    except Exception as exc:
+        print(f"  FlexAttention unavailable: {type(exc).__name__}: {exc}"[:300])
+        return None
 
 
-def check(batch: PagedBatch, got: torch.Tensor, expected: torch.Tensor) -> None:
-    """The benchmarked kernel must compute the same thing as the baseline it is compared to."""
-    if batch.max_query_len == 1:
-        expected = expected.reshape(got.shape)
-    else:
-        expected = expected.transpose(1, 2).reshape(got.shape)
+def check(batch: PagedBatch) -> None:
+    """The benchmarked kernel must compute the same thing as the SDPA it is compared to."""
+    got, expected = triton_fn(batch, None)(), sdpa_fn(batch)()
+    if batch.max_query_len > 1:
+        expected = expected.transpose(1, 2)
+    expected = expected.reshape(got.shape)
     torch.testing.assert_close(got.float(), expected.float(), atol=3e-2, rtol=3e-2)
 
 
@@ -153,15 +144,15 @@ def decode_rows(copy_gbs: float, flex: bool) -> list[Row]:
             batch = build(batch_size, context - 1, 1)
             kv_bytes = 2 * batch_size * context * KV_HEADS * HEAD_DIM * DTYPE.itemsize
             sdpa_ms = bench_ms(sdpa_fn(batch))
-            flex_ms = _flex_ms(batch) if flex and (batch_size, context) == (64, 4096) else None
+            flex_time = flex_ms(batch) if flex and (batch_size, context) == (64, 4096) else None
             case = f"decode b{batch_size} ctx{context}"
-            check(batch, triton_fn(batch, None)(), sdpa_fn(batch)())
+            check(batch)
             for variant, split in (("triton auto", None), ("split", True), ("single", False)):
                 ms = bench_ms(triton_fn(batch, split))
                 gbs = kv_bytes / ms / 1e6
                 rows.append(Row(case, variant, ms, gbs, gbs / copy_gbs, None, sdpa_ms / ms))
-                if flex_ms is not None and split is None:
-                    rows[-1].vs_flex = flex_ms / ms
+                if flex_time is not None and split is None:
+                    rows[-1].vs_flex = flex_time / ms
             rows.append(Row(case, "sdpa dense", sdpa_ms, kv_bytes / sdpa_ms / 1e6))
             del batch
             torch.cuda.empty_cache()
@@ -175,23 +166,15 @@ def prefill_rows(flex: bool) -> list[Row]:
         pairs = batch_size * (q_len * context + q_len * (q_len + 1) / 2)
         flops = 4 * pairs * Q_HEADS * HEAD_DIM
         case = f"prefill b{batch_size} q{q_len} ctx{context}"
-        check(batch, triton_fn(batch, None)(), sdpa_fn(batch)())
+        check(batch)
         ms = bench_ms(triton_fn(batch, None))
         sdpa_ms = bench_ms(sdpa_fn(batch))
         row = Row(case, "triton", ms, tflops=flops / ms / 1e9, vs_sdpa=sdpa_ms / ms)
         if flex and (batch_size, context) == (1, 0):  # each FlexAttention shape compiles
-            flex_ms = _flex_ms(batch)
-            row.vs_flex = None if flex_ms is None else flex_ms / ms
+            flex_time = flex_ms(batch)
+            row.vs_flex = None if flex_time is None else flex_time / ms
         rows += [row, Row(case, "sdpa dense", sdpa_ms, tflops=flops / sdpa_ms / 1e9)]
     return rows
-
-
-def _flex_ms(batch: PagedBatch) -> float | None:
-    try:
-        return bench_ms(flex_fn(batch))
-    except Exception as exc:  # FlexAttention is an optional baseline
-        print(f"  FlexAttention unavailable: {type(exc).__name__}: {exc}"[:300])
-        return None
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -224,12 +207,9 @@ def main(argv: list[str] | None = None) -> None:
     verdict = "meets" if goal.copy_share >= 0.7 else "MISSES"
     print(f"decode b64 x 4k: {goal.copy_share:.0%} of copy bandwidth ({verdict} the 70% goal)")
     if args.json:
+        report = {"device": name, "copy_gb_per_s": copy_gbs, "rows": [asdict(r) for r in rows]}
         with open(args.json, "w") as handle:
-            json.dump(
-                {"device": name, "copy_gb_per_s": copy_gbs, "rows": [asdict(r) for r in rows]},
-                handle,
-                indent=1,
-            )
+            json.dump(report, handle, indent=1)
 
 
 if __name__ == "__main__":

@@ -3,18 +3,12 @@ beside llama.cpp on the same file and threads.
 
     python -m benchmarks.load FILE.gguf [--llama-bin DIR] [--repeats 3] [--tokens 64]
 
-Each run is a fresh process, one at a time (nothing else may run beside it):
-  - pagestream: `LLM(model=FILE)` timed until it returns (the engine ready to generate),
-    the process's resident memory (VmRSS) then, and a greedy generation of `tokens` tokens
-    from a short prompt: time per token = (time for tokens - time for 1) / (tokens - 1).
-  - llama.cpp: `llama-server -m FILE -t THREADS` timed from start until /health answers
-    200, its VmRSS then; `llama-bench -p 0 -n TOKENS -t THREADS` for its time per token.
-With `--batch N`, offline throughput too: pagestream's `LLM.generate` over N requests of
-`--prompt-len` random token ids and `tokens` greedy tokens each (max_num_seqs N), against
-`llama-batched-bench -npp PROMPT -ntg TOKENS -npl N` (llama.cpp's parallel decoding of N
-sequences in one context); both as generated tokens per second of the whole run,
-prefill included. Medians of `repeats` runs. A first start of pagestream on a GGUF file converts its
-tokenizer once (cached); `--cold` removes that cache first, for the first-start figure.
+Each run is a fresh process, one at a time. pagestream: `LLM(model=FILE)` until it returns,
+VmRSS then, and ms per token = (time for `tokens` greedy tokens - time for 1) / (tokens - 1);
+llama.cpp: `llama-server` until /health answers, VmRSS then, and `llama-bench -n TOKENS`.
+`--batch N`: offline tokens/s too, `LLM.generate` over N random prompts of `--prompt-len`
+against `llama-batched-bench -npl N`, prefill included. Medians of `repeats` runs; `--cold`
+first removes the GGUF tokenizer's converted cache, for the first-start figure.
 """
 
 from __future__ import annotations
@@ -55,7 +49,6 @@ print(json.dumps({"import_s": imported - start, "load_s": ready - imported,
                   "ms_per_token": 1000 * (many - one) / (tokens - 1)}))
 """
 
-
 _BATCH_CHILD = """
 import json, random, sys, time
 from pagestream import LLM, SamplingParams
@@ -73,51 +66,41 @@ print(json.dumps({"tokens_per_s": batch * tokens / (time.perf_counter() - start)
 """
 
 
+def _run(command: list, binary: Path | None = None) -> str:
+    """The stdout of ``command``; a llama.cpp ``binary`` finds its libraries beside it."""
+    env = dict(os.environ, LD_LIBRARY_PATH=str(binary.parent)) if binary else None
+    return subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
+
+
+def pagestream_run(model: Path, tokens: int) -> dict:
+    out = _run([sys.executable, "-c", _CHILD, str(model), str(tokens)])
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def pagestream_batch_run(model: Path, batch: int, prompt_len: int, tokens: int) -> dict:
-    command = [sys.executable, "-c", _BATCH_CHILD, str(model), str(batch), str(prompt_len)]
-    done = subprocess.run([*command, str(tokens)], capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    sizes = map(str, (batch, prompt_len, tokens))
+    out = _run([sys.executable, "-c", _BATCH_CHILD, str(model), *sizes])
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def llama_batched_run(binary: Path, model: Path, threads: int, shape: tuple[int, int, int]):
     """llama-batched-bench's generated tokens per second over one run of `batch`
     sequences (prefill included), and its decode-only rate."""
     batch, prompt_len, tokens = shape
-    env = dict(os.environ, LD_LIBRARY_PATH=str(binary.parent))
     context = batch * (prompt_len + tokens) + 64
-    command = [str(binary), "-m", str(model), "-t", str(threads), "-c", str(context)]
-    command += ["-npp", str(prompt_len), "-ntg", str(tokens), "-npl", str(batch)]
-    command += ["--output-format", "jsonl"]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
-    row = json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
+    command = [binary, "-m", model, "-t", threads, "-c", context, "-npp", prompt_len]
+    command += ["-ntg", tokens, "-npl", batch, "--output-format", "jsonl"]
+    out = _run(list(map(str, command)), binary)
+    row = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
     return {"tokens_per_s": batch * tokens / row["t"], "decode_tokens_per_s": row["speed_tg"]}
-
-
-def rss_of(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def pagestream_run(model: Path, tokens: int) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(model), str(tokens)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def llama_server_run(binary: Path, model: Path, threads: int, port: int = 18765) -> dict:
     env = dict(os.environ, LD_LIBRARY_PATH=str(binary.parent))
-    command = [str(binary), "-m", str(model), "-t", str(threads), "--port", str(port)]
+    command = [binary, "-m", model, "-t", threads, "--port", port, "-c", 4096]
     start = time.perf_counter()
-    server = subprocess.Popen(
-        [*command, "-c", "4096"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    out = subprocess.DEVNULL
+    server = subprocess.Popen(list(map(str, command)), env=env, stdout=out, stderr=out)
     try:
         while True:
             try:
@@ -128,19 +111,17 @@ def llama_server_run(binary: Path, model: Path, threads: int, port: int = 18765)
                 if server.poll() is not None:
                     raise RuntimeError(f"llama-server exited ({server.returncode})") from None
                 time.sleep(0.05)
-        return {"load_s": time.perf_counter() - start, "rss_bytes": rss_of(server.pid)}
+        with open(f"/proc/{server.pid}/status") as status:
+            rss = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
+        return {"load_s": time.perf_counter() - start, "rss_bytes": rss}
     finally:
         server.terminate()
         server.wait(timeout=30)
 
 
 def llama_bench_ms_per_token(binary: Path, model: Path, threads: int, tokens: int) -> float:
-    env = dict(os.environ, LD_LIBRARY_PATH=str(binary.parent))
-    command = [str(binary), "-m", str(model), "-t", str(threads), "-p", "0", "-n", str(tokens)]
-    done = subprocess.run(
-        [*command, "-o", "json", "-r", "3"], env=env, capture_output=True, text=True, check=True
-    )
-    (result,) = json.loads(done.stdout)
+    command = [binary, "-m", model, "-t", threads, "-p", 0, "-n", tokens, "-o", "json", "-r", 3]
+    (result,) = json.loads(_run(list(map(str, command)), binary))
     return 1000.0 / float(result["avg_ts"])
 
 
@@ -159,35 +140,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=0, help="offline throughput at N too")
     parser.add_argument("--prompt-len", type=int, default=128)
     args = parser.parse_args(argv)
-    report: dict = {"model": str(args.model), "file_bytes": args.model.stat().st_size}
+    model, bin_dir, threads, repeats = args.model, args.llama_bin, args.threads, args.repeats
+    report: dict = {"model": str(model), "file_bytes": model.stat().st_size}
     if args.cold:
         from services.common.model_source import _converted_dir_for
 
-        shutil.rmtree(_converted_dir_for(args.model), ignore_errors=True)
-        report["pagestream_first_start"] = pagestream_run(args.model, args.tokens)
-    report["pagestream"] = median_of(
-        [pagestream_run(args.model, args.tokens) for _ in range(args.repeats)]
-    )
-    if args.llama_bin is not None:
-        server = args.llama_bin / "llama-server"
+        shutil.rmtree(_converted_dir_for(model), ignore_errors=True)
+        report["pagestream_first_start"] = pagestream_run(model, args.tokens)
+    report["pagestream"] = median_of([pagestream_run(model, args.tokens) for _ in range(repeats)])
+    if bin_dir is not None:
+        server = bin_dir / "llama-server"
         try:
-            runs = [llama_server_run(server, args.model, args.threads) for _ in range(args.repeats)]
+            runs = [llama_server_run(server, model, threads) for _ in range(repeats)]
             report["llama_server"] = median_of(runs)
         except RuntimeError as exc:  # its figures are left out, llama-bench's still run
             report["llama_server"] = {"error": str(exc)}
         report["llama_bench_ms_per_token"] = llama_bench_ms_per_token(
-            args.llama_bin / "llama-bench", args.model, args.threads, args.tokens
+            bin_dir / "llama-bench", model, threads, args.tokens
         )
     if args.batch:
         shape = (args.batch, args.prompt_len, args.tokens)
-        runs = [pagestream_batch_run(args.model, *shape) for _ in range(args.repeats)]
+        runs = [pagestream_batch_run(model, *shape) for _ in range(repeats)]
         report["pagestream_batch"] = median_of(runs)
-        if args.llama_bin is not None:
-            binary = args.llama_bin / "llama-batched-bench"
-            runs = [
-                llama_batched_run(binary, args.model, args.threads, shape)
-                for _ in range(args.repeats)
-            ]
+        if bin_dir is not None:
+            binary = bin_dir / "llama-batched-bench"
+            runs = [llama_batched_run(binary, model, threads, shape) for _ in range(repeats)]
             report["llama_batched"] = median_of(runs)
     print(json.dumps(report, indent=1))
     return 0

@@ -1,20 +1,13 @@
 """Where a native CPU decode step's time goes: `python -m benchmarks.native_step_profile`.
 
-Loads the model as the engine does (the native step on the CPU), runs pure decode steps of
-`--batch` sequences at a context of `--context` tokens over a scratch cache, and prints
-per step: the whole forward, the LM head (with its rescoring) and each part of the stack
-from `DecoderStack.profile()` (norm+qkv, rotary+cache, attention, o_proj, norm+gate_up,
-silu_mul, down), with the bytes a step streams and the read rate that implies.
+Pure decode steps of `--batch` sequences at a context of `--context` tokens over a scratch
+cache: the whole forward, the LM head and each part of the stack (`DecoderStack.profile()`),
+the weight bytes a step streams, and `streaming_limit_ms`, their time at the read rate of a
+1 GiB float32 sum on the same threads (the floor of a batch-1 decode step).
 
     python -m benchmarks.native_step_profile --dtype bfloat16 --batch 1 --context 300
-    python -m benchmarks.native_step_profile --dtype auto   # a GGUF model's own blocks
     python -m benchmarks.native_step_profile --query-len 5  # verifying 4 proposals
-    python -m benchmarks.native_step_profile --model FILE.gguf --dtype auto
-
-The weight bytes are the stack's packed weights as held (`DecoderStack.weight_bytes()`:
-quantized codes and scales, or the float matrices) and the LM head's; `streaming_limit_ms`
-is their time at the read rate of a 1 GiB float32 sum on the same threads, the floor of a
-batch-1 decode step.
+    python -m benchmarks.native_step_profile --model FILE.gguf --dtype auto  # its own blocks
 """
 
 from __future__ import annotations
@@ -32,16 +25,25 @@ from services.worker.cpu_tuning import pin_threads
 from services.worker.model_loader import load
 
 
-def _decode_metadata(
-    batch: int, context: int, block_size: int, query_len: int = 1
-) -> AttentionMetadata:
-    """`batch` sequences of `context` tokens, each running its last `query_len` (1: a
-    decode step; more: verifying query_len - 1 speculative proposals)."""
+def profile(
+    dtype: str, batch: int, context: int, steps: int, query_len: int = 1, model_path: str = ""
+) -> dict:
+    """`steps` timed steps of `batch` sequences of `context` tokens, each running its last
+    `query_len` (1: a decode step; more: verifying query_len - 1 speculative proposals)."""
+    loaded = load(ModelConfig(model_path, dtype) if model_path else ModelConfig(dtype=dtype))
+    model = loaded.model
+    native = model.model.native
+    if native is None:
+        raise SystemExit("the native step is not in use here (see the load log for why)")
+    pin_threads()
+    spec, block_size = model.kv_cache_spec, 16
     blocks = -(-context // block_size)
+    shape = spec.layer_shape(batch * blocks, block_size)
+    caches = [torch.zeros(shape, dtype=spec.dtype) for _ in range(spec.num_layers)]
     table = torch.arange(batch * blocks, dtype=torch.int32).view(batch, blocks)
     positions = torch.arange(context - query_len, context)  # [q]
     slots = table[:, positions // block_size].long() * block_size + positions % block_size
-    return AttentionMetadata(
+    md = AttentionMetadata(
         slot_mapping=slots.flatten(),
         block_table=table,
         seq_lens=torch.full((batch,), context, dtype=torch.int32),
@@ -49,28 +51,9 @@ def _decode_metadata(
         max_query_len=query_len,
         max_seq_len=context,
     )
-
-
-def profile(
-    dtype: str, batch: int, context: int, steps: int, query_len: int = 1, model_path: str = ""
-) -> dict:
-    config = ModelConfig(dtype=dtype) if not model_path else ModelConfig(model_path, dtype)
-    loaded = load(config)
-    model = loaded.model
-    native = model.model.native
-    if native is None:
-        raise SystemExit("the native step is not in use here (see the load log for why)")
-    pin_threads()
-    spec, block_size = model.kv_cache_spec, 16
-    blocks = batch * -(-context // block_size)
-    caches = [
-        torch.zeros(spec.layer_shape(blocks, block_size), dtype=spec.dtype)
-        for _ in range(spec.num_layers)
-    ]
-    md = _decode_metadata(batch, context, block_size, query_len)
     # distinct tokens: a mixture of experts routes each row as a real batch would
     ids = (torch.arange(batch * query_len) * 7919 + 5) % model.vocab_size
-    positions = torch.arange(context - query_len, context).repeat(batch)
+    positions = positions.repeat(batch)
     forward, head = [], []
     with torch.inference_mode():
         for _ in range(3):
@@ -83,7 +66,6 @@ def profile(
             model.compute_logits(hidden)
             forward.append(middle - start)
             head.append(time.perf_counter() - middle)
-    parts = {k: round(v / steps * 1e3, 3) for k, v in native.stack.profile().items()}
     stack_bytes = native.weight_bytes()
     head_bytes = int(model.lm_head.native.weight_bytes()) if model.lm_head.native else 0
     forward_ms = statistics.median(forward) * 1e3
@@ -96,12 +78,11 @@ def profile(
         "context": context,
         "forward_ms": round(forward_ms, 3),
         "lm_head_ms": round(statistics.median(head) * 1e3, 3),
-        "parts_ms": parts,
+        "parts_ms": {k: round(v / steps * 1e3, 3) for k, v in native.stack.profile().items()},
         "stack_weight_mb": round(stack_bytes / 1e6, 1),
         "stack_read_gb_s": round(stack_bytes / (forward_ms * 1e6), 1),
         "lm_head_weight_mb": round(head_bytes / 1e6, 1),
         "read_gb_s": round(bandwidth, 1),
-        # a decode step must stream every weight once: its time at the machine's read rate
         "streaming_limit_ms": round((stack_bytes + head_bytes) / (bandwidth * 1e6), 3),
     }
 

@@ -1,19 +1,11 @@
 """Offline throughput under tensor / pipeline parallelism on this machine's CPU, and what the
 collectives cost per step.
 
-Every layout (tp = 1 in process, tp = 1 as one worker process, tp = 2, tp = 3, pp = 2, ...)
-runs the same prompts with the same output lengths (greedy, ignore_eos, prefix caching off)
-through ``LLM.generate``. The layouts take turns, round after round (each engine started,
-warmed up, timed and stopped in its turn), so that each figure is measured side by side
-with its tp = 1 baseline (medians over rounds; ratios are taken within a round). A layout
-the model refuses (heads not divisible) runs on a random model of the same sizes with
-divisible heads (benchmarks/head_variant.py), next to that model's own tp = 1 run.
-
-Per step (benchmarks/step_recorder.py): wall time on the scheduler's side, the output rank's
-prepare / forward / sample, and an estimate of the step's collectives from timings of the
-same tensors between idle processes (benchmarks/collectives.py): ``2 * layers + 1``
-all-reduces of ``[num_tokens, hidden]`` plus the logits gather under tp, one hidden-state
-hand-off per stage boundary under pp.
+Every layout runs the same prompts (greedy, ignore_eos, prefix caching off) through
+``LLM.generate``, the layouts taking turns round after round beside their tp = 1 baseline
+(medians over rounds, ratios within a round); a layout the model refuses runs on a head
+variant (benchmarks/head_variant.py). Per step: benchmarks/step_recorder.py's timings, and
+the collectives' cost estimated from benchmarks/collectives.py's timings of the same tensors.
 """
 
 from __future__ import annotations
@@ -29,13 +21,13 @@ from pathlib import Path
 from benchmarks.ceiling import ModelShapes
 from benchmarks.collectives import CollectiveSpec, interpolate_us, measure_collectives
 from benchmarks.offline import make_llm, timed_generate, token_ids, warm_up
-from benchmarks.step_recorder import StepRecord, StepRecorder
+from benchmarks.step_recorder import StepRecorder
 from benchmarks.workload import BenchRequest, greedy_inputs, totals
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_LAYOUTS = ("tp1", "tp1-async", "tp1-mp", "tp2", "tp3", "pp2")
-_LAYOUT = re.compile(r"^(?:tp(\d+))?(?:x?pp(\d+))?(-mp)?(-async)?$")
+_LAYOUT = re.compile(r"^(?:tp([1-9]\d*))?(?:x?pp([1-9]\d*))?(-mp)?(-async)?$")
 
 
 @dataclass(frozen=True)
@@ -47,16 +39,13 @@ class Layout:
 
     @classmethod
     def parse(cls, text: str) -> Layout:
-        """ "tp1", "tp1-mp" (one worker process), "tp2", "pp2", "tp2xpp2"; "-async" after
-        any of them turns async scheduling on ("tp1-async", "tp1-mp-async")."""
+        """ "tp1", "tp2", "pp2", "tp2xpp2", then "-mp" (worker processes) and/or "-async"."""
         match = _LAYOUT.match(text.strip().lower())
         if not match or not (match.group(1) or match.group(2)):
             raise ValueError(
-                f"layout {text!r}: expected tpN, ppN or tpNxppM, then -mp and/or -async"
+                f"layout {text!r}: expected tpN, ppN or tpNxppM (N, M >= 1), then -mp and/or -async"
             )
         tp, pp = int(match.group(1) or 1), int(match.group(2) or 1)
-        if tp < 1 or pp < 1:
-            raise ValueError(f"layout {text!r}: sizes must be >= 1")
         return cls(tp, pp, "mp" if match.group(3) else None, bool(match.group(4)))
 
     @property
@@ -66,8 +55,7 @@ class Layout:
     @property
     def label(self) -> str:
         parts = [f"tp={self.tp}"] if self.tp > 1 or self.pp == 1 else []
-        parts += [f"pp={self.pp}"] if self.pp > 1 else []
-        text = " x ".join(parts)
+        text = " x ".join(parts + ([f"pp={self.pp}"] if self.pp > 1 else []))
         if self.world_size == 1:
             text += " (worker process)" if self.backend == "mp" else " (in process)"
         return text + (", async scheduling" if self.async_scheduling else "")
@@ -76,12 +64,9 @@ class Layout:
         kwargs = {"tensor_parallel_size": self.tp, "pipeline_parallel_size": self.pp}
         if self.backend:
             kwargs["distributed_executor_backend"] = self.backend
-        if self.async_scheduling:
-            kwargs["async_scheduling"] = True
-        return kwargs
+        return kwargs | ({"async_scheduling": True} if self.async_scheduling else {})
 
 
-_IN_STEP = "all_reduce_in_step_us"
 BASELINES = (Layout(), Layout(backend="mp"))  # tp = 1 in process, tp = 1 in a worker process
 
 
@@ -110,18 +95,12 @@ class _Run:
     token_ids: list[list[int]] | None = None
     startup_s: list[float] = field(default_factory=list)
 
-    @property
-    def key(self) -> tuple[str, Layout]:
-        return self.model_name, self.layout
-
 
 def run_parallel(requests: list[BenchRequest], options: ParallelOptions) -> dict:
     """Collective timings, then every layout round after round; a JSON-ready dict."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(options.model)
+    config = ModelShapes.of(options.model)
     with tempfile.TemporaryDirectory(prefix="pagestream-bench-parallel-") as scratch:
-        runs, models, skipped = _plan_runs(options, Path(scratch))
+        runs, models, skipped = _plan_runs(options, config, Path(scratch))
         collectives = _measure_collectives(config, runs, options)
         for round_index in range(options.rounds):
             for run in runs:
@@ -137,9 +116,9 @@ def run_parallel(requests: list[BenchRequest], options: ParallelOptions) -> dict
     }
 
 
-def _plan_runs(options: ParallelOptions, scratch: Path) -> tuple[list[_Run], dict, list]:
-    """Which (layout, model) pairs run: a refused layout moves to a head variant, which gets
-    its own tp = 1 baseline; a layout nothing can run is listed with the reason."""
+def _plan_runs(options: ParallelOptions, shapes: ModelShapes, scratch: Path) -> tuple:
+    """The (layout, model) pairs to run: a refused layout moves to a head variant, which gets
+    its own tp = 1 baselines; a layout nothing can run is listed with the reason."""
     from benchmarks.head_variant import build_head_variant
     from pagestream.engine_args import EngineArgs
     from pagestream.executor_factory import check_parallel_model
@@ -151,9 +130,15 @@ def _plan_runs(options: ParallelOptions, scratch: Path) -> tuple[list[_Run], dic
             return str(exc)
         return None
 
-    runs: list[_Run] = []
-    models: dict[str, dict] = {"model": _heads(options.model)}
-    skipped = []
+    runs, skipped = [], []
+    models: dict[str, dict] = {
+        "model": {
+            "num_attention_heads": shapes.num_heads,
+            "num_key_value_heads": shapes.num_kv_heads,
+            "num_hidden_layers": shapes.num_layers,
+            "hidden_size": shapes.hidden_size,
+        }
+    }
     for layout in options.layouts:
         reason = refusal(options.model, layout)
         if reason is None:
@@ -164,9 +149,11 @@ def _plan_runs(options: ParallelOptions, scratch: Path) -> tuple[list[_Run], dic
             description = build_head_variant(Path(options.model), layout.tp, folder)
             if description is not None:
                 models[name] = {**description, "refused": reason}
-                for baseline in BASELINES:  # the variant's own tp = 1 runs
-                    if baseline == Layout() or baseline in options.layouts:
-                        runs.append(_Run(baseline, name, str(folder)))
+                runs += [
+                    _Run(base, name, str(folder))
+                    for base in BASELINES
+                    if base == Layout() or base in options.layouts
+                ]
         if name in models and refusal(str(folder), layout) is None:
             runs.append(_Run(layout, name, str(folder)))
         else:
@@ -174,52 +161,37 @@ def _plan_runs(options: ParallelOptions, scratch: Path) -> tuple[list[_Run], dic
     return runs, models, skipped
 
 
-def _heads(folder: str) -> dict:
-    shapes = ModelShapes.of(folder)
-    return {
-        "num_attention_heads": shapes.num_heads,
-        "num_key_value_heads": shapes.num_kv_heads,
-        "num_hidden_layers": shapes.num_layers,
-        "hidden_size": shapes.hidden_size,
-    }
-
-
-def _measure_collectives(config, runs: list[_Run], options: ParallelOptions) -> dict:
+def _measure_collectives(shapes: ModelShapes, runs: list[_Run], options) -> dict:
     """Timings at each world size a tensor-parallel group or a stage boundary uses."""
-    sizes = sorted({r.layout.tp for r in runs if r.layout.tp > 1} | _pp_sizes(runs))
+    sizes = {r.layout.tp for r in runs if r.layout.tp > 1}
+    sizes |= {2} if any(r.layout.pp > 1 for r in runs) else set()
     out = {}
-    shapes = ModelShapes.from_config(config)
-    for world_size in sizes:
+    for world_size in sorted(sizes):
+        logger.info("collectives between %d processes", world_size)
         spec = CollectiveSpec(
             world_size=world_size,
-            hidden_size=config.hidden_size,
-            vocab_size=config.vocab_size,
+            hidden_size=shapes.hidden_size,
+            vocab_size=shapes.vocab_size,
             repeats=options.collective_repeats,
-            num_layers=config.num_hidden_layers,
-            intermediate_size=config.intermediate_size,
+            num_layers=shapes.num_layers,
+            intermediate_size=shapes.intermediate_size,
             qkv_size=shapes.layer_linears()[0][1],
             q_size=shapes.num_heads * shapes.head_dim,
         )
-        logger.info("collectives between %d processes", world_size)
         out[str(world_size)] = measure_collectives(spec)
     return out
 
 
-def _pp_sizes(runs: list[_Run]) -> set[int]:
-    return {2} if any(r.layout.pp > 1 for r in runs) else set()
-
-
 def kv_cache_bytes(folder: str, requests: list[BenchRequest], block_size: int = 16) -> int:
     """A KV budget that holds every request at once at tp = 1 (float32), with a margin: no
-    layout preempts, so all run the same plans, and no rank holds gigabytes it never uses."""
+    layout preempts, and no rank holds gigabytes it never uses."""
     per_token = ModelShapes.of(folder).kv_bytes_per_token()
     blocks = sum(-(-(r.prompt_len + r.output_len) // block_size) + 1 for r in requests)
     return int(blocks * block_size * per_token * 1.25) + 16 * 1024**2
 
 
 def _run_round(run: _Run, requests, options: ParallelOptions, round_index: int) -> None:
-    """Start the layout's engine, warm it up, time the workload, stop it (one engine at a
-    time: a machine with few cores rarely has the memory for all of them at once)."""
+    """Start the layout's engine, warm it up, time the workload, stop it (one at a time)."""
     start = time.perf_counter()
     llm = make_llm(
         run.folder,
@@ -237,21 +209,14 @@ def _run_round(run: _Run, requests, options: ParallelOptions, round_index: int) 
     finally:
         llm.engine.close()
     run.token_ids = token_ids(outputs)
-    generated = sum(map(len, run.token_ids))
     run.elapsed_s.append(elapsed)
-    run.output_tokens_per_s.append(generated / elapsed)
-    logger.info(
-        "round %d, %s on %s: %.1f output tok/s",
-        round_index,
-        run.layout.label,
-        run.model_name,
-        generated / elapsed,
-    )
+    run.output_tokens_per_s.append(sum(map(len, run.token_ids)) / elapsed)
+    what = (round_index, run.layout.label, run.model_name, run.output_tokens_per_s[-1])
+    logger.info("round %d, %s on %s: %.1f output tok/s", *what)
 
 
-def _baseline(run: _Run, runs: list[_Run], layout: Layout) -> _Run | None:
-    """The run of ``layout`` on the same model."""
-    return next((r for r in runs if r.key == (run.model_name, layout)), None)
+def _same_model(run: _Run, runs: list[_Run], layout: Layout) -> _Run | None:
+    return next((r for r in runs if (r.model_name, r.layout) == (run.model_name, layout)), None)
 
 
 def _ratio(run: _Run, base: _Run | None) -> float | None:
@@ -263,35 +228,31 @@ def _ratio(run: _Run, base: _Run | None) -> float | None:
 
 
 def _run_summary(run: _Run, runs: list[_Run], config, collectives: dict) -> dict:
-    base = _baseline(run, runs, Layout())
-    worker_base = _baseline(run, runs, Layout(backend="mp"))
+    base = _same_model(run, runs, Layout())
     rates = run.output_tokens_per_s
     best_round = max(range(len(rates)), key=rates.__getitem__) if rates else None
     identical = None
     if base is not None and run.token_ids is not None and base.token_ids is not None:
         identical = sum(a == b for a, b in zip(run.token_ids, base.token_ids, strict=True))
     estimates = {
-        name: cost
-        for name, stat in (
-            ("collectives_est", "median"),
-            ("collectives_min_est", "min"),
-            ("collectives_in_step_est", "per_call"),
-        )
+        f"collectives{name}_est": cost
+        for name, stat in (("", "median"), ("_min", "min"), ("_in_step", "per_call"))
         if (cost := _collective_cost(run.layout, config, collectives, stat)) is not None
     }
+    in_process = run.layout.backend is None and run.layout.world_size == 1
     return {
         "layout": run.layout.label,
         "tp": run.layout.tp,
         "pp": run.layout.pp,
         "model": run.model_name,
-        "processes": 0 if _in_process(run.layout) else run.layout.world_size,
+        "processes": 0 if in_process else run.layout.world_size,
         "startup_s": round(statistics.median(run.startup_s), 1),
         "output_tokens": sum(len(t) for t in run.token_ids or []),
         "elapsed_s": [round(e, 3) for e in run.elapsed_s],
-        "output_tokens_per_s": round(statistics.median(run.output_tokens_per_s), 2),
-        "output_tokens_per_s_rounds": [round(x, 2) for x in run.output_tokens_per_s],
+        "output_tokens_per_s": round(statistics.median(rates), 2),
+        "output_tokens_per_s_rounds": [round(x, 2) for x in rates],
         "vs_tp1": _ratio(run, base),
-        "vs_tp1_worker_process": _ratio(run, worker_base),
+        "vs_tp1_worker_process": _ratio(run, _same_model(run, runs, Layout(backend="mp"))),
         "identical_outputs": identical,
         "steps_per_run": len(run.recorder.records) // max(1, len(run.elapsed_s)),
         "steps_round": best_round,  # step timings from the best round, the least disturbed
@@ -300,41 +261,32 @@ def _run_summary(run: _Run, runs: list[_Run], config, collectives: dict) -> dict
     }
 
 
-def _in_process(layout: Layout) -> bool:
-    return layout.backend is None and layout.world_size == 1
-
-
 def _collective_counts(layout: Layout, config) -> dict:
     """What the output rank (tp rank 0 of the last stage) does per step."""
-    layers = config.num_hidden_layers // layout.pp  # the last stage's share (even split)
+    layers = config.num_layers // layout.pp  # the last stage's share (even split)
     counts = {}
     if layout.tp > 1:
-        counts["all_reduce"] = 2 * layers + (1 if layout.pp == 1 else 0)
-        counts["gather_logits"] = 1
-    if layout.pp > 1:
-        counts["recv_hidden"] = 1
-    return counts
+        counts |= {"all_reduce": 2 * layers + (layout.pp == 1), "gather_logits": 1}
+    return counts | ({"recv_hidden": 1} if layout.pp > 1 else {})
 
 
 def _collective_cost(layout: Layout, config, collectives: dict, stat: str = "median"):
-    """step -> estimated seconds of the output rank's collectives at each collective's
-    ``stat`` timing between idle processes ("median" or "min"), or with the all-reduces
-    timed inside a step ("per_call", tensor parallelism only); None when there is none."""
+    """step -> estimated seconds of the output rank's collectives at each one's ``stat``
+    timing between idle processes ("median" or "min"), or with the all-reduces timed inside
+    a step ("per_call", tensor parallelism only); None when there is none."""
     counts = _collective_counts(layout, config)
-    tp_table = collectives.get(str(layout.tp), {})
-    pp_table = collectives.get("2", {})
+    tp_table, pp_table = collectives.get(str(layout.tp), {}), collectives.get("2", {})
     in_step = stat == "per_call"
-    if not counts or (in_step and ("all_reduce" not in counts or not tp_table.get(_IN_STEP))):
+    reduce_table = tp_table.get("all_reduce_in_step_us" if in_step else "all_reduce_us")
+    if not counts or (in_step and ("all_reduce" not in counts or not reduce_table)):
         return None
 
-    def cost(step: StepRecord) -> float:
+    def cost(step) -> float:
         us = 0.0
         if "all_reduce" in counts:
-            table = tp_table[_IN_STEP if in_step else "all_reduce_us"]
-            all_reduce = interpolate_us(table, step.num_tokens, stat)
-            us += counts["all_reduce"] * all_reduce
-            gather_stat = "median" if in_step else stat
-            us += interpolate_us(tp_table["gather_logits_us"], step.num_seqs, gather_stat)
+            us += counts["all_reduce"] * interpolate_us(reduce_table, step.num_tokens, stat)
+            gathers = tp_table["gather_logits_us"]
+            us += interpolate_us(gathers, step.num_seqs, "median" if in_step else stat)
         if "recv_hidden" in counts:
             us += interpolate_us(pp_table["send_recv_us"], step.num_tokens, stat)
         return us * 1e-6

@@ -1,13 +1,9 @@
 """Per-step timings of an engine's run, from the scheduler's side of the executor.
 
-The recorder wraps ``engine.core.executor.execute`` (the one call every plan goes through,
-in process or to a worker group): for each plan it keeps its size (tokens, sequences,
-decode-only or not), the wall time from submission until its result landed, and the output
-rank's own timings (prepare / forward / sample, services/common/runner_output.py). Under
-tensor parallelism the output rank's forward time includes its waits in every all-reduce;
-under pipeline parallelism it is the last stage's forward, its wait for the previous stage
-included. Wall minus the worker's own time is what the transport costs (gRPC, the other
-ranks' acknowledgements, the queue behind an earlier plan when plans overlap).
+Wraps ``engine.core.executor.execute`` (every plan goes through it, in process or to a worker
+group): per plan its size, the wall time from submission until its result landed, and the
+output rank's own prepare / forward / sample (services/common/runner_output.py); wall minus
+the worker's time is the transport's (gRPC, the other ranks, a queue behind an earlier plan).
 """
 
 from __future__ import annotations
@@ -43,8 +39,7 @@ class StepRecorder:
 
     @contextlib.contextmanager
     def attached(self, engine, tag: object = None) -> Iterator[StepRecorder]:
-        """Record every plan ``engine`` (a pagestream LLMEngine) runs inside the block,
-        each record tagged with ``tag``."""
+        """Record every plan ``engine`` (an LLMEngine) runs inside the block, tagged ``tag``."""
         executor = engine.core.executor
         execute = executor.execute
 
@@ -65,37 +60,20 @@ class StepRecorder:
         wall = time.perf_counter() - start
         if future.exception() is not None:
             return
-        timings = future.result().timings
+        t = future.result().timings
         counts = plan.num_scheduled_tokens.values()
-        self.records.append(
-            StepRecord(
-                num_tokens=plan.total_num_scheduled_tokens,
-                num_seqs=len(counts),
-                decode=all(c == 1 for c in counts),
-                wall_s=wall,
-                prepare_s=timings.prepare_s,
-                forward_s=timings.forward_s,
-                sample_s=timings.sample_s,
-                tag=tag,
-            )
-        )
+        decode = all(c == 1 for c in counts)
+        sizes = (plan.total_num_scheduled_tokens, len(counts), decode, wall)
+        self.records.append(StepRecord(*sizes, t.prepare_s, t.forward_s, t.sample_s, tag))
 
-    def summary(
-        self,
-        estimates: dict[str, Callable[[StepRecord], float]] | None = None,
-        tag: object = None,
-    ) -> dict:
-        """Medians (ms) over decode-only steps and over steps with a prefill in them (of
-        the records tagged ``tag``, or all); each of ``estimates`` (name -> a step's
-        estimated seconds of something, such as its collectives) adds ``<name>_ms``, its
-        median, and ``total_<name>_s``."""
+    def summary(self, estimates: dict[str, Callable] | None = None, tag: object = None) -> dict:
+        """summarize_steps over the decode-only steps and over those with a prefill in them
+        (of the records tagged ``tag``, or all)."""
         records = [r for r in self.records if tag is None or r.tag == tag]
-        decode = [r for r in records if r.decode]
-        prefill = [r for r in records if not r.decode]
         return {
             "num_steps": len(records),
-            "decode": summarize_steps(decode, estimates),
-            "prefill": summarize_steps(prefill, estimates),
+            "decode": summarize_steps([r for r in records if r.decode], estimates),
+            "prefill": summarize_steps([r for r in records if not r.decode], estimates),
             "total_wall_s": round(sum(r.wall_s for r in records), 3),
             "total_forward_s": round(sum(r.forward_s for r in records), 3),
         }
@@ -104,26 +82,33 @@ class StepRecorder:
 def summarize_steps(
     records: list[StepRecord], estimates: dict[str, Callable[[StepRecord], float]] | None = None
 ) -> dict:
+    """Medians (ms) and totals (s) of the steps' timings; each of ``estimates`` (name -> a
+    step's estimated seconds of something, its collectives say) adds ``<name>_ms`` and
+    ``total_<name>_s``."""
     if not records:
         return {"num_steps": 0}
 
-    def median_ms(values) -> float:
-        return round(statistics.median(values) * 1e3, 2)
+    def median_ms(measure) -> float:
+        return round(statistics.median(map(measure, records)) * 1e3, 2)
 
+    def total_s(measure) -> float:
+        return round(sum(map(measure, records)), 3)
+
+    measures = {
+        "wall": lambda r: r.wall_s,
+        "worker": lambda r: r.worker_s,
+        "prepare": lambda r: r.prepare_s,
+        "forward": lambda r: r.forward_s,
+        "sample": lambda r: r.sample_s,
+        "transport": lambda r: r.wall_s - r.worker_s,
+    }
     summary = {
         "num_steps": len(records),
         "median_tokens": statistics.median(r.num_tokens for r in records),
         "median_seqs": statistics.median(r.num_seqs for r in records),
-        "wall_ms": median_ms(r.wall_s for r in records),
-        "worker_ms": median_ms(r.worker_s for r in records),
-        "prepare_ms": median_ms(r.prepare_s for r in records),
-        "forward_ms": median_ms(r.forward_s for r in records),
-        "sample_ms": median_ms(r.sample_s for r in records),
-        "transport_ms": median_ms(r.wall_s - r.worker_s for r in records),
-        "total_wall_s": round(sum(r.wall_s for r in records), 3),
-        "total_forward_s": round(sum(r.forward_s for r in records), 3),
     }
+    summary |= {f"{name}_ms": median_ms(measure) for name, measure in measures.items()}
+    summary |= {f"total_{name}_s": total_s(measures[name]) for name in ("wall", "forward")}
     for name, estimate in (estimates or {}).items():
-        summary[f"{name}_ms"] = median_ms(estimate(r) for r in records)
-        summary[f"total_{name}_s"] = round(sum(estimate(r) for r in records), 3)
+        summary |= {f"{name}_ms": median_ms(estimate), f"total_{name}_s": total_s(estimate)}
     return summary
