@@ -39,11 +39,8 @@ class Team {
   }
 
   ~Team() {
-    {
-      std::lock_guard<std::mutex> lock(sleep_mutex_);
-      stop_ = true;
-      generation_.fetch_add(1, std::memory_order_release);
-    }
+    stop_.store(true, std::memory_order_relaxed);
+    publish(0);
     wake_.notify_all();
     for (auto& w : workers_) w.join();
   }
@@ -54,14 +51,10 @@ class Team {
   void run(int64_t n, int64_t chunks, const std::function<void(int64_t, int64_t)>& fn) {
     fn_ = &fn;
     n_ = n;
-    chunks_ = chunks;
     remaining_.store(chunks - 1, std::memory_order_relaxed);
-    {
-      std::lock_guard<std::mutex> lock(sleep_mutex_);  // a sleeping worker sees the bump
-      generation_.fetch_add(1, std::memory_order_release);
-    }
+    publish(chunks);
     if (sleepers_.load(std::memory_order_acquire) > 0) wake_.notify_all();
-    run_chunk(0);
+    run_chunk(0, chunks);
     while (remaining_.load(std::memory_order_acquire) > 0) relax();
   }
 
@@ -81,51 +74,68 @@ class Team {
   }
 
  private:
-  void run_chunk(int64_t index) {
-    const int64_t begin = n_ * index / chunks_, end = n_ * (index + 1) / chunks_;
+  // A run is published as one word: its generation above CHUNK_BITS, its chunk count
+  // below. A worker reads fn_ and n_ only for a run whose word says it takes part; that
+  // run cannot end (nor the next overwrite them) before the worker reports. A worker the
+  // run leaves out touches nothing of it: before, it read a shared chunk count, and one
+  // that woke late could take the next run's count as this one's and run a chunk of that
+  // run twice, the second time after its caller had returned (its fn gone).
+  static constexpr int CHUNK_BITS = 16;
+  static constexpr uint64_t CHUNK_MASK = (uint64_t{1} << CHUNK_BITS) - 1;
+
+  void publish(int64_t chunks) {
+    std::lock_guard<std::mutex> lock(sleep_mutex_);  // a sleeping worker sees the bump
+    const uint64_t generation = (state_.load(std::memory_order_relaxed) >> CHUNK_BITS) + 1;
+    state_.store(generation << CHUNK_BITS | static_cast<uint64_t>(chunks),
+                 std::memory_order_release);
+  }
+
+  void run_chunk(int64_t index, int64_t chunks) {
+    const int64_t begin = n_ * index / chunks, end = n_ * (index + 1) / chunks;
     in_task = true;
     if (begin < end) (*fn_)(begin, end);
     in_task = false;
   }
 
-  void work(int64_t index) {
-    uint64_t seen = 0;
-    for (;;) {
-      uint64_t now = generation_.load(std::memory_order_acquire);
-      if (now == seen) {
-        const auto start = std::chrono::steady_clock::now();
-        int64_t spins = 0;
-        while ((now = generation_.load(std::memory_order_acquire)) == seen) {
-          relax();
-          if (++spins % 1024 == 0 &&
-              std::chrono::steady_clock::now() - start > std::chrono::nanoseconds(SPIN_NS)) {
-            std::unique_lock<std::mutex> lock(sleep_mutex_);
-            sleepers_.fetch_add(1, std::memory_order_acq_rel);
-            wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
-            sleepers_.fetch_sub(1, std::memory_order_acq_rel);
-            now = generation_.load(std::memory_order_acquire);
-            break;
-          }
-        }
+  // The next published word after `seen`: spins SPIN_NS, then sleeps.
+  uint64_t next_state(uint64_t seen) {
+    const auto start = std::chrono::steady_clock::now();
+    uint64_t now;
+    for (int64_t spins = 1; (now = state_.load(std::memory_order_acquire)) == seen; ++spins) {
+      relax();
+      if (spins % 1024 == 0 &&
+          std::chrono::steady_clock::now() - start > std::chrono::nanoseconds(SPIN_NS)) {
+        std::unique_lock<std::mutex> lock(sleep_mutex_);
+        sleepers_.fetch_add(1, std::memory_order_acq_rel);
+        wake_.wait(lock, [&] { return state_.load(std::memory_order_acquire) != seen; });
+        sleepers_.fetch_sub(1, std::memory_order_acq_rel);
+        return state_.load(std::memory_order_acquire);
       }
-      seen = now;
-      if (stop_) return;
-      if (index < chunks_) {
-        run_chunk(index);
+    }
+    return now;
+  }
+
+  void work(int64_t index) {
+    for (uint64_t seen = 0;;) {
+      seen = next_state(seen);
+      if (stop_.load(std::memory_order_relaxed)) return;
+      const auto chunks = static_cast<int64_t>(seen & CHUNK_MASK);
+      if (index < chunks) {
+        run_chunk(index, chunks);
         remaining_.fetch_sub(1, std::memory_order_acq_rel);
       }
     }
   }
 
   std::vector<std::thread> workers_;
-  std::atomic<uint64_t> generation_{0};
+  std::atomic<uint64_t> state_{0};
   std::atomic<int64_t> remaining_{0};
   std::atomic<int64_t> sleepers_{0};
   std::mutex sleep_mutex_;
   std::condition_variable wake_;
-  bool stop_ = false;
+  std::atomic<bool> stop_{false};
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
-  int64_t n_ = 0, chunks_ = 1;
+  int64_t n_ = 0;
 };
 
 std::mutex dispatch;  // one step at a time on the team; held while it runs or is rebuilt
