@@ -58,34 +58,26 @@ def measure_collectives(spec: CollectiveSpec) -> dict:
         init_method, out = f"file://{Path(folder) / 'rendezvous'}", Path(folder) / "rank0.json"
         env = dict(os.environ, OMP_NUM_THREADS=str(spec.threads()))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-        argv = [init_method, json.dumps(asdict(spec)), str(out)]
-        processes = [
-            subprocess.Popen(
-                [sys.executable, "-c", _RANK, str(rank), *argv],
-                env=env,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for rank in range(spec.world_size)
-        ]
+        argv = [sys.executable, "-c", _RANK, init_method, json.dumps(asdict(spec)), str(out)]
+        pipe = {"env": env, "stderr": subprocess.PIPE, "text": True}
+        ranks = [subprocess.Popen([*argv, str(i)], **pipe) for i in range(spec.world_size)]
         errors = []
-        for rank, process in enumerate(processes):
+        for rank, process in enumerate(ranks):
             try:
                 _, stderr = process.communicate(timeout=TIMEOUT_S * 2)
             except subprocess.TimeoutExpired:
                 process.kill()
                 _, stderr = process.communicate()
             if process.returncode:
-                errors.append(
-                    f"rank {rank} exited with {process.returncode}: {stderr.strip()[-500:]}"
-                )
+                stderr = stderr.strip()[-500:]
+                errors.append(f"rank {rank} exited with {process.returncode}: {stderr}")
         if errors:
             raise RuntimeError("collective timings failed: " + "; ".join(errors))
         timings = json.loads(out.read_text(encoding="utf-8"))
     return {**asdict(spec), "threads_per_rank": spec.threads(), **timings}
 
 
-def run_rank(rank: str, init_method: str, spec_json: str, out: str) -> None:
+def run_rank(init_method: str, spec_json: str, out: str, rank: str) -> None:
     """One rank's side (its own process): join the group, time, rank 0 writes ``out``."""
     import datetime
 

@@ -121,8 +121,7 @@ def full_config(name: str) -> dict:
 
 
 def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
-    """HF name -> shape of every tensor of a Llama / Qwen2 / Qwen3 / Qwen3-MoE / Gemma 3
-    checkpoint of `config`."""
+    """HF name -> shape of every tensor of a checkpoint of `config`."""
     hidden, head_dim, kind = config["hidden_size"], config["head_dim"], config["model_type"]
     q, kv = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
     experts = config.get("num_experts", 0)
@@ -162,12 +161,12 @@ def _random(name: str, shape: tuple[int, ...], generator):
     return values.to(torch.bfloat16)
 
 
-def _write_shards(folder: Path, shapes: dict[str, tuple[int, ...]], seed: int) -> None:
+def _write_shards(folder: Path, shapes: dict[str, tuple[int, ...]]) -> None:
     """bfloat16 safetensors shards of at most SHARD_BYTES, and their index."""
     import torch
     from safetensors.torch import save_file
 
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(0)
     nbytes = {name: 2 * int(torch.Size(shape).numel()) for name, shape in shapes.items()}
     groups: list[list[str]] = [[]]
     size = 0
@@ -200,7 +199,7 @@ def _pad_vocabulary(path: Path, vocab_size: int) -> None:
     path.write_text(json.dumps(tokenizer))
 
 
-def hf_folder(name: str, seed: int = 0) -> Path:
+def hf_folder(name: str) -> Path:
     """The random-weight HF folder of `name`, written once."""
     from services.common.model_source import resolve_model
 
@@ -218,7 +217,7 @@ def hf_folder(name: str, seed: int = 0) -> Path:
     for file in TOKENIZER_FILES:
         shutil.copy(tokenizer / file, tmp / file)
     _pad_vocabulary(tmp / "tokenizer.json", config["vocab_size"])
-    _write_shards(tmp, tensor_shapes(config), seed)
+    _write_shards(tmp, tensor_shapes(config))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out
@@ -254,18 +253,17 @@ def converter_command(folder: Path, out: Path, outtype: str, pre: str) -> list[s
     return [sys.executable, "-c", _CONVERT, *map(str, paths), outtype, pre]
 
 
-def gguf_file(name: str, quant: str = "Q4_K_M", seed: int = 0) -> Path:
-    """`name`'s GGUF file of type `quant` (Q8_0 from the converter, others from
-    llama-quantize over the Q8_0 file), made once."""
+def gguf_file(name: str, quant: str = "Q4_K_M") -> Path:
+    """`name`'s GGUF file of type `quant` (Q8_0 converted, others quantized from it), made once."""
     out = cache_dir() / f"{name}.{quant}.gguf"
     if out.is_file():
         return out
     tmp = out.with_name(out.name + ".tmp")
     if quant == "Q8_0":
-        command = converter_command(hf_folder(name, seed), tmp, "q8_0", "smollm")
+        command = converter_command(hf_folder(name), tmp, "q8_0", "smollm")
     else:
         binary = llama_cpp_dir() / "build" / "bin" / "llama-quantize"
-        source = gguf_file(name, "Q8_0", seed)
+        source = gguf_file(name, "Q8_0")
         command = [str(binary), "--allow-requantize", str(source), str(tmp), quant]
     logger.info("running %s", " ".join(command))
     done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -279,11 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("shape", choices=sorted(SHAPES))
     parser.add_argument("--quant", default="Q4_K_M", help="a llama-quantize type, or 'hf'")
-    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    made = hf_folder(args.shape, args.seed) if args.quant == "hf" else None
-    print(made or gguf_file(args.shape, args.quant, args.seed))
+    print(hf_folder(args.shape) if args.quant == "hf" else gguf_file(args.shape, args.quant))
     return 0
 
 

@@ -1,14 +1,11 @@
 """GPU benchmark of the Triton paged-attention kernels at Llama-3-8B sizes (bf16, 32 query
 heads, 8 KV heads, head dim 128, block size 16).
 
-Decode at batch 1/16/64/256 x context 1k/4k: time, KV read bandwidth and its share of a
-1 GiB device copy's, split-KV and single-pass variants, ratio to dense SDPA (FlexAttention
-too with --flex). Prefill of 2k-token chunks: time, causal TFLOP/s, ratio to SDPA. Outputs
-are checked against SDPA first. Goal (issue 7): decode b64 x 4k at >= 70% of the copy.
+Decode (batch 1-256 x 1k/4k context: KV GB/s and its share of a 1 GiB copy's) and 2k-token
+prefill chunks (TFLOP/s) against dense SDPA (and FlexAttention, --flex), outputs checked
+first; triton.testing.do_bench medians. Goal (issue 7): decode b64 x 4k at >= 70% of copy.
 
     python -m benchmarks.kernels [--flex] [--json out.json]
-
-Timings: triton.testing.do_bench (median, L2 flushed between runs). Needs CUDA + triton.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""Offline throughput under tensor / pipeline parallelism on this machine's CPU, and what the
-collectives cost per step.
-
-Every layout runs the same prompts (greedy, ignore_eos, prefix caching off) through
-``LLM.generate``, the layouts taking turns round after round beside their tp = 1 baseline
-(medians over rounds, ratios within a round); a layout the model refuses runs on a head
-variant (benchmarks/head_variant.py). Per step: benchmarks/step_recorder.py's timings, and
-the collectives' cost estimated from benchmarks/collectives.py's timings of the same tensors.
+"""Offline throughput under tensor / pipeline parallelism on the CPU, and what the collectives
+cost per step: the layouts take turns round after round on the same greedy prompts, beside
+their tp = 1 baseline (medians over rounds, ratios within a round); a layout the model refuses
+runs on a head variant (head_variant.py); per step, step_recorder.py's timings and the
+collectives' cost estimated from collectives.py's timings of the same tensors.
 """
 
 from __future__ import annotations
@@ -117,8 +114,8 @@ def run_parallel(requests: list[BenchRequest], options: ParallelOptions) -> dict
 
 
 def _plan_runs(options: ParallelOptions, shapes: ModelShapes, scratch: Path) -> tuple:
-    """The (layout, model) pairs to run: a refused layout moves to a head variant, which gets
-    its own tp = 1 baselines; a layout nothing can run is listed with the reason."""
+    """The (layout, model) pairs to run (a refused layout on a head variant, beside its own
+    tp = 1 baselines), the models and the layouts nothing can run, with the reason."""
     from benchmarks.head_variant import build_head_variant
     from pagestream.engine_args import EngineArgs
     from pagestream.executor_factory import check_parallel_model
@@ -191,7 +188,7 @@ def kv_cache_bytes(folder: str, requests: list[BenchRequest], block_size: int = 
 
 
 def _run_round(run: _Run, requests, options: ParallelOptions, round_index: int) -> None:
-    """Start the layout's engine, warm it up, time the workload, stop it (one at a time)."""
+    """Start the layout's engine, warm it up, time the workload, stop it."""
     start = time.perf_counter()
     llm = make_llm(
         run.folder,
@@ -219,8 +216,9 @@ def _same_model(run: _Run, runs: list[_Run], layout: Layout) -> _Run | None:
     return next((r for r in runs if (r.model_name, r.layout) == (run.model_name, layout)), None)
 
 
-def _ratio(run: _Run, base: _Run | None) -> float | None:
-    """The median over rounds of each round's output tok/s ratio to ``base``."""
+def _ratio(run: _Run, runs: list[_Run], layout: Layout) -> float | None:
+    """The median over rounds of each round's output tok/s ratio to ``layout``'s."""
+    base = _same_model(run, runs, layout)
     if base is None:
         return None
     pairs = zip(run.output_tokens_per_s, base.output_tokens_per_s, strict=True)
@@ -251,8 +249,8 @@ def _run_summary(run: _Run, runs: list[_Run], config, collectives: dict) -> dict
         "elapsed_s": [round(e, 3) for e in run.elapsed_s],
         "output_tokens_per_s": round(statistics.median(rates), 2),
         "output_tokens_per_s_rounds": [round(x, 2) for x in rates],
-        "vs_tp1": _ratio(run, base),
-        "vs_tp1_worker_process": _ratio(run, _same_model(run, runs, Layout(backend="mp"))),
+        "vs_tp1": _ratio(run, runs, Layout()),
+        "vs_tp1_worker_process": _ratio(run, runs, Layout(backend="mp")),
         "identical_outputs": identical,
         "steps_per_run": len(run.recorder.records) // max(1, len(run.elapsed_s)),
         "steps_round": best_round,  # step timings from the best round, the least disturbed

@@ -9,6 +9,7 @@ the worker's time is the transport's (gRPC, the other ranks, a queue behind an e
 from __future__ import annotations
 
 import contextlib
+import operator
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -94,14 +95,9 @@ def summarize_steps(
     def total_s(measure) -> float:
         return round(sum(map(measure, records)), 3)
 
-    measures = {
-        "wall": lambda r: r.wall_s,
-        "worker": lambda r: r.worker_s,
-        "prepare": lambda r: r.prepare_s,
-        "forward": lambda r: r.forward_s,
-        "sample": lambda r: r.sample_s,
-        "transport": lambda r: r.wall_s - r.worker_s,
-    }
+    names = ("wall", "worker", "prepare", "forward", "sample")
+    measures = {name: operator.attrgetter(f"{name}_s") for name in names}
+    measures["transport"] = lambda r: r.wall_s - r.worker_s
     summary = {
         "num_steps": len(records),
         "median_tokens": statistics.median(r.num_tokens for r in records),
