@@ -1,12 +1,7 @@
-"""The machine's FLOP ceiling at the model's shapes, and the FLOPs a workload needs.
+"""The machine's matmul ceiling at the model's linear shapes, and the FLOPs a workload needs.
 
-``measure_matmul_ceiling`` times ``x @ W^T`` for every distinct linear shape of the model (one
-decoder layer's projections and the LM head) with a batch of tokens like the engine's, and
-reports the FLOP-weighted throughput: what the linear layers could reach if nothing else ran.
-``workload_flops`` counts the work a workload needs (linear layers for every token, the LM head
-for every generated token, attention over each token's context), so a measured run can be
-stated as a fraction of the FLOP-bound time.
-"""
+A run is stated as a fraction of the FLOP-bound time: workload FLOPs over the FLOP-weighted
+median ``x @ W^T`` throughput of one decoder layer's projections and the LM head."""
 
 from __future__ import annotations
 
@@ -18,6 +13,8 @@ import torch
 from transformers import PretrainedConfig
 
 from benchmarks.workload import BenchRequest
+
+NUM_TOKENS, MIN_TIME_S = 256, 0.3  # the timed matmuls' rows; each shape's least time
 
 
 @dataclass(frozen=True)
@@ -33,16 +30,10 @@ class ModelShapes:
     @classmethod
     def from_config(cls, config: PretrainedConfig) -> ModelShapes:
         heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        return cls(
-            hidden_size=config.hidden_size,
-            intermediate_size=config.intermediate_size,
-            num_layers=config.num_hidden_layers,
-            num_heads=heads,
-            num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-            head_dim=head_dim,
-            vocab_size=config.vocab_size,
-        )
+        sizes = (config.hidden_size, config.intermediate_size, config.num_hidden_layers)
+        return cls(*sizes, heads, kv_heads, head_dim, config.vocab_size)
 
     @classmethod
     def of(cls, folder: str) -> ModelShapes:
@@ -56,14 +47,9 @@ class ModelShapes:
 
     def layer_linears(self) -> list[tuple[int, int]]:
         """(in_features, out_features) of one decoder layer: fused QKV, O, gate/up, down."""
-        h, d = self.hidden_size, self.head_dim
+        h, d, inter = self.hidden_size, self.head_dim, self.intermediate_size
         qkv = (self.num_heads + 2 * self.num_kv_heads) * d
-        return [
-            (h, qkv),
-            (self.num_heads * d, h),
-            (h, 2 * self.intermediate_size),
-            (self.intermediate_size, h),
-        ]
+        return [(h, qkv), (self.num_heads * d, h), (h, 2 * inter), (inter, h)]
 
     @property
     def linear_flops_per_token(self) -> int:
@@ -88,25 +74,18 @@ class Ceiling:
     threads: int
 
 
-def measure_matmul_ceiling(
-    shapes: ModelShapes,
-    num_tokens: int = 256,
-    dtype: torch.dtype = torch.float32,
-    min_time_s: float = 0.3,
-) -> Ceiling:
-    """Median GFLOP/s of [num_tokens, in] @ [in, out] for each of the model's linear shapes
-    (the faster of F.linear and a prepacked oneDNN linear)."""
-    linears = [*shapes.layer_linears(), (shapes.hidden_size, shapes.vocab_size)]
-    weights = [shapes.num_layers * i * o for i, o in shapes.layer_linears()]
-    weights.append(shapes.hidden_size * shapes.vocab_size)
+def measure_matmul_ceiling(shapes: ModelShapes, dtype: torch.dtype = torch.float32) -> Ceiling:
+    """Median GFLOP/s of [NUM_TOKENS, in] @ [in, out] at each of the model's linear shapes."""
+    num_tokens = NUM_TOKENS  # a batch of tokens like the engine's
+    linears = [(k, n, shapes.num_layers * k * n) for k, n in shapes.layer_linears()]
+    linears.append((shapes.hidden_size, shapes.vocab_size, shapes.hidden_size * shapes.vocab_size))
     per_shape, seconds_per_flop = [], 0.0
-    for (k, n), weight in zip(linears, weights, strict=True):
-        gflops = _time_matmul(num_tokens, k, n, dtype, min_time_s)
+    for k, n, weight in linears:
+        gflops = _time_matmul(num_tokens, k, n, dtype)
         per_shape.append({"shape": f"{num_tokens}x{k}x{n}", "gflops": round(gflops, 1)})
         seconds_per_flop += weight / (gflops * 1e9)
-    total = sum(weights)
     return Ceiling(
-        gflops=total / seconds_per_flop / 1e9,
+        gflops=sum(w for _, _, w in linears) / seconds_per_flop / 1e9,
         per_shape=per_shape,
         num_tokens=num_tokens,
         dtype=str(dtype).removeprefix("torch."),
@@ -114,38 +93,36 @@ def measure_matmul_ceiling(
     )
 
 
-def _time_matmul(m: int, k: int, n: int, dtype: torch.dtype, min_time_s: float) -> float:
-    """GFLOP/s of the fastest form this torch has: F.linear, or oneDNN's linear on a weight
-    packed once (what the engine runs, services/worker/layers/packed_weight.py)."""
-    x = torch.randn(m, k).to(dtype)
-    w = torch.randn(n, k).to(dtype)
+def _time_matmul(m: int, k: int, n: int, dtype: torch.dtype) -> float:
+    """GFLOP/s of the faster of F.linear and oneDNN's linear on a weight packed once (what
+    the engine runs, services/worker/layers/packed_weight.py): median of >= 5 timed calls."""
+    x, w = torch.randn(m, k).to(dtype), torch.randn(n, k).to(dtype)
     forms = [lambda: torch.nn.functional.linear(x, w)]
     reorder = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None)
     if reorder is not None and torch.backends.mkldnn.is_available():
         packed = reorder(w)
         forms.append(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""))
-    return max(_gflops(form, 2 * m * k * n, min_time_s) for form in forms)
-
-
-def _gflops(form, flops: int, min_time_s: float) -> float:
+    best = 0.0
     with torch.inference_mode():
-        form()  # warm up
-        samples: list[float] = []
-        start_all = time.perf_counter()
-        while time.perf_counter() - start_all < min_time_s or len(samples) < 5:
-            start = time.perf_counter()
-            form()
-            samples.append(time.perf_counter() - start)
-    return flops / statistics.median(samples) / 1e9
+        for form in forms:
+            form()  # warm up
+            samples: list[float] = []
+            start_all = time.perf_counter()
+            while time.perf_counter() - start_all < MIN_TIME_S or len(samples) < 5:
+                start = time.perf_counter()
+                form()
+                samples.append(time.perf_counter() - start)
+            best = max(best, 2 * m * k * n / statistics.median(samples) / 1e9)
+    return best
 
 
 def workload_flops(shapes: ModelShapes, requests: list[BenchRequest]) -> dict[str, float]:
     """FLOPs a workload needs with a KV cache and no padding: {"linear", "attention", "total"}."""
     linear = attention = 0.0
-    per_token = shapes.linear_flops_per_token
+    per_token, lm_head = shapes.linear_flops_per_token, shapes.lm_head_flops
     for request in requests:
         num_tokens = request.prompt_len + request.output_len
-        linear += num_tokens * per_token + request.output_len * shapes.lm_head_flops
+        linear += num_tokens * per_token + request.output_len * lm_head
         # token at position p attends to p + 1 keys: sum over p of (p + 1)
         attention += shapes.attention_flops(1) * num_tokens * (num_tokens + 1) / 2
     return {"linear": linear, "attention": attention, "total": linear + attention}

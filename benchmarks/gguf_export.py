@@ -1,20 +1,11 @@
-"""F32 and BF16 GGUF files of the weights pagestream runs, for llama.cpp (benchmarks/llamacpp.py).
+"""F32 / BF16 GGUF files of the weights pagestream runs from a GGUF model, for llama.cpp.
 
-pagestream's models come from GGUF files that it dequantizes once into an HF folder
-(services/common/gguf_conversion.py). The same dequantized weights, written back as a GGUF
-file with the source's metadata and tensor names, are what llama.cpp runs in the benchmark:
+    f32 = export_gguf(source_gguf("smollm2-135m-instruct"), "F32")  # ...Q4_1.F32.gguf
 
-    source = source_gguf("smollm2-135m-instruct")   # $PAGESTREAM_CACHE/gguf/...Q4_1.gguf
-    f32 = export_gguf(source, "F32")                # ...Q4_1.F32.gguf, written once
-
-Every metadata field (tokenizer arrays included) is copied unchanged except
-`general.file_type`; every tensor is dequantized to float32 and written as F32, or, for
-BF16, as bf16 (round to nearest even, as torch's cast) when it is a matrix, keeping the 1-D
-norms in F32 as llama.cpp's own converter does. The tensor names (and so llama.cpp's q/k
-row permutation) stay those of the source. A file is written under a temporary name and
-renamed into place; `pagestream.source` in it records the source's name and size, so an
-export is redone when the source changes. Models given as HF folders are not supported.
-"""
+Metadata and tensor names are copied unchanged (but `general.file_type`); every tensor is
+dequantized to F32, or for BF16 a matrix rounded to bf16 as torch casts (1-D norms stay F32,
+as llama.cpp's converter keeps them). `pagestream.source` records the source's name and size:
+a stale export is redone. Models given as HF folders are not supported."""
 
 from __future__ import annotations
 
@@ -52,31 +43,32 @@ def source_gguf(model: str | os.PathLike[str]) -> Path:
         return ggufs[0]
     raise ValueError(
         f"{name!r} is not a GGUF model: the llama.cpp comparison exports F32 / BF16 GGUF "
-        "files only from models that pagestream loads from a .gguf file (HF folders are not "
-        "supported yet)."
+        "files only from a model pagestream loads from a .gguf file (not from HF folders)."
     )
 
 
-def export_path(source: Path, dtype: str, out_dir: Path | None = None) -> Path:
+def export_gguf(source: Path, dtype: str, out_dir: Path | None = None) -> Path:
+    """The `dtype` GGUF file of `source`'s weights (in the cache unless told), written when
+    missing or stale, under a temporary name renamed into place."""
+    from gguf import GGUFReader
+
     from services.common.model_source import cache_dir
 
-    return (out_dir or cache_dir() / "gguf") / f"{source.stem}.{dtype}.gguf"
-
-
-def export_gguf(source: Path, dtype: str, out_dir: Path | None = None) -> Path:
-    """The `dtype` ("F32" or "BF16") GGUF file of `source`'s weights, written when missing
-    or stale."""
     if dtype not in EXPORT_DTYPES:
         raise ValueError(f"dtype must be one of {EXPORT_DTYPES}, got {dtype!r}.")
-    target = export_path(source, dtype, out_dir)
-    if _is_current(target, source):
-        return target
+    target = (out_dir or cache_dir() / "gguf") / f"{source.stem}.{dtype}.gguf"
+    fingerprint = f"{source.name}:{source.stat().st_size}"
+    try:
+        if GGUFReader(target).fields[SOURCE_KEY].contents() == fingerprint:
+            return target
+    except (OSError, ValueError, KeyError):
+        pass  # missing, unreadable or from another source: written again
     target.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
     os.close(fd)
     try:
-        _write(source, Path(tmp_name), dtype)
+        _write(source, Path(tmp_name), dtype, fingerprint)
         os.chmod(tmp_name, 0o644)
         os.replace(tmp_name, target)
     finally:
@@ -86,56 +78,33 @@ def export_gguf(source: Path, dtype: str, out_dir: Path | None = None) -> Path:
     return target
 
 
-def _fingerprint(source: Path) -> str:
-    return f"{source.name}:{source.stat().st_size}"
-
-
-def _is_current(target: Path, source: Path) -> bool:
-    from gguf import GGUFReader
-
-    if not target.is_file():
-        return False
-    try:
-        field = GGUFReader(target).fields.get(SOURCE_KEY)
-    except (OSError, ValueError):
-        return False
-    return field is not None and field.contents() == _fingerprint(source)
-
-
-def _write(source: Path, path: Path, dtype: str) -> None:
+def _write(source: Path, path: Path, dtype: str, fingerprint: str) -> None:
     from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType
     from gguf.quants import dequantize, quantize
 
     reader = GGUFReader(source)
-    arch = reader.fields["general.architecture"].contents()
-    writer = GGUFWriter(path, arch)
+    writer = GGUFWriter(path, reader.fields["general.architecture"].contents())
     for key, field in reader.fields.items():
         if not key.startswith("GGUF.") and key not in _SKIPPED_KEYS:
             writer.add_key_value(key, *_field_value(field))
     bf16 = dtype == "BF16"
     writer.add_file_type(LlamaFileType.MOSTLY_BF16 if bf16 else LlamaFileType.ALL_F32)
-    writer.add_key_value(SOURCE_KEY, _fingerprint(source), GGUFValueType.STRING)
-
-    def to_bf16(tensor) -> bool:
-        return bf16 and len(tensor.shape) >= 2
-
-    for tensor in reader.tensors:
-        shape = tuple(int(n) for n in reversed(tensor.shape))  # numpy order: [rows, cols]
+    writer.add_key_value(SOURCE_KEY, fingerprint, GGUFValueType.STRING)
+    shapes = [tuple(int(n) for n in reversed(t.shape)) for t in reader.tensors]  # [rows, cols]
+    for tensor, shape in zip(reader.tensors, shapes, strict=True):
         count = int(np.prod(shape))
-        if to_bf16(tensor):
-            byte_shape = (*shape[:-1], shape[-1] * 2)
-            raw = GGMLQuantizationType.BF16
+        if bf16 and len(shape) >= 2:  # bf16 as raw bytes: uint8 [rows, 2 * cols]
+            byte_shape, raw = (*shape[:-1], shape[-1] * 2), GGMLQuantizationType.BF16
             writer.add_tensor_info(tensor.name, byte_shape, np.dtype(np.uint8), count * 2, raw)
         else:
             writer.add_tensor_info(tensor.name, shape, np.dtype(np.float32), count * 4)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for tensor in reader.tensors:  # one tensor in memory at a time
-        shape = tuple(int(n) for n in reversed(tensor.shape))
+    for tensor, shape in zip(reader.tensors, shapes, strict=True):  # one in memory at a time
         values = dequantize(tensor.data, tensor.tensor_type).reshape(shape).astype(np.float32)
-        if to_bf16(tensor):
-            values = quantize(values, GGMLQuantizationType.BF16)  # uint8 [rows, 2 * cols]
+        if bf16 and len(shape) >= 2:
+            values = quantize(values, GGMLQuantizationType.BF16)
         writer.write_tensor_data(values)
     writer.close()
 

@@ -1,12 +1,8 @@
-"""KV-cache utilisation sampled over a run, against a preallocate-max-length baseline.
+"""KV-cache utilisation sampled after every engine step, against preallocating baselines.
 
-After every engine step the sampler reads the scheduler's block tables: *used* slots are the
-slots of every distinct block some live request holds (block_size each); *real* slots are the
-tokens whose keys and values are in them (a shared block counts once). The baselines keep the
-same live requests but reserve, per request, either ``max_model_len`` slots ("max", what a
-contiguous-cache system without paging must do) or ``prompt + output`` slots ("oracle", as
-if every output length were known in advance): the PagedAttention paper's Orca (Max/Oracle).
-"""
+Used slots: every distinct block a live request holds; real slots: the tokens in them. The
+baselines reserve ``max_model_len`` ("max") or ``prompt + output`` ("oracle") slots per live
+request, as the PagedAttention paper's Orca (Max / Oracle)."""
 
 from __future__ import annotations
 
@@ -38,8 +34,7 @@ class KVUtilizationSampler:
     @contextlib.contextmanager
     def attached(self) -> Iterator[KVUtilizationSampler]:
         """Sample after every ``engine.step()`` while the block runs."""
-        engine = self.engine
-        step = engine.step
+        step = self.engine.step
 
         def sampled_step():
             outputs = step()
@@ -48,11 +43,11 @@ class KVUtilizationSampler:
             self.overhead_s += time.perf_counter() - start
             return outputs
 
-        engine.step = sampled_step
+        self.engine.step = sampled_step
         try:
             yield self
         finally:
-            del engine.step  # back to the class's method
+            del self.engine.step  # back to the class's method
 
     def sample(self) -> None:
         scheduler = self.engine.scheduler
@@ -67,18 +62,17 @@ class KVUtilizationSampler:
                 filled[block.block_id] = max(filled.get(block.block_id, 0), count)
                 remaining -= count
         self.peak_blocks = max(self.peak_blocks, len(filled))
-        if not live:
-            return
-        oracle = sum(self._final_len.get(tuple(r.prompt_token_ids), r.num_tokens) for r in live)
-        self.samples.append(
-            {
-                "num_live": len(live),
-                "real": sum(filled.values()),
-                "used": len(filled) * self.block_size,
-                "reserved_max": len(live) * self.max_model_len,
-                "reserved_oracle": oracle,
-            }
-        )
+        if live:
+            oracle = (self._final_len.get(tuple(r.prompt_token_ids), r.num_tokens) for r in live)
+            self.samples.append(
+                {
+                    "num_live": len(live),
+                    "real": sum(filled.values()),
+                    "used": len(filled) * self.block_size,
+                    "reserved_max": len(live) * self.max_model_len,
+                    "reserved_oracle": sum(oracle),
+                }
+            )
 
     def summary(self) -> dict:
         """Mean utilisation over the sampled steps (and the time series, downsampled)."""
@@ -86,17 +80,16 @@ class KVUtilizationSampler:
             return {"num_samples": 0}
 
         def mean_of(key: str) -> float:
-            return statistics.fmean(s["real"] / s[key] for s in self.samples if s[key])
+            return round(statistics.fmean(s["real"] / s[key] for s in self.samples if s[key]), 4)
 
-        stride = max(1, len(self.samples) // 200)
         return {
             "num_samples": len(self.samples),
-            "paged": round(mean_of("used"), 4),
-            "prealloc_max": round(mean_of("reserved_max"), 4),
-            "prealloc_oracle": round(mean_of("reserved_oracle"), 4),
+            "paged": mean_of("used"),
+            "prealloc_max": mean_of("reserved_max"),
+            "prealloc_oracle": mean_of("reserved_oracle"),
             "peak_blocks": self.peak_blocks,
             "peak_pool_blocks": self.peak_pool_blocks,
             "max_model_len": self.max_model_len,
             "block_size": self.block_size,
-            "series": self.samples[::stride],
+            "series": self.samples[:: max(1, len(self.samples) // 200)],
         }

@@ -1,23 +1,12 @@
 """llama.cpp on the benchmark's workload: `pagestream bench throughput --llamacpp`.
 
-llama.cpp (through llama-cpp-python's low-level bindings, the optional `bench` extra built
-from source) runs the same requests as pagestream: the same prompt token ids and per-request
-output lengths, greedy, no early stop, the same number of threads, from F32 / BF16 GGUF files
-of the same weights (benchmarks/gguf_export.py). Batching is llama.cpp's own parallel
-decoding: up to `n_seq_max` sequences share one context and every `llama_decode` carries one
-token of each decoding sequence plus prompt chunks of the admitted ones within `n_batch`
-tokens; a finished sequence's KV cells are dropped (`llama_memory_seq_rm`) and the next
-waiting request takes its slot. The KV cache holds the run's dtype (F32 or BF16, as
-pagestream's follows its model dtype), one stream per sequence unless `kv_unified`.
+    runs, info = run_llamacpp_section(requests, LlamaCppOptions(model=...), check, runs)
 
-    options = LlamaCppOptions(model="smollm2-135m-instruct", dtypes=("F32", "BF16"))
-    runs, info = run_llamacpp_section(requests, options, check_tokens, pagestream_runs)
-
-Two greedy agreements with pagestream float32: `check_agreement` on a short check (the first
-check_prompts prompts x check_tokens, a fresh context per dtype) and `agreement_full` over
-the whole workload (every request, its full output length: the timed runs' own tokens against
-pagestream float32's timed run), as benchmarks/results.py counts agreement.
-"""
+llama-cpp-python's low-level bindings run the same prompt ids and output lengths, greedy, with
+pagestream's threads, from F32 / BF16 GGUF exports (benchmarks/gguf_export.py), batching as
+llama.cpp's parallel decoding: up to n_seq_max sequences share a context, one decode token
+each plus prompt chunks within n_batch per `llama_decode`. Agreement with pagestream float32:
+a short check (check_prompts x check_tokens) and the whole timed workload."""
 
 from __future__ import annotations
 
@@ -30,13 +19,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from benchmarks.results import RunResult, agreement, first_difference
-from benchmarks.workload import BenchRequest, greedy_inputs
+from benchmarks.workload import BenchRequest
 
 logger = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'pagestream[bench]'"
 KV_TYPES = {"F32": 0, "BF16": 30}  # ggml_type of the KV cache per weight dtype
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
+PAGESTREAM_FP32 = "pagestream LLM.generate (float32)"
+PAGESTREAM_BF16 = "pagestream LLM.generate (bfloat16)"
 
 
 @dataclass(frozen=True)
@@ -55,17 +46,14 @@ class LlamaCppOptions:
     check_tokens: int = 32  # of this many output tokens each
 
     def __post_init__(self) -> None:
-        for name in ("n_batch", "n_ubatch", "check_prompts", "check_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
-        if not self.seqs or min(self.seqs) < 1:
-            raise ValueError(f"seqs must be positive sequence counts, got {self.seqs}.")
-        if self.flash_attn not in FLASH_ATTN:
-            raise ValueError(
-                f"flash_attn must be one of {tuple(FLASH_ATTN)}, got {self.flash_attn!r}."
-            )
-        if not set(self.dtypes) <= set(KV_TYPES):
-            raise ValueError(f"dtypes must be among {tuple(KV_TYPES)}, got {self.dtypes}.")
+        for name in ("n_batch", "n_ubatch", "check_prompts", "check_tokens", "seqs"):
+            value = getattr(self, name)
+            if min(value if name == "seqs" else [value], default=0) < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}.")
+        for name, allowed in (("flash_attn", FLASH_ATTN), ("dtypes", KV_TYPES)):
+            value = getattr(self, name)
+            if not set(value if name == "dtypes" else [value]) <= set(allowed):
+                raise ValueError(f"{name} must be among {tuple(allowed)}, got {value!r}.")
 
 
 def import_llama_cpp():
@@ -81,6 +69,10 @@ def import_llama_cpp():
     return llama_cpp
 
 
+def llama_cpp_version() -> str:
+    return getattr(import_llama_cpp(), "__version__", "?")
+
+
 @dataclass
 class _Sequence:
     index: int  # the request's position in the workload
@@ -88,37 +80,29 @@ class _Sequence:
     num_fed: int = 0  # prompt tokens already in the KV cache
     output: list[int] = field(default_factory=list)
 
-    @property
-    def prefilling(self) -> bool:
-        return self.num_fed < self.request.prompt_len
-
 
 class LlamaCppEngine:
     """One llama.cpp model and context with room for n_seq_max sequences of max_len."""
 
-    def __init__(
-        self, gguf_path, dtype: str, options: LlamaCppOptions, max_len: int, n_seq_max: int
-    ):
+    def __init__(self, gguf_path, dtype: str, options: LlamaCppOptions, max_len, n_seq_max):
         import torch
 
         self.lib = lib = import_llama_cpp()
-        self.n_seq_max = n_seq_max
-        self.n_batch = options.n_batch
+        self.n_seq_max, self.n_batch = n_seq_max, options.n_batch
         self.n_threads = options.n_threads or torch.get_num_threads()
         lib.llama_backend_init()
-        model_params = lib.llama_model_default_params()
-        self.model = lib.llama_model_load_from_file(str(gguf_path).encode(), model_params)
+        self.model = lib.llama_model_load_from_file(
+            str(gguf_path).encode(), lib.llama_model_default_params()
+        )
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load {gguf_path}")
         params = lib.llama_context_default_params()
         params.n_ctx = -(-max_len // 256) * 256 * n_seq_max  # a stream of max_len per seq
         params.n_batch, params.n_ubatch = options.n_batch, min(options.n_ubatch, options.n_batch)
-        params.n_seq_max = n_seq_max
+        params.n_seq_max, params.kv_unified, params.no_perf = n_seq_max, options.kv_unified, True
         params.n_threads = params.n_threads_batch = self.n_threads
         params.type_k = params.type_v = KV_TYPES[dtype]
-        params.kv_unified = options.kv_unified
         params.flash_attn_type = FLASH_ATTN[options.flash_attn]
-        params.no_perf = True
         self.ctx = lib.llama_init_from_model(self.model, params)
         if not self.ctx:
             lib.llama_model_free(self.model)
@@ -128,16 +112,13 @@ class LlamaCppEngine:
         self.batch = lib.llama_batch_init(options.n_batch, 0, 1)
         self.num_steps = 0
 
-    def close(self) -> None:
-        self.lib.llama_batch_free(self.batch)
-        self.lib.llama_free(self.ctx)
-        self.lib.llama_model_free(self.model)
-
     def __enter__(self) -> LlamaCppEngine:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.close()
+        self.lib.llama_batch_free(self.batch)
+        self.lib.llama_free(self.ctx)
+        self.lib.llama_model_free(self.model)
 
     def generate(self, requests: list[BenchRequest]) -> list[list[int]]:
         """Greedy output tokens of every request (exactly its output_len), continuous
@@ -150,19 +131,15 @@ class LlamaCppEngine:
         outputs: list[list[int]] = [[] for _ in requests]
         while waiting or running:
             while waiting and free:
-                index, request = waiting.popleft()
-                running[free.pop()] = _Sequence(index, request)
+                running[free.pop()] = _Sequence(*waiting.popleft())
             rows = self._fill_batch(running)
-            rc = self.lib.llama_decode(self.ctx, self.batch)
-            if rc != 0:
+            if (rc := self.lib.llama_decode(self.ctx, self.batch)) != 0:
                 raise RuntimeError(f"llama_decode returned {rc} (n_ctx too small?)")
             self.num_steps += 1
             for row, slot in rows:
                 seq = running[slot]
-                logits = np.ctypeslib.as_array(
-                    self.lib.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,)
-                )
-                seq.output.append(int(logits.argmax()))
+                logits = self.lib.llama_get_logits_ith(self.ctx, row)
+                seq.output.append(int(np.ctypeslib.as_array(logits, (self.n_vocab,)).argmax()))
                 if len(seq.output) == seq.request.output_len:
                     outputs[seq.index] = seq.output
                     self.lib.llama_memory_seq_rm(self.memory, slot, -1, -1)
@@ -173,35 +150,26 @@ class LlamaCppEngine:
     def _fill_batch(self, running: dict[int, _Sequence]) -> list[tuple[int, int]]:
         """Decode tokens of every decoding sequence, then prompt chunks within n_batch;
         returns (batch row, slot) of the rows whose logits are read."""
-        batch, rows, n = self.batch, [], 0
-        decoding = [(s, q) for s, q in running.items() if not q.prefilling]
-        for slot, seq in decoding:
-            position = seq.request.prompt_len + len(seq.output) - 1
-            self._set(n, seq.output[-1], position, slot, True)
-            rows.append((n, slot))
-            n += 1
+        entries, rows = [], []  # (token, position, slot, logits) per batch row
         for slot, seq in running.items():
-            if not seq.prefilling or n >= self.n_batch:
-                continue
-            take = min(seq.request.prompt_len - seq.num_fed, self.n_batch - n)
-            for offset in range(take):
-                position = seq.num_fed + offset
-                self._set(n, seq.request.prompt_token_ids[position], position, slot, False)
-                n += 1
-            seq.num_fed += take
-            if not seq.prefilling:  # its last prompt token: the first output's logits
-                batch.logits[n - 1] = 1
-                rows.append((n - 1, slot))
-        batch.n_tokens = n
-        return rows
-
-    def _set(self, row: int, token: int, position: int, slot: int, logits: bool) -> None:
+            if seq.num_fed == seq.request.prompt_len:
+                rows.append((len(entries), slot))
+                position = seq.request.prompt_len + len(seq.output) - 1
+                entries.append((seq.output[-1], position, slot, True))
+        for slot, seq in running.items():
+            take = min(seq.request.prompt_len - seq.num_fed, self.n_batch - len(entries))
+            positions = range(seq.num_fed, seq.num_fed + max(take, 0))
+            entries += [(seq.request.prompt_token_ids[p], p, slot, False) for p in positions]
+            seq.num_fed += len(positions)
+            if positions and seq.num_fed == seq.request.prompt_len:  # the first output's row
+                entries[-1] = (*entries[-1][:3], True)
+                rows.append((len(entries) - 1, slot))
         batch = self.batch
-        batch.token[row] = token
-        batch.pos[row] = position
-        batch.n_seq_id[row] = 1
-        batch.seq_id[row][0] = slot
-        batch.logits[row] = logits
+        for row, (token, position, slot, logits) in enumerate(entries):
+            batch.token[row], batch.pos[row], batch.logits[row] = token, position, logits
+            batch.n_seq_id[row], batch.seq_id[row][0] = 1, slot
+        batch.n_tokens = len(entries)
+        return rows
 
     def warm_up(self, request: BenchRequest) -> None:
         short = BenchRequest(list(request.prompt_token_ids[:16]), 4)
@@ -221,46 +189,30 @@ def run_llamacpp(
         start = time.perf_counter()
         outputs = engine.generate(requests)
         elapsed = time.perf_counter() - start
-        threads, steps = engine.n_threads, engine.num_steps
-    generated = sum(len(o) for o in outputs)
-    result = RunResult.of(
-        f"llama.cpp {dtype} ({n_seq_max} seqs)",
-        requests,
-        elapsed,
-        generated=generated,
-        extra={
-            "gguf": str(gguf_path.name),
-            "n_seq_max": n_seq_max,
-            "n_threads": threads,
-            "n_batch": options.n_batch,
-            "n_ubatch": min(options.n_ubatch, options.n_batch),
-            "kv_unified": options.kv_unified,
-            "kv_cache_dtype": dtype,
-            "flash_attn": options.flash_attn,
-            "num_steps": steps,
-            # the machine may be shared; llama.cpp's spinning threads suffer most from that
-            "load_average": {"start": round(load, 2), "end": round(os.getloadavg()[0], 2)},
-            "llama_cpp_python": llama_cpp_version(),
-        },
-    )
+    extra = {
+        "gguf": str(gguf_path.name),
+        "n_seq_max": n_seq_max,
+        "n_threads": engine.n_threads,
+        "n_batch": options.n_batch,
+        "n_ubatch": min(options.n_ubatch, options.n_batch),
+        "kv_unified": options.kv_unified,
+        "kv_cache_dtype": dtype,
+        "flash_attn": options.flash_attn,
+        "num_steps": engine.num_steps,
+        # the machine may be shared; llama.cpp's spinning threads suffer most from that
+        "load_average": {"start": round(load, 2), "end": round(os.getloadavg()[0], 2)},
+        "llama_cpp_python": llama_cpp_version(),
+    }
+    name = f"llama.cpp {dtype} ({n_seq_max} seqs)"
+    result = RunResult.of(name, requests, elapsed, generated=sum(map(len, outputs)), extra=extra)
     logger.info("%s: %.1f output tok/s", result.name, result.output_tokens_per_s)
     return result, outputs
 
 
-def llama_cpp_version() -> str:
-    return getattr(import_llama_cpp(), "__version__", "?")
-
-
 def check_requests(requests: list[BenchRequest], options: LlamaCppOptions) -> list[BenchRequest]:
     """The agreement check's requests: the first prompts, check_tokens outputs each."""
-    return [BenchRequest(r.prompt_token_ids, options.check_tokens) for r in requests][
-        : options.check_prompts
-    ]
-
-
-def pagestream_greedy(llm, requests: list[BenchRequest]) -> list[list[int]]:
-    outputs = llm.generate(*greedy_inputs(requests), use_tqdm=False)
-    return [o.outputs[0].token_ids for o in outputs]
+    chosen = requests[: options.check_prompts]
+    return [BenchRequest(r.prompt_token_ids, options.check_tokens) for r in chosen]
 
 
 def check_agreement(got: list[list[int]], reference: list[list[int]]) -> dict:
@@ -270,26 +222,15 @@ def check_agreement(got: list[list[int]], reference: list[list[int]]) -> dict:
     return {**agreement(got, reference), "tokens_each": tokens_each, "first_differences": firsts}
 
 
-PAGESTREAM_FP32 = "pagestream LLM.generate (float32)"
-PAGESTREAM_BF16 = "pagestream LLM.generate (bfloat16)"
-
-
-def full_agreement(name: str, got: list[list[int]], reference: list[list[int]]) -> dict:
-    """`got` against pagestream float32 over the whole workload (equal requests, mean first
-    difference, mean output length)."""
-    return {"run": name, **agreement(got, reference)}
-
-
 def run_llamacpp_section(
     requests: list[BenchRequest],
     options: LlamaCppOptions,
     reference: list[list[int]] | None,
     pagestream_runs: list[RunResult] | None = None,
 ) -> tuple[list[RunResult], dict]:
-    """Every dtype x sequence count over the workload, then the greedy agreement of each
-    dtype with `reference` (pagestream float32 on check_requests) when given, and over the
-    whole workload with pagestream float32's run among `pagestream_runs` when that kept its
-    tokens (each dtype's first run; pagestream bfloat16's run too, when there is one)."""
+    """Every dtype x sequence count; then each dtype's greedy agreement with `reference`
+    (pagestream float32 on check_requests) and, over the whole workload, of each dtype's
+    first run (and pagestream bfloat16's) with pagestream float32's kept tokens."""
     from benchmarks.gguf_export import export_gguf, source_gguf
 
     import_llama_cpp()
@@ -318,13 +259,13 @@ def run_llamacpp_section(
             with LlamaCppEngine(path, dtype, options, max_len, len(checks)) as engine:
                 info["agreement"][dtype] = check_agreement(engine.generate(checks), reference)
             logger.info("llama.cpp %s vs pagestream float32: %s", dtype, info["agreement"][dtype])
-    ours = {r.name: r for r in pagestream_runs or [] if r.token_ids is not None}
+    ours = {r.name: r.token_ids for r in pagestream_runs or [] if r.token_ids is not None}
     if PAGESTREAM_FP32 in ours:
-        full = ours[PAGESTREAM_FP32].token_ids
         if PAGESTREAM_BF16 in ours:
-            tokens["pagestream bfloat16"] = (PAGESTREAM_BF16, ours[PAGESTREAM_BF16].token_ids)
+            tokens["pagestream bfloat16"] = (PAGESTREAM_BF16, ours[PAGESTREAM_BF16])
         info["agreement_full"] = {
-            key: full_agreement(name, got, full) for key, (name, got) in tokens.items()
+            key: {"run": name, **agreement(got, ours[PAGESTREAM_FP32])}
+            for key, (name, got) in tokens.items()
         }
         logger.info("vs pagestream float32, whole workload: %s", info["agreement_full"])
     return runs, info

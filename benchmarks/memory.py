@@ -1,17 +1,12 @@
-"""Memory: KV-cache utilisation, prefix caching on/off, and sharing (n = 4, beam width 4).
+"""Memory: KV-cache utilisation, prefix caching on / off, and sharing (n = 4, beam width 4).
 
-- KV utilisation: pagestream's run over the profile workload, sampled every step, against a
-  preallocate-max-length baseline on the same live requests (benchmarks/kv_utilization.py).
-- Prefix caching: requests sharing one long system prompt, run with the prefix cache on and
-  off: time to first token (from admission, all requests admitted at once) and throughput.
-- Sharing: n = 4 parallel sampling and beam search of width 4 against the same work as
-  independent requests (each prompt sent 4 times); peak KV blocks in use. The prefix cache is
-  off in these runs, so the independent requests share nothing.
-"""
+KV utilisation: pagestream's run over the workload sampled every step (kv_utilization.py).
+Prefix caching: requests sharing one system prompt, all admitted at once, with the cache on and
+off (TTFT from admission, throughput). Sharing: peak KV blocks of n = 4 sampling and beam
+search against the same work as independent requests, with the prefix cache off."""
 
 from __future__ import annotations
 
-import logging
 import statistics
 import time
 from dataclasses import dataclass
@@ -19,8 +14,6 @@ from dataclasses import dataclass
 from benchmarks.kv_utilization import KVUtilizationSampler
 from benchmarks.offline import make_llm
 from benchmarks.workload import BenchRequest, Profile, greedy_inputs, shared_prefix_workload
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -31,8 +24,18 @@ class MemoryOptions:
     sharing_width: int = 4
 
 
+def _warm_llm(options: MemoryOptions, prefix_caching: bool):
+    from pagestream import SamplingParams
+
+    llm = make_llm(
+        options.model, "auto", options.kv_cache_memory, enable_prefix_caching=prefix_caching
+    )
+    llm.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(max_tokens=2), use_tqdm=False)
+    return llm
+
+
 def drive(llm, prompts: list[dict], params: list) -> dict:
-    """Admit everything at once and step until done: elapsed, TTFTs and KV samples."""
+    """Admit everything at once and step until done: elapsed, TTFTs, states, peak blocks."""
     engine = llm.engine
     sampler = KVUtilizationSampler(engine)
     start = time.perf_counter()
@@ -40,41 +43,29 @@ def drive(llm, prompts: list[dict], params: list) -> dict:
     with sampler.attached():
         while engine.has_unfinished_requests():
             engine.step()
-    elapsed = time.perf_counter() - start - sampler.overhead_s
-    ttfts = [s.first_token_time - s.arrival_time for s in states if s.first_token_time]
-    return {"elapsed_s": elapsed, "ttfts": ttfts, "sampler": sampler, "states": states}
-
-
-def _warm(llm) -> None:
-    from pagestream import SamplingParams
-
-    llm.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(max_tokens=2), use_tqdm=False)
+    return {
+        "elapsed_s": time.perf_counter() - start - sampler.overhead_s,
+        "ttfts": [s.first_token_time - s.arrival_time for s in states if s.first_token_time],
+        "states": states,
+        "peak_blocks": sampler.peak_pool_blocks,
+    }
 
 
 def prefix_caching(options: MemoryOptions, tokenizer) -> dict:
     """TTFT and throughput on a shared-system-prompt workload, prefix cache on vs off."""
-    profile = options.profile
-    requests = shared_prefix_workload(
-        tokenizer,
-        profile.prefix_num_requests,
-        profile.system_prompt_len,
-        profile.question_len,
-        profile.prefix_output_len,
-    )
-    prompts, params = greedy_inputs(requests)
+    p = options.profile
+    sizes = (p.prefix_num_requests, p.system_prompt_len, p.question_len, p.prefix_output_len)
+    requests = shared_prefix_workload(tokenizer, *sizes)
     total_tokens = sum(r.prompt_len + r.output_len for r in requests)
     result: dict = {
         "num_requests": len(requests),
-        "system_prompt_len": profile.system_prompt_len,
-        "question_len": profile.question_len,
-        "output_len": profile.prefix_output_len,
+        "system_prompt_len": p.system_prompt_len,
+        "question_len": p.question_len,
+        "output_len": p.prefix_output_len,
     }
     for enabled in (False, True):
-        llm = make_llm(
-            options.model, "auto", options.kv_cache_memory, enable_prefix_caching=enabled
-        )
-        _warm(llm)
-        run = drive(llm, prompts, params)
+        llm = _warm_llm(options, prefix_caching=enabled)
+        run = drive(llm, *greedy_inputs(requests))
         result["on" if enabled else "off"] = {
             "elapsed_s": round(run["elapsed_s"], 3),
             "total_tokens_per_s": round(total_tokens / run["elapsed_s"], 2),
@@ -89,12 +80,6 @@ def prefix_caching(options: MemoryOptions, tokenizer) -> dict:
     return result
 
 
-def _peak_blocks(llm, prompts: list[dict], params: list) -> dict:
-    run = drive(llm, prompts, params)
-    sampler: KVUtilizationSampler = run["sampler"]
-    return {"peak_blocks": sampler.peak_pool_blocks, "elapsed_s": round(run["elapsed_s"], 3)}
-
-
 def sharing(options: MemoryOptions, requests: list[BenchRequest]) -> dict:
     """Peak blocks: n = width sampling and beam search vs width independent requests each."""
     from pagestream import SamplingParams
@@ -103,18 +88,20 @@ def sharing(options: MemoryOptions, requests: list[BenchRequest]) -> dict:
     chosen = requests[: options.profile.sharing_num_prompts]
     prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in chosen]
     repeated = [p for p in prompts for _ in range(width)]
-    llm = make_llm(options.model, "auto", options.kv_cache_memory, enable_prefix_caching=False)
-    _warm(llm)
+    llm = _warm_llm(options, prefix_caching=False)
     sample = SamplingParams(temperature=0.8, seed=0, max_tokens=length, ignore_eos=True)
     beam = SamplingParams(
         n=width, temperature=0.0, max_tokens=length, ignore_eos=True, use_beam_search=True
     )
-    single = [sample.clone(seed=i) for i in range(len(repeated))]
-    runs = {
-        "parallel_sampling": _peak_blocks(llm, prompts, [sample.clone(n=width)] * len(prompts)),
-        "beam_search": _peak_blocks(llm, prompts, [beam] * len(prompts)),
-        "independent": _peak_blocks(llm, repeated, single),
+    cases = {
+        "parallel_sampling": (prompts, [sample.clone(n=width)] * len(prompts)),
+        "beam_search": (prompts, [beam] * len(prompts)),
+        "independent": (repeated, [sample.clone(seed=i) for i in range(len(repeated))]),
     }
+    runs = {}
+    for name, (case_prompts, params) in cases.items():
+        run = drive(llm, case_prompts, params)
+        runs[name] = {"peak_blocks": run["peak_blocks"], "elapsed_s": round(run["elapsed_s"], 3)}
     independent = runs["independent"]["peak_blocks"]
     for name in ("parallel_sampling", "beam_search"):
         runs[name]["saving_vs_independent"] = round(1 - runs[name]["peak_blocks"] / independent, 3)
@@ -133,15 +120,14 @@ def run_memory(
     """Everything above; ``kv_utilization`` from the throughput run when it already ran."""
     from transformers import AutoTokenizer
 
+    from benchmarks.offline import run_pagestream
     from services.common.model_source import resolve_model
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(options.model))
     if kv_utilization is None:
-        from benchmarks.offline import run_pagestream
-
         llm = make_llm(options.model, "float32", options.kv_cache_memory)  # as HF's runs
         kv_utilization = run_pagestream(llm, requests).extra["kv_utilization"]
         del llm
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(options.model))
     return {
         "kv_utilization": kv_utilization,
         "prefix_caching": prefix_caching(options, tokenizer),
