@@ -63,16 +63,21 @@ class RequestRecord:
 
 
 class _Client:
-    """Sends a request (greedy, ignore_eos); records its token arrivals, usage or error."""
+    """Sends a request (greedy, ignore_eos, unless `params` say otherwise; cancelled after
+    `cancel_after` token-bearing messages); records its token arrivals, usage or error."""
 
-    async def send(self, request: BenchRequest) -> RequestRecord:
+    async def send(self, request: BenchRequest, cancel_after: int = 0, **params) -> RequestRecord:
         record = RequestRecord(sent=time.perf_counter(), expected_tokens=request.output_len)
+        params = {"temperature": 0, "max_tokens": request.output_len, "ignore_eos": True, **params}
         try:
-            async for has_tokens, usage in self._stream(request):  # usage: the final count
-                if has_tokens:
-                    record.token_times.append(time.perf_counter())
-                if usage is not None:
-                    record.output_tokens = usage
+            async with contextlib.aclosing(self._stream(request, params)) as stream:
+                async for has_tokens, usage in stream:  # usage: the final count
+                    if has_tokens:
+                        record.token_times.append(time.perf_counter())
+                    if usage is not None:
+                        record.output_tokens = usage
+                    if cancel_after and len(record.token_times) >= cancel_after:
+                        break
         except grpc.RpcError as exc:
             record.error = f"{exc.code().name}: {exc.details()}"
         except Exception as exc:  # any failure is a data point, not a crash
@@ -86,13 +91,13 @@ class HttpClient(_Client):
 
     name = "HTTP"
 
-    def __init__(self, base_url: str, max_retries: int = 0) -> None:
+    def __init__(self, base_url: str, max_retries: int = 0, timeout_s: float = 900) -> None:
         from openai import AsyncOpenAI
 
         for name in ("httpx", "httpx2"):  # one INFO line per request otherwise
             logging.getLogger(name).setLevel(logging.WARNING)
         self.client = AsyncOpenAI(
-            base_url=f"{base_url}/v1", api_key="bench", max_retries=max_retries, timeout=900
+            base_url=f"{base_url}/v1", api_key="bench", max_retries=max_retries, timeout=timeout_s
         )
 
     async def __aenter__(self) -> HttpClient:
@@ -102,15 +107,14 @@ class HttpClient(_Client):
     async def __aexit__(self, *exc) -> None:
         await self.client.close()
 
-    async def _stream(self, request: BenchRequest):
+    async def _stream(self, request: BenchRequest, params: dict):
         stream = await self.client.completions.create(
             model=self.model,
             prompt=request.prompt_token_ids,
-            max_tokens=request.output_len,
-            temperature=0,
             stream=True,
             stream_options={"include_usage": True},
-            extra_body={"ignore_eos": True},
+            extra_body={"ignore_eos": params.pop("ignore_eos")},
+            **params,
         )
         async for chunk in stream:
             usage = chunk.usage and chunk.usage.completion_tokens
@@ -122,8 +126,8 @@ class GrpcClient(_Client):
 
     name = "gRPC"
 
-    def __init__(self, address: str) -> None:
-        self.address = address
+    def __init__(self, address: str, timeout_s: float = 900) -> None:
+        self.address, self.timeout_s = address, timeout_s
 
     async def __aenter__(self) -> GrpcClient:
         self.channel = grpc.aio.insecure_channel(self.address)
@@ -133,16 +137,16 @@ class GrpcClient(_Client):
     async def __aexit__(self, *exc) -> None:
         await self.channel.close()
 
-    async def _stream(self, request: BenchRequest):
-        message = pb.GenerateRequest(
-            token_ids=pb.TokenIds(token_ids=request.prompt_token_ids),
-            sampling_params=pb.SamplingParams(
-                temperature=0, max_tokens=request.output_len, ignore_eos=True
-            ),
-        )
-        async for response in self.stub.Generate(message, timeout=900):
-            usage = response.usage.completion_tokens if response.HasField("usage") else None
-            yield bool(response.token_ids), usage
+    async def _stream(self, request: BenchRequest, params: dict):
+        prompt = pb.TokenIds(token_ids=request.prompt_token_ids)
+        message = pb.GenerateRequest(token_ids=prompt, sampling_params=pb.SamplingParams(**params))
+        call = self.stub.Generate(message, timeout=self.timeout_s)
+        try:
+            async for response in call:
+                usage = response.usage.completion_tokens if response.HasField("usage") else None
+                yield bool(response.token_ids), usage
+        finally:
+            call.cancel()  # where the caller stopped reading (after the end: nothing to cancel)
 
 
 async def closed_loop(client, requests: list[BenchRequest], concurrency: int):
@@ -265,7 +269,7 @@ class ServerProcess(ChildServer):
     def __post_init__(self) -> None:
         self.grpc_port, self.http_port = free_port(), free_port()
         self.grpc_address = f"127.0.0.1:{self.grpc_port}"
-        self.http_url = f"http://127.0.0.1:{self.http_port}"
+        self.url = f"http://127.0.0.1:{self.http_port}"
         self.what = f"the server `{' '.join(self.command())}`"
 
     def command(self) -> list[str]:
@@ -274,10 +278,10 @@ class ServerProcess(ChildServer):
         return command + [*self.engine_flags] + ["--split-services"] * self.split_services
 
     def ready(self) -> bool:
-        return http_healthy(f"{self.http_url}/ready") and grpc_serving(self.grpc_address)
+        return http_healthy(f"{self.url}/ready") and grpc_serving(self.grpc_address)
 
     def client(self, transport: str) -> HttpClient | GrpcClient:
-        return HttpClient(self.http_url) if transport == "http" else GrpcClient(self.grpc_address)
+        return HttpClient(self.url) if transport == "http" else GrpcClient(self.grpc_address)
 
 
 def wait_ready(processes, ready, timeout_s: float, what: str) -> None:

@@ -85,18 +85,11 @@ def conversation_workload(tokenizer, profile: RoutingProfile) -> list[Turn]:
         corpus.window(o, profile.system_prompt_len) for o in offsets[: profile.conversations]
     ]
     questions = iter(offsets[profile.conversations :])
-    turns = [
-        Turn(
-            c,
-            t,
-            BenchRequest(
-                systems[c] + corpus.window(next(questions), profile.question_len),
-                profile.output_len,
-            ),
-        )
-        for c in range(profile.conversations)
-        for t in range(profile.turns)
-    ]
+    turns = []
+    for c, system in enumerate(systems):
+        for t in range(profile.turns):
+            question = corpus.window(next(questions), profile.question_len)
+            turns.append(Turn(c, t, BenchRequest(system + question, profile.output_len)))
     return [turns[i] for i in rng.permutation(len(turns))]
 
 
@@ -145,10 +138,8 @@ def kv_cache_plan(folder: str, profile: RoutingProfile, block_size: int = BLOCK_
 class RoutingOptions:
     model: str
     profile: RoutingProfile
-    policies: tuple[str, ...] = POLICIES
     kv_cache_memory: str | int | None = None  # None: kv_cache_plan's
     threads_per_replica: int = max(1, (os.cpu_count() or 2) // DATA_PARALLEL_SIZE)
-    concurrency: int | None = None  # None: the profile's
     rounds: int | None = None  # None: the profile's
 
 
@@ -158,12 +149,12 @@ def run_routing(tokenizer, options: RoutingOptions) -> dict:
     turns = conversation_workload(tokenizer, profile)
     plan = kv_cache_plan(options.model, profile)
     kv = options.kv_cache_memory or plan["bytes_per_replica"]
-    concurrency = options.concurrency or profile.concurrency
+    concurrency = profile.concurrency
     rounds = options.rounds or profile.rounds
     requests = [t.request for t in turns]
     runs = []
     for round_index in range(rounds):
-        for policy in rotated(options.policies, round_index):
+        for policy in rotated(POLICIES, round_index):
             run = _run_policy(options, policy, requests, kv, concurrency)
             runs.append({**run, "round": round_index})
     workload = {k: v for k, v in asdict(profile).items() if k not in ("name", "kv_conversations")}
@@ -220,9 +211,9 @@ async def _drive(server: ServerProcess, requests: list[BenchRequest], concurrenc
         for record in await asyncio.gather(client.send(warm), client.send(warm)):
             if not record.ok:
                 raise RuntimeError(f"warm-up failed: {record.error}")
-        before = await asyncio.to_thread(read_metrics, server.http_url)
+        before = await asyncio.to_thread(read_metrics, server.url)
         records, duration = await closed_loop(client, requests, concurrency)
-        after = await asyncio.to_thread(read_metrics, server.http_url)
+        after = await asyncio.to_thread(read_metrics, server.url)
     e2e = percentiles((r.end - r.sent for r in records if r.ok), scale=1e3)
     return {**summarize(records, duration), "e2e_ms": e2e, **cache_deltas(before, after)}
 

@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,39 +81,35 @@ def make_requests(options: ServePeerOptions, count: int, vocab_size: int) -> lis
     return [BenchRequest(row.tolist(), options.output_len) for row in ids]
 
 
-async def level_load(base_url: str, requests: list[BenchRequest], concurrency: int) -> dict:
-    async with HttpClient(base_url, max_retries=2) as client:
-        await client.send(BenchRequest(requests[0].prompt_token_ids, 4))  # warm up
-        records, duration = await closed_loop(client, requests, concurrency)
-    return summarize(records, duration, points=(50, 90, 99), digits=2, mean=True)
-
-
 def cpu_seconds(pid: int) -> float:
     """utime + stime of one process (Linux /proc), 0 where it cannot be read."""
     fields = proc_stat(pid)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") if fields else 0.0
 
 
-def timed_level(base_url: str, requests, concurrency: int, roles: dict[str, list[int]]) -> dict:
-    """One level's closed loop, with the CPU each role (its processes; "client": this one)
-    spent per output token."""
+def timed_level(url: str, requests, concurrency: int, roles: dict[str, list[int]]) -> dict:
+    """One level's closed loop after a warm-up, with the CPU time each role (its processes;
+    "client": this one) spent per output token."""
+
+    async def load():
+        async with HttpClient(url, max_retries=2) as client:
+            await client.send(BenchRequest(requests[0].prompt_token_ids, 4))
+            return await closed_loop(client, requests, concurrency)
 
     def cpu() -> dict[str, float]:
         own = {role: sum(map(cpu_seconds, pids)) for role, pids in roles.items()}
         return {**own, "client": time.process_time()}
 
     before = cpu()
-    result = asyncio.run(level_load(base_url, requests, concurrency))
-    after, tokens = cpu(), max(result["output_tokens"], 1)
-    result["cpu_ms_per_output_token"] = {
-        role: round((after[role] - before[role]) * 1000 / tokens, 3) for role in before
-    }
-    return result
+    records, duration = asyncio.run(load())
+    after, tokens = cpu(), max(sum(r.output_tokens for r in records if r.ok), 1)
+    cpu_ms = {role: round((after[role] - before[role]) * 1000 / tokens, 3) for role in before}
+    summary = summarize(records, duration, points=(50, 90, 99), digits=2, mean=True)
+    return {**summary, "cpu_ms_per_output_token": cpu_ms}
 
 
 def served_model(options: ServePeerOptions) -> tuple[str, str | None]:
-    """What pagestream runs, (model, quantization): the GGUF file with its own blocks, or
-    the float folder."""
+    """(model, quantization) pagestream runs: the GGUF file as it is, or the float folder."""
     return (options.model, "gguf") if options.same_file else (options.folder, None)
 
 
@@ -148,9 +145,8 @@ class LlamaServer(ChildServer):
     quiet = True
     what = "llama-server"
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def __post_init__(self) -> None:
+        self.url = f"http://127.0.0.1:{self.port}"
 
     def ready(self) -> bool:
         return http_healthy(f"{self.url}/health")
@@ -175,55 +171,32 @@ def llama_server_version(binary: str) -> str:
     return next((line for line in lines if "version" in line), lines[0] if lines else "?")
 
 
-def offline_worker(model: str, quantization: str | None, output_len: int, jobs) -> None:
-    """A child process (its thread pinning never reaches the client's): (concurrency,
-    prompts) in, output tok/s out; one LLM at a time, per concurrency, warmed up once."""
+_OFFLINE: dict = {}  # offline_tok_s's LLM, by concurrency (one at a time)
+
+
+def offline_tok_s(model: str, quantization, output_len: int, concurrency: int, prompts) -> float:
+    """Output tok/s of LLM.generate with max_num_seqs=concurrency, in a child process (its
+    thread pinning never reaches the client's); the LLM kept for the next call, warmed up."""
     from pagestream import LLM, SamplingParams
 
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
-    llm, llm_concurrency = None, None
-    while (job := jobs.recv()) is not None:
-        concurrency, prompts = job
-        if concurrency != llm_concurrency:
-            if llm is not None:
-                llm.engine.close()
-                llm = None
-                gc.collect()
-            llm = LLM(
-                model,
-                quantization=quantization,
-                kv_cache_memory="2GiB",
-                max_num_seqs=concurrency,
-                enable_prefix_caching=False,
-            )
-            llm.generate(prompts[:1], params, use_tqdm=False)  # warm up
-            llm_concurrency = concurrency
-        start = time.perf_counter()
-        outputs = llm.generate(prompts, params, use_tqdm=False)
-        tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-        jobs.send(round(tokens / (time.perf_counter() - start), 1))
-
-
-@contextlib.contextmanager
-def offline_runner(options: ServePeerOptions):
-    """run(requests, concurrency) -> {"output_tokens_per_s": ...} by offline_worker."""
-    context = multiprocessing.get_context("spawn")
-    jobs, theirs = context.Pipe()
-    worker = (*served_model(options), options.output_len, theirs)
-    process = context.Process(target=offline_worker, args=worker)
-    process.start()
-
-    def run(requests: list[BenchRequest], concurrency: int) -> dict:
-        jobs.send((concurrency, [{"prompt_token_ids": r.prompt_token_ids} for r in requests]))
-        return {"output_tokens_per_s": jobs.recv()}
-
-    try:
-        yield run
-    finally:
-        jobs.send(None)
-        process.join(timeout=60)
-        if process.is_alive():
-            process.kill()
+    if concurrency not in _OFFLINE:
+        for old in _OFFLINE.values():
+            old.engine.close()
+        _OFFLINE.clear()
+        gc.collect()
+        _OFFLINE[concurrency] = LLM(
+            model,
+            quantization=quantization,
+            kv_cache_memory="2GiB",
+            max_num_seqs=concurrency,
+            enable_prefix_caching=False,
+        )
+        _OFFLINE[concurrency].generate(prompts[:1], params, use_tqdm=False)  # warm up
+    start = time.perf_counter()
+    outputs = _OFFLINE[concurrency].generate(prompts, params, use_tqdm=False)
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    return round(tokens / (time.perf_counter() - start), 1)
 
 
 def run_serve_peer(options: ServePeerOptions, vocab_size: int) -> dict:
@@ -243,23 +216,25 @@ def run_serve_peer(options: ServePeerOptions, vocab_size: int) -> dict:
             n: stack.enter_context(start_pagestream(options, layout))
             for n, layout in zip(names, options.layouts, strict=False)
         }
-        offline = stack.enter_context(offline_runner(options)) if options.offline else None
+        spawn = multiprocessing.get_context("spawn")
+        offline = (
+            stack.enter_context(ProcessPoolExecutor(1, mp_context=spawn))
+            if options.offline
+            else None
+        )
         for concurrency, count in counts.items():
             with LlamaServer(binary, gguf, concurrency, options) as peer:
                 for _ in range(options.rounds):
                     requests = [next(pool) for _ in range(count)]
-                    results = {}
-                    for (
-                        name,
-                        server,
-                    ) in servers.items():  # the frontend, and below it the engine core
-                        pid = server.process.pid
-                        roles = {"frontend": [pid], "engine_core": descendants(pid)}
-                        results[name] = timed_level(server.http_url, requests, concurrency, roles)
-                    roles = {"server": [peer.process.pid]}
-                    results["llama-server"] = timed_level(peer.url, requests, concurrency, roles)
+                    results = {
+                        name: timed_level(server.url, requests, concurrency, _roles(server))
+                        for name, server in {**servers, "llama-server": peer}.items()
+                    }
                     if offline is not None:
-                        results["offline"] = offline(requests, concurrency)
+                        prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
+                        job = (*served_model(options), options.output_len, concurrency, prompts)
+                        tok_s = offline.submit(offline_tok_s, *job).result()
+                        results["offline"] = {"output_tokens_per_s": tok_s}
                     for name, result in results.items():
                         runs[name].setdefault(str(concurrency), []).append(result)
                         logger.info("%s c=%d: %s", name, concurrency, _brief(result))
@@ -275,6 +250,14 @@ def run_serve_peer(options: ServePeerOptions, vocab_size: int) -> dict:
         part["offline"] = {c: median_run(r) for c, r in runs["offline"].items()}
     part["ratios"] = ratios(part, names[0])
     return part
+
+
+def _roles(server: ChildServer) -> dict[str, list[int]]:
+    """Whose CPU time counts: pagestream's frontend and, below it, the engine core."""
+    pid = server.process.pid
+    if isinstance(server, LlamaServer):
+        return {"server": [pid]}
+    return {"frontend": [pid], "engine_core": descendants(pid)}
 
 
 def _brief(result: dict) -> str:

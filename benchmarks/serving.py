@@ -37,29 +37,26 @@ class ServingOptions:
     engine_flags: tuple[str, ...] = ("--kv-cache-memory", "1GiB", "--no-enable-prefix-caching")
 
 
-async def _run_transport(server: ServerProcess, transport: str, requests, rates, seed) -> list:
-    results = []
-    async with server.client(transport) as client:
-        await client.send(requests[0])  # warm-up (first-request costs)
-        for rate in rates:
-            records, duration = await poisson(client, requests, rate, seed)
-            result = {"rate": "inf" if rate == INF else rate, **summarize(records, duration)}
-            results.append({**result, "transport": client.name})
-            logger.info(
-                "%s rate %s: %.1f output tok/s, TTFT p50 %s ms, %d failures",
-                *(client.name, result["rate"], result["output_tokens_per_s"]),
-                *(result["ttft_ms"]["p50"], result["failures"]),
-            )
-    return results
-
-
 def _load_runs(server: ServerProcess, transports, requests, rates, seed, **tags) -> list[dict]:
-    """Every transport at every rate on a running server, tagged with its deployment."""
+    """Every transport at every rate on a running server (after a warm-up request each)."""
     deployment = "split services" if server.split_services else "one process"
-    runs = []
-    for transport in transports:
-        runs += asyncio.run(_run_transport(server, transport, requests, rates, seed))
-    return [{**run, "deployment": deployment, **tags} for run in runs]
+
+    async def runs(transport: str) -> list[dict]:
+        found = []
+        async with server.client(transport) as client:
+            await client.send(requests[0])  # first-request costs
+            for rate in rates:
+                records, duration = await poisson(client, requests, rate, seed)
+                run = {"rate": "inf" if rate == INF else rate, **summarize(records, duration)}
+                found.append({**run, "transport": client.name, "deployment": deployment, **tags})
+                logger.info(
+                    "%s rate %s: %.1f output tok/s, TTFT p50 %s ms, %d failures",
+                    *(client.name, run["rate"], run["output_tokens_per_s"]),
+                    *(run["ttft_ms"]["p50"], run["failures"]),
+                )
+        return found
+
+    return [run for transport in transports for run in asyncio.run(runs(transport))]
 
 
 def run_serving(requests: list[BenchRequest], options: ServingOptions) -> dict:

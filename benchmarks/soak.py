@@ -3,36 +3,43 @@
     python -m benchmarks.soak --model MODEL --duration 600 [--clients 8] [--json out.json]
 
 A worker, a scheduler (small KV cache: preemption) and a frontend as processes, and
-`--clients` threads sending requests of random KINDS until the time is up. A request that
-does not end with its final message (or, for bad input, its refusal) within its timeout is
-lost; afterwards the engine must hold no request or KV block, and memory must stay flat."""
+`--clients` clients (benchmarks/load_clients.py's) sending requests of random KINDS until the
+time is up. A request that does not end with its final message (bad input: its refusal) in
+its timeout is lost; afterwards the engine must hold nothing, and memory must stay flat."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import functools
 import json
 import os
 import random
 import subprocess
 import sys
-import threading
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import grpc
 
-from benchmarks.load_clients import free_port, grpc_serving, proc_stat, wait_ready
+from benchmarks.load_clients import (
+    GrpcClient,
+    HttpClient,
+    free_port,
+    grpc_serving,
+    proc_stat,
+    wait_ready,
+)
+from benchmarks.workload import BenchRequest
 from pagestream.supervisor import terminate
-from services.common.proto.pagestream.v1 import engine_pb2, engine_pb2_grpc, generation_pb2_grpc
-from services.common.proto.pagestream.v1 import generation_pb2 as pb
+from services.common.proto.pagestream.v1 import engine_pb2, engine_pb2_grpc
 
 REQUEST_TIMEOUT_S = 300.0
 TIMED_OUT = "timed out"
 KINDS = ("stream", "http_stream", "cancel", "n", "beam", "prefix", "bad")
+PAGE = os.sysconf("SC_PAGE_SIZE")
 STATS = ("num_running_reqs", "num_waiting_reqs", "kv_cache_usage", "num_preemptions")
 
 
@@ -56,143 +63,83 @@ class SoakReport:
         return not self.lost and not leaked
 
 
-def _grpc(stub, request: pb.GenerateRequest, cancel_after: int = 0, bad: bool = False):
-    """None when the request ended as it should (a bad one: refused), else what went wrong."""
-    call = stub.Generate(request, timeout=REQUEST_TIMEOUT_S)
-    finished, seen = False, 0
-    try:
-        for response in call:
-            seen += 1
-            finished = finished or bool(response.usage.completion_tokens)
-            if cancel_after and seen >= cancel_after:
-                call.cancel()
-                return None
-    except grpc.RpcError as exc:
-        code = exc.code()
-        if bad:
-            return (
-                None
-                if code == grpc.StatusCode.INVALID_ARGUMENT
-                else f"bad input answered {code.name}"
-            )
-        if cancel_after and code == grpc.StatusCode.CANCELLED:
-            return None
-        return (
-            TIMED_OUT
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED
-            else f"gRPC {code.name}: {exc.details()}"
-        )
-    if bad:
-        return "bad input was served"
-    return None if finished else "the stream ended without a final message"
+async def _one(clients: dict, rng: random.Random, prefixes: list, kind: str) -> str | None:
+    """Sends a request of this kind: None when it ended as it should, else what went wrong."""
+    head = rng.choice(prefixes) if kind == "prefix" else []
+    prompt = head + [rng.randrange(3, 400) for _ in range(rng.randrange(1, 40))]
+    request = BenchRequest(prompt, 200 if kind == "cancel" else rng.randrange(1, 48))
+    params = {
+        "cancel": {"cancel_after": rng.randrange(1, 4)},
+        "n": {"n": rng.randrange(2, 5), "temperature": 0.8, "seed": rng.randrange(99)},
+        "beam": {"n": rng.randrange(2, 4), "use_beam_search": True},
+        "bad": {"temperature": -3.0},
+    }.get(kind, {})
+    if kind in ("n", "beam", "prefix"):
+        params["ignore_eos"] = False
+    record = await clients["http" if kind == "http_stream" else "grpc"].send(request, **params)
+    error = record.error or ""
+    if kind == "bad":
+        refused = error.startswith("INVALID_ARGUMENT")
+        return None if refused else f"bad input answered {error or 'with tokens'}"
+    if error:
+        return TIMED_OUT if error.startswith("DEADLINE_EXCEEDED") else error
+    if kind == "cancel" or record.output_tokens:
+        return None
+    return "the stream ended without a final message"
 
 
-def _http_stream(port: int, prompt: list[int], max_tokens: int) -> str | None:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0}
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/completions",
-        data=json.dumps(body).encode(),
-        headers={"content-type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as reply:
-            lines = [line.strip() for line in reply if line.strip()]
-    except (urllib.error.URLError, OSError) as exc:
-        return f"HTTP: {exc}"
-    return None if lines and lines[-1] == b"data: [DONE]" else "SSE without [DONE]"
-
-
-class Traffic:
-    """One client's random requests (seeded): prompts of random ids, some sharing prefixes."""
-
-    def __init__(self, http_port: int, seed: int) -> None:
-        self.http_port, self.rng = http_port, random.Random(seed)
-        shared = [self.rng.randrange(3, 400) for _ in range(48)]
-        self.prefixes = [shared[:16], shared[:32], shared]
-
-    def one(self, stub, kind: str) -> str | None:
-        rng, tokens = self.rng, self.rng.randrange(1, 48)
-        head = rng.choice(self.prefixes) if kind == "prefix" else []
-        prompt = head + [rng.randrange(3, 400) for _ in range(rng.randrange(1, 40))]
-        if kind == "http_stream":
-            return _http_stream(self.http_port, prompt, tokens)
-        if kind == "bad":
-            params = pb.SamplingParams(temperature=-3.0)
-            return _grpc(stub, pb.GenerateRequest(text="x", sampling_params=params), bad=True)
-        params = {
-            "stream": {"max_tokens": tokens, "ignore_eos": True},
-            "cancel": {"max_tokens": 200, "ignore_eos": True},
-            "n": {"n": rng.randrange(2, 5), "temperature": 0.8, "seed": rng.randrange(99)},
-            "beam": {"n": rng.randrange(2, 4), "use_beam_search": True, "max_tokens": tokens},
-            "prefix": {"max_tokens": tokens},
-        }[kind]
-        request = pb.GenerateRequest(
-            token_ids=pb.TokenIds(token_ids=prompt),
-            sampling_params=pb.SamplingParams(**{"temperature": 0.0, **params}),
-        )
-        return _grpc(stub, request, cancel_after=rng.randrange(1, 4) if kind == "cancel" else 0)
-
-
-def drive(grpc_address: str, http_port: int, duration_s: float, clients: int, seed: int = 0):
-    """Run the traffic; (request counts per kind, lost requests)."""
-    counts, lost, lock = Counter(), [], threading.Lock()
+async def drive(address: str, url: str, duration_s: float, clients: int, pids: dict[str, int]):
+    """Run the traffic; (request counts per kind, lost requests, RSS samples per role)."""
+    counts, lost = Counter(), []
+    rss: dict[str, list[float]] = {role: [] for role in pids}
     deadline = time.monotonic() + duration_s
 
-    def client(traffic: Traffic) -> None:
-        with grpc.insecure_channel(grpc_address) as channel:
-            stub = generation_pb2_grpc.GenerationStub(channel)
-            while time.monotonic() < deadline:
-                kind = traffic.rng.choice(KINDS)
-                try:
-                    problem = traffic.one(stub, kind)
-                except Exception as exc:  # anything unexpected is a lost request too
-                    problem = f"{type(exc).__name__}: {exc}"
-                with lock:
-                    counts[kind] += 1
-                    if problem == TIMED_OUT:
-                        counts["timed_out"] += 1
-                    elif problem is not None:
-                        lost.append(f"{kind}: {problem}")
+    async def client(senders: dict, rng: random.Random) -> None:
+        shared = [rng.randrange(3, 400) for _ in range(48)]
+        prefixes = [shared[:16], shared[:32], shared]
+        while time.monotonic() < deadline:
+            kind = rng.choice(KINDS)
+            try:
+                problem = await _one(senders, rng, prefixes, kind)
+            except Exception as exc:  # anything unexpected is a lost request too
+                problem = f"{type(exc).__name__}: {exc}"
+            counts[kind] += 1
+            if problem == TIMED_OUT:
+                counts["timed_out"] += 1
+            elif problem is not None:
+                lost.append(f"{kind}: {problem}")
 
-    threads = [
-        threading.Thread(target=client, args=(Traffic(http_port, seed + i),))
-        for i in range(clients)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=duration_s + REQUEST_TIMEOUT_S + 30)
-        if thread.is_alive():
-            lost.append("a client thread never finished (a request hangs)")
-    return dict(counts), lost
-
-
-class RssSampler(threading.Thread):
-    """Each role's resident memory (MiB), sampled every `interval_s`."""
-
-    def __init__(self, pids: dict[str, int], interval_s: float = 1.0) -> None:
-        super().__init__(daemon=True)
-        self.pids, self.interval_s = pids, interval_s
-        self.samples: dict[str, list[float]] = {role: [] for role in pids}
-        self.stopping = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopping.wait(self.interval_s):
-            for role, pid in self.pids.items():
+    async def sample() -> None:  # every role's resident memory (MiB), every second
+        while time.monotonic() < deadline:
+            for role, pid in pids.items():
                 fields = proc_stat(pid)  # rss: field 24, in pages
-                rss = int(fields[21]) * os.sysconf("SC_PAGE_SIZE") / 2**20 if fields else 0.0
-                self.samples[role].append(rss)
+                rss[role].append(int(fields[21]) * PAGE / 2**20 if fields else 0.0)
+            await asyncio.sleep(1.0)
 
-    def summary(self) -> tuple[dict[str, list[float]], dict[str, float]]:
-        """[median of the first quarter, median of the last quarter] and their ratio."""
-        ends, growth = {}, {}
-        for role, values in self.samples.items():
-            quarter = max(1, len(values) // 4)
-            first = sorted(values[:quarter])[quarter // 2] if values else 0.0
-            last = sorted(values[-quarter:])[quarter // 2] if values else 0.0
-            ends[role] = [round(first, 1), round(last, 1)]
-            growth[role] = round(last / first, 3) if first else 0.0
-        return ends, growth
+    async with (
+        GrpcClient(address, REQUEST_TIMEOUT_S) as grpc_client,
+        HttpClient(url, timeout_s=REQUEST_TIMEOUT_S) as http_client,
+    ):
+        senders = {"grpc": grpc_client, "http": http_client}
+        loads = [client(senders, random.Random(i)) for i in range(clients)]
+        loads = asyncio.gather(sample(), *loads)
+        try:
+            await asyncio.wait_for(loads, duration_s + REQUEST_TIMEOUT_S + 30)
+        except TimeoutError:
+            lost.append("a client never finished (a request hangs)")
+    return dict(counts), lost, rss
+
+
+def rss_summary(samples: dict[str, list[float]]) -> tuple[dict, dict]:
+    """Per role: [median of the first quarter, median of the last quarter], and their ratio."""
+    ends, growth = {}, {}
+    for role, values in samples.items():
+        quarter = max(1, len(values) // 4)
+        first = sorted(values[:quarter])[quarter // 2] if values else 0.0
+        last = sorted(values[-quarter:])[quarter // 2] if values else 0.0
+        ends[role] = [round(first, 1), round(last, 1)]
+        growth[role] = round(last / first, 3) if first else 0.0
+    return ends, growth
 
 
 def wait_idle(scheduler_address: str, timeout_s: float = 30.0) -> dict[str, float]:
@@ -209,44 +156,28 @@ def wait_idle(scheduler_address: str, timeout_s: float = 30.0) -> dict[str, floa
 
 
 def soak(model: str, duration_s: float, clients: int, engine_flags: list[str]) -> SoakReport:
-    ports = {role: free_port() for role in ("worker", "scheduler", "grpc", "http")}
-    worker, scheduler = (f"127.0.0.1:{ports[role]}" for role in ("worker", "scheduler"))
-    frontend = f"127.0.0.1:{ports['grpc']}"
+    port = {role: str(free_port()) for role in ("worker", "scheduler", "grpc", "http")}
+    local = {role: f"127.0.0.1:{number}" for role, number in port.items()}
     commands = {
-        "worker": ["worker", model, "--port", str(ports["worker"]), *engine_flags],
-        "scheduler": [
-            "scheduler",
-            model,
-            "--worker",
-            worker,
-            "--port",
-            str(ports["scheduler"]),
-            *engine_flags,
-        ],
-        "frontend": [
-            "frontend",
-            model,
-            "--scheduler",
-            scheduler,
-            "--grpc-port",
-            str(ports["grpc"]),
-            "--port",
-            str(ports["http"]),
-        ],
+        "worker": ["worker", model, "--port", port["worker"], *engine_flags],
+        "scheduler": ["scheduler", model, "--worker", local["worker"], "--port", port["scheduler"]],
+        "frontend": ["frontend", model, "--scheduler", local["scheduler"], "--port", port["http"]],
     }
+    commands["scheduler"] += engine_flags
+    commands["frontend"] += ["--grpc-port", port["grpc"]]
     cli = [sys.executable, "-m", "pagestream.cli", "--log-level", "WARNING"]
     processes = {role: subprocess.Popen(cli + argv) for role, argv in commands.items()}
     try:
-        wait_ready(processes.values(), lambda: grpc_serving(frontend), 300.0, "the deployment")
-        sampler = RssSampler({role: p.pid for role, p in processes.items()})
-        sampler.start()
+        ready = functools.partial(grpc_serving, local["grpc"])
+        wait_ready(processes.values(), ready, 300.0, "the deployment")
+        pids = {role: p.pid for role, p in processes.items()}
         start = time.monotonic()
-        counts, lost = drive(frontend, ports["http"], duration_s, clients)
+        url = f"http://{local['http']}"
+        counts, lost, rss = asyncio.run(drive(local["grpc"], url, duration_s, clients, pids))
         timed_out = counts.pop("timed_out", 0)
         report = SoakReport(round(time.monotonic() - start, 1), counts, lost, timed_out)
-        report.engine_after = wait_idle(scheduler)
-        sampler.stopping.set()
-        report.rss_mib, report.rss_growth = sampler.summary()
+        report.engine_after = wait_idle(local["scheduler"])
+        report.rss_mib, report.rss_growth = rss_summary(rss)
         for role, process in processes.items():
             if process.poll() is not None:
                 report.lost.append(f"the {role} exited with {process.returncode}")
