@@ -55,7 +55,8 @@ class CollectiveSpec:
 def measure_collectives(spec: CollectiveSpec) -> dict:
     """Run the timings in ``spec.world_size`` fresh processes; rank 0's figures (us)."""
     with tempfile.TemporaryDirectory(prefix="pagestream-collectives-") as folder:
-        init_method, out = f"file://{Path(folder) / 'rendezvous'}", Path(folder) / "rank0.json"
+        init_method = f"file://{Path(folder) / 'rendezvous'}"
+        out = Path(folder) / "rank0.json"
         env = dict(os.environ, OMP_NUM_THREADS=str(spec.threads()))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
         argv = [sys.executable, "-c", _RANK, init_method, json.dumps(asdict(spec)), str(out)]

@@ -63,7 +63,8 @@ def copy_bandwidth_gb_per_s() -> float:
 
 def build(batch: int, context: int, q_len: int) -> PagedBatch:
     """`batch` sequences of `context` cached tokens plus `q_len` new ones, shuffled blocks."""
-    seq_len, cuda = context + q_len, {"device": "cuda"}
+    seq_len = context + q_len
+    cuda = {"device": "cuda"}
     per_seq = -(-seq_len // BLOCK_SIZE)
     shape = (2, batch * per_seq, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
     kv_cache = torch.randn(shape, dtype=DTYPE, **cuda)

@@ -3,12 +3,9 @@ beside llama.cpp on the same file and threads.
 
     python -m benchmarks.load FILE.gguf [--llama-bin DIR] [--repeats 3] [--tokens 64]
 
-Each run is a fresh process, one at a time. pagestream: `LLM(model=FILE)` until it returns,
-VmRSS then, and ms per token = (time for `tokens` greedy tokens - time for 1) / (tokens - 1);
-llama.cpp: `llama-server` until /health answers, VmRSS then, and `llama-bench -n TOKENS`.
-`--batch N`: offline tokens/s too, `LLM.generate` over N random prompts of `--prompt-len`
-against `llama-batched-bench -npl N`, prefill included. Medians of `repeats` runs; `--cold`
-first removes the GGUF tokenizer's converted cache, for the first-start figure.
+Fresh processes, one at a time, medians of `repeats`: pagestream's `LLM(model=FILE)` and
+llama-server (until /health answers) with VmRSS then; ms per token from greedy runs of 1 and
+`tokens` tokens and `llama-bench`; `--batch N`: tokens/s of N prompts vs llama-batched-bench.
 """
 
 from __future__ import annotations

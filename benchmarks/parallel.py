@@ -128,14 +128,9 @@ def _plan_runs(options: ParallelOptions, shapes: ModelShapes, scratch: Path) -> 
         return None
 
     runs, skipped = [], []
-    models: dict[str, dict] = {
-        "model": {
-            "num_attention_heads": shapes.num_heads,
-            "num_key_value_heads": shapes.num_kv_heads,
-            "num_hidden_layers": shapes.num_layers,
-            "hidden_size": shapes.hidden_size,
-        }
-    }
+    names = {"num_attention_heads": "num_heads", "num_key_value_heads": "num_kv_heads"}
+    names |= {"num_hidden_layers": "num_layers", "hidden_size": "hidden_size"}
+    models = {"model": {key: getattr(shapes, name) for key, name in names.items()}}
     for layout in options.layouts:
         reason = refusal(options.model, layout)
         if reason is None:
