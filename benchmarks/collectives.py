@@ -144,22 +144,12 @@ def _time_in_step(spec: CollectiveSpec) -> dict:
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    world, hidden = spec.world_size, spec.hidden_size
+    world, hidden, inter = spec.world_size, spec.hidden_size, spec.intermediate_size
     g = torch.Generator().manual_seed(0)
-
-    def shard(rows: int, cols: int) -> torch.Tensor:
-        return torch.randn(rows, cols, generator=g) * 0.02
-
     # this rank's shards: column-parallel QKV and gate/up, row-parallel o and down
-    layers = [
-        (
-            shard(spec.qkv_size // world, hidden),
-            shard(hidden, spec.q_size // world),
-            shard(2 * spec.intermediate_size // world, hidden),
-            shard(hidden, spec.intermediate_size // world),
-        )
-        for _ in range(spec.num_layers)
-    ]
+    shapes = [(spec.qkv_size // world, hidden), (hidden, spec.q_size // world)]
+    shapes += [(2 * inter // world, hidden), (hidden, inter // world)]
+    layers = [[torch.randn(s, generator=g) * 0.02 for s in shapes] for _ in range(spec.num_layers)]
 
     def step(x, reduce: bool) -> None:
         for qkv, o, gate_up, down in layers:
