@@ -1,22 +1,12 @@
 """Encoders against sentence-transformers and llama-server on the CPU: `pagestream bench
 embed --encoders minilm,bge-base`.
 
-What it measures: pagestream's pooling runner on BERT-shaped encoders against the two
-engines people embed text with on a CPU, in throughput (inputs/s, tokens/s, one input at a
-time) and agreement. Random BERT encoders of real shapes (ENCODER_SHAPES) as
-sentence-transformers folders, made once under $PAGESTREAM_CACHE/encoder_bench/ with a
-WordPiece tokenizer trained on the corpus (padded with unreachable [unusedN] pieces to
-BERT's 30522). The same passages as text for every engine, 16..256 tokens with [CLS] and
-[SEP]: pagestream's `LLM(folder, runner="pooling", dtype=D).embed(texts)` at float32 and at
-dtype auto, sentence-transformers' `encode(texts, batch_size=B)` at each of
-`hf_batch_sizes`, and llama-server `--embedding -np C` (the GGUF by llama.cpp's own
-converter, f32) with C clients posting one text each to /v1/embeddings, for each C of
-`concurrencies`. Ratios against each round's fastest sentence-transformers batch size and
-llama-server C; cosines against sentence-transformers'. Each run warms up on the first
-WARM_UP inputs. A llama-server that fails is left out, its error recorded.
-
-The rounds, rotation and rows are benchmarks/embeddings.py's (EmbedDriver, on the A/B
-driver of benchmarks/ab_driver.py); EncoderDriver adds the two peers' engines to it.
+Random BERT encoders of real shapes as sentence-transformers folders (a WordPiece vocabulary
+trained on the corpus, padded to BERT's 30522), the same passages as text (16..256 tokens):
+pagestream's pooling runner at float32 and dtype auto, sentence-transformers' encode at each
+batch size, llama-server --embedding (llama.cpp's own F32 GGUF) with each number of clients
+posting one text each (left out, its error recorded, where it fails). Rounds and rows are
+EmbedDriver's (benchmarks/embeddings.py); cosines against sentence-transformers'.
 """
 
 from __future__ import annotations
@@ -24,28 +14,30 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import gc
 import json
 import logging
 import subprocess
-import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks.ab_workload import ABWorkload
-from benchmarks.embeddings import EmbedDriver, EmbedProfile, engine, input_stats
-from benchmarks.variant import Variant
+from benchmarks.embeddings import (
+    EmbedDriver,
+    EmbedProfile,
+    engine,
+    input_stats,
+    pagestream_engine,
+    per_size,
+)
 from benchmarks.workload import CORPUS_PATH, Profile, make_workload
 
 logger = logging.getLogger(__name__)
 
 ST = "sentence-transformers float32"
-LLAMA = "llama-server"
 ENCODER_PROFILES = {
     "smoke": EmbedProfile("smoke", 12, 1, (4,), 2, (2,)),
     "quick": EmbedProfile("quick", 128, 3, (8, 32, 128), 16, (4, 16)),
@@ -53,9 +45,7 @@ ENCODER_PROFILES = {
 }
 VOCAB = 30522  # BERT's uncased WordPiece vocabulary
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # ids 0..4, as BERT's
-# Warm-up inputs: 2 left pagestream's first engine in a process 10x slower on its first
-# full call (tiny shape, 12 inputs: 0.25 s, then 0.025 s); 8 did not.
-WARM_UP = 16
+WARM_UP = 16  # inputs; 2 left a process's first engine 10x slower on its first full call
 
 
 @dataclass(frozen=True)
@@ -81,9 +71,7 @@ class EncoderOptions:
     profile: EmbedProfile
     llamacpp: bool = True
     llama_server: str | None = None  # the binary (else $LLAMA_SERVER, else on PATH)
-    # An encoder keeps no KV cache, but the engine sizes a block pool by this: at the
-    # default (4 GiB) the tiny shape took 41 s and 7 GB to start (2 cores; not timed).
-    kv_cache_memory: str = "64MiB"
+    kv_cache_memory: str = "64MiB"  # no KV cache, but the block pool is sized by it
 
     def __post_init__(self) -> None:
         if unknown := set(self.shapes) - set(ENCODER_SHAPES):
@@ -163,7 +151,7 @@ def encoder_gguf(folder: Path) -> Path:
 
 
 def embedding_server(binary: str, gguf: Path, slots: int):
-    """llama-server --embedding (benchmarks/serve_peer.py's) with `slots` slots of 512
+    """llama-server --embedding (serve_peer.py's LlamaServer): `slots` slots of 512
     positions, on pagestream's threads."""
     import torch
 
@@ -219,53 +207,22 @@ def llama_setup(folder: Path, options: EncoderOptions) -> dict:
     return {"binary": binary, "version": llama_server_version(binary), "gguf": str(server.gguf)}
 
 
-def encoder_texts(tokenizer, profile: EmbedProfile) -> list[str]:
-    """The passages as text: 14..254 pieces (16..256 tokens with [CLS] and [SEP])."""
-    shapes = Profile("embed", profile.num_inputs, prompt_median=126, prompt_range=(14, 254))
-    requests = make_workload(tokenizer, shapes).requests
-    return [tokenizer.decode(r.prompt_token_ids).lstrip("# ") for r in requests]  # no ##x first
+@contextlib.contextmanager
+def st_engine(folder: Path, size: int):
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(folder), device="cpu")
+    yield (
+        functools.partial(model.encode, batch_size=size, show_progress_bar=False),
+        "float32",
+        "none",
+    )
 
 
-def encoder_configs(profile: EmbedProfile, llama: bool, options: EncoderOptions) -> list[Variant]:
-    llm = {"kv_cache_memory": options.kv_cache_memory}
-    configs = [
-        engine("pagestream float32", "pagestream", True, llm=llm),
-        engine("pagestream dtype auto", "pagestream", True, dtype="auto", llm=llm),
-    ]
-    for i, size in enumerate(profile.hf_batch_sizes):
-        configs.append(engine(f"{ST}, batch {size}", "st", i == 0, size=size))
-    for i, size in enumerate(profile.concurrencies if llama else ()):
-        configs.append(engine(f"{LLAMA} F32, {size} clients", "llama", i == 0, size=size))
-    return configs
-
-
-@dataclass
-class EncoderDriver(EmbedDriver):
-    """EmbedDriver (benchmarks/embeddings.py) with the encoder mode's engines too: a variant
-    of kind st is sentence-transformers on the driver's folder, of kind llama llama-server
-    on llama_setup's GGUF file with the variant's clients; the others EmbedDriver's."""
-
-    llama: dict = field(default_factory=dict)  # llama_setup's
-
-    @contextlib.contextmanager
-    def start(self, variant: Variant) -> Iterator[tuple]:
-        """(embed(inputs) -> [n, hidden], dtype, quantization) of the variant's engine."""
-        how = variant.engine
-        if how["kind"] not in ("st", "llama"):
-            with super().start(variant) as engine:
-                yield engine
-            return
-        if how["kind"] == "st":
-            from sentence_transformers import SentenceTransformer
-
-            model = SentenceTransformer(str(self.folder), device="cpu")
-            encode = functools.partial(model.encode, show_progress_bar=False)
-            yield functools.partial(encode, batch_size=how["size"]), "float32", "none"
-        else:
-            gguf, size = Path(self.llama["gguf"]), how["size"]
-            with embedding_server(self.llama["binary"], gguf, size) as server:
-                yield functools.partial(llama_embed, server.url, clients=size), "F32 GGUF", "none"
-        gc.collect()
+@contextlib.contextmanager
+def llama_engine(binary: str, gguf: str, size: int):
+    with embedding_server(binary, Path(gguf), size) as server:
+        yield functools.partial(llama_embed, server.url, clients=size), "F32 GGUF", "none"
 
 
 def run_encoder(name: str, options: EncoderOptions) -> dict:
@@ -274,27 +231,43 @@ def run_encoder(name: str, options: EncoderOptions) -> dict:
 
     profile, folder = options.profile, encoder_folder(name)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    texts = encoder_texts(tokenizer, profile)
+    shapes = Profile("embed", profile.num_inputs, 0, 126, (14, 254))  # + [CLS] and [SEP]
+    requests = make_workload(tokenizer, shapes).requests
+    texts = [tokenizer.decode(r.prompt_token_ids).lstrip("# ") for r in requests]  # no ##x first
     token_ids = tokenizer(texts).input_ids
     llama = llama_setup(folder, options)
-    configs = encoder_configs(profile, "error" not in llama, options)
-    groups = {k: [c.label for c in configs if c.engine["kind"] == k] for k in ("st", "llama")}
-    driver = EncoderDriver(
+    ours = {"model": str(folder), "kv_cache_memory": options.kv_cache_memory}
+    configs = [
+        engine("pagestream float32", pagestream_engine, None, True, **ours),
+        engine("pagestream dtype auto", pagestream_engine, None, True, dtype="auto", **ours),
+        *per_size(ST + ", batch {}", st_engine, "st", profile.hf_batch_sizes, folder=folder),
+    ]
+    if "error" not in llama:
+        server = {"binary": llama["binary"], "gguf": llama["gguf"]}
+        clients = profile.concurrencies
+        configs += per_size(
+            "llama-server F32, {} clients", llama_engine, "llama", clients, **server
+        )
+    groups = {k: [c.label for c in configs if c.engine["group"] == k] for k in ("st", "llama")}
+    workloads = [ABWorkload("inputs", texts)]
+    driver = EmbedDriver(
         str(folder),
-        [ABWorkload("inputs", texts)],
+        workloads,
         profile.rounds,
         profile=profile,
         warm=WARM_UP,
         groups=groups,
-        reference=groups["st"][0],
-        folder=folder,
-        llama=llama,
         tokens=token_ids,
     )
     runs = driver.run(configs)
     shape = dataclasses.asdict(ENCODER_SHAPES[name])
-    inputs = input_stats(token_ids)
-    return {"shape": name, **shape, "inputs": inputs, "llama_server": llama, "runs": runs}
+    return {
+        "shape": name,
+        **shape,
+        "inputs": input_stats(token_ids),
+        "llama_server": llama,
+        "runs": runs,
+    }
 
 
 def run_encoders(options: EncoderOptions) -> dict:

@@ -1,47 +1,34 @@
-"""Structured outputs: what a JSON schema costs, offline, on one engine.
+"""Structured outputs: what a JSON schema costs, offline, on one engine: `pagestream bench
+structured`.
 
-Three parts, in one process:
-
-- Throughput, side by side: the same prompts (each asks for a small JSON person record),
-  seeds and max_tokens through ``LLM.generate`` unconstrained and constrained by SCHEMA,
-  plus a third run with no grammar whose every request is held to the length its
-  constrained output had (ignore_eos): the same steps and batch sizes as the constrained
-  run, so the two differ only by what the grammar costs. The variants take turns over
-  rounds on one engine (StructuredDriver, the A/B driver's rotated order), the prefix cache
-  is emptied before every run, and figures are medians. The scheduler's ``masks`` (bitmask
-  rows filled each step) and ``accept`` (matchers advanced) are timed in place, and the
-  steps' own timings recorded.
-- Grammar compile time on a StructuredOutputManager of the model's tokenizer (its build
-  timed apart): cold (admit -> the matcher ready, for a grammar never seen) and cached
-  (the same grammar again: a copy of the cached matcher), plus each one's first mask,
-  over JSON schemas of growing size, regexes and Lark grammars.
-- Mask fill per row: the constrained outputs replayed in lockstep, ``masks`` timed for
-  the rows still going at each position (one after another, as the scheduler does), and
-  again with llguidance's LLExecutor filling the same rows in parallel (checked to give
-  the same bits); each on a fresh manager, cold and then warm.
+Throughput: the same person-record prompts through LLM.generate unconstrained, constrained
+by SCHEMA, and with no grammar but each request held to its constrained length (ignore_eos),
+rotated over rounds on one engine (StructuredDriver), the scheduler's masks and accept timed
+in place. Compile times: cold and cached admissions (and their first masks) of JSON schemas
+of growing size, regexes and Lark grammars. Mask fill: the constrained outputs replayed in
+lockstep, the rows filled one after another (serial) and by llguidance's LLExecutor
+(parallel), on a fresh manager, cold then warm.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import logging
 import os
 import statistics
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+
+import numpy as np
 
 from benchmarks.ab_driver import ABDriver
 from benchmarks.ab_workload import ABWorkload
-from benchmarks.grammar_timing import measure_compile, measure_mask_fill
+from benchmarks.embeddings import seconds
 from benchmarks.offline import make_llm, timed_generate
-from benchmarks.results import rotated
+from benchmarks.results import percentiles, rotated
 from benchmarks.step_recorder import StepRecorder, summarize_steps
 from benchmarks.variant import Variant
-
-logger = logging.getLogger(__name__)
 
 VARIANTS = ("unconstrained", "json_schema", "matched_length")
 SCHEMA = {
@@ -60,6 +47,44 @@ NAMES = ("Alice Smith", "Bob Lee", "Chen Wu", "Dana Cruz", "Emeka Obi", "Fatima 
          "Goran Ivic", "Hana Sato")  # fmt: skip
 ROLES = SCHEMA["properties"]["role"]["enum"]
 CITIES = ("Paris", "Oslo", "Lima", "Cairo", "Osaka", "Quito", "Accra")
+TIMED = ("masks_s", "mask_rows", "mask_calls", "accept_s", "accepts")  # timed_grammar's
+RATIOS = ("output_tokens_per_s", "requests_per_s", "ms_per_output_token")
+MEDIANS = ("seconds", *RATIOS, "mean_output_len", "num_steps", "mean_seqs_per_step")
+MEDIANS += ("total_forward_s", "total_sample_s")  # a run's figures a variant's medians hold
+# The compile set: JSON schemas of growing size over these property kinds, regexes, Lark.
+FIELD_KINDS = (
+    {"type": "string", "maxLength": 32},
+    {"type": "integer", "minimum": 0, "maximum": 1000},
+    {"type": "number"},
+    {"type": "boolean"},
+    {"enum": ["red", "green", "blue", "cyan", "magenta"]},
+    {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 4},
+    {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
+    {
+        "type": "object",
+        "properties": {"x": {"type": "integer"}, "y": {"type": "string", "maxLength": 8}},
+        "required": ["x"],
+    },
+)
+REGEXES = {
+    "email": r"[a-z0-9._%+-]{1,32}@[a-z0-9-]{1,24}\.[a-z]{2,6}",
+    "phone": r"\+?[0-9]{1,3}[ -][0-9]{3}[ -][0-9]{3}[ -][0-9]{4}",
+    "datetime": r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z",
+    "ipv4": r"((25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])",
+    "uuid": r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+}
+LARK = {
+    "arithmetic": 'start: expr\nexpr: term (("+" | "-") term)*\n'
+    'term: factor (("*" | "/") factor)*\nfactor: NUMBER | "(" expr ")"\nNUMBER: /[0-9]{1,6}/',
+    "sql": 'start: "SELECT " cols " FROM " NAME (" WHERE " cond)? ";"\n'
+    'cols: NAME (", " NAME)*\ncond: NAME " = " (NUMBER | STRING)\n'
+    "NAME: /[a-z_][a-z0-9_]{0,15}/\nNUMBER: /[0-9]{1,6}/\nSTRING: /'[a-z ]{0,20}'/",
+    "config": 'start: line+\nline: KEY "=" VALUE "\\n"\nKEY: /[a-z][a-z0-9_.]{0,23}/\n'
+    "VALUE: /[A-Za-z0-9_.\\/-]{1,32}/",
+    "int_list": 'start: "[" (INT ("," INT)*)? "]"\nINT: /-?[0-9]{1,9}/',
+}
+FILLS = ("serial", "parallel")
+EXECUTOR_THREADS = max(2, min(8, os.cpu_count() or 1))  # the parallel fill's
 
 
 @dataclass(frozen=True)
@@ -70,17 +95,13 @@ class StructuredProfile:
     rounds: int
     num_schemas: int  # JSON schemas of growing size for the compile times
     cached_repeats: int = 3  # cached compiles timed per grammar
-    # JSON with no whitespace at all (smoke: a tiny random model would otherwise spend its
-    # tokens on whitespace); the others keep the default bounded whitespace.
-    compact_json: bool = False
+    compact_json: bool = False  # no whitespace (smoke: a random model spends tokens on it)
     temperature: float = 0.7
     seed: int = 0
 
 
 STRUCTURED_PROFILES = {
-    "smoke": StructuredProfile(
-        "smoke", 8, 160, rounds=1, num_schemas=4, cached_repeats=1, compact_json=True
-    ),
+    "smoke": StructuredProfile("smoke", 8, 160, 1, 4, cached_repeats=1, compact_json=True),
     "quick": StructuredProfile("quick", 32, 96, rounds=6, num_schemas=30),  # ~3 min
     "full": StructuredProfile("full", 64, 128, rounds=5, num_schemas=50),
 }
@@ -91,11 +112,9 @@ class StructuredOptions:
     model: str  # a model folder
     profile: StructuredProfile
     kv_cache_memory: str = "2GiB"
-    dtype: str = "float32"
-    executor_threads: int = max(2, min(8, os.cpu_count() or 1))
 
 
-# ---- the workload ----------------------------------------------------------------------
+# ---- throughput, side by side -----------------------------------------------------------
 def person_prompts(tokenizer, count: int) -> list[list[int]]:
     """Chat prompts (the model's template, if it has one) asking for a person record."""
     prompts = []
@@ -106,31 +125,29 @@ def person_prompts(tokenizer, count: int) -> list[list[int]]:
             "age, role, skills (up to 3) and active. Reply with the JSON object only."
         )
         if getattr(tokenizer, "chat_template", None):
-            messages = [{"role": "user", "content": text}]
-            text = tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
-            )
+            chat = [{"role": "user", "content": text}]
+            text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
         prompts.append(tokenizer(text, add_special_tokens=False).input_ids)
     return prompts
 
 
-def sampling_params(variant: str, profile: StructuredProfile, lengths: list[int] | None):
-    from pagestream import SamplingParams
-
-    common = {"temperature": profile.temperature, "max_tokens": profile.max_tokens}
-    params = []
-    for i in range(profile.num_prompts):
-        extra = {}
-        if variant == "json_schema":
-            extra = {"structured_outputs": json_constraint(profile)}
-        elif variant == "matched_length":
-            extra = {"max_tokens": max(1, lengths[i]), "ignore_eos": True}
-        params.append(SamplingParams(**{**common, "seed": profile.seed + i, **extra}))
-    return params
-
-
 def json_constraint(profile: StructuredProfile) -> dict:
     return {"json": SCHEMA, "disable_any_whitespace": profile.compact_json}
+
+
+def sampling_params(variant: str, profile: StructuredProfile, lengths=None) -> list:
+    """Seeded per prompt; json_schema: SCHEMA; matched_length: held to `lengths`."""
+    from pagestream import SamplingParams
+
+    params = []
+    for i in range(profile.num_prompts):
+        args = {"temperature": profile.temperature, "max_tokens": profile.max_tokens}
+        if variant == "json_schema":
+            args["structured_outputs"] = json_constraint(profile)
+        elif variant == "matched_length":
+            args |= {"max_tokens": max(1, lengths[i]), "ignore_eos": True}
+        params.append(SamplingParams(**args, seed=profile.seed + i))
+    return params
 
 
 def valid_record(text: str) -> bool:
@@ -143,205 +160,274 @@ def valid_record(text: str) -> bool:
     return True
 
 
-# ---- throughput, side by side -----------------------------------------------------------
-class GrammarTimer:
-    """Times the scheduler's StructuredOutputManager.masks and .accept in place."""
+@contextlib.contextmanager
+def timed_grammar(manager):
+    """A Counter of the scheduler's manager.masks and .accept timed in place."""
+    totals, masks, accept = Counter(), manager.masks, manager.accept
 
-    def __init__(self) -> None:
-        self.masks_s = self.accept_s = 0.0
-        self.mask_calls = self.mask_rows = self.accepts = 0
+    def timed_masks(*args):
+        elapsed, found = seconds(masks, *args)
+        rows = len(found.request_ids) if found else 0
+        totals.update(masks_s=elapsed, mask_calls=1, mask_rows=rows)
+        return found
 
-    @contextmanager
-    def attached(self, manager) -> Iterator[GrammarTimer]:
-        masks, accept = manager.masks, manager.accept
+    def timed_accept(*args):
+        elapsed, status = seconds(accept, *args)
+        totals.update(accept_s=elapsed, accepts=1)
+        return status
 
-        def timed_masks(scheduled, num_tokens, *spec_tokens):
-            start = time.perf_counter()
-            found = masks(scheduled, num_tokens, *spec_tokens)
-            self.masks_s += time.perf_counter() - start
-            self.mask_calls += 1
-            self.mask_rows += len(found.request_ids) if found else 0
-            return found
-
-        def timed_accept(request, token_id):
-            start = time.perf_counter()
-            status = accept(request, token_id)
-            self.accept_s += time.perf_counter() - start
-            self.accepts += 1
-            return status
-
-        manager.masks, manager.accept = timed_masks, timed_accept
-        try:
-            yield self
-        finally:
-            del manager.masks, manager.accept  # back to the class's methods
-
-
-def run_variant(llm, prompts, params, variant: str, round_index: int) -> tuple[dict, list]:
-    """One LLM.generate over every prompt; its record and outputs."""
-    llm.engine.scheduler.kv.reset_prefix_cache()
-    timer, steps = GrammarTimer(), StepRecorder()
-    load = os.getloadavg()[0]
-    with timer.attached(llm.engine.scheduler.structured), steps.attached(llm.engine):
-        elapsed, outputs = timed_generate(llm, [{"prompt_token_ids": p} for p in prompts], params)
-    completions = [o.outputs[0] for o in outputs]
-    tokens = sum(len(c.token_ids) for c in completions)
-    decode = summarize_steps([r for r in steps.records if r.decode])
-    record = {
-        "variant": variant,
-        "round": round_index,
-        "seconds": round(elapsed, 3),
-        "num_requests": len(prompts),
-        "output_tokens": tokens,
-        "requests_per_s": round(len(prompts) / elapsed, 4),
-        "output_tokens_per_s": round(tokens / elapsed, 2),
-        "ms_per_output_token": round(1e3 * elapsed / tokens, 3),
-        "mean_output_len": round(tokens / len(prompts), 2),
-        "finish_reasons": dict(Counter(c.finish_reason for c in completions)),
-        "valid": _validity(completions),
-        "num_steps": len(steps.records),
-        "mean_seqs_per_step": round(
-            statistics.fmean(r.num_seqs for r in steps.records) if steps.records else 0, 2
-        ),
-        "decode_step": decode,
-        "total_forward_s": round(sum(r.forward_s for r in steps.records), 3),
-        "total_sample_s": round(sum(r.sample_s for r in steps.records), 3),
-        "masks_s": round(timer.masks_s, 4),
-        "mask_rows": timer.mask_rows,
-        "mask_calls": timer.mask_calls,
-        "accept_s": round(timer.accept_s, 4),
-        "accepts": timer.accepts,
-        "load_average": round(load, 2),
-    }
-    return record, completions
-
-
-def _validity(completions) -> dict:
-    """How many outputs parse as JSON and validate against SCHEMA, over all and over those
-    that finished with "stop" (the ones that ended where the model or grammar chose)."""
-    stopped = [c for c in completions if c.finish_reason == "stop"]
-    return {
-        "valid": sum(valid_record(c.text) for c in completions),
-        "stopped": len(stopped),
-        "stopped_valid": sum(valid_record(c.text) for c in stopped),
-    }
+    manager.masks, manager.accept = timed_masks, timed_accept
+    try:
+        yield totals
+    finally:
+        del manager.masks, manager.accept  # back to the class's methods
 
 
 def round_order(round_index: int) -> list[str]:
-    """VARIANTS in the A/B driver's order of a round: rotated by the round, so that
-    matched_length never comes before the first json_schema run (it takes that run's
-    lengths)."""
+    """VARIANTS in a round's order: matched_length never before the first json_schema run."""
     return rotated(VARIANTS, round_index)
 
 
 @dataclass
 class StructuredDriver(ABDriver):
-    """The A/B driver (benchmarks/ab_driver.py) on one engine: every variant runs on the same
-    warmed-up LLM (the schema's grammar compiled once), a run is one LLM.generate over the
-    workload's prompts (token ids) with the variant's sampling params (matched_length: the
-    last constrained run's lengths), its record kept in `records` in the order run; a row is
-    a variant's medians."""
+    """The A/B driver on one warmed-up engine: a run is one LLM.generate over the prompts
+    with the variant's sampling params (matched_length: the last constrained run's lengths),
+    its record kept in `records`; a row is a variant's medians."""
 
     llm: object = None
     profile: StructuredProfile | None = None
     records: list[dict] = field(default_factory=list)
     constrained: list = field(default_factory=list)  # the last json_schema run's completions
 
-    @contextmanager
-    def start(self, variant: Variant) -> Iterator:
+    @contextlib.contextmanager
+    def start(self, variant: Variant):
         yield self.llm
 
     def held(self, llm) -> dict:
         return {}
 
     def measure(self, llm, variant: Variant, workload, batch) -> dict:
-        lengths = [len(c.token_ids) for c in self.constrained] or None
+        lengths = [len(c.token_ids) for c in self.constrained]
         params = sampling_params(variant.label, self.profile, lengths)
-        round_index = len(self.found.get((variant.label, workload.name, batch), []))
-        prompts = workload.requests  # token ids
-        record, completions = run_variant(llm, prompts, params, variant.label, round_index)
+        prompts = [{"prompt_token_ids": p} for p in workload.requests]
+        llm.engine.scheduler.kv.reset_prefix_cache()
+        steps, load = StepRecorder(), os.getloadavg()[0]
+        with timed_grammar(llm.engine.scheduler.structured) as timer, steps.attached(llm.engine):
+            elapsed, outputs = timed_generate(llm, prompts, params)
+        completions, records = [o.outputs[0] for o in outputs], steps.records
         if variant.label == "json_schema":
             self.constrained = completions
+        count, tokens = len(prompts), sum(len(c.token_ids) for c in completions)
+        stopped = [c for c in completions if c.finish_reason == "stop"]
+        record = {
+            "variant": variant.label,
+            "round": len(self.found.get((variant.label, workload.name, batch), [])),
+            "seconds": round(elapsed, 3),
+            "num_requests": count,
+            "output_tokens": tokens,
+            "requests_per_s": round(count / elapsed, 4),
+            "output_tokens_per_s": round(tokens / elapsed, 2),
+            "ms_per_output_token": round(1e3 * elapsed / tokens, 3),
+            "mean_output_len": round(tokens / count, 2),
+            "finish_reasons": dict(Counter(c.finish_reason for c in completions)),
+            "valid": {  # over all outputs and over those that ended with "stop"
+                "valid": sum(valid_record(c.text) for c in completions),
+                "stopped": len(stopped),
+                "stopped_valid": sum(valid_record(c.text) for c in stopped),
+            },
+            "num_steps": len(records),
+            "mean_seqs_per_step": round(statistics.fmean(r.num_seqs for r in records), 2),
+            "decode_step": summarize_steps([r for r in records if r.decode]),
+            "total_forward_s": round(sum(r.forward_s for r in records), 3),
+            "total_sample_s": round(sum(r.sample_s for r in records), 3),
+            **{k: round(timer[k], 4) for k in TIMED},
+            "load_average": round(load, 2),
+        }
         self.records.append(record)
         return {**record, "elapsed_s": record["seconds"]}
 
     def row(self, variant: Variant, workload, batch, runs, baseline) -> dict:
-        return {"variant": variant.label, **_variant_summary(runs)}
-
-
-def run_side_by_side(llm, prompts, profile: StructuredProfile) -> tuple[list[dict], dict, list]:
-    """Every round's runs (their records, in the order run) and their summary (medians per
-    variant, the constrained run's ratios), and the last constrained run's completions."""
-    warm = sampling_params("json_schema", profile, None)[:2]  # compiles the schema too
-    llm.generate([{"prompt_token_ids": p} for p in prompts[:2]], warm, False)
-    workload = ABWorkload("prompts", prompts)
-    driver = StructuredDriver("", [workload], profile.rounds, llm=llm, profile=profile)
-    rows = driver.run([Variant(v) for v in VARIANTS])
-    return driver.records, summarize_runs(rows), driver.constrained
-
-
-def summarize_runs(rows: list[dict]) -> dict:
-    """Each variant's medians (its row), the ratios against the constrained run."""
-    summary = {r["variant"]: {k: v for k, v in r.items() if k != "variant"} for r in rows}
-    ours = summary["json_schema"]
-    ratios = {}
-    for other in ("unconstrained", "matched_length"):
-        base = summary[other]
-        ratios[other] = {
-            key: round(ours[key] / base[key], 3)
-            for key in ("output_tokens_per_s", "requests_per_s", "ms_per_output_token")
+        """The variant's medians over its runs, its outputs' totals and its grammar costs."""
+        total, finish, valid = Counter(), Counter(), Counter()
+        for r in runs:
+            total.update({k: r[k] for k in ("seconds", "num_steps", "masks_s", "mask_rows")})
+            total.update({k: r[k] for k in ("accept_s", "accepts")})
+            finish.update(r["finish_reasons"])
+            valid.update(r["valid"])
+        decode = [r["decode_step"] for r in runs if r["decode_step"]["num_steps"]]
+        steps, rows, accepts = total["num_steps"], total["mask_rows"], total["accepts"]
+        return {
+            **{k: round(statistics.median(r[k] for r in runs), 4) for k in MEDIANS},
+            **{
+                f"decode_{k}": round(statistics.median(d[k] for d in decode), 2)
+                for k in ("wall_ms", "forward_ms", "sample_ms")
+            },
+            "runs": len(runs),
+            "outputs": sum(r["num_requests"] for r in runs),
+            "finish_reasons": dict(finish),
+            "valid": dict(valid),
+            "masks_ms_per_step": round(1e3 * total["masks_s"] / steps, 3) if steps else 0.0,
+            "masks_us_per_row": round(1e6 * total["masks_s"] / rows, 1) if rows else None,
+            "masks_share": round(total["masks_s"] / total["seconds"], 4),
+            "accept_us_per_token": round(1e6 * total["accept_s"] / accepts, 1) if accepts else None,
         }
-    return {"variants": summary, "ratios": ratios}
 
 
-def _variant_summary(runs: list[dict]) -> dict:
-    def median(key):
-        return round(statistics.median(r[key] for r in runs), 4)
+# ---- grammar compile times and mask fill ---------------------------------------------------
+def compile_set(num_schemas: int) -> list[tuple[str, str, dict]]:
+    """(kind, name, StructuredOutputsParams arguments) of the grammars timed; schema i has
+    2 + i properties of rotating kinds (named afresh), every other one required."""
+    grammars = []
+    for i in range(num_schemas):
+        names = [f"f{i}_{j}" for j in range(2 + i)]
+        kinds = {n: FIELD_KINDS[(i + j) % len(FIELD_KINDS)] for j, n in enumerate(names)}
+        schema = {"type": "object", "properties": kinds, "required": names[::2]}
+        grammars.append(("json", f"schema {i} ({2 + i} properties)", {"json": schema}))
+    grammars += [("regex", n, {"regex": r}) for n, r in REGEXES.items()]
+    return grammars + [("lark", n, {"grammar": g}) for n, g in LARK.items()]
 
-    masks_s = sum(r["masks_s"] for r in runs)
-    rows = sum(r["mask_rows"] for r in runs)
-    steps = sum(r["num_steps"] for r in runs)
-    out = {
-        key: median(key)
-        for key in (
-            "seconds",
-            "output_tokens_per_s",
-            "requests_per_s",
-            "ms_per_output_token",
-            "mean_output_len",
-            "num_steps",
-            "mean_seqs_per_step",
-            "total_forward_s",
-            "total_sample_s",
+
+def admitted(manager, request_id: str, constraint):
+    """A request of `constraint`, admitted (when `manager`) and its matcher ready."""
+    from services.common.sampling_params import SamplingParams
+    from services.scheduler.request import Request
+
+    request = Request(request_id, [0], SamplingParams(max_tokens=8, structured_outputs=constraint))
+    if manager is not None:
+        manager.admit(request)
+        request.grammar.future.result()
+        assert manager.ready(request)
+    return request
+
+
+def admission_ms(manager, request_id: str, constraint) -> tuple[float, float]:
+    """Milliseconds from admit until the matcher is ready, then for its first mask."""
+    request = admitted(None, request_id, constraint)
+    start = time.perf_counter()
+    manager.admit(request)
+    request.grammar.future.result()
+    assert manager.ready(request)
+    ready = time.perf_counter()
+    manager.masks([request], {request.request_id: request.num_tokens})
+    return round(1e3 * (ready - start), 3), round(1e3 * (time.perf_counter() - ready), 3)
+
+
+def spread(values) -> dict:
+    """How many, p50, p99 and the maximum ({"n": 0} where there are none)."""
+    values = list(values)
+    if not values:
+        return {"n": 0}
+    return {"n": len(values), **percentiles(values, digits=4), "max": round(max(values), 4)}
+
+
+def measure_compile(manager, num_schemas: int, cached_repeats: int) -> dict:
+    """Tokenizer build, then cold and cached admissions of every grammar of the set."""
+    from services.common.structured_outputs import StructuredOutputsParams
+
+    tokenizer_s, _ = seconds(manager.tokenizer)
+    grammars = []
+    for index, (kind, name, args) in enumerate(compile_set(num_schemas)):
+        constraint = StructuredOutputsParams(**args)
+        cold = admission_ms(manager, f"cold-{index}", constraint)
+        cached = [
+            admission_ms(manager, f"cached-{index}-{k}", constraint) for k in range(cached_repeats)
+        ]
+        grammars.append(
+            {
+                "kind": kind,
+                "name": name,
+                "grammar_chars": len(constraint.grammar_text),
+                "cold_ms": cold[0],
+                "cold_first_mask_ms": cold[1],
+                "cached_ms": [c[0] for c in cached],
+                "cached_first_mask_ms": [c[1] for c in cached],
+            }
         )
-    }
-    decode = [r["decode_step"] for r in runs if r["decode_step"]["num_steps"]]
-    for key in ("wall_ms", "forward_ms", "sample_ms"):
-        out[f"decode_{key}"] = round(statistics.median(d[key] for d in decode), 2)
-    totals = Counter()
-    for r in runs:
-        totals.update(r["finish_reasons"])
-        totals.update({f"valid_{k}": n for k, n in r["valid"].items()})
+    summary = {k: spread(g[k] for g in grammars) for k in ("cold_ms", "cold_first_mask_ms")}
+    for key in ("cached_ms", "cached_first_mask_ms"):
+        summary[key] = spread(v for g in grammars for v in g[key])
+    cold = {}
+    for g in sorted(grammars, key=lambda g: g["kind"]):
+        cold.setdefault(g["kind"], []).append(g["cold_ms"])
+    summary["by_kind"] = {k: {"count": len(ms), "cold_ms": spread(ms)} for k, ms in cold.items()}
     return {
-        **out,
-        "runs": len(runs),
-        "outputs": sum(r["num_requests"] for r in runs),
-        "finish_reasons": {k: n for k, n in totals.items() if not k.startswith("valid_")},
-        "valid": {k[6:]: n for k, n in totals.items() if k.startswith("valid_")},
-        "masks_ms_per_step": round(1e3 * masks_s / steps, 3) if steps else 0.0,
-        "masks_us_per_row": round(1e6 * masks_s / rows, 1) if rows else None,
-        "masks_share": round(masks_s / sum(r["seconds"] for r in runs), 4),
-        "accept_us_per_token": (
-            round(1e6 * sum(r["accept_s"] for r in runs) / sum(r["accepts"] for r in runs), 1)
-            if any(r["accepts"] for r in runs)
-            else None
-        ),
+        "tokenizer_build_s": round(tokenizer_s, 3),
+        "vocab_size": manager.vocab_size,
+        "grammars": grammars,
+        "summary": summary,
+    }
+
+
+def replay(manager, constraint, token_ids: list[list[int]], executor) -> tuple[list, list, int]:
+    """[(rows, seconds)] and the packed bitmask of every position, the tokens rejected;
+    the rows filled by `executor` (an LLExecutor; None: `masks`, one row after another)."""
+    from llguidance.numpy import fill_next_token_bitmask_par
+
+    requests = [admitted(manager, f"replay-{i}", constraint) for i in range(len(token_ids))]
+    steps, masks, rejected = [], [], 0
+    for position in range(max(map(len, token_ids), default=0)):
+        live = [
+            (r, ids[position])
+            for r, ids in zip(requests, token_ids, strict=True)
+            if position < len(ids) and not r.grammar.matcher.is_stopped()
+        ]
+        if not live:
+            break
+        rows, start = [r for r, _ in live], time.perf_counter()
+        if executor:
+            bitmask = np.zeros((len(rows), manager.words), dtype=np.int32)
+            matchers = [(r.grammar.matcher, i) for i, r in enumerate(rows)]
+            fill_next_token_bitmask_par(executor, matchers, bitmask)
+            masks.append(bitmask.astype("<i4").tobytes())
+        else:
+            masks.append(manager.masks(rows, {r.request_id: r.num_tokens for r in rows}).bitmask)
+        steps.append((len(rows), time.perf_counter() - start))
+        rejected += sum(not r.grammar.matcher.consume_token(token) for r, token in live)
+    return steps, masks, rejected
+
+
+def measure_mask_fill(make_manager, token_ids: list[list[int]], constraint, threads: int) -> dict:
+    """Each fill on a fresh manager (llguidance caches per tokenizer, grammar and matcher
+    state): a cold replay, then a warm one on new copies of the same grammar."""
+    from llguidance import LLExecutor
+
+    executor = LLExecutor(num_threads=threads)
+    fills, masks, rejected = {}, [], 0
+    for kind in FILLS:
+        with make_manager() as manager:
+            for state in ("cold", "warm"):
+                fill = executor if kind == "parallel" else None
+                steps, filled, bad = replay(manager, constraint, token_ids, fill)
+                fills[f"{kind}_{state}"] = {
+                    "us_per_row": spread(1e6 * s / n for n, s in steps),
+                    "ms_per_step": spread(1e3 * s for _, s in steps),
+                    "total_s": round(sum(s for _, s in steps), 5),
+                }
+                masks.append(filled)
+                rejected += bad
+    rows = [n for n, _ in steps]
+    speedup = {
+        s: fills[f"serial_{s}"]["total_s"] / fills[f"parallel_{s}"]["total_s"]
+        for s in ("cold", "warm")
+    }
+    return {
+        "positions": len(rows),
+        "rows": int(sum(rows)),
+        "rows_per_step": spread(rows),
+        "parallel_threads": threads,
+        "fills": fills,
+        "parallel_speedup": {s: round(x, 2) for s, x in speedup.items()},
+        "bitmask_mismatches": sum(a != b for m in masks for a, b in zip(masks[0], m, strict=True)),
+        "tokens_rejected": rejected,
     }
 
 
 # ---- the section ------------------------------------------------------------------------
 def run_structured(tokenizer, options: StructuredOptions) -> dict:
     """Every part on one engine; a JSON-ready dict."""
+    import torch
+
+    from services.common.structured_outputs import StructuredOutputsParams
     from services.scheduler.structured_output_manager import (
         StructuredOutputManager,
         tokenizer_json_of,
@@ -349,28 +435,32 @@ def run_structured(tokenizer, options: StructuredOptions) -> dict:
 
     profile = options.profile
     prompts = person_prompts(tokenizer, profile.num_prompts)
-    llm = make_llm(options.model, options.dtype, options.kv_cache_memory)
-    engine_manager = llm.engine.scheduler.structured
-    runs, summary, constrained = run_side_by_side(llm, prompts, profile)
+    llm = make_llm(options.model, "float32", options.kv_cache_memory)
+    warm = sampling_params("json_schema", profile)[:2]  # compiles the schema too
+    llm.generate([{"prompt_token_ids": p} for p in prompts[:2]], warm, False)
+    workloads = [ABWorkload("prompts", prompts)]
+    driver = StructuredDriver("", workloads, profile.rounds, llm=llm, profile=profile)
+    rows = driver.run([Variant(v) for v in VARIANTS])
+    variants = dict(zip(VARIANTS, rows, strict=True))
+    ratios = {
+        other: {k: round(variants["json_schema"][k] / variants[other][k], 3) for k in RATIOS}
+        for other in ("unconstrained", "matched_length")
+    }
+    engine = llm.engine.scheduler.structured
 
+    @contextlib.contextmanager
     def make_manager():
-        return StructuredOutputManager(
-            tokenizer_json_of(options.model),
-            engine_manager.vocab_size,
-            engine_manager.eos_token_ids,
-        )
+        vocab, eos = engine.vocab_size, engine.eos_token_ids
+        manager = StructuredOutputManager(tokenizer_json_of(options.model), vocab, eos)
+        try:
+            yield manager
+        finally:
+            manager.close()
 
-    fresh = make_manager()
-    try:
-        compile_times = measure_compile(fresh, profile.num_schemas, profile.cached_repeats)
-    finally:
-        fresh.close()
-    mask_fill = measure_mask_fill(
-        make_manager,
-        [c.token_ids for c in constrained],
-        json_constraint(profile),
-        options.executor_threads,
-    )
+    with make_manager() as manager:
+        compile_times = measure_compile(manager, profile.num_schemas, profile.cached_repeats)
+    outputs = [c.token_ids for c in driver.constrained]
+    constraint = StructuredOutputsParams(**json_constraint(profile))
     return {
         "profile": asdict(profile),
         "schema": SCHEMA,
@@ -382,16 +472,10 @@ def run_structured(tokenizer, options: StructuredOptions) -> dict:
             "compact_json": profile.compact_json,
             "example_prompt": tokenizer.decode(prompts[0]),
         },
-        "example_output": constrained[0].text if constrained else None,
-        "torch_threads": _torch_threads(),
-        "runs": runs,
-        "summary": summary,
+        "example_output": driver.constrained[0].text if driver.constrained else None,
+        "torch_threads": torch.get_num_threads(),
+        "runs": driver.records,
+        "summary": {"variants": variants, "ratios": ratios},
         "compile": compile_times,
-        "mask_fill": mask_fill,
+        "mask_fill": measure_mask_fill(make_manager, outputs, constraint, EXECUTOR_THREADS),
     }
-
-
-def _torch_threads() -> int:
-    import torch
-
-    return torch.get_num_threads()

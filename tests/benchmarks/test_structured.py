@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.grammar_timing import FILLS, LARK, REGEXES
 from benchmarks.reports import STRUCTURED
 from benchmarks.structured import (
+    FILLS,
+    LARK,
+    REGEXES,
     STRUCTURED_PROFILES,
     VARIANTS,
     round_order,
