@@ -185,14 +185,9 @@ def kv_cache_bytes(folder: str, requests: list[BenchRequest], block_size: int = 
 def _run_round(run: _Run, requests, options: ParallelOptions, round_index: int) -> None:
     """Start the layout's engine, warm it up, time the workload, stop it."""
     start = time.perf_counter()
-    llm = make_llm(
-        run.folder,
-        options.dtype,
-        kv_cache_memory=options.kv_cache_memory or kv_cache_bytes(run.folder, requests),
-        enable_prefix_caching=False,
-        **run.layout.engine_kwargs(),
-        **options.engine_kwargs,
-    )
+    kv = options.kv_cache_memory or kv_cache_bytes(run.folder, requests)
+    kwargs = {"enable_prefix_caching": False, **run.layout.engine_kwargs(), **options.engine_kwargs}
+    llm = make_llm(run.folder, options.dtype, kv_cache_memory=kv, **kwargs)
     try:
         run.startup_s.append(time.perf_counter() - start)
         warm_up(llm, requests[0])
