@@ -13,7 +13,8 @@ into groups of similar shape; each group gathers its keys and values through the
 into a padded buffer and runs one masked ``scaled_dot_product_attention``. Decode sequences
 never share a group with prefill ones, so they are never padded to a prompt's length.
 Grouped-query heads are folded into the query rows, so no key/value head is repeated.
-Measured against a per-sequence loop and single padded batches in benchmarks/attention_cpu.py.
+Measured against a per-sequence loop and single padded batches in benchmarks/attention_cpu.py
+(a tool since removed, at 6e60bd9).
 """
 
 from __future__ import annotations
