@@ -1,12 +1,8 @@
-"""Embeddings against HF transformers' AutoModel on the CPU: `pagestream bench embed`.
+"""Embeddings against HF AutoModel on the CPU: `pagestream bench embed`.
 
-The default corpus's passages (lognormal around 128 tokens within 8..512), LAST pooling,
-normalized: pagestream's `LLM(model, runner="pooling").embed(inputs)` at float32, at dtype
-auto and on the model's GGUF file as it is, against AutoModel float32 in right-padded
-batches of each of `hf_batch_sizes`; the first `single_inputs` one at a time too.
-EmbedDriver (the A/B driver on embedding engines) rotates them over the rounds: medians,
-vs_NAME the median ratio to each round's fastest run of group NAME, cosines against the
-reference's embeddings. The encoder mode is benchmarks/encoders.py.
+pagestream's pooling runner (float32, dtype auto, the GGUF file as it is) against AutoModel
+float32 in padded batches, on the default corpus's passages, LAST pooling, normalized;
+EmbedDriver runs embedding engines on the A/B driver. The encoder mode: encoders.py.
 """
 
 from __future__ import annotations
@@ -28,6 +24,7 @@ from benchmarks.variant import Variant
 from benchmarks.workload import Profile, make_workload
 
 HF = "HF AutoModel float32"
+POOLING = "LAST"  # the decoder embedding models' default
 
 
 @dataclass(frozen=True)
@@ -53,12 +50,11 @@ class EmbedOptions:
     source: str  # the model as given (a GGUF name runs its quantized file too)
     profile: EmbedProfile
     kv_cache_memory: str = "2GiB"
-    pooling_type: str = "LAST"
 
 
 def engine(label: str, start: Callable, group: str | None = None, single=False, **how) -> Variant:
-    """A configuration: start(**how) opens its engine (yields (embed(inputs) -> [n, hidden],
-    dtype, quantization)); `group`: its vs_NAME; `single`: the first inputs one at a time."""
+    """A configuration: start(**how) yields (embed(inputs) -> [n, hidden], dtype,
+    quantization); `group`: its vs_NAME; `single`: the first inputs one at a time too."""
     opened = functools.partial(start, **how)
     return Variant(label, {"start": opened, "group": group, "single": single})
 
@@ -92,18 +88,17 @@ def hf_engine(model: str, size: int):
     from transformers import AutoModel
 
     model = AutoModel.from_pretrained(model, dtype=torch.float32).eval()
-    yield functools.partial(hf_batches, model, size), "float32", "none"
+    yield functools.partial(hf_embed, model, size=size), "float32", "none"
 
 
-def hf_batches(model, size: int, inputs: list[list[int]]) -> np.ndarray:
-    batches = [inputs[i : i + size] for i in range(0, len(inputs), size)]
-    return np.concatenate([hf_embed(model, batch) for batch in batches])
-
-
-def hf_embed(model, batch: list[list[int]]) -> np.ndarray:
-    """One padded batch through AutoModel: each row's last real position, normalized."""
+def hf_embed(model, batch: list[list[int]], size: int | None = None) -> np.ndarray:
+    """AutoModel on right-padded batches of `size` (None: one): each row's last real
+    position, normalized."""
     import torch
 
+    if size and len(batch) > size:
+        chunks = [batch[i : i + size] for i in range(0, len(batch), size)]
+        return np.concatenate([hf_embed(model, chunk) for chunk in chunks])
     width = max(map(len, batch))
     ids = torch.zeros(len(batch), width, dtype=torch.long)
     mask = torch.zeros(len(batch), width, dtype=torch.long)
@@ -128,9 +123,9 @@ def normalized(x: np.ndarray) -> np.ndarray:
 
 @dataclass
 class EmbedDriver(ABDriver):
-    """The A/B driver on embedding engines: a run embeds the workload's inputs (token ids or
-    texts) after a warm-up on the first `warm`; rows against each round's fastest run of
-    each group (vs_NAME) and the first group's first label's embeddings (cosines)."""
+    """A run embeds the inputs (token ids or texts) after a warm-up on the first `warm`; rows
+    against each round's fastest run of each group (vs_NAME: the median ratio) and the
+    first group's first configuration's embeddings (cosines)."""
 
     profile: EmbedProfile | None = None
     warm: int = 2
@@ -178,6 +173,14 @@ class EmbedDriver(ABDriver):
         }
 
 
+def drive(profile: EmbedProfile, inputs: list, configs: list, groups, **driver) -> list[dict]:
+    """The configurations' rows over the profile's rounds, vs each of `groups`."""
+    labels = {g: [c.label for c in configs if c.engine["group"] == g] for g in groups}
+    workloads = [ABWorkload("inputs", inputs)]
+    embed = EmbedDriver("", workloads, profile.rounds, profile=profile, groups=labels, **driver)
+    return embed.run(configs)
+
+
 def run_embed(tokenizer, options: EmbedOptions) -> dict:
     import torch
     from transformers import AutoConfig
@@ -190,7 +193,7 @@ def run_embed(tokenizer, options: EmbedOptions) -> dict:
     inputs = [r.prompt_token_ids[:longest] for r in make_workload(tokenizer, shapes).requests]
     llm = {
         "kv_cache_memory": options.kv_cache_memory,
-        "pooler_config": {"pooling_type": options.pooling_type, "normalize": True},
+        "pooler_config": {"pooling_type": POOLING, "normalize": True},
         "enable_prefix_caching": False,  # rounds repeat the inputs: no hits across them
     }
     configs = [
@@ -201,18 +204,14 @@ def run_embed(tokenizer, options: EmbedOptions) -> dict:
         source = {"model": options.source, "dtype": "auto", **llm}
         configs.append(engine("pagestream GGUF (quantized)", pagestream_engine, **source))
     configs += per_size(HF + ", batch {}", hf_engine, "hf", profile.hf_batch_sizes, model=model)
-    groups = {"hf": [c.label for c in configs if c.engine["group"] == "hf"]}
-    driver = EmbedDriver(
-        model, [ABWorkload("inputs", inputs)], profile.rounds, profile=profile, groups=groups
-    )
     return {
         "profile": profile.name,
         "rounds": profile.rounds,
         "threads": torch.get_num_threads(),
-        "pooling_type": options.pooling_type,
+        "pooling_type": POOLING,
         "inputs": input_stats(inputs),
         "single_inputs": profile.single_inputs,
-        "runs": driver.run(configs),
+        "runs": drive(profile, inputs, configs, ("hf",)),
     }
 
 

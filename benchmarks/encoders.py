@@ -1,12 +1,9 @@
 """Encoders against sentence-transformers and llama-server on the CPU: `pagestream bench
 embed --encoders minilm,bge-base`.
 
-Random BERT encoders of real shapes as sentence-transformers folders (a WordPiece vocabulary
-trained on the corpus, padded to BERT's 30522), the same passages as text (16..256 tokens):
-pagestream's pooling runner at float32 and dtype auto, sentence-transformers' encode at each
-batch size, llama-server --embedding (llama.cpp's own F32 GGUF) with each number of clients
-posting one text each (left out, its error recorded, where it fails). Rounds and rows are
-EmbedDriver's (benchmarks/embeddings.py); cosines against sentence-transformers'.
+Random BERT encoders of real shapes as sentence-transformers folders; pagestream's pooling
+runner, sentence-transformers' encode and llama-server --embedding (llama.cpp's own F32
+GGUF; left out, its error recorded, where it fails) on the same texts, on EmbedDriver.
 """
 
 from __future__ import annotations
@@ -24,15 +21,15 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.ab_workload import ABWorkload
 from benchmarks.embeddings import (
-    EmbedDriver,
     EmbedProfile,
+    drive,
     engine,
     input_stats,
     pagestream_engine,
     per_size,
 )
+from benchmarks.serve_peer import LlamaServer
 from benchmarks.workload import CORPUS_PATH, Profile, make_workload
 
 logger = logging.getLogger(__name__)
@@ -45,6 +42,8 @@ ENCODER_PROFILES = {
 }
 VOCAB = 30522  # BERT's uncased WordPiece vocabulary
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # ids 0..4, as BERT's
+LLAMA = "llama-server F32, {} clients"
+JSON = {"Content-Type": "application/json"}
 WARM_UP = 16  # inputs; 2 left a process's first engine 10x slower on its first full call
 
 
@@ -78,22 +77,10 @@ class EncoderOptions:
             raise ValueError(f"unknown encoder shapes {sorted(unknown)}: {list(ENCODER_SHAPES)}")
 
 
-def wordpiece_vocab() -> list[str]:
-    """BERT's layout: the specials, the corpus's lower-cased WordPiece pieces, [unusedN]."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    trainer = trainers.WordPieceTrainer(vocab_size=VOCAB, special_tokens=SPECIALS)
-    tokenizer.train_from_iterator(CORPUS_PATH.read_text(encoding="utf-8").splitlines(), trainer)
-    words = sorted(vocab := tokenizer.get_vocab(), key=vocab.get)
-    return words + [f"[unused{i}]" for i in range(VOCAB - len(words))]
-
-
 def encoder_folder(name: str) -> Path:
     """`name`'s random sentence-transformers folder, made once (renamed into place whole)."""
     import torch
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
     from services.common.model_source import cache_dir
@@ -111,7 +98,14 @@ def encoder_folder(name: str) -> Path:
         intermediate_size=shape.intermediate,
     )
     BertModel(config).save_pretrained(tmp)
-    words = wordpiece_vocab()
+    # BERT's layout: the specials, the corpus's lower-cased WordPiece pieces, [unusedN]
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(vocab_size=VOCAB, special_tokens=SPECIALS)
+    tokenizer.train_from_iterator(CORPUS_PATH.read_text(encoding="utf-8").splitlines(), trainer)
+    words = sorted(vocab := tokenizer.get_vocab(), key=vocab.get)
+    words += [f"[unused{i}]" for i in range(VOCAB - len(words))]
     BertTokenizerFast(vocab={w: i for i, w in enumerate(words)}).save_pretrained(tmp)
     (tmp / "vocab.txt").write_text("\n".join(words) + "\n", encoding="utf-8")
     modules = [("", "Transformer"), ("1_Pooling", "Pooling"), ("2_Normalize", "Normalize")]
@@ -150,24 +144,18 @@ def encoder_gguf(folder: Path) -> Path:
     return out
 
 
-def embedding_server(binary: str, gguf: Path, slots: int):
-    """llama-server --embedding (serve_peer.py's LlamaServer): `slots` slots of 512
-    positions, on pagestream's threads."""
-    import torch
+class EmbeddingServer(LlamaServer):
+    """llama-server --embedding: `slots` slots of 512 positions, on pagestream's threads."""
 
-    from benchmarks.serve_peer import LlamaServer
+    def command(self) -> list[str]:
+        import torch
 
-    threads = str(torch.get_num_threads())
-
-    class EmbeddingServer(LlamaServer):
-        def command(self) -> list[str]:
-            return [
-                *(self.binary, "-m", str(self.gguf), "--embedding", "-t", threads, "-tb", threads),
-                *("-np", str(self.slots), "-c", str(self.slots * 512), "--no-webui"),
-                *("--host", "127.0.0.1", "--port", str(self.port)),
-            ]
-
-    return EmbeddingServer(binary, gguf, slots, options=None)
+        threads = str(torch.get_num_threads())
+        return [
+            *(self.binary, "-m", str(self.gguf), "--embedding", "-t", threads, "-tb", threads),
+            *("-np", str(self.slots), "-c", str(self.slots * 512), "--no-webui"),
+            *("--host", "127.0.0.1", "--port", str(self.port)),
+        ]
 
 
 def llama_embed(url: str, texts: list[str], clients: int) -> np.ndarray:
@@ -183,9 +171,6 @@ def llama_embed(url: str, texts: list[str], clients: int) -> np.ndarray:
         return np.array(list(pool.map(post, texts)), np.float32)
 
 
-JSON = {"Content-Type": "application/json"}
-
-
 def llama_setup(folder: Path, options: EncoderOptions) -> dict:
     """The GGUF file and llama-server, checked on one input; {"error": ...} where either
     fails (with what llama-server printed, where it did not start)."""
@@ -195,7 +180,7 @@ def llama_setup(folder: Path, options: EncoderOptions) -> dict:
         return {"error": "not run (--no-llamacpp)"}
     try:
         binary = llama_server_binary(options)
-        with (server := embedding_server(binary, encoder_gguf(folder), 1)):
+        with (server := EmbeddingServer(binary, encoder_gguf(folder), 1, None)):
             llama_embed(server.url, ["a check"], 1)
     except (OSError, RuntimeError, TimeoutError) as exc:
         error = f"{type(exc).__name__}: {exc}"
@@ -211,17 +196,13 @@ def llama_setup(folder: Path, options: EncoderOptions) -> dict:
 def st_engine(folder: Path, size: int):
     from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(str(folder), device="cpu")
-    yield (
-        functools.partial(model.encode, batch_size=size, show_progress_bar=False),
-        "float32",
-        "none",
-    )
+    encode = SentenceTransformer(str(folder), device="cpu").encode
+    yield functools.partial(encode, batch_size=size, show_progress_bar=False), "float32", "none"
 
 
 @contextlib.contextmanager
-def llama_engine(binary: str, gguf: str, size: int):
-    with embedding_server(binary, Path(gguf), size) as server:
+def llama_engine(llama: dict, size: int):
+    with EmbeddingServer(llama["binary"], Path(llama["gguf"]), size, None) as server:
         yield functools.partial(llama_embed, server.url, clients=size), "F32 GGUF", "none"
 
 
@@ -237,37 +218,16 @@ def run_encoder(name: str, options: EncoderOptions) -> dict:
     token_ids = tokenizer(texts).input_ids
     llama = llama_setup(folder, options)
     ours = {"model": str(folder), "kv_cache_memory": options.kv_cache_memory}
+    clients = () if "error" in llama else profile.concurrencies
     configs = [
         engine("pagestream float32", pagestream_engine, None, True, **ours),
         engine("pagestream dtype auto", pagestream_engine, None, True, dtype="auto", **ours),
         *per_size(ST + ", batch {}", st_engine, "st", profile.hf_batch_sizes, folder=folder),
+        *per_size(LLAMA, llama_engine, "llama", clients, llama=llama),
     ]
-    if "error" not in llama:
-        server = {"binary": llama["binary"], "gguf": llama["gguf"]}
-        clients = profile.concurrencies
-        configs += per_size(
-            "llama-server F32, {} clients", llama_engine, "llama", clients, **server
-        )
-    groups = {k: [c.label for c in configs if c.engine["group"] == k] for k in ("st", "llama")}
-    workloads = [ABWorkload("inputs", texts)]
-    driver = EmbedDriver(
-        str(folder),
-        workloads,
-        profile.rounds,
-        profile=profile,
-        warm=WARM_UP,
-        groups=groups,
-        tokens=token_ids,
-    )
-    runs = driver.run(configs)
-    shape = dataclasses.asdict(ENCODER_SHAPES[name])
-    return {
-        "shape": name,
-        **shape,
-        "inputs": input_stats(token_ids),
-        "llama_server": llama,
-        "runs": runs,
-    }
+    runs = drive(profile, texts, configs, ("st", "llama"), warm=WARM_UP, tokens=token_ids)
+    shape, stats = dataclasses.asdict(ENCODER_SHAPES[name]), input_stats(token_ids)
+    return {"shape": name, **shape, "inputs": stats, "llama_server": llama, "runs": runs}
 
 
 def run_encoders(options: EncoderOptions) -> dict:

@@ -1,13 +1,6 @@
 """Structured outputs: what a JSON schema costs, offline, on one engine: `pagestream bench
-structured`.
-
-Throughput: the same person-record prompts through LLM.generate unconstrained, constrained
-by SCHEMA, and with no grammar but each request held to its constrained length (ignore_eos),
-rotated over rounds on one engine (StructuredDriver), the scheduler's masks and accept timed
-in place. Compile times: cold and cached admissions (and their first masks) of JSON schemas
-of growing size, regexes and Lark grammars. Mask fill: the constrained outputs replayed in
-lockstep, the rows filled one after another (serial) and by llguidance's LLExecutor
-(parallel), on a fresh manager, cold then warm.
+structured`. Throughput with and without SCHEMA (and at the constrained lengths without),
+grammar compile times (cold and cached) and the mask fill per row (serial and parallel).
 """
 
 from __future__ import annotations
@@ -52,6 +45,7 @@ RATIOS = ("output_tokens_per_s", "requests_per_s", "ms_per_output_token")
 MEDIANS = ("seconds", *RATIOS, "mean_output_len", "num_steps", "mean_seqs_per_step")
 MEDIANS += ("total_forward_s", "total_sample_s")  # a run's figures a variant's medians hold
 # The compile set: JSON schemas of growing size over these property kinds, regexes, Lark.
+POINT = {"x": {"type": "integer"}, "y": {"type": "string", "maxLength": 8}}
 FIELD_KINDS = (
     {"type": "string", "maxLength": 32},
     {"type": "integer", "minimum": 0, "maximum": 1000},
@@ -60,11 +54,7 @@ FIELD_KINDS = (
     {"enum": ["red", "green", "blue", "cyan", "magenta"]},
     {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 4},
     {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
-    {
-        "type": "object",
-        "properties": {"x": {"type": "integer"}, "y": {"type": "string", "maxLength": 8}},
-        "required": ["x"],
-    },
+    {"type": "object", "properties": POINT, "required": ["x"]},
 )
 REGEXES = {
     "email": r"[a-z0-9._%+-]{1,32}@[a-z0-9-]{1,24}\.[a-z]{2,6}",
@@ -114,7 +104,6 @@ class StructuredOptions:
     kv_cache_memory: str = "2GiB"
 
 
-# ---- throughput, side by side -----------------------------------------------------------
 def person_prompts(tokenizer, count: int) -> list[list[int]]:
     """Chat prompts (the model's template, if it has one) asking for a person record."""
     prompts = []
@@ -250,8 +239,7 @@ class StructuredDriver(ABDriver):
         """The variant's medians over its runs, its outputs' totals and its grammar costs."""
         total, finish, valid = Counter(), Counter(), Counter()
         for r in runs:
-            total.update({k: r[k] for k in ("seconds", "num_steps", "masks_s", "mask_rows")})
-            total.update({k: r[k] for k in ("accept_s", "accepts")})
+            total.update({k: r[k] for k in ("seconds", "num_steps", *TIMED)})
             finish.update(r["finish_reasons"])
             valid.update(r["valid"])
         decode = [r["decode_step"] for r in runs if r["decode_step"]["num_steps"]]
@@ -273,7 +261,6 @@ class StructuredDriver(ABDriver):
         }
 
 
-# ---- grammar compile times and mask fill ---------------------------------------------------
 def compile_set(num_schemas: int) -> list[tuple[str, str, dict]]:
     """(kind, name, StructuredOutputsParams arguments) of the grammars timed; schema i has
     2 + i properties of rotating kinds (named afresh), every other one required."""
@@ -288,28 +275,23 @@ def compile_set(num_schemas: int) -> list[tuple[str, str, dict]]:
 
 
 def admitted(manager, request_id: str, constraint):
-    """A request of `constraint`, admitted (when `manager`) and its matcher ready."""
+    """(a request of `constraint`, admitted; ms from admit until its matcher was ready)."""
     from services.common.sampling_params import SamplingParams
     from services.scheduler.request import Request
 
     request = Request(request_id, [0], SamplingParams(max_tokens=8, structured_outputs=constraint))
-    if manager is not None:
-        manager.admit(request)
-        request.grammar.future.result()
-        assert manager.ready(request)
-    return request
-
-
-def admission_ms(manager, request_id: str, constraint) -> tuple[float, float]:
-    """Milliseconds from admit until the matcher is ready, then for its first mask."""
-    request = admitted(None, request_id, constraint)
     start = time.perf_counter()
     manager.admit(request)
     request.grammar.future.result()
     assert manager.ready(request)
-    ready = time.perf_counter()
-    manager.masks([request], {request.request_id: request.num_tokens})
-    return round(1e3 * (ready - start), 3), round(1e3 * (time.perf_counter() - ready), 3)
+    return request, round(1e3 * (time.perf_counter() - start), 3)
+
+
+def admission_ms(manager, request_id: str, constraint) -> tuple[float, float]:
+    """Milliseconds from admit until the matcher is ready, then for its first mask."""
+    request, ready_ms = admitted(manager, request_id, constraint)
+    mask_s, _ = seconds(manager.masks, [request], {request.request_id: request.num_tokens})
+    return ready_ms, round(1e3 * mask_s, 3)
 
 
 def spread(values) -> dict:
@@ -343,9 +325,8 @@ def measure_compile(manager, num_schemas: int, cached_repeats: int) -> dict:
                 "cached_first_mask_ms": [c[1] for c in cached],
             }
         )
-    summary = {k: spread(g[k] for g in grammars) for k in ("cold_ms", "cold_first_mask_ms")}
-    for key in ("cached_ms", "cached_first_mask_ms"):
-        summary[key] = spread(v for g in grammars for v in g[key])
+    keys = ("cold_ms", "cold_first_mask_ms", "cached_ms", "cached_first_mask_ms")
+    summary = {k: spread(np.ravel([g[k] for g in grammars]).tolist()) for k in keys}
     cold = {}
     for g in sorted(grammars, key=lambda g: g["kind"]):
         cold.setdefault(g["kind"], []).append(g["cold_ms"])
@@ -363,7 +344,7 @@ def replay(manager, constraint, token_ids: list[list[int]], executor) -> tuple[l
     the rows filled by `executor` (an LLExecutor; None: `masks`, one row after another)."""
     from llguidance.numpy import fill_next_token_bitmask_par
 
-    requests = [admitted(manager, f"replay-{i}", constraint) for i in range(len(token_ids))]
+    requests = [admitted(manager, f"replay-{i}", constraint)[0] for i in range(len(token_ids))]
     steps, masks, rejected = [], [], 0
     for position in range(max(map(len, token_ids), default=0)):
         live = [
@@ -422,7 +403,6 @@ def measure_mask_fill(make_manager, token_ids: list[list[int]], constraint, thre
     }
 
 
-# ---- the section ------------------------------------------------------------------------
 def run_structured(tokenizer, options: StructuredOptions) -> dict:
     """Every part on one engine; a JSON-ready dict."""
     import torch
