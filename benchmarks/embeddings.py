@@ -216,10 +216,5 @@ def run_embed(tokenizer, options: EmbedOptions) -> dict:
 
 
 def input_stats(inputs: list[list[int]]) -> dict:
-    lengths = [len(ids) for ids in inputs]
-    return {
-        "count": len(lengths),
-        "tokens": sum(lengths),
-        "median": float(np.median(lengths)),
-        "max": max(lengths),
-    }
+    n = list(map(len, inputs))  # tokens per input
+    return {"count": len(n), "tokens": sum(n), "median": float(np.median(n)), "max": max(n)}

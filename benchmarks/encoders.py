@@ -9,12 +9,12 @@ GGUF; left out, its error recorded, where it fails) on the same texts, on EmbedD
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import json
 import logging
 import subprocess
 import urllib.request
+from collections import namedtuple
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,16 +47,8 @@ JSON = {"Content-Type": "application/json"}
 WARM_UP = 16  # inputs; 2 left a process's first engine 10x slower on its first full call
 
 
-@dataclass(frozen=True)
-class EncoderShape:
-    layers: int
-    hidden: int
-    heads: int
-    intermediate: int
-    pooling: str  # 1_Pooling's: mean or cls (then Normalize)
-    max_seq_length: int  # sentence_bert_config.json's
-
-
+# pooling: 1_Pooling's, mean or cls (then Normalize); max_seq_length: sentence_bert_config.json's
+EncoderShape = namedtuple("EncoderShape", "layers hidden heads intermediate pooling max_seq_length")
 ENCODER_SHAPES = {
     "minilm": EncoderShape(6, 384, 12, 1536, "mean", 256),  # all-MiniLM-L6-v2
     "bge-base": EncoderShape(12, 768, 12, 3072, "cls", 512),  # bge-base-en-v1.5
@@ -226,7 +218,7 @@ def run_encoder(name: str, options: EncoderOptions) -> dict:
         *per_size(LLAMA, llama_engine, "llama", clients, llama=llama),
     ]
     runs = drive(profile, texts, configs, ("st", "llama"), warm=WARM_UP, tokens=token_ids)
-    shape, stats = dataclasses.asdict(ENCODER_SHAPES[name]), input_stats(token_ids)
+    shape, stats = ENCODER_SHAPES[name]._asdict(), input_stats(token_ids)
     return {"shape": name, **shape, "inputs": stats, "llama_server": llama, "runs": runs}
 
 

@@ -120,10 +120,6 @@ def person_prompts(tokenizer, count: int) -> list[list[int]]:
     return prompts
 
 
-def json_constraint(profile: StructuredProfile) -> dict:
-    return {"json": SCHEMA, "disable_any_whitespace": profile.compact_json}
-
-
 def sampling_params(variant: str, profile: StructuredProfile, lengths=None) -> list:
     """Seeded per prompt; json_schema: SCHEMA; matched_length: held to `lengths`."""
     from pagestream import SamplingParams
@@ -132,7 +128,10 @@ def sampling_params(variant: str, profile: StructuredProfile, lengths=None) -> l
     for i in range(profile.num_prompts):
         args = {"temperature": profile.temperature, "max_tokens": profile.max_tokens}
         if variant == "json_schema":
-            args["structured_outputs"] = json_constraint(profile)
+            args["structured_outputs"] = {
+                "json": SCHEMA,
+                "disable_any_whitespace": profile.compact_json,
+            }
         elif variant == "matched_length":
             args |= {"max_tokens": max(1, lengths[i]), "ignore_eos": True}
         params.append(SamplingParams(**args, seed=profile.seed + i))
@@ -179,9 +178,8 @@ def round_order(round_index: int) -> list[str]:
 
 @dataclass
 class StructuredDriver(ABDriver):
-    """The A/B driver on one warmed-up engine: a run is one LLM.generate over the prompts
-    with the variant's sampling params (matched_length: the last constrained run's lengths),
-    its record kept in `records`; a row is a variant's medians."""
+    """The A/B driver on one warmed-up engine: a run is one LLM.generate of the variant's
+    sampling params (matched_length: the last constrained run's lengths) kept in `records`."""
 
     llm: object = None
     profile: StructuredProfile | None = None
@@ -314,22 +312,15 @@ def measure_compile(manager, num_schemas: int, cached_repeats: int) -> dict:
         cached = [
             admission_ms(manager, f"cached-{index}-{k}", constraint) for k in range(cached_repeats)
         ]
-        grammars.append(
-            {
-                "kind": kind,
-                "name": name,
-                "grammar_chars": len(constraint.grammar_text),
-                "cold_ms": cold[0],
-                "cold_first_mask_ms": cold[1],
-                "cached_ms": [c[0] for c in cached],
-                "cached_first_mask_ms": [c[1] for c in cached],
-            }
-        )
+        grammar = {"kind": kind, "name": name, "grammar_chars": len(constraint.grammar_text)}
+        grammar |= {"cold_ms": cold[0], "cold_first_mask_ms": cold[1]}
+        grammar["cached_ms"] = [c[0] for c in cached]
+        grammar["cached_first_mask_ms"] = [c[1] for c in cached]
+        grammars.append(grammar)
     keys = ("cold_ms", "cold_first_mask_ms", "cached_ms", "cached_first_mask_ms")
     summary = {k: spread(np.ravel([g[k] for g in grammars]).tolist()) for k in keys}
-    cold = {}
-    for g in sorted(grammars, key=lambda g: g["kind"]):
-        cold.setdefault(g["kind"], []).append(g["cold_ms"])
+    kinds = sorted({g["kind"] for g in grammars})
+    cold = {k: [g["cold_ms"] for g in grammars if g["kind"] == k] for k in kinds}
     summary["by_kind"] = {k: {"count": len(ms), "cold_ms": spread(ms)} for k, ms in cold.items()}
     return {
         "tokenizer_build_s": round(tokenizer_s, 3),
@@ -387,10 +378,8 @@ def measure_mask_fill(make_manager, token_ids: list[list[int]], constraint, thre
                 masks.append(filled)
                 rejected += bad
     rows = [n for n, _ in steps]
-    speedup = {
-        s: fills[f"serial_{s}"]["total_s"] / fills[f"parallel_{s}"]["total_s"]
-        for s in ("cold", "warm")
-    }
+    total = {k: f["total_s"] for k, f in fills.items()}
+    speedup = {s: total[f"serial_{s}"] / total[f"parallel_{s}"] for s in ("cold", "warm")}
     return {
         "positions": len(rows),
         "rows": int(sum(rows)),
@@ -408,10 +397,7 @@ def run_structured(tokenizer, options: StructuredOptions) -> dict:
     import torch
 
     from services.common.structured_outputs import StructuredOutputsParams
-    from services.scheduler.structured_output_manager import (
-        StructuredOutputManager,
-        tokenizer_json_of,
-    )
+    from services.scheduler import structured_output_manager as som
 
     profile = options.profile
     prompts = person_prompts(tokenizer, profile.num_prompts)
@@ -427,11 +413,11 @@ def run_structured(tokenizer, options: StructuredOptions) -> dict:
         for other in ("unconstrained", "matched_length")
     }
     engine = llm.engine.scheduler.structured
+    args = (som.tokenizer_json_of(options.model), engine.vocab_size, engine.eos_token_ids)
 
     @contextlib.contextmanager
     def make_manager():
-        vocab, eos = engine.vocab_size, engine.eos_token_ids
-        manager = StructuredOutputManager(tokenizer_json_of(options.model), vocab, eos)
+        manager = som.StructuredOutputManager(*args)
         try:
             yield manager
         finally:
@@ -440,7 +426,7 @@ def run_structured(tokenizer, options: StructuredOptions) -> dict:
     with make_manager() as manager:
         compile_times = measure_compile(manager, profile.num_schemas, profile.cached_repeats)
     outputs = [c.token_ids for c in driver.constrained]
-    constraint = StructuredOutputsParams(**json_constraint(profile))
+    constraint = StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=profile.compact_json)
     return {
         "profile": asdict(profile),
         "schema": SCHEMA,
