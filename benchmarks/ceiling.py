@@ -14,7 +14,7 @@ from transformers import PretrainedConfig
 
 from benchmarks.workload import BenchRequest
 
-NUM_TOKENS, MIN_TIME_S = 256, 0.3  # the timed matmuls' rows; each shape's least time
+NUM_TOKENS, MIN_TIME_S = 256, 0.3  # rows of x (a batch like the engine's); time per shape
 
 
 @dataclass(frozen=True)
@@ -51,19 +51,6 @@ class ModelShapes:
         qkv = (self.num_heads + 2 * self.num_kv_heads) * d
         return [(h, qkv), (self.num_heads * d, h), (h, 2 * inter), (inter, h)]
 
-    @property
-    def linear_flops_per_token(self) -> int:
-        """2 * MACs of every decoder layer's projections (no LM head)."""
-        return 2 * self.num_layers * sum(i * o for i, o in self.layer_linears())
-
-    @property
-    def lm_head_flops(self) -> int:
-        return 2 * self.hidden_size * self.vocab_size
-
-    def attention_flops(self, context_len: int) -> int:
-        """QK^T and PV of one query token over ``context_len`` keys, all layers and heads."""
-        return 4 * self.num_layers * self.num_heads * self.head_dim * context_len
-
 
 @dataclass(frozen=True)
 class Ceiling:
@@ -76,21 +63,16 @@ class Ceiling:
 
 def measure_matmul_ceiling(shapes: ModelShapes, dtype: torch.dtype = torch.float32) -> Ceiling:
     """Median GFLOP/s of [NUM_TOKENS, in] @ [in, out] at each of the model's linear shapes."""
-    num_tokens = NUM_TOKENS  # a batch of tokens like the engine's
     linears = [(k, n, shapes.num_layers * k * n) for k, n in shapes.layer_linears()]
     linears.append((shapes.hidden_size, shapes.vocab_size, shapes.hidden_size * shapes.vocab_size))
     per_shape, seconds_per_flop = [], 0.0
     for k, n, weight in linears:
-        gflops = _time_matmul(num_tokens, k, n, dtype)
-        per_shape.append({"shape": f"{num_tokens}x{k}x{n}", "gflops": round(gflops, 1)})
-        seconds_per_flop += weight / (gflops * 1e9)
-    return Ceiling(
-        gflops=sum(w for _, _, w in linears) / seconds_per_flop / 1e9,
-        per_shape=per_shape,
-        num_tokens=num_tokens,
-        dtype=str(dtype).removeprefix("torch."),
-        threads=torch.get_num_threads(),
-    )
+        rate = _time_matmul(NUM_TOKENS, k, n, dtype)
+        per_shape.append({"shape": f"{NUM_TOKENS}x{k}x{n}", "gflops": round(rate, 1)})
+        seconds_per_flop += weight / (rate * 1e9)
+    gflops = sum(w for _, _, w in linears) / seconds_per_flop / 1e9
+    dtype_name, threads = str(dtype).removeprefix("torch."), torch.get_num_threads()
+    return Ceiling(gflops, per_shape, NUM_TOKENS, dtype_name, threads)
 
 
 def _time_matmul(m: int, k: int, n: int, dtype: torch.dtype) -> float:
@@ -117,17 +99,15 @@ def _time_matmul(m: int, k: int, n: int, dtype: torch.dtype) -> float:
 
 
 def workload_flops(shapes: ModelShapes, requests: list[BenchRequest]) -> dict[str, float]:
-    """FLOPs a workload needs with a KV cache and no padding: {"linear", "attention", "total"}."""
+    """FLOPs a workload needs with a KV cache and no padding: {"linear", "attention", "total"}:
+    the layers' projections for every token, the LM head for every output, QK^T and PV."""
+    per_token = 2 * shapes.num_layers * sum(i * o for i, o in shapes.layer_linears())
+    lm_head = 2 * shapes.hidden_size * shapes.vocab_size
+    per_key = 4 * shapes.num_layers * shapes.num_heads * shapes.head_dim
     linear = attention = 0.0
-    per_token, lm_head = shapes.linear_flops_per_token, shapes.lm_head_flops
     for request in requests:
         num_tokens = request.prompt_len + request.output_len
         linear += num_tokens * per_token + request.output_len * lm_head
         # token at position p attends to p + 1 keys: sum over p of (p + 1)
-        attention += shapes.attention_flops(1) * num_tokens * (num_tokens + 1) / 2
+        attention += per_key * num_tokens * (num_tokens + 1) / 2
     return {"linear": linear, "attention": attention, "total": linear + attention}
-
-
-def flop_bound_fraction(flops: float, elapsed_s: float, ceiling: Ceiling) -> float:
-    """The fraction of the matmul ceiling a run of ``elapsed_s`` reached on ``flops``."""
-    return flops / (ceiling.gflops * 1e9) / elapsed_s if elapsed_s > 0 else 0.0

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -64,16 +63,12 @@ def export_gguf(source: Path, dtype: str, out_dir: Path | None = None) -> Path:
     except (OSError, ValueError, KeyError):
         pass  # missing, unreadable or from another source: written again
     target.parent.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
-    os.close(fd)
+    start, tmp = time.perf_counter(), target.with_name(f".{target.name}.tmp-{os.getpid()}")
     try:
-        _write(source, Path(tmp_name), dtype, fingerprint)
-        os.chmod(tmp_name, 0o644)
-        os.replace(tmp_name, target)
+        _write(source, tmp, dtype, fingerprint)
+        tmp.replace(target)
     finally:
-        if os.path.exists(tmp_name):
-            os.unlink(tmp_name)
+        tmp.unlink(missing_ok=True)
     logger.info("wrote %s in %.1f s", target, time.perf_counter() - start)
     return target
 

@@ -1,12 +1,9 @@
-"""llama.cpp on the benchmark's workload: `pagestream bench throughput --llamacpp`.
+"""llama.cpp on the benchmark's workload (`pagestream bench throughput --llamacpp`): the same
+prompt ids and output lengths, greedy, pagestream's threads, from F32 / BF16 GGUF exports of
+the same weights, batched as llama.cpp's parallel decoding (n_seq_max sequences per context).
 
     runs, info = run_llamacpp_section(requests, LlamaCppOptions(model=...), check, runs)
-
-llama-cpp-python's low-level bindings run the same prompt ids and output lengths, greedy, with
-pagestream's threads, from F32 / BF16 GGUF exports (benchmarks/gguf_export.py), batching as
-llama.cpp's parallel decoding: up to n_seq_max sequences share a context, one decode token
-each plus prompt chunks within n_batch per `llama_decode`. Agreement with pagestream float32:
-a short check (check_prompts x check_tokens) and the whole timed workload."""
+"""
 
 from __future__ import annotations
 
@@ -23,9 +20,10 @@ from benchmarks.workload import BenchRequest
 
 logger = logging.getLogger(__name__)
 
-INSTALL_HINT = "pip install 'pagestream[bench]'"
+INSTALL_HINT = "pip install 'pagestream[bench]'"  # llama-cpp-python built from source
 KV_TYPES = {"F32": 0, "BF16": 30}  # ggml_type of the KV cache per weight dtype
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
+N_UBATCH, KV_UNIFIED = 512, False  # at most 512 tokens per ubatch; a KV stream per sequence
 PAGESTREAM_FP32 = "pagestream LLM.generate (float32)"
 PAGESTREAM_BF16 = "pagestream LLM.generate (bfloat16)"
 
@@ -35,18 +33,14 @@ class LlamaCppOptions:
     model: str  # the model name or path (its GGUF file is the export's source)
     dtypes: tuple[str, ...] = ("F32",)
     seqs: tuple[int, ...] = (32,)  # n_seq_max values to run; the ratios use the fastest
-    n_threads: int | None = None  # None: torch.get_num_threads(), pagestream's threads
     n_batch: int = 2048  # tokens per llama_decode
-    n_ubatch: int = 512
-    kv_unified: bool = False
-    # off: on the quick workload (2 threads, Zen 4) F32 ran ~20% faster than with auto
-    # (103-105 vs 85-88 output tok/s, 16 requests), BF16 the same either way (146 tok/s)
+    # off: F32 ran ~20% faster than auto on the quick workload (2 threads, Zen 4), BF16 the same
     flash_attn: str = "off"
     check_prompts: int = 4  # greedy agreement with pagestream float32: this many prompts
     check_tokens: int = 32  # of this many output tokens each
 
     def __post_init__(self) -> None:
-        for name in ("n_batch", "n_ubatch", "check_prompts", "check_tokens", "seqs"):
+        for name in ("n_batch", "check_prompts", "check_tokens", "seqs"):
             value = getattr(self, name)
             if min(value if name == "seqs" else [value], default=0) < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}.")
@@ -59,12 +53,9 @@ class LlamaCppOptions:
 def import_llama_cpp():
     try:
         import llama_cpp
+        from llama_cpp._logger import set_verbose
     except ImportError as exc:
-        raise RuntimeError(
-            f"--llamacpp needs llama-cpp-python (built from source): {INSTALL_HINT}"
-        ) from exc
-    from llama_cpp._logger import set_verbose
-
+        raise RuntimeError(f"--llamacpp needs llama-cpp-python: {INSTALL_HINT}") from exc
     set_verbose(logger.isEnabledFor(logging.DEBUG))  # llama.cpp's own log: errors only
     return llama_cpp
 
@@ -88,18 +79,17 @@ class LlamaCppEngine:
         import torch
 
         self.lib = lib = import_llama_cpp()
-        self.n_seq_max, self.n_batch = n_seq_max, options.n_batch
-        self.n_threads = options.n_threads or torch.get_num_threads()
+        self.n_seq_max, self.n_batch, self.num_steps = n_seq_max, options.n_batch, 0
+        self.n_threads = torch.get_num_threads()  # pagestream's
         lib.llama_backend_init()
-        self.model = lib.llama_model_load_from_file(
-            str(gguf_path).encode(), lib.llama_model_default_params()
-        )
+        path, params = str(gguf_path).encode(), lib.llama_context_default_params()
+        self.model = lib.llama_model_load_from_file(path, lib.llama_model_default_params())
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load {gguf_path}")
-        params = lib.llama_context_default_params()
         params.n_ctx = -(-max_len // 256) * 256 * n_seq_max  # a stream of max_len per seq
-        params.n_batch, params.n_ubatch = options.n_batch, min(options.n_ubatch, options.n_batch)
-        params.n_seq_max, params.kv_unified, params.no_perf = n_seq_max, options.kv_unified, True
+        self.n_ubatch = min(N_UBATCH, options.n_batch)
+        params.n_batch, params.n_ubatch = options.n_batch, self.n_ubatch
+        params.n_seq_max, params.kv_unified, params.no_perf = n_seq_max, KV_UNIFIED, True
         params.n_threads = params.n_threads_batch = self.n_threads
         params.type_k = params.type_v = KV_TYPES[dtype]
         params.flash_attn_type = FLASH_ATTN[options.flash_attn]
@@ -110,7 +100,6 @@ class LlamaCppEngine:
         self.memory = lib.llama_get_memory(self.ctx)
         self.n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self.model))
         self.batch = lib.llama_batch_init(options.n_batch, 0, 1)
-        self.num_steps = 0
 
     def __enter__(self) -> LlamaCppEngine:
         return self
@@ -194,8 +183,8 @@ def run_llamacpp(
         "n_seq_max": n_seq_max,
         "n_threads": engine.n_threads,
         "n_batch": options.n_batch,
-        "n_ubatch": min(options.n_ubatch, options.n_batch),
-        "kv_unified": options.kv_unified,
+        "n_ubatch": engine.n_ubatch,
+        "kv_unified": KV_UNIFIED,
         "kv_cache_dtype": dtype,
         "flash_attn": options.flash_attn,
         "num_steps": engine.num_steps,
@@ -247,7 +236,7 @@ def run_llamacpp_section(
         "source_gguf": source.name,
         "seqs": list(options.seqs),
         "n_batch": options.n_batch,
-        "kv_unified": options.kv_unified,
+        "kv_unified": KV_UNIFIED,
         "flash_attn": options.flash_attn,
         "runs": [r.name for r in runs],
     }

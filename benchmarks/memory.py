@@ -24,31 +24,23 @@ class MemoryOptions:
     sharing_width: int = 4
 
 
-def _warm_llm(options: MemoryOptions, prefix_caching: bool):
+def _warm_llm(options: MemoryOptions, cache: bool):
     from pagestream import SamplingParams
 
-    llm = make_llm(
-        options.model, "auto", options.kv_cache_memory, enable_prefix_caching=prefix_caching
-    )
+    llm = make_llm(options.model, "auto", options.kv_cache_memory, enable_prefix_caching=cache)
     llm.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(max_tokens=2), use_tqdm=False)
     return llm
 
 
-def drive(llm, prompts: list[dict], params: list) -> dict:
-    """Admit everything at once and step until done: elapsed, TTFTs, states, peak blocks."""
-    engine = llm.engine
-    sampler = KVUtilizationSampler(engine)
+def drive(llm, prompts: list[dict], params: list) -> tuple[float, list, int]:
+    """Admit everything at once and step until done: (seconds, request states, peak blocks)."""
+    engine, sampler = llm.engine, KVUtilizationSampler(llm.engine)
     start = time.perf_counter()
     states = [engine.add_request(None, p, sp) for p, sp in zip(prompts, params, strict=True)]
     with sampler.attached():
         while engine.has_unfinished_requests():
             engine.step()
-    return {
-        "elapsed_s": time.perf_counter() - start - sampler.overhead_s,
-        "ttfts": [s.first_token_time - s.arrival_time for s in states if s.first_token_time],
-        "states": states,
-        "peak_blocks": sampler.peak_pool_blocks,
-    }
+    return time.perf_counter() - start - sampler.overhead_s, states, sampler.peak_pool_blocks
 
 
 def prefix_caching(options: MemoryOptions, tokenizer) -> dict:
@@ -64,16 +56,17 @@ def prefix_caching(options: MemoryOptions, tokenizer) -> dict:
         "output_len": p.prefix_output_len,
     }
     for enabled in (False, True):
-        llm = _warm_llm(options, prefix_caching=enabled)
-        run = drive(llm, *greedy_inputs(requests))
-        result["on" if enabled else "off"] = {
-            "elapsed_s": round(run["elapsed_s"], 3),
-            "total_tokens_per_s": round(total_tokens / run["elapsed_s"], 2),
-            "ttft_mean_ms": round(statistics.fmean(run["ttfts"]) * 1e3, 1),
-            "ttft_p50_ms": round(statistics.median(run["ttfts"]) * 1e3, 1),
-            "cached_tokens": sum(s.num_cached_tokens for s in run["states"]),
-        }
+        llm = _warm_llm(options, cache=enabled)
+        elapsed, states, _ = drive(llm, *greedy_inputs(requests))
         del llm
+        ttfts = [s.first_token_time - s.arrival_time for s in states if s.first_token_time]
+        result["on" if enabled else "off"] = {
+            "elapsed_s": round(elapsed, 3),
+            "total_tokens_per_s": round(total_tokens / elapsed, 2),
+            "ttft_mean_ms": round(statistics.fmean(ttfts) * 1e3, 1),
+            "ttft_p50_ms": round(statistics.median(ttfts) * 1e3, 1),
+            "cached_tokens": sum(s.num_cached_tokens for s in states),
+        }
     off, on = result["off"], result["on"]
     result["speedup"] = round(on["total_tokens_per_s"] / off["total_tokens_per_s"], 2)
     result["ttft_ratio"] = round(on["ttft_mean_ms"] / off["ttft_mean_ms"], 3)
@@ -88,7 +81,7 @@ def sharing(options: MemoryOptions, requests: list[BenchRequest]) -> dict:
     chosen = requests[: options.profile.sharing_num_prompts]
     prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in chosen]
     repeated = [p for p in prompts for _ in range(width)]
-    llm = _warm_llm(options, prefix_caching=False)
+    llm = _warm_llm(options, cache=False)
     sample = SamplingParams(temperature=0.8, seed=0, max_tokens=length, ignore_eos=True)
     beam = SamplingParams(
         n=width, temperature=0.0, max_tokens=length, ignore_eos=True, use_beam_search=True
@@ -100,8 +93,8 @@ def sharing(options: MemoryOptions, requests: list[BenchRequest]) -> dict:
     }
     runs = {}
     for name, (case_prompts, params) in cases.items():
-        run = drive(llm, case_prompts, params)
-        runs[name] = {"peak_blocks": run["peak_blocks"], "elapsed_s": round(run["elapsed_s"], 3)}
+        elapsed, _, peak_blocks = drive(llm, case_prompts, params)
+        runs[name] = {"peak_blocks": peak_blocks, "elapsed_s": round(elapsed, 3)}
     independent = runs["independent"]["peak_blocks"]
     for name in ("parallel_sampling", "beam_search"):
         runs[name]["saving_vs_independent"] = round(1 - runs[name]["peak_blocks"] / independent, 3)
