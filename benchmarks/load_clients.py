@@ -46,21 +46,6 @@ class RequestRecord:
     def ok(self) -> bool:
         return self.error is None and self.output_tokens == self.expected_tokens
 
-    @property
-    def ttft(self) -> float | None:
-        return self.token_times[0] - self.sent if self.token_times else None
-
-    @property
-    def tpot(self) -> float | None:
-        """Mean time per output token after the first."""
-        if not self.token_times or self.output_tokens < 2:
-            return None
-        return (self.end - self.token_times[0]) / (self.output_tokens - 1)
-
-    @property
-    def itls(self) -> list[float]:
-        return [b - a for a, b in itertools.pairwise(self.token_times)]
-
 
 class _Client:
     """Sends a request (greedy, ignore_eos, unless `params` say otherwise; cancelled after
@@ -149,35 +134,24 @@ class GrpcClient(_Client):
             call.cancel()  # where the caller stopped reading (after the end: nothing to cancel)
 
 
-async def closed_loop(client, requests: list[BenchRequest], concurrency: int):
-    """(records in request order, seconds): ``concurrency`` senders take the requests in
-    order, each sending its next one when its last one has ended."""
-    records: list[RequestRecord | None] = [None] * len(requests)
-    queue = iter(enumerate(requests))
-
-    async def sender() -> None:
-        for index, request in queue:
-            records[index] = await client.send(request)
-
-    start = time.perf_counter()
-    await asyncio.gather(*(sender() for _ in range(concurrency)))
-    return records, time.perf_counter() - start
-
-
-async def poisson(client, requests: list[BenchRequest], rate: float, seed: int):
-    """(records, seconds): every request sent at its seeded Poisson arrival time (rate inf:
-    all at once, the server's saturated throughput)."""
+async def send_all(client, requests: list[BenchRequest], concurrency=0, rate=math.inf, seed=0):
+    """(records in request order, seconds): ``concurrency`` senders that each send their
+    next request when their last one has ended (a closed loop), or else every request at
+    its seeded Poisson arrival time (``rate`` inf: all at once, the saturated throughput)."""
     offsets = [0.0] * len(requests)
     if rate != math.inf:
         gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=len(requests))
         offsets = np.concatenate([[0.0], np.cumsum(gaps[1:])]).tolist()
+    records: list[RequestRecord | None] = [None] * len(requests)
+    queue = iter(enumerate(requests))
     start = time.perf_counter()
 
-    async def one(request: BenchRequest, offset: float) -> RequestRecord:
-        await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
-        return await client.send(request)
+    async def sender() -> None:
+        for index, request in queue:
+            await asyncio.sleep(max(0.0, start + offsets[index] - time.perf_counter()))
+            records[index] = await client.send(request)
 
-    records = await asyncio.gather(*(one(r, o) for r, o in zip(requests, offsets, strict=True)))
+    await asyncio.gather(*(sender() for _ in range(concurrency or len(requests))))
     return records, time.perf_counter() - start
 
 
@@ -190,6 +164,10 @@ def summarize(records: list[RequestRecord], duration_s: float, **percentile_opti
     ]
     output_tokens = sum(r.output_tokens for r in ok)
     ms = {"scale": 1e3, **percentile_options}
+    timed = [r for r in ok if r.token_times]
+    tpot = [
+        (r.end - r.token_times[0]) / (r.output_tokens - 1) for r in timed if r.output_tokens > 1
+    ]
     return {
         "num_requests": len(records),
         "completed": len(ok),
@@ -199,9 +177,11 @@ def summarize(records: list[RequestRecord], duration_s: float, **percentile_opti
         "requests_per_s": round(len(ok) / duration_s, 3),
         "output_tokens": output_tokens,
         "output_tokens_per_s": round(output_tokens / duration_s, 2),
-        "ttft_ms": percentiles((r.ttft for r in ok if r.ttft is not None), **ms),
-        "tpot_ms": percentiles((r.tpot for r in ok if r.tpot is not None), **ms),
-        "itl_ms": percentiles((gap for r in ok for gap in r.itls), **ms),
+        "ttft_ms": percentiles((r.token_times[0] - r.sent for r in timed), **ms),
+        "tpot_ms": percentiles(tpot, **ms),  # the mean time per output token after the first
+        "itl_ms": percentiles(
+            (b - a for r in ok for a, b in itertools.pairwise(r.token_times)), **ms
+        ),
     }
 
 

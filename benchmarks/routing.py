@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from benchmarks.load_clients import GrpcClient, ServerProcess, closed_loop, figure, summarize
+from benchmarks.load_clients import GrpcClient, ServerProcess, figure, send_all, summarize
 from benchmarks.results import percentiles, rotated
 from benchmarks.workload import BenchRequest, CorpusSource, totals
 
@@ -60,6 +60,7 @@ ROUTING_PROFILES = {
         "full", 16, 8, 1024, 32, 64, concurrency=8, kv_conversations=10, rounds=3
     ),
 }
+COUNTERS = {f"pagestream:prefix_cache_{key}_total": key for key in ("queries", "hits")}
 # summarize_policies' figures: (its name, where a run has it)
 SUMMARY_FIELDS = {"hit_rate": "hit_rate"}
 SUMMARY_FIELDS |= {
@@ -155,7 +156,7 @@ def run_routing(tokenizer, options: RoutingOptions) -> dict:
     runs = []
     for round_index in range(rounds):
         for policy in rotated(POLICIES, round_index):
-            run = _run_policy(options, policy, requests, kv, concurrency)
+            run = asyncio.run(_run_policy(options, policy, requests, kv, concurrency))
             runs.append({**run, "round": round_index})
     workload = {k: v for k, v in asdict(profile).items() if k not in ("name", "kv_conversations")}
     return {
@@ -180,16 +181,27 @@ def run_routing(tokenizer, options: RoutingOptions) -> dict:
     }
 
 
-def _run_policy(options: RoutingOptions, policy: str, requests, kv, concurrency: int) -> dict:
+async def _run_policy(options: RoutingOptions, policy: str, requests, kv, concurrency: int):
+    """A fresh `serve -dp 2` under `policy`: two short requests at once (one per replica
+    under every policy; shorter than a block, they leave no prefix cached), the metrics,
+    the closed loop, the metrics again."""
     flags = ("--data-parallel-size", str(DATA_PARALLEL_SIZE), "--router-policy", policy)
     flags += ("--kv-cache-memory", str(kv), "--dtype", "float32")
     threads = str(options.threads_per_replica)
     env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     start = time.perf_counter()
     with ServerProcess(options.model, engine_flags=flags, env=env) as server:
-        startup_s = time.perf_counter() - start
-        load = os.getloadavg()[0]
-        run = asyncio.run(_drive(server, requests, concurrency))
+        startup_s, load = time.perf_counter() - start, os.getloadavg()[0]
+        async with GrpcClient(server.grpc_address) as client:
+            warm = BenchRequest(requests[0].prompt_token_ids[-(BLOCK_SIZE // 2) :], 4)
+            for record in await asyncio.gather(client.send(warm), client.send(warm)):
+                if not record.ok:
+                    raise RuntimeError(f"warm-up failed: {record.error}")
+            before = await asyncio.to_thread(read_metrics, server.url)
+            records, duration = await send_all(client, requests, concurrency)
+            after = await asyncio.to_thread(read_metrics, server.url)
+    e2e = percentiles((r.end - r.sent for r in records if r.ok), scale=1e3)
+    run = {**summarize(records, duration), "e2e_ms": e2e, **cache_deltas(before, after)}
     logger.info(
         "%s: hit rate %.3f, requests per engine %s, TTFT p50 %s ms, %.1f output tok/s",
         *(policy, run["hit_rate"], [e["requests"] for e in run["engines"].values()]),
@@ -201,21 +213,6 @@ def _run_policy(options: RoutingOptions, policy: str, requests, kv, concurrency:
         "startup_s": round(startup_s, 1),
         "load_average": round(load, 2),
     }
-
-
-async def _drive(server: ServerProcess, requests: list[BenchRequest], concurrency: int) -> dict:
-    """Two short requests at once (one per replica under every policy; shorter than a block,
-    they leave no prefix cached), the metrics, the closed loop, the metrics again."""
-    async with GrpcClient(server.grpc_address) as client:
-        warm = BenchRequest(requests[0].prompt_token_ids[-(BLOCK_SIZE // 2) :], 4)
-        for record in await asyncio.gather(client.send(warm), client.send(warm)):
-            if not record.ok:
-                raise RuntimeError(f"warm-up failed: {record.error}")
-        before = await asyncio.to_thread(read_metrics, server.url)
-        records, duration = await closed_loop(client, requests, concurrency)
-        after = await asyncio.to_thread(read_metrics, server.url)
-    e2e = percentiles((r.end - r.sent for r in records if r.ok), scale=1e3)
-    return {**summarize(records, duration), "e2e_ms": e2e, **cache_deltas(before, after)}
 
 
 def read_metrics(base_url: str) -> dict[str, dict]:
@@ -230,10 +227,8 @@ def read_metrics(base_url: str) -> dict[str, dict]:
             if (engine := sample.labels.get("engine")) is None:
                 continue
             entry = engines.setdefault(engine, {"queries": 0, "hits": 0, "reasons": {}})
-            if sample.name == "pagestream:prefix_cache_queries_total":
-                entry["queries"] = int(sample.value)
-            elif sample.name == "pagestream:prefix_cache_hits_total":
-                entry["hits"] = int(sample.value)
+            if key := COUNTERS.get(sample.name):
+                entry[key] = int(sample.value)
             elif sample.name == "pagestream:router_requests_total":
                 entry["reasons"][sample.labels["reason"]] = int(sample.value)
     return engines

@@ -28,12 +28,12 @@ from benchmarks.load_clients import (
     ChildServer,
     HttpClient,
     ServerProcess,
-    closed_loop,
     descendants,
     figure,
     free_port,
     http_healthy,
     proc_stat,
+    send_all,
     summarize,
 )
 from benchmarks.results import ratio
@@ -59,7 +59,6 @@ class ServePeerOptions:
     output_len: int = 128
     layouts: tuple[str, ...] = ("engine-core-process",)  # + "single-process"
     llama_server: str | None = None
-    offline: bool = True
     rounds: int = 3
     seed: int = 0
     engine_flags: tuple[str, ...] = ("--kv-cache-memory", "2GiB")
@@ -94,7 +93,7 @@ def timed_level(url: str, requests, concurrency: int, roles: dict[str, list[int]
     async def load():
         async with HttpClient(url, max_retries=2) as client:
             await client.send(BenchRequest(requests[0].prompt_token_ids, 4))
-            return await closed_loop(client, requests, concurrency)
+            return await send_all(client, requests, concurrency)
 
     def cpu() -> dict[str, float]:
         own = {role: sum(map(cpu_seconds, pids)) for role, pids in roles.items()}
@@ -217,11 +216,7 @@ def run_serve_peer(options: ServePeerOptions, vocab_size: int) -> dict:
             for n, layout in zip(names, options.layouts, strict=False)
         }
         spawn = multiprocessing.get_context("spawn")
-        offline = (
-            stack.enter_context(ProcessPoolExecutor(1, mp_context=spawn))
-            if options.offline
-            else None
-        )
+        offline = stack.enter_context(ProcessPoolExecutor(1, mp_context=spawn))
         for concurrency, count in counts.items():
             with LlamaServer(binary, gguf, concurrency, options) as peer:
                 for _ in range(options.rounds):
@@ -230,11 +225,10 @@ def run_serve_peer(options: ServePeerOptions, vocab_size: int) -> dict:
                         name: timed_level(server.url, requests, concurrency, _roles(server))
                         for name, server in {**servers, "llama-server": peer}.items()
                     }
-                    if offline is not None:
-                        prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
-                        job = (*served_model(options), options.output_len, concurrency, prompts)
-                        tok_s = offline.submit(offline_tok_s, *job).result()
-                        results["offline"] = {"output_tokens_per_s": tok_s}
+                    prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
+                    job = (*served_model(options), options.output_len, concurrency, prompts)
+                    tok_s = offline.submit(offline_tok_s, *job).result()
+                    results["offline"] = {"output_tokens_per_s": tok_s}
                     for name, result in results.items():
                         runs[name].setdefault(str(concurrency), []).append(result)
                         logger.info("%s c=%d: %s", name, concurrency, _brief(result))
@@ -245,15 +239,14 @@ def run_serve_peer(options: ServePeerOptions, vocab_size: int) -> dict:
         "requests_per_level": {str(c): n for c, n in counts.items()},
         "llama_server": {"version": llama_server_version(binary), "gguf": gguf.name},
         "servers": {name: {c: median_run(r) for c, r in runs[name].items()} for name in names},
+        "offline": {c: median_run(r) for c, r in runs["offline"].items()},
     }
-    if options.offline:
-        part["offline"] = {c: median_run(r) for c, r in runs["offline"].items()}
     part["ratios"] = ratios(part, names[0])
     return part
 
 
 def _roles(server: ChildServer) -> dict[str, list[int]]:
-    """Whose CPU time counts: pagestream's frontend and, below it, the engine core."""
+    """Whose CPU time counts: llama-server's, or pagestream's frontend and engine core."""
     pid = server.process.pid
     if isinstance(server, LlamaServer):
         return {"server": [pid]}

@@ -12,7 +12,7 @@ import logging
 import math
 from dataclasses import dataclass
 
-from benchmarks.load_clients import ServerProcess, figure, poisson, summarize
+from benchmarks.load_clients import ServerProcess, figure, send_all, summarize
 from benchmarks.results import median, ratio
 from benchmarks.workload import BenchRequest, totals
 
@@ -46,7 +46,7 @@ def _load_runs(server: ServerProcess, transports, requests, rates, seed, **tags)
         async with server.client(transport) as client:
             await client.send(requests[0])  # first-request costs
             for rate in rates:
-                records, duration = await poisson(client, requests, rate, seed)
+                records, duration = await send_all(client, requests, rate=rate, seed=seed)
                 run = {"rate": "inf" if rate == INF else rate, **summarize(records, duration)}
                 found.append({**run, "transport": client.name, "deployment": deployment, **tags})
                 logger.info(

@@ -1,7 +1,7 @@
 """bench serve --peer: the summaries, the median round, the ratios, the report section and
 the prompts (distinct, seeded, clear of special ids) -- without starting any server."""
 
-from benchmarks.load_clients import RequestRecord
+from benchmarks.load_clients import RequestRecord, summarize
 from benchmarks.reports import SERVE_PEER
 from benchmarks.serve_peer import (
     ServePeerOptions,
@@ -10,7 +10,6 @@ from benchmarks.serve_peer import (
     ratios,
     requests_per_level,
 )
-from benchmarks.serving import summarize
 
 OPTIONS = ServePeerOptions(model="m", folder="f", prompt_len=16, output_len=4)
 
