@@ -121,21 +121,6 @@ def encoder_folder(name: str) -> Path:
     return out
 
 
-def encoder_gguf(folder: Path) -> Path:
-    """The folder's F32 GGUF file by llama.cpp's own converter ($LLAMA_CPP_DIR), made once."""
-    from benchmarks.full_size import converter_command
-
-    out = folder.with_name(f"{folder.name}.f32.gguf")
-    if not out.is_file():
-        tmp = out.with_name(out.name + ".tmp")
-        command = converter_command(folder, tmp, "f32", "bert-bge")
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode:
-            raise RuntimeError(f"convert_hf_to_gguf.py failed: {done.stderr[-2000:]}")
-        tmp.rename(out)
-    return out
-
-
 class EmbeddingServer(LlamaServer):
     """llama-server --embedding: `slots` slots of 512 positions, on pagestream's threads."""
 
@@ -164,15 +149,25 @@ def llama_embed(url: str, texts: list[str], clients: int) -> np.ndarray:
 
 
 def llama_setup(folder: Path, options: EncoderOptions) -> dict:
-    """The GGUF file and llama-server, checked on one input; {"error": ...} where either
-    fails (with what llama-server printed, where it did not start)."""
+    """The folder's F32 GGUF file by llama.cpp's own converter ($LLAMA_CPP_DIR; made once) and
+    llama-server, checked on one input; {"error": ...} where either fails (with what
+    llama-server printed, where it did not start)."""
+    from benchmarks.full_size import converter_command
     from benchmarks.serve_peer import llama_server_binary, llama_server_version
 
     if not options.llamacpp:
         return {"error": "not run (--no-llamacpp)"}
+    gguf = folder.with_name(f"{folder.name}.f32.gguf")
     try:
         binary = llama_server_binary(options)
-        with (server := EmbeddingServer(binary, encoder_gguf(folder), 1, None)):
+        if not gguf.is_file():
+            tmp = gguf.with_name(gguf.name + ".tmp")
+            command = converter_command(folder, tmp, "f32", "bert-bge")
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode:
+                raise RuntimeError(f"convert_hf_to_gguf.py failed: {done.stderr[-2000:]}")
+            tmp.rename(gguf)
+        with (server := EmbeddingServer(binary, gguf, 1, None)):
             llama_embed(server.url, ["a check"], 1)
     except (OSError, RuntimeError, TimeoutError) as exc:
         error = f"{type(exc).__name__}: {exc}"
@@ -198,37 +193,36 @@ def llama_engine(llama: dict, size: int):
         yield functools.partial(llama_embed, server.url, clients=size), "F32 GGUF", "none"
 
 
-def run_encoder(name: str, options: EncoderOptions) -> dict:
-    """One shape, every configuration over the rounds."""
+def run_encoders(options: EncoderOptions) -> dict:
+    """Every shape, every configuration over the rounds."""
+    import torch
     from transformers import AutoTokenizer
 
-    profile, folder = options.profile, encoder_folder(name)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    shapes = Profile("embed", profile.num_inputs, 0, 126, (14, 254))  # + [CLS] and [SEP]
-    requests = make_workload(tokenizer, shapes).requests
-    texts = [tokenizer.decode(r.prompt_token_ids).lstrip("# ") for r in requests]  # no ##x first
-    token_ids = tokenizer(texts).input_ids
-    llama = llama_setup(folder, options)
-    ours = {"model": str(folder), "kv_cache_memory": options.kv_cache_memory}
-    clients = () if "error" in llama else profile.concurrencies
-    configs = [
-        engine("pagestream float32", pagestream_engine, None, True, **ours),
-        engine("pagestream dtype auto", pagestream_engine, None, True, dtype="auto", **ours),
-        *per_size(ST + ", batch {}", st_engine, "st", profile.hf_batch_sizes, folder=folder),
-        *per_size(LLAMA, llama_engine, "llama", clients, llama=llama),
-    ]
-    runs = drive(profile, texts, configs, ("st", "llama"), warm=WARM_UP, tokens=token_ids)
-    shape, stats = ENCODER_SHAPES[name]._asdict(), input_stats(token_ids)
-    return {"shape": name, **shape, "inputs": stats, "llama_server": llama, "runs": runs}
-
-
-def run_encoders(options: EncoderOptions) -> dict:
-    import torch
-
+    profile, threads, shapes = options.profile, torch.get_num_threads(), []
+    for name in options.shapes:
+        folder = encoder_folder(name)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        lengths = Profile("embed", profile.num_inputs, 0, 126, (14, 254))  # + [CLS], [SEP]
+        requests = make_workload(tokenizer, lengths).requests
+        texts = [tokenizer.decode(r.prompt_token_ids).lstrip("# ") for r in requests]  # no ##x
+        token_ids = tokenizer(texts).input_ids
+        llama = llama_setup(folder, options)
+        ours = {"model": str(folder), "kv_cache_memory": options.kv_cache_memory}
+        clients = () if "error" in llama else profile.concurrencies
+        configs = [
+            engine("pagestream float32", pagestream_engine, None, True, **ours),
+            engine("pagestream dtype auto", pagestream_engine, None, True, dtype="auto", **ours),
+            *per_size(ST + ", batch {}", st_engine, "st", profile.hf_batch_sizes, folder=folder),
+            *per_size(LLAMA, llama_engine, "llama", clients, llama=llama),
+        ]
+        runs = drive(profile, texts, configs, ("st", "llama"), warm=WARM_UP, tokens=token_ids)
+        stats = input_stats(token_ids)
+        shape = {"shape": name, **ENCODER_SHAPES[name]._asdict(), "inputs": stats}
+        shapes.append({**shape, "llama_server": llama, "runs": runs})
     return {
-        "profile": options.profile.name,
-        "rounds": options.profile.rounds,
-        "threads": torch.get_num_threads(),
-        "single_inputs": options.profile.single_inputs,
-        "shapes": [run_encoder(name, options) for name in options.shapes],
+        "profile": profile.name,
+        "rounds": profile.rounds,
+        "threads": threads,
+        "single_inputs": profile.single_inputs,
+        "shapes": shapes,
     }

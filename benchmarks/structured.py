@@ -19,7 +19,7 @@ from benchmarks.ab_driver import ABDriver
 from benchmarks.ab_workload import ABWorkload
 from benchmarks.embeddings import seconds
 from benchmarks.offline import make_llm, timed_generate
-from benchmarks.results import percentiles, rotated
+from benchmarks.results import percentiles
 from benchmarks.step_recorder import StepRecorder, summarize_steps
 from benchmarks.variant import Variant
 
@@ -169,11 +169,6 @@ def timed_grammar(manager):
         yield totals
     finally:
         del manager.masks, manager.accept  # back to the class's methods
-
-
-def round_order(round_index: int) -> list[str]:
-    """VARIANTS in a round's order: matched_length never before the first json_schema run."""
-    return rotated(VARIANTS, round_index)
 
 
 @dataclass

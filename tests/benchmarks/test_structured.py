@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.reports import STRUCTURED
+from benchmarks.results import rotated
 from benchmarks.structured import (
     FILLS,
     LARK,
     REGEXES,
     STRUCTURED_PROFILES,
     VARIANTS,
-    round_order,
     valid_record,
 )
 from tests.benchmarks.bench import bench, report
@@ -29,6 +29,11 @@ def structured_run(model_dir, tmp_path_factory):
     argv = ["structured", "--profile", "smoke", "--model", str(model_dir("llama"))]
     results = bench(docs, *argv, times=2)  # a second run replaces the section
     return docs, results
+
+
+def round_order(round_index: int) -> list[str]:
+    """VARIANTS in the A/B driver's order of a round (it rotates them each round)."""
+    return rotated(VARIANTS, round_index)
 
 
 def test_round_order_runs_matched_length_after_a_constrained_run():
