@@ -1,11 +1,8 @@
 """Serving side by side with llama.cpp's server: `pagestream bench serve --peer llamacpp`.
 
-At each concurrency C, C clients send requests back to back (closed loop, guidellm's
-"concurrent" profile) to `pagestream serve` in each layout, to `llama-server -np C` on the
-BF16 GGUF of the same weights (or both on a given .gguf file as it is), and to
-`LLM.generate` with max_num_seqs=C (served / offline); every prompt is distinct (no prefix
-hits). Each level runs `rounds` times, all of them back to back on fresh prompts, and
-reports the median round: output tok/s, TTFT and ITL, and each process's CPU per token."""
+At each concurrency C, C closed-loop clients against `pagestream serve` (each layout),
+`llama-server -np C` on the same weights and offline `LLM.generate`, back to back on fresh
+distinct prompts each round; the median round's tok/s, TTFT, ITL and CPU per token."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Online serving: Poisson arrivals against a running `pagestream serve`, over HTTP and gRPC.
-
-Per request rate (inf: all at once), TTFT, TPOT and ITL (p50 / p99, ms), output throughput
-and failures, with prefix caching off (every run sends the same prompts); the same runs
-against `--split-services` give the cost of the split as ratios. Also async scheduling on
-vs off (run_async_serving)."""
+"""Online serving: Poisson arrivals against a running `pagestream serve`, over HTTP and gRPC,
+per request rate (inf: all at once), against one process and `--split-services`; and async
+scheduling on vs off (run_async_serving). Prefix caching off: every run sends the same prompts."""
 
 from __future__ import annotations
 
@@ -121,8 +118,9 @@ def run_async_serving(requests: list[BenchRequest], options: AsyncServingOptions
             for round_index in range(options.rounds):
                 for on, server in servers.items():
                     tags = {"async_scheduling": on, "round": round_index}
-                    transports = (options.transport,)
-                    runs += _load_runs(server, transports, requests, rates, options.seed, **tags)
+                    runs += _load_runs(
+                        server, (options.transport,), requests, rates, options.seed, **tags
+                    )
     return {
         "runs": runs,
         "ratios": async_ratios(runs),
@@ -147,12 +145,8 @@ def async_ratios(runs: list[dict]) -> list[dict]:
         entry = {"deployment": deployment, "rate": rate, "rounds": len(rounds)}
         for name, key, best in METRICS:
             mine, theirs = ([figure(m[i], key) for i in rounds] for m in (on, off))
-            entry[name] = median([ratio(a, b) for a, b in zip(mine, theirs, strict=True)])
-            entry[f"{name}_best"] = ratio(_best(mine, best), _best(theirs, best))
+            entry[name] = median(map(ratio, mine, theirs))
+            bests = (best((v for v in vs if v is not None), default=None) for vs in (mine, theirs))
+            entry[f"{name}_best"] = ratio(*bests)
         ratios.append(entry)
     return ratios
-
-
-def _best(values: list[float | None], best) -> float | None:
-    present = [v for v in values if v is not None]
-    return best(present) if present else None
