@@ -1,7 +1,5 @@
-"""The machine's matmul ceiling at the model's linear shapes, and the FLOPs a workload needs.
-
-A run is stated as a fraction of the FLOP-bound time: workload FLOPs over the FLOP-weighted
-median ``x @ W^T`` throughput of one decoder layer's projections and the LM head."""
+"""The machine's matmul ceiling at the model's linear shapes (FLOP-weighted median GFLOP/s of
+one layer's projections and the LM head), and the FLOPs a workload needs."""
 
 from __future__ import annotations
 

@@ -2,10 +2,8 @@
 
     f32 = export_gguf(source_gguf("smollm2-135m-instruct"), "F32")  # ...Q4_1.F32.gguf
 
-Metadata and tensor names are copied unchanged (but `general.file_type`); every tensor is
-dequantized to F32, or for BF16 a matrix rounded to bf16 as torch casts (1-D norms stay F32,
-as llama.cpp's converter keeps them). `pagestream.source` records the source's name and size:
-a stale export is redone. Models given as HF folders are not supported."""
+Metadata and tensor names as in the source; BF16 rounds matrices as torch casts, norms stay
+F32 (as llama.cpp's converter). `pagestream.source` (name:size) marks a stale export."""
 
 from __future__ import annotations
 

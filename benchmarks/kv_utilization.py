@@ -1,8 +1,6 @@
-"""KV-cache utilisation sampled after every engine step, against preallocating baselines.
-
-Used slots: every distinct block a live request holds; real slots: the tokens in them. The
-baselines reserve ``max_model_len`` ("max") or ``prompt + output`` ("oracle") slots per live
-request, as the PagedAttention paper's Orca (Max / Oracle)."""
+"""KV-cache utilisation after every engine step: real tokens over the slots of held blocks, and
+over preallocating ``max_model_len`` ("max") or ``prompt + output`` ("oracle") slots per live
+request (the PagedAttention paper's Orca Max / Oracle)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""llama.cpp on the benchmark's workload (`pagestream bench throughput --llamacpp`): the same
-prompt ids and output lengths, greedy, pagestream's threads, from F32 / BF16 GGUF exports of
-the same weights, batched as llama.cpp's parallel decoding (n_seq_max sequences per context).
+"""llama.cpp on the workload (`pagestream bench throughput --llamacpp`): the same requests,
+greedy, from F32 / BF16 GGUF exports, batched as llama.cpp's parallel decoding.
 
     runs, info = run_llamacpp_section(requests, LlamaCppOptions(model=...), check, runs)
 """
@@ -139,26 +138,22 @@ class LlamaCppEngine:
     def _fill_batch(self, running: dict[int, _Sequence]) -> list[tuple[int, int]]:
         """Decode tokens of every decoding sequence, then prompt chunks within n_batch;
         returns (batch row, slot) of the rows whose logits are read."""
-        entries, rows = [], []  # (token, position, slot, logits) per batch row
+        entries = []  # (token, position, slot, whether its logits are read) per batch row
         for slot, seq in running.items():
             if seq.num_fed == seq.request.prompt_len:
-                rows.append((len(entries), slot))
                 position = seq.request.prompt_len + len(seq.output) - 1
                 entries.append((seq.output[-1], position, slot, True))
-        for slot, seq in running.items():
-            take = min(seq.request.prompt_len - seq.num_fed, self.n_batch - len(entries))
-            positions = range(seq.num_fed, seq.num_fed + max(take, 0))
-            entries += [(seq.request.prompt_token_ids[p], p, slot, False) for p in positions]
-            seq.num_fed += len(positions)
-            if positions and seq.num_fed == seq.request.prompt_len:  # the first output's row
-                entries[-1] = (*entries[-1][:3], True)
-                rows.append((len(entries) - 1, slot))
+        for slot, seq in running.items():  # a prompt's last token gives the first output
+            ids, room = seq.request.prompt_token_ids, self.n_batch - len(entries)
+            fed = range(seq.num_fed, seq.num_fed + max(0, min(len(ids) - seq.num_fed, room)))
+            entries += [(ids[p], p, slot, p == len(ids) - 1) for p in fed]
+            seq.num_fed += len(fed)
         batch = self.batch
         for row, (token, position, slot, logits) in enumerate(entries):
             batch.token[row], batch.pos[row], batch.logits[row] = token, position, logits
             batch.n_seq_id[row], batch.seq_id[row][0] = 1, slot
         batch.n_tokens = len(entries)
-        return rows
+        return [(row, entry[2]) for row, entry in enumerate(entries) if entry[3]]
 
     def warm_up(self, request: BenchRequest) -> None:
         short = BenchRequest(list(request.prompt_token_ids[:16]), 4)

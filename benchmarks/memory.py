@@ -1,9 +1,6 @@
-"""Memory: KV-cache utilisation, prefix caching on / off, and sharing (n = 4, beam width 4).
-
-KV utilisation: pagestream's run over the workload sampled every step (kv_utilization.py).
-Prefix caching: requests sharing one system prompt, all admitted at once, with the cache on and
-off (TTFT from admission, throughput). Sharing: peak KV blocks of n = 4 sampling and beam
-search against the same work as independent requests, with the prefix cache off."""
+"""Memory: KV-cache utilisation (kv_utilization.py), prefix caching on / off (TTFT from
+admission, throughput) on a shared system prompt, and the peak KV blocks of n = 4 sampling and
+beam width 4 against the same work as independent requests (prefix cache off)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Offline throughput: pagestream ``LLM.generate`` against HF transformers on one workload.
-
-Every engine runs the same prompt ids and output lengths, no early stop, one after another:
-pagestream (each dtype asked); HF ``generate`` in static left-padded batches (a batch runs to
-its longest request; only each request's own length counts) and HF's continuous batching
-(``generate_batch``'s manager); llama.cpp when asked (llamacpp.py); plus the matmul ceiling
-at the model's shapes and each run's fraction of it (ceiling.py)."""
+"""Offline throughput: pagestream ``LLM.generate`` against HF ``generate`` (static padded
+batches), HF continuous batching and, when asked, llama.cpp, on the same prompt ids and output
+lengths (no early stop), with each run's fraction of the matmul ceiling (ceiling.py)."""
 
 from __future__ import annotations
 
