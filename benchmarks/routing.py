@@ -204,8 +204,11 @@ async def _run_policy(options: RoutingOptions, policy: str, requests, kv, concur
     run = {**summarize(records, duration), "e2e_ms": e2e, **cache_deltas(before, after)}
     logger.info(
         "%s: hit rate %.3f, requests per engine %s, TTFT p50 %s ms, %.1f output tok/s",
-        *(policy, run["hit_rate"], [e["requests"] for e in run["engines"].values()]),
-        *(run["ttft_ms"]["p50"], run["output_tokens_per_s"]),
+        policy,
+        run["hit_rate"],
+        [e["requests"] for e in run["engines"].values()],
+        run["ttft_ms"]["p50"],
+        run["output_tokens_per_s"],
     )
     return {
         "policy": policy,

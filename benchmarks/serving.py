@@ -48,8 +48,11 @@ def _load_runs(server: ServerProcess, transports, requests, rates, seed, **tags)
                 found.append({**run, "transport": client.name, "deployment": deployment, **tags})
                 logger.info(
                     "%s rate %s: %.1f output tok/s, TTFT p50 %s ms, %d failures",
-                    *(client.name, run["rate"], run["output_tokens_per_s"]),
-                    *(run["ttft_ms"]["p50"], run["failures"]),
+                    client.name,
+                    run["rate"],
+                    run["output_tokens_per_s"],
+                    run["ttft_ms"]["p50"],
+                    run["failures"],
                 )
         return found
 
