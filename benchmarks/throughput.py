@@ -137,16 +137,12 @@ def _hf_continuous(model, requests: list[BenchRequest]) -> RunResult:
                 )
             while len(results) < len(requests):
                 if time.perf_counter() > start + CB_TIMEOUT_S:
-                    raise TimeoutError(
-                        f"HF continuous batching finished {len(results)}/{len(requests)}"
-                    )
+                    raise TimeoutError("HF continuous batching timed out")
                 result = manager.get_result(timeout=1)
                 if result is not None and result.is_finished():
                     results[result.request_id] = result
                 elif result is None and not manager.is_running():
-                    raise RuntimeError(
-                        "HF continuous batching stopped before finishing every request"
-                    )
+                    raise RuntimeError("HF continuous batching stopped early")
             elapsed = time.perf_counter() - start
     finally:
         cb_logger.setLevel(level)
