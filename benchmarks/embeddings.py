@@ -17,10 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from benchmarks.ab_driver import ABDriver
-from benchmarks.ab_workload import ABWorkload
+from benchmarks.ab_driver import ABDriver, ABWorkload, Variant
 from benchmarks.results import median, ratio
-from benchmarks.variant import Variant
 from benchmarks.workload import Profile, make_workload
 
 HF = "HF AutoModel float32"

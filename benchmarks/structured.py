@@ -15,13 +15,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from benchmarks.ab_driver import ABDriver
-from benchmarks.ab_workload import ABWorkload
+from benchmarks.ab_driver import ABDriver, ABWorkload, Variant
 from benchmarks.embeddings import seconds
 from benchmarks.offline import make_llm, timed_generate
 from benchmarks.results import percentiles
 from benchmarks.step_recorder import StepRecorder, summarize_steps
-from benchmarks.variant import Variant
 
 VARIANTS = ("unconstrained", "json_schema", "matched_length")
 SCHEMA = {

@@ -1,3 +1,0 @@
-"""ABWorkload: one workload of an A/B benchmark, defined in benchmarks/ab_driver.py."""
-
-from benchmarks.ab_driver import ABWorkload as ABWorkload
