@@ -24,20 +24,13 @@ _SKIPPED_KEYS = ("general.architecture", "general.file_type", SOURCE_KEY)
 def source_gguf(model: str | os.PathLike[str]) -> Path:
     """The GGUF file a model name stands for (an alias, a .gguf file, or a folder holding
     exactly one); ValueError for a model that does not come from a GGUF file."""
-    from services.common.model_source import MODEL_ALIASES, alias_gguf_candidates
+    from services.common.model_source import MODEL_ALIASES, gguf_source
 
     name = str(model)
-    if name.lower() in MODEL_ALIASES:
-        found = [p for p in alias_gguf_candidates(name.lower()) if p.is_file()]
-        if found:
-            return found[0]
-        raise ValueError(f"the GGUF file of {name!r} was not found; run `make setup`.")
-    path = Path(name).expanduser()
-    if path.is_file() and path.suffix.lower() == ".gguf":
+    if (path := gguf_source(name)) is not None:
         return path
-    ggufs = sorted(path.glob("*.gguf")) if path.is_dir() else []
-    if len(ggufs) == 1 and not (path / "config.json").is_file():
-        return ggufs[0]
+    if name.lower() in MODEL_ALIASES:
+        raise ValueError(f"the GGUF file of {name!r} was not found; run `make setup`.")
     raise ValueError(
         f"{name!r} is not a GGUF model: the llama.cpp comparison exports F32 / BF16 GGUF "
         "files only from a model pagestream loads from a .gguf file (not from HF folders)."
