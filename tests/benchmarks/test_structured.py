@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks.grammar_timing import FILLS, LARK, REGEXES
 from benchmarks.reports import STRUCTURED
 from benchmarks.results import rotated
 from benchmarks.structured import (
-    FILLS,
-    LARK,
-    REGEXES,
     STRUCTURED_PROFILES,
     VARIANTS,
     valid_record,
