@@ -208,7 +208,7 @@ class AsyncEngineCore:
             if client_id not in self._queues:
                 continue  # gone: disconnect() aborted what it had
             if isinstance(item, list):
-                self.core.abort_requests(self._owned(client_id, item))
+                self.core.abort_requests(item, client_id)
                 continue
             try:
                 self.core.add_request(item, client_id)
@@ -217,26 +217,6 @@ class AsyncEngineCore:
             except Exception as exc:  # a bug admitting it: this request fails, not the loop
                 logger.exception("admitting %s failed", item.request_id)
                 self._route({client_id: refusal(item.request_id, exc, "internal")})
-
-    def _owned(self, client_id: int, request_ids: list[str]) -> list[str]:
-        """Those of `request_ids` (request or group ids) that are `client_id`'s: ids are
-        one namespace across clients, and a client aborts only its own requests (one whose
-        add was refused as "already in use" must not end the other client's)."""
-        scheduler = self.core.scheduler
-        ids = set(request_ids)
-        owned = {
-            rid
-            for r in scheduler.requests.values()
-            if r.client_id == client_id
-            for rid in (r.request_id, r.group_id)
-            if rid in ids
-        }
-        owned |= {
-            g
-            for g in ids & set(scheduler.groups.beam_groups)
-            if scheduler.groups.beam_groups[g].client_id == client_id
-        }
-        return [rid for rid in request_ids if rid in owned]
 
     def _refuse_queued(self, exc: Exception) -> None:
         """The workers are lost: every queued add is refused with `exc`."""

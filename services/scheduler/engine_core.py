@@ -50,9 +50,10 @@ class EngineCore:
         self.scheduler.add_request(admitted)
         return admitted
 
-    def abort_requests(self, request_ids: list[str]) -> None:
-        """Abort now; an aborted request's step still in flight is ignored when it lands."""
-        self.scheduler.abort_requests(request_ids)
+    def abort_requests(self, request_ids: list[str], client_id: int | None = None) -> None:
+        """Abort now (only `client_id`'s requests when given); an aborted request's step
+        still in flight is ignored when it lands."""
+        self.scheduler.abort_requests(request_ids, client_id)
 
     def has_work(self) -> bool:
         return (

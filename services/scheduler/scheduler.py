@@ -144,13 +144,25 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         return min(budget, threshold) if threshold else budget
 
-    def abort_requests(self, request_ids: list[str]) -> None:
-        """Abort requests by id; a group's id (n > 1, beam search) aborts all its sequences."""
+    def abort_requests(self, request_ids: list[str], client_id: int | None = None) -> None:
+        """Abort requests by id; a group's id (n > 1, beam search) aborts all its sequences.
+        With `client_id`, only that client's: ids are one namespace across clients, and a
+        client whose add was refused as "already in use" must not end another's request."""
         ids = set(request_ids)
+
+        def owned(owner: int | None) -> bool:
+            return client_id is None or owner == client_id
+
         for group_id in ids & set(self.groups.beam_groups):
             client = self.groups.beam_groups[group_id].client_id
-            self.pending_outputs += [(client, o) for o in self.groups.abort_beam_group(group_id)]
-        targets = [r for r in self.requests.values() if r.request_id in ids or r.group_id in ids]
+            if owned(client):
+                outputs = self.groups.abort_beam_group(group_id)
+                self.pending_outputs += [(client, o) for o in outputs]
+        targets = [
+            r
+            for r in self.requests.values()
+            if (r.request_id in ids or r.group_id in ids) and owned(r.client_id)
+        ]
         for request in targets:
             if request.is_finished:
                 continue

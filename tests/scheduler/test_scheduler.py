@@ -221,3 +221,16 @@ def test_aborting_a_group_aborts_every_sequence(build):
     finals = {(o.request_id, o.finish_reason) for o in outputs[0].outputs}
     assert finals == {("g", "abort"), ("g#1", "abort"), ("g#2", "abort")}
     assert scheduler.kv.num_free_blocks == 40 and not scheduler.has_unfinished_requests()
+
+
+def test_an_abort_with_a_client_ends_only_that_clients_request(build):
+    scheduler, worker = build(10)
+    request = make_request("a", list(range(8)), max_tokens=100)
+    request.client_id = 1
+    scheduler.add_request(request)
+    _step(scheduler, worker)
+    scheduler.abort_requests(["a"], client_id=2)  # another client's abort of the same id
+    _step(scheduler, worker)
+    assert not request.is_finished and scheduler.has_unfinished_requests()
+    scheduler.abort_requests(["a"], client_id=1)
+    assert request.status == RequestStatus.FINISHED_ABORTED
