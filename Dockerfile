@@ -20,7 +20,7 @@ WORKDIR /app
 
 # Dependencies first (the slow layer), against placeholder packages: the editable install
 # maps the package names to /app, where the real sources land in the next layer.
-COPY pyproject.toml Makefile README.md ./
+COPY pyproject.toml Makefile README.md constraints.txt ./
 RUN mkdir -p pagestream services pagestream_kernels \
     && touch pagestream/__init__.py services/__init__.py pagestream_kernels/__init__.py \
     && make .venv/.installed

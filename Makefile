@@ -3,6 +3,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+# Every install takes the exact versions in constraints.txt (pyproject.toml keeps the ranges
+# pagestream works with), so a new upstream release cannot change what CI gets. To move
+# them: `make pins` (then run `make test` on a fresh clone and commit the file).
+CONSTRAINTS := constraints.txt
+PINS_VENV := $(VENV)/pins
 PAGESTREAM_CACHE ?= $(HOME)/.cache/pagestream
 export PAGESTREAM_CACHE
 GGUF_NAME := SmolLM2-135M-Instruct.Q4_1.gguf
@@ -11,16 +16,17 @@ STAMP := $(VENV)/.installed
 KERNELS := $(VENV)/.kernels-built
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint format serve bench clean protos cli-docs
+.PHONY: setup test lint format serve bench clean protos cli-docs pins
 
 setup: $(STAMP) $(KERNELS) $(GGUF)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --upgrade pip
-	# The CPU build of torch first: a looser requirement alone pulls a multi-GB CUDA build.
-	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[dev]'
+	$(PIP) install -c $(CONSTRAINTS) --upgrade pip
+	# torch first, at its pin: the CPU wheel (2.13.0+cpu satisfies torch==2.13.0 and sorts
+	# above the plain CUDA build); a looser requirement alone pulls a multi-GB CUDA build.
+	$(PIP) install -c $(CONSTRAINTS) torch
+	$(PIP) install -c $(CONSTRAINTS) -e '.[dev]'
 	touch $@
 
 # The C++ CPU kernels, built once here (~2 min on 2 cores) rather than inside the first
@@ -63,6 +69,19 @@ clean:
 # Regenerate the gRPC stubs from protos/ (committed; tests/common/test_protos.py checks drift).
 protos: $(STAMP)
 	$(PY) -m services.common.proto.generate
+
+# constraints.txt afresh: pyproject.toml's ranges resolved in a scratch venv, torch kept at its
+# pin (edit its line to move it), the file's comment kept; the local label (+cpu) dropped.
+pins:
+	rm -rf $(PINS_VENV)
+	$(PYTHON) -m venv $(PINS_VENV)
+	$(PINS_VENV)/bin/python -m pip install --upgrade pip
+	$(PINS_VENV)/bin/python -m pip install "$$(grep '^torch==' $(CONSTRAINTS))"
+	$(PINS_VENV)/bin/python -m pip install -e '.[dev]'
+	{ grep '^#' $(CONSTRAINTS); $(PINS_VENV)/bin/python -m pip freeze --all --exclude-editable \
+	    | grep -iv '^pagestream' | sed -E 's/^(torch==[^+]+)\+.*/\1/'; } > $(CONSTRAINTS).new
+	mv $(CONSTRAINTS).new $(CONSTRAINTS)
+	rm -rf $(PINS_VENV)
 
 # docs/cli.md from the config dataclasses' flag metadata (tests/common/test_flags.py checks it).
 cli-docs: $(STAMP)
