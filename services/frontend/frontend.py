@@ -29,6 +29,7 @@ from services.common.pooling_params import PoolingParams
 from services.common.request_options import DEFAULT_OPTIONS, RequestOptions
 from services.common.sampling_params import RequestOutputKind, SamplingParams
 from services.common.served_model_info import ServedModelInfo
+from services.frontend.chat_renderer import ChatRenderer
 from services.frontend.engine_client import EngineCoreClient, output_error
 from services.frontend.frontend_config import FrontendConfig
 from services.frontend.input_processor import InputProcessor, new_request_id
@@ -67,6 +68,7 @@ class Frontend:
         self.default_sampling = dict(default_sampling or {})
         self.config = config or FrontendConfig()
         self.limits = RequestLimits(self.config, info.max_model_len)
+        self.chat_renderer = ChatRenderer(tokenizer, self.config, self.limits.max_prompt_bytes)
         self.input_processor = InputProcessor(tokenizer, info)
         self.output_processor = OutputProcessor()
         self._queues: dict[str, RequestOutputQueue] = {}
@@ -179,6 +181,8 @@ class Frontend:
         if request_id in self._queues:  # its stream may outlive its state: check both
             raise ValueError(f"request_id {request_id!r} is already in use.")
         self._check_prompt_size(prompt)
+        if isinstance(params, SamplingParams):
+            self.limits.check_sampling(params)
         return self.input_processor.make_request(request_id, prompt, params, options)
 
     async def _pooled(self, request, state, window: asyncio.Semaphore) -> PoolingRequestOutput:
@@ -374,6 +378,7 @@ class Frontend:
             self._pump.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._pump
+        await self.chat_renderer.close()
         await self.client.close()
 
 

@@ -1,6 +1,9 @@
 """FrontendConfig: the frontend's protections, all checked before the engine sees a request.
 
-Limits checked before tokenizing (request_limits.py), the server-side request timeout and
+Limits checked before tokenizing (request_limits.py): sizes of prompts, messages, stop
+strings, tools, logit_bias and of the public gRPC messages; whether a request may bring
+its own chat template (refused unless the operator trusts them, then rendered in a
+bounded child process: chat_templates/template_sandbox.py); the server-side request timeout and
 the bound on what a slow consumer may leave unread (output_queue.py), and the bounds of the
 Responses API's store of responses (openai/response_store.py). The defaults let any
 request that could fit the model's context through and keep a stalled or hostile client
@@ -29,8 +32,40 @@ class FrontendConfig:
     )
     max_messages: int = flag(1024, "chat messages per request (0: any)")
     max_n: int = flag(128, "sequences (n, beam width) per prompt, as OpenAI caps n")
+    max_prompts: int = flag(
+        2048, "prompts in one completions / embeddings request (a prompt array), as OpenAI caps it"
+    )
+    max_sequences: int = flag(
+        4096, "prompts x n in one request: the sequences it may start at once"
+    )
+    max_stop_sequences: int = flag(4, "stop strings per request (OpenAI's and TGI's limit; 0: any)")
+    max_stop_sequence_chars: int = flag(256, "characters in one stop string (0: any length)")
+    max_stop_token_ids: int = flag(1024, "stop_token_ids per request (0: any)")
+    max_logit_bias: int = flag(300, "logit_bias entries per request (OpenAI's limit; 0: any)")
+    max_tools: int = flag(128, "tool definitions per request (OpenAI's limit; 0: any)")
     max_request_body_bytes: int = flag(
-        16 * MIB, "refuse (400) HTTP request bodies over this size (0: no limit)"
+        16 * MIB,
+        "refuse HTTP request bodies (400) and public gRPC messages (RESOURCE_EXHAUSTED) over "
+        "this size (0: HTTP unbounded, gRPC the internal services' 256 MiB)",
+    )
+    max_concurrent_streams: int = flag(
+        100,
+        "concurrent calls (HTTP/2 streams) on one connection to the public gRPC API; "
+        "more wait for a free one (0: grpc's default, unbounded)",
+    )
+    trust_request_chat_template: bool = flag(
+        False,
+        "accept a chat_template in requests (HTTP chat / tokenize, gRPC chat); off, such "
+        "requests get 400: a template is a program the server would run",
+    )
+    max_chat_template_bytes: int = flag(
+        256 * 1024, "a request's own chat_template, at most this many bytes (when trusted)"
+    )
+    chat_template_timeout_s: float = flag(
+        5.0,
+        "a request's own chat template gets this many seconds to render (in a child "
+        "process, killed past it); waiting for the renderer counts",
+        name="chat-template-timeout",
     )
     request_timeout_s: float | None = flag(
         None,
@@ -62,6 +97,13 @@ class FrontendConfig:
     def __post_init__(self) -> None:
         for name in (
             "max_messages",
+            "max_stop_sequences",
+            "max_stop_sequence_chars",
+            "max_stop_token_ids",
+            "max_logit_bias",
+            "max_tools",
+            "max_concurrent_streams",
+            "max_chat_template_bytes",
             "max_request_body_bytes",
             "max_unread_tokens",
             "responses_store_max_entries",
@@ -70,8 +112,13 @@ class FrontendConfig:
             _not_negative(name, getattr(self, name))
         if self.max_prompt_bytes is not None:
             _not_negative("max_prompt_bytes", self.max_prompt_bytes)
-        if self.max_n < 1:
-            raise ValueError(f"max_n must be >= 1, got {self.max_n}.")
+        for name in ("max_n", "max_prompts", "max_sequences"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if not self.chat_template_timeout_s > 0:
+            raise ValueError(
+                f"chat_template_timeout_s must be > 0, got {self.chat_template_timeout_s}."
+            )
         if self.request_timeout_s is not None and not self.request_timeout_s > 0:
             raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}.")
         if not self.responses_store_max_age_s > 0:

@@ -21,10 +21,10 @@ from services.common.proto.pagestream.v1 import generation_pb2
 from services.common.request_options import DEFAULT_OPTIONS, RequestOptions
 from services.common.sampling_params import RequestOutputKind, SamplingParams
 from services.common.served_model_info import ServedModelInfo
+from services.frontend.chat_renderer import ChatRenderer, ChatTemplateError
 from services.frontend.input_processor import new_request_id
 from services.frontend.lora_registry import LoRARegistry
-from services.frontend.request_limits import RequestLimits
-from services.frontend.tokenizer import apply_chat_template
+from services.frontend.request_limits import LimitExceededError, RequestLimits
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -50,14 +50,14 @@ class GenerateCall:
 # ---- requests ----------------------------------------------------------------------------
 def generate_call_from_pb(
     request: generation_pb2.GenerateRequest,
-    tokenizer,
+    chat_text: str | None = None,
     defaults: dict | None = None,
     loras: LoRARegistry | None = None,
 ) -> GenerateCall:
-    """Validate and convert; raises ValueError naming the offending field. `loras`: the
-    adapters `lora_name` may name."""
+    """Validate and convert; raises ValueError naming the offending field. `chat_text`:
+    the chat prompt rendered (render_chat_pb), `loras`: the adapters `lora_name` may name."""
     reject_unknown_fields(request, "GenerateRequest")
-    prompt, default_special = prompt_from_pb(request, tokenizer)
+    prompt, default_special = prompt_from_pb(request, chat_text)
     params = sampling_params_from_pb(request.sampling_params, defaults)
     special = request.add_special_tokens if request.HasField("add_special_tokens") else None
     return GenerateCall(
@@ -124,7 +124,7 @@ def reject_unknown_fields(message, path: str) -> None:
                 reject_unknown_fields(item, f"{path}.{field.name}[{i}]")
 
 
-def prompt_from_pb(request, tokenizer) -> tuple[str | dict, bool]:
+def prompt_from_pb(request, chat_text: str | None) -> tuple[str | dict, bool]:
     """The prompt oneof -> (prompt for Frontend.generate, default add_special_tokens)."""
     which = request.WhichOneof("prompt")
     if which is None:
@@ -137,11 +137,16 @@ def prompt_from_pb(request, tokenizer) -> tuple[str | dict, bool]:
         if not request.token_ids.token_ids:
             raise ValueError("token_ids: the prompt is empty.")
         return {"prompt_token_ids": list(request.token_ids.token_ids)}, True
-    return chat_prompt_from_pb(request.chat, tokenizer), False
+    if chat_text is None:
+        raise ValueError("chat: the conversation was not rendered.")
+    return chat_text, False
 
 
-def chat_prompt_from_pb(chat: generation_pb2.ChatMessages, tokenizer) -> str:
-    """Render chat messages through the model's (or the given) chat template."""
+async def render_chat_pb(chat: generation_pb2.ChatMessages, renderer: ChatRenderer) -> str:
+    """Render chat messages through the model's (or the request's, when the server trusts
+    request templates) chat template."""
+    if renderer.tokenizer is None:
+        raise ValueError("chat: this model was loaded without a tokenizer.")
     if not chat.messages:
         raise ValueError("chat.messages: give at least one message.")
     for i, message in enumerate(chat.messages):
@@ -156,7 +161,9 @@ def chat_prompt_from_pb(chat: generation_pb2.ChatMessages, tokenizer) -> str:
     )
     template = chat.chat_template if chat.HasField("chat_template") else None
     try:
-        return apply_chat_template(tokenizer, messages, add_generation_prompt, template)
+        return await renderer.render(messages, add_generation_prompt, request_template=template)
+    except (ChatTemplateError, LimitExceededError) as exc:
+        raise ValueError(f"chat.chat_template: {exc}") from exc
     except ValueError as exc:
         raise ValueError(f"chat: {exc}") from exc
     except Exception as exc:  # a broken template (jinja errors) is the client's input too
@@ -271,15 +278,19 @@ def _set_finish(message: generation_pb2.GenerateResponse, completion: Completion
 
 # ---- the small RPCs ----------------------------------------------------------------------
 def tokenize(
-    request: generation_pb2.TokenizeRequest, tokenizer, info: ServedModelInfo
+    request: generation_pb2.TokenizeRequest,
+    tokenizer,
+    info: ServedModelInfo,
+    chat_text: str | None = None,
 ) -> generation_pb2.TokenizeResponse:
+    """`chat_text`: the chat input rendered (render_chat_pb)."""
     which = request.WhichOneof("input")
     if which is None:
         raise ValueError("input: set one of text or chat.")
     if which == "text":
         text, default_special = request.text, True
     else:
-        text, default_special = chat_prompt_from_pb(request.chat, tokenizer), False
+        text, default_special = chat_text, False
     special = (
         request.add_special_tokens if request.HasField("add_special_tokens") else default_special
     )
@@ -293,6 +304,11 @@ def detokenize(
     request: generation_pb2.DetokenizeRequest, tokenizer, info: ServedModelInfo
 ) -> generation_pb2.DetokenizeResponse:
     token_ids = list(request.token_ids)
+    if len(token_ids) > info.max_model_len:
+        raise ValueError(
+            f"token_ids has {len(token_ids)} ids, more than the maximum context length "
+            f"max_model_len={info.max_model_len}."
+        )
     for i, token_id in enumerate(token_ids):
         if not 0 <= token_id < info.vocab_size:
             raise ValueError(

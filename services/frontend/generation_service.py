@@ -71,8 +71,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     async def _generate(self, request, context) -> None:
         frontend = self._ready(context)
         generation_pb.check_request_limits(request, frontend.limits)
+        chat_text = await _chat_text(frontend, request, "prompt")
         call = generation_pb.generate_call_from_pb(
-            request, frontend.tokenizer, frontend.default_sampling, frontend.input_processor.loras
+            request, chat_text, frontend.default_sampling, frontend.input_processor.loras
         )
         self._abort_when_cancelled(context, call.request_id)
         builder = generation_pb.ResponseBuilder(call.request_id)
@@ -93,7 +94,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     async def Tokenize(self, request, context) -> generation_pb2.TokenizeResponse:
         frontend = self._ready(context)
         generation_pb.check_tokenize_limits(request, frontend.limits)
-        return generation_pb.tokenize(request, frontend.tokenizer, frontend.info)
+        chat_text = await _chat_text(frontend, request, "input")
+        return generation_pb.tokenize(request, frontend.tokenizer, frontend.info, chat_text)
 
     @grpc_errors
     async def Detokenize(self, request, context) -> generation_pb2.DetokenizeResponse:
@@ -195,3 +197,10 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                 logger.info("client cancelled %s: aborted it", request_id)
         except Exception:  # the engine is gone: nothing left to abort
             logger.debug("abort of cancelled %s failed", request_id, exc_info=True)
+
+
+async def _chat_text(frontend: Frontend, request, oneof: str) -> str | None:
+    """The request's chat input rendered, when its `oneof` holds one."""
+    if request.WhichOneof(oneof) != "chat":
+        return None
+    return await generation_pb.render_chat_pb(request.chat, frontend.chat_renderer)

@@ -39,13 +39,7 @@ class RequestLimits:
 
     def check_messages(self, contents: list[str], param: str = "messages") -> None:
         """Chat messages: how many, and their text together."""
-        limit = self.config.max_messages
-        if limit and len(contents) > limit:
-            raise LimitExceededError(
-                f"{param} has {len(contents)} messages, more than the limit of {limit} "
-                "(max_messages, --max-messages).",
-                param,
-            )
+        _check_count(len(contents), self.config.max_messages, param, "messages", "max_messages")
         self._check_bytes(sum(_utf8_size(c) for c in contents), param)
 
     def check_token_ids(self, token_ids, param: str = "prompt") -> None:
@@ -57,6 +51,41 @@ class RequestLimits:
                 param,
                 CONTEXT_LENGTH_EXCEEDED,
             )
+
+    def check_prompts(self, num_prompts: int, n: int = 1, param: str = "prompt") -> None:
+        """A prompt array: how many prompts, and the sequences they start (prompts x n)."""
+        _check_count(num_prompts, self.config.max_prompts, param, "prompts", "max_prompts")
+        sequences = num_prompts * n
+        limit = self.config.max_sequences
+        if sequences > limit:
+            raise LimitExceededError(
+                f"{param} has {num_prompts} prompts with n={n}: {sequences} sequences, more "
+                f"than the limit of {limit} (max_sequences, --max-sequences).",
+                param,
+            )
+
+    def check_tools(self, tools, param: str = "tools") -> None:
+        _check_count(len(tools or ()), self.config.max_tools, param, "tools", "max_tools")
+
+    def check_sampling(self, params) -> None:
+        """A SamplingParams' client-sized fields: stop strings (count and length),
+        stop_token_ids and logit_bias (entries). Each stop string costs the detokenizer
+        work per token, and the lists are kept for the request's life."""
+        config = self.config
+        stops = [params.stop] if isinstance(params.stop, str) else list(params.stop or ())
+        _check_count(len(stops), config.max_stop_sequences, "stop", "stop strings", _STOPS)
+        longest = max(map(len, stops), default=0)
+        if config.max_stop_sequence_chars and longest > config.max_stop_sequence_chars:
+            raise LimitExceededError(
+                f"stop has a string of {longest} characters, more than the limit of "
+                f"{config.max_stop_sequence_chars} (max_stop_sequence_chars, "
+                "--max-stop-sequence-chars).",
+                "stop",
+            )
+        stop_ids = params.stop_token_ids or ()
+        _check_count(len(stop_ids), config.max_stop_token_ids, "stop_token_ids", "ids", _STOP_IDS)
+        bias = params.logit_bias or {}
+        _check_count(len(bias), config.max_logit_bias, "logit_bias", "entries", "max_logit_bias")
 
     def check_n(self, n: int, param: str = "n") -> None:
         if n > self.config.max_n:
@@ -83,6 +112,20 @@ class RequestLimits:
                 "(max_prompt_bytes, --max-prompt-bytes).",
                 param,
             )
+
+
+_STOPS = "max_stop_sequences"
+_STOP_IDS = "max_stop_token_ids"
+
+
+def _check_count(count: int, limit: int, param: str, what: str, option: str) -> None:
+    """`count` items of `param` within `limit` (0: no limit), else a 400 naming the flag."""
+    if limit and count > limit:
+        raise LimitExceededError(
+            f"{param} has {count} {what}, more than the limit of {limit} "
+            f"({option}, --{option.replace('_', '-')}).",
+            param,
+        )
 
 
 def _utf8_size(text: str) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -16,6 +16,10 @@ class TokenizerLoadError(ValueError):
 
 def load_tokenizer(folder: str | Path) -> PreTrainedTokenizerBase:
     """The fast tokenizer saved with the model folder (no hub access)."""
+    # Imported here: AutoTokenizer imports torch, and the chat-template sandbox's child
+    # process imports this module to render (chat_templates/sandbox_child.py).
+    from transformers import AutoTokenizer
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:

@@ -58,11 +58,11 @@ def test_grpc_unset_fields_take_the_defaults_and_set_fields_win(folder):
     llm = LLM(str(folder), kv_cache_memory="8MiB")
     defaults = llm.engine.default_sampling
     request = generation_pb2.GenerateRequest(text="hello")
-    call = generate_call_from_pb(request, llm.get_tokenizer(), defaults)
+    call = generate_call_from_pb(request, None, defaults)
     assert (call.sampling_params.repetition_penalty, call.sampling_params.max_tokens) == (1.8, 6)
     request.sampling_params.repetition_penalty = 1.0
     request.sampling_params.max_tokens = 3
-    call = generate_call_from_pb(request, llm.get_tokenizer(), defaults)
+    call = generate_call_from_pb(request, None, defaults)
     assert (call.sampling_params.repetition_penalty, call.sampling_params.max_tokens) == (1.0, 3)
 
 

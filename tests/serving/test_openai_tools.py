@@ -253,10 +253,10 @@ async def test_bad_tool_call_arguments_in_messages_are_400(server):
 
 
 async def test_tool_aware_template_stands_in_for_one_that_ignores_tools(server):
-    tokenizer = server.engine.tokenizer
+    frontend = server.engine.frontend
     messages = [ChatMessage(**m) for m in MESSAGES]
-    plain = render_chat(tokenizer, messages, True, None)
-    with_tools = render_chat(tokenizer, messages, True, None, tools=TOOLS)
+    plain = await render_chat(frontend, messages, True, None)
+    with_tools = await render_chat(frontend, messages, True, None, tools=TOOLS)
     assert "<tools>" not in plain and "<s>user:" in plain  # the model's own template
     assert "<tools>" in with_tools and '"name": "get_weather"' in with_tools
     assert with_tools.endswith("<|im_start|>assistant\n")

@@ -1,4 +1,6 @@
-"""Chat templates shipped with pagestream, and the choice of template for a request with tools.
+"""Chat templates shipped with pagestream, the choice of template for a request with tools,
+and the one rendering of a conversation (inline for the model's and the operator's
+templates, inside the sandbox's child process for a request's own: template_sandbox.py).
 
 Why: many small chat models (the default SmolLM2 among them) have a ChatML template with
 no tools section, so tool definitions would silently vanish from the prompt. When a
@@ -10,9 +12,13 @@ shipped tool-aware ChatML template instead, with a warning logged once per templ
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.resources
 import logging
+from collections import OrderedDict
 from pathlib import Path
+
+from services.frontend.tokenizer import apply_chat_template
 
 logger = logging.getLogger(__name__)
 TOOL_CHATML = "tool_chatml.jinja"
@@ -44,18 +50,37 @@ def load_chat_template(value: str) -> str:
     return path.read_text(encoding="utf-8")
 
 
+def render_conversation(
+    tokenizer,
+    messages: list[dict],
+    add_generation_prompt: bool,
+    chat_template: str | None,
+    tools: list[dict] | None,
+    uses_tools: bool,
+) -> str:
+    """The prompt text of a conversation; `uses_tools` (tools, or tool calls / results in
+    the messages) swaps a template that ignores tools for the shipped tool-aware one."""
+    template = template_for_tools(tokenizer, chat_template) if uses_tools else chat_template
+    return apply_chat_template(tokenizer, messages, add_generation_prompt, template, tools=tools)
+
+
 def renders_tools(tokenizer, chat_template: str | None) -> bool:
     """Whether the template puts tool definitions into the prompt at all."""
     template = chat_template or tokenizer.chat_template
-    key = template if isinstance(template, str) else repr(template)
+    text = template if isinstance(template, str) else repr(template)
+    key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
     return _renders_tools(tokenizer, key, chat_template)
 
 
-_seen: dict[str, bool] = {}
+# Probe results by template digest; bounded, since a trusting server renders requests' own
+# templates (in the sandbox's child, which has its own copy of this cache).
+_SEEN_MAX = 64
+_seen: OrderedDict[str, bool] = OrderedDict()
 
 
 def _renders_tools(tokenizer, key: str, chat_template: str | None) -> bool:
     if key in _seen:
+        _seen.move_to_end(key)
         return _seen[key]
 
     def render(tools):
@@ -78,6 +103,8 @@ def _renders_tools(tokenizer, key: str, chat_template: str | None) -> bool:
             TOOL_CHATML,
         )
     _seen[key] = result
+    if len(_seen) > _SEEN_MAX:
+        _seen.popitem(last=False)
     return result
 
 

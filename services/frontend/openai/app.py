@@ -224,7 +224,7 @@ def _open_routes(app: FastAPI) -> None:
 
     @app.post("/tokenize")
     async def tokenize(request: TokenizeRequest):
-        return state.tokenization.tokenize(request)
+        return await state.tokenization.tokenize(request)
 
     @app.post("/detokenize")
     async def detokenize(request: DetokenizeRequest):

@@ -182,12 +182,12 @@ class OpenAIServingChat(ServingBase):
         model = self.check_model(request.model)
         request.check()
         plan = plan_tools(request, self.tool_options)
-        job = self.build_job(request, model, plan, random_id("chatcmpl"))
+        job = await self.build_job(request, model, plan, random_id("chatcmpl"))
         tracker = ChatTracker(request, job, self.frontend.tokenizer, plan.parser)
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         return await self.respond(raw_request, job, tracker, request.stream, include_usage)
 
-    def build_job(
+    async def build_job(
         self,
         request: ChatCompletionRequest,
         model: str,
@@ -201,11 +201,12 @@ class OpenAIServingChat(ServingBase):
         through here too; `constraint` is a structured-output constraint it built itself
         (else the request's own)."""
         self._check_limits(request, fields)
-        text = render_chat(
-            self.frontend.tokenizer,
+        text = await render_chat(
+            self.frontend,
             request.messages,
             request.add_generation_prompt,
-            request.chat_template or self.tool_options.chat_template,
+            request.chat_template,
+            self.tool_options.chat_template,
             plan.template_tools,
             param=fields.messages,
         )
@@ -236,6 +237,7 @@ class OpenAIServingChat(ServingBase):
     def _check_limits(self, request: ChatCompletionRequest, fields: ChatFields) -> None:
         """The frontend's limits, before the chat template or the tokenizer runs."""
         self.limits.check_messages([message_text(m) for m in request.messages], fields.messages)
+        self.limits.check_tools(request.tools)
         self.limits.check_n(request.n)
         self.limits.check_max_tokens(request.requested_max_tokens, fields.max_tokens_param(request))
 

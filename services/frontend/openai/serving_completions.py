@@ -196,8 +196,10 @@ class OpenAIServingCompletion(ServingBase):
 
     def _check_limits(self, request: CompletionRequest) -> None:
         """The frontend's limits, before any prompt is tokenized."""
-        for prompt in request.prompts():
-            self.check_prompt_size(prompt)
+        prompts = request.prompts()
         self.limits.check_n(request.n)
+        self.limits.check_prompts(len(prompts), request.n)
+        for prompt in prompts:
+            self.check_prompt_size(prompt)
         if not request.scores_prompt_only:
             self.limits.check_max_tokens(request.max_tokens)

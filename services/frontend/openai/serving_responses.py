@@ -115,7 +115,7 @@ class OpenAIServingResponses(ServingBase):
         self.store = store
 
     async def create_response(self, request: ResponsesRequest, raw_request: Request):
-        run = self._start(request)
+        run = await self._start(request)
 
         def body() -> dict:
             run.finish()
@@ -162,7 +162,7 @@ class OpenAIServingResponses(ServingBase):
         return {"id": response_id, "object": "response.deleted", "deleted": True}
 
     # ---- a request as a chat job -------------------------------------------------------
-    def _start(self, request: ResponsesRequest) -> _ResponseRun:
+    async def _start(self, request: ResponsesRequest) -> _ResponseRun:
         model = self.check_model(request.model)
         request.check()
         history = self._history(request.previous_response_id)
@@ -174,7 +174,7 @@ class OpenAIServingResponses(ServingBase):
         plan = plan_tools(chat_request, self.chat.tool_options)
         response_id = new_id("resp")
         constraint = request.constraint()
-        job = self.chat.build_job(
+        job = await self.chat.build_job(
             chat_request, model, plan, response_id, RESPONSES_FIELDS, constraint
         )
         tracker = ChatTracker(chat_request, job, self.frontend.tokenizer, plan.parser)

@@ -18,14 +18,19 @@ class OpenAIServingTokenization(ServingBase):
             raise InvalidRequestError("this model was loaded without a tokenizer.", param)
         return tokenizer
 
-    def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
+    async def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
         self.check_model(request.model)
         request.check()
         tokenizer = self._tokenizer("prompt")
         if request.messages is not None:
             self.limits.check_messages([message_text(m) for m in request.messages])
-            template = request.chat_template or self.default_chat_template
-            text = render_chat(tokenizer, request.messages, request.add_generation_prompt, template)
+            text = await render_chat(
+                self.frontend,
+                request.messages,
+                request.add_generation_prompt,
+                request.chat_template,
+                self.default_chat_template,
+            )
             add_special = bool(request.add_special_tokens)  # the template has the BOS
         else:
             text = request.prompt
@@ -44,6 +49,7 @@ class OpenAIServingTokenization(ServingBase):
     def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
         self.check_model(request.model)
         tokenizer = self._tokenizer("tokens")
+        self.limits.check_token_ids(request.tokens, "tokens")
         bad = [t for t in request.tokens if not 0 <= t < self.vocab_size]
         if bad:
             raise InvalidRequestError(

@@ -1,0 +1,81 @@
+"""ChatRenderer: a conversation to prompt text, through the one template it should use.
+
+The model's template and the operator's --chat-template are the server's own: they render
+inline (Jinja compiles each once; transformers caches the compiled template by its text).
+A request's own `chat_template` is a program written by the client: refused unless the
+operator passed --trust-request-chat-template, bounded in size, and then rendered in the
+TemplateSandbox's child process, with a timeout and bounded memory and output, never on
+the event loop. The OpenAI, Responses and gRPC APIs all render through here.
+"""
+
+from __future__ import annotations
+
+from services.frontend.chat_templates import render_conversation
+from services.frontend.chat_templates.template_sandbox import ChatTemplateError, TemplateSandbox
+from services.frontend.frontend_config import FrontendConfig
+from services.frontend.request_limits import LimitExceededError
+
+__all__ = ["ChatRenderer", "ChatTemplateError"]
+
+PARAM = "chat_template"
+
+
+class ChatRenderer:
+    def __init__(self, tokenizer, config: FrontendConfig, max_output_bytes: int) -> None:
+        self.tokenizer = tokenizer
+        self.config = config
+        self.max_output_bytes = max_output_bytes or None
+        self._sandbox: TemplateSandbox | None = None
+
+    def check_request_template(self, template: str | None) -> None:
+        """A request's own template: allowed at all, and within its size (400 otherwise)."""
+        if template is None:
+            return
+        if not self.config.trust_request_chat_template:
+            raise LimitExceededError(
+                "chat_template: this server does not render chat templates sent in requests "
+                "(a template is a program it would run); its operator can allow them with "
+                "--trust-request-chat-template.",
+                PARAM,
+            )
+        size = len(template.encode("utf-8", "surrogatepass"))
+        limit = self.config.max_chat_template_bytes
+        if limit and size > limit:
+            raise LimitExceededError(
+                f"chat_template is {size} bytes, more than the limit of {limit} "
+                "(max_chat_template_bytes, --max-chat-template-bytes).",
+                PARAM,
+            )
+
+    async def render(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        *,
+        request_template: str | None = None,
+        server_template: str | None = None,
+        tools: list[dict] | None = None,
+        uses_tools: bool = False,
+    ) -> str:
+        """The prompt text. A bad request template is ChatTemplateError; the server's own
+        templates raise what Jinja and apply_chat_template raise (callers name the field)."""
+        self.check_request_template(request_template)
+        if request_template is None:
+            return render_conversation(
+                self.tokenizer, messages, add_generation_prompt, server_template, tools, uses_tools
+            )
+        return await self._sandboxed().render(
+            messages, add_generation_prompt, request_template, tools, uses_tools
+        )
+
+    def _sandboxed(self) -> TemplateSandbox:
+        if self._sandbox is None:
+            # the rendered prompt is held to the prompt-size limit (none: the body limit)
+            bound = self.max_output_bytes or self.config.max_request_body_bytes or 2**31
+            timeout = self.config.chat_template_timeout_s
+            self._sandbox = TemplateSandbox(self.tokenizer, timeout, bound)
+        return self._sandbox
+
+    async def close(self) -> None:
+        if self._sandbox is not None:
+            await self._sandbox.close()
