@@ -51,6 +51,7 @@ async def start_http(frontend, ns: argparse.Namespace, model_name: str, tools):
     then, not after the model has loaded)."""
     if ns.port is None or ns.port < 0:
         return None
+    from services.frontend.lora_options import LoRAServerOptions
     from services.frontend.openai.app import build_app
     from services.frontend.openai.http_server import serve_http
 
@@ -60,7 +61,7 @@ async def start_http(frontend, ns: argparse.Namespace, model_name: str, tools):
         names,
         api_key=_api_key(ns),
         tool_options=tools,
-        lora_runtime_updates=ns.enable_lora_runtime_updates,
+        lora=from_flags(LoRAServerOptions, ns),
     )
     return await serve_http(app, ns.host, ns.port)
 

@@ -6,6 +6,11 @@ PEFT does: missing files, a rank over max_lora_rank, a target the model lacks or
 engine does not serve (embeddings, the LM head, DoRA, biases, modules_to_save), shapes
 of another base model. The scale is PEFT's: lora_alpha / r, or lora_alpha / sqrt(r) with
 use_rslora. Torch-free: the frontend checks an adapter before any request uses it.
+
+Every read is bounded before it is made: the config by MAX_CONFIG_BYTES, the safetensors
+header by MAX_HEADER_BYTES, and the weights file must be exactly the header's tensors laid
+end to end (float dtypes, shapes the base model fixes at rank <= max_lora_rank), so the
+digest never reads more than the model's targets at max_lora_rank can need.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 import struct
 from dataclasses import dataclass
@@ -22,6 +28,13 @@ from services.common.lora_config import TARGET_MODULES, LoRAConfig, LoRATargets
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
+# PEFT writes a config of about a kilobyte; a megabyte leaves room for any real one.
+MAX_CONFIG_BYTES = 1 << 20
+# A header entry is about 200 bytes: 16 MiB is some 80,000 tensors, far over the
+# 2 x 7 x layers of any adapter served.
+MAX_HEADER_BYTES = 16 << 20
+# safetensors' float dtypes, in bytes per element (the worker reads them as float32).
+DTYPE_BYTES = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8}
 # base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight (an adapter name such
 # as ".default" before ".weight" in older saves)
 _KEY = re.compile(
@@ -55,13 +68,15 @@ def inspect_adapter(path: str, config: LoRAConfig, model: LoRATargets) -> Adapte
         raise LoRAAdapterError(f"the LoRA adapter folder {path!r} does not exist.")
     peft = _read_config(folder)
     rank = _rank(peft, config, path)
-    header = _read_header(folder, path)
+    header, data_start, file_size = _read_header(folder, path)
     targets = _check_tensors(header, rank, model, path)
+    _check_layout(header, file_size - data_start, path)
     alpha = peft.get("lora_alpha", rank)
     if not isinstance(alpha, int | float) or isinstance(alpha, bool):
         raise LoRAAdapterError(f"{path}: lora_alpha must be a number, got {alpha!r}.")
     scale = alpha / math.sqrt(rank) if peft.get("use_rslora") else alpha / rank
-    return AdapterSpec(str(folder), rank, float(scale), frozenset(targets), _digest(folder))
+    digest = _digest(folder, file_size)
+    return AdapterSpec(str(folder), rank, float(scale), frozenset(targets), digest)
 
 
 def _read_config(folder: Path) -> dict:
@@ -69,7 +84,11 @@ def _read_config(folder: Path) -> dict:
     if not file.is_file():
         raise LoRAAdapterError(f"{folder}: {CONFIG_FILE} is missing (not a PEFT LoRA folder).")
     try:
-        peft = json.loads(file.read_text())
+        with file.open("rb") as f:
+            text = f.read(MAX_CONFIG_BYTES + 1)
+        if len(text) > MAX_CONFIG_BYTES:
+            raise ValueError(f"over {MAX_CONFIG_BYTES} bytes")
+        peft = json.loads(text)
     except (OSError, ValueError) as exc:
         raise LoRAAdapterError(f"{file}: not readable JSON ({exc}).") from exc
     if not isinstance(peft, dict):
@@ -110,7 +129,9 @@ def _rank(peft: dict, config: LoRAConfig, path: str) -> int:
     return rank
 
 
-def _read_header(folder: Path, path: str) -> dict:
+def _read_header(folder: Path, path: str) -> tuple[dict, int, int]:
+    """The safetensors header (without __metadata__), where its data starts, and the
+    file's size."""
     file = folder / WEIGHTS_FILE
     if not file.is_file():
         extra = " (adapter_model.bin is not read: save it with safe_serialization)"
@@ -118,14 +139,17 @@ def _read_header(folder: Path, path: str) -> dict:
         raise LoRAAdapterError(f"{path}: {WEIGHTS_FILE} is missing{extra if has_bin else ''}.")
     try:
         with file.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
             (length,) = struct.unpack("<Q", f.read(8))
-            if length > 100 * 1024 * 1024:
-                raise ValueError(f"a header of {length} bytes")
+            if length > min(MAX_HEADER_BYTES, size - 8):
+                raise ValueError(f"a header of {length} bytes in a file of {size}")
             header = json.loads(f.read(length))
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a JSON object")
     except (OSError, ValueError, struct.error) as exc:
         raise LoRAAdapterError(f"{file}: not a safetensors file ({exc}).") from exc
     header.pop("__metadata__", None)
-    return header
+    return header, 8 + length, size
 
 
 def _check_tensors(header: dict, rank: int, model: LoRATargets, path: str) -> set[tuple[int, str]]:
@@ -148,7 +172,8 @@ def _check_tensors(header: dict, rank: int, model: LoRATargets, path: str) -> se
                 f"{path}: tensor {name!r} is for layer {layer}; the model has "
                 f"{model.num_layers} layers."
             )
-        found.setdefault((layer, module), {})[which] = list(entry.get("shape", []))
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        found.setdefault((layer, module), {})[which] = shape if isinstance(shape, list) else []
     if not found:
         raise LoRAAdapterError(f"{path}: {WEIGHTS_FILE} holds no LoRA weights.")
     for (layer, module), shapes in sorted(found.items()):
@@ -164,10 +189,51 @@ def _check_tensors(header: dict, rank: int, model: LoRATargets, path: str) -> se
     return set(found)
 
 
-def _digest(folder: Path) -> str:
+def _check_layout(header: dict, data_bytes: int, path: str) -> None:
+    """The tensors (their shapes already checked) tile the data exactly, as safetensors
+    requires: each a float dtype, [begin, end) its size, in order, ending at the file's end."""
+    spans = []
+    for name, entry in header.items():
+        dtype, offsets = entry.get("dtype"), entry.get("data_offsets")
+        if dtype not in DTYPE_BYTES:
+            raise LoRAAdapterError(
+                f"{path}: tensor {name!r} has dtype {dtype!r}; LoRA weights must be one of "
+                f"{', '.join(DTYPE_BYTES)}."
+            )
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_count, offsets))):
+            raise LoRAAdapterError(
+                f"{path}: tensor {name!r} has data_offsets {offsets!r}, not [begin, end]."
+            )
+        size = math.prod(entry["shape"]) * DTYPE_BYTES[dtype]
+        spans.append((offsets[0], offsets[1], size, name))
+    end = 0
+    for begin, stop, size, name in sorted(spans):
+        if begin != end or stop - begin != size:
+            raise LoRAAdapterError(
+                f"{path}: tensor {name!r} has data_offsets [{begin}, {stop}]; its "
+                f"{size} bytes must start at {end} (the tensors laid end to end)."
+            )
+        end = stop
+    if end != data_bytes:
+        raise LoRAAdapterError(
+            f"{path}: {WEIGHTS_FILE} holds {data_bytes} bytes of data; its tensors take {end}."
+        )
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _digest(folder: Path, weights_size: int) -> str:
+    """sha256 of the config and the weights; the weights are read up to the size that was
+    checked (a file grown since reads no further and is refused)."""
     h = hashlib.sha256()
-    for name in (CONFIG_FILE, WEIGHTS_FILE):
+    for name, limit in ((CONFIG_FILE, MAX_CONFIG_BYTES), (WEIGHTS_FILE, weights_size)):
+        read = 0
         with (folder / name).open("rb") as f:
-            while chunk := f.read(1 << 20):
+            while read <= limit and (chunk := f.read(min(1 << 20, limit + 1 - read))):
+                read += len(chunk)
                 h.update(chunk)
+        if read > limit:
+            raise LoRAAdapterError(f"{folder / name}: the file grew while it was checked.")
     return h.hexdigest()[:16]

@@ -4,11 +4,15 @@ An adapter is checked (services/common/lora_adapter.py) against the engine's lim
 base model's linears before any request uses it, so a bad one is refused with its reason
 and nothing else changes; the check stamps the digest of its files into the LoRARequest
 (part of its identity). Named adapters (`--lora-modules`, /v1/load_lora_adapter) get ids of
-their own: a reload under a name is a new identity.
+their own: a reload under a name is a new identity. The operator's adapters
+(`--lora-modules`) are remembered as such: clients may neither replace nor unload them
+(serving_lora.py). A client's adapter is checked off the event loop (`checked`): reading
+and hashing its files takes as long as the files are large.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import os
@@ -33,6 +37,7 @@ class LoRARegistry:
         self.config = config  # None: LoRA is off
         self.targets = targets or LoRATargets()  # the base linears adapters may target
         self.adapters: dict[str, LoRARequest] = {}  # served by name
+        self.operator: set[str] = set()  # the names of adapters from --lora-modules
         self._checked: dict[tuple, LoRARequest] = {}
         # Ids for named adapters, far from the small ids LLM users pick by hand.
         self._ids = itertools.count(1 << 32)
@@ -43,39 +48,69 @@ class LoRARegistry:
 
     def check(self, lora: LoRARequest) -> LoRARequest:
         """`lora` with its digest; LoRAAdapterError (a ValueError) names what is wrong."""
-        if self.config is None:
-            raise LoRAAdapterError(
-                f"the request asks for the LoRA adapter {lora.lora_name!r}, but LoRA is not "
-                "enabled: start the engine with --enable-lora."
-            )
-        key = (lora.lora_name, lora.lora_int_id, lora.lora_path, _files_stamp(lora.lora_path))
+        self._require_enabled(lora)
+        key = _check_key(lora)
         checked = self._checked.get(key)
         if checked is None:
-            spec = inspect_adapter(lora.lora_path, self.config, self.targets)
-            checked = dataclasses.replace(lora, digest=spec.digest)
-            if len(self._checked) >= _MAX_CHECKED:
-                self._checked.pop(next(iter(self._checked)))
-            self._checked[key] = checked
+            checked = self._remember(key, _inspected(lora, self.config, self.targets))
         return checked
 
+    async def checked(self, name: str, path: str) -> LoRARequest:
+        """A new adapter `name` at `path` (a new id), checked in a thread, not yet served."""
+        lora = LoRARequest(name, next(self._ids), path)
+        self._require_enabled(lora)
+        key = await asyncio.to_thread(_check_key, lora)
+        checked = await asyncio.to_thread(_inspected, lora, self.config, self.targets)
+        return self._remember(key, checked)
+
     def load(self, name: str, path: str, base_model_name: str | None = None) -> LoRARequest:
-        """Serve the adapter at `path` as `name` (a name in use is refused)."""
+        """Serve the operator's adapter at `path` as `name` (a name in use is refused)."""
         if name in self.adapters:
             raise LoRAAdapterError(
                 f"a LoRA adapter named {name!r} is already loaded; unload it first."
             )
         lora = self.check(LoRARequest(name, next(self._ids), path, base_model_name))
         self.adapters[name] = lora
+        self.operator.add(name)
         return lora
+
+    def serve(self, lora: LoRARequest) -> None:
+        """Serve a client's checked adapter under its name (replacing one of that name)."""
+        self.adapters[lora.lora_name] = lora
 
     def unload(self, name: str) -> LoRARequest:
         lora = self.adapters.pop(name, None)
         if lora is None:
             raise LoRAAdapterError(f"no LoRA adapter named {name!r} is loaded.")
+        self.operator.discard(name)
         return lora
 
     def get(self, name: str) -> LoRARequest | None:
         return self.adapters.get(name)
+
+    def _require_enabled(self, lora: LoRARequest) -> None:
+        if self.config is None:
+            raise LoRAAdapterError(
+                f"the request asks for the LoRA adapter {lora.lora_name!r}, but LoRA is not "
+                "enabled: start the engine with --enable-lora."
+            )
+
+    def _remember(self, key: tuple, checked: LoRARequest) -> LoRARequest:
+        if len(self._checked) >= _MAX_CHECKED:
+            self._checked.pop(next(iter(self._checked)))
+        self._checked[key] = checked
+        return checked
+
+
+def _check_key(lora: LoRARequest) -> tuple:
+    return (lora.lora_name, lora.lora_int_id, lora.lora_path, _files_stamp(lora.lora_path))
+
+
+def _inspected(lora: LoRARequest, config: LoRAConfig, targets: LoRATargets) -> LoRARequest:
+    """`lora` with the digest of its checked files (touches no registry state: it runs in
+    a thread for a client's adapter)."""
+    spec = inspect_adapter(lora.lora_path, config, targets)
+    return dataclasses.replace(lora, digest=spec.digest)
 
 
 def _files_stamp(path: str) -> tuple:

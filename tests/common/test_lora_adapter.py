@@ -369,10 +369,12 @@ def test_parse_lora_module_refuses_bad_forms(entry, match):
 def test_lora_flags_parse_and_reach_a_child_role():
     json_entry = '{"name": "b", "path": "/b", "base_model_name": "tiny"}'
     argv = ["--enable-lora", "--max-loras", "2", "--lora-modules", "a=/a", json_entry]
-    ns = build_parser().parse_args(["serve", "m", *argv, "--enable-lora-runtime-updates"])
+    updates = ["--enable-lora-runtime-updates", "--lora-root", "/r", "--max-runtime-loras", "3"]
+    ns = build_parser().parse_args(["serve", "m", *argv, *updates])
     options = from_flags(LoRAServerOptions, ns)
     assert options.modules() == [LoRAModule("a", "/a"), LoRAModule("b", "/b", "tiny")]
     assert options.enable_lora_runtime_updates
+    assert (options.lora_root, options.max_runtime_loras) == ("/r", 3)
     assert from_flags(EngineArgs, ns).lora_config() == LoRAConfig(max_loras=2)
     child = role_argv("frontend", "m", options)
     back = build_parser().parse_args([*child[child.index("frontend") :], "--scheduler", "x:1"])

@@ -1,12 +1,13 @@
 """LoRA adapters through the public APIs of a real server over the tiny llama: started as
-`serve --enable-lora --max-loras 2 --lora-modules first=PATH --enable-lora-runtime-updates`
-would start it, and used with the official `openai` client and gRPC.
+`serve --enable-lora --max-loras 2 --lora-modules first=PATH --enable-lora-runtime-updates
+--lora-root ROOT` would start it, and used with the official `openai` client and gRPC.
 
 An adapter named as the model gives PEFT's greedy output for that adapter (and not the
-base model's); /v1/models lists it under the base; adapters load and unload at run time
-(an unloaded one is an unknown model, a reload under the same name serves the new
-weights, a bad one is refused naming the problem and changes nothing); with runtime
-updates off the routes answer 404; chat streams end with a final chunk; several adapters
+base model's); /v1/models lists it under the base, without its path; adapters load and
+unload at run time from under the root (an unloaded one is an unknown model, a reload
+under the same name serves the new weights, a bad one is refused with the one refusal
+text, its reason in the server log, and changes nothing); with runtime updates off the
+routes answer 404; chat streams end with a final chunk; several adapters
 and the base run in one batch; gRPC Generate takes lora_name and GetModelInfo lists the
 adapters; /metrics shows pagestream:lora_requests_info."""
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shutil
 
 import grpc
@@ -31,6 +33,7 @@ from services.common.proto.pagestream.v1 import generation_pb2_grpc
 from services.frontend.frontend_server import serve_frontend
 from services.frontend.lora_options import LoRAServerOptions
 from services.frontend.openai import build_app, serve_http
+from services.frontend.openai.serving_lora import REFUSED_PATH
 from services.frontend.tokenizer import apply_chat_template
 from tests.helpers.eventually import eventually_async
 from tests.helpers.grpc_calls import collect, per_index, request
@@ -48,14 +51,20 @@ NAMED, PARENT = "named", "tiny-llama-base"  # and in the JSON form, with a base_
 
 
 @pytest.fixture(scope="module")
-def adapters(model_dir, tmp_path_factory):
+def lora_root(tmp_path_factory):
+    """--lora-root: every adapter folder of this module is in it."""
+    return tmp_path_factory.mktemp("lora_root")
+
+
+@pytest.fixture(scope="module")
+def adapters(model_dir, lora_root):
     """Adapter folders of the tiny llama: first (rank 8), second (rsLoRA, rank 4, every
     target) and third (rank 8, other weights); too_big has rank 32 (max_lora_rank is 16),
     head targets the LM head."""
     base = model_dir("llama")
 
     def make(name, **kwargs):
-        return save_adapter(base, tmp_path_factory.mktemp(name), **kwargs)
+        return save_adapter(base, lora_root / name, **kwargs)
 
     return {
         "first": make("first", r=8, lora_alpha=16, seed=0),
@@ -94,7 +103,7 @@ def reference(model_dir):
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def server(server_model, adapters):
+async def server(server_model, adapters, lora_root):
     argv = [
         "serve",
         str(server_model),
@@ -105,12 +114,13 @@ async def server(server_model, adapters):
         f"{FIRST}={adapters['first']}",
         json.dumps({"name": NAMED, "path": str(adapters["third"]), "base_model_name": PARENT}),
         "--enable-lora-runtime-updates",
+        "--lora-root",
+        str(lora_root),
     ]
     ns = build_parser().parse_args(argv)
     args = from_flags(EngineArgs, ns)
     lora = {name: getattr(args, name) for name in ("enable_lora", "max_loras", "max_lora_rank")}
-    updates = from_flags(LoRAServerOptions, ns).enable_lora_runtime_updates
-    app_options = {"lora_runtime_updates": updates}
+    app_options = {"lora": from_flags(LoRAServerOptions, ns)}
     async with running_server(server_model, app_options=app_options, **lora) as s:
         load_lora_modules(s.engine.frontend, ns)  # as `serve` does before it answers
         yield s
@@ -164,16 +174,16 @@ async def _assert_peft_output(server, reference, choice, lora_name, adapter) -> 
 
 
 # ---- served from the start -----------------------------------------------------------------
-async def test_models_list_the_adapter_under_the_base(server, adapters):
+async def test_models_list_the_adapter_under_the_base(server):
     models = await server.async_client().models.list()
     cards = {m.id: m for m in models.data}
     assert models.data[0].id == MODEL and FIRST in cards
-    assert cards[FIRST].parent == MODEL and cards[FIRST].root == str(adapters["first"])
+    assert cards[FIRST].parent == MODEL and cards[FIRST].root is None
     assert getattr(cards[MODEL], "parent", None) is None
     card = await server.async_client().models.retrieve(FIRST)
     assert (card.id, card.parent) == (FIRST, MODEL)
     assert card.max_model_len == cards[MODEL].max_model_len
-    assert cards[NAMED].parent == PARENT and cards[NAMED].root == str(adapters["third"])
+    assert cards[NAMED].parent == PARENT and cards[NAMED].root is None
 
 
 async def test_an_adapter_gives_peft_s_greedy_output(server, adapters, reference):
@@ -252,8 +262,10 @@ async def test_an_unknown_model_is_404_model_not_found(server):
 
 
 # ---- loading and unloading at run time ---------------------------------------------------
-async def test_load_use_unload_and_reload_with_other_weights(server, adapters, reference, tmp_path):
-    folder = shutil.copytree(adapters["second"], tmp_path / "runtime")
+async def test_load_use_unload_and_reload_with_other_weights(
+    server, adapters, reference, lora_root
+):
+    folder = shutil.copytree(adapters["second"], lora_root / "runtime")
     response = await _load(server, "runtime", folder)
     assert response.status_code == 200 and "runtime" in response.text
     models = await server.async_client().models.list()
@@ -303,18 +315,23 @@ async def test_load_inplace_replaces_an_adapter(server, adapters, reference):
 @pytest.mark.parametrize(
     ("path_key", "match"),
     [
-        ("missing", "does not exist"),
+        ("missing", "which is not a directory"),
         ("too_big", "rank 32 is over max_lora_rank (16)"),
         ("head", "the LM head"),
         ("no_config", "adapter_config.json is missing"),
     ],
 )
-async def test_a_bad_load_is_400_naming_the_problem(server, adapters, tmp_path, path_key, match):
-    paths = {**adapters, "missing": tmp_path / "nowhere", "no_config": tmp_path}
-    response = await _load(server, "bad", paths[path_key])
+async def test_a_bad_load_is_400_and_the_log_names_the_problem(
+    server, adapters, lora_root, caplog, path_key, match
+):
+    (lora_root / "empty").mkdir(exist_ok=True)
+    paths = {**adapters, "missing": lora_root / "nowhere", "no_config": lora_root / "empty"}
+    with caplog.at_level(logging.WARNING, logger="services.frontend.openai.serving_lora"):
+        response = await _load(server, "bad", paths[path_key])
     assert response.status_code == 400
     error = response.json()["error"]
-    assert match in error["message"] and error["param"] == "lora_path"
+    assert error["message"] == REFUSED_PATH and error["param"] == "lora_path"
+    assert match in caplog.text and "'bad'" in caplog.text
     models = await server.async_client().models.list()
     assert "bad" not in {m.id for m in models.data}
     with pytest.raises(openai.NotFoundError):
@@ -401,12 +418,12 @@ async def test_grpc_unknown_lora_name_is_invalid_argument(stub):
     assert f"served: {FIRST}, {NAMED}" in err.value.details()
 
 
-async def test_grpc_model_info_lists_the_adapters(stub, adapters):
+async def test_grpc_model_info_lists_the_adapters(stub):
     info = await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=TIMEOUT)
     listed = {a.name: a for a in info.lora_adapters}
     assert set(listed) == {FIRST, NAMED}
     assert listed[NAMED].base_model_name == PARENT and not listed[FIRST].base_model_name
-    assert listed[FIRST].path == str(adapters["first"]) and listed[FIRST].id >= 1
+    assert listed[FIRST].id >= 1
     assert len(listed[FIRST].digest) == 16
     config = info.capabilities.lora
     assert (config.max_loras, config.max_lora_rank, config.num_layers) == (2, 16, 2)
@@ -445,8 +462,8 @@ async def test_metrics_show_the_adapters_of_running_requests(server):
     assert samples[idle] > 0  # the time of the stats
 
 
-async def test_an_adapter_whose_folder_is_gone_fails_only_its_requests(server, adapters, tmp_path):
-    folder = shutil.copytree(adapters["second"], tmp_path / "gone")
+async def test_an_adapter_whose_folder_is_gone_fails_only_its_requests(server, adapters, lora_root):
+    folder = shutil.copytree(adapters["second"], lora_root / "gone")
     assert (await _load(server, "gone", folder)).status_code == 200
     shutil.rmtree(folder)
     with pytest.raises(openai.APIError, match=r"adapter_config\.json|does not exist"):

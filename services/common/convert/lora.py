@@ -1,4 +1,8 @@
-"""LoRARequest <-> LoRAAdapter (generation.proto), and a step's LoRA columns."""
+"""LoRARequest <-> LoRAAdapter (generation.proto), and a step's LoRA columns.
+
+Between the services an adapter travels with its path (the workers read its files);
+to clients (GetModelInfo) it is a card without one (`lora_card_to_pb`): where the
+server keeps its files is not theirs to know."""
 
 from __future__ import annotations
 
@@ -14,6 +18,13 @@ def lora_to_pb(lora: LoRARequest) -> generation_pb2.LoRAAdapter:
         digest=lora.digest,
         base_model_name=lora.base_model_name or "",
     )
+
+
+def lora_card_to_pb(lora: LoRARequest) -> generation_pb2.LoRAAdapter:
+    """The adapter as a client sees it: name, id, digest and base, and no path."""
+    card = lora_to_pb(lora)
+    card.ClearField("path")
+    return card
 
 
 def lora_from_pb(message: generation_pb2.LoRAAdapter) -> LoRARequest:

@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common.engine_errors import EngineOverloadedError, EngineUnavailableError
 from services.frontend.api_key import ApiKey
+from services.frontend.lora_options import LoRAServerOptions
 from services.frontend.metrics import CONTENT_TYPE, FrontendMetrics
 from services.frontend.openai.body_limit import BodyLimitMiddleware
 from services.frontend.openai.errors import (
@@ -178,7 +179,7 @@ def _model_routes(router: APIRouter, state) -> None:
 
     @router.post("/load_lora_adapter")
     async def load_lora_adapter(request: LoadLoRAAdapterRequest) -> PlainTextResponse:
-        return PlainTextResponse(state.lora.load(request))
+        return PlainTextResponse(await state.lora.load(request))
 
     @router.post("/unload_lora_adapter")
     async def unload_lora_adapter(request: UnloadLoRAAdapterRequest) -> PlainTextResponse:
@@ -237,12 +238,12 @@ def build_app(
     api_key: str | None = None,
     metrics: FrontendMetrics | None = None,
     tool_options: ToolServerOptions | None = None,
-    lora_runtime_updates: bool = False,
+    lora: LoRAServerOptions | None = None,
 ) -> FastAPI:
     """The HTTP app for one Frontend; `served_model_names` are the names clients may use
     (the first is the default when a request names none), and so are the frontend's LoRA
     adapters. `tool_options`: the tool-calling and chat-template flags (tool_choice.py);
-    `lora_runtime_updates`: the load / unload adapter routes answer."""
+    `lora`: whether the load / unload adapter routes answer, and from which root."""
     app = FastAPI(title="pagestream", version=_version(), docs_url=None, redoc_url=None)
     state = app.state
     state.frontend = frontend
@@ -254,7 +255,7 @@ def build_app(
     state.tokenization = OpenAIServingTokenization(*args)
     state.embedding = OpenAIServingEmbedding(*args)
     state.scores = OpenAIServingScores(state.embedding)
-    state.lora = OpenAIServingLoRA(frontend, state.served_model_names, lora_runtime_updates)
+    state.lora = OpenAIServingLoRA(frontend, state.served_model_names, lora)
     state.tokenization.default_chat_template = state.chat.tool_options.chat_template
     store = ResponseStore.from_config(frontend.config)
     state.responses = OpenAIServingResponses(*args, chat=state.chat, store=store)
