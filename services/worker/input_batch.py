@@ -75,6 +75,7 @@ class InputBatch:
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}.")
         self.block_size = block_size
+        self.max_num_seqs = max_num_seqs
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.num_kv_groups = num_kv_groups

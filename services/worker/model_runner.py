@@ -169,10 +169,9 @@ class ModelRunner:
     ) -> dict[str, list[TokenLogprobs | None]]:
         if spec is None:
             return {}
-        logits = self.model.compute_logits(hidden[spec.token_indices])  # [Np, vocab]
-        if logits is None or not self.rank.is_output_rank:
+        tensors = self._prompt_logprobs_tensors(hidden, spec)
+        if tensors is None:
             return {}
-        tensors = compute_token_logprobs(logits, spec.target_ids, spec.max_num_logprobs)
         result: dict[str, list[TokenLogprobs | None]] = {}
         row = 0
         for rid, num_rows, first, k in zip(
@@ -183,3 +182,28 @@ class ModelRunner:
             result[rid] = entries
             row += num_rows
         return result
+
+    def _prompt_logprobs_tensors(
+        self, hidden: torch.Tensor, spec: PromptLogprobsInputs
+    ) -> LogprobsTensors | None:
+        """The prompt rows' logprobs [Np, k + 1], their logits computed max_num_seqs rows at
+        a time (the [max_num_seqs, vocab] logits the memory profile counts for sampling): a
+        long prompt's chunk (up to max_num_batched_tokens rows) never holds [Np, vocab]
+        float32 logits and their log_softmax at once. Every rank computes every slice
+        (tensor-parallel logits gather across ranks); only the output rank keeps them."""
+        parts, step = [], self.input_batch.max_num_seqs
+        for start in range(0, len(spec.token_indices), step):
+            rows = slice(start, start + step)
+            logits = self.model.compute_logits(hidden[spec.token_indices[rows]])  # [rows, V]
+            if logits is None or not self.rank.is_output_rank:
+                continue
+            parts.append(
+                compute_token_logprobs(logits, spec.target_ids[rows], spec.max_num_logprobs)
+            )
+        if not parts:
+            return None
+        return LogprobsTensors(
+            token_ids=torch.cat([p.token_ids for p in parts]),
+            logprobs=torch.cat([p.logprobs for p in parts]),
+            ranks=torch.cat([p.ranks for p in parts]),
+        )
