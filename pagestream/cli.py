@@ -14,6 +14,7 @@ from pathlib import Path
 from pagestream import roles, split_layout
 from pagestream.cli_flags import FRONTEND_CONFIGS, FRONTEND_ENGINE_FLAGS, RankConfig
 from pagestream.engine_args import EngineArgs
+from pagestream.start_checks import check_start
 from services.common.config import DEFAULT_MODEL
 from services.common.flags import add_flags
 from services.common.grpc_server import run
@@ -244,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        check_start(args)
         if args.command == "generate":
             return run_generate(args)
         if args.command == "bench":

@@ -34,6 +34,9 @@ class ServingConfig:
         "require this bearer key on HTTP /v1 and on the gRPC Generation API "
         "(default: $PAGESTREAM_API_KEY)",
     )
+    allow_unauthenticated: bool = flag(
+        False, "serve a --host beyond loopback with no API key (refused at start otherwise)"
+    )
 
 
 @dataclass(frozen=True)

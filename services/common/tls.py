@@ -5,10 +5,16 @@ given a CA as well demands client certificates signed by it (mutual TLS). A clie
 a CA verifies the server against it and, with a certificate and key of its own, presents
 them (the scheduler to its workers, the frontend to its scheduler). Certificates must name
 the address clients dial (a SAN such as IP:127.0.0.1 or DNS:worker).
+
+The flags are checked when the config is made, naming the flag: each file readable, the
+certificate and the CA PEM certificates, the key the certificate's own unencrypted PEM
+private key. A role that serves (every role does) also calls `check_server`: a CA alone
+would leave its server plaintext while the flags read as TLS.
 """
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,14 +22,60 @@ import grpc
 
 from services.common.flags import flag
 
+# A CA bundle of a few hundred certificates fits many times over; the bound keeps a flag
+# naming a device or a huge file from being read into memory.
+MAX_PEM_BYTES = 1 << 20
+
 
 def _read(path: str | None, flag: str) -> bytes | None:
     if path is None:
         return None
+    file = Path(path)
+    if file.exists() and not file.is_file():  # a FIFO would block the open, a device not end
+        raise ValueError(f"{flag} {path}: not a regular file.")
     try:
-        return Path(path).read_bytes()
+        with file.open("rb") as f:
+            data = f.read(MAX_PEM_BYTES + 1)
     except OSError as exc:
         raise ValueError(f"{flag} {path}: cannot read it ({exc.strerror or exc}).") from exc
+    if len(data) > MAX_PEM_BYTES:
+        raise ValueError(f"{flag} {path}: over {MAX_PEM_BYTES} bytes, not a PEM file.")
+    return data
+
+
+class _EncryptedKey(Exception):
+    """Raised by the passphrase callback: gRPC takes no passphrase, so none is asked for."""
+
+
+def _no_passphrase() -> bytes:
+    raise _EncryptedKey
+
+
+def _check_certificates(path: str, flag: str) -> None:
+    """The file holds at least one PEM certificate."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        context.load_verify_locations(cafile=path)
+    except ssl.SSLError as exc:
+        raise ValueError(f"{flag} {path}: no PEM certificate in it ({exc.reason}).") from exc
+
+
+def _check_key_pair(cert: str, key: str) -> None:
+    """The key is the certificate's own private key, in PEM and unencrypted."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(cert, key, password=_no_passphrase)
+    except _EncryptedKey:
+        raise ValueError(
+            f"--tls-key {key}: the key is encrypted; gRPC takes no passphrase, give it "
+            "unencrypted (readable by this role's user only)."
+        ) from None
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            problem = f"is not the private key of --tls-cert {cert}"
+        else:
+            problem = f"holds no PEM private key ({exc.reason})"
+        raise ValueError(f"--tls-key {key} {problem}.") from exc
 
 
 @dataclass(frozen=True)
@@ -48,6 +100,20 @@ class TlsConfig:
             ("--tls-ca", self.ca_file),
         ):
             _read(path, name)  # fail at start, naming the flag
+        if self.cert_file is not None:
+            _check_certificates(self.cert_file, "--tls-cert")
+            _check_key_pair(self.cert_file, self.key_file)
+        if self.ca_file is not None:
+            _check_certificates(self.ca_file, "--tls-ca")
+
+    def check_server(self) -> None:
+        """For a role that serves gRPC with these flags: a CA without a certificate and key
+        would leave its server plaintext while the flags read as TLS."""
+        if self.ca_file is not None and self.cert_file is None:
+            raise ValueError(
+                "--tls-ca needs --tls-cert and --tls-key: without them this role's gRPC "
+                "server would speak plaintext."
+            )
 
     @property
     def enabled(self) -> bool:
