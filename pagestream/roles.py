@@ -246,7 +246,9 @@ async def run_frontend(ns: argparse.Namespace) -> None:
         ns.scheduler, tokenizer, defaults, tls=tls, config=config, router=router
     )
     ready = asyncio.ensure_future(connecting)
-    grpc_server = await serve_frontend(ready, ns.host, ns.grpc_port, tls=tls, api_key=_api_key(ns))
+    grpc_server = await serve_frontend(
+        ready, ns.host, ns.grpc_port, tls=tls, api_key=_api_key(ns), config=config
+    )
     frontend = await ready  # raises (and exits non-zero) when the scheduler never comes up
     load_lora_modules(frontend, ns)
     http = await start_http(frontend, ns, frontend.info.model, tools)
@@ -268,7 +270,7 @@ async def run_serve(ns: argparse.Namespace) -> None:
     frontend = engine.frontend
     load_lora_modules(frontend, ns)
     grpc_server = await serve_frontend(
-        frontend, ns.host, ns.grpc_port, tls=tls_config(ns), api_key=_api_key(ns)
+        frontend, ns.host, ns.grpc_port, tls=tls_config(ns), api_key=_api_key(ns), config=config
     )
     http = await start_http(frontend, ns, engine.info.model, tools)
     where = f"gRPC {grpc_server.address}" + (f", HTTP {http.url}" if http else "")

@@ -48,6 +48,19 @@ SERVER_OPTIONS = [
 ]
 CHANNEL_OPTIONS = [*MESSAGE_OPTIONS, *KEEPALIVE_OPTIONS]
 
+
+def public_server_options(max_message_bytes: int, max_concurrent_streams: int) -> list:
+    """A public server's options: the internal ones with messages bounded like the HTTP
+    body (a client's message is held whole in memory before any check runs) and the
+    concurrent calls one connection may open bounded (HTTP/2 streams; more wait)."""
+    options = dict(SERVER_OPTIONS)
+    if max_message_bytes:
+        options["grpc.max_receive_message_length"] = max_message_bytes
+    if max_concurrent_streams:
+        options["grpc.max_concurrent_streams"] = max_concurrent_streams
+    return list(options.items())
+
+
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 HEALTH_SERVICE_NAME = health.SERVICE_NAME
@@ -124,15 +137,17 @@ async def start_server(
     port: int = 0,
     tls: TlsConfig | None = None,
     require_client_auth: bool = False,
+    options: Sequence[tuple[str, Any]] = SERVER_OPTIONS,
 ) -> GrpcServer:
     """Start a server with the role's servicers (added by `register`), health and reflection.
 
     Health starts NOT_SERVING; call `set_serving()` when the role is ready. Port 0 picks
     a free port: the bound one is `GrpcServer.port`. With `tls` carrying a certificate the
     port speaks TLS; `require_client_auth` (internal services) asks for mutual TLS when
-    `tls` has a CA.
+    `tls` has a CA. `options`: the internal services' SERVER_OPTIONS, or a public
+    server's (public_server_options).
     """
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    server = grpc.aio.server(options=list(options))
     register(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

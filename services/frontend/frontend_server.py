@@ -22,7 +22,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable
 
-from services.common.grpc_server import GrpcServer, start_server
+from services.common.grpc_server import GrpcServer, public_server_options, start_server
 from services.common.proto.pagestream.v1 import generation_pb2, generation_pb2_grpc
 from services.common.served_model_info import ServedModelInfo
 from services.common.tls import TlsConfig
@@ -133,6 +133,7 @@ async def serve_frontend(
     *,
     tls: TlsConfig | None = None,
     api_key: str | None = None,
+    config: FrontendConfig | None = None,
 ) -> FrontendServer:
     """Start Generation (+ health, reflection) on host:port; returns once it listens.
 
@@ -140,8 +141,12 @@ async def serve_frontend(
     `connect_frontend`): until it resolves, health is NOT_SERVING and calls answer
     UNAVAILABLE. Stop with `await server.stop(grace)`, or run
     `services.common.grpc_server.serve_forever(server, grace)` to stop on SIGTERM/SIGINT.
-    The caller keeps owning the Frontend (close it after stopping the server).
+    The caller keeps owning the Frontend (close it after stopping the server). `config`:
+    the frontend's limits, of which the server applies the message size and the
+    concurrent calls per connection (default: the Frontend's own config, when given one).
     """
+    if config is None:
+        config = frontend.config if isinstance(frontend, Frontend) else FrontendConfig()
     servicer = GenerationServicer(None, ApiKey(api_key))
     grpc_server = await start_server(
         lambda server: generation_pb2_grpc.add_GenerationServicer_to_server(servicer, server),
@@ -150,6 +155,7 @@ async def serve_frontend(
         port,
         tls,
         require_client_auth=False,  # the public API: any client, with the API key if set
+        options=public_server_options(config.max_request_body_bytes, config.max_concurrent_streams),
     )
     grpc_server.servicer = servicer
     handle = FrontendServer(grpc_server, servicer)

@@ -42,6 +42,11 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         self._no_streams.set()
         self._stream_tasks: set[asyncio.Task] = set()  # the Generate calls in flight
         self._background: set[asyncio.Task] = set()
+        # (peer, the client's request_id) -> the engine's id for it. Ids are the client's
+        # choice, so each Generate runs under an id of the server's: an Abort ends only
+        # the caller's own connection's request, and one client cannot probe or take
+        # another's ids.
+        self._owned: dict[tuple[str, str], str] = {}
 
     def _authorize(self, context) -> None:
         if self.api_key.required:
@@ -75,19 +80,28 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         call = generation_pb.generate_call_from_pb(
             request, chat_text, frontend.default_sampling, frontend.input_processor.loras
         )
-        self._abort_when_cancelled(context, call.request_id)
-        builder = generation_pb.ResponseBuilder(call.request_id)
-        stream = frontend.generate(**call.arguments())
-        async with contextlib.aclosing(stream):
-            async for output in stream:
-                for response in builder.responses(output):
-                    await context.write(response)
+        key = (context.peer(), call.request_id)
+        if key in self._owned:
+            raise ValueError(f"request_id {call.request_id!r} is already in use.")
+        engine_id = self._owned[key] = new_request_id()
+        try:
+            self._abort_when_cancelled(context, engine_id)
+            builder = generation_pb.ResponseBuilder(call.request_id)
+            stream = frontend.generate(**(call.arguments() | {"request_id": engine_id}))
+            async with contextlib.aclosing(stream):
+                async for output in stream:
+                    for response in builder.responses(output):
+                        await context.write(response)
+        finally:
+            del self._owned[key]
 
     @grpc_errors
     async def Abort(self, request, context) -> generation_pb2.AbortResponse:
         if not request.request_id:
             raise ValueError("request_id: give the id of the request to abort.")
-        found = await self._ready(context).abort(request.request_id)
+        frontend = self._ready(context)
+        engine_id = self._owned.get((context.peer(), request.request_id))
+        found = engine_id is not None and await frontend.abort(engine_id)
         return generation_pb2.AbortResponse(found=found)
 
     @grpc_errors
@@ -111,6 +125,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         )
         return info
 
+    # The pooling calls run under engine ids of the server's (the client's request_id is
+    # only echoed), for the reason Generate does.
     @grpc_errors
     async def Embed(self, request, context) -> generation_pb2.EmbedResponse:
         frontend = self._ready(context)
@@ -118,7 +134,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         params = pooling_pb.embed_params_from_pb(request)
         request_id = request.request_id or new_request_id()
         outputs = await frontend.encode_many(
-            prompts, params, request_id, pooling_pb.request_options(request)
+            prompts, params, new_request_id(), pooling_pb.request_options(request)
         )
         return pooling_pb.embed_response(request_id, outputs)
 
@@ -127,7 +143,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         frontend = self._ready(context)
         plan = self._plan(frontend, pooling_pb.score_pairs_from_pb(request), request)
         request_id = request.request_id or new_request_id()
-        outputs = await self._pool_plan(frontend, plan, request, request_id)
+        outputs = await self._pool_plan(frontend, plan, request, new_request_id())
         return pooling_pb.score_response(request_id, plan, outputs)
 
     @grpc_errors
@@ -135,7 +151,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         frontend = self._ready(context)
         plan = self._plan(frontend, pooling_pb.rerank_pairs_from_pb(request), request)
         request_id = request.request_id or new_request_id()
-        outputs = await self._pool_plan(frontend, plan, request, request_id)
+        outputs = await self._pool_plan(frontend, plan, request, new_request_id())
         return pooling_pb.rerank_response(request, request_id, plan, outputs)
 
     @grpc_errors
@@ -146,7 +162,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         params = classification_params(pooling_pb.optional(request, "truncate_prompt_tokens"))
         request_id = request.request_id or new_request_id()
         outputs = await frontend.encode_many(
-            prompts, params, request_id, pooling_pb.request_options(request)
+            prompts, params, new_request_id(), pooling_pb.request_options(request)
         )
         return pooling_pb.classify_response(request_id, pooler, outputs)
 
