@@ -166,8 +166,8 @@ def _llama_twin(gguf_path: Path, out_dir: Path) -> Path:
     its `{arch}.*` keys renamed `llama.*`: what transformers' GGUF readers take."""
     from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
+    arch = gguf_architecture(gguf_path)  # validated first: GGUFReader trusts the header
     reader = GGUFReader(str(gguf_path))
-    arch = gguf_architecture(gguf_path)
     twin = out_dir / "llama-twin.gguf"
     writer = GGUFWriter(str(twin), "llama")
     for field in reader.fields.values():

@@ -75,6 +75,9 @@ def write_encoder_folder(gguf_path: Path, out_dir: Path) -> None:
     """The sentence-transformers folder of an encoder GGUF file (see the module doc)."""
     from gguf import GGUFReader
 
+    from services.common.gguf_file import GGUFFile
+
+    GGUFFile(gguf_path)  # validated first: GGUFReader trusts the file's header
     reader = GGUFReader(str(gguf_path))
     meta = {name: field.contents() for name, field in reader.fields.items()}
     arch = meta["general.architecture"]

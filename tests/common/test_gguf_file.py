@@ -51,7 +51,7 @@ def test_a_truncated_file_names_the_file_and_the_tensor(tiny_file, tmp_path):
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(path.read_bytes()[:-100])
     last = GGUFFile(path).tensors[-1].name
-    with pytest.raises(GGUFError, match=f"{cut} is truncated: tensor {last}"):
+    with pytest.raises(GGUFError, match=f"{cut} is truncated: tensor '{last}'"):
         GGUFFile(cut)
     with pytest.raises(ModelLoadError, match="truncated"):
         list(iterate_gguf_weights(cut, config, quantized=True))

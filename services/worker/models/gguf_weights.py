@@ -31,7 +31,7 @@ import torch
 from transformers import PretrainedConfig
 
 from services.common.gguf_conversion import GGUF_NATIVE_ARCHITECTURES
-from services.common.gguf_file import GGUFError, GGUFFile, GGUFTensor
+from services.common.gguf_file import GGUFFile, GGUFTensor
 from services.common.model_errors import ModelLoadError
 from services.worker.layers.quantization import (
     QuantizedWeight,
@@ -155,10 +155,7 @@ def iterate_gguf_weights(
     """(HF name, tensor) for every tensor of `path` the HF model has; `wanted(name)` False
     skips a tensor without decoding it. Raises ModelLoadError for an architecture outside
     the native family or, when `quantized`, a block type our kernels do not run."""
-    try:
-        gguf = GGUFFile(path)
-    except GGUFError as exc:
-        raise ModelLoadError(str(exc)) from exc
+    gguf = GGUFFile(path)  # a malformed file: GGUFError, a ModelLoadError naming the field
     arch = gguf.architecture
     if arch not in GGUF_NATIVE_ARCHITECTURES:
         raise ModelLoadError(
