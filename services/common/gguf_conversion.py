@@ -118,6 +118,11 @@ def _move_into_place(tmp_dir: Path, out_dir: Path, gguf_path: Path) -> None:
             raise
 
 
+_REFETCH = (
+    "It may be corrupt or truncated: fetch it again (for the default model: run `make setup`)."
+)
+
+
 def gguf_architecture(gguf_path: Path) -> str:
     """The file's general.architecture ("llama", "qwen2", ...)."""
     from services.common.gguf_file import GGUFFile
@@ -129,8 +134,10 @@ def write_hf_folder(gguf_path: Path, out_dir: Path) -> None:
     """Write an HF folder for `gguf_path`: config.json, generation_config.json and the
     tokenizer files (with the chat template), and model.safetensors (float32, de-quantized)
     unless the architecture is one the native models read from the GGUF file."""
+    from services.common.gguf_file import GGUFError
+
     try:
-        arch = gguf_architecture(gguf_path)
+        arch = gguf_architecture(gguf_path)  # the file validated before any other reader
         if arch in ENCODER_ARCHITECTURES:
             write_encoder_folder(gguf_path, out_dir)
             return
@@ -144,12 +151,13 @@ def write_hf_folder(gguf_path: Path, out_dir: Path) -> None:
             config = _smollm3_config(config, gguf_path)
         if readable != gguf_path:
             readable.unlink()
+    except GGUFError as exc:  # its message names the file and the field; add the remedy
+        raise GGUFError(f"{exc}. {_REFETCH}") from exc
     except ModelLoadError:
         raise
     except Exception as exc:  # GGUF parsing raises many types; report one clear error
         raise ModelLoadError(
-            f"could not read GGUF file {gguf_path} ({type(exc).__name__}: {exc}). It may be "
-            "corrupt or truncated: fetch it again (for the default model: run `make setup`)."
+            f"could not read GGUF file {gguf_path} ({type(exc).__name__}: {exc}). {_REFETCH}"
         ) from exc
     from safetensors.torch import save_file
     from transformers import GenerationConfig
