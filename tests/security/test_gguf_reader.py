@@ -267,6 +267,17 @@ def test_a_hostile_file_is_a_model_load_error_on_the_users_path(tmp_path, monkey
     assert not any((tmp_path / "cache" / "models").iterdir())
 
 
+def test_llm_refuses_a_hostile_file_with_the_readers_error(tmp_path, monkeypatch):
+    """LLM("bad.gguf"): the same GGUFError, before any worker or engine starts."""
+    from pagestream import LLM
+
+    monkeypatch.setenv("PAGESTREAM_CACHE", str(tmp_path / "cache"))
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(gguf_bytes(tensors=[TENSORS[0], tensor("b", [8, 4], offset=36)]))
+    with pytest.raises(GGUFError, match="tensor 'b' starts at data offset 36, not a multiple"):
+        LLM(str(bad))
+
+
 # -- property: random and mutated files ----------------------------------------------------
 
 
