@@ -67,3 +67,23 @@ def test_held_text_is_released_when_finished(byte_tokenizer):
     detok = IncrementalDetokenizer(byte_tokenizer, [], SamplingParams(stop=["STOP!"]))
     assert detok.update(byte_tokenizer.encode("ok STO"), finished=False).text_delta == "ok "
     assert detok.update([], finished=True).text_delta == "STO"
+
+
+def test_a_multibyte_stop_string_across_tokens(byte_tokenizer):
+    ids = byte_tokenizer.encode("日本語のテキストです。")
+    detok, deltas = _stream(byte_tokenizer, [], ids, SamplingParams(stop=["のテ"]))
+    assert detok.stop_string == "のテ"
+    assert "".join(deltas) == detok.output_text == "日本語"
+    assert all("\ufffd" not in d for d in deltas)
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_in_one_step_the_stop_completed_first_wins(byte_tokenizer, include):
+    ids = byte_tokenizer.encode("The end is near; the end is here.")
+    params = SamplingParams(stop=["end is near", "end is"], include_stop_str_in_output=include)
+    detok = IncrementalDetokenizer(byte_tokenizer, [], params)
+    update = detok.update(ids, finished=False)
+    # Each token's text is searched as it comes: "end is" is complete before "near" is.
+    assert update.stop_string == "end is"
+    assert update.text_delta == detok.output_text == ("The end is" if include else "The ")
+    assert byte_tokenizer.decode(ids[: update.num_tokens_kept]) == "The end is"
