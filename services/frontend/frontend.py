@@ -203,6 +203,9 @@ class Frontend:
         epoch = self._epoch
         try:
             await self.client.add_request(request)
+        except asyncio.CancelledError:
+            self._withdraw(request.request_id)
+            raise
         except BaseException:
             self._forget(request.request_id)
             raise
@@ -268,6 +271,20 @@ class Frontend:
         re-added under the same id is never the one that abort ends."""
         self._queues.pop(request_id, None)
         self._spawn(self.client.abort([request_id]))
+
+    def _withdraw(self, request_id: str) -> None:
+        """A request whose caller was cancelled while it was being added: the engine core
+        may have it (or get it: the client sends a started add whole), with nobody left to
+        read it. Abort it, and forget it once the abort is sent after the add: the stream
+        is ordered, so the abort cannot end a later request under the same id."""
+        self._queues.pop(request_id, None)
+        self._spawn(self._abort_then_forget(request_id))
+
+    async def _abort_then_forget(self, request_id: str) -> None:
+        try:
+            await self.client.abort([request_id])
+        finally:
+            self._forget(request_id)
 
     async def abort(self, request_id: str) -> bool:
         """End a request; its stream gets a final output with finish_reason "abort"."""

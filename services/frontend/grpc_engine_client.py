@@ -70,6 +70,7 @@ class GrpcEngineCoreClient:
         self.health = EngineCoreHealth(self._channel, ENGINE_CORE_SERVICE, address)
         self._call = None
         self._write_lock = asyncio.Lock()
+        self._writes: set[asyncio.Future] = set()  # shielded writes whose caller may be gone
         self._closed = False
 
     @classmethod
@@ -141,7 +142,22 @@ class GrpcEngineCoreClient:
         return EngineUnavailableError(f"the engine core at {self.address} failed: {detail}")
 
     async def _write(self, message: engine_pb2.EngineRequest) -> None:
-        async with self._write_lock:
+        """Send one message whole, even when the caller is cancelled meanwhile: grpc.aio
+        cancels the whole call when a write is cancelled, which would end every request
+        on this stream (a client that hangs up while its add is on the way). The caller
+        then no longer knows whether the engine core got it; the Frontend aborts it."""
+        write = asyncio.ensure_future(self._write_now(message))
+        self._writes.add(write)
+        write.add_done_callback(self._written)
+        await asyncio.shield(write)
+
+    def _written(self, write: asyncio.Future) -> None:
+        self._writes.discard(write)
+        if not write.cancelled():
+            write.exception()  # a caller that was cancelled meanwhile never reads it
+
+    async def _write_now(self, message: engine_pb2.EngineRequest) -> None:
+        async with self._write_lock:  # one write at a time, in the order they were asked
             try:
                 await self._stream().write(message)
             except _RPC_FAILURES as exc:

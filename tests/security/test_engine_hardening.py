@@ -4,16 +4,34 @@ blow up fail fast, and KV events go only to authenticated internal peers."""
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
+import pytest
 import torch
 
+from services.common.config import CacheConfig, SchedulerConfig
 from services.common.rank_info import RankInfo
+from services.common.sampling_params import SamplingParams
+from services.common.served_model_info import ServedModelInfo
+from services.frontend.frontend import Frontend
+from services.frontend.grpc_engine_client import GrpcEngineCoreClient
+from services.scheduler.async_engine_core import AsyncEngineCore
+from services.scheduler.engine_core import EngineCore
+from services.scheduler.engine_core_service import serve_engine_core
+from services.scheduler.executor.uni import UniExecutor
+from services.scheduler.scheduler import Scheduler
 from services.worker.model_runner import ModelRunner
 from services.worker.sampler import compute_token_logprobs
 from services.worker.step_inputs import PromptLogprobsInputs
+from tests.helpers.eventually import eventually_async
+from tests.helpers.tiny_tokenizer import build_tokenizer
+from tests.scheduler.stand_in_worker import EOS_TOKEN_ID, VOCAB_SIZE, StandInWorker
 
 VOCAB = 97
+TIMEOUT_S = 30  # a safety net against hangs, never a timing assertion
+NUM_BLOCKS = 1024  # room for a request to run to its 2000 tokens
+INFO = ServedModelInfo("stand-in", 2048, VOCAB_SIZE, (EOS_TOKEN_ID,), block_size=4)
 
 
 class _LogitsRecorder:
@@ -57,3 +75,78 @@ def test_prompt_logprobs_of_a_long_chunk_are_computed_in_bounded_slices() -> Non
     assert [e.token_ids for e in first] == full.token_ids[:7, :3].tolist()
     assert [e.ranks for e in result["r1"][1:]] == full.ranks[7:, :1].tolist()
     torch.testing.assert_close(torch.tensor([e.logprobs for e in first]), full.logprobs[:7, :3])
+
+
+# ---- a client that hangs up while its request is being added --------------------------
+
+
+class _SlowSend:
+    """The frontend's Connect call, its first write held after sending as a send waiting on
+    HTTP/2 flow control is; cancelled meanwhile it cancels the call, as grpc.aio does."""
+
+    def __init__(self, call) -> None:
+        self.call = call
+        self.holding = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def write(self, message) -> None:
+        await self.call.write(message)
+        if self.holding.is_set():
+            return
+        self.holding.set()
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.call.cancel()
+            raise
+
+    def __getattr__(self, name):
+        return getattr(self.call, name)
+
+
+@pytest.fixture
+async def grpc_stand_in():
+    """A Frontend over GrpcEngineCoreClient over the EngineCore service of a stand-in worker."""
+    config = SchedulerConfig(max_model_len=2048, max_num_batched_tokens=32)
+    scheduler = Scheduler(config, CacheConfig(block_size=4), num_gpu_blocks=NUM_BLOCKS)
+    worker = StandInWorker(NUM_BLOCKS, 4)
+    core = AsyncEngineCore(EngineCore(scheduler, UniExecutor(worker)))
+    server = await serve_engine_core(core, INFO)
+    client = await GrpcEngineCoreClient.connect(server.address, timeout_s=TIMEOUT_S)
+    frontend = Frontend(client, build_tokenizer(), INFO)
+    yield SimpleNamespace(frontend=frontend, client=client, scheduler=scheduler, worker=worker)
+    await frontend.close()
+    await server.stop(0)
+
+
+async def _run(frontend, request_id: str, max_tokens: int):
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    prompt = {"prompt_token_ids": [5, 6, 7, 8, 9]}
+    return [o async for o in frontend.generate(prompt, params, request_id)][-1]
+
+
+async def test_a_client_gone_during_its_add_leaves_nothing_running(grpc_stand_in):
+    """A consumer cancelled while its add is on the way: its request ends in the engine
+    core (aborted, blocks freed) and nobody else's request on the same stream fails."""
+    frontend, scheduler = grpc_stand_in.frontend, grpc_stand_in.scheduler
+    steady = asyncio.create_task(_run(frontend, "steady", 60))
+    await eventually_async(lambda: "steady" in scheduler.requests, timeout=TIMEOUT_S)
+    slow = _SlowSend(grpc_stand_in.client._call)
+    grpc_stand_in.client._call = slow
+    victim = asyncio.create_task(_run(frontend, "victim", 2000))
+    await asyncio.wait_for(slow.holding.wait(), TIMEOUT_S)
+    victim.cancel()
+    await asyncio.sleep(0.05)
+    slow.release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await victim
+
+    final = await asyncio.wait_for(steady, TIMEOUT_S)
+    assert final.outputs[0].finish_reason == "length"
+    assert len(final.outputs[0].token_ids) == 60
+    await eventually_async(lambda: not scheduler.requests, timeout=TIMEOUT_S)
+    assert scheduler.kv.num_free_blocks == NUM_BLOCKS
+    victim_steps = [p for p in grpc_stand_in.worker.plans if "victim" in p.num_scheduled_tokens]
+    assert 0 < len(victim_steps) < 1000  # it reached the engine core, and was aborted there
+    assert frontend.num_live_requests() == 0
+    assert not frontend.output_processor.states
