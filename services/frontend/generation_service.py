@@ -19,7 +19,7 @@ import contextlib
 import logging
 
 from services.common.convert.engine_io import served_model_info_to_pb
-from services.common.convert.lora import lora_to_pb
+from services.common.convert.lora import lora_card_to_pb
 from services.common.engine_errors import EngineUnavailableError
 from services.common.grpc_errors import grpc_errors
 from services.common.proto.pagestream.v1 import generation_pb2, generation_pb2_grpc
@@ -121,7 +121,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         frontend = self._ready(context)
         info = served_model_info_to_pb(frontend.info)
         info.lora_adapters.extend(
-            lora_to_pb(a) for a in frontend.input_processor.loras.adapters.values()
+            lora_card_to_pb(a) for a in frontend.input_processor.loras.adapters.values()
         )
         return info
 

@@ -181,6 +181,7 @@ class OpenAIServingChat(ServingBase):
     async def create_chat_completion(self, request: ChatCompletionRequest, raw_request: Request):
         model = self.check_model(request.model)
         request.check()
+        self.limits.check_tools(request.tools)  # before a grammar is built from them
         plan = plan_tools(request, self.tool_options)
         job = await self.build_job(request, model, plan, random_id("chatcmpl"))
         tracker = ChatTracker(request, job, self.frontend.tokenizer, plan.parser)
@@ -237,7 +238,6 @@ class OpenAIServingChat(ServingBase):
     def _check_limits(self, request: ChatCompletionRequest, fields: ChatFields) -> None:
         """The frontend's limits, before the chat template or the tokenizer runs."""
         self.limits.check_messages([message_text(m) for m in request.messages], fields.messages)
-        self.limits.check_tools(request.tools)
         self.limits.check_n(request.n)
         self.limits.check_max_tokens(request.requested_max_tokens, fields.max_tokens_param(request))
 

@@ -170,6 +170,7 @@ class OpenAIServingResponses(ServingBase):
         instructions = [ChatMessage(role="system", content=request.instructions)]
         messages = (instructions if request.instructions is not None else []) + history
         tools = request.function_tools()
+        self.limits.check_tools(tools)  # before a grammar is built from them
         chat_request = request.chat_request(messages, tools)
         plan = plan_tools(chat_request, self.chat.tool_options)
         response_id = new_id("resp")
