@@ -27,6 +27,7 @@ from services.common.flags import flag
 from services.common.lora_config import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, LoRAConfig
 from services.common.pooler_config import PoolerConfig
 from services.common.speculative_config import SpeculativeConfig
+from services.scheduler.kv_events_access import DEFAULT_KV_EVENTS, KV_EVENTS_MODES
 
 GIB = 1024**3
 # The serving roles' bound on waiting requests (--max-waiting-requests): four batches of the
@@ -169,6 +170,14 @@ class EngineArgs:
         f"wait to be scheduled; 0: no bound (default {SERVING_MAX_WAITING_REQUESTS}; "
         "`generate` queues every prompt)",
         cli_default=SERVING_MAX_WAITING_REQUESTS,
+    )
+    kv_events: str = flag(
+        DEFAULT_KV_EVENTS,
+        "who may watch the scheduler's prefix-cache events (the block hashes of every "
+        "client's prompts; a data-parallel frontend routes by them): authenticated (peers on "
+        "this host, and peers with a client certificate from --tls-ca), any (every peer that "
+        "reaches the port: only where a network policy admits just the frontends), off",
+        choices=KV_EVENTS_MODES,
     )
 
     speculative_config: str | Mapping | None = flag(

@@ -71,6 +71,7 @@ class GrpcEngineCoreClient:
         self._call = None
         self._write_lock = asyncio.Lock()
         self._writes: set[asyncio.Future] = set()  # shielded writes whose caller may be gone
+        self._kv_events_refused = False  # logged once
         self._closed = False
 
     @classmethod
@@ -209,9 +210,20 @@ class GrpcEngineCoreClient:
             async for message in call:
                 yield kv_events_from_pb(message)
         except _RPC_FAILURES as exc:
+            self._note_refusal(exc)
             raise self._unavailable(exc) from exc
         finally:
             call.cancel()
+
+    def _note_refusal(self, exc: BaseException) -> None:
+        """A scheduler that keeps its KV events from this frontend (--kv-events): said once,
+        as a warning; the router then routes without that scheduler's cache."""
+        code = getattr(exc, "code", None)
+        if self._kv_events_refused or not callable(code):
+            return
+        if code() == grpc.StatusCode.PERMISSION_DENIED:
+            self._kv_events_refused = True
+            logger.warning("the engine core at %s: %s", self.address, exc.details())
 
     async def get_engine_info(self) -> ServedModelInfo:
         try:

@@ -36,6 +36,7 @@ from services.common.tls import TlsConfig
 from services.scheduler.async_engine_core import AsyncEngineCore, refusal
 from services.scheduler.engine_core_builder import EngineCoreArgs, EngineCoreBuilder
 from services.scheduler.executor.worker_group import GroupArgs, WorkerGroupExecutor
+from services.scheduler.kv_events_access import DEFAULT_KV_EVENTS, KvEventsAccess
 
 logger = logging.getLogger(__name__)
 
@@ -45,15 +46,20 @@ RECONNECT_WAIT_S = 5.0
 class SchedulerArgs(EngineCoreArgs, GroupArgs, Protocol):
     """What the scheduler role needs from pagestream.engine_args.EngineArgs."""
 
+    kv_events: str  # who may watch the KV events (services/scheduler/kv_events_access.py)
+
 
 ENGINE_CORE_SERVICE = engine_pb2.DESCRIPTOR.services_by_name["EngineCore"].full_name
 _END = object()
 
 
 class EngineCoreServicer(engine_pb2_grpc.EngineCoreServicer):
-    def __init__(self, core: AsyncEngineCore, info: ServedModelInfo) -> None:
+    def __init__(
+        self, core: AsyncEngineCore, info: ServedModelInfo, kv_events: KvEventsAccess
+    ) -> None:
         self.core = core
         self.info = info
+        self.kv_events = kv_events
         # Called once the engine loop has died (serve_engine_core: health NOT_SERVING).
         self.on_dead: Callable[[], Awaitable[None]] | None = None
         self._disconnects: set[asyncio.Task] = set()
@@ -119,7 +125,12 @@ class EngineCoreServicer(engine_pb2_grpc.EngineCoreServicer):
 
     @grpc_errors
     async def WatchKvEvents(self, request, context):
-        """A snapshot of the prefix cache, then its changes and the load, step by step."""
+        """A snapshot of the prefix cache, then its changes and the load, step by step; only
+        to the peers KvEventsAccess admits (the hashes tell whose prefixes are cached)."""
+        refused = self.kv_events.refusal(context.peer(), context.peer_identities())
+        if refused is not None:
+            logger.warning("WatchKvEvents from %s refused", context.peer())
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, refused)
         queue = await self.core.subscribe_kv_events()
         try:
             while (batch := await queue.get()) is not None:
@@ -145,14 +156,17 @@ async def serve_engine_core(
     host: str = "127.0.0.1",
     port: int = 0,
     tls: TlsConfig | None = None,
+    kv_events: str = DEFAULT_KV_EVENTS,
 ) -> GrpcServer:
     """Serve an engine core (over any executor) as the EngineCore service, SERVING.
 
     Health turns NOT_SERVING when the engine loop dies (e.g. its worker is gone).
     Stopping the server shuts the engine core's loop down. With `tls`: TLS, and mutual
     TLS when it has a CA (only frontends with a certificate from it may connect).
+    `kv_events` says who may watch the KV events (KvEventsAccess).
     """
-    servicer = EngineCoreServicer(core, info)
+    mutual_tls = tls is not None and tls.cert_file is not None and tls.ca_file is not None
+    servicer = EngineCoreServicer(core, info, KvEventsAccess(kv_events, mutual_tls))
     server = await start_server(
         lambda s: engine_pb2_grpc.add_EngineCoreServicer_to_server(servicer, s),
         [ENGINE_CORE_SERVICE],
@@ -206,6 +220,6 @@ async def serve_built_engine_core(
     """
     core, info = await asyncio.to_thread(builder.build, worker_timeout_s)
     engine = AsyncEngineCore(core, rebuild=builder.rebuild, max_rebuilds=max_rebuilds)
-    server = await serve_engine_core(engine, info, host, port, tls)
+    server = await serve_engine_core(engine, info, host, port, tls, builder.args.kv_events)
     server.add_cleanup(lambda: asyncio.to_thread(builder.close))  # after the core stops
     return server

@@ -5,12 +5,16 @@ blow up fail fast, and KV events go only to authenticated internal peers."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import socket
 from types import SimpleNamespace
 
+import grpc
 import pytest
 import torch
 
 from services.common.config import CacheConfig, SchedulerConfig
+from services.common.proto.pagestream.v1 import engine_pb2, engine_pb2_grpc
 from services.common.rank_info import RankInfo
 from services.common.sampling_params import SamplingParams
 from services.common.served_model_info import ServedModelInfo
@@ -20,6 +24,7 @@ from services.scheduler.async_engine_core import AsyncEngineCore
 from services.scheduler.engine_core import EngineCore
 from services.scheduler.engine_core_service import serve_engine_core
 from services.scheduler.executor.uni import UniExecutor
+from services.scheduler.kv_events_access import KvEventsAccess, is_local_peer
 from services.scheduler.scheduler import Scheduler
 from services.worker.model_runner import ModelRunner
 from services.worker.sampler import compute_token_logprobs
@@ -150,3 +155,98 @@ async def test_a_client_gone_during_its_add_leaves_nothing_running(grpc_stand_in
     assert 0 < len(victim_steps) < 1000  # it reached the engine core, and was aborted there
     assert frontend.num_live_requests() == 0
     assert not frontend.output_processor.states
+
+
+# ---- KV events: only to authenticated internal peers ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("peer", "local"),
+    [
+        ("ipv4:127.0.0.1:40000", True),
+        ("ipv4:127.8.9.10:40000", True),
+        ("ipv6:[::1]:40000", True),
+        ("ipv6:%5B::1%5D:40000", True),
+        ("ipv6:[::ffff:127.0.0.1]:40000", True),
+        ("unix:/tmp/pagestream.sock", True),
+        ("ipv4:10.0.0.7:40000", False),
+        ("ipv6:[fd00::2]:40000", False),
+        ("ipv6:[::ffff:10.0.0.7]:40000", False),
+        ("ipv4:not-an-address:1", False),
+        ("vsock:3:1024", False),
+    ],
+)
+def test_local_peers_are_loopback_and_unix_sockets(peer, local) -> None:
+    assert is_local_peer(peer) is local
+
+
+def test_kv_events_go_to_local_or_certified_peers_only() -> None:
+    remote, certified = "ipv4:10.0.0.7:40000", [b"frontend"]
+    plain = KvEventsAccess()
+    assert plain.refusal("ipv4:127.0.0.1:1", None) is None
+    assert "--tls-ca" in plain.refusal(remote, None)
+    assert plain.refusal(remote, certified) is not None  # not a port that verifies them
+    mtls = KvEventsAccess(mutual_tls=True)
+    assert mtls.refusal(remote, certified) is None
+    assert mtls.refusal(remote, None) is not None
+    assert KvEventsAccess("any").refusal(remote, None) is None
+    assert "--kv-events off" in KvEventsAccess("off").refusal("unix:/x", None)
+    with pytest.raises(ValueError, match="kv_events must be one of"):
+        KvEventsAccess("open")
+
+
+async def _watch(address: str) -> grpc.StatusCode | None:
+    """The first KV-event batch over a plain channel, as anyone who reaches the port would
+    ask for it: None when one came, else the call's status code."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = engine_pb2_grpc.EngineCoreStub(channel)
+        call = stub.WatchKvEvents(engine_pb2.WatchKvEventsRequest(), timeout=TIMEOUT_S)
+        try:
+            await call.read()
+        except grpc.aio.AioRpcError as exc:
+            return exc.code()
+        finally:
+            call.cancel()
+    return None
+
+
+def _host_address() -> str | None:
+    """This host's address on its default route, when it has one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # no packet is sent: it only picks a route
+        except OSError:
+            return None
+        address = probe.getsockname()[0]
+    return None if ipaddress.ip_address(address).is_loopback else address
+
+
+@pytest.fixture
+async def exposed_engine_core():
+    """An engine core on every interface, plaintext (as `scheduler --host 0.0.0.0`)."""
+    config = SchedulerConfig(max_model_len=256, max_num_batched_tokens=32)
+    scheduler = Scheduler(config, CacheConfig(block_size=4), num_gpu_blocks=16)
+    core = AsyncEngineCore(EngineCore(scheduler, UniExecutor(StandInWorker(16, 4))))
+    server = await serve_engine_core(core, INFO, "0.0.0.0", 0)
+    yield server
+    await server.stop(0)
+
+
+async def test_kv_events_are_refused_to_a_remote_plaintext_peer(exposed_engine_core):
+    host = _host_address()
+    if host is None:
+        pytest.skip("this host has no address but loopback to connect from")
+    assert await _watch(f"127.0.0.1:{exposed_engine_core.port}") is None
+    refused = await _watch(f"{host}:{exposed_engine_core.port}")
+    assert refused == grpc.StatusCode.PERMISSION_DENIED
+
+
+async def test_kv_events_off_refuses_everyone():
+    config = SchedulerConfig(max_model_len=256, max_num_batched_tokens=32)
+    scheduler = Scheduler(config, CacheConfig(block_size=4), num_gpu_blocks=16)
+    core = AsyncEngineCore(EngineCore(scheduler, UniExecutor(StandInWorker(16, 4))))
+    server = await serve_engine_core(core, INFO, kv_events="off")
+    try:
+        assert await _watch(server.address) == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        await server.stop(0)
