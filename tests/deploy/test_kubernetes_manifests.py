@@ -368,3 +368,23 @@ def test_commands_parse_with_the_pagestream_cli(where, argv):
     except SystemExit as exc:
         pytest.fail(f"{where}: pagestream rejects {' '.join(argv)} (exit {exc.code})")
     assert ns.command == argv[1] and ns.model == "/models/m"
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_the_frontend_requires_the_api_key(name, monkeypatch):
+    """The key comes from a Secret that must exist (not optional: the pod waits for it), and
+    the command, listening on 0.0.0.0, is one the frontend refuses to start without it."""
+    from pagestream.start_checks import check_start
+
+    (frontend,) = component(layout(name), "Deployment", "frontend").values()
+    c = container(frontend)
+    ref = env(c)["PAGESTREAM_API_KEY"]["valueFrom"]["secretKeyRef"]
+    assert ref["name"] == "pagestream-api-key" and ref["key"] == "api-key"
+    assert ref.get("optional", False) is False
+    argv = [arg.replace("$(MODEL)", "/models/m") for arg in c["command"][1:]]
+    assert "--allow-unauthenticated" not in argv and "--api-key" not in argv
+    monkeypatch.delenv("PAGESTREAM_API_KEY", raising=False)
+    with pytest.raises(ValueError, match="no API key"):
+        check_start(strict_parser().parse_args(argv))
+    monkeypatch.setenv("PAGESTREAM_API_KEY", "from the secret")
+    check_start(strict_parser().parse_args(argv))
