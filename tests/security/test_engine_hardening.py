@@ -18,6 +18,7 @@ from services.common.proto.pagestream.v1 import engine_pb2, engine_pb2_grpc
 from services.common.rank_info import RankInfo
 from services.common.sampling_params import SamplingParams
 from services.common.served_model_info import ServedModelInfo
+from services.common.tls import TlsConfig
 from services.frontend.frontend import Frontend
 from services.frontend.grpc_engine_client import GrpcEngineCoreClient
 from services.scheduler.async_engine_core import AsyncEngineCore
@@ -29,6 +30,7 @@ from services.scheduler.scheduler import Scheduler
 from services.worker.model_runner import ModelRunner
 from services.worker.sampler import compute_token_logprobs
 from services.worker.step_inputs import PromptLogprobsInputs
+from tests.common.certs import make_pki
 from tests.helpers.eventually import eventually_async
 from tests.helpers.tiny_tokenizer import build_tokenizer
 from tests.scheduler.stand_in_worker import EOS_TOKEN_ID, VOCAB_SIZE, StandInWorker
@@ -248,5 +250,30 @@ async def test_kv_events_off_refuses_everyone():
     server = await serve_engine_core(core, INFO, kv_events="off")
     try:
         assert await _watch(server.address) == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        await server.stop(0)
+
+
+async def test_kv_events_reach_a_remote_peer_with_a_client_certificate(tmp_path):
+    """Mutual TLS on every interface: a remote frontend with a certificate from --tls-ca
+    watches (grpc's peer_identities hold its verified certificate)."""
+    host = _host_address()
+    if host is None:
+        pytest.skip("this host has no address but loopback to connect from")
+    pki = make_pki(tmp_path)
+    config = SchedulerConfig(max_model_len=256, max_num_batched_tokens=32)
+    scheduler = Scheduler(config, CacheConfig(block_size=4), num_gpu_blocks=16)
+    core = AsyncEngineCore(EngineCore(scheduler, UniExecutor(StandInWorker(16, 4))))
+    tls = TlsConfig(pki.server.cert, pki.server.key, pki.ca)
+    server = await serve_engine_core(core, INFO, "0.0.0.0", 0, tls)
+    client = TlsConfig(pki.client.cert, pki.client.key, pki.ca).channel_credentials()
+    options = [("grpc.ssl_target_name_override", "localhost")]  # the leaf names localhost
+    try:
+        async with grpc.aio.secure_channel(f"{host}:{server.port}", client, options) as channel:
+            stub = engine_pb2_grpc.EngineCoreStub(channel)
+            call = stub.WatchKvEvents(engine_pb2.WatchKvEventsRequest(), timeout=TIMEOUT_S)
+            batch = await call.read()
+            call.cancel()
+        assert batch.reset
     finally:
         await server.stop(0)
