@@ -8,8 +8,8 @@ the text read before and however many stops there are. Each node also knows the 
 stop string that ends there, so a match is seen on the character that completes it.
 
 Building costs O(total length of the stops) in time and memory, and the result is immutable:
-`stop_automaton` keeps the last few built, so a request's n sequences (and requests with
-the same stops) share one.
+`stop_automaton` keeps the last few built (a bounded number of nodes in all), so a
+request's n sequences (and requests with the same stops) share one.
 
 The trie lives in flat arrays rather than a dict per node, since the stops of one request
 can add up to many characters: inserting a stop creates its new nodes consecutively, so a
@@ -19,15 +19,17 @@ where a stop leaves the existing trie, at most one per stop, is kept in a dict.
 
 from __future__ import annotations
 
+import threading
 from array import array
+from collections import OrderedDict
 from collections.abc import Iterator
-from functools import lru_cache
 
 ROOT = 0
 _NONE = -1
-# Distinct stop tuples whose automata are kept; each is bounded by the request limits on
-# the count and length of stop strings.
-_CACHED_AUTOMATA = 32
+# The automata kept for reuse hold at most this many trie nodes together (about 20 bytes
+# each), and are at most this many; the one just asked for is kept even when larger.
+_CACHED_NODES = 1 << 20
+_CACHED_AUTOMATA = 64
 
 
 class StopAutomaton:
@@ -41,9 +43,9 @@ class StopAutomaton:
         self._chains: list[tuple[int, int, int]] = []  # (first depth, first node, last depth)
         for index, stop in enumerate(stops):
             self._insert(index, stop)
-        size = len(self._owner)
-        self._fail = array("i", [ROOT]) * size
-        self._match = array("i", [_NONE]) * size  # the longest stop that is a suffix
+        self.size = len(self._owner)  # trie nodes, what its memory is proportional to
+        self._fail = array("i", [ROOT]) * self.size
+        self._match = array("i", [_NONE]) * self.size  # the longest stop that is a suffix
         self._link()
 
     def depth(self, state: int) -> int:
@@ -112,6 +114,18 @@ class StopAutomaton:
                 yield first_node + depth - first_depth
 
 
-@lru_cache(maxsize=_CACHED_AUTOMATA)
+_cache: OrderedDict[tuple[str, ...], StopAutomaton] = OrderedDict()  # least recent first
+_cache_lock = threading.Lock()  # stop_automaton may be called from any thread
+
+
 def stop_automaton(stops: tuple[str, ...]) -> StopAutomaton:
-    return StopAutomaton(stops)
+    """The automaton for `stops`, shared by the sequences (and requests) with these stops."""
+    with _cache_lock:
+        automaton = _cache.pop(stops, None)
+        if automaton is None:
+            automaton = StopAutomaton(stops)
+        _cache[stops] = automaton
+        total = sum(kept.size for kept in _cache.values())
+        while len(_cache) > 1 and (total > _CACHED_NODES or len(_cache) > _CACHED_AUTOMATA):
+            total -= _cache.popitem(last=False)[1].size
+        return automaton

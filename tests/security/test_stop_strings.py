@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import random
 import time
+from collections import OrderedDict
 
 import pytest
 
 from services.common.sampling_params import SamplingParams
+from services.frontend import stop_automaton as automata
 from services.frontend.detokenizer import IncrementalDetokenizer
 from services.frontend.stop_automaton import stop_automaton
 from tests.helpers.tiny_tokenizer import CORPUS, build_tokenizer
@@ -48,3 +50,17 @@ def test_a_step_costs_little_whatever_the_stops_and_the_text(tokenizer):
 def test_the_sequences_of_a_request_share_one_automaton():
     stops = ["\x00" + "x" * 50, "y" * 50]
     assert stop_automaton(tuple(stops)) is stop_automaton(tuple(list(stops)))
+
+
+@pytest.mark.parametrize("nodes, automata_kept", [(200, 64), (10**6, 3)])
+def test_the_automata_kept_are_bounded_in_nodes_and_number(monkeypatch, nodes, automata_kept):
+    monkeypatch.setattr(automata, "_cache", OrderedDict())
+    monkeypatch.setattr(automata, "_CACHED_NODES", nodes)
+    monkeypatch.setattr(automata, "_CACHED_AUTOMATA", automata_kept)
+    first = stop_automaton(("first" * 20,))  # 101 nodes
+    assert stop_automaton(("first" * 20,)) is first
+    stop_automaton(("second" * 20,))  # 121 nodes: the two hold over 200
+    third = stop_automaton(("third",))
+    stop_automaton(("fourth",))  # a fourth automaton
+    assert stop_automaton(("first" * 20,)) is not first  # the least recently used went
+    assert stop_automaton(("third",)) is third
