@@ -16,7 +16,8 @@ narrows to.
 The file is untrusted: every count, length, dimension and offset its header states is
 checked against the bytes the file holds (and against llama.cpp's own rules, which a file
 llama.cpp writes meets) before anything is read or allocated from it, so a hostile file
-costs milliseconds and megabytes whatever it claims. What is refused, each with a
+costs milliseconds and megabytes whatever it claims (about a second and tens of megabytes
+if it really holds entries up to the bounds below). What is refused, each with a
 `GGUFError` naming the file and the field: a file that is not GGUF, has an unknown
 version or is cut short; more metadata entries or tensors than the remaining bytes could
 hold (or than MAX_METADATA_KEYS / MAX_TENSORS); strings longer than the bytes left (keys
@@ -27,8 +28,8 @@ dimension, more than 2^63 - 1 elements, rows that are not whole blocks; a
 `general.alignment` that is not a non-zero power of two stored as uint32; and tensor data
 that does not start exactly where the previous tensor's ends, padded to the alignment
 (llama.cpp's rule: aligned, in order, never overlapping), or runs past the end of the file.
-Every other reader of a GGUF file in pagestream (gguf's GGUFReader, transformers) runs only
-on a file this one has accepted.
+Every other reader of a user's GGUF file in services/ (gguf's GGUFReader, transformers)
+runs only on a file this one has accepted.
 """
 
 from __future__ import annotations
