@@ -4,8 +4,11 @@ A request with `structured_outputs` gets a GrammarState at admission. Its gramma
 compiled on a worker thread of its own (never the step thread), cached by sha256 of the
 normalised grammar: a new request with a known grammar copies the cached matcher. Until
 the grammar is ready the request waits in the queue while others run past it; past
-`compile_timeout_s` it fails with an error naming the limit. Each step fills one packed
-int32 bitmask row [ceil(vocab / 32)] per sampling row that has a grammar (the worker
+`compile_timeout_s` it fails with an error naming the limit. llguidance bounds each
+compile's work itself (grammar size, lexer fuel: a schema that blows up fails within
+milliseconds, "too large"), so no compile keeps a thread busy long after its timeout;
+the timeout covers the wait behind other compiles and the tokenizer. Each step fills one
+packed int32 bitmask row [ceil(vocab / 32)] per sampling row that has a grammar (the worker
 masks the logits with it before any other processing), and `accept` advances the
 sequence's matcher with the sampled token: a token the grammar rejects ends the request
 with an error; a grammar that allows nothing but EOS any more ends it with "stop". Every

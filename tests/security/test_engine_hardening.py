@@ -27,13 +27,14 @@ from services.scheduler.engine_core_service import serve_engine_core
 from services.scheduler.executor.uni import UniExecutor
 from services.scheduler.kv_events_access import KvEventsAccess, is_local_peer
 from services.scheduler.scheduler import Scheduler
+from services.scheduler.structured_output_manager import GrammarError, StructuredOutputManager
 from services.worker.model_runner import ModelRunner
 from services.worker.sampler import compute_token_logprobs
 from services.worker.step_inputs import PromptLogprobsInputs
 from tests.common.certs import make_pki
 from tests.helpers.eventually import eventually_async
 from tests.helpers.tiny_tokenizer import build_tokenizer
-from tests.scheduler.stand_in_worker import EOS_TOKEN_ID, VOCAB_SIZE, StandInWorker
+from tests.scheduler.stand_in_worker import EOS_TOKEN_ID, VOCAB_SIZE, StandInWorker, make_request
 
 VOCAB = 97
 TIMEOUT_S = 30  # a safety net against hangs, never a timing assertion
@@ -277,3 +278,35 @@ async def test_kv_events_reach_a_remote_peer_with_a_client_certificate(tmp_path)
         assert batch.reset
     finally:
         await server.stop(0)
+
+
+# ---- grammars whose compile blows up ----------------------------------------------------
+
+
+def _all_of_any_of(depth: int) -> dict:
+    """A small JSON schema whose grammar doubles per level: allOf over anyOf, through
+    $defs, so the text stays linear while the intersection llguidance must build does not."""
+    defs = {"l0": {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(3)}}}
+    for level in range(1, depth + 1):
+        previous = {"$ref": f"#/$defs/l{level - 1}"}
+        other = [{"type": "object", "properties": {f"x{j}": {"type": "integer"}}} for j in range(2)]
+        defs[f"l{level}"] = {"allOf": [{"anyOf": [previous, o]} for o in other]}
+    return {"$defs": defs, "$ref": f"#/$defs/l{depth}"}
+
+
+def test_a_grammar_that_blows_up_fails_by_itself_long_before_the_timeout():
+    """llguidance bounds a compile's work (grammar size, lexer fuel): the compile ends with
+    an error naming the problem, its thread free again, however long the timeout is."""
+    tokenizer_json = build_tokenizer().backend_tokenizer.to_str()
+    manager = StructuredOutputManager(
+        lambda: tokenizer_json, VOCAB_SIZE, [EOS_TOKEN_ID], compile_timeout_s=3600
+    )
+    request = make_request("blowup", [5, 6, 7], structured_outputs={"json": _all_of_any_of(12)})
+    try:
+        manager.admit(request)
+        with pytest.raises(GrammarError, match="too large"):
+            request.grammar.future.result(timeout=TIMEOUT_S)
+        with pytest.raises(GrammarError, match="too large"):
+            manager.ready(request)
+    finally:
+        manager.close()
