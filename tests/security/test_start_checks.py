@@ -29,16 +29,11 @@ def no_env_key(monkeypatch):
     monkeypatch.delenv("PAGESTREAM_API_KEY", raising=False)
 
 
-def _refused(*argv: str, env: dict[str, str] | None = None) -> str:
-    """Run `pagestream ARGV`; it must exit 2 quickly; its stderr."""
-    environment = {k: v for k, v in os.environ.items() if k != "PAGESTREAM_API_KEY"}
-    result = subprocess.run(
-        cli(*argv),
-        env={**environment, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=EXIT_S,
-    )
+def _refused(*argv: str) -> str:
+    """Run `pagestream ARGV` with no API key in its environment; it must exit 2 quickly;
+    its stderr."""
+    env = {k: v for k, v in os.environ.items() if k != "PAGESTREAM_API_KEY"}
+    result = subprocess.run(cli(*argv), env=env, capture_output=True, text=True, timeout=EXIT_S)
     assert result.returncode == 2, result.stderr[-2000:]
     return result.stderr
 
