@@ -55,7 +55,10 @@ _END = object()
 
 class EngineCoreServicer(engine_pb2_grpc.EngineCoreServicer):
     def __init__(
-        self, core: AsyncEngineCore, info: ServedModelInfo, kv_events: KvEventsAccess
+        self,
+        core: AsyncEngineCore,
+        info: ServedModelInfo,
+        kv_events: KvEventsAccess = KvEventsAccess(),  # noqa: B008 (frozen: one shared value)
     ) -> None:
         self.core = core
         self.info = info
