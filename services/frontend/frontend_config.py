@@ -33,7 +33,9 @@ class FrontendConfig:
     max_messages: int = flag(1024, "chat messages per request (0: any)")
     max_n: int = flag(128, "sequences (n, beam width) per prompt, as OpenAI caps n")
     max_prompts: int = flag(
-        2048, "prompts in one completions / embeddings request (a prompt array), as OpenAI caps it"
+        2048,
+        "prompts in one request: a completions prompt array, or the inputs (pairs) of "
+        "embeddings, scores, rerank and classify (OpenAI's embeddings limit)",
     )
     max_sequences: int = flag(
         4096, "prompts x n in one request: the sequences it may start at once"

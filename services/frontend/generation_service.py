@@ -130,7 +130,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     @grpc_errors
     async def Embed(self, request, context) -> generation_pb2.EmbedResponse:
         frontend = self._ready(context)
-        prompts = pooling_pb.embed_inputs_from_pb(request)
+        prompts = pooling_pb.embed_inputs_from_pb(request, frontend.limits)
         params = pooling_pb.embed_params_from_pb(request)
         request_id = request.request_id or new_request_id()
         outputs = await frontend.encode_many(
@@ -141,7 +141,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     @grpc_errors
     async def Score(self, request, context) -> generation_pb2.ScoreResponse:
         frontend = self._ready(context)
-        plan = self._plan(frontend, pooling_pb.score_pairs_from_pb(request), request)
+        plan = self._plan(
+            frontend, pooling_pb.score_pairs_from_pb(request, frontend.limits), request
+        )
         request_id = request.request_id or new_request_id()
         outputs = await self._pool_plan(frontend, plan, request, new_request_id())
         return pooling_pb.score_response(request_id, plan, outputs)
@@ -149,7 +151,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     @grpc_errors
     async def Rerank(self, request, context) -> generation_pb2.RerankResponse:
         frontend = self._ready(context)
-        plan = self._plan(frontend, pooling_pb.rerank_pairs_from_pb(request), request)
+        plan = self._plan(
+            frontend, pooling_pb.rerank_pairs_from_pb(request, frontend.limits), request
+        )
         request_id = request.request_id or new_request_id()
         outputs = await self._pool_plan(frontend, plan, request, new_request_id())
         return pooling_pb.rerank_response(request, request_id, plan, outputs)
@@ -158,7 +162,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     async def Classify(self, request, context) -> generation_pb2.ClassifyResponse:
         frontend = self._ready(context)
         pooler = classifier_pooler(frontend.input_processor.pooler)
-        prompts = pooling_pb.embed_inputs_from_pb(request)
+        prompts = pooling_pb.embed_inputs_from_pb(request, frontend.limits)
         params = classification_params(pooling_pb.optional(request, "truncate_prompt_tokens"))
         request_id = request.request_id or new_request_id()
         outputs = await frontend.encode_many(

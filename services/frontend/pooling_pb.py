@@ -21,20 +21,16 @@ from services.frontend.pair_scoring import (
     query_pairs,
     rerank_order,
 )
+from services.frontend.request_limits import RequestLimits
 
-MAX_EMBED_INPUTS = 2048  # inputs per request, as OpenAI's embeddings endpoint allows
 
-
-def embed_inputs_from_pb(request) -> list[str | dict]:
+def embed_inputs_from_pb(request, limits: RequestLimits) -> list[str | dict]:
     """An EmbedRequest's or ClassifyRequest's prompts, in order: text, or
     {"prompt_token_ids": [...]}."""
     reject_unknown_fields(request, type(request).__name__)
     if not request.inputs:
         raise ValueError("inputs: give at least one input to embed.")
-    if len(request.inputs) > MAX_EMBED_INPUTS:
-        raise ValueError(
-            f"inputs: at most {MAX_EMBED_INPUTS} per request, got {len(request.inputs)}."
-        )
+    limits.check_prompts(len(request.inputs), param="inputs")
     prompts: list[str | dict] = []
     for i, item in enumerate(request.inputs):
         kind = item.WhichOneof("input")
@@ -84,24 +80,23 @@ def request_options(message) -> RequestOptions:
     )
 
 
-def score_pairs_from_pb(request: generation_pb2.ScoreRequest) -> list[tuple[str, str]]:
+def score_pairs_from_pb(
+    request: generation_pb2.ScoreRequest, limits: RequestLimits
+) -> list[tuple[str, str]]:
     reject_unknown_fields(request, "ScoreRequest")
     pairs = pair_texts(list(request.text_1), list(request.text_2))
-    _check_count(len(pairs), "text_2")
+    limits.check_prompts(len(pairs), param="text_2")
     return pairs
 
 
-def rerank_pairs_from_pb(request: generation_pb2.RerankRequest) -> list[tuple[str, str]]:
+def rerank_pairs_from_pb(
+    request: generation_pb2.RerankRequest, limits: RequestLimits
+) -> list[tuple[str, str]]:
     reject_unknown_fields(request, "RerankRequest")
     pairs = query_pairs(request.query, list(request.documents))
-    _check_count(len(pairs), "documents")
+    limits.check_prompts(len(pairs), param="documents")
     check_top_n(optional(request, "top_n"))
     return pairs
-
-
-def _check_count(count: int, field: str) -> None:
-    if count > MAX_EMBED_INPUTS:
-        raise ValueError(f"{field}: at most {MAX_EMBED_INPUTS} per request, got {count}.")
 
 
 def _usage(outputs: list[PoolingRequestOutput], prompt_tokens: int) -> generation_pb2.Usage:

@@ -111,6 +111,7 @@ async def test_the_model_card_names_the_runner(server):
         ({"input": "hi", "dimensions": 0}, "dimensions", "at least 1"),
         ({"input": "hi", "encoding_format": "int8"}, "encoding_format", "float"),
         ({"input": [3, 9999999]}, "input", "vocabulary"),
+        ({"input": ["x"] * 2049}, "input", "--max-prompts"),
     ],
 )
 async def test_bad_embedding_requests_are_400s_naming_the_field(server, body, param, words):

@@ -25,7 +25,6 @@ from services.frontend.openai.replies import (
     random_id,
 )
 from services.frontend.openai.serving_base import ClientDisconnectedError, ServingBase
-from services.frontend.pooling_pb import MAX_EMBED_INPUTS
 
 
 class OpenAIServingEmbedding(ServingBase):
@@ -39,6 +38,7 @@ class OpenAIServingEmbedding(ServingBase):
             )
         request.check()
         prompts = request.prompts()
+        self.limits.check_prompts(len(prompts), param="input")
         for prompt in prompts:  # token ids over the context are fine when truncated
             if isinstance(prompt, str) or request.truncate_prompt_tokens is None:
                 self.check_prompt_size(prompt, "input")
@@ -85,11 +85,6 @@ class OpenAIServingEmbedding(ServingBase):
     ) -> list | None:
         """Every prompt's pooled output, in order (None: the client went away); errors of
         the inputs name `field`."""
-        if len(prompts) > MAX_EMBED_INPUTS:
-            raise InvalidRequestError(
-                f"{field}: at most {MAX_EMBED_INPUTS} inputs per request, got {len(prompts)}.",
-                field,
-            )
         recorder = self.metrics.start_request()
         work = self.frontend.encode_many(
             [p if isinstance(p, str) else {"prompt_token_ids": p} for p in prompts],

@@ -83,6 +83,7 @@ class OpenAIServingScores:
         model = self.embedding.check_pooling_model(request.model, "classification")
         pooler = classifier_pooler(self.embedding.frontend.input_processor.pooler)
         prompts = request.prompts()
+        self.embedding.limits.check_prompts(len(prompts), param="input")
         for prompt in prompts:
             if isinstance(prompt, str) or request.truncate_prompt_tokens is None:
                 self.embedding.check_prompt_size(prompt, "input")
@@ -114,6 +115,7 @@ class OpenAIServingScores:
         field: str,
     ) -> tuple[list[float], int] | None:
         """Each pair's score and the tokens read (None: the client went away)."""
+        self.embedding.limits.check_prompts(len(pairs), param=field)
         for text in dict.fromkeys(text for pair in pairs for text in pair):
             self.embedding.check_prompt_size(text, field)
         frontend = self.embedding.frontend
