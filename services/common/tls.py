@@ -119,6 +119,11 @@ class TlsConfig:
     def enabled(self) -> bool:
         return self.cert_file is not None or self.ca_file is not None
 
+    @property
+    def verifies_clients(self) -> bool:
+        """A server with these flags can require client certificates (mutual TLS)."""
+        return self.cert_file is not None and self.ca_file is not None
+
     def server_credentials(self, require_client_auth: bool) -> grpc.ServerCredentials | None:
         """None: plaintext. Client certificates are required when asked and a CA is set."""
         if self.cert_file is None:
@@ -126,7 +131,9 @@ class TlsConfig:
         pair = (_read(self.key_file, "--tls-key"), _read(self.cert_file, "--tls-cert"))
         ca = _read(self.ca_file, "--tls-ca")
         return grpc.ssl_server_credentials(
-            [pair], root_certificates=ca, require_client_auth=require_client_auth and ca is not None
+            [pair],
+            root_certificates=ca,
+            require_client_auth=require_client_auth and self.verifies_clients,
         )
 
     def channel_credentials(self) -> grpc.ChannelCredentials | None:

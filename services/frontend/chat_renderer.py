@@ -22,9 +22,11 @@ PARAM = "chat_template"
 
 class ChatRenderer:
     def __init__(self, tokenizer, config: FrontendConfig, max_output_bytes: int) -> None:
+        """`max_output_bytes`: the prompt-size limit a request's template renders within
+        (0, no limit: the request body's, else the sandbox's memory bounds it)."""
         self.tokenizer = tokenizer
         self.config = config
-        self.max_output_bytes = max_output_bytes or None
+        self.max_output_bytes = max_output_bytes or config.max_request_body_bytes or 2**31
         self._sandbox: TemplateSandbox | None = None
 
     def check_request_template(self, template: str | None) -> None:
@@ -70,10 +72,8 @@ class ChatRenderer:
 
     def _sandboxed(self) -> TemplateSandbox:
         if self._sandbox is None:
-            # the rendered prompt is held to the prompt-size limit (none: the body limit)
-            bound = self.max_output_bytes or self.config.max_request_body_bytes or 2**31
             timeout = self.config.chat_template_timeout_s
-            self._sandbox = TemplateSandbox(self.tokenizer, timeout, bound)
+            self._sandbox = TemplateSandbox(self.tokenizer, timeout, self.max_output_bytes)
         return self._sandbox
 
     async def close(self) -> None:

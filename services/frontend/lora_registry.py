@@ -59,8 +59,7 @@ class LoRARegistry:
         """A new adapter `name` at `path` (a new id), checked in a thread, not yet served."""
         lora = LoRARequest(name, next(self._ids), path)
         self._require_enabled(lora)
-        key = await asyncio.to_thread(_check_key, lora)
-        checked = await asyncio.to_thread(_inspected, lora, self.config, self.targets)
+        key, checked = await asyncio.to_thread(_keyed_inspection, lora, self.config, self.targets)
         return self._remember(key, checked)
 
     def load(self, name: str, path: str, base_model_name: str | None = None) -> LoRARequest:
@@ -104,6 +103,11 @@ class LoRARegistry:
 
 def _check_key(lora: LoRARequest) -> tuple:
     return (lora.lora_name, lora.lora_int_id, lora.lora_path, _files_stamp(lora.lora_path))
+
+
+def _keyed_inspection(lora: LoRARequest, config: LoRAConfig, targets: LoRATargets):
+    """(its cache key, `lora` checked): the file system's part of `checked`, in one thread."""
+    return _check_key(lora), _inspected(lora, config, targets)
 
 
 def _inspected(lora: LoRARequest, config: LoRAConfig, targets: LoRATargets) -> LoRARequest:

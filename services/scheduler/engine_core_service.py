@@ -168,7 +168,7 @@ async def serve_engine_core(
     TLS when it has a CA (only frontends with a certificate from it may connect).
     `kv_events` says who may watch the KV events (KvEventsAccess).
     """
-    mutual_tls = tls is not None and tls.cert_file is not None and tls.ca_file is not None
+    mutual_tls = tls is not None and tls.verifies_clients  # its server requires client auth
     servicer = EngineCoreServicer(core, info, KvEventsAccess(kv_events, mutual_tls))
     server = await start_server(
         lambda s: engine_pb2_grpc.add_EngineCoreServicer_to_server(servicer, s),

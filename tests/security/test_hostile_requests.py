@@ -117,12 +117,20 @@ def server(model_dir):
     )
     with serving(argv, grpc_port, http_port) as process:
         baseline = tree_rss(process.pid)
+        reference = greedy_completion(http_port)  # before any hostile request
         with HealthWatch(http_port, process.pid) as watch:
-            yield process, grpc_port, http_port, watch
+            yield process, grpc_port, http_port, reference
         assert not watch.failures, watch.failures
         assert max(watch.latencies) < 2.0, f"/health took {max(watch.latencies):.1f} s"
         # the sandbox child may hold up to its 1 GiB budget; the 3 GB string never lands
         assert watch.peak_rss - baseline < 1536 * MIB, (watch.peak_rss, baseline)
+
+
+def greedy_completion(http_port: int) -> dict:
+    body = {"model": MODEL, "prompt": "hello", "max_tokens": 5, "temperature": 0}
+    status, reply = post(http_port, COMPLETIONS, {**body, "ignore_eos": True})
+    assert status == 200 and reply["usage"]["completion_tokens"] == 5, reply
+    return reply["choices"][0]["text"]
 
 
 def post(http_port: int, path: str, body: dict | bytes) -> tuple[int, dict]:
@@ -220,18 +228,13 @@ def test_no_cpu_keeps_burning_after_a_timed_out_template(server):
 
 
 def test_a_trusted_template_renders_and_the_server_serves_afterwards(server):
-    _, _, http_port, _ = server
+    _, _, http_port, reference = server
     template = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     status, reply = post(
         http_port, TOKENIZE, {"model": MODEL, "messages": USER, "chat_template": template}
     )
     assert status == 200 and reply["count"] > 0, reply
-    status, reply = post(
-        http_port,
-        COMPLETIONS,
-        {"model": MODEL, "prompt": "hello", "max_tokens": 5, "temperature": 0, "ignore_eos": True},
-    )
-    assert status == 200 and reply["usage"]["completion_tokens"] == 5, reply
+    assert greedy_completion(http_port) == reference  # the same greedy text as before
 
 
 def test_hostile_grpc_requests_are_refused(server):

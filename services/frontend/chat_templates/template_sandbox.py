@@ -127,7 +127,6 @@ class TemplateSandbox:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL,
-            limit=self._max_reply_bytes(),
         )
         self._process = process
         setup = pickle.dumps((self.tokenizer, self.memory_bytes, self.max_output_bytes))
