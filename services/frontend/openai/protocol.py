@@ -7,6 +7,8 @@ mapping turns into HTTP 400. Unknown fields are ignored, as OpenAI's servers do.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.common.sampling_params import MAX_LOGPROBS, SamplingParams
@@ -192,6 +194,15 @@ class ChatCompletionRequest(SamplingRequest):
     tools: list[ChatTool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = True
+    # Reasoning models: variables for the chat template ({"enable_thinking": false}), over
+    # the server's --default-chat-template-kwargs; the engine ends the thinking after
+    # thinking_token_budget tokens (needs --reasoning-parser). reasoning_effort is OpenAI's
+    # knob, accepted and passed to the template as `reasoning_effort` (templates that know
+    # it use it; none of the native families' do).
+    chat_template_kwargs: dict[str, Any] | None = None
+    thinking_token_budget: int | None = Field(None, ge=0)
+    reasoning_effort: str | None = None
+    include_reasoning: bool = True  # vLLM's: false drops the thinking from the reply
 
     def check(self) -> None:
         self.check_stream_options()

@@ -31,13 +31,18 @@ class ToolCallDelta:
 
 @dataclass
 class ParsedDelta:
+    """New reply text, split: the model's thinking (reasoning parsers), the answer's
+    content, and tool-call pieces read from the answer (tool parsers)."""
+
     content: str = ""
     tool_calls: list[ToolCallDelta] = field(default_factory=list)
+    reasoning: str = ""
 
     def __bool__(self) -> bool:
-        return bool(self.content or self.tool_calls)
+        return bool(self.content or self.tool_calls or self.reasoning)
 
     def extend(self, other: ParsedDelta) -> None:
+        self.reasoning += other.reasoning
         self.content += other.content
         self.tool_calls.extend(other.tool_calls)
 
@@ -87,12 +92,15 @@ class ToolCallStream(ABC):
 
 
 class ToolParser(ABC):
-    """A model family's tool-call format. `max_calls` is 1 when parallel_tool_calls is off."""
+    """A model family's tool-call format. `max_calls` is 1 when parallel_tool_calls is off;
+    `tools` ({"name", "parameters"} each) are the request's functions, for formats whose
+    arguments are typed by the schema (qwen3_coder's XML values)."""
 
     name: str = ""
 
-    def __init__(self, max_calls: int | None = None) -> None:
+    def __init__(self, max_calls: int | None = None, tools: list[dict] | None = None) -> None:
         self.max_calls = max_calls
+        self.tools = tools or []
 
     @abstractmethod
     def stream(self) -> ToolCallStream: ...
