@@ -1,0 +1,47 @@
+"""ReplyParser: one choice's reply text -> thinking, answer and tool-call deltas.
+
+The reasoning stream splits the thinking off first; only the answer goes through the
+tool-call stream (a model thinking about a call is not making one), as vLLM does. Every
+API that renders chat replies (OpenAI chat and Responses, Anthropic Messages, gRPC)
+parses through here, so they split a reply the same way.
+"""
+
+from __future__ import annotations
+
+from services.frontend.reasoning import ReasoningStream
+from services.frontend.tool_parsers import ParsedDelta
+from services.frontend.tool_parsers.base import ToolCallStream
+
+
+class ReplyParser:
+    def __init__(self, reasoning: ReasoningStream | None, tools: ToolCallStream | None) -> None:
+        self.reasoning = reasoning
+        self.tools = tools
+
+    def feed(self, text: str, final: bool = False) -> ParsedDelta:
+        """The parsed delta of new text; `final`: the reply ended, release what was held."""
+        parsed = ParsedDelta()
+        answer = text
+        if self.reasoning is not None:
+            split = self.reasoning.feed(text)
+            if final:
+                rest = self.reasoning.finish()
+                split.reasoning += rest.reasoning
+                split.content += rest.content
+            parsed.reasoning, answer = split.reasoning, split.content
+        if self.tools is None:
+            parsed.content = answer
+            return parsed
+        parsed.extend(self.tools.feed(answer))
+        if final:
+            parsed.extend(self.tools.finish())
+        return parsed
+
+    @property
+    def num_calls(self) -> int:
+        return self.tools.num_calls if self.tools is not None else 0
+
+    @property
+    def thinking(self) -> bool:
+        """Still inside the thinking (the answer has not begun)."""
+        return self.reasoning is not None and self.reasoning.thinking
