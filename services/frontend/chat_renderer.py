@@ -18,6 +18,17 @@ from services.frontend.request_limits import LimitExceededError
 __all__ = ["ChatRenderer", "ChatTemplateError"]
 
 PARAM = "chat_template"
+KWARGS_PARAM = "chat_template_kwargs"
+# Names apply_chat_template gives the template itself (or takes as its own options): a
+# request's chat_template_kwargs may not replace them.
+RESERVED_KWARGS = frozenset(
+    {
+        "messages", "conversation", "tools", "documents", "add_generation_prompt",
+        "continue_final_message", "chat_template", "tokenize", "padding", "truncation",
+        "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
+        "tokenizer_kwargs", "bos_token", "eos_token", "raise_exception", "strftime_now",
+    }
+)  # fmt: skip
 
 
 class ChatRenderer:
@@ -27,7 +38,19 @@ class ChatRenderer:
         self.tokenizer = tokenizer
         self.config = config
         self.max_output_bytes = max_output_bytes or config.max_request_body_bytes or 2**31
+        self.default_kwargs = config.chat_template_kwargs
         self._sandbox: TemplateSandbox | None = None
+
+    def template_kwargs(self, requested: dict | None) -> dict:
+        """The template's own variables: the server's defaults, then the request's."""
+        for key in requested or {}:
+            if key in RESERVED_KWARGS or not key.isidentifier():
+                raise LimitExceededError(
+                    f"chat_template_kwargs may not set {key!r}: it is not a template "
+                    "variable a request may choose.",
+                    KWARGS_PARAM,
+                )
+        return {**self.default_kwargs, **(requested or {})}
 
     def check_request_template(self, template: str | None) -> None:
         """A request's own template: allowed at all, and within its size (400 otherwise)."""
@@ -58,16 +81,25 @@ class ChatRenderer:
         server_template: str | None = None,
         tools: list[dict] | None = None,
         uses_tools: bool = False,
+        template_kwargs: dict | None = None,
     ) -> str:
         """The prompt text. A bad request template is ChatTemplateError; the server's own
-        templates raise what Jinja and apply_chat_template raise (callers name the field)."""
+        templates raise what Jinja and apply_chat_template raise (callers name the field).
+        `template_kwargs`: the request's chat_template_kwargs (over the server's)."""
         self.check_request_template(request_template)
+        kwargs = self.template_kwargs(template_kwargs)
         if request_template is None:
             return render_conversation(
-                self.tokenizer, messages, add_generation_prompt, server_template, tools, uses_tools
+                self.tokenizer,
+                messages,
+                add_generation_prompt,
+                server_template,
+                tools,
+                uses_tools,
+                kwargs,
             )
         return await self._sandboxed().render(
-            messages, add_generation_prompt, request_template, tools, uses_tools
+            messages, add_generation_prompt, request_template, tools, uses_tools, kwargs
         )
 
     def _sandboxed(self) -> TemplateSandbox:

@@ -35,6 +35,7 @@ from services.frontend.frontend_config import FrontendConfig
 from services.frontend.input_processor import InputProcessor, new_request_id
 from services.frontend.output_processor import OutputProcessor
 from services.frontend.output_queue import RequestOutputQueue, SlowConsumerError
+from services.frontend.reasoning import get_reasoning_parser
 from services.frontend.request_limits import RequestLimits
 
 logger = logging.getLogger(__name__)
@@ -69,6 +70,13 @@ class Frontend:
         self.config = config or FrontendConfig()
         self.limits = RequestLimits(self.config, info.max_model_len)
         self.chat_renderer = ChatRenderer(tokenizer, self.config, self.limits.max_prompt_bytes)
+        # The model's thinking format (--reasoning-parser): every chat API splits replies
+        # with it (reply_parser.py).
+        self.reasoning_parser = (
+            get_reasoning_parser(self.config.reasoning_parser)
+            if self.config.reasoning_parser
+            else None
+        )
         self.input_processor = InputProcessor(tokenizer, info)
         self.output_processor = OutputProcessor()
         self._queues: dict[str, RequestOutputQueue] = {}

@@ -8,13 +8,18 @@ the bound on what a slow consumer may leave unread (output_queue.py), and the bo
 Responses API's store of responses (openai/response_store.py). The defaults let any
 request that could fit the model's context through and keep a stalled or hostile client
 from costing the engine or the event loop more than a bounded amount.
+
+Also how replies are read for every API: the reasoning parser that keeps a model's
+thinking apart from its answer (reasoning/), and the chat template's default variables.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from services.common.flags import flag
+from services.frontend.reasoning import REASONING_PARSERS
 
 MIB = 1024 * 1024
 # A token is rarely more than a few bytes of text (English ~4, CJK ~3 per character, long
@@ -95,6 +100,17 @@ class FrontendConfig:
         "Responses API: the stored responses' JSON together, at most (0: no bound but the "
         "entry count)",
     )
+    reasoning_parser: str | None = flag(
+        None,
+        "the model's thinking format: chat replies carry the thinking in reasoning_content "
+        "(OpenAI), thinking blocks (Anthropic), reasoning_text (gRPC), apart from the answer",
+        choices=sorted(REASONING_PARSERS),
+    )
+    default_chat_template_kwargs: str | None = flag(
+        None,
+        "variables for the chat template, a JSON object ('{\"enable_thinking\": false}'); "
+        "a request's chat_template_kwargs override them",
+    )
 
     def __post_init__(self) -> None:
         for name in (
@@ -123,10 +139,24 @@ class FrontendConfig:
             )
         if self.request_timeout_s is not None and not self.request_timeout_s > 0:
             raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}.")
+        _ = self.chat_template_kwargs  # a bad JSON object fails at start
         if not self.responses_store_max_age_s > 0:
             raise ValueError(
                 f"responses_store_max_age_s must be > 0, got {self.responses_store_max_age_s}."
             )
+
+    @property
+    def chat_template_kwargs(self) -> dict:
+        """--default-chat-template-kwargs as a dict."""
+        if self.default_chat_template_kwargs is None:
+            return {}
+        try:
+            kwargs = json.loads(self.default_chat_template_kwargs)
+        except ValueError as exc:
+            raise ValueError(f"default_chat_template_kwargs is not JSON: {exc}") from None
+        if not isinstance(kwargs, dict):
+            raise ValueError("default_chat_template_kwargs must be a JSON object.")
+        return kwargs
 
     def prompt_bytes_limit(self, max_model_len: int) -> int:
         """The prompt-size limit in bytes (0: none)."""

@@ -47,9 +47,11 @@ def apply_chat_template(
     add_generation_prompt: bool = True,
     chat_template: str | None = None,
     tools: list[dict] | None = None,
+    template_kwargs: dict | None = None,
 ) -> str:
     """Render a conversation to the prompt text the model was trained on; `tools` (OpenAI
-    tool definitions) go to the template as HF templates expect them."""
+    tool definitions) go to the template as HF templates expect them, `template_kwargs`
+    as the template's own variables (enable_thinking)."""
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts.")
     for i, message in enumerate(messages):
@@ -63,6 +65,7 @@ def apply_chat_template(
         add_generation_prompt=add_generation_prompt,
         chat_template=chat_template,
         tools=tools,
+        **(template_kwargs or {}),
     )
 
 

@@ -57,11 +57,14 @@ def render_conversation(
     chat_template: str | None,
     tools: list[dict] | None,
     uses_tools: bool,
+    template_kwargs: dict | None = None,
 ) -> str:
     """The prompt text of a conversation; `uses_tools` (tools, or tool calls / results in
     the messages) swaps a template that ignores tools for the shipped tool-aware one."""
     template = template_for_tools(tokenizer, chat_template) if uses_tools else chat_template
-    return apply_chat_template(tokenizer, messages, add_generation_prompt, template, tools=tools)
+    return apply_chat_template(
+        tokenizer, messages, add_generation_prompt, template, tools, template_kwargs
+    )
 
 
 def renders_tools(tokenizer, chat_template: str | None) -> bool:

@@ -53,6 +53,7 @@ def render_reply(tokenizer, request: dict, max_output_bytes: int) -> dict:
             request["chat_template"],
             request["tools"],
             request["uses_tools"],
+            request.get("template_kwargs"),
         )
     except MemoryError:
         return {"error": "the chat template used more memory than its sandbox allows."}

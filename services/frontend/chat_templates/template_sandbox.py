@@ -58,6 +58,7 @@ class TemplateSandbox:
         chat_template: str,
         tools: list[dict] | None,
         uses_tools: bool,
+        template_kwargs: dict | None = None,
     ) -> str:
         """The conversation rendered with `chat_template` (ChatTemplateError otherwise)."""
         request = {
@@ -66,6 +67,7 @@ class TemplateSandbox:
             "chat_template": chat_template,
             "tools": tools,
             "uses_tools": uses_tools,
+            "template_kwargs": template_kwargs,
         }
         body = json.dumps(request).encode()
         try:

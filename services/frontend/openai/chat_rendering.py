@@ -24,6 +24,7 @@ async def render_chat(
     server_template: str | None = None,
     tools: list[dict] | None = None,
     param: str = "messages",
+    template_kwargs: dict | None = None,
 ) -> str:
     """The conversation as prompt text; template problems are the request's (400, naming
     `param` unless the request's own chat_template failed)."""
@@ -39,9 +40,12 @@ async def render_chat(
             server_template=server_template,
             tools=tools,
             uses_tools=uses_tools,
+            template_kwargs=template_kwargs,
         )
-    except (ChatTemplateError, LimitExceededError) as exc:
+    except ChatTemplateError as exc:
         raise InvalidRequestError(str(exc), "chat_template") from exc
+    except LimitExceededError as exc:
+        raise InvalidRequestError(str(exc), exc.param or "chat_template") from exc
     except jinja2.TemplateError as exc:
         raise InvalidRequestError(f"the chat template failed: {exc}", param) from exc
     except ValueError as exc:

@@ -93,7 +93,15 @@ class ToolCallOut(BaseModel):
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    # A reasoning model's thinking (--reasoning-parser): `reasoning_content` as llama.cpp,
+    # SGLang and DeepSeek's API name it, `reasoning` as vLLM now does; null without one.
+    reasoning_content: str | None = None
+    reasoning: str | None = None
     tool_calls: list[ToolCallOut] | None = None  # null without a call, as OpenAI sends it
+
+    def with_reasoning(self, reasoning: str | None) -> ChatMessageOut:
+        self.reasoning_content = self.reasoning = reasoning
+        return self
 
 
 class ChatChoice(BaseModel):
@@ -131,12 +139,18 @@ class DeltaToolCall(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None  # new thinking text (both names, as the message)
     tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="plain")
     def _only_set(self) -> dict[str, Any]:
         """A delta carries only what it says ({"content": "x"}, never "role": null)."""
-        fields: dict[str, Any] = {"role": self.role, "content": self.content}
+        fields: dict[str, Any] = {
+            "role": self.role,
+            "content": self.content,
+            "reasoning_content": self.reasoning_content,
+            "reasoning": self.reasoning_content,
+        }
         if self.tool_calls is not None:
             fields["tool_calls"] = [c.model_dump(exclude_none=True) for c in self.tool_calls]
         return {k: v for k, v in fields.items() if v is not None}

@@ -3,14 +3,19 @@
 Streaming sends, per choice, a first chunk with role "assistant", then content deltas
 (finish_reason null), then a chunk with an empty delta and the choice's finish_reason, as
 OpenAI does (clients that collect text while finish_reason is null keep the last token);
-with include_usage a last chunk with no choices. With
-tools (tool_choice.py), each choice's text goes through a tool-call parser stream:
-content and tool-call deltas in the stream, `tool_calls` in the message, built from the
-same parsed deltas so both agree.
+with include_usage a last chunk with no choices. With a reasoning parser
+(--reasoning-parser) or tools (tool_choice.py), each choice's text goes through a
+ReplyParser: thinking (reasoning_content), content and tool-call deltas in the stream,
+the same fields in the message, built from the same parsed deltas so both agree.
+
+A reasoning model's grammar (tool_choice "required", response_format) applies to its
+answer only and thinking_token_budget ends its thinking: the engine learns where the
+thinking ends from ReasoningBounds, built from the parser and the prompt's end.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -37,8 +42,9 @@ from services.frontend.openai.replies import (
 from services.frontend.openai.serving_base import ChunkEnvelope, Job, ServingBase
 from services.frontend.openai.tool_call_output import delta_message, finish_reason, message_out
 from services.frontend.openai.tool_choice import ToolPlan, plan_tools
+from services.frontend.reply_parser import ReplyParser
 from services.frontend.tool_options import ToolServerOptions
-from services.frontend.tool_parsers import ParsedDelta, ToolParser, assemble
+from services.frontend.tool_parsers import ParsedDelta, assemble
 
 __all__ = ["ChatFields", "ChatTracker", "OpenAIServingChat", "message_text", "render_chat"]
 
@@ -65,9 +71,10 @@ CHAT_FIELDS = ChatFields()
 
 
 class _ChatChoice:
-    def __init__(self, index: int, parser: ToolParser | None) -> None:
+    def __init__(self, index: int, reply: ReplyParser) -> None:
         self.index = index
-        self.tools = parser.stream() if parser is not None else None
+        # None: the text is the content as it comes (no reasoning parser, no tools)
+        self.reply = reply if reply.reasoning or reply.tools else None
         self.parsed: list[ParsedDelta] = []
         self.content = ""
         self.num_tokens = 0
@@ -82,12 +89,18 @@ class ChatTracker:
     (the Responses API reads the same deltas, serving_responses.py)."""
 
     def __init__(
-        self, request: ChatCompletionRequest, job: Job, tokenizer, parser: ToolParser | None
+        self,
+        request: ChatCompletionRequest,
+        job: Job,
+        tokenizer,
+        new_reply: Callable[[], ReplyParser],
     ) -> None:
+        """`new_reply`: a fresh ReplyParser for each choice (OpenAIServingChat.reply_parser)."""
         self.job = job
         self.tokenizer = tokenizer
         self.num_logprobs = request.num_logprobs
-        self.choices = [_ChatChoice(i, parser) for i in range(job.n)]
+        self.include_reasoning = request.include_reasoning
+        self.choices = [_ChatChoice(i, new_reply()) for i in range(job.n)]
         self.cached_tokens = 0
         empty = ChatCompletionChunk(id=job.request_id, model=job.model, choices=[])
         self.envelope = ChunkEnvelope(empty)
@@ -112,7 +125,7 @@ class ChatTracker:
                 choice.stop_reason = o.stop_reason
             delta, has_delta = self._delta(choice, o.text, finish is not None)
             if finish is not None:
-                num_calls = choice.tools.num_calls if choice.tools is not None else 0
+                num_calls = choice.reply.num_calls if choice.reply is not None else 0
                 finish = choice.finish_reason = finish_reason(finish, num_calls)
             if has_delta or (logprobs is not None and o.token_ids):
                 updates.append(ChatStreamChoice(index=choice.index, delta=delta, logprobs=logprobs))
@@ -127,21 +140,25 @@ class ChatTracker:
                 )
         return updates
 
-    @staticmethod
-    def _delta(choice: _ChatChoice, text: str, finished: bool) -> tuple[DeltaMessage, bool]:
-        """The stream delta for new text: as is, or through the choice's tool-call parser."""
-        if choice.tools is None:
+    def _delta(self, choice: _ChatChoice, text: str, finished: bool) -> tuple[DeltaMessage, bool]:
+        """The stream delta for new text: as is, or through the choice's ReplyParser."""
+        if choice.reply is None:
             return DeltaMessage(content=text), bool(text)
-        parsed = choice.tools.feed(text)
-        if finished:
-            parsed.extend(choice.tools.finish())
+        parsed = choice.reply.feed(text, finished)
+        if not self.include_reasoning:
+            parsed.reasoning = ""
         choice.parsed.append(parsed)
         return delta_message(parsed), bool(parsed)
 
     def _message(self, choice: _ChatChoice) -> ChatMessageOut:
-        if choice.tools is None:
+        if choice.reply is None:
             return ChatMessageOut(content=choice.content)
-        return message_out(assemble(choice.parsed))
+        reasoning = "".join(d.reasoning for d in choice.parsed)
+        return message_out(assemble(choice.parsed)).with_reasoning(reasoning or None)
+
+    def reasoning(self, index: int) -> str:
+        """A choice's thinking so far (empty without a reasoning parser)."""
+        return "".join(d.reasoning for d in self.choices[index].parsed)
 
     def usage(self) -> UsageInfo:
         completion = sum(c.num_tokens for c in self.choices)
@@ -184,7 +201,9 @@ class OpenAIServingChat(ServingBase):
         self.limits.check_tools(request.tools)  # before a grammar is built from them
         plan = plan_tools(request, self.tool_options)
         job = await self.build_job(request, model, plan, random_id("chatcmpl"))
-        tracker = ChatTracker(request, job, self.frontend.tokenizer, plan.parser)
+        tracker = ChatTracker(
+            request, job, self.frontend.tokenizer, lambda: self.reply_parser(plan, job)
+        )
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         return await self.respond(raw_request, job, tracker, request.stream, include_usage)
 
@@ -210,6 +229,7 @@ class OpenAIServingChat(ServingBase):
             self.tool_options.chat_template,
             plan.template_tools,
             param=fields.messages,
+            template_kwargs=_template_kwargs(request),
         )
         prompt = self.process_prompt(text, request.add_special_tokens, fields.messages)
         param = fields.max_tokens_param(request)
@@ -222,6 +242,7 @@ class OpenAIServingChat(ServingBase):
         )
         if plan.parser is not None:
             params.skip_special_tokens = plan.parser.skip_special_tokens
+        self._bound_reasoning(params, prompt.text or "", request.thinking_token_budget)
         return Job(
             request_id=request_id,
             model=model,
@@ -233,6 +254,35 @@ class OpenAIServingChat(ServingBase):
                 cache_salt=request.cache_salt,
                 lora_request=self.lora_of(model),
             ),
+        )
+
+    def _bound_reasoning(self, params, prompt_text: str, budget: int | None) -> None:
+        """With a reasoning parser: its markers survive detokenizing, and the engine learns
+        where the thinking ends when a grammar must wait for it or a budget ends it."""
+        parser = self.frontend.reasoning_parser
+        if parser is None:
+            if budget is not None:
+                raise InvalidRequestError(
+                    "thinking_token_budget needs a reasoning model served with "
+                    "--reasoning-parser; this server has none.",
+                    "thinking_token_budget",
+                )
+            return
+        tokenizer = self.frontend.tokenizer
+        if parser.marks_are_special(tokenizer):
+            params.skip_special_tokens = False
+        if budget is not None or params.structured_outputs is not None:
+            params.thinking_token_budget = budget
+            params.reasoning = parser.bounds(tokenizer, prompt_text)
+
+    def reply_parser(self, plan: ToolPlan, job: Job) -> ReplyParser:
+        """A fresh parser for one choice of `job`: its thinking (with a reasoning parser,
+        starting where the prompt's end says), then tool calls in its answer."""
+        reasoning = self.frontend.reasoning_parser
+        prompt = job.prompts[0].text or ""
+        return ReplyParser(
+            reasoning.stream(prompt) if reasoning is not None else None,
+            plan.parser.stream() if plan.parser is not None else None,
         )
 
     def _check_limits(self, request: ChatCompletionRequest, fields: ChatFields) -> None:
@@ -258,6 +308,14 @@ def _constraint(
             "tool_choice",
         )
     return plan.constraint
+
+
+def _template_kwargs(request: ChatCompletionRequest) -> dict | None:
+    """The request's chat_template_kwargs, with OpenAI's reasoning_effort among them."""
+    kwargs = dict(request.chat_template_kwargs or {})
+    if request.reasoning_effort is not None:
+        kwargs.setdefault("reasoning_effort", request.reasoning_effort)
+    return kwargs or None
 
 
 def message_text(message: ChatMessage) -> str:

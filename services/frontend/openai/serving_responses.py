@@ -178,7 +178,9 @@ class OpenAIServingResponses(ServingBase):
         job = await self.chat.build_job(
             chat_request, model, plan, response_id, RESPONSES_FIELDS, constraint
         )
-        tracker = ChatTracker(chat_request, job, self.frontend.tokenizer, plan.parser)
+        tracker = ChatTracker(
+            chat_request, job, self.frontend.tokenizer, lambda: self.chat.reply_parser(plan, job)
+        )
         items = input_items(request.input)
         return _ResponseRun(self._skeleton(request, job, tools), job, tracker, history, items)
 

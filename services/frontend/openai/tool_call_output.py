@@ -24,7 +24,11 @@ def delta_message(parsed: ParsedDelta) -> DeltaMessage:
         )
         for piece in parsed.tool_calls
     ]
-    return DeltaMessage(content=parsed.content or None, tool_calls=calls or None)
+    return DeltaMessage(
+        content=parsed.content or None,
+        reasoning_content=parsed.reasoning or None,
+        tool_calls=calls or None,
+    )
 
 
 def message_out(extracted: ExtractedToolCalls) -> ChatMessageOut:
