@@ -10,10 +10,12 @@ import enum
 import math
 from dataclasses import dataclass, field, replace
 
+from services.common.reasoning_bounds import ReasoningBounds
 from services.common.structured_outputs import StructuredOutputsParams
 
 _GREEDY_EPS = 1e-5
 MAX_LOGPROBS = 20
+INT32_MAX = 2**31 - 1
 
 
 class RequestOutputKind(enum.IntEnum):
@@ -38,6 +40,17 @@ def _check_range(name: str, value: float, lo: float, hi: float, *, lo_open: bool
 def _check_finite(name: str, value: float) -> None:
     if not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value}.")
+
+
+def _reasoning_bounds(value) -> ReasoningBounds | None:
+    if value is None or isinstance(value, ReasoningBounds):
+        return value
+    if not isinstance(value, dict):
+        raise ValueError(f"reasoning must be ReasoningBounds or a dict, got {type(value)}.")
+    try:
+        return ReasoningBounds(**value)
+    except TypeError as exc:
+        raise ValueError(f"reasoning: {exc}.") from exc
 
 
 @dataclass
@@ -67,6 +80,12 @@ class SamplingParams:
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # Constrain the output (JSON schema, regex, choice, grammar); a dict is taken as its fields.
     structured_outputs: StructuredOutputsParams | None = None
+    # Reasoning models: end the thinking after this many thinking tokens by writing
+    # reasoning.forced_end_token_ids (None: no budget; 0: end it at once).
+    thinking_token_budget: int | None = None
+    # Where the thinking starts and ends in token ids (the frontend sets it from its
+    # reasoning parser): a grammar applies to the answer only. A dict is taken as its fields.
+    reasoning: ReasoningBounds | None = None
     # Derived in __post_init__: stop is always a list afterwards.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 
@@ -80,6 +99,7 @@ class SamplingParams:
             self.top_k = 0
         if isinstance(self.structured_outputs, dict):
             self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+        self.reasoning = _reasoning_bounds(self.reasoning)
         self._verify_args()
         self.all_stop_token_ids = set(self.stop_token_ids)
 
@@ -87,6 +107,7 @@ class SamplingParams:
         self._verify_counts()
         self._verify_probabilities()
         self._verify_stops()
+        self._verify_thinking_budget()
         if self.logprobs is not None:
             _check_range("logprobs", self.logprobs, 0, MAX_LOGPROBS)
         if self.prompt_logprobs is not None:
@@ -140,6 +161,25 @@ class SamplingParams:
             raise ValueError("stop must be a string or a list of non-empty strings.")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise ValueError("stop_token_ids must be a list of token ids >= 0.")
+
+    def _verify_thinking_budget(self) -> None:
+        budget = self.thinking_token_budget
+        if budget is None:
+            return
+        if isinstance(budget, bool) or not isinstance(budget, int):
+            raise ValueError(f"thinking_token_budget must be an integer, got {budget!r}.")
+        _check_range("thinking_token_budget", budget, 0, INT32_MAX)
+        bounds = self.reasoning
+        if bounds is None or not bounds.end_token_ids or not bounds.forced_end_token_ids:
+            raise ValueError(
+                "thinking_token_budget needs the thinking's end marker, which the server "
+                "knows only when it runs with --reasoning-parser."
+            )
+        if self.use_beam_search:
+            raise ValueError(
+                "thinking_token_budget cannot be combined with beam search: each beam "
+                "would need its own thinking state; use n > 1 sampling instead."
+            )
 
     @property
     def sampling_type(self) -> SamplingType:

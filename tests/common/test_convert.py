@@ -32,6 +32,7 @@ from services.common.convert.worker_info import (
 from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from services.common.engine_request import EngineCoreRequest
 from services.common.proto.pagestream.v1 import generation_pb2, worker_pb2
+from services.common.reasoning_bounds import ReasoningBounds, ReasoningMode
 from services.common.runner_output import RunnerOutput, StepTimings, TokenLogprobs
 from services.common.sampling_params import SamplingParams
 from services.common.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
@@ -63,6 +64,8 @@ EVERY_FIELD = SamplingParams(
     include_stop_str_in_output=True,
     length_penalty=0.8,
     structured_outputs=StructuredOutputsParams(regex="[a-z]+ [0-9]{2}"),
+    thinking_token_budget=64,
+    reasoning=ReasoningBounds(ReasoningMode.OPTIONAL, (300,), (301, 302), (10, 301, 302, 10)),
 )
 
 
@@ -110,6 +113,39 @@ def test_an_empty_structured_outputs_message_is_refused_by_name():
     message = generation_pb2.SamplingParams(structured_outputs=generation_pb2.StructuredOutputs())
     with pytest.raises(ValueError, match="structured_outputs needs one of"):
         sampling_params_from_pb(message)
+
+
+@pytest.mark.parametrize("budget", [0, 1, 2**31 - 1])
+def test_thinking_budgets_round_trip_with_zero_apart_from_unset(budget):
+    bounds = ReasoningBounds(ReasoningMode.THINKING, (), (7,), (7,))
+    back = _round_trip_params(SamplingParams(thinking_token_budget=budget, reasoning=bounds))
+    assert back.thinking_token_budget == budget and back.reasoning == bounds
+    assert _round_trip_params(SamplingParams(reasoning=bounds)).thinking_token_budget is None
+
+
+@pytest.mark.parametrize("mode", list(ReasoningMode))
+def test_reasoning_bounds_round_trip_in_every_mode(mode):
+    bounds = ReasoningBounds(mode, (5,), (6, 7), (8, 6, 7))
+    assert _round_trip_params(SamplingParams(reasoning=bounds)).reasoning == bounds
+
+
+@pytest.mark.parametrize(
+    ("bounds", "problem"),
+    [
+        (generation_pb2.ReasoningBounds(mode=9, end_token_ids=[1]), "reasoning.mode"),
+        (generation_pb2.ReasoningBounds(mode=1), "end_token_ids must not be empty"),
+        (generation_pb2.ReasoningBounds(mode=1, end_token_ids=[-3]), "token ids >= 0"),
+        (generation_pb2.ReasoningBounds(end_token_ids=[1] * 65), "at most 64"),
+    ],
+)
+def test_malformed_reasoning_bounds_are_refused_by_name(bounds, problem):
+    with pytest.raises(ValueError, match=problem):
+        sampling_params_from_pb(_wire(generation_pb2.SamplingParams(reasoning=bounds)))
+
+
+def test_a_budget_without_bounds_on_the_wire_is_refused_naming_the_flag():
+    with pytest.raises(ValueError, match=r"thinking_token_budget.*--reasoning-parser"):
+        sampling_params_from_pb(generation_pb2.SamplingParams(thinking_token_budget=5))
 
 
 def test_beam_search_params_round_trip():
@@ -167,8 +203,10 @@ def test_float32_values_come_back_to_the_same_float32(value):
 
 
 # ---- StepPlan / StepResult -------------------------------------------------------------
-# The worker never sees a request's grammar, only each step's masks.
-WORKER_PARAMS = EVERY_FIELD.clone(structured_outputs=None)
+# The worker never sees a request's grammar nor its thinking bounds, only each step's masks.
+WORKER_PARAMS = EVERY_FIELD.clone(
+    structured_outputs=None, thinking_token_budget=None, reasoning=None
+)
 
 
 def _plan(params: SamplingParams = WORKER_PARAMS) -> SchedulerOutput:
@@ -207,7 +245,9 @@ def test_step_plan_round_trips_with_row_order():
 
 def test_a_plan_sends_the_grammar_masks_but_not_the_grammars():
     back = plan_from_pb(_wire(plan_to_pb(_plan(EVERY_FIELD))))
-    assert back.scheduled_new_reqs[1].sampling_params.structured_outputs is None
+    params = back.scheduled_new_reqs[1].sampling_params
+    assert params.structured_outputs is None and params.reasoning is None
+    assert params.thinking_token_budget is None
     assert back == _plan(WORKER_PARAMS)
 
 

@@ -1,5 +1,6 @@
 import pytest
 
+from services.common.reasoning_bounds import ReasoningBounds, ReasoningMode
 from services.common.sampling_params import BeamSearchParams, SamplingParams, SamplingType
 
 
@@ -65,3 +66,73 @@ def test_greedy_n_allowed_for_beam_search():
     assert SamplingParams(n=3, temperature=0, use_beam_search=True).n == 3
     with pytest.raises(ValueError, match="beam_width"):
         BeamSearchParams(beam_width=0, max_tokens=4)
+
+
+# ---- reasoning: the thinking's bounds and budget ------------------------------------------
+THINK = ReasoningBounds(ReasoningMode.THINKING, (), (9, 10), (4, 9, 10))
+
+
+def test_a_budget_with_bounds_is_kept_and_a_dict_is_taken_as_bounds():
+    params = SamplingParams(
+        thinking_token_budget=0,
+        reasoning={
+            "mode": 2,
+            "start_token_ids": [8],
+            "end_token_ids": [9],
+            "forced_end_token_ids": [9],
+        },
+    )
+    assert params.thinking_token_budget == 0
+    assert params.reasoning == ReasoningBounds(ReasoningMode.OPTIONAL, (8,), (9,), (9,))
+    assert params.reasoning.mode is ReasoningMode.OPTIONAL
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "problem"),
+    [
+        ({"thinking_token_budget": 5}, "thinking_token_budget needs .*--reasoning-parser"),
+        (
+            {"thinking_token_budget": 5, "reasoning": ReasoningBounds(end_token_ids=(9,))},
+            "thinking_token_budget needs",
+        ),
+        ({"thinking_token_budget": -1, "reasoning": THINK}, r"thinking_token_budget must be in"),
+        ({"thinking_token_budget": 2**31, "reasoning": THINK}, "thinking_token_budget must be in"),
+        ({"thinking_token_budget": 1.5, "reasoning": THINK}, "thinking_token_budget must be an"),
+        ({"thinking_token_budget": True, "reasoning": THINK}, "thinking_token_budget must be an"),
+        (
+            {"thinking_token_budget": 3, "reasoning": THINK, "n": 2, "temperature": 0}
+            | {"use_beam_search": True},
+            "thinking_token_budget cannot be combined with beam search",
+        ),
+        ({"reasoning": "think"}, "reasoning must be ReasoningBounds or a dict"),
+        ({"reasoning": {"mode": 1, "end": [3]}}, "reasoning: .*end"),
+    ],
+)
+def test_bad_thinking_budgets_are_refused_naming_the_field(kwargs, problem):
+    with pytest.raises(ValueError, match=problem):
+        SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "problem"),
+    [
+        ({"mode": 7}, "reasoning.mode must be one of ANSWER"),
+        ({"mode": ReasoningMode.THINKING}, "reasoning.end_token_ids must not be empty"),
+        ({"mode": ReasoningMode.OPTIONAL, "end_token_ids": (3,)}, "start_token_ids must not be"),
+        ({"end_token_ids": (1,) * 65}, "reasoning.end_token_ids has 65 token ids; at most 64"),
+        ({"forced_end_token_ids": (1, -2)}, "reasoning.forced_end_token_ids must hold token ids"),
+        ({"start_token_ids": "<think>"}, "reasoning.start_token_ids must be a list"),
+        ({"start_token_ids": (1.0,)}, "reasoning.start_token_ids must hold token ids"),
+    ],
+)
+def test_bad_reasoning_bounds_are_refused_naming_the_field(kwargs, problem):
+    with pytest.raises(ValueError, match=problem):
+        ReasoningBounds(**kwargs)
+
+
+def test_reasoning_bounds_check_the_vocabulary_by_field():
+    THINK.check_vocab(11)
+    with pytest.raises(
+        ValueError, match=r"reasoning.end_token_ids contains token id 10.*\[0, 10\)"
+    ):
+        THINK.check_vocab(10)

@@ -14,12 +14,21 @@ import math
 import struct
 
 from services.common.proto.pagestream.v1 import generation_pb2
+from services.common.reasoning_bounds import ReasoningBounds
 from services.common.sampling_params import SamplingParams
 from services.common.structured_outputs import StructuredOutputsParams
 
 INT32_MAX = 2**31 - 1
 _DEFAULTS = SamplingParams()
-_INT_FIELDS = ("n", "top_k", "seed", "min_tokens", "logprobs", "prompt_logprobs")
+_INT_FIELDS = (
+    "n",
+    "top_k",
+    "seed",
+    "min_tokens",
+    "logprobs",
+    "prompt_logprobs",
+    "thinking_token_budget",
+)
 _FLOAT_FIELDS = (
     "presence_penalty",
     "frequency_penalty",
@@ -79,7 +88,31 @@ def sampling_params_to_pb(params: SamplingParams) -> generation_pb2.SamplingPara
             raise ValueError(f"logit_bias cannot be sent: {token_id!r} ({exc}).") from exc
     if params.structured_outputs is not None:
         message.structured_outputs.CopyFrom(structured_outputs_to_pb(params.structured_outputs))
+    if params.reasoning is not None:
+        message.reasoning.CopyFrom(reasoning_bounds_to_pb(params.reasoning))
     return message
+
+
+def reasoning_bounds_to_pb(bounds: ReasoningBounds) -> generation_pb2.ReasoningBounds:
+    try:
+        return generation_pb2.ReasoningBounds(
+            mode=int(bounds.mode),
+            start_token_ids=bounds.start_token_ids,
+            end_token_ids=bounds.end_token_ids,
+            forced_end_token_ids=bounds.forced_end_token_ids,
+        )
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"reasoning cannot be sent: {exc}.") from exc
+
+
+def reasoning_bounds_from_pb(message: generation_pb2.ReasoningBounds) -> ReasoningBounds:
+    """Raises ValueError naming the problem (an unknown mode, too many ids, ...)."""
+    return ReasoningBounds(
+        mode=message.mode,
+        start_token_ids=tuple(message.start_token_ids),
+        end_token_ids=tuple(message.end_token_ids),
+        forced_end_token_ids=tuple(message.forced_end_token_ids),
+    )
 
 
 def structured_outputs_to_pb(params: StructuredOutputsParams) -> generation_pb2.StructuredOutputs:
@@ -154,4 +187,6 @@ def sampling_params_from_pb(
         }
     if message.HasField("structured_outputs"):
         kwargs["structured_outputs"] = structured_outputs_from_pb(message.structured_outputs)
+    if message.HasField("reasoning"):
+        kwargs["reasoning"] = reasoning_bounds_from_pb(message.reasoning)
     return SamplingParams(**kwargs)

@@ -66,7 +66,10 @@ def _new_request_to_pb(new: NewRequestData) -> worker_pb2.NewRequest:
     params = None
     if new.sampling_params is not None:
         params = sampling_params_to_pb(new.sampling_params)
-        params.ClearField("structured_outputs")  # the worker only sees the per-step masks
+        # The worker only sees the per-step masks: the grammar, the thinking's bounds and
+        # its budget are the scheduler's (a forced end is a mask row like a grammar's).
+        for name in ("structured_outputs", "reasoning", "thinking_token_budget"):
+            params.ClearField(name)
     pooling = new.pooling_params
     return worker_pb2.NewRequest(
         request_id=new.request_id,
