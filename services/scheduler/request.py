@@ -65,6 +65,8 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     # Structured outputs: the sequence's grammar state (structured_output_manager.py).
     grammar: object | None = field(default=None, repr=False)
+    # Reasoning models: the sequence's place against its thinking (reasoning_phase.py).
+    reasoning: object | None = field(default=None, repr=False)
     # Why it ended with finish reason "error", and what kind (EngineCoreOutput.error_code).
     error: str | None = None
     error_code: str | None = None

@@ -15,6 +15,12 @@ with an error; a grammar that allows nothing but EOS any more ends it with "stop
 sequence has its own matcher (n > 1 copies the parent's at the fork), so a sequence's
 state survives preemption in both modes: its tokens are never rolled back.
 
+Reasoning models: a sequence with ReasoningBounds also has a ReasoningPhase
+(reasoning_phase.py), which this manager consults. Until the phase answers there is no
+grammar mask, no grammar `accept`, no exhaustion check and no verified proposal; while a
+thinking budget forces the end marker, the sequence's row allows that one token (the same
+bitmask path, so it holds for every sampling setting).
+
 llguidance is torch-free, which is why this lives in the scheduler; its tokenizer view is
 built once, lazily, from the model's tokenizer.json.
 """
@@ -31,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from services.scheduler.reasoning_phase import ReasoningPhase
 from services.scheduler.request import Request, RequestStatus
 
 logger = logging.getLogger(__name__)
@@ -82,6 +89,7 @@ class StructuredOutputManager:
         """Start compiling the request's grammar (ValueError when it cannot be served)."""
         if request.is_pooling:
             return
+        self._admit_reasoning(request)
         constraint = request.sampling_params.structured_outputs
         if constraint is None:
             return
@@ -101,6 +109,20 @@ class StructuredOutputManager:
             self._cache.move_to_end(key)
         deadline = time.monotonic() + self.compile_timeout_s
         request.grammar = GrammarState(key, future, deadline)
+
+    def _admit_reasoning(self, request: Request) -> None:
+        bounds = request.sampling_params.reasoning
+        if bounds is None:
+            return
+        if self.vocab_size:
+            bounds.check_vocab(self.vocab_size)
+        phase = ReasoningPhase.for_params(request.sampling_params)
+        if phase is not None and not self.vocab_size:
+            raise ValueError(
+                "thinking_token_budget needs the model's vocabulary size, which this "
+                "engine does not have."
+            )
+        request.reasoning = phase
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -153,8 +175,8 @@ class StructuredOutputManager:
         """The grammar allows nothing but EOS (an empty output, or the end reached): the
         request is complete. Checked when it is about to run, so it ends at once."""
         state: GrammarState | None = request.grammar
-        if state is None or state.matcher is None:
-            return False
+        if state is None or state.matcher is None or _thinking(request):
+            return False  # a thinking sequence has not started its answer
         if state.matcher.is_stopped():
             return True
         from llguidance.numpy import fill_next_token_bitmask
@@ -193,43 +215,81 @@ class StructuredOutputManager:
         scheduled tokens reach the end of what they know: no partial prefill chunk). A
         request verifying proposals gets one row per verified position: the matcher is
         advanced over the proposals to fill them, then rolled back (it only ever keeps
-        the tokens `accept` is given)."""
+        the tokens `accept` is given). A thinking sequence gets a row only to force its
+        end (one allowed token) or, before an OPTIONAL first token, the grammar's row
+        plus the start token."""
         spec_token_ids = spec_token_ids or {}
         rows = [
             r
             for r in scheduled
-            if r.grammar is not None
+            if (r.grammar is not None or r.reasoning is not None)
             and r.num_computed_tokens + num_tokens[r.request_id] >= r.num_tokens
         ]
         if not rows:
             return None
-        from llguidance.numpy import fill_next_token_bitmask
-
         num_rows = sum(1 + len(spec_token_ids.get(r.request_id, ())) for r in rows)
         bitmask = np.zeros((num_rows, self.words), dtype=np.int32)
         request_ids: list[str] = []
         for request in rows:
-            matcher = request.grammar.matcher
-            drafts = spec_token_ids.get(request.request_id, [])
-            for position in range(len(drafts) + 1):
-                fill_next_token_bitmask(matcher, bitmask, len(request_ids))
-                request_ids.append(request.request_id)
-                if position < len(drafts):
-                    matcher.consume_token(drafts[position])
-            if drafts:
-                matcher.rollback(len(drafts))
-        return StepMasks(request_ids, bitmask.astype("<i4").tobytes())
+            if _thinking(request):
+                self._fill_thinking_row(request, bitmask, request_ids)
+            elif request.grammar is not None:
+                drafts = spec_token_ids.get(request.request_id, [])
+                self._fill_grammar_rows(request, drafts, bitmask, request_ids)
+        if not request_ids:
+            return None
+        used = bitmask[: len(request_ids)]
+        return StepMasks(request_ids, used.astype("<i4").tobytes())
+
+    @staticmethod
+    def _fill_grammar_rows(
+        request: Request, drafts: list[int], bitmask: np.ndarray, request_ids: list[str]
+    ) -> None:
+        from llguidance.numpy import fill_next_token_bitmask
+
+        matcher = request.grammar.matcher
+        for position in range(len(drafts) + 1):
+            fill_next_token_bitmask(matcher, bitmask, len(request_ids))
+            request_ids.append(request.request_id)
+            if position < len(drafts):
+                matcher.consume_token(drafts[position])
+        if drafts:
+            matcher.rollback(len(drafts))
+
+    @staticmethod
+    def _fill_thinking_row(request: Request, bitmask: np.ndarray, request_ids: list[str]) -> None:
+        """Its row, if it needs one: a thinking sequence samples freely otherwise."""
+        phase: ReasoningPhase = request.reasoning
+        row = len(request_ids)
+        if (forced := phase.forced_token()) is not None:
+            _allow(bitmask, row, forced)
+        elif phase.start_token is not None and request.grammar is not None:
+            from llguidance.numpy import fill_next_token_bitmask
+
+            fill_next_token_bitmask(request.grammar.matcher, bitmask, row)
+            _allow(bitmask, row, phase.start_token)
+        else:
+            return
+        request_ids.append(request.request_id)
 
     def valid_prefix(self, request: Request, drafts: list[int]) -> list[int]:
         """The longest prefix of the proposals the request's grammar allows (all of them
-        without a grammar): no verified position may follow a token the grammar refuses."""
+        without a grammar): no verified position may follow a token the grammar refuses.
+        None of them while the sequence is not answering yet: whether each proposal is
+        thinking, the end marker or the grammar's depends on the ones before it."""
+        if _thinking(request):
+            return []
         state: GrammarState | None = request.grammar
         if state is None or state.matcher is None:
             return drafts
         return drafts[: state.matcher.validate_tokens(drafts)]
 
     def accept(self, request: Request, token_id: int) -> RequestStatus | None:
-        """Advance the sequence's matcher; the status it ends in, if any."""
+        """Advance the sequence's phase and, for a token of the answer, its matcher;
+        the status it ends in, if any."""
+        phase: ReasoningPhase | None = request.reasoning
+        if phase is not None and not phase.advance(token_id, request.output_token_ids):
+            return None  # thinking: the grammar has not started
         state: GrammarState | None = request.grammar
         if state is None or state.matcher is None:
             return None
@@ -246,7 +306,10 @@ class StructuredOutputManager:
         return None
 
     def fork(self, parent: Request, child: Request) -> None:
-        """An n > 1 sequence continues from its parent's grammar state, with its own copy."""
+        """An n > 1 sequence continues from its parent's grammar state and reasoning
+        phase, with its own copies."""
+        if parent.reasoning is not None:
+            child.reasoning = parent.reasoning.copy()
         state: GrammarState | None = parent.grammar
         if state is None:
             return
@@ -256,6 +319,16 @@ class StructuredOutputManager:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _thinking(request: Request) -> bool:
+    """The sequence has a reasoning phase that has not reached the answer."""
+    return request.reasoning is not None and not request.reasoning.answering
+
+
+def _allow(bitmask: np.ndarray, row: int, token_id: int) -> None:
+    """Set token_id's bit in a packed row (bit t % 32 of word t // 32)."""
+    bitmask.view(np.uint32)[row, token_id // 32] |= np.uint32(1 << (token_id % 32))
 
 
 def tokenizer_json_of(model: str) -> Callable[[], str]:
