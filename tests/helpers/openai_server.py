@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
-from pagestream import AsyncEngine
+from pagestream import AsyncEngine, EngineArgs
+from services.frontend.frontend_config import FrontendConfig
 from services.frontend.openai import HttpServer, build_app, serve_http
 from tests.helpers.eventually import eventually_async
 
@@ -105,11 +106,17 @@ class OpenAIServer:
 
 @contextlib.asynccontextmanager
 async def running_server(
-    folder, api_key: str | None = API_KEY, app_options: dict | None = None, **engine_args
+    folder,
+    api_key: str | None = API_KEY,
+    app_options: dict | None = None,
+    frontend_config: FrontendConfig | None = None,
+    **engine_args,
 ):
-    """An OpenAI server over an in-process engine (`app_options`: more build_app args)."""
+    """An OpenAI server over an in-process engine (`app_options`: more build_app args,
+    `frontend_config`: the frontend's flags)."""
     engine_args.setdefault("kv_cache_memory", "8MiB")
-    engine = AsyncEngine.from_args(str(folder), engine_core_process=False, **engine_args)
+    args = EngineArgs.from_kwargs(model=str(folder), **engine_args)
+    engine = AsyncEngine(args, False, frontend_config)
     app = build_app(engine.frontend, [MODEL], api_key=api_key, **(app_options or {}))
     http = await serve_http(app, "127.0.0.1", 0)
     server = OpenAIServer(engine, http, app)
