@@ -157,3 +157,40 @@ async def test_tool_choice_required_constrains_the_answer_only(server):
     (call,) = choice.message.tool_calls
     assert call.function.name == "add"
     jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+
+
+async def test_usage_counts_the_thinking_tokens(server):
+    response = await _chat(server)
+    # "<think>", "\nThe user asks", " for 2+2.\n": the deltas that were all thinking
+    assert response.usage.completion_tokens_details.reasoning_tokens == 3
+    assert response.usage.completion_tokens == len(THINKING_REPLY) + 1  # and EOS
+
+
+async def test_responses_api_has_a_reasoning_item_before_the_message(server):
+    client = server.async_client()
+    response = await client.responses.create(model=MODEL, input="What is 2+2?", temperature=0)
+    reasoning, message = response.output
+    assert reasoning.type == "reasoning" and reasoning.content[0].text == THOUGHT
+    assert message.type == "message" and response.output_text == ANSWER
+    assert response.usage.output_tokens_details.reasoning_tokens == 3
+
+    events = [
+        e
+        async for e in await client.responses.create(
+            model=MODEL, input="What is 2+2?", temperature=0, stream=True
+        )
+    ]
+    deltas = [e.delta for e in events if e.type == "response.reasoning_text.delta"]
+    assert "".join(deltas) == THOUGHT
+    done = [e for e in events if e.type == "response.reasoning_text.done"]
+    assert [e.text for e in done] == [THOUGHT]
+    completed = events[-1].response
+    assert [item.type for item in completed.output] == ["reasoning", "message"]
+    assert completed.output_text == ANSWER
+
+    follow_up = await client.responses.create(
+        model=MODEL,
+        input=[*[item.model_dump() for item in response.output], {"role": "user", "content": "ok"}],
+        temperature=0,
+    )  # an agent sends the reasoning item back: accepted, left out of the prompt
+    assert follow_up.status == "completed"

@@ -4,7 +4,9 @@
 with or without `type: "message"`; content a string or input_text / output_text parts),
 `function_call` items (an assistant's tool call: it joins the assistant message before it,
 as the chat endpoint's `tool_calls`) and `function_call_output` items (a `tool` message).
-Anything else (images, files, reasoning or item references) is a 400 naming the item.
+`reasoning` items (a previous reply's thinking, which agents send back) are accepted and
+left out: chat templates drop earlier turns' thinking. Anything else (images, files, item
+references) is a 400 naming the item.
 The response's output goes back into a conversation the same way (`output_message`).
 """
 
@@ -45,10 +47,15 @@ class FunctionCallOutputItem(_Item):
     output: str | list[dict[str, Any]]
 
 
+class ReasoningItemIn(_Item):
+    type: Literal["reasoning"]
+
+
 _ITEMS = {
     "message": MessageItem,
     "function_call": FunctionCallItemIn,
     "function_call_output": FunctionCallOutputItem,
+    "reasoning": ReasoningItemIn,
 }
 
 
@@ -106,7 +113,7 @@ def _append(messages: list[ChatMessage], item: _Item, where: str) -> None:
             last.tool_calls = [*(last.tool_calls or []), call]
         else:
             messages.append(ChatMessage(role="assistant", content=None, tool_calls=[call]))
-    else:
+    elif isinstance(item, FunctionCallOutputItem):
         content = _text(item.output, f"{where}.output")
         messages.append(ChatMessage(role="tool", tool_call_id=item.call_id, content=content))
 

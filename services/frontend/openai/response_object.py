@@ -44,7 +44,22 @@ class FunctionCallOutputItem(BaseModel):
     status: ItemStatus = "in_progress"
 
 
-OutputItem = OutputMessage | FunctionCallOutputItem
+class ReasoningText(BaseModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str = ""
+
+
+class ReasoningOutputItem(BaseModel):
+    """A reasoning model's thinking (--reasoning-parser), before the answer's items."""
+
+    type: Literal["reasoning"] = "reasoning"
+    id: str = Field(default_factory=lambda: new_id("rs"))
+    summary: list = Field(default_factory=list)
+    content: list[ReasoningText] = Field(default_factory=list)
+    status: ItemStatus = "in_progress"
+
+
+OutputItem = OutputMessage | FunctionCallOutputItem | ReasoningOutputItem
 
 
 class InputTokensDetails(BaseModel):
@@ -64,11 +79,14 @@ class ResponseUsage(BaseModel):
     total_tokens: int
 
     @classmethod
-    def of(cls, input_tokens: int, output_tokens: int, cached_tokens: int) -> ResponseUsage:
+    def of(
+        cls, input_tokens: int, output_tokens: int, cached_tokens: int, reasoning_tokens: int = 0
+    ) -> ResponseUsage:
         return cls(
             input_tokens=input_tokens,
             input_tokens_details=InputTokensDetails(cached_tokens=cached_tokens),
             output_tokens=output_tokens,
+            output_tokens_details=OutputTokensDetails(reasoning_tokens=reasoning_tokens),
             total_tokens=input_tokens + output_tokens,
         )
 

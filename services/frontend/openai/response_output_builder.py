@@ -1,6 +1,8 @@
-"""ResponseOutputBuilder: a chat choice's deltas (text, tool-call pieces, logprobs) as the
-Responses API's output items, and the stream events that build them.
+"""ResponseOutputBuilder: a chat choice's deltas (thinking, text, tool-call pieces,
+logprobs) as the Responses API's output items, and the stream events that build them.
 
+Thinking (a reasoning parser's) opens a `reasoning` item with one reasoning_text part,
+closed when the answer begins.
 Text opens a `message` item (one output_text part) that stays open until a tool call
 starts or the response ends; each tool call is a `function_call` item, open until the
 next one starts or the response ends. A streamed and a non-streamed response go through
@@ -17,12 +19,15 @@ from services.frontend.openai.response_object import (
     OutputItem,
     OutputMessage,
     OutputText,
+    ReasoningOutputItem,
+    ReasoningText,
 )
 
 
 class ResponseOutputBuilder:
     def __init__(self) -> None:
         self.items: list[OutputItem] = []
+        self._reasoning: ReasoningOutputItem | None = None  # the open reasoning item
         self._message: OutputMessage | None = None  # the open message item
         self._calls: dict[int, FunctionCallOutputItem] = {}  # open calls, by call index
         self._logprobs: list[ChatLogprobEntry] = []  # not yet sent with a text delta
@@ -30,6 +35,12 @@ class ResponseOutputBuilder:
     def feed(self, delta: DeltaMessage, logprobs: list[ChatLogprobEntry] | None) -> list[dict]:
         events: list[dict] = []
         self._logprobs.extend(logprobs or [])
+        if delta.reasoning_content:
+            if self._reasoning is None:
+                events += self._open_reasoning()
+            events.append(self._reasoning_delta(delta.reasoning_content))
+        if delta.content or delta.tool_calls:
+            events += self._close_reasoning("completed")
         if delta.content:
             if self._message is None:
                 events += self._open_message()
@@ -44,8 +55,45 @@ class ResponseOutputBuilder:
 
     def finish(self, status: ItemStatus) -> list[dict]:
         """Close what is open (an empty reply is one empty message)."""
-        events = self._open_message() if not self.items else []
+        events = self._close_reasoning(status)
+        if not any(not isinstance(item, ReasoningOutputItem) for item in self.items):
+            events += self._open_message()
         return events + self._close_message(status) + self._close_calls(status)
+
+    # ---- thinking ------------------------------------------------------------------------
+    def _open_reasoning(self) -> list[dict]:
+        item = self._reasoning = ReasoningOutputItem(content=[ReasoningText()])
+        index = self._add(item)
+        return [
+            {"type": "response.output_item.added", "output_index": index, "item": _empty(item)},
+            {
+                "type": "response.content_part.added",
+                **self._where(item),
+                "part": ReasoningText().model_dump(),
+            },
+        ]
+
+    def _reasoning_delta(self, text: str) -> dict:
+        item = self._reasoning
+        item.content[0].text += text
+        return {"type": "response.reasoning_text.delta", **self._where(item), "delta": text}
+
+    def _close_reasoning(self, status: ItemStatus) -> list[dict]:
+        item, self._reasoning = self._reasoning, None
+        if item is None:
+            return []
+        item.status = status
+        where = self._where(item)
+        part = item.content[0]
+        return [
+            {"type": "response.reasoning_text.done", **where, "text": part.text},
+            {"type": "response.content_part.done", **where, "part": part.model_dump()},
+            {
+                "type": "response.output_item.done",
+                "output_index": where["output_index"],
+                "item": item.model_dump(),
+            },
+        ]
 
     # ---- messages ----------------------------------------------------------------------
     def _open_message(self) -> list[dict]:
@@ -149,7 +197,7 @@ class ResponseOutputBuilder:
         self.items.append(item)
         return len(self.items) - 1
 
-    def _where(self, message: OutputMessage) -> dict:
+    def _where(self, message: OutputMessage | ReasoningOutputItem) -> dict:
         return {
             "item_id": message.id,
             "output_index": self.items.index(message),
@@ -159,6 +207,6 @@ class ResponseOutputBuilder:
 
 def _empty(item: OutputItem) -> dict:
     """An item as it is announced: in progress, no content or arguments yet."""
-    if isinstance(item, OutputMessage):
+    if isinstance(item, OutputMessage | ReasoningOutputItem):
         return item.model_dump() | {"content": []}
     return item.model_dump() | {"arguments": ""}

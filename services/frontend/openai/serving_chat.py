@@ -35,6 +35,7 @@ from services.frontend.openai.replies import (
     ChatCompletionResponse,
     ChatMessageOut,
     ChatStreamChoice,
+    CompletionTokensDetails,
     DeltaMessage,
     UsageInfo,
     random_id,
@@ -78,6 +79,7 @@ class _ChatChoice:
         self.parsed: list[ParsedDelta] = []
         self.content = ""
         self.num_tokens = 0
+        self.num_reasoning_tokens = 0  # tokens of deltas that were all thinking
         self.logprobs: list | None = None
         self.finish_sent = False
         self.finish_reason: str | None = None
@@ -123,7 +125,7 @@ class ChatTracker:
             if o.finish_reason is not None and not choice.finish_sent:
                 finish, choice.finish_sent = o.finish_reason, True
                 choice.stop_reason = o.stop_reason
-            delta, has_delta = self._delta(choice, o.text, finish is not None)
+            delta, has_delta = self._delta(choice, o.text, finish is not None, len(o.token_ids))
             if finish is not None:
                 num_calls = choice.reply.num_calls if choice.reply is not None else 0
                 finish = choice.finish_reason = finish_reason(finish, num_calls)
@@ -140,11 +142,16 @@ class ChatTracker:
                 )
         return updates
 
-    def _delta(self, choice: _ChatChoice, text: str, finished: bool) -> tuple[DeltaMessage, bool]:
+    def _delta(
+        self, choice: _ChatChoice, text: str, finished: bool, num_tokens: int
+    ) -> tuple[DeltaMessage, bool]:
         """The stream delta for new text: as is, or through the choice's ReplyParser."""
         if choice.reply is None:
             return DeltaMessage(content=text), bool(text)
         parsed = choice.reply.feed(text, finished)
+        answered = parsed.content or parsed.tool_calls
+        if choice.reply.thinking or (parsed.reasoning and not answered):
+            choice.num_reasoning_tokens += num_tokens
         if not self.include_reasoning:
             parsed.reasoning = ""
         choice.parsed.append(parsed)
@@ -162,7 +169,11 @@ class ChatTracker:
 
     def usage(self) -> UsageInfo:
         completion = sum(c.num_tokens for c in self.choices)
-        return UsageInfo.of(len(self.job.prompts[0].token_ids), completion, self.cached_tokens)
+        usage = UsageInfo.of(len(self.job.prompts[0].token_ids), completion, self.cached_tokens)
+        reasoning = sum(c.num_reasoning_tokens for c in self.choices)
+        if reasoning:
+            usage.completion_tokens_details = CompletionTokensDetails(reasoning_tokens=reasoning)
+        return usage
 
     def chunk(self, choices: list[ChatStreamChoice]) -> ChatCompletionChunk:
         created = self.envelope.created

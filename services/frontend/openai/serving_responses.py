@@ -83,8 +83,12 @@ class _ResponseRun:
         elif incomplete:
             response.incomplete_details = IncompleteDetails()
         usage = self.tracker.usage()
+        details = usage.completion_tokens_details
         response.usage = ResponseUsage.of(
-            usage.prompt_tokens, usage.completion_tokens, self.tracker.cached_tokens
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            self.tracker.cached_tokens,
+            details.reasoning_tokens if details is not None else 0,
         )
         return events
 
