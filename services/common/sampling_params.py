@@ -107,7 +107,7 @@ class SamplingParams:
         self._verify_counts()
         self._verify_probabilities()
         self._verify_stops()
-        self._verify_thinking_budget()
+        self.verify_thinking_budget()
         if self.logprobs is not None:
             _check_range("logprobs", self.logprobs, 0, MAX_LOGPROBS)
         if self.prompt_logprobs is not None:
@@ -162,7 +162,9 @@ class SamplingParams:
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise ValueError("stop_token_ids must be a list of token ids >= 0.")
 
-    def _verify_thinking_budget(self) -> None:
+    def verify_thinking_budget(self) -> None:
+        """The budget's checks (the engine repeats them at admission: a frontend sets
+        the budget and the bounds after construction)."""
         budget = self.thinking_token_budget
         if budget is None:
             return

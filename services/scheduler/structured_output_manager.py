@@ -111,12 +111,15 @@ class StructuredOutputManager:
         request.grammar = GrammarState(key, future, deadline)
 
     def _admit_reasoning(self, request: Request) -> None:
-        bounds = request.sampling_params.reasoning
+        params = request.sampling_params
+        if params.thinking_token_budget is not None:
+            params.verify_thinking_budget()
+        bounds = params.reasoning
         if bounds is None:
             return
         if self.vocab_size:
             bounds.check_vocab(self.vocab_size)
-        phase = ReasoningPhase.for_params(request.sampling_params)
+        phase = ReasoningPhase.for_params(params)
         if phase is not None and not self.vocab_size:
             raise ValueError(
                 "thinking_token_budget needs the model's vocabulary size, which this "

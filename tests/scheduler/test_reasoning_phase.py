@@ -358,3 +358,16 @@ def test_a_budget_needs_an_engine_that_knows_its_vocabulary():
     request = make_request("r", [1, 2], reasoning=THINK, thinking_token_budget=1)
     with pytest.raises(RequestRejectedError, match="vocabulary size"):
         scheduler.add_request(request)
+
+
+@pytest.mark.parametrize(
+    "bounds", [None, ReasoningBounds(ReasoningMode.THINKING, (), (END_A,), ())]
+)
+def test_a_budget_set_after_construction_is_checked_at_admission(bounds):
+    """Frontends fill the budget and the bounds in after SamplingParams checked itself."""
+    scheduler, _ = _scheduler()
+    request = make_request("r", [1, 2])
+    request.sampling_params.thinking_token_budget = 4
+    request.sampling_params.reasoning = bounds
+    with pytest.raises(RequestRejectedError, match="thinking_token_budget needs"):
+        scheduler.add_request(request)
