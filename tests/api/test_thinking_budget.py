@@ -1,12 +1,14 @@
 """Reasoning models in the engine, end to end on a tiny random model: a thinking budget
 of N gives exactly N thinking tokens (the model's own, unconstrained) and then the
 forced end marker; a JSON-schema constraint applies to the answer after the marker only;
-ANSWER bounds change nothing; an OPTIONAL start is the model's choice on its first token.
+ANSWER bounds change nothing; an OPTIONAL start is the model's choice on its first token;
+all of it holds under forced preemption (recompute and swap).
 The markers are ordinary tokens of the tiny tokenizer ("</think>" is several of them)."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import pytest
@@ -14,6 +16,7 @@ import pytest
 from pagestream import LLM, SamplingParams
 from services.common.reasoning_bounds import ReasoningBounds, ReasoningMode
 from tests.api.test_structured_outputs import SCHEMA
+from tests.helpers.parallel import set_preemption_mode
 
 LLM_ARGS = {"dtype": "float32", "kv_cache_memory": "16MiB"}  # for tests/conftest.py's llm
 PROMPT = "The answer is"
@@ -124,6 +127,45 @@ def test_n_2_sequences_each_think_within_the_budget(llm):
     for output in outputs:
         assert list(output.token_ids[4 : 4 + len(forced)]) == forced
     assert outputs[0].token_ids[:4] != outputs[1].token_ids[:4]  # sampled apart
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_the_thinking_and_its_forced_end_survive_forced_preemption(model_dir, mode):
+    llm = LLM(
+        str(model_dir("llama")),
+        dtype="float32",
+        block_size=4,
+        kv_cache_memory=24576,  # 12 blocks of 4 tokens for 8 growing requests
+        swap_space=0.01,
+        max_num_batched_tokens=64,
+        enable_prefix_caching=False,
+    )
+    set_preemption_mode(llm, mode)
+    bounds = _bounds(llm)
+    forced = list(bounds.forced_end_token_ids)
+    params = [
+        SamplingParams(
+            temperature=1.0,
+            seed=i,
+            max_tokens=24,
+            ignore_eos=True,
+            reasoning=bounds,
+            thinking_token_budget=3 + i % 3,
+            structured_outputs={"regex": "[a-d]+"} if i % 2 else None,
+        )
+        for i in range(8)
+    ]
+    results = llm.generate(["Hello there, friend"] * len(params), params, use_tqdm=False)
+    assert llm.engine.scheduler.num_preemptions > 0
+    for param, result in zip(params, results, strict=True):
+        tokens, budget = list(result.outputs[0].token_ids), param.thinking_token_budget
+        assert tokens[budget : budget + len(forced)] == forced, (budget, tokens)
+        if param.structured_outputs is not None:
+            answer = llm.get_tokenizer().decode(
+                tokens[budget + len(forced) :], skip_special_tokens=True
+            )
+            assert re.fullmatch("[a-d]+", answer), answer
+    assert llm.engine.scheduler.kv.num_free_blocks == 12
 
 
 def test_bounds_outside_the_vocabulary_are_refused_naming_the_field(llm):
