@@ -3,7 +3,8 @@ engine request (vLLM's semantics):
 
 - no tool_choice: "auto" when there are tools, else "none".
 - "none": tools still go into the prompt (the model may know them), the output is text.
-- "auto": needs --enable-auto-tool-choice and --tool-call-parser (else 400 saying so); the
+- "auto": needs --enable-auto-tool-choice and a parser (--tool-call-parser, or the one
+  detected from the chat template: ToolServerOptions.for_template; else 400 saying so); the
   output is parsed for calls in the parser's format.
 - "required" / a named function: the output is constrained by a grammar in the parser's
   own format (--tool-call-parser, else hermes), so the same parser reads every mode; the
@@ -48,14 +49,24 @@ def plan_tools(request, options: ToolServerOptions) -> ToolPlan:
                 '"none".',
                 "tool_choice",
             )
-        parser = get_tool_parser(options.tool_call_parser)(None if parallel else 1)
+        parser_cls = get_tool_parser(options.tool_call_parser)
+        parser = parser_cls(None if parallel else 1, tools=_specs(tools, range(len(tools))))
         return ToolPlan(template_tools, parser)
     parser_cls = get_tool_parser(options.tool_call_parser or DEFAULT_CONSTRAINT_FORMAT)
     selected = _selected(tools, choice)
     if isinstance(choice, NamedToolChoice):
         parallel = False
-    parser = parser_cls(None if parallel else 1)
+    specs = _specs(tools, selected)
+    parser = parser_cls(None if parallel else 1, tools=specs)
     return ToolPlan(template_tools, parser, _constraint(parser, tools, selected, parallel))
+
+
+def _specs(tools: list[ChatTool], indices) -> list[dict]:
+    """The functions as parsers and grammars take them: {"name", "parameters"} each."""
+    return [
+        {"name": tools[i].function.name, "parameters": tools[i].function.parameters}
+        for i in indices
+    ]
 
 
 def _selected(tools: list[ChatTool], choice) -> list[int]:

@@ -9,6 +9,7 @@ from services.frontend.tool_parsers.base import (
     ToolParser,
     assemble,
 )
+from services.frontend.tool_parsers.detect import detect_tool_parser
 from services.frontend.tool_parsers.registry import TOOL_PARSERS, get_tool_parser
 
 __all__ = [
@@ -19,5 +20,6 @@ __all__ = [
     "ToolCallDelta",
     "ToolParser",
     "assemble",
+    "detect_tool_parser",
     "get_tool_parser",
 ]

@@ -29,6 +29,14 @@ def call_schema(name: str, parameters: dict | None, arguments_key: str = "argume
     }
 
 
+def arguments_schema(tool: dict) -> str:
+    """A tool's parameters schema alone (formats that name the call outside the JSON), as
+    the text of a `%json` rule, with the same bounded whitespace."""
+    parameters = tool.get("parameters") or {"type": "object", "properties": {}}
+    whitespace = {"whitespace_flexible": True, "whitespace_pattern": BOUNDED_JSON_WHITESPACE}
+    return json.dumps({**parameters, "x-guidance": whitespace})
+
+
 def lark_string(text: str) -> str:
     """A Lark literal matching `text` exactly (JSON escapes are Lark escapes)."""
     return json.dumps(text)

@@ -36,8 +36,9 @@ def held_marker_suffix(text: str, marker: str) -> int:
 
 
 class _Call:
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, name: str | None = None) -> None:
         self.index = index
+        self.name = name  # known before the JSON (mistral's NAME[ARGS]): the JSON is the arguments
         self.scanner = JsonScanner()
         self.started = False  # saw the opening "{"
         self.announced = False
@@ -49,6 +50,7 @@ class JsonCallStream(ToolCallStream):
     """Subclasses say where calls start: `find_first_call` / `find_next_call`."""
 
     argument_keys: tuple[str, ...] = ("arguments",)
+    new_call_id = staticmethod(tool_call_id)
 
     def __init__(self, max_calls: int | None = None) -> None:
         self.max_calls = max_calls
@@ -64,13 +66,15 @@ class JsonCallStream(ToolCallStream):
         return self._num_calls
 
     # ---- where calls start (per format) ----------------------------------------------------
-    def find_first_call(self, final: bool) -> tuple[int, int] | int:
+    def find_first_call(self, final: bool) -> tuple | int:
         """(content_end, json_start) of the first call in self.text from self.pos, or the
-        safe content end when there is none (yet)."""
+        safe content end when there is none (yet). A format that names the call before its
+        JSON returns (content_end, json_start, name): the JSON is then the arguments."""
         raise NotImplementedError
 
-    def find_next_call(self, final: bool) -> tuple[int, int] | int:
-        """(_, json_start) of the next call after one ended, or where to resume scanning."""
+    def find_next_call(self, final: bool) -> tuple | int:
+        """(_, json_start[, name]) of the next call after one ended, or where to resume
+        scanning."""
         raise NotImplementedError
 
     # ---- driving -----------------------------------------------------------------------
@@ -109,9 +113,8 @@ class JsonCallStream(ToolCallStream):
             self._content(out, found)
             self.pos = max(self.pos, found)
             return
-        content_end, json_start = found
-        self._content(out, content_end)
-        self._start_call(json_start)
+        self._content(out, found[0])
+        self._start_call(*found[1:])
 
     def _scan_between(self, final: bool) -> None:
         if self.max_calls is not None and self._num_calls >= self.max_calls:
@@ -121,7 +124,7 @@ class JsonCallStream(ToolCallStream):
         if isinstance(found, int):
             self.pos = max(self.pos, found)
             return
-        self._start_call(found[1])
+        self._start_call(*found[1:])
 
     def _content(self, out: ParsedDelta, end: int, force: bool = False) -> None:
         """Send text[content_sent:end] unless all content so far is whitespace."""
@@ -132,8 +135,8 @@ class JsonCallStream(ToolCallStream):
         out.content += self.text[self.content_sent : end]
         self.content_sent = end
 
-    def _start_call(self, json_start: int) -> None:
-        self.call = _Call(self._num_calls)
+    def _start_call(self, json_start: int, name: str | None = None) -> None:
+        self.call = _Call(self._num_calls, name)
         self.mode, self.pos = "call", json_start
 
     # ---- inside a call ---------------------------------------------------------------------
@@ -160,6 +163,9 @@ class JsonCallStream(ToolCallStream):
             self._end_call(call, out)
 
     def _announce(self, call: _Call, out: ParsedDelta) -> None:
+        if call.name is not None:
+            self._announce_named(call, out)
+            return
         scanner = call.scanner
         if call.args_key is None:
             in_progress = scanner.member if scanner.member in self.argument_keys else None
@@ -173,13 +179,22 @@ class JsonCallStream(ToolCallStream):
             raise JsonError("a tool call's name must be a non-empty string")
         call.announced = True
         self._num_calls += 1
-        out.tool_calls.append(ToolCallDelta(call.index, tool_call_id(), name, ""))
+        out.tool_calls.append(ToolCallDelta(call.index, self.new_call_id(), name, ""))
+
+    def _announce_named(self, call: _Call, out: ParsedDelta) -> None:
+        """A call named before its JSON is announced at the arguments' opening brace."""
+        if not call.announced:
+            call.announced, call.args_key = True, ""
+            self._num_calls += 1
+            out.tool_calls.append(ToolCallDelta(call.index, self.new_call_id(), call.name, ""))
 
     def _send_arguments(self, call: _Call, out: ParsedDelta) -> None:
         if not call.announced or call.args_key is None:
             return
         scanner = call.scanner
-        if call.args_key in scanner.members:
+        if call.name is not None:
+            start, end = 0, scanner.length
+        elif call.args_key in scanner.members:
             start, end = scanner.members[call.args_key]
         else:
             start, end = scanner.member_start, scanner.length

@@ -5,10 +5,21 @@ from __future__ import annotations
 from services.frontend.tool_parsers.base import ToolParser
 from services.frontend.tool_parsers.hermes import HermesToolParser
 from services.frontend.tool_parsers.llama3_json import Llama3JsonToolParser
+from services.frontend.tool_parsers.mistral import MistralToolParser
+from services.frontend.tool_parsers.phi4_mini_json import Phi4MiniJsonToolParser
+from services.frontend.tool_parsers.pythonic import PythonicToolParser
+from services.frontend.tool_parsers.qwen3_coder import Qwen3CoderToolParser
 
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
-    HermesToolParser.name: HermesToolParser,
-    Llama3JsonToolParser.name: Llama3JsonToolParser,
+    parser.name: parser
+    for parser in (
+        HermesToolParser,
+        Llama3JsonToolParser,
+        MistralToolParser,
+        Phi4MiniJsonToolParser,
+        PythonicToolParser,
+        Qwen3CoderToolParser,
+    )
 }
 
 
