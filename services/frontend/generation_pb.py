@@ -9,9 +9,10 @@ puts usage on the last message of the stream.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from google.protobuf import unknown_fields
+from google.protobuf import json_format, unknown_fields
 from google.protobuf.message import Message
 
 from services.common.convert import sampling as convert_sampling
@@ -24,6 +25,7 @@ from services.common.served_model_info import ServedModelInfo
 from services.frontend.chat_renderer import ChatRenderer, ChatTemplateError
 from services.frontend.input_processor import new_request_id
 from services.frontend.lora_registry import LoRARegistry
+from services.frontend.reasoning import ReasoningStream
 from services.frontend.request_limits import LimitExceededError, RequestLimits
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -160,10 +162,19 @@ async def render_chat_pb(chat: generation_pb2.ChatMessages, renderer: ChatRender
         chat.add_generation_prompt if chat.HasField("add_generation_prompt") else True
     )
     template = chat.chat_template if chat.HasField("chat_template") else None
+    kwargs = (
+        json_format.MessageToDict(chat.chat_template_kwargs)
+        if chat.HasField("chat_template_kwargs")
+        else None
+    )
     try:
-        return await renderer.render(messages, add_generation_prompt, request_template=template)
-    except (ChatTemplateError, LimitExceededError) as exc:
+        return await renderer.render(
+            messages, add_generation_prompt, request_template=template, template_kwargs=kwargs
+        )
+    except ChatTemplateError as exc:
         raise ValueError(f"chat.chat_template: {exc}") from exc
+    except LimitExceededError as exc:
+        raise ValueError(f"chat.{exc.param or 'chat_template'}: {exc}") from exc
     except ValueError as exc:
         raise ValueError(f"chat: {exc}") from exc
     except Exception as exc:  # a broken template (jinja errors) is the client's input too
@@ -174,12 +185,25 @@ def sampling_params_from_pb(
     pb: generation_pb2.SamplingParams, defaults: dict | None = None
 ) -> SamplingParams:
     """Set fields win; unset ones take the model's generation_config defaults, else vLLM's.
-    Streams want deltas."""
+    Streams want deltas. A client's `reasoning` bounds are dropped and its
+    thinking_token_budget kept aside: the server sets the bounds from its own reasoning
+    parser (bound_reasoning), which the budget's checks need."""
+    budget = pb.thinking_token_budget if pb.HasField("thinking_token_budget") else None
+    if budget is not None or pb.HasField("reasoning"):
+        own = generation_pb2.SamplingParams()
+        own.CopyFrom(pb)
+        own.ClearField("thinking_token_budget")
+        own.ClearField("reasoning")
+        pb = own
+    if budget is not None and budget < 0:
+        raise ValueError(f"sampling_params.thinking_token_budget must be >= 0, got {budget}.")
     try:
         params = convert_sampling.sampling_params_from_pb(pb, defaults)
     except ValueError as exc:
         raise ValueError(f"sampling_params.{exc}") from exc
-    return params.clone(output_kind=RequestOutputKind.DELTA)
+    params = params.clone(output_kind=RequestOutputKind.DELTA)
+    params.thinking_token_budget = budget  # checked with the bounds (bound_reasoning)
+    return params
 
 
 # ---- responses ---------------------------------------------------------------------------
@@ -204,10 +228,16 @@ def logprobs_to_pb(
 
 
 class ResponseBuilder:
-    """Delta RequestOutputs -> GenerateResponses for one stream (per output index)."""
+    """Delta RequestOutputs -> GenerateResponses for one stream (per output index).
+    `reasoning`: a chat's thinking split off into reasoning_text (a fresh stream per
+    output index), with a reasoning parser."""
 
-    def __init__(self, request_id: str) -> None:
+    def __init__(
+        self, request_id: str, reasoning: Callable[[], ReasoningStream] | None = None
+    ) -> None:
         self.request_id = request_id
+        self.new_reasoning = reasoning
+        self.reasoning: dict[int, ReasoningStream] = {}
         self.finished_indices: set[int] = set()
         self.num_completion_tokens = 0
         self.sent_prompt_logprobs = False
@@ -243,7 +273,7 @@ class ResponseBuilder:
         if not (completion.token_ids or completion.text or ends_now):
             return None
         message = self._base(output, completion.index)
-        message.text = completion.text
+        self._set_text(message, completion.index, completion.text, ends_now)
         message.token_ids.extend(completion.token_ids)
         self.num_completion_tokens += len(completion.token_ids)
         if completion.logprobs:
@@ -254,6 +284,20 @@ class ResponseBuilder:
             self.finished_indices.add(completion.index)
             _set_finish(message, completion)
         return message
+
+    def _set_text(self, message, index: int, text: str, ends_now: bool) -> None:
+        if self.new_reasoning is None:
+            message.text = text
+            return
+        stream = self.reasoning.get(index)
+        if stream is None:
+            stream = self.reasoning[index] = self.new_reasoning()
+        delta = stream.feed(text)
+        if ends_now:
+            rest = stream.finish()
+            delta.reasoning += rest.reasoning
+            delta.content += rest.content
+        message.text, message.reasoning_text = delta.content, delta.reasoning
 
     def _base(self, output: RequestOutput, index: int) -> generation_pb2.GenerateResponse:
         message = generation_pb2.GenerateResponse(

@@ -29,6 +29,7 @@ from services.frontend.api_key import ApiKey
 from services.frontend.frontend import Frontend
 from services.frontend.input_processor import new_request_id
 from services.frontend.pair_scoring import PairScoring, classification_params, classifier_pooler
+from services.frontend.reasoning.engine_bounds import bound_reasoning
 
 logger = logging.getLogger(__name__)
 
@@ -80,13 +81,14 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         call = generation_pb.generate_call_from_pb(
             request, chat_text, frontend.default_sampling, frontend.input_processor.loras
         )
+        reasoning = _bound_reasoning(frontend, call, chat_text)
         key = (context.peer(), call.request_id)
         if key in self._owned:
             raise ValueError(f"request_id {call.request_id!r} is already in use.")
         engine_id = self._owned[key] = new_request_id()
         try:
             self._abort_when_cancelled(context, engine_id)
-            builder = generation_pb.ResponseBuilder(call.request_id)
+            builder = generation_pb.ResponseBuilder(call.request_id, reasoning)
             stream = frontend.generate(**(call.arguments() | {"request_id": engine_id}))
             async with contextlib.aclosing(stream):
                 async for output in stream:
@@ -217,6 +219,28 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                 logger.info("client cancelled %s: aborted it", request_id)
         except Exception:  # the engine is gone: nothing left to abort
             logger.debug("abort of cancelled %s failed", request_id, exc_info=True)
+
+
+def _bound_reasoning(frontend: Frontend, call, chat_text: str | None):
+    """The engine's view of the thinking (bound_reasoning) and, for a chat on a server
+    with a reasoning parser, what splits each output's thinking into reasoning_text."""
+    parser = frontend.reasoning_parser
+    prompt = call.prompt
+    if chat_text is not None:
+        text = chat_text
+    elif isinstance(prompt, str):
+        text = prompt
+    elif frontend.tokenizer is not None and call.sampling_params.thinking_token_budget is not None:
+        text = frontend.tokenizer.decode(prompt["prompt_token_ids"])
+    else:
+        text = ""
+    try:
+        bound_reasoning(call.sampling_params, parser, frontend.tokenizer, text)
+    except ValueError as exc:
+        raise ValueError(f"sampling_params.thinking_token_budget: {exc}") from exc
+    if parser is None or chat_text is None:
+        return None
+    return lambda: parser.stream(chat_text)
 
 
 async def _chat_text(frontend: Frontend, request, oneof: str) -> str | None:

@@ -13,11 +13,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import grpc
 import jsonschema
 import openai
 import pytest
 
+from services.common.proto.pagestream.v1 import generation_pb2, generation_pb2_grpc
 from services.frontend.frontend_config import FrontendConfig
+from services.frontend.frontend_server import serve_frontend
 from services.frontend.tool_options import ToolServerOptions
 from tests.helpers.openai_server import MODEL
 from tests.helpers.scripted_model import build_scripted_model
@@ -194,3 +197,32 @@ async def test_responses_api_has_a_reasoning_item_before_the_message(server):
         temperature=0,
     )  # an agent sends the reasoning item back: accepted, left out of the prompt
     assert follow_up.status == "completed"
+
+
+async def _grpc_generate(server, **chat_fields) -> tuple[str, str]:
+    """(reasoning_text, text) of a greedy gRPC chat stream over the same engine."""
+    budget = chat_fields.pop("thinking_token_budget", None)
+    chat = generation_pb2.ChatMessages(
+        messages=[generation_pb2.ChatMessage(role="user", content="What is 2+2?")]
+    )
+    if "chat_template_kwargs" in chat_fields:
+        chat.chat_template_kwargs.update(chat_fields["chat_template_kwargs"])
+    params = generation_pb2.SamplingParams(temperature=0, max_tokens=40)
+    if budget is not None:
+        params.thinking_token_budget = budget
+    handle = await serve_frontend(server.engine.frontend, "127.0.0.1", 0)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{handle.port}") as channel:
+            stub = generation_pb2_grpc.GenerationStub(channel)
+            request = generation_pb2.GenerateRequest(chat=chat, sampling_params=params)
+            responses = [r async for r in stub.Generate(request)]
+    finally:
+        await handle.stop(grace=None)
+    return "".join(r.reasoning_text for r in responses), "".join(r.text for r in responses)
+
+
+async def test_grpc_chat_carries_the_thinking_in_reasoning_text(server):
+    assert await _grpc_generate(server) == (THOUGHT, ANSWER)
+    no_thinking = await _grpc_generate(server, chat_template_kwargs={"enable_thinking": False})
+    assert no_thinking == ("", "Just four.")
+    assert await _grpc_generate(server, thinking_token_budget=1) == ("The user asks", "Just four.")

@@ -43,6 +43,7 @@ from services.frontend.openai.replies import (
 from services.frontend.openai.serving_base import ChunkEnvelope, Job, ServingBase
 from services.frontend.openai.tool_call_output import delta_message, finish_reason, message_out
 from services.frontend.openai.tool_choice import ToolPlan, plan_tools
+from services.frontend.reasoning.engine_bounds import bound_reasoning
 from services.frontend.reply_parser import ReplyParser
 from services.frontend.tool_options import ToolServerOptions
 from services.frontend.tool_parsers import ParsedDelta, assemble
@@ -253,7 +254,13 @@ class OpenAIServingChat(ServingBase):
         )
         if plan.parser is not None:
             params.skip_special_tokens = plan.parser.skip_special_tokens
-        self._bound_reasoning(params, prompt.text or "", request.thinking_token_budget)
+        params.thinking_token_budget = request.thinking_token_budget
+        try:
+            bound_reasoning(
+                params, self.frontend.reasoning_parser, self.frontend.tokenizer, prompt.text or ""
+            )
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc), "thinking_token_budget") from exc
         return Job(
             request_id=request_id,
             model=model,
@@ -266,25 +273,6 @@ class OpenAIServingChat(ServingBase):
                 lora_request=self.lora_of(model),
             ),
         )
-
-    def _bound_reasoning(self, params, prompt_text: str, budget: int | None) -> None:
-        """With a reasoning parser: its markers survive detokenizing, and the engine learns
-        where the thinking ends when a grammar must wait for it or a budget ends it."""
-        parser = self.frontend.reasoning_parser
-        if parser is None:
-            if budget is not None:
-                raise InvalidRequestError(
-                    "thinking_token_budget needs a reasoning model served with "
-                    "--reasoning-parser; this server has none.",
-                    "thinking_token_budget",
-                )
-            return
-        tokenizer = self.frontend.tokenizer
-        if parser.marks_are_special(tokenizer):
-            params.skip_special_tokens = False
-        if budget is not None or params.structured_outputs is not None:
-            params.thinking_token_budget = budget
-            params.reasoning = parser.bounds(tokenizer, prompt_text)
 
     def reply_parser(self, plan: ToolPlan, job: Job) -> ReplyParser:
         """A fresh parser for one choice of `job`: its thinking (with a reasoning parser,
