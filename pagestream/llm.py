@@ -72,13 +72,21 @@ class LLM:
         add_generation_prompt: bool = True,
         chat_template: str | None = None,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        chat_template_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
-        """One conversation (a list of messages) or a list of conversations."""
+        """One conversation (a list of messages) or a list of conversations;
+        `chat_template_kwargs`: the template's own variables ({"enable_thinking": False})."""
         if self.engine.tokenizer is None:
             raise ValueError("chat needs a tokenizer, and this model folder has none.")
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         prompts = [
-            apply_chat_template(self.engine.tokenizer, c, add_generation_prompt, chat_template)
+            apply_chat_template(
+                self.engine.tokenizer,
+                c,
+                add_generation_prompt,
+                chat_template,
+                template_kwargs=chat_template_kwargs,
+            )
             for c in conversations
         ]
         if sampling_params is None:

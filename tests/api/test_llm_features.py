@@ -129,6 +129,18 @@ def test_chat_uses_the_template(llm):
         llm.chat([], use_tqdm=False)
 
 
+def test_chat_template_kwargs_reach_the_template(llm):
+    template = "{{ messages[0]['content'] }}{% if greeting %} {{ greeting }}{% endif %}:"
+    params = SamplingParams(temperature=0, max_tokens=1)
+    messages = [{"role": "user", "content": "fox"}]
+    out = llm.chat(
+        messages, params, use_tqdm=False, chat_template=template,
+        chat_template_kwargs={"greeting": "hi"},
+    )[0]  # fmt: skip
+    assert out.prompt == "fox hi:"
+    assert llm.chat(messages, params, use_tqdm=False, chat_template=template)[0].prompt == "fox:"
+
+
 def test_bad_input_is_a_clear_error_and_admits_nothing(llm):
     engine = llm.engine
     with pytest.raises(ValueError, match="vocabulary"):
