@@ -276,5 +276,6 @@ async def test_cli_flags_reach_the_app_and_the_frontend_child(tmp_path):
     assert flags[flags.index("--tool-call-parser") + 1] == "hermes"
     child = build_parser().parse_args(["frontend", *flags])
     assert tool_options(child) == options
-    with pytest.raises(ValueError, match="needs --tool-call-parser"):
-        tool_options(build_parser().parse_args(["serve", "--enable-auto-tool-choice"]))
+    # without --tool-call-parser the parser comes from the model's chat template at start
+    auto = tool_options(build_parser().parse_args(["serve", "--enable-auto-tool-choice"]))
+    assert auto.enable_auto_tool_choice and auto.tool_call_parser is None
