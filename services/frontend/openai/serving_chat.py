@@ -205,7 +205,10 @@ class ChatTracker:
 class OpenAIServingChat(ServingBase):
     def __init__(self, *args, tool_options: ToolServerOptions | None = None) -> None:
         super().__init__(*args)
-        self.tool_options = tool_options or ToolServerOptions()
+        options = tool_options or ToolServerOptions()
+        # Without --tool-call-parser, the format the chat template teaches (detect.py).
+        template = options.chat_template or getattr(self.frontend.tokenizer, "chat_template", None)
+        self.tool_options = options.for_template(template if isinstance(template, str) else None)
 
     async def create_chat_completion(self, request: ChatCompletionRequest, raw_request: Request):
         model = self.check_model(request.model)
