@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import warnings
 
 _INTEGER = re.compile(r"-?(0|[1-9][0-9]*)")
 _NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
@@ -49,7 +50,7 @@ def read_python_or_json(text: str):
     if found is not _NOT_READ:
         return found
     try:
-        return ast.literal_eval(text)
+        return _literal(text)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return _NOT_READ
 
@@ -108,12 +109,21 @@ def _container(kind: type):
         if isinstance(found, kind):
             return found
         try:
-            found = ast.literal_eval(text)
+            found = _literal(text)
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             return _NOT_READ
         return found if isinstance(found, kind) else _NOT_READ
 
     return read
+
+
+def _literal(text: str):
+    """ast.literal_eval without its warnings: a model's "\\d" in a string is an invalid
+    escape to Python (a DeprecationWarning / SyntaxWarning per value), kept as written."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return ast.literal_eval(text)
 
 
 def _json(text: str):
