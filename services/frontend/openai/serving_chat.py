@@ -208,6 +208,8 @@ class OpenAIServingChat(ServingBase):
         options = tool_options or ToolServerOptions()
         # Without --tool-call-parser, the format the chat template teaches (detect.py).
         template = options.chat_template or getattr(self.frontend.tokenizer, "chat_template", None)
+        if isinstance(template, dict):  # named templates: the one for tools, else the default
+            template = template.get("tool_use") or template.get("default")
         self.tool_options = options.for_template(template if isinstance(template, str) else None)
 
     async def create_chat_completion(self, request: ChatCompletionRequest, raw_request: Request):
