@@ -70,6 +70,10 @@ class ChatMessage(_Model):
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
+    # An assistant turn's thinking, as a reply carried it (either name): templates that
+    # keep the thinking of an agent's ongoing turn (Qwen3's) read `reasoning_content`.
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     @property
     def has_tool_parts(self) -> bool:
@@ -86,6 +90,9 @@ class ChatMessage(_Model):
             message["name"] = self.name
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
+        thinking = self.reasoning_content if self.reasoning_content is not None else self.reasoning
+        if thinking is not None and self.role == "assistant":
+            message["reasoning_content"] = thinking
         if self.tool_calls:
             message["tool_calls"] = [
                 _template_call(call, f"messages[{index}].tool_calls[{j}]")
@@ -99,7 +106,8 @@ class ChatMessage(_Model):
         if isinstance(content, list):
             content = "".join(part.text or "" for part in content)
         calls = "".join(c.function.name + c.function.arguments for c in self.tool_calls or [])
-        return (content or "") + calls
+        thinking = (self.reasoning_content or "") + (self.reasoning or "")
+        return (content or "") + calls + thinking
 
 
 def _template_call(call: ToolCallIn, where: str) -> dict:
