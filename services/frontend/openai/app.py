@@ -3,7 +3,9 @@
 Routes are thin: parse (pydantic) -> serving call -> response; every failure goes through
 the one exception mapping in errors.py. With an API key, every /v1 route wants
 `Authorization: Bearer KEY` (compared in constant time); /health, /ready, /metrics,
-/version, /tokenize and /detokenize stay open, as in vLLM. Request bodies over the
+/version, /tokenize and /detokenize stay open, as in vLLM. The Anthropic Messages routes
+(services/frontend/anthropic/) also take `x-api-key: KEY` and fail in Anthropic's error
+shape (_error_for). Request bodies over the
 frontend's max_request_body_bytes are refused before they are read.
 
 Probes: GET /health is liveness (200 while this process can serve at all, even while it
@@ -82,9 +84,21 @@ def _version() -> str:
         return "unknown"
 
 
-async def _error_response(_request: Request, exc: Exception) -> JSONResponse:
+def _error_for(path: str, exc: Exception) -> JSONResponse:
+    """A failure in the shape of the API the path belongs to: Anthropic's on its Messages
+    routes, OpenAI's everywhere else."""
+    # imported here, as in build_app: the Anthropic API is built on this package's modules
+    from services.frontend.anthropic.errors import to_anthropic_error
+    from services.frontend.anthropic.routes import is_messages_path
+
+    if is_messages_path(path):
+        return to_anthropic_error(exc).response()
     error = to_openai_error(exc)
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+async def _error_response(request: Request, exc: Exception) -> JSONResponse:
+    return _error_for(request.url.path, exc)
 
 
 def _api_key_check(api_key: str | None):
@@ -244,6 +258,8 @@ def build_app(
     (the first is the default when a request names none), and so are the frontend's LoRA
     adapters. `tool_options`: the tool-calling and chat-template flags (tool_choice.py);
     `lora`: whether the load / unload adapter routes answer, and from which root."""
+    from services.frontend.anthropic.routes import anthropic_router  # see _error_for
+
     app = FastAPI(title="pagestream", version=_version(), docs_url=None, redoc_url=None)
     state = app.state
     state.frontend = frontend
@@ -261,11 +277,13 @@ def build_app(
     state.responses = OpenAIServingResponses(*args, chat=state.chat, store=store)
     for exc_class in _MAPPED_ERRORS:
         app.add_exception_handler(exc_class, _error_response)
+    app.include_router(anthropic_router(state, api_key))
     app.include_router(_v1_router(app, api_key))
     reranking = _rerank_router(api_key)
     for path in ("/rerank", "/v2/rerank"):
         _rerank_route(reranking, state, path)
     app.include_router(reranking)
     _open_routes(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=frontend.config.max_request_body_bytes)
+    max_bytes = frontend.config.max_request_body_bytes
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_bytes, refuse=_error_for)
     return app

@@ -8,24 +8,37 @@ passes the limit. Nothing past the limit is ever buffered.
 
 from __future__ import annotations
 
-from fastapi.responses import JSONResponse
+from collections.abc import Callable
+
+from fastapi.responses import JSONResponse, Response
 
 from services.frontend.openai.errors import to_openai_error
 from services.frontend.openai.exceptions import RequestBodyTooLargeError
 
 
+def _openai_refusal(_path: str, exc: Exception) -> Response:
+    error = to_openai_error(exc)
+    return JSONResponse(error.body(), status_code=error.status)
+
+
 class BodyLimitMiddleware:
-    def __init__(self, app, max_bytes: int) -> None:
+    """`refuse(path, exc)`: the response for a refused body (the app's error shape for
+    that path; OpenAI's by default)."""
+
+    def __init__(
+        self, app, max_bytes: int, refuse: Callable[[str, Exception], Response] | None = None
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.refuse = refuse or _openai_refusal
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or not self.max_bytes:
             await self.app(scope, receive, send)
             return
         if _content_length(scope) > self.max_bytes:
-            error = to_openai_error(RequestBodyTooLargeError(self.max_bytes))
-            await JSONResponse(error.body(), status_code=error.status)(scope, receive, send)
+            response = self.refuse(scope["path"], RequestBodyTooLargeError(self.max_bytes))
+            await response(scope, receive, send)
             return
         await self.app(scope, self._counting(receive), send)
 
