@@ -8,14 +8,16 @@ shape with the client's exception classes (auth by x-api-key or Bearer)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections import Counter
 
 import anthropic
 import jsonschema
 import pytest
 
 from services.frontend.tool_options import ToolServerOptions
-from tests.helpers.openai_server import API_KEY, MODEL, TIMEOUT
+from tests.helpers.openai_server import API_KEY, MODEL, TIMEOUT, running_server
 from tests.helpers.tiny_tokenizer import VOCAB, build_tokenizer
 from tests.worker.conftest import build_tiny_model
 
@@ -338,6 +340,27 @@ async def test_errors_are_anthropic_shaped(server):
     assert (await client.messages.create(messages=MESSAGES, **GREEDY)).content is not None
 
 
+async def test_thinking_budget_needs_a_reasoning_parser(server):
+    client = _client(server)
+    off = await client.messages.create(messages=MESSAGES, thinking={"type": "disabled"}, **GREEDY)
+    assert all(b.type == "text" for b in off.content)  # this server has no reasoning parser
+    with pytest.raises(anthropic.BadRequestError) as info:
+        await client.messages.create(
+            messages=MESSAGES, thinking={"type": "enabled", "budget_tokens": 4}, **GREEDY
+        )
+    _check_error(
+        info,
+        anthropic.BadRequestError,
+        "invalid_request_error",
+        "thinking.budget_tokens",
+        "--reasoning-parser",
+    )
+    count = await client.messages.count_tokens(
+        model=MODEL, messages=MESSAGES, thinking={"type": "enabled", "budget_tokens": 4}
+    )
+    assert count.input_tokens > 0  # the budget shapes the output only
+
+
 async def test_api_key_by_x_api_key_or_bearer(server):
     for auth in ({"api_key": "wrong"}, {"auth_token": "wrong"}):
         with pytest.raises(anthropic.AuthenticationError) as info:
@@ -380,3 +403,32 @@ async def test_client_that_goes_away_aborts_its_request(server):
     body = {"model": MODEL, "max_tokens": 2000, "messages": MESSAGES, "stream": True}
     await server.disconnect_while_running("/v1/messages", body)
     await server.wait_until_idle()
+
+
+async def test_overload_is_529_overloaded_error(model_dir):
+    """The chat endpoint's 429 (too many requests waiting) is Anthropic's 529 here, which
+    its clients retry; admitted requests complete, streamed or not."""
+    overload = {"max_num_seqs": 1, "max_waiting_requests": 1}
+    async with running_server(model_dir("llama"), **overload) as served:
+        headers = {"x-api-key": API_KEY}
+        body = {"model": MODEL, "max_tokens": 24, "messages": MESSAGES, "temperature": 0}
+
+        async def post(i: int):
+            async with served.raw(api_key=None) as raw:
+                stream = {"stream": i % 2 == 1}
+                return await raw.post("/v1/messages", json=body | stream, headers=headers)
+
+        responses = await asyncio.gather(*(post(i) for i in range(12)))
+        statuses = Counter(r.status_code for r in responses)
+        assert set(statuses) == {200, 529}, statuses
+        for response in responses:
+            if response.status_code == 529:
+                assert response.headers["retry-after"] == "1"
+                error = response.json()
+                assert error["type"] == "error"
+                assert error["error"]["type"] == "overloaded_error"
+                assert "max_waiting_requests=1" in error["error"]["message"]
+            elif response.headers["content-type"].startswith("text/event-stream"):
+                assert response.text.rstrip().endswith('data: {"type": "message_stop"}')
+            else:
+                assert response.json()["type"] == "message"
