@@ -209,6 +209,7 @@ def test_what_has_no_chat_equivalent_is_refused_by_name(fields, words):
         {"model": "m", "max_tokens": 0, "messages": [{"role": "user", "content": "x"}]},
         {"model": "m", "max_tokens": 4, "messages": []},
         {"model": "m", "max_tokens": 4, "messages": [{"role": "system", "content": "x"}]},
+        {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": []}]},
         {
             "model": "m",
             "max_tokens": 4,

@@ -66,7 +66,7 @@ ContentBlock = Annotated[
 
 class InputMessage(_Model):
     role: Literal["user", "assistant"]
-    content: str | list[ContentBlock]
+    content: str | Annotated[list[ContentBlock], Field(min_length=1)]
 
 
 class Tool(_Model):
