@@ -115,9 +115,12 @@ def run_bench(args: argparse.Namespace) -> int:
     from benchmarks import report
     from services.worker.models.gguf_weights import dequantized_folder
 
-    profile = _profile(args)
-    folder = str(dequantized_folder(args.model))  # float weights: the unquantized runs
-    workload = make_workload(AutoTokenizer.from_pretrained(folder), profile)
+    profile, chosen = _profile(args), _chosen(args)
+    own_model = all(s.model for s in chosen)  # then --model is neither loaded nor named
+    folder = workload = None
+    if not own_model:
+        folder = str(dequantized_folder(args.model))  # float weights: the unquantized runs
+        workload = make_workload(AutoTokenizer.from_pretrained(folder), profile)
     docs = Path(args.docs_dir)
     results_path = docs / "benchmarks" / "results.json"
     results = load_results(results_path)
@@ -127,9 +130,10 @@ def run_bench(args: argparse.Namespace) -> int:
         "model": f"random encoders {args.encoders}" if encoders else args.model,
         "command": command_line(args),
         "machine": machine_info(),
-        "workload": workload.summary(),
+        "workload": workload.summary() if workload else None,
     }
-    chosen = _chosen(args)
+    if own_model:
+        meta["model"] = chosen[0].model
     if not all(s.self_contained for s in chosen):  # else the other sections' meta stays
         results = {**_kept(results, meta), "meta": {**meta, "notes": profile.notes()}}
     for section in chosen:

@@ -160,3 +160,24 @@ ENCODER = SectionReport(
     "converter made (C clients posting one text each); x vs: the median of each round's ratio to "
     "its fastest B / C; cosine against sentence-transformers'.",
 )
+REPLY_PARSING = SectionReport(
+    "Reply parsing: thinking and tool calls split per streamed token (CPU)",
+    "pagestream bench reply_parsing",
+    "A scripted tiny llama with Qwen3's chat template replies greedily with `<think>`, "
+    "`thinking` words, `</think>`, `answer` words and a hermes `<tool_call>` (one token a "
+    "piece; benchmarks/scripted_chat.py). Tracker update: ChatTracker.update fed the reply a "
+    "token per delta and each update's chunks serialised, without parsers and with the qwen3 "
+    "reasoning parser and the hermes tool parser (median pass, µs per token). Served: two "
+    "`pagestream serve` processes side by side, the same but for `--reasoning-parser qwen3 "
+    "--enable-auto-tool-choice --tool-call-parser hermes` (the other gets the same tools with "
+    'tool_choice "none"), C closed-loop clients (the `openai` client) streaming chat replies to '
+    "their EOS, the servers in a rotated order each round; CPU µs per streamed token of the "
+    "serve process alone (HTTP, detokenizing, parsing; the engine core is its child, shown for "
+    "scale), from Linux's per-process CPU clocks; medians over the rounds, the ratio the median "
+    "of each round's parsers / no_parsers (target: at most 1.05). First event: sequential "
+    "streamed requests to the parsing server, /v1/messages (the `anthropic` client) and "
+    "/v1/chat/completions (the `openai` client) alternating, ms to the first event and to the "
+    "first text delta; the ratio is Anthropic's median first event over OpenAI's. " + SHARED,
+    keys={"served": ("C",)},
+    group_by={"runs": "concurrency"},
+)

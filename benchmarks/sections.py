@@ -122,6 +122,17 @@ def run_embed_encoder(args, folder, profile, workload, results) -> dict:
     return load_average(run_encoders, options)
 
 
+def run_reply_parsing(args, folder, profile, workload, results) -> dict:
+    from benchmarks.reply_parsing import (
+        REPLY_PARSING_PROFILES,
+        ReplyParsingOptions,
+        run_reply_parsing,
+    )
+
+    reply = _sized(REPLY_PARSING_PROFILES, profile, args, "requests_per_client")
+    return load_average(run_reply_parsing, ReplyParsingOptions(reply))
+
+
 def run_serve_peer(args, folder, profile, workload, results) -> dict:
     from transformers import AutoConfig
 
@@ -229,6 +240,7 @@ class Section:
     self_contained: bool = False
     part: str | None = None  # a self-contained section of one part: its name
     own_workload: bool = False  # describes its own workload (not the profile's requests)
+    model: str | None = None  # the model it builds itself (its meta's; --model is not loaded)
 
 
 SECTIONS = (
@@ -248,5 +260,15 @@ SECTIONS = (
     Section("lora", "lora", run_lora, reports.LORA, True, "offline", True),
     Section("embed", "embed", run_embed, reports.EMBED, True, "offline", True),
     Section("embed_encoder", "embed", run_embed_encoder, reports.ENCODER, True, "encoder", True),
+    Section(
+        "reply_parsing",
+        "reply_parsing",
+        run_reply_parsing,
+        reports.REPLY_PARSING,
+        True,
+        "qwen3_hermes",
+        True,
+        model="a scripted Qwen3-style tiny llama (benchmarks/scripted_chat.py)",
+    ),
 )
 BY_NAME = {s.name: s for s in SECTIONS}
