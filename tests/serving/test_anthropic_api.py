@@ -340,21 +340,22 @@ async def test_errors_are_anthropic_shaped(server):
     assert (await client.messages.create(messages=MESSAGES, **GREEDY)).content is not None
 
 
-async def test_thinking_budget_needs_a_reasoning_parser(server):
+async def test_thinking_on_a_model_without_a_reasoning_parser_is_just_answered(server):
+    """Agent clients ask every model to think: without --reasoning-parser the request is
+    answered as if it had not asked (no thinking blocks, no budget), not refused."""
     client = _client(server)
     off = await client.messages.create(messages=MESSAGES, thinking={"type": "disabled"}, **GREEDY)
     assert all(b.type == "text" for b in off.content)  # this server has no reasoning parser
-    with pytest.raises(anthropic.BadRequestError) as info:
-        await client.messages.create(
-            messages=MESSAGES, thinking={"type": "enabled", "budget_tokens": 4}, **GREEDY
-        )
-    _check_error(
-        info,
-        anthropic.BadRequestError,
-        "invalid_request_error",
-        "thinking.budget_tokens",
-        "--reasoning-parser",
+    on = await client.messages.create(
+        messages=MESSAGES, thinking={"type": "enabled", "budget_tokens": 4}, **GREEDY
     )
+    assert all(b.type == "text" for b in on.content)
+    assert on.content == off.content  # the tiny template ignores enable_thinking
+    with pytest.raises(anthropic.BadRequestError) as info:  # Anthropic's own rule still holds
+        await client.messages.create(
+            messages=MESSAGES, thinking={"type": "enabled", "budget_tokens": 10**6}, **GREEDY
+        )
+    _check_error(info, anthropic.BadRequestError, "invalid_request_error", "thinking.budget_tokens")
     count = await client.messages.count_tokens(
         model=MODEL, messages=MESSAGES, thinking={"type": "enabled", "budget_tokens": 4}
     )

@@ -37,6 +37,9 @@ class AnthropicServingMessages:
         chat = self.chat
         model = chat.check_model(request.model)
         chat_request = to_chat_request(request)
+        if chat.frontend.reasoning_parser is None:
+            # Agent clients ask every model to think; one that cannot is answered anyway.
+            chat_request.thinking_token_budget = None
         chat_request.check()
         chat.limits.check_tools(chat_request.tools)  # before a grammar is built from them
         self._check_auto_choice(chat_request)
