@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import anthropic
 import grpc
 import jsonschema
 import openai
@@ -22,7 +23,7 @@ from services.common.proto.pagestream.v1 import generation_pb2, generation_pb2_g
 from services.frontend.frontend_config import FrontendConfig
 from services.frontend.frontend_server import serve_frontend
 from services.frontend.tool_options import ToolServerOptions
-from tests.helpers.openai_server import MODEL
+from tests.helpers.openai_server import API_KEY, MODEL
 from tests.helpers.scripted_model import build_scripted_model
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -226,3 +227,43 @@ async def test_grpc_chat_carries_the_thinking_in_reasoning_text(server):
     no_thinking = await _grpc_generate(server, chat_template_kwargs={"enable_thinking": False})
     assert no_thinking == ("", "Just four.")
     assert await _grpc_generate(server, thinking_token_budget=1) == ("The user asks", "Just four.")
+
+
+def _anthropic(server) -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(base_url=server.http.url, api_key=API_KEY, max_retries=0)
+
+
+async def test_anthropic_messages_carry_a_thinking_block_then_the_text(server):
+    client = _anthropic(server)
+    request = {"model": MODEL, "max_tokens": 40, "messages": MESSAGES}
+    message = await client.messages.create(**request, extra_body={"temperature": 0})
+    thinking, text = message.content
+    assert (thinking.type, thinking.thinking) == ("thinking", THOUGHT)
+    assert (text.type, text.text) == ("text", ANSWER)
+    assert message.stop_reason == "end_turn"
+
+    async with client.messages.stream(**request, extra_body={"temperature": 0}) as stream:
+        events = [event async for event in stream]
+        final = await stream.get_final_message()
+    assert _blocks(final.content) == _blocks(message.content)
+    deltas = [e.delta for e in events if e.type == "content_block_delta"]
+    assert "".join(d.thinking for d in deltas if d.type == "thinking_delta") == THOUGHT
+    assert "".join(d.text for d in deltas if d.type == "text_delta") == ANSWER
+    starts = [e.content_block.type for e in events if e.type == "content_block_start"]
+    assert starts == ["thinking", "text"]
+
+    budget = {"type": "enabled", "budget_tokens": 1}  # the engine ends the thinking
+    cut = await client.messages.create(**request, thinking=budget, extra_body={"temperature": 0})
+    assert [(b.type, getattr(b, "thinking", None) or b.text) for b in cut.content] == [
+        ("thinking", "The user asks"),
+        ("text", "Just four."),
+    ]
+    off = await client.messages.create(
+        **request, thinking={"type": "disabled"}, extra_body={"temperature": 0}
+    )
+    assert [(b.type, b.text) for b in off.content] == [("text", "Just four.")]
+
+
+def _blocks(content) -> list[dict]:
+    """Content blocks as plain dicts, without the ids each reply draws anew."""
+    return [block.model_dump(exclude={"parsed_output", "citations", "id"}) for block in content]

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import json
 
+import anthropic
 import pytest
 
 from services.frontend.tool_options import ToolServerOptions
-from tests.helpers.openai_server import MODEL, running_server
+from tests.helpers.openai_server import API_KEY, MODEL, running_server
 from tests.helpers.scripted_model import build_scripted_model
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -132,3 +133,27 @@ async def test_the_format_parses_exactly_whole_and_streamed(
                     entry["args"] += piece.function.arguments or ""
         streamed = [(e["name"], json.loads(e["args"])) for _, e in sorted(pieces_by_index.items())]
         assert (text or None, streamed, finish) == (content, calls, "tool_calls")
+
+        await _check_anthropic(server, content, calls)
+
+
+async def _check_anthropic(server, content, calls) -> None:
+    """The same reply through the Messages API: text, then tool_use blocks."""
+    client = anthropic.AsyncAnthropic(base_url=server.http.url, api_key=API_KEY, max_retries=0)
+    tools = [
+        {"name": t["function"]["name"], "input_schema": t["function"]["parameters"]} for t in TOOLS
+    ]
+    request = {"model": MODEL, "max_tokens": 60, "messages": MESSAGES, "tools": tools}
+    message = await client.messages.create(**request, extra_body={"temperature": 0})
+    texts = [b.text for b in message.content if b.type == "text"]
+    uses = [(b.name, b.input) for b in message.content if b.type == "tool_use"]
+    assert ("".join(texts) or None, uses) == (content, calls)
+    assert message.stop_reason == "tool_use"
+    async with client.messages.stream(**request, extra_body={"temperature": 0}) as stream:
+        final = await stream.get_final_message()
+    assert _blocks(final.content) == _blocks(message.content)
+
+
+def _blocks(content) -> list[dict]:
+    """Content blocks as plain dicts, without the ids each reply draws anew."""
+    return [block.model_dump(exclude={"parsed_output", "citations", "id"}) for block in content]
