@@ -32,7 +32,8 @@ class ReplyParser:
         if self.tools is None:
             parsed.content = answer
             return parsed
-        parsed.extend(self.tools.feed(answer))
+        if answer:  # a tool stream has read all it was given: empty text would change nothing
+            parsed.extend(self.tools.feed(answer))
         if final:
             parsed.extend(self.tools.finish())
         return parsed

@@ -26,9 +26,13 @@ class ReasoningDelta:
 
 def _held_suffix(text: str, marker: str) -> int:
     """Length of the longest suffix of `text` that is a proper prefix of `marker`."""
-    for size in range(min(len(text), len(marker) - 1), 0, -1):
-        if marker.startswith(text[-size:]):
-            return size
+    # Runs on every streamed token: only the suffixes that start with the marker's first
+    # character are tried (usually none), not every length.
+    index = text.find(marker[0], max(len(text) - len(marker) + 1, 0))
+    while index >= 0:
+        if marker.startswith(text[index:]):
+            return len(text) - index
+        index = text.find(marker[0], index + 1)
     return 0
 
 
@@ -52,6 +56,8 @@ class ReasoningStream:
         return self.mode == ReasoningMode.THINKING
 
     def feed(self, text: str) -> ReasoningDelta:
+        if passed := self._passed_through(text):
+            return passed
         self.buffer += text
         delta = ReasoningDelta()
         if self.mode == ReasoningMode.OPTIONAL:
@@ -61,6 +67,24 @@ class ReasoningStream:
         if self.mode == ReasoningMode.ANSWER:
             self._answer(delta)
         return delta
+
+    def _passed_through(self, text: str) -> ReasoningDelta | None:
+        """Most tokens' delta, without the general path (this runs on every token): text
+        past the leading whitespace, with nothing held back, that cannot start or end a
+        marker (thinking: no character of the end marker's first, no trailing whitespace
+        that may precede it) goes out as it is; None where the general path must decide."""
+        if self.buffer or not text:
+            return None
+        if self.mode == ReasoningMode.ANSWER and self.answer_started:
+            return ReasoningDelta(content=text)
+        if (
+            self.mode == ReasoningMode.THINKING
+            and self.thinking_started
+            and self.end[0] not in text
+            and not text[-1].isspace()
+        ):
+            return ReasoningDelta(reasoning=text)
+        return None
 
     def finish(self) -> ReasoningDelta:
         """The model stopped: what was held back is released (thinking cut short by a
