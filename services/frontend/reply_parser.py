@@ -20,22 +20,21 @@ class ReplyParser:
 
     def feed(self, text: str, final: bool = False) -> ParsedDelta:
         """The parsed delta of new text; `final`: the reply ended, release what was held."""
-        parsed = ParsedDelta()
-        answer = text
+        reasoning, answer = "", text
         if self.reasoning is not None:
             split = self.reasoning.feed(text)
             if final:
                 rest = self.reasoning.finish()
                 split.reasoning += rest.reasoning
                 split.content += rest.content
-            parsed.reasoning, answer = split.reasoning, split.content
+            reasoning, answer = split.reasoning, split.content
         if self.tools is None:
-            parsed.content = answer
-            return parsed
-        if answer:  # a tool stream has read all it was given: empty text would change nothing
-            parsed.extend(self.tools.feed(answer))
+            return ParsedDelta(content=answer, reasoning=reasoning)
+        # A tool stream has read all it was given: empty text would change nothing.
+        parsed = self.tools.feed(answer) if answer else ParsedDelta()
         if final:
             parsed.extend(self.tools.finish())
+        parsed.reasoning = reasoning  # a tool stream's deltas are its own, fresh each feed
         return parsed
 
     @property

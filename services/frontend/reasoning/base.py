@@ -56,8 +56,20 @@ class ReasoningStream:
         return self.mode == ReasoningMode.THINKING
 
     def feed(self, text: str) -> ReasoningDelta:
-        if passed := self._passed_through(text):
-            return passed
+        # Most tokens take the first return (this runs on every token): text past the
+        # leading whitespace, with nothing held back, that cannot start or end a marker
+        # (thinking: no end-marker first character, no trailing whitespace that may
+        # precede the marker) goes out as it is.
+        if text and not self.buffer:
+            if self.mode == ReasoningMode.ANSWER and self.answer_started:
+                return ReasoningDelta(content=text)
+            if (
+                self.mode == ReasoningMode.THINKING
+                and self.thinking_started
+                and self.end[0] not in text
+                and not text[-1].isspace()
+            ):
+                return ReasoningDelta(reasoning=text)
         self.buffer += text
         delta = ReasoningDelta()
         if self.mode == ReasoningMode.OPTIONAL:
@@ -67,24 +79,6 @@ class ReasoningStream:
         if self.mode == ReasoningMode.ANSWER:
             self._answer(delta)
         return delta
-
-    def _passed_through(self, text: str) -> ReasoningDelta | None:
-        """Most tokens' delta, without the general path (this runs on every token): text
-        past the leading whitespace, with nothing held back, that cannot start or end a
-        marker (thinking: no character of the end marker's first, no trailing whitespace
-        that may precede it) goes out as it is; None where the general path must decide."""
-        if self.buffer or not text:
-            return None
-        if self.mode == ReasoningMode.ANSWER and self.answer_started:
-            return ReasoningDelta(content=text)
-        if (
-            self.mode == ReasoningMode.THINKING
-            and self.thinking_started
-            and self.end[0] not in text
-            and not text[-1].isspace()
-        ):
-            return ReasoningDelta(reasoning=text)
-        return None
 
     def finish(self) -> ReasoningDelta:
         """The model stopped: what was held back is released (thinking cut short by a
