@@ -62,8 +62,8 @@ class ReplyParsingProfile:
 
 REPLY_PARSING_PROFILES = {
     "smoke": ReplyParsingProfile("smoke", 8, 8, (1, 2), 1, 1, 2, 4, 2),
-    "quick": ReplyParsingProfile("quick", 300, 300, (1, 8), 2, 5, 30, 8, 30),
-    "full": ReplyParsingProfile("full", 300, 300, (1, 8, 32), 2, 9, 60, 8, 60),
+    "quick": ReplyParsingProfile("quick", 300, 300, (1, 8), 4, 7, 30, 8, 30),
+    "full": ReplyParsingProfile("full", 300, 300, (1, 8, 32), 4, 9, 60, 8, 60),
 }
 
 
@@ -308,7 +308,7 @@ def run_reply_parsing(options: ReplyParsingOptions) -> dict:
     profile = options.profile
     chat = ScriptedChat(profile.thinking, profile.answer)
     found = {
-        "profile": asdict(profile),
+        "profile": {**asdict(profile), "concurrencies": list(profile.concurrencies)},
         "reply": {
             "tokens": len(chat.pieces),
             "thinking_words": chat.thinking,

@@ -180,4 +180,5 @@ REPLY_PARSING = SectionReport(
     "first text delta; the ratio is Anthropic's median first event over OpenAI's. " + SHARED,
     keys={"served": ("C",)},
     group_by={"runs": "concurrency"},
+    notes=Path(__file__).parent / "data" / "reply_parsing_notes.md",
 )
