@@ -16,24 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common.reasoning_bounds import ReasoningBounds, ReasoningMode
+from services.frontend.marker_hold import held_marker_suffix
 
 
 @dataclass
 class ReasoningDelta:
     reasoning: str = ""
     content: str = ""
-
-
-def _held_suffix(text: str, marker: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of `marker`."""
-    # Runs on every streamed token: only the suffixes that start with the marker's first
-    # character are tried (usually none), not every length.
-    index = text.find(marker[0], max(len(text) - len(marker) + 1, 0))
-    while index >= 0:
-        if marker.startswith(text[index:]):
-            return len(text) - index
-        index = text.find(marker[0], index + 1)
-    return 0
 
 
 class ReasoningStream:
@@ -113,7 +102,7 @@ class ReasoningStream:
             delta.reasoning += self._thought(self.buffer.rstrip())
             self.buffer = ""
             return
-        held = _held_suffix(self.buffer, self.end)
+        held = held_marker_suffix(self.buffer, self.end)
         ready = self.buffer[: len(self.buffer) - held]
         released = ready.rstrip()  # trailing whitespace may precede the end marker
         delta.reasoning += self._thought(released)

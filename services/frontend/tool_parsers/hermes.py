@@ -12,6 +12,8 @@ START, END = "<tool_call>", "</tool_call>"
 
 
 class HermesCallStream(JsonCallStream):
+    start_marker = START
+
     def _find(self, final: bool) -> tuple[int, int] | int:
         index = self.text.find(START, self.pos)
         if index < 0:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 
+from services.frontend.marker_hold import held_marker_suffix
 from services.frontend.tool_parsers.base import (
     ParsedDelta,
     ToolCallDelta,
@@ -26,13 +27,7 @@ from services.frontend.tool_parsers.base import (
 )
 from services.frontend.tool_parsers.json_scanner import JsonError, JsonScanner
 
-
-def held_marker_suffix(text: str, marker: str) -> int:
-    """How many trailing characters of `text` could be the start of `marker`."""
-    for size in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-size:]):
-            return size
-    return 0
+__all__ = ["JsonCallStream", "held_marker_suffix"]
 
 
 class _Call:
@@ -51,6 +46,10 @@ class JsonCallStream(ToolCallStream):
 
     argument_keys: tuple[str, ...] = ("arguments",)
     new_call_id = staticmethod(tool_call_id)
+    # A format whose calls start at a marker anywhere in the text (hermes' <tool_call>):
+    # content without the marker's first character, after content was sent and with
+    # nothing held back, passes straight through (most tokens of a reply).
+    start_marker: str | None = None
 
     def __init__(self, max_calls: int | None = None) -> None:
         self.max_calls = max_calls
@@ -79,6 +78,16 @@ class JsonCallStream(ToolCallStream):
 
     # ---- driving -----------------------------------------------------------------------
     def feed(self, text: str) -> ParsedDelta:
+        marker = self.start_marker
+        if (
+            marker is not None
+            and self.mode == "content"
+            and 0 < self.content_sent == len(self.text)
+            and marker[0] not in text
+        ):
+            self.text += text
+            self.content_sent = self.pos = len(self.text)
+            return ParsedDelta(content=text)
         self.text += text
         out = ParsedDelta()
         self._advance(out, final=False)
