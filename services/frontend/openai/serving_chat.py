@@ -46,7 +46,7 @@ from services.frontend.openai.tool_choice import ToolPlan, plan_tools
 from services.frontend.reasoning.engine_bounds import bound_reasoning
 from services.frontend.reply_parser import ReplyParser
 from services.frontend.tool_options import ToolServerOptions
-from services.frontend.tool_parsers import ParsedDelta, assemble
+from services.frontend.tool_parsers import ParsedDelta, ToolCallDelta, assemble
 
 __all__ = ["ChatFields", "ChatTracker", "OpenAIServingChat", "message_text", "render_chat"]
 
@@ -77,7 +77,10 @@ class _ChatChoice:
         self.index = index
         # None: the text is the content as it comes (no reasoning parser, no tools)
         self.reply = reply if reply.reasoning or reply.tools else None
-        self.parsed: list[ParsedDelta] = []
+        # What the parsed deltas add up to (kept as text, not as one object per token)
+        self.thought = ""
+        self.answer = ""
+        self.call_pieces: list[ToolCallDelta] = []
         self.content = ""
         self.num_tokens = 0
         self.num_reasoning_tokens = 0  # tokens of deltas that were all thinking
@@ -155,18 +158,16 @@ class ChatTracker:
             choice.num_reasoning_tokens += num_tokens
         if not self.include_reasoning:
             parsed.reasoning = ""
-        choice.parsed.append(parsed)
+        choice.thought += parsed.reasoning
+        choice.answer += parsed.content
+        choice.call_pieces += parsed.tool_calls
         return delta_message(parsed), bool(parsed)
 
     def _message(self, choice: _ChatChoice) -> ChatMessageOut:
         if choice.reply is None:
             return ChatMessageOut(content=choice.content)
-        reasoning = "".join(d.reasoning for d in choice.parsed)
-        return message_out(assemble(choice.parsed)).with_reasoning(reasoning or None)
-
-    def reasoning(self, index: int) -> str:
-        """A choice's thinking so far (empty without a reasoning parser)."""
-        return "".join(d.reasoning for d in self.choices[index].parsed)
+        whole = ParsedDelta(content=choice.answer, tool_calls=choice.call_pieces)
+        return message_out(assemble([whole])).with_reasoning(choice.thought or None)
 
     def usage(self) -> UsageInfo:
         completion = sum(c.num_tokens for c in self.choices)

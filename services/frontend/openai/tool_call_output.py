@@ -15,6 +15,10 @@ from services.frontend.tool_parsers import ExtractedToolCalls, ParsedDelta
 
 
 def delta_message(parsed: ParsedDelta) -> DeltaMessage:
+    if not parsed.tool_calls:  # most deltas: text only
+        return DeltaMessage(
+            content=parsed.content or None, reasoning_content=parsed.reasoning or None
+        )
     calls = [
         DeltaToolCall(
             index=piece.index,
