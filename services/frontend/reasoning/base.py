@@ -19,7 +19,7 @@ from services.common.reasoning_bounds import ReasoningBounds, ReasoningMode
 from services.frontend.marker_hold import held_marker_suffix
 
 
-@dataclass
+@dataclass(slots=True)  # one per streamed token
 class ReasoningDelta:
     reasoning: str = ""
     content: str = ""

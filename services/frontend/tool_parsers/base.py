@@ -29,7 +29,7 @@ class ToolCallDelta:
     arguments: str = ""
 
 
-@dataclass
+@dataclass(slots=True)  # one per streamed token
 class ParsedDelta:
     """New reply text, split: the model's thinking (reasoning parsers), the answer's
     content, and tool-call pieces read from the answer (tool parsers)."""
