@@ -8,6 +8,7 @@ parses through here, so they split a reply the same way.
 
 from __future__ import annotations
 
+from services.common.reasoning_bounds import ReasoningMode
 from services.frontend.reasoning import ReasoningStream
 from services.frontend.tool_parsers import ParsedDelta
 from services.frontend.tool_parsers.base import ToolCallStream
@@ -17,6 +18,8 @@ class ReplyParser:
     def __init__(self, reasoning: ReasoningStream | None, tools: ToolCallStream | None) -> None:
         self.reasoning = reasoning
         self.tools = tools
+        # Still inside the thinking (the answer has not begun): set by every feed.
+        self.thinking = reasoning is not None and reasoning.thinking
 
     def feed(self, text: str, final: bool = False) -> ParsedDelta:
         """The parsed delta of new text; `final`: the reply ended, release what was held."""
@@ -28,6 +31,7 @@ class ReplyParser:
                 split.reasoning += rest.reasoning
                 split.content += rest.content
             reasoning, answer = split.reasoning, split.content
+            self.thinking = self.reasoning.mode == ReasoningMode.THINKING
         if self.tools is None:
             return ParsedDelta(content=answer, reasoning=reasoning)
         # A tool stream has read all it was given: empty text would change nothing.
@@ -40,8 +44,3 @@ class ReplyParser:
     @property
     def num_calls(self) -> int:
         return self.tools.num_calls if self.tools is not None else 0
-
-    @property
-    def thinking(self) -> bool:
-        """Still inside the thinking (the answer has not begun)."""
-        return self.reasoning is not None and self.reasoning.thinking
