@@ -5,7 +5,6 @@ previous one is outstanding, so running requests alternate between two half batc
 Every output must still equal depth 1's, with the block manager consistent throughout.
 """
 
-from collections import Counter
 from concurrent.futures import Future
 
 import pytest
@@ -15,20 +14,13 @@ from services.scheduler.batch_queue import BatchQueue
 from services.scheduler.engine_core import EngineCore, carries_nothing
 from services.scheduler.executor.uni import UniExecutor
 from services.scheduler.scheduler import Scheduler
+from tests.helpers.scheduler_invariants import check_in_flight, check_invariants
 from tests.scheduler.stand_in_executor import StandInExecutor
 from tests.scheduler.stand_in_worker import StandInWorker, make_request, reference_generate
-from tests.scheduler.test_scheduler_properties import check_invariants
 
 BLOCK_SIZE = 4
 NUM_CPU_BLOCKS = 64
 SHARED = list(range(100, 113))  # three full blocks and a bit
-
-
-def check_in_flight(scheduler: Scheduler) -> None:
-    """Requests in flight are running, and the per-group counts say exactly which."""
-    in_flight = [r for r in scheduler.requests.values() if r.in_flight]
-    assert all(r in scheduler.running for r in in_flight)
-    assert Counter(r.group_id for r in in_flight) == scheduler.in_flight.groups
 
 
 def test_batch_queue_keeps_order_and_bound():

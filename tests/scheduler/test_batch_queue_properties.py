@@ -8,10 +8,9 @@ from hypothesis import strategies as st
 from services.common.config import CacheConfig, SchedulerConfig
 from services.scheduler.engine_core import EngineCore
 from services.scheduler.scheduler import Scheduler
+from tests.helpers.scheduler_invariants import check_in_flight, check_invariants
 from tests.scheduler.stand_in_executor import StandInExecutor
 from tests.scheduler.stand_in_worker import StandInWorker, make_request, reference_generate
-from tests.scheduler.test_batch_queue import check_in_flight
-from tests.scheduler.test_scheduler_properties import check_invariants
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 16

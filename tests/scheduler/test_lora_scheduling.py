@@ -29,13 +29,13 @@ from services.scheduler.engine_core import EngineCore
 from services.scheduler.executor.uni import UniExecutor
 from services.scheduler.lora_slot_table import LoRASlotTable
 from services.scheduler.scheduler import RequestRejectedError, Scheduler
+from tests.helpers.scheduler_invariants import check_invariants
 from tests.scheduler.stand_in_worker import (
     StandInWorker,
     adapter,
     make_request,
     reference_generate,
 )
-from tests.scheduler.test_scheduler_properties import check_invariants
 
 A, B, C, D = (adapter(name) for name in "ABCD")
 MAX_MODEL_LEN = 256

@@ -1,13 +1,12 @@
 """Property tests: random interleavings of add / schedule / finish / abort / preempt keep the
 block-manager invariants, and every output equals the unbatched reference."""
 
-from collections import Counter
-
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from services.common.config import CacheConfig, SchedulerConfig
 from services.scheduler.scheduler import Scheduler
+from tests.helpers.scheduler_invariants import check_invariants
 from tests.scheduler.stand_in_worker import (
     StandInWorker,
     make_request,
@@ -18,24 +17,6 @@ from tests.scheduler.stand_in_worker import (
 BLOCK_SIZE = 4
 NUM_BLOCKS = 16
 NUM_CPU_BLOCKS = 24
-
-
-def check_invariants(scheduler: Scheduler) -> None:
-    kv = scheduler.kv
-    blocks = kv.pool.blocks
-    assert all(b.ref_cnt >= 0 for b in blocks)
-    used = sum(1 for b in blocks if b.ref_cnt > 0)
-    assert used + kv.num_free_blocks == kv.num_blocks
-    assert {id(b) for b in kv.pool.free_queue} == {id(b) for b in blocks if b.ref_cnt == 0}
-    # A block in several tables is shared on purpose: its ref count says so exactly.
-    holders = Counter(b.block_id for table in kv.req_to_blocks.values() for b in table)
-    for block in blocks:
-        assert block.ref_cnt == holders.get(block.block_id, 0), block
-    swapped_cpu = [c for ids in kv.swapped.values() for c in ids]
-    assert len(swapped_cpu) == len(set(swapped_cpu))
-    assert len(swapped_cpu) + len(kv.cpu_free) == kv.num_cpu_blocks
-    live = {r.request_id for r in [*scheduler.running, *scheduler.waiting, *scheduler.swapped]}
-    assert set(kv.req_to_blocks) <= live
 
 
 request_st = st.tuples(

@@ -8,8 +8,6 @@ loop whatever was proposed."""
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 
 from services.common.config import CacheConfig, SchedulerConfig
@@ -17,6 +15,7 @@ from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import RequestStatus
 from services.scheduler.scheduler import Scheduler
 from services.scheduler.spec_decode_stats import SpecDecodeStats
+from tests.helpers.scheduler_invariants import check_invariants, check_spec_decode_stats
 from tests.scheduler.stand_in_worker import (
     StandInWorker,
     accurate,
@@ -26,7 +25,6 @@ from tests.scheduler.stand_in_worker import (
     wrong,
     wrong_token,
 )
-from tests.scheduler.test_scheduler_properties import check_invariants
 
 BS = 4
 
@@ -55,7 +53,7 @@ def step(scheduler, worker):
     plan = scheduler.schedule()
     outputs = scheduler.update_from_output(plan, worker.execute(plan))
     check_invariants(scheduler)
-    check_stats(scheduler)
+    check_spec_decode_stats(scheduler)
     return plan, [o for batch in outputs.values() for o in batch.outputs]
 
 
@@ -71,16 +69,6 @@ def run(scheduler, worker, max_steps=2000):
         for out in outs:
             outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
     raise AssertionError("requests did not finish")
-
-
-def check_stats(scheduler) -> None:
-    stats = scheduler.get_stats()
-    per_pos = stats.spec_decode_num_accepted_tokens_per_pos
-    assert 0 <= stats.spec_decode_num_accepted_tokens <= stats.spec_decode_num_draft_tokens
-    assert stats.spec_decode_num_drafts <= stats.spec_decode_num_draft_tokens
-    assert sum(per_pos) == stats.spec_decode_num_accepted_tokens
-    assert all(a >= b for a, b in itertools.pairwise(per_pos)), per_pos
-    assert not per_pos or per_pos[0] <= stats.spec_decode_num_drafts
 
 
 def expected(request) -> list[int]:

@@ -12,14 +12,13 @@ from hypothesis import strategies as st
 
 from services.common.config import CacheConfig, SchedulerConfig
 from services.scheduler.scheduler import Scheduler
+from tests.helpers.scheduler_invariants import check_invariants, check_spec_decode_stats
 from tests.scheduler.stand_in_worker import (
     StandInWorker,
     make_request,
     random_proposer,
     reference_generate,
 )
-from tests.scheduler.test_scheduler_properties import check_invariants
-from tests.scheduler.test_spec_decode import check_stats
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 20
@@ -109,7 +108,7 @@ def test_random_proposals_keep_invariants_and_outputs(
         scheduler.update_from_output(plan, worker.execute(plan))
         sequences.update(scheduler.requests)
         check_invariants(scheduler)
-        check_stats(scheduler)
+        check_spec_decode_stats(scheduler)
 
     for op, arg in ops:
         if op == "add":
