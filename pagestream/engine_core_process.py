@@ -32,17 +32,19 @@ from pathlib import Path
 from pagestream.cli_flags import role_argv
 from pagestream.engine_args import EngineArgs
 from pagestream.supervisor import terminate
+from services.common.backoff import Backoff
 from services.common.grpc_channel import (
     RECONNECT_OPTIONS,
     sync_channel,
     wait_until_serving_sync,
 )
+from services.common.restart_policy import RestartPolicy
 from services.common.served_model_info import ServedModelInfo
 from services.scheduler.launchers.launcher import PARENT_PID_ENV
 
 logger = logging.getLogger(__name__)
 
-BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0)
+BACKOFF = Backoff((1.0, 2.0, 4.0, 8.0, 16.0))
 RESTART_WINDOW_S = 300.0
 
 
@@ -61,6 +63,7 @@ class EngineCoreProcess:
         self.args = args
         self.log_level = log_level or logging.getLevelName(logging.getLogger().level)
         self.max_restarts = max_restarts
+        self.restart_policy = RestartPolicy(BACKOFF, max_restarts, RESTART_WINDOW_S)
         self.startup_timeout_s = startup_timeout_s
         # A unix socket's path has ~100 bytes at most: a long $TMPDIR falls back to /tmp.
         parent = None if len(tempfile.gettempdir()) < 60 else "/tmp"
@@ -164,17 +167,13 @@ class EngineCoreProcess:
                 logger.error("could not restart the engine core: %s", exc)
 
     def _next_backoff(self) -> float | None:
-        now = time.monotonic()
-        while self._restarts and now - self._restarts[0] > RESTART_WINDOW_S:
-            self._restarts.popleft()
-        if len(self._restarts) >= self.max_restarts:
+        delay = self.restart_policy.next_delay(self._restarts, time.monotonic())
+        if delay is None:
             self.gave_up = (
                 f"the engine core died {len(self._restarts) + 1} times within "
                 f"{RESTART_WINDOW_S:.0f}s"
             )
             logger.error("%s: not restarting it again", self.gave_up)
             return None
-        delay = BACKOFF_S[min(len(self._restarts), len(BACKOFF_S) - 1)]
-        self._restarts.append(now)
         logger.warning("restarting the engine core in %.0fs", delay)
         return delay

@@ -20,9 +20,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from services.common.backoff import Backoff
+from services.common.restart_policy import RestartPolicy
+
 logger = logging.getLogger("pagestream.supervisor")
 
-BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0)
+BACKOFF = Backoff((1.0, 2.0, 4.0, 8.0, 16.0))
 RESTART_GRACE_S = 2.0
 
 
@@ -54,6 +57,7 @@ class Supervisor:
         self.roles = roles
         self.max_restarts = max_restarts
         self.window_s = window_s
+        self.restart_policy = RestartPolicy(BACKOFF, max_restarts, window_s)
         self.grace_s = grace_s
         self.stopping = False
         self.gave_up: str | None = None
@@ -89,10 +93,8 @@ class Supervisor:
             self._restart(role)
 
     def _restart(self, role: Role) -> None:
-        now = time.monotonic()
-        while role.restarts and now - role.restarts[0] > self.window_s:
-            role.restarts.popleft()
-        if len(role.restarts) >= self.max_restarts:
+        delay = self.restart_policy.next_delay(role.restarts, time.monotonic())
+        if delay is None:
             self.gave_up = role.name
             logger.error(
                 "%s died %d times within %.0f s: giving up, stopping every role",
@@ -102,8 +104,6 @@ class Supervisor:
             )
             self.stopping = True
             return
-        delay = BACKOFF_S[min(len(role.restarts), len(BACKOFF_S) - 1)]
-        role.restarts.append(now)
         group = [r for r in self.roles if role.group is not None and r.group == role.group]
         group = group or [role]
         logger.warning(

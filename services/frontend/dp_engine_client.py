@@ -19,6 +19,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+from services.common.backoff import Backoff
 from services.common.block_hash import hash_request_tokens
 from services.common.engine_errors import EngineUnavailableError
 from services.common.engine_output import (
@@ -34,7 +35,8 @@ from services.frontend.router import Router, RouterConfig
 
 logger = logging.getLogger(__name__)
 
-RECONNECT_BACKOFF_S = (0.0, 0.25, 0.5, 1.0, 2.0)
+# Between losses of one replica with no output in between: the first reconnect is immediate.
+RECONNECT_BACKOFF = Backoff((0.0, 0.25, 0.5, 1.0, 2.0))
 _GONE = object()  # in the output queue: every replica is gone for good
 
 
@@ -159,7 +161,7 @@ class DataParallelClient:
                         self._outputs.put_nowait(EngineCoreOutputs(outputs))
             except Exception as exc:
                 self._replica_lost(replica, exc)
-            await asyncio.sleep(RECONNECT_BACKOFF_S[min(failures, len(RECONNECT_BACKOFF_S) - 1)])
+            await asyncio.sleep(RECONNECT_BACKOFF.delay(failures))
             failures += 1
             try:
                 await replica.client.reconnect()

@@ -16,10 +16,13 @@ from collections.abc import Callable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.common.backoff import Backoff
+
 logger = logging.getLogger(__name__)
 
 _SERVING = health_pb2.HealthCheckResponse.SERVING
-BACKOFF_S = (0.1, 0.25, 0.5, 1.0)  # between broken watches (the channel waits for the server)
+# Between broken watches; short, since the watch itself waits for the server to be ready.
+BACKOFF = Backoff((0.1, 0.25, 0.5, 1.0))
 
 
 class EngineCoreHealth:
@@ -76,7 +79,7 @@ class EngineCoreHealth:
             finally:
                 call.cancel()
             self._set(False)
-            await asyncio.sleep(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)])
+            await asyncio.sleep(BACKOFF.delay(attempt))
             attempt += 1
 
     def _set(self, serving: bool) -> None:

@@ -22,6 +22,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 
+from services.common.backoff import Backoff
 from services.common.engine_errors import EngineUnavailableError
 from services.common.engine_output import SchedulerStats
 from services.common.outputs import PoolingRequestOutput, RequestOutput
@@ -46,7 +47,8 @@ ENCODE_WINDOW = 256
 
 __all__ = ["Frontend", "RequestTimeoutError"]
 
-RECONNECT_BACKOFF_S = (0.0, 0.25, 0.5, 1.0, 2.0)  # between losses with no output in between
+# Between losses with no output in between: the first reconnect is immediate.
+RECONNECT_BACKOFF = Backoff((0.0, 0.25, 0.5, 1.0, 2.0))
 
 
 class RequestTimeoutError(TimeoutError):
@@ -335,7 +337,7 @@ class Frontend:
                     self._deliver(batch.outputs)
             except Exception as exc:
                 self._connection_lost(exc)
-            await asyncio.sleep(RECONNECT_BACKOFF_S[min(failures, len(RECONNECT_BACKOFF_S) - 1)])
+            await asyncio.sleep(RECONNECT_BACKOFF.delay(failures))
             failures += 1
             try:
                 await self.client.reconnect()

@@ -12,6 +12,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
+from services.common.backoff import Backoff
 from services.common.block_hash import BlockHash
 from services.common.engine_output import SchedulerStats
 from services.common.kv_events import KvEventBatch
@@ -20,7 +21,7 @@ from services.frontend.prefix_index import PrefixIndex
 
 logger = logging.getLogger(__name__)
 
-WATCH_BACKOFF_S = (0.2, 0.5, 1.0, 2.0)
+WATCH_BACKOFF = Backoff((0.2, 0.5, 1.0, 2.0))  # between broken KV event streams
 
 
 class Replica:
@@ -81,5 +82,5 @@ class Replica:
             except Exception as exc:
                 logger.debug("KV events of replica %s broke: %s", self.name, exc)
             self.index.clear()
-            await asyncio.sleep(WATCH_BACKOFF_S[min(attempt, len(WATCH_BACKOFF_S) - 1)])
+            await asyncio.sleep(WATCH_BACKOFF.delay(attempt))
             attempt += 1

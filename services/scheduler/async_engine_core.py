@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from services.common.backoff import Backoff
 from services.common.engine_errors import EngineOverloadedError, EngineUnavailableError
 from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from services.common.engine_request import EngineCoreRequest
@@ -39,7 +40,7 @@ class EngineDeadError(RuntimeError):
 # Exceptions of a step that mean the workers are lost or out of step (recoverable by
 # reconnecting); anything else is a bug in the engine core and kills the loop.
 WORKER_LOSS = (ConnectionError, TimeoutError, WorkerStepError)
-BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
+BACKOFF = Backoff((0.5, 1.0, 2.0, 4.0, 8.0))  # between failed rebuilds of the workers
 IDLE_CHECK_S = 1.0  # how often an idle loop looks whether its workers are still there
 
 
@@ -249,7 +250,7 @@ class AsyncEngineCore:
             except Exception as err:
                 if self.max_rebuilds is not None and attempt + 1 >= self.max_rebuilds:
                     raise  # the loop dies: whoever started this role starts it again
-                delay = BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
+                delay = BACKOFF.delay(attempt)
                 logger.warning(
                     "reconnect attempt %d failed (%s); next in %.1fs", attempt + 1, err, delay
                 )

@@ -10,6 +10,7 @@ import pytest
 
 from pagestream import supervisor as supervisor_module
 from pagestream.supervisor import Role, Supervisor
+from services.common.backoff import Backoff
 from tests.helpers.eventually import eventually
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -18,7 +19,7 @@ CRASHER = [sys.executable, "-c", "raise SystemExit(3)"]
 
 @pytest.fixture(autouse=True)
 def fast_backoff(monkeypatch):
-    monkeypatch.setattr(supervisor_module, "BACKOFF_S", (0.05,))
+    monkeypatch.setattr(supervisor_module, "BACKOFF", Backoff((0.05,)))
     # run() installs signal handlers, which only the main thread may do.
     monkeypatch.setattr(signal, "signal", lambda *args: None)
 

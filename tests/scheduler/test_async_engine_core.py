@@ -5,6 +5,7 @@ import asyncio
 
 import pytest
 
+from services.common.backoff import Backoff
 from services.common.engine_request import EngineCoreRequest
 from services.common.sampling_params import SamplingParams
 from services.scheduler.async_engine_core import AsyncEngineCore, EngineDeadError
@@ -85,7 +86,7 @@ async def test_rebuilds_that_keep_failing_end_the_loop_after_max_rebuilds(build,
     then the loop dies (the role exits and its starter's give-up rule applies)."""
     import services.scheduler.async_engine_core as module
 
-    monkeypatch.setattr(module, "BACKOFF_S", (0.0,))
+    monkeypatch.setattr(module, "BACKOFF", Backoff((0.0,)))
     scheduler, worker = build(40, block_size=4, max_num_batched_tokens=8)
     attempts = []
 
