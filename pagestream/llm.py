@@ -23,6 +23,7 @@ from services.common.outputs import (
 )
 from services.common.pooling_params import PoolingParams
 from services.common.request_options import RequestOptions
+from services.common.sampling_defaults import sampling_params_with_defaults
 from services.common.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from services.frontend.pair_scoring import (
     PairScoring,
@@ -47,7 +48,7 @@ class LLM:
     def get_default_sampling_params(self) -> SamplingParams:
         """What generate() uses without sampling_params: vLLM's defaults, overridden by the
         model's generation_config.json unless generation_config="vllm"."""
-        return SamplingParams(**self.engine.default_sampling)
+        return sampling_params_with_defaults({}, self.engine.default_sampling)
 
     def generate(
         self,

@@ -28,6 +28,7 @@ from services.common.engine_output import SchedulerStats
 from services.common.outputs import PoolingRequestOutput, RequestOutput
 from services.common.pooling_params import PoolingParams
 from services.common.request_options import DEFAULT_OPTIONS, RequestOptions
+from services.common.sampling_defaults import sampling_params_with_defaults
 from services.common.sampling_params import RequestOutputKind, SamplingParams
 from services.common.served_model_info import ServedModelInfo
 from services.frontend.chat_renderer import ChatRenderer
@@ -137,7 +138,7 @@ class Frontend:
         options: RequestOptions = DEFAULT_OPTIONS,
     ) -> AsyncIterator[RequestOutput]:
         """Stream outputs until the request ends; a consumer that stops iterating aborts it."""
-        params = sampling_params or SamplingParams(**self.default_sampling)
+        params = sampling_params or sampling_params_with_defaults({}, self.default_sampling)
         request, state = self._make(request_id, prompt, params, options)
         async for output in self._submit(request, state, params.output_kind):
             yield output

@@ -4,9 +4,10 @@ With `--generation-config auto` (the default) the values a model's authors set i
 generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty, and
 max_new_tokens as max_tokens) become the defaults for requests that leave them unset: an
 OpenAI request without `temperature`, or `LLM.generate(prompts)` without SamplingParams.
-Values a request sets always win. The file is read as transformers' GenerationConfig diff
-(values equal to transformers' own defaults drop out), as vLLM reads it. `--generation-config
-vllm` ignores the file; a folder path reads the file from there instead.
+Values a request sets always win (one merge rule: services/common/sampling_defaults.py).
+The file is read as transformers' GenerationConfig diff (values equal to transformers' own
+defaults drop out), as vLLM reads it. `--generation-config vllm` ignores the file; a folder
+path reads the file from there instead.
 """
 
 from __future__ import annotations

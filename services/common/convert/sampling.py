@@ -15,6 +15,7 @@ import struct
 
 from services.common.proto.pagestream.v1 import generation_pb2
 from services.common.reasoning_bounds import ReasoningBounds
+from services.common.sampling_defaults import sampling_params_with_defaults
 from services.common.sampling_params import SamplingParams
 from services.common.structured_outputs import StructuredOutputsParams
 
@@ -166,7 +167,7 @@ def sampling_params_from_pb(
     message: generation_pb2.SamplingParams, defaults: dict | None = None
 ) -> SamplingParams:
     """The domain params; unset fields take `defaults`, else vLLM's. Raises ValueError."""
-    kwargs: dict = dict(defaults or {})
+    kwargs: dict = {}
     for name in (*_INT_FIELDS, *_BOOL_FIELDS):
         if message.HasField(name):
             kwargs[name] = getattr(message, name)
@@ -189,4 +190,4 @@ def sampling_params_from_pb(
         kwargs["structured_outputs"] = structured_outputs_from_pb(message.structured_outputs)
     if message.HasField("reasoning"):
         kwargs["reasoning"] = reasoning_bounds_from_pb(message.reasoning)
-    return SamplingParams(**kwargs)
+    return sampling_params_with_defaults(kwargs, defaults)
