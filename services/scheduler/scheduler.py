@@ -59,6 +59,8 @@ class Scheduler:
         pooler: PoolerConfig | None = None,
     ) -> None:
         self.config = scheduler_config
+        # The most prompt tokens of one request a step computes (the config is frozen).
+        self.prefill_cap = _prefill_cap(scheduler_config)
         # Pooling: how the workers pool (None: the engine runs the generate runner and
         # pooling requests are refused); an encoder's prompts run whole, one step each.
         self.pooling_type = pooler.pooling_type if pooler is not None else None
@@ -78,7 +80,8 @@ class Scheduler:
             num_cpu_blocks,
             cache_config.enable_prefix_caching,
             cache_config.kv_cache_groups,
-            _max_step_tokens(scheduler_config),
+            # The most tokens one step computes for one sequence (0: a whole prompt).
+            self.prefill_cap if scheduler_config.enable_chunked_prefill else 0,
         )
         # A sequence can never outgrow the whole cache (but for its blocks freed outside a
         # sliding window): that is a length cap too.
@@ -130,19 +133,12 @@ class Scheduler:
                 "a pooling engine (--runner pooling)."
             )
         request.pools_every_position = self.pooling_type != "LAST" or self.whole_prompts
-        if self.whole_prompts and request.num_prompt_tokens > self._max_prefill_step:
+        if self.whole_prompts and request.num_prompt_tokens > self.prefill_cap:
             raise RequestRejectedError(
                 f"the prompt has {request.num_prompt_tokens} tokens; an encoder attends over "
                 "a whole prompt in one step, so it must fit max_num_batched_tokens "
-                f"({self._max_prefill_step})."
+                f"({self.prefill_cap})."
             )
-
-    @property
-    def _max_prefill_step(self) -> int:
-        """The most prompt tokens of one request a step computes."""
-        threshold = self.config.long_prefill_token_threshold
-        budget = self.config.max_num_batched_tokens
-        return min(budget, threshold) if threshold else budget
 
     def abort_requests(self, request_ids: list[str], client_id: int | None = None) -> None:
         """Abort requests by id; a group's id (n > 1, beam search) aborts all its sequences.
@@ -213,8 +209,7 @@ class Scheduler:
 
     def _num_new_tokens(self, num_new: int, is_prefill: bool, budget: int) -> int:
         """num_new within the step's budget and, for a prefill, the long-prefill cap."""
-        threshold = self.config.long_prefill_token_threshold
-        return min(num_new, budget, threshold if threshold and is_prefill else num_new)
+        return min(num_new, budget, self.prefill_cap if is_prefill else num_new)
 
     def _schedule_running(self, plan: PlanBuilder) -> bool:
         """Schedule running requests in order; True if one ran out of blocks (it preempted
@@ -589,9 +584,9 @@ def _adapter_names(requests) -> tuple[str, ...]:
     return tuple(sorted({r.lora_request.lora_name for r in requests if r.lora_request}))
 
 
-def _max_step_tokens(config: SchedulerConfig) -> int:
-    """The most tokens one step computes for one sequence (0: a whole prompt at once)."""
-    if not config.enable_chunked_prefill:
-        return 0
+def _prefill_cap(config: SchedulerConfig) -> int:
+    """The most prompt tokens of one request a step computes: the long-prefill threshold
+    (0: none) within the step's token budget. A step's remaining budget never exceeds
+    max_num_batched_tokens, so capping by both is capping by the threshold alone."""
     threshold = config.long_prefill_token_threshold
     return min(config.max_num_batched_tokens, threshold or config.max_num_batched_tokens)
