@@ -27,6 +27,8 @@ RESERVED_KWARGS = frozenset(
         "continue_final_message", "chat_template", "tokenize", "padding", "truncation",
         "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
         "tokenizer_kwargs", "bos_token", "eos_token", "raise_exception", "strftime_now",
+        # Jinja's own globals: a template calls them
+        "range", "dict", "lipsum", "cycler", "joiner", "namespace",
     }
 )  # fmt: skip
 

@@ -25,7 +25,7 @@ from services.common.served_model_info import ServedModelInfo
 from services.frontend.chat_renderer import ChatRenderer, ChatTemplateError
 from services.frontend.input_processor import new_request_id
 from services.frontend.lora_registry import LoRARegistry
-from services.frontend.reasoning import ReasoningStream
+from services.frontend.reply_parser import ReplyParser
 from services.frontend.request_limits import LimitExceededError, RequestLimits
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -163,7 +163,7 @@ async def render_chat_pb(chat: generation_pb2.ChatMessages, renderer: ChatRender
     )
     template = chat.chat_template if chat.HasField("chat_template") else None
     kwargs = (
-        json_format.MessageToDict(chat.chat_template_kwargs)
+        _integral(json_format.MessageToDict(chat.chat_template_kwargs))
         if chat.HasField("chat_template_kwargs")
         else None
     )
@@ -179,6 +179,18 @@ async def render_chat_pb(chat: generation_pb2.ChatMessages, renderer: ChatRender
         raise ValueError(f"chat: {exc}") from exc
     except Exception as exc:  # a broken template (jinja errors) is the client's input too
         raise ValueError(f"chat.chat_template could not be applied: {exc}") from exc
+
+
+def _integral(value):
+    """A Struct's numbers are doubles: whole ones go back to ints, as JSON would give them
+    to the template (range(n) needs an int)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    return value
 
 
 def sampling_params_from_pb(
@@ -229,15 +241,13 @@ def logprobs_to_pb(
 
 class ResponseBuilder:
     """Delta RequestOutputs -> GenerateResponses for one stream (per output index).
-    `reasoning`: a chat's thinking split off into reasoning_text (a fresh stream per
+    `replies`: a chat's thinking split off into reasoning_text (a fresh ReplyParser per
     output index), with a reasoning parser."""
 
-    def __init__(
-        self, request_id: str, reasoning: Callable[[], ReasoningStream] | None = None
-    ) -> None:
+    def __init__(self, request_id: str, replies: Callable[[], ReplyParser] | None = None) -> None:
         self.request_id = request_id
-        self.new_reasoning = reasoning
-        self.reasoning: dict[int, ReasoningStream] = {}
+        self.new_reply = replies
+        self.replies: dict[int, ReplyParser] = {}
         self.finished_indices: set[int] = set()
         self.num_completion_tokens = 0
         self.sent_prompt_logprobs = False
@@ -286,18 +296,14 @@ class ResponseBuilder:
         return message
 
     def _set_text(self, message, index: int, text: str, ends_now: bool) -> None:
-        if self.new_reasoning is None:
+        if self.new_reply is None:
             message.text = text
             return
-        stream = self.reasoning.get(index)
-        if stream is None:
-            stream = self.reasoning[index] = self.new_reasoning()
-        delta = stream.feed(text)
-        if ends_now:
-            rest = stream.finish()
-            delta.reasoning += rest.reasoning
-            delta.content += rest.content
-        message.text, message.reasoning_text = delta.content, delta.reasoning
+        reply = self.replies.get(index)
+        if reply is None:
+            reply = self.replies[index] = self.new_reply()
+        parsed = reply.feed(text, ends_now)
+        message.text, message.reasoning_text = parsed.content, parsed.reasoning
 
     def _base(self, output: RequestOutput, index: int) -> generation_pb2.GenerateResponse:
         message = generation_pb2.GenerateResponse(

@@ -30,6 +30,7 @@ from services.frontend.frontend import Frontend
 from services.frontend.input_processor import new_request_id
 from services.frontend.pair_scoring import PairScoring, classification_params, classifier_pooler
 from services.frontend.reasoning.engine_bounds import bound_reasoning
+from services.frontend.reply_parser import ReplyParser
 
 logger = logging.getLogger(__name__)
 
@@ -223,24 +224,26 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
 
 def _bound_reasoning(frontend: Frontend, call, chat_text: str | None):
     """The engine's view of the thinking (bound_reasoning) and, for a chat on a server
-    with a reasoning parser, what splits each output's thinking into reasoning_text."""
+    with a reasoning parser, what splits each output's thinking into reasoning_text. Only
+    a chat has a reply whose thinking the parser knows where to find: a text or token-id
+    prompt gets no bounds (its grammar applies from the first token) and no budget."""
+    params = call.sampling_params
+    if chat_text is None:
+        if params.thinking_token_budget is not None:
+            raise ValueError(
+                "sampling_params.thinking_token_budget: a thinking budget needs a chat "
+                "prompt (the reasoning parser finds the thinking in chat replies)."
+            )
+        params.reasoning = None
+        return None
     parser = frontend.reasoning_parser
-    prompt = call.prompt
-    if chat_text is not None:
-        text = chat_text
-    elif isinstance(prompt, str):
-        text = prompt
-    elif frontend.tokenizer is not None and call.sampling_params.thinking_token_budget is not None:
-        text = frontend.tokenizer.decode(prompt["prompt_token_ids"])
-    else:
-        text = ""
     try:
-        bound_reasoning(call.sampling_params, parser, frontend.tokenizer, text)
+        bound_reasoning(params, parser, frontend.tokenizer, chat_text)
     except ValueError as exc:
         raise ValueError(f"sampling_params.thinking_token_budget: {exc}") from exc
-    if parser is None or chat_text is None:
+    if parser is None:
         return None
-    return lambda: parser.stream(chat_text)
+    return lambda: ReplyParser(parser.stream(chat_text), None)
 
 
 async def _chat_text(frontend: Frontend, request, oneof: str) -> str | None:

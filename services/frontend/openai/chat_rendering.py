@@ -50,3 +50,11 @@ async def render_chat(
         raise InvalidRequestError(f"the chat template failed: {exc}", param) from exc
     except ValueError as exc:
         raise InvalidRequestError(str(exc), param) from exc
+    except Exception as exc:
+        if not template_kwargs:
+            raise
+        # the client's variables broke the server's template (a string where it counts)
+        raise InvalidRequestError(
+            f"the chat template failed with these chat_template_kwargs: {exc}",
+            "chat_template_kwargs",
+        ) from exc

@@ -23,6 +23,7 @@ from fastapi import Request
 from services.common.outputs import RequestOutput
 from services.common.request_options import RequestOptions
 from services.common.structured_outputs import StructuredOutputsParams
+from services.frontend.chat_templates import template_for_tools
 from services.frontend.openai.chat_messages import ChatMessage
 from services.frontend.openai.chat_rendering import render_chat
 from services.frontend.openai.exceptions import InvalidRequestError
@@ -207,11 +208,9 @@ class OpenAIServingChat(ServingBase):
     def __init__(self, *args, tool_options: ToolServerOptions | None = None) -> None:
         super().__init__(*args)
         options = tool_options or ToolServerOptions()
-        # Without --tool-call-parser, the format the chat template teaches (detect.py).
-        template = options.chat_template or getattr(self.frontend.tokenizer, "chat_template", None)
-        if isinstance(template, dict):  # named templates: the one for tools, else the default
-            template = template.get("tool_use") or template.get("default")
-        self.tool_options = options.for_template(template if isinstance(template, str) else None)
+        # Without --tool-call-parser, the format taught by the template that requests with
+        # tools render with (detect.py): the shipped ChatML's hermes where it stands in.
+        self.tool_options = options.for_template(_tools_template(self.frontend.tokenizer, options))
 
     async def create_chat_completion(self, request: ChatCompletionRequest, raw_request: Request):
         model = self.check_model(request.model)
@@ -313,6 +312,16 @@ def _constraint(
             "tool_choice",
         )
     return plan.constraint
+
+
+def _tools_template(tokenizer, options: ToolServerOptions) -> str | None:
+    """The text of the template a request with tools renders with (None: no tokenizer)."""
+    if tokenizer is None:
+        return None
+    template = template_for_tools(tokenizer, options.chat_template) or tokenizer.chat_template
+    if isinstance(template, dict):  # named templates: the one for tools, else the default
+        template = template.get("tool_use") or template.get("default")
+    return template if isinstance(template, str) else None
 
 
 def _template_kwargs(request: ChatCompletionRequest) -> dict | None:
