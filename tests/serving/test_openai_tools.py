@@ -14,8 +14,10 @@ import pytest
 from pagestream.cli import build_parser
 from pagestream.roles import tool_options
 from pagestream.split_layout import frontend_flags
+from services.frontend.chat_templates import shipped_template
 from services.frontend.openai.chat_messages import ChatMessage
 from services.frontend.openai.chat_rendering import render_chat
+from services.frontend.openai.serving_chat import _tools_template
 from services.frontend.tool_options import ToolServerOptions
 from tests.helpers.openai_server import MODEL, running_server
 from tests.helpers.tiny_tokenizer import VOCAB, build_tokenizer
@@ -211,6 +213,22 @@ async def test_auto_without_the_flags_is_400(long_model):
             body["tool_choice"] = "required"  # needs no flag: the grammar is hermes'
             response = await raw.post("/v1/chat/completions", json={**body, "max_tokens": 100})
             assert response.status_code == 200
+
+
+def test_the_parser_is_detected_from_the_template_tool_requests_render_with():
+    """A template that ignores `tools` (Phi-4-mini's reads message['tools']) is replaced by
+    the shipped ChatML for tool requests, which teaches hermes: that is the format to parse,
+    whatever the model's own template mentions."""
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['content'] }}{% if m.tools %}functools[{% endif %}"
+        "{% endfor %}"
+    )
+    assert _tools_template(tokenizer, ToolServerOptions()) == shipped_template()
+    detected = ToolServerOptions(enable_auto_tool_choice=True).for_template(
+        _tools_template(tokenizer, ToolServerOptions())
+    )
+    assert detected.tool_call_parser == "hermes"
 
 
 BAD = [
