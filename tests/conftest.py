@@ -24,8 +24,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 def model_dir(tmp_path_factory):
     """name -> folder with weights, config and tokenizer (built once per session)."""
     # imported here: a run of the folders that need no model stays free of torch
+    from tests.helpers.tiny_models import build_tiny_model
     from tests.helpers.tiny_tokenizer import VOCAB, build_tokenizer
-    from tests.worker.conftest import build_tiny_model
 
     folders: dict[str, Path] = {}
 

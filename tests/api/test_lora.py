@@ -29,8 +29,8 @@ from pagestream import LLM, AsyncEngine, LoRARequest, RequestOutputKind, Samplin
 from services.common.block_hash import hash_request_tokens
 from tests.helpers.parallel import set_preemption_mode
 from tests.helpers.peft_reference import ATTENTION, MLP, PeftReference, save_adapter
+from tests.helpers.tiny_models import build_tiny_model
 from tests.helpers.tiny_tokenizer import VOCAB
-from tests.worker.conftest import build_tiny_model
 
 LORA = dict(dtype="float32", enable_lora=True, max_lora_rank=16)
 ENGINES = {

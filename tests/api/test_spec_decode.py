@@ -13,7 +13,6 @@ import jsonschema
 import pytest
 
 from pagestream import LLM, SamplingParams
-from tests.api.test_structured_outputs import REGEX, SCHEMA
 from tests.helpers.spec_decode import (
     METHODS,
     assert_same_outputs,
@@ -21,7 +20,8 @@ from tests.helpers.spec_decode import (
     spec_config,
     spec_stats,
 )
-from tests.worker.conftest import build_tiny_model
+from tests.helpers.structured_constraints import REGEX, SCHEMA
+from tests.helpers.tiny_models import build_tiny_model
 
 ARGS = {"kv_cache_memory": "8MiB", "block_size": 8}
 

@@ -15,19 +15,8 @@ import pytest
 from pagestream import LLM, SamplingParams
 from pagestream.async_engine import AsyncEngine
 from tests.helpers.parallel import set_preemption_mode
+from tests.helpers.structured_constraints import REGEX, SCHEMA
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 6},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
-        "ok": {"type": "boolean"},
-    },
-    "required": ["name", "age", "ok"],
-    "additionalProperties": False,
-}
-REGEX = r"[a-d]{2,4}-[0-9]{2}"
 CHOICES = ["yes", "no", "maybe so"]
 GRAMMAR = 'start: "(" item ("," item)* ")"\nitem: "x" | "yy" | "zzz"'
 # Bounded constraints, so every output completes within MAX_TOKENS.

@@ -15,8 +15,8 @@ import pytest
 
 from pagestream import LLM, SamplingParams
 from services.common.reasoning_bounds import ReasoningBounds, ReasoningMode
-from tests.api.test_structured_outputs import SCHEMA
 from tests.helpers.parallel import set_preemption_mode
+from tests.helpers.structured_constraints import SCHEMA
 
 LLM_ARGS = {"dtype": "float32", "kv_cache_memory": "16MiB"}  # for tests/conftest.py's llm
 PROMPT = "The answer is"

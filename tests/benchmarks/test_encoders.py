@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 from benchmarks.encoders import ENCODER_PROFILES, SPECIALS, ST, EncoderOptions, run_encoders
 from benchmarks.reports import ENCODER
 from tests.benchmarks.bench import assert_tables
-from tests.worker.conftest import isolated_model_cache
+from tests.helpers.model_cache import isolated_model_cache
 
 
 def test_encoder_mode_tiny(tmp_path, monkeypatch):

@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 from benchmarks.gguf_export import SOURCE_KEY, export_gguf, source_gguf
 from services.common.model_source import resolve_model
 from services.worker.models.gguf_weights import dequantized_folder
-from tests.worker.conftest import build_tiny_model
-from tests.worker.test_model_loader import write_tiny_gguf
+from tests.helpers.tiny_gguf import write_tiny_gguf
+from tests.helpers.tiny_models import build_tiny_model
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from benchmarks import latency, quantized
 from benchmarks.reports import QUANTIZED
 from benchmarks.results import RunResult
 from benchmarks.workload import BenchRequest
-from tests.worker.test_quantized_models import tiny_gguf_file
+from tests.helpers.tiny_gguf import tiny_gguf_file
 
 REQUESTS = [BenchRequest([5, 17, 200, 31], 6), BenchRequest([3, 99, 150, 22, 7, 8], 5)]
 

@@ -10,8 +10,8 @@ from gguf import GGUFReader
 from services.common.gguf_file import GGUFError, GGUFFile, MetadataArray
 from services.common.model_errors import ModelLoadError
 from services.worker.models.gguf_weights import iterate_gguf_weights
-from tests.worker.conftest import build_tiny_model
-from tests.worker.test_model_loader import write_tiny_gguf
+from tests.helpers.tiny_gguf import write_tiny_gguf
+from tests.helpers.tiny_models import build_tiny_model
 
 
 @pytest.fixture(scope="module")

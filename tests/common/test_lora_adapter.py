@@ -27,7 +27,7 @@ from services.common.lora_request import LoRARequest
 from services.common.model_capabilities import ModelCapabilities
 from services.frontend.lora_options import LoRAModule, LoRAServerOptions, parse_lora_module
 
-# The tiny llama of tests/worker/conftest.py: hidden 64, 4 heads and 2 KV heads of 16,
+# The tiny llama of tests/helpers/tiny_models.py: hidden 64, 4 heads and 2 KV heads of 16,
 # intermediate 96, 2 layers; [in_features, out_features] of each target.
 MODULES = {
     "q_proj": [64, 64],

@@ -1,13 +1,7 @@
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-CORPUS = [
-    "The quick brown fox jumps over the lazy dog.",
-    "héllo wörld, ça va? naïve café",
-    "日本語のテキストです。 中文字符 🙂🚀 emoji",
-    "def main():\n    return 42\n",
-    "Stop here. STOP! The end is near; the end is here.",
-]
+from tests.helpers.unicode_corpus import CORPUS
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@ import pytest
 
 from services.common.sampling_params import SamplingParams
 from services.frontend.detokenizer import IncrementalDetokenizer
-from tests.frontend.conftest import CORPUS
+from tests.helpers.unicode_corpus import CORPUS
 
 
 def _stream(tokenizer, prompt, ids, params, step=1):

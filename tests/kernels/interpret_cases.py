@@ -379,7 +379,7 @@ def test_add_lora_rejects_bad_arguments(change, match):
 
 def _moe_module(shared: int, tp_rank: int = 0, tp_size: int = 1, expert_parallel: bool = False):
     from services.worker.layers.fused_moe import FusedMoE
-    from tests.worker.test_fused_moe import HIDDEN, moe_spec, randomized
+    from tests.helpers.tiny_moe import HIDDEN, moe_spec, randomized
 
     moe = FusedMoE(moe_spec(shared), HIDDEN, tp_rank, tp_size, expert_parallel)
     return randomized(moe, seed=5), HIDDEN

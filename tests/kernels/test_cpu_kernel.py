@@ -14,7 +14,7 @@ import torch
 
 from pagestream_kernels import cpu, paged_attention_naive, reference
 from services.worker.layers.attention import resolve_attention_backend
-from tests.kernels.test_reference import MIXED, build_batch, reference_attention
+from tests.helpers.paged_attention_batches import MIXED, build_batch, reference_attention
 
 TOL = 2e-5
 

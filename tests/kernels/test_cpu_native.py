@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pagestream_kernels import cpu
-from tests.kernels.test_reference import MIXED, build_batch, reference_attention
+from tests.helpers.paged_attention_batches import MIXED, build_batch, reference_attention
 
 
 def _reference_linear(x, weight, bias):

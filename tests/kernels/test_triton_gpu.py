@@ -177,7 +177,7 @@ def test_reshape_and_cache_equals_reference_bitwise():
 
 def test_auto_backend_is_triton_on_cuda_and_the_engine_matches_torch(tmp_path):
     from services.worker.layers.attention import resolve_attention_backend
-    from tests.worker.conftest import build_tiny_model
+    from tests.helpers.tiny_models import build_tiny_model
 
     assert resolve_attention_backend("auto", torch.device("cuda")).name == "triton"
     from pagestream import LLM, SamplingParams

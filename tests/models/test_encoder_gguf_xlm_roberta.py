@@ -23,13 +23,8 @@ from transformers import AutoTokenizer, XLMRobertaConfig, XLMRobertaModel, XLMRo
 from pagestream import LLM
 from services.common.gguf_encoders import write_encoder_folder
 from tests.helpers.encoder_folders import st_embeddings, write_st_pipeline
+from tests.helpers.encoder_gguf import BERT_NAMES, encoder_writer, gguf_name, write_and_close
 from tests.helpers.hf_pooling import cosine
-from tests.models.test_encoder_gguf import (
-    BERT_NAMES,
-    _gguf_name,
-    encoder_writer,
-    write_and_close,
-)
 
 CORPUS = [
     "the quick brown fox jumps over the lazy dog",
@@ -181,7 +176,7 @@ def write_xlm_roberta_gguf(
         values = tensor.float().numpy()
         if name == "embeddings.position_embeddings.weight":
             values = values[offset:]
-        writer.add_tensor(_gguf_name(name, BERT_NAMES), values)
+        writer.add_tensor(gguf_name(name, BERT_NAMES), values)
     write_and_close(writer)
     return path
 

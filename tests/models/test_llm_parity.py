@@ -6,7 +6,7 @@ import random
 import pytest
 
 from pagestream import LLM, SamplingParams
-from tests.worker.conftest import MOE_FAMILIES
+from tests.helpers.tiny_models import MOE_FAMILIES
 
 
 def _prompts(tokenizer, count: int, seed: int) -> list[list[int]]:

@@ -15,8 +15,8 @@ from tests.helpers.parallel import (
     mixed_prompts,
     set_preemption_mode,
 )
+from tests.helpers.tiny_models import build_tiny_model
 from tests.helpers.tiny_tokenizer import build_tokenizer
-from tests.worker.conftest import build_tiny_model
 
 LAYOUTS = {
     "pp2": dict(pipeline_parallel_size=2),

@@ -49,8 +49,8 @@ from tests.helpers.processes import (
     wait_serving,
     worker_ranks,
 )
+from tests.helpers.tiny_models import build_tiny_model
 from tests.helpers.tiny_tokenizer import VOCAB, build_tokenizer
-from tests.worker.conftest import build_tiny_model
 
 try:  # recent openai clients ship httpx as "httpx2"
     import httpx2 as httpx

@@ -18,15 +18,15 @@ from transformers import AutoConfig
 
 from pagestream import LLM
 from services.common.model_source import resolve_model
+from tests.helpers.model_cache import isolated_model_cache
 from tests.helpers.parallel import (
     assert_same_or_near_tie,
     generate_ids,
     greedy_params,
     mixed_prompts,
 )
-from tests.worker.conftest import build_tiny_model, isolated_model_cache
-from tests.worker.test_model_loader import write_tiny_gguf
-from tests.worker.test_quantized_models import _reference_folder
+from tests.helpers.tiny_gguf import reference_folder, write_tiny_gguf
+from tests.helpers.tiny_models import build_tiny_model
 
 ENGINE = dict(
     dtype="float32", quantization="gguf", kv_cache_memory="4MiB", max_num_batched_tokens=48
@@ -38,7 +38,7 @@ def _write(root, name: str, matrix_type: str, arch: str, **overrides):
     # intermediate 128: each rank's half of down_proj's inputs is two whole groups of 32
     model = build_tiny_model(name, seed=3, vocab_size=300, intermediate_size=128, **overrides)
     expected = write_tiny_gguf(path, model, matrix_type, arch=arch)
-    return path, _reference_folder(resolve_model(path), expected, root / f"reference-{arch}")
+    return path, reference_folder(resolve_model(path), expected, root / f"reference-{arch}")
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,8 @@ import pytest
 
 from services.frontend.tool_options import ToolServerOptions
 from tests.helpers.openai_server import API_KEY, MODEL, TIMEOUT, running_server
+from tests.helpers.tiny_models import build_tiny_model
 from tests.helpers.tiny_tokenizer import VOCAB, build_tokenizer
-from tests.worker.conftest import build_tiny_model
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -20,8 +20,8 @@ from services.frontend.openai.chat_rendering import render_chat
 from services.frontend.openai.serving_chat import _tools_template
 from services.frontend.tool_options import ToolServerOptions
 from tests.helpers.openai_server import MODEL, running_server
+from tests.helpers.tiny_models import build_tiny_model
 from tests.helpers.tiny_tokenizer import VOCAB, build_tokenizer
-from tests.worker.conftest import build_tiny_model
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

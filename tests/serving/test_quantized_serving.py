@@ -12,7 +12,7 @@ from services.common.proto.pagestream.v1 import generation_pb2 as pb
 from services.common.proto.pagestream.v1 import generation_pb2_grpc
 from services.frontend.frontend_server import serve_frontend
 from tests.helpers.openai_server import running_server
-from tests.worker.test_quantized_models import tiny_gguf_file
+from tests.helpers.tiny_gguf import tiny_gguf_file
 
 TIMEOUT = 30
 

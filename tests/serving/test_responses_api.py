@@ -23,8 +23,8 @@ from services.frontend.openai.response_store import ResponseStore
 from services.frontend.tool_options import ToolServerOptions
 from tests.helpers.eventually import eventually_async
 from tests.helpers.openai_server import MODEL
+from tests.helpers.tiny_models import build_tiny_model
 from tests.helpers.tiny_tokenizer import VOCAB, build_tokenizer
-from tests.worker.conftest import build_tiny_model
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -19,7 +19,7 @@ from services.worker.models.decoder_spec import DecoderSpec
 from services.worker.models.kv_cache_spec import KVCacheGroups
 from services.worker.models.registry import native_model_class
 from services.worker.native_step import unsupported_reason
-from tests.worker.conftest import tiny_config
+from tests.helpers.tiny_models import tiny_config
 
 
 def _spec(name: str) -> DecoderSpec:

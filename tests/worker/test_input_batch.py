@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from services.common.sampling_params import SamplingParams
-from services.common.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from services.common.scheduler_output import CachedRequestData, SchedulerOutput
 from services.worker.input_batch import InputBatch, InvalidPlanError, UnknownRequestError
+from tests.helpers.scheduler_plans import new_req, plan
 
 BLOCK_SIZE = 4
 VOCAB_SIZE = 100
@@ -18,29 +18,6 @@ VOCAB_SIZE = 100
 
 def make_batch(max_num_seqs: int = 8, max_model_len: int = 32) -> InputBatch:
     return InputBatch(BLOCK_SIZE, max_num_seqs, max_model_len, VOCAB_SIZE, 2, "cpu")
-
-
-def new_req(request_id, prompt, blocks, computed=0, output=(), **params) -> NewRequestData:
-    return NewRequestData(
-        request_id=request_id,
-        prompt_token_ids=list(prompt),
-        output_token_ids=list(output),
-        sampling_params=SamplingParams(**params),
-        block_ids=list(blocks),
-        num_computed_tokens=computed,
-    )
-
-
-def plan(scheduled, new=(), cached=(), finished=()) -> SchedulerOutput:
-    """cached: (request_id, new_block_ids, num_computed_tokens, resumed) tuples."""
-    columns = list(zip(*cached, strict=True)) if cached else [[], [], [], []]
-    return SchedulerOutput(
-        scheduled_new_reqs=list(new),
-        scheduled_cached_reqs=CachedRequestData(*[list(c) for c in columns]),
-        num_scheduled_tokens=dict(scheduled),
-        total_num_scheduled_tokens=sum(dict(scheduled).values()),
-        finished_req_ids=set(finished),
-    )
 
 
 def step1() -> SchedulerOutput:

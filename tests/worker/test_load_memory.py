@@ -19,8 +19,8 @@ from services.common.model_source import resolve_model
 from services.worker.cpu_tuning import return_freed_memory
 from services.worker.model_loader import load
 from tests.helpers.memory import resident_anonymous_bytes
-from tests.worker.conftest import build_tiny_model
-from tests.worker.test_model_loader import write_tiny_gguf
+from tests.helpers.tiny_gguf import write_tiny_gguf
+from tests.helpers.tiny_models import build_tiny_model
 
 SIZES = dict(
     hidden_size=512,

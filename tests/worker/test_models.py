@@ -7,7 +7,6 @@ prefix blocks come from an earlier request) and decode rows.
 
 from __future__ import annotations
 
-import random
 from dataclasses import replace
 
 import pytest
@@ -41,7 +40,8 @@ from services.worker.models.mixture_of_experts import (
     Qwen2MoeForCausalLM,
     Qwen3MoeForCausalLM,
 )
-from tests.worker.conftest import MOE_FAMILIES, VOCAB, SeqState
+from tests.helpers.paged_session import SeqState
+from tests.helpers.tiny_models import MOE_FAMILIES, VOCAB, random_tokens
 
 ATOL = 1e-4
 ARCHS = [
@@ -67,11 +67,6 @@ EXPECTED_CLASS = {
     "qwen3_moe": Qwen3MoeForCausalLM,
     "olmoe": OlmoeForCausalLM,
 }
-
-
-def random_tokens(n: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(3, VOCAB) for _ in range(n)]
 
 
 def load(folder):
@@ -253,7 +248,7 @@ def test_moe_checkpoint_with_stacked_experts(arch, tmp_path, make_session):
     loads expert by expert and gives HF's logits."""
     from safetensors.torch import save_file
 
-    from tests.worker.conftest import build_tiny_model
+    from tests.helpers.tiny_models import build_tiny_model
 
     hf = build_tiny_model(arch, seed=3)
     state = {name: tensor.contiguous() for name, tensor in hf.state_dict().items()}

@@ -20,8 +20,8 @@ import torch
 
 from services.common.config import ModelConfig
 from services.worker.model_loader import load_model
-from tests.worker.conftest import PagedSession, SeqState
-from tests.worker.test_models import random_tokens
+from tests.helpers.paged_session import PagedSession, SeqState
+from tests.helpers.tiny_models import random_tokens
 
 ARCHS = [
     *("llama", "llama_tied", "qwen2", "qwen2_sliding", "qwen3", "qwen3_bias", "mistral"),

@@ -10,7 +10,6 @@ load."""
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -23,8 +22,8 @@ from services.common.model_errors import ModelLoadError
 from services.common.model_source import resolve_model
 from services.worker.layers.quantization import quantize_int4, quantize_int8
 from tests.helpers.parallel import assert_same_or_near_tie
-from tests.worker.conftest import build_tiny_model, isolated_model_cache
-from tests.worker.test_model_loader import write_tiny_gguf
+from tests.helpers.tiny_gguf import reference_folder, write_tiny_gguf
+from tests.helpers.tiny_models import build_tiny_model
 
 PROMPTS = [[5, 17, 200, 31, 64, 9], [3, 3, 3, 99, 150, 22, 7, 8, 41, 120, 77, 5, 6, 250]]
 ENGINE = {"dtype": "float32", "kv_cache_memory": "16MiB", "max_num_batched_tokens": 64}
@@ -37,23 +36,6 @@ def _tiny(k_quant: bool, arch: str = "llama"):
     sizes = {"hidden_size": 256, "intermediate_size": 512, "head_dim": head_dim} if k_quant else {}
     name = {"llama": "llama_tied", "qwen2": "qwen2", "qwen3": "qwen3"}[arch]
     return build_tiny_model(name, seed=3, vocab_size=300, **sizes)
-
-
-def tiny_gguf_file(tmp_path: Path, monkeypatch, matrix_type: str) -> Path:
-    """A tiny tied Llama as a GGUF file with every matrix in `matrix_type`, converted under
-    an isolated $PAGESTREAM_CACHE (sharing the built kernels)."""
-    isolated_model_cache(tmp_path / "cache", monkeypatch)
-    path = tmp_path / f"tiny.{matrix_type}.gguf"
-    write_tiny_gguf(path, build_tiny_model("llama_tied", seed=3, vocab_size=300), matrix_type)
-    return path
-
-
-def _reference_folder(folder: Path, tensors: dict, out: Path) -> Path:
-    """`folder` (config, tokenizer) with `tensors` as its weights: what HF runs."""
-    shutil.copytree(folder, out)
-    weights = {name: torch.as_tensor(t).float().contiguous() for name, t in tensors.items()}
-    save_file(weights, out / "model.safetensors")
-    return out
 
 
 def _greedy(llm: LLM, max_tokens: int = 12) -> list[list[int]]:
@@ -89,7 +71,7 @@ def _assert_matches(reference: Path, got: list[list[int]]) -> None:
 def test_gguf_formats_match_hf_on_the_dequantized_weights(matrix_type, tmp_path, model_cache):
     path = tmp_path / f"tiny.{matrix_type}.gguf"
     expected = write_tiny_gguf(path, _tiny(matrix_type not in SMALL_BLOCKS), matrix_type)
-    reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
+    reference = reference_folder(resolve_model(path), expected, tmp_path / "reference")
     llm = LLM(str(path), quantization="gguf", **ENGINE)
     info = llm.engine.model_info
     assert info.quantization == matrix_type  # every matrix, the tied embedding included
@@ -105,7 +87,7 @@ def test_a_q4_k_m_like_mix_keeps_each_part_in_its_format(tmp_path, model_cache):
     path = tmp_path / "tiny.Q4_K_M.gguf"
     mix = {"v_proj": "Q6_K", "down_proj": "Q6_K", "embed_tokens": "Q6_K"}
     expected = write_tiny_gguf(path, _tiny(True), "Q4_K", overrides=mix)
-    reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
+    reference = reference_folder(resolve_model(path), expected, tmp_path / "reference")
     llm = LLM(str(path), quantization="gguf", **ENGINE)
     assert llm.engine.model_info.quantization == "Q4_K+Q6_K"
     layer = llm.engine.worker.model.model.layers[0]
@@ -121,7 +103,7 @@ def test_a_q4_k_m_like_mix_keeps_each_part_in_its_format(tmp_path, model_cache):
 def test_qwen2_gguf_with_biases(tmp_path, model_cache):
     path = tmp_path / "tiny-qwen2.Q4_1.gguf"
     expected = write_tiny_gguf(path, _tiny(False, "qwen2"), "Q4_1", arch="qwen2")
-    reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
+    reference = reference_folder(resolve_model(path), expected, tmp_path / "reference")
     _assert_matches(reference, _greedy(LLM(str(path), quantization="gguf", **ENGINE)))
 
 
@@ -134,7 +116,7 @@ def test_qwen3_gguf_with_head_norms_and_its_own_head_dim(native, tmp_path, model
     assert model.config.head_dim * model.config.num_attention_heads != model.config.hidden_size
     mix = {"v_proj": "Q6_K", "down_proj": "Q6_K", "embed_tokens": "Q6_K"}
     expected = write_tiny_gguf(path, model, "Q4_K", arch="qwen3", overrides=mix)
-    reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
+    reference = reference_folder(resolve_model(path), expected, tmp_path / "reference")
     llm = LLM(str(path), quantization="gguf", **ENGINE, enforce_eager=not native)
     assert type(llm.engine.worker.model).__name__ == "Qwen3ForCausalLM"
     assert (llm.engine.worker.model.model.native is not None) == native
@@ -166,7 +148,7 @@ def test_gemma3_gguf_with_its_four_norms_and_local_layers(native, tmp_path, mode
     converted = AutoConfig.from_pretrained(resolve_model(path))
     assert converted.layer_types == layer_types and converted.sliding_window == 6
     assert converted.rope_parameters["full_attention"]["factor"] == 2.0
-    reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
+    reference = reference_folder(resolve_model(path), expected, tmp_path / "reference")
     model.config.save_pretrained(reference)  # HF under the checkpoint's own config
     llm = LLM(str(path), quantization="gguf", **ENGINE, enforce_eager=not native)
     assert type(llm.engine.worker.model).__name__ == "Gemma3ForCausalLM"
@@ -192,7 +174,7 @@ def test_phi3_gguf_with_fused_tensors_and_longrope(native, tmp_path, model_cache
     for kind in ("short_factor", "long_factor"):
         assert rope[kind] == pytest.approx(original[kind])
     assert converted.original_max_position_embeddings == 128 and converted.tie_word_embeddings
-    reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
+    reference = reference_folder(resolve_model(path), expected, tmp_path / "reference")
     model.config.save_pretrained(reference)  # HF under the checkpoint's own config
     llm = LLM(str(path), quantization="gguf", **ENGINE, enforce_eager=not native)
     assert type(llm.engine.worker.model).__name__ == "Phi3ForCausalLM"
@@ -215,7 +197,7 @@ def test_smollm3_gguf_with_its_layers_without_rotary(native, tmp_path, model_cac
     assert converted.model_type == "smollm3" and converted.no_rope_layers == [1, 1, 1, 0]
     assert converted.tie_word_embeddings == model.config.tie_word_embeddings is False
     assert not (resolve_model(path) / "llama-twin.gguf").exists()
-    reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
+    reference = reference_folder(resolve_model(path), expected, tmp_path / "reference")
     llm = LLM(str(path), quantization="gguf", **ENGINE, enforce_eager=not native)
     assert type(llm.engine.worker.model).__name__ == "SmolLM3ForCausalLM"
     assert (llm.engine.worker.model.model.native is not None) == native
@@ -250,7 +232,7 @@ def test_moe_gguf_with_stacked_quantized_experts(family, native, tmp_path, model
     assert getattr(converted, "moe_intermediate_size", converted.intermediate_size) == width
     if family == "mixtral":  # the names transformers reads Mixtral checkpoints under
         expected = {_mixtral_name(name): value for name, value in expected.items()}
-    reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
+    reference = reference_folder(resolve_model(path), expected, tmp_path / "reference")
     model.config.save_pretrained(reference)  # HF under the checkpoint's own config
     llm = LLM(str(path), quantization="gguf", **ENGINE, enforce_eager=not native)
     worker_model = llm.engine.worker.model
@@ -312,7 +294,7 @@ def test_llama3_rotary_scaling_from_the_files_rope_freqs(original, factor, tmp_p
         # a solved scaling is as exact as the file's float32 factors
         expected_value = value if isinstance(value, str) else pytest.approx(value, rel=1e-6)
         assert converted.rope_parameters[key] == expected_value, key
-    reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
+    reference = reference_folder(resolve_model(path), expected, tmp_path / "reference")
     model.config.save_pretrained(reference)  # HF under the checkpoint's own config
     llm = LLM(str(path), quantization="gguf", **ENGINE)
     _assert_matches(reference, _greedy(llm))
@@ -321,7 +303,7 @@ def test_llama3_rotary_scaling_from_the_files_rope_freqs(original, factor, tmp_p
 def test_torch_path_dequantizes_at_load(tmp_path, model_cache, caplog):
     path = tmp_path / "tiny.Q4_K.gguf"
     expected = write_tiny_gguf(path, _tiny(True), "Q4_K")
-    reference = _reference_folder(resolve_model(path), expected, tmp_path / "reference")
+    reference = reference_folder(resolve_model(path), expected, tmp_path / "reference")
     with caplog.at_level("INFO"):
         llm = LLM(str(path), quantization="gguf", **ENGINE, enforce_eager=True)
     assert "de-quantized to float32 at load" in caplog.text

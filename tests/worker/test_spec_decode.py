@@ -17,7 +17,7 @@ from services.worker.input_batch import InputBatch, InvalidPlanError
 from services.worker.sampler import Sampler
 from services.worker.spec_decode.ngram_proposer import propose_ngram
 from services.worker.spec_decode.rejection_sampler import accept_proposals
-from tests.worker.test_input_batch import new_req, plan
+from tests.helpers.scheduler_plans import new_req, plan
 
 
 def ngram(tokens, min_n=1, max_n=5, k=4):
