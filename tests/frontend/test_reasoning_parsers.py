@@ -43,6 +43,9 @@ CASES = [
         "The answer",
     ),
     ("deepseek_r1", "<｜Assistant｜><think>\n", "a</thi", "a</thi", ""),
+    ("deepseek_r1", "<｜Assistant｜>", "<think>\nhmm\n</think>\n\nanswer", "hmm", "answer"),
+    ("deepseek_r1", "<｜Assistant｜>", "<thi", "<thi", ""),
+    ("qwen3", QWEN_THINKING_ONLY, "<think>\nreopened</think>ok", "reopened", "ok"),
     ("mistral", "[INST]q[/INST]", "[THINK]ok so[/THINK]Yes.", "ok so", "Yes."),
     (
         "mistral",

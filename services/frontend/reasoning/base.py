@@ -92,6 +92,8 @@ class ReasoningStream:
         # else: only whitespace or a prefix of the marker so far: wait
 
     def _think(self, delta: ReasoningDelta, final: bool) -> None:
+        if not self.thinking_started and not self._opening(final):
+            return  # the reply may still be opening the block the prompt opened
         index = self.buffer.find(self.end)
         if index >= 0:
             delta.reasoning += self._thought(self.buffer[:index].rstrip())
@@ -107,6 +109,17 @@ class ReasoningStream:
         released = ready.rstrip()  # trailing whitespace may precede the end marker
         delta.reasoning += self._thought(released)
         self.buffer = self.buffer[len(released) :]
+
+    def _opening(self, final: bool) -> bool:
+        """Before any thinking went out: a start marker the model wrote although the
+        thinking had begun (DeepSeek-R1 opens it either way) is dropped; False while the
+        reply so far could still be one."""
+        head = self.buffer.lstrip()
+        if head.startswith(self.start):
+            self.buffer = head[len(self.start) :]
+        elif head and not final and self.start.startswith(head):
+            return False
+        return True
 
     def _thought(self, text: str) -> str:
         if not self.thinking_started:
