@@ -90,8 +90,9 @@ def _constraint(
         if function.parameters is not None:
             _check_parameters(i, function.parameters)
         specs.append({"name": function.name, "parameters": function.parameters})
-    params = StructuredOutputsParams(grammar=parser.constraint_grammar(specs, parallel))
-    try:
+    try:  # a schema the format's grammar cannot carry is the request's fault, as is one
+        # llguidance refuses
+        params = StructuredOutputsParams(grammar=parser.constraint_grammar(specs, parallel))
         check_grammar(params)
     except ValueError as exc:
         raise InvalidRequestError(f"tools: {exc}", "tools") from exc

@@ -38,6 +38,14 @@ _XML_TERMINALS = [
 
 
 def _json_rule(schema: dict, parameters: dict) -> str:
+    """ValueError when the parameter's schema refers to a part of its tool's schema that a
+    rule of its own cannot carry (anything but `$defs` / `definitions`)."""
+    foreign = parameter_schema.foreign_references(schema)
+    if foreign:
+        raise ValueError(
+            f"a parameter's schema refers to {foreign[0]!r}: this format's grammar writes each "
+            "parameter on its own, so a reference must point into $defs or definitions"
+        )
     rooted = parameter_schema.with_definitions(schema, parameters)
     return f"%json {json.dumps({**rooted, 'x-guidance': _WHITESPACE})}"
 

@@ -5,7 +5,11 @@ declared properties in order, which are required, and each one's JSON types."""
 from __future__ import annotations
 
 _DEFINITION_KEYS = ("$defs", "definitions")
+_INSIDE = tuple(f"#/{key}/" for key in _DEFINITION_KEYS)
 JSON_TYPES = ("string", "integer", "number", "boolean", "null", "object", "array")
+# anyOf / oneOf levels read for a parameter's types (deeper options add none): keeps a
+# deeply nested schema from exhausting the interpreter's stack.
+MAX_NESTING = 32
 
 
 def properties(parameters: dict | None) -> dict[str, dict]:
@@ -30,24 +34,32 @@ def with_definitions(schema: dict, parameters: dict) -> dict:
     return {**schema, **hoisted}
 
 
-def resolve(schema: dict, parameters: dict | None, depth: int = 0) -> dict:
-    """Follow a local `$ref` (a few levels: a reference chain longer than that is left as
-    is, the value then being read without a type)."""
-    ref = schema.get("$ref")
-    if not isinstance(ref, str) or not ref.startswith("#/") or depth > 8:
-        return schema
-    target = parameters
-    for part in ref[2:].split("/"):
-        if not isinstance(target, dict) or part not in target:
+def resolve(schema: dict, parameters: dict | None, seen: set[str] | None = None) -> dict:
+    """Follow local `$ref`s to the schema they name. Each reference is followed at most once
+    per `seen` (one walk's set; a fresh one when None), so a cycle stops: a reference met
+    again, or one that names nothing, is left as is and the value is read without a type."""
+    seen = set() if seen is None else seen
+    while True:
+        ref = schema.get("$ref")
+        if not isinstance(ref, str) or not ref.startswith("#/") or ref in seen:
             return schema
-        target = target[part]
-    return resolve(target, parameters, depth + 1) if isinstance(target, dict) else schema
+        seen.add(ref)
+        target = _target(ref, parameters)
+        if target is None:
+            return schema
+        schema = target
 
 
 def types(schema: dict, parameters: dict | None = None) -> list[str]:
     """The JSON types a parameter admits, in the schema's order: from `type` (a name or a
-    list), else from `anyOf` / `oneOf` options, else from `enum` / `const` values."""
-    schema = resolve(schema, parameters)
+    list), else from `anyOf` / `oneOf` options, else from `enum` / `const` values. One walk
+    follows each reference once (a union gains nothing from reading one twice), so the work
+    is bounded by the schema's size however its references loop."""
+    return list(dict.fromkeys(_types(schema, parameters, set(), 0)))
+
+
+def _types(schema: dict, parameters: dict | None, seen: set[str], depth: int) -> list[str]:
+    schema = resolve(schema, parameters, seen)
     declared = schema.get("type")
     if isinstance(declared, str):
         return [declared] if declared in JSON_TYPES else []
@@ -56,12 +68,41 @@ def types(schema: dict, parameters: dict | None = None) -> list[str]:
     for key in ("anyOf", "oneOf"):
         options = schema.get(key)
         if isinstance(options, list):
-            found = [t for o in options if isinstance(o, dict) for t in types(o, parameters)]
-            return list(dict.fromkeys(found))
+            if depth >= MAX_NESTING:
+                return []
+            nested = (
+                _types(o, parameters, seen, depth + 1) for o in options if isinstance(o, dict)
+            )
+            return [t for found in nested for t in found]
     values = schema.get("enum", [schema["const"]] if "const" in schema else None)
     if isinstance(values, list):
-        return list(dict.fromkeys(_value_type(v) for v in values))
+        return [_value_type(v) for v in values]
     return []
+
+
+def foreign_references(schema: dict) -> list[str]:
+    """The local `$ref`s in `schema` that point outside `$defs` / `definitions`: a parameter
+    taken out of its tool's schema (with_definitions) can no longer reach them."""
+    found, stack = [], [schema]
+    while stack:  # iterative: a deeply nested schema must not exhaust the stack
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/") and not ref.startswith(_INSIDE):
+                found.append(ref)
+            stack.extend(node.values())
+    return found
+
+
+def _target(ref: str, parameters: dict | None) -> dict | None:
+    target = parameters
+    for part in ref[2:].split("/"):
+        if not isinstance(target, dict) or part not in target:
+            return None
+        target = target[part]
+    return target if isinstance(target, dict) else None
 
 
 def _value_type(value) -> str:
