@@ -311,12 +311,17 @@ def test_blocks_open_when_the_kind_changes_and_accumulate_to_the_content():
         ("get_time", {"zone": "UTC"}),
         ("get_weather", {}),
     ]
-    assert (
-        all(b["id"].startswith("toolu_") for b in content[2:])
-        and content[2]["id"] != content[3]["id"]
-    )
+    assert [b["id"] for b in content[2:]] == ["call_a", "call_b"]  # the parser's own ids
     assert _accumulate(events) == content
     assert blocks.num_tool_uses == 2
+
+
+def test_a_call_the_parser_gave_no_id_gets_a_toolu_id():
+    blocks = ContentBlocks()
+    events = blocks.feed(ParsedDelta(tool_calls=[ToolCallDelta(0, None, "f", "{}")]))
+    use_id = blocks.content()[0]["id"]
+    assert use_id.startswith("toolu_") and len(use_id) == len("toolu_") + 24
+    assert events[0]["content_block"]["id"] == use_id
 
 
 def test_a_call_cut_short_has_an_empty_input_and_nothing_is_empty_without_text():

@@ -18,6 +18,7 @@ import pytest
 
 from services.frontend.tool_options import ToolServerOptions
 from tests.helpers.openai_server import API_KEY, MODEL, TIMEOUT, running_server
+from tests.helpers.scripted_model import build_scripted_model
 from tests.helpers.tiny_models import build_tiny_model
 from tests.helpers.tiny_tokenizer import VOCAB, build_tokenizer
 
@@ -181,7 +182,7 @@ async def test_stream_events_come_in_anthropics_order(server):
             open_index, next_index = event["index"], next_index + 1
             block = event["content_block"]
             if block["type"] == "tool_use":
-                assert block["id"].startswith("toolu_") and block["input"] == {}
+                assert block["id"].startswith("call_") and block["input"] == {}  # hermes's
                 partial[event["index"]] = (block["name"], "")
         elif event["type"] == "content_block_delta":
             assert event["index"] == open_index
@@ -214,7 +215,7 @@ async def test_tool_choice_any_and_tool_give_valid_tool_use(server):
         assert len(uses) >= 1 if parallel else len(uses) == 1
         assert all(b.type in ("text", "tool_use") for b in message.content)
         for use in uses:
-            assert use.id.startswith("toolu_") and use.name in names
+            assert use.id.startswith("call_") and use.name in names
             jsonschema.validate(use.input, SCHEMAS[use.name])
 
 
@@ -263,6 +264,60 @@ async def test_tool_use_and_tool_result_round_trip(server):
     prompt = server.engine.tokenizer.decode(tokens)
     assert '<tool_response>\n{"forecast": "sunny"}\n</tool_response>' in prompt
     assert '"name": "get_weather"' in prompt
+
+
+# Mistral's templates refuse a call id that is not 9 alphanumerics; this one does the same.
+NINE_CHAR_IDS_TEMPLATE = """
+{%- macro check(id) -%}
+{%- if id is not string or id | length != 9 or not id.isalnum() -%}
+{{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") -}}
+{%- endif -%}
+{%- endmacro -%}
+{%- if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif -%}
+{%- for message in messages -%}
+{%- if message.role == "tool" -%}
+{{- check(message.tool_call_id) }}[TOOL_RESULTS]{{ message.content }}[/TOOL_RESULTS]
+{%- elif message.tool_calls -%}
+{%- for call in message.tool_calls %}{{ check(call.id) }}{% endfor -%}
+[TOOL_CALLS]{{ message.tool_calls | tojson }}</s>
+{%- else -%}
+[{{ message.role }}]{{ message.content }}
+{%- endif -%}
+{%- endfor -%}
+"""
+
+
+async def test_mistral_call_ids_come_back_through_its_template(tmp_path):
+    """A tool_use block's id is the parser's (mistral's 9 alphanumerics), so the next turn
+    sends back ids the model's template accepts; another id passes through unchanged and
+    the template's refusal is a 400."""
+    reply = ["[TOOL_CALLS]", '[{"name": "get_time", "arguments": {"zone": "UTC"}}]']
+    folder = build_scripted_model(tmp_path, {None: reply}, chat_template=NINE_CHAR_IDS_TEMPLATE)
+    options = ToolServerOptions(enable_auto_tool_choice=True, tool_call_parser="mistral")
+    async with running_server(folder, app_options={"tool_options": options}) as served:
+        client = _client(served)
+        request = {**GREEDY, "max_tokens": 60, "tools": [TIME]}
+        first = await client.messages.create(messages=MESSAGES, **request)
+        assert first.stop_reason == "tool_use"
+        (use,) = first.content
+        assert (use.name, use.input) == ("get_time", {"zone": "UTC"})
+        assert len(use.id) == 9 and use.id.isalnum()
+
+        def conversation(use_id: str) -> list[dict]:
+            result = {"type": "tool_result", "tool_use_id": use_id, "content": "12:00"}
+            return [
+                *MESSAGES,
+                {"role": "assistant", "content": [{**use.model_dump(), "id": use_id}]},
+                {"role": "user", "content": [result, {"type": "text", "text": "Thanks."}]},
+            ]
+
+        second = await client.messages.create(
+            messages=conversation(use.id), tool_choice={"type": "none"}, **request
+        )
+        assert second.type == "message" and second.usage.input_tokens > 0
+        with pytest.raises(anthropic.BadRequestError) as info:
+            await client.messages.create(messages=conversation("toolu_01AbC"), **request)
+        _check_error(info, anthropic.BadRequestError, "invalid_request_error", "length 9")
 
 
 async def test_count_tokens_equals_tokenize(server):

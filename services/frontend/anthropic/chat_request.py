@@ -14,6 +14,9 @@ What maps to what:
   (arguments = the input as JSON); its thinking blocks -> its reasoning_content (templates
   that keep an agent turn's thinking, Qwen3's, read it; others ignore it); its
   redacted_thinking blocks are dropped (encrypted by another server: nothing to read).
+- ids pass through unchanged (tool_use id -> tool call id, tool_use_id -> tool_call_id):
+  this server's tool_use ids are its tool parser's, in the form the model's template wants
+  (mistral's 9 alphanumerics); an id from elsewhere reaches the template as it is.
 - tools -> functions with input_schema as parameters; tool_choice auto / any / tool / none
   -> "auto" / "required" / the named function / "none"; disable_parallel_tool_use ->
   parallel_tool_calls false.

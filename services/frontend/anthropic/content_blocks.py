@@ -7,6 +7,11 @@ of text changes (thinking, text, one block per tool call) and closed before the 
 opens; blocks are indexed from 0 in the order they open. Within one parsed delta the
 thinking comes first, then the answer's text, then its tool-call pieces (the order the
 reply parser reads them in).
+
+A tool_use block's id is the tool-call parser's own (call_ + 24 hex for most formats, 9
+alphanumerics for mistral's): the client sends it back in the next turn's tool_use and
+tool_result blocks, and a model's chat template may check its form. toolu_ ids are made
+only for a call the parser gave no id.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ __all__ = ["ContentBlocks", "tool_use_id"]
 
 
 def tool_use_id() -> str:
-    """Anthropic-style id: toolu_ and 24 hex digits."""
+    """Anthropic-style id, for a call the parser gave no id: toolu_ and 24 hex digits."""
     return f"toolu_{uuid.uuid4().hex[:24]}"
 
 
@@ -102,7 +107,7 @@ class ContentBlocks:
         block = self._open
         if block is None or block.kind != "tool_use" or block.call_index != index:
             if index not in self._calls:
-                self._calls[index] = (tool_use_id(), name or "")
+                self._calls[index] = (call_id or tool_use_id(), name or "")
             use_id, use_name = self._calls[index]
             events += self._start(_Block("tool_use", call_index=index, id=use_id, name=use_name))
         if arguments:
