@@ -39,13 +39,9 @@ SERVING_MAX_WAITING_REQUESTS = 1024
 
 
 # Per device: (max_num_batched_tokens, long_prefill_token_threshold) when not given.
-# CPU: benchmarks/scheduler_sweep.py (a tool since removed, at 6e60bd9) on a 2-core Zen 5
-# VM (SmolLM2-135M, float32; 32 requests at concurrency 16 for the latencies): ITL p99
-# under load 473 ms at 2048 / no
-# cap, 269 ms at 2048 / 256, 224 ms at 1024 / 128; offline on the quick workload's 64
-# requests (medians of 2): 240, 240 and 228 output tok/s. 2048 / 256 keeps the
-# throughput and cuts the tail: a step carries at most 256 prompt tokens of each request,
-# so decoding requests wait for one long prompt's chunk less.
+# CPU: 2048 / 256 keeps the offline throughput of an uncapped 2048 and cuts the
+# inter-token latency tail under load: a step carries at most 256 prompt tokens of each
+# request, so decoding requests wait for one long prompt's chunk less.
 CONVERTS = ("auto", "none", "embed")  # vLLM's --convert values this engine runs
 STEP_DEFAULTS = {"cpu": (2048, 256), "cuda": (2048, 0)}
 

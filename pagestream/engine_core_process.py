@@ -111,9 +111,8 @@ class EngineCoreProcess:
         env = dict(os.environ, **{PARENT_PID_ENV: str(os.getpid())})
         # Its own process group: a Ctrl-C at the terminal reaches this process only, which
         # then stops the child in order (instead of racing its watcher with a restart). Not
-        # its own session: with the kernel's autogroups a session is a fairness group, and
-        # a run with one measured 0.83-0.88x the one-process throughput at 64 streams in
-        # two of three rounds (0.94-0.98x with a process group).
+        # its own session: with the kernel's autogroups a session is a fairness group, which
+        # costs the child throughput against the parent under many streams.
         self.process = subprocess.Popen(self.command(), env=env, process_group=0)
         # Stopped with this object, or at exit at the latest (a dropped engine).
         weakref.finalize(self, terminate, [self.process], 5.0)

@@ -1,20 +1,15 @@
 """Torch reference kernels for the paged KV cache; also the worker's CPU attention path.
 
 ``reshape_and_cache`` writes a step's new keys/values into their cache slots;
-``paged_attention`` attends a flattened varlen batch over the paged cache;
-``paged_attention_naive`` is a slow, obviously correct loop kept as the test oracle.
-Every paged-attention kernel of this package (its cpu and triton modules) has the same
-signature: the query, the cache, the step's AttentionMetadata, the scale, and the
-optional sliding window and soft cap.
+``paged_attention`` attends a flattened varlen batch over the paged cache (the signature of
+every paged-attention kernel here: query, cache, AttentionMetadata, scale, optional sliding
+window and soft cap); ``paged_attention_naive`` is the slow, obviously correct test oracle.
 
-One batch mixes decode rows (one query token), whole prompts and prefill chunks whose earlier
-context is already in the cache. Sequences are sorted by (query length, context length) and cut
-into groups of similar shape; each group gathers its keys and values through the block table
-into a padded buffer and runs one masked ``scaled_dot_product_attention``. Decode sequences
-never share a group with prefill ones, so they are never padded to a prompt's length.
-Grouped-query heads are folded into the query rows, so no key/value head is repeated.
-Measured against a per-sequence loop and single padded batches in benchmarks/attention_cpu.py
-(a tool since removed, at 6e60bd9).
+Sequences are sorted by (query length, context length) and cut into groups of similar
+shape; each group gathers its keys and values through the block table into a padded buffer
+and runs one masked SDPA. Decode rows never share a group with prefill ones, so they are
+never padded to a prompt's length; grouped-query heads fold into the query rows, so no
+key/value head is repeated.
 """
 
 from __future__ import annotations
@@ -28,8 +23,8 @@ import torch.nn.functional as F
 from pagestream_kernels.attention_metadata import AttentionMetadata
 
 # Padded key tokens (batch * longest context) per decode group: bounds padding waste and keeps
-# the gathered buffers small (~6 MiB per fp32 key buffer at 3 kv heads x 64). Measured 1.5-5x
-# faster than one padded batch of all decode rows and ~2x faster than a per-sequence loop.
+# the gathered buffers small (~6 MiB per fp32 key buffer at 3 kv heads x 64), which beats
+# both one padded batch of all decode rows and a per-sequence loop.
 DECODE_GROUP_TOKENS = 8192
 # Padded query x key pairs per prefill group: short prompts are batched, long chunks run alone.
 PREFILL_GROUP_AREA = 32768

@@ -1,23 +1,15 @@
-"""CPU kernels in C++, built on first use by torch's extension loader (gcc and ninja).
+"""The C++ CPU kernel extension (cpu/*.cpp), built on first use by torch's extension loader.
 
-`paged_attention` has the signature of `reference.paged_attention`: groups of decode rows
-(one query token per sequence: most rows of a busy server) run `paged_decode.cpp`, which
-reads each cached key and value once, straight through the block table; prefill groups keep
-the reference's masked SDPA. float32 and bfloat16 queries over float32 or bfloat16 caches
-(a bfloat16 query over a float32 cache, and other dtypes, take the reference path); the
-arithmetic is float32 either way. A pure decode step (one query row per sequence) is one
-kernel call with no planning. `reshape_and_cache` writes a step's keys and values in one
-pass (`cache_write.cpp`).
+`paged_attention` and `reshape_and_cache` have reference.py's signatures: decode groups run
+paged_decode.cpp (each cached key and value read once, through the block table), prefill
+groups the reference's masked SDPA, for float32 or bfloat16 queries over float32 or
+bfloat16 caches (a bfloat16 query over a float32 cache takes the reference path). The
+extension also holds the decoder's fused row ops (`fused_ops`), the linears, the native
+decode step (services/worker/native_step.py) and thread pinning.
 
-The same extension holds the fused elementwise steps of a decoder layer (`fused.cpp`,
-called through `pagestream_kernels.cpu.fused_ops`) and the intra-op thread pinning
-(`pin_threads.cpp`, called from services/worker/cpu_tuning.py).
-
-The build lands in $PAGESTREAM_CACHE/torch_extensions under a name keyed by the sources, the
-torch version and this CPU's instruction-set flags (it is compiled with -march=native), so a
-cache shared between machines never runs code built for another CPU. `unavailable_reason()`
-says why the kernel cannot be built here (no compiler, say); the "auto" attention backend
-then uses the torch path.
+The build is keyed by the sources, the torch version and this CPU's instruction-set flags
+(-march=native), so a shared $PAGESTREAM_CACHE never runs code built for another CPU.
+`unavailable_reason()` says why it cannot be built here; "auto" then uses the torch path.
 """
 
 from __future__ import annotations
@@ -169,7 +161,7 @@ def load():
             except Exception as exc:  # compiler, ninja, headers: any build failure
                 _state["error"] = f"{type(exc).__name__}: {str(exc).strip()[:500]}"
         if "error" in _state:
-            raise RuntimeError(f"the C++ CPU attention kernel cannot be built: {_state['error']}")
+            raise RuntimeError(f"the C++ CPU kernel extension cannot be built: {_state['error']}")
         return _state["module"]
 
 

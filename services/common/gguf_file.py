@@ -1,35 +1,15 @@
 """A GGUF file read through a memory map: its scalar metadata and its tensors' bytes.
 
-    gguf = GGUFFile(path)
-    gguf.architecture                    # "qwen2"
-    for tensor in gguf.tensors:          # in file order
-        raw = gguf.raw(tensor)           # uint8 [rows, bytes per row], a view of the map
-
 The header, metadata and tensor table are parsed with `struct` straight from the map; array
-values (the tokenizer's tokens and merges: hundreds of thousands of strings) are skipped,
-not decoded, so opening a file costs milliseconds whatever its vocabulary (gguf's own
-GGUFReader builds a numpy view per string: seconds for a 150k vocabulary). A tensor's
-bytes are never copied here: `raw` is a view of the map, so the pages are read from the
-page cache as the loader consumes them and a tensor-parallel rank touches only the rows it
-narrows to.
+values (the tokenizer's strings) are skipped, not decoded, so opening a file is cheap
+whatever its vocabulary. `raw(tensor)` is a view of the map, never a copy: pages are read
+as the loader consumes them and a tensor-parallel rank touches only the rows it narrows to.
 
 The file is untrusted: every count, length, dimension and offset its header states is
-checked against the bytes the file holds (and against llama.cpp's own rules, which a file
-llama.cpp writes meets) before anything is read or allocated from it, so a hostile file
-costs milliseconds and megabytes whatever it claims (about a second and tens of megabytes
-if it really holds entries up to the bounds below). What is refused, each with a
-`GGUFError` naming the file and the field: a file that is not GGUF, has an unknown
-version or is cut short; more metadata entries or tensors than the remaining bytes could
-hold (or than MAX_METADATA_KEYS / MAX_TENSORS); strings longer than the bytes left (keys
-over 65535 bytes, tensor names over 63); duplicate keys or tensor names; unknown value or
-tensor types; arrays nested deeper than MAX_ARRAY_DEPTH or holding more than
-MAX_ARRAY_ITEMS strings and arrays in all; tensors of 0 or more than 4 dimensions, a zero
-dimension, more than 2^63 - 1 elements, rows that are not whole blocks; a
-`general.alignment` that is not a non-zero power of two stored as uint32; and tensor data
-that does not start exactly where the previous tensor's ends, padded to the alignment
-(llama.cpp's rule: aligned, in order, never overlapping), or runs past the end of the file.
-Every other reader of a user's GGUF file in services/ (gguf's GGUFReader, transformers)
-runs only on a file this one has accepted.
+checked against the bytes the file holds and against llama.cpp's rules (aligned tensors,
+in order, never overlapping) before anything is read or allocated from it, and refused
+with a `GGUFError` naming the file and the field. Every other reader of a user's GGUF file
+in services/ runs only on a file this one has accepted.
 """
 
 from __future__ import annotations

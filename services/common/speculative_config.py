@@ -20,10 +20,7 @@ SPECULATIVE_METHODS = ("ngram", "draft_model")
 # vLLM's defaults when neither bound of the n-gram is given.
 DEFAULT_PROMPT_LOOKUP = 5
 # No proposals while the step runs at least this many sequences: past it a verification
-# step costs about what its accepted tokens gain. `pagestream bench speculative` on a
-# 2-core Zen 4 (SmolLM2-135M bfloat16, ngram k=4, greedy; docs/benchmarks.md): output tok/s
-# vs none 1.04-1.24x at batch 16 (TPOT 0.64-0.75x), 1.07x at batch 32, so proposals stop
-# at 32. The draft_model method paid at no batch size there (0.45-0.92x).
+# step costs about what its accepted tokens gain (`pagestream bench speculative`).
 DEFAULT_DISABLE_BY_BATCH_SIZE = 32
 
 

@@ -1,28 +1,16 @@
 """StructuredOutputManager: grammars for constrained requests, compiled here with llguidance.
 
-A request with `structured_outputs` gets a GrammarState at admission. Its grammar is
-compiled on a worker thread of its own (never the step thread), cached by sha256 of the
-normalised grammar: a new request with a known grammar copies the cached matcher. Until
-the grammar is ready the request waits in the queue while others run past it; past
-`compile_timeout_s` it fails with an error naming the limit. llguidance bounds each
-compile's work itself (grammar size, lexer fuel: a schema that blows up fails within
-milliseconds, "too large"), so no compile keeps a thread busy long after its timeout;
-the timeout covers the wait behind other compiles and the tokenizer. Each step fills one
-packed int32 bitmask row [ceil(vocab / 32)] per sampling row that has a grammar (the worker
-masks the logits with it before any other processing), and `accept` advances the
-sequence's matcher with the sampled token: a token the grammar rejects ends the request
-with an error; a grammar that allows nothing but EOS any more ends it with "stop". Every
-sequence has its own matcher (n > 1 copies the parent's at the fork), so a sequence's
-state survives preemption in both modes: its tokens are never rolled back.
+A grammar compiles on a worker thread (never the step thread), cached by the sha256 of the
+normalised grammar; its request waits in the queue while others run past it, and fails
+past `compile_timeout_s` (llguidance bounds each compile's work itself). Each step fills
+one packed int32 bitmask row [ceil(vocab / 32)] per sampling row with a grammar, and
+`accept` advances the sequence's matcher: a rejected token ends the request with an error,
+a grammar that allows only EOS ends it with "stop". Every sequence has its own matcher, so
+its state survives preemption (its tokens are never rolled back).
 
-Reasoning models: a sequence with ReasoningBounds also has a ReasoningPhase
-(reasoning_phase.py), which this manager consults. Until the phase answers there is no
-grammar mask, no grammar `accept`, no exhaustion check and no verified proposal; while a
-thinking budget forces the end marker, the sequence's row allows that one token (the same
-bitmask path, so it holds for every sampling setting).
-
-llguidance is torch-free, which is why this lives in the scheduler; its tokenizer view is
-built once, lazily, from the model's tokenizer.json.
+A reasoning sequence's grammar waits for its ReasoningPhase (reasoning_phase.py) to answer:
+until then no mask, no accept and no verified proposal; a forced end marker goes through the
+same bitmask. llguidance is torch-free, which is why this lives in the scheduler.
 """
 
 from __future__ import annotations

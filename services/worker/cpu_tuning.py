@@ -21,9 +21,8 @@ def tune_malloc() -> bool:
     """Keep freed memory in glibc's heap (mmap threshold 32 MiB, no trimming).
 
     The attention path allocates multi-MiB buffers every layer; by default glibc serves
-    them with fresh mmap pages each time, and the page faults cost up to 1.3x on the
-    grouped attention (benchmarks/attention_cpu.py, a tool since removed,
-    at 6e60bd9). Returns False where glibc is absent.
+    them with fresh mmap pages each time, and the page faults slow the grouped attention.
+    Returns False where glibc is absent.
     """
     if not sys.platform.startswith("linux"):
         return False

@@ -94,10 +94,9 @@ def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torc
 
 
 def cpu_auto_dtype() -> torch.dtype:
-    """bfloat16 on CPUs with native bf16 matmuls, as vLLM's CPU backend picks: measured on a
-    2-core Zen 4 (avx512_bf16), SmolLM2-135M, the quick benchmark's 64 requests: 326 vs
-    241 output tok/s (1.35x float32), with float32 residuals and norms (models/llama.py)
-    keeping greedy outputs close to float32's."""
+    """bfloat16 on CPUs with native bf16 matmuls (faster there, as vLLM's CPU backend picks),
+    else float32; float32 residuals and norms (models/llama.py) keep bfloat16's greedy
+    outputs close to float32's."""
     name = os.environ.get(CPU_DTYPE_ENV, "").strip()
     if name:
         if name not in _DTYPES:

@@ -108,7 +108,7 @@ class Sampler:
             for row in seeded_rows:
                 generator.manual_seed(seeded_key(md.seeds[row], md.output_positions[row]))
                 uniform[row].uniform_(generator=generator)
-        # Exp(1) by inversion, -log(1 - U) (on CPU 3x cheaper than exponential_). It can
+        # Exp(1) by inversion, -log(1 - U) (cheaper on CPU than exponential_). It can
         # be 0, which would turn a masked token's 0 / 0 into NaN: clamp to the tiniest float.
         noise = uniform.neg_().log1p_().neg_()  # [B, V]
         return noise.clamp_min_(torch.finfo(noise.dtype).tiny)

@@ -1,22 +1,14 @@
 """A mixture of gated experts: each token's top k of E gated MLPs, weighted by the router.
 
-    moe = FusedMoE(spec.layers[0], hidden_size=64)  # a LayerSpec with mlp == "moe"
-    y = moe(x)  # [num_tokens, hidden_size] -> [num_tokens, hidden_size]
+`route` keeps each token's top k of the router's softmax (float32), renormalised to sum to
+one where the family does (`norm_topk_prob`). Token slots are grouped by expert, so each
+expert runs once per step over exactly its rows, and the weighted outputs add back per
+token in float32; Qwen2-MoE adds a shared expert behind a sigmoid gate. On CUDA the stacked
+experts run through pagestream_kernels/triton/fused_moe.py's grouped GEMMs (`use_triton`).
 
-The router (`gate`, [E, H]) scores every expert; `route` keeps each token's top k of the
-softmax (in float32) and renormalises them to sum to one where the family does (Mixtral,
-Qwen3-MoE, OLMoE: `norm_topk_prob`). The token slots are then grouped by expert, so each
-expert's gate/up/down runs once per step over exactly its rows, and the weighted outputs are
-added back per token in float32. Qwen2-MoE adds a shared expert every token passes through,
-scaled by sigmoid(shared_expert_gate(x)).
-
-On CUDA (the triton attention backend) the experts' float weights are stacked once and run
-through pagestream_kernels/triton/fused_moe.py's two grouped GEMMs (`use_triton`).
-
-Under tensor parallelism every expert is split over its intermediate features like the dense
-MLP; with `expert_parallel` each rank holds whole experts instead (a contiguous block of
-E / tp_size), the shared expert still split. Either way the ranks' partial sums meet in one
-all-reduce at the end.
+Under tensor parallelism each expert splits over its intermediate features like the dense
+MLP, or with `expert_parallel` each rank holds a contiguous block of whole experts (the
+shared expert still split); either way the ranks' partial sums meet in one all-reduce.
 """
 
 from __future__ import annotations

@@ -5,12 +5,7 @@ call; `torch.ops.mkldnn._reorder_linear_weight` does that once and the packed te
 passed to `torch.ops.mkldnn._linear_pointwise` from then on (what torch.compile's CPU
 inductor does for frozen linears). `PackedWeight.of(weight)` packs a CPU float32 or
 bfloat16 weight where this torch has oneDNN, else is None. The packed path is the faster
-one at every row count (measured with benchmarks/linear_cpu.py, a tool since removed, at
-6e60bd9, on SmolLM2-135M's 30 layers, 2-core Zen 5 VM (avx512_bf16), torch 2.13, 2
-threads, ms per pass at 1 / 4 / 64 / 1024 rows: float32 packed 8.2 / 9.1 / 37 / 408, W @
-x^T 10.3 / 11.8 / 75 / 958, F.linear 24 / 37 / 96 / 960; bfloat16 packed 6.3 / 6.3 / 20 /
-211, F.linear 8.7 / 9.0 / 24 / 216), so a packed weight serves every input and its plain
-copy is freed.
+one at every row count, so a packed weight serves every input and its plain copy is freed.
 
 The torch path's linears hold it as their weight format (linear_weight.OneDNNWeight) and
 the LM head as its `packed` copy, made once the weights are loaded

@@ -1,25 +1,11 @@
 """A decoder model described once: what every layer is, whichever backend runs it.
 
-    spec = DecoderSpec.from_config(config, qkv_bias=True, o_bias=False)  # Qwen2
-    spec = DecoderSpec.from_config(config, qk_norm="head")  # Qwen3
-    spec.layers[3].sliding_window   # None, or the layer's attention window
-    spec = DecoderSpec.from_config(config, moe=True)  # Mixtral, Qwen2/3-MoE, OLMoE
-    spec.native_unsupported(range(0, 28), tp_size=1)  # None, or "layer 3: ..."
-
 A `DecoderSpec` holds the model-wide facts (vocabulary, hidden size, final norm, tied
-embeddings, rotary) and one `LayerSpec` per layer (attention heads and biases, window,
-norms and their placement, q/k norms, MLP kind, width and activation): the same description
-builds the torch modules (services/worker/models/llama.py, the reference path and every
-device's) and the native CPU step (services/worker/native_step.py, one C++ DecoderStack),
-and `native_unsupported` checks every layer of it against what the C++ stack runs, naming
-the first layer it cannot and why. A family is a description: Llama, Mistral and Qwen2
-differ only in their biases and windows, Qwen3 adds a norm over each head's queries and
-keys; a family with new parts (other norm placements, a mixture of experts) adds its
-fields here and its op to each backend, and until then the capability check sends it to
-the torch path by name. A mixture-of-experts layer ("moe") routes each token to
-`experts_per_token` of `num_experts` gated MLPs of `intermediate_size` each (softmax over
-the router's logits, the top k, renormalised to sum to one where the family does), plus a
-shared expert behind a sigmoid gate where `shared_expert_size` is set (Qwen2-MoE).
+embeddings, rotary) and one `LayerSpec` per layer (attention, window, norms, MLP or mixture
+of experts). The same description builds the torch modules (models/llama.py) and the native
+CPU step (native_step.py); `native_unsupported` names the first layer the C++ stack cannot
+run, and why, which sends the model to the torch path. A family is a description: new parts
+add their fields here and their op to each backend.
 
 Sizes are the whole model's (heads, intermediate); a tensor-parallel rank's share is
 computed where the modules are built.

@@ -48,7 +48,7 @@ def bidirectional_attention(
     out = torch.empty_like(q)
     for i, (begin, end) in enumerate(itertools.pairwise(starts)):
         # [1, H, n, D]: with a batch dimension the CPU runs its fused flash-attention
-        # kernel (3-D inputs take the unfused math path, ~2x slower)
+        # kernel (3-D inputs take the slower unfused math path)
         qs, ks, vs = (t[begin:end].transpose(0, 1)[None] for t in (q, k, v))
         bias = None if biases is None or biases[i] is None else biases[i][None]
         attended = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=bias, scale=scale)
