@@ -16,10 +16,9 @@ import struct
 from services.common.proto.pagestream.v1 import generation_pb2
 from services.common.reasoning_bounds import ReasoningBounds
 from services.common.sampling_defaults import sampling_params_with_defaults
-from services.common.sampling_params import SamplingParams
+from services.common.sampling_params import INT32_MAX, SamplingParams
 from services.common.structured_outputs import StructuredOutputsParams
 
-INT32_MAX = 2**31 - 1
 _DEFAULTS = SamplingParams()
 _INT_FIELDS = (
     "n",

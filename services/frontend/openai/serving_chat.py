@@ -117,7 +117,8 @@ class ChatTracker:
         updates = []
         for o in output.outputs:
             choice = self.choices[o.index]
-            choice.content += o.text
+            if choice.reply is None:  # else the parser keeps the split text
+                choice.content += o.text
             choice.num_tokens += len(o.token_ids)
             logprobs = None
             if self.num_logprobs is not None:

@@ -5,6 +5,7 @@ thinking budget ends the thinking)."""
 
 from __future__ import annotations
 
+from services.common.reasoning_bounds import ReasoningMode
 from services.common.sampling_params import SamplingParams
 from services.frontend.reasoning.base import ReasoningParser
 
@@ -26,4 +27,13 @@ def bound_reasoning(
     if parser.marks_are_special(tokenizer):
         params.skip_special_tokens = False
     if params.thinking_token_budget is not None or params.structured_outputs is not None:
-        params.reasoning = parser.bounds(tokenizer, prompt_text)
+        params.reasoning = bounds = parser.bounds(tokenizer, prompt_text)
+        if (
+            params.thinking_token_budget is not None
+            and bounds.mode == ReasoningMode.OPTIONAL
+            and len(bounds.start_token_ids) != 1
+        ):  # the engine sees the model open the thinking only as one token
+            raise ValueError(
+                f"thinking_token_budget needs the model's {parser.start!r} to be one token "
+                "of its vocabulary; this tokenizer splits it."
+            )
