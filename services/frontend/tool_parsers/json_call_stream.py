@@ -25,6 +25,7 @@ from services.frontend.tool_parsers.base import (
     ToolCallStream,
     tool_call_id,
 )
+from services.frontend.tool_parsers.blank_prefix import BlankPrefix
 from services.frontend.tool_parsers.json_scanner import JsonError, JsonScanner
 
 __all__ = ["JsonCallStream", "held_marker_suffix"]
@@ -57,6 +58,7 @@ class JsonCallStream(ToolCallStream):
         self.pos = 0  # where scanning resumes
         self.mode = "content"  # content | call | between | raw | done
         self.content_sent = 0
+        self.blank = BlankPrefix()
         self.call: _Call | None = None
         self._num_calls = 0
 
@@ -139,7 +141,7 @@ class JsonCallStream(ToolCallStream):
         """Send text[content_sent:end] unless all content so far is whitespace."""
         if end <= self.content_sent:
             return
-        if not force and not self.text[:end].strip():
+        if not force and not self.blank.has_text(self.text, end):
             return
         out.content += self.text[self.content_sent : end]
         self.content_sent = end

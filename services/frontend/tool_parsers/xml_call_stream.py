@@ -37,6 +37,7 @@ from services.frontend.tool_parsers.base import (
     ToolCallStream,
     tool_call_id,
 )
+from services.frontend.tool_parsers.blank_prefix import BlankPrefix
 from services.frontend.tool_parsers.json_call_stream import held_marker_suffix
 
 CALL_START, CALL_END = "<tool_call>", "</tool_call>"
@@ -59,6 +60,9 @@ class _Call:
         self.streamed = False  # its value is sent as it arrives (a string)
         self.value_start = 0
         self.value_sent = 0  # for a streamed value: text index sent up to
+        # where the search for the value's `</parameter>` resumes: text before it holds no
+        # whole tag, so each character is searched about once however many tokens come
+        self.end_search = 0
         self.newline_read = False  # the newline that may follow <parameter=KEY>
 
 
@@ -70,6 +74,7 @@ class XmlCallStream(ToolCallStream):
         self.pos = 0
         self.mode = "content"  # content | open | params | value | between | raw | done
         self.content_sent = 0
+        self.blank = BlankPrefix()
         self.call: _Call | None = None
         self._num_calls = 0
 
@@ -131,7 +136,7 @@ class XmlCallStream(ToolCallStream):
 
     def _content(self, out: ParsedDelta, end: int, force: bool = False) -> None:
         """Send text[content_sent:end] unless all content so far is whitespace."""
-        if end <= self.content_sent or (not force and not self.text[:end].strip()):
+        if end <= self.content_sent or (not force and not self.blank.has_text(self.text, end)):
             return
         out.content += self.text[self.content_sent : end]
         self.content_sent = end
@@ -205,7 +210,7 @@ class XmlCallStream(ToolCallStream):
             return
         value_types = parameter_schema.types(call.properties.get(key, {}), call.parameters)
         call.key, call.streamed = key, value_types == ["string"]
-        call.value_start = call.value_sent = self.pos
+        call.value_start = call.value_sent = call.end_search = self.pos
         call.newline_read = False
         self.mode = "value"
 
@@ -215,9 +220,9 @@ class XmlCallStream(ToolCallStream):
             if self.pos == len(self.text) and not final:
                 return
             if self.text.startswith("\n", self.pos):  # the format's, after the opening tag
-                call.value_start = call.value_sent = self.pos = self.pos + 1
+                call.value_start = call.value_sent = call.end_search = self.pos = self.pos + 1
             call.newline_read = True
-        end = self.text.find(PARAMETER_END, call.value_start)
+        end = self._value_end(call)
         if end < 0:
             if call.streamed and not final:
                 held = max(
@@ -239,6 +244,13 @@ class XmlCallStream(ToolCallStream):
             self._arguments(out, typed_value.to_json(value, value_types))
         call.num_params += 1
         call.key, self.pos, self.mode = None, end + len(PARAMETER_END), "params"
+
+    def _value_end(self, call: _Call) -> int:
+        """Index of the value's `</parameter>`, or -1 while it has not come."""
+        end = self.text.find(PARAMETER_END, call.end_search)
+        if end < 0:
+            call.end_search = max(call.end_search, len(self.text) - len(PARAMETER_END) + 1)
+        return end
 
     def _send_string(self, out: ParsedDelta, end: int, closed: bool) -> None:
         call = self.call
