@@ -334,6 +334,21 @@ async def test_count_tokens_equals_tokenize(server):
     assert with_tools.input_tokens > count.input_tokens  # the tools are in the prompt
 
 
+async def test_count_tokens_of_a_conversation_longer_than_the_context(server):
+    """Counting generates nothing: a conversation past max_model_len is counted (the client
+    learns it must compact), while creating a message from it is refused."""
+    max_model_len = server.engine.frontend.info.max_model_len
+    long_messages = [{"role": "user", "content": "word " * max_model_len}]
+    client = _client(server)
+    count = await client.messages.count_tokens(model=MODEL, messages=long_messages)
+    async with server.raw() as raw:
+        response = await raw.post("/tokenize", json={"model": MODEL, "messages": long_messages})
+    assert count.input_tokens == response.json()["count"] > max_model_len
+    with pytest.raises(anthropic.BadRequestError) as info:
+        await client.messages.create(messages=long_messages, **GREEDY)
+    _check_error(info, anthropic.BadRequestError, "invalid_request_error", "context length")
+
+
 async def test_stop_sequences_and_max_tokens(server):
     client = _client(server)
     free = await client.messages.create(messages=MESSAGES, **{**GREEDY, "max_tokens": 16})

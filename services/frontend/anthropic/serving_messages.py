@@ -4,7 +4,8 @@ A Messages body is converted once into the internal chat request (chat_request.p
 runs exactly as a chat completion does: OpenAIServingChat's model check, limits, tool plan
 and build_job (chat template, prompt, SamplingParams), and ServingBase.run_job (admission,
 the SSE response, aborting the request when the client goes away). Only the rendering is
-this API's: MessageTracker and message_events.
+this API's: MessageTracker and message_events. count_tokens renders the chat template and
+tokenizes, as /tokenize does.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from services.frontend.anthropic.chat_request import to_chat_request
 from services.frontend.anthropic.message_stream import message_events
 from services.frontend.anthropic.message_tracker import MessageTracker
 from services.frontend.anthropic.messages_request import CountTokensRequest, MessagesRequest
+from services.frontend.openai.chat_rendering import render_chat
 from services.frontend.openai.exceptions import InvalidRequestError
 from services.frontend.openai.protocol import ChatCompletionRequest
-from services.frontend.openai.serving_chat import OpenAIServingChat
+from services.frontend.openai.serving_chat import OpenAIServingChat, message_text
 from services.frontend.openai.tool_choice import plan_tools
 
 __all__ = ["AnthropicServingMessages"]
@@ -57,18 +59,34 @@ class AnthropicServingMessages:
 
     async def count_tokens(self, request: CountTokensRequest) -> dict:
         """The prompt's token count: the same conversion and chat template (tools included),
-        nothing generated. tool_choice and the thinking budget shape the output only, so
-        they are left out (no grammar is built, no reasoning parser needed)."""
+        rendered and tokenized only. Nothing is generated, so the context length does not
+        bound it (a client counts to learn whether its conversation still fits) and no
+        engine request, SamplingParams or metrics come of it; the frontend's limits on the
+        messages and on the rendered prompt's size still bound the work. tool_choice and
+        the thinking budget shape the output only, so they are left out (no grammar is
+        built, no reasoning parser needed)."""
         chat = self.chat
-        model = chat.check_model(request.model)
+        chat.check_model(request.model)
         chat_request = to_chat_request(request)
         chat.limits.check_tools(chat_request.tools)
-        prompt_only = chat_request.model_copy(
-            update={"tool_choice": "none", "thinking_token_budget": None}
+        chat.limits.check_messages([message_text(m) for m in chat_request.messages])
+        plan = plan_tools(
+            chat_request.model_copy(update={"tool_choice": "none"}), chat.tool_options
         )
-        plan = plan_tools(prompt_only, chat.tool_options)
-        job = await chat.build_job(prompt_only, model, plan, message_id())
-        return {"input_tokens": len(job.prompts[0].token_ids)}
+        text = await render_chat(
+            chat.frontend,
+            chat_request.messages,
+            chat_request.add_generation_prompt,
+            chat_request.chat_template,
+            chat.tool_options.chat_template,
+            plan.template_tools,
+            template_kwargs=chat_request.chat_template_kwargs,
+        )
+        chat.limits.check_prompt_text(text, "messages")
+        token_ids = chat.frontend.tokenizer.encode(
+            text, add_special_tokens=chat_request.add_special_tokens
+        )
+        return {"input_tokens": len(token_ids)}
 
     def _check_auto_choice(self, request: ChatCompletionRequest) -> None:
         """tool_choice auto (the default with tools) needs the server's tool-call parser;
