@@ -4,9 +4,10 @@ also what the shipped tool-aware ChatML template teaches)."""
 
 from __future__ import annotations
 
+from services.frontend.marker_hold import held_marker_suffix
 from services.frontend.tool_parsers.base import ToolCallStream, ToolParser
 from services.frontend.tool_parsers.grammar import lark_string, tool_rules
-from services.frontend.tool_parsers.json_call_stream import JsonCallStream, held_marker_suffix
+from services.frontend.tool_parsers.json_call_stream import JsonCallStream
 
 START, END = "<tool_call>", "</tool_call>"
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 
-from services.frontend.marker_hold import held_marker_suffix
 from services.frontend.tool_parsers.base import (
     ParsedDelta,
     ToolCallDelta,
@@ -27,8 +26,6 @@ from services.frontend.tool_parsers.base import (
 )
 from services.frontend.tool_parsers.blank_prefix import BlankPrefix
 from services.frontend.tool_parsers.json_scanner import JsonError, JsonScanner
-
-__all__ = ["JsonCallStream", "held_marker_suffix"]
 
 
 class _Call:

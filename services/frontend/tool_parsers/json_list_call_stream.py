@@ -5,13 +5,9 @@ dropped, as text between hermes' blocks is (json_call_stream.py)."""
 
 from __future__ import annotations
 
-from services.frontend.tool_parsers.json_call_stream import JsonCallStream, held_marker_suffix
-
-
-def skip_space(text: str, index: int) -> int:
-    while index < len(text) and text[index].isspace():
-        index += 1
-    return index
+from services.frontend.marker_hold import held_marker_suffix
+from services.frontend.tool_parsers.json_call_stream import JsonCallStream
+from services.frontend.tool_parsers.markup import skip_space
 
 
 class JsonListCallStream(JsonCallStream):

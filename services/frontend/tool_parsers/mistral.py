@@ -19,10 +19,10 @@ import string
 
 from services.frontend.tool_parsers.base import ToolCallStream, ToolParser
 from services.frontend.tool_parsers.grammar import arguments_schema, lark_string, tool_rules
-from services.frontend.tool_parsers.json_list_call_stream import JsonListCallStream, skip_space
+from services.frontend.tool_parsers.json_list_call_stream import JsonListCallStream
+from services.frontend.tool_parsers.markup import MAX_NAME_CHARS, skip_space
 
 TOOL_CALLS, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
-MAX_NAME_CHARS = 256  # a longer "name" is not a function name: the text stays content
 _NAME = re.compile(r"[A-Za-z0-9_.\-]*")
 _ID = re.compile(r"[A-Za-z0-9]*")
 _ALPHANUMERIC = string.ascii_letters + string.digits

@@ -24,6 +24,7 @@ import json
 from services.common.structured_outputs import BOUNDED_JSON_WHITESPACE
 from services.frontend.tool_parsers import parameter_schema
 from services.frontend.tool_parsers.grammar import lark_string
+from services.frontend.tool_parsers.markup import MAX_NAME_CHARS
 
 _WHITESPACE = {"whitespace_flexible": True, "whitespace_pattern": BOUNDED_JSON_WHITESPACE}
 _STRING_LIMITS = ("pattern", "format", "minLength", "maxLength")
@@ -33,7 +34,7 @@ _STRING_LIMITS = ("pattern", "format", "minLength", "maxLength")
 _XML_TERMINALS = [
     'XML_VALUE: XML_TEXT "\\n</parameter>\\n"',
     r"XML_TEXT: /(?s:.*)/ & ~/(?s:.*)\n<\/parameter>(?s:.*)/",
-    r"PARAMETER_NAME: /[^<>\n]{1,256}/",
+    rf"PARAMETER_NAME: /[^<>\n]{{1,{MAX_NAME_CHARS}}}/",
 ]
 
 
@@ -103,7 +104,7 @@ def pythonic_call_grammar(tools: list[dict], parallel: bool) -> str:
     alternatives = " | ".join(f"fn_{t}" for t in range(len(tools)))
     calls = 'call (", " call)*' if parallel else "call"
     lines = [f'start: "[" {calls} "]"', f"call: {alternatives}", *rules]
-    lines.append("KEYWORD: /[A-Za-z_][A-Za-z0-9_]{0,255}/")
+    lines.append(f"KEYWORD: /[A-Za-z_][A-Za-z0-9_]{{0,{MAX_NAME_CHARS - 1}}}/")
     return "\n".join(lines) + "\n"
 
 

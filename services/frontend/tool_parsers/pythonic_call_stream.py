@@ -29,9 +29,9 @@ from services.frontend.tool_parsers.base import (
     ToolCallStream,
     tool_call_id,
 )
+from services.frontend.tool_parsers.markup import MAX_NAME_CHARS, skip_space
 
 PYTHON_START = "<|python_start|>"
-MAX_NAME_CHARS = 256  # function and keyword names
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 _KEYWORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _OPENERS, _CLOSERS = "([{", ")]}"
@@ -142,10 +142,10 @@ class PythonicCallStream(ToolCallStream):
             raise _Malformed
 
     def _step_name(self, out: ParsedDelta, final: bool) -> None:
-        index = self._skip_space()
+        index = skip_space(self.text, self.pos)
         found = _NAME.match(self.text, index)
         name = found.group() if found else ""
-        after = self._skip_space(index + len(name))
+        after = skip_space(self.text, index + len(name))
         if len(name) > MAX_NAME_CHARS:
             raise _Malformed
         if after == len(self.text) and not final:
@@ -156,14 +156,14 @@ class PythonicCallStream(ToolCallStream):
         self.pos, self.mode = after + 1, "keyword"
 
     def _step_keyword(self, out: ParsedDelta, final: bool) -> None:
-        index = self._skip_space()
+        index = skip_space(self.text, self.pos)
         if self.text.startswith(")", index):
             self.pos = index + 1
             self._end_call(out)
             return
         found = _KEYWORD.match(self.text, index)
         keyword = found.group() if found else ""
-        after = self._skip_space(index + len(keyword))
+        after = skip_space(self.text, index + len(keyword))
         if len(keyword) > MAX_NAME_CHARS:
             raise _Malformed
         if after == len(self.text) and not final:
@@ -191,7 +191,7 @@ class PythonicCallStream(ToolCallStream):
         self.pos, self.mode = end, "after_value"
 
     def _step_after_value(self, out: ParsedDelta, final: bool) -> None:
-        index = self._skip_space()
+        index = skip_space(self.text, self.pos)
         if index == len(self.text):
             if final:
                 raise _Malformed
@@ -205,7 +205,7 @@ class PythonicCallStream(ToolCallStream):
             raise _Malformed
 
     def _step_between(self, out: ParsedDelta, final: bool) -> None:
-        index = self._skip_space()
+        index = skip_space(self.text, self.pos)
         if index == len(self.text):
             return
         if self.text[index] == "," and (self.max_calls is None or self._num_calls < self.max_calls):
@@ -232,9 +232,3 @@ class PythonicCallStream(ToolCallStream):
         self._announce(out)
         out.tool_calls.append(ToolCallDelta(self.index, arguments="{}" if first else "}"))
         self.announced, self.mode = False, "between"
-
-    def _skip_space(self, index: int | None = None) -> int:
-        index = self.pos if index is None else index
-        while index < len(self.text) and self.text[index].isspace():
-            index += 1
-        return index

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
+from services.frontend.marker_hold import held_marker_suffix
 from services.frontend.tool_parsers import parameter_schema, typed_value
 from services.frontend.tool_parsers.base import (
     ParsedDelta,
@@ -38,12 +39,11 @@ from services.frontend.tool_parsers.base import (
     tool_call_id,
 )
 from services.frontend.tool_parsers.blank_prefix import BlankPrefix
-from services.frontend.tool_parsers.json_call_stream import held_marker_suffix
+from services.frontend.tool_parsers.markup import MAX_NAME_CHARS, skip_space
 
 CALL_START, CALL_END = "<tool_call>", "</tool_call>"
 FUNCTION_START, FUNCTION_END = "<function=", "</function>"
 PARAMETER_START, PARAMETER_END = "<parameter=", "</parameter>"
-MAX_NAME_CHARS = 256  # function and parameter names; a longer one is malformed markup
 
 
 class _Malformed(Exception):
@@ -152,7 +152,7 @@ class XmlCallStream(ToolCallStream):
     def _tag(self, prefix: str, final: bool) -> str | None:
         """After optional whitespace, `prefix` NAME `>`: NAME (self.pos moves past it), None
         while it may still come; _Malformed when it cannot."""
-        index = self._skip_space()
+        index = skip_space(self.text, self.pos)
         rest = self.text[index : index + len(prefix)]
         if not rest.startswith(prefix):
             if final or not prefix.startswith(rest):
@@ -173,18 +173,12 @@ class XmlCallStream(ToolCallStream):
     def _closing(self, tag: str, final: bool) -> bool | None:
         """After optional whitespace, `tag`: True (self.pos moves past it), None while it may
         still come, False when something else is there."""
-        index = self._skip_space()
+        index = skip_space(self.text, self.pos)
         rest = self.text[index : index + len(tag)]
         if rest == tag:
             self.pos = index + len(tag)
             return True
         return None if not final and tag.startswith(rest) else False
-
-    def _skip_space(self) -> int:
-        index = self.pos
-        while index < len(self.text) and self.text[index].isspace():
-            index += 1
-        return index
 
     # ---- inside a call -----------------------------------------------------------------
     def _scan_open(self, out: ParsedDelta, final: bool) -> None:
