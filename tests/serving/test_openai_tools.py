@@ -215,7 +215,7 @@ async def test_auto_without_the_flags_is_400(long_model):
             assert response.status_code == 200
 
 
-def test_the_parser_is_detected_from_the_template_tool_requests_render_with():
+async def test_the_parser_is_detected_from_the_template_tool_requests_render_with():
     """A template that ignores `tools` (Phi-4-mini's reads message['tools']) is replaced by
     the shipped ChatML for tool requests, which teaches hermes: that is the format to parse,
     whatever the model's own template mentions."""
