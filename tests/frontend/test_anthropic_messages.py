@@ -104,9 +104,67 @@ def test_a_tool_round_trip_becomes_chat_messages():
 
 def test_an_assistant_turn_of_calls_only_has_no_content():
     call = {"type": "tool_use", "id": "t", "name": "get_time", "input": {}}
-    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": [call]}]
+    messages = [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": [call]},
+        {"role": "user", "content": [RESULT]},
+    ]
     assistant = to_chat_request(_request(messages=messages)).messages[1]
     assert assistant.content is None and assistant.tool_calls[0].function.arguments == "{}"
+
+
+def _text(text: str) -> dict:
+    return {"type": "text", "text": text}
+
+
+def test_consecutive_same_role_messages_become_one():
+    call = {"type": "tool_use", "id": "t1", "name": "get_time", "input": {}}
+    messages = [
+        {"role": "user", "content": "one"},
+        {"role": "user", "content": [{"type": "text", "text": "two"}]},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "a", "signature": ""}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "b"}, call]},
+        {
+            "role": "user",
+            "content": [{**RESULT, "tool_use_id": "t1"}, {"type": "text", "text": "x"}],
+        },
+        {"role": "user", "content": "y"},
+    ]
+    dumped = [
+        m.model_dump(exclude_none=True)
+        for m in to_chat_request(_request(messages=messages)).messages
+    ]
+    assert dumped == [
+        {"role": "user", "content": [_text("one"), _text("\n\n"), _text("two")]},
+        {
+            "role": "assistant",
+            "content": [_text("b")],
+            "tool_calls": [
+                {
+                    "id": "t1",
+                    "type": "function",
+                    "function": {"name": "get_time", "arguments": "{}"},
+                }
+            ],
+            "reasoning_content": "a",
+        },
+        {"role": "tool", "content": "r", "tool_call_id": "t1"},  # results first, then the text
+        {"role": "user", "content": [_text("x"), _text("\n\n"), _text("y")]},
+    ]
+    results = [{"role": "user", "content": [{**RESULT, "tool_use_id": i}]} for i in ("a", "b")]
+    tools_only = to_chat_request(_request(messages=results)).messages
+    assert [(m.role, m.tool_call_id) for m in tools_only] == [("tool", "a"), ("tool", "b")]
+
+
+def test_a_final_assistant_message_is_refused_as_a_prefill():
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "{"}]
+    with pytest.raises(InvalidRequestError) as info:
+        to_chat_request(_request(messages=messages))
+    assert "messages[1]" in str(info.value) and "prefilling" in str(info.value)
+    counted = to_chat_request(
+        CountTokensRequest.model_validate({"model": "m", "messages": messages})
+    )
+    assert counted.messages[-1].role == "assistant"  # counting renders it as it is
 
 
 def test_sampling_tools_and_choices_map_to_the_chat_fields():

@@ -320,6 +320,50 @@ async def test_mistral_call_ids_come_back_through_its_template(tmp_path):
         _check_error(info, anthropic.BadRequestError, "invalid_request_error", "length 9")
 
 
+# Llama 2's and Mistral's templates refuse a conversation whose turns do not alternate.
+ALTERNATING_TEMPLATE = """
+{%- for message in messages -%}
+{%- if (message.role == "user") != loop.index0 is even -%}
+{{- raise_exception("Conversation roles must alternate user/assistant/user/assistant") -}}
+{%- endif -%}
+[{{ message.role }}]{{ message.content }}
+{%- endfor -%}
+"""
+
+
+async def test_consecutive_user_turns_are_one_turn_and_prefill_is_refused(tmp_path):
+    folder = build_scripted_model(tmp_path, {None: ["Sure."]}, chat_template=ALTERNATING_TEMPLATE)
+    async with running_server(folder) as served:
+        client = _client(served)
+        messages = [
+            {"role": "user", "content": "one"},
+            {"role": "user", "content": [{"type": "text", "text": "two"}]},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "three"},
+        ]
+        message = await client.messages.create(messages=messages, **GREEDY)
+        assert [b.text for b in message.content] == ["Sure."]
+        count = await client.messages.count_tokens(model=MODEL, messages=messages)
+        merged = [
+            {"role": "user", "content": "one\n\ntwo"},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "three"},
+        ]
+        async with served.raw() as raw:
+            response = await raw.post("/tokenize", json={"model": MODEL, "messages": merged})
+        assert count.input_tokens == response.json()["count"]
+        assert (
+            message.usage.input_tokens + message.usage.cache_read_input_tokens == count.input_tokens
+        )
+        with pytest.raises(anthropic.BadRequestError) as info:
+            await client.messages.create(
+                messages=[*messages, {"role": "assistant", "content": "{"}], **GREEDY
+            )
+        _check_error(
+            info, anthropic.BadRequestError, "invalid_request_error", "messages[4]", "prefilling"
+        )
+
+
 async def test_count_tokens_equals_tokenize(server):
     count = await _client(server).messages.count_tokens(
         model=MODEL, system=SYSTEM, messages=MESSAGES

@@ -17,6 +17,13 @@ What maps to what:
 - ids pass through unchanged (tool_use id -> tool call id, tool_use_id -> tool_call_id):
   this server's tool_use ids are its tool parser's, in the form the model's template wants
   (mistral's 9 alphanumerics); an id from elsewhere reaches the template as it is.
+- consecutive user messages (or assistant ones) -> one message, their texts joined by a
+  blank line ("\n\n"), its calls and thinking in order: Anthropic allows them, while many
+  chat templates insist on alternating user and assistant turns. Tool messages stay as
+  they are, so a user message of [tool_result, text] is the tool message and then a user
+  message (what OpenAI-shaped templates expect after a call).
+- a final assistant message (a prefill, for the model to continue) is refused (400): the
+  chat path renders a new assistant turn and cannot continue one.
 - tools -> functions with input_schema as parameters; tool_choice auto / any / tool / none
   -> "auto" / "required" / the named function / "none"; disable_parallel_tool_use ->
   parallel_tool_calls false.
@@ -58,6 +65,7 @@ from services.frontend.openai.protocol import ChatCompletionRequest
 __all__ = ["to_chat_request"]
 
 CUSTOM_TOOL_TYPES = (None, "custom")
+BETWEEN_MESSAGES = "\n\n"  # joins the texts of consecutive same-role messages
 
 
 def to_chat_request(request: MessagesRequest | CountTokensRequest) -> ChatCompletionRequest:
@@ -71,6 +79,7 @@ def to_chat_request(request: MessagesRequest | CountTokensRequest) -> ChatComple
         **_thinking(request),
     }
     if isinstance(request, MessagesRequest):
+        _refuse_prefill(request.messages)
         fields |= {
             "max_tokens": request.max_tokens,
             "stop": request.stop_sequences,
@@ -94,12 +103,50 @@ def _conversation(messages: list[InputMessage]) -> list[ChatMessage]:
     out: list[ChatMessage] = []
     for i, message in enumerate(messages):
         if isinstance(message.content, str):
-            out.append(ChatMessage(role=message.role, content=message.content))
+            turn = [ChatMessage(role=message.role, content=message.content)]
         elif message.role == "user":
-            out += _user_turn(message.content, f"messages[{i}]")
+            turn = _user_turn(message.content, f"messages[{i}]")
         else:
-            out.append(_assistant_turn(message.content, f"messages[{i}]"))
+            turn = [_assistant_turn(message.content, f"messages[{i}]")]
+        for chat_message in turn:
+            if out and out[-1].role == chat_message.role != "tool":
+                out[-1] = _merged(out[-1], chat_message)
+            else:
+                out.append(chat_message)
     return out
+
+
+def _merged(first: ChatMessage, second: ChatMessage) -> ChatMessage:
+    """Two consecutive user (or assistant) messages as one: texts joined by a blank line,
+    then the calls and the thinking of both, in order."""
+    before, after = _parts(first), _parts(second)
+    between = [_part(BETWEEN_MESSAGES)] if before and after else []
+    parts = before + between + after
+    calls = (first.tool_calls or []) + (second.tool_calls or [])
+    thinking = [t for t in (first.reasoning_content, second.reasoning_content) if t is not None]
+    return ChatMessage(
+        role=first.role,
+        content=parts if parts or not calls else None,
+        tool_calls=calls or None,
+        reasoning_content=BETWEEN_MESSAGES.join(thinking) if thinking else None,
+    )
+
+
+def _parts(message: ChatMessage) -> list[ContentPart]:
+    if message.content is None:
+        return []
+    if isinstance(message.content, str):
+        return [_part(message.content)]
+    return list(message.content)
+
+
+def _refuse_prefill(messages: list[InputMessage]) -> None:
+    if messages and messages[-1].role == "assistant":
+        raise InvalidRequestError(
+            f"messages[{len(messages) - 1}]: prefilling the assistant turn (a final assistant "
+            "message for the model to continue) is not supported; end with a user message.",
+            "messages",
+        )
 
 
 def _user_turn(blocks: list, where: str) -> list[ChatMessage]:
