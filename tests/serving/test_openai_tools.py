@@ -221,8 +221,7 @@ async def test_the_parser_is_detected_from_the_template_tool_requests_render_wit
     whatever the model's own template mentions."""
     tokenizer = build_tokenizer()
     tokenizer.chat_template = (
-        "{% for m in messages %}{{ m['content'] }}{% if m.tools %}functools[{% endif %}"
-        "{% endfor %}"
+        "{% for m in messages %}{{ m['content'] }}{% if m.tools %}functools[{% endif %}{% endfor %}"
     )
     assert _tools_template(tokenizer, ToolServerOptions()) == shipped_template()
     detected = ToolServerOptions(enable_auto_tool_choice=True).for_template(
