@@ -77,18 +77,32 @@ def assemble(deltas: list[ParsedDelta]) -> ExtractedToolCalls:
 
 
 class ToolCallStream(ABC):
-    """One choice's parser state: feed text deltas, get content and tool-call deltas."""
+    """One choice's parser state: feed text deltas, get content and tool-call deltas. The
+    reply so far is `text`; a format's `_advance` reads as much of it as it can settle."""
+
+    def __init__(self, max_calls: int | None = None) -> None:
+        self.max_calls = max_calls
+        self.text = ""
+        self.pos = 0  # where reading resumes
+        self._num_calls = 0
+
+    def feed(self, text: str) -> ParsedDelta:
+        self.text += text
+        out = ParsedDelta()
+        self._advance(out, final=False)
+        return out
 
     @abstractmethod
-    def feed(self, text: str) -> ParsedDelta: ...
+    def _advance(self, out: ParsedDelta, final: bool) -> None:
+        """Read what the text so far settles into `out` (`final`: no more text comes)."""
 
     @abstractmethod
     def finish(self) -> ParsedDelta:
         """The model stopped: flush whatever was held back."""
 
     @property
-    @abstractmethod
-    def num_calls(self) -> int: ...
+    def num_calls(self) -> int:
+        return self._num_calls
 
 
 class ToolParser(ABC):

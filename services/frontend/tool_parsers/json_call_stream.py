@@ -50,18 +50,11 @@ class JsonCallStream(ToolCallStream):
     start_marker: str | None = None
 
     def __init__(self, max_calls: int | None = None) -> None:
-        self.max_calls = max_calls
-        self.text = ""
-        self.pos = 0  # where scanning resumes
+        super().__init__(max_calls)
         self.mode = "content"  # content | call | between | raw | done
         self.content_sent = 0
         self.blank = BlankPrefix()
         self.call: _Call | None = None
-        self._num_calls = 0
-
-    @property
-    def num_calls(self) -> int:
-        return self._num_calls
 
     # ---- where calls start (per format) ----------------------------------------------------
     def find_first_call(self, final: bool) -> tuple | int:
@@ -87,10 +80,7 @@ class JsonCallStream(ToolCallStream):
             self.text += text
             self.content_sent = self.pos = len(self.text)
             return ParsedDelta(content=text)
-        self.text += text
-        out = ParsedDelta()
-        self._advance(out, final=False)
-        return out
+        return super().feed(text)
 
     def finish(self) -> ParsedDelta:
         out = ParsedDelta()

@@ -84,9 +84,7 @@ class _Value:
 
 class PythonicCallStream(ToolCallStream):
     def __init__(self, max_calls: int | None = None) -> None:
-        self.max_calls = max_calls
-        self.text = ""
-        self.pos = 0
+        super().__init__(max_calls)
         self.mode = "start"  # start | name | keyword | value | after_value | between | raw | done
         self.name: str | None = None  # the call being read
         self.index = 0  # its index
@@ -94,17 +92,6 @@ class PythonicCallStream(ToolCallStream):
         self.keys = 0  # keywords written in it
         self.keyword = ""
         self.value: _Value | None = None
-        self._num_calls = 0
-
-    @property
-    def num_calls(self) -> int:
-        return self._num_calls
-
-    def feed(self, text: str) -> ParsedDelta:
-        self.text += text
-        out = ParsedDelta()
-        self._advance(out, final=False)
-        return out
 
     def finish(self) -> ParsedDelta:
         out = ParsedDelta()

@@ -68,25 +68,12 @@ class _Call:
 
 class XmlCallStream(ToolCallStream):
     def __init__(self, max_calls: int | None, tools: list[dict]) -> None:
-        self.max_calls = max_calls
+        super().__init__(max_calls)
         self.schemas = {t["name"]: t.get("parameters") for t in tools if "name" in t}
-        self.text = ""
-        self.pos = 0
         self.mode = "content"  # content | open | params | value | between | raw | done
         self.content_sent = 0
         self.blank = BlankPrefix()
         self.call: _Call | None = None
-        self._num_calls = 0
-
-    @property
-    def num_calls(self) -> int:
-        return self._num_calls
-
-    def feed(self, text: str) -> ParsedDelta:
-        self.text += text
-        out = ParsedDelta()
-        self._advance(out, final=False)
-        return out
 
     def finish(self) -> ParsedDelta:
         out = ParsedDelta()
