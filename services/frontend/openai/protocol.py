@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from services.common.sampling_defaults import sampling_params_with_defaults
 from services.common.sampling_params import MAX_LOGPROBS, SamplingParams
 from services.common.structured_outputs import StructuredOutputsParams
 from services.frontend.openai.chat_messages import ChatMessage, ChatTool, ToolChoice
@@ -19,13 +20,6 @@ from services.frontend.openai.structured_request import StructuredOutputFields
 from services.frontend.pair_scoring import pair_texts
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-
-
-def _pick(value, defaults: dict | None, key: str, fallback):
-    """The request's value, else the model's default, else vLLM's."""
-    if value is not None:
-        return value
-    return (defaults or {}).get(key, fallback)
 
 
 class OpenAIBaseModel(BaseModel):
@@ -117,28 +111,38 @@ class SamplingRequest(StructuredOutputFields, OpenAIBaseModel):
                 logprobs=logprobs,
                 structured_outputs=structured_outputs,
             )
-        return SamplingParams(
-            n=self.n,
-            temperature=_pick(self.temperature, defaults, "temperature", 1.0),
-            top_p=_pick(self.top_p, defaults, "top_p", 1.0),
-            top_k=_pick(self.top_k, defaults, "top_k", 0),
-            min_p=_pick(self.min_p, defaults, "min_p", 0.0),
-            seed=self.seed,
-            stop=self.stop,
-            stop_token_ids=self.stop_token_ids,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-            repetition_penalty=_pick(self.repetition_penalty, defaults, "repetition_penalty", 1.0),
-            logit_bias=self._logit_bias(vocab_size),
-            max_tokens=max_tokens,
-            min_tokens=self.min_tokens,
-            ignore_eos=self.ignore_eos,
-            logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs,
-            include_stop_str_in_output=self.include_stop_str_in_output,
-            skip_special_tokens=self.skip_special_tokens,
-            spaces_between_special_tokens=self.spaces_between_special_tokens,
-            structured_outputs=structured_outputs,
+        requested = {
+            key: value
+            for key, value in (
+                ("temperature", self.temperature),
+                ("top_p", self.top_p),
+                ("top_k", self.top_k),
+                ("min_p", self.min_p),
+                ("repetition_penalty", self.repetition_penalty),
+            )
+            if value is not None
+        }
+        return sampling_params_with_defaults(
+            dict(
+                requested,
+                n=self.n,
+                seed=self.seed,
+                stop=self.stop,
+                stop_token_ids=self.stop_token_ids,
+                presence_penalty=self.presence_penalty,
+                frequency_penalty=self.frequency_penalty,
+                logit_bias=self._logit_bias(vocab_size),
+                max_tokens=max_tokens,
+                min_tokens=self.min_tokens,
+                ignore_eos=self.ignore_eos,
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
+                include_stop_str_in_output=self.include_stop_str_in_output,
+                skip_special_tokens=self.skip_special_tokens,
+                spaces_between_special_tokens=self.spaces_between_special_tokens,
+                structured_outputs=structured_outputs,
+            ),
+            defaults,
         )
 
 
