@@ -246,3 +246,18 @@ def hf_pair_scores(folder: Path, query: str, documents: list[str]) -> np.ndarray
     with torch.no_grad():
         logits = [hf(**tokenizer(query, d, return_tensors="pt")).logits[0, 0] for d in documents]
     return torch.sigmoid(torch.stack(logits)).numpy()
+
+
+def ranking_cross_encoder(
+    tmp_path: Path, arch: str, query: str, documents: list[str]
+) -> tuple[Path, np.ndarray]:
+    """A cross-encoder whose HF scores of (query, document) are distinct to 1e-4, so an
+    order checked against them is a real test, and those scores. The trained WordPiece
+    vocabulary's ids can differ between runs (its ties), which moves a random model's
+    scores: seeds are tried until one separates them."""
+    for seed in range(8):
+        folder = cross_encoder_folder(tmp_path / f"seed{seed}", arch, seed)
+        scores = hf_pair_scores(folder, query, documents)
+        if len(set(np.round(scores, 4))) == len(documents):
+            return folder, scores
+    raise AssertionError("no seed gave a cross-encoder with distinct scores")
