@@ -34,7 +34,7 @@ from benchmarks.load_clients import (
 )
 from benchmarks.workload import BenchRequest
 from pagestream.supervisor import terminate
-from services.common.proto.pagestream.v1 import engine_pb2, engine_pb2_grpc
+from services.common.proto.pagestream.internal.v1 import engine_pb2, engine_pb2_grpc
 
 REQUEST_TIMEOUT_S = 300.0
 TIMED_OUT = "timed out"

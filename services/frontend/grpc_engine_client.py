@@ -32,7 +32,7 @@ from services.common.engine_request import EngineCoreRequest
 from services.common.grpc_channel import RECONNECT_OPTIONS, wait_until_serving
 from services.common.grpc_server import CHANNEL_OPTIONS
 from services.common.kv_events import KvEventBatch
-from services.common.proto.pagestream.v1 import engine_pb2, engine_pb2_grpc
+from services.common.proto.pagestream.internal.v1 import engine_pb2, engine_pb2_grpc
 from services.common.served_model_info import ServedModelInfo
 from services.common.tls import PLAINTEXT, TlsConfig
 from services.frontend.engine_core_health import EngineCoreHealth

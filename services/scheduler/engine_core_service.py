@@ -1,4 +1,4 @@
-"""EngineCoreServicer: the AsyncEngineCore over gRPC (pagestream.v1.EngineCore).
+"""EngineCoreServicer: the AsyncEngineCore over gRPC (pagestream.internal.v1.EngineCore).
 
 Each Connect stream is one `connect()` client of the engine core: AddRequest and
 AbortRequests messages come in, one EngineOutputBatch per step (for this client's
@@ -30,7 +30,7 @@ from services.common.convert.engine_io import (
 from services.common.convert.kv_events import kv_events_to_pb
 from services.common.grpc_errors import grpc_errors
 from services.common.grpc_server import GrpcServer, start_server
-from services.common.proto.pagestream.v1 import engine_pb2, engine_pb2_grpc
+from services.common.proto.pagestream.internal.v1 import engine_pb2, engine_pb2_grpc
 from services.common.served_model_info import ServedModelInfo
 from services.common.tls import TlsConfig
 from services.scheduler.async_engine_core import AsyncEngineCore, refusal

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from pagestream import LLM, SamplingParams
-from services.common.proto.pagestream.v1 import engine_pb2, engine_pb2_grpc
+from services.common.proto.pagestream.internal.v1 import engine_pb2, engine_pb2_grpc
 from tests.helpers.processes import (
     grpc_token_ids,
     http_completion_text,

@@ -251,7 +251,7 @@ def test_each_group_has_one_scheduler_naming_its_ranks_in_order(name):
         assert service_target(service_of(objects, scheduler), c, port) == port
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             assert "grpc" in c[probe] and probe_port(c[probe]) == port, probe
-        assert c["readinessProbe"]["grpc"]["service"] == "pagestream.v1.EngineCore"
+        assert c["readinessProbe"]["grpc"]["service"] == "pagestream.internal.v1.EngineCore"
         # Not restarted while its group (re)starts: it reconnects by itself.
         assert probe_budget_s(c["livenessProbe"]) >= probe_budget_s(worker["startupProbe"])
     assert sorted(driven) == sorted(groups)

@@ -117,7 +117,7 @@ async def test_adds_that_arrive_during_a_step_join_the_next_one_together(build):
     import time
 
     from services.common.convert.engine_io import engine_request_to_pb
-    from services.common.proto.pagestream.v1 import engine_pb2
+    from services.common.proto.pagestream.internal.v1 import engine_pb2
     from services.scheduler.engine_core_service import EngineCoreServicer
     from tests.scheduler.stand_in_worker import StandInWorker
 

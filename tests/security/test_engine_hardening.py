@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from services.common.config import CacheConfig, SchedulerConfig
-from services.common.proto.pagestream.v1 import engine_pb2, engine_pb2_grpc
+from services.common.proto.pagestream.internal.v1 import engine_pb2, engine_pb2_grpc
 from services.common.rank_info import RankInfo
 from services.common.sampling_params import SamplingParams
 from services.common.served_model_info import ServedModelInfo

@@ -24,7 +24,8 @@ from services.common.convert.pooling import (
 from services.common.convert.sampling import sampling_params_from_pb, sampling_params_to_pb
 from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from services.common.engine_request import EngineCoreRequest
-from services.common.proto.pagestream.v1 import engine_pb2, generation_pb2
+from services.common.proto.pagestream.internal.v1 import engine_pb2
+from services.common.proto.pagestream.v1 import generation_pb2
 from services.common.served_model_info import ServedModelInfo
 
 _NO_STOP_TOKEN = -1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from services.common.convert.engine_io import stats_from_pb, stats_to_pb
 from services.common.kv_events import KvEventBatch
-from services.common.proto.pagestream.v1 import engine_pb2
+from services.common.proto.pagestream.internal.v1 import engine_pb2
 
 
 def kv_events_to_pb(batch: KvEventBatch) -> engine_pb2.KvEventBatch:

@@ -1,9 +1,10 @@
-"""Generate the Python gRPC stubs for protos/pagestream/v1/*.proto.
+"""Generate the Python gRPC stubs for protos/pagestream/{v1,internal/v1}/*.proto.
 
     python -m services.common.proto.generate [--out DIR]
 
-protoc writes imports such as `from pagestream.v1 import generation_pb2`, which would
-resolve against our own `pagestream` package; they are rewritten to absolute imports
+pagestream.v1 is the public API; pagestream.internal.v1 is the wire between our own
+processes. protoc writes imports such as `from pagestream.v1 import generation_pb2`, which
+would resolve against our own `pagestream` package; they are rewritten to absolute imports
 under services.common.proto.
 """
 
@@ -20,10 +21,28 @@ ROOT = Path(__file__).resolve().parents[3]
 PROTO_ROOT = ROOT / "protos"
 OUT = Path(__file__).resolve().parent
 PACKAGE = "services.common.proto"
+# Proto packages, as folders under protos/ (and under the output).
+FOLDERS = (Path("pagestream") / "v1", Path("pagestream") / "internal" / "v1")
 
 
 def proto_files() -> list[Path]:
-    return sorted((PROTO_ROOT / "pagestream" / "v1").glob("*.proto"))
+    return sorted(p for folder in FOLDERS for p in (PROTO_ROOT / folder).glob("*.proto"))
+
+
+def _rewrite_imports(path: Path) -> None:
+    text = re.sub(
+        r"^from (pagestream(?:\.\w+)*) import",
+        rf"from {PACKAGE}.\1 import",
+        path.read_text(),
+        flags=re.M,
+    )
+    path.write_text(text)
+
+
+def _touch_packages(out: Path) -> None:
+    for folder in FOLDERS:
+        for depth in range(1, len(folder.parts) + 1):
+            (out / Path(*folder.parts[:depth]) / "__init__.py").touch()
 
 
 def generate(out: Path) -> list[Path]:
@@ -40,13 +59,10 @@ def generate(out: Path) -> list[Path]:
     ]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
-    written = sorted((out / "pagestream" / "v1").glob("*_pb2*.py*"))
+    written = sorted(p for folder in FOLDERS for p in (out / folder).glob("*_pb2*.py*"))
     for path in written:
-        text = re.sub(r"^from pagestream\.v1 import", f"from {PACKAGE}.pagestream.v1 import",
-                      path.read_text(), flags=re.M)
-        path.write_text(text)
-    for folder in (out / "pagestream", out / "pagestream" / "v1"):
-        (folder / "__init__.py").touch()
+        _rewrite_imports(path)
+    _touch_packages(out)
     return written
 
 

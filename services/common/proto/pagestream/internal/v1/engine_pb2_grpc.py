@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from services.common.proto.pagestream.v1 import engine_pb2 as pagestream_dot_v1_dot_engine__pb2
+from services.common.proto.pagestream.internal.v1 import engine_pb2 as pagestream_dot_internal_dot_v1_dot_engine__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in pagestream/v1/engine_pb2_grpc.py depends on'
+        + ' but the generated code in pagestream/internal/v1/engine_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -35,24 +35,24 @@ class EngineCoreStub:
             channel: A grpc.Channel.
         """
         self.Connect = channel.stream_stream(
-                '/pagestream.v1.EngineCore/Connect',
-                request_serializer=pagestream_dot_v1_dot_engine__pb2.EngineRequest.SerializeToString,
-                response_deserializer=pagestream_dot_v1_dot_engine__pb2.EngineOutputBatch.FromString,
+                '/pagestream.internal.v1.EngineCore/Connect',
+                request_serializer=pagestream_dot_internal_dot_v1_dot_engine__pb2.EngineRequest.SerializeToString,
+                response_deserializer=pagestream_dot_internal_dot_v1_dot_engine__pb2.EngineOutputBatch.FromString,
                 _registered_method=True)
         self.GetStats = channel.unary_unary(
-                '/pagestream.v1.EngineCore/GetStats',
-                request_serializer=pagestream_dot_v1_dot_engine__pb2.GetStatsRequest.SerializeToString,
-                response_deserializer=pagestream_dot_v1_dot_engine__pb2.SchedulerStats.FromString,
+                '/pagestream.internal.v1.EngineCore/GetStats',
+                request_serializer=pagestream_dot_internal_dot_v1_dot_engine__pb2.GetStatsRequest.SerializeToString,
+                response_deserializer=pagestream_dot_internal_dot_v1_dot_engine__pb2.SchedulerStats.FromString,
                 _registered_method=True)
         self.GetEngineInfo = channel.unary_unary(
-                '/pagestream.v1.EngineCore/GetEngineInfo',
-                request_serializer=pagestream_dot_v1_dot_engine__pb2.GetEngineInfoRequest.SerializeToString,
-                response_deserializer=pagestream_dot_v1_dot_engine__pb2.EngineInfo.FromString,
+                '/pagestream.internal.v1.EngineCore/GetEngineInfo',
+                request_serializer=pagestream_dot_internal_dot_v1_dot_engine__pb2.GetEngineInfoRequest.SerializeToString,
+                response_deserializer=pagestream_dot_internal_dot_v1_dot_engine__pb2.EngineInfo.FromString,
                 _registered_method=True)
         self.WatchKvEvents = channel.unary_stream(
-                '/pagestream.v1.EngineCore/WatchKvEvents',
-                request_serializer=pagestream_dot_v1_dot_engine__pb2.WatchKvEventsRequest.SerializeToString,
-                response_deserializer=pagestream_dot_v1_dot_engine__pb2.KvEventBatch.FromString,
+                '/pagestream.internal.v1.EngineCore/WatchKvEvents',
+                request_serializer=pagestream_dot_internal_dot_v1_dot_engine__pb2.WatchKvEventsRequest.SerializeToString,
+                response_deserializer=pagestream_dot_internal_dot_v1_dot_engine__pb2.KvEventBatch.FromString,
                 _registered_method=True)
 
 
@@ -91,29 +91,29 @@ def add_EngineCoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Connect': grpc.stream_stream_rpc_method_handler(
                     servicer.Connect,
-                    request_deserializer=pagestream_dot_v1_dot_engine__pb2.EngineRequest.FromString,
-                    response_serializer=pagestream_dot_v1_dot_engine__pb2.EngineOutputBatch.SerializeToString,
+                    request_deserializer=pagestream_dot_internal_dot_v1_dot_engine__pb2.EngineRequest.FromString,
+                    response_serializer=pagestream_dot_internal_dot_v1_dot_engine__pb2.EngineOutputBatch.SerializeToString,
             ),
             'GetStats': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStats,
-                    request_deserializer=pagestream_dot_v1_dot_engine__pb2.GetStatsRequest.FromString,
-                    response_serializer=pagestream_dot_v1_dot_engine__pb2.SchedulerStats.SerializeToString,
+                    request_deserializer=pagestream_dot_internal_dot_v1_dot_engine__pb2.GetStatsRequest.FromString,
+                    response_serializer=pagestream_dot_internal_dot_v1_dot_engine__pb2.SchedulerStats.SerializeToString,
             ),
             'GetEngineInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetEngineInfo,
-                    request_deserializer=pagestream_dot_v1_dot_engine__pb2.GetEngineInfoRequest.FromString,
-                    response_serializer=pagestream_dot_v1_dot_engine__pb2.EngineInfo.SerializeToString,
+                    request_deserializer=pagestream_dot_internal_dot_v1_dot_engine__pb2.GetEngineInfoRequest.FromString,
+                    response_serializer=pagestream_dot_internal_dot_v1_dot_engine__pb2.EngineInfo.SerializeToString,
             ),
             'WatchKvEvents': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchKvEvents,
-                    request_deserializer=pagestream_dot_v1_dot_engine__pb2.WatchKvEventsRequest.FromString,
-                    response_serializer=pagestream_dot_v1_dot_engine__pb2.KvEventBatch.SerializeToString,
+                    request_deserializer=pagestream_dot_internal_dot_v1_dot_engine__pb2.WatchKvEventsRequest.FromString,
+                    response_serializer=pagestream_dot_internal_dot_v1_dot_engine__pb2.KvEventBatch.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'pagestream.v1.EngineCore', rpc_method_handlers)
+            'pagestream.internal.v1.EngineCore', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('pagestream.v1.EngineCore', rpc_method_handlers)
+    server.add_registered_method_handlers('pagestream.internal.v1.EngineCore', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
@@ -134,9 +134,9 @@ class EngineCore:
         return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/pagestream.v1.EngineCore/Connect',
-            pagestream_dot_v1_dot_engine__pb2.EngineRequest.SerializeToString,
-            pagestream_dot_v1_dot_engine__pb2.EngineOutputBatch.FromString,
+            '/pagestream.internal.v1.EngineCore/Connect',
+            pagestream_dot_internal_dot_v1_dot_engine__pb2.EngineRequest.SerializeToString,
+            pagestream_dot_internal_dot_v1_dot_engine__pb2.EngineOutputBatch.FromString,
             options,
             channel_credentials,
             insecure,
@@ -161,9 +161,9 @@ class EngineCore:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/pagestream.v1.EngineCore/GetStats',
-            pagestream_dot_v1_dot_engine__pb2.GetStatsRequest.SerializeToString,
-            pagestream_dot_v1_dot_engine__pb2.SchedulerStats.FromString,
+            '/pagestream.internal.v1.EngineCore/GetStats',
+            pagestream_dot_internal_dot_v1_dot_engine__pb2.GetStatsRequest.SerializeToString,
+            pagestream_dot_internal_dot_v1_dot_engine__pb2.SchedulerStats.FromString,
             options,
             channel_credentials,
             insecure,
@@ -188,9 +188,9 @@ class EngineCore:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/pagestream.v1.EngineCore/GetEngineInfo',
-            pagestream_dot_v1_dot_engine__pb2.GetEngineInfoRequest.SerializeToString,
-            pagestream_dot_v1_dot_engine__pb2.EngineInfo.FromString,
+            '/pagestream.internal.v1.EngineCore/GetEngineInfo',
+            pagestream_dot_internal_dot_v1_dot_engine__pb2.GetEngineInfoRequest.SerializeToString,
+            pagestream_dot_internal_dot_v1_dot_engine__pb2.EngineInfo.FromString,
             options,
             channel_credentials,
             insecure,
@@ -215,9 +215,9 @@ class EngineCore:
         return grpc.experimental.unary_stream(
             request,
             target,
-            '/pagestream.v1.EngineCore/WatchKvEvents',
-            pagestream_dot_v1_dot_engine__pb2.WatchKvEventsRequest.SerializeToString,
-            pagestream_dot_v1_dot_engine__pb2.KvEventBatch.FromString,
+            '/pagestream.internal.v1.EngineCore/WatchKvEvents',
+            pagestream_dot_internal_dot_v1_dot_engine__pb2.WatchKvEventsRequest.SerializeToString,
+            pagestream_dot_internal_dot_v1_dot_engine__pb2.KvEventBatch.FromString,
             options,
             channel_credentials,
             insecure,
