@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 from services.common.compatibility import check_compatibility
 from services.common.config import (
     ATTENTION_BACKENDS,
+    CPU_THREADS_BIND,
     DEFAULT_MODEL,
     DEVICES,
     DISTRIBUTED_EXECUTOR_BACKENDS,
@@ -54,14 +55,20 @@ class EngineArgs:
     dtype: str = flag(
         ModelConfig.dtype,
         "auto: bfloat16 on CUDA and on CPUs with native bf16 (avx512_bf16 or AMX; float32 "
-        "residuals and norms), float32 on other CPUs ($PAGESTREAM_CPU_DTYPE sets what auto "
-        "means on the CPU)",
+        "residuals and norms), float32 on other CPUs",
         choices=DTYPES,
     )
     seed: int = flag(
         ModelConfig.seed, "the seed of the weights' random parts and of unseeded sampling"
     )
     device: str = flag(ModelConfig.device, "auto: cuda when available, else cpu", choices=DEVICES)
+    cpu_threads_bind: str = flag(
+        ModelConfig.cpu_threads_bind,
+        "the CPU worker's intra-op threads: auto pins one to each physical core (of the "
+        "rank's share under mp; only when the threads fill the process's CPUs), none leaves "
+        "them to the OS (vLLM's VLLM_CPU_OMP_THREADS_BIND auto / nobind)",
+        choices=CPU_THREADS_BIND,
+    )
     max_model_len: int | None = flag(
         None, "the longest sequence (prompt + output) served (default: the model's)"
     )
@@ -244,6 +251,7 @@ class EngineArgs:
             attention_backend=self.attention_backend,
             enforce_eager=self.enforce_eager,
             device=self.device,
+            cpu_threads_bind=self.cpu_threads_bind,
             quantization=self.quantization,
             quantization_group_size=self.quantization_group_size,
             enable_expert_parallel=self.enable_expert_parallel,

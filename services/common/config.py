@@ -18,6 +18,9 @@ PREEMPTION_MODES = ("recompute", "swap")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# Where the CPU worker's intra-op threads run: auto pins one per physical core
+# (services/worker/cpu_tuning.py), none leaves them where the OS puts them.
+CPU_THREADS_BIND = ("auto", "none")
 DEVICES = ("auto", "cpu", "cuda")
 # vLLM's runners: generate (sample tokens) or pooling (embeddings: one pooled vector per
 # prompt); auto: pooling for base-model checkpoints (architectures "*Model") and
@@ -144,6 +147,7 @@ class ModelConfig:
     # the torch modules op by op: on the CPU no native decoder step (services/worker/native_step.py)
     enforce_eager: bool = False
     device: str = "auto"  # auto: cuda when available, else cpu
+    cpu_threads_bind: str = "auto"  # CPU_THREADS_BIND
     quantization: str | None = None  # None: gguf for .gguf files at dtype auto, else none
     quantization_group_size: int = 128  # int4's group of input features
     # a mixture of experts' whole experts on each TP rank (vLLM's name), else every expert
@@ -162,6 +166,7 @@ class ModelConfig:
         _one_of("quantization_group_size", self.quantization_group_size, INT4_GROUP_SIZES)
         _one_of("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _one_of("device", self.device, DEVICES)
+        _one_of("cpu_threads_bind", self.cpu_threads_bind, CPU_THREADS_BIND)
         _one_of("runner", self.runner, RUNNERS)
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len)

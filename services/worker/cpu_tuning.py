@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import logging
 import os
 import sys
@@ -17,6 +17,19 @@ logger = logging.getLogger(__name__)
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """The C library, opened by glibc's soname, else the process's own symbols (which
+    hold the libc it links). Never ctypes.util.find_library: it spawns `ldconfig -p`,
+    a fork of a process that may already hold gigabytes of weights."""
+    for name in ("libc.so.6", None):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
 def tune_malloc() -> bool:
     """Keep freed memory in glibc's heap (mmap threshold 32 MiB, no trimming).
 
@@ -24,15 +37,14 @@ def tune_malloc() -> bool:
     them with fresh mmap pages each time, and the page faults slow the grouped attention.
     Returns False where glibc is absent.
     """
-    if not sys.platform.startswith("linux"):
+    libc = _libc()
+    if not sys.platform.startswith("linux") or libc is None:
         return False
-    name = ctypes.util.find_library("c") or "libc.so.6"
     try:
-        libc = ctypes.CDLL(name)
         ok = libc.mallopt(_M_MMAP_THRESHOLD, 32 * 1024**2)
         ok &= libc.mallopt(_M_TRIM_THRESHOLD, 2**30)
         ok &= libc.mallopt(_M_TOP_PAD, 256 * 1024**2)
-    except (OSError, AttributeError):
+    except AttributeError:
         return False
     if not ok:
         logger.debug("mallopt refused the CPU tuning")
@@ -42,18 +54,10 @@ def tune_malloc() -> bool:
 def return_freed_memory() -> bool:
     """Hands the heap's freed pages back to the system now (glibc's malloc_trim, which
     `tune_malloc`'s trim threshold otherwise defers): after a model load, which frees the
-    decoded checkpoint tensors once they are packed (330 MB of a 1.5B Q4_K_M model's load,
-    measured). True when pages were released; False where glibc is absent."""
-    name = ctypes.util.find_library("c") or "libc.so.6"
-    try:
-        trim = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):
-        return False
-    return bool(trim(0))
-
-
-# "0" leaves the threads where the OS puts them.
-CPU_PIN_ENV = "PAGESTREAM_CPU_PIN"
+    decoded checkpoint tensors once they are packed. True when pages were released;
+    False where glibc is absent."""
+    trim = getattr(_libc(), "malloc_trim", None)
+    return bool(trim(0)) if trim is not None else False
 
 
 def thread_cpus() -> list[int]:
@@ -69,12 +73,13 @@ def thread_cpus() -> list[int]:
     return cores[:threads]
 
 
-def pin_threads() -> list[int]:
+def pin_threads(bind: str = "auto") -> list[int]:
     """Pins torch's intra-op thread i to CPU i of `thread_cpus()` (and sets that many
     threads), so the OS never stacks two compute threads on a core or moves them between
-    cores mid-step. Needs the C++ CPU kernels (pagestream_kernels/cpu); returns the CPUs pinned to,
-    [] when nothing was pinned ($PAGESTREAM_CPU_PIN=0, no compiler, not Linux)."""
-    if os.environ.get(CPU_PIN_ENV, "1") == "0" or not sys.platform.startswith("linux"):
+    cores mid-step. Needs the C++ CPU kernels (pagestream_kernels/cpu); returns the CPUs
+    pinned to, [] when nothing was pinned (`bind` "none": --cpu-threads-bind, no
+    compiler, not Linux)."""
+    if bind == "none" or not sys.platform.startswith("linux"):
         return []
     cpus = thread_cpus()
     if not cpus:

@@ -289,7 +289,7 @@ class Worker:
             raise RuntimeError("initialize_cache() must run before execute().")
         if self.device.type == "cpu" and self._pinned_for != threading.get_ident():
             # OpenMP keeps one thread team per calling thread: pin the one that runs steps
-            pin_threads()
+            pin_threads(self.model_config.cpu_threads_bind)
             self._pinned_for = threading.get_ident()
         return self.runner.execute(plan)
 

@@ -56,6 +56,15 @@ def test_enforce_eager_reaches_the_model_config():
     assert not from_flags(EngineArgs, _serve()).model_config().enforce_eager
 
 
+def test_cpu_threads_bind_reaches_a_worker_ranks_model_config():
+    from pagestream.executor_factory import worker_cli_args
+
+    argv = worker_cli_args(EngineArgs(cpu_threads_bind="none"), 0, "file:///r", "f", "h", 0)
+    ns = build_parser().parse_args(argv[2:])  # after `-m pagestream.cli`
+    assert from_flags(EngineArgs, ns).model_config().cpu_threads_bind == "none"
+    assert from_flags(EngineArgs, _serve()).model_config().cpu_threads_bind == "auto"
+
+
 def test_a_child_of_the_python_api_keeps_its_unbounded_queue():
     assert to_flags(EngineArgs()) == ["--max-waiting-requests", "0"]
     ns = build_parser().parse_args(["scheduler", "m", *to_flags(EngineArgs())])

@@ -57,7 +57,7 @@ PROBE = """
 import json, os, torch
 from services.worker.cpu_tuning import pin_threads
 torch.set_num_threads(int(os.environ["THREADS"]))
-cpus = pin_threads()
+cpus = pin_threads(os.environ.get("BIND", "auto"))
 torch.ones(4096, 4096).sum()  # the pinned team runs this
 print(json.dumps({"cpus": cpus, "threads": torch.get_num_threads(),
                   "main": sorted(os.sched_getaffinity(0))}))
@@ -81,10 +81,10 @@ def test_pinning_puts_the_calling_thread_on_its_cpu():
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread pinning is Linux-only")
-def test_no_pinning_when_the_threads_leave_cores_free_or_when_turned_off():
+def test_no_pinning_when_the_threads_leave_cores_free_or_when_bind_is_none():
     cores = len(os.sched_getaffinity(0))
     if cores > 1:  # fewer threads than cores: another process may use the rest
         got = _probe(THREADS="1")
         assert got["cpus"] == [] and len(got["main"]) == cores
-    got = _probe(PAGESTREAM_CPU_PIN="0", **{CPU_CORES_ENV: "0", "THREADS": "1"})
+    got = _probe(BIND="none", **{CPU_CORES_ENV: "0", "THREADS": "1"})
     assert got["cpus"] == [] and len(got["main"]) == cores
