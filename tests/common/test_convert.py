@@ -378,9 +378,10 @@ def test_engine_outputs_round_trip():
 
 
 def test_malformed_output_batch_raises_value_error():
-    message = outputs_to_pb(EngineCoreOutputs([EngineCoreOutput("a", [1])]))
-    message.indices.append(3)
-    with pytest.raises(ValueError, match="indices"):
+    logprobs = [TokenLogprobs([5, 7], [-0.5, -1.5], [1, 2])]
+    message = outputs_to_pb(EngineCoreOutputs([EngineCoreOutput("a", [5], new_logprobs=logprobs)]))
+    message.outputs[0].logprobs.positions[0].ranks.append(3)
+    with pytest.raises(ValueError, match="differ in length"):
         outputs_from_pb(message)
 
 

@@ -69,7 +69,7 @@ def test_engine_outputs_carry_the_pooled_state_of_their_final_output():
     np.testing.assert_array_equal(back[1].pooled, STATE)
     assert back[1].finish_reason == "stop"
     message = outputs_to_pb(EngineCoreOutputs(outputs))
-    message.pooled.append(b"")
+    message.outputs[1].pooled = b"\x00\x01\x02"
     with pytest.raises(ValueError, match="pooled"):
         outputs_from_pb(message)
 

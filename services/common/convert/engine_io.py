@@ -1,19 +1,16 @@
 """engine.proto <-> domain: AddRequest, EngineOutputBatch, SchedulerStats, model info.
 
-EngineOutputBatch is columnar: entry i of every per-output column belongs to output i.
-Sentinels are the proto's own: "" for no parent / no finish reason / no error, -1 for a
-stop reason that is not a token id (string stop reasons are set by frontends and never
-travel), NaN for no cumulative logprob, 0 logprob positions for no logprobs.
+Absence travels as proto3 presence (an unset optional field or message is None); string
+stop reasons are set by frontends and never travel.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import fields
 
 from services.common.convert.capabilities import capabilities_from_pb, capabilities_to_pb
-from services.common.convert.logprobs import pack_logprobs, unpack_logprobs
+from services.common.convert.logprobs import logprobs_from_pb, logprobs_to_pb
 from services.common.convert.lora import lora_from_pb, lora_to_pb
 from services.common.convert.pooling import (
     pooled_from_bytes,
@@ -28,7 +25,6 @@ from services.common.proto.pagestream.internal.v1 import engine_pb2
 from services.common.proto.pagestream.v1 import generation_pb2
 from services.common.served_model_info import ServedModelInfo
 
-_NO_STOP_TOKEN = -1
 _STATS_FIELDS = tuple(f.name for f in fields(SchedulerStats))
 
 
@@ -71,98 +67,63 @@ def engine_request_from_pb(message: engine_pb2.AddRequest) -> EngineCoreRequest:
 
 
 # ---- outputs --------------------------------------------------------------------------
-def _stop_token(output: EngineCoreOutput) -> int:
-    reason = output.stop_reason
-    return reason if isinstance(reason, int) else _NO_STOP_TOKEN
+def _output_to_pb(output: EngineCoreOutput) -> engine_pb2.EngineOutput:
+    stop = output.stop_reason
+    return engine_pb2.EngineOutput(
+        request_id=output.request_id,
+        parent_request_id=output.parent_request_id,
+        index=output.index,
+        new_token_ids=output.new_token_ids,
+        finish_reason=output.finish_reason,
+        stop_token_id=stop if isinstance(stop, int) else None,
+        num_cached_tokens=output.num_cached_tokens,
+        cumulative_logprob=output.cumulative_logprob,
+        error=output.error,
+        error_code=output.error_code,
+        logprobs=logprobs_to_pb(output.new_logprobs) if output.new_logprobs else None,
+        prompt_logprobs=logprobs_to_pb(output.new_prompt_logprobs)
+        if output.new_prompt_logprobs
+        else None,
+        queued_s=output.queued_s,
+        pooled=pooled_to_bytes(output.pooled) if output.pooled is not None else None,
+    )
+
+
+def _optional(message, name: str):
+    return getattr(message, name) if message.HasField(name) else None
+
+
+def _output_from_pb(message: engine_pb2.EngineOutput) -> EngineCoreOutput:
+    return EngineCoreOutput(
+        request_id=message.request_id,
+        new_token_ids=list(message.new_token_ids),
+        finish_reason=_optional(message, "finish_reason"),
+        stop_reason=_optional(message, "stop_token_id"),
+        new_logprobs=logprobs_from_pb(message.logprobs) if message.HasField("logprobs") else None,
+        new_prompt_logprobs=logprobs_from_pb(message.prompt_logprobs)
+        if message.HasField("prompt_logprobs")
+        else None,
+        num_cached_tokens=message.num_cached_tokens,
+        parent_request_id=_optional(message, "parent_request_id"),
+        index=message.index,
+        error=_optional(message, "error"),
+        error_code=_optional(message, "error_code"),
+        cumulative_logprob=_optional(message, "cumulative_logprob"),
+        queued_s=_optional(message, "queued_s"),
+        pooled=pooled_from_bytes(message.pooled) if message.HasField("pooled") else None,
+    )
 
 
 def outputs_to_pb(batch: EngineCoreOutputs) -> engine_pb2.EngineOutputBatch:
-    outputs = batch.outputs
-    message = engine_pb2.EngineOutputBatch(
-        request_ids=[o.request_id for o in outputs],
-        parent_request_ids=[o.parent_request_id or "" for o in outputs],
-        indices=[o.index for o in outputs],
-        num_new_tokens=[len(o.new_token_ids) for o in outputs],
-        new_token_ids=[t for o in outputs for t in o.new_token_ids],
-        finish_reasons=[o.finish_reason or "" for o in outputs],
-        stop_token_ids=[_stop_token(o) for o in outputs],
-        num_cached_tokens=[o.num_cached_tokens for o in outputs],
-        cumulative_logprobs=[
-            math.nan if o.cumulative_logprob is None else o.cumulative_logprob for o in outputs
-        ],
-        errors=[o.error or "" for o in outputs],
-        error_codes=[o.error_code or "" for o in outputs]
-        if any(o.error_code for o in outputs)
-        else [],
-        queued_s=[math.nan if o.queued_s is None else o.queued_s for o in outputs],
-        pooled=[pooled_to_bytes(o.pooled) for o in outputs]
-        if any(o.pooled is not None for o in outputs)
-        else [],
-    )
-    pack_logprobs(message, "", (o.new_logprobs for o in outputs))
-    pack_logprobs(message, "prompt_", (o.new_prompt_logprobs for o in outputs))
+    message = engine_pb2.EngineOutputBatch(outputs=[_output_to_pb(o) for o in batch.outputs])
     if batch.scheduler_stats is not None:
         message.stats.CopyFrom(stats_to_pb(batch.scheduler_stats))
     return message
 
 
-def _check_columns(message: engine_pb2.EngineOutputBatch) -> int:
-    count = len(message.request_ids)
-    columns = (
-        "parent_request_ids",
-        "indices",
-        "num_new_tokens",
-        "finish_reasons",
-        "stop_token_ids",
-        "num_cached_tokens",
-        "cumulative_logprobs",
-        "errors",
-        "queued_s",
-        "num_logprob_positions",
-        "num_prompt_logprob_positions",
-    )
-    for name in columns:
-        if len(getattr(message, name)) != count:
-            raise ValueError(
-                f"EngineOutputBatch.{name} has {len(getattr(message, name))} "
-                f"entries for {count} outputs"
-            )
-    for name in ("error_codes", "pooled"):
-        if getattr(message, name) and len(getattr(message, name)) != count:
-            raise ValueError(f"EngineOutputBatch.{name} must be empty or one per output")
-    if sum(message.num_new_tokens) != len(message.new_token_ids):
-        raise ValueError("EngineOutputBatch.num_new_tokens does not match new_token_ids")
-    return count
-
-
 def outputs_from_pb(message: engine_pb2.EngineOutputBatch) -> EngineCoreOutputs:
-    count = _check_columns(message)
-    new_token_ids = list(message.new_token_ids)
-    logprobs = unpack_logprobs(message, "")
-    prompt_logprobs = unpack_logprobs(message, "prompt_")
-    outputs, start = [], 0
-    for i in range(count):
-        end = start + message.num_new_tokens[i]
-        stop_token, cumulative = message.stop_token_ids[i], message.cumulative_logprobs[i]
-        outputs.append(
-            EngineCoreOutput(
-                request_id=message.request_ids[i],
-                new_token_ids=new_token_ids[start:end],
-                finish_reason=message.finish_reasons[i] or None,
-                stop_reason=None if stop_token == _NO_STOP_TOKEN else stop_token,
-                new_logprobs=logprobs[i] or None,
-                new_prompt_logprobs=prompt_logprobs[i] or None,
-                num_cached_tokens=message.num_cached_tokens[i],
-                parent_request_id=message.parent_request_ids[i] or None,
-                index=message.indices[i],
-                error=message.errors[i] or None,
-                error_code=(message.error_codes[i] or None) if message.error_codes else None,
-                cumulative_logprob=None if math.isnan(cumulative) else cumulative,
-                queued_s=None if math.isnan(message.queued_s[i]) else message.queued_s[i],
-                pooled=pooled_from_bytes(message.pooled[i]) if message.pooled else None,
-            )
-        )
-        start = end
+    """Raises ValueError on a malformed logprobs position or pooled state."""
+    outputs = [_output_from_pb(o) for o in message.outputs]
     stats = stats_from_pb(message.stats) if message.HasField("stats") else None
     return EngineCoreOutputs(outputs, stats)
 

@@ -1,17 +1,42 @@
-"""Logprob columns shared by StepResult and EngineOutputBatch.
+"""Logprobs <-> logprobs.proto's Logprobs: one request's positions, each a TokenLogprobs
+or None (no entries: the first prompt position).
 
-Per item (a request, or an output), `num_{p}logprob_positions` positions; per position,
-`num_{p}logprob_entries` entries of (token id, logprob, rank), all flattened. A position
-with 0 entries is None (the first prompt position). `p` is "" or "prompt_".
+pack_logprobs / unpack_logprobs keep the older column form (`num_{p}logprob_positions`,
+... with `p` "" or "prompt_") for StepResult until it carries Logprobs messages.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from services.common.proto.pagestream.internal.v1 import logprobs_pb2
 from services.common.runner_output import TokenLogprobs
 
 Positions = list[TokenLogprobs | None]
+
+
+def _position_to_pb(position: TokenLogprobs | None) -> logprobs_pb2.TokenLogprobs:
+    if position is None:
+        return logprobs_pb2.TokenLogprobs()
+    return logprobs_pb2.TokenLogprobs(
+        token_ids=position.token_ids, logprobs=position.logprobs, ranks=position.ranks
+    )
+
+
+def _position_from_pb(message: logprobs_pb2.TokenLogprobs) -> TokenLogprobs | None:
+    token_ids, logprobs, ranks = message.token_ids, message.logprobs, message.ranks
+    if not len(token_ids) == len(logprobs) == len(ranks):
+        raise ValueError("a logprobs position's token_ids, logprobs and ranks differ in length")
+    return TokenLogprobs(list(token_ids), list(logprobs), list(ranks)) if token_ids else None
+
+
+def logprobs_to_pb(positions: Positions) -> logprobs_pb2.Logprobs:
+    return logprobs_pb2.Logprobs(positions=[_position_to_pb(p) for p in positions])
+
+
+def logprobs_from_pb(message: logprobs_pb2.Logprobs) -> Positions:
+    """Raises ValueError when a position's three lists differ in length."""
+    return [_position_from_pb(p) for p in message.positions]
 
 
 def pack_logprobs(message, prefix: str, items: Iterable[Positions | None]) -> None:

@@ -1,3 +1,4 @@
+from services.common.proto.pagestream.internal.v1 import logprobs_pb2 as _logprobs_pb2
 from services.common.proto.pagestream.v1 import generation_pb2 as _generation_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -44,56 +45,44 @@ class EngineRequest(_message.Message):
     def __init__(self, add: _Optional[_Union[AddRequest, _Mapping]] = ..., abort: _Optional[_Union[AbortRequests, _Mapping]] = ...) -> None: ...
 
 class EngineOutputBatch(_message.Message):
-    __slots__ = ("request_ids", "parent_request_ids", "indices", "num_new_tokens", "new_token_ids", "finish_reasons", "stop_token_ids", "num_cached_tokens", "cumulative_logprobs", "errors", "num_logprob_positions", "num_logprob_entries", "logprob_token_ids", "logprob_values", "logprob_ranks", "num_prompt_logprob_positions", "num_prompt_logprob_entries", "prompt_logprob_token_ids", "prompt_logprob_values", "prompt_logprob_ranks", "stats", "queued_s", "error_codes", "pooled")
-    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
-    PARENT_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
-    INDICES_FIELD_NUMBER: _ClassVar[int]
-    NUM_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
-    FINISH_REASONS_FIELD_NUMBER: _ClassVar[int]
-    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
-    NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    CUMULATIVE_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
-    ERRORS_FIELD_NUMBER: _ClassVar[int]
-    NUM_LOGPROB_POSITIONS_FIELD_NUMBER: _ClassVar[int]
-    NUM_LOGPROB_ENTRIES_FIELD_NUMBER: _ClassVar[int]
-    LOGPROB_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
-    LOGPROB_VALUES_FIELD_NUMBER: _ClassVar[int]
-    LOGPROB_RANKS_FIELD_NUMBER: _ClassVar[int]
-    NUM_PROMPT_LOGPROB_POSITIONS_FIELD_NUMBER: _ClassVar[int]
-    NUM_PROMPT_LOGPROB_ENTRIES_FIELD_NUMBER: _ClassVar[int]
-    PROMPT_LOGPROB_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
-    PROMPT_LOGPROB_VALUES_FIELD_NUMBER: _ClassVar[int]
-    PROMPT_LOGPROB_RANKS_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("outputs", "stats")
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
-    QUEUED_S_FIELD_NUMBER: _ClassVar[int]
-    ERROR_CODES_FIELD_NUMBER: _ClassVar[int]
-    POOLED_FIELD_NUMBER: _ClassVar[int]
-    request_ids: _containers.RepeatedScalarFieldContainer[str]
-    parent_request_ids: _containers.RepeatedScalarFieldContainer[str]
-    indices: _containers.RepeatedScalarFieldContainer[int]
-    num_new_tokens: _containers.RepeatedScalarFieldContainer[int]
-    new_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    finish_reasons: _containers.RepeatedScalarFieldContainer[str]
-    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    num_cached_tokens: _containers.RepeatedScalarFieldContainer[int]
-    cumulative_logprobs: _containers.RepeatedScalarFieldContainer[float]
-    errors: _containers.RepeatedScalarFieldContainer[str]
-    num_logprob_positions: _containers.RepeatedScalarFieldContainer[int]
-    num_logprob_entries: _containers.RepeatedScalarFieldContainer[int]
-    logprob_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    logprob_values: _containers.RepeatedScalarFieldContainer[float]
-    logprob_ranks: _containers.RepeatedScalarFieldContainer[int]
-    num_prompt_logprob_positions: _containers.RepeatedScalarFieldContainer[int]
-    num_prompt_logprob_entries: _containers.RepeatedScalarFieldContainer[int]
-    prompt_logprob_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    prompt_logprob_values: _containers.RepeatedScalarFieldContainer[float]
-    prompt_logprob_ranks: _containers.RepeatedScalarFieldContainer[int]
+    outputs: _containers.RepeatedCompositeFieldContainer[EngineOutput]
     stats: SchedulerStats
-    queued_s: _containers.RepeatedScalarFieldContainer[float]
-    error_codes: _containers.RepeatedScalarFieldContainer[str]
-    pooled: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, request_ids: _Optional[_Iterable[str]] = ..., parent_request_ids: _Optional[_Iterable[str]] = ..., indices: _Optional[_Iterable[int]] = ..., num_new_tokens: _Optional[_Iterable[int]] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., finish_reasons: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., num_cached_tokens: _Optional[_Iterable[int]] = ..., cumulative_logprobs: _Optional[_Iterable[float]] = ..., errors: _Optional[_Iterable[str]] = ..., num_logprob_positions: _Optional[_Iterable[int]] = ..., num_logprob_entries: _Optional[_Iterable[int]] = ..., logprob_token_ids: _Optional[_Iterable[int]] = ..., logprob_values: _Optional[_Iterable[float]] = ..., logprob_ranks: _Optional[_Iterable[int]] = ..., num_prompt_logprob_positions: _Optional[_Iterable[int]] = ..., num_prompt_logprob_entries: _Optional[_Iterable[int]] = ..., prompt_logprob_token_ids: _Optional[_Iterable[int]] = ..., prompt_logprob_values: _Optional[_Iterable[float]] = ..., prompt_logprob_ranks: _Optional[_Iterable[int]] = ..., stats: _Optional[_Union[SchedulerStats, _Mapping]] = ..., queued_s: _Optional[_Iterable[float]] = ..., error_codes: _Optional[_Iterable[str]] = ..., pooled: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    def __init__(self, outputs: _Optional[_Iterable[_Union[EngineOutput, _Mapping]]] = ..., stats: _Optional[_Union[SchedulerStats, _Mapping]] = ...) -> None: ...
+
+class EngineOutput(_message.Message):
+    __slots__ = ("request_id", "parent_request_id", "index", "new_token_ids", "finish_reason", "stop_token_id", "num_cached_tokens", "cumulative_logprob", "error", "error_code", "logprobs", "prompt_logprobs", "queued_s", "pooled")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CUMULATIVE_LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_S_FIELD_NUMBER: _ClassVar[int]
+    POOLED_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    parent_request_id: str
+    index: int
+    new_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    finish_reason: str
+    stop_token_id: int
+    num_cached_tokens: int
+    cumulative_logprob: float
+    error: str
+    error_code: str
+    logprobs: _logprobs_pb2.Logprobs
+    prompt_logprobs: _logprobs_pb2.Logprobs
+    queued_s: float
+    pooled: bytes
+    def __init__(self, request_id: _Optional[str] = ..., parent_request_id: _Optional[str] = ..., index: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., cumulative_logprob: _Optional[float] = ..., error: _Optional[str] = ..., error_code: _Optional[str] = ..., logprobs: _Optional[_Union[_logprobs_pb2.Logprobs, _Mapping]] = ..., prompt_logprobs: _Optional[_Union[_logprobs_pb2.Logprobs, _Mapping]] = ..., queued_s: _Optional[float] = ..., pooled: _Optional[bytes] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ()
