@@ -26,9 +26,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from benchmarks.results import percentiles
 from benchmarks.workload import BenchRequest
-from pagestream.supervisor import terminate
 from services.common.proto.pagestream.v1 import generation_pb2 as pb
 from services.common.proto.pagestream.v1 import generation_pb2_grpc
+from services.common.supervisor import terminate
 
 logger = logging.getLogger(__name__)
 

@@ -33,8 +33,8 @@ from benchmarks.load_clients import (
     wait_ready,
 )
 from benchmarks.workload import BenchRequest
-from pagestream.supervisor import terminate
 from services.common.proto.pagestream.internal.v1 import engine_pb2, engine_pb2_grpc
+from services.common.supervisor import terminate
 
 REQUEST_TIMEOUT_S = 300.0
 TIMED_OUT = "timed out"

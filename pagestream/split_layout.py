@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from pagestream.cli_flags import FRONTEND_CONFIGS, FRONTEND_ENGINE_FLAGS, RankConfig, role_argv
 from pagestream.roles import engine_args, router_config, tool_options
-from pagestream.supervisor import Role, Supervisor
 from services.common.flags import from_flags, to_flags
+from services.common.supervisor import Child, Supervisor
 from services.common.tls import TlsConfig
 
 
@@ -72,14 +72,14 @@ class SplitLayout:
         return f"file://{self.folder}/rendezvous-{replica}-{generation}"
 
 
-def split_roles(ns: argparse.Namespace, layout: SplitLayout) -> list[Role]:
+def split_roles(ns: argparse.Namespace, layout: SplitLayout) -> list[Child]:
     """Per replica: its worker rank(s) (one restart group) and its scheduler; then one
     frontend that routes over every scheduler."""
-    roles: list[Role] = []
+    roles: list[Child] = []
     for replica in range(len(layout.scheduler_ports)):
         roles += _replica_roles(ns, layout, replica)
     frontend = _command("frontend", ns, frontend_flags(ns, layout.scheduler_ports))
-    return [*roles, Role("frontend", lambda _: frontend)]
+    return [*roles, Child.of_argv("frontend", frontend)]
 
 
 def frontend_flags(ns: argparse.Namespace, scheduler_ports: list[int]) -> list[str]:
@@ -95,7 +95,7 @@ def _command(role: str, ns: argparse.Namespace, *configs) -> list[str]:
     return [sys.executable, *role_argv(role, ns.model, *configs, log_level=ns.log_level)]
 
 
-def _replica_roles(ns: argparse.Namespace, layout: SplitLayout, replica: int) -> list[Role]:
+def _replica_roles(ns: argparse.Namespace, layout: SplitLayout, replica: int) -> list[Child]:
     args, tls = engine_args(ns), from_flags(TlsConfig, ns)
     world_size = args.parallel_config().world_size
     ports = layout.worker_ports[replica]
@@ -113,14 +113,14 @@ def _replica_roles(ns: argparse.Namespace, layout: SplitLayout, replica: int) ->
                 place = RankConfig(rank, local_rank, rendezvous)
             return _command("worker", ns, ["--port", str(port)], place, tls, args)
 
-        return Role(f"worker rank {rank}{suffix}", command, group=f"workers-{replica}")
+        return Child(f"worker rank {rank}{suffix}", command, group=f"workers-{replica}")
 
     addresses = [a for p in ports for a in ("--worker", f"127.0.0.1:{p}")]
     where = ["--port", str(layout.scheduler_ports[replica])]
     scheduler = _command("scheduler", ns, addresses, where, tls, args)
     return [
         *(worker(rank, port) for rank, port in enumerate(ports)),
-        Role(f"scheduler{suffix}", lambda _: scheduler),
+        Child.of_argv(f"scheduler{suffix}", scheduler),
     ]
 
 

@@ -177,12 +177,13 @@ def test_the_child_command_carries_the_engine_arguments():
 
 def test_restarts_give_up_past_the_limit():
     from pagestream.engine_args import EngineArgs
-    from pagestream.engine_core_process import BACKOFF, EngineCoreProcess
+    from pagestream.engine_core_process import EngineCoreProcess
+    from services.common.supervisor import CHILD_BACKOFF
 
     process = EngineCoreProcess(EngineArgs(model="m"), max_restarts=3)
     try:
-        delays = [process._next_backoff() for _ in range(4)]
+        delays = [process.supervisor.restart_delay(process.child) for _ in range(4)]
     finally:
         process.close()
-    assert delays == [*BACKOFF.steps[:3], None]
+    assert delays == [*CHILD_BACKOFF.steps[:3], None]
     assert process.gave_up is not None and "4 times" in process.gave_up

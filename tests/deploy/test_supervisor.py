@@ -1,5 +1,7 @@
-"""The split deployment's supervisor: a child that dies is restarted (its restart group
-with it, each time with a new generation), and a child that keeps dying is given up on."""
+"""The supervisor of every child process (split roles, the engine-core child, mp ranks): a
+child that dies is restarted (its restart group with it, each time with a new generation),
+a child that keeps dying is given up on, children stop last started first, and readiness
+waits fail fast on a child that exits."""
 
 import os
 import signal
@@ -8,18 +10,19 @@ import threading
 
 import pytest
 
-from pagestream import supervisor as supervisor_module
-from pagestream.supervisor import Role, Supervisor
 from services.common.backoff import Backoff
+from services.common.supervisor import Child, ChildExited, Supervisor
 from tests.helpers.eventually import eventually
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 CRASHER = [sys.executable, "-c", "raise SystemExit(3)"]
 
 
+FAST = Backoff((0.05,))
+
+
 @pytest.fixture(autouse=True)
-def fast_backoff(monkeypatch):
-    monkeypatch.setattr(supervisor_module, "BACKOFF", Backoff((0.05,)))
+def no_signal_handlers(monkeypatch):
     # run() installs signal handlers, which only the main thread may do.
     monkeypatch.setattr(signal, "signal", lambda *args: None)
 
@@ -39,11 +42,11 @@ def test_a_killed_child_is_restarted_with_its_group():
         return SLEEPER
 
     roles = [
-        Role("rank 0", ranked, group="workers"),
-        Role("rank 1", ranked, group="workers"),
-        Role("frontend", lambda _: SLEEPER),
+        Child("rank 0", ranked, group="workers"),
+        Child("rank 1", ranked, group="workers"),
+        Child("frontend", lambda _: SLEEPER),
     ]
-    sup = Supervisor(roles, grace_s=2)
+    sup = Supervisor(roles, grace_s=2, backoff=FAST)
     thread, result = _run_in_thread(sup)
     try:
         eventually(lambda: len(sup.pids) == 3)
@@ -62,8 +65,8 @@ def test_a_killed_child_is_restarted_with_its_group():
 
 
 def test_a_child_that_keeps_dying_is_given_up_on():
-    roles = [Role("crasher", lambda _: CRASHER), Role("other", lambda _: SLEEPER)]
-    sup = Supervisor(roles, max_restarts=2, grace_s=2)
+    roles = [Child("crasher", lambda _: CRASHER), Child("other", lambda _: SLEEPER)]
+    sup = Supervisor(roles, max_restarts=2, grace_s=2, backoff=FAST)
     thread, result = _run_in_thread(sup)
     thread.join(timeout=30)
     assert not thread.is_alive()
@@ -88,7 +91,7 @@ def test_stopping_stops_the_last_started_role_first(tmp_path):
         return [sys.executable, "-c", script]
 
     names = ["worker", "scheduler", "frontend"]
-    sup = Supervisor([Role(n, lambda _, n=n: recorder(n)) for n in names], grace_s=5)
+    sup = Supervisor([Child(n, lambda _, n=n: recorder(n)) for n in names], grace_s=5, backoff=FAST)
     thread, result = _run_in_thread(sup)
     try:
         eventually(lambda: all((tmp_path / n).exists() for n in names))  # handlers are set
@@ -97,3 +100,36 @@ def test_stopping_stops_the_last_started_role_first(tmp_path):
         thread.join(timeout=30)
     assert result == [0]
     assert log.read_text().split() == ["frontend", "scheduler", "worker"]
+
+
+def _exit_with(generation: int) -> None:
+    raise SystemExit(4 + generation)
+
+
+def test_a_target_child_runs_in_a_process_and_a_readiness_wait_sees_it_exit():
+    child = Child("target", target=_exit_with)
+    sup = Supervisor([child])
+    sup.start()
+    with pytest.raises(ChildExited, match=r"target \(pid \d+\) exited with 4") as caught:
+        sup.wait_ready(child, lambda: None, timeout_s=60)
+    assert caught.value.code == 4
+    with pytest.raises(ChildExited):
+        sup.check_alive()
+
+
+def test_a_readiness_wait_returns_the_probe_result_or_times_out():
+    child = Child("sleeper", lambda _: SLEEPER)
+    sup = Supervisor([child], grace_s=2)
+    sup.start()
+    try:
+        sup.check_alive()
+        with pytest.raises(TimeoutError, match=r"sleeper was not ready within 0\.2s"):
+            sup.wait_ready(child, lambda: None, timeout_s=0.2)
+        assert sup.wait_ready(child, lambda: "127.0.0.1:5", timeout_s=1) == "127.0.0.1:5"
+    finally:
+        assert sup.stop_all() == [-signal.SIGTERM]
+
+
+def test_a_child_is_a_command_or_a_target():
+    with pytest.raises(ValueError, match="exactly one"):
+        Child("neither")
