@@ -134,9 +134,18 @@ def test_a_pooling_request_travels_without_sampling_params():
     assert plan_from_pb(step).scheduled_new_reqs == [new]
 
 
-@pytest.mark.parametrize("kind", ["neither", "both"])
-def test_a_message_with_neither_or_both_params_is_refused_by_name(kind):
+def test_an_add_request_is_one_kind_and_refuses_none_by_name():
     request = engine_request_to_pb(EngineCoreRequest("r", [1], SamplingParams()))
+    request.pooling_params.task = "embed"  # a oneof: setting one kind clears the other
+    assert request.WhichOneof("kind") == "pooling_params"
+    assert not request.HasField("sampling_params")
+    request.ClearField("pooling_params")
+    with pytest.raises(ValueError, match=r"sampling_params.*pooling_params.*got neither"):
+        engine_request_from_pb(request)
+
+
+@pytest.mark.parametrize("kind", ["neither", "both"])
+def test_a_plan_with_neither_or_both_params_is_refused_by_name(kind):
     plan = plan_to_pb(
         SchedulerOutput(
             scheduled_new_reqs=[NewRequestData("r", [1], [], SamplingParams(), [0], 0)],
@@ -144,12 +153,10 @@ def test_a_message_with_neither_or_both_params_is_refused_by_name(kind):
             total_num_scheduled_tokens=1,
         )
     )
-    for message in (request, plan.new_requests[0]):
-        if kind == "neither":
-            message.ClearField("sampling_params")
-        else:
-            message.pooling_params.task = "embed"
-    with pytest.raises(ValueError, match=f"sampling_params.*pooling_params.*got {kind}"):
-        engine_request_from_pb(request)
+    message = plan.new_requests[0]
+    if kind == "neither":
+        message.ClearField("sampling_params")
+    else:
+        message.pooling_params.task = "embed"
     with pytest.raises(ValueError, match=f"sampling_params.*pooling_params.*got {kind}"):
         plan_from_pb(plan)

@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import fields
 
 from services.common.convert.capabilities import capabilities_from_pb, capabilities_to_pb
+from services.common.convert.engine_error import engine_error_from_pb, engine_error_to_pb
+from services.common.convert.finish_reason import finish_reason_from_pb, finish_reason_to_pb
 from services.common.convert.logprobs import logprobs_from_pb, logprobs_to_pb
 from services.common.convert.lora import lora_from_pb, lora_to_pb
 from services.common.convert.pooling import (
@@ -38,30 +40,31 @@ def engine_request_to_pb(request: EngineCoreRequest) -> engine_pb2.AddRequest:
         eos_token_id=request.eos_token_id,
         extra_stop_token_ids=request.extra_stop_token_ids,
         priority=request.priority,
-        cache_salt=request.cache_salt or "",
+        cache_salt=request.cache_salt or None,
         lora=lora_to_pb(request.lora_request) if request.lora_request else None,
         pooling_params=pooling_params_to_pb(pooling) if pooling is not None else None,
     )
 
 
 def engine_request_from_pb(message: engine_pb2.AddRequest) -> EngineCoreRequest:
-    """Raises ValueError (naming the field) on invalid params, or unless exactly one of
-    sampling_params and pooling_params is set."""
+    """Raises ValueError (naming the field) on invalid params, or when the request's kind
+    (sampling_params or pooling_params) is unset."""
     if not message.request_id:
         raise ValueError("request_id must not be empty.")
+    kind = message.WhichOneof("kind")
     return EngineCoreRequest(
         request_id=message.request_id,
         prompt_token_ids=list(message.prompt_token_ids),
         sampling_params=sampling_params_from_pb(message.sampling_params)
-        if message.HasField("sampling_params")
+        if kind == "sampling_params"
         else None,
         eos_token_id=message.eos_token_id if message.HasField("eos_token_id") else None,
         extra_stop_token_ids=tuple(message.extra_stop_token_ids),
         priority=message.priority,
-        cache_salt=message.cache_salt or None,
+        cache_salt=message.cache_salt if message.HasField("cache_salt") else None,
         lora_request=lora_from_pb(message.lora) if message.HasField("lora") else None,
         pooling_params=pooling_params_from_pb(message.pooling_params)
-        if message.HasField("pooling_params")
+        if kind == "pooling_params"
         else None,
     )
 
@@ -74,12 +77,11 @@ def _output_to_pb(output: EngineCoreOutput) -> engine_pb2.EngineOutput:
         parent_request_id=output.parent_request_id,
         index=output.index,
         new_token_ids=output.new_token_ids,
-        finish_reason=output.finish_reason,
+        finish_reason=finish_reason_to_pb(output.finish_reason),
         stop_token_id=stop if isinstance(stop, int) else None,
         num_cached_tokens=output.num_cached_tokens,
         cumulative_logprob=output.cumulative_logprob,
-        error=output.error,
-        error_code=output.error_code,
+        error=engine_error_to_pb(output.error, output.error_code),
         logprobs=logprobs_to_pb(output.new_logprobs) if output.new_logprobs else None,
         prompt_logprobs=logprobs_to_pb(output.new_prompt_logprobs)
         if output.new_prompt_logprobs
@@ -94,10 +96,13 @@ def _optional(message, name: str):
 
 
 def _output_from_pb(message: engine_pb2.EngineOutput) -> EngineCoreOutput:
+    error, error_code = (
+        engine_error_from_pb(message.error) if message.HasField("error") else (None, None)
+    )
     return EngineCoreOutput(
         request_id=message.request_id,
         new_token_ids=list(message.new_token_ids),
-        finish_reason=_optional(message, "finish_reason"),
+        finish_reason=finish_reason_from_pb(message.finish_reason),
         stop_reason=_optional(message, "stop_token_id"),
         new_logprobs=logprobs_from_pb(message.logprobs) if message.HasField("logprobs") else None,
         new_prompt_logprobs=logprobs_from_pb(message.prompt_logprobs)
@@ -106,8 +111,8 @@ def _output_from_pb(message: engine_pb2.EngineOutput) -> EngineCoreOutput:
         num_cached_tokens=message.num_cached_tokens,
         parent_request_id=_optional(message, "parent_request_id"),
         index=message.index,
-        error=_optional(message, "error"),
-        error_code=_optional(message, "error_code"),
+        error=error,
+        error_code=error_code,
         cumulative_logprob=_optional(message, "cumulative_logprob"),
         queued_s=_optional(message, "queued_s"),
         pooled=pooled_from_bytes(message.pooled) if message.HasField("pooled") else None,
@@ -122,7 +127,8 @@ def outputs_to_pb(batch: EngineCoreOutputs) -> engine_pb2.EngineOutputBatch:
 
 
 def outputs_from_pb(message: engine_pb2.EngineOutputBatch) -> EngineCoreOutputs:
-    """Raises ValueError on a malformed logprobs position or pooled state."""
+    """Raises ValueError on a malformed logprobs position or pooled state, or an enum
+    value this side does not know."""
     outputs = [_output_from_pb(o) for o in message.outputs]
     stats = stats_from_pb(message.stats) if message.HasField("stats") else None
     return EngineCoreOutputs(outputs, stats)

@@ -1,6 +1,7 @@
 from services.common.proto.pagestream.internal.v1 import logprobs_pb2 as _logprobs_pb2
 from services.common.proto.pagestream.v1 import generation_pb2 as _generation_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -8,27 +9,51 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FINISH_REASON_NONE: _ClassVar[FinishReason]
+    FINISH_REASON_STOP: _ClassVar[FinishReason]
+    FINISH_REASON_LENGTH: _ClassVar[FinishReason]
+    FINISH_REASON_ABORT: _ClassVar[FinishReason]
+    FINISH_REASON_ERROR: _ClassVar[FinishReason]
+
+class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ERROR_CODE_INVALID_ARGUMENT: _ClassVar[ErrorCode]
+    ERROR_CODE_UNAVAILABLE: _ClassVar[ErrorCode]
+    ERROR_CODE_RESOURCE_EXHAUSTED: _ClassVar[ErrorCode]
+    ERROR_CODE_INTERNAL: _ClassVar[ErrorCode]
+FINISH_REASON_NONE: FinishReason
+FINISH_REASON_STOP: FinishReason
+FINISH_REASON_LENGTH: FinishReason
+FINISH_REASON_ABORT: FinishReason
+FINISH_REASON_ERROR: FinishReason
+ERROR_CODE_INVALID_ARGUMENT: ErrorCode
+ERROR_CODE_UNAVAILABLE: ErrorCode
+ERROR_CODE_RESOURCE_EXHAUSTED: ErrorCode
+ERROR_CODE_INTERNAL: ErrorCode
+
 class AddRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "extra_stop_token_ids", "priority", "cache_salt", "lora", "pooling_params")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "pooling_params", "eos_token_id", "extra_stop_token_ids", "priority", "cache_salt", "lora")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    POOLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     EXTRA_STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     LORA_FIELD_NUMBER: _ClassVar[int]
-    POOLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling_params: _generation_pb2.SamplingParams
+    pooling_params: _generation_pb2.PoolingParams
     eos_token_id: int
     extra_stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     priority: int
     cache_salt: str
     lora: _generation_pb2.LoRAAdapter
-    pooling_params: _generation_pb2.PoolingParams
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., eos_token_id: _Optional[int] = ..., extra_stop_token_ids: _Optional[_Iterable[int]] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[str] = ..., lora: _Optional[_Union[_generation_pb2.LoRAAdapter, _Mapping]] = ..., pooling_params: _Optional[_Union[_generation_pb2.PoolingParams, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., pooling_params: _Optional[_Union[_generation_pb2.PoolingParams, _Mapping]] = ..., eos_token_id: _Optional[int] = ..., extra_stop_token_ids: _Optional[_Iterable[int]] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[str] = ..., lora: _Optional[_Union[_generation_pb2.LoRAAdapter, _Mapping]] = ...) -> None: ...
 
 class AbortRequests(_message.Message):
     __slots__ = ("request_ids",)
@@ -52,8 +77,16 @@ class EngineOutputBatch(_message.Message):
     stats: SchedulerStats
     def __init__(self, outputs: _Optional[_Iterable[_Union[EngineOutput, _Mapping]]] = ..., stats: _Optional[_Union[SchedulerStats, _Mapping]] = ...) -> None: ...
 
+class EngineError(_message.Message):
+    __slots__ = ("message", "code")
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    message: str
+    code: ErrorCode
+    def __init__(self, message: _Optional[str] = ..., code: _Optional[_Union[ErrorCode, str]] = ...) -> None: ...
+
 class EngineOutput(_message.Message):
-    __slots__ = ("request_id", "parent_request_id", "index", "new_token_ids", "finish_reason", "stop_token_id", "num_cached_tokens", "cumulative_logprob", "error", "error_code", "logprobs", "prompt_logprobs", "queued_s", "pooled")
+    __slots__ = ("request_id", "parent_request_id", "index", "new_token_ids", "finish_reason", "stop_token_id", "num_cached_tokens", "cumulative_logprob", "error", "logprobs", "prompt_logprobs", "queued_s", "pooled")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -63,7 +96,6 @@ class EngineOutput(_message.Message):
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CUMULATIVE_LOGPROB_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
-    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     QUEUED_S_FIELD_NUMBER: _ClassVar[int]
@@ -72,17 +104,16 @@ class EngineOutput(_message.Message):
     parent_request_id: str
     index: int
     new_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    finish_reason: str
+    finish_reason: FinishReason
     stop_token_id: int
     num_cached_tokens: int
     cumulative_logprob: float
-    error: str
-    error_code: str
+    error: EngineError
     logprobs: _logprobs_pb2.Logprobs
     prompt_logprobs: _logprobs_pb2.Logprobs
     queued_s: float
     pooled: bytes
-    def __init__(self, request_id: _Optional[str] = ..., parent_request_id: _Optional[str] = ..., index: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., cumulative_logprob: _Optional[float] = ..., error: _Optional[str] = ..., error_code: _Optional[str] = ..., logprobs: _Optional[_Union[_logprobs_pb2.Logprobs, _Mapping]] = ..., prompt_logprobs: _Optional[_Union[_logprobs_pb2.Logprobs, _Mapping]] = ..., queued_s: _Optional[float] = ..., pooled: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., parent_request_id: _Optional[str] = ..., index: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_token_id: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., cumulative_logprob: _Optional[float] = ..., error: _Optional[_Union[EngineError, _Mapping]] = ..., logprobs: _Optional[_Union[_logprobs_pb2.Logprobs, _Mapping]] = ..., prompt_logprobs: _Optional[_Union[_logprobs_pb2.Logprobs, _Mapping]] = ..., queued_s: _Optional[float] = ..., pooled: _Optional[bytes] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ()
