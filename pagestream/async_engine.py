@@ -21,14 +21,13 @@ from pagestream.engine_core_process import EngineCoreProcess
 from pagestream.inproc_client import InprocEngineCoreClient
 from pagestream.tensor_outputs import as_tensors
 from services.common.engine_errors import EngineUnavailableError
-from services.common.model_source import resolve_model
 from services.common.outputs import PoolingRequestOutput, RequestOutput
 from services.common.pooling_params import PoolingParams
 from services.common.request_options import RequestOptions
 from services.common.sampling_params import SamplingParams
 from services.frontend.frontend import Frontend
 from services.frontend.frontend_config import FrontendConfig
-from services.frontend.generation_defaults import load_generation_defaults
+from services.frontend.model_files import ModelFiles
 from services.scheduler.async_engine_core import AsyncEngineCore, EngineDeadError
 
 # EngineDeadError stays importable from here; the Frontend raises EngineUnavailableError.
@@ -60,17 +59,11 @@ class AsyncEngine:
             self.default_sampling = self.engine.default_sampling
 
     def _start_process(self, args: EngineArgs) -> None:
-        from services.frontend.tokenizer import try_load_tokenizer
-
-        folder = resolve_model(args.model)  # a GGUF file is converted once, here
+        # Read first: a GGUF file is converted once, here, before the engine core starts.
+        files = ModelFiles.load(args.model, args.generation_config)
+        self.tokenizer, self.default_sampling = files.tokenizer, files.default_sampling
         self.process = EngineCoreProcess(args)
         self.info = self.process.start()
-        try:
-            self.tokenizer = try_load_tokenizer(folder)
-            self.default_sampling = load_generation_defaults(folder, args.generation_config)
-        except BaseException:
-            self.process.close()
-            raise
 
     @classmethod
     def from_args(

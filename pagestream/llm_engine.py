@@ -8,18 +8,16 @@ from functools import partial
 
 from pagestream.engine_args import EngineArgs
 from pagestream.executor_factory import WORKER_START_TIMEOUT_S, build_executor
-from services.common.model_source import resolve_model
 from services.common.outputs import RequestOutput
 from services.common.pooling_params import PoolingParams
 from services.common.request_options import DEFAULT_OPTIONS, RequestOptions
 from services.common.sampling_params import SamplingParams
 from services.common.worker_info import CacheInfo, ModelInfo
-from services.frontend.generation_defaults import load_generation_defaults
 from services.frontend.input_processor import InputProcessor
+from services.frontend.model_files import ModelFiles
 from services.frontend.output_processor import OutputProcessor
 from services.frontend.pooling_request_state import PoolingRequestState
 from services.frontend.request_state import RequestState
-from services.frontend.tokenizer import try_load_tokenizer
 from services.scheduler.engine_core_builder import EngineCoreBuilder
 from services.scheduler.executor.uni import UniExecutor
 from services.scheduler.scheduler import Scheduler
@@ -33,6 +31,9 @@ class LLMEngine:
 
     def __init__(self, args: EngineArgs) -> None:
         self.args = args
+        # Read before the worker loads: a bad --generation-config fails before the weights.
+        files = ModelFiles.load(args.model, args.generation_config)
+        self.tokenizer, self.default_sampling = files.tokenizer, files.default_sampling
         self.builder = EngineCoreBuilder(
             args, partial(build_executor, args), WORKER_START_TIMEOUT_S
         )
@@ -42,13 +43,6 @@ class LLMEngine:
         self.executor = self.core.executor
         # The in-process Worker (uni), else None.
         self.worker = self.executor.worker if isinstance(self.executor, UniExecutor) else None
-        try:
-            folder = resolve_model(args.model)
-            self.tokenizer = try_load_tokenizer(folder)
-            self.default_sampling = load_generation_defaults(folder, args.generation_config)
-        except BaseException:
-            self.close()
-            raise
         self.input_processor = InputProcessor(self.tokenizer, self.info)
         self.output_processor = OutputProcessor()
 

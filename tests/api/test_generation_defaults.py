@@ -10,6 +10,8 @@ from pagestream import LLM, SamplingParams
 from services.common.proto.pagestream.v1 import generation_pb2
 from services.frontend.generation_defaults import load_generation_defaults
 from services.frontend.generation_pb import generate_call_from_pb
+from services.frontend.model_files import ModelFiles
+from services.frontend.tokenizer import TokenizerLoadError
 from tests.helpers.openai_server import MODEL, running_server
 
 PROMPT = {"prompt_token_ids": [5, 17, 33, 99, 250, 12, 8, 41, 5, 17, 33]}
@@ -40,6 +42,18 @@ def test_load_reads_only_sampling_values_that_differ_from_transformers(tmp_path,
     (tmp_path / "generation_config.json").write_text(json.dumps({"top_p": 7.0}))
     with pytest.raises(ValueError, match="top_p"):
         load_generation_defaults(folder, str(tmp_path))
+
+
+def test_model_files_hold_the_folder_tokenizer_and_defaults_of_one_read(tmp_path, folder):
+    files = ModelFiles.load(str(folder))
+    assert files.folder == folder and files.tokenizer is not None
+    assert files.default_sampling == load_generation_defaults(folder)
+    assert ModelFiles.load(str(folder), "vllm").default_sampling == {}
+    bare = tmp_path / "bare"
+    shutil.copytree(folder, bare, ignore=shutil.ignore_patterns("tokenizer*"))
+    assert ModelFiles.load(str(bare)).tokenizer is None  # token-id prompts only
+    with pytest.raises(TokenizerLoadError):
+        ModelFiles.load(str(bare), require_tokenizer=True)
 
 
 def test_llm_generate_without_params_uses_the_model_defaults(folder):
