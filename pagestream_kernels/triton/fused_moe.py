@@ -2,20 +2,10 @@
 
     out = fused_moe(x, w13, w2, weights, experts)  # [T, H]
 
-x [T, H]; w13 [E, 2I, H] (every expert's gate rows, then its up rows); w2 [E, H, I];
-weights / experts [T, k] (the router's top k: float32 weights, expert ids, -1 for an
-expert this rank does not hold). The token slots (slot s = token s // k's (s % k)-th pick)
-are sorted by expert and padded to blocks of BLOCK_M slots of one expert
-(`align_by_expert`); a program multiplies one block's rows by one column tile of its
-expert's weight, so each expert's weight is read once per block of its rows:
-
-    _moe_gemm(x, w13):  inter[s] = x[s // k] @ w13[e].T        [T * k, 2I]  (float32)
-    silu(gate) * up:    act[s]                                 [T * k, I]   (torch)
-    _moe_gemm(act, w2): y[s] = weights[s] * act[s] @ w2[e].T   [T * k, H]
-    out[t] = sum_j y[t * k + j]
-
-float32 inputs multiply in IEEE float32 (the torch reference's precision), others in
-their own type with float32 accumulation.
+The token slots (slot s = token s // k's (s % k)-th pick) are sorted by expert and padded
+to blocks of one expert (`align_by_expert`), so each expert's weight is read once per block
+of its rows. float32 inputs multiply in IEEE float32 (the torch reference's precision),
+others in their own type with float32 accumulation. Shapes: `fused_moe`.
 """
 
 from __future__ import annotations
@@ -158,7 +148,18 @@ def fused_moe(
     weights: torch.Tensor,
     experts: torch.Tensor,
 ) -> torch.Tensor:
-    """The mixture of x [T, H] (see the module docstring) -> [T, H] float32."""
+    """The mixture of x [T, H] -> [T, H] float32.
+
+    x [T, H]; w13 [E, 2I, H] (every expert's gate rows, then its up rows); w2 [E, H, I];
+    weights / experts [T, k] (the router's top k: float32 weights, expert ids, -1 for an
+    expert this rank does not hold). A program multiplies one block's rows by one column
+    tile of its expert's weight:
+
+        _moe_gemm(x, w13):  inter[s] = x[s // k] @ w13[e].T        [T * k, 2I]  (float32)
+        silu(gate) * up:    act[s]                                 [T * k, I]   (torch)
+        _moe_gemm(act, w2): y[s] = weights[s] * act[s] @ w2[e].T   [T * k, H]
+        out[t] = sum_j y[t * k + j]
+    """
     tokens, top_k = experts.shape
     inter = w2.shape[2]
     slots, block_expert = align_by_expert(experts, w13.shape[0])

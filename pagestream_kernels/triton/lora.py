@@ -7,21 +7,7 @@ shrink and one expand launch serve all rows and all adapters of a step. With
     lora_shrink:  shrunk[row, :r] = a[slot, :r] @ x[row]                      (float32)
     lora_expand:  y[row, offset:offset + n] += b[slot, :, :r] @ shrunk[row, :r]
 
-Grids: shrink (row programs, rank blocks of ``SHRINK_BLOCK_R``), expand (row programs,
-column blocks of ``EXPAND_BLOCK_N``). The constexpr ``ROWS`` sets the rows per program:
-
-- ``ROWS == 1`` (BGMV): one program per row, a matrix-vector product over its slot's A / B.
-  A row without an adapter, or a block past its slot's rank, returns at once. For decode-sized
-  steps, whose neighbouring rows usually belong to different adapters.
-- ``ROWS >= 16`` (SGMV): ``ROWS`` consecutive rows per program. When they all share one slot
-  (a prefill chunk), each A / B tile is read once for all of them and multiplied with
-  ``tl.dot`` (IEEE float32); a block without any adapter returns at once; a block of mixed
-  slots goes row by row, skipping the rows without one.
-
-Only ``k < r`` contributes (masked loads), so A / B past a slot's rank and the entries of
-``shrunk`` the shrink did not write are never used. Rows and slots index with int64 strides.
-``slot_ranks`` entries above R count as R (like the reference's slicing); slots must be
-``< S`` (not checked: that would need a device sync).
+The grids and the rows per program: add_lora_launches.
 """
 
 from __future__ import annotations
@@ -472,6 +458,22 @@ def add_lora_launches(
     shrunk: the [T, R] float32 intermediate (allocated when None; only the entries below each
     row's rank are written and read). rows_per_program: 1 or a power of two >= 16 (None:
     `lora_rows_per_program`).
+
+    Grids: shrink (row programs, rank blocks of ``SHRINK_BLOCK_R``), expand (row programs,
+    column blocks of ``EXPAND_BLOCK_N``). The constexpr ``ROWS`` sets the rows per program:
+
+    - ``ROWS == 1`` (BGMV): one program per row, a matrix-vector product over its slot's A / B.
+      A row without an adapter, or a block past its slot's rank, returns at once. For decode-sized
+      steps, whose neighbouring rows usually belong to different adapters.
+    - ``ROWS >= 16`` (SGMV): ``ROWS`` consecutive rows per program. When they all share one slot
+      (a prefill chunk), each A / B tile is read once for all of them and multiplied with
+      ``tl.dot`` (IEEE float32); a block without any adapter returns at once; a block of mixed
+      slots goes row by row, skipping the rows without one.
+
+    Only ``k < r`` contributes (masked loads), so A / B past a slot's rank and the entries of
+    ``shrunk`` the shrink did not write are never used. Rows and slots index with int64 strides.
+    ``slot_ranks`` entries above R count as R (like the reference's slicing); slots must be
+    ``< S`` (not checked: that would need a device sync).
     """
     check_lora_args(y, x, a, b, token_slots, slot_ranks, offset)
     (num_tokens, k), (num_slots, max_rank, _), n = x.shape, a.shape, b.shape[1]

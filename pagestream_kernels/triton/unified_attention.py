@@ -1,21 +1,11 @@
 """Varlen paged attention in one Triton kernel, in the style of vLLM's unified attention.
 
-One program attends one *query block* of one sequence for one KV head: ``BLOCK_Q``
-consecutive query tokens times the ``group_size`` query heads that share the KV head, packed
-into ``BLOCK_M = BLOCK_Q * group_size`` rows (padded to a power of two), so every K/V tile
-is read once per GQA group. The grid's first axis enumerates query blocks of the whole
-flattened batch (``num_tokens // BLOCK_Q + num_seqs`` is an upper bound; each program finds
-its sequence by binary search over ``query_start_loc``), so prefill, chunked prefill over
-cached context and decode rows share one launch. Causal within each sequence: the query
-token at absolute position ``p`` sees keys ``[max(0, p - window + 1), p]``.
-
-Split-KV (``SPLIT_KV``): a third grid axis cuts each sequence's context into
-``NUM_SEGMENTS`` segments whose unnormalised partial results (acc, running max, exp-sum)
-``reduce_segments_kernel`` merges. It keeps the GPU busy for small decode batches.
-
-Portable to Triton 3.6-3.9: plain pointer arithmetic (no ``tl.make_block_ptr``), no
-libdevice (tanh is written with ``tl.exp``), int64 strides and block ids so offsets never
-overflow 32 bits. Masked loads never touch cache slots past a sequence's length.
+One program attends one query block of one sequence for one KV head: ``BLOCK_Q`` query
+tokens times the ``group_size`` heads sharing the KV head, so each K/V tile is read once
+per GQA group; the first grid axis spans the whole flattened batch (each program finds its
+sequence by binary search), so prefill, chunked prefill and decode share one launch.
+Split-KV cuts a context into segments that ``reduce_segments_kernel`` merges (small decode
+batches). Triton 3.6-3.9: no block pointers, no libdevice, int64 offsets, masked loads.
 """
 
 from __future__ import annotations

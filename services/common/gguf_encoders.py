@@ -2,21 +2,8 @@
 bge-m3, multilingual-e5; `nomic-bert`: nomic-embed-text) as sentence-transformers folders
 the native encoders read.
 
-transformers cannot read these files, so the folder is written from the file alone:
-- config.json: BertConfig / NomicBertConfig from the `{arch}.*` keys;
-- the tokenizer: WordPiece from `tokenizer.ggml.tokens`, undoing llama.cpp's "phantom
-  space" spelling (a word-initial piece is stored as "▁piece", a continuation as the bare
-  piece: BERT's "##piece"; control tokens as they are), lower-casing as
-  `tokenizer.ggml.normalizer.lowercase` says, [CLS] text [SEP] (pairs: [CLS] a [SEP] b
-  [SEP], b token type 1) from the file's cls / sep ids; or, for XLM-RoBERTa (a `bert` file
-  whose tokenizer is llama.cpp's "t5", a SentencePiece Unigram), services/common/
-  gguf_unigram.py's tokenizer.json, and an XLMRobertaConfig whose position table gets back
-  the pad_token_id + 1 rows the converter cut off (RoBERTa's positions start after the
-  padding id);
-- modules.json, 1_Pooling (`{arch}.pooling_type`: mean, cls or last) and Normalize (what
-  llama-server's embeddings return by default);
-- model.safetensors: every tensor de-quantized to float32 (gguf's de-quantizer) under the
-  HF checkpoint's names (an encoder is small; the native encoders run float weights).
+transformers cannot read these files, so the folder is written from the file alone
+(`write_encoder_folder` lists what it holds).
 """
 
 from __future__ import annotations
@@ -72,7 +59,23 @@ _TOP_PATTERN = re.compile(r"(\w+)\.(weight|bias)$")
 
 
 def write_encoder_folder(gguf_path: Path, out_dir: Path) -> None:
-    """The sentence-transformers folder of an encoder GGUF file (see the module doc)."""
+    """The sentence-transformers folder of an encoder GGUF file:
+
+    - config.json: BertConfig / NomicBertConfig from the `{arch}.*` keys;
+    - the tokenizer: WordPiece from `tokenizer.ggml.tokens`, undoing llama.cpp's "phantom
+      space" spelling (a word-initial piece is stored as "▁piece", a continuation as the bare
+      piece: BERT's "##piece"; control tokens as they are), lower-casing as
+      `tokenizer.ggml.normalizer.lowercase` says, [CLS] text [SEP] (pairs: [CLS] a [SEP] b
+      [SEP], b token type 1) from the file's cls / sep ids; or, for XLM-RoBERTa (a `bert` file
+      whose tokenizer is llama.cpp's "t5", a SentencePiece Unigram), services/common/
+      gguf_unigram.py's tokenizer.json, and an XLMRobertaConfig whose position table gets back
+      the pad_token_id + 1 rows the converter cut off (RoBERTa's positions start after the
+      padding id);
+    - modules.json, 1_Pooling (`{arch}.pooling_type`: mean, cls or last) and Normalize (what
+      llama-server's embeddings return by default);
+    - model.safetensors: every tensor de-quantized to float32 (gguf's de-quantizer) under the
+      HF checkpoint's names (an encoder is small; the native encoders run float weights).
+    """
     from gguf import GGUFReader
 
     from services.common.gguf_file import GGUFFile

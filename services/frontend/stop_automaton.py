@@ -1,20 +1,10 @@
 """StopAutomaton: an Aho-Corasick automaton over a request's stop strings.
 
-A state is a node of the trie of the stop strings: the longest suffix of the text read so
-far that is a prefix of some stop string (its depth is that suffix's length). Reading a
-character follows the trie edge or, failing that, the failure links (the next shorter such
-suffix): O(1) amortized per character, at most the longest stop's length at once, whatever
-the text read before and however many stops there are. Each node also knows the longest
-stop string that ends there, so a match is seen on the character that completes it.
-
-Building costs O(total length of the stops) in time and memory, and the result is immutable:
-`stop_automaton` keeps the last few built (a bounded number of nodes in all), so a
-request's n sequences (and requests with the same stops) share one.
-
-The trie lives in flat arrays rather than a dict per node, since the stops of one request
-can add up to many characters: inserting a stop creates its new nodes consecutively, so a
-node's child along the stop that created it is the next node id (a chain); only the edge
-where a stop leaves the existing trie, at most one per stop, is kept in a dict.
+A state is a node of the stop strings' trie: the longest suffix of the text read so far
+that is a prefix of some stop. Reading a character follows the trie edge or the failure
+links: O(1) amortized per character whatever the text before and however many stops; a
+match is seen on the character that completes it. Built in O(total stop length) and
+immutable, so the sequences (and requests) with the same stops share one.
 """
 
 from __future__ import annotations
@@ -33,6 +23,12 @@ _CACHED_AUTOMATA = 64
 
 
 class StopAutomaton:
+    """The trie lives in flat arrays rather than a dict per node, since the stops of one request
+    can add up to many characters: inserting a stop creates its new nodes consecutively, so a
+    node's child along the stop that created it is the next node id (a chain); only the edge
+    where a stop leaves the existing trie, at most one per stop, is kept in a dict.
+    """
+
     def __init__(self, stops: tuple[str, ...]) -> None:
         self.stops = stops
         self._owner = array("i", [_NONE])  # the stop whose insertion created the node
@@ -119,7 +115,8 @@ _cache_lock = threading.Lock()  # stop_automaton may be called from any thread
 
 
 def stop_automaton(stops: tuple[str, ...]) -> StopAutomaton:
-    """The automaton for `stops`, shared by the sequences (and requests) with these stops."""
+    """The automaton for `stops`, shared by the sequences (and requests) with these stops:
+    the last few built are kept (a bounded number of nodes in all)."""
     with _cache_lock:
         automaton = _cache.pop(stops, None)
         if automaton is None:

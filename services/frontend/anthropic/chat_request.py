@@ -1,36 +1,10 @@
 """An Anthropic Messages body as the internal chat request (ChatCompletionRequest), once.
 
-After this the request runs the chat endpoint's own path (the limits, the chat template
-with the tools, the tool plan, SamplingParams), so a Messages request and the chat
-completion of the same conversation see the same prompt and the same engine request.
-
-What maps to what:
-- system (a string or text blocks) -> a system message first.
-- a user message's text blocks -> a user message; each tool_result block -> a `tool`
-  message with its tool_call_id, in block order (text between results ends up between
-  them). A result with is_error says so in its text ("Error: ..."): chat templates have
-  no field for it.
-- an assistant message's text blocks -> its content; its tool_use blocks -> its tool_calls
-  (arguments = the input as JSON); its thinking blocks -> its reasoning_content (templates
-  that keep an agent turn's thinking, Qwen3's, read it; others ignore it); its
-  redacted_thinking blocks are dropped (encrypted by another server: nothing to read).
-- ids pass through unchanged (tool_use id -> tool call id, tool_use_id -> tool_call_id):
-  this server's tool_use ids are its tool parser's, in the form the model's template wants
-  (mistral's 9 alphanumerics); an id from elsewhere reaches the template as it is.
-- consecutive user messages (or assistant ones) -> one message, their texts joined by a
-  blank line ("\n\n"), its calls and thinking in order: Anthropic allows them, while many
-  chat templates insist on alternating user and assistant turns. Tool messages stay as
-  they are, so a user message of [tool_result, text] is the tool message and then a user
-  message (what OpenAI-shaped templates expect after a call).
-- a final assistant message (a prefill, for the model to continue) is refused (400): the
-  chat path renders a new assistant turn and cannot continue one.
-- tools -> functions with input_schema as parameters; tool_choice auto / any / tool / none
-  -> "auto" / "required" / the named function / "none"; disable_parallel_tool_use ->
-  parallel_tool_calls false.
-- thinking enabled -> chat_template_kwargs enable_thinking true and thinking_token_budget
-  = budget_tokens; adaptive -> enable_thinking true; disabled -> enable_thinking false.
-- stop_sequences -> stop; max_tokens, temperature, top_p, top_k as they are.
-Images and documents are refused (400) naming the block: no vision model is served yet.
+After this the request runs the chat endpoint's own path (limits, the template with the
+tools, the tool plan, SamplingParams), so a Messages request and the chat completion of
+the same conversation see the same prompt and engine request. Blocks become chat messages
+in order (system first, a tool_result a `tool` message); what has no chat equivalent
+(images, documents, server tools, an assistant prefill) is a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -100,6 +74,10 @@ def _system(system: str | list[TextBlock] | None) -> list[ChatMessage]:
 
 
 def _conversation(messages: list[InputMessage]) -> list[ChatMessage]:
+    """The messages as chat messages; consecutive user (or assistant) ones become one:
+    Anthropic allows them, while many chat templates insist on alternating turns. Tool
+    messages stay as they are, so [tool_result, text] is a tool message then a user one
+    (what OpenAI-shaped templates expect after a call)."""
     out: list[ChatMessage] = []
     for i, message in enumerate(messages):
         if isinstance(message.content, str):
@@ -170,6 +148,10 @@ def _user_turn(blocks: list, where: str) -> list[ChatMessage]:
 
 
 def _assistant_turn(blocks: list, where: str) -> ChatMessage:
+    """Text as content, tool_use as tool_calls (input as JSON; ids pass through: this
+    server's are its tool parser's, in the form the model's template wants), thinking as
+    reasoning_content (templates that keep an agent turn's thinking read it); redacted
+    thinking is dropped (encrypted by another server: nothing to read)."""
     parts: list[ContentPart] = []
     calls: list[ToolCallIn] = []
     thinking: list[str] = []
@@ -192,6 +174,8 @@ def _assistant_turn(blocks: list, where: str) -> ChatMessage:
 
 
 def _tool_result(block: ToolResultBlock, where: str) -> ChatMessage:
+    """A `tool` message; is_error is said in its text ("Error: ..."): chat templates have
+    no field for it."""
     if isinstance(block.content, str):
         text = block.content
     else:
@@ -241,6 +225,7 @@ def _tools(tools) -> list[ChatTool] | None:
 
 
 def _tool_choice(choice) -> dict[str, Any]:
+    """auto / any / tool / none -> "auto" / "required" / the named function / "none"."""
     if choice is None:
         return {}
     fields: dict[str, Any] = {}
@@ -258,6 +243,8 @@ def _tool_choice(choice) -> dict[str, Any]:
 
 
 def _thinking(request: MessagesRequest | CountTokensRequest) -> dict[str, Any]:
+    """enabled -> enable_thinking with thinking_token_budget = budget_tokens; adaptive ->
+    enable_thinking; disabled -> enable_thinking false."""
     thinking = request.thinking
     if thinking is None:
         return {}

@@ -1,20 +1,8 @@
 """Lark grammars (llguidance's dialect) for formats that write each argument on its own
 rather than as one JSON object: qwen3_coder's `<parameter=KEY>` blocks and pythonic's
 `KEY=value` keywords. A tool's declared properties are written in their declared order,
-the required ones always, the others optionally.
-
-How values are constrained:
-- qwen3_coder: a plain string parameter is free text up to the first `\\n</parameter>`
-  (the format's only terminator); a string enum / const is one of its values; a parameter
-  whose types are all non-string is JSON valid against its schema (`%json`), which is how
-  typed_value.py reads it. A string with length / pattern / format limits, or a union of
-  string with other types, falls back to free text: the XML value has no quotes that would
-  tell "1" from 1, so the schema cannot be applied to it.
-- pythonic: a boolean is True / False, a null None; every other value is JSON valid
-  against its schema (`%json`: a JSON string is a Python string literal, and the pythonic
-  parser reads JSON before Python literals, so nested true / false / null are read too).
-- A tool whose parameters declare no properties takes any keywords / parameters, each a
-  JSON value (pythonic) or free text (qwen3_coder).
+the required ones always, the others optionally; how each value is constrained:
+`_xml_value` and `_python_value`.
 """
 
 from __future__ import annotations
@@ -84,6 +72,12 @@ def _xml_parameters(t: int, tool: dict, rules: list[str]) -> str:
 
 
 def _xml_value(schema: dict, parameters: dict) -> str:
+    """A plain string is free text up to the first `\\n</parameter>` (the format's only
+    terminator); a string enum / const is one of its values; all-non-string types are JSON
+    valid against the schema (`%json`, as typed_value.py reads them). A string with length
+    / pattern / format limits, or a union of string with other types, is free text: the
+    XML value has no quotes that would tell "1" from 1. A tool that declares no properties
+    takes any parameters, each free text."""
     resolved = parameter_schema.resolve(schema, parameters)
     types = parameter_schema.types(resolved, parameters)
     close = '"\\n</parameter>\\n"'
@@ -141,6 +135,10 @@ def _keywords(t: int, tool: dict, rules: list[str]) -> str:
 
 
 def _python_value(schema: dict, parameters: dict) -> str:
+    """A boolean is True / False, a null None; every other value is JSON valid against its
+    schema (`%json`: a JSON string is a Python string literal, and the pythonic parser
+    reads JSON before Python literals, so nested true / false / null are read too). A tool
+    that declares no properties takes any keywords, each a JSON value."""
     resolved = parameter_schema.resolve(schema, parameters)
     plain = not any(k in resolved for k in ("enum", "const"))
     types = parameter_schema.types(resolved, parameters)

@@ -9,20 +9,7 @@
     </function>
     </tool_call>
 
-Rules (streamed and whole text alike, see base.py):
-- Text before the first `<tool_call>` is content, a possible partial marker held back;
-  whitespace-only content is held back too (a message of only calls has content null).
-- A call is announced at `<function=NAME>`. Its arguments are a JSON object written
-  parameter by parameter: `{"KEY": ` with the first, `, "KEY": ` with the next, `}` at
-  `</function>`. A string-typed parameter's text is sent as it arrives (a possible partial
-  `\n</parameter>` held back); any other value once its `</parameter>` is read, converted
-  by the parameter's schema type (typed_value.py). One newline after `<parameter=KEY>` and
-  one before `</parameter>` belong to the format, not to the value.
-- The first `</parameter>` ends a value (a value cannot contain that text).
-- Text between and after calls is dropped (hermes does the same).
-- Malformed markup before a call is announced: the text is content when no call came
-  before, else dropped. After it is announced nothing can be taken back: the call ends
-  with the arguments sent so far, and parsing stops.
+One XmlCallStream reads one reply; its docstring gives the rules.
 """
 
 from __future__ import annotations
@@ -67,6 +54,22 @@ class _Call:
 
 
 class XmlCallStream(ToolCallStream):
+    """Rules (streamed and whole text alike, see base.py):
+    - Text before the first `<tool_call>` is content, a possible partial marker held back;
+      whitespace-only content is held back too (a message of only calls has content null).
+    - A call is announced at `<function=NAME>`. Its arguments are a JSON object written
+      parameter by parameter: `{"KEY": ` with the first, `, "KEY": ` with the next, `}` at
+      `</function>`. A string-typed parameter's text is sent as it arrives (a possible partial
+      `\n</parameter>` held back); any other value once its `</parameter>` is read, converted
+      by the parameter's schema type (typed_value.py). One newline after `<parameter=KEY>` and
+      one before `</parameter>` belong to the format, not to the value.
+    - The first `</parameter>` ends a value (a value cannot contain that text).
+    - Text between and after calls is dropped (hermes does the same).
+    - Malformed markup before a call is announced: the text is content when no call came
+      before, else dropped. After it is announced nothing can be taken back: the call ends
+      with the arguments sent so far, and parsing stops.
+    """
+
     def __init__(self, max_calls: int | None, tools: list[dict]) -> None:
         super().__init__(max_calls)
         self.schemas = {t["name"]: t.get("parameters") for t in tools if "name" in t}
