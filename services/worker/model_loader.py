@@ -35,7 +35,7 @@ from services.common.model_source import gguf_source, resolve_model
 from services.common.pooler_config import PoolerConfig, sentence_transformers_pipeline
 from services.common.rank_info import RankInfo
 from services.worker.cpu_tuning import return_freed_memory
-from services.worker.layers.attention import resolve_attention_backend
+from services.worker.layers.attention import AttentionOps, resolve_attention_backend
 from services.worker.layers.fused_moe import FusedMoE
 from services.worker.layers.quantization.loading import ONLINE_METHODS, OnlineQuantization
 from services.worker.layers.quantization.model_weights import (
@@ -48,10 +48,13 @@ from services.worker.layers.quantization.model_weights import (
     weight_formats,
 )
 from services.worker.models.causal_lm import CausalLM, normalize_token_ids
+from services.worker.models.forward_plan import ForwardPlan
 from services.worker.models.gguf_weights import iterate_gguf_weights
+from services.worker.models.llama import LlamaForCausalLM, stage_layers
 from services.worker.models.registry import native_families, native_model_class
 from services.worker.models.st_dense import load_dense_layers
 from services.worker.models.weight_utils import iterate_weights
+from services.worker.native_step import step_unsupported
 from services.worker.pooler import read_hf_config, resolve_runner
 
 __all__ = [
@@ -259,6 +262,96 @@ def _use_triton_experts(model: nn.Module) -> None:
         logger.info("mixture of experts: %d of %d layers on the Triton kernels", stacked, len(moes))
 
 
+def plan_forward(
+    model_class: type[CausalLM] | None,
+    config: PretrainedConfig,
+    model_config: ModelConfig,
+    pooling: bool,
+    attention_ops: AttentionOps,
+    dtype: torch.dtype,
+    rank: RankInfo,
+) -> ForwardPlan:
+    """How the model runs (logged), decided here once before it is built: its attention
+    as the class reads the checkpoint, and the native CPU step for its decoder wherever
+    `_torch_decoder_reason` finds nothing against it."""
+    bidirectional = model_class is not None and model_class.reads_bidirectionally(config, pooling)
+    reason = _torch_decoder_reason(model_class, config, model_config, attention_ops, dtype, rank)
+    if reason is None and bidirectional:
+        reason = "bidirectional attention (the native step attends causally over the cache)"
+    plan = ForwardPlan(
+        decoder="torch" if reason else "native",
+        attention="bidirectional" if bidirectional else "causal",
+        # the Triton backend's device runs the experts on its kernels too
+        triton_experts=reason is not None and attention_ops.name == "triton",
+        reason=reason or "the native CPU step runs this decoder",
+    )
+    logger.info(
+        "forward plan: %s decoder (%s), %s attention", plan.decoder, plan.reason, plan.attention
+    )
+    return plan
+
+
+def _torch_decoder_reason(
+    model_class: type[CausalLM] | None,
+    config: PretrainedConfig,
+    model_config: ModelConfig,
+    attention_ops: AttentionOps,
+    dtype: torch.dtype,
+    rank: RankInfo,
+) -> str | None:
+    """Why the decoder runs its torch modules rather than the native CPU step, or None.
+
+    The native step is the Llama family's CPU path: it runs the whole stack, attention
+    included, in C++, so it needs the C++ CPU attention backend (any other was asked for
+    by name, runs on another device, or the extension did not build here); --enforce-eager
+    keeps the torch modules (the reference); and the C++ stack must hold every layer of the
+    stage at this dtype (services/worker/native_step.py `step_unsupported`)."""
+    if model_class is None or not issubclass(model_class, LlamaForCausalLM):
+        return "not a decoder of the Llama family"
+    if model_config.enforce_eager:
+        return "--enforce-eager"
+    if attention_ops.name != "cpu":
+        return f"the {attention_ops.name} attention backend (the native step's is cpu)"
+    spec = model_class.describe(config)
+    layers = stage_layers(spec.num_layers, rank.pipeline_parallel_size, rank.pp_rank)
+    return step_unsupported(spec, layers, rank.tensor_parallel_size, dtype)
+
+
+def _construct(
+    model_class: type[CausalLM],
+    config: PretrainedConfig,
+    model_config: ModelConfig,
+    rank: RankInfo,
+    plan: ForwardPlan,
+    pooling: bool,
+    folder: Path,
+) -> CausalLM:
+    """The native model in the plan's final form, its weights not loaded yet (on the
+    current default device and dtype)."""
+    if getattr(model_class, "reads_pairs", False) and getattr(config, "sep_token_id", None) is None:
+        config.sep_token_id = _sep_token_id(folder)  # where a pair's second text starts
+    # the decoders are built in the plan's form; an encoder has one form
+    formed = {"plan": plan} if issubclass(model_class, LlamaForCausalLM) else {}
+    return model_class(  # type: ignore[call-arg]
+        config,
+        rank,
+        pooling=pooling,
+        expert_parallel=model_config.enable_expert_parallel,
+        **formed,
+    )
+
+
+def _build_final_form(model: CausalLM, plan: ForwardPlan, dtype: torch.dtype) -> None:
+    """The loader's build step, once the weights are loaded and finished: the form the
+    plan's decoder runs (packed into the native step, or the torch modules' form)."""
+    if plan.native:
+        model.build_native_step()  # type: ignore[attr-defined]
+        return
+    prepare_for_torch(model, dtype)
+    if plan.triton_experts:
+        _use_triton_experts(model)
+
+
 def _load_model(model_config: ModelConfig, device, rank: RankInfo) -> LoadedModel:
     start = time.perf_counter()
     folder = resolve_model(model_config.model)
@@ -268,52 +361,34 @@ def _load_model(model_config: ModelConfig, device, rank: RankInfo) -> LoadedMode
     attention_ops = resolve_attention_backend(model_config.attention_backend, target)
     model_class = native_model_class(getattr(config, "architectures", None))
     hf_config = read_hf_config(folder)
-    runner = resolve_runner(model_config.runner, folder, hf_config)
+    pooling = resolve_runner(model_config.runner, folder, hf_config) == "pooling"
+    plan = plan_forward(
+        model_class, config, model_config, pooling, attention_ops, torch_dtype, rank
+    )
     gguf = _native_gguf(model_config.model)
     quantization = resolve_quantization(model_config, gguf, model_class is not None)
     if model_class is None:
-        _check_fallback(config, rank, quantization)
-        # imported here: transformers' modeling code costs ~1 s to import on 2 cores
-        from services.worker.models.hf_fallback import HFFallbackForCausalLM
-
-        model: CausalLM = HFFallbackForCausalLM.from_pretrained(folder, target, torch_dtype)
+        model = _fallback(config, rank, quantization, folder, target, torch_dtype)
+        formats = weight_formats(model)
     else:
-        if (
-            getattr(model_class, "reads_pairs", False)
-            and getattr(config, "sep_token_id", None) is None
-        ):
-            config.sep_token_id = _sep_token_id(folder)  # where a pair's second text starts
         with _default_dtype(torch_dtype), target:
-            model = model_class(  # type: ignore[call-arg]
-                config,
-                rank,
-                pooling=runner == "pooling",
-                expert_parallel=model_config.enable_expert_parallel,
-            )
+            model = _construct(model_class, config, model_config, rank, plan, pooling, folder)
         if quantization in ONLINE_METHODS:
             online = OnlineQuantization(quantization, model_config.quantization_group_size)
             set_online_quantization(model, online)
         model.load_weights(_checkpoint(folder, gguf, quantization, model, config))  # type: ignore[attr-defined]
         _finish_loading(model)
+        formats = weight_formats(model)  # as loaded (the torch modules' form de-quantizes)
+        _build_final_form(model, plan, torch_dtype)
         model.to(target).eval()
     model.eos_token_ids = read_eos_token_ids(folder, config)
     pooler, head = (
-        _pooler(model, model_config, folder, hf_config, config)
-        if runner == "pooling"
-        else (None, None)
+        _pooler(model, model_config, folder, hf_config, config) if pooling else (None, None)
     )
     model.set_attention_ops(attention_ops)
-    formats = weight_formats(model)
-    # a native model runs the C++ step on the CPU where it applies (unless eager), else
-    # packed linears
-    cpu_step = attention_ops.name == "cpu" and model_class is not None
-    cpu_step = cpu_step and not model_config.enforce_eager
-    if model_class is not None and not (cpu_step and model.use_native_step()):  # type: ignore[attr-defined]
-        prepare_for_torch(model, torch_dtype)
-        if attention_ops.name == "triton":
-            _use_triton_experts(model)
-    weight_bytes = resident_weight_bytes(model)
-    loaded = LoadedModel(model, quantization_name(formats), weight_bytes, pooler, head)
+    loaded = LoadedModel(
+        model, quantization_name(formats), resident_weight_bytes(model), pooler, head
+    )
     logger.info(
         "loaded %s (%s%s) on %s as %s, %s attention, in %.2f s; weights: %s; %.1f MB "
         "resident (linears: %s)",
@@ -322,13 +397,22 @@ def _load_model(model_config: ModelConfig, device, rank: RankInfo) -> LoadedMode
         f", pooling {pooler.pooling_type}" if pooler else "",
         target,
         torch_dtype,
-        model.attention_ops.name,
+        attention_ops.name,
         time.perf_counter() - start,
         ", ".join(f"{kind} {held}" for kind, held in formats.items()),
         loaded.weight_bytes / 1e6,
         ", ".join(f"{name} {held / 1e6:.1f} MB" for name, held in bytes_by_format(model).items()),
     )
     return loaded
+
+
+def _fallback(config, rank, quantization, folder, target, dtype) -> CausalLM:
+    """The transformers fallback's model (any causal LM without a native class)."""
+    _check_fallback(config, rank, quantization)
+    # imported here: transformers' modeling code costs ~1 s to import on 2 cores
+    from services.worker.models.hf_fallback import HFFallbackForCausalLM
+
+    return HFFallbackForCausalLM.from_pretrained(folder, target, dtype)
 
 
 def _pooler(model, model_config: ModelConfig, folder: Path, hf_config: dict, config):

@@ -1,19 +1,10 @@
 """The native CPU step of the Llama family: one C++ call runs a stage's decoder stack.
 
-`NativeStep.build(model)` hands every layer's weights to `pagestream_kernels/cpu/decoder_stack.cpp`
-(packed once into the layout of its GEMM, `pagestream_kernels/cpu/linear.cpp`) and frees the torch
-copies, so the weights are held once; from then on `LlamaModel.forward` is the embedding
-lookup, the step's cos/sin and one `DecoderStack.forward` over all of its layers, with the
-residual stream, norms, rotary and attention in float32 and every matmul accumulating
-and writing float32 around bfloat16 or float32 weights. With tensor parallelism the
-row-parallel outputs are summed through `tp_all_reduce` inside the same call.
-
-It applies on the CPU for float32 and bfloat16 weights (and the quantized forms) of the
-layers the description says it runs (SiLU or GELU-tanh MLPs, mixtures of SiLU experts,
-pre or sandwich norms, any number of rotary tables or none) when the C++
-extension builds here and its GEMM runs on this CPU; `unsupported_reason` says why not,
-and the torch modules (the reference, and the path of every other device) run instead.
---enforce-eager (ModelConfig.enforce_eager) turns it off.
+`NativeStep.build(decoder)` packs every layer's weights into `pagestream_kernels/cpu`'s
+DecoderStack (the torch copies are freed: the weights are held once); a step is then the
+embedding lookup, the rotary tables' cos/sin and one `DecoderStack.forward`, with the
+residual stream, norms, rotary and attention in float32 and every matmul accumulating in
+float32. `step_unsupported` says where it cannot run (the loader's plan reads it).
 """
 
 from __future__ import annotations
@@ -26,6 +17,7 @@ import torch
 from torch import nn
 
 from pagestream_kernels.attention_metadata import AttentionMetadata
+from services.common.model_errors import ModelLoadError
 from services.worker.layers.fused_moe import FusedMoE
 from services.worker.layers.linear import kv_heads_per_rank
 from services.worker.layers.quantization.model_weights import weight_formats
@@ -47,18 +39,39 @@ def _extension():
     return cpu.load()
 
 
-def unsupported_reason(model: nn.Module, spec: DecoderSpec) -> str | None:
-    """Why the native step cannot run `model` (a LlamaModel built from `spec`) here, or
-    None: every layer of the stage is checked against what the C++ stack runs (the
-    description) and against its weights (device and dtype of each linear)."""
-    tp_size = model.stage.tensor_parallel_size
+def step_unsupported(
+    spec: DecoderSpec, layer_range: range, tp_size: int, dtype: torch.dtype
+) -> str | None:
+    """Why the native step cannot run layers `layer_range` of `spec` with `dtype` weights
+    on this CPU (split over `tp_size` ranks), or None: what the C++ stack holds (the
+    description), the weights' dtype, and whether the extension builds and its GEMM runs
+    `dtype` here."""
+    if dtype not in _DTYPES:
+        return f"the weights are {dtype}; the native step runs float32 or bfloat16"
+    reason = spec.native_unsupported(layer_range, tp_size, dtype == torch.bfloat16)
+    if reason is not None:
+        return reason
+    try:
+        module = _extension()
+    except RuntimeError as exc:
+        return str(exc)
+    if not module.linear_supported(dtype):
+        return f"the CPU GEMM kernel does not run {dtype} on this CPU"
+    return None
+
+
+def unsupported_reason(decoder: nn.Module, spec: DecoderSpec) -> str | None:
+    """Why the native step cannot run the loaded `decoder` (a LlamaModel built from
+    `spec`), or None: `step_unsupported` for each dtype its linears hold, each of which
+    must be on the CPU."""
+    tp_size = decoder.stage.tensor_parallel_size
     # the description first: a layer the C++ stack cannot hold may lack its linears
-    reason = spec.native_unsupported(model.layer_range, tp_size, bf16=False)
+    reason = spec.native_unsupported(decoder.layer_range, tp_size, bf16=False)
     if reason is not None:
         return reason
     dtypes = set()
-    for index in model.layer_range:
-        for name, linear in _linears(model.layers[index]).items():
+    for index in decoder.layer_range:
+        for name, linear in _linears(decoder.layers[index]).items():
             weight = linear.weight
             if weight.device.type != "cpu" or weight.dtype not in _DTYPES:
                 return (
@@ -66,17 +79,10 @@ def unsupported_reason(model: nn.Module, spec: DecoderSpec) -> str | None:
                     "step runs float32 or bfloat16 on the CPU"
                 )
             dtypes.add(weight.dtype)
-    bf16 = torch.bfloat16 in dtypes
-    reason = spec.native_unsupported(model.layer_range, tp_size, bf16)
-    if reason is not None:
-        return reason
-    try:
-        module = _extension()
-    except RuntimeError as exc:
-        return str(exc)
     for dtype in sorted(dtypes, key=str):
-        if not module.linear_supported(dtype):
-            return f"the CPU GEMM kernel does not run {dtype} on this CPU"
+        reason = step_unsupported(spec, decoder.layer_range, tp_size, dtype)
+        if reason is not None:
+            return reason
     return None
 
 
@@ -141,6 +147,37 @@ def _final_norm(model: nn.Module) -> torch.Tensor:
     return model.norm.weight.detach() if model.stage.is_last_stage else torch.empty(0)
 
 
+def _layer_weights(ext, model: nn.Module, index: int) -> object:
+    """Layer `index` of the decoder `model` as the C++ stack's LayerWeights (its linears
+    packed, their torch copies freed)."""
+    layer, spec = model.layers[index], model.spec.layers[index]
+    linears = _linears(layer)
+    weights = ext.LayerWeights()
+    first_rank = model.stage.tp_rank == 0  # row-parallel biases are added once
+    for name in ("qkv", "o", "gate_up", "down"):
+        if name not in linears:  # a mixture's layer: its experts go below
+            continue
+        linear = linears[name]
+        applies = first_rank or name in ("qkv", "gate_up")  # column-parallel biases
+        setattr(weights, name, linear.to_native(_bias(linear, applies)))
+    if isinstance(layer.mlp, FusedMoE):
+        weights.moe = _moe_weights(ext, layer.mlp)
+    weights.input_norm = layer.input_layernorm.weight.detach()
+    weights.post_norm = layer.mlp_norm.weight.detach()
+    if layer.sandwich:  # norms of the attention's and the MLP's outputs
+        weights.attn_out_norm = layer.post_attention_layernorm.weight.detach()
+        weights.mlp_out_norm = layer.post_feedforward_layernorm.weight.detach()
+    weights.sliding_window = spec.sliding_window or 0
+    kinds = list(model.rotaries)
+    weights.rotary = kinds.index(spec.rope) if spec.rope in kinds else -1
+    if spec.qk_norm:  # per head, or over all heads (OLMoE)
+        weights.q_norm = layer.self_attn.q_norm.weight.detach()
+        weights.k_norm = layer.self_attn.k_norm.weight.detach()
+    weights.clip_qkv = spec.clip_qkv or 0.0
+    weights.kv_group = model.layer_groups[index - model.layer_range.start]
+    return weights
+
+
 class NativeStep:
     """A pipeline stage's decoder stack as one C++ object (see the module docstring)."""
 
@@ -155,41 +192,19 @@ class NativeStep:
 
     @classmethod
     def build(cls, model: nn.Module) -> NativeStep:
-        """Packs `model`'s layers into a DecoderStack (its shape from the model's
-        description, this rank's share) and frees their torch weights."""
+        """Packs the loaded decoder `model`'s layers into a DecoderStack (its shape from the
+        model's description, this rank's share) and frees their torch weights; a
+        ModelLoadError where its weights are not what the loader's plan promised."""
+        reason = unsupported_reason(model, model.spec)
+        if reason is not None:
+            raise ModelLoadError(f"the native CPU step cannot run this model: {reason}")
         ext = _extension()
-        spec, stage = model.spec, model.stage
-        stack = ext.DecoderStack(_stack_config(ext, spec, stage), _final_norm(model))
-        first_rank = stage.tp_rank == 0  # row-parallel biases are added once
+        stack = ext.DecoderStack(_stack_config(ext, model.spec, model.stage), _final_norm(model))
         held: set[str] = set()
         for index in model.layer_range:
             layer = model.layers[index]
             held |= {part for kind in weight_formats(layer).values() for part in kind.split("+")}
-            linears = _linears(layer)
-            weights = ext.LayerWeights()
-            for name in ("qkv", "o", "gate_up", "down"):
-                if name not in linears:  # a mixture's layer: its experts go below
-                    continue
-                linear = linears[name]
-                applies = first_rank or name in ("qkv", "gate_up")  # column-parallel biases
-                setattr(weights, name, linear.to_native(_bias(linear, applies)))
-            if isinstance(layer.mlp, FusedMoE):
-                weights.moe = _moe_weights(ext, layer.mlp)
-            weights.input_norm = layer.input_layernorm.weight.detach()
-            weights.post_norm = layer.mlp_norm.weight.detach()
-            if layer.sandwich:  # norms of the attention's and the MLP's outputs
-                weights.attn_out_norm = layer.post_attention_layernorm.weight.detach()
-                weights.mlp_out_norm = layer.post_feedforward_layernorm.weight.detach()
-            weights.sliding_window = spec.layers[index].sliding_window or 0
-            kinds = list(model.rotaries)
-            rope = spec.layers[index].rope
-            weights.rotary = kinds.index(rope) if rope in kinds else -1
-            if spec.layers[index].qk_norm:  # per head, or over all heads (OLMoE)
-                weights.q_norm = layer.self_attn.q_norm.weight.detach()
-                weights.k_norm = layer.self_attn.k_norm.weight.detach()
-            weights.clip_qkv = spec.layers[index].clip_qkv or 0.0
-            weights.kv_group = model.layer_groups[index - model.layer_range.start]
-            stack.add_layer(weights)
+            stack.add_layer(_layer_weights(ext, model, index))
         logger.info(
             "native CPU step: %d layers in one C++ call per step (%s weights, float32 "
             "accumulation and activations)",

@@ -64,6 +64,12 @@ class CausalLM(nn.Module):
         self.max_seq_length: int | None = None
         self.num_labels = 0  # a classifier's labels (its pooled rows through pooled_head)
 
+    @classmethod
+    def reads_bidirectionally(cls, config: PretrainedConfig, pooling: bool) -> bool:
+        """Whether the checkpoint's attention is bidirectional (an encoder, or a decoder
+        family read as one by the pooling runner): the loader's plan builds it so."""
+        return False
+
     def set_attention_ops(self, ops: AttentionOps) -> None:
         """Run every attention layer through `ops` (see resolve_attention_backend)."""
         self.attention_ops = ops

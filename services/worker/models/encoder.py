@@ -1,20 +1,10 @@
 """Encoder: what every bidirectional encoder of the pooling runner shares (BERT's family,
-ModernBERT, NomicBERT), whatever its layers are.
-
-    hidden = model(input_ids [T], positions [T], kv_caches, attn_metadata)  # [T, hidden]
-
-Attention is bidirectional, so a sequence's rows see its later tokens too: each step must
-hold whole prompts (the scheduler schedules an encoder's prompt in one step, never
-chunked, never from a prefix hit: `PoolerConfig.whole_prompt`), and nothing is kept in
-the paged cache (an encoder never decodes): the step's own keys and values are all a
-query reads. The output is the last hidden state of every row (what sentence-transformers'
-Transformer module returns); the Pooler picks and pools rows from it. A classification
-checkpoint (`*ForSequenceClassification`: a reranker or a classifier) runs its head over
-the pooled row (`pooled_head`).
-
-A subclass builds its layers, runs them in `encode` and names the checkpoint's tensors as
-its own in `checkpoint_name` (a parameter, or a (parameter, part) of one fused from several
-tensors, joined in the order `fused` gives for the parameter's module name).
+ModernBERT, NomicBERT). A sequence's rows see its later tokens too, so each step holds
+whole prompts (`PoolerConfig.whole_prompt`) and nothing is kept in the paged cache: the
+step's own keys and values are all a query reads. The output is every row's last hidden
+state; a classification checkpoint runs its head over the pooled row (`pooled_head`). A
+subclass builds its layers, runs them in `encode` and names the checkpoint's tensors as its
+own in `checkpoint_name` (a parameter, or (parameter, part) of a fused one, see `fused`).
 """
 
 from __future__ import annotations
@@ -152,8 +142,9 @@ class Encoder(CausalLM):
             return "encoders run on one rank (no tensor or pipeline parallelism yet)"
         return None
 
-    def use_native_step(self) -> bool:
-        return False  # the torch path: no native CPU step for encoders yet
+    @classmethod
+    def reads_bidirectionally(cls, config: PretrainedConfig, pooling: bool) -> bool:
+        return True
 
     @property
     def max_positions(self) -> int:

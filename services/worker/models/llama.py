@@ -1,15 +1,10 @@
-"""Native Llama family: Llama (incl. llama3 RoPE scaling, SmolLM2), Mistral, Qwen2, Qwen3,
-SmolLM3 (layers without rotary), Phi-3 / Phi-4-mini (fused checkpoint tensors, partial
-rotary) and Gemma 3's text model ((1 + w) norms around both
-blocks, GeGLU, scaled embeddings, local and global rotary).
-
-Runs on the flattened batch ([num_tokens, hidden_size], no padding) with the paged KV cache.
-A family is a description (`describe(config)`: services/worker/models/decoder_spec.py) from
-which these torch modules are built, layer by layer, and the native CPU step too
-(services/worker/native_step.py). Fused QKV and gate/up projections are filled from HF's
-separate q/k/v and gate/up tensors through `stacked_params_mapping`; every other tensor
-loads by its HF name. The layers take `tp_rank`/`tp_size` so the same code runs
-tensor-parallel.
+"""Native Llama family: Llama (llama3 RoPE scaling, SmolLM2), Mistral, Qwen2, Qwen3, SmolLM3
+(layers without rotary), Phi-3 / Phi-4-mini and Gemma 3's text model, on the flattened batch
+([num_tokens, hidden_size], no padding) with the paged KV cache. A family is a description
+(decoder_spec.py) from which the decoder is built in the form the loader's ForwardPlan
+names: the torch modules (LlamaModel) or the native CPU step over their loaded weights
+(NativeLlamaModel), with causal or bidirectional attention. HF's separate q/k/v and
+gate/up tensors fill the fused layers through `stacked_params_mapping`.
 """
 
 from __future__ import annotations
@@ -35,9 +30,10 @@ from services.worker.layers.vocab_embedding import LMHead, VocabEmbedding
 from services.worker.models.causal_lm import CausalLM, config_num_kv_heads
 from services.worker.models.decoder_spec import DecoderSpec, LayerSpec
 from services.worker.models.encoder import BidirectionalAttention
+from services.worker.models.forward_plan import TORCH_CAUSAL, ForwardPlan
 from services.worker.models.kv_cache_spec import KVCacheGroups, KVCacheSpec
 from services.worker.models.weight_utils import default_weight_loader
-from services.worker.native_step import NativeStep, unsupported_reason
+from services.worker.native_step import NativeStep
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +62,7 @@ class LlamaAttention(nn.Module):
         rotary: RotaryEmbedding | None,
         tp_rank: int = 0,
         tp_size: int = 1,
+        bidirectional: bool = False,
     ) -> None:
         super().__init__()
         heads, kv_heads, head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
@@ -89,13 +86,7 @@ class LlamaAttention(nn.Module):
         self.q_norm = RMSNorm(q_width * head_dim, norm_eps, unit) if spec.qk_norm else None
         self.k_norm = RMSNorm(k_width * head_dim, norm_eps, unit) if spec.qk_norm else None
         self.clip_qkv = spec.clip_qkv  # OLMoE: q, k (after their norms) and v clamped
-        self.attn = Attention(
-            heads // tp_size,
-            head_dim,
-            spec.scale,
-            kv_heads_per_rank(kv_heads, tp_size),
-            sliding_window=spec.sliding_window,
-        )
+        self.attn = _attention(spec, tp_size, bidirectional)
 
     def forward(
         self,
@@ -127,6 +118,18 @@ class LlamaAttention(nn.Module):
         return norm(heads, x.dtype).reshape(x.shape)
 
 
+def _attention(spec: LayerSpec, tp_size: int, bidirectional: bool) -> nn.Module:
+    """The layer's attention: paged and causal, or bidirectional over each whole prompt (a
+    windowed layer's within half its window either side, as HF's bidirectional sliding
+    mask; one rank only, checked by LlamaForCausalLM)."""
+    heads, kv_heads = spec.num_heads // tp_size, kv_heads_per_rank(spec.num_kv_heads, tp_size)
+    if not bidirectional:
+        return Attention(heads, spec.head_dim, spec.scale, kv_heads, spec.sliding_window)
+    window = spec.sliding_window
+    half_window = None if window is None else window - 1
+    return BidirectionalAttention(heads, spec.head_dim, spec.scale, kv_heads, half_window)
+
+
 class LlamaDecoderLayer(nn.Module):
     """One layer of the description: attention and gated MLP with their RMSNorms placed
     "pre" (HF's input_layernorm before the attention, post_attention_layernorm before the
@@ -141,11 +144,12 @@ class LlamaDecoderLayer(nn.Module):
         tp_rank: int = 0,
         tp_size: int = 1,
         expert_parallel: bool = False,
+        bidirectional: bool = False,
     ) -> None:
         super().__init__()
         hidden, eps = model.hidden_size, model.norm_eps
         unit = spec.norm == "rms_unit_offset"
-        self.self_attn = LlamaAttention(spec, hidden, eps, rotary, tp_rank, tp_size)
+        self.self_attn = LlamaAttention(spec, hidden, eps, rotary, tp_rank, tp_size, bidirectional)
         self.mlp = _mlp(spec, hidden, tp_rank, tp_size, expert_parallel)
         self.input_layernorm = RMSNorm(hidden, eps, unit)
         self.post_attention_layernorm = RMSNorm(hidden, eps, unit)
@@ -220,9 +224,13 @@ def stage_layers(num_layers: int, pp_size: int, pp_rank: int) -> range:
 
 
 class LlamaModel(nn.Module):
-    """One pipeline stage of the decoder described by `spec`: stage 0 embeds, the last
-    stage applies the final norm; layers of other stages are left out (`nn.Identity`
-    placeholders keep the checkpoint's layer numbering)."""
+    """The torch decoder: one pipeline stage of the decoder described by `spec`, run by its
+    torch modules. Stage 0 embeds, the last stage applies the final norm; layers of other
+    stages are left out (`nn.Identity` placeholders keep the checkpoint's layer numbering).
+    `bidirectional`: every layer attends over each whole prompt and no layer reads the
+    paged cache (one tiny cache in one group, as an Encoder's, only counts tokens)."""
+
+    native: NativeStep | None = None  # the torch modules run this decoder
 
     def __init__(
         self,
@@ -230,6 +238,7 @@ class LlamaModel(nn.Module):
         spec: DecoderSpec,
         rank: RankInfo,
         expert_parallel: bool = False,
+        bidirectional: bool = False,
     ) -> None:
         super().__init__()
         tp_rank, tp_size = rank.tp_rank, rank.tensor_parallel_size
@@ -248,6 +257,7 @@ class LlamaModel(nn.Module):
                 tp_rank,
                 tp_size,
                 expert_parallel,
+                bidirectional,
             )
             if i in self.layer_range
             else nn.Identity()
@@ -256,18 +266,11 @@ class LlamaModel(nn.Module):
         if rank.is_last_stage:
             unit = spec.layers[-1].norm == "rms_unit_offset"
             self.norm = RMSNorm(spec.hidden_size, spec.norm_eps, unit)
-        self.native: NativeStep | None = None  # set by LlamaForCausalLM.use_native_step
-        self.kv_cache_groups = _kv_cache_groups(spec, self.layer_range)
-        # per layer of this stage: the KV cache group whose block table it reads
-        self.layer_groups = [g for g, _ in self.kv_cache_groups.placement()]
-        self.reads_cache = True  # False: bidirectional (read_no_cache)
-
-    def read_no_cache(self) -> None:
-        """No layer reads the paged cache (bidirectional): one tiny cache in one group, as
-        an Encoder's, only counts tokens."""
-        self.kv_cache_groups = KVCacheGroups.single(1)
-        self.layer_groups = [0] * len(self.layer_groups)
-        self.reads_cache = False
+        # per layer of this stage: the KV cache group whose block table it reads, and the
+        # step's cache it is handed
+        self.kv_cache_groups, self.layer_groups, self.layer_caches = _cache_layout(
+            spec, self.layer_range, bidirectional
+        )
 
     def _rotary(self, layer: LayerSpec) -> RotaryEmbedding | None:
         return self.rotaries[layer.rope] if layer.rope in self.rotaries else None  # noqa: SIM401
@@ -281,18 +284,13 @@ class LlamaModel(nn.Module):
         hidden_states: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """hidden_states: the previous stage's output (every stage but the first)."""
-        if self.native is not None:
-            return self.native.forward(
-                input_ids, positions, kv_caches, attn_metadata, hidden_states
-            )
         if self.stage.is_first_stage:
             hidden_states = self.embed(input_ids)  # [num_tokens, hidden_size]
             hidden_states = hidden_states.to(residual_dtype(hidden_states))
         layers = self.layers[self.layer_range.start : self.layer_range.stop]
-        if not self.reads_cache:  # one tiny bookkeeping cache, read by no layer
-            kv_caches = [None] * len(layers)
-        for layer, kv_cache, group in zip(layers, kv_caches, self.layer_groups, strict=True):
-            hidden_states = layer(positions, hidden_states, kv_cache, attn_metadata.group(group))
+        for layer, cache, group in zip(layers, self.layer_caches, self.layer_groups, strict=True):
+            md = attn_metadata.group(group)
+            hidden_states = layer(positions, hidden_states, kv_caches[cache], md)
         if not self.stage.is_last_stage:
             return hidden_states
         # In the residual's dtype: a float32 residual keeps its last norm in float32 too,
@@ -306,6 +304,48 @@ class LlamaModel(nn.Module):
         if self.spec.embedding_scale == 1.0:
             return embedded
         return embedded * torch.tensor(self.spec.embedding_scale, dtype=embedded.dtype)
+
+
+class NativeLlamaModel(LlamaModel):
+    """The native decoder: the same stage, built causal, whose torch modules only receive
+    the checkpoint; `build_step` (the loader's last step, after the weights are loaded and
+    finished) packs them into the NativeStep that runs every forward (native_step.py)."""
+
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        spec: DecoderSpec,
+        rank: RankInfo,
+        expert_parallel: bool = False,
+    ) -> None:
+        super().__init__(config, spec, rank, expert_parallel)
+        self.native: NativeStep | None = None  # built by build_step
+
+    def build_step(self) -> None:
+        """Packs the loaded weights into the C++ stack (their torch copies are freed)."""
+        self.native = NativeStep.build(self)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: Sequence[torch.Tensor],
+        attn_metadata: AttentionMetadata,
+        hidden_states: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return self.native.forward(input_ids, positions, kv_caches, attn_metadata, hidden_states)
+
+
+def _cache_layout(
+    spec: DecoderSpec, layer_range: range, bidirectional: bool
+) -> tuple[KVCacheGroups, list[int], list[int]]:
+    """The stage's KV cache groups, and per layer its group and the index of the step's
+    cache it is handed: its own; bidirectional, the one bookkeeping cache (never read)."""
+    num_layers = len(layer_range)
+    if bidirectional:
+        return KVCacheGroups.single(1), [0] * num_layers, [0] * num_layers
+    groups = _kv_cache_groups(spec, layer_range)
+    return groups, [g for g, _ in groups.placement()], list(range(num_layers))
 
 
 def _kv_cache_groups(spec: DecoderSpec, layer_range: range) -> KVCacheGroups:
@@ -348,48 +388,35 @@ class LlamaForCausalLM(CausalLM):
         rank: RankInfo | None = None,
         pooling: bool = False,
         expert_parallel: bool = False,
+        plan: ForwardPlan = TORCH_CAUSAL,
     ) -> None:
         """`pooling`: a pooling runner's model, whose checkpoint may have no LM head (a
         base model saved by AutoModel): it then loads without one and only pools.
         `expert_parallel`: a mixture of experts' whole experts placed on the TP ranks
-        instead of each expert split over them (services/worker/layers/fused_moe.py)."""
+        instead of each expert split over them (services/worker/layers/fused_moe.py).
+        `plan`: the decoder's form (model_loader.plan_forward): torch or native,
+        causal or bidirectional (then it only pools: its prompts run whole)."""
         super().__init__(config)
         self.pooling = pooling
         self.rank = rank = rank or RankInfo()
         self.tp_size = rank.tensor_parallel_size
         check_tensor_parallel(config, self.tp_size)
-        self.model = LlamaModel(config, self.describe(config), rank, expert_parallel)
-        self.tie_word_embeddings = self.model.spec.tie_word_embeddings
+        if plan.bidirectional and rank.world_size > 1:
+            raise ModelLoadError(
+                "a bidirectional encoder runs on one rank (no tensor or pipeline parallelism)"
+            )
+        spec = self.describe(config)
+        if plan.native:
+            self.model: LlamaModel = NativeLlamaModel(config, spec, rank, expert_parallel)
+        else:
+            self.model = LlamaModel(config, spec, rank, expert_parallel, plan.bidirectional)
+        self.can_generate, self.bidirectional = not plan.bidirectional, plan.bidirectional
+        self.tie_word_embeddings = spec.tie_word_embeddings
         self.lm_head: LMHead | None = None
         if rank.is_last_stage:
             self.lm_head = LMHead(config.vocab_size, config.hidden_size, rank.tp_rank, self.tp_size)
             if self.tie_word_embeddings and rank.is_first_stage:
                 self.lm_head.tie_to(self.model.embed_tokens)
-        if pooling and self.reads_bidirectionally(config):
-            self._attend_bidirectionally()
-
-    @classmethod
-    def reads_bidirectionally(cls, config: PretrainedConfig) -> bool:
-        """Whether the checkpoint is an encoder made from this family (EmbeddingGemma's
-        `use_bidirectional_attention`): where HF honours the flag."""
-        return False
-
-    def _attend_bidirectionally(self) -> None:
-        """Every layer's attention bidirectional over each whole prompt (a windowed layer's
-        within half its window either side, as HF's bidirectional sliding mask): the model
-        then only pools, its prompts run whole and the cache is never read."""
-        if self.tp_size > 1 or not (self.rank.is_first_stage and self.rank.is_last_stage):
-            raise ModelLoadError(
-                "a bidirectional encoder runs on one rank (no tensor or pipeline parallelism)"
-            )
-        for layer, spec in zip(self.model.layers, self.model.spec.layers, strict=True):
-            window = spec.sliding_window
-            half_window = None if window is None else window - 1
-            layer.self_attn.attn = BidirectionalAttention(
-                spec.num_heads, spec.head_dim, spec.scale, spec.num_kv_heads, half_window
-            )
-        self.model.read_no_cache()
-        self.can_generate, self.bidirectional = False, True
 
     @classmethod
     def describe(cls, config: PretrainedConfig) -> DecoderSpec:
@@ -412,7 +439,7 @@ class LlamaForCausalLM(CausalLM):
 
     @property
     def kv_cache_spec(self) -> KVCacheSpec:
-        if not self.model.reads_cache:
+        if self.bidirectional:
             return KVCacheSpec(1, 1, 1, self.dtype)  # bookkeeping only (bidirectional)
         num_layers = len(self.model.layer_range)  # this stage's layers
         groups = self.kv_cache_groups
@@ -438,19 +465,12 @@ class LlamaForCausalLM(CausalLM):
             logits = torch.tanh(logits / cap) * cap
         return logits
 
-    def use_native_step(self) -> bool:
-        """Runs the decoder stack (and the LM head) through the native CPU step where it
-        applies (services/worker/native_step.py); False, with the reason logged, where not."""
-        if self.bidirectional:
-            return False  # the native step attends causally over the paged cache
-        reason = unsupported_reason(self.model, self.model.spec)
-        if reason is not None:
-            logger.info("native CPU step not used: %s; the torch modules run", reason)
-            return False
-        self.model.native = NativeStep.build(self.model)
+    def build_native_step(self) -> None:
+        """The loader's build step of a native decoder, once its weights are loaded and
+        finished: the decoder stack and the LM head packed for the C++ step."""
+        self.model.build_step()
         if self.lm_head is not None:
             self.lm_head.pack_native()
-        return True
 
     def _skip_weight(self, name: str) -> bool:
         if name.endswith(self.skipped_weight_suffixes):
@@ -605,8 +625,9 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         )
 
     @classmethod
-    def reads_bidirectionally(cls, config: PretrainedConfig) -> bool:
-        return bool(getattr(config, "use_bidirectional_attention", False))
+    def reads_bidirectionally(cls, config: PretrainedConfig, pooling: bool) -> bool:
+        """EmbeddingGemma: `use_bidirectional_attention`, which HF honours for pooling."""
+        return pooling and bool(getattr(config, "use_bidirectional_attention", False))
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):
