@@ -1,13 +1,10 @@
 """Paged attention layer: writes this step's K/V into the cache, attends over the context.
 
-The layer works on the flattened batch ([num_tokens, num_heads * head_dim], no padding); the
-per-step layout (slot_mapping, block_table, seq_lens, query_start_loc) comes from
-`AttentionMetadata`. The kernels (causal within each sequence, GQA, optional sliding window
-and logit soft-cap) come from an `AttentionOps` backend: "torch" is pagestream_kernels'
-reference; "cpu" (pagestream_kernels/cpu: decode groups in C++, the rest as torch) and
-"triton" (pagestream_kernels/triton) load lazily on first use, and other backends register
-with `register_attention_backend`;
-`resolve_attention_backend` picks one for --attention-backend auto|torch|cpu|triton.
+It works on the flattened batch ([num_tokens, num_heads * head_dim], no padding) with the
+step's `AttentionMetadata`. The kernels (causal within each sequence, GQA, sliding window,
+logit soft-cap) come from an `AttentionOps` backend: "torch" (pagestream_kernels'
+reference), "cpu" and "triton" (loaded on first use), or one registered with
+`register_attention_backend`; `resolve_attention_backend` picks one for --attention-backend.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """BERT-family encoders for the pooling runner: BERT, RoBERTa, XLM-RoBERTa, MPNet.
 
-A post-norm encoder (HF's BertModel): word + position + token-type embeddings and their
-LayerNorm, then per layer bidirectional self-attention and a GELU MLP, each followed by
-its residual LayerNorm. RoBERTa's positions start after its padding id. MPNet has no token
-types, numbers positions from 2 and adds a relative position bias (T5's buckets, one table
-shared by every layer) to each layer's attention scores. A cross-encoder
-(`*ForSequenceClassification`: a reranker) adds its classification head over the first
-row (`pooled_head`: BERT's pooler + classifier, RoBERTa's and MPNet's classifier.dense +
-out_proj, both dense -> tanh -> labels), and its second text's tokens (after the first
-[SEP]) are token type 1, as its tokenizer marks a pair; a single text is all type 0.
+HF's post-norm BertModel: word + position + token-type embeddings and their LayerNorm, then
+per layer bidirectional self-attention and a GELU MLP, each followed by its residual
+LayerNorm. RoBERTa's positions start after its padding id; MPNet has no token types,
+numbers positions from 2 and adds T5's relative position bias. A cross-encoder adds its
+classification head over the first row (`pooled_head`); a pair's second text is type 1.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """A decoder model described once: what every layer is, whichever backend runs it.
 
-A `DecoderSpec` holds the model-wide facts (vocabulary, hidden size, final norm, tied
-embeddings, rotary) and one `LayerSpec` per layer (attention, window, norms, MLP or mixture
-of experts). The same description builds the torch modules (models/llama.py) and the native
-CPU step (native_step.py); `native_unsupported` names the first layer the C++ stack cannot
-run, and why, which sends the model to the torch path. A family is a description: new parts
-add their fields here and their op to each backend.
-
-Sizes are the whole model's (heads, intermediate); a tensor-parallel rank's share is
-computed where the modules are built.
+A `DecoderSpec` holds the model-wide facts and one `LayerSpec` per layer (attention, window,
+norms, MLP or mixture of experts); the torch modules (models/llama.py) and the native CPU
+step (native_step.py) are built from it, and `native_unsupported` names the first layer the
+C++ stack cannot run. New parts add their fields here and their op to each backend. Sizes
+are the whole model's; a tensor-parallel rank's share is computed where modules are built.
 """
 
 from __future__ import annotations

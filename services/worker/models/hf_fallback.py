@@ -1,12 +1,10 @@
 """Any other HF causal LM (GPT-2, OPT, ...) run by transformers with our paged KV cache.
 
-The model is loaded with `attn_implementation="pagestream"`, an attention function registered
-in transformers' `AttentionInterface`: it writes each layer's K/V through `reshape_and_cache`
-into `kv_caches[module.layer_idx]` and calls `paged_attention`, which masks causally within
-each sequence. The flattened batch runs as batch 1 with explicit per-token `position_ids`
-(GPT-2 embeds them directly; OPT adds its offset of 2 to them instead of taking a cumsum over
-an attention mask). Because "pagestream" has no entry in transformers' mask interface,
-`create_causal_mask` returns None: the mask path is a no-op.
+It loads with `attn_implementation="pagestream"`, an attention function registered in
+transformers' `AttentionInterface` that caches each layer's K/V into
+`kv_caches[module.layer_idx]` and calls `paged_attention` (causal within each sequence;
+transformers' mask path is a no-op). The flattened batch runs as batch 1 with explicit
+per-token `position_ids`.
 """
 
 from __future__ import annotations

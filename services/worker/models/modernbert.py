@@ -1,13 +1,10 @@
 """ModernBERT for the pooling runner (gte-modernbert, modernbert-embed; its rerankers).
 
-A pre-norm encoder without position embeddings: token embeddings and their LayerNorm, then
-per layer LayerNorm -> fused qkv -> rotary -> bidirectional attention -> out, and
-LayerNorm -> GeGLU MLP (one fused input/gate matrix, act(input) * gate), each added to the
-residual; the first layer reads the embeddings without a norm, a final LayerNorm ends it.
-Layers alternate local and global attention (`layer_types`): a local layer's query sees
-the keys within `local_attention / 2` positions either side, and each kind has its own
-rotary base. A classification checkpoint pools its first row (`classifier_pooling` cls)
-or the mean of its rows, then runs its head (dense -> act -> LayerNorm) and classifier.
+A pre-norm encoder without position embeddings: per layer LayerNorm -> fused qkv -> rotary
+-> bidirectional attention, and LayerNorm -> GeGLU MLP, each added to the residual (the
+first layer reads the embeddings without a norm). Local layers (`layer_types`) see
+`local_attention / 2` positions either side, each kind with its own rotary base. A
+classifier pools its first row or the mean of its rows, then runs its head and classifier.
 """
 
 from __future__ import annotations

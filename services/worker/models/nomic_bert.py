@@ -1,11 +1,9 @@
 """NomicBERT for the pooling runner (nomic-embed-text v1 / v1.5, and its classifiers).
 
 A post-norm encoder with rotary positions: word + token-type embeddings and their
-LayerNorm, then per layer bidirectional attention (q, k, v and out projections without
-biases; q and k rotated) and a SwiGLU MLP (act(gate) * up), each added to the residual and
-then normalized. No position embeddings, no final norm. A classification checkpoint runs
-BERT's pooler (dense -> tanh over the first row) and classifier. The second text of a pair
-(after the first [SEP]) is token type 1, as in BERT.
+LayerNorm, then per layer bidirectional attention (no biases; q and k rotated) and a
+SwiGLU MLP, each added to the residual and then normalized; no final norm. A classifier
+runs BERT's pooler and classifier; a pair's second text is token type 1, as in BERT.
 """
 
 from __future__ import annotations
