@@ -1,18 +1,11 @@
-"""What parsing a reasoning model's replies costs the server: `pagestream bench
-reply_parsing` (issue 49's targets: parsing adds at most 5% to the frontend's CPU per
-streamed token; a streamed Anthropic reply's first event comes as soon as the OpenAI
-stream's first chunk).
+"""What parsing a reasoning model's replies costs the server: `pagestream bench reply_parsing`.
 
 A scripted Qwen3-style model (scripted_chat.py: thinking, an answer, a hermes tool call)
-served twice by `pagestream serve`, side by side, the same but for the parsing flags:
-no_parsers (the tools sent with tool_choice "none", so the prompts are the same) and
-parsers (`--reasoning-parser qwen3 --enable-auto-tool-choice --tool-call-parser hermes`,
-tool_choice "auto"). Closed-loop streamed chat requests at each concurrency, the servers
-taking turns in a rotated order each round; the CPU time of the serve process alone
-(HTTP, detokenizing, parsing: the engine core runs in its child) per streamed token.
-Then sequential streamed requests to the parsing server alternating between
-/v1/messages and /v1/chat/completions, timed to their first event and first text delta;
-and ChatTracker.update's cost per token without a server (chat_tracker_timing.py).
+served twice by `pagestream serve`, the same but for the parsing flags (no_parsers: tools
+sent with tool_choice "none", so the prompts match; parsers: qwen3 reasoning and hermes
+tool calls). Measured: the serve process's CPU time per streamed token under closed-loop
+load (the engine core runs in its child), the first event and first text delta of
+/v1/messages against /v1/chat/completions, and ChatTracker.update's cost per token.
 """
 
 from __future__ import annotations

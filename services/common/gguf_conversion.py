@@ -1,19 +1,12 @@
 """Convert a GGUF file once into a cached HF folder (config, tokenizer, and for some models
 the weights).
 
-The folder always holds config.json, generation_config.json and the tokenizer files (with
-the chat template): every role reads those. The weights of the native family's
-architectures (GGUF_NATIVE_ARCHITECTURES) are not written: the worker reads them from the
-GGUF file itself, kept quantized or de-quantized (services/worker/models/gguf_weights.py).
-Other architectures run through transformers, so their weights are de-quantized into
-model.safetensors (float32) here; that dequantization and the GGUF -> HF tensor naming are
-transformers' own (`load_gguf_checkpoint`); transformers' `from_pretrained(gguf_file=...)`
-is not used for the weights because it requires `accelerate`. The folder is written into a
-temporary directory next to the target and renamed into place, so a crash never leaves a
-half-written model and concurrent starts agree on one result. A marker file records the
-source, so a changed GGUF file is converted again. torch, safetensors and transformers are
-imported inside the functions that convert: importing this module (the frontend and the
-scheduler do, through model_source.py) costs nothing.
+Every role reads the folder's config.json, generation_config.json and tokenizer files; the
+native families' weights stay in the GGUF file (services/worker/models/gguf_weights.py),
+other architectures get a de-quantized model.safetensors (`write_hf_folder`). The folder is
+written beside the target and renamed into place, so a crash never leaves half a model and
+concurrent starts agree; a marker records the source, so a changed file converts again.
+torch, safetensors and transformers load only when converting (the frontend imports this).
 """
 
 from __future__ import annotations
@@ -133,7 +126,10 @@ def gguf_architecture(gguf_path: Path) -> str:
 def write_hf_folder(gguf_path: Path, out_dir: Path) -> None:
     """Write an HF folder for `gguf_path`: config.json, generation_config.json and the
     tokenizer files (with the chat template), and model.safetensors (float32, de-quantized)
-    unless the architecture is one the native models read from the GGUF file."""
+    unless the architecture is one the native models read from the GGUF file
+    (GGUF_NATIVE_ARCHITECTURES). The de-quantization and the GGUF -> HF tensor names are
+    transformers' own (`load_gguf_checkpoint`); `from_pretrained(gguf_file=...)` is not
+    used for the weights because it requires `accelerate`."""
     from services.common.gguf_file import GGUFError
 
     try:

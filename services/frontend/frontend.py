@@ -4,15 +4,6 @@ It validates and tokenizes (nothing half-admitted on bad input), sends EngineCor
 and turns the engine core's per-step outputs into per-request streams: incremental
 detokenization, stop strings (which abort the sequence in the engine core), output kinds.
 The OpenAI HTTP server and the public gRPC Generation service both sit on this class.
-
-Each stream reads from a RequestOutputQueue, so a consumer that lags never holds up the
-output pump (its deltas merge) and one that stops reading is aborted past a bound. When
-the connection to the engine core breaks, every stream ends with EngineUnavailableError,
-the frontend reports not ready and reconnects (EngineCoreClient.reconnect) until the
-engine core is back; requests that arrive meanwhile are refused at once. Readiness
-(`is_ready`: connected, and the engine core serving) is what health probes report;
-`is_alive` turns false only when the engine core can never come back (an in-process
-engine whose loop died).
 """
 
 from __future__ import annotations
@@ -57,6 +48,16 @@ class RequestTimeoutError(TimeoutError):
 
 
 class Frontend:
+    """Each stream reads from a RequestOutputQueue, so a consumer that lags never holds up the
+    output pump (its deltas merge) and one that stops reading is aborted past a bound. When
+    the connection to the engine core breaks, every stream ends with EngineUnavailableError,
+    the frontend reports not ready and reconnects (EngineCoreClient.reconnect) until the
+    engine core is back; requests that arrive meanwhile are refused at once. Readiness
+    (`is_ready`: connected, and the engine core serving) is what health probes report;
+    `is_alive` turns false only when the engine core can never come back (an in-process
+    engine whose loop died).
+    """
+
     def __init__(
         self,
         client: EngineCoreClient,

@@ -1,18 +1,9 @@
 """The frontend's gRPC server: Generation + grpc.health.v1 + reflection, with graceful stop.
 
-Health (the whole server "" and pagestream.v1.Generation alike) is readiness: SERVING
-only while the Frontend can serve (connected to an engine core that reports SERVING), so
-NOT_SERVING until the frontend is ready, while its engine core or the workers behind it
-are away, and SERVING again once they are back. With `tls` (a certificate and key) the
-port speaks TLS; clients need no certificate of their own. With `api_key` every
-Generation call needs `authorization: Bearer KEY` metadata (health and reflection stay
-open for probes).
-
-On stop (or SIGTERM through services.common.grpc_server.serve_forever) it turns
-NOT_SERVING first, so load balancers stop sending; the server takes no new calls;
-in-flight Generate streams get the grace period to finish; whatever is left then (streams
-that ran out of time, health watchers) is cancelled at once, and cancelled streams abort
-their requests.
+Health (the whole server "" and pagestream.v1.Generation alike) is readiness: SERVING only
+while the Frontend can serve (connected to an engine core that reports SERVING). With
+`tls` the port speaks TLS (clients need no certificate); with `api_key` every Generation
+call needs `authorization: Bearer KEY` (health and reflection stay open for probes).
 """
 
 from __future__ import annotations
@@ -40,7 +31,14 @@ GENERATION_SERVICE = generation_pb2.DESCRIPTOR.services_by_name["Generation"].fu
 
 
 class FrontendServer:
-    """A started frontend server: `port` is the bound port (useful with port 0)."""
+    """A started frontend server: `port` is the bound port (useful with port 0).
+
+    On stop (or SIGTERM through services.common.grpc_server.serve_forever) it turns
+    NOT_SERVING first, so load balancers stop sending; the server takes no new calls;
+    in-flight Generate streams get the grace period to finish; whatever is left then (streams
+    that ran out of time, health watchers) is cancelled at once, and cancelled streams abort
+    their requests.
+    """
 
     def __init__(self, grpc_server: GrpcServer, servicer: GenerationServicer) -> None:
         self.grpc_server = grpc_server

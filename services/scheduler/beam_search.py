@@ -1,20 +1,10 @@
 """BeamGroup: beam search bookkeeping for one request, pure Python.
 
 Each live beam is a Request on the paged cache; the worker returns the top-K logprobs of
-each beam's next token (K = max(2, 1 + number of EOS ids) * beam_width). When every live
+each beam's next token (K = max(2, 1 + number of EOS ids) * beam_width). Once every live
 beam has reported, `advance` picks the next beams exactly as HF transformers'
-`generate(num_beams=k, do_sample=False)` does (early_stopping=False, length_penalty):
-
-- candidates: beam score + token logprob over all beams, the best K kept, in order;
-- a candidate that ends with EOS or reaches max_tokens is "done"; done candidates among the
-  first beam_width are finalized with score / generated_len ** length_penalty (while an
-  improvement is still possible), keeping the best beam_width finished hypotheses;
-- the best beam_width candidates that are not done become the next beams;
-- search stops when every candidate is done, or when the finished set is full and the best
-  running beam, normalised at the current length, cannot beat its worst member.
-
-The scheduler forks the next beams from their parents' blocks (sharing them, copy-on-write
-on the partial block) and frees the beams that were pruned.
+`generate(num_beams=k, do_sample=False)` does. The scheduler forks the next beams from
+their parents' blocks (shared, copy-on-write on the partial block) and frees the pruned.
 """
 
 from __future__ import annotations
@@ -85,7 +75,18 @@ class BeamGroup:
         return len(self.reports) == len(self.live)
 
     def advance(self, outputs: dict[str, list[int]]) -> BeamStep:
-        """One beam-search step; outputs maps each live beam to its generated tokens so far."""
+        """One beam-search step; outputs maps each live beam to its generated tokens so far.
+        As HF (early_stopping=False, length_penalty):
+
+        - candidates: beam score + token logprob over all beams, the best K kept, in order;
+        - a candidate that ends with EOS or reaches max_tokens is "done"; done candidates
+          among the first beam_width are finalized with score / generated_len **
+          length_penalty (while an improvement is still possible), keeping the best
+          beam_width finished hypotheses;
+        - the best beam_width candidates that are not done become the next beams;
+        - search stops when every candidate is done, or when the finished set is full and
+          the best running beam, normalised at the current length, cannot beat its worst.
+        """
         generated_len = len(next(iter(outputs.values()))) + 1
         candidates = self._top_candidates()
         done_flags = [self._is_done(token_id, generated_len) for _, _, token_id in candidates]

@@ -2,17 +2,8 @@
 
 The events carry the block hashes of every client's prompts as they are cached, so a
 peer that watches them learns which prefixes other tenants sent. Frontends need them to
-route by cache (data parallelism); nobody else does. The rule, by `--kv-events`:
-
-- `authenticated` (the default): peers on the same host (a loopback address or a unix
-  socket, as `pagestream serve` and its split layouts connect) and peers that presented a
-  client certificate the port verified against `--tls-ca` (mutual TLS). A remote peer on
-  a plaintext or server-only TLS port is refused.
-- `any`: every peer that reaches the port, for a network that admits only the frontends
-  (deploy/kubernetes/common/network-policy.yaml) without mutual TLS.
-- `off`: nobody; a data-parallel frontend then routes by its own predictions and load.
-
-There is no internal token: mutual TLS is how internal gRPC authenticates its clients.
+route by cache (data parallelism); nobody else does. There is no internal token: mutual
+TLS is how internal gRPC authenticates its clients.
 """
 
 from __future__ import annotations
@@ -27,6 +18,17 @@ DEFAULT_KV_EVENTS = "authenticated"
 
 @dataclass(frozen=True)
 class KvEventsAccess:
+    """Who may watch, by `--kv-events`:
+
+    - `authenticated` (the default): peers on the same host (a loopback address or a unix
+      socket, as `pagestream serve` and its split layouts connect) and peers that presented a
+      client certificate the port verified against `--tls-ca` (mutual TLS). A remote peer on
+      a plaintext or server-only TLS port is refused.
+    - `any`: every peer that reaches the port, for a network that admits only the frontends
+      (deploy/kubernetes/common/network-policy.yaml) without mutual TLS.
+    - `off`: nobody; a data-parallel frontend then routes by its own predictions and load.
+    """
+
     mode: str = DEFAULT_KV_EVENTS
     # The port demands client certificates signed by --tls-ca: a peer's certificate
     # identities (grpc's peer_identities) then prove it was verified.

@@ -1,13 +1,5 @@
 """Sampler: logits [B, V] -> one token per row, vectorised across the batch, vLLM's order.
 
-0. structured outputs: tokens the row's grammar does not allow get -inf (so logprobs,
-   penalties and every later step see the masked logits, as in vLLM)
-1. logit_bias, min_tokens mask (EOS and stop ids banned until min_tokens outputs)
-2. repetition penalty (over prompt + output), frequency and presence penalties (output)
-3. greedy rows: exact argmax of the processed logits
-4. random rows: temperature, min_p, top-k, top-p, then the exponential race
-   argmax(probs / Exp(1)), which is a draw from probs.
-
 Seeded rows draw their noise from a generator seeded from (seed, output position), so a
 token depends only on the row's own logits and state: not on the other rows in the batch,
 and not on whether the request was preempted and recomputed. Logprobs are the raw
@@ -49,7 +41,16 @@ class SamplerOutput:
 
 
 class Sampler:
-    """Stateless apart from the generators; one per worker."""
+    """Stateless apart from the generators; one per worker. The steps, in vLLM's order:
+
+    0. structured outputs: tokens the row's grammar does not allow get -inf (so logprobs,
+       penalties and every later step see the masked logits, as in vLLM)
+    1. logit_bias, min_tokens mask (EOS and stop ids banned until min_tokens outputs)
+    2. repetition penalty (over prompt + output), frequency and presence penalties (output)
+    3. greedy rows: exact argmax of the processed logits
+    4. random rows: temperature, min_p, top-k, top-p, then the exponential race
+       argmax(probs / Exp(1)), which is a draw from probs.
+    """
 
     def __init__(self, seed: int | None = None) -> None:
         self._seed = seed

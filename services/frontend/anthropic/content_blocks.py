@@ -2,16 +2,7 @@
 events that build them.
 
 The streamed events and the final `content` come from the same blocks, so a client that
-accumulates the events gets the non-streamed message. A block is opened whenever the kind
-of text changes (thinking, text, one block per tool call) and closed before the next one
-opens; blocks are indexed from 0 in the order they open. Within one parsed delta the
-thinking comes first, then the answer's text, then its tool-call pieces (the order the
-reply parser reads them in).
-
-A tool_use block's id is the tool-call parser's own (call_ + 24 hex for most formats, 9
-alphanumerics for mistral's): the client sends it back in the next turn's tool_use and
-tool_result blocks, and a model's chat template may check its form. toolu_ ids are made
-only for a call the parser gave no id.
+accumulates the events gets the non-streamed message.
 """
 
 from __future__ import annotations
@@ -26,7 +17,10 @@ __all__ = ["ContentBlocks", "tool_use_id"]
 
 
 def tool_use_id() -> str:
-    """Anthropic-style id, for a call the parser gave no id: toolu_ and 24 hex digits."""
+    """Anthropic-style id, for a call the parser gave no id: toolu_ and 24 hex digits.
+    A call keeps the tool-call parser's own id (call_ + 24 hex for most formats, 9
+    alphanumerics for mistral's): the client sends it back in the next turn, and a model's
+    chat template may check its form."""
     return f"toolu_{uuid.uuid4().hex[:24]}"
 
 
@@ -61,6 +55,13 @@ class _Block:
 
 
 class ContentBlocks:
+    """The blocks of one reply. A block is opened whenever the kind of text changes
+    (thinking, text, one block per tool call) and closed before the next one opens; blocks
+    are indexed from 0 in the order they open. Within one parsed delta the thinking comes
+    first, then the answer's text, then its tool-call pieces (the order the reply parser
+    reads them in). A tool_use block's id: `tool_use_id`.
+    """
+
     def __init__(self) -> None:
         self.blocks: list[_Block] = []
         self._open: _Block | None = None

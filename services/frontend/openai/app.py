@@ -1,17 +1,9 @@
 """The OpenAI-compatible FastAPI app over a Frontend.
 
 Routes are thin: parse (pydantic) -> serving call -> response; every failure goes through
-the one exception mapping in errors.py. With an API key, every /v1 route wants
-`Authorization: Bearer KEY` (compared in constant time); /health, /ready, /metrics,
-/version, /tokenize and /detokenize stay open, as in vLLM. The Anthropic Messages routes
-(services/frontend/anthropic/) also take `x-api-key: KEY` and fail in Anthropic's error
-shape (_error_for). Request bodies over the
-frontend's max_request_body_bytes are refused before they are read.
-
-Probes: GET /health is liveness (200 while this process can serve at all, even while it
-waits for its engine core or workers to come back; 503 only once its engine can never
-come back, so a restart is the cure). GET /ready is readiness (200 only while the whole
-chain can serve: the engine core connected and serving; 503 otherwise).
+the one exception mapping in errors.py (Anthropic's routes in Anthropic's error shape,
+_error_for). Request bodies over the frontend's max_request_body_bytes are refused before
+they are read. Who may call what, and the probes' meaning: `build_app`.
 """
 
 from __future__ import annotations
@@ -257,7 +249,17 @@ def build_app(
     """The HTTP app for one Frontend; `served_model_names` are the names clients may use
     (the first is the default when a request names none), and so are the frontend's LoRA
     adapters. `tool_options`: the tool-calling and chat-template flags (tool_choice.py);
-    `lora`: whether the load / unload adapter routes answer, and from which root."""
+    `lora`: whether the load / unload adapter routes answer, and from which root.
+
+    With an API key every /v1 route wants `Authorization: Bearer KEY` (compared in
+    constant time; the Anthropic routes also take `x-api-key: KEY`); /health, /ready,
+    /metrics, /version, /tokenize and /detokenize stay open, as in vLLM.
+
+    Probes: GET /health is liveness (200 while this process can serve at all, even while it
+    waits for its engine core or workers to come back; 503 only once its engine can never
+    come back, so a restart is the cure). GET /ready is readiness (200 only while the whole
+    chain can serve: the engine core connected and serving; 503 otherwise).
+    """
     from services.frontend.anthropic.routes import anthropic_router  # see _error_for
 
     app = FastAPI(title="pagestream", version=_version(), docs_url=None, redoc_url=None)

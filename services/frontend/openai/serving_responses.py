@@ -1,18 +1,10 @@
 """POST /v1/responses, GET and DELETE /v1/responses/{id}: OpenAI's Responses API.
 
-A request becomes the chat request it means (responses_request.py): its instructions as a
-system message, then the conversation of its previous_response_id (without that one's
-instructions, as OpenAI documents), then its input items. It then runs the chat
-endpoint's own path (OpenAIServingChat.build_job: the chat template with the tools, the
-tool plan, the same SamplingParams; ChatTracker: the same text and tool-call parsing), so
-under greedy decoding its text is the chat completion's for the same conversation.
-
-Streaming sends OpenAI's events (`event: TYPE` + `data: JSON`, sequence_number from 0):
-response.created, response.in_progress, the output items' events
-(response_output_builder.py), then response.completed or response.incomplete; a failure
-after the stream began ends it with response.failed. A client that goes away aborts the
-engine request, as on the chat endpoint (ServingBase). A finished response is stored
-(store, default true) in the bounded ResponseStore, with its conversation.
+A request becomes the chat request it means (responses_request.py: instructions, the
+previous response's conversation without its instructions, then the input items) and runs
+the chat endpoint's own path (template, tool plan, SamplingParams, ChatTracker), so under
+greedy decoding its text is the chat completion's for the same conversation. A finished
+response is stored (store, default true) in the bounded ResponseStore.
 """
 
 from __future__ import annotations
@@ -113,6 +105,14 @@ class _ResponseRun:
 
 
 class OpenAIServingResponses(ServingBase):
+    """Streaming sends OpenAI's events (`event: TYPE` + `data: JSON`, sequence_number from 0):
+    response.created, response.in_progress, the output items' events
+    (response_output_builder.py), then response.completed or response.incomplete; a failure
+    after the stream began ends it with response.failed. A client that goes away aborts the
+    engine request, as on the chat endpoint (ServingBase). A finished response is stored
+    (store, default true) in the bounded ResponseStore, with its conversation.
+    """
+
     def __init__(self, *args, chat: OpenAIServingChat, store: ResponseStore) -> None:
         super().__init__(*args)
         self.chat = chat

@@ -1,17 +1,10 @@
 """The request fields that constrain output, turned into one StructuredOutputsParams.
 
-OpenAI's `response_format` (text, json_object, json_schema), vLLM's `structured_outputs`
-object, and vLLM's older top-level `guided_json` / `guided_regex` / `guided_choice` /
-`guided_grammar` (+ `guided_whitespace_pattern`) are all accepted. At most one constraint
-per request: two are a 400 naming both, never one silently winning; an unknown field in
-`structured_outputs` or an unknown response_format type is a 400 too, and so is a schema,
-regex or grammar llguidance cannot enforce (it is compiled here, so the error names the
+OpenAI's `response_format`, vLLM's `structured_outputs` object and vLLM's older top-level
+`guided_*` fields are all accepted. At most one constraint per request: two are a 400
+naming both, never one silently winning; so is an unknown field or format type, and a
+schema, regex or grammar llguidance cannot enforce (compiled here, so the error names the
 field the client used).
-
-`response_format.json_schema.strict` is accepted and changes nothing, as in vLLM: the
-schema is always enforced exactly, and `additionalProperties` keeps JSON Schema's meaning
-(OpenAI's strict mode requires `additionalProperties: false` in the schema itself; set
-`structured_outputs.disable_additional_properties` to close every object).
 """
 
 from __future__ import annotations
@@ -58,7 +51,13 @@ class StructuredOutputsRequest(BaseModel):
 
 
 class StructuredOutputFields(BaseModel):
-    """Mixed into the completions and chat request bodies."""
+    """Mixed into the completions and chat request bodies.
+
+    `response_format.json_schema.strict` is accepted and changes nothing, as in vLLM: the
+    schema is always enforced exactly, and `additionalProperties` keeps JSON Schema's meaning
+    (OpenAI's strict mode requires `additionalProperties: false` in the schema itself; set
+    `structured_outputs.disable_additional_properties` to close every object).
+    """
 
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsRequest | None = None

@@ -1,17 +1,6 @@
 """The streaming state machine for formats whose calls are JSON objects
 `{"name": ..., "arguments": {...}}` found by a marker (hermes' `<tool_call>`, llama3's
-leading `{`).
-
-Rules (the same for streamed and whole text, see base.py):
-- Text before the first call is content; a suffix that could still become a marker is held
-  back, and so is whitespace-only content (a message of only calls has content null).
-- A call is announced (id, name, empty arguments) once its `name` string is complete; its
-  arguments follow as canonical JSON fragments (json_scanner.py) as they are read; a call
-  without arguments gets "{}".
-- Text between and after calls is not content (vLLM's hermes parser drops it too).
-- Malformed JSON before a call is announced: the text is content, as if there were no call
-  (when no call came before) or dropped (after one). After it is announced, nothing can be
-  taken back: the call ends with the arguments sent so far, and parsing stops.
+leading `{`). One JsonCallStream reads one reply; its docstring gives the rules.
 """
 
 from __future__ import annotations
@@ -40,7 +29,19 @@ class _Call:
 
 
 class JsonCallStream(ToolCallStream):
-    """Subclasses say where calls start: `find_first_call` / `find_next_call`."""
+    """Subclasses say where calls start: `find_first_call` / `find_next_call`.
+
+    Rules (the same for streamed and whole text, see base.py):
+    - Text before the first call is content; a suffix that could still become a marker is held
+      back, and so is whitespace-only content (a message of only calls has content null).
+    - A call is announced (id, name, empty arguments) once its `name` string is complete; its
+      arguments follow as canonical JSON fragments (json_scanner.py) as they are read; a call
+      without arguments gets "{}".
+    - Text between and after calls is not content (vLLM's hermes parser drops it too).
+    - Malformed JSON before a call is announced: the text is content, as if there were no call
+      (when no call came before) or dropped (after one). After it is announced, nothing can be
+      taken back: the call ends with the arguments sent so far, and parsing stops.
+    """
 
     argument_keys: tuple[str, ...] = ("arguments",)
     new_call_id = staticmethod(tool_call_id)

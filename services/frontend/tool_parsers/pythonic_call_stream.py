@@ -1,20 +1,8 @@
 """The streaming state machine for pythonic calls (Llama 3.2 / Llama 4, pythonic.py):
 the whole reply is a Python list of calls with keyword arguments,
 `[get_weather(city="Paris", days=3), get_time()]`, optionally inside Llama 4's
-`<|python_start|>` / `<|python_end|>`.
-
-Rules (streamed and whole text alike, see base.py):
-- A reply that does not start with `[` (after whitespace and the optional tag) is plain
-  content, as in vLLM's pythonic parser.
-- Each keyword value is read once it is complete (a `,` or `)` outside brackets and
-  strings ends it), as JSON when it is JSON, else as a Python literal (ast.literal_eval:
-  literals only, nothing is run); anything else is malformed.
-- A call is announced with its first complete keyword (or at its `)` when it has none),
-  so text that merely looks like `[word(` is never taken for a call. The arguments are a
-  JSON object written keyword by keyword: `{"KEY": VALUE`, then `, "KEY": VALUE`, then `}`.
-- Malformed text before the first call is announced: all of it is content; after a call
-  was announced nothing can be taken back: the calls end as sent and parsing stops. Text
-  after the closing `]` is dropped.
+`<|python_start|>` / `<|python_end|>`. One PythonicCallStream reads one reply; its
+docstring gives the rules.
 """
 
 from __future__ import annotations
@@ -83,6 +71,20 @@ class _Value:
 
 
 class PythonicCallStream(ToolCallStream):
+    """Rules (streamed and whole text alike, see base.py):
+    - A reply that does not start with `[` (after whitespace and the optional tag) is plain
+      content, as in vLLM's pythonic parser.
+    - Each keyword value is read once it is complete (a `,` or `)` outside brackets and
+      strings ends it), as JSON when it is JSON, else as a Python literal (ast.literal_eval:
+      literals only, nothing is run); anything else is malformed.
+    - A call is announced with its first complete keyword (or at its `)` when it has none),
+      so text that merely looks like `[word(` is never taken for a call. The arguments are a
+      JSON object written keyword by keyword: `{"KEY": VALUE`, then `, "KEY": VALUE`, then `}`.
+    - Malformed text before the first call is announced: all of it is content; after a call
+      was announced nothing can be taken back: the calls end as sent and parsing stops. Text
+      after the closing `]` is dropped.
+    """
+
     def __init__(self, max_calls: int | None = None) -> None:
         super().__init__(max_calls)
         self.mode = "start"  # start | name | keyword | value | after_value | between | raw | done
