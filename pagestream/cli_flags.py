@@ -52,6 +52,11 @@ class RankConfig:
     )
     dist_timeout: float = flag(120.0, "seconds to wait for the other ranks")
     ready_file: str | None = flag(None, "write the bound address here once listening")
+    cpu_cores: str | None = flag(
+        None,
+        "the CPUs this rank runs on, e.g. 0-3 (the mp launcher gives each local rank a "
+        "share of its own; default: the process's affinity mask)",
+    )
 
 
 # The frontend role's flags (serve's too): its ports, protections, tool calling, routing.

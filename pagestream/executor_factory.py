@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from functools import partial
 from pathlib import Path
 
 from pagestream.cli_flags import RankConfig, role_argv
@@ -28,9 +29,12 @@ logger = logging.getLogger(__name__)
 WORKER_START_TIMEOUT_S = 600.0
 
 
-def worker_argv(args: EngineArgs, rank: int, rendezvous: str, ready_file: Path) -> list[str]:
-    """The command line of one mp rank: a Worker service on a free loopback port."""
-    cli = worker_cli_args(args, rank, rendezvous, str(ready_file), "127.0.0.1", rank)
+def worker_argv(
+    args: EngineArgs, rank: int, rendezvous: str, ready_file: Path, cores: str | None
+) -> list[str]:
+    """The command line of one mp rank: a Worker service on a free loopback port, on
+    `cores` (its share of the machine's) when given."""
+    cli = worker_cli_args(args, rank, rendezvous, str(ready_file), "127.0.0.1", rank, cores)
     return [sys.executable, *cli]  # one machine: rank r takes CUDA device r
 
 
@@ -41,11 +45,17 @@ def ray_worker_args(args: EngineArgs, rank: int, rendezvous: str, host: str, rea
 
 
 def worker_cli_args(
-    args: EngineArgs, rank: int, rendezvous: str, ready_file: str, host: str, local_rank: int
+    args: EngineArgs,
+    rank: int,
+    rendezvous: str,
+    ready_file: str,
+    host: str,
+    local_rank: int,
+    cores: str | None = None,
 ) -> list[str]:
     """`-m pagestream.cli ... worker`: one rank's Worker service on a free port of `host`,
     writing the bound address to `ready_file`."""
-    place = RankConfig(rank, local_rank, rendezvous, ready_file=ready_file)
+    place = RankConfig(rank, local_rank, rendezvous, ready_file=ready_file, cpu_cores=cores)
     return role_argv("worker", args.model, ["--host", host, "--port", "0"], place, args)
 
 
@@ -87,9 +97,7 @@ def build_executor(args: EngineArgs, timeout_s: float = WORKER_START_TIMEOUT_S) 
             "(--worker ADDR once per rank, in rank order)."
         )
     if parallel.backend == "mp":
-        launcher = MpLauncher(
-            parallel.world_size, lambda rank, rdzv, ready: worker_argv(args, rank, rdzv, ready)
-        )
+        launcher = MpLauncher(parallel.world_size, partial(worker_argv, args))
     else:
         launcher = RayLauncher(
             parallel.world_size,

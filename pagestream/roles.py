@@ -147,8 +147,10 @@ def exit_with_parent() -> None:
 
 
 async def run_worker(ns: argparse.Namespace) -> None:
+    from services.common.cpu_cores import confine_to
     from services.worker.worker_service import load_worker, start_worker_server
 
+    confine_to(ns.cpu_cores)  # before any thread starts: they inherit the mask
     exit_with_parent()
     args = engine_args(ns)
     group = worker_group_rank(ns, args)

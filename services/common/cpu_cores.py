@@ -1,18 +1,15 @@
 """Which CPUs a process may compute on: CPU lists, physical cores, per-rank shares.
 
 No torch here: the mp launcher (in the scheduler process) splits the cores between the
-worker ranks it starts, and each worker pins its intra-op threads to its share
-(services/worker/cpu_tuning.py).
+worker ranks it starts and hands each its share on the command line (`--cpu-cores`); the
+worker confines itself to it (its affinity mask), and pins its intra-op threads within the
+mask (services/worker/cpu_tuning.py).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-
-# The CPUs this process's intra-op threads go to, e.g. "0,1" or "4-7" (the mp launcher
-# gives each local rank its own share); unset: the process's whole affinity mask.
-CPU_CORES_ENV = "PAGESTREAM_CPU_CORES"
 
 
 def parse_cpu_list(text: str) -> list[int]:
@@ -23,9 +20,7 @@ def parse_cpu_list(text: str) -> list[int]:
         try:
             cpus += range(int(first), int(last or first) + 1)
         except ValueError:
-            raise ValueError(
-                f"{CPU_CORES_ENV} must be a CPU list like 0-3,8; got {text!r}"
-            ) from None
+            raise ValueError(f"a CPU list (--cpu-cores) looks like 0-3,8; got {text!r}") from None
     return cpus
 
 
@@ -53,12 +48,17 @@ def one_per_core(cpus: list[int], sysfs: Path = SYSFS_CPUS) -> list[int]:
 
 
 def allowed_cpus() -> list[int]:
-    """$PAGESTREAM_CPU_CORES when set, else this process's affinity mask, sorted."""
-    if env := os.environ.get(CPU_CORES_ENV, "").strip():
-        return parse_cpu_list(env)
+    """This process's affinity mask, sorted."""
     if hasattr(os, "sched_getaffinity"):
         return sorted(os.sched_getaffinity(0))
     return list(range(os.cpu_count() or 1))
+
+
+def confine_to(cpu_list: str | None) -> None:
+    """Limit this process to the CPUs of `cpu_list` (a rank's share; None: no change). Set
+    before the compute threads start: threads inherit the mask of the one that starts them."""
+    if cpu_list and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, parse_cpu_list(cpu_list))
 
 
 def rank_shares(world_size: int, per_rank: int) -> list[list[int]]:

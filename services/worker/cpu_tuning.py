@@ -5,12 +5,11 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
 import sys
 
 import torch
 
-from services.common.cpu_cores import CPU_CORES_ENV, allowed_cpus, one_per_core
+from services.common.cpu_cores import allowed_cpus, one_per_core
 
 logger = logging.getLogger(__name__)
 
@@ -61,14 +60,13 @@ def return_freed_memory() -> bool:
 
 
 def thread_cpus() -> list[int]:
-    """The CPUs for torch's intra-op threads, one logical CPU per physical core: the
-    cores of $PAGESTREAM_CPU_CORES (the mp launcher's share for a rank), else of the
-    affinity mask when the threads fill it ([] when fewer threads than cores: another
-    process may be using the rest, and pinning both to the same first cores would halve
-    each, so the OS places them)."""
+    """The CPUs for torch's intra-op threads, one logical CPU per physical core of the
+    affinity mask (an mp rank's share, --cpu-cores) when the threads fill it ([] when
+    fewer threads than cores: another process may be using the rest, and pinning both to
+    the same first cores would halve each, so the OS places them)."""
     cores = one_per_core(allowed_cpus())
     threads = torch.get_num_threads()
-    if CPU_CORES_ENV not in os.environ and threads < len(cores):
+    if threads < len(cores):
         return []
     return cores[:threads]
 

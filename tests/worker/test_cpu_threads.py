@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from services.common.cpu_cores import (
-    CPU_CORES_ENV,
     format_cpu_list,
     one_per_core,
     parse_cpu_list,
@@ -25,7 +24,7 @@ def test_cpu_lists_parse_like_the_kernels_cpulist():
     assert parse_cpu_list("0,2,4-6") == [0, 2, 4, 5, 6]
     assert parse_cpu_list(" 3 ") == [3]
     assert format_cpu_list([0, 2, 5]) == "0,2,5"
-    with pytest.raises(ValueError, match=CPU_CORES_ENV):
+    with pytest.raises(ValueError, match="--cpu-cores"):
         parse_cpu_list("0-x")
 
 
@@ -46,7 +45,7 @@ def test_smt_siblings_count_once(tmp_path):
 
 
 def test_rank_shares_are_disjoint_or_nothing(monkeypatch):
-    monkeypatch.setenv(CPU_CORES_ENV, "0-7")
+    monkeypatch.setattr("services.common.cpu_cores.allowed_cpus", lambda: list(range(8)))
     monkeypatch.setattr("services.common.cpu_cores.SYSFS_CPUS", Path("/nonexistent"))
     assert rank_shares(2, 3) == [[0, 1, 2], [3, 4, 5]]
     assert rank_shares(3, 3) == []  # 9 cores asked of 8: no shares, no pinning
@@ -55,7 +54,9 @@ def test_rank_shares_are_disjoint_or_nothing(monkeypatch):
 
 PROBE = """
 import json, os, torch
+from services.common.cpu_cores import confine_to
 from services.worker.cpu_tuning import pin_threads
+confine_to(os.environ.get("CPUS"))  # as a worker given --cpu-cores does first
 torch.set_num_threads(int(os.environ["THREADS"]))
 cpus = pin_threads(os.environ.get("BIND", "auto"))
 torch.ones(4096, 4096).sum()  # the pinned team runs this
@@ -76,7 +77,7 @@ def _probe(**env: str) -> dict:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread pinning is Linux-only")
 def test_pinning_puts_the_calling_thread_on_its_cpu():
     cpu = min(os.sched_getaffinity(0))
-    got = _probe(**{CPU_CORES_ENV: str(cpu), "THREADS": "1"})
+    got = _probe(CPUS=str(cpu), THREADS="1")
     assert got == {"cpus": [cpu], "threads": 1, "main": [cpu]}
 
 
@@ -86,5 +87,5 @@ def test_no_pinning_when_the_threads_leave_cores_free_or_when_bind_is_none():
     if cores > 1:  # fewer threads than cores: another process may use the rest
         got = _probe(THREADS="1")
         assert got["cpus"] == [] and len(got["main"]) == cores
-    got = _probe(BIND="none", **{CPU_CORES_ENV: "0", "THREADS": "1"})
+    got = _probe(BIND="none", THREADS=str(cores))  # threads that fill the mask: auto pins
     assert got["cpus"] == [] and len(got["main"]) == cores

@@ -4,8 +4,8 @@ Each rank is a `pagestream worker` process (the command comes from the caller, w
 the CLI) that binds a free loopback port and writes its address to a ready file; the ranks
 meet through a file rendezvous in a private temporary folder (no race for ports). The
 launcher never restarts a rank: a lost rank is the engine core's to rebuild, as a new group.
-On the CPU each rank gets an equal share of the cores (OMP_NUM_THREADS) and its own cores
-to pin its threads to ($PAGESTREAM_CPU_CORES), unless the caller set them.
+On the CPU each rank gets an equal share of the cores: OMP_NUM_THREADS (unless the caller
+set it) and, where the machine has enough, cores of its own on its command line.
 """
 
 from __future__ import annotations
@@ -17,14 +17,15 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from services.common.cpu_cores import CPU_CORES_ENV, format_cpu_list, rank_shares
+from services.common.cpu_cores import format_cpu_list, rank_shares
 from services.common.supervisor import Child, ChildExited, Supervisor
 from services.scheduler.launchers.launcher import PARENT_PID_ENV, WorkerStartError
 
 logger = logging.getLogger(__name__)
 
-# rank, rendezvous (file://...), ready file -> argv of that rank's worker process
-WorkerCommand = Callable[[int, str, Path], list[str]]
+# rank, rendezvous (file://...), ready file, its cores (a CPU list, or None: the machine's)
+# -> argv of that rank's worker process
+WorkerCommand = Callable[[int, str, Path, str | None], list[str]]
 RANKS = "ranks"  # one restart group: a process group cannot outlive a member
 
 
@@ -49,13 +50,11 @@ class MpLauncher:
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", str(self.threads_per_rank))
         env[PARENT_PID_ENV] = str(os.getpid())  # the workers exit if this process dies
-        shares = [] if CPU_CORES_ENV in env else rank_shares(self.world_size, self.threads_per_rank)
+        shares = rank_shares(self.world_size, self.threads_per_rank)
         for rank in range(self.world_size):
-            argv = self.command(rank, rendezvous, self._ready_file(rank))
-            rank_env = dict(env)
-            if shares:  # each rank pins its threads to cores of its own
-                rank_env[CPU_CORES_ENV] = format_cpu_list(shares[rank])
-            child = Child.of_argv(f"worker rank {rank}", argv, group=RANKS, env=rank_env)
+            cores = format_cpu_list(shares[rank]) if shares else None
+            argv = self.command(rank, rendezvous, self._ready_file(rank), cores)
+            child = Child.of_argv(f"worker rank {rank}", argv, group=RANKS, env=env)
             self.supervisor.children.append(child)
         self.supervisor.start()
         logger.info("mp: started %d worker processes %s", self.world_size, self.pids)
