@@ -53,7 +53,7 @@ class EngineCoreProcess:
         self.folder = Path(tempfile.mkdtemp(prefix="pagestream-core-", dir=parent))
         self.socket_path = self.folder / "engine-core.sock"
         self.child = Child.of_argv(
-            "engine core",
+            "the engine-core process",
             self.command(),
             env=dict(os.environ, **{PARENT_PID_ENV: str(os.getpid())}),
             # Its own process group: a Ctrl-C at the terminal reaches this process only,

@@ -151,7 +151,7 @@ class Supervisor:
             code = child.exit_code()
             if code is None or self.stopping:
                 continue
-            logger.error("%s (pid %d) exited with code %s", child.name, child.pid, code)
+            logger.error("%s (pid %d) exited with %s", child.name, child.pid, code)
             self._restart(child)
 
     def restart_delay(self, child: Child) -> float | None:
