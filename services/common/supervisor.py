@@ -11,8 +11,6 @@ scheduler's mp launcher uses it too.
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import os
 import signal
 import subprocess
 import time
@@ -23,6 +21,7 @@ from typing import Protocol, TypeVar
 
 from services.common.backoff import Backoff
 from services.common.restart_policy import RestartPolicy
+from services.common.target_process import TargetProcess
 
 logger = logging.getLogger(__name__)
 
@@ -251,31 +250,3 @@ def terminate(processes: list[Process], grace_s: float) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-
-
-class TargetProcess:
-    """A multiprocessing target in a spawned process, behind Popen's interface (spawn: a
-    fork of a process with threads may deadlock on a lock some thread held)."""
-
-    def __init__(self, target: Callable[[int], None], generation: int) -> None:
-        self._process = multiprocessing.get_context("spawn").Process(
-            target=target, args=(generation,), daemon=False
-        )
-        self._process.start()
-        self.pid = self._process.pid
-
-    def poll(self) -> int | None:
-        return self._process.exitcode
-
-    def send_signal(self, sig: int) -> None:
-        if self._process.exitcode is None:  # not yet reaped: the pid is still its own
-            os.kill(self.pid, sig)
-
-    def kill(self) -> None:
-        self._process.kill()
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        self._process.join(timeout)
-        if self._process.exitcode is None:
-            raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
-        return self._process.exitcode

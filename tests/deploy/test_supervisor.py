@@ -133,3 +133,12 @@ def test_a_readiness_wait_returns_the_probe_result_or_times_out():
 def test_a_child_is_a_command_or_a_target():
     with pytest.raises(ValueError, match="exactly one"):
         Child("neither")
+
+
+def test_a_target_child_is_restarted_with_its_next_generation():
+    child = Child("target", target=_exit_with)
+    sup = Supervisor([child], max_restarts=1, grace_s=2, backoff=FAST)
+    thread, result = _run_in_thread(sup)
+    thread.join(timeout=60)
+    assert result == [1] and sup.gave_up == "target"
+    assert child.generation == 1 and child.exit_code() == 5  # target(1) ran
