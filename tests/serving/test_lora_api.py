@@ -424,7 +424,8 @@ async def test_grpc_model_info_lists_the_adapters(stub):
     assert set(listed) == {FIRST, NAMED}
     assert listed[NAMED].base_model_name == PARENT and not listed[FIRST].base_model_name
     assert listed[FIRST].id >= 1
-    assert len(listed[FIRST].digest) == 16 and not listed[FIRST].path  # no paths to clients
+    assert len(listed[FIRST].digest) == 16
+    assert "path" not in listed[FIRST].DESCRIPTOR.fields_by_name  # no paths to clients
     config = info.capabilities.lora
     assert (config.max_loras, config.max_lora_rank, config.num_layers) == (2, 16, 2)
     assert (config.modules["q_proj"].in_features, config.modules["q_proj"].out_features) == (

@@ -1,39 +1,44 @@
-"""LoRARequest <-> LoRAAdapter (generation.proto), and a step's LoRA columns.
+"""LoRARequest <-> the internal LoRAAdapter (lora.proto), the public card, and a step's
+LoRA columns.
 
-Between the services an adapter travels with its path (the workers read its files);
-to clients (GetModelInfo) it is a card without one (`lora_card_to_pb`): where the
+Between the services an adapter travels with its path (the workers read its files); to
+clients (GetModelInfo) it is generation.proto's card, which has no path field: where the
 server keeps its files is not theirs to know."""
 
 from __future__ import annotations
 
 from services.common.lora_request import LoRARequest
+from services.common.proto.pagestream.internal.v1 import lora_pb2
 from services.common.proto.pagestream.v1 import generation_pb2
 
 
-def lora_to_pb(lora: LoRARequest) -> generation_pb2.LoRAAdapter:
-    return generation_pb2.LoRAAdapter(
+def lora_to_pb(lora: LoRARequest) -> lora_pb2.LoRAAdapter:
+    return lora_pb2.LoRAAdapter(
         name=lora.lora_name,
         id=lora.lora_int_id,
         path=lora.lora_path,
+        digest=lora.digest,
+        base_model_name=lora.base_model_name,
+    )
+
+
+def lora_card_to_pb(lora: LoRARequest) -> generation_pb2.LoRAAdapter:
+    """The adapter as a client sees it: name, id, digest and base."""
+    return generation_pb2.LoRAAdapter(
+        name=lora.lora_name,
+        id=lora.lora_int_id,
         digest=lora.digest,
         base_model_name=lora.base_model_name or "",
     )
 
 
-def lora_card_to_pb(lora: LoRARequest) -> generation_pb2.LoRAAdapter:
-    """The adapter as a client sees it: name, id, digest and base, and no path."""
-    card = lora_to_pb(lora)
-    card.ClearField("path")
-    return card
-
-
-def lora_from_pb(message: generation_pb2.LoRAAdapter) -> LoRARequest:
+def lora_from_pb(message: lora_pb2.LoRAAdapter) -> LoRARequest:
     """Raises ValueError naming the field of a bad adapter."""
     return LoRARequest(
         lora_name=message.name,
         lora_int_id=message.id,
         lora_path=message.path,
-        base_model_name=message.base_model_name or None,
+        base_model_name=message.base_model_name if message.HasField("base_model_name") else None,
         digest=message.digest,
     )
 

@@ -315,18 +315,16 @@ class ClassifyResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., classifications: _Optional[_Iterable[_Union[Classification, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ...) -> None: ...
 
 class LoRAAdapter(_message.Message):
-    __slots__ = ("name", "id", "path", "digest", "base_model_name")
+    __slots__ = ("name", "id", "digest", "base_model_name")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
-    PATH_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     BASE_MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     name: str
     id: int
-    path: str
     digest: str
     base_model_name: str
-    def __init__(self, name: _Optional[str] = ..., id: _Optional[int] = ..., path: _Optional[str] = ..., digest: _Optional[str] = ..., base_model_name: _Optional[str] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., id: _Optional[int] = ..., digest: _Optional[str] = ..., base_model_name: _Optional[str] = ...) -> None: ...
 
 class TokenLogprob(_message.Message):
     __slots__ = ("token_id", "logprob", "rank", "token")

@@ -1,4 +1,5 @@
 from services.common.proto.pagestream.internal.v1 import logprobs_pb2 as _logprobs_pb2
+from services.common.proto.pagestream.internal.v1 import lora_pb2 as _lora_pb2
 from services.common.proto.pagestream.v1 import generation_pb2 as _generation_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -52,8 +53,8 @@ class AddRequest(_message.Message):
     extra_stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     priority: int
     cache_salt: str
-    lora: _generation_pb2.LoRAAdapter
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., pooling_params: _Optional[_Union[_generation_pb2.PoolingParams, _Mapping]] = ..., eos_token_id: _Optional[int] = ..., extra_stop_token_ids: _Optional[_Iterable[int]] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[str] = ..., lora: _Optional[_Union[_generation_pb2.LoRAAdapter, _Mapping]] = ...) -> None: ...
+    lora: _lora_pb2.LoRAAdapter
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., pooling_params: _Optional[_Union[_generation_pb2.PoolingParams, _Mapping]] = ..., eos_token_id: _Optional[int] = ..., extra_stop_token_ids: _Optional[_Iterable[int]] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[str] = ..., lora: _Optional[_Union[_lora_pb2.LoRAAdapter, _Mapping]] = ...) -> None: ...
 
 class AbortRequests(_message.Message):
     __slots__ = ("request_ids",)
