@@ -1,16 +1,9 @@
 """A PEFT LoRA folder checked against the base model, without loading its tensors.
 
-`inspect_adapter` reads adapter_config.json and the safetensors header (names and shapes
-only), and refuses, naming the problem, anything the engine could not apply exactly as
-PEFT does: missing files, a rank over max_lora_rank, a target the model lacks or the
-engine does not serve (embeddings, the LM head, DoRA, biases, modules_to_save), shapes
-of another base model. The scale is PEFT's: lora_alpha / r, or lora_alpha / sqrt(r) with
-use_rslora. Torch-free: the frontend checks an adapter before any request uses it.
-
-Every read is bounded before it is made: the config by MAX_CONFIG_BYTES, the safetensors
-header by MAX_HEADER_BYTES, and the weights file must be exactly the header's tensors laid
-end to end (float dtypes, shapes the base model fixes at rank <= max_lora_rank), so the
-digest never reads more than the model's targets at max_lora_rank can need.
+Torch-free: the frontend checks an adapter before any request uses it. Every read is
+bounded before it is made (MAX_CONFIG_BYTES, MAX_HEADER_BYTES, and weights exactly the
+header's tensors end to end), so the digest never reads more than the model's targets at
+max_lora_rank can need.
 """
 
 from __future__ import annotations
@@ -62,7 +55,14 @@ class AdapterSpec:
 
 def inspect_adapter(path: str, config: LoRAConfig, model: LoRATargets) -> AdapterSpec:
     """The adapter in `path`, checked against the engine's limits and the base model's
-    target linears (LoRAAdapterError naming what does not fit)."""
+    target linears (LoRAAdapterError naming what does not fit).
+
+    Reads adapter_config.json and the safetensors header (names and shapes only), and
+    refuses anything the engine could not apply exactly as PEFT does: missing files, a
+    rank over max_lora_rank, a target the model lacks or the engine does not serve
+    (embeddings, the LM head, DoRA, biases, modules_to_save), shapes of another base
+    model, weights that are not float tensors laid end to end. The scale is PEFT's:
+    lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora."""
     folder = Path(path)
     if not folder.is_dir():
         raise LoRAAdapterError(f"the LoRA adapter folder {path!r} does not exist.")
