@@ -11,10 +11,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.common.engine_request import check_request_kind
 from services.common.lora_request import LoRARequest
 from services.common.pooling_params import PoolingParams
 from services.common.sampling_params import SamplingParams
+
+# What a request asks of the worker, told apart by type: SamplingParams (it generates) or
+# PoolingParams (its prompt is run, nothing is sampled, and its final pooled vector comes
+# back in the step that ends the prompt: RunnerOutput.pooled).
+RequestKind = SamplingParams | PoolingParams
+
+# Block ids per KV cache group (layers sharing one table), each list one id per block
+# position: group g's block for tokens pos * block_size .. is table[g][pos]. Every group
+# has as many positions; one group of full attention is the plain case.
+BlockTable = tuple[list[int], ...]
 
 
 @dataclass(frozen=True)
@@ -26,16 +35,9 @@ class NewRequestData:
     # Tokens generated before this request reached the worker (resumed after a
     # recompute preemption, or a forked n > 1 / beam sequence). Empty for fresh ones.
     output_token_ids: list[int]
-    sampling_params: SamplingParams | None  # None: a pooling request
-    block_ids: list[int]  # the whole block table
+    kind: RequestKind
+    block_table: BlockTable  # the whole table
     num_computed_tokens: int  # tokens already in the KV cache (prefix hits, forks)
-    # A pooling request (exactly one of the two params is set): its prompt is run, nothing
-    # is sampled, and the worker returns its final pooled vector in the step that ends
-    # the prompt (RunnerOutput.pooled).
-    pooling_params: PoolingParams | None = None
-
-    def __post_init__(self) -> None:
-        check_request_kind(self.sampling_params, self.pooling_params)
 
 
 @dataclass(frozen=True)

@@ -1,25 +1,19 @@
 """KVCacheManager: block tables per request over the BlockPool, prefix hits, fork,
 copy-on-write and swapping against a CPU pool.
 
-KV cache groups: the workers may lay the model's layers out in `len(group_windows)` groups
-of equal size (a hybrid model: full-attention layers in some, sliding-window layers in
-the others), each group with its own block table over the one pool. A request's table is
-then stored flat, one entry per group for each block position: entry `pos * G + g` is group
-g's block for tokens `pos * block_size ..`. One group of full attention is the plain case.
-
-A group with a window (every layer of a Mistral-style model, or the local layers of a
-Gemma 3) frees a block wholly before the window of the next query as the sequence grows;
-its table entry becomes NULL_BLOCK: no kernel reads a position outside the window, so the
-entry only keeps the table's positions. A freed block keeps its hash (other requests may
-still hit it) until it is evicted, tail first. So a sequence holds at most `peak_blocks`
-blocks, and one with windows everywhere fits however long it grows."""
+A request's table holds one list per KV cache group (layers sharing one block table; a
+hybrid model has full-attention and sliding-window groups), all of one length: entry
+`pos` of group g's list is its block for tokens `pos * block_size ..`. A windowed group's
+block wholly before the next query's window is freed and its entry becomes NULL_BLOCK, so a
+sequence holds at most `peak_blocks` blocks. A freed block keeps its hash until evicted."""
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from services.common.block_hash import BlockHash
+from services.common.scheduler_output import BlockTable
 from services.scheduler.block_pool import BlockPool, KVCacheBlock
 from services.scheduler.request import Request
 
@@ -33,8 +27,18 @@ def cdiv(a: int, b: int) -> int:
 NULL_BLOCK = KVCacheBlock(block_id=0, ref_cnt=1 << 62)
 
 
-def _real(blocks: Sequence[KVCacheBlock]) -> list[KVCacheBlock]:
+# A request's table: per KV cache group its blocks, one per block position.
+Tables = list[list[KVCacheBlock]]
+
+
+def _real(blocks: Iterable[KVCacheBlock]) -> list[KVCacheBlock]:
     return [block for block in blocks if block is not NULL_BLOCK]
+
+
+def _position_major(tables: Sequence[Sequence[KVCacheBlock]]) -> list[KVCacheBlock]:
+    """Every entry, position by position and each position's groups in order: the order
+    blocks are taken from and given back to the pool (tail first when reversed)."""
+    return [block for row in zip(*tables, strict=True) for block in row]
 
 
 def group_key(block_hash: BlockHash, group: int) -> BlockHash:
@@ -72,9 +76,10 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks, enable_caching)
         self.num_cpu_blocks = num_cpu_blocks
         self.cpu_free: deque[int] = deque(range(num_cpu_blocks))
-        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}  # flat: G entries a position
+        self.req_to_blocks: dict[str, Tables] = {}
         self.num_cached_blocks: dict[str, int] = {}  # positions
-        self.swapped: dict[str, list[int]] = {}  # request_id -> CPU block ids, in table order
+        # request_id -> per group the CPU block ids of its table (None: freed outside the window)
+        self.swapped: dict[str, list[list[int | None]]] = {}
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for the plan
         self._rewritten: set[str] = set()  # tables changed in place (not just appended)
         self.prefix_cache_queries = 0
@@ -93,13 +98,17 @@ class KVCacheManager:
     def usage(self) -> float:
         return self.pool.usage
 
-    def get_block_ids(self, request_id: str) -> list[int]:
-        """The request's table, flat: for each block position one id per group."""
-        return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
+    def block_table(self, request_id: str) -> BlockTable:
+        """The request's block ids, per group (empty lists for a request holding none)."""
+        tables = self.req_to_blocks.get(request_id) or self._empty()
+        return tuple([b.block_id for b in blocks] for blocks in tables)
 
     def num_held_blocks(self, request_id: str) -> int:
         """The blocks the request's table holds (freed entries outside the window not)."""
-        return len(_real(self.req_to_blocks.get(request_id, [])))
+        return sum(len(_real(blocks)) for blocks in self.req_to_blocks.get(request_id, []))
+
+    def _empty(self) -> Tables:
+        return [[] for _ in self._groups]
 
     def peak_blocks(self, num_tokens: int) -> int:
         """The most blocks a sequence of `num_tokens` tokens holds at once: every group's
@@ -133,12 +142,12 @@ class KVCacheManager:
                 high = mid - 1
         return low * self.block_size
 
-    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+    def get_computed_blocks(self, request: Request) -> tuple[Tables, int]:
         """The longest cached prefix of full block positions (never the request's last
-        token): every full-attention group's blocks of it, a windowed group's within the
-        window of its first new token (NULL_BLOCK before it). Flat, G entries a position."""
+        token), per group: every full-attention group's blocks of it, a windowed group's
+        within the window of its first new token (NULL_BLOCK before it)."""
         if not self.enable_caching or request.needs_every_prompt_position:
-            return [], 0  # prompt logprobs (or a MEAN / CLS pooler) read every position
+            return self._empty(), 0  # prompt logprobs (or a MEAN / CLS pooler) read every position
         max_hit = (request.num_tokens - 1) // self.block_size
         rows: list[list[KVCacheBlock | None]] = []
         for block_hash in request.block_hashes[:max_hit]:
@@ -150,12 +159,14 @@ class KVCacheManager:
         while num_hit and not self._window_cached(rows, num_hit):
             num_hit -= 1
         first = self._first_seen_position(num_hit * self.block_size)
-        blocks = [
-            NULL_BLOCK if g in self.windowed and pos < first else rows[pos][g]
-            for pos in range(num_hit)
+        tables = [
+            [
+                NULL_BLOCK if g in self.windowed and pos < first else rows[pos][g]
+                for pos in range(num_hit)
+            ]
             for g in self._groups
         ]
-        return blocks, num_hit * self.block_size  # type: ignore[return-value]
+        return tables, num_hit * self.block_size  # type: ignore[return-value]
 
     def _first_seen_position(self, num_computed: int) -> int:
         """The first block position a query from num_computed on can see in a windowed
@@ -177,83 +188,97 @@ class KVCacheManager:
         self,
         request: Request,
         num_new_tokens: int,
-        new_computed_blocks: Sequence[KVCacheBlock] = (),
+        new_computed_blocks: Sequence[Sequence[KVCacheBlock]] = (),
         num_lookahead_tokens: int = 0,
-    ) -> list[KVCacheBlock] | None:
+    ) -> Tables | None:
         """Blocks for num_new_tokens more tokens (and num_lookahead_tokens slots past them,
-        which a draft model writes while it proposes), G a new position; None (and nothing
-        changed but the blocks outside the window freed) if too few are free."""
-        rid, groups = request.request_id, self.num_groups
-        blocks = self.req_to_blocks.setdefault(rid, [])
-        self._free_outside_window(rid, blocks, request.num_computed_tokens)
-        num_hit = len(new_computed_blocks) // groups
+        which a draft model writes while it proposes), per group the new positions' blocks;
+        None (and nothing changed but the blocks outside the window freed) if too few are
+        free. `new_computed_blocks`: a prefix hit (get_computed_blocks), per group."""
+        rid = request.request_id
+        tables = self.req_to_blocks.setdefault(rid, self._empty())
+        self._free_outside_window(rid, tables, request.num_computed_tokens)
+        hit = _position_major(new_computed_blocks) if new_computed_blocks else []
+        num_hit = len(new_computed_blocks[0]) if new_computed_blocks else 0
         num_computed = request.num_computed_tokens + num_hit * self.block_size
         num_slots = num_computed + num_new_tokens + num_lookahead_tokens
-        num_positions = len(blocks) // groups + num_hit
-        num_new = max(cdiv(num_slots, self.block_size) - num_positions, 0) * groups
-        cows = self._cow_indices(blocks, num_computed) if num_new_tokens else []
-        num_evictable = sum(1 for b in _real(new_computed_blocks) if b.ref_cnt == 0)
-        if num_new + len(cows) + num_evictable > self.pool.num_free_blocks:
-            if not blocks:
+        num_positions = len(tables[0]) + num_hit
+        num_new = max(cdiv(num_slots, self.block_size) - num_positions, 0)
+        cows = self._cow_groups(tables, num_computed) if num_new_tokens else []
+        num_evictable = sum(1 for b in _real(hit) if b.ref_cnt == 0)
+        if num_new * self.num_groups + len(cows) + num_evictable > self.pool.num_free_blocks:
+            if not tables[0]:
                 del self.req_to_blocks[rid]
             return None
-        self.pool.touch(_real(new_computed_blocks))
-        blocks.extend(new_computed_blocks)
-        for index in cows:
-            self._copy_on_write(rid, blocks, index)
-        new_blocks = self.pool.get_new_blocks(num_new)
-        blocks.extend(new_blocks)
+        self.pool.touch(_real(hit))
+        for blocks, hit_blocks in zip(tables, new_computed_blocks or self._empty(), strict=True):
+            blocks.extend(hit_blocks)
+        pos = num_computed // self.block_size
+        for group in cows:
+            self._copy_on_write(rid, tables, group, pos)
+        new_blocks = self._take_positions(num_new)
+        for blocks, added in zip(tables, new_blocks, strict=True):
+            blocks.extend(added)
         self._cache_full_blocks(request, num_computed + num_new_tokens)
-        self._free_outside_window(rid, blocks, num_computed)
+        self._free_outside_window(rid, tables, num_computed)
         return new_blocks
 
-    def _free_outside_window(self, rid: str, blocks: list[KVCacheBlock], num_computed: int) -> None:
+    def _take_positions(self, num_positions: int) -> Tables:
+        """Fresh blocks for num_positions positions, per group (taken position-major)."""
+        taken = iter(self.pool.get_new_blocks(num_positions * self.num_groups))
+        rows = [[next(taken) for _ in self._groups] for _ in range(num_positions)]
+        return [list(column) for column in zip(*rows, strict=True)] if rows else self._empty()
+
+    def _free_outside_window(self, rid: str, tables: Tables, num_computed: int) -> None:
         """Free the windowed groups' blocks no query from position num_computed on can see
         (they lie wholly before num_computed - window + 1); tail first, so a prefix
         chain's head stays cached longest."""
         if not self.windowed:
             return
         start = self.num_nulled.get(rid, 0)
-        end = min(self._first_seen_position(num_computed), len(blocks) // self.num_groups)
+        end = min(self._first_seen_position(num_computed), len(tables[0]))
         if end <= start:
             return
         freed = []
         for pos in range(start, end):
             for g in self.windowed:
-                index = pos * self.num_groups + g
-                if blocks[index] is not NULL_BLOCK:  # a prefix hit's NULL entries
-                    freed.append(blocks[index])
-                blocks[index] = NULL_BLOCK
+                if tables[g][pos] is not NULL_BLOCK:  # a prefix hit's NULL entries
+                    freed.append(tables[g][pos])
+                tables[g][pos] = NULL_BLOCK
         self.pool.free_blocks(reversed(freed))
         self.num_nulled[rid] = end
         self._rewritten.add(rid)
 
-    def _cow_indices(self, blocks: list[KVCacheBlock], write_pos: int) -> list[int]:
-        """Entries of shared, partially filled blocks the next write would land in."""
+    def _cow_groups(self, tables: Tables, write_pos: int) -> list[int]:
+        """The groups whose block at the next write's position is shared and partially
+        filled (the write would land in it)."""
         pos = write_pos // self.block_size
-        if write_pos % self.block_size == 0 or pos >= len(blocks) // self.num_groups:
+        if write_pos % self.block_size == 0 or pos >= len(tables[0]):
             return []
-        entries = range(pos * self.num_groups, (pos + 1) * self.num_groups)
-        return [i for i in entries if blocks[i] is not NULL_BLOCK and blocks[i].ref_cnt > 1]
+        return [
+            g
+            for g in self._groups
+            if tables[g][pos] is not NULL_BLOCK and tables[g][pos].ref_cnt > 1
+        ]
 
-    def _copy_on_write(self, rid: str, blocks: list[KVCacheBlock], index: int) -> None:
+    def _copy_on_write(self, rid: str, tables: Tables, group: int, pos: int) -> None:
         (private,) = self.pool.get_new_blocks(1)
-        shared = blocks[index]
+        shared = tables[group][pos]
         self.pending_copies.append((shared.block_id, private.block_id))
         self.pool.free_blocks([shared])
-        blocks[index] = private
+        tables[group][pos] = private
         self._rewritten.add(rid)
 
     def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
         if not self.enable_caching:
             return
-        rid, groups = request.request_id, self.num_groups
-        blocks = self.req_to_blocks[rid]
+        rid = request.request_id
+        tables = self.req_to_blocks[rid]
         start = self.num_cached_blocks.get(rid, 0)
-        end = min(num_tokens // self.block_size, len(request.block_hashes), len(blocks) // groups)
+        end = min(num_tokens // self.block_size, len(request.block_hashes), len(tables[0]))
         for pos in range(start, end):
             for g in self._groups:
-                block = blocks[pos * groups + g]
+                block = tables[g][pos]
                 if block is not NULL_BLOCK:
                     self.pool.cache_full_block(block, group_key(request.block_hashes[pos], g))
         self.num_cached_blocks[rid] = max(start, end)
@@ -262,12 +287,14 @@ class KVCacheManager:
         """Free the blocks past the request's computed tokens (those only rejected
         speculative tokens wrote); how many. The worker then gets the table whole."""
         rid = request.request_id
-        blocks = self.req_to_blocks.get(rid, [])
+        tables = self.req_to_blocks.get(rid) or self._empty()
         keep = cdiv(request.num_computed_tokens, self.block_size)
-        if len(blocks) <= keep * self.num_groups:
+        if len(tables[0]) <= keep:
             return 0
-        tail = blocks[keep * self.num_groups :]  # never behind the window: past the step's start
-        del blocks[keep * self.num_groups :]
+        # never behind the window: past the step's start
+        tail = _position_major([blocks[keep:] for blocks in tables])
+        for blocks in tables:
+            del blocks[keep:]
         self.pool.free_blocks(reversed(tail))
         self.num_cached_blocks[rid] = min(self.num_cached_blocks.get(rid, 0), keep)
         self._rewritten.add(rid)
@@ -284,30 +311,31 @@ class KVCacheManager:
     def uncache(self, request: Request) -> None:
         """Forget the hashes of the request's blocks no other request holds (their
         contents are not to be trusted), before it frees them."""
-        for block in _real(self.req_to_blocks.get(request.request_id, [])):
+        for block in _real(_position_major(self.req_to_blocks.get(request.request_id, []))):
             if block.ref_cnt == 1:
                 self.pool.uncache(block)
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first so a chain's tail is evicted before its head."""
         rid = request.request_id
-        blocks = self.req_to_blocks.pop(rid, [])
-        self.pool.free_blocks(reversed(_real(blocks)))
+        tables = self.req_to_blocks.pop(rid, [])
+        self.pool.free_blocks(reversed(_real(_position_major(tables))))
         self.num_cached_blocks.pop(rid, None)
         self.num_nulled.pop(rid, None)
         self._rewritten.discard(rid)
-        self.cpu_free.extend(c for c in self.swapped.pop(rid, []) if c is not None)
+        cpu_ids = _position_major(self.swapped.pop(rid, []))
+        self.cpu_free.extend(c for c in cpu_ids if c is not None)
 
     def fork(self, parent: Request, child: Request) -> None:
         """The child shares the parent's blocks that hold its computed tokens (ref counts
         bumped). Not the blocks past them (a draft model's lookahead slots): each sequence
         writes its own tokens there, and copy-on-write only guards the block of the next
         write, so the child allocates its own."""
-        blocks = self.req_to_blocks.get(parent.request_id, [])
+        tables = self.req_to_blocks.get(parent.request_id) or self._empty()
         num_positions = cdiv(parent.num_computed_tokens, self.block_size)
-        blocks = blocks[: num_positions * self.num_groups]
-        self.pool.touch(_real(blocks))
-        self.req_to_blocks[child.request_id] = list(blocks)
+        shared = [blocks[:num_positions] for blocks in tables]
+        self.pool.touch(_real(_position_major(shared)))
+        self.req_to_blocks[child.request_id] = shared
         nulled = min(self.num_nulled.get(parent.request_id, 0), num_positions)
         if nulled:
             self.num_nulled[child.request_id] = nulled
@@ -322,34 +350,46 @@ class KVCacheManager:
     def swap_out(self, request: Request) -> list[tuple[int, int]] | None:
         """Move the request's KV to the CPU pool: (device, cpu) pairs, or None if it won't fit."""
         rid = request.request_id
-        blocks = self.req_to_blocks.get(rid, [])
-        real = _real(blocks)
+        tables = self.req_to_blocks.get(rid) or self._empty()
+        real = _real(_position_major(tables))
         if len(real) > len(self.cpu_free):
             return None
-        cpu_ids = [None if b is NULL_BLOCK else self.cpu_free.popleft() for b in blocks]
-        mapping = [(b.block_id, c) for b, c in zip(blocks, cpu_ids, strict=True) if c is not None]
+        cpu_ids: list[list[int | None]] = [[] for _ in self._groups]
+        mapping = []
+        for row in zip(*tables, strict=True):  # CPU ids taken position-major
+            for cpu_table, block in zip(cpu_ids, row, strict=True):
+                cpu = None if block is NULL_BLOCK else self.cpu_free.popleft()
+                cpu_table.append(cpu)
+                if cpu is not None:
+                    mapping.append((block.block_id, cpu))
         self.pool.free_blocks(reversed(real))
         self.req_to_blocks.pop(rid, None)  # (a forked child may hold none yet)
         self.num_cached_blocks.pop(rid, None)
-        self.swapped[rid] = cpu_ids  # None: an entry freed outside the window
+        self.swapped[rid] = cpu_ids
         return mapping
 
     def swap_in(self, request: Request, num_new_tokens: int) -> list[tuple[int, int]] | None:
         """Bring the request back with room for num_new_tokens: (cpu, device) pairs, or None."""
         rid = request.request_id
-        cpu_ids = self.swapped[rid]
+        cpu_tables = self.swapped[rid]
+        cpu_ids = _position_major(cpu_tables)
         real_ids = [c for c in cpu_ids if c is not None]
         num_positions = cdiv(request.num_computed_tokens + num_new_tokens, self.block_size)
         num_required = num_positions * self.num_groups - (len(cpu_ids) - len(real_ids))
         if max(num_required, len(real_ids)) > self.pool.num_free_blocks:
             return None
         new = iter(self.pool.get_new_blocks(len(real_ids)))
-        blocks = [NULL_BLOCK if c is None else next(new) for c in cpu_ids]
-        self.req_to_blocks[rid] = blocks
+        mapping = []
+        tables = self._empty()
+        for row in zip(*cpu_tables, strict=True):  # device blocks taken position-major
+            for blocks, cpu in zip(tables, row, strict=True):
+                block = NULL_BLOCK if cpu is None else next(new)
+                blocks.append(block)
+                if cpu is not None:
+                    mapping.append((cpu, block.block_id))
+        self.req_to_blocks[rid] = tables
         del self.swapped[rid]
         self.cpu_free.extend(real_ids)
-        pairs = zip(cpu_ids, blocks, strict=True)
-        mapping = [(c, b.block_id) for c, b in pairs if c is not None]
         self.allocate_slots(request, num_new_tokens)
         return mapping
 

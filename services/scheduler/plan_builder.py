@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from services.common.lora_request import LoRARequest
 from services.common.scheduler_output import (
+    BlockTable,
     CachedRequestData,
     NewRequestData,
     SchedulerOutput,
@@ -19,7 +21,7 @@ class PlanBuilder:
     token_budget: int
     new_reqs: list[NewRequestData] = field(default_factory=list)
     cached_ids: list[str] = field(default_factory=list)
-    cached_new_block_ids: list[list[int]] = field(default_factory=list)
+    cached_new_block_ids: list[BlockTable] = field(default_factory=list)
     cached_num_computed: list[int] = field(default_factory=list)
     cached_resumed: list[bool] = field(default_factory=list)
     cached_new_token_ids: list[list[int]] = field(default_factory=list)
@@ -29,17 +31,16 @@ class PlanBuilder:
     scheduled: list[Request] = field(default_factory=list)
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)  # drafts to verify
 
-    def add_new(self, request: Request, block_ids: list[int], num_tokens: int) -> None:
+    def add_new(self, request: Request, block_table: BlockTable, num_tokens: int) -> None:
         """A request the worker does not hold: sent in full."""
         self.new_reqs.append(
             NewRequestData(
                 request_id=request.request_id,
                 prompt_token_ids=request.prompt_token_ids,
                 output_token_ids=list(request.output_token_ids),
-                sampling_params=request.sampling_params,
-                block_ids=block_ids,
+                kind=request.kind,
+                block_table=block_table,
                 num_computed_tokens=request.num_computed_tokens,
-                pooling_params=request.pooling_params,
             )
         )
         self._schedule(request, num_tokens)
@@ -47,12 +48,15 @@ class PlanBuilder:
     def add_cached(
         self,
         request: Request,
-        new_blocks: list[KVCacheBlock] | list[int],
+        new_blocks: Sequence[Sequence[KVCacheBlock]] | BlockTable,
         num_tokens: int,
         replace_table: bool = False,
     ) -> None:
-        """A request the worker holds: only the delta (or the whole table when it changed)."""
-        ids = [b if isinstance(b, int) else b.block_id for b in new_blocks]
+        """A request the worker holds: only the delta (or the whole table when it changed),
+        per KV cache group."""
+        ids = tuple(
+            [b if isinstance(b, int) else b.block_id for b in blocks] for blocks in new_blocks
+        )
         self.cached_ids.append(request.request_id)
         self.cached_new_block_ids.append(ids)
         self.cached_num_computed.append(request.num_computed_tokens)

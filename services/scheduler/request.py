@@ -12,7 +12,7 @@ from services.common.engine_request import EngineCoreRequest, check_request_kind
 from services.common.lora_request import LoRARequest
 from services.common.pooling_params import PoolingParams
 from services.common.sampling_params import SamplingParams
-from services.common.scheduler_output import SchedulerOutput
+from services.common.scheduler_output import RequestKind, SchedulerOutput
 
 
 class RequestStatus(enum.IntEnum):
@@ -116,6 +116,11 @@ class Request:
         self.prompt_token_ids = list(self.prompt_token_ids)
         self.pending_fork = self.num_sequences > 1 and not self.uses_beam_search
         self.update_block_hashes()
+
+    @property
+    def kind(self) -> RequestKind:
+        """What it asks, told apart by type: its SamplingParams or its PoolingParams."""
+        return self.sampling_params if self.pooling_params is None else self.pooling_params
 
     @property
     def is_pooling(self) -> bool:

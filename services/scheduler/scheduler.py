@@ -1,17 +1,10 @@
 """Scheduler: V1-style token budget over running, swapped and waiting requests.
 
-There are no prefill and decode phases: every request gets min(remaining, budget)
-tokens per step, which covers chunked prefill, prefix hits and resumed requests.
-Running requests first (preempting the newest when blocks run out), then swapped
-ones, then waiting ones in FCFS (or priority) order.
-
-Plans in flight: the engine core may schedule the next step before the previous one's
-output is back (its batch queue). A request is then "in flight" from schedule() until
-update_from_output() processes its step (or it ends). An in-flight request is never
-scheduled again nor preempted (the worker is writing its blocks), and no member of a
-sequence group (n > 1, beam search) is scheduled while another member is in flight, so
-forks and beam pruning never race a step. A request that cannot get blocks while the only
-newer requests are in flight waits for the next step instead of preempting itself.
+Every request gets min(remaining, budget) tokens a step (chunked prefill, prefix hits,
+resumes alike): running first (preempting the newest when blocks run out), then swapped,
+then waiting in FCFS (or priority) order. A request is in flight from schedule() until its
+step's output is processed: it is never scheduled again nor preempted (the worker writes
+its blocks), nor is another member of its sequence group, so forks never race a step.
 """
 
 from __future__ import annotations
@@ -282,9 +275,9 @@ class Scheduler:
         rewritten = self.kv.take_rewritten(rid)
         if rid not in self.on_worker:
             self.on_worker.add(rid)
-            plan.add_new(request, self.kv.get_block_ids(rid), num_new)
+            plan.add_new(request, self.kv.block_table(rid), num_new)
         elif replace or rewritten:
-            plan.add_cached(request, self.kv.get_block_ids(rid), num_new, replace_table=True)
+            plan.add_cached(request, self.kv.block_table(rid), num_new, replace_table=True)
         else:
             plan.add_cached(request, new_blocks, num_new)
         if drafts:

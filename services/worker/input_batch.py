@@ -1,10 +1,10 @@
 """InputBatch: the worker's persistent per-request state, updated from each SchedulerOutput.
 
-Every request the worker holds owns a slot: a row of numpy arrays (token ids, block
-table, counters, sampling columns). `update` applies a plan's diff (drop finished, add
-new requests in full, apply cached deltas) and is all-or-nothing: a bad plan raises
-before anything changes. `prepare` gathers the scheduled slots into the flattened
-varlen batch with vectorised numpy, and `append_sampled` adds the sampled tokens.
+Every request the worker holds owns a slot: a row of numpy arrays (token ids, a block
+table per KV cache group, counters, sampling columns). A plan is trusted as built (one
+from the wire was checked where it was decoded); what only this state tells (an id it does
+not hold, a row without room) raises InvalidPlanError before `update` changes anything.
+`prepare` gathers the scheduled slots into the flattened batch.
 """
 
 from __future__ import annotations
@@ -12,14 +12,20 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from services.common.convert.plan_limits import PlanLimits
+from services.common.pooling_params import PoolingParams
 from services.common.sampling_params import SamplingParams
-from services.common.scheduler_output import NewRequestData, SchedulerOutput
+from services.common.scheduler_output import (
+    BlockTable,
+    NewRequestData,
+    RequestKind,
+    SchedulerOutput,
+)
 from services.worker.pooling_state import PoolingState
 from services.worker.sampling_metadata import SamplingMetadata
 from services.worker.sampling_ops import grammar_mask
@@ -49,7 +55,7 @@ class UnknownRequestError(InvalidPlanError):
 @dataclass
 class _RequestState:
     slot: int
-    sampling_params: SamplingParams | None  # None: a pooling request
+    kind: RequestKind
     pooling: PoolingState | None = None  # a pooling request's pooled state so far
 
 
@@ -64,8 +70,7 @@ class InputBatch:
         device: torch.device | str,
         num_kv_groups: int = 1,
     ) -> None:
-        """`num_kv_groups`: the KV cache groups a block table holds an entry of for each
-        block position (the plan's block ids come so, position-major)."""
+        """`num_kv_groups`: the KV cache groups a plan's block tables hold (BlockTable)."""
         for name, value in (
             ("block_size", block_size),
             ("max_num_seqs", max_num_seqs),
@@ -77,17 +82,18 @@ class InputBatch:
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.vocab_size = vocab_size
-        self.max_model_len = max_model_len
+        self.max_model_len = max_model_len  # a row's room for tokens
         self.num_kv_groups = num_kv_groups
-        self.max_blocks_per_req = -(-max_model_len // block_size) * num_kv_groups  # entries
+        self.max_positions = -(-max_model_len // block_size)  # a row's room for blocks
         self.device = torch.device(device)
         self.capacity = 0
         self._token_ids = np.zeros((0, max_model_len), np.int32)
-        self._block_tables = np.zeros((0, self.max_blocks_per_req), np.int32)
+        # [G, capacity, max_positions]: group g's table of each slot
+        self._block_tables = np.zeros((num_kv_groups, 0, self.max_positions), np.int32)
         self._num_tokens = np.zeros(0, np.int64)
         self._num_prompt_tokens = np.zeros(0, np.int64)
         self._num_computed = np.zeros(0, np.int64)
-        self._num_blocks = np.zeros(0, np.int64)
+        self._num_positions = np.zeros(0, np.int64)  # block positions in each slot's tables
         self._sampling = SamplingParamsTable(0, vocab_size, eos_token_id)
         self._requests: dict[str, _RequestState] = {}
         self._prompt_logprobs_ids: set[str] = set()
@@ -124,17 +130,24 @@ class InputBatch:
     def num_computed_tokens(self, request_id: str) -> int:
         return int(self._num_computed[self._slot(request_id)])
 
-    def block_ids(self, request_id: str) -> list[int]:
+    def block_table(self, request_id: str) -> BlockTable:
         slot = self._slot(request_id)
-        return self._block_tables[slot, : self._num_blocks[slot]].tolist()
+        return tuple(self._block_tables[:, slot, : self._num_positions[slot]].tolist())
 
     def sampling_params(self, request_id: str) -> SamplingParams:
-        return self._state(request_id).sampling_params
+        """A generating request's params (a pooling request has none)."""
+        kind = self._state(request_id).kind
+        assert isinstance(kind, SamplingParams), f"{request_id!r} is a pooling request"
+        return kind
+
+    @property
+    def limits(self) -> PlanLimits:
+        return PlanLimits(self.max_model_len, self.block_size, self.vocab_size, self.num_kv_groups)
 
     # ---- update --------------------------------------------------------------------------
 
     def update(self, plan: SchedulerOutput) -> None:
-        self._validate_update(plan)
+        self._check_against_state(plan)
         for request_id in plan.finished_req_ids:
             self._remove(request_id)
         for new in plan.scheduled_new_reqs:
@@ -148,17 +161,16 @@ class InputBatch:
             strict=True,
         ):
             slot = self._slot(request_id)
-            start = 0 if resumed else int(self._num_blocks[slot])
+            start = 0 if resumed else int(self._num_positions[slot])
             self._set_blocks(slot, start, new_block_ids)
             self._num_computed[slot] = num_computed
         if cached.new_token_ids:
             self._set_output_tails(cached.request_ids, cached.new_token_ids)
         self._drafts = plan.scheduled_spec_decode_tokens
 
-    def _validate_drafts(self, plan: SchedulerOutput) -> None:
-        """Proposals only for scheduled requests, in the vocabulary, and fitting in
-        max_model_len after the tokens the plan leaves the request, with the target's
-        token that follows them. Checked before the plan changes anything."""
+    def _check_drafts(self, plan: SchedulerOutput) -> None:
+        """The proposals fit the request's row after the tokens the plan leaves it, with
+        the target's token that follows them."""
         if not plan.scheduled_spec_decode_tokens:
             return
         new = {n.request_id: n for n in plan.scheduled_new_reqs}
@@ -173,27 +185,17 @@ class InputBatch:
                 )
             )
         for request_id, drafts in plan.scheduled_spec_decode_tokens.items():
-            if request_id not in plan.num_scheduled_tokens:
-                raise InvalidPlanError(f"proposals for {request_id!r}, which is not scheduled")
             if request_id in new:
-                num_tokens = len(new[request_id].prompt_token_ids)
-                num_tokens += len(new[request_id].output_token_ids)
-            else:
-                slot = self._slot(request_id)
-                num_tokens = int(self._num_tokens[slot])
-                if request_id in tails:
-                    num_computed, tail = tails[request_id]
-                    prompt_len = int(self._num_prompt_tokens[slot])
-                    num_tokens = max(num_computed, prompt_len) + len(tail)
+                continue  # the decoder checked a new request's whole length
+            slot = self._slot(request_id)
+            num_tokens = int(self._num_tokens[slot])
+            if request_id in tails:
+                num_computed, tail = tails[request_id]
+                num_tokens = max(num_computed, int(self._num_prompt_tokens[slot])) + len(tail)
             if num_tokens + len(drafts) + 1 > self.max_model_len:
                 raise InvalidPlanError(
                     f"the proposals of {request_id!r} would exceed max_model_len "
                     f"{self.max_model_len}"
-                )
-            if any(not 0 <= t < self.vocab_size for t in drafts):
-                raise InvalidPlanError(
-                    f"the proposals of {request_id!r} hold token ids outside the vocabulary "
-                    f"(0..{self.vocab_size - 1})"
                 )
 
     def _set_output_tails(self, request_ids: list[str], token_ids: list[list[int]]) -> None:
@@ -208,30 +210,29 @@ class InputBatch:
         self._token_ids[np.repeat(slots, counts), np.repeat(starts, counts) + offsets] = flat
         self._num_tokens[slots] = starts + counts
 
-    def _validate_update(self, plan: SchedulerOutput) -> None:
+    def _check_against_state(self, plan: SchedulerOutput) -> None:
+        """What only this worker's state tells: every delta names a request it holds (and
+        the plan does not drop), and every row keeps room for its blocks and tokens."""
         cached = plan.scheduled_cached_reqs
-        columns = (cached.new_block_ids, cached.num_computed_tokens, cached.resumed_from_preemption)
-        if any(len(column) != len(cached.request_ids) for column in columns):
-            raise InvalidPlanError("scheduled_cached_reqs columns differ in length")
-        if cached.new_token_ids and len(cached.new_token_ids) != len(cached.request_ids):
-            raise InvalidPlanError("scheduled_cached_reqs.new_token_ids differs in length")
-        num_blocks = {}
-        for new in plan.scheduled_new_reqs:
-            self._validate_new(new)
-            num_blocks[new.request_id] = len(new.block_ids)
+        num_positions = {new.request_id: len(new.block_table[0]) for new in plan.scheduled_new_reqs}
         for request_id, new_block_ids, resumed in zip(
             cached.request_ids, cached.new_block_ids, cached.resumed_from_preemption, strict=True
         ):
-            if request_id not in num_blocks:
+            if request_id not in num_positions:
                 if request_id not in self._requests or request_id in plan.finished_req_ids:
                     raise UnknownRequestError(request_id)
-                num_blocks[request_id] = int(self._num_blocks[self._slot(request_id)])
-            num_blocks[request_id] = (0 if resumed else num_blocks[request_id]) + len(new_block_ids)
-            self._check_num_blocks(request_id, num_blocks[request_id])
-        self._validate_output_tails(plan)
-        self._validate_drafts(plan)
+                num_positions[request_id] = int(self._num_positions[self._slot(request_id)])
+            held = 0 if resumed else num_positions[request_id]
+            num_positions[request_id] = held + len(new_block_ids[0])
+            if num_positions[request_id] > self.max_positions:
+                raise InvalidPlanError(
+                    f"request {request_id!r} would hold {num_positions[request_id]} blocks "
+                    f"per KV cache group; max_model_len allows {self.max_positions}"
+                )
+        self._check_output_tails(plan)
+        self._check_drafts(plan)
 
-    def _validate_output_tails(self, plan: SchedulerOutput) -> None:
+    def _check_output_tails(self, plan: SchedulerOutput) -> None:
         cached = plan.scheduled_cached_reqs
         prompt_lens = {n.request_id: len(n.prompt_token_ids) for n in plan.scheduled_new_reqs}
         for request_id, num_computed, token_ids in zip(
@@ -245,27 +246,6 @@ class InputBatch:
                     f"request {request_id!r} would exceed max_model_len {self.max_model_len}"
                 )
 
-    def _validate_new(self, new: NewRequestData) -> None:
-        num_tokens = len(new.prompt_token_ids) + len(new.output_token_ids)
-        if not new.prompt_token_ids or num_tokens > self.max_model_len:
-            raise InvalidPlanError(
-                f"request {new.request_id!r} has {num_tokens} tokens "
-                f"({len(new.prompt_token_ids)} prompt); allowed 1..{self.max_model_len}"
-            )
-        if not 0 <= new.num_computed_tokens <= num_tokens:
-            raise InvalidPlanError(
-                f"request {new.request_id!r}: num_computed_tokens {new.num_computed_tokens} "
-                f"outside 0..{num_tokens}"
-            )
-        self._check_num_blocks(new.request_id, len(new.block_ids))
-
-    def _check_num_blocks(self, request_id: str, num_blocks: int) -> None:
-        if num_blocks > self.max_blocks_per_req:
-            raise InvalidPlanError(
-                f"request {request_id!r} would hold {num_blocks} blocks; "
-                f"max_model_len allows {self.max_blocks_per_req}"
-            )
-
     def _add(self, new: NewRequestData) -> None:
         if new.request_id in self._requests:
             self._remove(new.request_id)
@@ -277,15 +257,16 @@ class InputBatch:
         self._num_tokens[slot] = len(tokens)
         self._num_prompt_tokens[slot] = len(new.prompt_token_ids)
         self._num_computed[slot] = new.num_computed_tokens
-        self._set_blocks(slot, 0, new.block_ids)
-        state = _RequestState(slot, new.sampling_params)
-        if new.pooling_params is not None:  # a fresh pooled state, from position 0
-            state.pooling = PoolingState(new.pooling_params)
-            self._pooling_ids.add(new.request_id)
-        else:
-            self._sampling.set_row(slot, new.sampling_params)
-            if new.sampling_params.prompt_logprobs is not None:
-                self._prompt_logprobs_ids.add(new.request_id)
+        self._set_blocks(slot, 0, new.block_table)
+        state = _RequestState(slot, new.kind)
+        match new.kind:
+            case PoolingParams() as params:  # a fresh pooled state, from position 0
+                state.pooling = PoolingState(params)
+                self._pooling_ids.add(new.request_id)
+            case SamplingParams() as params:
+                self._sampling.set_row(slot, params)
+                if params.prompt_logprobs is not None:
+                    self._prompt_logprobs_ids.add(new.request_id)
         self._requests[new.request_id] = state
 
     def _remove(self, request_id: str) -> None:
@@ -297,27 +278,30 @@ class InputBatch:
         self._sampling.clear_row(state.slot)
         self._free_slots.append(state.slot)
 
-    def _set_blocks(self, slot: int, start: int, block_ids: Sequence[int]) -> None:
-        end = start + len(block_ids)
-        self._block_tables[slot, start:end] = block_ids
+    def _set_blocks(self, slot: int, start: int, table: BlockTable) -> None:
+        """Write every group's ids from block position `start` on."""
+        end = start + len(table[0])
+        self._block_tables[:, slot, start:end] = table
         if start == 0:
-            self._block_tables[slot, end:] = 0
-        self._num_blocks[slot] = end
+            self._block_tables[:, slot, end:] = 0
+        self._num_positions[slot] = end
 
     def _grow(self, capacity: int) -> None:
         extra = capacity - self.capacity
         if self.capacity:
             logger.info("InputBatch grows from %d to %d slots", self.capacity, capacity)
 
-        def pad(array: np.ndarray) -> np.ndarray:
-            return np.concatenate([array, np.zeros((extra, *array.shape[1:]), array.dtype)])
+        def pad(array: np.ndarray, axis: int = 0) -> np.ndarray:
+            shape = list(array.shape)
+            shape[axis] = extra
+            return np.concatenate([array, np.zeros(shape, array.dtype)], axis=axis)
 
         self._token_ids = pad(self._token_ids)
-        self._block_tables = pad(self._block_tables)
+        self._block_tables = pad(self._block_tables, axis=1)
         self._num_tokens = pad(self._num_tokens)
         self._num_prompt_tokens = pad(self._num_prompt_tokens)
         self._num_computed = pad(self._num_computed)
-        self._num_blocks = pad(self._num_blocks)
+        self._num_positions = pad(self._num_positions)
         self._sampling.grow(capacity)
         self._free_slots.extend(range(capacity - 1, self.capacity - 1, -1))
         self.capacity = capacity
@@ -342,10 +326,11 @@ class InputBatch:
         num_computed = self._num_computed[slots]
         num_drafts = self._write_drafts(request_ids, slots)  # [S]
         num_known = self._num_tokens[slots] + num_drafts  # [S]
-        self._check_schedule(plan, request_ids, num_known, slots, num_computed, num_scheduled)
+        self._check_schedule(request_ids, num_known, slots, num_computed, num_scheduled)
         flat = flatten_batch(
             self._token_ids,
-            *self._grouped_tables(),
+            self._block_tables,
+            self._num_positions,
             slots,
             num_known,
             num_computed,
@@ -442,20 +427,13 @@ class InputBatch:
 
     def _check_schedule(
         self,
-        plan: SchedulerOutput,
         request_ids: list[str],
         num_known: np.ndarray,
         slots: np.ndarray,
         num_computed: np.ndarray,
         num_scheduled: np.ndarray,
     ) -> None:
-        problem = schedule_problem(
-            num_computed,
-            num_scheduled,
-            num_known,
-            self._num_slots(slots),
-            plan.total_num_scheduled_tokens,
-        )
+        problem = schedule_problem(num_computed, num_scheduled, num_known, self._num_slots(slots))
         if problem is None and self._drafts:
             seq_lens = num_computed + num_scheduled
             for row, request_id in enumerate(request_ids):
@@ -464,8 +442,7 @@ class InputBatch:
                     break
         if problem is not None:
             row, message = problem
-            name = "plan" if row is None else f"plan for request {request_ids[row]!r}"
-            raise InvalidPlanError(f"{name} {message}")
+            raise InvalidPlanError(f"plan for request {request_ids[row]!r} {message}")
 
     def _pooling_rows(self, request_ids: list[str]) -> list[int]:
         """The rows of the step's pooling requests (none without any held)."""
@@ -512,7 +489,7 @@ class InputBatch:
             names.append(request_id)
             num_rows.append(stop - start)
             firsts.append(start + 1)
-            ks.append(self._requests[request_id].sampling_params.prompt_logprobs)
+            ks.append(self.sampling_params(request_id).prompt_logprobs)
             indices.append(query_start_loc[row] + np.arange(stop - start, dtype=np.int64))
             targets.append(self._token_ids[slot, start + 1 : stop + 1].astype(np.int64))
         if not names:
@@ -532,15 +509,9 @@ class InputBatch:
         slots = np.fromiter((self._slot(r) for r in request_ids), np.int64, len(request_ids))
         return self._num_computed[slots], self._num_tokens[slots], self._num_slots(slots)
 
-    def _grouped_tables(self) -> tuple[np.ndarray, np.ndarray]:
-        """The tables as [capacity, max_positions, G] (a view) and their positions."""
-        groups = self.num_kv_groups
-        tables = self._block_tables.reshape(self.capacity, -1, groups)
-        return tables, self._num_blocks // groups
-
     def _num_slots(self, slots: np.ndarray) -> np.ndarray:
         """KV slots in each slot's block table [S]."""
-        return self._num_blocks[slots] // self.num_kv_groups * self.block_size
+        return self._num_positions[slots] * self.block_size
 
     def write_tokens(self, request_ids: list[str], positions: np.ndarray, token_ids) -> None:
         """Token ids past the requests' known tokens (proposals being made), so a forward
@@ -557,7 +528,8 @@ class InputBatch:
         seq_lens = num_computed + num_scheduled
         flat = flatten_batch(
             self._token_ids,
-            *self._grouped_tables(),
+            self._block_tables,
+            self._num_positions,
             slots,
             seq_lens,
             num_computed,

@@ -1,13 +1,9 @@
 """PoolingState: one pooling request's pooled state so far, on the worker.
 
-It lives with the request's slot in the InputBatch, so it goes whenever the worker drops
-the request: finished, aborted, or preempted for recompute (the scheduler then drops the
-request from the worker and sends it again in full, and a fresh state starts from
-position 0). A request swapped out keeps its slot and its state, and resumes at the
-position it stopped at. Only the output rank reads rows into it (the Pooler).
-
-A chunked prompt is read chunk by chunk: MEAN adds each chunk's rows, CLS keeps
-position 0's row; LAST needs only the row of the step that ends the prompt.
+It lives with the request's InputBatch slot: dropped with it (finished, aborted, or
+preempted for recompute: the request comes again in full, from position 0), kept on swap.
+Only the output rank reads rows into it (the Pooler), chunk by chunk: MEAN adds each
+chunk's rows, CLS keeps position 0's row, LAST needs only the row that ends the prompt.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """StepInputs: one step's flattened varlen batch (no padding), and the numpy that builds it.
 
 Request i with num_computed_tokens c and num_scheduled_tokens n feeds token_ids[c:c+n]
-at positions c..c+n-1; slot = block_table[pos // block_size] * block_size + pos %
-block_size; seq_len = c + n. With G KV cache groups a table holds G entries a block
-position (group g's block of position p at p * G + g), and every group has its own slots
-and table. It samples iff c + n == its number of known tokens, which
-counts the speculative proposals it verifies this step (written after its token ids): a
-request verifying k proposals samples at its last k + 1 positions.
+at positions c..c+n-1; seq_len = c + n; each KV cache group g has its own table and
+slots: slot = table[g][pos // block_size] * block_size + pos % block_size. It samples iff
+c + n == its number of known tokens, which counts the speculative proposals it verifies
+this step (written after its token ids): verifying k, it samples its last k + 1 positions.
 """
 
 from __future__ import annotations
@@ -117,8 +115,8 @@ class FlatBatch:
 
 def flatten_batch(
     token_ids: np.ndarray,  # [capacity, max_model_len] every slot's prompt + output ids
-    block_tables: np.ndarray,  # [capacity, max_positions, G] int32, per KV cache group
-    num_blocks: np.ndarray,  # [capacity] int64 block positions in each slot's table
+    block_tables: np.ndarray,  # [G, capacity, max_positions] int32, per KV cache group
+    num_positions: np.ndarray,  # [capacity] int64 block positions in each slot's tables
     slots: np.ndarray,  # [S] int64 the scheduled requests' slots, in row order
     num_known: np.ndarray,  # [S] int64 known tokens of each (proposals included)
     num_computed: np.ndarray,  # [S] int64
@@ -132,16 +130,16 @@ def flatten_batch(
     slot_of_token = slots[row_of_token]  # [T]
     offsets = np.arange(total, dtype=np.int64) - query_start_loc[row_of_token]  # [T]
     positions = num_computed[row_of_token] + offsets  # [T]
-    blocks = block_tables[slot_of_token, positions // block_size].T.astype(np.int64)  # [G, T]
+    blocks = block_tables[:, slot_of_token, positions // block_size].astype(np.int64)  # [G, T]
     seq_lens = num_computed + num_scheduled  # [S]
-    width = int(num_blocks[slots].max(initial=0))
+    width = int(num_positions[slots].max(initial=0))
     return FlatBatch(
         input_ids=token_ids[slot_of_token, positions].astype(np.int64),
         positions=positions,
         slot_mapping=blocks * block_size + positions % block_size,
         query_start_loc=query_start_loc.astype(np.int32),
         seq_lens=seq_lens.astype(np.int32),
-        block_table=block_tables[slots, :width].transpose(2, 0, 1),  # [G, S, width]
+        block_table=block_tables[:, slots, :width],  # [G, S, width]
         samples=seq_lens == num_known,
         logits_indices=query_start_loc[1:] - 1,
     )
@@ -152,12 +150,12 @@ def schedule_problem(
     num_scheduled: np.ndarray,  # [S] int64
     num_tokens: np.ndarray,  # [S] int64 known tokens
     num_slots: np.ndarray,  # [S] int64 KV slots in each block table
-    total_num_scheduled_tokens: int,
-) -> tuple[int | None, str] | None:
-    """What makes a schedule impossible, as (row or None, message); None when it is fine."""
+) -> tuple[int, str] | None:
+    """What the worker's state cannot run of a schedule, as (row, message); None when it
+    is fine. (A schedule's own shape, counts >= 1 and their total, is the plan's: the
+    scheduler builds it so, the decoder checks it.)"""
     seq_lens = num_computed + num_scheduled  # [S]
     checks = (
-        (num_scheduled < 1, "schedules fewer than 1 token"),
         (seq_lens > num_tokens, "schedules tokens past its known token ids"),
         (seq_lens > num_slots, "schedules tokens past the end of its block table"),
     )
@@ -166,9 +164,4 @@ def schedule_problem(
             row = int(np.argmax(bad))
             counts = f"num_computed_tokens {num_computed[row]}, num_scheduled_tokens"
             return row, f"{message} ({counts} {num_scheduled[row]})"
-    if int(num_scheduled.sum()) != total_num_scheduled_tokens:
-        return None, (
-            f"total_num_scheduled_tokens {total_num_scheduled_tokens} != "
-            f"the sum of num_scheduled_tokens {int(num_scheduled.sum())}"
-        )
     return None

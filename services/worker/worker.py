@@ -11,6 +11,7 @@ import threading
 import torch
 
 from services.common.config import CacheConfig, ModelConfig
+from services.common.convert.plan_limits import PlanLimits
 from services.common.model_capabilities import ModelCapabilities
 from services.common.rank_info import RankInfo
 from services.common.runner_output import RunnerOutput
@@ -292,6 +293,11 @@ class Worker:
             pin_threads(self.model_config.cpu_threads_bind)
             self._pinned_for = threading.get_ident()
         return self.runner.execute(plan)
+
+    @property
+    def plan_limits(self) -> PlanLimits | None:
+        """What a plan from the wire is checked against (None before initialize_cache)."""
+        return None if self.runner is None else self.runner.input_batch.limits
 
     def reset(self) -> None:
         """Drop every request's state (the scheduler restarted); the cache stays allocated."""

@@ -1,15 +1,10 @@
-"""WorkerServicer: the Worker actor over gRPC (pagestream.v1.Worker).
+"""WorkerServicer: the Worker actor over gRPC (pagestream.internal.v1.Worker).
 
-Thin adapters: pb -> Worker call -> pb. Everything that touches the model (loading,
-cache allocation, the forward pass, and the plan/result conversion around it) runs on one
-worker thread, never on the event loop, and in order.
-
-Execute answers one StepResult per StepPlan, in order. A plan the worker cannot apply (an
-unknown request id, inconsistent columns: any ValueError, which the worker raises before
-it changes any state) is answered with a StepResult whose `error` says why; the stream
-stays open and the server keeps serving. Anything else ends the stream with the status
-services/common/grpc_errors.py maps it to. When an Execute stream ends, its scheduler is
-gone: the worker drops every request's state (the KV cache stays allocated).
+Thin adapters: pb -> Worker call -> pb, all on one worker thread, in order. Execute answers
+one StepResult per StepPlan; a plan the worker cannot apply (any ValueError: the decoder's
+checks against its PlanLimits, or its state's, raised before anything changes) gets a
+StepResult whose `error` says why and the stream goes on; anything else ends the stream
+(services/common/grpc_errors.py). When a stream ends the worker drops every request's state.
 """
 
 from __future__ import annotations
@@ -29,7 +24,7 @@ from services.common.convert.worker_info import (
 )
 from services.common.grpc_errors import grpc_errors
 from services.common.grpc_server import GrpcServer, start_server
-from services.common.proto.pagestream.v1 import worker_pb2, worker_pb2_grpc
+from services.common.proto.pagestream.internal.v1 import worker_pb2, worker_pb2_grpc
 from services.common.rank_info import RankInfo
 from services.common.tls import TlsConfig
 from services.worker.parallel_state import DEFAULT_TIMEOUT_S
@@ -136,7 +131,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 def _execute_step(worker: Worker, message: worker_pb2.StepPlan) -> worker_pb2.StepResult:
     """One plan on the worker thread: convert, run, convert back."""
     try:
-        result = worker.execute(plan_from_pb(message))
+        result = worker.execute(plan_from_pb(message, worker.plan_limits))
     except ValueError as exc:
         logger.warning("step %d rejected: %s", message.step_id, exc)
         return worker_pb2.StepResult(step_id=message.step_id, error=str(exc) or repr(exc))

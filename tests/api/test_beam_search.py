@@ -68,7 +68,7 @@ def test_beams_share_blocks(model_dir):
     while engine.has_unfinished_requests():
         engine.step()
         peak = max(peak, kv.num_blocks - kv.num_free_blocks)
-        tables = [kv.req_to_blocks[r.request_id] for r in engine.scheduler.running]
+        tables = [kv.req_to_blocks[r.request_id][0] for r in engine.scheduler.running]
         if len(tables) == 4:
             shared_seen |= all(t[0] is tables[0][0] for t in tables)
     assert shared_seen  # all four beams point at the same prompt blocks

@@ -16,6 +16,7 @@ from services.common.convert.engine_io import (
     stats_from_pb,
     stats_to_pb,
 )
+from services.common.convert.plan_limits import PlanLimits
 from services.common.convert.sampling import (
     INT32_MAX,
     sampling_params_from_pb,
@@ -31,7 +32,8 @@ from services.common.convert.worker_info import (
 )
 from services.common.engine_output import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from services.common.engine_request import EngineCoreRequest
-from services.common.proto.pagestream.v1 import generation_pb2, worker_pb2
+from services.common.proto.pagestream.internal.v1 import worker_pb2
+from services.common.proto.pagestream.v1 import generation_pb2
 from services.common.reasoning_bounds import ReasoningBounds, ReasoningMode
 from services.common.runner_output import RunnerOutput, StepTimings, TokenLogprobs
 from services.common.sampling_params import SamplingParams
@@ -210,11 +212,11 @@ WORKER_PARAMS = EVERY_FIELD.clone(
 
 
 def _plan(params: SamplingParams = WORKER_PARAMS) -> SchedulerOutput:
-    new = NewRequestData("new-1", [1, 2, 3], [], SamplingParams(temperature=0.0), [4], 0)
-    resumed = NewRequestData("forked", [5, 6], [9, 10], params, [7, 8, 11], 2)
+    new = NewRequestData("new-1", [1, 2, 3], [], SamplingParams(temperature=0.0), ([4],), 0)
+    resumed = NewRequestData("forked", [5, 6], [9, 10], params, ([7, 8, 11],), 2)
     cached = CachedRequestData(
         request_ids=["c-a", "c-b", "c-c", "c-d"],
-        new_block_ids=[[], [12, 13], [], [14]],
+        new_block_ids=[([],), ([12, 13],), ([],), ([14],)],
         num_computed_tokens=[17, 30, 5, 64],
         resumed_from_preemption=[False, True, False, False],
     )
@@ -245,7 +247,7 @@ def test_step_plan_round_trips_with_row_order():
 
 def test_a_plan_sends_the_grammar_masks_but_not_the_grammars():
     back = plan_from_pb(_wire(plan_to_pb(_plan(EVERY_FIELD))))
-    params = back.scheduled_new_reqs[1].sampling_params
+    params = back.scheduled_new_reqs[1].kind
     assert params.structured_outputs is None and params.reasoning is None
     assert params.thinking_token_budget is None
     assert back == _plan(WORKER_PARAMS)
@@ -258,11 +260,35 @@ def test_empty_plan_round_trips():
 def test_decode_only_plan_round_trips():
     ids = [f"r{i}" for i in range(256)]
     plan = SchedulerOutput(
-        scheduled_cached_reqs=CachedRequestData(ids, [[]] * 256, list(range(256)), [False] * 256),
+        scheduled_cached_reqs=CachedRequestData(
+            ids, [([],)] * 256, list(range(256)), [False] * 256
+        ),
         num_scheduled_tokens=dict.fromkeys(ids, 1),
         total_num_scheduled_tokens=256,
     )
     assert plan_from_pb(_wire(plan_to_pb(plan))) == plan
+
+
+def test_block_tables_travel_per_kv_cache_group():
+    """Two groups: each table's lists come back per group (flat, position-major, only on
+    the wire), and a table that does not fill its groups is refused."""
+    new = NewRequestData("n", [1, 2, 3, 4, 5], [], SamplingParams(), ([4, 6], [5, 7]), 0)
+    cached = CachedRequestData(["c"], [([8], [9])], [4], [False])
+    plan = SchedulerOutput(
+        scheduled_new_reqs=[new],
+        scheduled_cached_reqs=cached,
+        num_scheduled_tokens={"n": 5, "c": 1},
+        total_num_scheduled_tokens=6,
+    )
+    message = _wire(plan_to_pb(plan))
+    assert message.num_kv_groups == 2 and list(message.new_requests[0].block_ids) == [4, 5, 6, 7]
+    assert plan_from_pb(message) == plan
+    message.new_requests[0].block_ids.append(10)
+    with pytest.raises(ValueError, match="2 KV cache groups"):
+        plan_from_pb(message)
+    limits = PlanLimits(max_model_len=16, block_size=4, vocab_size=32, num_kv_groups=1)
+    with pytest.raises(ValueError, match="KV cache groups, the worker has 1"):
+        plan_from_pb(_wire(plan_to_pb(plan)), limits)
 
 
 @pytest.mark.parametrize(
@@ -271,7 +297,9 @@ def test_decode_only_plan_round_trips():
         ({"cached_num_new_blocks": [1, 1]}, "cached_new_block_ids"),
         ({"blocks_to_copy": [1, 2, 3]}, "blocks_to_copy"),
         ({"num_scheduled_tokens": [1]}, "num_scheduled_tokens"),
+        ({"num_scheduled_tokens": [1, 1, 0, 1, 1, 1]}, "fewer than 1 token"),
         ({"cached_resumed": [True]}, "cached_"),
+        ({"spec_request_ids": ["ghost"], "num_spec_tokens": [1], "spec_token_ids": [5]}, "ghost"),
     ],
 )
 def test_malformed_plans_raise_value_error(changes, match):

@@ -75,7 +75,7 @@ def test_engine_outputs_carry_the_pooled_state_of_their_final_output():
 
 
 def test_plans_and_results_carry_pooling():
-    new = NewRequestData("p", [1, 2, 3], [], None, [0], 0, pooling_params=PoolingParams())
+    new = NewRequestData("p", [1, 2, 3], [], PoolingParams(), ([0],), 0)
     plan = SchedulerOutput(
         scheduled_new_reqs=[new], num_scheduled_tokens={"p": 3}, total_num_scheduled_tokens=3
     )
@@ -125,7 +125,7 @@ def test_a_pooling_request_travels_without_sampling_params():
     back = engine_request_from_pb(message)
     assert back.sampling_params is None
     assert back == replace(request, arrival_time=back.arrival_time)
-    new = NewRequestData("p", [1, 2, 3], [], None, [0], 0, pooling_params=PoolingParams())
+    new = NewRequestData("p", [1, 2, 3], [], PoolingParams(), ([0],), 0)
     plan = SchedulerOutput(
         scheduled_new_reqs=[new], num_scheduled_tokens={"p": 3}, total_num_scheduled_tokens=3
     )
@@ -144,19 +144,18 @@ def test_an_add_request_is_one_kind_and_refuses_none_by_name():
         engine_request_from_pb(request)
 
 
-@pytest.mark.parametrize("kind", ["neither", "both"])
-def test_a_plan_with_neither_or_both_params_is_refused_by_name(kind):
+def test_a_plans_new_request_is_one_kind_and_refuses_none_by_name():
     plan = plan_to_pb(
         SchedulerOutput(
-            scheduled_new_reqs=[NewRequestData("r", [1], [], SamplingParams(), [0], 0)],
+            scheduled_new_reqs=[NewRequestData("r", [1], [], SamplingParams(), ([0],), 0)],
             num_scheduled_tokens={"r": 1},
             total_num_scheduled_tokens=1,
         )
     )
     message = plan.new_requests[0]
-    if kind == "neither":
-        message.ClearField("sampling_params")
-    else:
-        message.pooling_params.task = "embed"
-    with pytest.raises(ValueError, match=f"sampling_params.*pooling_params.*got {kind}"):
+    message.pooling_params.task = "embed"  # a oneof: setting one kind clears the other
+    assert message.WhichOneof("kind") == "pooling_params"
+    assert not message.HasField("sampling_params")
+    message.ClearField("pooling_params")
+    with pytest.raises(ValueError, match=r"sampling_params.*pooling_params.*got neither"):
         plan_from_pb(plan)

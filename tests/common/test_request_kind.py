@@ -1,6 +1,7 @@
 """A request is a generation (sampling_params) or a pooling request (pooling_params):
-exactly one is set, wherever a request is built (frontend, engine core, worker plan), and
-the error names both."""
+exactly one is set, wherever a request is built (frontend, engine core), and the error
+names both; a worker plan's NewRequestData holds one `kind`, so it cannot hold both
+(its wire form refuses neither: tests/common/test_convert_pooling.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import pytest
 from services.common.engine_request import EngineCoreRequest
 from services.common.pooling_params import PoolingParams
 from services.common.sampling_params import SamplingParams
-from services.common.scheduler_output import NewRequestData
 from services.scheduler.request import Request
 
 PARAMS = {
@@ -25,16 +25,6 @@ def test_neither_or_both_params_are_refused_by_name(kind):
         EngineCoreRequest("r", [1, 2], **PARAMS[kind])
     with pytest.raises(ValueError, match=match):
         Request("r", [1, 2], **PARAMS[kind])
-    with pytest.raises(ValueError, match=match):
-        NewRequestData(
-            "r",
-            [1, 2],
-            [],
-            PARAMS[kind].get("sampling_params"),
-            [0],
-            0,
-            pooling_params=PARAMS[kind].get("pooling_params"),
-        )
 
 
 def test_a_pooling_request_needs_no_sampling_params():

@@ -128,10 +128,10 @@ def test_the_flag_reaches_a_child_role_as_the_same_config():
 
 # ---- the wire ----------------------------------------------------------------------------
 def _plan_with_proposals() -> SchedulerOutput:
-    new = NewRequestData("n", [1, 2, 3], [], SamplingParams(temperature=0.0), [4], 0)
+    new = NewRequestData("n", [1, 2, 3], [], SamplingParams(temperature=0.0), ([4],), 0)
     cached = CachedRequestData(
         request_ids=["a", "b", "c"],
-        new_block_ids=[[], [9], []],
+        new_block_ids=[([],), ([9],), ([],)],
         num_computed_tokens=[17, 30, 5],
         resumed_from_preemption=[False, True, False],
         new_token_ids=[[7], [8, 9, 10], []],

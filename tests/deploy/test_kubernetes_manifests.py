@@ -214,7 +214,7 @@ def test_worker_groups(name):
         assert service_target(headless, c, port) == port
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             assert "grpc" in c[probe] and probe_port(c[probe]) == port, probe
-        assert c["readinessProbe"]["grpc"]["service"] == "pagestream.v1.Worker"
+        assert c["readinessProbe"]["grpc"]["service"] == "pagestream.internal.v1.Worker"
         assert probe_budget_s(c["startupProbe"]) >= 600  # loading the model
         assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
         volumes = {v["name"]: v for v in spec["template"]["spec"]["volumes"]}

@@ -20,10 +20,11 @@ def check_invariants(scheduler: Scheduler) -> None:
     assert used + kv.num_free_blocks == kv.num_blocks
     assert {id(b) for b in kv.pool.free_queue} == {id(b) for b in blocks if b.ref_cnt == 0}
     # A block in several tables is shared on purpose: its ref count says so exactly.
-    holders = Counter(b.block_id for table in kv.req_to_blocks.values() for b in table)
+    tables = kv.req_to_blocks.values()
+    holders = Counter(b.block_id for table in tables for group in table for b in group)
     for block in blocks:
         assert block.ref_cnt == holders.get(block.block_id, 0), block
-    swapped_cpu = [c for ids in kv.swapped.values() for c in ids]
+    swapped_cpu = [c for table in kv.swapped.values() for ids in table for c in ids]
     assert len(swapped_cpu) == len(set(swapped_cpu))
     assert len(swapped_cpu) + len(kv.cpu_free) == kv.num_cpu_blocks
     live = {r.request_id for r in [*scheduler.running, *scheduler.waiting, *scheduler.swapped]}

@@ -35,7 +35,7 @@ def _start_group(model: str, ports: list[int], rendezvous: str) -> list[subproce
 
 def _prefill_plan(request_id: str) -> SchedulerOutput:
     params = SamplingParams(temperature=0.0, max_tokens=4)
-    new = NewRequestData(request_id, PROMPT, [], params, [0], 0)
+    new = NewRequestData(request_id, PROMPT, [], params, ([0],), 0)
     return SchedulerOutput(
         scheduled_new_reqs=[new],
         num_scheduled_tokens={request_id: len(PROMPT)},

@@ -243,20 +243,20 @@ class StandInWorker:
             assert new.request_id not in self.states, f"{new.request_id} sent twice in full"
             self.states[new.request_id] = _SeqState(
                 token_ids=new.prompt_token_ids + new.output_token_ids,
-                block_ids=list(new.block_ids),
+                block_ids=list(new.block_table[0]),  # one KV cache group
                 num_computed_tokens=new.num_computed_tokens,
-                seed=new.sampling_params.seed,
-                logprobs=new.sampling_params.logprobs,
+                seed=new.kind.seed,
+                logprobs=new.kind.logprobs,
             )
-            if new.sampling_params.use_beam_search:
+            if new.kind.use_beam_search:
                 self.beams.add(new.request_id)
         cached = plan.scheduled_cached_reqs
         for i, rid in enumerate(cached.request_ids):
             state = self.states[rid]  # KeyError: the plan names a request we do not hold
             if cached.resumed_from_preemption[i]:
-                state.block_ids = list(cached.new_block_ids[i])
+                state.block_ids = list(cached.new_block_ids[i][0])
             else:
-                state.block_ids.extend(cached.new_block_ids[i])
+                state.block_ids.extend(cached.new_block_ids[i][0])
             assert state.num_computed_tokens == cached.num_computed_tokens[i], rid
             state.num_computed_tokens = cached.num_computed_tokens[i]
 

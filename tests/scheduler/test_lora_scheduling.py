@@ -281,15 +281,15 @@ def test_same_prompt_under_two_adapters_never_shares_blocks():
     driver.add(make_request("base", prompt, 4, None, max_tokens=6, ignore_eos=True))
     driver.step()
     kv = driver.scheduler.kv
-    tables = {rid: set(kv.get_block_ids(rid)) for rid in ("a1", "b1", "base")}
+    tables = {rid: set(kv.block_table(rid)[0]) for rid in ("a1", "b1", "base")}
     assert not tables["a1"] & tables["b1"]
     assert not (tables["a1"] | tables["b1"]) & tables["base"]
     driver.add(make_request("a2", prompt, 4, A, max_tokens=6, ignore_eos=True))
     driver.step()
-    shared = kv.get_block_ids("a1")[:3]
-    assert kv.get_block_ids("a2")[:3] == shared  # the same adapter reads a1's blocks
+    shared = kv.block_table("a1")[0][:3]
+    assert kv.block_table("a2")[0][:3] == shared  # the same adapter reads a1's blocks
     assert all(kv.pool.blocks[b].ref_cnt == 2 for b in shared)
-    assert not set(kv.get_block_ids("a2")) & (tables["b1"] | tables["base"])
+    assert not set(kv.block_table("a2")[0]) & (tables["b1"] | tables["base"])
     driver.run()
     driver.assert_reference_outputs()
 
@@ -424,7 +424,7 @@ def test_the_plans_lora_columns_round_trip():
     named = replace(A, base_model_name="tiny-llama")
     plan = SchedulerOutput(
         scheduled_cached_reqs=CachedRequestData(
-            ["x", "y", "z"], [[], [], []], [4, 5, 6], [False] * 3
+            ["x", "y", "z"], [([],)] * 3, [4, 5, 6], [False] * 3
         ),
         num_scheduled_tokens={"x": 1, "y": 1, "z": 1},
         total_num_scheduled_tokens=3,

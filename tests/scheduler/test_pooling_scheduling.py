@@ -37,7 +37,7 @@ def test_a_chunked_pooling_request_forwards_the_workers_final_vector():
     scheduler.add_request(Request("p", list(range(1, 11)), pooling_params=PoolingParams()))
     plan, outputs = _step(scheduler)
     (new,) = plan.scheduled_new_reqs
-    assert new.sampling_params is None and new.pooling_params == PoolingParams()
+    assert new.kind == PoolingParams()
     assert plan.num_scheduled_tokens == {"p": 4} and outputs == {}
     plan, outputs = _step(scheduler)
     assert plan.num_scheduled_tokens == {"p": 4} and outputs == {}

@@ -116,7 +116,7 @@ def test_recompute_preempts_newest_to_head_of_waiting(build):
     assert [r.request_id for r in scheduler.running] == ["old"]
     assert [r.request_id for r in scheduler.waiting] == ["new", "later"]
     assert scheduler.waiting[0].status == RequestStatus.PREEMPTED
-    assert scheduler.kv.get_block_ids("new") == []
+    assert scheduler.kv.block_table("new")[0] == []
     assert "new" in plan.finished_req_ids  # the worker drops it; it comes back in full
     assert "new" not in worker.states
     assert len(run_to_completion(scheduler, worker)) == 3
@@ -192,7 +192,7 @@ def test_parallel_sampling_shares_prompt_blocks_with_copy_on_write(build):
     plan, _ = _step(scheduler, worker)
     seq_ids = ["g", "g#1", "g#2", "g#3"]
     assert plan.num_scheduled_tokens == dict.fromkeys(seq_ids, 1)
-    tables = {rid: scheduler.kv.get_block_ids(rid) for rid in seq_ids}
+    tables = {rid: scheduler.kv.block_table(rid)[0] for rid in seq_ids}
     shared = tables["g"][:2]
     assert all(t[:2] == shared for t in tables.values())
     assert all(scheduler.kv.pool.blocks[b].ref_cnt == 4 for b in shared)

@@ -88,12 +88,12 @@ def test_rejected_proposals_roll_back_and_their_blocks_are_freed():
     assert plan.scheduled_spec_decode_tokens == {"a": drafts} and not request.spec_token_ids
     assert plan.num_scheduled_tokens == {"a": 5}  # its token and the 4 proposals
     assert request.num_computed_tokens == 11
-    assert len(scheduler.kv.get_block_ids("a")) == 3  # positions 6..10 reach a third block
+    assert len(scheduler.kv.block_table("a")[0]) == 3  # positions 6..10 reach a third block
     scheduler.update_from_output(plan, worker.execute(plan))
     check_invariants(scheduler)
     # all 4 rejected: computed = 7 (the 6 prompt + the first token), the third block freed
     assert request.num_computed_tokens == 7 and request.num_tokens == 8
-    assert len(scheduler.kv.get_block_ids("a")) == 2 and scheduler.kv.num_free_blocks == 14
+    assert len(scheduler.kv.block_table("a")[0]) == 2 and scheduler.kv.num_free_blocks == 14
     stats = scheduler.get_stats()
     assert (stats.spec_decode_num_drafts, stats.spec_decode_num_draft_tokens) == (1, 4)
     assert stats.spec_decode_num_accepted_tokens == 0
@@ -102,7 +102,7 @@ def test_rejected_proposals_roll_back_and_their_blocks_are_freed():
     cached = plan.scheduled_cached_reqs
     assert cached.resumed_from_preemption == [True]
     assert cached.num_computed_tokens == [7]
-    assert cached.new_block_ids[0][:2] == scheduler.kv.get_block_ids("a")[:2]
+    assert cached.new_block_ids[0][0][:2] == scheduler.kv.block_table("a")[0][:2]
     run(scheduler, worker)
     assert request.output_token_ids == expected(request)
 
@@ -126,7 +126,7 @@ def test_accepted_prefix_then_the_targets_token(num_right):
     assert len(outs[0].new_token_ids) == num_right + 1
     assert request.num_output_tokens == before + num_right + 1
     assert request.num_computed_tokens == request.num_tokens - 1
-    assert len(scheduler.kv.get_block_ids("a")) == -(-request.num_computed_tokens // BS)
+    assert len(scheduler.kv.block_table("a")[0]) == -(-request.num_computed_tokens // BS)
     stats = scheduler.get_stats()
     assert stats.spec_decode_num_accepted_tokens == num_right
     assert stats.spec_decode_num_accepted_tokens_per_pos == (1,) * num_right + (0,) * (
@@ -338,7 +338,7 @@ def test_forked_sequences_do_not_share_lookahead_blocks():
     assert plan.num_scheduled_tokens == {"g": 7}
     scheduler.update_from_output(plan, StandInWorker(32, BS).execute(plan))
     scheduler.schedule()  # the fork; each sequence computes prompt position 7
-    tables = {r: scheduler.kv.get_block_ids(r) for r in ("g", "g#1")}
+    tables = {r: scheduler.kv.block_table(r)[0] for r in ("g", "g#1")}
     writes_at = 8 // BS  # the block of the next position each writes (its first output)
     mine = [t[writes_at] for t in tables.values() if len(t) > writes_at]
     assert len(set(mine)) == len(mine), tables
@@ -359,8 +359,8 @@ def test_fork_shares_only_the_blocks_of_computed_tokens():
     child = make_request("c", list(range(8)), BS)
     child.num_computed_tokens = 7
     kv.fork(parent, child)
-    assert kv.get_block_ids("c") == kv.get_block_ids("p")[:2]  # positions 0..6
-    assert kv.pool.blocks[kv.get_block_ids("p")[2]].ref_cnt == 1  # the lookahead stays its own
+    assert kv.block_table("c")[0] == kv.block_table("p")[0][:2]  # positions 0..6
+    assert kv.pool.blocks[kv.block_table("p")[0][2]].ref_cnt == 1  # the lookahead stays its own
     kv.free(child)
     kv.free(parent)
     assert kv.num_free_blocks == 16

@@ -14,7 +14,7 @@ from pagestream.engine_args import EngineArgs
 from services.common.config import SchedulerConfig
 from services.common.engine_request import EngineCoreRequest
 from services.common.grpc_channel import aio_channel
-from services.common.proto.pagestream.v1 import worker_pb2, worker_pb2_grpc
+from services.common.proto.pagestream.internal.v1 import worker_pb2, worker_pb2_grpc
 from services.common.sampling_params import SamplingParams
 from services.common.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from services.scheduler.engine_core import EngineCore
@@ -105,7 +105,7 @@ async def test_grpc_executor_matches_the_in_process_worker(model_dir, executor, 
 
 
 def _new_plan(request_id: str, prompt: list[int]) -> SchedulerOutput:
-    new = NewRequestData(request_id, prompt, [], SamplingParams(temperature=0.0), [0], 0)
+    new = NewRequestData(request_id, prompt, [], SamplingParams(temperature=0.0), ([0],), 0)
     return SchedulerOutput(
         scheduled_new_reqs=[new],
         num_scheduled_tokens={request_id: len(prompt)},
@@ -120,7 +120,7 @@ def _run(executor, plan):
 async def test_a_plan_for_an_unknown_request_gets_an_error_and_the_stream_goes_on(executor):
     await asyncio.to_thread(executor.initialize_cache, 256, 8, 64)
     ghost = SchedulerOutput(
-        scheduled_cached_reqs=CachedRequestData(["ghost"], [[]], [3], [False]),
+        scheduled_cached_reqs=CachedRequestData(["ghost"], [([],)], [3], [False]),
         num_scheduled_tokens={"ghost": 1},
         total_num_scheduled_tokens=1,
     )

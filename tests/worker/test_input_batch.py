@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from services.common.convert.step import plan_from_pb, plan_to_pb
 from services.common.scheduler_output import CachedRequestData, SchedulerOutput
 from services.worker.input_batch import InputBatch, InvalidPlanError, UnknownRequestError
 from tests.helpers.scheduler_plans import new_req, plan
@@ -87,13 +88,13 @@ def test_diffs_applied_across_plans():
         )
     )
     batch.append_sampled(["a", "b", "c"], [[50], [51], [52]])
-    assert batch.block_ids("c") == [2, 8, 11]
+    assert batch.block_table("c") == ([2, 8, 11],)
     # b finishes; c comes back from swap with a whole new table; a decodes.
     third = plan({"a": 1, "c": 1}, cached=[("a", [], 10, False), ("c", [12, 13], 6, True)],
                  finished={"b", "never-seen"})  # fmt: skip
     batch.update(third)
     assert "b" not in batch and len(batch) == 2
-    assert batch.block_ids("c") == [12, 13] and batch.num_computed_tokens("c") == 6
+    assert batch.block_table("c") == ([12, 13],) and batch.num_computed_tokens("c") == 6
     assert batch.token_ids("c") == [30, 31, 32, 33, 34, 41, 52]
     assert batch.num_prompt_tokens("c") == 3
     inputs = batch.prepare(third)
@@ -104,7 +105,7 @@ def test_diffs_applied_across_plans():
     fourth = plan({"b": 7}, new=[new_req("b", range(20, 25), [1, 4], output=[51, 53])])
     batch.update(fourth)
     assert batch.token_ids("b") == [20, 21, 22, 23, 24, 51, 53]
-    assert batch.block_ids("b") == [1, 4] and batch.num_computed_tokens("b") == 0
+    assert batch.block_table("b") == ([1, 4],) and batch.num_computed_tokens("b") == 0
     assert batch.prepare(fourth).sampling_request_ids == ["b"]
 
 
@@ -139,13 +140,20 @@ def test_inconsistent_plans_raise_invalid_plan_error():
     batch.update(short)
     with pytest.raises(InvalidPlanError, match="block table"):
         batch.prepare(short)  # 6 tokens need 2 blocks of 4
-    mismatched = SchedulerOutput(num_scheduled_tokens={"b": 1}, total_num_scheduled_tokens=3)
-    with pytest.raises(InvalidPlanError, match="total_num_scheduled_tokens"):
-        batch.prepare(mismatched)
     with pytest.raises(InvalidPlanError, match="blocks"):
         batch.update(plan({}, cached=[("a", list(range(20, 26)), 6, False)]))
-    with pytest.raises(InvalidPlanError, match="tokens"):
-        batch.update(plan({}, new=[new_req("x", range(33), [1])]))
+
+
+def test_plans_from_the_wire_are_checked_against_the_worker_limits():
+    """What the plan alone shows is checked once, where it is decoded: a request past
+    max_model_len, a row scheduling no token (the total is the decoder's own sum)."""
+    batch = make_batch()
+    with pytest.raises(ValueError, match="tokens"):
+        plan_from_pb(plan_to_pb(plan({"x": 1}, new=[new_req("x", range(33), [1])])), batch.limits)
+    with pytest.raises(ValueError, match="fewer than 1 token"):
+        plan_from_pb(plan_to_pb(plan({"a": 0}, new=[new_req("a", range(4), [1])])))
+    wire = plan_from_pb(plan_to_pb(step1()), batch.limits)
+    assert wire.total_num_scheduled_tokens == sum(wire.num_scheduled_tokens.values()) == 12
 
 
 def reference_layout(requests, block_size):
@@ -243,7 +251,7 @@ def test_empty_plan_gives_an_empty_batch():
 
 
 def _decode_plan(request_id: str, num_computed: int, new_tokens: list[int]) -> SchedulerOutput:
-    cached = CachedRequestData([request_id], [[]], [num_computed], [False], [new_tokens])
+    cached = CachedRequestData([request_id], [([],)], [num_computed], [False], [new_tokens])
     return SchedulerOutput(
         scheduled_cached_reqs=cached,
         num_scheduled_tokens={request_id: 1},

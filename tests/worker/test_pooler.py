@@ -24,7 +24,7 @@ ENCODE = PoolingParams(task="encode")
 
 
 def _new(rid, params=ENCODE, computed=0, prompt=PROMPT) -> NewRequestData:
-    return NewRequestData(rid, list(prompt), [], None, [1, 2, 3], computed, pooling_params=params)
+    return NewRequestData(rid, list(prompt), [], params, ([1, 2, 3],), computed)
 
 
 def _plan(scheduled, new=(), cached=(), finished=()) -> SchedulerOutput:
@@ -33,7 +33,7 @@ def _plan(scheduled, new=(), cached=(), finished=()) -> SchedulerOutput:
         scheduled_new_reqs=list(new),
         scheduled_cached_reqs=CachedRequestData(
             [c[0] for c in cached],
-            [[1, 2, 3] if c[2] else [] for c in cached],
+            [([1, 2, 3],) if c[2] else ([],) for c in cached],
             [c[1] for c in cached],
             [c[2] for c in cached],
         ),
@@ -116,7 +116,7 @@ def test_a_swapped_request_keeps_its_pooled_state():
 
 def test_a_chunk_that_does_not_continue_the_state_fails_only_its_request():
     worker = Worker("MEAN")
-    gen = NewRequestData("g", [1, 2, 3], [], SamplingParams(), [4], 0)
+    gen = NewRequestData("g", [1, 2, 3], [], SamplingParams(), ([4],), 0)
     pooled, errors = worker.step(
         _plan({"gap": 4, "ok": 10, "g": 3}, new=[_new("gap", computed=4), _new("ok"), gen])
     )

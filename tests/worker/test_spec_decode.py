@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from services.common.convert.step import plan_from_pb, plan_to_pb
 from services.worker.input_batch import InputBatch, InvalidPlanError
 from services.worker.sampler import Sampler
 from services.worker.spec_decode.ngram_proposer import propose_ngram
@@ -170,13 +171,18 @@ def test_grammar_rows_of_a_verifying_sequence_follow_its_positions():
     [
         ({"scheduled_spec_decode_tokens": {"c": [1]}}, "not scheduled"),
         ({"scheduled_spec_decode_tokens": {"b": [1, 100]}}, "outside the vocabulary"),
-        ({"scheduled_spec_decode_tokens": {"b": list(range(14))}}, "max_model_len"),
     ],
 )
-def test_bad_proposals_are_refused(change, match):
+def test_bad_proposals_are_refused_where_the_plan_is_decoded(change, match):
     batch, second = _batch_with_drafts([])
-    with pytest.raises(InvalidPlanError, match=match):
-        batch.update(replace(second, **change))
+    with pytest.raises(ValueError, match=match):
+        plan_from_pb(plan_to_pb(replace(second, **change)), batch.limits)
+
+
+def test_proposals_past_max_model_len_are_refused():
+    batch, second = _batch_with_drafts([])
+    with pytest.raises(InvalidPlanError, match="max_model_len"):
+        batch.update(replace(second, scheduled_spec_decode_tokens={"b": list(range(14))}))
 
 
 def test_proposals_must_all_be_scheduled():
@@ -313,16 +319,16 @@ def test_a_plan_with_bad_proposals_changes_nothing():
         num_scheduled_tokens={"a": 1, "b": 1, "c": 2},
         total_num_scheduled_tokens=4,
         finished_req_ids={"gone"},
-        scheduled_spec_decode_tokens={"b": [100]},
+        scheduled_spec_decode_tokens={"b": list(range(14))},
     )
-    with pytest.raises(InvalidPlanError, match="outside the vocabulary"):
+    with pytest.raises(InvalidPlanError, match="max_model_len"):
         batch.update(bad)
     assert sorted(batch.request_ids) == ["a", "b"]
     assert batch.num_computed_tokens("a") == 0  # the first plan's, not 3
     good, plan_with_drafts = _batch_with_drafts([23])
     good.update(plan_with_drafts)
     with pytest.raises(InvalidPlanError):
-        good.update(replace(plan_with_drafts, scheduled_spec_decode_tokens={"b": [100]}))
+        good.update(replace(plan_with_drafts, scheduled_spec_decode_tokens={"b": [1] * 14}))
     inputs = good.prepare(plan_with_drafts)  # the last good plan's proposals, not the bad
     assert inputs.draft_token_ids == {"b": [23]}
 

@@ -1,7 +1,9 @@
 """SchedulerOutput <-> StepPlan and RunnerOutput <-> StepResult (worker.proto's columns).
 
 The row order of num_scheduled_tokens (the order the worker lays out the batch in) is
-the order of scheduled_request_ids. Malformed messages raise ValueError.
+the order of scheduled_request_ids. A block table (per KV cache group) travels flat,
+position-major, here only. plan_from_pb is where a plan from the wire is checked, once:
+a malformed message, or one past the worker's PlanLimits, raises ValueError naming the field.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from itertools import islice
 
 from services.common.convert.logprobs import pack_logprobs, unpack_logprobs
 from services.common.convert.lora import lora_columns_from_pb, lora_columns_to_pb
+from services.common.convert.plan_limits import PlanLimits
 from services.common.convert.pooling import (
     pooled_from_bytes,
     pooled_to_bytes,
@@ -17,9 +20,16 @@ from services.common.convert.pooling import (
     pooling_params_to_pb,
 )
 from services.common.convert.sampling import sampling_params_from_pb, sampling_params_to_pb
-from services.common.proto.pagestream.v1 import worker_pb2
+from services.common.pooling_params import PoolingParams
+from services.common.proto.pagestream.internal.v1 import worker_pb2
 from services.common.runner_output import RunnerOutput, StepTimings
-from services.common.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from services.common.sampling_params import SamplingParams
+from services.common.scheduler_output import (
+    BlockTable,
+    CachedRequestData,
+    NewRequestData,
+    SchedulerOutput,
+)
 
 
 def _flatten(pairs: list[tuple[int, int]]) -> list[int]:
@@ -62,50 +72,84 @@ def _keyed_lists_from_pb(message) -> dict[str, list[int]]:
     return dict(zip(request_ids, pieces, strict=True))
 
 
+def _flat_table(table: BlockTable) -> list[int]:
+    """Position-major: position p's id of every group, then position p + 1's."""
+    return [i for row in zip(*table, strict=True) for i in row]
+
+
+def _table(name: str, flat, num_groups: int) -> BlockTable:
+    flat = list(flat)
+    if len(flat) % num_groups:
+        raise ValueError(f"{name}: {len(flat)} ids do not fill {num_groups} KV cache groups")
+    return tuple(list(flat[g::num_groups]) for g in range(num_groups))
+
+
+def _num_kv_groups(plan: SchedulerOutput) -> int | None:
+    """The groups every table of the plan holds (None: it has none)."""
+    tables = [n.block_table for n in plan.scheduled_new_reqs]
+    tables += plan.scheduled_cached_reqs.new_block_ids
+    counts = {len(table) for table in tables}
+    if len(counts) > 1:
+        raise ValueError(f"the plan's block tables hold different KV cache groups: {counts}")
+    return counts.pop() if counts else None
+
+
 def _new_request_to_pb(new: NewRequestData) -> worker_pb2.NewRequest:
-    params = None
-    if new.sampling_params is not None:
-        params = sampling_params_to_pb(new.sampling_params)
-        # The worker only sees the per-step masks: the grammar, the thinking's bounds and
-        # its budget are the scheduler's (a forced end is a mask row like a grammar's).
-        for name in ("structured_outputs", "reasoning", "thinking_token_budget"):
-            params.ClearField(name)
-    pooling = new.pooling_params
+    kind = {}
+    match new.kind:
+        case SamplingParams() as params:
+            kind["sampling_params"] = sampling_params_to_pb(params)
+            # The worker only sees the per-step masks: the grammar, the thinking's bounds
+            # and its budget are the scheduler's (a forced end is a mask row like a grammar's).
+            for name in ("structured_outputs", "reasoning", "thinking_token_budget"):
+                kind["sampling_params"].ClearField(name)
+        case PoolingParams() as params:
+            kind["pooling_params"] = pooling_params_to_pb(params)
     return worker_pb2.NewRequest(
         request_id=new.request_id,
         prompt_token_ids=new.prompt_token_ids,
         output_token_ids=new.output_token_ids,
-        sampling_params=params,
-        block_ids=new.block_ids,
+        block_ids=_flat_table(new.block_table),
         num_computed_tokens=new.num_computed_tokens,
-        pooling_params=pooling_params_to_pb(pooling) if pooling is not None else None,
+        **kind,
     )
 
 
-def _new_request_from_pb(message: worker_pb2.NewRequest) -> NewRequestData:
+def _new_request_from_pb(message: worker_pb2.NewRequest, num_groups: int) -> NewRequestData:
+    name = f"new request {message.request_id!r}"
+    match message.WhichOneof("kind"):
+        case "sampling_params":
+            kind = sampling_params_from_pb(message.sampling_params)
+        case "pooling_params":
+            kind = pooling_params_from_pb(message.pooling_params)
+        case _:
+            raise ValueError(f"{name}: one of sampling_params and pooling_params, got neither")
+    num_tokens = len(message.prompt_token_ids) + len(message.output_token_ids)
+    if not message.prompt_token_ids:
+        raise ValueError(f"{name}: prompt_token_ids is empty")
+    if not 0 <= message.num_computed_tokens <= num_tokens:
+        raise ValueError(
+            f"{name}: num_computed_tokens {message.num_computed_tokens} outside 0..{num_tokens}"
+        )
     return NewRequestData(
         request_id=message.request_id,
         prompt_token_ids=list(message.prompt_token_ids),
         output_token_ids=list(message.output_token_ids),
-        sampling_params=sampling_params_from_pb(message.sampling_params)
-        if message.HasField("sampling_params")
-        else None,
-        block_ids=list(message.block_ids),
+        kind=kind,
+        block_table=_table(f"block_ids of {name}", message.block_ids, num_groups),
         num_computed_tokens=message.num_computed_tokens,
-        pooling_params=pooling_params_from_pb(message.pooling_params)
-        if message.HasField("pooling_params")
-        else None,
     )
 
 
 def plan_to_pb(plan: SchedulerOutput, step_id: int = 0) -> worker_pb2.StepPlan:
     cached = plan.scheduled_cached_reqs
+    flat_new_blocks = [_flat_table(table) for table in cached.new_block_ids]
     return worker_pb2.StepPlan(
         step_id=step_id,
         new_requests=[_new_request_to_pb(new) for new in plan.scheduled_new_reqs],
         cached_request_ids=cached.request_ids,
-        cached_num_new_blocks=[len(ids) for ids in cached.new_block_ids],
-        cached_new_block_ids=[i for ids in cached.new_block_ids for i in ids],
+        cached_num_new_blocks=[len(ids) for ids in flat_new_blocks],
+        cached_new_block_ids=[i for ids in flat_new_blocks for i in ids],
         cached_num_computed_tokens=cached.num_computed_tokens,
         cached_resumed=cached.resumed_from_preemption,
         scheduled_request_ids=plan.num_scheduled_tokens.keys(),
@@ -118,12 +162,21 @@ def plan_to_pb(plan: SchedulerOutput, step_id: int = 0) -> worker_pb2.StepPlan:
         cached_new_token_ids=[i for ids in cached.new_token_ids for i in ids],
         grammar_request_ids=plan.grammar_request_ids,
         grammar_bitmask=plan.grammar_bitmask,
+        num_kv_groups=_num_kv_groups(plan),
         **_keyed_lists_to_pb(plan.scheduled_spec_decode_tokens),
         **lora_columns_to_pb(plan.lora_slots, plan.lora_adapters),
     )
 
 
-def plan_from_pb(message: worker_pb2.StepPlan) -> SchedulerOutput:
+def plan_from_pb(message: worker_pb2.StepPlan, limits: PlanLimits | None = None) -> SchedulerOutput:
+    """The plan, checked (against `limits` too when given: the worker's)."""
+    plan = _plan_from_pb(message)
+    if limits is not None:
+        limits.check(plan)
+    return plan
+
+
+def _plan_from_pb(message: worker_pb2.StepPlan) -> SchedulerOutput:
     request_ids = list(message.cached_request_ids)
     columns = (message.cached_num_computed_tokens, message.cached_resumed)
     if any(len(column) != len(request_ids) for column in columns):
@@ -132,24 +185,41 @@ def plan_from_pb(message: worker_pb2.StepPlan) -> SchedulerOutput:
     num_scheduled = list(message.num_scheduled_tokens)
     if len(scheduled) != len(num_scheduled):
         raise ValueError("scheduled_request_ids and num_scheduled_tokens differ in length")
+    if num_scheduled and min(num_scheduled) < 1:
+        row = next(i for i, n in enumerate(num_scheduled) if n < 1)
+        raise ValueError(
+            f"num_scheduled_tokens: request {scheduled[row]!r} schedules fewer than 1 token"
+        )
+    num_groups = message.num_kv_groups if message.HasField("num_kv_groups") else 1
+    if num_groups < 1:
+        raise ValueError(f"num_kv_groups must be >= 1, got {num_groups}")
+    new_blocks = _split(
+        "cached_new_block_ids", message.cached_new_block_ids, message.cached_num_new_blocks
+    )
     cached = CachedRequestData(
         request_ids=request_ids,
-        new_block_ids=_split(
-            "cached_new_block_ids", message.cached_new_block_ids, message.cached_num_new_blocks
-        ),
+        new_block_ids=[
+            _table(f"cached_new_block_ids of {rid!r}", ids, num_groups)
+            for rid, ids in zip(request_ids, new_blocks, strict=False)
+        ],
         num_computed_tokens=list(message.cached_num_computed_tokens),
         resumed_from_preemption=list(message.cached_resumed),
         new_token_ids=_split(
             "cached_new_token_ids", message.cached_new_token_ids, message.cached_num_new_tokens
         ),
     )
-    if len(cached.new_block_ids) != len(request_ids):
+    if len(new_blocks) != len(request_ids):
         raise ValueError("cached_num_new_blocks and cached_request_ids differ in length")
     if cached.new_token_ids and len(cached.new_token_ids) != len(request_ids):
         raise ValueError("cached_num_new_tokens and cached_request_ids differ in length")
+    spec_tokens = _keyed_lists_from_pb(message)
+    if unscheduled := [rid for rid in spec_tokens if rid not in scheduled]:
+        raise ValueError(
+            f"spec_request_ids: proposals for {unscheduled[0]!r}, which is not scheduled"
+        )
     lora_slots, lora_adapters = lora_columns_from_pb(message)
     return SchedulerOutput(
-        scheduled_new_reqs=[_new_request_from_pb(new) for new in message.new_requests],
+        scheduled_new_reqs=[_new_request_from_pb(new, num_groups) for new in message.new_requests],
         scheduled_cached_reqs=cached,
         num_scheduled_tokens=dict(zip(scheduled, num_scheduled, strict=True)),
         total_num_scheduled_tokens=sum(num_scheduled),
@@ -159,7 +229,7 @@ def plan_from_pb(message: worker_pb2.StepPlan) -> SchedulerOutput:
         blocks_to_swap_out=_pairs("blocks_to_swap_out", message.blocks_to_swap_out),
         grammar_request_ids=list(message.grammar_request_ids),
         grammar_bitmask=message.grammar_bitmask,
-        scheduled_spec_decode_tokens=_keyed_lists_from_pb(message),
+        scheduled_spec_decode_tokens=spec_tokens,
         lora_slots=lora_slots,
         lora_adapters=lora_adapters,
     )
@@ -177,7 +247,7 @@ def result_to_pb(result: RunnerOutput, step_id: int = 0, error: str = "") -> wor
         prepare_s=timings.prepare_s,
         forward_s=timings.forward_s,
         sample_s=timings.sample_s,
-        error=error,
+        error=error or None,
         error_request_ids=list(result.request_errors),
         request_errors=list(result.request_errors.values()),
         **_keyed_lists_to_pb(result.spec_token_ids),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from services.common.convert.capabilities import capabilities_from_pb, capabilities_to_pb
-from services.common.proto.pagestream.v1 import worker_pb2
+from services.common.proto.pagestream.internal.v1 import worker_pb2
 from services.common.worker_info import CacheInfo, ModelInfo
 
 _MODEL_FIELDS = tuple(f.name for f in fields(ModelInfo))

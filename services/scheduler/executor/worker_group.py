@@ -32,7 +32,7 @@ from services.common.convert.worker_info import (
     worker_description_from_pb,
 )
 from services.common.grpc_channel import sync_channel, wait_until_serving_sync
-from services.common.proto.pagestream.v1 import worker_pb2, worker_pb2_grpc
+from services.common.proto.pagestream.internal.v1 import worker_pb2, worker_pb2_grpc
 from services.common.runner_output import RunnerOutput
 from services.common.scheduler_output import SchedulerOutput
 from services.common.tls import TlsConfig

@@ -1,3 +1,4 @@
+from services.common.proto.pagestream.internal.v1 import lora_pb2 as _lora_pb2
 from services.common.proto.pagestream.v1 import generation_pb2 as _generation_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -88,25 +89,25 @@ class CacheDescription(_message.Message):
     def __init__(self, num_gpu_blocks: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., bytes_per_block: _Optional[int] = ...) -> None: ...
 
 class NewRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "output_token_ids", "sampling_params", "block_ids", "num_computed_tokens", "pooling_params")
+    __slots__ = ("request_id", "prompt_token_ids", "output_token_ids", "sampling_params", "pooling_params", "block_ids", "num_computed_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    POOLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    POOLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     output_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling_params: _generation_pb2.SamplingParams
+    pooling_params: _generation_pb2.PoolingParams
     block_ids: _containers.RepeatedScalarFieldContainer[int]
     num_computed_tokens: int
-    pooling_params: _generation_pb2.PoolingParams
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., pooling_params: _Optional[_Union[_generation_pb2.PoolingParams, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., pooling_params: _Optional[_Union[_generation_pb2.PoolingParams, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ...) -> None: ...
 
 class StepPlan(_message.Message):
-    __slots__ = ("step_id", "new_requests", "cached_request_ids", "cached_num_new_blocks", "cached_new_block_ids", "cached_num_computed_tokens", "cached_resumed", "scheduled_request_ids", "num_scheduled_tokens", "finished_request_ids", "blocks_to_copy", "blocks_to_swap_in", "blocks_to_swap_out", "cached_num_new_tokens", "cached_new_token_ids", "grammar_request_ids", "grammar_bitmask", "spec_request_ids", "num_spec_tokens", "spec_token_ids", "lora_request_ids", "lora_request_slots", "lora_slots", "lora_adapters")
+    __slots__ = ("step_id", "new_requests", "cached_request_ids", "cached_num_new_blocks", "cached_new_block_ids", "cached_num_computed_tokens", "cached_resumed", "scheduled_request_ids", "num_scheduled_tokens", "finished_request_ids", "blocks_to_copy", "blocks_to_swap_in", "blocks_to_swap_out", "cached_num_new_tokens", "cached_new_token_ids", "grammar_request_ids", "grammar_bitmask", "spec_request_ids", "num_spec_tokens", "spec_token_ids", "lora_request_ids", "lora_request_slots", "lora_slots", "lora_adapters", "num_kv_groups")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     CACHED_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +132,7 @@ class StepPlan(_message.Message):
     LORA_REQUEST_SLOTS_FIELD_NUMBER: _ClassVar[int]
     LORA_SLOTS_FIELD_NUMBER: _ClassVar[int]
     LORA_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    NUM_KV_GROUPS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
     cached_request_ids: _containers.RepeatedScalarFieldContainer[str]
@@ -154,8 +156,9 @@ class StepPlan(_message.Message):
     lora_request_ids: _containers.RepeatedScalarFieldContainer[str]
     lora_request_slots: _containers.RepeatedScalarFieldContainer[int]
     lora_slots: _containers.RepeatedScalarFieldContainer[int]
-    lora_adapters: _containers.RepeatedCompositeFieldContainer[_generation_pb2.LoRAAdapter]
-    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_request_ids: _Optional[_Iterable[str]] = ..., cached_num_new_blocks: _Optional[_Iterable[int]] = ..., cached_new_block_ids: _Optional[_Iterable[int]] = ..., cached_num_computed_tokens: _Optional[_Iterable[int]] = ..., cached_resumed: _Optional[_Iterable[bool]] = ..., scheduled_request_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., finished_request_ids: _Optional[_Iterable[str]] = ..., blocks_to_copy: _Optional[_Iterable[int]] = ..., blocks_to_swap_in: _Optional[_Iterable[int]] = ..., blocks_to_swap_out: _Optional[_Iterable[int]] = ..., cached_num_new_tokens: _Optional[_Iterable[int]] = ..., cached_new_token_ids: _Optional[_Iterable[int]] = ..., grammar_request_ids: _Optional[_Iterable[str]] = ..., grammar_bitmask: _Optional[bytes] = ..., spec_request_ids: _Optional[_Iterable[str]] = ..., num_spec_tokens: _Optional[_Iterable[int]] = ..., spec_token_ids: _Optional[_Iterable[int]] = ..., lora_request_ids: _Optional[_Iterable[str]] = ..., lora_request_slots: _Optional[_Iterable[int]] = ..., lora_slots: _Optional[_Iterable[int]] = ..., lora_adapters: _Optional[_Iterable[_Union[_generation_pb2.LoRAAdapter, _Mapping]]] = ...) -> None: ...
+    lora_adapters: _containers.RepeatedCompositeFieldContainer[_lora_pb2.LoRAAdapter]
+    num_kv_groups: int
+    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_request_ids: _Optional[_Iterable[str]] = ..., cached_num_new_blocks: _Optional[_Iterable[int]] = ..., cached_new_block_ids: _Optional[_Iterable[int]] = ..., cached_num_computed_tokens: _Optional[_Iterable[int]] = ..., cached_resumed: _Optional[_Iterable[bool]] = ..., scheduled_request_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., finished_request_ids: _Optional[_Iterable[str]] = ..., blocks_to_copy: _Optional[_Iterable[int]] = ..., blocks_to_swap_in: _Optional[_Iterable[int]] = ..., blocks_to_swap_out: _Optional[_Iterable[int]] = ..., cached_num_new_tokens: _Optional[_Iterable[int]] = ..., cached_new_token_ids: _Optional[_Iterable[int]] = ..., grammar_request_ids: _Optional[_Iterable[str]] = ..., grammar_bitmask: _Optional[bytes] = ..., spec_request_ids: _Optional[_Iterable[str]] = ..., num_spec_tokens: _Optional[_Iterable[int]] = ..., spec_token_ids: _Optional[_Iterable[int]] = ..., lora_request_ids: _Optional[_Iterable[str]] = ..., lora_request_slots: _Optional[_Iterable[int]] = ..., lora_slots: _Optional[_Iterable[int]] = ..., lora_adapters: _Optional[_Iterable[_Union[_lora_pb2.LoRAAdapter, _Mapping]]] = ..., num_kv_groups: _Optional[int] = ...) -> None: ...
 
 class StepResult(_message.Message):
     __slots__ = ("step_id", "request_ids", "num_sampled", "sampled_token_ids", "logprob_request_ids", "num_logprob_positions", "num_logprob_entries", "logprob_token_ids", "logprob_values", "logprob_ranks", "prompt_logprob_request_ids", "num_prompt_logprob_positions", "num_prompt_logprob_entries", "prompt_logprob_token_ids", "prompt_logprob_values", "prompt_logprob_ranks", "prepare_s", "forward_s", "sample_s", "error", "spec_request_ids", "num_spec_tokens", "spec_token_ids", "error_request_ids", "request_errors", "pooled_request_ids", "pooled")

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from services.common.proto.pagestream.v1 import worker_pb2 as pagestream_dot_v1_dot_worker__pb2
+from services.common.proto.pagestream.internal.v1 import worker_pb2 as pagestream_dot_internal_dot_v1_dot_worker__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in pagestream/v1/worker_pb2_grpc.py depends on'
+        + ' but the generated code in pagestream/internal/v1/worker_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -35,34 +35,34 @@ class WorkerStub:
             channel: A grpc.Channel.
         """
         self.Describe = channel.unary_unary(
-                '/pagestream.v1.Worker/Describe',
-                request_serializer=pagestream_dot_v1_dot_worker__pb2.DescribeRequest.SerializeToString,
-                response_deserializer=pagestream_dot_v1_dot_worker__pb2.WorkerDescription.FromString,
+                '/pagestream.internal.v1.Worker/Describe',
+                request_serializer=pagestream_dot_internal_dot_v1_dot_worker__pb2.DescribeRequest.SerializeToString,
+                response_deserializer=pagestream_dot_internal_dot_v1_dot_worker__pb2.WorkerDescription.FromString,
                 _registered_method=True)
         self.InitializeCache = channel.unary_unary(
-                '/pagestream.v1.Worker/InitializeCache',
-                request_serializer=pagestream_dot_v1_dot_worker__pb2.InitializeCacheRequest.SerializeToString,
-                response_deserializer=pagestream_dot_v1_dot_worker__pb2.CacheDescription.FromString,
+                '/pagestream.internal.v1.Worker/InitializeCache',
+                request_serializer=pagestream_dot_internal_dot_v1_dot_worker__pb2.InitializeCacheRequest.SerializeToString,
+                response_deserializer=pagestream_dot_internal_dot_v1_dot_worker__pb2.CacheDescription.FromString,
                 _registered_method=True)
         self.ProfileCache = channel.unary_unary(
-                '/pagestream.v1.Worker/ProfileCache',
-                request_serializer=pagestream_dot_v1_dot_worker__pb2.InitializeCacheRequest.SerializeToString,
-                response_deserializer=pagestream_dot_v1_dot_worker__pb2.CacheDescription.FromString,
+                '/pagestream.internal.v1.Worker/ProfileCache',
+                request_serializer=pagestream_dot_internal_dot_v1_dot_worker__pb2.InitializeCacheRequest.SerializeToString,
+                response_deserializer=pagestream_dot_internal_dot_v1_dot_worker__pb2.CacheDescription.FromString,
                 _registered_method=True)
         self.AllocateCache = channel.unary_unary(
-                '/pagestream.v1.Worker/AllocateCache',
-                request_serializer=pagestream_dot_v1_dot_worker__pb2.AllocateCacheRequest.SerializeToString,
-                response_deserializer=pagestream_dot_v1_dot_worker__pb2.CacheDescription.FromString,
+                '/pagestream.internal.v1.Worker/AllocateCache',
+                request_serializer=pagestream_dot_internal_dot_v1_dot_worker__pb2.AllocateCacheRequest.SerializeToString,
+                response_deserializer=pagestream_dot_internal_dot_v1_dot_worker__pb2.CacheDescription.FromString,
                 _registered_method=True)
         self.Execute = channel.stream_stream(
-                '/pagestream.v1.Worker/Execute',
-                request_serializer=pagestream_dot_v1_dot_worker__pb2.StepPlan.SerializeToString,
-                response_deserializer=pagestream_dot_v1_dot_worker__pb2.StepResult.FromString,
+                '/pagestream.internal.v1.Worker/Execute',
+                request_serializer=pagestream_dot_internal_dot_v1_dot_worker__pb2.StepPlan.SerializeToString,
+                response_deserializer=pagestream_dot_internal_dot_v1_dot_worker__pb2.StepResult.FromString,
                 _registered_method=True)
         self.Reset = channel.unary_unary(
-                '/pagestream.v1.Worker/Reset',
-                request_serializer=pagestream_dot_v1_dot_worker__pb2.ResetRequest.SerializeToString,
-                response_deserializer=pagestream_dot_v1_dot_worker__pb2.ResetResponse.FromString,
+                '/pagestream.internal.v1.Worker/Reset',
+                request_serializer=pagestream_dot_internal_dot_v1_dot_worker__pb2.ResetRequest.SerializeToString,
+                response_deserializer=pagestream_dot_internal_dot_v1_dot_worker__pb2.ResetResponse.FromString,
                 _registered_method=True)
 
 
@@ -116,39 +116,39 @@ def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Describe': grpc.unary_unary_rpc_method_handler(
                     servicer.Describe,
-                    request_deserializer=pagestream_dot_v1_dot_worker__pb2.DescribeRequest.FromString,
-                    response_serializer=pagestream_dot_v1_dot_worker__pb2.WorkerDescription.SerializeToString,
+                    request_deserializer=pagestream_dot_internal_dot_v1_dot_worker__pb2.DescribeRequest.FromString,
+                    response_serializer=pagestream_dot_internal_dot_v1_dot_worker__pb2.WorkerDescription.SerializeToString,
             ),
             'InitializeCache': grpc.unary_unary_rpc_method_handler(
                     servicer.InitializeCache,
-                    request_deserializer=pagestream_dot_v1_dot_worker__pb2.InitializeCacheRequest.FromString,
-                    response_serializer=pagestream_dot_v1_dot_worker__pb2.CacheDescription.SerializeToString,
+                    request_deserializer=pagestream_dot_internal_dot_v1_dot_worker__pb2.InitializeCacheRequest.FromString,
+                    response_serializer=pagestream_dot_internal_dot_v1_dot_worker__pb2.CacheDescription.SerializeToString,
             ),
             'ProfileCache': grpc.unary_unary_rpc_method_handler(
                     servicer.ProfileCache,
-                    request_deserializer=pagestream_dot_v1_dot_worker__pb2.InitializeCacheRequest.FromString,
-                    response_serializer=pagestream_dot_v1_dot_worker__pb2.CacheDescription.SerializeToString,
+                    request_deserializer=pagestream_dot_internal_dot_v1_dot_worker__pb2.InitializeCacheRequest.FromString,
+                    response_serializer=pagestream_dot_internal_dot_v1_dot_worker__pb2.CacheDescription.SerializeToString,
             ),
             'AllocateCache': grpc.unary_unary_rpc_method_handler(
                     servicer.AllocateCache,
-                    request_deserializer=pagestream_dot_v1_dot_worker__pb2.AllocateCacheRequest.FromString,
-                    response_serializer=pagestream_dot_v1_dot_worker__pb2.CacheDescription.SerializeToString,
+                    request_deserializer=pagestream_dot_internal_dot_v1_dot_worker__pb2.AllocateCacheRequest.FromString,
+                    response_serializer=pagestream_dot_internal_dot_v1_dot_worker__pb2.CacheDescription.SerializeToString,
             ),
             'Execute': grpc.stream_stream_rpc_method_handler(
                     servicer.Execute,
-                    request_deserializer=pagestream_dot_v1_dot_worker__pb2.StepPlan.FromString,
-                    response_serializer=pagestream_dot_v1_dot_worker__pb2.StepResult.SerializeToString,
+                    request_deserializer=pagestream_dot_internal_dot_v1_dot_worker__pb2.StepPlan.FromString,
+                    response_serializer=pagestream_dot_internal_dot_v1_dot_worker__pb2.StepResult.SerializeToString,
             ),
             'Reset': grpc.unary_unary_rpc_method_handler(
                     servicer.Reset,
-                    request_deserializer=pagestream_dot_v1_dot_worker__pb2.ResetRequest.FromString,
-                    response_serializer=pagestream_dot_v1_dot_worker__pb2.ResetResponse.SerializeToString,
+                    request_deserializer=pagestream_dot_internal_dot_v1_dot_worker__pb2.ResetRequest.FromString,
+                    response_serializer=pagestream_dot_internal_dot_v1_dot_worker__pb2.ResetResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'pagestream.v1.Worker', rpc_method_handlers)
+            'pagestream.internal.v1.Worker', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('pagestream.v1.Worker', rpc_method_handlers)
+    server.add_registered_method_handlers('pagestream.internal.v1.Worker', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
@@ -169,9 +169,9 @@ class Worker:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/pagestream.v1.Worker/Describe',
-            pagestream_dot_v1_dot_worker__pb2.DescribeRequest.SerializeToString,
-            pagestream_dot_v1_dot_worker__pb2.WorkerDescription.FromString,
+            '/pagestream.internal.v1.Worker/Describe',
+            pagestream_dot_internal_dot_v1_dot_worker__pb2.DescribeRequest.SerializeToString,
+            pagestream_dot_internal_dot_v1_dot_worker__pb2.WorkerDescription.FromString,
             options,
             channel_credentials,
             insecure,
@@ -196,9 +196,9 @@ class Worker:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/pagestream.v1.Worker/InitializeCache',
-            pagestream_dot_v1_dot_worker__pb2.InitializeCacheRequest.SerializeToString,
-            pagestream_dot_v1_dot_worker__pb2.CacheDescription.FromString,
+            '/pagestream.internal.v1.Worker/InitializeCache',
+            pagestream_dot_internal_dot_v1_dot_worker__pb2.InitializeCacheRequest.SerializeToString,
+            pagestream_dot_internal_dot_v1_dot_worker__pb2.CacheDescription.FromString,
             options,
             channel_credentials,
             insecure,
@@ -223,9 +223,9 @@ class Worker:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/pagestream.v1.Worker/ProfileCache',
-            pagestream_dot_v1_dot_worker__pb2.InitializeCacheRequest.SerializeToString,
-            pagestream_dot_v1_dot_worker__pb2.CacheDescription.FromString,
+            '/pagestream.internal.v1.Worker/ProfileCache',
+            pagestream_dot_internal_dot_v1_dot_worker__pb2.InitializeCacheRequest.SerializeToString,
+            pagestream_dot_internal_dot_v1_dot_worker__pb2.CacheDescription.FromString,
             options,
             channel_credentials,
             insecure,
@@ -250,9 +250,9 @@ class Worker:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/pagestream.v1.Worker/AllocateCache',
-            pagestream_dot_v1_dot_worker__pb2.AllocateCacheRequest.SerializeToString,
-            pagestream_dot_v1_dot_worker__pb2.CacheDescription.FromString,
+            '/pagestream.internal.v1.Worker/AllocateCache',
+            pagestream_dot_internal_dot_v1_dot_worker__pb2.AllocateCacheRequest.SerializeToString,
+            pagestream_dot_internal_dot_v1_dot_worker__pb2.CacheDescription.FromString,
             options,
             channel_credentials,
             insecure,
@@ -277,9 +277,9 @@ class Worker:
         return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/pagestream.v1.Worker/Execute',
-            pagestream_dot_v1_dot_worker__pb2.StepPlan.SerializeToString,
-            pagestream_dot_v1_dot_worker__pb2.StepResult.FromString,
+            '/pagestream.internal.v1.Worker/Execute',
+            pagestream_dot_internal_dot_v1_dot_worker__pb2.StepPlan.SerializeToString,
+            pagestream_dot_internal_dot_v1_dot_worker__pb2.StepResult.FromString,
             options,
             channel_credentials,
             insecure,
@@ -304,9 +304,9 @@ class Worker:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/pagestream.v1.Worker/Reset',
-            pagestream_dot_v1_dot_worker__pb2.ResetRequest.SerializeToString,
-            pagestream_dot_v1_dot_worker__pb2.ResetResponse.FromString,
+            '/pagestream.internal.v1.Worker/Reset',
+            pagestream_dot_internal_dot_v1_dot_worker__pb2.ResetRequest.SerializeToString,
+            pagestream_dot_internal_dot_v1_dot_worker__pb2.ResetResponse.FromString,
             options,
             channel_credentials,
             insecure,
