@@ -1,16 +1,9 @@
-"""Which engine arguments go together, checked in two places only:
-
-- `check_compatibility(args)` when the arguments are parsed (EngineArgs), for what the
-  arguments alone decide: nothing has started, nothing has loaded;
-- `check_with_model(args, model)` right after the workers describe their model (the engine
-  core builder, before any cache is laid out), for what depends on the model: a runner
-  "auto" that turned out to pool, beside the speculation or LoRA the workers run.
-
-Each rule is one entry of RULES / MODEL_RULES: a predicate and the message that names the
-flags. `args` is anything with EngineArgs' fields (the scheduler role passes its own). What
-only a loaded model can tell (a transformers-fallback architecture with quantization or
-LoRA, a draft model's vocabulary) is refused where the model loads; what one request asks
-(a pooling request of a generate engine) where it is admitted.
+"""Which engine arguments go together, checked in two places only: `check_compatibility`
+when the arguments are parsed (nothing has started), `check_with_model` once the workers
+describe their model (before any cache is laid out). Each rule is a predicate and the
+message that names the flags (RULES / MODEL_RULES); `args` is anything with EngineArgs'
+fields. What only a loaded model can tell is refused where it loads, what one request
+asks where it is admitted.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """FrontendConfig: the frontend's protections, all checked before the engine sees a request.
 
-Limits checked before tokenizing (request_limits.py): sizes of prompts, messages, stop
-strings, tools, logit_bias and of the public gRPC messages; whether a request may bring
-its own chat template (refused unless the operator trusts them, then rendered in a
-bounded child process: chat_templates/template_sandbox.py); the server-side request timeout and
-the bound on what a slow consumer may leave unread (output_queue.py), and the bounds of the
-Responses API's store of responses (openai/response_store.py). The defaults let any
-request that could fit the model's context through and keep a stalled or hostile client
-from costing the engine or the event loop more than a bounded amount.
-
-Also how replies are read for every API: the reasoning parser that keeps a model's
-thinking apart from its answer (reasoning/), and the chat template's default variables.
+Sizes of prompts, messages, stop strings, tools, logit_bias and gRPC messages
+(request_limits.py), whether a request may bring its own chat template (then rendered in a
+bounded child process), the request timeout, the unread-output bound (output_queue.py) and
+the Responses store's bounds. The defaults let any request that fits the model's context
+through while a stalled or hostile client costs a bounded amount. Also how replies are
+read: the reasoning parser and the chat template's default variables.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """EngineCoreBuilder: the one way an engine core is made, on every path.
 
-`build(timeout_s)` gets a ready executor from `make_executor` (the in-process worker, a
-worker group the engine starts, or workers someone else started), then: describe the
-model → the scheduler's limits for it → size the KV cache over the workers (their block
-size wins) → the structured-output manager → Scheduler → EngineCore, and the
-ServedModelInfo the frontends see. `rebuild()` (after the workers were lost) closes the
-old executor and does the same again over a fresh one, refusing workers that now run a
-different model; nothing survives from an earlier build (a new block pool).
-
 The offline LLMEngine, the engine-core process and the `scheduler` role (over its own
 workers or over `--worker` addresses) all build through this class, so they size, check
-and recover alike.
+and recover alike. The steps of a build and a rebuild: EngineCoreBuilder.
 """
 
 from __future__ import annotations
@@ -51,6 +43,15 @@ class EngineCoreArgs(Protocol):
 
 
 class EngineCoreBuilder:
+    """`build(timeout_s)` gets a ready executor from `make_executor` (the in-process worker, a
+    worker group the engine starts, or workers someone else started), then: describe the
+    model → the scheduler's limits for it → size the KV cache over the workers (their block
+    size wins) → the structured-output manager → Scheduler → EngineCore, and the
+    ServedModelInfo the frontends see. `rebuild()` (after the workers were lost) closes the
+    old executor and does the same again over a fresh one, refusing workers that now run a
+    different model; nothing survives from an earlier build (a new block pool).
+    """
+
     def __init__(
         self, args: EngineCoreArgs, make_executor: ExecutorFactory, rebuild_timeout_s: float
     ) -> None:

@@ -1,16 +1,11 @@
 """ReasoningPhase: where one sequence's output stands against its thinking.
 
-A sequence whose params carry ReasoningBounds (and a grammar or a thinking budget, the two
-things the engine does with them) gets a phase at admission. The phase is a function of
-the output tokens alone, advanced once per appended token (`advance`), so it survives
-preemption in both modes (output tokens are never rolled back) and an n > 1 fork copies
-it. The structured-output manager consults it: no grammar mask and no grammar `accept`
-until the phase answers, a one-token mask row while the budget forces the end marker,
-and no speculative proposals verified before the answer.
-
     OPTIONAL --first token is the start--> THINKING --end marker seen--> ANSWER
         \\--any other first token: it is the answer's first--------------^
     THINKING --budget spent--> forcing forced_end_token_ids, one a step --> ANSWER
+
+A function of the output tokens alone, so it survives preemption and an n > 1 fork copies
+it; the structured-output manager consults it (ReasoningPhase says how).
 """
 
 from __future__ import annotations
@@ -24,6 +19,15 @@ _ANSWER = 2
 
 
 class ReasoningPhase:
+    """A sequence whose params carry ReasoningBounds (and a grammar or a thinking budget, the two
+    things the engine does with them) gets a phase at admission. The phase is a function of
+    the output tokens alone, advanced once per appended token (`advance`), so it survives
+    preemption in both modes (output tokens are never rolled back) and an n > 1 fork copies
+    it. The structured-output manager consults it: no grammar mask and no grammar `accept`
+    until the phase answers, a one-token mask row while the budget forces the end marker,
+    and no speculative proposals verified before the answer.
+    """
+
     __slots__ = ("_bounds", "_budget", "_num_forced", "_num_thought", "_state")
 
     def __init__(self, bounds: ReasoningBounds, budget: int | None) -> None:

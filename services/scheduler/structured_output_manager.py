@@ -1,16 +1,9 @@
 """StructuredOutputManager: grammars for constrained requests, compiled here with llguidance.
 
 A grammar compiles on a worker thread (never the step thread), cached by the sha256 of the
-normalised grammar; its request waits in the queue while others run past it, and fails
-past `compile_timeout_s` (llguidance bounds each compile's work itself). Each step fills
-one packed int32 bitmask row [ceil(vocab / 32)] per sampling row with a grammar, and
-`accept` advances the sequence's matcher: a rejected token ends the request with an error,
-a grammar that allows only EOS ends it with "stop". Every sequence has its own matcher, so
-its state survives preemption (its tokens are never rolled back).
-
-A reasoning sequence's grammar waits for its ReasoningPhase (reasoning_phase.py) to answer:
-until then no mask, no accept and no verified proposal; a forced end marker goes through the
-same bitmask. llguidance is torch-free, which is why this lives in the scheduler.
+normalised grammar; its request waits in the queue while others run past it. Every
+sequence has its own matcher, so its state survives preemption (its tokens are never
+rolled back). llguidance is torch-free, which is why this lives in the scheduler.
 """
 
 from __future__ import annotations
@@ -53,6 +46,16 @@ class StepMasks:
 
 
 class StructuredOutputManager:
+    """A compile fails past `compile_timeout_s` (llguidance bounds each compile's work
+    itself). Each step fills one packed int32 bitmask row [ceil(vocab / 32)] per sampling
+    row with a grammar, and `accept` advances the sequence's matcher: a rejected token ends
+    the request with an error, a grammar that allows only EOS ends it with "stop".
+
+    A reasoning sequence's grammar waits for its ReasoningPhase (reasoning_phase.py) to
+    answer: until then no mask, no accept and no verified proposal; a forced end marker goes
+    through the same bitmask.
+    """
+
     def __init__(
         self,
         tokenizer_json: Callable[[], str] | None,

@@ -1,16 +1,8 @@
 """The Responses API's request body (POST /v1/responses), and what it means as a chat
 request: the Responses API runs the same chat template, tool plan and SamplingParams as
-/v1/chat/completions (serving_responses.py), so the request turns itself into one.
-
-Function tools are flat here (`{type: "function", name, parameters, ...}`) and become
-the chat endpoint's `{type: "function", function: {...}}`; `text.format` is the chat
-endpoint's `response_format`. What this server cannot honour is a 400 naming the field,
-never silently dropped: tools other than functions, background mode, stored prompts and
-conversations, unknown `include` values. What agent tooling sends for every model and
-that does not change the answer of a model without a reasoning mode is accepted as a no-op:
-`reasoning` (effort, summary), `truncation` "auto" (a conversation over the context is
-still a 400), `include` values for reasoning items or built-in tools (none are produced),
-`max_tool_calls` (it bounds built-in tools only) and `text.verbosity`.
+/v1/chat/completions (serving_responses.py), so the request turns itself into one. What
+this server cannot honour is a 400 naming the field, never silently dropped
+(ResponsesRequest lists what is refused and what is accepted as a no-op).
 """
 
 from __future__ import annotations
@@ -82,6 +74,17 @@ class TextConfig(_Model):
 
 
 class ResponsesRequest(_Model):
+    """Function tools are flat here (`{type: "function", name, parameters, ...}`) and become
+    the chat endpoint's `{type: "function", function: {...}}`; `text.format` is the chat
+    endpoint's `response_format`. What this server cannot honour is a 400 naming the field,
+    never silently dropped: tools other than functions, background mode, stored prompts and
+    conversations, unknown `include` values. What agent tooling sends for every model and
+    that does not change the answer of a model without a reasoning mode is accepted as a no-op:
+    `reasoning` (effort, summary), `truncation` "auto" (a conversation over the context is
+    still a 400), `include` values for reasoning items or built-in tools (none are produced),
+    `max_tool_calls` (it bounds built-in tools only) and `text.verbosity`.
+    """
+
     model: str | None = None
     input: str | list[Any]
     instructions: str | None = None

@@ -1,16 +1,10 @@
 """POST /v1/chat/completions: messages through the chat template -> assistant replies.
 
-Streaming sends, per choice, a first chunk with role "assistant", then content deltas
-(finish_reason null), then a chunk with an empty delta and the choice's finish_reason, as
-OpenAI does (clients that collect text while finish_reason is null keep the last token);
-with include_usage a last chunk with no choices. With a reasoning parser
-(--reasoning-parser) or tools (tool_choice.py), each choice's text goes through a
-ReplyParser: thinking (reasoning_content), content and tool-call deltas in the stream,
-the same fields in the message, built from the same parsed deltas so both agree.
-
-A reasoning model's grammar (tool_choice "required", response_format) applies to its
-answer only and thinking_token_budget ends its thinking: the engine learns where the
-thinking ends from ReasoningBounds, built from the parser and the prompt's end.
+With a reasoning parser (--reasoning-parser) or tools (tool_choice.py), each choice's text
+goes through a ReplyParser: thinking (reasoning_content), content and tool-call deltas in
+the stream, the same fields in the message, built from the same parsed deltas so both
+agree. A reasoning model's grammar applies to its answer only, and thinking_token_budget
+ends its thinking (the engine learns where thinking ends from ReasoningBounds).
 """
 
 from __future__ import annotations
@@ -206,6 +200,11 @@ class ChatTracker:
 
 
 class OpenAIServingChat(ServingBase):
+    """Streaming sends, per choice, a first chunk with role "assistant", then content deltas
+    (finish_reason null), then a chunk with an empty delta and the choice's finish_reason,
+    as OpenAI does (clients that collect text while finish_reason is null keep the last
+    token); with include_usage a last chunk with no choices."""
+
     def __init__(self, *args, tool_options: ToolServerOptions | None = None) -> None:
         super().__init__(*args)
         options = tool_options or ToolServerOptions()

@@ -2,15 +2,9 @@
 
 Why: a streamed tool call's `arguments` fragments must concatenate to exactly the string the
 non-streamed response carries, whatever the chunk boundaries. Both paths feed the model's
-text through this scanner, one character at a time, and use its output: whitespace dropped,
-`", "` and `": "` as separators (json.dumps' defaults), strings re-escaped as json.dumps
-does with ensure_ascii=False. Output only ever grows, and a number or literal is written
-once it is complete, so every prefix of the output is final: a chunk boundary can never
-change what was already sent.
-
-The scanner reads one value. At depth 1 of an object it reports where each member's value
-starts and ends in the output, which is how the tool-call parser finds `name` and
-`arguments` without a second parse.
+text through this scanner and use its output (json.dumps' separators and escaping, with
+ensure_ascii=False). Output only ever grows and a number or literal is written once
+complete, so every prefix of the output is final.
 """
 
 from __future__ import annotations
@@ -41,7 +35,12 @@ def _escape(char: str) -> str:
 
 
 class JsonScanner:
-    """Feed characters; `out` is the canonical text so far, `done` once the value is whole."""
+    """Feed characters; `out` is the canonical text so far, `done` once the value is whole.
+
+    The scanner reads one value. At depth 1 of an object it reports where each member's value
+    starts and ends in the output, which is how the tool-call parser finds `name` and
+    `arguments` without a second parse.
+    """
 
     def __init__(self) -> None:
         self.out = ""

@@ -1,15 +1,9 @@
 """The Executor protocol: what the engine core needs from its worker(s).
 
 `describe()` and `initialize_cache(...)` run once when an engine core is built
-(services/scheduler/engine_core_builder.py); `failed` says, between steps, whether the
-workers are already lost (an idle loop notices a dead rank before the next request).
-
-`execute(plan)` hands one StepPlan to the worker(s) and returns at once with a future of
-the RunnerOutput, so the step loop can keep up to `max_concurrent_batches` plans in flight
-(vLLM's batch queue: `pp` for pipeline parallelism, 2 for async scheduling). Plans run on
-the workers in the order they were submitted. A failed step sets the future's exception:
-ConnectionError (a worker is gone), TimeoutError, or WorkerStepError (a worker rejected
-the plan), each naming the rank and address where it has them.
+(engine_core_builder.py); `execute(plan)` returns at once with a future of the
+RunnerOutput, so up to `max_concurrent_batches` plans are in flight (vLLM's batch queue);
+`failed` says between steps whether the workers are already lost.
 """
 
 from __future__ import annotations
@@ -27,6 +21,13 @@ class WorkerStepError(RuntimeError):
 
 
 class Executor(Protocol):
+    """`max_concurrent_batches` is `pp` under pipeline parallelism, 2 under async
+    scheduling, else 1. Plans run on the workers in the order they were submitted. A failed
+    step sets the future's exception: ConnectionError (a worker is gone), TimeoutError, or
+    WorkerStepError (a worker rejected the plan), each naming the rank and address where it
+    has them.
+    """
+
     # How many plans the step loop may keep in flight at once (>= 1).
     max_concurrent_batches: int
 

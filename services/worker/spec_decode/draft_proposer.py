@@ -2,14 +2,7 @@
 
 The draft runs on the target's worker with its own KV cache, laid out in the target's
 block tables (same block ids, its own layer shapes), so prefix hits, swaps and
-copy-on-write move its blocks with the target's. After each target step it first catches
-up: it runs every scheduled sequence over the positions the target computed this step,
-from the step's num_computed_tokens to the sequence's last known token (the accepted
-proposals and the new token included), so its cache holds what the target's holds (it
-recomputes the positions rejected proposals wrote, like the target). The logits of a
-proposing sequence's last token give the first proposal; k - 1 single-token steps give
-the rest. Positions past a sequence's KV slots (the scheduler keeps k lookahead slots) or
-max_model_len are never written: such a sequence gets fewer proposals.
+copy-on-write move its blocks with the target's.
 """
 
 from __future__ import annotations
@@ -26,6 +19,16 @@ from services.worker.spec_decode.proposer import room_for_proposals
 
 
 class DraftModelProposer:
+    """After each target step the draft first catches up: it runs every scheduled sequence
+    over the positions the target computed this step, from the step's num_computed_tokens
+    to the sequence's last known token (the accepted proposals and the new token included),
+    so its cache holds what the target's holds (it recomputes the positions rejected
+    proposals wrote, like the target). The logits of a proposing sequence's last token give
+    the first proposal; k - 1 single-token steps give the rest. Positions past a sequence's
+    KV slots (the scheduler keeps k lookahead slots) or max_model_len are never written:
+    such a sequence gets fewer proposals.
+    """
+
     def __init__(self, config: SpeculativeConfig, model: CausalLM, cache_engine: CacheEngine):
         self.config = config
         self.model = model

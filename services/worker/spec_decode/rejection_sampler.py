@@ -1,15 +1,9 @@
 """Verification of speculative proposals: which of them the target keeps.
 
-The sampler draws the target's own token at every verified position of a request (row i
-sees the request's tokens plus proposals 1..i, with the request's own sampling
-parameters, penalties and seeded noise at that output position). Proposals here are
-deterministic (the n-gram's tokens, the draft model's argmax), so the draft distribution q
-is one-hot on the proposal d, and the standard rule (accept d with probability
-min(1, p(d) / q(d)) = p(d); on rejection draw from the residual max(p - q, 0), which is p
-without d, renormalised) is exactly: draw t from p, keep d if t == d, else emit t and
-stop. So a request keeps the proposals up to its first mismatch and then the target's
-token there (the "bonus" token when every proposal is accepted): the output distribution
-is the target's, and under greedy decoding the tokens are the target's argmax chain.
+A request keeps its proposals up to the first mismatch with the target's own sampled
+token, then the target's token there (the "bonus" token when every proposal is accepted):
+the output distribution is the target's, and under greedy decoding the tokens are the
+target's argmax chain (why: `accept_proposals`).
 """
 
 from __future__ import annotations
@@ -21,7 +15,17 @@ def accept_proposals(
     draft_token_ids: dict[str, list[int]],  # the proposals of the requests that have some
 ) -> tuple[list[list[int]], list[int]]:
     """Per request: the tokens it keeps (accepted proposals, then the target's token) and
-    its first row in target_ids. A request without proposals keeps its one token."""
+    its first row in target_ids. A request without proposals keeps its one token.
+
+    The sampler draws the target's own token at every verified position of a request (row i
+    sees the request's tokens plus proposals 1..i, with the request's own sampling
+    parameters, penalties and seeded noise at that output position). Proposals here are
+    deterministic (the n-gram's tokens, the draft model's argmax), so the draft distribution q
+    is one-hot on the proposal d, and the standard rule (accept d with probability
+    min(1, p(d) / q(d)) = p(d); on rejection draw from the residual max(p - q, 0), which is p
+    without d, renormalised) is exactly: draw t from p, keep d if t == d, else emit t and
+    stop.
+    """
     kept: list[list[int]] = []
     first_rows: list[int] = []
     row = 0
