@@ -408,8 +408,12 @@ def test_engine_outputs_round_trip():
 def test_malformed_output_batch_raises_value_error():
     logprobs = [TokenLogprobs([5, 7], [-0.5, -1.5], [1, 2])]
     message = outputs_to_pb(EngineCoreOutputs([EngineCoreOutput("a", [5], new_logprobs=logprobs)]))
-    message.outputs[0].logprobs.positions[0].ranks.append(3)
-    with pytest.raises(ValueError, match="differ in length"):
+    message.outputs[0].logprobs.ranks.append(3)
+    with pytest.raises(ValueError, match="differ from num_entries"):
+        outputs_from_pb(message)
+    message.outputs[0].logprobs.ranks.pop()
+    message.outputs[0].logprobs.num_entries[:] = [3, -1]
+    with pytest.raises(ValueError, match="negative"):
         outputs_from_pb(message)
 
 

@@ -1,5 +1,5 @@
 """Logprobs <-> logprobs.proto's Logprobs: one request's positions, each a TokenLogprobs
-or None (no entries: the first prompt position).
+or None (0 entries: the first prompt position).
 
 pack_logprobs / unpack_logprobs keep the older column form (`num_{p}logprob_positions`,
 ... with `p` "" or "prompt_") for StepResult until it carries Logprobs messages.
@@ -15,28 +15,39 @@ from services.common.runner_output import TokenLogprobs
 Positions = list[TokenLogprobs | None]
 
 
-def _position_to_pb(position: TokenLogprobs | None) -> logprobs_pb2.TokenLogprobs:
-    if position is None:
-        return logprobs_pb2.TokenLogprobs()
-    return logprobs_pb2.TokenLogprobs(
-        token_ids=position.token_ids, logprobs=position.logprobs, ranks=position.ranks
+def logprobs_to_pb(positions: Positions) -> logprobs_pb2.Logprobs:
+    num_entries, token_ids, values, ranks = [], [], [], []
+    for position in positions:
+        if position is None:
+            num_entries.append(0)
+            continue
+        num_entries.append(len(position.token_ids))
+        token_ids += position.token_ids
+        values += position.logprobs
+        ranks += position.ranks
+    return logprobs_pb2.Logprobs(
+        num_entries=num_entries, token_ids=token_ids, logprobs=values, ranks=ranks
     )
 
 
-def _position_from_pb(message: logprobs_pb2.TokenLogprobs) -> TokenLogprobs | None:
-    token_ids, logprobs, ranks = message.token_ids, message.logprobs, message.ranks
-    if not len(token_ids) == len(logprobs) == len(ranks):
-        raise ValueError("a logprobs position's token_ids, logprobs and ranks differ in length")
-    return TokenLogprobs(list(token_ids), list(logprobs), list(ranks)) if token_ids else None
-
-
-def logprobs_to_pb(positions: Positions) -> logprobs_pb2.Logprobs:
-    return logprobs_pb2.Logprobs(positions=[_position_to_pb(p) for p in positions])
-
-
 def logprobs_from_pb(message: logprobs_pb2.Logprobs) -> Positions:
-    """Raises ValueError when a position's three lists differ in length."""
-    return [_position_from_pb(p) for p in message.positions]
+    """Raises ValueError when the entries' lists differ in length from num_entries."""
+    token_ids, values, ranks = list(message.token_ids), list(message.logprobs), list(message.ranks)
+    if not len(token_ids) == len(values) == len(ranks) == sum(message.num_entries):
+        raise ValueError("Logprobs' token_ids, logprobs and ranks differ from num_entries")
+    positions: Positions = []
+    start = 0
+    for size in message.num_entries:
+        if size < 0:
+            raise ValueError("Logprobs.num_entries must not be negative")
+        end = start + size
+        positions.append(
+            TokenLogprobs(token_ids[start:end], values[start:end], ranks[start:end])
+            if size
+            else None
+        )
+        start = end
+    return positions
 
 
 def pack_logprobs(message, prefix: str, items: Iterable[Positions | None]) -> None:

@@ -24,15 +24,13 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%pagestream/internal/v1/logprobs.proto\x12\x16pagestream.internal.v1\"C\n\rTokenLogprobs\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\r\n\x05ranks\x18\x03 \x03(\x05\"D\n\x08Logprobs\x12\x38\n\tpositions\x18\x01 \x03(\x0b\x32%.pagestream.internal.v1.TokenLogprobsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%pagestream/internal/v1/logprobs.proto\x12\x16pagestream.internal.v1\"S\n\x08Logprobs\x12\x13\n\x0bnum_entries\x18\x01 \x03(\x05\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\r\n\x05ranks\x18\x04 \x03(\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pagestream.internal.v1.logprobs_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TOKENLOGPROBS']._serialized_start=65
-  _globals['_TOKENLOGPROBS']._serialized_end=132
-  _globals['_LOGPROBS']._serialized_start=134
-  _globals['_LOGPROBS']._serialized_end=202
+  _globals['_LOGPROBS']._serialized_start=65
+  _globals['_LOGPROBS']._serialized_end=148
 # @@protoc_insertion_point(module_scope)
