@@ -4,12 +4,6 @@ A thin adapter: pb -> domain call (generation_pb) -> Frontend -> pb, with errors
 status codes by services/common/grpc_errors. Every call first checks the API key (when
 one is set: `authorization: Bearer KEY` metadata, else UNAUTHENTICATED); a Generate
 request is held to the frontend's size limits before anything renders or tokenizes it.
-
-A client that cancels a Generate stream, or whose deadline passes, aborts its request:
-the cancellation unwinds the stream (closing the Frontend's iterator aborts it in the
-engine core), and the RPC's done callback aborts it again should the stream be elsewhere
-at that moment. Until the Frontend exists (the split deployment connects to the
-scheduler first) every call answers UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -36,6 +30,13 @@ logger = logging.getLogger(__name__)
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
+    """A client that cancels a Generate stream, or whose deadline passes, aborts its request:
+    the cancellation unwinds the stream (closing the Frontend's iterator aborts it in the
+    engine core), and the RPC's done callback aborts it again should the stream be elsewhere
+    at that moment. Until the Frontend exists (the split deployment connects to the
+    scheduler first) every call answers UNAVAILABLE.
+    """
+
     def __init__(self, frontend: Frontend | None, api_key: ApiKey | None = None) -> None:
         self.frontend = frontend
         self.api_key = api_key or ApiKey(None)

@@ -1,15 +1,9 @@
 """Router: which data-parallel replica (engine core) takes a request.
 
-Policies (`--router-policy`):
-- cache_aware (default), SGLang's cache-aware policy on chained block hashes: when the
-  replicas are out of balance (max load - min load > balance_abs_threshold and max load >
-  min load * balance_rel_threshold) the least loaded one; otherwise the replica holding
-  the longest cached prefix if it covers at least cache_threshold of the prompt's full
-  blocks; otherwise the least loaded (ties: the emptiest cache, then in turn).
-- least_loaded: fewest running + waiting requests (ties in turn).
-- round_robin: in turn.
-A replica's load is the larger of what its engine core last reported (running + waiting)
-and the requests this router has sent it that have not ended.
+Policies (`--router-policy`): cache_aware (the default: SGLang's, on chained block
+hashes), least_loaded, round_robin; Router says how each chooses. A replica's load is the
+larger of what its engine core last reported (running + waiting) and the requests this
+router has sent it that have not ended.
 """
 
 from __future__ import annotations
@@ -85,6 +79,17 @@ class RoutingTarget(Protocol):
 
 
 class Router:
+    """How each policy (`--router-policy`) chooses:
+
+    - cache_aware (default), SGLang's cache-aware policy on chained block hashes: when the
+      replicas are out of balance (max load - min load > balance_abs_threshold and max load >
+      min load * balance_rel_threshold) the least loaded one; otherwise the replica holding
+      the longest cached prefix if it covers at least cache_threshold of the prompt's full
+      blocks; otherwise the least loaded (ties: the emptiest cache, then in turn).
+    - least_loaded: fewest running + waiting requests (ties in turn).
+    - round_robin: in turn.
+    """
+
     def __init__(self, config: RouterConfig | None = None) -> None:
         self.config = config or RouterConfig()
         self._turn = itertools.count()

@@ -1,15 +1,11 @@
 """AsyncEngineCore: the engine core's step loop as an asyncio actor with many clients.
 
-Clients (frontends) connect and get an id; their add/abort calls land between steps; each
-step's outputs are routed to the queue of the client that owns the request. The step
-itself (the executor's forward pass) runs on one worker thread, never on the event loop.
-A stream reader (the gRPC servicer) queues its adds and aborts without waiting
-(`queue_add` / `queue_abort`): the loop takes everything queued at the start of each
-step, so the adds that arrive while a step runs share the next one.
-With a batch queue deeper than one (async scheduling, pipeline parallelism) a step may
-submit a plan and return before any output: the loop runs while the core has work, and
-that counts plans in flight. A step whose executor failed raises, which ends the loop.
-The gRPC EngineCore servicer wraps exactly these methods, one Connect stream per client.
+Clients (frontends) connect and get an id; their adds and aborts land between steps (a
+stream reader queues them without waiting, so those that arrive during a step share the
+next); each step's outputs go to the queue of the client that owns the request. The step
+runs on one worker thread, never on the event loop. With a batch queue deeper than one a
+step may return before any output: the loop runs while the core has work, plans in flight
+included. A step whose executor failed raises, which ends the loop.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """EngineCoreServicer: the AsyncEngineCore over gRPC (pagestream.internal.v1.EngineCore).
 
-Each Connect stream is one `connect()` client of the engine core: AddRequest and
-AbortRequests messages come in, one EngineOutputBatch per step (for this client's
-requests) goes out. A request the core rejects at admission comes back as an output with
-`errors` set and finish_reason "error" (the Frontend raises it as a ValueError to its
-caller); the stream carries on. When the client half-closes its side, cancels, or goes
-away, the stream ends and the core aborts every request that client still had. A dead
-engine loop ends every stream with UNAVAILABLE.
-
-serve_scheduler builds the whole scheduler role over an EngineCoreBuilder (its own
-workers, or workers at given addresses: they recover from a lost worker group alike).
+Each Connect stream is one `connect()` client: AddRequest and AbortRequests come in, one
+EngineOutputBatch per step (this client's requests) goes out. A request the core rejects
+comes back as an output with `errors` and finish_reason "error"; the stream carries on.
+A client that half-closes, cancels or goes away has its requests aborted; a dead engine
+loop ends every stream with UNAVAILABLE. serve_scheduler builds the scheduler role.
 """
 
 from __future__ import annotations

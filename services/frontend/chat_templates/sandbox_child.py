@@ -3,13 +3,7 @@
 A request's template is a program: Jinja's sandbox keeps it from reaching Python, but not
 from looping for minutes or building gigabytes of text. So it runs here, in a process of
 its own that the frontend kills when a render passes its time (template_sandbox.py), under
-an address-space limit, and whose output is refused past a size.
-
-Protocol over stdin / stdout, each frame a 4-byte big-endian length and a body: first the
-frontend's setup (a pickle: the tokenizer, the memory budget, the output bound; the child
-answers it with an empty frame once it is ready), then one
-JSON request per render, each answered by one JSON reply, {"text": ...} or {"error": ...}.
-Replies are JSON, never pickles: the frontend must not unpickle what a template produced.
+an address-space limit, and whose output is refused past a size (the protocol: `main`).
 """
 
 from __future__ import annotations
@@ -82,6 +76,13 @@ def _limit_memory(budget_bytes: int) -> None:
 
 
 def main() -> None:
+    """The protocol over stdin / stdout, each frame a 4-byte big-endian length and a body:
+    first the frontend's setup (a pickle: the tokenizer, the memory budget, the output
+    bound; answered with an empty frame once ready), then one JSON request per render, each
+    answered by one JSON reply, {"text": ...} or {"error": ...}. Replies are JSON, never
+    pickles: the frontend must not unpickle what a template produced.
+    """
+
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # frames only on the real stdout
     setup = read_frame(stdin)

@@ -1,15 +1,9 @@
 """ResponseStore: the Responses API's stored responses, bounded in memory.
 
-Each stored response keeps its response body (what GET /v1/responses/{id} returns) and its
-conversation as chat messages (its input items and its output, without its instructions),
-which a request naming it as `previous_response_id` continues. vLLM keeps these forever;
-here three bounds hold at every moment: the number of entries, their age (a response
-older than max_age_s is gone, whether or not it was read since), and their size in bytes
-(their JSON, estimated once when stored). Over a bound, the least recently used entry
-goes first; one entry larger than max_bytes is not kept at all.
-
-One event loop uses it (no locks): every method is synchronous, so a request that reads
-an entry and later stores its own never interleaves with another inside either call.
+Each stored response keeps its body (what GET /v1/responses/{id} returns) and its
+conversation as chat messages (without its instructions), which a request naming it as
+`previous_response_id` continues. vLLM keeps these forever; here the number of entries,
+their age and their size are bounded at every moment (ResponseStore).
 """
 
 from __future__ import annotations
@@ -33,6 +27,15 @@ class StoredResponse:
 
 
 class ResponseStore:
+    """Three bounds hold at every moment: the number of entries, their age (a response older
+    than max_age_s is gone, whether or not it was read since), and their size in bytes
+    (their JSON, estimated once when stored). Over a bound, the least recently used entry
+    goes first; one entry larger than max_bytes is not kept at all.
+
+    One event loop uses it (no locks): every method is synchronous, so a request that reads
+    an entry and later stores its own never interleaves with another inside either call.
+    """
+
     def __init__(
         self,
         max_entries: int = 1000,

@@ -1,15 +1,7 @@
 """What a chat request's `tools` / `tool_choice` / `parallel_tool_calls` mean for the
-engine request (vLLM's semantics):
-
-- no tool_choice: "auto" when there are tools, else "none".
-- "none": tools still go into the prompt (the model may know them), the output is text.
-- "auto": needs --enable-auto-tool-choice and a parser (--tool-call-parser, or the one
-  detected from the chat template: ToolServerOptions.for_template; else 400 saying so); the
-  output is parsed for calls in the parser's format.
-- "required" / a named function: the output is constrained by a grammar in the parser's
-  own format (--tool-call-parser, else hermes), so the same parser reads every mode; the
-  arguments are constrained by each tool's `parameters` schema. A named function is one
-  call; "required" is one or more calls, one when parallel_tool_calls is false.
+engine request (vLLM's semantics; each choice's rule: `plan_tools`). Every mode reads
+the output with one parser format, so "required" and named choices are constrained by a
+grammar in that same format.
 """
 
 from __future__ import annotations
@@ -33,6 +25,19 @@ class ToolPlan:
 
 
 def plan_tools(request, options: ToolServerOptions) -> ToolPlan:
+    """The plan of a chat request's tools:
+
+    - no tool_choice: "auto" when there are tools, else "none".
+    - "none": tools still go into the prompt (the model may know them), the output is text.
+    - "auto": needs --enable-auto-tool-choice and a parser (--tool-call-parser, or the one
+      detected from the chat template: ToolServerOptions.for_template; else 400 saying so); the
+      output is parsed for calls in the parser's format.
+    - "required" / a named function: the output is constrained by a grammar in the parser's
+      own format (--tool-call-parser, else hermes), so the same parser reads every mode; the
+      arguments are constrained by each tool's `parameters` schema. A named function is one
+      call; "required" is one or more calls, one when parallel_tool_calls is false.
+    """
+
     tools: list[ChatTool] = request.tools or []
     choice = request.tool_choice or ("auto" if tools else "none")
     if choice != "none" and not tools:
