@@ -1,14 +1,10 @@
-"""Build the worker's model from a ModelConfig: resolve the name, pick the class, load weights.
+"""Build the worker's model from a ModelConfig: resolve the name, pick the class, plan how
+it runs (`plan_forward`), build it in that form, load and finish its weights.
 
-    model = load_model(ModelConfig(model="/models/llama", dtype="auto"), device="cpu")
-
-Native architectures (the Llama family and its mixtures of experts: registry.py) are
-constructed directly on the target device and filled straight from the safetensors files,
-or from a GGUF file's tensors (kept quantized with `quantization` "gguf", the default for
-.gguf models at dtype auto); int8 / int4 quantize a float checkpoint as it loads. Any
-other causal LM goes through transformers (`HFFallbackForCausalLM`). dtype "auto" is
-bfloat16 on CUDA and on CPUs with native bf16 (avx512_bf16 or AMX), float32 on other CPUs
-($PAGESTREAM_CPU_DTYPE overrides).
+Native architectures (registry.py) are filled straight from the safetensors files or a GGUF
+file's tensors (kept quantized with `quantization` "gguf"); any other causal LM runs through
+transformers (`HFFallbackForCausalLM`). dtype "auto" is bfloat16 on CUDA and on CPUs with
+native bf16 (avx512_bf16 or AMX), float32 on other CPUs ($PAGESTREAM_CPU_DTYPE overrides).
 """
 
 from __future__ import annotations
@@ -275,14 +271,14 @@ def plan_forward(
     as the class reads the checkpoint, and the native CPU step for its decoder wherever
     `_torch_decoder_reason` finds nothing against it."""
     bidirectional = model_class is not None and model_class.reads_bidirectionally(config, pooling)
-    reason = _torch_decoder_reason(model_class, config, model_config, attention_ops, dtype, rank)
-    if reason is None and bidirectional:
-        reason = "bidirectional attention (the native step attends causally over the cache)"
+    reason = _torch_decoder_reason(
+        model_class, config, model_config, bidirectional, attention_ops, dtype, rank
+    )
     plan = ForwardPlan(
         decoder="torch" if reason else "native",
         attention="bidirectional" if bidirectional else "causal",
         # the Triton backend's device runs the experts on its kernels too
-        triton_experts=reason is not None and attention_ops.name == "triton",
+        triton_experts=attention_ops.name == "triton",
         reason=reason or "the native CPU step runs this decoder",
     )
     logger.info(
@@ -295,6 +291,7 @@ def _torch_decoder_reason(
     model_class: type[CausalLM] | None,
     config: PretrainedConfig,
     model_config: ModelConfig,
+    bidirectional: bool,
     attention_ops: AttentionOps,
     dtype: torch.dtype,
     rank: RankInfo,
@@ -302,12 +299,15 @@ def _torch_decoder_reason(
     """Why the decoder runs its torch modules rather than the native CPU step, or None.
 
     The native step is the Llama family's CPU path: it runs the whole stack, attention
-    included, in C++, so it needs the C++ CPU attention backend (any other was asked for
-    by name, runs on another device, or the extension did not build here); --enforce-eager
-    keeps the torch modules (the reference); and the C++ stack must hold every layer of the
-    stage at this dtype (services/worker/native_step.py `step_unsupported`)."""
+    included, in C++, causally over the paged cache, so it needs the C++ CPU attention
+    backend (any other was asked for by name, runs on another device, or the extension did
+    not build here) and causal attention; --enforce-eager keeps the torch modules (the
+    reference); and the C++ stack must hold every layer of the stage at this dtype
+    (services/worker/native_step.py `step_unsupported`)."""
     if model_class is None or not issubclass(model_class, LlamaForCausalLM):
         return "not a decoder of the Llama family"
+    if bidirectional:
+        return "bidirectional attention (the native step attends causally over the cache)"
     if model_config.enforce_eager:
         return "--enforce-eager"
     if attention_ops.name != "cpu":

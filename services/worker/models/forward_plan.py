@@ -19,6 +19,10 @@ class ForwardPlan:
     triton_experts: bool = False  # the torch decoder's mixtures of experts on Triton kernels
     reason: str = ""  # why the decoder is what it is (logged)
 
+    def __post_init__(self) -> None:
+        if self.native and self.bidirectional:
+            raise ValueError("the native step attends causally over the paged cache")
+
     @property
     def native(self) -> bool:
         return self.decoder == "native"

@@ -230,7 +230,7 @@ class LlamaModel(nn.Module):
     `bidirectional`: every layer attends over each whole prompt and no layer reads the
     paged cache (one tiny cache in one group, as an Encoder's, only counts tokens)."""
 
-    native: NativeStep | None = None  # the torch modules run this decoder
+    native: NativeStep | None = None  # no native step: the torch modules run every forward
 
     def __init__(
         self,
