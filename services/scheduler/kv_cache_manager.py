@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Sequence
+from typing import TypeVar
 
 from services.common.block_hash import BlockHash
 from services.common.scheduler_output import BlockTable
@@ -29,13 +30,14 @@ NULL_BLOCK = KVCacheBlock(block_id=0, ref_cnt=1 << 62)
 
 # A request's table: per KV cache group its blocks, one per block position.
 Tables = list[list[KVCacheBlock]]
+T = TypeVar("T")
 
 
 def _real(blocks: Iterable[KVCacheBlock]) -> list[KVCacheBlock]:
     return [block for block in blocks if block is not NULL_BLOCK]
 
 
-def _position_major(tables: Sequence[Sequence[KVCacheBlock]]) -> list[KVCacheBlock]:
+def _position_major(tables: Sequence[Sequence[T]]) -> list[T]:
     """Every entry, position by position and each position's groups in order: the order
     blocks are taken from and given back to the pool (tail first when reversed)."""
     return [block for row in zip(*tables, strict=True) for block in row]

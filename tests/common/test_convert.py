@@ -347,8 +347,8 @@ def test_step_result_error_travels():
 
 def test_malformed_result_raises_value_error():
     message = result_to_pb(_result())
-    message.logprob_values.append(-1.0)
-    with pytest.raises(ValueError, match="logprob"):
+    message.logprobs["a"].ranks.append(1)
+    with pytest.raises(ValueError, match="Logprobs"):
         result_from_pb(message)
 
 

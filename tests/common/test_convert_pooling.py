@@ -84,6 +84,10 @@ def test_plans_and_results_carry_pooling():
     back = result_from_pb(_wire(result_to_pb(result)))
     assert back.sampled_token_ids == [[], [4]] and list(back.pooled) == ["p"]
     np.testing.assert_array_equal(back.pooled["p"], STATE)
+    message = result_to_pb(result)
+    message.pooled["p"] = b"\x00\x01\x02"
+    with pytest.raises(ValueError, match="pooled"):
+        result_from_pb(message)
 
 
 def test_model_info_says_the_runner():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from itertools import islice
 
-from services.common.convert.logprobs import pack_logprobs, unpack_logprobs
+from services.common.convert.logprobs import logprobs_from_pb, logprobs_to_pb
 from services.common.convert.lora import lora_columns_from_pb, lora_columns_to_pb
 from services.common.convert.plan_limits import PlanLimits
 from services.common.convert.pooling import (
@@ -237,34 +237,21 @@ def _plan_from_pb(message: worker_pb2.StepPlan) -> SchedulerOutput:
 
 def result_to_pb(result: RunnerOutput, step_id: int = 0, error: str = "") -> worker_pb2.StepResult:
     timings = result.timings
-    message = worker_pb2.StepResult(
+    return worker_pb2.StepResult(
         step_id=step_id,
         request_ids=result.request_ids,
         num_sampled=[len(ids) for ids in result.sampled_token_ids],
         sampled_token_ids=[i for ids in result.sampled_token_ids for i in ids],
-        logprob_request_ids=result.logprobs.keys(),
-        prompt_logprob_request_ids=result.prompt_logprobs.keys(),
+        logprobs={rid: logprobs_to_pb(p) for rid, p in result.logprobs.items()},
+        prompt_logprobs={rid: logprobs_to_pb(p) for rid, p in result.prompt_logprobs.items()},
         prepare_s=timings.prepare_s,
         forward_s=timings.forward_s,
         sample_s=timings.sample_s,
         error=error or None,
-        error_request_ids=list(result.request_errors),
-        request_errors=list(result.request_errors.values()),
+        request_errors=result.request_errors,
         **_keyed_lists_to_pb(result.spec_token_ids),
-        pooled_request_ids=list(result.pooled),
-        pooled=[pooled_to_bytes(p) for p in result.pooled.values()],
+        pooled={rid: pooled_to_bytes(p) for rid, p in result.pooled.items()},
     )
-    if result.logprobs:
-        pack_logprobs(message, "", result.logprobs.values())
-    if result.prompt_logprobs:
-        pack_logprobs(message, "prompt_", result.prompt_logprobs.values())
-    return message
-
-
-def _keyed(name: str, request_ids, items: list) -> dict:
-    if len(request_ids) != len(items):
-        raise ValueError(f"{name} and its position counts differ in length")
-    return dict(zip(request_ids, items, strict=True))
 
 
 def result_from_pb(message: worker_pb2.StepResult) -> RunnerOutput:
@@ -276,22 +263,10 @@ def result_from_pb(message: worker_pb2.StepResult) -> RunnerOutput:
     return RunnerOutput(
         request_ids=request_ids,
         sampled_token_ids=sampled,
-        logprobs=_keyed(
-            "logprob_request_ids", message.logprob_request_ids, unpack_logprobs(message, "")
-        ),
-        prompt_logprobs=_keyed(
-            "prompt_logprob_request_ids",
-            message.prompt_logprob_request_ids,
-            unpack_logprobs(message, "prompt_"),
-        ),
+        logprobs={rid: logprobs_from_pb(m) for rid, m in message.logprobs.items()},
+        prompt_logprobs={rid: logprobs_from_pb(m) for rid, m in message.prompt_logprobs.items()},
         timings=StepTimings(message.prepare_s, message.forward_s, message.sample_s),
         spec_token_ids=_keyed_lists_from_pb(message),
-        request_errors=_keyed(
-            "error_request_ids", message.error_request_ids, message.request_errors
-        ),
-        pooled=_keyed(
-            "pooled_request_ids",
-            message.pooled_request_ids,
-            [pooled_from_bytes(data) for data in message.pooled],
-        ),
+        request_errors=dict(message.request_errors),
+        pooled={rid: pooled_from_bytes(data) for rid, data in message.pooled.items()},
     )

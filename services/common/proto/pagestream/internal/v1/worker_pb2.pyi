@@ -1,3 +1,4 @@
+from services.common.proto.pagestream.internal.v1 import logprobs_pb2 as _logprobs_pb2
 from services.common.proto.pagestream.internal.v1 import lora_pb2 as _lora_pb2
 from services.common.proto.pagestream.v1 import generation_pb2 as _generation_pb2
 from google.protobuf.internal import containers as _containers
@@ -161,23 +162,41 @@ class StepPlan(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_request_ids: _Optional[_Iterable[str]] = ..., cached_num_new_blocks: _Optional[_Iterable[int]] = ..., cached_new_block_ids: _Optional[_Iterable[int]] = ..., cached_num_computed_tokens: _Optional[_Iterable[int]] = ..., cached_resumed: _Optional[_Iterable[bool]] = ..., scheduled_request_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., finished_request_ids: _Optional[_Iterable[str]] = ..., blocks_to_copy: _Optional[_Iterable[int]] = ..., blocks_to_swap_in: _Optional[_Iterable[int]] = ..., blocks_to_swap_out: _Optional[_Iterable[int]] = ..., cached_num_new_tokens: _Optional[_Iterable[int]] = ..., cached_new_token_ids: _Optional[_Iterable[int]] = ..., grammar_request_ids: _Optional[_Iterable[str]] = ..., grammar_bitmask: _Optional[bytes] = ..., spec_request_ids: _Optional[_Iterable[str]] = ..., num_spec_tokens: _Optional[_Iterable[int]] = ..., spec_token_ids: _Optional[_Iterable[int]] = ..., lora_request_ids: _Optional[_Iterable[str]] = ..., lora_request_slots: _Optional[_Iterable[int]] = ..., lora_slots: _Optional[_Iterable[int]] = ..., lora_adapters: _Optional[_Iterable[_Union[_lora_pb2.LoRAAdapter, _Mapping]]] = ..., num_kv_groups: _Optional[int] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("step_id", "request_ids", "num_sampled", "sampled_token_ids", "logprob_request_ids", "num_logprob_positions", "num_logprob_entries", "logprob_token_ids", "logprob_values", "logprob_ranks", "prompt_logprob_request_ids", "num_prompt_logprob_positions", "num_prompt_logprob_entries", "prompt_logprob_token_ids", "prompt_logprob_values", "prompt_logprob_ranks", "prepare_s", "forward_s", "sample_s", "error", "spec_request_ids", "num_spec_tokens", "spec_token_ids", "error_request_ids", "request_errors", "pooled_request_ids", "pooled")
+    __slots__ = ("step_id", "request_ids", "num_sampled", "sampled_token_ids", "logprobs", "prompt_logprobs", "prepare_s", "forward_s", "sample_s", "error", "spec_request_ids", "num_spec_tokens", "spec_token_ids", "request_errors", "pooled")
+    class LogprobsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: _logprobs_pb2.Logprobs
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_logprobs_pb2.Logprobs, _Mapping]] = ...) -> None: ...
+    class PromptLogprobsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: _logprobs_pb2.Logprobs
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_logprobs_pb2.Logprobs, _Mapping]] = ...) -> None: ...
+    class RequestErrorsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class PooledEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLED_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
-    LOGPROB_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
-    NUM_LOGPROB_POSITIONS_FIELD_NUMBER: _ClassVar[int]
-    NUM_LOGPROB_ENTRIES_FIELD_NUMBER: _ClassVar[int]
-    LOGPROB_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
-    LOGPROB_VALUES_FIELD_NUMBER: _ClassVar[int]
-    LOGPROB_RANKS_FIELD_NUMBER: _ClassVar[int]
-    PROMPT_LOGPROB_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
-    NUM_PROMPT_LOGPROB_POSITIONS_FIELD_NUMBER: _ClassVar[int]
-    NUM_PROMPT_LOGPROB_ENTRIES_FIELD_NUMBER: _ClassVar[int]
-    PROMPT_LOGPROB_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
-    PROMPT_LOGPROB_VALUES_FIELD_NUMBER: _ClassVar[int]
-    PROMPT_LOGPROB_RANKS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     PREPARE_S_FIELD_NUMBER: _ClassVar[int]
     FORWARD_S_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_S_FIELD_NUMBER: _ClassVar[int]
@@ -185,26 +204,14 @@ class StepResult(_message.Message):
     SPEC_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_SPEC_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SPEC_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
-    ERROR_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ERRORS_FIELD_NUMBER: _ClassVar[int]
-    POOLED_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
     POOLED_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     request_ids: _containers.RepeatedScalarFieldContainer[str]
     num_sampled: _containers.RepeatedScalarFieldContainer[int]
     sampled_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    logprob_request_ids: _containers.RepeatedScalarFieldContainer[str]
-    num_logprob_positions: _containers.RepeatedScalarFieldContainer[int]
-    num_logprob_entries: _containers.RepeatedScalarFieldContainer[int]
-    logprob_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    logprob_values: _containers.RepeatedScalarFieldContainer[float]
-    logprob_ranks: _containers.RepeatedScalarFieldContainer[int]
-    prompt_logprob_request_ids: _containers.RepeatedScalarFieldContainer[str]
-    num_prompt_logprob_positions: _containers.RepeatedScalarFieldContainer[int]
-    num_prompt_logprob_entries: _containers.RepeatedScalarFieldContainer[int]
-    prompt_logprob_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    prompt_logprob_values: _containers.RepeatedScalarFieldContainer[float]
-    prompt_logprob_ranks: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.MessageMap[str, _logprobs_pb2.Logprobs]
+    prompt_logprobs: _containers.MessageMap[str, _logprobs_pb2.Logprobs]
     prepare_s: float
     forward_s: float
     sample_s: float
@@ -212,11 +219,9 @@ class StepResult(_message.Message):
     spec_request_ids: _containers.RepeatedScalarFieldContainer[str]
     num_spec_tokens: _containers.RepeatedScalarFieldContainer[int]
     spec_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    error_request_ids: _containers.RepeatedScalarFieldContainer[str]
-    request_errors: _containers.RepeatedScalarFieldContainer[str]
-    pooled_request_ids: _containers.RepeatedScalarFieldContainer[str]
-    pooled: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, step_id: _Optional[int] = ..., request_ids: _Optional[_Iterable[str]] = ..., num_sampled: _Optional[_Iterable[int]] = ..., sampled_token_ids: _Optional[_Iterable[int]] = ..., logprob_request_ids: _Optional[_Iterable[str]] = ..., num_logprob_positions: _Optional[_Iterable[int]] = ..., num_logprob_entries: _Optional[_Iterable[int]] = ..., logprob_token_ids: _Optional[_Iterable[int]] = ..., logprob_values: _Optional[_Iterable[float]] = ..., logprob_ranks: _Optional[_Iterable[int]] = ..., prompt_logprob_request_ids: _Optional[_Iterable[str]] = ..., num_prompt_logprob_positions: _Optional[_Iterable[int]] = ..., num_prompt_logprob_entries: _Optional[_Iterable[int]] = ..., prompt_logprob_token_ids: _Optional[_Iterable[int]] = ..., prompt_logprob_values: _Optional[_Iterable[float]] = ..., prompt_logprob_ranks: _Optional[_Iterable[int]] = ..., prepare_s: _Optional[float] = ..., forward_s: _Optional[float] = ..., sample_s: _Optional[float] = ..., error: _Optional[str] = ..., spec_request_ids: _Optional[_Iterable[str]] = ..., num_spec_tokens: _Optional[_Iterable[int]] = ..., spec_token_ids: _Optional[_Iterable[int]] = ..., error_request_ids: _Optional[_Iterable[str]] = ..., request_errors: _Optional[_Iterable[str]] = ..., pooled_request_ids: _Optional[_Iterable[str]] = ..., pooled: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    request_errors: _containers.ScalarMap[str, str]
+    pooled: _containers.ScalarMap[str, bytes]
+    def __init__(self, step_id: _Optional[int] = ..., request_ids: _Optional[_Iterable[str]] = ..., num_sampled: _Optional[_Iterable[int]] = ..., sampled_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Mapping[str, _logprobs_pb2.Logprobs]] = ..., prompt_logprobs: _Optional[_Mapping[str, _logprobs_pb2.Logprobs]] = ..., prepare_s: _Optional[float] = ..., forward_s: _Optional[float] = ..., sample_s: _Optional[float] = ..., error: _Optional[str] = ..., spec_request_ids: _Optional[_Iterable[str]] = ..., num_spec_tokens: _Optional[_Iterable[int]] = ..., spec_token_ids: _Optional[_Iterable[int]] = ..., request_errors: _Optional[_Mapping[str, str]] = ..., pooled: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
 
 class ResetRequest(_message.Message):
     __slots__ = ()
