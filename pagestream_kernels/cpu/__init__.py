@@ -4,8 +4,9 @@
 paged_decode.cpp (each cached key and value read once, through the block table), prefill
 groups the reference's masked SDPA, for float32 or bfloat16 queries over float32 or
 bfloat16 caches (a bfloat16 query over a float32 cache takes the reference path). The
-extension also holds the decoder's fused row ops (`fused_ops`), the linears, the native
-decode step (services/worker/native_step.py) and thread pinning.
+extension also holds the row kernels (norms, activations, rotary, cache writes) that the
+torch modules' ops (`fused_ops`) and the native decode step (services/worker/native_step.py)
+share, the linears, and the thread team and its pinning.
 
 The build is keyed by the sources, the torch version and this CPU's instruction-set flags
 (-march=native), so a shared $PAGESTREAM_CACHE never runs code built for another CPU.
@@ -31,32 +32,9 @@ from pagestream_kernels.reference import reshape_and_cache as reference_reshape_
 
 logger = logging.getLogger(__name__)
 
-SOURCES = tuple(
-    Path(__file__).with_name(name)
-    for name in (
-        "module.cpp",
-        "gguf_decode.cpp",
-        "paged_decode.cpp",
-        "pin_threads.cpp",
-        "fused.cpp",
-        "cache_write.cpp",
-        "linear.cpp",
-        "quantized_linear.cpp",
-        "decoder_stack.cpp",
-        "thread_pool.cpp",
-    )
-)
-HEADERS = tuple(
-    Path(__file__).with_name(name)
-    for name in (
-        "linear.h",
-        "lora.h",
-        "paged_attention.h",
-        "rows.h",
-        "thread_pool.h",
-        "weight_buffer.h",
-    )
-)
+_FOLDER = Path(__file__).parent
+SOURCES = tuple(sorted(_FOLDER.glob("*.cpp")))
+HEADERS = tuple(sorted(_FOLDER.glob("*.h")))
 _lock = threading.Lock()
 _state: dict = {}  # "module" once built, or "error" (the reason it cannot be)
 
@@ -72,7 +50,7 @@ def _cpu_flags() -> str:
 def _extension_name() -> str:
     key = b"".join(source.read_bytes() for source in SOURCES + HEADERS)
     key += torch.__version__.encode() + _cpu_flags().encode()
-    return "pagestream_paged_decode_" + hashlib.sha256(key).hexdigest()[:12]
+    return "pagestream_cpu_kernels_" + hashlib.sha256(key).hexdigest()[:12]
 
 
 def _build_directory(name: str) -> Path:

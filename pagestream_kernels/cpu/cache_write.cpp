@@ -1,49 +1,12 @@
-// This step's keys and values into their cache slots (the C++ form of
-// pagestream_kernels.reference.reshape_and_cache): one pass, no index tensors, rounding to the
-// cache's dtype on the way (float32 -> bfloat16 rounds to nearest even, as torch's .to).
+// This step's keys and values into their cache slots for the torch modules (the C++ form of
+// pagestream_kernels.reference.reshape_and_cache): argument checks, then the row kernel.
 //
 // key, value  [tokens, num_kv_heads, head_dim], rows any stride apart (slices of QKV)
 // kv_cache    [2, num_blocks, block_size, num_kv_heads, head_dim] contiguous
-// slots       [tokens] int64: block * block_size + offset; negative: not written
-#include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
+// slots       [tokens]: block * block_size + offset; negative: not written
 #include <torch/extension.h>
 
-#include <cstring>
-
-namespace {
-
-using bf16 = c10::BFloat16;
-
-template <typename S, typename C>
-inline void copy_row(C* dst, const S* src, int64_t n) {
-  if constexpr (std::is_same_v<S, C>) {
-    std::memcpy(dst, src, n * sizeof(C));
-  } else {
-    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<C>(static_cast<float>(src[i]));
-  }
-}
-
-template <typename S, typename C>
-void write(torch::Tensor key, torch::Tensor value, torch::Tensor cache, const int64_t* slots) {
-  const int64_t tokens = key.size(0), row = key.size(1) * key.size(2);
-  const int64_t num_slots = cache.size(1) * cache.size(2);
-  C* keys = cache.data_ptr<C>();
-  C* values = keys + num_slots * row;
-  const S* k = key.data_ptr<S>();
-  const S* v = value.data_ptr<S>();
-  const int64_t ks = key.stride(0), vs = value.stride(0);
-  at::parallel_for(0, tokens, 256, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t slot = slots[t];
-      if (slot < 0) continue;
-      copy_row(keys + slot * row, k + t * ks, row);
-      copy_row(values + slot * row, v + t * vs, row);
-    }
-  });
-}
-
-}  // namespace
+#include "row_kernels.h"
 
 void cache_write(torch::Tensor key, torch::Tensor value, torch::Tensor cache,
                  torch::Tensor slot_mapping) {
@@ -65,13 +28,16 @@ void cache_write(torch::Tensor key, torch::Tensor value, torch::Tensor cache,
                 num_slots, ")");
   }
   const auto src = key.scalar_type(), dst = cache.scalar_type();
-  if (src == at::kFloat && dst == at::kFloat) {
-    write<float, float>(key, value, cache, s);
-  } else if (src == at::kBFloat16 && dst == at::kBFloat16) {
-    write<bf16, bf16>(key, value, cache, s);
-  } else if (src == at::kFloat && dst == at::kBFloat16) {
-    write<float, bf16>(key, value, cache, s);
-  } else {
-    TORCH_CHECK(false, "cache_write: ", src, " rows into a ", dst, " cache are not supported");
-  }
+  TORCH_CHECK(src == dst || (src == at::kFloat && dst == at::kBFloat16), "cache_write: ", src,
+              " rows into a ", dst, " cache are not supported");
+  const int64_t width = key.size(1) * key.size(2);
+  pagestream::with_type(src, "cache_write", [&](auto sv) {
+    using S = decltype(sv);
+    pagestream::with_type(dst, "cache_write", [&](auto cv) {
+      using C = decltype(cv);
+      pagestream::write_cache_rows(cache.data_ptr<C>(), num_slots, key.data_ptr<S>(),
+                                   key.stride(0), value.data_ptr<S>(), value.stride(0),
+                                   key.size(0), width, s);
+    });
+  });
 }

@@ -1,26 +1,14 @@
 // The native CPU step: a Llama-family decoder stack (one pipeline stage of it) run over one
-// step's flattened rows in a single call from Python.
-//
-// Per layer: RMSNorm -> QKV -> (Qwen3, Gemma 3: RMSNorm of each query and key head) -> the
-// layer's rotary table (or none) -> cache write -> paged attention over the step's rows ->
-// o_proj (-> Gemma's RMSNorm of it) added into the residual -> RMSNorm -> gate/up ->
-// SiLU- or GELU(tanh)-and-mul -> down (-> its RMSNorm) added into the residual; then the
-// final norm on the last stage. The residual stream, norms, rotary
-// and attention are float32; each matmul input is rounded once into its weight's input
-// type and every matmul accumulates and writes float32 (linear.h), so bfloat16 weights
-// cost no extra rounding of the residual. Buffers grow to the largest step seen and are
-// reused; the intra-op thread team of the calling thread runs every parallel part.
-//
-// Extension points: a weight format is a `Linear`; LoRA adapters add B (A x) after a
-// linear for the rows of each adapter slot (lora.h, bound by set_lora); rows carry their own causal length, so several query tokens of one
-// decoding sequence (speculative verification) need nothing new; with tensor parallelism
-// the row-parallel outputs go through `all_reduce` (a Python callable) before the residual
-// add, in the same call.
-#include <c10/util/BFloat16.h>
+// step's flattened rows in a single call from Python, as a schedule over the row kernels
+// (row_kernels.h), the linears (linear.h, LoRA: lora.h) and paged attention. The residual
+// stream, norms, rotary and attention are float32; each matmul input is rounded once into
+// its weight's input type and every matmul writes float32, so bfloat16 weights cost no extra
+// rounding of the residual. Rows carry their own causal length (speculative verification
+// needs nothing new); tensor-parallel row outputs go through `all_reduce` before the residual
+// add. Buffers grow to the largest step seen and are reused.
 #include <torch/extension.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -32,187 +20,17 @@
 
 #include "linear.h"
 #include "lora.h"
-#include "rows.h"
-#include "thread_pool.h"
+#include "moe_block.h"
+#include "packed_linear.h"
 #include "paged_attention.h"
+#include "part_clock.h"
+#include "row_kernels.h"
+#include "thread_pool.h"
 
 namespace pagestream {
-
-class MoEBlock;  // a layer's mixture of experts (below)
-
 namespace {
 
-using bf16 = c10::BFloat16;
 namespace py = pybind11;
-
-// Rows per task of the elementwise parts: a small step stays on the calling thread.
-inline int64_t grain(int64_t width) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, width)); }
-
-template <typename F>
-void with_type(at::ScalarType type, F f) {
-  if (type == at::kBFloat16) {
-    f(bf16{});
-  } else {
-    TORCH_CHECK(type == at::kFloat, "native step: float32 or bfloat16, not ", type);
-    f(float{});
-  }
-}
-
-// out[r] = x[r] / rms(x[r]) * weight, in float32, rounded once into T.
-template <typename T>
-void norm_rows(T* out, const float* x, int64_t rows, int64_t h, const float* weight, float eps) {
-  pagestream::parallel_for(rows, grain(h), [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch(h);
-    for (int64_t r = begin; r < end; ++r) {
-      const float* row = x + r * h;
-      float squares = 0.f;
-#pragma omp simd reduction(+ : squares)
-      for (int64_t i = 0; i < h; ++i) squares += row[i] * row[i];
-      const float inv = 1.f / std::sqrt(squares / static_cast<float>(h) + eps);
-#pragma omp simd
-      for (int64_t i = 0; i < h; ++i) scratch[i] = row[i] * inv * weight[i];
-      store_row(out + r * h, scratch.data(), h);
-    }
-  });
-}
-
-// out[r] = silu(gate[r]) * up[r] for gate_up rows [gate | up] (float32), rounded into T.
-template <typename T>
-void silu_mul_rows(T* out, const float* gate_up, int64_t rows, int64_t d) {
-  pagestream::parallel_for(rows, grain(2 * d), [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch(d);
-    for (int64_t r = begin; r < end; ++r) {
-      const float* gate = gate_up + r * 2 * d;
-      const float* up = gate + d;
-#pragma omp simd
-      for (int64_t i = 0; i < d; ++i) scratch[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
-      store_row(out + r * d, scratch.data(), d);
-    }
-  });
-}
-
-// out[r] = gelu_tanh(gate[r]) * up[r] (PyTorch's tanh approximation), rounded into T.
-template <typename T>
-void gelu_tanh_mul_rows(T* out, const float* gate_up, int64_t rows, int64_t d) {
-  constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
-  constexpr float kKappa = 0.044715f;
-  pagestream::parallel_for(rows, grain(4 * d), [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch(d);
-    for (int64_t r = begin; r < end; ++r) {
-      const float* gate = gate_up + r * 2 * d;
-      const float* up = gate + d;
-      for (int64_t i = 0; i < d; ++i) {
-        const float x = gate[i];
-        scratch[i] = 0.5f * x * (1.f + std::tanh(kBeta * (x + kKappa * x * x * x))) * up[i];
-      }
-      store_row(out + r * d, scratch.data(), d);
-    }
-  });
-}
-
-// Each of `heads` heads (head_dim wide, from column 0) of rows `ld` apart normed in place
-// by RMSNorm with one weight [head_dim] for every head (Qwen3's q_norm / k_norm), float32.
-void norm_heads(float* x, int64_t ld, int64_t rows, int64_t heads, int64_t head_dim,
-                const float* weight, float eps) {
-  pagestream::parallel_for(rows, grain(heads * head_dim), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      for (int64_t h = 0; h < heads; ++h) {
-        float* head = x + r * ld + h * head_dim;
-        float squares = 0.f;
-#pragma omp simd reduction(+ : squares)
-        for (int64_t i = 0; i < head_dim; ++i) squares += head[i] * head[i];
-        const float inv = 1.f / std::sqrt(squares / static_cast<float>(head_dim) + eps);
-#pragma omp simd
-        for (int64_t i = 0; i < head_dim; ++i) head[i] = head[i] * inv * weight[i];
-      }
-    }
-  });
-}
-
-template <typename T>
-void round_rows(T* out, const float* x, int64_t rows, int64_t width) {
-  pagestream::parallel_for(rows, grain(width), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) store_row(out + r * width, x + r * width, width);
-  });
-}
-
-// HF's rotate_half on the first `rot` features of each of `heads` heads of row r of src
-// (rows `ld` apart), cos/sin [rows, rot]: written to dst (rows `ld_dst` apart).
-void rotary_rows(float* dst, int64_t ld_dst, const float* src, int64_t ld, int64_t rows,
-                 int64_t heads, int64_t head_dim, const float* cos, const float* sin, int64_t rot) {
-  const int64_t half = rot / 2;
-  pagestream::parallel_for(rows, grain(heads * head_dim), [&](int64_t begin, int64_t end) {
-    std::vector<float> in(head_dim);
-    for (int64_t r = begin; r < end; ++r) {
-      const float* c = cos + r * rot;
-      const float* s = sin + r * rot;
-      for (int64_t h = 0; h < heads; ++h) {
-        std::memcpy(in.data(), src + r * ld + h * head_dim, head_dim * 4);
-        float* o = dst + r * ld_dst + h * head_dim;
-        const float* a = in.data();
-#pragma omp simd
-        for (int64_t i = 0; i < half; ++i) o[i] = a[i] * c[i] - a[i + half] * s[i];
-#pragma omp simd
-        for (int64_t i = half; i < rot; ++i) o[i] = a[i] * c[i] + a[i - half] * s[i];
-        for (int64_t i = rot; i < head_dim; ++i) o[i] = a[i];
-      }
-    }
-  });
-}
-
-// Keys and values of this step's rows (float32, `ld` apart, `width` = kv_heads * head_dim
-// each) into their slots of kv_cache [2, blocks, block_size, kv_heads, head_dim].
-template <typename C>
-void write_cache(const at::Tensor& kv_cache, const float* keys, const float* values, int64_t ld,
-                 int64_t rows, int64_t width, const int64_t* slots) {
-  C* k_cache = kv_cache.data_ptr<C>();
-  C* v_cache = k_cache + kv_cache.size(1) * kv_cache.size(2) * width;
-  for (int64_t r = 0; r < rows; ++r) {
-    if (slots[r] < 0) continue;  // padding: not written
-    store_row(k_cache + slots[r] * width, keys + r * ld, width);
-    store_row(v_cache + slots[r] * width, values + r * ld, width);
-  }
-}
-
-// x[i] clamped to [-limit, limit] (OLMoE's clip_qkv).
-void clamp_rows(float* x, int64_t n, float limit) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) x[i] = std::min(limit, std::max(-limit, x[i]));
-}
-
-void add_rows(float* dst, const float* src, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
-}
-
-std::vector<float> to_floats(const at::Tensor& t) {
-  const auto f = t.to(at::kFloat).contiguous();
-  return {f.data_ptr<float>(), f.data_ptr<float>() + f.numel()};
-}
-
-// Seconds spent in each part of the step, summed over calls while profiling is on (for
-// benchmarks/native_step_profile.py; off, it costs one branch per part).
-enum Part { NORM_QKV, ROTARY_CACHE, ATTENTION, O_PROJ, NORM_GATE_UP, SILU, DOWN, NUM_PARTS };
-constexpr const char* PART_NAMES[NUM_PARTS] = {"norm+qkv",     "rotary+cache", "attention", "o_proj",
-                                               "norm+gate_up", "silu_mul",     "down"};
-
-class PartClock {
- public:
-  bool on = false;
-  double seconds[NUM_PARTS] = {};
-  void start() {
-    if (on) last_ = std::chrono::steady_clock::now();
-  }
-  void stop(Part part) {
-    if (!on) return;
-    const auto now = std::chrono::steady_clock::now();
-    seconds[part] += std::chrono::duration<double>(now - last_).count();
-    last_ = now;
-  }
-
- private:
-  std::chrono::steady_clock::time_point last_;
-};
 
 enum LinearIndex { QKV_LINEAR, O_LINEAR, GATE_UP_LINEAR, DOWN_LINEAR, NUM_LINEARS };
 constexpr const char* LINEAR_NAMES[NUM_LINEARS] = {"qkv", "o", "gate_up", "down"};
@@ -237,280 +55,7 @@ struct Layer {
   }
 };
 
-// Top `k` logits of each row recomputed exactly: float32 hidden row . float32 of the weight
-// row (the LM head's weight in its own dtype), so near-ties among the candidates are
-// decided as a float32 LM head on the same weights would (the GEMM's input was rounded).
-template <typename W>
-void rescore_rows(float* logits, int64_t rows, int64_t vocab, const float* hidden, int64_t h,
-                  const W* weight, int64_t k) {
-  pagestream::parallel_for(rows, 1, [&](int64_t begin, int64_t end) {
-    std::vector<int64_t> top(k);
-    std::vector<float> w(h);
-    for (int64_t r = begin; r < end; ++r) {
-      float* row = logits + r * vocab;
-      int64_t filled = 0;  // top[0..filled) sorted by descending logit
-      for (int64_t v = 0; v < vocab; ++v) {
-        if (filled == k && row[v] <= row[top[k - 1]]) continue;
-        int64_t i = filled < k ? filled++ : k - 1;
-        for (; i > 0 && row[top[i - 1]] < row[v]; --i) top[i] = top[i - 1];
-        top[i] = v;
-      }
-      const float* x = hidden + r * h;
-      for (int64_t i = 0; i < filled; ++i) {
-        const W* src = weight + top[i] * h;
-        for (int64_t j = 0; j < h; ++j) w[j] = static_cast<float>(src[j]);
-        float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t j = 0; j < h; ++j) dot += x[j] * w[j];
-        row[top[i]] = dot;
-      }
-    }
-  });
-}
-
 }  // namespace
-
-// A linear of any weight format as a Python object: the LM head, the layers handed to
-// DecoderStack.add_layer, and tests. y [M, N] float32 = x W^T (+ b).
-class PackedLinear {
- public:
-  PackedLinear() = default;  // none yet (a LayerWeights field before it is set)
-  PackedLinear(const at::Tensor& weight, const at::Tensor& bias)
-      : linear_(make_linear(weight, bias)) {}
-  explicit PackedLinear(std::shared_ptr<Linear> linear) : linear_(std::move(linear)) {}
-
-  static PackedLinear quantized(int64_t bits, const at::Tensor& codes, const at::Tensor& scales,
-                                const at::Tensor& mins, int64_t group, const at::Tensor& bias,
-                                const std::string& format, bool bf16_rows) {
-    return PackedLinear(
-        make_quantized_linear(bits, codes, scales, mins, group, bias, format, bf16_rows));
-  }
-
-  // Parts of one fused layer along its output features, each in its own format.
-  static PackedLinear stacked(const std::vector<PackedLinear>& parts) {
-    std::vector<std::shared_ptr<Linear>> linears;
-    for (const auto& part : parts) linears.push_back(part.linear());
-    return PackedLinear(make_stacked_linear(linears));
-  }
-
-  // x [M, K] (any float dtype; rounded once into the weight's input type). With `exact`
-  // (the plain weight [N, K]) and rescore_k > 0, each row's top rescore_k outputs are
-  // recomputed as float32 dot products of x's float32 row (see rescore_rows).
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& exact, int64_t rescore_k) const {
-    TORCH_CHECK(x.dim() == 2 && x.size(1) == linear_->in_features(),
-                "PackedLinear: x must be [M, ", linear_->in_features(), "]");
-    const auto input = x.to(linear_->input_type()).contiguous();
-    const int64_t rows = x.size(0), n = linear_->out_features(), k = linear_->in_features();
-    auto out = at::empty({rows, n}, at::kFloat);
-    const bool rescore = rescore_k > 0 && exact.defined() && exact.numel() > 0;
-    at::Tensor x32, weight;
-    if (rescore) {
-      TORCH_CHECK(exact.dim() == 2 && exact.size(0) == n && exact.size(1) == k,
-                  "PackedLinear: the exact weight must be [", n, ", ", k, "]");
-      x32 = x.to(at::kFloat).contiguous();
-      weight = exact.contiguous();
-    }
-    py::gil_scoped_release no_gil;
-    linear_->run(input.data_ptr(), rows, k, out.data_ptr<float>(), n, false);
-    if (rescore) {
-      with_type(weight.scalar_type(), [&](auto wv) {
-        using W = decltype(wv);
-        rescore_rows(out.data_ptr<float>(), rows, n, x32.data_ptr<float>(), k,
-                     weight.data_ptr<W>(), std::min(rescore_k, n));
-      });
-    }
-    return out;
-  }
-
-  // Rows `ids` [n] (int64) of W as float32 [n, K] (an embedding lookup from a tied head).
-  at::Tensor gather_rows(const at::Tensor& ids) const {
-    const auto index = ids.to(at::kLong).contiguous();
-    auto out = at::empty({index.numel(), linear_->in_features()}, at::kFloat);
-    linear_->gather_rows(index.data_ptr<int64_t>(), index.numel(), out.data_ptr<float>());
-    return out;
-  }
-
-  at::ScalarType input_type() const { return linear_->input_type(); }
-  int64_t in_features() const { return linear_->in_features(); }
-  int64_t out_features() const { return linear_->out_features(); }
-  int64_t weight_bytes() const { return linear_->weight_bytes(); }
-  std::string format() const { return linear_->format(); }
-  const std::shared_ptr<Linear>& linear() const { return linear_; }
-
- private:
-  std::shared_ptr<Linear> linear_;
-};
-
-// One layer's mixture of gated experts (services/worker/layers/fused_moe.py is the torch
-// reference): router [E, hidden] float32; per expert its gate_up [2I, hidden] and down
-// [hidden, I] (unset for an expert another rank holds); each token's top_k experts by the
-// router's softmax, renormalised to sum to 1 where `renormalize`; an optional shared
-// expert every token passes through, scaled by sigmoid(shared_gate . x) (shared_gate
-// [hidden]).
-struct MoEWeights {
-  at::Tensor router;
-  std::vector<PackedLinear> gate_up, down;
-  int64_t top_k = 0;
-  bool renormalize = true;
-  PackedLinear shared_gate_up, shared_down;
-  at::Tensor shared_gate;
-};
-
-// The mixture's step: the rows grouped by expert, each expert's gate/up, SiLU and down
-// run once over its rows (each weight byte read once per step), the weighted outputs
-// summed per row in float32.
-class MoEBlock {
- public:
-  MoEBlock(const MoEWeights& w, int64_t hidden)
-      : hidden_(hidden), top_k_(w.top_k), renormalize_(w.renormalize) {
-    TORCH_CHECK(w.router.defined() && w.router.dim() == 2 && w.router.size(1) == hidden,
-                "MoEWeights: router must be [experts, hidden]");
-    experts_ = w.router.size(0);
-    router_ = to_floats(w.router);
-    TORCH_CHECK(static_cast<int64_t>(w.gate_up.size()) == experts_ &&
-                    static_cast<int64_t>(w.down.size()) == experts_,
-                "MoEWeights: one gate_up and one down per expert (unset off this rank)");
-    TORCH_CHECK(top_k_ > 0 && top_k_ <= experts_, "MoEWeights: top_k must be in [1, experts]");
-    for (int64_t e = 0; e < experts_; ++e) {
-      gate_up_.push_back(w.gate_up[e].linear());
-      down_.push_back(w.down[e].linear());
-      TORCH_CHECK((gate_up_[e] == nullptr) == (down_[e] == nullptr),
-                  "MoEWeights: expert ", e, " has gate_up and down, or neither");
-      if (gate_up_[e] != nullptr) check_expert(*gate_up_[e], *down_[e]);
-    }
-    shared_gate_up_ = w.shared_gate_up.linear();
-    shared_down_ = w.shared_down.linear();
-    if (shared_gate_up_ != nullptr) {
-      TORCH_CHECK(shared_down_ != nullptr && w.shared_gate.defined() &&
-                      w.shared_gate.numel() == hidden,
-                  "MoEWeights: a shared expert needs shared_down and shared_gate [hidden]");
-      check_expert(*shared_gate_up_, *shared_down_);
-      shared_gate_ = to_floats(w.shared_gate);
-    }
-  }
-
-  // out [rows, hidden] = the mixture of normed [rows, hidden] (float32): this rank's part
-  // of it under tensor or expert parallelism (the caller sums the ranks').
-  void run(const float* normed, int64_t rows, float* out) {
-    route(normed, rows);
-    std::fill(out, out + rows * hidden_, 0.f);
-    for (int64_t e = 0; e < experts_; ++e) {
-      const int64_t begin = starts_[e], n = starts_[e + 1] - begin;
-      if (n == 0 || gate_up_[e] == nullptr) continue;
-      gathered_.resize(n * hidden_);
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t row = order_[begin + i] / top_k_;
-        std::memcpy(gathered_.data() + i * hidden_, normed + row * hidden_, hidden_ * 4);
-      }
-      run_expert(*gate_up_[e], *down_[e], gathered_.data(), n);
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t slot = order_[begin + i];
-        add_scaled(out + (slot / top_k_) * hidden_, y_.data() + i * hidden_, weights_[slot]);
-      }
-    }
-    if (shared_gate_up_ != nullptr) {
-      run_expert(*shared_gate_up_, *shared_down_, normed, rows);
-      for (int64_t r = 0; r < rows; ++r) {
-        const float gate = dot(normed + r * hidden_, shared_gate_.data(), hidden_);
-        add_scaled(out + r * hidden_, y_.data() + r * hidden_, 1.f / (1.f + std::exp(-gate)));
-      }
-    }
-  }
-
-  int64_t weight_bytes() const {
-    int64_t bytes = static_cast<int64_t>((router_.size() + shared_gate_.size()) * 4);
-    for (int64_t e = 0; e < experts_; ++e) {
-      if (gate_up_[e] != nullptr) bytes += gate_up_[e]->weight_bytes() + down_[e]->weight_bytes();
-    }
-    if (shared_gate_up_ != nullptr) {
-      bytes += shared_gate_up_->weight_bytes() + shared_down_->weight_bytes();
-    }
-    return bytes;
-  }
-
- private:
-  void check_expert(const Linear& gate_up, const Linear& down) const {
-    TORCH_CHECK(gate_up.in_features() == hidden_ && down.out_features() == hidden_ &&
-                    gate_up.out_features() == 2 * down.in_features(),
-                "MoEWeights: an expert's gate_up must be [2I, hidden] and its down [hidden, I]");
-  }
-
-  static float dot(const float* a, const float* b, int64_t n) {
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
-    return sum;
-  }
-
-  void add_scaled(float* dst, const float* src, float scale) const {
-#pragma omp simd
-    for (int64_t i = 0; i < hidden_; ++i) dst[i] += scale * src[i];
-  }
-
-  // Each row's top_k experts and weights (weights_, slot r * top_k + j), and the slots
-  // ordered by expert: order_[starts_[e] .. starts_[e + 1]) are expert e's.
-  void route(const float* normed, int64_t rows) {
-    picks_.resize(rows * top_k_);
-    weights_.resize(rows * top_k_);
-    pagestream::parallel_for(rows, grain(experts_ * hidden_), [&](int64_t begin, int64_t end) {
-      std::vector<float> probs(experts_);
-      for (int64_t r = begin; r < end; ++r) {
-        float top = -INFINITY, sum = 0.f;
-        for (int64_t e = 0; e < experts_; ++e) {
-          probs[e] = dot(normed + r * hidden_, router_.data() + e * hidden_, hidden_);
-          top = std::max(top, probs[e]);
-        }
-        for (int64_t e = 0; e < experts_; ++e) sum += probs[e] = std::exp(probs[e] - top);
-        float kept = 0.f;
-        for (int64_t j = 0; j < top_k_; ++j) {  // the largest left, the lowest index on ties
-          const int64_t best = std::max_element(probs.begin(), probs.end()) - probs.begin();
-          picks_[r * top_k_ + j] = static_cast<int32_t>(best);
-          weights_[r * top_k_ + j] = probs[best] / sum;
-          kept += probs[best] / sum;
-          probs[best] = -1.f;
-        }
-        if (renormalize_) {
-          for (int64_t j = 0; j < top_k_; ++j) weights_[r * top_k_ + j] /= kept;
-        }
-      }
-    });
-    starts_.assign(experts_ + 1, 0);
-    for (const int32_t e : picks_) ++starts_[e + 1];
-    for (int64_t e = 0; e < experts_; ++e) starts_[e + 1] += starts_[e];
-    order_.resize(picks_.size());
-    std::vector<int64_t> next(starts_.begin(), starts_.end() - 1);
-    for (int64_t slot = 0; slot < static_cast<int64_t>(picks_.size()); ++slot) {
-      order_[next[picks_[slot]]++] = slot;
-    }
-  }
-
-  // y_ [n, hidden] = down(silu(gate) * up) of x [n, hidden] float32.
-  void run_expert(const Linear& gate_up, const Linear& down, const float* x, int64_t n) {
-    const int64_t inter = down.in_features();
-    input_.resize(n * std::max(hidden_, inter) * 4);
-    gate_up_out_.resize(n * 2 * inter);
-    y_.resize(n * hidden_);
-    with_type(gate_up.input_type(), [&](auto tv) {
-      round_rows(reinterpret_cast<decltype(tv)*>(input_.data()), x, n, hidden_);
-    });
-    gate_up.run(input_.data(), n, hidden_, gate_up_out_.data(), 2 * inter, false);
-    with_type(down.input_type(), [&](auto tv) {
-      silu_mul_rows(reinterpret_cast<decltype(tv)*>(input_.data()), gate_up_out_.data(), n, inter);
-    });
-    down.run(input_.data(), n, inter, y_.data(), hidden_, false);
-  }
-
-  int64_t hidden_, top_k_, experts_ = 0;
-  bool renormalize_;
-  std::vector<float> router_, shared_gate_;
-  std::vector<std::shared_ptr<Linear>> gate_up_, down_;
-  std::shared_ptr<Linear> shared_gate_up_, shared_down_;
-  // one step's routing and buffers
-  std::vector<int32_t> picks_;
-  std::vector<float> weights_, gathered_, gate_up_out_, y_;
-  std::vector<int64_t> starts_, order_;
-  std::vector<uint8_t> input_;
-};
 
 // The stack's shape: one pipeline stage's layers, this tensor-parallel rank's share of them
 // (services/worker/native_step.py fills it from the model's description).
@@ -614,6 +159,7 @@ class DecoderStack {
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
   void forward(const StepArgs& a) {
+    StepScope step;  // the team's workers wait spinning between the step's parts
     TORCH_CHECK(a.hidden.defined() && a.cos.defined() && a.sin.defined() &&
                     a.slot_mapping.defined() && a.block_table.defined() &&
                     a.query_start_loc.defined() && a.seq_lens.defined(),
@@ -736,7 +282,7 @@ class DecoderStack {
       TORCH_CHECK(out.is_contiguous() && out.scalar_type() == at::kFloat &&
                       out.numel() == rows * hidden_,
                   "DecoderStack.forward: out must be a contiguous float32 [T, hidden]");
-      norm_rows(out.data_ptr<float>(), x, rows, hidden_, final_norm_.data(), eps_);
+      norm_rows<float>(out.data_ptr<float>(), x, rows, hidden_, final_norm_.data(), eps_);
     }
   }
 
@@ -834,11 +380,11 @@ class DecoderStack {
   // when `norm` is given).
   void* matmul_input(const Linear& linear, const float* src, int64_t rows, int64_t width,
                      const float* norm) {
-    with_type(linear.input_type(), [&](auto tv) {
+    with_type(linear.input_type(), "native step", [&](auto tv) {
       using T = decltype(tv);
       T* dst = static_cast<T*>(act());
       if (norm != nullptr) {
-        norm_rows(dst, src, rows, width, norm, eps_);
+        norm_rows<float>(dst, src, rows, width, norm, eps_);
       } else {
         round_rows(dst, src, rows, width);
       }
@@ -850,7 +396,7 @@ class DecoderStack {
   void add_lora_rows(const LinearLoRA& lora, const Linear& linear, const void* input,
                      float* out, int64_t ld) const {
     if (lora.empty() || lora_rows_.empty()) return;
-    with_type(linear.input_type(), [&](auto tv) {
+    with_type(linear.input_type(), "native step", [&](auto tv) {
       using T = decltype(tv);
       add_lora(lora, lora_rows_, static_cast<const T*>(input), linear.in_features(), out, ld);
     });
@@ -881,11 +427,9 @@ class DecoderStack {
       (*all_reduce)(torch::from_blob(partial_.data(), {rows, hidden_}, at::kFloat));
     }
     if (!out_norm.empty()) {
-      norm_rows(partial_.data(), partial_.data(), rows, hidden_, out_norm.data(), eps_);
+      norm_rows<float>(partial_.data(), partial_.data(), rows, hidden_, out_norm.data(), eps_);
     }
-    pagestream::parallel_for(rows, grain(hidden_), [&](int64_t begin, int64_t end) {
-      add_rows(x + begin * hidden_, partial_.data() + begin * hidden_, (end - begin) * hidden_);
-    });
+    add_rows(x, partial_.data(), rows, hidden_);
   }
 
   void attention_block(const Layer& layer, float* x, int64_t rows, const at::Tensor& cos,
@@ -917,9 +461,10 @@ class DecoderStack {
     if (kv_cache.numel() == 0) {  // a memory-profiling run before the cache exists
       std::fill(attn_.begin(), attn_.begin() + rows * q_width, 0.f);
     } else {
-      with_type(kv_cache.scalar_type(), [&](auto cv) {
-        write_cache<decltype(cv)>(kv_cache, keys, keys + kv_width, ld, rows, kv_width,
-                                  slot_mapping.data_ptr<int64_t>());
+      with_type(kv_cache.scalar_type(), "native step", [&](auto cv) {
+        write_cache_rows(kv_cache.data_ptr<decltype(cv)>(), kv_cache.size(1) * kv_cache.size(2),
+                         keys, ld, keys + kv_width, ld, rows, kv_width,
+                         slot_mapping.data_ptr<int64_t>());
       });
       clock_.stop(ROTARY_CACHE);
       attend_rows(attn_.data(), query_.data(), num_heads_, kv_cache,
@@ -936,7 +481,7 @@ class DecoderStack {
   void mlp_block(const Layer& layer, float* x, int64_t rows, const py::object* all_reduce) {
     if (layer.moe != nullptr) {
       moe_normed_.resize(rows * hidden_);
-      norm_rows(moe_normed_.data(), x, rows, hidden_, layer.post_norm.data(), eps_);
+      norm_rows<float>(moe_normed_.data(), x, rows, hidden_, layer.post_norm.data(), eps_);
       clock_.stop(NORM_GATE_UP);
       layer.moe->run(moe_normed_.data(), rows, partial_.data());
       add_partial(x, rows, all_reduce, layer.mlp_out_norm);
@@ -947,12 +492,12 @@ class DecoderStack {
     layer.gate_up->run(normed, rows, hidden_, gate_up_.data(), 2 * intermediate_, false);
     add_lora_rows(layer.lora[GATE_UP_LINEAR], *layer.gate_up, normed, gate_up_.data(), 2 * intermediate_);
     clock_.stop(NORM_GATE_UP);
-    with_type(layer.down->input_type(), [&](auto tv) {
+    with_type(layer.down->input_type(), "native step", [&](auto tv) {
       using T = decltype(tv);
       if (gelu_) {
         gelu_tanh_mul_rows(static_cast<T*>(act()), gate_up_.data(), rows, intermediate_);
       } else {
-        silu_mul_rows(static_cast<T*>(act()), gate_up_.data(), rows, intermediate_);
+        silu_mul_rows<float>(static_cast<T*>(act()), gate_up_.data(), rows, intermediate_);
       }
     });
     clock_.stop(SILU);

@@ -1,122 +1,22 @@
-// Fused elementwise steps of a decoder layer on the CPU: each replaces 3-10 torch ops
-// (a dispatch and a pass over memory each), which at batch 1 cost more than the math.
-//
-// rms_norm      out = W(W(x * rsqrt(mean(x^2) + eps)) * weight)       HF's LlamaRMSNorm
-// add_rms_norm  sum = residual + x; out = rms_norm(sum)               the residual add fused
-// silu_and_mul  out = O(O(silu(gate)) * up) for gate_up = [gate | up]  SwiGLU
-//
-// Statistics and arithmetic in float32; every rounding to bfloat16 happens where torch's
-// own ops round (the casts spelled out above), so results equal the torch composition up
-// to the order of the float32 sum of squares.
-#include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
+// The torch modules' fused row ops (services/worker/layers: layernorm, activation, rotary):
+// argument checks, then the row kernels (row_kernels.h) in the tensors' types. Each rounds
+// to bfloat16 where torch's own composition rounds, so the results equal it up to the order
+// of the float32 sum of squares.
 #include <torch/extension.h>
 
-#include "rows.h"
-
-#include <cmath>
-#include <cstdint>
-#include <cstring>
+#include <utility>
 #include <vector>
+
+#include "row_kernels.h"
 
 namespace {
 
-using bf16 = c10::BFloat16;
-
-inline void load_row(float* dst, const float* src, int64_t n) {
-  std::memcpy(dst, src, n * sizeof(float));
-}
-
-inline void load_row(float* dst, const bf16* src, int64_t n) {  // exact: bf16 is a float's top
-  const auto* s = reinterpret_cast<const uint16_t*>(src);
-  auto* d = reinterpret_cast<uint32_t*>(dst);
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) d[i] = static_cast<uint32_t>(s[i]) << 16;
-}
-
-using pagestream::store_row;
-
-// Rounds a float32 row through the type T and back (a no-op for float).
-inline void round_through(float* row, int64_t n, float) { (void)row, (void)n; }
-inline void round_through(float* row, int64_t n, bf16) {
-  std::vector<bf16> tmp(n);
-  store_row(tmp.data(), row, n);
-  load_row(row, tmp.data(), n);
-}
-
-// Rows per task: a small step (batch-1 decode) stays on one thread, where waking the team
-// would cost more than the work.
-inline int64_t grain(int64_t width) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, width)); }
-
-// One row: sum (the residual stream, float32) -> normalised, scaled by the weight, in W.
-template <typename W>
-void norm_row(W* out, const float* sum, const float* weight, float* scratch, int64_t h,
-              float eps) {
-  float squares = 0.f;
-#pragma omp simd reduction(+ : squares)
-  for (int64_t i = 0; i < h; ++i) squares += sum[i] * sum[i];
-  const float inv = 1.f / std::sqrt(squares / static_cast<float>(h) + eps);
-#pragma omp simd
-  for (int64_t i = 0; i < h; ++i) scratch[i] = sum[i] * inv;
-  round_through(scratch, h, W{});  // HF: hidden.to(weight dtype), then weight * hidden
-#pragma omp simd
-  for (int64_t i = 0; i < h; ++i) scratch[i] *= weight[i];
-  store_row(out, scratch, h);
-}
-
-template <typename X, typename R, typename W>
-void add_norm(W* out, R* sum_out, const R* residual, const X* x, const W* weight_in, int64_t rows,
-              int64_t h, float eps) {
-  std::vector<float> weight(h);
-  load_row(weight.data(), weight_in, h);
-  at::parallel_for(0, rows, grain(h), [&](int64_t begin, int64_t end) {
-    std::vector<float> sum(h), other(h), scratch(h);
-    for (int64_t r = begin; r < end; ++r) {
-      if (residual != nullptr) {
-        load_row(sum.data(), residual + r * h, h);
-        load_row(other.data(), x + r * h, h);
-#pragma omp simd
-        for (int64_t i = 0; i < h; ++i) sum[i] += other[i];
-        round_through(sum.data(), h, R{});  // the residual add rounds in the residual's dtype
-        store_row(sum_out + r * h, sum.data(), h);
-      } else {
-        load_row(sum.data(), x + r * h, h);
-      }
-      norm_row(out + r * h, sum.data(), weight.data(), scratch.data(), h, eps);
-    }
-  });
-}
-
-template <typename T>
-void silu_mul(T* out, const T* gate_up, int64_t rows, int64_t d) {
-  at::parallel_for(0, rows, grain(2 * d), [&](int64_t begin, int64_t end) {
-    std::vector<float> gate(d), up(d);
-    for (int64_t r = begin; r < end; ++r) {
-      load_row(gate.data(), gate_up + r * 2 * d, d);
-      load_row(up.data(), gate_up + r * 2 * d + d, d);
-#pragma omp simd
-      for (int64_t i = 0; i < d; ++i) gate[i] = gate[i] / (1.f + std::exp(-gate[i]));
-      round_through(gate.data(), d, T{});  // torch's silu rounds to T before the product
-#pragma omp simd
-      for (int64_t i = 0; i < d; ++i) gate[i] *= up[i];
-      store_row(out + r * d, gate.data(), d);
-    }
-  });
-}
+using pagestream::with_type;
 
 void check(const torch::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), name, " must be a contiguous CPU tensor");
   TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, name,
               " must be float32 or bfloat16");
-}
-
-template <typename F>
-void with_type(at::ScalarType type, F f) {
-  if (type == at::kFloat) {
-    f(float{});
-  } else {
-    f(bf16{});
-  }
 }
 
 }  // namespace
@@ -141,19 +41,21 @@ void add_rms_norm(torch::Tensor out, torch::Tensor sum_out, torch::Tensor residu
                 "add_rms_norm: residual / sum_out mismatch");
   }
   const auto e = static_cast<float>(eps);
-  with_type(x.scalar_type(), [&](auto xv) {
+  const std::vector<float> w = pagestream::to_floats(weight);
+  with_type(x.scalar_type(), "add_rms_norm", [&](auto xv) {
     using X = decltype(xv);
-    with_type(weight.scalar_type(), [&](auto wv) {
+    with_type(weight.scalar_type(), "add_rms_norm", [&](auto wv) {
       using W = decltype(wv);
       if (!with_residual) {
-        add_norm<X, float, W>(out.data_ptr<W>(), nullptr, nullptr, x.data_ptr<X>(),
-                              weight.data_ptr<W>(), rows, h, e);
+        pagestream::add_norm_rows<X, float, W>(out.data_ptr<W>(), nullptr, nullptr,
+                                               x.data_ptr<X>(), w.data(), rows, h, e);
         return;
       }
-      with_type(residual.scalar_type(), [&](auto rv) {
+      with_type(residual.scalar_type(), "add_rms_norm", [&](auto rv) {
         using R = decltype(rv);
-        add_norm<X, R, W>(out.data_ptr<W>(), sum_out.data_ptr<R>(), residual.data_ptr<R>(),
-                          x.data_ptr<X>(), weight.data_ptr<W>(), rows, h, e);
+        pagestream::add_norm_rows<X, R, W>(out.data_ptr<W>(), sum_out.data_ptr<R>(),
+                                           residual.data_ptr<R>(), x.data_ptr<X>(), w.data(),
+                                           rows, h, e);
       });
     });
   });
@@ -166,16 +68,15 @@ void silu_and_mul(torch::Tensor out, torch::Tensor gate_up) {
   TORCH_CHECK(out.scalar_type() == gate_up.scalar_type(), "silu_and_mul: dtype mismatch");
   const int64_t d = gate_up.size(-1) / 2, rows = gate_up.numel() / std::max<int64_t>(1, 2 * d);
   TORCH_CHECK(out.numel() == rows * d, "silu_and_mul: out must be [rows, d]");
-  with_type(gate_up.scalar_type(), [&](auto tv) {
+  with_type(gate_up.scalar_type(), "silu_and_mul", [&](auto tv) {
     using T = decltype(tv);
-    silu_mul<T>(out.data_ptr<T>(), gate_up.data_ptr<T>(), rows, d);
+    pagestream::silu_mul_rows<T>(out.data_ptr<T>(), gate_up.data_ptr<T>(), rows, d);
   });
 }
 
 // out [T, N * D] = x rotated: the first R features of each of the N heads of x [T, N * D]
-// (rows `x_row_stride` elements apart: a slice of the fused QKV output) turned by
-// cos/sin [T, R] (float32) as HF's rotate_half: out = x * cos + rotate_half(x) * sin,
-// in float32, rounded once to x's dtype; features past R pass through.
+// (rows `x.stride(0)` elements apart: a slice of the fused QKV output) turned by cos/sin
+// [T, R] (float32) as HF's rotate_half, in float32, rounded once to x's dtype.
 void rotary(torch::Tensor out, torch::Tensor x, torch::Tensor cos, torch::Tensor sin,
             int64_t head_dim) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.stride(1) == 1,
@@ -186,34 +87,14 @@ void rotary(torch::Tensor out, torch::Tensor x, torch::Tensor cos, torch::Tensor
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat &&
                   cos.is_contiguous() && sin.is_contiguous(),
               "rotary: cos and sin must be contiguous float32");
-  const int64_t tokens = x.size(0), width = x.size(1), rot = cos.size(-1), half = rot / 2;
+  const int64_t tokens = x.size(0), width = x.size(1), rot = cos.size(-1);
   TORCH_CHECK(width % head_dim == 0 && rot <= head_dim && rot % 2 == 0 &&
                   cos.numel() == tokens * rot && sin.numel() == tokens * rot,
               "rotary: shape mismatch");
-  const int64_t heads = width / head_dim, stride = x.stride(0);
-  with_type(x.scalar_type(), [&](auto tv) {
+  with_type(x.scalar_type(), "rotary", [&](auto tv) {
     using T = decltype(tv);
-    const T* src = x.data_ptr<T>();
-    T* dst = out.data_ptr<T>();
-    const float* c = cos.data_ptr<float>();
-    const float* s = sin.data_ptr<float>();
-    at::parallel_for(0, tokens, grain(width), [&](int64_t begin, int64_t end) {
-      std::vector<float> in(width), res(width);
-      for (int64_t t = begin; t < end; ++t) {
-        load_row(in.data(), src + t * stride, width);
-        const float* ct = c + t * rot;
-        const float* st = s + t * rot;
-        for (int64_t h = 0; h < heads; ++h) {
-          const float* a = in.data() + h * head_dim;
-          float* r = res.data() + h * head_dim;
-#pragma omp simd
-          for (int64_t i = 0; i < half; ++i) r[i] = a[i] * ct[i] - a[i + half] * st[i];
-#pragma omp simd
-          for (int64_t i = half; i < rot; ++i) r[i] = a[i] * ct[i] + a[i - half] * st[i];
-          for (int64_t i = rot; i < head_dim; ++i) r[i] = a[i];
-        }
-        store_row(dst + t * width, res.data(), width);
-      }
-    });
+    pagestream::rotary_rows(out.data_ptr<T>(), width, x.data_ptr<T>(), x.stride(0), tokens,
+                            width / head_dim, head_dim, cos.data_ptr<float>(),
+                            sin.data_ptr<float>(), rot);
   });
 }

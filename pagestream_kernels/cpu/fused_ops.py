@@ -1,9 +1,10 @@
-"""The fused CPU steps of pagestream_kernels/cpu/fused.cpp, or None where they do not apply.
+"""The torch modules' fused CPU row ops (cpu/fused.cpp over the row kernels), or None where
+they do not apply.
 
 Each function returns the result, or None when the tensors are not what the C++ takes
 (another device or dtype, a non-contiguous view, a weight dtype other than the output's)
 or the extension cannot be built here; the caller then runs its torch composition, which
-gives the same values (see fused.cpp for the rounding points).
+gives the same values (see row_kernels.h for the rounding points).
 """
 
 from __future__ import annotations

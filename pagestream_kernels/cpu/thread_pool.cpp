@@ -22,7 +22,7 @@
 namespace pagestream {
 namespace {
 
-constexpr int64_t SPIN_NS = 200'000;  // a worker spins this long for the next part
+constexpr int64_t SPIN_NS = 200'000;  // inside a StepScope, a worker spins this long for the next part
 
 inline void relax() {
 #if defined(__x86_64__)
@@ -31,6 +31,7 @@ inline void relax() {
 }
 
 thread_local bool in_task = false;
+thread_local int64_t step_scopes = 0;  // StepScopes alive on this thread
 
 class Team {
  public:
@@ -48,9 +49,12 @@ class Team {
   int64_t size() const { return static_cast<int64_t>(workers_.size()) + 1; }
 
   // Runs fn's chunks on the team; the caller holds the dispatch lock.
-  void run(int64_t n, int64_t chunks, const std::function<void(int64_t, int64_t)>& fn) {
+  // Its workers then spin spin_ns for the next part.
+  void run(int64_t n, int64_t chunks, const std::function<void(int64_t, int64_t)>& fn,
+           int64_t spin_ns) {
     fn_ = &fn;
     n_ = n;
+    spin_ns_ = spin_ns;
     remaining_.store(chunks - 1, std::memory_order_relaxed);
     publish(chunks);
     if (sleepers_.load(std::memory_order_acquire) > 0) wake_.notify_all();
@@ -97,14 +101,15 @@ class Team {
     in_task = false;
   }
 
-  // The next published word after `seen`: spins SPIN_NS, then sleeps.
-  uint64_t next_state(uint64_t seen) {
+  // The next published word after `seen`: spins spin_ns, then sleeps.
+  uint64_t next_state(uint64_t seen, int64_t spin_ns) {
     const auto start = std::chrono::steady_clock::now();
     uint64_t now;
     for (int64_t spins = 1; (now = state_.load(std::memory_order_acquire)) == seen; ++spins) {
       relax();
-      if (spins % 1024 == 0 &&
-          std::chrono::steady_clock::now() - start > std::chrono::nanoseconds(SPIN_NS)) {
+      if (spin_ns == 0 ||
+          (spins % 1024 == 0 &&
+           std::chrono::steady_clock::now() - start > std::chrono::nanoseconds(spin_ns))) {
         std::unique_lock<std::mutex> lock(sleep_mutex_);
         sleepers_.fetch_add(1, std::memory_order_acq_rel);
         wake_.wait(lock, [&] { return state_.load(std::memory_order_acquire) != seen; });
@@ -115,13 +120,16 @@ class Team {
     return now;
   }
 
+  // A worker spins as the last run it took part in asked (read, like fn_, before it reports).
   void work(int64_t index) {
+    int64_t spin_ns = 0;
     for (uint64_t seen = 0;;) {
-      seen = next_state(seen);
+      seen = next_state(seen, spin_ns);
       if (stop_.load(std::memory_order_relaxed)) return;
       const auto chunks = static_cast<int64_t>(seen & CHUNK_MASK);
       if (index < chunks) {
         run_chunk(index, chunks);
+        spin_ns = spin_ns_;
         remaining_.fetch_sub(1, std::memory_order_acq_rel);
       }
     }
@@ -136,6 +144,7 @@ class Team {
   std::atomic<bool> stop_{false};
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t n_ = 0;
+  int64_t spin_ns_ = 0;
 };
 
 std::mutex dispatch;  // one step at a time on the team; held while it runs or is rebuilt
@@ -166,7 +175,7 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
     fn(0, n);
     return;
   }
-  t.run(n, chunks, fn);
+  t.run(n, chunks, fn, step_scopes > 0 ? SPIN_NS : 0);
 }
 
 int64_t team_size() {
@@ -185,5 +194,8 @@ int64_t pin_team(const std::vector<int64_t>& cpus) {
   std::lock_guard<std::mutex> lock(dispatch);
   return current_team().pin(cpus);
 }
+
+StepScope::StepScope() { ++step_scopes; }
+StepScope::~StepScope() { --step_scopes; }
 
 }  // namespace pagestream

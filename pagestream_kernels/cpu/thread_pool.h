@@ -1,11 +1,9 @@
-// The thread team of the native CPU step: the calling thread plus persistent workers that
-// spin between the parallel parts of a step, independent of OpenMP.
-//
-// Why not torch's OpenMP team: libgomp keeps one team per thread that starts parallel
-// regions, and a step thread's team next to the main thread's ran the decode step ~1.5x
-// slower than the main thread's own (measured: 11.0 vs 7.3 ms on a 2-core Zen 4). A decode
-// step is ~150 short parallel parts; these workers spin on a counter between them (and
-// sleep after SPIN_NS idle, so they never hold cores between steps).
+// The one thread team of the C++ CPU kernels: the calling thread plus persistent workers,
+// independent of OpenMP (libgomp keeps one team per thread that starts parallel regions,
+// and a step thread's team next to the main thread's ran the native step slower). Inside a
+// StepScope the workers spin between parts (a native step is ~150 short parts); elsewhere
+// (the torch modules' ops, between torch's OpenMP matmuls) they sleep as soon as their part
+// is done, leaving the cores to OpenMP.
 #pragma once
 
 #include <cstdint>
@@ -26,5 +24,15 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
 int64_t team_size();
 void set_team_size(int64_t threads);
 int64_t pin_team(const std::vector<int64_t>& cpus);
+
+// While one is alive on a thread, the parts that thread runs leave the workers spinning
+// (SPIN_NS, then asleep) for the next part. Nests.
+class StepScope {
+ public:
+  StepScope();
+  ~StepScope();
+  StepScope(const StepScope&) = delete;
+  StepScope& operator=(const StepScope&) = delete;
+};
 
 }  // namespace pagestream
