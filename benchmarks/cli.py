@@ -3,13 +3,9 @@ write none (TOOLS). `pagestream bench` runs this module in a child process (`pyt
 benchmarks`), so the pagestream package never imports the benchmarks.
 
     pagestream bench all --profile quick   # what `make bench` runs: throughput, serve, memory
-    pagestream bench throughput --llamacpp --bf16  # + llama.cpp F32 / BF16 (the bench extra)
     pagestream bench serve --peer llamacpp  # beside llama-server at concurrency 1/4/16/64
-    pagestream bench embed --encoders minilm,bge-base  # vs sentence-transformers, llama-server
 
-Results accumulate in <docs>/benchmarks/results.json; after every section the report is
-rewritten whole to <docs>/benchmarks.md, its plots to <docs>/benchmarks/. The sections outside
-`all` are self-contained: each of their parts keeps its own command, date and machine.
+Results accumulate in <docs>/benchmarks/results.json; each section rewrites <docs>/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
 """llama.cpp's SentencePiece Unigram vocabulary (`tokenizer.ggml.model = "t5"`: the XLM-RoBERTa
-encoders' bge-m3, multilingual-e5, ...) as an HF tokenizer, written from the file alone.
-
-llama.cpp's converter stores the HF tokenizer's pieces as they are ("▁"-prefixed words), their
-log-probabilities in `tokenizer.ggml.scores`, token types (control, unknown, unused, byte),
-SentencePiece's normalizer (`precompiled_charsmap`, `add_space_prefix`,
-`remove_extra_whitespaces`) and the special ids. The tokenizer is what transformers'
-XLMRobertaTokenizer builds from such a vocabulary: models.Unigram over (piece, score), the
-Precompiled normalizer, whitespace splitting then Metaspace ("▁", prepended), <s> A </s> and
-<s> A </s> </s> B </s> (type ids 0), control tokens special. Saved as a plain tokenizer.json
-(PreTrainedTokenizerFast), so every reader takes it as written: the file's own unknown id,
-which XLMRobertaTokenizer would fix at 3.
+encoders' bge-m3, multilingual-e5, ...) as an HF tokenizer, written from the file alone
+(what it holds: `unigram_tokenizer`).
 """
 
 from __future__ import annotations
@@ -29,7 +20,18 @@ _SPECIAL_IDS = {
 
 
 def unigram_tokenizer(meta: dict, max_length: int):
-    """The file's Unigram vocabulary as a PreTrainedTokenizerFast (see the module doc)."""
+    """The file's Unigram vocabulary as a PreTrainedTokenizerFast.
+
+    llama.cpp's converter stores the HF tokenizer's pieces as they are ("▁"-prefixed words), their
+    log-probabilities in `tokenizer.ggml.scores`, token types (control, unknown, unused, byte),
+    SentencePiece's normalizer (`precompiled_charsmap`, `add_space_prefix`,
+    `remove_extra_whitespaces`) and the special ids. The tokenizer is what transformers'
+    XLMRobertaTokenizer builds from such a vocabulary: models.Unigram over (piece, score), the
+    Precompiled normalizer, whitespace splitting then Metaspace ("▁", prepended), <s> A </s> and
+    <s> A </s> </s> B </s> (type ids 0), control tokens special. Saved as a plain tokenizer.json
+    (PreTrainedTokenizerFast), so every reader takes it as written: the file's own unknown id,
+    which XLMRobertaTokenizer would fix at 3.
+    """
     from tokenizers import AddedToken, Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 

@@ -1,15 +1,11 @@
 """StructuredOutputsParams and the one grammar every form of constraint becomes.
 
-vLLM's `structured_outputs` fields (json, regex, choice, grammar, json_object, plus the
-JSON whitespace and additionalProperties options) on SamplingParams; the OpenAI
-`response_format` and the older `guided_*` fields are turned into this by the frontends.
-`to_grammar` normalises any of them to an llguidance grammar (a JSON string), and
-`check_grammar` validates it, raising ValueError with llguidance's reason: a bad schema,
-regex or grammar, or a JSON Schema keyword llguidance cannot enforce, is refused, never
-dropped. llguidance is torch-free, so the scheduler compiles these grammars itself.
-
-JSON whitespace is bounded by default (at most MAX_JSON_WHITESPACE characters between
-tokens), so a model cannot pad an object with whitespace until max_tokens.
+vLLM's `structured_outputs` fields on SamplingParams (the frontends turn OpenAI's
+`response_format` and the older `guided_*` fields into these). `to_grammar` normalises
+any of them to an llguidance grammar and `check_grammar` validates it: what llguidance
+cannot enforce is refused with its reason, never dropped. JSON whitespace is bounded by
+default (MAX_JSON_WHITESPACE), so a model cannot pad an object until max_tokens.
+llguidance is torch-free, so the scheduler compiles these grammars itself.
 """
 
 from __future__ import annotations

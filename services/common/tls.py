@@ -2,14 +2,9 @@
 
 A server with a certificate and key speaks TLS; an internal server (Worker, EngineCore)
 given a CA as well demands client certificates signed by it (mutual TLS). A client given
-a CA verifies the server against it and, with a certificate and key of its own, presents
-them (the scheduler to its workers, the frontend to its scheduler). Certificates must name
-the address clients dial (a SAN such as IP:127.0.0.1 or DNS:worker).
-
-The flags are checked when the config is made, naming the flag: each file readable, the
-certificate and the CA PEM certificates, the key the certificate's own unencrypted PEM
-private key. A role that serves (every role does) also calls `check_server`: a CA alone
-would leave its server plaintext while the flags read as TLS.
+a CA verifies the server and presents its own certificate and key when it has them.
+Certificates must name the address clients dial (a SAN such as IP:127.0.0.1 or
+DNS:worker). Every flag is checked when the config is made, naming the flag.
 """
 
 from __future__ import annotations

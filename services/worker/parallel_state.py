@@ -1,14 +1,10 @@
 """The process groups of a worker group: the only module that talks torch.distributed.
 
-A worker group is `tp * pp` ranks, rank = pp_rank * tp + tp_rank. Each rank joins one
-process group over all ranks (gloo on the CPU, NCCL on CUDA) and, from it, its tensor
-parallel group (the tp ranks of its pipeline stage), its pipeline group (one rank per
-stage with its tp_rank) and a gloo CPU group over all ranks for control. Model code calls
-the small functions below (all-reduce, gather to TP rank 0, stage to stage send/recv) and
-never the default group; with world size 1 they are no-ops and no group exists.
-
-Every set-up call has a timeout (a missing rank fails the start, it never hangs), and so
-has every collective of the groups made here (gloo raises when a peer is gone).
+A worker group is `tp * pp` ranks, rank = pp_rank * tp + tp_rank. Each rank joins one group
+over all ranks (gloo on the CPU, NCCL on CUDA) and from it its tensor-parallel group, its
+pipeline group and a gloo CPU group for control. Model code calls the small functions
+below, never the default group; with world size 1 they are no-ops. Every set-up call and
+every collective here has a timeout: a missing rank fails the start, it never hangs.
 """
 
 from __future__ import annotations

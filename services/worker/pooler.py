@@ -1,14 +1,11 @@
 """Pooler: pooling requests' pooled vectors, final, in the step that ends each prompt.
 
-The model's last stage returns the final norm's output for every row [T, hidden] (what
-HF's `AutoModel` calls last_hidden_state). A decoder's prompt may be chunked over several
-steps: each chunk's rows go into the request's PoolingState (the sum of the rows for
-MEAN, position 0's row for CLS), kept in the worker's InputBatch, and the step that ends
-the prompt pools it (MEAN divided by the prompt length, CLS or LAST picked) and returns
-it once, final: through the head (an encoder's Dense layers or classifier), then
-truncated to the request's `dimensions` and normalized as its PoolingParams ask. The
-scheduler only forwards it, and the frontend only formats it. An encoder's prompts run
-whole, one step each. Rows of requests that sample are never read.
+The model's last stage returns the final norm's output for every row [T, hidden]. A
+decoder's prompt may be chunked over steps: each chunk's rows go into the request's
+PoolingState (kept in the InputBatch), and the step that ends the prompt pools it, runs
+the head, truncates to `dimensions`, normalizes as the PoolingParams ask and returns it
+once, final: the scheduler only forwards it and the frontend only formats it. An
+encoder's prompts run whole, one step each. Rows of requests that sample are never read.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
 """A parameter value written as text (qwen3_coder's XML) read as the JSON value its schema
-types ask for, the way vLLM's qwen3_coder parser reads it:
-
-- string: the text as is; integer / number: a JSON number (an integral number is written
-  as an integer); boolean: true / false (any case); null: null or None;
-- object / array: JSON, else a Python literal (models trained on Python reprs write
-  {'k': 'v'}), else the text;
-- several types: each non-string type in turn, then the text if string is among them;
-- no type (an unknown parameter, a schema without one): JSON, else the text.
-
-A value that fits none of its types is kept as text: the client sees what the model wrote.
+types ask for, the way vLLM's qwen3_coder parser reads it (the rules: `read_value`). A
+value that fits none of its types is kept as text: the client sees what the model wrote.
 """
 
 from __future__ import annotations
@@ -59,6 +51,16 @@ NOT_READ = _NOT_READ
 
 
 def read_value(text: str, value_types: list[str]):
+    """The value `text` stands for:
+
+    - string: the text as is; integer / number: a JSON number (an integral number is written
+      as an integer); boolean: true / false (any case); null: null or None;
+    - object / array: JSON, else a Python literal (models trained on Python reprs write
+      {'k': 'v'}), else the text;
+    - several types: each non-string type in turn, then the text if string is among them;
+    - no type (an unknown parameter, a schema without one): JSON, else the text.
+    """
+
     if not value_types:
         found = _json(text.strip())
         return text if found is _NOT_READ else found
