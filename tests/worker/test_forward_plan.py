@@ -19,7 +19,12 @@ from services.worker.model_loader import load_model, plan_forward
 from services.worker.models.bert import BertEncoder
 from services.worker.models.encoder import BidirectionalAttention
 from services.worker.models.forward_plan import ForwardPlan
-from services.worker.models.llama import Gemma3ForCausalLM, LlamaModel, NativeLlamaModel
+from services.worker.models.llama import (
+    Gemma3ForCausalLM,
+    LlamaForCausalLM,
+    LlamaModel,
+    NativeLlamaModel,
+)
 from services.worker.models.registry import native_model_class
 from tests.helpers.tiny_models import tiny_config
 
@@ -104,3 +109,17 @@ def test_the_loaded_model_is_in_the_plans_form(tiny_model_dir):
     eager = ModelConfig(model=folder, dtype="float32", enforce_eager=True)
     torch_model = load_model(eager, device="cpu")
     assert type(torch_model.model) is LlamaModel and torch_model.model.native is None
+
+
+def test_the_native_build_refuses_weights_the_plan_did_not_promise():
+    config = _config("llama")
+    model = LlamaForCausalLM(config, plan=ForwardPlan(decoder="native"))
+    down = model.model.layers[1].mlp.down_proj
+    down.weight.data = down.weight.data.to(torch.float16)
+    with pytest.raises(ModelLoadError, match=r"layer 1: down is torch\.float16"):
+        model.build_native_step()
+
+
+def test_a_native_plan_is_causal():
+    with pytest.raises(ValueError, match="causally"):
+        ForwardPlan(decoder="native", attention="bidirectional")
