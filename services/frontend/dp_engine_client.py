@@ -1,14 +1,11 @@
 """DataParallelClient: one EngineCoreClient over several engine cores (replicas).
 
-The Frontend sees one client; behind it a Router picks a replica per request (by cached
-prefix or load, services/frontend/router.py) and the client remembers who owns it, so
-aborts, cancellations and n > 1 / beam groups go to that replica only. Each replica's
-outputs are read by their own task into one queue. When a replica's connection breaks,
-only its own requests end (an "unavailable" error output each), the router stops sending
-it work while it is not ready, and the task reconnects; the others never notice. A request
-that fails as "unavailable" before it produced anything (it landed on a replica whose
-workers had just died) is sent once more, to another replica: its client never knows.
-`next_outputs` raises only once the client is closed (or every replica is gone for good).
+A Router picks a replica per request (router.py) and the client remembers who owns it, so
+aborts and n > 1 / beam groups go to that replica only. When a replica's connection
+breaks, only its own requests end (an "unavailable" error each; one that had produced
+nothing is sent once more, to another replica), the router skips it while it is not
+ready, and its task reconnects; the others never notice. `next_outputs` raises only once
+the client is closed (or every replica is gone for good).
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """GrpcEngineCoreClient: the EngineCoreClient protocol over one EngineCore.Connect stream.
 
-Adds and aborts are written to the stream (`add_request` returns once the message is
-sent; a rejection comes back later as an output with `error` set, which the Frontend
-raises as its exception). `next_outputs` reads the next step's batch. A broken stream or
-an unreachable engine core raises EngineUnavailableError; `reconnect` then waits until
-the scheduler's EngineCore health reads SERVING again (EngineCoreHealth watches it all
-along, which is also what `ready` reports) and opens a new Connect stream. The channel
-retries a lost connection within about a second (capped reconnect backoff), so a
-restarted scheduler is found quickly. With `tls` the channel speaks TLS (mutual TLS when
-the config has a certificate and key).
+Adds and aborts are written to the stream (a rejection comes back later as an output with
+`error` set); `next_outputs` reads the next step's batch. A broken stream or an
+unreachable engine core raises EngineUnavailableError; `reconnect` then waits until the
+scheduler's EngineCore health reads SERVING again (what `ready` reports) and opens a new
+stream. The channel retries a lost connection within about a second, so a restarted
+scheduler is found quickly. With `tls` the channel speaks TLS (mutual with a cert and key).
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """LoRARegistry: the adapters a frontend serves by name, and the check every adapter passes.
 
 An adapter is checked (services/common/lora_adapter.py) against the engine's limits and the
-base model's linears before any request uses it, so a bad one is refused with its reason
-and nothing else changes; the check stamps the digest of its files into the LoRARequest
-(part of its identity). Named adapters (`--lora-modules`, /v1/load_lora_adapter) get ids of
-their own: a reload under a name is a new identity. The operator's adapters
-(`--lora-modules`) are remembered as such: clients may neither replace nor unload them
-(serving_lora.py). A client's adapter is checked off the event loop (`checked`): reading
-and hashing its files takes as long as the files are large.
+base model's linears before any request uses it, so a bad one is refused with its reason and
+nothing else changes; the digest of its files is part of its identity, and a reload under a
+name is a new one. The operator's adapters (`--lora-modules`) may be neither replaced nor
+unloaded by clients. A client's adapter is checked off the event loop (`checked`).
 """
 
 from __future__ import annotations

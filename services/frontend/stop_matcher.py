@@ -1,13 +1,9 @@
 """StopMatcher: one sequence's search for its stop strings, fed its text piece by piece.
 
-Each piece is read once, a character at a time, through the stop strings' automaton
-(stop_automaton.py), so the cost of a piece does not depend on the text before it nor
-(beyond the automaton's build) on the number or length of the stops.
-
-Which stop wins within one piece (a token's text, or several tokens' in one step): the
-occurrence that starts first among those ending in the piece, and among those starting at
-the same place, the stop listed first; an occurrence ending in an earlier piece would have
-ended the search there.
+Each piece is read once, a character at a time, through the stops' automaton
+(stop_automaton.py), so a piece's cost depends neither on the text before it nor on the
+stops. Within one piece, of the occurrences ending in it, the one that starts first wins
+(at the same start, the stop listed first).
 """
 
 from __future__ import annotations

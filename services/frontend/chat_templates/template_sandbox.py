@@ -1,14 +1,11 @@
 """TemplateSandbox: renders requests' own chat templates in a child process, with bounds.
 
-Only a server started with --trust-request-chat-template renders them at all. Even then a
-template is a program written by the client: rendered on the event loop, a nested loop or
-`{{ 'a' * 3000000000 }}` would stall every other request and grow the server by
-gigabytes. Here each render runs in one child process (sandbox_child.py) under an
-address-space budget, its reply is bounded, and a render that is not back within the
-timeout (waiting for the child included) gets a 400 while the child is killed, so no CPU
-keeps burning on it; the next render starts a fresh child. Renders take turns: one child
-serves them one at a time, which bounds the CPU that requests' templates can take to one
-core.
+Only a server started with --trust-request-chat-template renders them at all. A template
+is a program written by the client: on the event loop, a nested loop or
+`{{ 'a' * 3000000000 }}` would stall every request and grow the server by gigabytes. Here
+each render runs in one child process (sandbox_child.py) under an address-space budget,
+with a bounded reply and a timeout past which the child is killed (a 400); renders take
+turns, so requests' templates take at most one core.
 """
 
 from __future__ import annotations

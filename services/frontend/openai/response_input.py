@@ -1,13 +1,11 @@
 """A Responses API request's `input` as the chat messages the chat endpoint renders.
 
-`input` is a string (one user message) or a list of items: messages (`{role, content}`,
-with or without `type: "message"`; content a string or input_text / output_text parts),
-`function_call` items (an assistant's tool call: it joins the assistant message before it,
-as the chat endpoint's `tool_calls`) and `function_call_output` items (a `tool` message).
-`reasoning` items (a previous reply's thinking, which agents send back) are accepted and
-left out: chat templates drop earlier turns' thinking. Anything else (images, files, item
-references) is a 400 naming the item.
-The response's output goes back into a conversation the same way (`output_message`).
+`input` is a string (one user message) or a list of items: messages, `function_call`
+items (joining the assistant message before them as its `tool_calls`) and
+`function_call_output` items (`tool` messages). `reasoning` items are accepted and left
+out (chat templates drop earlier turns' thinking); anything else (images, files, item
+references) is a 400 naming the item. A response's output goes back into a conversation
+the same way (`output_message`).
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """ResponseOutputBuilder: a chat choice's deltas (thinking, text, tool-call pieces,
 logprobs) as the Responses API's output items, and the stream events that build them.
 
-Thinking (a reasoning parser's) opens a `reasoning` item with one reasoning_text part,
-closed when the answer begins.
-Text opens a `message` item (one output_text part) that stays open until a tool call
-starts or the response ends; each tool call is a `function_call` item, open until the
-next one starts or the response ends. A streamed and a non-streamed response go through
-the same builder (the latter drops the events), so both have the same output. Events
-are dicts without their sequence_number (the stream numbers them as it sends them).
+Thinking opens a `reasoning` item, closed when the answer begins; text a `message` item,
+open until a tool call starts or the response ends; each tool call a `function_call`
+item. A streamed and a non-streamed response go through the same builder (the latter
+drops the events), so both have the same output. Events carry no sequence_number (the
+stream numbers them as it sends them).
 """
 
 from __future__ import annotations

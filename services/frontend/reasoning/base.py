@@ -2,13 +2,9 @@
 thinking and its answer, whole or streamed, and the thinking's bounds in token ids for
 the engine (a grammar applies to the answer only; a thinking budget ends the thinking).
 
-A format is a pair of markers (`<think>` ... `</think>`). Where the thinking begins is
-read from the prompt (ReasoningParser.initial_mode): a template that opened `<think>`
-(thinking-only checkpoints) starts the reply inside it, one that wrote a closed, empty
-block (Qwen3's enable_thinking=false, SmolLM3's /no_think) starts it in the answer, and
-otherwise the format decides (the model may open the block itself, or, for DeepSeek-R1,
-everything before `</think>` is thinking). As for tool calls, `extract()` feeds the whole
-text through the same stream a streamed reply uses, so the two always agree.
+A format is a pair of markers (`<think>` ... `</think>`); where the thinking begins is read
+from the prompt (ReasoningParser.initial_mode). As for tool calls, `extract()` feeds the
+whole text through the same stream a streamed reply uses, so the two always agree.
 """
 
 from __future__ import annotations
@@ -147,7 +143,11 @@ class ReasoningParser:
     default_mode: ReasoningMode = ReasoningMode.OPTIONAL
 
     def initial_mode(self, prompt: str) -> ReasoningMode:
-        """Where the reply begins, from the prompt's end (the chat template's doing)."""
+        """Where the reply begins, from the prompt's end (the chat template's doing): a
+        template that opened `<think>` (thinking-only checkpoints) starts the reply inside
+        it, one that wrote a closed, empty block (Qwen3's enable_thinking=false, SmolLM3's
+        /no_think) in the answer; otherwise the format decides (the model may open the
+        block itself, or, for DeepSeek-R1, everything before `</think>` is thinking)."""
         tail = prompt.rstrip()
         if tail.endswith(self.start):
             return ReasoningMode.THINKING  # the template opened the thinking
