@@ -22,8 +22,9 @@ class EngineCoreOutput:
     parent_request_id: str | None = None
     index: int = 0
     error: str | None = None
-    # With `error`: "invalid_argument" (the request is bad), "unavailable" (the engine
-    # cannot serve now) or "resource_exhausted" (overloaded: retry later).
+    # With `error`: None (the request is bad), "unavailable" (the engine cannot serve
+    # now), "resource_exhausted" (overloaded: retry later) or "internal" (the engine's
+    # fault). engine.proto's ErrorCode has one value for each.
     error_code: str | None = None
     cumulative_logprob: float | None = None  # set on beam-search results
     queued_s: float | None = None  # arrival to first scheduling, on a request's first output
