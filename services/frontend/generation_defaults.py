@@ -1,13 +1,10 @@
 """Default sampling values from the model's generation_config.json, as vLLM applies them.
 
-With `--generation-config auto` (the default) the values a model's authors set in its
-generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty, and
-max_new_tokens as max_tokens) become the defaults for requests that leave them unset: an
-OpenAI request without `temperature`, or `LLM.generate(prompts)` without SamplingParams.
-Values a request sets always win (one merge rule: services/common/sampling_defaults.py).
-The file is read as transformers' GenerationConfig diff (values equal to transformers' own
-defaults drop out), as vLLM reads it. `--generation-config vllm` ignores the file; a folder
-path reads the file from there instead.
+With `--generation-config auto` (the default) the values a model's authors set (temperature,
+top_p, top_k, min_p, repetition_penalty, max_new_tokens as max_tokens) become the defaults
+for requests that leave them unset; a request's own values always win (one merge rule:
+services/common/sampling_defaults.py). The file is read as transformers' GenerationConfig
+diff, as vLLM reads it; `vllm` ignores it, a folder path reads the file from there.
 """
 
 from __future__ import annotations
