@@ -1,14 +1,12 @@
 """Mistral tool calls after the `[TOOL_CALLS]` token, in either of its two forms:
 
-- a JSON list `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` (tokenizers before v11:
-  Mistral-7B-Instruct-v0.3 and its peers);
+- a JSON list `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` (tokenizers before
+  v11: Mistral-7B-Instruct-v0.3 and its peers);
 - `[TOOL_CALLS]NAME[ARGS]{...}` once per call (v11 and later: Mistral Small 3.2, Magistral,
-  Devstral), where v13 may put `[CALL_ID]ID` between the name and `[ARGS]` (the id is not
-  kept: ids are ours).
+  Devstral; v13 may put `[CALL_ID]ID` before `[ARGS]`, not kept: ids are ours).
 
-The form is read from the first call. Content before the first `[TOOL_CALLS]` is content.
-Ids are 9 letters and digits: Mistral's templates refuse any other shape when the calls
-come back in the conversation.
+The form is read from the first call. Ids are 9 letters and digits: Mistral's templates
+refuse any other shape when the calls come back in the conversation.
 """
 
 from __future__ import annotations

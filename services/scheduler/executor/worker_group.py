@@ -1,16 +1,11 @@
 """WorkerGroupExecutor: the engine core's Executor over `tp * pp` Worker services.
 
-Each plan is serialized once and the same bytes are written to every rank's long-lived
-Worker.Execute stream (rank order = the `--worker` order = pp_rank * tp + tp_rank). Every
-rank applies every plan; the output rank (TP rank 0 of the last stage) answers with the
-sampled tokens, the others with an acknowledgement. One reader thread per rank collects
-the answers, so a rank that fails or disappears fails the whole group at that step (its
-futures get ConnectionError naming the rank and address) instead of leaving the others
-waiting in a collective. A plan a rank rejects fails that step with WorkerStepError.
-
-World size 1 is the same code with one rank (the plain `--worker ADDR` deployment).
-`launcher` (mp, ray) is what started the ranks, when the engine started them: the executor
-watches it while the ranks load and closes it with itself.
+Each plan is serialized once and the same bytes go to every rank's long-lived
+Worker.Execute stream (rank order = the `--worker` order = pp_rank * tp + tp_rank); the
+output rank (TP rank 0 of the last stage) answers with the sampled tokens, the others
+acknowledge. One reader thread per rank collects the answers, so a rank that fails or
+disappears fails the whole step (ConnectionError naming the rank and address) instead of
+leaving the others waiting in a collective; a plan a rank rejects is a WorkerStepError.
 """
 
 from __future__ import annotations
@@ -115,6 +110,11 @@ class _Step:
 
 
 class WorkerGroupExecutor:
+    """World size 1 is the same code with one rank (the plain `--worker ADDR` deployment).
+    `launcher` (mp, ray) is what started the ranks, when the engine started them: the executor
+    watches it while the ranks load and closes it with itself.
+    """
+
     def __init__(
         self,
         addresses: list[str],
