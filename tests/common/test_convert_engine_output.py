@@ -53,3 +53,12 @@ def test_unknown_enum_values_are_refused():
         outputs_from_pb(message)
     with pytest.raises(ValueError, match="finish reason"):
         outputs_to_pb(EngineCoreOutputs([EngineCoreOutput("a", [], finish_reason="done")]))
+
+
+def test_a_first_prompt_position_alone_still_travels():
+    # [None]: the prompt's first position, which has no logprob, is still a position.
+    batch = EngineCoreOutputs([EngineCoreOutput("a", [1], new_prompt_logprobs=[None])])
+    message = _wire(outputs_to_pb(batch))
+    assert message.outputs[0].HasField("prompt_logprobs")
+    assert not message.outputs[0].HasField("logprobs")
+    assert outputs_from_pb(message) == batch

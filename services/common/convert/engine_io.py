@@ -12,7 +12,7 @@ from dataclasses import fields
 from services.common.convert.capabilities import capabilities_from_pb, capabilities_to_pb
 from services.common.convert.engine_error import engine_error_from_pb, engine_error_to_pb
 from services.common.convert.finish_reason import finish_reason_from_pb, finish_reason_to_pb
-from services.common.convert.logprobs import logprobs_from_pb, logprobs_to_pb
+from services.common.convert.logprobs import fill_logprobs, logprobs_from_pb
 from services.common.convert.lora import lora_from_pb, lora_to_pb
 from services.common.convert.pooling import (
     pooled_from_bytes,
@@ -72,7 +72,7 @@ def engine_request_from_pb(message: engine_pb2.AddRequest) -> EngineCoreRequest:
 # ---- outputs --------------------------------------------------------------------------
 def _output_to_pb(output: EngineCoreOutput) -> engine_pb2.EngineOutput:
     stop = output.stop_reason
-    return engine_pb2.EngineOutput(
+    message = engine_pb2.EngineOutput(
         request_id=output.request_id,
         parent_request_id=output.parent_request_id,
         index=output.index,
@@ -82,13 +82,14 @@ def _output_to_pb(output: EngineCoreOutput) -> engine_pb2.EngineOutput:
         num_cached_tokens=output.num_cached_tokens,
         cumulative_logprob=output.cumulative_logprob,
         error=engine_error_to_pb(output.error, output.error_code),
-        logprobs=logprobs_to_pb(output.new_logprobs) if output.new_logprobs else None,
-        prompt_logprobs=logprobs_to_pb(output.new_prompt_logprobs)
-        if output.new_prompt_logprobs
-        else None,
         queued_s=output.queued_s,
         pooled=pooled_to_bytes(output.pooled) if output.pooled is not None else None,
     )
+    if output.new_logprobs:
+        fill_logprobs(message.logprobs, output.new_logprobs)
+    if output.new_prompt_logprobs:
+        fill_logprobs(message.prompt_logprobs, output.new_prompt_logprobs)
+    return message
 
 
 def _optional(message, name: str):

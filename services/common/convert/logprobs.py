@@ -11,32 +11,39 @@ from services.common.runner_output import TokenLogprobs
 Positions = list[TokenLogprobs | None]
 
 
-def logprobs_to_pb(positions: Positions) -> logprobs_pb2.Logprobs:
-    num_entries, token_ids, values, ranks = [], [], [], []
+def fill_logprobs(message: logprobs_pb2.Logprobs, positions: Positions) -> None:
+    """Append `positions` to `message` (a field or map entry of the message being built,
+    which saves the copy a finished Logprobs would cost)."""
+    num_entries = message.num_entries
+    token_ids, values, ranks = message.token_ids, message.logprobs, message.ranks
     for position in positions:
         if position is None:
             num_entries.append(0)
             continue
         num_entries.append(len(position.token_ids))
-        token_ids += position.token_ids
-        values += position.logprobs
-        ranks += position.ranks
-    return logprobs_pb2.Logprobs(
-        num_entries=num_entries, token_ids=token_ids, logprobs=values, ranks=ranks
-    )
+        token_ids.extend(position.token_ids)
+        values.extend(position.logprobs)
+        ranks.extend(position.ranks)
+
+
+def logprobs_to_pb(positions: Positions) -> logprobs_pb2.Logprobs:
+    message = logprobs_pb2.Logprobs()
+    fill_logprobs(message, positions)
+    return message
 
 
 def logprobs_from_pb(message: logprobs_pb2.Logprobs) -> Positions:
     """Raises ValueError when the entries' lists differ in length from num_entries."""
-    token_ids, values, ranks = list(message.token_ids), list(message.logprobs), list(message.ranks)
-    if not len(token_ids) == len(values) == len(ranks) == sum(message.num_entries):
+    num_entries = message.num_entries
+    token_ids, values, ranks = message.token_ids, message.logprobs, message.ranks
+    if not len(token_ids) == len(values) == len(ranks) == sum(num_entries):
         raise ValueError("Logprobs' token_ids, logprobs and ranks differ from num_entries")
     positions: Positions = []
     start = 0
-    for size in message.num_entries:
+    for size in num_entries:
         if size < 0:
             raise ValueError("Logprobs.num_entries must not be negative")
-        end = start + size
+        end = start + size  # slices of the repeated fields are lists
         positions.append(
             TokenLogprobs(token_ids[start:end], values[start:end], ranks[start:end])
             if size
