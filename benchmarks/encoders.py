@@ -44,7 +44,7 @@ VOCAB = 30522  # BERT's uncased WordPiece vocabulary
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # ids 0..4, as BERT's
 LLAMA = "llama-server F32, {} clients"
 JSON = {"Content-Type": "application/json"}
-WARM_UP = 16  # inputs; 2 left a process's first engine 10x slower on its first full call
+WARM_UP = 16  # inputs; a process's first full call is slow until its engine has warmed up
 
 
 # pooling: 1_Pooling's, mean or cls (then Normalize); max_seq_length: sentence_bert_config.json's

@@ -3,7 +3,7 @@ heads, 8 KV heads, head dim 128, block size 16).
 
 Decode (batch 1-256 x 1k/4k context: KV GB/s and its share of a 1 GiB copy's) and 2k-token
 prefill chunks (TFLOP/s) against dense SDPA (and FlexAttention, --flex), outputs checked
-first; triton.testing.do_bench medians. Goal (issue 7): decode b64 x 4k at >= 70% of copy.
+first; triton.testing.do_bench medians.
 
     python -m benchmarks.kernels [--flex] [--json out.json]
 """

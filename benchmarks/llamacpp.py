@@ -33,7 +33,7 @@ class LlamaCppOptions:
     dtypes: tuple[str, ...] = ("F32",)
     seqs: tuple[int, ...] = (32,)  # n_seq_max values to run; the ratios use the fastest
     n_batch: int = 2048  # tokens per llama_decode
-    # off: F32 ran ~20% faster than auto on the quick workload (2 threads, Zen 4), BF16 the same
+    # off: on the CPU, F32 runs faster without flash attention (BF16 is unaffected)
     flash_attn: str = "off"
     check_prompts: int = 4  # greedy agreement with pagestream float32: this many prompts
     check_tokens: int = 32  # of this many output tokens each
