@@ -3,7 +3,8 @@
 The header, metadata and tensor table are parsed with `struct` straight from the map; array
 values (the tokenizer's strings) are skipped, not decoded, so opening a file is cheap
 whatever its vocabulary. `raw(tensor)` is a view of the map, never a copy: pages are read
-as the loader consumes them and a tensor-parallel rank touches only the rows it narrows to.
+as the loader consumes them and a tensor-parallel rank touches only the rows it narrows to;
+`release(view)` drops them from the resident set once decoded.
 
 The file is untrusted: every count, length, dimension and offset its header states is
 checked against the bytes the file holds and against llama.cpp's rules (aligned tensors,
@@ -168,6 +169,20 @@ class GGUFFile:
         """The tensor's bytes, uint8 [rows, row_bytes], a read-only view of the map."""
         flat = self._bytes[tensor.offset : tensor.offset + tensor.nbytes]
         return flat.reshape(tensor.rows, tensor.row_bytes)
+
+    def release(self, view: np.ndarray) -> None:
+        """The map's pages under `view` (of `raw`'s bytes) leave this process's resident
+        set: read once, a tensor need not stay in memory beside what it was decoded into.
+        The map stays valid (a later read faults the pages in again from the page cache);
+        bytes that are not the map's are left alone."""
+        if view.size == 0 or not hasattr(self._map, "madvise"):
+            return
+        start = view.__array_interface__["data"][0] - self._bytes.__array_interface__["data"][0]
+        span = 1 + sum((n - 1) * stride for n, stride in zip(view.shape, view.strides, strict=True))
+        if start < 0 or start + span > self._size:
+            return
+        first = start - start % mmap.PAGESIZE
+        self._map.madvise(mmap.MADV_DONTNEED, first, start + span - first)
 
     # -- reading, every read bounded by the file ------------------------------------------
 

@@ -1,7 +1,7 @@
-"""The weight-format objects of a linear (services/worker/layers/linear_weight.py) through
-their one interface: loading shards (tensor-parallel narrowing included), finishing, the
-torch path's form, the native step's form, bytes and format names, against the float
-weight they stand for."""
+"""A linear's weight from its builder (services/worker/layers/weight_builder.py) to its
+final form (linear_weight.py): loading shards (tensor-parallel narrowing included),
+checking them, the torch path's form, the native step's form, each set once, bytes and
+format names, against the float weight they stand for."""
 
 from __future__ import annotations
 
@@ -9,13 +9,7 @@ import pytest
 import torch
 
 from services.worker.layers.linear import MergedColumnLinear, QKVLinear, RowLinear
-from services.worker.layers.linear_weight import (
-    FloatWeight,
-    NativeWeight,
-    OneDNNWeight,
-    QuantizedLinearWeight,
-    QuantizedParts,
-)
+from services.worker.layers.linear_weight import FloatWeight, NativeWeight, OneDNNWeight
 from services.worker.layers.quantization import quantize_int4, quantize_int8
 from services.worker.layers.quantization.loading import OnlineQuantization
 
@@ -31,13 +25,14 @@ def test_a_float_weight_loads_packs_and_goes_native():
     gate, up = _weights(16, 32), _weights(16, 32)
     layer.weight.weight_loader(layer.weight, gate, 0)
     layer.weight.weight_loader(layer.weight, up, 1)
-    assert isinstance(layer.weight_format, FloatWeight)
+    assert isinstance(layer.weight_format, FloatWeight) and not layer.builder.quantized
     layer.finish_loading()
     assert isinstance(layer.weight_format, FloatWeight)
     x = _weights(5, 32)
     expected = x @ torch.cat([gate, up]).T
+    torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)  # as loaded
     layer.prepare_for_torch(torch.float32)
-    assert isinstance(layer.weight_format, OneDNNWeight | FloatWeight)
+    assert isinstance(layer.weight_format, OneDNNWeight | FloatWeight) and layer.builder is None
     torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)
     assert layer.weight_format.nbytes >= 32 * 32 * 4
     assert layer.weight_format.format == "float32"
@@ -49,14 +44,13 @@ def test_quantized_shards_join_in_their_formats_and_dequantize_for_torch():
     parts = {"q": quantize_int4(q, 32), "k": quantize_int4(k, 32), "v": quantize_int8(v)}
     for name, part in parts.items():
         layer.weight.weight_loader(layer.weight, part, name)
-    assert isinstance(layer.weight_format, QuantizedParts)
+    assert layer.builder.quantized
     layer.finish_loading()
-    weight = layer.weight_format
-    assert isinstance(weight, QuantizedLinearWeight)
-    assert weight.format == "int4+int8" and layer.weight.numel() == 0  # the float one freed
-    assert weight.nbytes == sum(part.nbytes for part in parts.values())
+    assert layer.format == "int4+int8" and layer.weight.numel() == 0  # the float one freed
+    assert layer.builder.nbytes == sum(part.nbytes for part in parts.values())
     exact = torch.cat([part.dequantize() for part in parts.values()])
     layer.prepare_for_torch(torch.float32)
+    assert isinstance(layer.weight_format, OneDNNWeight | FloatWeight) and layer.builder is None
     x = _weights(3, 64)
     torch.testing.assert_close(layer(x), x @ exact.T, atol=1e-5, rtol=1e-5)
 
@@ -89,7 +83,7 @@ def test_online_quantization_runs_before_the_tensor_parallel_narrowing():
     shard.quantize_online(OnlineQuantization("int8"))
     shard.weight.weight_loader(shard.weight, full)
     shard.finish_loading()
-    (held,) = shard.weight_format.parts
+    (held,) = shard.builder.parts.ordered()
     assert torch.equal(held.scales, single.scales)
     torch.testing.assert_close(held.dequantize(), single.dequantize()[:, 32:])
 

@@ -1,16 +1,11 @@
 """Linear layers with weight-loader hooks, ready to be sharded for tensor parallelism.
 
-Every parameter carries a `weight_loader(param, loaded_weight, shard_id)` attribute that copies
-a checkpoint tensor into it. The column layers split their output features across
-`tp_size` ranks and the row layer splits its input features (all-reducing its output), so a
-tensor-parallel model only passes `tp_rank`/`tp_size`; with the defaults (0, 1) they are
-plain linear layers. Fused layers (QKV, gate/up) take the separate HF tensors by `shard_id`.
-
-A checkpoint tensor may also be a `QuantizedWeight` (a GGUF file's blocks), or a float
-tensor the layer quantizes first (`quantize_online`, for int8 / int4): the same narrowing
-applies and the shards are kept quantized. The weight's format is one object
-(linear_weight.py): `finish_loading()` joins the shards, then the native CPU step packs
-it as it is (`to_native`) or the torch path de-quantizes it once (`prepare_for_torch`).
+Every parameter carries a `weight_loader(param, loaded_weight, shard_id)`. Column layers
+split their output features across `tp_size` ranks, the row layer its input features
+(all-reducing its output); fused layers (QKV, gate/up) take the separate HF tensors by
+`shard_id`. A checkpoint tensor may be quantized (a GGUF file's MappedBlocks, or int8 /
+int4 quantized online): the same narrowing applies, and the layer's WeightBuilder keeps
+the shards until the final form is made, once (`prepare_for_torch` or `to_native`).
 """
 
 from __future__ import annotations
@@ -21,19 +16,14 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from services.worker.layers.linear_weight import (
-    FloatWeight,
-    LinearWeight,
-    QuantizedParts,
-    copy_checked,
-)
-from services.worker.layers.quantization import QuantizedWeight
+from services.worker.layers.linear_weight import FloatWeight, LinearWeight, copy_checked
 from services.worker.layers.quantization.loading import (
     Checkpoint,
     OnlineQuantization,
     narrow,
     split_rows,
 )
+from services.worker.layers.weight_builder import WeightBuilder
 from services.worker.parallel_state import tp_all_reduce
 
 if TYPE_CHECKING:
@@ -53,9 +43,9 @@ def _check_divisible(name: str, size: int, tp_size: int) -> None:
 class LinearBase(nn.Module):
     """y = x W^T (+ b); weight is [output_size, input_size] as in the checkpoint.
 
-    The weight's format is one `LinearWeight` object (linear_weight.py), `weight_format`:
-    float as loaded, quantized shards joined by `finish_loading`, then the torch path's
-    form (`prepare_for_torch`) or the native step's (`to_native`)."""
+    `weight_format` (linear_weight.py) is what forward runs: the float parameter as it
+    loads, then the final form, set once by `prepare_for_torch` or `to_native` from what
+    `builder` collected (None after)."""
 
     def __init__(
         self,
@@ -78,44 +68,61 @@ class LinearBase(nn.Module):
         else:
             self.register_parameter("bias", None)
         self.weight_format: LinearWeight = FloatWeight(self.weight)
+        self.builder: WeightBuilder | None = WeightBuilder(self.weight)
         self.lora: LinearLoRA | None = None  # adapters' adds (services/worker/lora)
+
+    @property
+    def format(self) -> str:
+        """The format the weight is held in ("Q4_K+Q6_K", "bfloat16"), finished or not."""
+        return self.builder.format if self.builder is not None else self.weight_format.format
 
     def quantize_online(self, online: OnlineQuantization) -> None:
         """Float checkpoint tensors are quantized as they load (int8 / int4)."""
-        self.weight_format = QuantizedParts(self.weight, online)
+        self._building().online = online
+
+    def _building(self) -> WeightBuilder:
+        if self.builder is None:
+            raise ValueError("the layer's weight is finished: it takes no checkpoint tensors")
+        return self.builder
 
     def _load_weight(
         self, param: nn.Parameter, loaded: Checkpoint, shard_id: object = None
     ) -> None:
-        """The weight's loader: the format sees the whole checkpoint tensor first (online
+        """The weight's loader: the builder sees the whole checkpoint tensor first (online
         quantization runs before tensor-parallel narrowing, so every shard has the
         single-rank model's scales)."""
-        self.weight_loader(param, self.weight_format.prepare(loaded), shard_id)
+        self.weight_loader(param, self._building().prepare(loaded), shard_id)
 
     def _store(self, param: nn.Parameter, src: Checkpoint, offset: int | None = None) -> None:
-        """Stores `src` into `param` (rows from `offset` when given): the weight's format
-        keeps it; a bias is copied."""
+        """Stores `src` into `param` (rows from `offset` when given): the builder keeps a
+        weight's shard; a bias is copied."""
         if param is self.weight:
-            self.weight_format = self.weight_format.store(src, offset)
+            self._building().store(src, offset)
             return
-        if isinstance(src, QuantizedWeight):
+        if not isinstance(src, torch.Tensor):
             raise ValueError("a quantized checkpoint tensor can only load into a weight")
         dst = param.data if offset is None else param.data.narrow(0, offset, src.shape[0])
         copy_checked(dst, src)
 
     def finish_loading(self) -> None:
-        """After every checkpoint tensor is in: quantized shards joined into one weight
-        (ValueError when rows are missing or mixed with float)."""
-        self.weight_format = self.weight_format.finish()
+        """After every checkpoint tensor is in: ValueError when quantized rows are missing
+        or mixed with float ones (the final form is made later, in one step)."""
+        if self.builder is not None:
+            self.builder.check()
+
+    def _loaded(self) -> LinearWeight:
+        """The loaded weight, taken from the builder once (the finished form after)."""
+        builder, self.builder = self.builder, None
+        return builder.finish() if builder is not None else self.weight_format
 
     def prepare_for_torch(self, dtype: torch.dtype) -> None:
         """The form the torch modules run: de-quantized to `dtype`, oneDNN-packed on CPU."""
-        self.weight_format = self.weight_format.for_torch(dtype)
+        self.weight_format = self._loaded().for_torch(dtype)
 
     def to_native(self, bias: torch.Tensor) -> object:
-        """The C++ packed linear of this weight (pagestream_kernels/cpu/linear.h) with `bias` folded
-        in; the layer's own copy is freed (the C++ object holds the weight)."""
-        native, self.weight_format = self.weight_format.for_native(bias)
+        """The C++ packed linear of this weight (pagestream_kernels/cpu/linear.h) with `bias`
+        folded in; the layer's own copy is freed (the C++ object holds the weight)."""
+        native, self.weight_format = self._loaded().for_native(bias)
         return native
 
     def weight_loader(
@@ -132,7 +139,7 @@ class LinearBase(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}, "
-            f"tp={self.tp_rank}/{self.tp_size}, {self.weight_format.format}"
+            f"tp={self.tp_rank}/{self.tp_size}, {self.format}"
         )
 
 

@@ -1,22 +1,12 @@
 """A linear layer's weight as one object per format (vLLM's `quant_method` idea).
 
-Every linear (services/worker/layers/linear.py) holds one `LinearWeight` and calls it; the
-format is the object's class, never a set of optional attributes:
+    FloatWeight            the float weight in the layer's parameter (as loaded)
+    OneDNNWeight           the float weight in oneDNN's blocked layout (the torch path, CPU)
+    QuantizedLinearWeight  quantized row parts, each in its file's format (loaded)
+    NativeWeight           held by the C++ GEMM (pagestream_kernels/cpu/linear.h)
 
-    FloatWeight          the checkpoint's float tensor in the layer's parameter
-    OneDNNWeight         the float weight reordered once into oneDNN's blocked layout (CPU)
-    QuantizedParts       quantized checkpoint shards arriving (GGUF blocks, or float
-                         tensors quantized online: int8 / int4), by row offset
-    QuantizedLinearWeight  the whole quantized weight (a QuantizedWeight)
-    NativeWeight         handed to the C++ GEMM (pagestream_kernels/cpu/linear.h): the C++ object
-                         holds it; torch holds nothing
-
-One small interface: `store` (a checkpoint shard into its rows), `finish` (after every
-tensor is in: the loaded form), `for_native` (the C++ packed linear, and what the layer
-holds after), `for_torch` (what the torch modules run: de-quantized, oneDNN-packed),
-`apply` (y = x W^T + b), `nbytes` and `format`. Each transition returns the next object
-and the layer keeps it, so the order of a load is the objects' own: store* -> finish ->
-for_native | for_torch.
+A layer's WeightBuilder (weight_builder.py) `finish`es into FloatWeight or
+QuantizedLinearWeight, which `for_torch` / `for_native` turn into the final form at once.
 """
 
 from __future__ import annotations
@@ -25,10 +15,11 @@ import torch
 from torch import nn
 
 from pagestream_kernels import cpu
+from services.worker.cpu_tuning import return_freed_memory
 from services.worker.layers.matmul import linear
 from services.worker.layers.packed_weight import PackedWeight
 from services.worker.layers.quantization import QuantizedWeight
-from services.worker.layers.quantization.loading import Checkpoint, OnlineQuantization, WeightParts
+from services.worker.layers.quantization.mapped_blocks import MappedBlocks, decoded
 from services.worker.layers.quantization.quantized_weight import joined_sources
 
 
@@ -40,13 +31,46 @@ def copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:
     dst.copy_(src)
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def pack_quantized(q: QuantizedWeight, bias: torch.Tensor, bf16_rows: bool) -> object:
-    """`q` packed for the C++ GEMM (pagestream_kernels/cpu/quantized_linear.cpp) with `bias` (empty:
-    none); `bf16_rows`: a bfloat16 model's many-row products may run in bfloat16."""
+# A file's tensor larger than this (an LM head, an embedding) is decoded and packed in
+# row chunks of at most this many bytes of blocks, stacked: the decoded scratch of a load
+# stays one chunk's, whatever the vocabulary.
+CHUNK_BYTES = 64 << 20
+CHUNK_ROWS = 256  # chunks are whole tiles of the GEMM's output rows
+
+
+def _row_chunks(weight: QuantizedWeight | MappedBlocks) -> list[tuple[int, int]]:
+    """(start, rows) of the chunks `weight` is packed in: one, unless it is a file's
+    tensor of more than CHUNK_BYTES."""
+    n = weight.shape[0]
+    if not isinstance(weight, MappedBlocks) or weight.nbytes <= CHUNK_BYTES:
+        return [(0, n)]
+    rows = max(CHUNK_ROWS, CHUNK_BYTES // weight.raw.shape[1] // CHUNK_ROWS * CHUNK_ROWS)
+    return [(start, min(rows, n - start)) for start in range(0, n, rows)]
+
+
+def pack_quantized(
+    weight: QuantizedWeight | MappedBlocks, bias: torch.Tensor, bf16_rows: bool
+) -> object:
+    """`weight` packed for the C++ GEMM (pagestream_kernels/cpu/quantized_linear.cpp) with
+    `bias` (empty: none); `bf16_rows`: a bfloat16 model's many-row products may run in
+    bfloat16. A file's blocks are decoded into scratch, chunk by chunk (the C++ object
+    holds its own layout), and the chunks stacked along the output features."""
+    packed = []
+    for start, rows in _row_chunks(weight):
+        part = weight if rows == weight.shape[0] else weight.narrow_rows(start, rows)
+        part_bias = bias[start : start + rows] if bias.numel() else bias
+        packed.append(_pack(decoded(part), part_bias, bf16_rows))
+        # the scratch's pages back to the system before the next part: kept in glibc's
+        # heap (cpu_tuning.tune_malloc), they would add up between the packed weights
+        return_freed_memory()
+    return packed[0] if len(packed) == 1 else cpu.load().PackedLinear.stacked(packed)
+
+
+def _pack(q: QuantizedWeight, bias: torch.Tensor, bf16_rows: bool) -> object:
     mins = q.mins if q.mins is not None else torch.empty(0)
     return cpu.load().PackedLinear.quantized(
         q.bits, q.codes, q.scales, mins, q.group_size, bias, q.source, bf16_rows
@@ -62,21 +86,11 @@ class LinearWeight:
 
     @property
     def format(self) -> str:
-        return _dtype_name(self.param.dtype)
+        return dtype_name(self.param.dtype)
 
     @property
     def nbytes(self) -> int:
         return self.param.numel() * self.param.element_size()
-
-    def prepare(self, src: Checkpoint) -> Checkpoint:
-        """A whole checkpoint tensor before the layer narrows it to its shard."""
-        return src
-
-    def store(self, src: Checkpoint, offset: int | None) -> LinearWeight:
-        raise ValueError(f"a {type(self).__name__} takes no checkpoint tensors")
-
-    def finish(self) -> LinearWeight:
-        return self
 
     def for_torch(self, dtype: torch.dtype) -> LinearWeight:
         return self
@@ -92,15 +106,7 @@ class LinearWeight:
 
 
 class FloatWeight(LinearWeight):
-    """The float tensor in `param` (filled shard by shard)."""
-
-    def store(self, src: Checkpoint, offset: int | None) -> LinearWeight:
-        if isinstance(src, QuantizedWeight):  # the first quantized shard: parts from now on
-            parts = QuantizedParts(self.param, None)
-            return parts.store(src, offset)
-        dst = self.param.data if offset is None else self.param.data.narrow(0, offset, len(src))
-        copy_checked(dst, src)
-        return self
+    """The float tensor in `param` (filled shard by shard while loading)."""
 
     def for_torch(self, dtype: torch.dtype) -> LinearWeight:
         packed = PackedWeight.of(self.param)
@@ -133,41 +139,6 @@ class OneDNNWeight(LinearWeight):
         return linear(x, self.param, bias, self.packed)
 
 
-class QuantizedParts(LinearWeight):
-    """Quantized shards by row offset; `online` quantizes float tensors first."""
-
-    def __init__(self, param: nn.Parameter, online: OnlineQuantization | None) -> None:
-        super().__init__(param)
-        self.online = online
-        self.parts = WeightParts(param.shape[0], param.shape[1])
-
-    @property
-    def format(self) -> str:
-        return "loading"
-
-    def prepare(self, src: Checkpoint) -> Checkpoint:
-        """Online quantization of a float tensor, before it is narrowed (so every
-        tensor-parallel shard has the single-rank model's scales)."""
-        if self.online is not None and isinstance(src, torch.Tensor):
-            return self.online.quantize(src)
-        return src
-
-    def store(self, src: Checkpoint, offset: int | None) -> LinearWeight:
-        if isinstance(src, torch.Tensor):
-            raise ValueError("a float checkpoint tensor cannot join a quantized weight")
-        self.parts.add(offset or 0, src)
-        return self
-
-    def finish(self) -> LinearWeight:
-        """The whole weight (ValueError when rows are missing); the float parameter, never
-        filled, is freed."""
-        if not self.parts:  # online quantization set, but no tensor arrived
-            return FloatWeight(self.param)
-        weight = QuantizedLinearWeight(self.param, self.parts.ordered())
-        self._release()
-        return weight
-
-
 class QuantizedLinearWeight(LinearWeight):
     """A whole quantized weight as its row parts in order (a fused layer's q / k / v or
     gate / up, each in the format it came in): the C++ GEMM runs each part as it is, into
@@ -175,9 +146,9 @@ class QuantizedLinearWeight(LinearWeight):
     copied to join them; the torch modules take the weight de-quantized once (they have no
     quantized kernel)."""
 
-    def __init__(self, param: nn.Parameter, parts: list[QuantizedWeight]) -> None:
+    def __init__(self, param: nn.Parameter, parts: list[QuantizedWeight | MappedBlocks]) -> None:
         super().__init__(param)
-        self.parts = parts
+        self.parts = parts  # a file's parts stay undecoded until the final form is made
 
     @property
     def format(self) -> str:
@@ -188,17 +159,17 @@ class QuantizedLinearWeight(LinearWeight):
         return sum(part.nbytes for part in self.parts)
 
     def for_torch(self, dtype: torch.dtype) -> LinearWeight:
-        rows = [part.dequantize(dtype) for part in self.parts]
+        rows = [decoded(part).dequantize(dtype) for part in self.parts]
         self.param.data = torch.cat(rows).to(self.param.device)
         return FloatWeight(self.param).for_torch(dtype)
 
     def for_native(self, bias: torch.Tensor) -> tuple[object, LinearWeight]:
         bf16_rows = self.param.dtype == torch.bfloat16
         natives, row = [], 0
-        for q in self.parts:
-            n = q.shape[0]
+        for part in self.parts:  # one part decoded at a time: the scratch is one tensor's
+            n = part.shape[0]
             natives.append(
-                pack_quantized(q, bias[row : row + n] if bias.numel() else bias, bf16_rows)
+                pack_quantized(part, bias[row : row + n] if bias.numel() else bias, bf16_rows)
             )
             row += n
         native = natives[0] if len(natives) == 1 else cpu.load().PackedLinear.stacked(natives)

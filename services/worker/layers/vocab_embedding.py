@@ -7,7 +7,8 @@ its slice of the logits and gathers the slices to TP rank 0 (the rank that sampl
 
 A quantized table (a GGUF file's token_embd, or the LM head quantized online) stays
 quantized: the LM head multiplies it through the C++ GEMM, and the embedding de-quantizes
-only the rows it looks up (from the head's packed copy when the two are tied).
+only the rows it looks up (from the head's packed copy when the two are tied). A file's
+blocks are decoded once, when the table is finished or packed.
 """
 
 from __future__ import annotations
@@ -20,14 +21,15 @@ from pagestream_kernels import cpu
 from services.worker.layers.linear_weight import pack_quantized
 from services.worker.layers.matmul import linear
 from services.worker.layers.packed_weight import PackedWeight
-from services.worker.layers.quantization import QuantizedWeight
 from services.worker.layers.quantization.loading import (
     Checkpoint,
     OnlineQuantization,
+    Quantized,
     dequantize_into,
     pad_rows,
     select_rows,
 )
+from services.worker.layers.quantization.mapped_blocks import decoded
 from services.worker.parallel_state import tp_all_reduce, tp_gather_last_dim
 
 
@@ -47,7 +49,7 @@ class VocabEmbedding(nn.Module):
         self.vocab_end = min(self.vocab_start + self.shard_size, vocab_size)
         self.weight = nn.Parameter(torch.empty(self.shard_size, hidden_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
-        self.quantized: QuantizedWeight | None = None  # a quantized table, kept quantized
+        self.quantized: Quantized | None = None  # a quantized table, kept quantized
         self.row_source: object | None = None  # a packed tied head whose rows are looked up
 
     def weight_loader(
@@ -59,13 +61,19 @@ class VocabEmbedding(nn.Module):
                 f"checkpoint tensor has shape {tuple(loaded_weight.shape)}, expected {expected}"
             )
         rows = self.vocab_end - self.vocab_start
-        if isinstance(loaded_weight, QuantizedWeight):
+        if not isinstance(loaded_weight, torch.Tensor):  # kept as it came until finished
             shard = loaded_weight.narrow_rows(self.vocab_start, rows)
             self.quantized = pad_rows(shard, self.shard_size)
             param.data = param.data.new_empty(0)  # never filled: the table stays quantized
             return
         param.data[:rows].copy_(loaded_weight.narrow(0, self.vocab_start, rows))
         param.data[rows:].zero_()
+
+    def finish_loading(self) -> None:
+        """A quantized table decoded for the lookups (an LM head tied to this embedding
+        packs or de-quantizes the file's blocks itself: see model_weights)."""
+        if self.quantized is not None:
+            self.quantized = decoded(self.quantized)
 
     def dequantize_weight(self, dtype: torch.dtype) -> None:
         """The float table back from `quantized` (paths without a quantized kernel)."""
@@ -118,7 +126,7 @@ class LMHead(VocabEmbedding):
         if self.quantized is None:
             return
         if self.tied is not None and self.tied.quantized is not self.quantized:
-            table = self.quantized.dequantize(dtype).to(self.weight.device)
+            table = decoded(self.quantized).dequantize(dtype).to(self.weight.device)
             self.weight = nn.Parameter(table, requires_grad=False)
             self.quantized = None
             return

@@ -1,18 +1,9 @@
 """Checkpoint tensors read straight from a GGUF file, under their HF names (Llama family,
-Qwen2, Qwen3, Gemma 3, Phi-3, Qwen2-MoE, Qwen3-MoE).
-
-    for name, tensor in iterate_gguf_weights(path, config, quantized=True):
-        ...  # "model.layers.0.self_attn.q_proj.weight", QuantizedWeight (Q4_1, ...)
-
-Quantized matrices come as `QuantizedWeight` (the file's blocks and scales, repacked
-exactly; services/worker/layers/quantization) when `quantized`, else de-quantized to
-float32 (gguf's own de-quantizer: every type it knows). Float tensors (norms, F16 / BF16
-matrices) come as float32 tensors either way. llama.cpp stores the query and key rows of
-the "llama" architecture in an interleaved rotary order; they are put back in HF's order
-here (a permutation of whole rows, so quantized rows move with their scales). Gemma's
-norms are stored as 1 + w (ggml multiplies by the weight); w is given back here. A
-mixture's experts are stacked in the file (`ffn_gate_exps` [experts, I, K], ...): each
-expert's rows become a tensor of their own, still quantized; its router is read as float32.
+Qwen2, Qwen3, Gemma 3, Phi-3, Qwen2-MoE, Qwen3-MoE). Quantized matrices come as
+`MappedBlocks` (still in the file's map, decoded when their layer is finished) or, unless
+`quantized`, de-quantized to float32; float tensors as float32. The "llama" family's
+rotary-permuted query / key rows are put back in HF's order, Gemma's 1 + w norms back to
+w, and a mixture's stacked experts split into one tensor per expert.
 """
 
 from __future__ import annotations
@@ -33,13 +24,8 @@ from transformers import PretrainedConfig
 from services.common.gguf_conversion import GGUF_NATIVE_ARCHITECTURES
 from services.common.gguf_file import GGUFFile, GGUFTensor
 from services.common.model_errors import ModelLoadError
-from services.worker.layers.quantization import (
-    QuantizedWeight,
-    UnsupportedQuantization,
-    decode_gguf,
-    gguf_float,
-)
-from services.worker.layers.quantization.loading import select_rows
+from services.worker.layers.quantization import UnsupportedQuantization, gguf_float
+from services.worker.layers.quantization.mapped_blocks import MappedBlocks
 from services.worker.models.load_progress import LoadProgress
 
 logger = logging.getLogger(__name__)
@@ -131,19 +117,23 @@ def _heads_of(kind: str, config: PretrainedConfig) -> int | None:
     return None
 
 
-def _read_tensor(raw: np.ndarray, tensor: GGUFTensor, quantized: bool):
-    """A tensor's bytes (uint8 [rows, row bytes], a view of the file's map) decoded: float
-    tensors to float32, quantized ones kept as QuantizedWeight or de-quantized."""
-    type_name, shape = tensor.type_name, tensor.shape
+def _read_tensor(gguf: GGUFFile, tensor: GGUFTensor, quantized: bool):
+    """A tensor's bytes (uint8 [rows, row bytes], a view of the file's map): quantized
+    ones kept as MappedBlocks (decoded when their layer is finished) or de-quantized,
+    float tensors read as float32 (the map's pages handed back after a copy)."""
+    raw, type_name, shape = gguf.raw(tensor), tensor.type_name, tensor.shape
+    if quantized and type_name not in FLOAT_TYPES:
+        return MappedBlocks(raw, type_name, shape[-1], gguf.release)
     if type_name in FLOAT_TYPES:
-        return gguf_float(raw, type_name, shape)
-    if quantized:
-        return decode_gguf(raw, type_name, shape[-1])
-    from gguf.constants import GGMLQuantizationType
-    from gguf.quants import dequantize
+        value = gguf_float(raw, type_name, shape)
+    else:
+        from gguf.constants import GGMLQuantizationType
+        from gguf.quants import dequantize
 
-    values = dequantize(raw, GGMLQuantizationType[type_name])
-    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(shape)
+        values = dequantize(raw, GGMLQuantizationType[type_name])
+        value = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(shape)
+    gguf.release(raw)
+    return value
 
 
 def iterate_gguf_weights(
@@ -151,7 +141,7 @@ def iterate_gguf_weights(
     config: PretrainedConfig,
     quantized: bool,
     wanted: Callable[[str], bool] | None = None,
-) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
+) -> Iterator[tuple[str, torch.Tensor | MappedBlocks]]:
     """(HF name, tensor) for every tensor of `path` the HF model has; `wanted(name)` False
     skips a tensor without decoding it. Raises ModelLoadError for an architecture outside
     the native family or, when `quantized`, a block type our kernels do not run."""
@@ -226,7 +216,7 @@ DECODE_THREADS = max(1, min(4, os.cpu_count() or 1))
 def _decoded(gguf: GGUFFile, tensor: GGUFTensor, quantized: bool, config: PretrainedConfig):
     """One tensor decoded (and its query / key rows put back in HF's order)."""
     try:
-        value = _read_tensor(gguf.raw(tensor), tensor, quantized)
+        value = _read_tensor(gguf, tensor, quantized)
     except UnsupportedQuantization as exc:
         raise ModelLoadError(
             f"GGUF tensor {tensor.name} is {tensor.type_name}, which pagestream's "
@@ -237,7 +227,7 @@ def _decoded(gguf: GGUFFile, tensor: GGUFTensor, quantized: bool, config: Pretra
     heads = _heads_of(kind, config)
     if heads is not None and gguf.architecture in PERMUTED_ARCHITECTURES:
         order = _rotary_order(value.shape[0], heads)
-        value = value[order] if isinstance(value, torch.Tensor) else select_rows(value, order)
+        value = value[order] if isinstance(value, torch.Tensor) else value.select_rows(order)
     if gguf.architecture in UNIT_OFFSET_NORM_ARCHITECTURES and tensor.name.endswith("norm.weight"):
         value = value - 1.0  # stored as 1 + w
     if kind == "ffn_gate_inp_shexp":  # [hidden] in the file, HF's Linear(hidden, 1)

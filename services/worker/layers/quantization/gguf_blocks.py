@@ -318,6 +318,18 @@ def decode_gguf(raw: np.ndarray, type_name: str, k: int) -> QuantizedWeight:
     type_name is the tensor type's name ("Q4_K", ...), k the input features (the row's
     element count). The result owns fresh CPU tensors (raw may be a read-only memmap).
     """
+    check_gguf_rows(raw, type_name, k)
+    native = _native_decoder(type_name)
+    if native is not None:
+        return native(raw)
+    block, size = _BLOCKS[type_name]
+    blocks = raw.reshape(raw.shape[0], k // block, size)  # [N, nb, bytes per block]
+    return _DECODERS[type_name](blocks, raw.shape[0])
+
+
+def check_gguf_rows(raw: np.ndarray, type_name: str, k: int) -> None:
+    """What `decode_gguf` would refuse, checked without decoding: an unsupported type
+    (UnsupportedQuantization), or bytes that are not rows of whole blocks of K elements."""
     if type_name not in _DECODERS:
         raise _unsupported(type_name, GGUF_BLOCK_TYPES)
     if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8 or raw.ndim != 2:
@@ -328,17 +340,16 @@ def decode_gguf(raw: np.ndarray, type_name: str, k: int) -> QuantizedWeight:
     block, size = _BLOCKS[type_name]
     if k <= 0 or k % block:
         raise ValueError(f"{type_name} rows hold blocks of {block} elements; K = {k} is not")
-    n, row_bytes = raw.shape
-    if row_bytes != k // block * size:
+    if raw.shape[1] != k // block * size:
         raise ValueError(
             f"a {type_name} row of K = {k} is {k // block * size} bytes "
-            f"({k // block} blocks of {size}), got {row_bytes}"
+            f"({k // block} blocks of {size}), got {raw.shape[1]}"
         )
-    native = _native_decoder(type_name)
-    if native is not None:
-        return native(raw)
-    blocks = raw.reshape(n, k // block, size)  # [N, nb, bytes per block]
-    return _DECODERS[type_name](blocks, n)
+
+
+def gguf_block(type_name: str) -> tuple[int, int]:
+    """(elements, bytes) of one block of a supported quantized type."""
+    return _BLOCKS[type_name]
 
 
 def _native_q4_k(module, raw: np.ndarray) -> QuantizedWeight:

@@ -1,16 +1,7 @@
-"""Loading quantized weights into the layers: the parts of one layer's weight, the online
-quantization of float checkpoint tensors, and the tensor operations the weight loaders
-apply to either kind of checkpoint tensor.
-
-A layer's weight loader narrows a checkpoint tensor to its tensor-parallel shard and
-copies it to a row offset of its (maybe fused) weight. For a `QuantizedWeight` the same
-narrowing applies to its codes and scales (`narrow`, `split_rows`), and the shard is kept
-as a part at its row offset (`WeightParts`); once every tensor is loaded the parts, in row
-order (`WeightParts.ordered`), are the layer's quantized weight, each part in its own
-format (services/worker/layers/linear_weight.py).
-`OnlineQuantization` turns a float checkpoint tensor into int8 / int4 before it is
-narrowed, so every tensor-parallel shard holds the rows and scales of the single-rank
-model.
+"""Loading quantized weights into the layers: the parts of one layer's weight by row
+offset (`WeightParts`), the online quantization of float checkpoint tensors (before
+tensor-parallel narrowing, so every shard holds the single-rank model's rows and scales),
+and the narrowing the weight loaders apply to any kind of checkpoint tensor.
 """
 
 from __future__ import annotations
@@ -21,16 +12,18 @@ from dataclasses import dataclass
 
 import torch
 
+from services.worker.layers.quantization.mapped_blocks import MappedBlocks, decoded
 from services.worker.layers.quantization.online import quantize_int4, quantize_int8
 from services.worker.layers.quantization.quantized_weight import QuantizedWeight, cat_rows
 
 ONLINE_METHODS = ("int8", "int4")
 
-Checkpoint = torch.Tensor | QuantizedWeight
+Checkpoint = torch.Tensor | QuantizedWeight | MappedBlocks
+Quantized = QuantizedWeight | MappedBlocks  # a quantized checkpoint tensor
 
 
 def narrow(tensor: Checkpoint, dim: int, start: int, size: int) -> Checkpoint:
-    """tensor.narrow(dim, start, size) for a float tensor or a QuantizedWeight (dim 0: output
+    """tensor.narrow(dim, start, size) for a float tensor or a quantized one (dim 0: output
     features, dim 1: input features)."""
     if isinstance(tensor, torch.Tensor):
         return tensor.narrow(dim, start, size)
@@ -51,11 +44,13 @@ def select_rows(tensor: QuantizedWeight, index: torch.Tensor) -> QuantizedWeight
     )
 
 
-def pad_rows(tensor: QuantizedWeight, rows: int) -> QuantizedWeight:
-    """`tensor` with zero rows appended up to `rows` (a vocabulary shard's padding)."""
+def pad_rows(tensor: Quantized, rows: int) -> Quantized:
+    """`tensor` with zero rows appended up to `rows` (a vocabulary shard's padding; a
+    padded one is decoded)."""
     extra = rows - tensor.shape[0]
     if extra <= 0:
         return tensor
+    tensor = decoded(tensor)
     zeros = dataclasses.replace(
         tensor,
         codes=tensor.codes.new_zeros((extra, tensor.codes.shape[1])),
@@ -68,7 +63,8 @@ def pad_rows(tensor: QuantizedWeight, rows: int) -> QuantizedWeight:
 def dequantize_into(module, dtype: torch.dtype) -> None:
     """`module.weight` back in float from `module.quantized` (which is then dropped)."""
     if module.quantized is not None:
-        module.weight.data = module.quantized.dequantize(dtype).to(module.weight.device)
+        table = decoded(module.quantized).dequantize(dtype)
+        module.weight.data = table.to(module.weight.device)
         module.quantized = None
 
 
@@ -101,9 +97,9 @@ class WeightParts:
 
     def __init__(self, rows: int, cols: int) -> None:
         self.rows, self.cols = rows, cols
-        self.parts: dict[int, QuantizedWeight] = {}
+        self.parts: dict[int, Quantized] = {}
 
-    def add(self, offset: int, part: QuantizedWeight) -> None:
+    def add(self, offset: int, part: Quantized) -> None:
         n, k = part.shape
         if k != self.cols or offset < 0 or offset + n > self.rows:
             raise ValueError(
@@ -115,7 +111,7 @@ class WeightParts:
     def __bool__(self) -> bool:
         return bool(self.parts)
 
-    def ordered(self) -> list[QuantizedWeight]:
+    def ordered(self) -> list[Quantized]:
         """The parts in row order; raises ValueError when they do not tile the rows."""
         ordered = sorted(self.parts.items())
         row = 0

@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from services.worker.layers.linear import LinearBase
-from services.worker.layers.linear_weight import QuantizedLinearWeight
 from services.worker.layers.packed_weight import packing_enabled
 from services.worker.layers.quantization.loading import OnlineQuantization
 from services.worker.layers.vocab_embedding import LMHead, VocabEmbedding
@@ -40,9 +39,16 @@ def set_online_quantization(model: nn.Module, online: OnlineQuantization) -> Non
 
 
 def finish_loading(model: nn.Module) -> None:
-    """Joins each layer's quantized shards (after every checkpoint tensor is in)."""
-    for module in [*_linears(model), *_heads(model)]:
+    """After every checkpoint tensor is in: each linear's shards checked (their final form
+    is made later, one layer at a time), each head's table settled, and the quantized
+    tables of embeddings that no head shares decoded for their lookups."""
+    heads = _heads(model)
+    for module in [*_linears(model), *heads]:
         module.finish_loading()
+    shared = {id(head.tied) for head in heads if head.tied is not None}
+    for table in model.modules():
+        if type(table) is VocabEmbedding and id(table) not in shared:
+            table.finish_loading()
 
 
 def prepare_for_torch(model: nn.Module, dtype: torch.dtype) -> None:
@@ -51,7 +57,7 @@ def prepare_for_torch(model: nn.Module, dtype: torch.dtype) -> None:
     ones packed into oneDNN's layout on the CPU."""
     linears = _linears(model)
     tables = [m for m in model.modules() if isinstance(m, VocabEmbedding)]
-    dequantized = sum(isinstance(m.weight_format, QuantizedLinearWeight) for m in linears)
+    dequantized = sum(m.builder is not None and m.builder.quantized for m in linears)
     dequantized += sum(m.quantized is not None for m in tables)
     for linear in linears:
         linear.prepare_for_torch(dtype)
@@ -84,7 +90,7 @@ def weight_formats(model: nn.Module) -> dict[str, str]:
     formats: dict[str, set[str]] = {}
     for name, module in model.named_modules():
         if isinstance(module, LinearBase):
-            held = module.weight_format.format
+            held = module.format
         elif isinstance(module, VocabEmbedding):
             held = _table_format(module)
         else:
