@@ -233,19 +233,15 @@ async def run_frontend(ns: argparse.Namespace) -> None:
     """The public APIs over a remote scheduler; TLS flags secure both the public gRPC port
     (certificate and key) and the connection to the scheduler (CA, plus the same
     certificate and key for mutual TLS)."""
-    from services.common.model_source import resolve_model
     from services.frontend.frontend_config import FrontendConfig
     from services.frontend.frontend_server import connect_frontend, serve_frontend
-    from services.frontend.generation_defaults import load_generation_defaults
-    from services.frontend.tokenizer import load_tokenizer
+    from services.frontend.model_files import ModelFiles
 
     tls, config, tools = tls_config(ns), from_flags(FrontendConfig, ns), tool_options(ns)
-    folder = await asyncio.to_thread(resolve_model, ns.model)
-    tokenizer = await asyncio.to_thread(load_tokenizer, folder)
-    defaults = load_generation_defaults(folder, ns.generation_config)
+    files = await asyncio.to_thread(ModelFiles.load, ns.model, ns.generation_config, True)
     router = router_config(ns)
     connecting = connect_frontend(
-        ns.scheduler, tokenizer, defaults, tls=tls, config=config, router=router
+        ns.scheduler, files.tokenizer, files.default_sampling, tls=tls, config=config, router=router
     )
     ready = asyncio.ensure_future(connecting)
     grpc_server = await serve_frontend(
