@@ -4,8 +4,9 @@ beside llama.cpp on the same file and threads.
     python -m benchmarks.load FILE.gguf [--llama-bin DIR] [--repeats 3] [--tokens 64]
 
 Fresh processes, one at a time, medians of `repeats`: pagestream's `LLM(model=FILE)` and
-llama-server (until /health answers) with VmRSS then; ms per token from greedy runs of 1 and
-`tokens` tokens and `llama-bench`; `--batch N`: tokens/s of N prompts vs llama-batched-bench.
+llama-server (until /health answers) with VmRSS then and the load's peak (VmHWM); ms per
+token from greedy runs of 1 and `tokens` tokens and `llama-bench`; `--batch N`: tokens/s of
+N prompts vs llama-batched-bench.
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ from pagestream import LLM, SamplingParams
 imported = time.perf_counter()
 llm = LLM(model=sys.argv[1], max_model_len=4096)
 ready = time.perf_counter()
-def rss():
+def rss(key="VmRSS:"):
     for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
+        if line.startswith(key):
             return int(line.split()[1]) * 1024
-resident = rss()
+resident, peak = rss(), rss("VmHWM:")
 tokens = int(sys.argv[2])
 def timed(n):
     params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
@@ -42,7 +43,7 @@ def timed(n):
 timed(2)
 one, many = timed(1), timed(tokens)
 print(json.dumps({"import_s": imported - start, "load_s": ready - imported,
-                  "rss_bytes": resident, "rss_after_bytes": rss(),
+                  "rss_bytes": resident, "peak_rss_bytes": peak, "rss_after_bytes": rss(),
                   "ms_per_token": 1000 * (many - one) / (tokens - 1)}))
 """
 
@@ -109,8 +110,12 @@ def llama_server_run(binary: Path, model: Path, threads: int, port: int = 18765)
                     raise RuntimeError(f"llama-server exited ({server.returncode})") from None
                 time.sleep(0.05)
         with open(f"/proc/{server.pid}/status") as status:
-            rss = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
-        return {"load_s": time.perf_counter() - start, "rss_bytes": rss}
+            kib = {line.split(":")[0]: int(line.split()[1]) for line in status if "kB" in line}
+        return {
+            "load_s": time.perf_counter() - start,
+            "rss_bytes": kib["VmRSS"] * 1024,
+            "peak_rss_bytes": kib["VmHWM"] * 1024,
+        }
     finally:
         server.terminate()
         server.wait(timeout=30)
