@@ -186,7 +186,7 @@ class InputBatch:
             )
         for request_id, drafts in plan.scheduled_spec_decode_tokens.items():
             if request_id in new:
-                continue  # the decoder checked a new request's whole length
+                continue  # a new request's length is the plan's own (PlanLimits.check)
             slot = self._slot(request_id)
             num_tokens = int(self._num_tokens[slot])
             if request_id in tails:

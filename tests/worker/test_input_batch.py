@@ -152,6 +152,10 @@ def test_plans_from_the_wire_are_checked_against_the_worker_limits():
         plan_from_pb(plan_to_pb(plan({"x": 1}, new=[new_req("x", range(33), [1])])), batch.limits)
     with pytest.raises(ValueError, match="fewer than 1 token"):
         plan_from_pb(plan_to_pb(plan({"a": 0}, new=[new_req("a", range(4), [1])])))
+    with pytest.raises(ValueError, match="blocks per KV cache group"):
+        plan_from_pb(
+            plan_to_pb(plan({"y": 4}, new=[new_req("y", range(4), range(9))])), batch.limits
+        )
     wire = plan_from_pb(plan_to_pb(step1()), batch.limits)
     assert wire.total_num_scheduled_tokens == sum(wire.num_scheduled_tokens.values()) == 12
 
