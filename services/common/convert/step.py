@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from itertools import islice
 
-from services.common.convert.logprobs import logprobs_from_pb, logprobs_to_pb
+from services.common.convert.logprobs import fill_logprobs, logprobs_from_pb
 from services.common.convert.lora import lora_columns_from_pb, lora_columns_to_pb
 from services.common.convert.plan_limits import PlanLimits
 from services.common.convert.pooling import (
@@ -237,13 +237,11 @@ def _plan_from_pb(message: worker_pb2.StepPlan) -> SchedulerOutput:
 
 def result_to_pb(result: RunnerOutput, step_id: int = 0, error: str = "") -> worker_pb2.StepResult:
     timings = result.timings
-    return worker_pb2.StepResult(
+    message = worker_pb2.StepResult(
         step_id=step_id,
         request_ids=result.request_ids,
         num_sampled=[len(ids) for ids in result.sampled_token_ids],
         sampled_token_ids=[i for ids in result.sampled_token_ids for i in ids],
-        logprobs={rid: logprobs_to_pb(p) for rid, p in result.logprobs.items()},
-        prompt_logprobs={rid: logprobs_to_pb(p) for rid, p in result.prompt_logprobs.items()},
         prepare_s=timings.prepare_s,
         forward_s=timings.forward_s,
         sample_s=timings.sample_s,
@@ -252,6 +250,11 @@ def result_to_pb(result: RunnerOutput, step_id: int = 0, error: str = "") -> wor
         **_keyed_lists_to_pb(result.spec_token_ids),
         pooled={rid: pooled_to_bytes(p) for rid, p in result.pooled.items()},
     )
+    for rid, positions in result.logprobs.items():  # built in place: no copies
+        fill_logprobs(message.logprobs[rid], positions)
+    for rid, positions in result.prompt_logprobs.items():
+        fill_logprobs(message.prompt_logprobs[rid], positions)
+    return message
 
 
 def result_from_pb(message: worker_pb2.StepResult) -> RunnerOutput:
