@@ -2,8 +2,8 @@
 
 A request is one of two kinds: a generation (`sampling_params`) or a pooling request
 (`pooling_params`: a prefill that samples nothing and returns its pooled vector).
-Exactly one is set; `check_request_kind` is the one rule, shared by the engine core's
-Request and the worker's NewRequestData.
+Exactly one is set (`check_request_kind`, also the engine core's Request's rule); on the
+wire it is AddRequest's `oneof kind`, and the worker's NewRequestData holds one `kind`.
 """
 
 from __future__ import annotations
