@@ -2,7 +2,6 @@
 beside llama.cpp on the same file and threads.
 
     python -m benchmarks.load FILE.gguf [--llama-bin DIR] [--repeats 3] [--tokens 64]
-
 Fresh processes, one at a time, medians of `repeats`: pagestream's `LLM(model=FILE)` and
 llama-server (until /health answers) with VmRSS then and the load's peak (VmHWM); ms per
 token from greedy runs of 1 and `tokens` tokens and `llama-bench`; `--batch N`: tokens/s of

@@ -4,9 +4,8 @@ model, for load-memory and speed benchmarks at size without llama.cpp's tools.
     python -m benchmarks.random_gguf qwen2.5-1.5b
     # -> $PAGESTREAM_CACHE/full_size/qwen2.5-1.5b.random-Q4_K_M.gguf
 
-Shapes come from benchmarks/full_size.py's SHAPES; the blocks are random bytes with small
-fp16 scales (any bytes are valid K-quant blocks), types as llama-quantize's Q4_K_M picks
-them; the tokenizer is byte-level BPE padded to the vocabulary. Written once, streamed.
+Shapes from benchmarks/full_size.py's SHAPES, types as llama-quantize's Q4_K_M picks them,
+random blocks with small fp16 scales, a byte-level BPE tokenizer padded to the vocabulary.
 """
 
 from __future__ import annotations

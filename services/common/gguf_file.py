@@ -1,16 +1,11 @@
 """A GGUF file read through a memory map: its scalar metadata and its tensors' bytes.
 
-The header, metadata and tensor table are parsed with `struct` straight from the map; array
-values (the tokenizer's strings) are skipped, not decoded, so opening a file is cheap
-whatever its vocabulary. `raw(tensor)` is a view of the map, never a copy: pages are read
-as the loader consumes them and a tensor-parallel rank touches only the rows it narrows to;
-`release(view)` drops them from the resident set once decoded.
-
-The file is untrusted: every count, length, dimension and offset its header states is
-checked against the bytes the file holds and against llama.cpp's rules (aligned tensors,
-in order, never overlapping) before anything is read or allocated from it, and refused
-with a `GGUFError` naming the file and the field. Every other reader of a user's GGUF file
-in services/ runs only on a file this one has accepted.
+Metadata arrays (the tokenizer's strings) are skipped, not decoded. `raw(tensor)` is a view
+of the map, never a copy; `release(view)` drops its pages from the resident set once read.
+The file is untrusted: every count, length, dimension and offset is checked against the
+file's bytes and llama.cpp's rules (aligned tensors, in order, never overlapping) before
+anything is read or allocated, else a `GGUFError` names the file and the field; every
+other reader of a user's GGUF file in services/ runs only on a file this one accepted.
 """
 
 from __future__ import annotations

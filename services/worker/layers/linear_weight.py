@@ -1,10 +1,9 @@
-"""A linear layer's weight as one object per format (vLLM's `quant_method` idea).
+"""A linear layer's weight as one object per format (vLLM's `quant_method` idea):
 
     FloatWeight            the float weight in the layer's parameter (as loaded)
     OneDNNWeight           the float weight in oneDNN's blocked layout (the torch path, CPU)
     QuantizedLinearWeight  quantized row parts, each in its file's format (loaded)
     NativeWeight           held by the C++ GEMM (pagestream_kernels/cpu/linear.h)
-
 A layer's WeightBuilder (weight_builder.py) `finish`es into FloatWeight or
 QuantizedLinearWeight, which `for_torch` / `for_native` turn into the final form at once.
 """

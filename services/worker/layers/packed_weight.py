@@ -1,16 +1,10 @@
 """Linear weights reordered once, at load, into oneDNN's blocked layout (CPU).
 
-oneDNN's linear on a plain [out, in] weight reorders it into its blocked layout on every
-call; `torch.ops.mkldnn._reorder_linear_weight` does that once and the packed tensor is
-passed to `torch.ops.mkldnn._linear_pointwise` from then on (what torch.compile's CPU
-inductor does for frozen linears). `PackedWeight.of(weight)` packs a CPU float32 or
-bfloat16 weight where this torch has oneDNN, else is None. The packed path is the faster
-one at every row count, so a packed weight serves every input and its plain copy is freed.
-
-The torch path's linears hold it as their weight format (linear_weight.OneDNNWeight) and
-the LM head as its `packed` copy, made once the weights are loaded
-(quantization/model_weights.prepare_for_torch). A torch without oneDNN packs nothing and
-runs the plain weights (FloatWeight).
+oneDNN's linear reorders a plain [out, in] weight on every call; `_reorder_linear_weight`
+does it once and `_linear_pointwise` takes the packed tensor from then on (as torch.compile's
+CPU inductor does for frozen linears). `PackedWeight.of(weight)` packs a CPU float32 or
+bfloat16 weight where this torch has oneDNN, else is None; the packed copy serves every
+input, so the plain one is freed (linear_weight.OneDNNWeight; the LM head keeps both).
 """
 
 from __future__ import annotations

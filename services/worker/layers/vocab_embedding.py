@@ -1,14 +1,10 @@
 """Token embedding and LM head, vocab-parallel, with weight-loader hooks like the linears.
 
-With tensor parallelism each rank holds ceil(vocab_size / tp_size) rows of the
-[vocab_size, hidden_size] table (the last rank's shard is zero-padded): the embedding
-looks up the ids in its range, zeroes the others and all-reduces; the LM head computes
-its slice of the logits and gathers the slices to TP rank 0 (the rank that samples).
-
-A quantized table (a GGUF file's token_embd, or the LM head quantized online) stays
-quantized: the LM head multiplies it through the C++ GEMM, and the embedding de-quantizes
-only the rows it looks up (from the head's packed copy when the two are tied). A file's
-blocks are decoded once, when the table is finished or packed.
+Each rank holds ceil(vocab_size / tp_size) rows of the table (the last shard zero-padded):
+the embedding looks up its range and all-reduces, the LM head gathers its logits' slices to
+TP rank 0. A quantized table (a GGUF file's, or the head quantized online) stays quantized:
+the head multiplies it through the C++ GEMM and the embedding de-quantizes only the rows it
+looks up (from the head's packed copy when tied); a file's blocks are decoded once.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Progress of a long weight load, in the log: bytes read of the checkpoint's total.
 
-    progress = LoadProgress("model.gguf", total_bytes)
-    for tensor in ...:
-        progress.add(tensor_bytes)   # logs at most every INTERVAL_S seconds
-    progress.done()
-
-A load shorter than INTERVAL_S logs nothing until `done` (one line with the time); a
-longer one logs "loading weights of X: 45% (440 of 984 MB, 2.1 s)" as it goes, as vLLM's and
-llama.cpp's loaders show theirs.
+`LoadProgress(source, total_bytes)`, then `add(tensor_bytes)` per tensor and `done()`. A
+load shorter than INTERVAL_S logs one line at `done`; a longer one logs "loading weights of
+X: 45% (440 of 984 MB, 2.1 s)" at most every INTERVAL_S seconds, as vLLM's and llama.cpp's
+loaders do.
 """
 
 from __future__ import annotations

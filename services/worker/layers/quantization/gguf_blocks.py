@@ -1,60 +1,10 @@
 """GGUF's block-quantized tensors decoded, exactly, into `QuantizedWeight`.
 
-A quantized 2-D GGUF tensor is N rows (output features) of K // block elements' blocks of
-bytes; `decode_gguf(raw, type_name, k)` takes what `gguf.GGUFReader(path).tensors[i].data`
-holds for it (uint8 [N, bytes_per_row]) and `tensor.tensor_type.name`. The block layouts
-(ggml's, little-endian) and what each becomes:
-
-    Q8_0  32 elements, 34 bytes: fp16 d, 32 int8 q; w = d * q
-          -> 8 bits, groups of 32, float16 scales d
-    Q4_0  32 elements, 18 bytes: fp16 d, 16 bytes of nibbles (element i < 16 in byte i's
-          low nibble, element 16 + i in its high nibble); w = d * (q - 8)
-          -> 4 bits, groups of 32, float16 scales d and mins -8 d (float32 both where
-          some 8 d overflows float16)
-    Q4_1  32 elements, 20 bytes: fp16 d, fp16 m, 16 bytes of nibbles as Q4_0; w = d * q + m
-          -> 4 bits, groups of 32, float16 scales d and mins m
-    Q5_0  32 elements, 22 bytes: fp16 d, 4 bytes qh (bit i: bit 4 of element i), 16 bytes
-          of low nibbles as Q4_0; w = d * (q - 16)
-          -> 8 bits (codes -16..15), groups of 32, float16 scales d
-    Q5_1  32 elements, 24 bytes: fp16 d, fp16 m, qh and nibbles as Q5_0; w = d * q + m
-          -> 8 bits (codes 0..31), groups of 32, float16 scales d and mins m
-    IQ4_NL 32 elements, 18 bytes: fp16 d, nibbles as Q4_0 indexing a fixed table of 16
-          int8 values v; w = d * v[q]
-          -> 8 bits (the table's values), groups of 32, float16 scales d
-    Q2_K  256 elements, 84 bytes: 16 bytes of 4-bit scales (low nibble) and mins (high),
-          64 bytes qs (element e = 128 h + 32 s + l: bits 2 s of qs[32 h + l]), fp16 d,
-          fp16 dmin; w = d sc_j * q - dmin m_j, sub-blocks of 16
-          -> 4 bits (codes 0..3), groups of 16, float32 scales d sc_j and mins -dmin m_j
-    Q3_K  256 elements, 110 bytes: 32 bytes hmask (bit e // 32 of byte e % 32: the high
-          bit, set meaning no -4), 64 bytes qs as Q2_K, 12 bytes of sixteen 6-bit scales,
-          fp16 d; w = d (sc_j - 32) * (q - 4 (1 - h)), sub-blocks of 16
-          -> 8 bits (codes -4..3), groups of 16, float32 scales d (sc_j - 32)
-    IQ4_XS 256 elements, 136 bytes: fp16 d, 2 bytes of the scales' high bits, 4 bytes of
-          their low nibbles, 128 bytes of IQ4_NL nibbles (16 a sub-block of 32);
-          w = d (sc_j - 32) * v[q]
-          -> 8 bits (the table's values), groups of 32, float32 scales d (sc_j - 32)
-    Q4_K  256 elements, 144 bytes: fp16 d, fp16 dmin, 12 bytes of eight 6-bit scales sc_j
-          and mins m_j, 128 bytes of nibbles (32-byte chunk c: sub-block 2c in the low
-          nibbles, 2c + 1 in the high ones); w = d sc_j * q - dmin m_j
-          -> 4 bits, groups of 32, float32 scales d sc_j and mins -dmin m_j
-    Q5_K  256 elements, 176 bytes: d, dmin, 12 bytes of scales as Q4_K, 32 bytes qh (bit j
-          of qh[l] is bit 4 of sub-block j's element l), 128 bytes of low nibbles as Q4_K
-          -> 8 bits (codes 0..31), groups of 32, float32 scales and mins as Q4_K
-    Q6_K  256 elements, 210 bytes: 128 bytes ql, 64 bytes qh, 16 int8 scales, fp16 d; per
-          half h of 128 elements, element r has low bits ql[64 h + r % 64] >> 4 (r // 64),
-          high bits qh[32 h + r % 32] >> 2 (r // 32); w = d sc_(e // 16) * (q - 32)
-          -> 8 bits (codes -32..31), groups of 16, float32 scales d sc
-
-Each decoded value equals ggml's: the fp16 fields are exact in float32, the products
-d * sc (11 x 8 significant bits at most) are exact in float32, and the promoted forms
-(d q + (-8 d) for d (q - 8); x + (-m) for x - m) round the same or not at all.
-
-Q4_K and Q6_K (the bulk of llama.cpp's Q4_K_M / Q5_K_M mixes) are decoded by the C++
-extension where it builds (pagestream_kernels/cpu/gguf_decode.cpp, row blocks over the thread team,
-the same values bit for bit); the numpy decoders here are the reference and the fallback.
-
-`gguf_float(raw, type_name, shape)` reads the float tensors (F32, F16, BF16: norm weights,
-embeddings) as float32.
+`decode_gguf(raw, type_name, k)` takes a 2-D tensor's bytes (uint8 [N, bytes per row], as
+the file's map holds them) and its type's name. Every decoded value equals ggml's: the fp16
+fields and the products d * sc are exact in float32. Q4_K and Q6_K decode in C++ where the
+extension builds (pagestream_kernels/cpu/gguf_decode.cpp, bit for bit the same); the numpy
+decoders are the reference and the fallback. `gguf_float` reads F32 / F16 / BF16 as float32.
 """
 
 from __future__ import annotations
@@ -72,6 +22,51 @@ class UnsupportedQuantization(ValueError):
     """A tensor type this package cannot represent as a QuantizedWeight."""
 
 
+# The block layouts (ggml's, little-endian) and what each becomes as a QuantizedWeight:
+#
+#   Q8_0  32 elements, 34 bytes: fp16 d, 32 int8 q; w = d * q
+#         -> 8 bits, groups of 32, float16 scales d
+#   Q4_0  32 elements, 18 bytes: fp16 d, 16 bytes of nibbles (element i < 16 in byte i's
+#         low nibble, element 16 + i in its high nibble); w = d * (q - 8)
+#         -> 4 bits, groups of 32, float16 scales d and mins -8 d (float32 both where
+#         some 8 d overflows float16)
+#   Q4_1  32 elements, 20 bytes: fp16 d, fp16 m, 16 bytes of nibbles as Q4_0; w = d * q + m
+#         -> 4 bits, groups of 32, float16 scales d and mins m
+#   Q5_0  32 elements, 22 bytes: fp16 d, 4 bytes qh (bit i: bit 4 of element i), 16 bytes
+#         of low nibbles as Q4_0; w = d * (q - 16)
+#         -> 8 bits (codes -16..15), groups of 32, float16 scales d
+#   Q5_1  32 elements, 24 bytes: fp16 d, fp16 m, qh and nibbles as Q5_0; w = d * q + m
+#         -> 8 bits (codes 0..31), groups of 32, float16 scales d and mins m
+#   IQ4_NL 32 elements, 18 bytes: fp16 d, nibbles as Q4_0 indexing a fixed table of 16
+#         int8 values v; w = d * v[q]
+#         -> 8 bits (the table's values), groups of 32, float16 scales d
+#   Q2_K  256 elements, 84 bytes: 16 bytes of 4-bit scales (low nibble) and mins (high),
+#         64 bytes qs (element e = 128 h + 32 s + l: bits 2 s of qs[32 h + l]), fp16 d,
+#         fp16 dmin; w = d sc_j * q - dmin m_j, sub-blocks of 16
+#         -> 4 bits (codes 0..3), groups of 16, float32 scales d sc_j and mins -dmin m_j
+#   Q3_K  256 elements, 110 bytes: 32 bytes hmask (bit e // 32 of byte e % 32: the high
+#         bit, set meaning no -4), 64 bytes qs as Q2_K, 12 bytes of sixteen 6-bit scales,
+#         fp16 d; w = d (sc_j - 32) * (q - 4 (1 - h)), sub-blocks of 16
+#         -> 8 bits (codes -4..3), groups of 16, float32 scales d (sc_j - 32)
+#   IQ4_XS 256 elements, 136 bytes: fp16 d, 2 bytes of the scales' high bits, 4 bytes of
+#         their low nibbles, 128 bytes of IQ4_NL nibbles (16 a sub-block of 32);
+#         w = d (sc_j - 32) * v[q]
+#         -> 8 bits (the table's values), groups of 32, float32 scales d (sc_j - 32)
+#   Q4_K  256 elements, 144 bytes: fp16 d, fp16 dmin, 12 bytes of eight 6-bit scales sc_j
+#         and mins m_j, 128 bytes of nibbles (32-byte chunk c: sub-block 2c in the low
+#         nibbles, 2c + 1 in the high ones); w = d sc_j * q - dmin m_j
+#         -> 4 bits, groups of 32, float32 scales d sc_j and mins -dmin m_j
+#   Q5_K  256 elements, 176 bytes: d, dmin, 12 bytes of scales as Q4_K, 32 bytes qh (bit j
+#         of qh[l] is bit 4 of sub-block j's element l), 128 bytes of low nibbles as Q4_K
+#         -> 8 bits (codes 0..31), groups of 32, float32 scales and mins as Q4_K
+#   Q6_K  256 elements, 210 bytes: 128 bytes ql, 64 bytes qh, 16 int8 scales, fp16 d; per
+#         half h of 128 elements, element r has low bits ql[64 h + r % 64] >> 4 (r // 64),
+#         high bits qh[32 h + r % 32] >> 2 (r // 32); w = d sc_(e // 16) * (q - 32)
+#         -> 8 bits (codes -32..31), groups of 16, float32 scales d sc
+#
+# The promoted forms (d q + (-8 d) for d (q - 8); x + (-m) for x - m) round as ggml's do,
+# or not at all.
+#
 # type name -> (elements per block, bytes per block)
 _BLOCKS = {
     "Q8_0": (32, 34),

@@ -1,14 +1,10 @@
 """Online weight-only quantization: float linear weights [N, K] -> QuantizedWeight at load.
 
 `quantize_int8`: symmetric, one scale per output channel (max |w_row| / 127), codes
--127..127. `quantize_int4`: asymmetric per group of 32 or 128 input features, codes 0..15
-and an integer zero point: the range [min(lo, 0), max(hi, 0)] of the group split in 15
-steps, so that 0.0 is exactly a code and no code is clamped; stored as float32 scales and
-mins = -scale * zero. A constant group c uses scale |c| (c reproduced exactly), a zero group
-scale 1.
-
-Both compute in float32 on the weight's device, a block of rows at a time, so the float32
-working copy stays under `CHUNK_BYTES` however large the weight.
+-127..127. `quantize_int4`: per group of 32 or 128, codes 0..15 over [min(lo, 0),
+max(hi, 0)] in 15 steps (0.0 exactly a code, none clamped), float32 scales and mins =
+-scale * zero; a constant group c has scale |c|, a zero group scale 1. Both compute in
+float32, a block of rows at a time (the working copy stays under `CHUNK_BYTES`).
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
-"""`QuantizedWeight`: a linear weight [N, K] stored as group-quantized integer codes.
+"""`QuantizedWeight`: a linear weight [N, K] stored as group-quantized integer codes,
 
-Element (n, k) of the weight is, computed in float32,
+    w[n, k] = scales[n, k // group_size] * code[n, k] + (mins[n, k // group_size] or 0)
 
-    w[n, k] = scales[n, g] * code[n, k] + (mins[n, g] if mins is not None else 0),
-    g = k // group_size
-
-with `group_size == K` for one scale per output channel. 8-bit codes are int8 [N, K]
-(signed); 4-bit codes are uint8 [N, K // 2], two unsigned codes (0..15) a byte: byte j of
-a row holds code(k = 2j) in its low nibble and code(k = 2j + 1) in its high nibble.
-
-Every operation here is exact: `narrow_rows` / `narrow_cols` (tensor-parallel shards,
-fused layers split apart) select codes and scales, and `cat_rows` (fused layers put
-together) first promotes its parts to one common form (4 -> 8 bits, finer groups, float32
-scales, zero mins), none of which changes any dequantized value, bit for bit.
+computed in float32. 8-bit codes are int8 [N, K]; 4-bit codes uint8 [N, K // 2], byte j
+holding code 2j in its low nibble and 2j + 1 in its high one. Every operation is exact:
+narrowing selects codes and scales; `cat_rows` first promotes its parts to one wider form.
 """
 
 from __future__ import annotations
