@@ -1,6 +1,6 @@
 """A GGUF tensor from the file's map to its packed form: MappedBlocks narrowed and decoded
 (equal to decoding the whole tensor, the map's pages handed back after), and a large
-tensor packed in row chunks (equal to packing it whole)."""
+tensor packed and de-quantized in row chunks (equal to doing it whole)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from pagestream_kernels import cpu
 from services.common.gguf_file import GGUFFile
 from services.worker.layers import linear_weight
-from services.worker.layers.quantization import decode_gguf
+from services.worker.layers.quantization import decode_gguf, mapped_blocks
 from services.worker.layers.quantization.mapped_blocks import MappedBlocks
 
 Q4_K_BLOCK = (256, 144)
@@ -78,9 +78,9 @@ def test_a_large_tensor_packs_in_row_chunks_equal_to_one(monkeypatch):
     bias = torch.randn(1000)
     x = torch.randn(3, 512)
     whole = linear_weight.pack_quantized(decode_gguf(raw, "Q4_K", 512), bias, False)
-    monkeypatch.setattr(linear_weight, "CHUNK_BYTES", 256 * raw.shape[1])
+    monkeypatch.setattr(mapped_blocks, "CHUNK_BYTES", 256 * raw.shape[1])
     blocks = MappedBlocks(raw, "Q4_K", 512)
-    assert linear_weight._row_chunks(blocks) == [(0, 256), (256, 256), (512, 256), (768, 232)]
+    assert mapped_blocks.row_chunks(blocks) == [(0, 256), (256, 256), (512, 256), (768, 232)]
     chunked = linear_weight.pack_quantized(blocks, bias, False)
     assert chunked.format() == "Q4_K" and chunked.out_features() == 1000
     empty = torch.empty(0)
@@ -89,3 +89,5 @@ def test_a_large_tensor_packs_in_row_chunks_equal_to_one(monkeypatch):
     )
     ids = torch.tensor([0, 255, 256, 999])
     torch.testing.assert_close(chunked.gather_rows(ids), whole.gather_rows(ids), rtol=0, atol=0)
+    table = mapped_blocks.dequantized(blocks, torch.float32)  # the torch path's, chunked too
+    torch.testing.assert_close(table, decode_gguf(raw, "Q4_K", 512).dequantize(), rtol=0, atol=0)

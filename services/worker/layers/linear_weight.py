@@ -18,7 +18,12 @@ from services.worker.cpu_tuning import return_freed_memory
 from services.worker.layers.matmul import linear
 from services.worker.layers.packed_weight import PackedWeight
 from services.worker.layers.quantization import QuantizedWeight
-from services.worker.layers.quantization.mapped_blocks import MappedBlocks, decoded
+from services.worker.layers.quantization.mapped_blocks import (
+    MappedBlocks,
+    decoded,
+    dequantized,
+    row_chunks,
+)
 from services.worker.layers.quantization.quantized_weight import joined_sources
 
 
@@ -34,23 +39,6 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-# A file's tensor larger than this (an LM head, an embedding) is decoded and packed in
-# row chunks of at most this many bytes of blocks, stacked: the decoded scratch of a load
-# stays one chunk's, whatever the vocabulary.
-CHUNK_BYTES = 64 << 20
-CHUNK_ROWS = 256  # chunks are whole tiles of the GEMM's output rows
-
-
-def _row_chunks(weight: QuantizedWeight | MappedBlocks) -> list[tuple[int, int]]:
-    """(start, rows) of the chunks `weight` is packed in: one, unless it is a file's
-    tensor of more than CHUNK_BYTES."""
-    n = weight.shape[0]
-    if not isinstance(weight, MappedBlocks) or weight.nbytes <= CHUNK_BYTES:
-        return [(0, n)]
-    rows = max(CHUNK_ROWS, CHUNK_BYTES // weight.raw.shape[1] // CHUNK_ROWS * CHUNK_ROWS)
-    return [(start, min(rows, n - start)) for start in range(0, n, rows)]
-
-
 def pack_quantized(
     weight: QuantizedWeight | MappedBlocks, bias: torch.Tensor, bf16_rows: bool
 ) -> object:
@@ -59,7 +47,7 @@ def pack_quantized(
     bfloat16. A file's blocks are decoded into scratch, chunk by chunk (the C++ object
     holds its own layout), and the chunks stacked along the output features."""
     packed = []
-    for start, rows in _row_chunks(weight):
+    for start, rows in row_chunks(weight):
         part = weight if rows == weight.shape[0] else weight.narrow_rows(start, rows)
         part_bias = bias[start : start + rows] if bias.numel() else bias
         packed.append(_pack(decoded(part), part_bias, bf16_rows))
@@ -158,7 +146,7 @@ class QuantizedLinearWeight(LinearWeight):
         return sum(part.nbytes for part in self.parts)
 
     def for_torch(self, dtype: torch.dtype) -> LinearWeight:
-        rows = [decoded(part).dequantize(dtype) for part in self.parts]
+        rows = [dequantized(part, dtype) for part in self.parts]
         self.param.data = torch.cat(rows).to(self.param.device)
         return FloatWeight(self.param).for_torch(dtype)
 

@@ -25,7 +25,7 @@ from services.worker.layers.quantization.loading import (
     pad_rows,
     select_rows,
 )
-from services.worker.layers.quantization.mapped_blocks import decoded
+from services.worker.layers.quantization.mapped_blocks import decoded, dequantized
 from services.worker.parallel_state import tp_all_reduce, tp_gather_last_dim
 
 
@@ -122,7 +122,7 @@ class LMHead(VocabEmbedding):
         if self.quantized is None:
             return
         if self.tied is not None and self.tied.quantized is not self.quantized:
-            table = decoded(self.quantized).dequantize(dtype).to(self.weight.device)
+            table = dequantized(self.quantized, dtype).to(self.weight.device)
             self.weight = nn.Parameter(table, requires_grad=False)
             self.quantized = None
             return

@@ -12,7 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
-from services.worker.layers.quantization.mapped_blocks import MappedBlocks, decoded
+from services.worker.layers.quantization.mapped_blocks import (
+    MappedBlocks,
+    decoded,
+    dequantized,
+)
 from services.worker.layers.quantization.online import quantize_int4, quantize_int8
 from services.worker.layers.quantization.quantized_weight import QuantizedWeight, cat_rows
 
@@ -63,7 +67,7 @@ def pad_rows(tensor: Quantized, rows: int) -> Quantized:
 def dequantize_into(module, dtype: torch.dtype) -> None:
     """`module.weight` back in float from `module.quantized` (which is then dropped)."""
     if module.quantized is not None:
-        table = decoded(module.quantized).dequantize(dtype)
+        table = dequantized(module.quantized, dtype)
         module.weight.data = table.to(module.weight.device)
         module.quantized = None
 

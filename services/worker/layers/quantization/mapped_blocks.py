@@ -87,3 +87,31 @@ class MappedBlocks:
 def decoded(weight: QuantizedWeight | MappedBlocks) -> QuantizedWeight:
     """`weight` as a QuantizedWeight (MappedBlocks decoded; the map's pages handed back)."""
     return weight.decode() if isinstance(weight, MappedBlocks) else weight
+
+
+# A file's tensor larger than this (an LM head, an embedding) is decoded in row chunks of
+# at most this many bytes of blocks: a load's decoded scratch stays one chunk's, whatever
+# the vocabulary.
+CHUNK_BYTES = 64 << 20
+CHUNK_ROWS = 256  # chunks are whole tiles of the GEMM's output rows
+
+
+def row_chunks(weight: QuantizedWeight | MappedBlocks) -> list[tuple[int, int]]:
+    """(start, rows) of the chunks `weight` is decoded in: one, unless it is a file's
+    tensor of more than CHUNK_BYTES."""
+    n = weight.shape[0]
+    if not isinstance(weight, MappedBlocks) or weight.nbytes <= CHUNK_BYTES:
+        return [(0, n)]
+    rows = max(CHUNK_ROWS, CHUNK_BYTES // weight.raw.shape[1] // CHUNK_ROWS * CHUNK_ROWS)
+    return [(start, min(rows, n - start)) for start in range(0, n, rows)]
+
+
+def dequantized(weight: QuantizedWeight | MappedBlocks, dtype: torch.dtype) -> torch.Tensor:
+    """`weight` de-quantized to `dtype` [N, K], a file's large tensor chunk by chunk."""
+    chunks = row_chunks(weight)
+    if len(chunks) == 1:
+        return decoded(weight).dequantize(dtype)
+    out = torch.empty(weight.shape, dtype=dtype)
+    for start, rows in chunks:
+        out[start : start + rows] = weight.narrow_rows(start, rows).decode().dequantize(dtype)
+    return out
