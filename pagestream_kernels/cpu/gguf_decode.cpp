@@ -1,14 +1,6 @@
 // GGUF's K-quant blocks decoded into QuantizedWeight's form, row by row over the thread
 // team: the same values, bit for bit, as services/worker/layers/quantization/gguf_blocks.py
 // (the numpy decoders, which stay the reference and the path without this extension).
-//
-//   Q4_K  256 elements, 144 bytes: fp16 d, fp16 dmin, 12 bytes of eight 6-bit scales and
-//         mins, 128 bytes of nibbles (chunk c of 32 bytes: sub-block 2c in the low
-//         nibbles, 2c + 1 in the high ones)
-//         -> codes uint8 [N, K / 2] (byte j: element 2j low, 2j + 1 high), float32 scales
-//            d * sc_j and mins -(dmin * m_j), [N, K / 32]
-//   Q6_K  256 elements, 210 bytes: 128 bytes ql, 64 bytes qh, 16 int8 scales, fp16 d
-//         -> codes int8 [N, K] (q - 32), float32 scales d * sc [N, K / 16]
 #include <c10/util/Half.h>
 #include <torch/extension.h>
 
@@ -73,6 +65,11 @@ void q6_k_block(const uint8_t* b, int8_t* codes, float* scales) {
 
 }  // namespace
 
+// Q4_K  256 elements, 144 bytes: fp16 d, fp16 dmin, 12 bytes of eight 6-bit scales and
+//       mins, 128 bytes of nibbles (chunk c of 32 bytes: sub-block 2c in the low
+//       nibbles, 2c + 1 in the high ones)
+//       -> codes uint8 [N, K / 2] (byte j: element 2j low, 2j + 1 high), float32 scales
+//          d * sc_j and mins -(dmin * m_j), [N, K / 32]
 std::tuple<at::Tensor, at::Tensor, at::Tensor> decode_q4_k(const at::Tensor& raw_blocks) {
   const at::Tensor raw = checked_raw(raw_blocks, 144, "decode_q4_k");
   const int64_t n = raw.size(0), nb = raw.size(1) / 144;
@@ -87,6 +84,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> decode_q4_k(const at::Tensor& raw
   return {codes, scales, mins};
 }
 
+// Q6_K  256 elements, 210 bytes: 128 bytes ql, 64 bytes qh, 16 int8 scales, fp16 d
+//       -> codes int8 [N, K] (q - 32), float32 scales d * sc [N, K / 16]
 std::tuple<at::Tensor, at::Tensor> decode_q6_k(const at::Tensor& raw_blocks) {
   const at::Tensor raw = checked_raw(raw_blocks, 210, "decode_q6_k");
   const int64_t n = raw.size(0), nb = raw.size(1) / 210;

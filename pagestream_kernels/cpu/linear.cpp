@@ -1,11 +1,10 @@
 // Packed linears for the native CPU step, on torch's batch-reduce GEMM micro-kernels
 // (at::native::cpublas::brgemm: oneDNN's ukernels, avx512_bf16 dot products or AMX tiles
 // for bfloat16, FMA for float32), which accumulate and write float32.
-//
 // The weight [N, K] is cut into blocks of BN output columns, each stored as brgemm's B
 // operand: bfloat16 in VNNI pairs [K / 2][nb][2], float32 as [K][nb] (nb = BN, or what is
-// left for the last block). A call runs (column block, row tile) items over the intra-op
-// threads, column blocks outermost, so a thread keeps its block in cache across row tiles
+// left for the last block). A call runs (column block, row tile) items over the thread
+// team, column blocks outermost, so a thread keeps its block in cache across row tiles
 // and each weight byte is read from memory once per call.
 #include "linear.h"
 #include "thread_pool.h"

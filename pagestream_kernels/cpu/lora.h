@@ -1,6 +1,5 @@
 // LoRA adapters in the native step: the adds B (A x) after one linear of the decoder stack,
 // for the rows of each adapter slot.
-//
 // The slot tensors are Python's (services/worker/lora/lora_slots.py: A [S, R, K] and
 // B [S, n, R] float32 per slice of a fused linear, scale folded into B). `load_slot` copies
 // one slot into the layout the loops want, in the linear's input type: A as it is

@@ -1,19 +1,9 @@
-// Attention straight from the paged KV cache on the CPU, one query row at a time: decode
-// rows (one query token per sequence) for the torch path's `paged_decode`, and any step's
-// rows (prefill chunks, several tokens per decoding sequence) for the native step's
-// `attend_rows`, each row over its own causal prefix of the context.
-//
-// The torch path gathers every sequence's keys and values into a padded buffer and runs SDPA
-// over it, so each cached byte is read, written and read again. Here each (sequence, KV head)
-// walks its block table once for the keys and once for the values, reading every cached byte
-// once, block by block, for all the query heads of its GQA group. float32 or bfloat16 queries
+// Attention straight from the paged KV cache on the CPU: decode rows for the torch path's
+// `paged_decode` and any step's rows for the native step's `attend_rows`, each row over its
+// own causal prefix. Each (sequence, KV head) walks its block table once for the keys and
+// once for the values, reading every cached byte once for all the query heads of its GQA
+// group (the reference gathers them into a padded buffer first). float32 or bfloat16 queries
 // and caches (a bfloat16 cache under float32 queries too); all arithmetic is float32.
-//
-// query       [num_seqs, num_q_heads, head_dim]
-// key_cache   [num_blocks, block_size, num_kv_heads, head_dim] (value_cache alike)
-// block_table [num_seqs, max_blocks] int32
-// seq_lens    [num_seqs] int32: context length including this step's token
-// out         [num_seqs, num_q_heads, head_dim] (the query's dtype)
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <torch/extension.h>
@@ -634,6 +624,12 @@ void paged_attention_rows(torch::Tensor out, torch::Tensor query, torch::Tensor 
                           static_cast<float>(soft_cap));
 }
 
+// Decode rows over the paged cache (the torch path):
+// query       [num_seqs, num_q_heads, head_dim]
+// key_cache   [num_blocks, block_size, num_kv_heads, head_dim] (value_cache alike)
+// block_table [num_seqs, max_blocks] int32
+// seq_lens    [num_seqs] int32: context length including this step's token
+// out         [num_seqs, num_q_heads, head_dim] (the query's dtype)
 void paged_decode(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache,
                   torch::Tensor value_cache, torch::Tensor block_table, torch::Tensor seq_lens,
                   double scale, int64_t sliding_window, double soft_cap) {

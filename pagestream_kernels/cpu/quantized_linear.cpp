@@ -1,46 +1,11 @@
 // Weight-only quantized linears of the native CPU step: 8-, 6- and 4-bit codes in groups
 // along K with float16 or float32 scales (and optional mins), float32 activations, float32
-// accumulation and outputs (linear.h). GGUF's Q8_0 / Q4_0 / Q4_1 and the K-quants, and the
-// online int8 / int4 formats, all arrive in one form (services/worker/layers/quantization:
-// 8- or 4-bit codes, a float scale per group); the packing here keeps them as small as
-// their source, exactly:
-//  - 8-bit codes that all lie in -32..31 (Q6_K's, Q5_K's 0..31) are held as 6 bits: the
-//    4-bit layout's nibbles plus a plane of the two high bits;
-//  - float32 scales (and mins) that factor exactly as an int8 sub-scale per group times a
-//    float16 scale per super-group (a K-quant's d x sc_j, which its decoder multiplied out:
-//    256 elements a super-group) are held so: 1 byte a group and 2 per super-group, not 4
-//    a group. Each product float(super) * float(sub) is checked equal to the scale bit for
-//    bit, or the flat form is kept.
-// A Q4_K weight so streams 4.63 bits a weight (its file's 4.5 plus the layout's alignment),
-// Q6_K 6.56 (not 6 + 32 and 8 + 2 of the flat forms).
-//
-// Layout: N is padded to a multiple of 16 and cut into blocks of `block_` columns (the last
-// one narrower, a multiple of 16). A block is a sequence of k-units of 16-column chunks,
-// [K / KU][nb / 16][16 columns][4 bytes]: lane c of a chunk holds, for 8 bits, the codes of
-// k = 4u .. 4u + 3 as unsigned bytes (code ^ 0x80, that is code + 128); for 4 bits, k = 8u + j
-// in the low nibble of byte j and k = 8u + 4 + j in its high nibble. 6 bits (code + 32,
-// 0..63): the low nibbles as 4 bits, then a plane [K / 16][nb / 16][16 columns][4 bytes] of
-// high bits: byte j of lane c in pair p holds bits 4-5 of k = 16p + j, 16p + 4 + j,
-// 16p + 8 + j, 16p + 12 + j at bits 0-1, 2-3, 4-5, 6-7. A 64-byte load is one chunk's unit:
-// 16 columns by 4 (8 bits) or 8 (4, 6 bits) k's, the operand of a VNNI dot product
-// (vpdpbusd: 4 unsigned bytes times 4 signed bytes into each 32-bit lane). Scales and mins
-// are [groups][nb] per block (two-level: int8 [groups][nb] and float16 [supers][nb]).
-//
-// Rows are streamed over each block in tiles of up to 4, every row's accumulators in
-// registers (the tiles after the first re-read the block from cache):
-//  - a bfloat16 model on a CPU with VNNI (Zen 4 / 5, Ice Lake and later): the rows are
-//    rounded to int8 in blocks of 32 k with a float scale each (as llama.cpp does with its
-//    Q8 activations), and vpdpbusd multiplies 64 codes by them per instruction; the integer
-//    sums of a block are scaled once (weight scale x activation scale), the mins are added
-//    with the block's float sum of x. About six times fewer instructions than float FMAs,
-//    so a decode step streams the weights at the memory's speed.
-//    This takes up to 32 rows (decode batches; see FEW_ROWS_VNNI for why not prefill).
-//  - a float32 model (or no VNNI), up to 8 rows: the codes are turned into floats (one FMA
-//    with the group's scale and min) and multiplied into float32 rows: exact weights,
-//    float32 math.
-// More rows: each block is de-quantized once into a cache-sized slice in
-// brgemm's layout, and one micro-GEMM runs over all rows: a bfloat16 slice (and bfloat16
-// rows) for a bfloat16 model on a CPU with bfloat16 dot products, else float32.
+// accumulation and outputs (linear.h). GGUF's Q8_0 / Q4_0 / Q4_1, the K-quants and the
+// online int8 / int4 formats all arrive as codes and a float scale per group
+// (services/worker/layers/quantization) and are packed exactly, as small as their source:
+// 8-bit codes that all lie in -32..31 are held as 6 bits, and scales that factor exactly as
+// an int8 sub-scale per group times a float16 scale per super-group (a K-quant's d x sc_j,
+// checked bit for bit) as 1 byte a group and 2 a super-group. Layout: QuantizedLinear.
 #include "linear.h"
 #include "thread_pool.h"
 #include "weight_buffer.h"
@@ -69,16 +34,21 @@ namespace cpublas = at::native::cpublas;
 
 constexpr int64_t ROW_TILE = 32;  // rows per micro-kernel call of the many-rows path
 constexpr int MAX_TILE = 4;       // rows per pass of the few-rows kernels
-// Up to this many rows the codes are streamed (tiles of MAX_TILE rows); more rows
-// de-quantize each block once and run brgemm. SmolLM2-135M Q4_1 on a 2-core Zen 4: the
-// float32-FMA kernel was no faster than brgemm's path at 16 rows (37 ms a decode step
-// either way). The VNNI kernel is faster than de-quantized bfloat16 blocks at every row
-// count measured (the stack's GEMMs at 64 / 256 / 512 / 2048 rows: 35 / 128 / 311 / 1219
-// ms against 49 / 164 / 415 / 1330 ms), but int8 rows in every prefill cost agreement: on
-// the quick workload's 64 requests, greedy outputs equal to float32's fell from 53 to 11
-// (bench quantized; bfloat16 on the de-quantized weights: 54) for about the same
-// throughput (243 against 251 output tok/s). So prefill chunks (more than 32 rows) keep
-// bfloat16 rows, and decode batches up to 32 rows take VNNI.
+// Up to FEW_ROWS_* rows the codes are streamed over each block in tiles of MAX_TILE rows,
+// every row's accumulators in registers (the tiles after the first re-read the block):
+//  - a bfloat16 model on a CPU with VNNI (Zen 4 / 5, Ice Lake and later), up to
+//    FEW_ROWS_VNNI rows: the rows are rounded to int8 in blocks of 32 k with a float scale
+//    each (as llama.cpp's Q8 activations), and vpdpbusd multiplies 64 codes by them per
+//    instruction; the integer sums of a block are scaled once (weight scale x activation
+//    scale), the mins are added with the block's float sum of x;
+//  - a float32 model (or no VNNI), up to FEW_ROWS_FMA rows: the codes are turned into
+//    floats (one FMA with the group's scale and min) and multiplied into float32 rows.
+// More rows: each block is de-quantized once into a cache-sized slice in brgemm's layout
+// and one micro-GEMM runs over all rows: a bfloat16 slice (and rows) for a bfloat16 model
+// on a CPU with bfloat16 dot products, else float32. The bounds: past 8 rows the FMA kernel
+// is no faster than brgemm's path; the VNNI kernel is faster than de-quantized bfloat16 at
+// every row count, but int8 rows in a prefill lower the agreement of greedy outputs with
+// float32's (docs/benchmarks.md), so prefill chunks (over 32 rows) keep bfloat16 rows.
 constexpr int64_t FEW_ROWS_FMA = 8;
 constexpr int64_t FEW_ROWS_VNNI = 32;
 std::atomic<int64_t> vnni_rows{FEW_ROWS_VNNI};  // set_quantized_stream_rows (benchmarks)
@@ -471,8 +441,7 @@ void vnni_span(const Int8Rows& rows, int64_t row0, const Span<Bits, View>& sp) {
       }
       for (int64_t u = b * block / KU; u < (b + 1) * block / KU; ++u) {
         // each row's int8 codes of this unit, broadcast once for all C chunks (a broadcast
-        // per chunk from memory instead: 1.5x slower at one row, no faster at 5 or 8 rows
-        // in tiles of up to 8, measured on a 2-core Zen 4)
+        // per chunk from memory is slower at one row and no faster at more)
         __m512i x_lo[MT], x_hi[MT];
         for (int m = 0; m < MT; ++m) {
           const int8_t* xu = rows.codes.data() + (row0 + m) * K + u * KU;
@@ -538,6 +507,17 @@ struct QuantizedSource {
   typename Scales::Source scales, mins;
 };
 
+// Layout: N is padded to a multiple of 16 and cut into blocks of `block_` columns (the last
+// one narrower, a multiple of 16). A block is a sequence of k-units of 16-column chunks,
+// [K / KU][nb / 16][16 columns][4 bytes]: lane c of a chunk holds, for 8 bits, the codes of
+// k = 4u .. 4u + 3 as unsigned bytes (code ^ 0x80, that is code + 128); for 4 bits, k = 8u + j
+// in the low nibble of byte j and k = 8u + 4 + j in its high nibble. 6 bits (code + 32,
+// 0..63): the low nibbles as 4 bits, then a plane [K / 16][nb / 16][16 columns][4 bytes] of
+// high bits: byte j of lane c in pair p holds bits 4-5 of k = 16p + j, 16p + 4 + j,
+// 16p + 8 + j, 16p + 12 + j at bits 0-1, 2-3, 4-5, 6-7. A 64-byte load is one chunk's unit:
+// 16 columns by 4 (8 bits) or 8 (4, 6 bits) k's, the operand of a VNNI dot product
+// (vpdpbusd: 4 unsigned bytes times 4 signed bytes into each 32-bit lane). Scales and mins
+// are [groups][nb] per block (two-level: int8 [groups][nb] and float16 [supers][nb]).
 // Bits: the stored codes (4, 6 or 8); Scales: FlatScales<half / float> or TwoLevelScales.
 template <int Bits, typename Scales, bool HasMin>
 class QuantizedLinear final : public Linear {
@@ -628,8 +608,7 @@ class QuantizedLinear final : public Linear {
     return HasMin ? w + block_mins(start, nb).at(k / group_, c) : w;
   }
 
-  // Every block packed on its own, the blocks spread over the thread team (a 1.5B model's
-  // weights repack in well under a second).
+  // Every block packed on its own, the blocks spread over the thread team.
   void pack(const QuantizedSource<Scales>& src) {
     pagestream::parallel_for(blocks(), 1, [&](int64_t begin, int64_t end) {
       std::vector<uint8_t> column(k_);

@@ -22,7 +22,7 @@
 namespace pagestream {
 namespace {
 
-constexpr int64_t SPIN_NS = 200'000;  // inside a StepScope, a worker spins this long for the next part
+constexpr int64_t SPIN_NS = 200'000;  // in a StepScope, a worker spins this long for the next part
 
 inline void relax() {
 #if defined(__x86_64__)
