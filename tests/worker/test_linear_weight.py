@@ -97,3 +97,14 @@ def test_missing_or_mixed_rows_are_refused():
     mixed.weight.weight_loader(mixed.weight, quantize_int8(_weights(64, 64)), "q")
     with pytest.raises(ValueError, match="a float checkpoint tensor cannot join"):
         mixed.weight.weight_loader(mixed.weight, _weights(32, 64), "k")
+
+
+def test_the_final_form_is_made_once_from_the_builder():
+    layer = RowLinear(64, 16)
+    layer.weight.weight_loader(layer.weight, quantize_int8(_weights(16, 64)))
+    assert layer.format == "int8"  # reported before the final form is made
+    layer.finish_loading()
+    layer.to_native(torch.empty(0))
+    assert layer.builder is None and isinstance(layer.weight_format, NativeWeight)
+    with pytest.raises(ValueError, match="finished: it takes no checkpoint tensors"):
+        layer.weight.weight_loader(layer.weight, _weights(16, 64))
