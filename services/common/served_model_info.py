@@ -16,7 +16,7 @@ class ServedModelInfo:
     block_size: int = 16
     architecture: str = ""
     dtype: str = ""
-    num_gpu_blocks: int = 0
+    num_device_blocks: int = 0
     quantization: str = "none"
     weight_bytes: int = 0
     # what the model can do: generate, pool, LoRA, the speculative decoding it runs

@@ -49,7 +49,7 @@ class ModelInfo:
 class CacheInfo:
     """How many KV blocks the worker holds: derived at run time, never written to configs."""
 
-    num_gpu_blocks: int
+    num_device_blocks: int
     num_cpu_blocks: int
     block_size: int
     bytes_per_block: int

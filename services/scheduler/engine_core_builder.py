@@ -100,7 +100,7 @@ class EngineCoreBuilder:
         scheduler = Scheduler(
             config,
             self._cache_config(cache_info),
-            cache_info.num_gpu_blocks,
+            cache_info.num_device_blocks,
             cache_info.num_cpu_blocks,
             structured,
             num_lookahead_tokens=speculative.num_lookahead_tokens if speculative else 0,
@@ -153,7 +153,7 @@ def _warn_if_the_cache_caps(
         "the KV cache holds %d tokens (%d blocks of %d)%s: max_model_len is %d, not %d; "
         "give the cache more memory (kv_cache_memory / --kv-cache-memory) for longer sequences",
         capped,
-        cache.num_gpu_blocks,
+        cache.num_device_blocks,
         cache.block_size,
         draft,
         capped,
@@ -177,7 +177,7 @@ def served_model_info(
         block_size=cache.block_size,
         architecture=model.architecture,
         dtype=model.dtype,
-        num_gpu_blocks=cache.num_gpu_blocks,
+        num_device_blocks=cache.num_device_blocks,
         quantization=model.quantization,
         weight_bytes=model.weight_bytes,
         capabilities=model.capabilities,

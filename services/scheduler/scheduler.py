@@ -44,7 +44,7 @@ class Scheduler:
         self,
         scheduler_config: SchedulerConfig,
         cache_config: CacheConfig,
-        num_gpu_blocks: int,
+        num_device_blocks: int,
         num_cpu_blocks: int = 0,
         structured: StructuredOutputManager | None = None,
         num_lookahead_tokens: int = 0,
@@ -69,7 +69,7 @@ class Scheduler:
         self.block_size = cache_config.block_size
         self.kv = KVCacheManager(
             self.block_size,
-            num_gpu_blocks,
+            num_device_blocks,
             num_cpu_blocks,
             cache_config.enable_prefix_caching,
             cache_config.kv_cache_groups,

@@ -181,7 +181,7 @@ class Worker:
             max_model_len,
             max_num_seqs,
             max_num_batched_tokens,
-            profiled.num_gpu_blocks,
+            profiled.num_device_blocks,
             profiled.num_cpu_blocks,
         )
 
@@ -194,12 +194,15 @@ class Worker:
         self.max_num_batched_tokens = max_num_batched_tokens
         block_size = self.cache_config.block_size
         bytes_per_block = self._bytes_per_block()
-        num_gpu_blocks = self._num_device_blocks(bytes_per_block)
+        num_device_blocks = self._num_device_blocks(bytes_per_block)
         num_cpu_blocks = self.cache_config.swap_space // bytes_per_block
         if self.model.bidirectional:  # an encoder reads no cache: blocks only count tokens
             most = self._encoder_blocks(max_model_len, max_num_seqs, block_size)
-            num_gpu_blocks, num_cpu_blocks = min(num_gpu_blocks, most), min(num_cpu_blocks, most)
-        return CacheInfo(num_gpu_blocks, num_cpu_blocks, block_size, bytes_per_block)
+            num_device_blocks, num_cpu_blocks = (
+                min(num_device_blocks, most),
+                min(num_cpu_blocks, most),
+            )
+        return CacheInfo(num_device_blocks, num_cpu_blocks, block_size, bytes_per_block)
 
     def _encoder_blocks(self, max_model_len: int | None, max_num_seqs: int, block_size: int):
         """What an encoder's scheduler can ever hold: every running prompt at its longest
@@ -213,14 +216,14 @@ class Worker:
         max_model_len: int | None,
         max_num_seqs: int,
         max_num_batched_tokens: int,
-        num_gpu_blocks: int,
+        num_device_blocks: int,
         num_cpu_blocks: int,
     ) -> CacheInfo:
-        """Allocate exactly num_gpu_blocks device and num_cpu_blocks swap blocks."""
-        if num_gpu_blocks < 1 or num_cpu_blocks < 0:
+        """Allocate exactly num_device_blocks device and num_cpu_blocks swap blocks."""
+        if num_device_blocks < 1 or num_cpu_blocks < 0:
             raise ValueError(
-                f"num_gpu_blocks must be >= 1 and num_cpu_blocks >= 0, "
-                f"got {num_gpu_blocks} and {num_cpu_blocks}."
+                f"num_device_blocks must be >= 1 and num_cpu_blocks >= 0, "
+                f"got {num_device_blocks} and {num_cpu_blocks}."
             )
         info = self.describe()
         max_model_len = max_model_len or info.max_model_len
@@ -228,22 +231,22 @@ class Worker:
         self.max_num_batched_tokens = max_num_batched_tokens
         block_size = self.cache_config.block_size
         bytes_per_block = self._bytes_per_block()
-        cache_engine = self._cache_engine(self.kv_cache_spec, num_gpu_blocks, num_cpu_blocks)
+        cache_engine = self._cache_engine(self.kv_cache_spec, num_device_blocks, num_cpu_blocks)
         self.runner = ModelRunner(
             self.model,
             cache_engine,
             self._input_batch(max_model_len),
             Sampler(self.model_config.seed),
             self.rank,
-            self._proposer(num_gpu_blocks, num_cpu_blocks),
+            self._proposer(num_device_blocks, num_cpu_blocks),
             self.lora,
             self.pooler,
         )
-        self.cache_info = CacheInfo(num_gpu_blocks, num_cpu_blocks, block_size, bytes_per_block)
+        self.cache_info = CacheInfo(num_device_blocks, num_cpu_blocks, block_size, bytes_per_block)
         logger.info(
             "KV cache (rank %d): %d device blocks, %d CPU blocks of %d tokens (%.1f MiB each)",
             self.rank.rank,
-            num_gpu_blocks,
+            num_device_blocks,
             num_cpu_blocks,
             block_size,
             bytes_per_block / 2**20,

@@ -102,7 +102,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         info = await self.run(
             self._ready().allocate_cache,
             *step_limits(request),
-            request.num_gpu_blocks,
+            request.num_device_blocks,
             request.num_cpu_blocks,
         )
         return cache_description_to_pb(info)

@@ -84,7 +84,7 @@ def test_preemption_in_both_modes(model_dir, mode):
     for flag in (False, True):
         llm, watch = _llm(folder, flag, **kwargs)
         scheduler = llm.engine.scheduler
-        assert llm.engine.cache_info.num_gpu_blocks == 12
+        assert llm.engine.cache_info.num_device_blocks == 12
         results[flag] = _greedy(llm, prompts, max_tokens=12)
         assert scheduler.num_preemptions > 0
         assert scheduler.kv.num_free_blocks == 12 and not scheduler.in_flight.groups

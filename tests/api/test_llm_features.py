@@ -233,7 +233,7 @@ def test_a_kv_cache_smaller_than_max_model_len_caps_it_and_says_so(model_dir, ca
     "length" with no tokens)."""
     with caplog.at_level("WARNING", logger="services.scheduler.engine_core_builder"):
         llm = LLM(str(model_dir("llama")), kv_cache_memory=49152, block_size=4)
-    assert llm.engine.cache_info.num_gpu_blocks == 24
+    assert llm.engine.cache_info.num_device_blocks == 24
     assert llm.engine.info.max_model_len == 96
     assert any("max_model_len is 96, not 256" in r.getMessage() for r in caplog.records)
     with pytest.raises(ValueError, match="max_model_len=96"):

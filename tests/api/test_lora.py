@@ -147,7 +147,7 @@ def _assert_idle(llm):
     scheduler = llm.engine.scheduler
     assert not llm.engine.has_unfinished_requests()
     assert not scheduler.running and not scheduler.waiting and not scheduler.swapped
-    assert scheduler.kv.num_free_blocks == llm.engine.cache_info.num_gpu_blocks
+    assert scheduler.kv.num_free_blocks == llm.engine.cache_info.num_device_blocks
 
 
 def test_mixed_steps_equal_peft_and_adapters_change_the_output(

@@ -281,7 +281,7 @@ def test_preempted_pooling_requests_keep_their_embedding(model_dir, hf_greedy, m
         enable_prefix_caching=False,
     )
     try:
-        assert llm.engine.cache_info.num_gpu_blocks == 12
+        assert llm.engine.cache_info.num_device_blocks == 12
         engine, scheduler = llm.engine, llm.engine.scheduler
         mid_prompt = []  # pooling requests preempted part-way through their prompt
         preempt = scheduler._preempt

@@ -77,7 +77,7 @@ def test_seeded_sampling_with_n_3_is_unchanged(plain, speculative):
     assert len({tuple(o.token_ids) for r in outputs[2:] for o in r.outputs}) == 6  # sampled
     assert drafted > 0 and accepted > 0, (method, drafted, accepted)
     scheduler = llm.engine.scheduler
-    assert scheduler.kv.num_free_blocks == llm.engine.cache_info.num_gpu_blocks
+    assert scheduler.kv.num_free_blocks == llm.engine.cache_info.num_device_blocks
 
 
 def test_greedy_batch_with_both_outcomes(plain, speculative, folder):

@@ -377,7 +377,7 @@ def test_an_encoder_holds_only_the_blocks_its_prompts_can_use(tmp_path):
     folder = st_folder(tmp_path, "bert", "mean", True)
     llm = LLM(str(folder), dtype="float32", max_num_seqs=8)
     try:
-        blocks = llm.engine.cache_info.num_gpu_blocks
+        blocks = llm.engine.cache_info.num_device_blocks
         got = [o.outputs.embedding for o in llm.embed(TEXTS, use_tqdm=False)]
     finally:
         llm.engine.close()

@@ -63,7 +63,7 @@ def test_preemption_keeps_greedy_parity(model_dir, hf_greedy, mode):
         max_num_batched_tokens=64,
         enable_prefix_caching=False,
     )
-    assert llm.engine.cache_info.num_gpu_blocks == 12
+    assert llm.engine.cache_info.num_device_blocks == 12
     prompts = _prompts(llm.get_tokenizer(), 12, seed=2)
     prompts = [p[:20] for p in prompts]
     _check(llm, folder, hf_greedy, prompts, max_tokens=12)

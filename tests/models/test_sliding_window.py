@@ -76,7 +76,7 @@ def test_far_past_the_window_blocks_are_bounded_and_outputs_equal_hf(
     folder = model_dir("mistral")
     llm = _engine(folder, mode, blocks, backend)
     kv = llm.engine.scheduler.kv
-    assert llm.engine.cache_info.num_gpu_blocks == blocks
+    assert llm.engine.cache_info.num_device_blocks == blocks
     assert kv.sliding_window == 6
     peak = kv.peak_blocks(10**6)
     assert peak == -(-(6 - 1 + BUDGET) // BLOCK) + 1 == 7

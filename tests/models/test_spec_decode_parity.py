@@ -52,7 +52,7 @@ def test_chunked_prefill_and_prefix_hits(folder, method):
     check_method_stats(llm, method)
     stats = llm.engine.scheduler.get_stats()
     assert stats.prefix_cache_hits > 0  # the shared prefix and the repeated prompt
-    assert llm.engine.scheduler.kv.num_free_blocks == llm.engine.cache_info.num_gpu_blocks
+    assert llm.engine.scheduler.kv.num_free_blocks == llm.engine.cache_info.num_device_blocks
     # the same engine again: the prefix cache now holds every prompt's blocks
     again = _generate(llm, prompts, params)
     assert_same_outputs(reference, again, folder, prompts)
@@ -83,7 +83,7 @@ def test_preemption_in_both_modes(folder, method, mode):
         speculative_config=spec_config(method, folder),
         **args,
     )
-    assert llm.engine.cache_info.num_gpu_blocks == 12
+    assert llm.engine.cache_info.num_device_blocks == 12
     outputs = _generate(llm, prompts, params)
     assert llm.engine.scheduler.num_preemptions > 0
     assert_same_outputs(reference, outputs, folder, prompts)
@@ -134,7 +134,7 @@ def test_preemption_near_the_capped_max_model_len(folder, mode):
         **args,
     )
     scheduler = llm.engine.scheduler
-    assert llm.engine.cache_info.num_gpu_blocks == 24 and scheduler.max_model_len == 96
+    assert llm.engine.cache_info.num_device_blocks == 24 and scheduler.max_model_len == 96
     outputs = _generate(llm, prompts, params)
     assert scheduler.num_preemptions > 0
     assert_same_outputs(reference, outputs, folder, prompts)

@@ -85,7 +85,7 @@ def test_mixed_adapters_match_one_worker_and_peft(tp2, tp1, peft, adapters):
     preemptions = scheduler.num_preemptions
     got = _run(tp2, prompts, params, loras)
     assert scheduler.num_preemptions > preemptions  # 12 blocks: it had to preempt
-    assert scheduler.kv.num_free_blocks == tp2.engine.cache_info.num_gpu_blocks
+    assert scheduler.kv.num_free_blocks == tp2.engine.cache_info.num_device_blocks
     expected = _run(tp1, prompts, params, loras)
     for i, (prompt, lora) in enumerate(zip(prompts, loras, strict=True)):
         path = None if lora is None else lora.lora_path

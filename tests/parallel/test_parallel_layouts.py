@@ -79,7 +79,7 @@ def test_greedy_outputs_match_hf(layout, hf_greedy, mode):
     params = greedy_params(len(prompts), max_tokens=7)
     preemptions = llm.engine.scheduler.num_preemptions
     got = generate_ids(llm, prompts, params)
-    num_blocks = llm.engine.cache_info.num_gpu_blocks
+    num_blocks = llm.engine.cache_info.num_device_blocks
     if num_blocks * 4 < 9 * 30:  # the batch cannot fit at once: preemption is certain
         assert llm.engine.scheduler.num_preemptions > preemptions
     assert llm.engine.scheduler.kv.num_free_blocks == num_blocks

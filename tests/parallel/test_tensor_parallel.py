@@ -46,7 +46,7 @@ def tp1(folder):
 
 
 def test_the_group_holds_the_same_blocks_as_one_worker(tp2, tp1):
-    assert tp2.engine.cache_info.num_gpu_blocks == tp1.engine.cache_info.num_gpu_blocks == 12
+    assert tp2.engine.cache_info.num_device_blocks == tp1.engine.cache_info.num_device_blocks == 12
     info = tp2.engine.model_info
     assert (info.world_size, info.tensor_parallel_size, info.pipeline_parallel_size) == (2, 2, 1)
     assert info.num_kv_heads == 1  # each rank holds one of the two KV heads

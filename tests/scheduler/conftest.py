@@ -14,7 +14,7 @@ def build():
         scheduler = Scheduler(
             SchedulerConfig(**config),
             CacheConfig(block_size=block_size, enable_prefix_caching=caching),
-            num_gpu_blocks=num_blocks,
+            num_device_blocks=num_blocks,
             num_cpu_blocks=num_cpu_blocks,
         )
         worker = StandInWorker(num_blocks, block_size, num_cpu_blocks)

@@ -46,7 +46,7 @@ def _build(num_blocks, max_loras, block_size=4, num_cpu_blocks=0, caching=True, 
     scheduler = Scheduler(
         SchedulerConfig(**config),
         CacheConfig(block_size=block_size, enable_prefix_caching=caching),
-        num_gpu_blocks=num_blocks,
+        num_device_blocks=num_blocks,
         num_cpu_blocks=num_cpu_blocks,
         max_loras=max_loras,
     )

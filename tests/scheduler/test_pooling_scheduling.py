@@ -20,7 +20,7 @@ def _scheduler() -> Scheduler:
     return Scheduler(
         SchedulerConfig(max_model_len=64, max_num_batched_tokens=4),
         CacheConfig(block_size=4),
-        num_gpu_blocks=16,
+        num_device_blocks=16,
         pooler=PoolerConfig(pooling_type="MEAN", normalize=True, hidden_size=3),
     )
 

@@ -251,7 +251,7 @@ def _scheduler(manager=None, **config) -> tuple[Scheduler, ForcingWorker]:
     scheduler = Scheduler(
         SchedulerConfig(**config),
         CacheConfig(block_size=4),
-        num_gpu_blocks=64,
+        num_device_blocks=64,
         structured=manager or StructuredOutputManager(None, VOCAB_SIZE),
     )
     return scheduler, ForcingWorker(64, 4, 0)
@@ -286,7 +286,7 @@ def test_the_phase_survives_preemption(mode):
     scheduler = Scheduler(
         SchedulerConfig(max_model_len=2048, preemption_mode=mode),
         CacheConfig(block_size=4),
-        num_gpu_blocks=64,
+        num_device_blocks=64,
         num_cpu_blocks=16,
         structured=StructuredOutputManager(None, VOCAB_SIZE),
     )
@@ -329,7 +329,7 @@ def test_proposals_are_verified_only_after_the_thinking():
     scheduler = Scheduler(
         SchedulerConfig(max_model_len=2048),
         CacheConfig(block_size=4),
-        num_gpu_blocks=64,
+        num_device_blocks=64,
         structured=StructuredOutputManager(None, VOCAB_SIZE),
     )
     worker = ForcingWorker(64, 4, 0, proposer=accurate(3))
@@ -354,7 +354,7 @@ def test_bounds_outside_the_vocabulary_are_refused_at_admission():
 
 
 def test_a_budget_needs_an_engine_that_knows_its_vocabulary():
-    scheduler = Scheduler(SchedulerConfig(max_model_len=64), CacheConfig(), num_gpu_blocks=8)
+    scheduler = Scheduler(SchedulerConfig(max_model_len=64), CacheConfig(), num_device_blocks=8)
     request = make_request("r", [1, 2], reasoning=THINK, thinking_token_budget=1)
     with pytest.raises(RequestRejectedError, match="vocabulary size"):
         scheduler.add_request(request)

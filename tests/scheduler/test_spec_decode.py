@@ -34,7 +34,7 @@ def build(num_blocks=32, proposer=None, lookahead=0, num_cpu_blocks=0, caching=T
     scheduler = Scheduler(
         SchedulerConfig(**config),
         CacheConfig(block_size=BS, enable_prefix_caching=caching),
-        num_gpu_blocks=num_blocks,
+        num_device_blocks=num_blocks,
         num_cpu_blocks=num_cpu_blocks,
         num_lookahead_tokens=lookahead,
     )

@@ -27,7 +27,7 @@ def _scheduler(manager: StructuredOutputManager, **config) -> tuple[Scheduler, S
     scheduler = Scheduler(
         SchedulerConfig(**config),
         CacheConfig(block_size=16),
-        num_gpu_blocks=64,
+        num_device_blocks=64,
         structured=manager,
     )
     return scheduler, StandInWorker(64, 16, 0)
@@ -133,7 +133,7 @@ def test_n_2_sequences_each_get_their_own_matcher():
 
 
 def test_without_a_tokenizer_constrained_requests_are_refused():
-    scheduler = Scheduler(SchedulerConfig(max_model_len=64), CacheConfig(), num_gpu_blocks=8)
+    scheduler = Scheduler(SchedulerConfig(max_model_len=64), CacheConfig(), num_device_blocks=8)
     with pytest.raises(ValueError, match="tokenizer"):
         scheduler.add_request(make_request("r", [1, 2], structured_outputs={"regex": "a"}))
 

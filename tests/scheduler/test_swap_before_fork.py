@@ -19,7 +19,7 @@ def test_an_unforked_parent_is_never_swapped_into_an_empty_row():
     scheduler = Scheduler(
         SchedulerConfig(max_model_len=64, preemption_mode="swap"),
         CacheConfig(block_size=4),
-        num_gpu_blocks=6,
+        num_device_blocks=6,
         num_cpu_blocks=16,
     )
     worker = StandInWorker(6, 4, 16)

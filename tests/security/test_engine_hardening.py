@@ -116,7 +116,7 @@ class _SlowSend:
 async def grpc_stand_in():
     """A Frontend over GrpcEngineCoreClient over the EngineCore service of a stand-in worker."""
     config = SchedulerConfig(max_model_len=2048, max_num_batched_tokens=32)
-    scheduler = Scheduler(config, CacheConfig(block_size=4), num_gpu_blocks=NUM_BLOCKS)
+    scheduler = Scheduler(config, CacheConfig(block_size=4), num_device_blocks=NUM_BLOCKS)
     worker = StandInWorker(NUM_BLOCKS, 4)
     core = AsyncEngineCore(EngineCore(scheduler, UniExecutor(worker)))
     server = await serve_engine_core(core, INFO)
@@ -228,7 +228,7 @@ def _host_address() -> str | None:
 async def exposed_engine_core():
     """An engine core on every interface, plaintext (as `scheduler --host 0.0.0.0`)."""
     config = SchedulerConfig(max_model_len=256, max_num_batched_tokens=32)
-    scheduler = Scheduler(config, CacheConfig(block_size=4), num_gpu_blocks=16)
+    scheduler = Scheduler(config, CacheConfig(block_size=4), num_device_blocks=16)
     core = AsyncEngineCore(EngineCore(scheduler, UniExecutor(StandInWorker(16, 4))))
     server = await serve_engine_core(core, INFO, "0.0.0.0", 0)
     yield server
@@ -246,7 +246,7 @@ async def test_kv_events_are_refused_to_a_remote_plaintext_peer(exposed_engine_c
 
 async def test_kv_events_off_refuses_everyone():
     config = SchedulerConfig(max_model_len=256, max_num_batched_tokens=32)
-    scheduler = Scheduler(config, CacheConfig(block_size=4), num_gpu_blocks=16)
+    scheduler = Scheduler(config, CacheConfig(block_size=4), num_device_blocks=16)
     core = AsyncEngineCore(EngineCore(scheduler, UniExecutor(StandInWorker(16, 4))))
     server = await serve_engine_core(core, INFO, kv_events="off")
     try:
@@ -263,7 +263,7 @@ async def test_kv_events_reach_a_remote_peer_with_a_client_certificate(tmp_path)
         pytest.skip("this host has no address but loopback to connect from")
     pki = make_pki(tmp_path)
     config = SchedulerConfig(max_model_len=256, max_num_batched_tokens=32)
-    scheduler = Scheduler(config, CacheConfig(block_size=4), num_gpu_blocks=16)
+    scheduler = Scheduler(config, CacheConfig(block_size=4), num_device_blocks=16)
     core = AsyncEngineCore(EngineCore(scheduler, UniExecutor(StandInWorker(16, 4))))
     tls = TlsConfig(pki.server.cert, pki.server.key, pki.ca)
     server = await serve_engine_core(core, INFO, "0.0.0.0", 0, tls)

@@ -162,7 +162,7 @@ async def test_tokenize_detokenize_round_trip_and_model_info(engine, stub):
     assert info.max_model_len == engine.info.max_model_len
     assert info.vocab_size == engine.info.vocab_size
     assert tuple(info.eos_token_ids) == engine.info.eos_token_ids
-    assert info.model == engine.info.model and info.num_gpu_blocks == engine.info.num_gpu_blocks
+    assert info.model == engine.info.model and info.num_gpu_blocks == engine.info.num_device_blocks
 
 
 # ---- errors --------------------------------------------------------------------------------

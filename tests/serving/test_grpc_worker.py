@@ -80,7 +80,7 @@ def _run_to_completion(core: EngineCore, requests) -> dict:
 
 def _core(executor, cache_info, cache_config) -> EngineCore:
     scheduler = Scheduler(
-        SCHEDULER, cache_config, cache_info.num_gpu_blocks, cache_info.num_cpu_blocks
+        SCHEDULER, cache_config, cache_info.num_device_blocks, cache_info.num_cpu_blocks
     )
     return EngineCore(scheduler, executor)
 

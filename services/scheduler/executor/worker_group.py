@@ -270,7 +270,7 @@ class WorkerGroupExecutor:
         profiles = self._each(lambda r: r.unary("ProfileCache", profile, timeout_s))
         allocate = worker_pb2.AllocateCacheRequest(
             **limits,
-            num_gpu_blocks=min(p.num_gpu_blocks for p in profiles),
+            num_device_blocks=min(p.num_device_blocks for p in profiles),
             num_cpu_blocks=min(p.num_cpu_blocks for p in profiles),
         )
         infos = self._each(lambda r: r.unary("AllocateCache", allocate, timeout_s))
@@ -278,8 +278,8 @@ class WorkerGroupExecutor:
         logger.info(
             "worker group of %d: %d device blocks per rank (profiled %s)",
             self.world_size,
-            allocate.num_gpu_blocks,
-            [p.num_gpu_blocks for p in profiles],
+            allocate.num_device_blocks,
+            [p.num_device_blocks for p in profiles],
         )
         return cache_description_from_pb(infos[self.output_rank])
 

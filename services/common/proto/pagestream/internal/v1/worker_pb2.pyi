@@ -64,30 +64,30 @@ class InitializeCacheRequest(_message.Message):
     def __init__(self, max_model_len: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ...) -> None: ...
 
 class AllocateCacheRequest(_message.Message):
-    __slots__ = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks", "num_cpu_blocks")
+    __slots__ = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "num_device_blocks", "num_cpu_blocks")
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_BATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    NUM_GPU_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_DEVICE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_CPU_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     max_model_len: int
     max_num_seqs: int
     max_num_batched_tokens: int
-    num_gpu_blocks: int
+    num_device_blocks: int
     num_cpu_blocks: int
-    def __init__(self, max_model_len: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., num_gpu_blocks: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ...) -> None: ...
+    def __init__(self, max_model_len: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., num_device_blocks: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ...) -> None: ...
 
 class CacheDescription(_message.Message):
-    __slots__ = ("num_gpu_blocks", "num_cpu_blocks", "block_size", "bytes_per_block")
-    NUM_GPU_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("num_device_blocks", "num_cpu_blocks", "block_size", "bytes_per_block")
+    NUM_DEVICE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_CPU_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     BYTES_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
-    num_gpu_blocks: int
+    num_device_blocks: int
     num_cpu_blocks: int
     block_size: int
     bytes_per_block: int
-    def __init__(self, num_gpu_blocks: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., bytes_per_block: _Optional[int] = ...) -> None: ...
+    def __init__(self, num_device_blocks: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., bytes_per_block: _Optional[int] = ...) -> None: ...
 
 class NewRequest(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids", "output_token_ids", "sampling_params", "pooling_params", "block_ids", "num_computed_tokens")
