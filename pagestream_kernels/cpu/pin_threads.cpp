@@ -1,5 +1,5 @@
 // Pins torch's intra-op (OpenMP) threads, one per CPU: thread i of the pool to cpus[i];
-// the native step's own team (thread_pool.h) is resized to as many threads and its worker i
+// the C++ kernels' team (thread_pool.h) is resized to as many threads and its worker i
 // pinned to cpus[i] as well (the calling thread, OpenMP's thread 0, is both teams' first).
 //
 // The extension links the libgomp that torch loaded (same soname), so this parallel region
