@@ -29,6 +29,7 @@ import torch
 from pagestream_kernels.attention_metadata import AttentionMetadata
 from pagestream_kernels.reference import AttentionOptions, planned_attention
 from pagestream_kernels.reference import reshape_and_cache as reference_reshape_and_cache
+from services.common.cache_dir import cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +55,7 @@ def _extension_name() -> str:
 
 
 def _build_directory(name: str) -> Path:
-    root = Path(os.environ.get("PAGESTREAM_CACHE", Path.home() / ".cache" / "pagestream"))
-    folder = root / "torch_extensions" / name
+    folder = cache_dir() / "torch_extensions" / name
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
