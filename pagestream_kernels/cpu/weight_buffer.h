@@ -14,23 +14,25 @@
 namespace pagestream {
 
 // Weight storage, 64-byte aligned. A decode step streams every weight once, and with 4 KiB
-// pages a TLB miss every 4 KiB slows the stream, so a large buffer (HUGE_FROM and up) is
-// rounded up to whole 2 MiB pages and marked for transparent huge pages; a smaller one
-// keeps its exact size (a 2 MiB page per small weight would multiply the resident memory
-// of a quantized model).
+// pages a TLB miss every 4 KiB slows the stream, so a buffer of 2 MiB and up starts on a
+// 2 MiB boundary and is marked for transparent huge pages: its whole 2 MiB extents become
+// huge pages (under THP "madvise", the usual default, only marked memory does), its tail
+// stays in 4 KiB pages, so nothing is rounded up and the resident size stays exact. Which
+// weights got huge pages must not depend on what the heap held before (the load's order):
+// every large one is marked.
 template <typename T>
 class WeightBuffer {
  public:
   static constexpr size_t HUGE = size_t{2} << 20;
-  static constexpr size_t HUGE_FROM = size_t{16} << 20;  // rounding wastes < 12.5 %
-
   explicit WeightBuffer(int64_t n) {
     const size_t want = std::max<size_t>(static_cast<size_t>(n) * sizeof(T), 64);
-    const bool huge = want >= HUGE_FROM;
-    const size_t align = huge ? HUGE : 64;
-    bytes_ = (want + align - 1) / align * align;
-    data_ = static_cast<T*>(std::aligned_alloc(align, bytes_));
-    TORCH_CHECK(data_ != nullptr, "cannot allocate ", bytes_, " bytes for a packed weight");
+    const bool huge = want >= HUGE;
+    bytes_ = (want + 63) / 64 * 64;
+    void* data = nullptr;
+    const int failed = posix_memalign(&data, huge ? HUGE : 64, bytes_);
+    TORCH_CHECK(failed == 0 && data != nullptr, "cannot allocate ", bytes_,
+                " bytes for a packed weight");
+    data_ = static_cast<T*>(data);
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
     if (huge) madvise(data_, bytes_, MADV_HUGEPAGE);  // advice only: failure is fine
 #endif
