@@ -54,11 +54,12 @@ class KVUtilizationSampler:
         filled: dict[int, int] = {}  # block id -> slots holding real tokens
         live = [r for r in scheduler.running if r.request_id in kv.req_to_blocks]
         for request in live:
-            remaining = request.num_computed_tokens
-            for block in kv.req_to_blocks[request.request_id]:
-                count = min(remaining, self.block_size)
-                filled[block.block_id] = max(filled.get(block.block_id, 0), count)
-                remaining -= count
+            for blocks in kv.req_to_blocks[request.request_id]:  # one list per KV-cache group
+                remaining = request.num_computed_tokens
+                for block in blocks:
+                    count = min(remaining, self.block_size)
+                    filled[block.block_id] = max(filled.get(block.block_id, 0), count)
+                    remaining -= count
         self.peak_blocks = max(self.peak_blocks, len(filled))
         if live:
             oracle = (self._final_len.get(tuple(r.prompt_token_ids), r.num_tokens) for r in live)
