@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from services.common.image_input import ImageInput
 from services.common.lora_request import LoRARequest
 from services.common.pooling_params import PoolingParams
 from services.common.sampling_params import SamplingParams
@@ -40,6 +41,8 @@ class EngineCoreRequest:
     cache_salt: str | None = None
     lora_request: LoRARequest | None = None  # the adapter it runs with (None: the base model)
     pooling_params: PoolingParams | None = None
+    # the prompt's images, in prompt order (services/common/image_input.py)
+    images: tuple[ImageInput, ...] = ()
     arrival_time: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:

@@ -1,0 +1,142 @@
+"""Tiny random vision-language models of each supported family, saved as real HF folders
+(weights, config, tokenizer and the family's own HF processor), and images to show them.
+
+Every family shares the tiny byte-level tokenizer (tests/helpers/tiny_tokenizer.py) plus
+its image tokens, and a chat template that renders OpenAI-style content lists: a
+{"type": "image"} part becomes the family's image marker, which the processor expands.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+FAMILIES = ("llava", "idefics3")
+
+# Renders string contents and content lists ({"type": "text"} / {"type": "image"} parts).
+VLM_CHAT_TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}: "
+    "{% if m['content'] is string %}{{ m['content'] }}"
+    "{% else %}{% for c in m['content'] %}"
+    "{% if c['type'] == 'image' or c['type'] == 'image_url' %}<image>"
+    "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}\n{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant:{% endif %}"
+)
+
+TEXT_SIZES = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+)
+VISION_SIZES = dict(
+    hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
+)
+
+
+def random_image(seed: int = 0, size: tuple[int, int] = (50, 40)):
+    """A PIL RGB image of random pixels, `size` = (width, height)."""
+    from PIL import Image
+
+    width, height = size
+    pixels = np.random.RandomState(seed).randint(0, 255, (height, width, 3), dtype=np.uint8)
+    return Image.fromarray(pixels)
+
+
+def build_tiny_vlm(family: str, folder: Path, seed: int = 0) -> Path:
+    """Saves the tiny `family` model with its tokenizer and processor into `folder`."""
+    import torch
+
+    from tests.helpers.tiny_tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template = VLM_CHAT_TEMPLATE
+    torch.manual_seed(seed)
+    model, processor = _BUILDERS[family](tokenizer)
+    model.eval().save_pretrained(folder)
+    processor.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _text_config(vocab_size: int):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=vocab_size, **TEXT_SIZES)
+
+
+def _llava(tokenizer):
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+    )
+
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    vision = CLIPVisionConfig(image_size=32, patch_size=8, projection_dim=32, **VISION_SIZES)
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=_text_config(len(tokenizer) + 16),
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+    )
+    image_processor = CLIPImageProcessor(
+        size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}
+    )
+    processor = LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=8,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,  # CLIP's class token
+        chat_template=VLM_CHAT_TEMPLATE,
+    )
+    return LlavaForConditionalGeneration(config), processor
+
+
+def _idefics3(tokenizer):
+    from transformers import (
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3ImageProcessor,
+        Idefics3Processor,
+        Idefics3VisionConfig,
+    )
+
+    tokenizer.add_special_tokens(
+        {
+            "additional_special_tokens": [
+                "<fake_token_around_image>",
+                "<image>",
+                "<end_of_utterance>",
+                "<global-img>",
+            ]
+        }
+    )
+    vision = Idefics3VisionConfig(image_size=32, patch_size=8, **VISION_SIZES)
+    config = Idefics3Config(
+        vision_config=vision.to_dict(),
+        text_config=_text_config(len(tokenizer) + 16).to_dict(),
+        scale_factor=2,
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+    )
+    image_processor = Idefics3ImageProcessor(
+        size={"longest_edge": 64}, max_image_size={"longest_edge": 32}, do_image_splitting=True
+    )
+    processor = Idefics3Processor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        image_seq_len=4,  # (32 / 8)^2 patches / scale_factor^2
+        chat_template=VLM_CHAT_TEMPLATE,
+    )
+    return Idefics3ForConditionalGeneration(config), processor
+
+
+_BUILDERS = {"llava": _llava, "idefics3": _idefics3}
