@@ -250,17 +250,18 @@ class NativeStep:
         attn_metadata: AttentionMetadata,
         hidden_states: torch.Tensor | None = None,
         layer_outputs: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """LlamaModel.forward's contract: the last stage returns the final norm's float32
         output [T, hidden], other stages their hidden states. `layer_outputs` ([layers, T,
-        hidden] float32), when given, receives each layer's output."""
-        if self.model.stage.is_first_stage:
+        hidden] float32), when given, receives each layer's output; `inputs_embeds` [T,
+        hidden], when given, is the first stage's input in place of input_ids' embeddings."""
+        if self.model.stage.is_first_stage and inputs_embeds is None:
             hidden = self.model.embed(input_ids).to(torch.float32)  # [T, hidden]
         else:
             # a copy: the stack updates it in place
-            hidden = hidden_states.to(
-                torch.float32, memory_format=torch.contiguous_format, copy=True
-            )
+            given = hidden_states if inputs_embeds is None else inputs_embeds
+            hidden = given.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
         cos, sin = self._cos_sin(positions)  # [tables, T, rotary_dim] float32
         last = self.model.stage.is_last_stage
         out = torch.empty_like(hidden) if last else torch.empty(0)

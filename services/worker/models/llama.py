@@ -282,11 +282,15 @@ class LlamaModel(nn.Module):
         kv_caches: Sequence[torch.Tensor],
         attn_metadata: AttentionMetadata,
         hidden_states: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """hidden_states: the previous stage's output (every stage but the first)."""
+        """hidden_states: the previous stage's output (every stage but the first);
+        inputs_embeds: the first stage's input rows [num_tokens, hidden_size] in place of
+        embedding input_ids (a vision-language model's, images spliced in)."""
         if self.stage.is_first_stage:
-            hidden_states = self.embed(input_ids)  # [num_tokens, hidden_size]
-            hidden_states = hidden_states.to(residual_dtype(hidden_states))
+            if inputs_embeds is None:
+                inputs_embeds = self.embed(input_ids)  # [num_tokens, hidden_size]
+            hidden_states = inputs_embeds.to(residual_dtype(inputs_embeds))
         layers = self.layers[self.layer_range.start : self.layer_range.stop]
         for layer, cache, group in zip(layers, self.layer_caches, self.layer_groups, strict=True):
             md = attn_metadata.group(group)
@@ -332,8 +336,16 @@ class NativeLlamaModel(LlamaModel):
         kv_caches: Sequence[torch.Tensor],
         attn_metadata: AttentionMetadata,
         hidden_states: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return self.native.forward(input_ids, positions, kv_caches, attn_metadata, hidden_states)
+        return self.native.forward(
+            input_ids,
+            positions,
+            kv_caches,
+            attn_metadata,
+            hidden_states,
+            inputs_embeds=inputs_embeds,
+        )
 
 
 def _cache_layout(
@@ -453,8 +465,12 @@ class LlamaForCausalLM(CausalLM):
         kv_caches: Sequence[torch.Tensor],
         attn_metadata: AttentionMetadata,
         hidden_states: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_caches, attn_metadata, hidden_states)
+        """inputs_embeds: the first stage's input rows (see LlamaModel.forward)."""
+        return self.model(
+            input_ids, positions, kv_caches, attn_metadata, hidden_states, inputs_embeds
+        )
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         if self.lm_head is None:

@@ -1,5 +1,6 @@
 """Which model class runs a checkpoint: native for the Llama family (its dense and
-mixture-of-experts members), else the HF fallback."""
+mixture-of-experts members, and the vision-language models built on it), else the HF
+fallback."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Sequence
 
 from services.worker.models.bert import BertEncoder
 from services.worker.models.causal_lm import CausalLM
+from services.worker.models.idefics3 import Idefics3ForConditionalGeneration
 from services.worker.models.llama import (
     Gemma3ForCausalLM,
     LlamaForCausalLM,
@@ -16,6 +18,7 @@ from services.worker.models.llama import (
     Qwen3ForCausalLM,
     SmolLM3ForCausalLM,
 )
+from services.worker.models.llava import LlavaForConditionalGeneration
 from services.worker.models.mixture_of_experts import (
     MixtralForCausalLM,
     OlmoeForCausalLM,
@@ -38,6 +41,9 @@ NATIVE_MODELS: dict[str, type[CausalLM]] = {
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "OlmoeForCausalLM": OlmoeForCausalLM,
+    # vision-language models: a vision encoder beside the Llama text model
+    "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
+    "Idefics3ForConditionalGeneration": Idefics3ForConditionalGeneration,
     # base-model checkpoints (saved by AutoModel: no LM head), for the pooling runner
     "LlamaModel": LlamaForCausalLM,
     "MistralModel": MistralForCausalLM,
@@ -83,5 +89,8 @@ def native_model_class(architectures: Sequence[str] | None) -> type[CausalLM] | 
 
 def native_families() -> str:
     """The native families by name, for messages ("Gemma3, Llama, ...")."""
-    names = {cls.__name__.removesuffix("ForCausalLM") for cls in NATIVE_MODELS.values()}
+    names = {
+        cls.__name__.removesuffix("ForCausalLM").removesuffix("ForConditionalGeneration")
+        for cls in NATIVE_MODELS.values()
+    }
     return ", ".join(sorted(names))

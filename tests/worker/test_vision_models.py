@@ -1,0 +1,221 @@
+"""The vision-language models' worker side equals HF transformers (float32) on tiny random
+folders (tests/helpers/tiny_vlms.py): encode_image is HF's get_image_features, and the
+text model fed embed(ids) with the image rows spliced in gives HF's logits for the prompt
+and for a decode step after it (native CPU step and torch modules). The model runner
+does that splice in the engine; here it is done by hand on one sequence."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForImageTextToText, AutoProcessor
+
+from services.common.config import ModelConfig
+from services.common.image_input import ImageInput
+from services.worker.model_loader import load_model
+from services.worker.models.idefics3 import Idefics3ForConditionalGeneration
+from services.worker.models.llava import LlavaForConditionalGeneration
+from tests.helpers.paged_session import PagedSession, SeqState
+from tests.helpers.tiny_vlms import FAMILIES, build_tiny_vlm, random_image
+
+ATOL = 1e-4
+CLASSES = {"llava": LlavaForConditionalGeneration, "idefics3": Idefics3ForConditionalGeneration}
+# (width, height): a landscape photo, and a strip whose tiles' patches are partly padding
+SIZES = [(50, 40), (90, 20)]
+PROMPT = "<s>user: <image>what is this?\n<s>assistant:"
+
+
+@pytest.fixture(scope="module")
+def vlm_dir(tmp_path_factory):
+    folders: dict[str, Path] = {}
+
+    def get(family: str) -> Path:
+        if family not in folders:
+            folders[family] = build_tiny_vlm(family, tmp_path_factory.mktemp(f"vlm-{family}"))
+        return folders[family]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def hf_vlm(vlm_dir):
+    """family -> (HF model in float32, its processor), loaded once."""
+    loaded = {}
+
+    def get(family: str):
+        if family not in loaded:
+            folder = vlm_dir(family)
+            model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+            loaded[family] = (model.eval(), AutoProcessor.from_pretrained(folder))
+        return loaded[family]
+
+    return get
+
+
+def load(folder: Path, **options):
+    return load_model(ModelConfig(model=str(folder), dtype="float32", **options), device="cpu")
+
+
+def processed(processor, size=(50, 40), seed=1) -> dict[str, torch.Tensor]:
+    return dict(processor(text=PROMPT, images=[random_image(seed, size)], return_tensors="pt"))
+
+
+def image_input(model, inputs: dict[str, torch.Tensor]) -> ImageInput:
+    """The prompt's one image as the frontend hands it over: its span from the first to
+    the last image token, its processor tensors as numpy."""
+    where = (inputs["input_ids"][0] == model.image_token_id).nonzero().flatten()
+    start, end = int(where[0]), int(where[-1]) + 1
+    data = {k: v.numpy() for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
+    return ImageInput(start, end - start, len(where), "hash", data)
+
+
+def hf_image_rows(hf, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    pixels = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
+    with torch.no_grad():
+        features = hf.get_image_features(**pixels).pooler_output
+    return torch.cat([f.reshape(-1, f.shape[-1]) for f in features])
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_encode_image_equals_hf(family, size, vlm_dir, hf_vlm):
+    hf, processor = hf_vlm(family)
+    model = load(vlm_dir(family))
+    assert type(model) is CLASSES[family]
+    inputs = processed(processor, size)
+    rows = model.encode_image(image_input(model, inputs))
+    reference = hf_image_rows(hf, inputs)
+    assert rows.dtype == torch.float32 and rows.shape == reference.shape
+    torch.testing.assert_close(rows, reference, atol=1e-5, rtol=0)
+
+
+def test_idefics3_padding_patches_and_tiles_equal_hf(vlm_dir, hf_vlm):
+    """Tiles padded as a batch pads them: the first tile's lower part masked out (its
+    patches' positions bucketed, no layer's keys), and an all-zero tile, which HF drops."""
+    hf, processor = hf_vlm("idefics3")
+    model = load(vlm_dir("idefics3"))
+    inputs = processed(processor)
+    pixels, mask = inputs["pixel_values"].clone(), inputs["pixel_attention_mask"].clone()
+    pixels[0, 0, :, 20:], mask[0, 0, 20:] = 0, 0  # 20 of 32 rows: a partly padded patch row
+    pixels[0, 0, :, :, 24:], mask[0, 0, :, 24:] = 0, 0
+    inputs["pixel_values"] = torch.cat([pixels, torch.zeros_like(pixels[:, :1])], dim=1)
+    inputs["pixel_attention_mask"] = torch.cat([mask, torch.zeros_like(mask[:, :1])], dim=1)
+    rows = model.encode_image(image_input(model, inputs))
+    reference = hf_image_rows(hf, inputs)
+    assert rows.shape == reference.shape == (image_input(model, inputs).num_embeds, 64)
+    torch.testing.assert_close(rows, reference, atol=1e-5, rtol=0)
+
+
+def spliced_logits(model, inputs: dict[str, torch.Tensor], decode_token: int):
+    """Our logits for the prompt with its image rows spliced in (one step), then for one
+    decode step of `decode_token` over the cache: ([T, vocab], [1, vocab])."""
+    ids = inputs["input_ids"][0]
+    embeds = model.embed(ids)  # [T, hidden]
+    image = image_input(model, inputs)
+    embeds[ids == model.image_token_id] = model.encode_image(image)
+    session = PagedSession(model)
+    seq = SeqState(ids.tolist())
+    input_ids, positions, metadata = session.build_step([(seq, len(ids))])
+    with torch.no_grad():
+        hidden = model(input_ids, positions, session.kv_caches, metadata, inputs_embeds=embeds)
+        prompt_logits = model.compute_logits(hidden)
+    seq.num_computed_tokens = len(ids)
+    seq.token_ids.append(decode_token)
+    (decode_logits,) = session.step([(seq, 1)])
+    return prompt_logits, decode_logits
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["native", "torch"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_with_an_image_equal_hf(family, eager, vlm_dir, hf_vlm):
+    hf, processor = hf_vlm(family)
+    model = load(vlm_dir(family), enforce_eager=eager)
+    assert (model.model.native is None) == eager  # the native step runs the text model
+    inputs = processed(processor, SIZES[1], seed=2)
+    with torch.no_grad():
+        reference = hf(**inputs).logits[0]
+    token = int(reference[-1].argmax())
+    prompt_logits, decode_logits = spliced_logits(model, inputs, token)
+    torch.testing.assert_close(prompt_logits, reference, atol=ATOL, rtol=0)
+    longer = dict(inputs)
+    longer["input_ids"] = torch.cat([inputs["input_ids"], torch.tensor([[token]])], dim=1)
+    longer["attention_mask"] = torch.ones_like(longer["input_ids"])
+    with torch.no_grad():
+        next_reference = hf(**longer).logits[0, -1:]
+    torch.testing.assert_close(decode_logits, next_reference, atol=ATOL, rtol=0)
+
+
+def test_embed_is_forwards_start(vlm_dir):
+    """A forward fed embed(ids) as inputs_embeds gives the text-only forward's logits."""
+    model = load(vlm_dir("llava"))
+    ids = list(range(3, 20))
+    plain = PagedSession(model).step([(SeqState(ids), len(ids))])[0]
+    session = PagedSession(model)
+    input_ids, positions, metadata = session.build_step([(SeqState(ids), len(ids))])
+    embeds = model.embed(input_ids)
+    assert embeds.dtype == torch.float32
+    with torch.no_grad():
+        hidden = model(input_ids, positions, session.kv_caches, metadata, inputs_embeds=embeds)
+    torch.testing.assert_close(model.compute_logits(hidden), plain, atol=0, rtol=0)
+
+
+TRANSFORMERS5_NAMES = (
+    ("language_model.model.", "model.language_model."),
+    ("language_model.lm_head.", "lm_head."),
+    ("vision_tower.", "model.vision_tower.vision_model."),
+    ("multi_modal_projector.", "model.multi_modal_projector."),
+)
+
+
+def test_llava_loads_either_weight_layout(vlm_dir, hf_vlm, tmp_path):
+    """transformers 5 saves llava-hf's names (language_model.model.*, vision_tower.*); a
+    checkpoint under the in-memory module names (model.language_model.*,
+    model.vision_tower.vision_model.*) loads to the same model."""
+    from safetensors.torch import load_file, save_file
+
+    source = vlm_dir("llava")
+    for path in source.iterdir():
+        if path.name != "model.safetensors":
+            (tmp_path / path.name).write_bytes(path.read_bytes())
+    renamed = {}
+    for name, tensor in load_file(source / "model.safetensors").items():
+        theirs, ours = next((t, o) for t, o in TRANSFORMERS5_NAMES if name.startswith(t))
+        renamed[ours + name.removeprefix(theirs)] = tensor
+    save_file(renamed, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    _, processor = hf_vlm("llava")
+    inputs = processed(processor)
+    first, second = load(source), load(tmp_path)
+    image = image_input(first, inputs)
+    torch.testing.assert_close(first.encode_image(image), second.encode_image(image))
+    token = 5
+    for a, b in zip(
+        spliced_logits(first, inputs, token), spliced_logits(second, inputs, token), strict=True
+    ):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bad_image_tensors_are_value_errors(family, vlm_dir, hf_vlm):
+    _, processor = hf_vlm(family)
+    model = load(vlm_dir(family))
+    image = image_input(model, processed(processor))
+    with pytest.raises(ValueError, match="placeholder holds"):
+        model.encode_image(replace(image, num_embeds=image.num_embeds + 1))
+    with pytest.raises(ValueError, match="no 'pixel_values'"):
+        model.encode_image(replace(image, data={}))
+    pixels = image.data["pixel_values"]
+    with pytest.raises(ValueError, match="pixel_values"):
+        model.encode_image(replace(image, data={**image.data, "pixel_values": pixels[0]}))
+    too_big = pixels.repeat(2, axis=-1)  # twice the tower's width
+    with pytest.raises(ValueError, match=r"pixels|tile"):
+        model.encode_image(replace(image, data={"pixel_values": too_big}))
+    if family == "idefics3":  # a tile with pixels but no pixel the mask keeps
+        empty = image.data["pixel_attention_mask"].copy()
+        empty[0, 1] = 0
+        with pytest.raises(ValueError, match="mask keeps none"):
+            model.encode_image(replace(image, data={**image.data, "pixel_attention_mask": empty}))
+    with pytest.raises(ValueError, match="numeric"):
+        model.encode_image(replace(image, data={"pixel_values": [["a"]]}))
