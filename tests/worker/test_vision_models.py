@@ -219,3 +219,21 @@ def test_bad_image_tensors_are_value_errors(family, vlm_dir, hf_vlm):
             model.encode_image(replace(image, data={**image.data, "pixel_attention_mask": empty}))
     with pytest.raises(ValueError, match="numeric"):
         model.encode_image(replace(image, data={"pixel_values": [["a"]]}))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_llm_generates_text_only_prompts_as_hf(family, vlm_dir, hf_vlm):
+    """The registry runs the folder natively: LLM(folder) builds, and a prompt without an
+    image gives HF generate's greedy tokens (the image path is the engine's test)."""
+    from pagestream import LLM, SamplingParams
+
+    hf, _ = hf_vlm(family)
+    prompt = [5, 17, 120, 33, 250, 8, 64, 99, 3]
+    llm = LLM(str(vlm_dir(family)), dtype="float32", kv_cache_memory="16MiB", block_size=16)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    (out,) = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+    with torch.no_grad():
+        expected = hf.generate(
+            torch.tensor([prompt]), max_new_tokens=8, do_sample=False, min_new_tokens=8
+        )[0, len(prompt) :]
+    assert out.outputs[0].token_ids == expected.tolist()
