@@ -1,8 +1,9 @@
 """Chained block hashes for prefix caching: pure functions, sha256, canonical encoding.
 
 A block's hash covers its parent's hash, its token ids and optional extra keys (the
-request's cache_salt and its LoRA adapter's identity in block 0), so equal hashes mean
-equal prefixes computed by equal weights. Never Python's
+request's cache_salt and its LoRA adapter's identity in block 0, the content hash of
+every image whose placeholder span touches the block), so equal hashes mean equal
+prefixes computed by equal weights from equal inputs. Never Python's
 hash(): its collisions would let one request read another's KV cache.
 """
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Sequence
+
+from services.common.image_input import ImageInput, images_in_block
 
 BlockHash = bytes
 
@@ -48,15 +51,16 @@ def hash_request_tokens(
     known: Sequence[BlockHash] = (),
     cache_salt: str | None = None,
     lora_identity: str | None = None,
+    images: tuple[ImageInput, ...] = (),
 ) -> list[BlockHash]:
     """Hashes of every full block of token_ids, reusing the already known prefix of them."""
     hashes = list(known)
     first_keys = first_block_keys(cache_salt, lora_identity)
     for i in range(len(hashes), len(token_ids) // block_size):
         parent = hashes[-1] if hashes else None
-        extra = first_keys if i == 0 else None
-        block = token_ids[i * block_size : (i + 1) * block_size]
-        hashes.append(hash_block_tokens(parent, block, extra))
+        start, end = i * block_size, (i + 1) * block_size
+        extra = (first_keys if i == 0 else ()) + images_in_block(images, start, end)
+        hashes.append(hash_block_tokens(parent, token_ids[start:end], extra))
     return hashes
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from services.common.image_input import ImageInput
+from services.common.image_input import ImageInput, check_images
 from services.common.lora_request import LoRARequest
 from services.common.pooling_params import PoolingParams
 from services.common.sampling_params import SamplingParams
@@ -47,3 +47,4 @@ class EngineCoreRequest:
 
     def __post_init__(self) -> None:
         check_request_kind(self.sampling_params, self.pooling_params)
+        check_images(self.images, len(self.prompt_token_ids))

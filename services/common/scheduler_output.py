@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.common.image_input import ImageInput
 from services.common.lora_request import LoRARequest
 from services.common.pooling_params import PoolingParams
 from services.common.sampling_params import SamplingParams
@@ -38,6 +39,7 @@ class NewRequestData:
     kind: RequestKind
     block_table: BlockTable  # the whole table
     num_computed_tokens: int  # tokens already in the KV cache (prefix hits, forks)
+    images: tuple[ImageInput, ...] = ()  # the prompt's images (image_input.py)
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,7 @@ class DataParallelClient:
             block_size,
             cache_salt=request.cache_salt,
             lora_identity=lora.identity if lora else None,
+            images=request.images,
         )
 
     async def abort(self, request_ids: list[str]) -> None:

@@ -19,6 +19,7 @@ from services.scheduler.request import Request
 @dataclass
 class PlanBuilder:
     token_budget: int
+    encoder_budget: int = 0  # image embeddings the step may still encode (encoder_budget.py)
     new_reqs: list[NewRequestData] = field(default_factory=list)
     cached_ids: list[str] = field(default_factory=list)
     cached_new_block_ids: list[BlockTable] = field(default_factory=list)
@@ -41,6 +42,7 @@ class PlanBuilder:
                 kind=request.kind,
                 block_table=block_table,
                 num_computed_tokens=request.num_computed_tokens,
+                images=request.images,
             )
         )
         self._schedule(request, num_tokens)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from services.common.block_hash import BlockHash, hash_request_tokens
 from services.common.engine_output import EngineCoreOutput
 from services.common.engine_request import EngineCoreRequest, check_request_kind
+from services.common.image_input import ImageInput
 from services.common.lora_request import LoRARequest
 from services.common.pooling_params import PoolingParams
 from services.common.sampling_params import SamplingParams
@@ -91,6 +92,9 @@ class Request:
     # last one, which is always computed).
     pooling_params: PoolingParams | None = None
     pools_every_position: bool = False
+    # The prompt's images: placeholder spans (charged to the step's encoder budget), content
+    # hashes (in the block hashes) and pixels (for the worker).
+    images: tuple[ImageInput, ...] = ()
 
     @classmethod
     def from_engine_request(cls, req: EngineCoreRequest, block_size: int) -> Request:
@@ -109,6 +113,7 @@ class Request:
             lora_request=req.lora_request,
             block_size=block_size,
             pooling_params=req.pooling_params,
+            images=req.images,
         )
 
     def __post_init__(self) -> None:
@@ -201,6 +206,7 @@ class Request:
             self.block_hashes,
             self.cache_salt,
             self.lora_identity,
+            self.images,
         )
 
     def to_output(

@@ -24,6 +24,7 @@ from services.scheduler.admission import (
     enqueue_waiting,
     validate_request,
 )
+from services.scheduler.encoder_budget import fit_chunk, images_to_encode
 from services.scheduler.in_flight import StepsInFlight
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.lora_slot_table import LoRASlotTable
@@ -174,7 +175,8 @@ class Scheduler:
     # ---- scheduling ----------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         """The next step's plan; every request in it is in flight until its output is processed."""
-        plan = PlanBuilder(token_budget=self.config.max_num_batched_tokens)
+        budget = self.config.max_num_batched_tokens
+        plan = PlanBuilder(token_budget=budget, encoder_budget=budget)
         num_preemptions = self.num_preemptions
         stalled = self._schedule_running(plan)
         admit = self.num_preemptions == num_preemptions and not stalled
@@ -204,6 +206,20 @@ class Scheduler:
         """num_new within the step's budget and, for a prefill, the long-prefill cap."""
         return min(num_new, budget, self.prefill_cap if is_prefill else num_new)
 
+    def _fit_images(self, plan: PlanBuilder, request: Request, start: int, num_new: int) -> int:
+        """num_new cut so the images the chunk has the worker encode fit the step's encoder
+        budget (encoder_budget.py); without chunked prefill a prompt is not cut: 0."""
+        if not request.images or start >= request.num_prompt_tokens:
+            return num_new
+        fresh = request.request_id not in self.on_worker
+        untouched = plan.encoder_budget == self.config.max_num_batched_tokens
+        fitted, _ = fit_chunk(
+            request.images, start, num_new, fresh, plan.encoder_budget, untouched
+        )
+        if fitted < num_new and not self.config.enable_chunked_prefill:
+            return 0
+        return fitted
+
     def _schedule_running(self, plan: PlanBuilder) -> bool:
         """Schedule running requests in order; True if one ran out of blocks (it preempted
         itself, or it waits for newer requests whose steps are in flight)."""
@@ -218,6 +234,7 @@ class Scheduler:
             num_new = self._num_new_tokens(
                 request.num_tokens_to_compute, request.is_prefill, plan.token_budget
             )
+            num_new = self._fit_images(plan, request, request.num_computed_tokens, num_new)
             if num_new == 0:
                 continue
             drafts = self._drafts_to_verify(request, plan.token_budget)
@@ -273,6 +290,9 @@ class Scheduler:
     ) -> None:
         rid = request.request_id
         rewritten = self.kv.take_rewritten(rid)
+        start, fresh = request.num_computed_tokens, rid not in self.on_worker
+        encoded = images_to_encode(request.images, start, num_new, fresh)
+        plan.encoder_budget -= sum(image.num_embeds for image in encoded)
         if rid not in self.on_worker:
             self.on_worker.add(rid)
             plan.add_new(request, self.kv.block_table(rid), num_new)
@@ -331,6 +351,9 @@ class Scheduler:
             num_new = self._num_new_tokens(
                 request.num_tokens_to_compute, request.is_prefill, plan.token_budget
             )
+            num_new = self._fit_images(plan, request, request.num_computed_tokens, num_new)
+            if num_new == 0:
+                return
             mapping = self.kv.swap_in(request, num_new)
             if mapping is None:
                 return
@@ -387,6 +410,8 @@ class Scheduler:
         num_new = self._num_new_tokens(num_new, True, plan.token_budget)
         if self.whole_prompts and num_new < whole:
             return False  # an encoder's prompt runs whole: it waits for a step with room
+        if whole and not (num_new := self._fit_images(plan, request, num_hit, num_new)):
+            return False  # its first image waits for a step with encoder budget
         lookahead = self._lookahead(request, num_new + num_hit)
         new_blocks = self.kv.allocate_slots(request, num_new, computed_blocks, lookahead)
         if new_blocks is None:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from services.common.convert.plan_limits import PlanLimits
+from services.common.image_input import ImageInput
 from services.common.pooling_params import PoolingParams
 from services.common.sampling_params import SamplingParams
 from services.common.scheduler_output import (
@@ -26,6 +27,7 @@ from services.common.scheduler_output import (
     RequestKind,
     SchedulerOutput,
 )
+from services.worker.multimodal.image_slice import ImageSlice, image_slices
 from services.worker.pooling_state import PoolingState
 from services.worker.sampling_metadata import SamplingMetadata
 from services.worker.sampling_ops import grammar_mask
@@ -57,6 +59,7 @@ class _RequestState:
     slot: int
     kind: RequestKind
     pooling: PoolingState | None = None  # a pooling request's pooled state so far
+    images: tuple[ImageInput, ...] = ()
 
 
 class InputBatch:
@@ -69,8 +72,10 @@ class InputBatch:
         eos_token_id: int | None,
         device: torch.device | str,
         num_kv_groups: int = 1,
+        image_token_id: int | None = None,
     ) -> None:
-        """`num_kv_groups`: the KV cache groups a plan's block tables hold (BlockTable)."""
+        """`num_kv_groups`: the KV cache groups a plan's block tables hold (BlockTable);
+        `image_token_id`: a vision-language model's (None: the model takes no images)."""
         for name, value in (
             ("block_size", block_size),
             ("max_num_seqs", max_num_seqs),
@@ -84,6 +89,7 @@ class InputBatch:
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len  # a row's room for tokens
         self.num_kv_groups = num_kv_groups
+        self.image_token_id = image_token_id
         self.max_positions = -(-max_model_len // block_size)  # a row's room for blocks
         self.device = torch.device(device)
         self.capacity = 0
@@ -231,6 +237,11 @@ class InputBatch:
                 )
         self._check_output_tails(plan)
         self._check_drafts(plan)
+        for new in plan.scheduled_new_reqs:
+            if new.images and self.image_token_id is None:
+                raise InvalidPlanError(
+                    f"request {new.request_id!r} has images: this model takes none"
+                )
 
     def _check_output_tails(self, plan: SchedulerOutput) -> None:
         cached = plan.scheduled_cached_reqs
@@ -258,7 +269,7 @@ class InputBatch:
         self._num_prompt_tokens[slot] = len(new.prompt_token_ids)
         self._num_computed[slot] = new.num_computed_tokens
         self._set_blocks(slot, 0, new.block_table)
-        state = _RequestState(slot, new.kind)
+        state = _RequestState(slot, new.kind, images=new.images)
         match new.kind:
             case PoolingParams() as params:  # a fresh pooled state, from position 0
                 state.pooling = PoolingState(params)
@@ -378,7 +389,37 @@ class InputBatch:
                 request_ids, slots, num_computed, num_scheduled, flat.query_start_loc
             ),
         )
-        return inputs if pooling is None else dataclasses.replace(inputs, pooling=pooling)
+        images = self._image_slices(request_ids, slots, num_computed, num_scheduled, flat)
+        return dataclasses.replace(inputs, pooling=pooling, images=images)
+
+    def _image_slices(
+        self,
+        request_ids: list[str],
+        slots: np.ndarray,
+        num_computed: np.ndarray,
+        num_scheduled: np.ndarray,
+        flat: FlatBatch,
+    ) -> list[ImageSlice]:
+        """The step's rows that take image embeddings (prompt chunks through image spans)."""
+        slices = []
+        for row, request_id in enumerate(request_ids):
+            images = self._requests[request_id].images
+            start = int(num_computed[row])
+            if not images or start >= images[-1].end:
+                continue
+            try:
+                slices += image_slices(
+                    request_id,
+                    images,
+                    self._token_ids[slots[row]],
+                    start,
+                    int(num_scheduled[row]),
+                    int(flat.query_start_loc[row]),
+                    self.image_token_id,
+                )
+            except ValueError as exc:
+                raise InvalidPlanError(str(exc)) from None
+        return slices
 
     def _step_inputs(
         self,

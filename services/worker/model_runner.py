@@ -14,6 +14,7 @@ from services.worker.cache_engine import CacheEngine
 from services.worker.input_batch import InputBatch, InvalidPlanError
 from services.worker.lora.lora_manager import LoRAManager
 from services.worker.models.causal_lm import CausalLM
+from services.worker.multimodal.encoder_cache import EncoderCache
 from services.worker.parallel_state import StageLink
 from services.worker.pooler import Pooler
 from services.worker.sampler import LogprobsTensors, Sampler, compute_token_logprobs
@@ -52,6 +53,7 @@ class ModelRunner:
         self.sampler = sampler
         self.rank = rank or RankInfo()
         self.link = StageLink()
+        self.encoder_cache = EncoderCache()  # image encoder outputs (vision-language models)
 
     @torch.inference_mode()
     def execute(self, plan: SchedulerOutput) -> RunnerOutput:
@@ -60,6 +62,8 @@ class ModelRunner:
         start = time.perf_counter()
         self._move_blocks(plan)
         self.input_batch.update(plan)
+        for request_id in plan.finished_req_ids:
+            self.encoder_cache.drop(request_id)
         if plan.total_num_scheduled_tokens == 0:
             return RunnerOutput(timings=StepTimings(prepare_s=time.perf_counter() - start))
         inputs = self.input_batch.prepare(plan, with_sampling=self.rank.is_output_rank)
@@ -122,9 +126,26 @@ class ModelRunner:
             shape = (len(inputs.positions), self.model.text_config.hidden_size)
             dtype = getattr(self.model, "hidden_dtype", self.model.dtype)
             extra["hidden_states"] = self.link.recv(shape, dtype, self.model.device)
+        elif inputs.images:
+            extra["inputs_embeds"] = self._inputs_embeds(inputs)
         kv_caches = self.cache_engine.layer_caches
         metadata = inputs.attention_metadata()
         return self.model(inputs.input_ids, inputs.positions, kv_caches, metadata, **extra)
+
+    def _inputs_embeds(self, inputs: StepInputs) -> torch.Tensor:
+        """The tokens' embeddings [T, hidden] with the image rows taking their images'
+        encoder outputs (encoded on first need, kept until the span is prefilled)."""
+        embeds = self.model.embed(inputs.input_ids)  # [T, hidden]
+        cache = self.encoder_cache
+        for piece in inputs.images:
+            output = cache.get(piece.request_id, piece.image, self.model.encode_image)
+            rows = torch.from_numpy(piece.rows).to(embeds.device)
+            index = torch.from_numpy(piece.embed_index).to(output.device)
+            embeds[rows] = output[index].to(embeds.device, embeds.dtype)
+        for piece in inputs.images:  # after every use: equal images in one step encode once
+            if piece.done:
+                cache.release(piece.request_id, piece.image.content_hash)
+        return embeds
 
     def _move_blocks(self, plan: SchedulerOutput) -> None:
         """Swaps and copies before the forward pass writes into any of these blocks (in

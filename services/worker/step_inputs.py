@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from pagestream_kernels.attention_metadata import AttentionMetadata
+from services.worker.multimodal.image_slice import ImageSlice
 from services.worker.pooling_state import PoolingState
 from services.worker.sampling_metadata import SamplingMetadata
 
@@ -76,6 +77,8 @@ class StepInputs:
     draft_token_ids: dict[str, list[int]]
     prompt_logprobs: PromptLogprobsInputs | None
     pooling: PoolingInputs | None = None
+    # the rows that take image embeddings instead of their tokens' (vision-language models)
+    images: list[ImageSlice] = dataclasses.field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

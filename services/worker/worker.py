@@ -317,6 +317,7 @@ class Worker:
             self.model.eos_token_id,
             self.device,
             self.kv_cache_groups.num_groups,
+            getattr(self.model, "image_token_id", None),
         )
 
 

@@ -12,6 +12,7 @@ from dataclasses import fields
 from services.common.convert.capabilities import capabilities_from_pb, capabilities_to_pb
 from services.common.convert.engine_error import engine_error_from_pb, engine_error_to_pb
 from services.common.convert.finish_reason import finish_reason_from_pb, finish_reason_to_pb
+from services.common.convert.image import images_from_pb, images_to_pb
 from services.common.convert.logprobs import fill_logprobs, logprobs_from_pb
 from services.common.convert.lora import lora_from_pb, lora_to_pb
 from services.common.convert.pooling import (
@@ -43,6 +44,7 @@ def engine_request_to_pb(request: EngineCoreRequest) -> engine_pb2.AddRequest:
         cache_salt=request.cache_salt or None,
         lora=lora_to_pb(request.lora_request) if request.lora_request else None,
         pooling_params=pooling_params_to_pb(pooling) if pooling is not None else None,
+        images=images_to_pb(request.images),
     )
 
 
@@ -66,6 +68,7 @@ def engine_request_from_pb(message: engine_pb2.AddRequest) -> EngineCoreRequest:
         pooling_params=pooling_params_from_pb(message.pooling_params)
         if kind == "pooling_params"
         else None,
+        images=images_from_pb(message.images),
     )
 
 

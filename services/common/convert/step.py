@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from itertools import islice
 
+from services.common.convert.image import images_from_pb, images_to_pb
 from services.common.convert.logprobs import fill_logprobs, logprobs_from_pb
 from services.common.convert.lora import lora_columns_from_pb, lora_columns_to_pb
 from services.common.convert.plan_limits import PlanLimits
@@ -20,6 +21,7 @@ from services.common.convert.pooling import (
     pooling_params_to_pb,
 )
 from services.common.convert.sampling import sampling_params_from_pb, sampling_params_to_pb
+from services.common.image_input import check_images
 from services.common.pooling_params import PoolingParams
 from services.common.proto.pagestream.internal.v1 import worker_pb2
 from services.common.runner_output import RunnerOutput, StepTimings
@@ -111,6 +113,7 @@ def _new_request_to_pb(new: NewRequestData) -> worker_pb2.NewRequest:
         output_token_ids=new.output_token_ids,
         block_ids=_flat_table(new.block_table),
         num_computed_tokens=new.num_computed_tokens,
+        images=images_to_pb(new.images),
         **kind,
     )
 
@@ -131,6 +134,11 @@ def _new_request_from_pb(message: worker_pb2.NewRequest, num_groups: int) -> New
         raise ValueError(
             f"{name}: num_computed_tokens {message.num_computed_tokens} outside 0..{num_tokens}"
         )
+    images = images_from_pb(message.images)
+    try:
+        check_images(images, len(message.prompt_token_ids))
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
     return NewRequestData(
         request_id=message.request_id,
         prompt_token_ids=list(message.prompt_token_ids),
@@ -138,6 +146,7 @@ def _new_request_from_pb(message: worker_pb2.NewRequest, num_groups: int) -> New
         kind=kind,
         block_table=_table(f"block_ids of {name}", message.block_ids, num_groups),
         num_computed_tokens=message.num_computed_tokens,
+        images=images,
     )
 
 

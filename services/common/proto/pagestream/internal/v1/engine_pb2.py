@@ -22,46 +22,47 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from services.common.proto.pagestream.internal.v1 import image_pb2 as pagestream_dot_internal_dot_v1_dot_image__pb2
 from services.common.proto.pagestream.internal.v1 import logprobs_pb2 as pagestream_dot_internal_dot_v1_dot_logprobs__pb2
 from services.common.proto.pagestream.internal.v1 import lora_pb2 as pagestream_dot_internal_dot_v1_dot_lora__pb2
 from services.common.proto.pagestream.v1 import generation_pb2 as pagestream_dot_v1_dot_generation__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#pagestream/internal/v1/engine.proto\x12\x16pagestream.internal.v1\x1a%pagestream/internal/v1/logprobs.proto\x1a!pagestream/internal/v1/lora.proto\x1a\x1epagestream/v1/generation.proto\"\xeb\x02\n\nAddRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x38\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x1d.pagestream.v1.SamplingParamsH\x00\x12\x36\n\x0epooling_params\x18\t \x01(\x0b\x32\x1c.pagestream.v1.PoolingParamsH\x00\x12\x19\n\x0c\x65os_token_id\x18\x04 \x01(\x05H\x01\x88\x01\x01\x12\x1c\n\x14\x65xtra_stop_token_ids\x18\x05 \x03(\x05\x12\x10\n\x08priority\x18\x06 \x01(\x05\x12\x17\n\ncache_salt\x18\x07 \x01(\tH\x02\x88\x01\x01\x12\x31\n\x04lora\x18\x08 \x01(\x0b\x32#.pagestream.internal.v1.LoRAAdapterB\x06\n\x04kindB\x0f\n\r_eos_token_idB\r\n\x0b_cache_salt\"$\n\rAbortRequests\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"\x82\x01\n\rEngineRequest\x12\x31\n\x03\x61\x64\x64\x18\x01 \x01(\x0b\x32\".pagestream.internal.v1.AddRequestH\x00\x12\x36\n\x05\x61\x62ort\x18\x02 \x01(\x0b\x32%.pagestream.internal.v1.AbortRequestsH\x00\x42\x06\n\x04kind\"\x81\x01\n\x11\x45ngineOutputBatch\x12\x35\n\x07outputs\x18\x01 \x03(\x0b\x32$.pagestream.internal.v1.EngineOutput\x12\x35\n\x05stats\x18\x02 \x01(\x0b\x32&.pagestream.internal.v1.SchedulerStats\"O\n\x0b\x45ngineError\x12\x0f\n\x07message\x18\x01 \x01(\t\x12/\n\x04\x63ode\x18\x02 \x01(\x0e\x32!.pagestream.internal.v1.ErrorCode\"\xa3\x04\n\x0c\x45ngineOutput\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x1e\n\x11parent_request_id\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x15\n\rnew_token_ids\x18\x04 \x03(\x05\x12;\n\rfinish_reason\x18\x05 \x01(\x0e\x32$.pagestream.internal.v1.FinishReason\x12\x1a\n\rstop_token_id\x18\x06 \x01(\x05H\x01\x88\x01\x01\x12\x19\n\x11num_cached_tokens\x18\x07 \x01(\x05\x12\x1f\n\x12\x63umulative_logprob\x18\x08 \x01(\x01H\x02\x88\x01\x01\x12\x32\n\x05\x65rror\x18\t \x01(\x0b\x32#.pagestream.internal.v1.EngineError\x12\x32\n\x08logprobs\x18\n \x01(\x0b\x32 .pagestream.internal.v1.Logprobs\x12\x39\n\x0fprompt_logprobs\x18\x0b \x01(\x0b\x32 .pagestream.internal.v1.Logprobs\x12\x15\n\x08queued_s\x18\x0c \x01(\x01H\x03\x88\x01\x01\x12\x13\n\x06pooled\x18\r \x01(\x0cH\x04\x88\x01\x01\x42\x14\n\x12_parent_request_idB\x10\n\x0e_stop_token_idB\x15\n\x13_cumulative_logprobB\x0b\n\t_queued_sB\t\n\x07_pooled\"\x11\n\x0fGetStatsRequest\"\xb8\x03\n\x0eSchedulerStats\x12\x18\n\x10num_running_reqs\x18\x01 \x01(\x05\x12\x18\n\x10num_waiting_reqs\x18\x02 \x01(\x05\x12\x18\n\x10num_swapped_reqs\x18\x03 \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\x04 \x01(\x01\x12\x1c\n\x14prefix_cache_queries\x18\x05 \x01(\x03\x12\x19\n\x11prefix_cache_hits\x18\x06 \x01(\x03\x12\x17\n\x0fnum_preemptions\x18\x07 \x01(\x03\x12\x1e\n\x16spec_decode_num_drafts\x18\x08 \x01(\x03\x12$\n\x1cspec_decode_num_draft_tokens\x18\t \x01(\x03\x12\'\n\x1fspec_decode_num_accepted_tokens\x18\n \x01(\x03\x12/\n\'spec_decode_num_accepted_tokens_per_pos\x18\x0b \x03(\x03\x12\x1d\n\x15running_lora_adapters\x18\x0c \x03(\t\x12\x1d\n\x15waiting_lora_adapters\x18\r \x03(\t\x12\x10\n\x08max_lora\x18\x0e \x01(\x05\"\x16\n\x14GetEngineInfoRequest\"\x83\x01\n\nEngineInfo\x12\'\n\x05model\x18\x01 \x01(\x0b\x32\x18.pagestream.v1.ModelInfo\x12\x14\n\x0cmax_num_seqs\x18\x02 \x01(\x05\x12\x1e\n\x16max_num_batched_tokens\x18\x03 \x01(\x05\x12\x16\n\x0enum_cpu_blocks\x18\x04 \x01(\x05\"\x16\n\x14WatchKvEventsRequest\"\xa1\x01\n\x0cKvEventBatch\x12\r\n\x05reset\x18\x01 \x01(\x08\x12\x0e\n\x06stored\x18\x02 \x03(\x0c\x12\x0f\n\x07removed\x18\x03 \x03(\x0c\x12\x35\n\x05stats\x18\x04 \x01(\x0b\x32&.pagestream.internal.v1.SchedulerStats\x12\x12\n\nblock_size\x18\x05 \x01(\x05\x12\x16\n\x0eprefix_caching\x18\x06 \x01(\x08*\x8a\x01\n\x0c\x46inishReason\x12\x16\n\x12\x46INISH_REASON_NONE\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04*\x84\x01\n\tErrorCode\x12\x1f\n\x1b\x45RROR_CODE_INVALID_ARGUMENT\x10\x00\x12\x1a\n\x16\x45RROR_CODE_UNAVAILABLE\x10\x01\x12!\n\x1d\x45RROR_CODE_RESOURCE_EXHAUSTED\x10\x02\x12\x17\n\x13\x45RROR_CODE_INTERNAL\x10\x03\x32\x94\x03\n\nEngineCore\x12_\n\x07\x43onnect\x12%.pagestream.internal.v1.EngineRequest\x1a).pagestream.internal.v1.EngineOutputBatch(\x01\x30\x01\x12[\n\x08GetStats\x12\'.pagestream.internal.v1.GetStatsRequest\x1a&.pagestream.internal.v1.SchedulerStats\x12\x61\n\rGetEngineInfo\x12,.pagestream.internal.v1.GetEngineInfoRequest\x1a\".pagestream.internal.v1.EngineInfo\x12\x65\n\rWatchKvEvents\x12,.pagestream.internal.v1.WatchKvEventsRequest\x1a$.pagestream.internal.v1.KvEventBatch0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#pagestream/internal/v1/engine.proto\x12\x16pagestream.internal.v1\x1a\"pagestream/internal/v1/image.proto\x1a%pagestream/internal/v1/logprobs.proto\x1a!pagestream/internal/v1/lora.proto\x1a\x1epagestream/v1/generation.proto\"\x9f\x03\n\nAddRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x38\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x1d.pagestream.v1.SamplingParamsH\x00\x12\x36\n\x0epooling_params\x18\t \x01(\x0b\x32\x1c.pagestream.v1.PoolingParamsH\x00\x12\x19\n\x0c\x65os_token_id\x18\x04 \x01(\x05H\x01\x88\x01\x01\x12\x1c\n\x14\x65xtra_stop_token_ids\x18\x05 \x03(\x05\x12\x10\n\x08priority\x18\x06 \x01(\x05\x12\x17\n\ncache_salt\x18\x07 \x01(\tH\x02\x88\x01\x01\x12\x31\n\x04lora\x18\x08 \x01(\x0b\x32#.pagestream.internal.v1.LoRAAdapter\x12\x32\n\x06images\x18\n \x03(\x0b\x32\".pagestream.internal.v1.ImageInputB\x06\n\x04kindB\x0f\n\r_eos_token_idB\r\n\x0b_cache_salt\"$\n\rAbortRequests\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"\x82\x01\n\rEngineRequest\x12\x31\n\x03\x61\x64\x64\x18\x01 \x01(\x0b\x32\".pagestream.internal.v1.AddRequestH\x00\x12\x36\n\x05\x61\x62ort\x18\x02 \x01(\x0b\x32%.pagestream.internal.v1.AbortRequestsH\x00\x42\x06\n\x04kind\"\x81\x01\n\x11\x45ngineOutputBatch\x12\x35\n\x07outputs\x18\x01 \x03(\x0b\x32$.pagestream.internal.v1.EngineOutput\x12\x35\n\x05stats\x18\x02 \x01(\x0b\x32&.pagestream.internal.v1.SchedulerStats\"O\n\x0b\x45ngineError\x12\x0f\n\x07message\x18\x01 \x01(\t\x12/\n\x04\x63ode\x18\x02 \x01(\x0e\x32!.pagestream.internal.v1.ErrorCode\"\xa3\x04\n\x0c\x45ngineOutput\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x1e\n\x11parent_request_id\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x15\n\rnew_token_ids\x18\x04 \x03(\x05\x12;\n\rfinish_reason\x18\x05 \x01(\x0e\x32$.pagestream.internal.v1.FinishReason\x12\x1a\n\rstop_token_id\x18\x06 \x01(\x05H\x01\x88\x01\x01\x12\x19\n\x11num_cached_tokens\x18\x07 \x01(\x05\x12\x1f\n\x12\x63umulative_logprob\x18\x08 \x01(\x01H\x02\x88\x01\x01\x12\x32\n\x05\x65rror\x18\t \x01(\x0b\x32#.pagestream.internal.v1.EngineError\x12\x32\n\x08logprobs\x18\n \x01(\x0b\x32 .pagestream.internal.v1.Logprobs\x12\x39\n\x0fprompt_logprobs\x18\x0b \x01(\x0b\x32 .pagestream.internal.v1.Logprobs\x12\x15\n\x08queued_s\x18\x0c \x01(\x01H\x03\x88\x01\x01\x12\x13\n\x06pooled\x18\r \x01(\x0cH\x04\x88\x01\x01\x42\x14\n\x12_parent_request_idB\x10\n\x0e_stop_token_idB\x15\n\x13_cumulative_logprobB\x0b\n\t_queued_sB\t\n\x07_pooled\"\x11\n\x0fGetStatsRequest\"\xb8\x03\n\x0eSchedulerStats\x12\x18\n\x10num_running_reqs\x18\x01 \x01(\x05\x12\x18\n\x10num_waiting_reqs\x18\x02 \x01(\x05\x12\x18\n\x10num_swapped_reqs\x18\x03 \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\x04 \x01(\x01\x12\x1c\n\x14prefix_cache_queries\x18\x05 \x01(\x03\x12\x19\n\x11prefix_cache_hits\x18\x06 \x01(\x03\x12\x17\n\x0fnum_preemptions\x18\x07 \x01(\x03\x12\x1e\n\x16spec_decode_num_drafts\x18\x08 \x01(\x03\x12$\n\x1cspec_decode_num_draft_tokens\x18\t \x01(\x03\x12\'\n\x1fspec_decode_num_accepted_tokens\x18\n \x01(\x03\x12/\n\'spec_decode_num_accepted_tokens_per_pos\x18\x0b \x03(\x03\x12\x1d\n\x15running_lora_adapters\x18\x0c \x03(\t\x12\x1d\n\x15waiting_lora_adapters\x18\r \x03(\t\x12\x10\n\x08max_lora\x18\x0e \x01(\x05\"\x16\n\x14GetEngineInfoRequest\"\x83\x01\n\nEngineInfo\x12\'\n\x05model\x18\x01 \x01(\x0b\x32\x18.pagestream.v1.ModelInfo\x12\x14\n\x0cmax_num_seqs\x18\x02 \x01(\x05\x12\x1e\n\x16max_num_batched_tokens\x18\x03 \x01(\x05\x12\x16\n\x0enum_cpu_blocks\x18\x04 \x01(\x05\"\x16\n\x14WatchKvEventsRequest\"\xa1\x01\n\x0cKvEventBatch\x12\r\n\x05reset\x18\x01 \x01(\x08\x12\x0e\n\x06stored\x18\x02 \x03(\x0c\x12\x0f\n\x07removed\x18\x03 \x03(\x0c\x12\x35\n\x05stats\x18\x04 \x01(\x0b\x32&.pagestream.internal.v1.SchedulerStats\x12\x12\n\nblock_size\x18\x05 \x01(\x05\x12\x16\n\x0eprefix_caching\x18\x06 \x01(\x08*\x8a\x01\n\x0c\x46inishReason\x12\x16\n\x12\x46INISH_REASON_NONE\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04*\x84\x01\n\tErrorCode\x12\x1f\n\x1b\x45RROR_CODE_INVALID_ARGUMENT\x10\x00\x12\x1a\n\x16\x45RROR_CODE_UNAVAILABLE\x10\x01\x12!\n\x1d\x45RROR_CODE_RESOURCE_EXHAUSTED\x10\x02\x12\x17\n\x13\x45RROR_CODE_INTERNAL\x10\x03\x32\x94\x03\n\nEngineCore\x12_\n\x07\x43onnect\x12%.pagestream.internal.v1.EngineRequest\x1a).pagestream.internal.v1.EngineOutputBatch(\x01\x30\x01\x12[\n\x08GetStats\x12\'.pagestream.internal.v1.GetStatsRequest\x1a&.pagestream.internal.v1.SchedulerStats\x12\x61\n\rGetEngineInfo\x12,.pagestream.internal.v1.GetEngineInfoRequest\x1a\".pagestream.internal.v1.EngineInfo\x12\x65\n\rWatchKvEvents\x12,.pagestream.internal.v1.WatchKvEventsRequest\x1a$.pagestream.internal.v1.KvEventBatch0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pagestream.internal.v1.engine_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=2278
-  _globals['_FINISHREASON']._serialized_end=2416
-  _globals['_ERRORCODE']._serialized_start=2419
-  _globals['_ERRORCODE']._serialized_end=2551
-  _globals['_ADDREQUEST']._serialized_start=170
-  _globals['_ADDREQUEST']._serialized_end=533
-  _globals['_ABORTREQUESTS']._serialized_start=535
-  _globals['_ABORTREQUESTS']._serialized_end=571
-  _globals['_ENGINEREQUEST']._serialized_start=574
-  _globals['_ENGINEREQUEST']._serialized_end=704
-  _globals['_ENGINEOUTPUTBATCH']._serialized_start=707
-  _globals['_ENGINEOUTPUTBATCH']._serialized_end=836
-  _globals['_ENGINEERROR']._serialized_start=838
-  _globals['_ENGINEERROR']._serialized_end=917
-  _globals['_ENGINEOUTPUT']._serialized_start=920
-  _globals['_ENGINEOUTPUT']._serialized_end=1467
-  _globals['_GETSTATSREQUEST']._serialized_start=1469
-  _globals['_GETSTATSREQUEST']._serialized_end=1486
-  _globals['_SCHEDULERSTATS']._serialized_start=1489
-  _globals['_SCHEDULERSTATS']._serialized_end=1929
-  _globals['_GETENGINEINFOREQUEST']._serialized_start=1931
-  _globals['_GETENGINEINFOREQUEST']._serialized_end=1953
-  _globals['_ENGINEINFO']._serialized_start=1956
-  _globals['_ENGINEINFO']._serialized_end=2087
-  _globals['_WATCHKVEVENTSREQUEST']._serialized_start=2089
-  _globals['_WATCHKVEVENTSREQUEST']._serialized_end=2111
-  _globals['_KVEVENTBATCH']._serialized_start=2114
-  _globals['_KVEVENTBATCH']._serialized_end=2275
-  _globals['_ENGINECORE']._serialized_start=2554
-  _globals['_ENGINECORE']._serialized_end=2958
+  _globals['_FINISHREASON']._serialized_start=2366
+  _globals['_FINISHREASON']._serialized_end=2504
+  _globals['_ERRORCODE']._serialized_start=2507
+  _globals['_ERRORCODE']._serialized_end=2639
+  _globals['_ADDREQUEST']._serialized_start=206
+  _globals['_ADDREQUEST']._serialized_end=621
+  _globals['_ABORTREQUESTS']._serialized_start=623
+  _globals['_ABORTREQUESTS']._serialized_end=659
+  _globals['_ENGINEREQUEST']._serialized_start=662
+  _globals['_ENGINEREQUEST']._serialized_end=792
+  _globals['_ENGINEOUTPUTBATCH']._serialized_start=795
+  _globals['_ENGINEOUTPUTBATCH']._serialized_end=924
+  _globals['_ENGINEERROR']._serialized_start=926
+  _globals['_ENGINEERROR']._serialized_end=1005
+  _globals['_ENGINEOUTPUT']._serialized_start=1008
+  _globals['_ENGINEOUTPUT']._serialized_end=1555
+  _globals['_GETSTATSREQUEST']._serialized_start=1557
+  _globals['_GETSTATSREQUEST']._serialized_end=1574
+  _globals['_SCHEDULERSTATS']._serialized_start=1577
+  _globals['_SCHEDULERSTATS']._serialized_end=2017
+  _globals['_GETENGINEINFOREQUEST']._serialized_start=2019
+  _globals['_GETENGINEINFOREQUEST']._serialized_end=2041
+  _globals['_ENGINEINFO']._serialized_start=2044
+  _globals['_ENGINEINFO']._serialized_end=2175
+  _globals['_WATCHKVEVENTSREQUEST']._serialized_start=2177
+  _globals['_WATCHKVEVENTSREQUEST']._serialized_end=2199
+  _globals['_KVEVENTBATCH']._serialized_start=2202
+  _globals['_KVEVENTBATCH']._serialized_end=2363
+  _globals['_ENGINECORE']._serialized_start=2642
+  _globals['_ENGINECORE']._serialized_end=3046
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,4 @@
+from services.common.proto.pagestream.internal.v1 import image_pb2 as _image_pb2
 from services.common.proto.pagestream.internal.v1 import logprobs_pb2 as _logprobs_pb2
 from services.common.proto.pagestream.internal.v1 import lora_pb2 as _lora_pb2
 from services.common.proto.pagestream.v1 import generation_pb2 as _generation_pb2
@@ -35,7 +36,7 @@ ERROR_CODE_RESOURCE_EXHAUSTED: ErrorCode
 ERROR_CODE_INTERNAL: ErrorCode
 
 class AddRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "pooling_params", "eos_token_id", "extra_stop_token_ids", "priority", "cache_salt", "lora")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "pooling_params", "eos_token_id", "extra_stop_token_ids", "priority", "cache_salt", "lora", "images")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +46,7 @@ class AddRequest(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     LORA_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling_params: _generation_pb2.SamplingParams
@@ -54,7 +56,8 @@ class AddRequest(_message.Message):
     priority: int
     cache_salt: str
     lora: _lora_pb2.LoRAAdapter
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., pooling_params: _Optional[_Union[_generation_pb2.PoolingParams, _Mapping]] = ..., eos_token_id: _Optional[int] = ..., extra_stop_token_ids: _Optional[_Iterable[int]] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[str] = ..., lora: _Optional[_Union[_lora_pb2.LoRAAdapter, _Mapping]] = ...) -> None: ...
+    images: _containers.RepeatedCompositeFieldContainer[_image_pb2.ImageInput]
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., pooling_params: _Optional[_Union[_generation_pb2.PoolingParams, _Mapping]] = ..., eos_token_id: _Optional[int] = ..., extra_stop_token_ids: _Optional[_Iterable[int]] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[str] = ..., lora: _Optional[_Union[_lora_pb2.LoRAAdapter, _Mapping]] = ..., images: _Optional[_Iterable[_Union[_image_pb2.ImageInput, _Mapping]]] = ...) -> None: ...
 
 class AbortRequests(_message.Message):
     __slots__ = ("request_ids",)

@@ -1,3 +1,4 @@
+from services.common.proto.pagestream.internal.v1 import image_pb2 as _image_pb2
 from services.common.proto.pagestream.internal.v1 import logprobs_pb2 as _logprobs_pb2
 from services.common.proto.pagestream.internal.v1 import lora_pb2 as _lora_pb2
 from services.common.proto.pagestream.v1 import generation_pb2 as _generation_pb2
@@ -90,7 +91,7 @@ class CacheDescription(_message.Message):
     def __init__(self, num_device_blocks: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., bytes_per_block: _Optional[int] = ...) -> None: ...
 
 class NewRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "output_token_ids", "sampling_params", "pooling_params", "block_ids", "num_computed_tokens")
+    __slots__ = ("request_id", "prompt_token_ids", "output_token_ids", "sampling_params", "pooling_params", "block_ids", "num_computed_tokens", "images")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +99,7 @@ class NewRequest(_message.Message):
     POOLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     output_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -105,7 +107,8 @@ class NewRequest(_message.Message):
     pooling_params: _generation_pb2.PoolingParams
     block_ids: _containers.RepeatedScalarFieldContainer[int]
     num_computed_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., pooling_params: _Optional[_Union[_generation_pb2.PoolingParams, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ...) -> None: ...
+    images: _containers.RepeatedCompositeFieldContainer[_image_pb2.ImageInput]
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., pooling_params: _Optional[_Union[_generation_pb2.PoolingParams, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., images: _Optional[_Iterable[_Union[_image_pb2.ImageInput, _Mapping]]] = ...) -> None: ...
 
 class StepPlan(_message.Message):
     __slots__ = ("step_id", "new_requests", "cached_request_ids", "cached_num_new_blocks", "cached_new_block_ids", "cached_num_computed_tokens", "cached_resumed", "scheduled_request_ids", "num_scheduled_tokens", "finished_request_ids", "blocks_to_copy", "blocks_to_swap_in", "blocks_to_swap_out", "cached_num_new_tokens", "cached_new_token_ids", "grammar_request_ids", "grammar_bitmask", "spec_request_ids", "num_spec_tokens", "spec_token_ids", "lora_request_ids", "lora_request_slots", "lora_slots", "lora_adapters", "num_kv_groups")

@@ -1,0 +1,43 @@
+"""The step's encoder budget: how many image embeddings the worker may compute in one step.
+
+The worker encodes an image in the step whose chunk first touches its placeholder span
+and keeps the output until the request's prefill passes the span. A chunk that starts
+inside a span needs the image encoded again only when the worker does not hold the
+request (its first chunk after admission or a preemption). Images are charged their
+embedding count; the budget is max_num_batched_tokens, as vLLM's
+max_num_encoder_input_tokens defaults to. An image larger than the whole budget still
+runs, alone, in a step whose budget is untouched (else it would never run).
+"""
+
+from __future__ import annotations
+
+from services.common.image_input import ImageInput
+
+
+def images_to_encode(
+    images: tuple[ImageInput, ...], start: int, num_new: int, fresh: bool
+) -> list[ImageInput]:
+    """The images a chunk of positions start .. start + num_new - 1 has the worker encode
+    (`fresh`: the worker does not hold the request yet)."""
+    end = start + num_new
+    return [i for i in images if i.overlaps(start, end) and (fresh or i.offset >= start)]
+
+
+def fit_chunk(
+    images: tuple[ImageInput, ...],
+    start: int,
+    num_new: int,
+    fresh: bool,
+    budget_left: int,
+    budget_untouched: bool,
+) -> tuple[int, int]:
+    """(the chunk's tokens, the encoder tokens they use): the chunk cut before the first
+    image that does not fit what is left of the budget (0 tokens when that is its first
+    position)."""
+    used = 0
+    for image in images_to_encode(images, start, num_new, fresh):
+        alone = budget_untouched and used == 0
+        if used + image.num_embeds > budget_left and not alone:
+            return max(min(image.offset, start + num_new) - start, 0), used
+        used += image.num_embeds
+    return num_new, used
