@@ -53,11 +53,13 @@ class AsyncEngine:
             self.info = self.engine.info
             self.tokenizer = self.engine.tokenizer
             self.default_sampling = self.engine.default_sampling
+            self.images = self.engine.images
 
     def _start_process(self, args: EngineArgs) -> None:
         # Read first: a GGUF file is converted once, here, before the engine core starts.
         files = ModelFiles.load(args.model, args.generation_config)
         self.tokenizer, self.default_sampling = files.tokenizer, files.default_sampling
+        self.images = files.images
         self.process = EngineCoreProcess(args)
         self.info = self.process.start()
 
@@ -84,7 +86,12 @@ class AsyncEngine:
             else:
                 client = InprocEngineCoreClient(self.engine_core)
             self._frontend = Frontend(
-                client, self.tokenizer, self.info, self.default_sampling, self.frontend_config
+                client,
+                self.tokenizer,
+                self.info,
+                self.default_sampling,
+                self.frontend_config,
+                self.images,
             )
         return self._frontend
 

@@ -1,5 +1,7 @@
 """LLM: vLLM's offline API — generate, chat and beam search over a batch of prompts, and
-embed / encode on a pooling runner (LLM(model, runner="pooling"))."""
+embed / encode on a pooling runner (LLM(model, runner="pooling")). A vision-language model
+takes images: chat content parts, or generate's {"prompt", "multi_modal_data"}; the image
+options (limit_mm_per_prompt, max_image_pixels, ...) are FrontendConfig's, as keywords."""
 
 from __future__ import annotations
 
@@ -25,6 +27,10 @@ from services.common.pooling_params import PoolingParams
 from services.common.request_options import RequestOptions
 from services.common.sampling_defaults import sampling_params_with_defaults
 from services.common.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
+from services.frontend.frontend_config import FrontendConfig
+from services.frontend.multimodal.chat_images import split_images
+from services.frontend.multimodal.image_loader import ImageLoader
+from services.frontend.multimodal.image_processor import NO_IMAGES
 from services.frontend.pair_scoring import (
     PairScoring,
     classification_params,
@@ -33,6 +39,16 @@ from services.frontend.pair_scoring import (
 )
 from services.frontend.tokenizer import apply_chat_template
 
+# FrontendConfig's options LLM takes as keywords (the rest are EngineArgs').
+IMAGE_OPTIONS = (
+    "limit_mm_per_prompt",
+    "max_image_bytes",
+    "max_image_pixels",
+    "allowed_local_media_path",
+    "allowed_media_domains",
+    "media_fetch_timeout_s",
+)
+
 
 class LLM:
     """LLM(model=None, **engine_args): model=None runs the default SmolLM2-135M-Instruct."""
@@ -40,6 +56,8 @@ class LLM:
     def __init__(self, model: str | None = None, **engine_args) -> None:
         if model is not None:
             engine_args["model"] = model
+        options = {k: engine_args.pop(k) for k in IMAGE_OPTIONS if k in engine_args}
+        self.image_loader = ImageLoader(FrontendConfig(**options))  # checked before the load
         self.engine = LLMEngine(EngineArgs.from_kwargs(**engine_args))
 
     def get_tokenizer(self):
@@ -57,9 +75,11 @@ class LLM:
         use_tqdm: bool = True,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Outputs in input order; prompts: a str, a list of str, or {"prompt_token_ids": [...]}.
+        """Outputs in input order; prompts: a str, a list of str, {"prompt_token_ids": [...]},
+        or {"prompt": text with the model's image marker per image, "multi_modal_data":
+        {"image": a PIL image, a URL string or a list of them}}.
         lora_request: one adapter for every prompt, or one each (None: the base model)."""
-        prompts = _as_list(prompts)
+        prompts = [self._load_images(p) for p in _as_list(prompts)]
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         params = _params_per_prompt(sampling_params, len(prompts))
@@ -80,21 +100,35 @@ class LLM:
         if self.engine.tokenizer is None:
             raise ValueError("chat needs a tokenizer, and this model folder has none.")
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
-        prompts = [
-            apply_chat_template(
+        prompts = []
+        for conversation in conversations:
+            conversation, images = split_images(conversation)
+            text = apply_chat_template(
                 self.engine.tokenizer,
-                c,
+                conversation,
                 add_generation_prompt,
                 chat_template,
                 template_kwargs=chat_template_kwargs,
             )
-            for c in conversations
-        ]
+            prompt = {"prompt": text, "multi_modal_data": {"image": images}}
+            prompts.append(self._load_images(prompt) if images else text)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         params = _params_per_prompt(sampling_params, len(prompts))
         loras = _loras(lora_request, len(prompts))
         return self._run(prompts, params, use_tqdm, loras, add_special_tokens=False)
+
+    def _load_images(self, prompt):
+        """A prompt's images as RGB PIL images, within the image options (the prompt as
+        is when it has none)."""
+        data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
+        images = data.get("image") if isinstance(data, dict) else None
+        if images is None:
+            return prompt
+        if self.engine.images is None:
+            raise ValueError(NO_IMAGES + ".")
+        images = list(images) if isinstance(images, list | tuple) else [images]
+        return {**prompt, "multi_modal_data": {**data, "image": self.image_loader.load_all(images)}}
 
     def beam_search(
         self, prompts, params: BeamSearchParams, use_tqdm: bool = False

@@ -34,6 +34,7 @@ class LLMEngine:
         # Read before the worker loads: a bad --generation-config fails before the weights.
         files = ModelFiles.load(args.model, args.generation_config)
         self.tokenizer, self.default_sampling = files.tokenizer, files.default_sampling
+        self.images = files.images  # a VLM's image processor (None: text only)
         self.builder = EngineCoreBuilder(
             args, partial(build_executor, args), WORKER_START_TIMEOUT_S
         )
@@ -43,7 +44,7 @@ class LLMEngine:
         self.executor = self.core.executor
         # The in-process Worker (uni), else None.
         self.worker = self.executor.worker if isinstance(self.executor, UniExecutor) else None
-        self.input_processor = InputProcessor(self.tokenizer, self.info)
+        self.input_processor = InputProcessor(self.tokenizer, self.info, self.images)
         self.output_processor = OutputProcessor()
 
     def close(self) -> None:

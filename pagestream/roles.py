@@ -241,7 +241,13 @@ async def run_frontend(ns: argparse.Namespace) -> None:
     files = await asyncio.to_thread(ModelFiles.load, ns.model, ns.generation_config, True)
     router = router_config(ns)
     connecting = connect_frontend(
-        ns.scheduler, files.tokenizer, files.default_sampling, tls=tls, config=config, router=router
+        ns.scheduler,
+        files.tokenizer,
+        files.default_sampling,
+        tls=tls,
+        config=config,
+        router=router,
+        images=files.images,
     )
     ready = asyncio.ensure_future(connecting)
     grpc_server = await serve_frontend(

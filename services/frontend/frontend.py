@@ -65,7 +65,9 @@ class Frontend:
         info: ServedModelInfo,
         default_sampling: dict | None = None,
         config: FrontendConfig | None = None,
+        images=None,
     ) -> None:
+        """`images`: a vision-language model's ImageProcessor (ModelFiles.images)."""
         self.client = client
         self.tokenizer = tokenizer
         self.info = info
@@ -81,7 +83,7 @@ class Frontend:
             if self.config.reasoning_parser
             else None
         )
-        self.input_processor = InputProcessor(tokenizer, info)
+        self.input_processor = InputProcessor(tokenizer, info, images)
         self.output_processor = OutputProcessor()
         self._queues: dict[str, RequestOutputQueue] = {}
         self._pump: asyncio.Task | None = None

@@ -21,6 +21,11 @@ MIB = 1024 * 1024
 # whitespace or punctuation runs up to ~16); 32 bytes per token of context lets any prompt
 # through that could fit, and bounds the tokenizer's work (on the event loop) per request.
 PROMPT_BYTES_PER_TOKEN = 32
+# Images per prompt when --limit-mm-per-prompt leaves it unset. Each image costs the frontend
+# its decoded pixels (up to --max-image-pixels x 3 bytes) and the engine an encoder run and
+# hundreds of prompt tokens; 4 covers an image chat or a comparison of a few pictures.
+DEFAULT_IMAGE_LIMIT = 4
+MODALITIES = ("image",)
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,37 @@ class FrontendConfig:
         "(OpenAI), thinking blocks (Anthropic), reasoning_text (gRPC), apart from the answer",
         choices=sorted(REASONING_PARSERS),
     )
+    limit_mm_per_prompt: str | None = flag(
+        None,
+        "items of each modality one prompt may carry, a JSON object ('{\"image\": 4}'); more "
+        f"is a 400 (default: {DEFAULT_IMAGE_LIMIT} images, which bounds a request's decoding "
+        "memory and encoder work; 0: no images)",
+    )
+    max_image_bytes: int = flag(
+        20 * MIB,
+        "an image's encoded size (a data URL's, a file's, a download's), at most (OpenAI's "
+        "per-image limit; 0: no limit)",
+    )
+    max_image_pixels: int = flag(
+        4096 * 4096,
+        "an image's width x height, at most, read from its header before it is decoded "
+        "(decompression bombs; 0: PIL's own bound)",
+    )
+    allowed_local_media_path: str | None = flag(
+        None,
+        "image_url may name files (file:// or an absolute path) under this folder; default: "
+        "no files are read",
+    )
+    allowed_media_domains: tuple[str, ...] = flag(
+        (),
+        "image_url may be an http(s) URL on these hosts (redirects too); default: none, a "
+        "server fetches nothing a client names",
+    )
+    media_fetch_timeout_s: float = flag(
+        5.0,
+        "an http(s) image download gets this many seconds, whole",
+        name="media-fetch-timeout",
+    )
     default_chat_template_kwargs: str | None = flag(
         None,
         "variables for the chat template, a JSON object ('{\"enable_thinking\": false}'); "
@@ -121,6 +157,8 @@ class FrontendConfig:
             "max_unread_tokens",
             "responses_store_max_entries",
             "responses_store_max_bytes",
+            "max_image_bytes",
+            "max_image_pixels",
         ):
             _not_negative(name, getattr(self, name))
         if self.max_prompt_bytes is not None:
@@ -135,6 +173,11 @@ class FrontendConfig:
         if self.request_timeout_s is not None and not self.request_timeout_s > 0:
             raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}.")
         _ = self.chat_template_kwargs  # a bad JSON object fails at start
+        _ = self.image_limit
+        if not self.media_fetch_timeout_s > 0:
+            raise ValueError(
+                f"media_fetch_timeout_s must be > 0, got {self.media_fetch_timeout_s}."
+            )
         if not self.responses_store_max_age_s > 0:
             raise ValueError(
                 f"responses_store_max_age_s must be > 0, got {self.responses_store_max_age_s}."
@@ -152,6 +195,29 @@ class FrontendConfig:
         if not isinstance(kwargs, dict):
             raise ValueError("default_chat_template_kwargs must be a JSON object.")
         return kwargs
+
+    @property
+    def image_limit(self) -> int:
+        """Images per prompt (--limit-mm-per-prompt, a JSON object or, in Python, a dict)."""
+        value = self.limit_mm_per_prompt
+        if value is None:
+            return DEFAULT_IMAGE_LIMIT
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as exc:
+                raise ValueError(f"limit_mm_per_prompt is not JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise ValueError("limit_mm_per_prompt must be a JSON object ('{\"image\": 4}').")
+        for key, count in value.items():
+            if key not in MODALITIES:
+                raise ValueError(
+                    f"limit_mm_per_prompt: {key!r} is not a modality this server takes "
+                    f"({', '.join(MODALITIES)})."
+                )
+            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                raise ValueError(f"limit_mm_per_prompt: {key} must be an integer >= 0.")
+        return value.get("image", DEFAULT_IMAGE_LIMIT)
 
     def prompt_bytes_limit(self, max_model_len: int) -> int:
         """The prompt-size limit in bytes (0: none)."""

@@ -174,6 +174,7 @@ async def connect_frontend(
     tls: TlsConfig | None = None,
     config: FrontendConfig | None = None,
     router: RouterConfig | None = None,
+    images=None,
 ) -> Frontend:
     """A Frontend over the schedulers' EngineCore services (the split deployment).
 
@@ -203,7 +204,7 @@ async def connect_frontend(
     client: EngineCoreClient = clients[0]
     if len(clients) > 1:
         client = DataParallelClient(clients, router, addresses)
-    return Frontend(client, tokenizer, infos[0], default_sampling, config)
+    return Frontend(client, tokenizer, infos[0], default_sampling, config, images)
 
 
 def _check_same_model(addresses: list[str], infos: list[ServedModelInfo]) -> None:

@@ -6,7 +6,9 @@ PoolingParams makes a pooling request): the prompt is tokenized and checked
 against the context length and the vocabulary, the parameters against the vocabulary and
 the grammar compiler, and it returns the EngineCoreRequest to send and the RequestState
 that detokenizes its outputs. Bad input raises ValueError naming the field, before
-anything is admitted.
+anything is admitted. A prompt with images ({"prompt": text, "multi_modal_data":
+{"image": [PIL images]}}) is expanded by the model's ImageProcessor into token ids and one
+ImageInput per image; a prompt already expanded carries its ImageInputs ("images").
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import uuid
 from dataclasses import dataclass
 
 from services.common.engine_request import EngineCoreRequest
+from services.common.image_input import ImageInput, check_images
 from services.common.pooling_params import PoolingParams
 from services.common.request_options import DEFAULT_OPTIONS, RequestOptions
 from services.common.sampling_params import SamplingParams
 from services.common.served_model_info import ServedModelInfo
 from services.common.structured_outputs import check_grammar
 from services.frontend.lora_registry import LoRARegistry
+from services.frontend.multimodal.image_processor import NO_IMAGES, ImageProcessor
 from services.frontend.pooling_request_state import PoolingRequestState
 from services.frontend.request_limits import CONTEXT_LENGTH_EXCEEDED
 from services.frontend.request_state import RequestState
@@ -41,11 +45,14 @@ class ContextLengthExceededError(ValueError):
 class ProcessedPrompt:
     prompt: str | None
     prompt_token_ids: list[int]
+    images: tuple[ImageInput, ...] = ()  # in prompt order, spans within prompt_token_ids
 
 
 class InputProcessor:
-    def __init__(self, tokenizer, info: ServedModelInfo) -> None:
+    def __init__(self, tokenizer, info: ServedModelInfo, images: ImageProcessor | None = None):
+        """`images`: a vision-language model's image processor (None: no images)."""
         self.tokenizer = tokenizer
+        self.images = images
         self.max_model_len = info.max_model_len
         self.vocab_size = info.vocab_size
         self.eos_token_ids = info.eos_token_ids
@@ -86,6 +93,7 @@ class InputProcessor:
             priority=options.priority,
             cache_salt=options.cache_salt,
             lora_request=lora,
+            images=processed.images,
         )
         state = RequestState(
             request_id, processed.prompt, processed.prompt_token_ids, params, self.tokenizer
@@ -105,6 +113,8 @@ class InputProcessor:
         params.verify(self.pooler)
         keep = params.truncate_prompt_tokens
         keep_last = self.max_model_len if keep == -1 else keep
+        if isinstance(prompt, dict) and (prompt.get("images") or "multi_modal_data" in prompt):
+            raise ValueError("a pooling request (an embedding, a score) takes no images.")
         prefix = self.pooler.prompt_text(params.prompt_name)
         text = _prompt_text(prompt)
         add_special_tokens = options.add_special_tokens
@@ -146,7 +156,10 @@ class InputProcessor:
         """
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
-                return self._check(prompt.get("prompt"), prompt["prompt_token_ids"], keep_last)
+                ids, images = prompt["prompt_token_ids"], tuple(prompt.get("images") or ())
+                return self._check(prompt.get("prompt"), ids, keep_last, images)
+            if "multi_modal_data" in prompt:
+                return self._with_images(prompt, add_special_tokens, keep_last)
             if "prompt" in prompt:
                 return self.process(prompt["prompt"], add_special_tokens, keep_last)
             raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'.")
@@ -158,6 +171,23 @@ class InputProcessor:
         if isinstance(prompt, list | tuple):
             return self._check(None, prompt, keep_last)
         raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt)}.")
+
+    def _with_images(self, prompt: dict, add_special_tokens: bool, keep_last) -> ProcessedPrompt:
+        """vLLM's {"prompt": text with the model's image markers, "multi_modal_data":
+        {"image": image or [images]}}: the images decoded already (RGB PIL images)."""
+        data, text = prompt["multi_modal_data"], prompt.get("prompt")
+        if not isinstance(data, dict) or set(data) - {"image"}:
+            raise ValueError('multi_modal_data must be {"image": an image or a list of images}.')
+        images = data.get("image")
+        images = [] if images is None else images if isinstance(images, list | tuple) else [images]
+        if not images:
+            return self.process(text, add_special_tokens, keep_last)
+        if self.images is None:
+            raise ValueError(NO_IMAGES + ".")
+        if not isinstance(text, str):
+            raise ValueError("a prompt with images needs its text in 'prompt'.")
+        ids, inputs = self.images.process(text, list(images), add_special_tokens)
+        return self._check(text, ids, keep_last, inputs)
 
     def check_params(self, params) -> None:
         """Token ids in the sampling parameters must exist in this model's vocabulary, and
@@ -175,8 +205,14 @@ class InputProcessor:
                     f"[0, {self.vocab_size})."
                 )
 
-    def _check(self, text: str | None, token_ids, keep_last: int | None = None) -> ProcessedPrompt:
+    def _check(
+        self, text: str | None, token_ids, keep_last: int | None = None, images: tuple = ()
+    ) -> ProcessedPrompt:
         ids = list(token_ids)
+        if images and self.images is None:
+            raise ValueError(NO_IMAGES + ".")
+        if images and keep_last is not None:
+            raise ValueError("a prompt with images cannot be truncated (its images' places).")
         if keep_last is not None:
             ids = ids[-keep_last:]
         if not ids:
@@ -194,7 +230,8 @@ class InputProcessor:
                 f"the prompt has {len(ids)} tokens, more than the maximum context length "
                 f"max_model_len={self.max_model_len}."
             )
-        return ProcessedPrompt(text, ids)
+        check_images(images, len(ids))
+        return ProcessedPrompt(text, ids, images)
 
 
 def _prompt_text(prompt) -> str | None:

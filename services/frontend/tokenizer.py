@@ -70,17 +70,29 @@ def apply_chat_template(
 
 
 def _flatten_content(message: dict) -> dict:
-    """OpenAI-style content parts [{"type": "text", "text": ...}] joined into one string."""
+    """OpenAI-style content parts [{"type": "text", "text": ...}] joined into one string; a
+    message with image parts ({"type": "image"}, what chat_images.split_images leaves) keeps
+    its parts, as HF processors' chat templates expect them."""
     content = message.get("content")
     if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text":
-                raise ValueError("only text content parts are supported in messages.")
-            texts.append(part.get("text", ""))
-        content = "".join(texts)
+        parts = [_template_part(part) for part in content]
+        if any(part["type"] == "image" for part in parts):
+            return {**message, "content": parts}
+        content = "".join(part["text"] for part in parts)
     if content is None:
         content = ""
     if not isinstance(content, str):
         raise ValueError("message content must be a string or a list of text parts.")
     return {**message, "content": content}
+
+
+def _template_part(part) -> dict:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind == "image":
+        return {"type": "image"}
+    if kind != "text":
+        raise ValueError(
+            f"content parts of type {kind!r} are not supported in messages (text, and images "
+            "for a vision-language model)."
+        )
+    return {"type": "text", "text": part.get("text") or ""}

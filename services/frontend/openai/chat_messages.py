@@ -56,9 +56,15 @@ class ToolCallIn(_Model):
     function: FunctionCallIn
 
 
+class ImageURL(_Model):
+    url: str
+    detail: str | None = None  # OpenAI's; the model's processor decides the resolution
+
+
 class ContentPart(_Model):
     type: str
     text: str | None = None
+    image_url: ImageURL | str | None = None  # an image_url part (an object, or the bare URL)
 
 
 ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
@@ -81,7 +87,7 @@ class ChatMessage(_Model):
 
     def as_template_message(self, index: int = 0) -> dict:
         """The dict the chat template sees (content parts stay parts; the template helper
-        joins them and rejects non-text ones)."""
+        joins them and rejects non-text ones; chat_images.split_images takes the images)."""
         content = self.content
         if isinstance(content, list):
             content = [part.model_dump(exclude_none=True) for part in content]

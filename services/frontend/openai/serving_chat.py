@@ -9,17 +9,21 @@ ends its thinking (the engine learns where thinking ends from ReasoningBounds).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastapi import Request
 
+from services.common.image_input import ImageInput
 from services.common.outputs import RequestOutput
 from services.common.request_options import RequestOptions
 from services.common.structured_outputs import StructuredOutputsParams
 from services.frontend.chat_templates import template_for_tools
+from services.frontend.input_processor import ProcessedPrompt
+from services.frontend.multimodal.image_loader import ImageLoader
 from services.frontend.openai.chat_messages import ChatMessage
-from services.frontend.openai.chat_rendering import render_chat
+from services.frontend.openai.chat_rendering import render_chat, render_chat_images
 from services.frontend.openai.exceptions import InvalidRequestError
 from services.frontend.openai.logprobs import chat_logprobs
 from services.frontend.openai.protocol import ChatCompletionRequest
@@ -35,7 +39,7 @@ from services.frontend.openai.replies import (
     UsageInfo,
     random_id,
 )
-from services.frontend.openai.serving_base import ChunkEnvelope, Job, ServingBase
+from services.frontend.openai.serving_base import ChunkEnvelope, Job, Prompt, ServingBase
 from services.frontend.openai.tool_call_output import delta_message, finish_reason, message_out
 from services.frontend.openai.tool_choice import ToolPlan, plan_tools
 from services.frontend.reasoning.engine_bounds import bound_reasoning
@@ -65,6 +69,16 @@ class ChatFields:
 
 
 CHAT_FIELDS = ChatFields()
+
+
+@dataclass(frozen=True)
+class ImagePrompt(Prompt):
+    """A chat prompt with images: its ids hold each image's expanded tokens."""
+
+    images: tuple[ImageInput, ...] = ()
+
+    def as_engine_prompt(self) -> dict:
+        return {**super().as_engine_prompt(), "images": self.images}
 
 
 class _ChatChoice:
@@ -211,6 +225,7 @@ class OpenAIServingChat(ServingBase):
         # Without --tool-call-parser, the format taught by the template that requests with
         # tools render with (detect.py): the shipped ChatML's hermes where it stands in.
         self.tool_options = options.for_template(_tools_template(self.frontend.tokenizer, options))
+        self.image_loader = ImageLoader(self.frontend.config)
 
     async def create_chat_completion(self, request: ChatCompletionRequest, raw_request: Request):
         model = self.check_model(request.model)
@@ -238,7 +253,7 @@ class OpenAIServingChat(ServingBase):
         through here too; `constraint` is a structured-output constraint it built itself
         (else the request's own)."""
         self._check_limits(request, fields)
-        text = await render_chat(
+        text, images = await render_chat_images(
             self.frontend,
             request.messages,
             request.add_generation_prompt,
@@ -248,7 +263,10 @@ class OpenAIServingChat(ServingBase):
             param=fields.messages,
             template_kwargs=_template_kwargs(request),
         )
-        prompt = self.process_prompt(text, request.add_special_tokens, fields.messages)
+        if images:
+            prompt = await self.image_prompt(text, images, request.add_special_tokens, fields)
+        else:
+            prompt = self.process_prompt(text, request.add_special_tokens, fields.messages)
         param = fields.max_tokens_param(request)
         params = request.to_sampling_params(
             self.max_tokens(request.requested_max_tokens, prompt, param, fields.messages),
@@ -278,6 +296,26 @@ class OpenAIServingChat(ServingBase):
                 lora_request=self.lora_of(model),
             ),
         )
+
+    async def image_prompt(
+        self, text: str, images: list, add_special_tokens: bool, fields: ChatFields
+    ) -> ImagePrompt:
+        """The prompt with its images loaded, decoded and expanded by the model's processor,
+        in a thread (the count checked first: nothing is read past the limit)."""
+        try:
+            self.image_loader.check_count(len(images))
+            processed = await asyncio.to_thread(
+                self._process_images, text, images, add_special_tokens
+            )
+        except ValueError as exc:
+            code = getattr(exc, "code", None) or "invalid_value"
+            raise InvalidRequestError(str(exc), fields.messages, code) from exc
+        return ImagePrompt(text, processed.prompt_token_ids, processed.images)
+
+    def _process_images(self, text: str, images: list, add_special_tokens: bool) -> ProcessedPrompt:
+        decoded = self.image_loader.load_all(images)
+        prompt = {"prompt": text, "multi_modal_data": {"image": decoded}}
+        return self.frontend.input_processor.process(prompt, add_special_tokens)
 
     def reply_parser(self, plan: ToolPlan, job: Job) -> ReplyParser:
         """A fresh parser for one choice of `job`: its thinking (with a reasoning parser,
