@@ -237,3 +237,60 @@ def test_llm_generates_text_only_prompts_as_hf(family, vlm_dir, hf_vlm):
             torch.tensor([prompt]), max_new_tokens=8, do_sample=False, min_new_tokens=8
         )[0, len(prompt) :]
     assert out.outputs[0].token_ids == expected.tolist()
+
+
+@pytest.fixture(scope="module")
+def gemma3_dir(tmp_path_factory) -> Path:
+    """A tiny Gemma 3 with images (no processor: its pixel tensors are made here), its
+    vision tower without SigLIP's pooling head, as the released checkpoints."""
+    from transformers import (
+        Gemma3Config,
+        Gemma3ForConditionalGeneration,
+        Gemma3TextConfig,
+        SiglipVisionConfig,
+    )
+
+    from tests.helpers.tiny_vlms import TEXT_SIZES, VISION_SIZES
+
+    torch.manual_seed(0)
+    text = Gemma3TextConfig(vocab_size=300, head_dim=16, sliding_window=8, **TEXT_SIZES)
+    vision = SiglipVisionConfig(image_size=32, patch_size=8, vision_use_head=False, **VISION_SIZES)
+    config = Gemma3Config(
+        text_config=text.to_dict(),
+        vision_config=vision.to_dict(),
+        mm_tokens_per_image=4,  # the 4 x 4 patches pooled 2 x 2
+        image_token_index=299,
+        boi_token_index=297,
+        eoi_token_index=298,
+    )
+    folder = tmp_path_factory.mktemp("vlm-gemma3")
+    Gemma3ForConditionalGeneration(config).eval().save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["native", "torch"])
+def test_gemma3_image_rows_and_causal_logits_equal_hf(gemma3_dir, eager):
+    """encode_image is HF's get_image_features; the prompt with its image spliced in gives
+    HF's logits where HF attends causally too (no token_type_ids: the processor's would
+    make HF's image tokens attend to each other both ways, which the paged cache's
+    causal attention does not do)."""
+    from transformers import Gemma3ForConditionalGeneration as HFGemma3
+
+    hf = HFGemma3.from_pretrained(gemma3_dir, dtype=torch.float32).eval()
+    model = load(gemma3_dir, enforce_eager=eager)
+    assert (model.model.native is None) == eager
+    pixels = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    ids = torch.tensor([[5, 40, 7, 297, 299, 299, 299, 299, 298, 61, 12, 90]])
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": pixels}
+    with torch.no_grad():
+        reference_rows = hf.get_image_features(pixel_values=pixels).pooler_output.reshape(-1, 64)
+        reference = hf(input_ids=ids, pixel_values=pixels).logits[0]
+    rows = model.encode_image(image_input(model, inputs))
+    torch.testing.assert_close(rows, reference_rows, atol=1e-5, rtol=0)
+    token = int(reference[-1].argmax())
+    prompt_logits, decode_logits = spliced_logits(model, inputs, token)
+    torch.testing.assert_close(prompt_logits, reference, atol=ATOL, rtol=0)
+    longer = torch.cat([ids, torch.tensor([[token]])], dim=1)
+    with torch.no_grad():
+        next_reference = hf(input_ids=longer, pixel_values=pixels).logits[0, -1:]
+    torch.testing.assert_close(decode_logits, next_reference, atol=ATOL, rtol=0)

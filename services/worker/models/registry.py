@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from services.worker.models.bert import BertEncoder
 from services.worker.models.causal_lm import CausalLM
+from services.worker.models.gemma3_vlm import Gemma3ForConditionalGeneration
 from services.worker.models.idefics3 import Idefics3ForConditionalGeneration
 from services.worker.models.llama import (
     Gemma3ForCausalLM,
@@ -44,6 +45,7 @@ NATIVE_MODELS: dict[str, type[CausalLM]] = {
     # vision-language models: a vision encoder beside the Llama text model
     "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
     "Idefics3ForConditionalGeneration": Idefics3ForConditionalGeneration,
+    "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
     # base-model checkpoints (saved by AutoModel: no LM head), for the pooling runner
     "LlamaModel": LlamaForCausalLM,
     "MistralModel": MistralForCausalLM,

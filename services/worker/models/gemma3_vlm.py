@@ -1,0 +1,55 @@
+"""Gemma 3 with images (HF Gemma3ForConditionalGeneration): SigLIP's vision tower over
+the one square image, its last norm, then the projector (average pool to
+mm_tokens_per_image rows, RMSNorm, projection) into Gemma 3's text model.
+
+Not HF's parity for a prompt with an image: HF lets an image's tokens attend to each
+other both ways, our paged attention is causal for every token (text-only prompts and
+the image rows themselves are HF's)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import PretrainedConfig
+
+from services.worker.models.llama import Gemma3ForCausalLM
+from services.worker.models.vision.projectors import Gemma3Projector
+from services.worker.models.vision.vision_language_model import VisionLanguageModel, required
+from services.worker.models.vision.vision_spec import VisionSpec
+from services.worker.models.vision.vision_transformer import VisionTransformer
+
+
+class Gemma3ForConditionalGeneration(VisionLanguageModel):
+    checkpoint_prefixes = (
+        # transformers 5's modules
+        ("model.language_model.", "model."),
+        ("model.vision_tower.vision_model.", "vision_tower."),
+        ("model.vision_tower.", "vision_tower."),
+        ("model.multi_modal_projector.", "multi_modal_projector."),
+        # the layout of the released checkpoints (also what transformers 5 saves)
+        ("language_model.model.", "model."),
+        ("language_model.lm_head.", "lm_head."),
+        ("vision_tower.vision_model.", "vision_tower."),
+    )
+    vision_prefixes = ("vision_tower.", "multi_modal_projector.")
+    text_model_class = Gemma3ForCausalLM
+
+    def build_vision(self, config: PretrainedConfig) -> None:
+        spec = VisionSpec.siglip(config.vision_config, bucketed_positions=False)
+        self.vision_tower = VisionTransformer(spec)
+        self.multi_modal_projector = Gemma3Projector(
+            spec.hidden_size,
+            spec.patches_per_side,
+            int(config.mm_tokens_per_image),
+            self.config.hidden_size,
+            spec.norm_eps,
+        )
+
+    def image_features(self, data: dict[str, torch.Tensor]) -> torch.Tensor:
+        pixel_values = required(data, "pixel_values")  # [1, 3, H, W]
+        if pixel_values.dim() != 4 or pixel_values.shape[0] != 1:
+            raise ValueError(
+                f"Gemma 3's pixel_values must be one image [1, 3, H, W]; got "
+                f"{list(pixel_values.shape)}."
+            )
+        rows = self.multi_modal_projector(self.vision_tower(pixel_values))
+        return rows.reshape(-1, self.config.hidden_size)
