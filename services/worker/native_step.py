@@ -288,9 +288,10 @@ class NativeStep:
         return out if last else hidden
 
     def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each rotary table's cos and sin at `positions`: [tables, T, rotary_dim] float32
-        (one empty table when no layer rotates)."""
-        num_tokens = positions.shape[0]
+        """Each rotary table's cos and sin at `positions` ([T], or [3, T] for M-RoPE's
+        temporal / height / width positions): [tables, T, rotary_dim] float32 (one empty
+        table when no layer rotates)."""
+        num_tokens = positions.shape[-1]
         if not self.rotaries:
             empty = torch.empty(1, num_tokens, 0)
             return empty, empty
