@@ -210,6 +210,7 @@ def test_thinking_maps_to_the_template_switch_and_the_budget():
     assert to_chat_request(_request()).chat_template_kwargs is None
 
 
+TEXT_A = {"type": "text", "text": "a"}
 IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
 USE = {"type": "tool_use", "id": "t", "name": "f", "input": {}}
 RESULT = {"type": "tool_result", "tool_use_id": "t", "content": "r"}
@@ -219,8 +220,8 @@ RESULT = {"type": "tool_result", "tool_use_id": "t", "content": "r"}
     ("fields", "words"),
     [
         (
-            {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, IMAGE]}]},
-            ("messages[0].content[1]", "images are not supported"),
+            {"messages": [{"role": "assistant", "content": [TEXT_A, IMAGE]}]},
+            ("messages[0].content[1]", "images are not supported in an assistant message"),
         ),
         (
             {"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]},

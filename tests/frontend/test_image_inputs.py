@@ -161,13 +161,13 @@ def test_data_urls():
         loader.load("data:text/plain;base64,AAAA")
     with pytest.raises(ValueError, match="data:image/<format>;base64"):
         loader.load("data:image/png,rawbytes")
-    with pytest.raises(ValueError, match="over 1000 bytes.*--max-image-bytes"):
+    with pytest.raises(ValueError, match=r"over 1000 bytes.*--max-image-bytes"):
         loader.load(data_url(b"x" * 2000))
 
 
 def test_urls_are_refused_unless_allowed():
     loader = MediaLoader(max_bytes=0)
-    with pytest.raises(ValueError, match="fetches no images from 'example.com'"):
+    with pytest.raises(ValueError, match=r"fetches no images from 'example\.com'"):
         loader.load("https://example.com/cat.png")
     with pytest.raises(ValueError, match="reads no local files"):
         loader.load("file:///etc/passwd")
@@ -176,7 +176,7 @@ def test_urls_are_refused_unless_allowed():
     with pytest.raises(ValueError, match="scheme 'ftp' is not supported"):
         loader.load("ftp://example.com/cat.png")
     allowed = MediaLoader(max_bytes=0, domains=frozenset({"images.example"}))
-    with pytest.raises(ValueError, match="from 'evil.example'"):
+    with pytest.raises(ValueError, match=r"from 'evil\.example'"):
         allowed.load("http://evil.example/x.png")
 
 
@@ -212,9 +212,31 @@ def test_the_image_limit_and_its_flag():
         with pytest.raises(ValueError, match=match):
             FrontendConfig(limit_mm_per_prompt=bad)
     loader = ImageLoader(FrontendConfig(limit_mm_per_prompt='{"image": 1}', max_image_pixels=100))
-    with pytest.raises(ValueError, match="2 images, more than the limit of 1.*limit_mm_per_prompt"):
+    with pytest.raises(ValueError, match=r"2 images, more than the limit of 1 .*limit_mm_per"):
         loader.load_all([random_image(0), random_image(1)])
     with pytest.raises(ValueError, match="over the limit of 100 pixels"):
         loader.load_all([random_image(0, (20, 20))])
     png = data_url(encoded(random_image(0, (10, 10))))
     assert loader.load_all([png])[0].size == (10, 10)
+
+
+# ---- the engine request -------------------------------------------------------------------
+def test_the_engine_request_carries_the_images_and_counts_their_tokens(vlm):
+    from services.common.sampling_params import SamplingParams
+    from services.common.served_model_info import ServedModelInfo
+    from services.frontend.input_processor import ContextLengthExceededError, InputProcessor
+
+    vocab = len(vlm.tokenizer) + 16
+    prompt = {"prompt": "see <image>", "multi_modal_data": {"image": random_image(2)}}
+    ids, inputs = vlm.process("see <image>", [random_image(2)])
+    fits = InputProcessor(vlm.tokenizer, ServedModelInfo("m", len(ids), vocab, (0,)), vlm)
+    request, _ = fits.make_request(None, prompt, SamplingParams(max_tokens=1))
+    assert request.prompt_token_ids == ids and request.images == inputs
+    short = InputProcessor(vlm.tokenizer, ServedModelInfo("m", len(ids) - 1, vocab, (0,)), vlm)
+    with pytest.raises(ContextLengthExceededError, match=f"has {len(ids)} tokens"):
+        short.make_request(None, prompt, SamplingParams(max_tokens=1))
+    text_only = InputProcessor(vlm.tokenizer, ServedModelInfo("m", 999, vocab, (0,)))
+    with pytest.raises(ValueError, match="this model does not take images"):
+        text_only.make_request(None, prompt, SamplingParams(max_tokens=1))
+    with pytest.raises(ValueError, match="multi_modal_data must be"):
+        fits.process({"prompt": "x", "multi_modal_data": {"video": []}})

@@ -637,7 +637,7 @@ BAD = [
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
     (
         {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
-        "input[0].content[0].type",
+        "input[0].content[0].image_url",
     ),
     ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
     (

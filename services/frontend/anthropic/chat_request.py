@@ -3,8 +3,9 @@
 After this the request runs the chat endpoint's own path (limits, the template with the
 tools, the tool plan, SamplingParams), so a Messages request and the chat completion of
 the same conversation see the same prompt and engine request. Blocks become chat messages
-in order (system first, a tool_result a `tool` message); what has no chat equivalent
-(images, documents, server tools, an assistant prefill) is a 400 naming the field.
+in order (system first, a tool_result a `tool` message, a user's image an image_url part);
+what has no chat equivalent (documents, images in tool results, server tools, an assistant
+prefill) is a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -135,6 +136,8 @@ def _user_turn(blocks: list, where: str) -> list[ChatMessage]:
         at = f"{where}.content[{j}]"
         if isinstance(block, TextBlock):
             parts.append(_part(block.text))
+        elif isinstance(block, ImageBlock) and block.type == "image":
+            parts.append(ContentPart(type="image_url", image_url=_image_url(block, at)))
         elif isinstance(block, ToolResultBlock):
             if parts:
                 out.append(ChatMessage(role="user", content=parts))
@@ -188,11 +191,32 @@ def _tool_result(block: ToolResultBlock, where: str) -> ChatMessage:
     return ChatMessage(role="tool", content=text, tool_call_id=block.tool_use_id)
 
 
+def _image_url(block: ImageBlock, where: str) -> str:
+    """An image block's source as the chat's image_url: base64 data as a data URL."""
+    source = block.source or {}
+    kind = source.get("type")
+    if kind == "base64" and isinstance(source.get("data"), str):
+        media_type = source.get("media_type")
+        if not isinstance(media_type, str) or not media_type.startswith("image/"):
+            raise InvalidRequestError(
+                f"{where}.source.media_type must be an image type (image/png, image/jpeg, ...).",
+                "messages",
+            )
+        return f"data:{media_type};base64,{source['data']}"
+    if kind == "url" and isinstance(source.get("url"), str):
+        return source["url"]
+    raise InvalidRequestError(
+        f"{where}.source must be {{'type': 'base64', 'media_type', 'data'}} or "
+        "{'type': 'url', 'url'}.",
+        "messages",
+    )
+
+
 def _refuse(block, where: str, container: str):
     if isinstance(block, ImageBlock):
         kind = "images" if block.type == "image" else "documents"
         raise InvalidRequestError(
-            f"{where}: {kind} are not supported by this model (a {block.type} block).",
+            f"{where}: {kind} are not supported in {container} (a {block.type} block).",
             "messages",
         )
     raise InvalidRequestError(

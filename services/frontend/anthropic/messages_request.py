@@ -2,8 +2,9 @@
 
 Pydantic models of Anthropic's field names; unknown fields are ignored (clients send
 beta fields this server has no use for), as the OpenAI request models do. Content blocks
-are told apart by `type`; blocks this server cannot serve (images, documents) parse, so
-the conversion (chat_request.py) can refuse them with a message that names the block.
+are told apart by `type`; blocks this server cannot serve (documents, images outside a
+user's turn) parse, so the conversion (chat_request.py) can refuse them with a message
+that names the block.
 Sizes are bounded where the chat endpoint bounds them: the body's bytes (middleware),
 then the converted conversation's messages and text, tools, stops (build_job).
 """
@@ -25,9 +26,11 @@ class TextBlock(_Model):
 
 
 class ImageBlock(_Model):
-    """An image or document: parsed only to be refused by name (no vision here yet)."""
+    """An image (its source: {"type": "base64", "media_type", "data"} or {"type": "url",
+    "url"}), or a document, which is refused by name."""
 
     type: Literal["image", "document"]
+    source: dict | None = None
 
 
 class ToolUseBlock(_Model):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import jinja2
 
 from services.frontend.chat_renderer import ChatTemplateError
-from services.frontend.multimodal.chat_images import split_images
+from services.frontend.multimodal.chat_images import IMAGE_PART_TYPES, split_images
 from services.frontend.multimodal.image_processor import NO_IMAGES
 from services.frontend.openai.chat_messages import ChatMessage
 from services.frontend.openai.exceptions import InvalidRequestError
@@ -79,5 +79,15 @@ def _split_images(frontend, messages: list[ChatMessage], param: str) -> tuple[li
     except ValueError as exc:
         raise InvalidRequestError(str(exc), param) from exc
     if images and frontend.input_processor.images is None:
-        raise InvalidRequestError(f"{param}: {NO_IMAGES}; send text only.", param)
+        where = _first_image_part(messages, param)
+        raise InvalidRequestError(f"{where}: {NO_IMAGES}; send text only.", param)
     return template_messages, images
+
+
+def _first_image_part(messages: list[ChatMessage], param: str) -> str:
+    """Where the first image part is ("messages[i].content[j]")."""
+    for i, message in enumerate(messages):
+        for j, part in enumerate(message.content if isinstance(message.content, list) else []):
+            if part.type in IMAGE_PART_TYPES:
+                return f"{param}[{i}].content[{j}]"
+    return param

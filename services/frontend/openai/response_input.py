@@ -3,7 +3,8 @@
 `input` is a string (one user message) or a list of items: messages, `function_call`
 items (joining the assistant message before them as its `tool_calls`) and
 `function_call_output` items (`tool` messages). `reasoning` items are accepted and left
-out (chat templates drop earlier turns' thinking); anything else (images, files, item
+out (chat templates drop earlier turns' thinking); a message's `input_image` parts become
+the chat's image_url parts (a vision-language model's images); anything else (files, item
 references) is a 400 naming the item. A response's output goes back into a conversation
 the same way (`output_message`).
 """
@@ -15,7 +16,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from services.frontend.openai.chat_messages import ChatMessage, FunctionCallIn, ToolCallIn
+from services.frontend.openai.chat_messages import (
+    ChatMessage,
+    ContentPart,
+    FunctionCallIn,
+    ToolCallIn,
+)
 from services.frontend.openai.exceptions import InvalidRequestError
 from services.frontend.openai.response_object import new_id
 
@@ -99,7 +105,7 @@ def _is_type_label(part) -> bool:
 
 def _append(messages: list[ChatMessage], item: _Item, where: str) -> None:
     if isinstance(item, MessageItem):
-        content = _text(item.content, f"{where}.content")
+        content = _content(item.content, f"{where}.content")
         messages.append(ChatMessage(role=item.role, content=content))
     elif isinstance(item, FunctionCallItemIn):
         _check_arguments(item.arguments, f"{where}.arguments")
@@ -131,6 +137,26 @@ def _text(content: str | list[dict], where: str) -> str:
             )
         texts.append(part["text"])
     return "".join(texts)
+
+
+def _content(content: str | list[dict], where: str) -> str | list[ContentPart]:
+    """A message's content: its text (_text), or with input_image parts its chat parts."""
+    if isinstance(content, str) or all(p.get("type") != "input_image" for p in content):
+        return _text(content, where)
+    parts = []
+    for j, part in enumerate(content):
+        if part.get("type") != "input_image":
+            parts.append(ContentPart(type="text", text=_text([part], f"{where}[{j}]")))
+            continue
+        url = part.get("image_url")
+        if not isinstance(url, str) or not url:
+            raise InvalidRequestError(
+                f"{where}[{j}]: an input_image needs an image_url (a data URL or a URL); "
+                "file_id is not supported.",
+                f"{where}[{j}].image_url",
+            )
+        parts.append(ContentPart(type="image_url", image_url=url))
+    return parts
 
 
 def _check_arguments(arguments: str, where: str) -> None:
