@@ -16,6 +16,7 @@ from typing import TypeVar
 from services.common.block_hash import BlockHash
 from services.common.scheduler_output import BlockTable
 from services.scheduler.block_pool import BlockPool, KVCacheBlock
+from services.scheduler.encoder_budget import ends_inside_image
 from services.scheduler.request import Request
 
 
@@ -158,7 +159,7 @@ class KVCacheManager:
                 break
             rows.append(row)
         num_hit = len(rows)
-        while num_hit and not self._window_cached(rows, num_hit):
+        while num_hit and not self._hit_usable(request, rows, num_hit):
             num_hit -= 1
         first = self._first_seen_position(num_hit * self.block_size)
         tables = [
@@ -176,6 +177,14 @@ class KVCacheManager:
         if not self.sliding_window:
             return 0
         return max(num_computed - self.sliding_window + 1, 0) // self.block_size
+
+    def _hit_usable(
+        self, request: Request, rows: list[list[KVCacheBlock | None]], num_hit: int
+    ) -> bool:
+        """A hit of num_hit blocks holds its window's blocks and does not end inside an
+        image's span (an image is computed in one step: encoder_budget.py)."""
+        end = num_hit * self.block_size
+        return self._window_cached(rows, num_hit) and not ends_inside_image(request.images, end)
 
     def _window_cached(self, rows: list[list[KVCacheBlock | None]], num_hit: int) -> bool:
         first = self._first_seen_position(num_hit * self.block_size)

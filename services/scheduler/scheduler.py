@@ -214,7 +214,7 @@ class Scheduler:
         fresh = request.request_id not in self.on_worker
         untouched = plan.encoder_budget == self.config.max_num_batched_tokens
         fitted, _ = fit_chunk(
-            request.images, start, num_new, fresh, plan.encoder_budget, untouched
+            request.images, start, num_new, fresh, plan.encoder_budget, untouched, self.prefill_cap
         )
         if fitted < num_new and not self.config.enable_chunked_prefill:
             return 0
