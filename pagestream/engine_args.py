@@ -52,6 +52,12 @@ class EngineArgs:
     """vLLM's engine arguments; each field is also its `--flag` (services/common/flags.py)."""
 
     model: str = DEFAULT_MODEL  # positional on the command line
+    mmproj: str | None = flag(
+        None,
+        "llama.cpp's vision projector file beside a .gguf model (llama-server's --mmproj): "
+        "LLaVA (projector type mlp) and Idefics3 / SmolVLM (idefics3); the pair is converted "
+        "once into an HF VLM folder in the cache, which then stands for the model",
+    )
     dtype: str = flag(
         ModelConfig.dtype,
         "auto: bfloat16 on CUDA and on CPUs with native bf16 (avx512_bf16 or AMX; float32 "
@@ -219,6 +225,11 @@ class EngineArgs:
     )
 
     def __post_init__(self) -> None:
+        # llama.cpp's pair: from here on its VLM folder is the model, as every role sees it
+        if self.mmproj is not None:
+            from services.common.model_source import resolve_pair
+
+            self.model, self.mmproj = str(resolve_pair(self.model, self.mmproj)), None
         if self.max_waiting_requests is None:  # the Python API's "no bound", spelled None
             self.max_waiting_requests = 0
         SpeculativeConfig.parse(self.speculative_config)  # a bad config fails here, by name

@@ -49,16 +49,20 @@ LLAMA_LIKE_ARCHITECTURES = ("smollm3",)
 LAYOUT = 6
 
 
-def _source_fingerprint(gguf_path: Path) -> dict[str, object]:
-    return {
+def _source_fingerprint(gguf_path: Path, mmproj: Path | None = None) -> dict[str, object]:
+    fingerprint: dict[str, object] = {
         "source_name": gguf_path.name,
         "source_size": gguf_path.stat().st_size,
         "layout": LAYOUT,
     }
+    if mmproj is not None:  # a pair (services/common/gguf_vlm.py): both files name it
+        fingerprint |= {"mmproj_name": mmproj.name, "mmproj_size": mmproj.stat().st_size}
+    return fingerprint
 
 
-def is_converted(out_dir: Path, gguf_path: Path) -> bool:
-    """True when `out_dir` holds a finished conversion of this GGUF file."""
+def is_converted(out_dir: Path, gguf_path: Path, mmproj: Path | None = None) -> bool:
+    """True when `out_dir` holds a finished conversion of this GGUF file (with `mmproj`:
+    of the pair)."""
     marker = out_dir / MARKER_FILE
     if not marker.is_file():
         return False
@@ -66,23 +70,24 @@ def is_converted(out_dir: Path, gguf_path: Path) -> bool:
         recorded = json.loads(marker.read_text())
     except (OSError, json.JSONDecodeError):
         return False
-    expected = _source_fingerprint(gguf_path)
+    expected = _source_fingerprint(gguf_path, mmproj)
     return all(recorded.get(key) == value for key, value in expected.items())
 
 
-def ensure_converted(gguf_path: Path, out_dir: Path) -> Path:
-    """The HF folder converted from `gguf_path`, converting it first when needed."""
-    if is_converted(out_dir, gguf_path):
+def ensure_converted(gguf_path: Path, out_dir: Path, mmproj: Path | None = None) -> Path:
+    """The HF folder converted from `gguf_path` (and its vision projector file `mmproj`:
+    a VLM folder), converting first when needed."""
+    if is_converted(out_dir, gguf_path, mmproj):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     logger.info("converting %s into %s (once)", gguf_path, out_dir)
     tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        write_hf_folder(gguf_path, tmp_dir)
-        (tmp_dir / MARKER_FILE).write_text(json.dumps(_source_fingerprint(gguf_path)))
+        write_hf_folder(gguf_path, tmp_dir, mmproj)
+        (tmp_dir / MARKER_FILE).write_text(json.dumps(_source_fingerprint(gguf_path, mmproj)))
         _make_readable(tmp_dir)
-        _move_into_place(tmp_dir, out_dir, gguf_path)
+        _move_into_place(tmp_dir, out_dir, gguf_path, mmproj)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     logger.info("converted %s in %.1f s", gguf_path.name, time.perf_counter() - start)
@@ -96,10 +101,10 @@ def _make_readable(folder: Path) -> None:
         path.chmod(0o644)
 
 
-def _move_into_place(tmp_dir: Path, out_dir: Path, gguf_path: Path) -> None:
+def _move_into_place(tmp_dir: Path, out_dir: Path, gguf_path: Path, mmproj: Path | None) -> None:
     """Rename the finished folder to `out_dir`, replacing a stale conversion."""
     if out_dir.exists():
-        if is_converted(out_dir, gguf_path):  # another process finished first
+        if is_converted(out_dir, gguf_path, mmproj):  # another process finished first
             return
         stale = out_dir.with_name(f".{out_dir.name}.stale-{os.getpid()}")
         out_dir.rename(stale)
@@ -107,7 +112,7 @@ def _move_into_place(tmp_dir: Path, out_dir: Path, gguf_path: Path) -> None:
     try:
         tmp_dir.rename(out_dir)
     except OSError:
-        if not is_converted(out_dir, gguf_path):
+        if not is_converted(out_dir, gguf_path, mmproj):
             raise
 
 
@@ -123,30 +128,33 @@ def gguf_architecture(gguf_path: Path) -> str:
     return GGUFFile(gguf_path).architecture
 
 
-def write_hf_folder(gguf_path: Path, out_dir: Path) -> None:
+def write_hf_folder(gguf_path: Path, out_dir: Path, mmproj: Path | None = None) -> None:
     """Write an HF folder for `gguf_path`: config.json, generation_config.json and the
     tokenizer files (with the chat template), and model.safetensors (float32, de-quantized)
     unless the architecture is one the native models read from the GGUF file
     (GGUF_NATIVE_ARCHITECTURES). The de-quantization and the GGUF -> HF tensor names are
     transformers' own (`load_gguf_checkpoint`); `from_pretrained(gguf_file=...)` is not
-    used for the weights because it requires `accelerate`."""
+    used for the weights because it requires `accelerate`. With a vision projector file
+    `mmproj`, the pair's VLM folder (services/common/gguf_vlm.py), every weight written."""
     from services.common.gguf_file import GGUFError
 
     try:
         arch = gguf_architecture(gguf_path)  # the file validated before any other reader
-        if arch in ENCODER_ARCHITECTURES:
+        if arch == "clip":
+            raise ModelLoadError(
+                f"{gguf_path} is llama.cpp's vision projector (mmproj) file: pass the text "
+                "GGUF as the model and this file as --mmproj (LLM(..., mmproj=...))."
+            )
+        if arch in ENCODER_ARCHITECTURES and mmproj is None:
             write_encoder_folder(gguf_path, out_dir)
             return
-        with_weights = arch not in GGUF_NATIVE_ARCHITECTURES
-        readable = (
-            _llama_twin(gguf_path, out_dir) if arch in LLAMA_LIKE_ARCHITECTURES else gguf_path
-        )
-        config, tensors = _read_gguf(readable, with_weights)
-        tokenizer = _read_tokenizer(readable)
-        if arch == "smollm3":
-            config = _smollm3_config(config, gguf_path)
-        if readable != gguf_path:
-            readable.unlink()
+        with_weights = mmproj is not None or arch not in GGUF_NATIVE_ARCHITECTURES
+        config, tensors, tokenizer = _read_text_model(gguf_path, arch, out_dir, with_weights)
+        if mmproj is not None:
+            from services.common.gguf_vlm import write_vlm_folder
+
+            write_vlm_folder(config, tensors, tokenizer, mmproj, out_dir)
+            return
     except GGUFError as exc:  # its message names the file and the field; add the remedy
         raise GGUFError(f"{exc}. {_REFETCH}") from exc
     except ModelLoadError:
@@ -163,6 +171,19 @@ def write_hf_folder(gguf_path: Path, out_dir: Path) -> None:
     config.save_pretrained(out_dir)
     GenerationConfig.from_model_config(config).save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+
+
+def _read_text_model(gguf_path: Path, arch: str, out_dir: Path, with_weights: bool):
+    """The text GGUF's HF config, float32 tensors (HF names; none unless `with_weights`)
+    and tokenizer."""
+    readable = _llama_twin(gguf_path, out_dir) if arch in LLAMA_LIKE_ARCHITECTURES else gguf_path
+    config, tensors = _read_gguf(readable, with_weights)
+    tokenizer = _read_tokenizer(readable)
+    if arch == "smollm3":
+        config = _smollm3_config(config, gguf_path)
+    if readable != gguf_path:
+        readable.unlink()
+    return config, tensors, tokenizer
 
 
 def _llama_twin(gguf_path: Path, out_dir: Path) -> Path:

@@ -31,6 +31,7 @@ __all__ = [
     "alias_gguf_candidates",
     "gguf_source",
     "resolve_model",
+    "resolve_pair",
 ]
 
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -72,6 +73,24 @@ def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
         f"a known alias ({', '.join(MODEL_ALIASES)}). Models are never downloaded: pass a local "
         f"folder or .gguf file, or run `make setup` for the default model ({DEFAULT_MODEL})."
     )
+
+
+def resolve_pair(model: str | os.PathLike[str], mmproj: str | os.PathLike[str]) -> Path:
+    """The VLM folder of llama.cpp's pair (a text GGUF and its vision projector file, as
+    llama-server's `--mmproj`), converted once into the cache (one folder per pair)."""
+    text = gguf_source(model)
+    if text is None:
+        raise ModelLoadError(
+            f"--mmproj goes with llama.cpp's text GGUF, but model {str(model)!r} is not a .gguf "
+            "file; an HF VLM folder carries its own vision weights."
+        )
+    projector = Path(mmproj).expanduser()
+    if not projector.is_file():
+        raise ModelLoadError(f"--mmproj {projector}: no such file.")
+    both = f"{text.resolve()}\0{projector.resolve()}"
+    digest = hashlib.sha256(both.encode()).hexdigest()[:12]
+    folder = cache_dir() / "models" / f"{text.stem}+{projector.stem}-{digest}"
+    return ensure_converted(text, folder, projector)
 
 
 def gguf_source(name_or_path: str | os.PathLike[str]) -> Path | None:
