@@ -26,6 +26,7 @@ from services.frontend.chat_renderer import ChatRenderer
 from services.frontend.engine_client import EngineCoreClient, output_error
 from services.frontend.frontend_config import FrontendConfig
 from services.frontend.input_processor import InputProcessor, new_request_id
+from services.frontend.multimodal.image_loader import ImageLoader
 from services.frontend.output_processor import OutputProcessor
 from services.frontend.output_queue import RequestOutputQueue, SlowConsumerError
 from services.frontend.reasoning import get_reasoning_parser
@@ -84,6 +85,7 @@ class Frontend:
             else None
         )
         self.input_processor = InputProcessor(tokenizer, info, images)
+        self.image_loader = ImageLoader(self.config)  # requests' images, within its bounds
         self.output_processor = OutputProcessor()
         self._queues: dict[str, RequestOutputQueue] = {}
         self._pump: asyncio.Task | None = None

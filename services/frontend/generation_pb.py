@@ -96,7 +96,7 @@ def check_request_limits(request: generation_pb2.GenerateRequest, limits: Reques
     elif which == "token_ids":
         limits.check_token_ids(request.token_ids.token_ids, "token_ids")
     elif which == "chat":
-        limits.check_messages([m.content for m in request.chat.messages], "chat.messages")
+        limits.check_messages([_text_pb(m) for m in request.chat.messages], "chat.messages")
     if request.sampling_params.HasField("n"):
         limits.check_n(request.sampling_params.n, "sampling_params.n")
 
@@ -106,7 +106,38 @@ def check_tokenize_limits(request: generation_pb2.TokenizeRequest, limits: Reque
     if which == "text":
         limits.check_prompt_text(request.text, "text")
     elif which == "chat":
-        limits.check_messages([m.content for m in request.chat.messages], "chat.messages")
+        limits.check_messages([_text_pb(m) for m in request.chat.messages], "chat.messages")
+
+
+def _text_pb(message: generation_pb2.ChatMessage) -> str:
+    """A message's text (its content, or its text parts), as far as limits are concerned."""
+    return message.content + "".join(p.text for p in message.parts)
+
+
+def chat_images_pb(chat: generation_pb2.ChatMessages) -> list:
+    """The images of a chat's parts, in prompt order: encoded bytes or image_url strings."""
+    return [
+        getattr(part, part.WhichOneof("part"))
+        for message in chat.messages
+        for part in message.parts
+        if part.WhichOneof("part") in ("image", "image_url")
+    ]
+
+
+def _message_pb(message: generation_pb2.ChatMessage, i: int) -> dict:
+    """The dict the chat template sees: its content, or its parts (an image as
+    {"type": "image"}, which the model's template renders as its image marker)."""
+    if not message.parts:
+        return {"role": message.role, "content": message.content}
+    if message.content:
+        raise ValueError(f"chat.messages[{i}]: set content or parts, not both.")
+    parts = []
+    for j, part in enumerate(message.parts):
+        kind = part.WhichOneof("part")
+        if kind is None:
+            raise ValueError(f"chat.messages[{i}].parts[{j}]: set text, image or image_url.")
+        parts.append({"type": "text", "text": part.text} if kind == "text" else {"type": "image"})
+    return {"role": message.role, "content": parts}
 
 
 def reject_unknown_fields(message, path: str) -> None:
@@ -157,7 +188,7 @@ async def render_chat_pb(chat: generation_pb2.ChatMessages, renderer: ChatRender
                 f"chat.messages[{i}].role must be one of {', '.join(CHAT_ROLES)}; "
                 f"got {message.role!r}."
             )
-    messages = [{"role": m.role, "content": m.content} for m in chat.messages]
+    messages = [_message_pb(m, i) for i, m in enumerate(chat.messages)]
     add_generation_prompt = (
         chat.add_generation_prompt if chat.HasField("add_generation_prompt") else True
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 
 from services.common.convert.engine_io import served_model_info_to_pb
@@ -22,6 +23,7 @@ from services.frontend import generation_pb, pooling_pb
 from services.frontend.api_key import ApiKey
 from services.frontend.frontend import Frontend
 from services.frontend.input_processor import new_request_id
+from services.frontend.multimodal.image_prompt import process_image_prompt
 from services.frontend.pair_scoring import PairScoring, classification_params, classifier_pooler
 from services.frontend.reasoning.engine_bounds import bound_reasoning
 from services.frontend.reply_parser import ReplyParser
@@ -83,6 +85,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         call = generation_pb.generate_call_from_pb(
             request, chat_text, frontend.default_sampling, frontend.input_processor.loras
         )
+        if chat_text is not None and (images := generation_pb.chat_images_pb(request.chat)):
+            call = await _with_images(frontend, call, chat_text, images)
         reasoning = _bound_reasoning(frontend, call, chat_text)
         key = (context.peer(), call.request_id)
         if key in self._owned:
@@ -245,6 +249,22 @@ def _bound_reasoning(frontend: Frontend, call, chat_text: str | None):
     if parser is None:
         return None
     return lambda: ReplyParser(parser.stream(chat_text), None)
+
+
+async def _with_images(frontend: Frontend, call, chat_text: str, images: list):
+    """The call with its chat's images loaded and expanded (process_image_prompt)."""
+    try:
+        processed = await process_image_prompt(
+            frontend, chat_text, images, call.options.add_special_tokens
+        )
+    except ValueError as exc:
+        raise ValueError(f"chat.messages: {exc}") from exc
+    prompt = {
+        "prompt": chat_text,
+        "prompt_token_ids": processed.prompt_token_ids,
+        "images": processed.images,
+    }
+    return dataclasses.replace(call, prompt=prompt)
 
 
 async def _chat_text(frontend: Frontend, request, oneof: str) -> str | None:

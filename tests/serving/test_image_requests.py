@@ -1,7 +1,7 @@
 """Images through the served APIs (the official openai and anthropic clients): a tiny LLaVA's
 greedy reply to an image chat equals HF generate's with the same image (float32), by the
-chat, Responses and Messages APIs alike; each bad image input is a 400 naming it, and a
-text-only model refuses images by name."""
+chat, Responses and Messages APIs and the public gRPC API alike; each bad image input is a
+400 (gRPC: INVALID_ARGUMENT) naming it, and a text-only model refuses images by name."""
 
 from __future__ import annotations
 
@@ -9,11 +9,16 @@ import base64
 import io
 
 import anthropic
+import grpc
 import openai
 import pytest
 import pytest_asyncio
 
+from services.common.proto.pagestream.v1 import generation_pb2 as pb
+from services.common.proto.pagestream.v1 import generation_pb2_grpc
 from services.frontend.frontend_config import FrontendConfig
+from services.frontend.frontend_server import serve_frontend
+from tests.helpers.grpc_calls import collect, per_index
 from tests.helpers.openai_server import API_KEY, MODEL, TIMEOUT, running_server
 from tests.helpers.tiny_vlms import build_tiny_vlm, random_image
 
@@ -168,3 +173,31 @@ async def test_a_text_model_refuses_images_by_name(model_dir):
         with pytest.raises(openai.BadRequestError) as info:
             await _chat_text(text_server, chat(image_part()))
     assert "messages[0].content[1]: this model does not take images" in info.value.message
+
+
+# ---- the public gRPC API --------------------------------------------------------------------
+def grpc_chat(*parts) -> pb.GenerateRequest:
+    message = pb.ChatMessage(role="user", parts=[pb.ContentPart(text=QUESTION), *parts])
+    sampling = pb.SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
+    return pb.GenerateRequest(chat=pb.ChatMessages(messages=[message]), sampling_params=sampling)
+
+
+async def test_grpc_chat_parts_take_image_bytes_and_urls(server, hf_reply):
+    handle = await serve_frontend(server.engine.frontend, "127.0.0.1", 0)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{handle.port}") as channel:
+            stub = generation_pb2_grpc.GenerationStub(channel)
+            for part in (pb.ContentPart(image=encoded(IMAGE)), pb.ContentPart(image_url=URL)):
+                replies = per_index(await collect(stub, grpc_chat(part)))
+                assert replies[0]["text"] == hf_reply
+            for bad, words in [
+                (pb.ContentPart(image=b"garbage"), "supported format"),
+                (pb.ContentPart(image_url="https://example.com/x.png"), "allowed-media-domains"),
+                (pb.ContentPart(), "set text, image or image_url"),
+            ]:
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await collect(stub, grpc_chat(bad))
+                assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert words in info.value.details()
+    finally:
+        await handle.stop(grace=None)

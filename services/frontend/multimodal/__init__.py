@@ -5,5 +5,6 @@ under the operator's bounds; image_decoder.py: bytes -> an RGB PIL image (allow-
 formats, pixels checked before decoding); image_processor.py: the model's HF processor,
 which expands each image marker and makes the pixel tensors (one ImageInput per image);
 chat_images.py: a conversation's image parts, in every API's shape; image_loader.py: all of
-a request's images loaded and decoded off the event loop, within --limit-mm-per-prompt.
+a request's images loaded and decoded within --limit-mm-per-prompt; image_prompt.py: a
+rendered prompt and its images to token ids and ImageInputs, off the event loop.
 """

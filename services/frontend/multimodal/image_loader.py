@@ -1,4 +1,4 @@
-"""ImageLoader: a request's images, named by URL or given as PIL images -> RGB PIL images.
+"""ImageLoader: a request's images (URLs, encoded bytes or PIL images) -> RGB PIL images.
 
 The count is checked against --limit-mm-per-prompt before anything is read; then each
 image is loaded (MediaLoader) and decoded (decode_image) within the byte and pixel
@@ -33,6 +33,9 @@ class ImageLoader:
     def load(self, source):
         if isinstance(source, str):
             return decode_image(self.media.load(source), self.max_pixels)
+        if isinstance(source, bytes):  # the public gRPC API's image bytes
+            self.media.check_size(len(source), "the image")
+            return decode_image(source, self.max_pixels)
         if hasattr(source, "convert") and hasattr(source, "size"):  # a PIL image, given
             width, height = source.size
             if self.max_pixels and width * height > self.max_pixels:

@@ -62,7 +62,7 @@ class MediaLoader:
         media_type = header[: -len(";base64")].lower()
         if not media_type.startswith("image/"):
             raise ValueError(f"image_url: the data URL's media type {media_type!r} is not image/*.")
-        self._check_size(len(payload) // 4 * 3, "the data URL's image")  # before decoding
+        self.check_size(len(payload) // 4 * 3, "the data URL's image")  # before decoding
         try:
             return base64.b64decode(payload, validate=True)
         except (binascii.Error, ValueError) as exc:
@@ -86,14 +86,14 @@ class MediaLoader:
                 f"image_url: {raw!r} is not a file under the allowed media folder "
                 "(--allowed-local-media-path)."
             )
-        self._check_size(path.stat().st_size, f"the file {raw!r}")
+        self.check_size(path.stat().st_size, f"the file {raw!r}")
         with path.open("rb") as f:
             data = f.read(self.max_bytes + 1 if self.max_bytes else -1)
-        self._check_size(len(data), f"the file {raw!r}")
+        self.check_size(len(data), f"the file {raw!r}")
         return data
 
     def _fetch(self, url: str) -> bytes:
-        self._check_host(url)
+        self.check_host(url)
         opener = urllib.request.build_opener(_AllowListRedirects(self))
         deadline = time.monotonic() + self.timeout_s
         try:
@@ -111,13 +111,13 @@ class MediaLoader:
         chunks, size = [], 0
         while chunk := response.read(READ_CHUNK):
             size += len(chunk)
-            self._check_size(size, f"the image at {url!r}")
+            self.check_size(size, f"the image at {url!r}")
             if time.monotonic() > deadline:
                 raise ValueError(f"image_url: fetching {url!r} took over {self.timeout_s} s.")
             chunks.append(chunk)
         return b"".join(chunks)
 
-    def _check_host(self, url: str) -> None:
+    def check_host(self, url: str) -> None:
         host = (urllib.parse.urlparse(url).hostname or "").lower()
         if host not in self.domains:
             raise ValueError(
@@ -125,7 +125,7 @@ class MediaLoader:
                 "can allow hosts with --allowed-media-domains); send the image as a data URL."
             )
 
-    def _check_size(self, size: int, what: str) -> None:
+    def check_size(self, size: int, what: str) -> None:
         if self.max_bytes and size > self.max_bytes:
             raise ValueError(
                 f"image_url: {what} is over {self.max_bytes} bytes (--max-image-bytes)."
@@ -141,5 +141,5 @@ class _AllowListRedirects(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, req, fp, code, msg, headers, newurl):
         if urllib.parse.urlparse(newurl).scheme not in ("http", "https"):
             raise ValueError(f"image_url: a redirect to {newurl!r} is not followed.")
-        self.loader._check_host(newurl)
+        self.loader.check_host(newurl)
         return super().redirect_request(req, fp, code, msg, headers, newurl)

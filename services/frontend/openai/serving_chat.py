@@ -9,7 +9,6 @@ ends its thinking (the engine learns where thinking ends from ReasoningBounds).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,8 +19,7 @@ from services.common.outputs import RequestOutput
 from services.common.request_options import RequestOptions
 from services.common.structured_outputs import StructuredOutputsParams
 from services.frontend.chat_templates import template_for_tools
-from services.frontend.input_processor import ProcessedPrompt
-from services.frontend.multimodal.image_loader import ImageLoader
+from services.frontend.multimodal.image_prompt import process_image_prompt
 from services.frontend.openai.chat_messages import ChatMessage
 from services.frontend.openai.chat_rendering import render_chat, render_chat_images
 from services.frontend.openai.exceptions import InvalidRequestError
@@ -225,7 +223,6 @@ class OpenAIServingChat(ServingBase):
         # Without --tool-call-parser, the format taught by the template that requests with
         # tools render with (detect.py): the shipped ChatML's hermes where it stands in.
         self.tool_options = options.for_template(_tools_template(self.frontend.tokenizer, options))
-        self.image_loader = ImageLoader(self.frontend.config)
 
     async def create_chat_completion(self, request: ChatCompletionRequest, raw_request: Request):
         model = self.check_model(request.model)
@@ -300,22 +297,14 @@ class OpenAIServingChat(ServingBase):
     async def image_prompt(
         self, text: str, images: list, add_special_tokens: bool, fields: ChatFields
     ) -> ImagePrompt:
-        """The prompt with its images loaded, decoded and expanded by the model's processor,
-        in a thread (the count checked first: nothing is read past the limit)."""
+        """The prompt with its images loaded, decoded and expanded by the model's processor
+        (process_image_prompt)."""
         try:
-            self.image_loader.check_count(len(images))
-            processed = await asyncio.to_thread(
-                self._process_images, text, images, add_special_tokens
-            )
+            processed = await process_image_prompt(self.frontend, text, images, add_special_tokens)
         except ValueError as exc:
             code = getattr(exc, "code", None) or "invalid_value"
             raise InvalidRequestError(str(exc), fields.messages, code) from exc
         return ImagePrompt(text, processed.prompt_token_ids, processed.images)
-
-    def _process_images(self, text: str, images: list, add_special_tokens: bool) -> ProcessedPrompt:
-        decoded = self.image_loader.load_all(images)
-        prompt = {"prompt": text, "multi_modal_data": {"image": decoded}}
-        return self.frontend.input_processor.process(prompt, add_special_tokens)
 
     def reply_parser(self, plan: ToolPlan, job: Job) -> ReplyParser:
         """A fresh parser for one choice of `job`: its thinking (with a reasoning parser,
