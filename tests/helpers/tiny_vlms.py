@@ -139,4 +139,73 @@ def _idefics3(tokenizer):
     return Idefics3ForConditionalGeneration(config), processor
 
 
-_BUILDERS = {"llava": _llava, "idefics3": _idefics3}
+# Qwen2.5-VL's prompt wraps each image's pads in its vision start / end tokens.
+QWEN2_5_VL_CHAT_TEMPLATE = VLM_CHAT_TEMPLATE.replace(
+    "<image>", "<|vision_start|><|image_pad|><|vision_end|>"
+)
+
+
+def _qwen2_5_vl(tokenizer):
+    """Qwen2.5-VL: 8-pixel patches merged 2 x 2, windows of 2 x 2 merged tokens (32
+    pixels) in layers 0 and 2, full attention in 1 and 3; M-RoPE's sections split the
+    text heads' 8 rotary frequencies 2 / 3 / 3; images resized to 256 .. 9216 pixels."""
+    from transformers import (
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2VLImageProcessorPil,
+    )
+
+    tokens = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+    tokenizer.add_special_tokens({"additional_special_tokens": tokens})
+    tokenizer.chat_template = QWEN2_5_VL_CHAT_TEMPLATE
+    ids = dict(zip(tokens, tokenizer.convert_tokens_to_ids(tokens), strict=True))
+    text = dict(
+        vocab_size=len(tokenizer) + 16,
+        bos_token_id=1,
+        eos_token_id=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+        **TEXT_SIZES,
+    )
+    vision = dict(
+        depth=4,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=4,
+        patch_size=8,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        window_size=32,
+        fullatt_block_indexes=[1, 3],
+        out_hidden_size=TEXT_SIZES["hidden_size"],
+    )
+    config = Qwen2_5_VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
+    # Qwen2_5_VLProcessor will not build without torchvision (its video processor needs
+    # it): the folder holds the image processor, as the released ones do, and tests
+    # expand a prompt's pads themselves (expand_qwen2_5_vl_pads).
+    image_processor = Qwen2VLImageProcessorPil(
+        patch_size=8, merge_size=2, temporal_patch_size=2, min_pixels=16 * 16, max_pixels=96 * 96
+    )
+    return Qwen2_5_VLForConditionalGeneration(config), image_processor
+
+
+def expand_qwen2_5_vl_pads(ids: list[int], pad_id: int, grids: list[list[int]], merge: int):
+    """`ids` with the i-th image pad repeated for image i's merged patches (t * h * w /
+    merge^2, its image_grid_thw): what Qwen2_5_VLProcessor does to a prompt's text."""
+    out, pending = [], iter(grids)
+    for token in ids:
+        count = 1
+        if token == pad_id:
+            t, h, w = next(pending)
+            count = t * h * w // merge**2
+        out += [token] * count
+    return out
+
+
+_BUILDERS = {"llava": _llava, "idefics3": _idefics3, "qwen2_5_vl": _qwen2_5_vl}

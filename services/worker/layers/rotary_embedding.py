@@ -5,6 +5,10 @@ transformers knows (linear, dynamic, llama3, yarn, longrope) through its ROPE_IN
 so the angles match HF bit for bit. cos/sin are computed on the fly from the per-token
 `positions` ([num_tokens] int64), so there is no table to size or overflow.
 
+M-RoPE (Qwen2.5-VL: rope parameters with an `mrope_section`) takes positions [3, T]
+(temporal, row, column): the rotary frequencies are split into the three sections, each
+rotated by its own axis' position (MRotaryEmbedding); [T] positions are all three equal.
+
 "dynamic" NTK scaling is computed for sequences within max_position_embeddings (where it equals
 HF's); HF rescales beyond that from the batch's longest sequence, which has no per-token
 equivalent in a mixed batch.
@@ -98,6 +102,9 @@ class RotaryEmbedding(nn.Module):
         cls, config: PretrainedConfig, head_dim: int, layer_type: str | None = None
     ) -> RotaryEmbedding:
         inv_freq, attention_scaling = compute_inv_freq(config, head_dim, layer_type)
+        section = rope_parameters(config).get("mrope_section") if layer_type is None else None
+        if section is not None:
+            return MRotaryEmbedding(head_dim, inv_freq, attention_scaling, section)
         return cls(head_dim, inv_freq, attention_scaling)
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,12 +121,13 @@ class RotaryEmbedding(nn.Module):
         return self.rotate(positions, query), self.rotate(positions, key)
 
     def rotate(self, positions: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
-        """Any number of heads at once: [num_tokens, N * D] -> rotated [num_tokens, N * D].
+        """Any number of heads at once: [num_tokens, N * D] -> rotated [num_tokens, N * D]
+        (positions: [num_tokens], or M-RoPE's [3, num_tokens]).
 
         The query and key heads of a fused QKV output sit side by side, so a model can rotate
         both in one pass (half the kernel launches of rotating them apart).
         """
-        num_tokens = positions.shape[0]
+        num_tokens = positions.shape[-1]
         cos, sin = self.cached_cos_sin(positions)
         if heads.device.type == "cpu":
             fused = fused_ops.rotary(heads, cos, sin, self.head_dim)  # cpu/fused.cpp
@@ -139,3 +147,39 @@ class RotaryEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}"
+
+
+class MRotaryEmbedding(RotaryEmbedding):
+    """M-RoPE: frequency i of the rotary (i < rotary_dim / 2) turns with the position on
+    axis a(i), where the sections [temporal, row, column] cover the frequencies in order
+    (HF's Qwen2.5-VL; sum(section) == rotary_dim / 2)."""
+
+    def __init__(
+        self,
+        head_dim: int,
+        inv_freq: torch.Tensor,
+        attention_scaling: float,
+        section: list[int],
+    ) -> None:
+        super().__init__(head_dim, inv_freq, attention_scaling)
+        if len(section) != 3 or min(section) < 0 or sum(section) != inv_freq.shape[0]:
+            raise ValueError(
+                f"mrope_section {list(section)} must be three sizes that sum to the rotary's "
+                f"{inv_freq.shape[0]} frequencies."
+            )
+        axis = torch.repeat_interleave(torch.arange(3), torch.tensor(section))
+        self.register_buffer("freq_axis", axis, persistent=False)  # [rotary_dim // 2]
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [3, num_tokens] (or [num_tokens]: text only) -> cos, sin
+        [num_tokens, 1, rotary_dim] float32."""
+        if positions.dim() == 1:
+            return super().cos_sin(positions)
+        if positions.dim() != 2 or positions.shape[0] != 3:
+            raise ValueError(f"M-RoPE positions must be [3, T]; got {list(positions.shape)}.")
+        inv_freq = self.inv_freq.to(device=positions.device, dtype=torch.float32)
+        freqs = positions.to(torch.float32)[:, :, None] * inv_freq  # [3, T, rot/2]
+        axis = self.freq_axis.to(positions.device).expand(1, positions.shape[1], -1)
+        picked = freqs.gather(0, axis)[0]  # [T, rot/2]: each frequency from its axis
+        emb = torch.cat((picked, picked), dim=-1)[:, None, :]  # [T, 1, rotary_dim]
+        return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling

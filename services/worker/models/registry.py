@@ -28,6 +28,7 @@ from services.worker.models.mixture_of_experts import (
 )
 from services.worker.models.modernbert import ModernBertEncoder
 from services.worker.models.nomic_bert import NomicBertEncoder
+from services.worker.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 
 # HF `architectures` name -> native implementation.
 NATIVE_MODELS: dict[str, type[CausalLM]] = {
@@ -46,6 +47,7 @@ NATIVE_MODELS: dict[str, type[CausalLM]] = {
     "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
     "Idefics3ForConditionalGeneration": Idefics3ForConditionalGeneration,
     "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
+    "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,
     # base-model checkpoints (saved by AutoModel: no LM head), for the pooling runner
     "LlamaModel": LlamaForCausalLM,
     "MistralModel": MistralForCausalLM,
