@@ -75,19 +75,27 @@ async def server(vlm_folder, media_root):
         yield s
 
 
-@pytest.fixture(scope="module")
-def hf_reply(vlm_folder) -> str:
-    """HF generate's greedy reply to the chat (the same template, image and prompt)."""
-    import torch
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+def hf_inputs(vlm_folder):
+    """The HF processor's inputs for the chat (the same template and image), and it."""
+    from transformers import AutoProcessor
 
     processor = AutoProcessor.from_pretrained(vlm_folder)
-    model = AutoModelForImageTextToText.from_pretrained(vlm_folder, dtype=torch.float32).eval()
     parts = [{"type": "text", "text": QUESTION}, {"type": "image"}]
     text = processor.tokenizer.apply_chat_template(
         [{"role": "user", "content": parts}], tokenize=False, add_generation_prompt=True
     )
     inputs = processor(text=text, images=[IMAGE], return_tensors="pt", add_special_tokens=False)
+    return inputs, processor
+
+
+@pytest.fixture(scope="module")
+def hf_reply(vlm_folder) -> str:
+    """HF generate's greedy reply to the chat."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    inputs, processor = hf_inputs(vlm_folder)
+    model = AutoModelForImageTextToText.from_pretrained(vlm_folder, dtype=torch.float32).eval()
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False)
     new = out[0][inputs["input_ids"].shape[1] :]
@@ -138,6 +146,21 @@ async def test_the_responses_and_messages_apis_take_the_same_image(server, hf_re
     )
     await client.close()
     assert message.content[0].text == hf_reply
+
+
+async def test_token_counts_count_each_images_tokens(server, vlm_folder):
+    expected = hf_inputs(vlm_folder)[0]["input_ids"][0].tolist()
+    async with server.raw() as client:
+        body = {"model": MODEL, "messages": chat(image_part())}
+        response = await client.post("/tokenize", json=body)
+        assert response.status_code == 200, response.text
+        assert response.json()["tokens"] == expected
+        source = {"type": "base64", "media_type": "image/png", "data": URL.split(",", 1)[1]}
+        blocks = [{"type": "text", "text": QUESTION}, {"type": "image", "source": source}]
+        body = {"model": MODEL, "messages": [{"role": "user", "content": blocks}]}
+        response = await client.post("/v1/messages/count_tokens", json=body)
+        assert response.status_code == 200, response.text
+        assert response.json()["input_tokens"] == len(expected)
 
 
 BIG = data_url(encoded(random_image(1, (120, 120))))

@@ -18,7 +18,8 @@ from services.frontend.anthropic.chat_request import to_chat_request
 from services.frontend.anthropic.message_stream import message_events
 from services.frontend.anthropic.message_tracker import MessageTracker
 from services.frontend.anthropic.messages_request import CountTokensRequest, MessagesRequest
-from services.frontend.openai.chat_rendering import render_chat
+from services.frontend.multimodal.image_prompt import image_prompt_ids
+from services.frontend.openai.chat_rendering import render_chat_images
 from services.frontend.openai.exceptions import InvalidRequestError
 from services.frontend.openai.protocol import ChatCompletionRequest
 from services.frontend.openai.serving_chat import OpenAIServingChat, message_text
@@ -73,7 +74,7 @@ class AnthropicServingMessages:
         plan = plan_tools(
             chat_request.model_copy(update={"tool_choice": "none"}), chat.tool_options
         )
-        text = await render_chat(
+        text, images = await render_chat_images(
             chat.frontend,
             chat_request.messages,
             chat_request.add_generation_prompt,
@@ -83,9 +84,11 @@ class AnthropicServingMessages:
             template_kwargs=chat_request.chat_template_kwargs,
         )
         chat.limits.check_prompt_text(text, "messages")
-        token_ids = chat.frontend.tokenizer.encode(
-            text, add_special_tokens=chat_request.add_special_tokens
-        )
+        special = chat_request.add_special_tokens
+        if images:  # each image counts as the tokens it expands to
+            token_ids = await image_prompt_ids(chat.frontend, text, images, special)
+        else:
+            token_ids = chat.frontend.tokenizer.encode(text, add_special_tokens=special)
         return {"input_tokens": len(token_ids)}
 
     def _check_auto_choice(self, request: ChatCompletionRequest) -> None:

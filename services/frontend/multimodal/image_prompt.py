@@ -19,10 +19,27 @@ async def process_image_prompt(
 ) -> ProcessedPrompt:
     """`frontend`: a Frontend (its input processor and image loader); ValueError naming
     the problem."""
+    _check(frontend, images)
+    return await asyncio.to_thread(_process, frontend, text, images, add_special_tokens)
+
+
+async def image_prompt_ids(frontend, text: str, images: list, add_special_tokens: bool):
+    """The token ids alone, not held to the context length (what tokenize and
+    count_tokens report: a client counts to learn whether its conversation fits)."""
+    _check(frontend, images)
+    return await asyncio.to_thread(_expand, frontend, text, images, add_special_tokens)
+
+
+def _check(frontend, images: list) -> None:
     if frontend.input_processor.images is None:
         raise ValueError(NO_IMAGES + "; send text only.")
     frontend.image_loader.check_count(len(images))
-    return await asyncio.to_thread(_process, frontend, text, images, add_special_tokens)
+
+
+def _expand(frontend, text: str, images: list, add_special_tokens: bool) -> list[int]:
+    decoded = frontend.image_loader.load_all(images)
+    ids, _ = frontend.input_processor.images.process(text, decoded, add_special_tokens)
+    return ids
 
 
 def _process(frontend, text: str, images: list, add_special_tokens: bool) -> ProcessedPrompt:

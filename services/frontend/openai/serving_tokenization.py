@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from services.frontend.multimodal.image_prompt import image_prompt_ids
+from services.frontend.openai.chat_rendering import render_chat_images
 from services.frontend.openai.exceptions import InvalidRequestError
 from services.frontend.openai.protocol import DetokenizeRequest, TokenizeRequest
 from services.frontend.openai.replies import DetokenizeResponse, TokenizeResponse
 from services.frontend.openai.serving_base import ServingBase
-from services.frontend.openai.serving_chat import message_text, render_chat
+from services.frontend.openai.serving_chat import message_text
 
 
 class OpenAIServingTokenization(ServingBase):
@@ -24,7 +26,7 @@ class OpenAIServingTokenization(ServingBase):
         tokenizer = self._tokenizer("prompt")
         if request.messages is not None:
             self.limits.check_messages([message_text(m) for m in request.messages])
-            text = await render_chat(
+            text, images = await render_chat_images(
                 self.frontend,
                 request.messages,
                 request.add_generation_prompt,
@@ -33,10 +35,13 @@ class OpenAIServingTokenization(ServingBase):
             )
             add_special = bool(request.add_special_tokens)  # the template has the BOS
         else:
-            text = request.prompt
+            text, images = request.prompt, []
             self.limits.check_prompt_text(text)
             add_special = request.add_special_tokens is not False
-        token_ids = tokenizer.encode(text, add_special_tokens=add_special)
+        if images:
+            token_ids = await image_prompt_ids(self.frontend, text, images, add_special)
+        else:
+            token_ids = tokenizer.encode(text, add_special_tokens=add_special)
         return TokenizeResponse(
             count=len(token_ids),
             max_model_len=self.max_model_len,
