@@ -28,6 +28,11 @@ class AttentionMetadata:
     groups:          with KV cache groups (layers sharing one block table, a hybrid
                      model's), every group's metadata, this one (group 0's) first; each
                      layer reads its own group's (`group(g)`). Empty: one group.
+    key_limits:      None (causal) or [num_tokens] int32, the keys each row sees: its
+                     position + 1, or more for the tokens of an image a model attends to
+                     both ways (Gemma 3's: up to the image's last token), never past its
+                     sequence's seq_len (keys not written yet). A sliding window still
+                     starts from the row's own position.
     """
 
     slot_mapping: torch.Tensor
@@ -37,6 +42,7 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     groups: tuple[AttentionMetadata, ...] = ()
+    key_limits: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         num_seqs = self.seq_lens.shape[0]
@@ -49,6 +55,11 @@ class AttentionMetadata:
             raise ValueError(
                 f"block_table must be [num_seqs={num_seqs}, max_num_blocks], "
                 f"got {tuple(self.block_table.shape)}."
+            )
+        if self.key_limits is not None and self.key_limits.shape != self.slot_mapping.shape:
+            raise ValueError(
+                f"key_limits must be [num_tokens={self.slot_mapping.shape[0]}], "
+                f"got {tuple(self.key_limits.shape)}."
             )
 
     @classmethod

@@ -82,11 +82,12 @@ def paged_attention(
     sliding_window: int | None = None,
     soft_cap: float | None = None,
 ) -> torch.Tensor:
-    """Causal attention of each sequence's query rows over its paged context.
+    """Causal attention of each sequence's query rows over its paged context (each row up
+    to its key limit instead when the metadata has key_limits).
 
     query:    [num_tokens, num_q_heads, head_dim]
     kv_cache: [2, num_blocks, block_size, num_kv_heads, head_dim], this step's K/V written
-    metadata: the batch's block_table, seq_lens and query_start_loc (AttentionMetadata)
+    metadata: the batch's block_table, seq_lens, query_start_loc (and key_limits)
     returns   [num_tokens, num_q_heads, head_dim] in query's dtype
 
     This path plans its groups on the host from the lengths (one small ``.tolist()``: free on
@@ -123,7 +124,7 @@ def planned_attention(
         return out
     layout = (kv_cache.shape[2], query.shape[1] // kv_cache.shape[3], options.sliding_window)
     tables = (metadata.block_table, metadata.seq_lens, metadata.query_start_loc)
-    for plan in _PLANS.get(*tables, layout):
+    for plan in _PLANS.get(*tables, metadata.key_limits, layout):
         if decode_kernel is not None and plan.max_query_len == 1:
             rows = query.index_select(0, plan.rows)  # [B, q_heads, head_dim]
             attended = decode_kernel(rows, kv_cache, plan.block_table, plan.seq_lens, options)
@@ -152,7 +153,8 @@ class _GroupPlan:
 class _PlanCache:
     """The last step's plans, keyed by its metadata tensors and the layer layout.
 
-    Every layer of a step gets the same block_table / seq_lens / query_start_loc objects;
+    Every layer of a step gets the same block_table / seq_lens / query_start_loc (and
+    key_limits) objects;
     a hit needs those very objects, unchanged contents (compared against copies, so an
     in-place edit replans), the same grouping budgets and the same (block_size,
     group_size, sliding_window). One entry: the next step's tensors replace it.
@@ -166,23 +168,28 @@ class _PlanCache:
         block_table: torch.Tensor,
         seq_lens: torch.Tensor,
         query_start_loc: torch.Tensor,
+        key_limits: torch.Tensor | None,
         layout: tuple[int, int, int | None],
     ) -> list[_GroupPlan]:
         tensors = (block_table, seq_lens, query_start_loc)
+        if key_limits is not None:
+            tensors += (key_limits,)
         budgets = (DECODE_GROUP_TOKENS, PREFILL_GROUP_AREA)
         entry = self._entry  # one read: another thread may replace it meanwhile
         if entry is not None and entry[3] == budgets and _same(entry[0], entry[1], tensors):
             plans = entry[2].get(layout)
             if plans is None:
-                plans = entry[2][layout] = _build_plans(*tensors, *layout)
+                plans = entry[2][layout] = _build_plans(*tensors[:3], key_limits, *layout)
             return plans
-        plans = _build_plans(*tensors, *layout)
+        plans = _build_plans(*tensors[:3], key_limits, *layout)
         copies = tuple(t.clone() for t in tensors)
         self._entry = (tensors, copies, {layout: plans}, budgets)
         return plans
 
 
 def _same(held: tuple, copies: tuple, tensors: tuple) -> bool:
+    if len(held) != len(tensors):  # key_limits in one step and not the other
+        return False
     return all(a is b for a, b in zip(held, tensors, strict=True)) and all(
         torch.equal(c, t) for c, t in zip(copies, tensors, strict=True)
     )
@@ -195,6 +202,7 @@ def _build_plans(
     block_table: torch.Tensor,
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
+    key_limits: torch.Tensor | None,
     block_size: int,
     group_size: int,
     sliding_window: int | None,
@@ -206,6 +214,8 @@ def _build_plans(
         row_valid = steps < group.q_lens[:, None]  # [B, Q]
         rows = torch.where(row_valid, rows, group.q_starts[:, None]).flatten()  # padding: real
         keep = None if group.max_query_len == 1 else row_valid.flatten()
+        # [B, Q] each padded row's key limit (None: causal)
+        limits = None if key_limits is None else key_limits[rows].long().view(row_valid.shape)
         plans.append(
             _GroupPlan(
                 num_seqs=group.seq_lens.shape[0],
@@ -215,7 +225,7 @@ def _build_plans(
                 rows=rows,
                 out_rows=rows if keep is None else rows[keep],
                 keep=keep,
-                mask=_mask(group, sliding_window, group_size),
+                mask=_mask(group, sliding_window, group_size, limits),
                 block_table=group.block_table.to(torch.int32).contiguous(),
                 seq_lens=group.seq_lens.to(torch.int32),
             )
@@ -310,13 +320,18 @@ def _gather_slots(group: _SeqGroup, block_size: int) -> torch.Tensor:
     return torch.where(positions < group.seq_lens[:, None], slots, slots[:, :1]).flatten()
 
 
-def _mask(group: _SeqGroup, sliding_window: int | None, group_size: int) -> torch.Tensor:
-    """Boolean attend-mask [B, 1, Q*g, L] (or [B, 1, 1, L] for decode groups)."""
+def _mask(
+    group: _SeqGroup, sliding_window: int | None, group_size: int, limits: torch.Tensor | None
+) -> torch.Tensor:
+    """Boolean attend-mask [B, 1, Q*g, L] (or [B, 1, 1, L] for decode groups); `limits`
+    [B, Q]: each row's key limit (None: causal, its position + 1)."""
     device = group.seq_lens.device
     steps = torch.arange(group.max_query_len, device=device)  # [Q]
     q_pos = (group.seq_lens - group.q_lens)[:, None] + steps  # [B, Q] absolute positions
     k_pos = torch.arange(group.max_seq_len, device=device)  # [L]
-    mask = k_pos <= q_pos[:, :, None]  # [B, Q, L]
+    if limits is None:
+        limits = q_pos + 1
+    mask = k_pos < limits[:, :, None]  # [B, Q, L]
     if sliding_window is not None:
         mask &= k_pos > q_pos[:, :, None] - sliding_window
     num_seqs, max_q, max_len = mask.shape
@@ -352,7 +367,7 @@ def paged_attention_naive(
     soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Slow, obviously correct loop over sequences and query rows: the test oracle only."""
-    block_table, seq_lens = metadata.block_table, metadata.seq_lens
+    block_table, seq_lens, key_limits = metadata.block_table, metadata.seq_lens, metadata.key_limits
     query_start_loc = metadata.query_start_loc
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     group_size = query.shape[1] // num_kv_heads
@@ -363,7 +378,8 @@ def paged_attention_naive(
         for row in range(start, end):
             pos = seq_len - (end - start) + (row - start)  # absolute position of this token
             first = 0 if sliding_window is None else max(0, pos - sliding_window + 1)
-            positions = torch.arange(first, pos + 1)  # [n] cache positions it attends to
+            limit = pos + 1 if key_limits is None else int(key_limits[row])
+            positions = torch.arange(first, limit)  # [n] cache positions it attends to
             blocks = block_table[i, positions // block_size].long()
             keys = kv_cache[0, blocks, positions % block_size].float()  # [n, kv_heads, hd]
             values = kv_cache[1, blocks, positions % block_size].float()

@@ -91,10 +91,12 @@ struct LayerWeights {
 // callable summing a [T, hidden] float32 tensor over the tensor-parallel group in place.
 // layer_outputs: unset or [layers, T, hidden] float32, filled with each layer's output.
 // lora_slots [T] / lora_ranks [slots] int32: each row's adapter slot (unset: none).
+// key_limits: unset (causal) or [T] int32, the keys each row sees (its position + 1, or
+// more for a bidirectional image's tokens; never past its sequence's length).
 struct StepArgs {
   at::Tensor hidden, cos, sin;
   std::vector<at::Tensor> kv_caches;
-  at::Tensor slot_mapping, block_table, query_start_loc, seq_lens;
+  at::Tensor slot_mapping, block_table, query_start_loc, seq_lens, key_limits;
   py::object all_reduce = py::none();
   at::Tensor layer_outputs, out, lora_slots, lora_ranks;
 };
@@ -166,8 +168,8 @@ class DecoderStack {
                 "DecoderStack.forward: StepArgs needs hidden, cos, sin, slot_mapping, "
                 "block_table, query_start_loc and seq_lens");
     forward(a.hidden, a.cos, a.sin, a.kv_caches, a.slot_mapping, a.block_table,
-            a.query_start_loc, a.seq_lens, a.all_reduce, a.layer_outputs, a.out, a.lora_slots,
-            a.lora_ranks);
+            a.query_start_loc, a.seq_lens, a.key_limits, a.all_reduce, a.layer_outputs, a.out,
+            a.lora_slots, a.lora_ranks);
   }
 
  private:
@@ -257,12 +259,14 @@ class DecoderStack {
   void forward(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin,
                const std::vector<at::Tensor>& kv_caches, const at::Tensor& slot_mapping,
                const at::Tensor& block_table, const at::Tensor& query_start_loc,
-               const at::Tensor& seq_lens, const py::object& all_reduce,
+               const at::Tensor& seq_lens, const at::Tensor& key_limits,
+               const py::object& all_reduce,
                at::Tensor layer_outputs, at::Tensor out, const at::Tensor& lora_slots,
                const at::Tensor& lora_ranks) {
     const int64_t rows = hidden.size(0);
     check_step(hidden, cos, sin, kv_caches, slot_mapping, block_table, query_start_loc, seq_lens);
     plan_rows(query_start_loc, seq_lens, rows);
+    plan_limits(key_limits, seq_lens, rows);
     lora_rows_.plan(lora_slots, lora_ranks, rows);
     reserve(rows);
     float* x = hidden.data_ptr<float>();
@@ -359,6 +363,25 @@ class DecoderStack {
         row_len_[t] = static_cast<int32_t>(lens[s] - q + 1 + (t - starts[s]));
       }
     }
+  }
+
+  // Each row's key limit (row_limit_ empty: causal), between its causal length and its
+  // sequence's length (a row never reads a key this step has not written).
+  void plan_limits(const at::Tensor& key_limits, const at::Tensor& seq_lens, int64_t rows) {
+    row_limit_.clear();
+    if (!key_limits.defined() || key_limits.numel() == 0) return;
+    TORCH_CHECK(key_limits.scalar_type() == at::kInt && key_limits.is_contiguous() &&
+                    key_limits.numel() == rows,
+                "DecoderStack.forward: key_limits must be contiguous int32 [T]");
+    const int32_t* limits = key_limits.data_ptr<int32_t>();
+    const int32_t* lens = seq_lens.data_ptr<int32_t>();
+    for (int64_t t = 0; t < rows; ++t) {
+      TORCH_CHECK(row_len_[t] <= limits[t] && limits[t] <= lens[row_seq_[t]],
+                  "DecoderStack.forward: row ", t, " has key limit ", limits[t],
+                  ", outside its causal length ", row_len_[t], " .. its sequence's length ",
+                  lens[row_seq_[t]]);
+    }
+    row_limit_.assign(limits, limits + rows);
   }
 
   void reserve(int64_t rows) {
@@ -469,7 +492,9 @@ class DecoderStack {
       clock_.stop(ROTARY_CACHE);
       attend_rows(attn_.data(), query_.data(), num_heads_, kv_cache,
                   block_table.data_ptr<int32_t>(), block_table.size(0), block_table.size(1),
-                  row_seq_.data(), row_len_.data(), rows, scale_, layer.sliding_window, 0.f);
+                  row_seq_.data(), row_len_.data(),
+                  row_limit_.empty() ? nullptr : row_limit_.data(), rows, scale_,
+                  layer.sliding_window, 0.f);
       clock_.stop(ATTENTION);
     }
     const void* mixed = matmul_input(*layer.o, attn_.data(), rows, q_width, nullptr);
@@ -515,7 +540,7 @@ class DecoderStack {
   std::vector<float> qkv_, query_, attn_, gate_up_, partial_, moe_normed_;
   std::vector<uint8_t> act_;  // the next matmul's input, in its weight's input type
   void* act() { return act_.data(); }
-  std::vector<int32_t> row_seq_, row_len_;
+  std::vector<int32_t> row_seq_, row_len_, row_limit_;
   LoRARows lora_rows_;  // this step's rows with an adapter
   PartClock clock_;
 };
@@ -568,6 +593,7 @@ void bind_native_step(py::module_& m) {
       .def_readwrite("block_table", &StepArgs::block_table)
       .def_readwrite("query_start_loc", &StepArgs::query_start_loc)
       .def_readwrite("seq_lens", &StepArgs::seq_lens)
+      .def_readwrite("key_limits", &StepArgs::key_limits)
       .def_readwrite("all_reduce", &StepArgs::all_reduce)
       .def_readwrite("layer_outputs", &StepArgs::layer_outputs)
       .def_readwrite("out", &StepArgs::out)

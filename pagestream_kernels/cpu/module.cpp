@@ -10,7 +10,7 @@ void paged_decode(torch::Tensor out, torch::Tensor query, torch::Tensor key_cach
 void paged_attention_rows(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache,
                           torch::Tensor block_table, torch::Tensor row_seq,
                           torch::Tensor row_len, double scale, int64_t sliding_window,
-                          double soft_cap);  // paged_decode.cpp
+                          double soft_cap, c10::optional<torch::Tensor> row_limit);  // paged_decode.cpp
 int64_t pin_threads(const std::vector<int64_t>& cpus);  // pin_threads.cpp
 void cache_write(torch::Tensor key, torch::Tensor value, torch::Tensor cache,
                  torch::Tensor slot_mapping);  // cache_write.cpp
@@ -29,7 +29,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode,
         "decode attention over the paged KV cache (float32 / bfloat16)");
   m.def("paged_attention_rows", &paged_attention_rows,
-        "attention of any step's rows (each over its causal prefix) over the paged KV cache");
+        "attention of any step's rows (each over its causal prefix, or up to its key limit) "
+        "over the paged KV cache",
+        pybind11::arg("out"), pybind11::arg("query"), pybind11::arg("kv_cache"),
+        pybind11::arg("block_table"), pybind11::arg("row_seq"), pybind11::arg("row_len"),
+        pybind11::arg("scale"), pybind11::arg("sliding_window"), pybind11::arg("soft_cap"),
+        pybind11::arg("row_limit") = pybind11::none());
   m.def("cache_write", &cache_write, "this step's keys and values into their cache slots");
   m.def("pin_threads", &pin_threads, "pin intra-op thread i to cpus[i]; returns how many");
   m.def("add_rms_norm", &add_rms_norm, "out = rms_norm(residual + x), sum_out = residual + x");

@@ -412,12 +412,16 @@ void merge_parts(Q* out, const float* parts, int64_t num_parts, int64_t part_str
 
 // The rows of one step: row r attends to the first row_len[r] positions of sequence
 // row_seq[r] (a decode row: its whole context; prefill rows: causal, up to their own
-// position; several rows of a decoding sequence: speculative verification alike).
+// position; several rows of a decoding sequence: speculative verification alike), or up to
+// limit[r] >= len[r] when limits are given (a bidirectional image's tokens see the whole
+// image); a sliding window starts from len[r] either way (its own position's window).
 struct Rows {
   const int32_t* tables;  // [num_seqs, max_blocks]
   const int32_t* seq;     // [num_rows]
   const int32_t* len;     // [num_rows]
+  const int32_t* limit;   // [num_rows], or null: every row's limit is its len
   int64_t num_rows, num_seqs;
+  int64_t end(int64_t r) const { return limit ? limit[r] : len[r]; }
 };
 
 // A bad plan is an error, never a stray read: every row's sequence and length, then each
@@ -425,13 +429,15 @@ struct Rows {
 void check_plan(const Rows& rows, int64_t num_blocks, const Layout& l) {
   std::vector<int64_t> longest(rows.num_seqs, 0);
   for (int64_t r = 0; r < rows.num_rows; ++r) {
-    const int64_t seq = rows.seq[r], len = rows.len[r];
+    const int64_t seq = rows.seq[r], len = rows.len[r], end = rows.end(r);
     TORCH_CHECK(0 <= seq && seq < rows.num_seqs, "paged attention: row ", r,
                 " names sequence ", seq, " of ", rows.num_seqs);
-    TORCH_CHECK(len >= 0 && (len + l.block_size - 1) / l.block_size <= l.max_blocks,
-                "paged attention: row ", r, " has length ", len,
+    TORCH_CHECK(len >= 0 && end >= len, "paged attention: row ", r, " has length ", len,
+                " and key limit ", end, " (a limit is at least the length)");
+    TORCH_CHECK((end + l.block_size - 1) / l.block_size <= l.max_blocks,
+                "paged attention: row ", r, " has length ", end,
                 ", more than its block table holds");
-    longest[seq] = std::max(longest[seq], len);
+    longest[seq] = std::max(longest[seq], end);
   }
   for (int64_t seq = 0; seq < rows.num_seqs; ++seq) {
     const int64_t needed = (longest[seq] + l.block_size - 1) / l.block_size;
@@ -444,11 +450,13 @@ void check_plan(const Rows& rows, int64_t num_blocks, const Layout& l) {
 }
 
 // Row r's span [first, len) and its cut: part j covers [max(first, j P), min(len, (j + 1) P))
-// for j = first / P .. (len - 1) / P (one empty part for an empty span).
+// for j = first / P .. (len - 1) / P (one empty part for an empty span). `len` is the row's
+// key limit; the window's first position comes from its causal length.
 struct RowCut {
   int64_t first, len, part, first_part, parts;
-  static RowCut of(int64_t len, int64_t sliding_window, int64_t threads) {
-    const int64_t first = sliding_window > 0 ? std::max<int64_t>(0, len - sliding_window) : 0;
+  static RowCut of(int64_t causal, int64_t len, int64_t sliding_window, int64_t threads) {
+    const int64_t first =
+        sliding_window > 0 ? std::max<int64_t>(0, causal - sliding_window) : 0;
     int64_t part = MIN_PART;
     while (part * 4 * threads < len - first) part *= 2;
     const int64_t first_part = first / part;
@@ -471,11 +479,12 @@ void attend_items(Q* o, const Q* q, const C* kc, const C* vc, const Rows& rows,
   std::vector<int64_t> first_result(num_rows + 1, 0);  // row r's parts' results from here
   int64_t work = 0;  // multiply-adds per score and value, all rows together
   for (int64_t r = 0; r < num_rows; ++r) {
-    cuts[r] = RowCut::of(rows.len[r], sliding_window, threads);
+    cuts[r] = RowCut::of(rows.len[r], rows.end(r), sliding_window, threads);
     first_result[r + 1] = first_result[r] + cuts[r].parts;
     work += (cuts[r].len - cuts[r].first) * l.num_q_heads * l.head_dim;
   }
-  // folds: runs of rows of one sequence, each one longer than the last, cut alike
+  // folds: runs of rows of one sequence, each one longer than the last (or as long: rows of
+  // one image under a key limit), cut alike
   struct Task {
     int64_t row, count, part;
   };
@@ -483,7 +492,8 @@ void attend_items(Q* o, const Q* q, const C* kc, const C* vc, const Rows& rows,
   for (int64_t r = 0; r < num_rows;) {
     int64_t count = 1;
     while (count < FOLD && r + count < num_rows && rows.seq[r + count] == rows.seq[r] &&
-           rows.len[r + count] == rows.len[r] + count && cuts[r + count].part == cuts[r].part &&
+           cuts[r + count].len - cuts[r + count - 1].len <= 1 &&
+           cuts[r + count].len >= cuts[r + count - 1].len && cuts[r + count].part == cuts[r].part &&
            cuts[r + count].first == cuts[r].first) {
       ++count;
     }
@@ -569,7 +579,7 @@ void decode(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache,
   std::vector<int32_t> seq(num_seqs);
   for (int64_t s = 0; s < num_seqs; ++s) seq[s] = static_cast<int32_t>(s);
   const Rows rows{block_table.data_ptr<int32_t>(), seq.data(), seq_lens.data_ptr<int32_t>(),
-                  num_seqs, num_seqs};
+                  nullptr, num_seqs, num_seqs};
   attend<Q, C>(out.data_ptr<Q>(), query.data_ptr<Q>(), query.size(1), key_cache, value_cache,
                block_table.size(1), rows, scale, sliding_window, soft_cap);
 }
@@ -580,9 +590,9 @@ namespace pagestream {
 
 void attend_rows(float* out, const float* query, int64_t num_q_heads, const at::Tensor& kv_cache,
                  const int32_t* block_table, int64_t num_seqs, int64_t max_blocks,
-                 const int32_t* row_seq, const int32_t* row_len, int64_t num_rows, float scale,
-                 int64_t sliding_window, float soft_cap) {
-  const Rows rows{block_table, row_seq, row_len, num_rows, num_seqs};
+                 const int32_t* row_seq, const int32_t* row_len, const int32_t* row_limit,
+                 int64_t num_rows, float scale, int64_t sliding_window, float soft_cap) {
+  const Rows rows{block_table, row_seq, row_len, row_limit, num_rows, num_seqs};
   const auto keys = kv_cache[0], values = kv_cache[1];
   if (kv_cache.scalar_type() == at::kFloat) {
     attend<float, float>(out, query, num_q_heads, keys, values, max_blocks, rows, scale,
@@ -599,27 +609,32 @@ void attend_rows(float* out, const float* query, int64_t num_q_heads, const at::
 
 // Rows of any step (see Rows) over the paged cache: query and out [num_rows, q_heads,
 // head_dim] float32, kv_cache [2, blocks, block_size, kv_heads, head_dim] float32 or
-// bfloat16, block_table [num_seqs, max_blocks], row_seq / row_len [num_rows] int32.
+// bfloat16, block_table [num_seqs, max_blocks], row_seq / row_len [num_rows] int32;
+// row_limit: None (causal) or [num_rows] int32, each row's key limit (see Rows).
 void paged_attention_rows(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache,
                           torch::Tensor block_table, torch::Tensor row_seq,
                           torch::Tensor row_len, double scale, int64_t sliding_window,
-                          double soft_cap) {
-  for (const auto& t : {out, query, kv_cache, block_table, row_seq, row_len}) {
+                          double soft_cap, c10::optional<torch::Tensor> row_limit) {
+  const torch::Tensor limit = row_limit.has_value() ? *row_limit : row_len;
+  for (const auto& t : {out, query, kv_cache, block_table, row_seq, row_len, limit}) {
     TORCH_CHECK(t.is_contiguous() && t.device().is_cpu(),
                 "paged_attention_rows: contiguous CPU tensors only");
   }
   TORCH_CHECK(query.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat &&
                   out.sizes() == query.sizes(),
               "paged_attention_rows: float32 query and out of the same shape");
-  for (const auto& t : {block_table, row_seq, row_len}) {
+  for (const auto& t : {block_table, row_seq, row_len, limit}) {
     TORCH_CHECK(t.scalar_type() == at::kInt, "paged_attention_rows: int32 tables and rows");
   }
-  TORCH_CHECK(row_seq.numel() == query.size(0) && row_len.numel() == query.size(0),
-              "paged_attention_rows: one row_seq and row_len per query row");
+  TORCH_CHECK(row_seq.numel() == query.size(0) && row_len.numel() == query.size(0) &&
+                  limit.numel() == query.size(0),
+              "paged_attention_rows: one row_seq, row_len and row_limit per query row");
   pagestream::attend_rows(out.data_ptr<float>(), query.data_ptr<float>(), query.size(1),
                           kv_cache, block_table.data_ptr<int32_t>(), block_table.size(0),
                           block_table.size(1), row_seq.data_ptr<int32_t>(),
-                          row_len.data_ptr<int32_t>(), query.size(0),
+                          row_len.data_ptr<int32_t>(),
+                          row_limit.has_value() ? limit.data_ptr<int32_t>() : nullptr,
+                          query.size(0),
                           static_cast<float>(scale), sliding_window,
                           static_cast<float>(soft_cap));
 }

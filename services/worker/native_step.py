@@ -278,6 +278,8 @@ class NativeStep:
             args.block_table = md.block_table.to(torch.int32).contiguous()
         args.query_start_loc = md.query_start_loc.to(torch.int32).contiguous()
         args.seq_lens = md.seq_lens.to(torch.int32).contiguous()
+        if md.key_limits is not None:  # image tokens that see their whole image
+            args.key_limits = md.key_limits.to(torch.int32).contiguous()
         if self.tp_size > 1:
             args.all_reduce = tp_all_reduce
         if layer_outputs is not None:
