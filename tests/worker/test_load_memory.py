@@ -81,8 +81,10 @@ def test_a_gguf_load_peaks_where_it_settles(hf_model, tmp_path, model_cache):
     loaded = load(ModelConfig(model=str(path)), device="cpu")
     peak, settled = _status_bytes("VmHWM:") - before, _status_bytes("VmRSS:") - before
     # the old order (every tensor decoded while the file's pages stayed mapped, packed
-    # after) peaked at about twice the weights above where it settled
-    assert peak - settled < loaded.weight_bytes // 2, (peak, settled, loaded.weight_bytes)
+    # after) peaked at about twice the weights above where it settled; one tensor's
+    # scratch plus what the rest of a long test process allocates meanwhile stays under
+    # the weights (half of them was exceeded by 5% late in a full-suite run)
+    assert peak - settled < loaded.weight_bytes, (peak, settled, loaded.weight_bytes)
 
 
 def test_a_safetensors_load_holds_one_copy(hf_model, tmp_path):
