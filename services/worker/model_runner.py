@@ -123,7 +123,7 @@ class ModelRunner:
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         extra = {}
         if not self.rank.is_first_stage:  # the previous stage's output, in plan order
-            shape = (len(inputs.positions), self.model.text_config.hidden_size)
+            shape = (inputs.num_tokens, self.model.text_config.hidden_size)
             dtype = getattr(self.model, "hidden_dtype", self.model.dtype)
             extra["hidden_states"] = self.link.recv(shape, dtype, self.model.device)
         elif inputs.images:

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from services.common.image_input import ImageInput
+from services.frontend.multimodal.merged_patch_processor import MergedPatchProcessor
 
 logger = logging.getLogger(__name__)
 # The processor's outputs that are the text's, not the image's.
@@ -49,6 +50,11 @@ class ImageProcessor:
             return None  # a text model: not worth a second tokenizer load to find out
         try:
             processor = AutoProcessor.from_pretrained(str(folder), local_files_only=True)
+        except ImportError as exc:  # Qwen2.5-VL's wants torchvision, for its videos only
+            processor = MergedPatchProcessor.from_folder(folder)
+            if processor is None:
+                logger.warning("%s: the model's processor cannot load (%s); no images", folder, exc)
+                return None
         except (OSError, ValueError, KeyError, TypeError):
             return None
         marker = getattr(processor, "image_token", None)
