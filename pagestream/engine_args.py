@@ -225,10 +225,12 @@ class EngineArgs:
     )
 
     def __post_init__(self) -> None:
-        # llama.cpp's pair: from here on its VLM folder is the model, as every role sees it
+        # llama.cpp's pair: from here on its VLM folder is the model, as every role sees it;
+        # clients keep the name given (the text GGUF's), not the cache folder's
         if self.mmproj is not None:
             from services.common.model_source import resolve_pair
 
+            self.served_model_name = self.served_model_name or self.model
             self.model, self.mmproj = str(resolve_pair(self.model, self.mmproj)), None
         if self.max_waiting_requests is None:  # the Python API's "no bound", spelled None
             self.max_waiting_requests = 0

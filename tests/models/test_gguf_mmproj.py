@@ -137,6 +137,7 @@ def test_engine_args_stand_the_pair_for_its_folder(pairs, tmp_path, monkeypatch)
     args = EngineArgs(model=str(text), mmproj=str(mmproj))
     folder = Path(args.model)
     assert args.mmproj is None and (folder / "config.json").is_file()
+    assert args.served_model_name == str(text)  # what clients name, not the cache folder
     assert folder.parent == tmp_path / "cache" / "models"
     assert EngineArgs(model=str(text), mmproj=str(mmproj)).model == args.model
 

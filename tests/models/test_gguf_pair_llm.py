@@ -1,0 +1,43 @@
+"""LLM(model=text.gguf, mmproj=mmproj.gguf), llama.cpp's file pair written from each tiny VLM
+family's HF folder (tests/helpers/mmproj_writer.py): greedy tokens for an image prompt equal
+HF generate's on the original folder (float32), and the encoder's weights are the folder's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagestream import LLM
+from services.common.sampling_params import SamplingParams
+from tests.helpers.mmproj_writer import write_pair
+from tests.helpers.model_cache import isolated_model_cache
+from tests.helpers.tiny_vlms import FAMILIES, build_tiny_vlm, random_image
+
+MAX_TOKENS = 6
+GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
+PROMPT = "describe <image> now"
+IMAGE = random_image(11, (70, 52))
+
+
+def hf_tokens(folder, images: list) -> list[int]:
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(folder)
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
+    inputs = processor(text=PROMPT, images=images, return_tensors="pt", add_special_tokens=False)
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False)
+    return out[0][inputs["input_ids"].shape[1] :].tolist()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_pair_generates_what_hf_generates_on_the_folder(family, tmp_path, monkeypatch):
+    isolated_model_cache(tmp_path / "cache", monkeypatch)
+    folder = build_tiny_vlm(family, tmp_path / family, seed=5)
+    text, mmproj, _ = write_pair(folder, tmp_path)
+    llm = LLM(str(text), mmproj=str(mmproj), kv_cache_memory="8MiB", dtype="float32")
+    prompt = {"prompt": PROMPT, "multi_modal_data": {"image": IMAGE}}
+    (output,) = llm.generate(prompt, GREEDY, use_tqdm=False)
+    assert list(output.outputs[0].token_ids) == hf_tokens(folder, [IMAGE])
+    (plain,) = llm.generate("describe now", GREEDY, use_tqdm=False)  # text alone still runs
+    assert len(plain.outputs[0].token_ids) == MAX_TOKENS
