@@ -1,16 +1,17 @@
-"""Images against llama.cpp: a SmolVLM-256M-shaped random Idefics3 served by `pagestream
-serve` and by `llama-server --mmproj` on the same threads.
+"""Images against llama.cpp: a SmolVLM-256M-shaped random Idefics3 run by pagestream and by
+llama.cpp on its file pair, on the same threads, float32 on both sides.
 
-    python -m benchmarks.vlm --llama-server PATH [--rounds 5] [--out FILE]
+    python -m benchmarks.vlm --llama-server PATH --llama-cpp-python PATH [--parts ...]
     # files (made once): $PAGESTREAM_CACHE/full_size/smolvlm-256m/ (HF folder, bfloat16
     # safetensors, SmolLM2's tokenizer + SmolVLM's special tokens, Idefics3 processor) and
     # smolvlm-256m.llamacpp/{text,mmproj-text}.gguf (tests/helpers/mmproj_writer.py, F32)
 
-TTFT: one 512x512 image and a short question, max_tokens 1, one request at a time; its
-latency is the first token's. Throughput: 8 concurrent chats, each its own image, 64
-output tokens with ignore_eos. Both run float32 (the HF folder's bfloat16 weights widened,
-llama.cpp's pair written F32). Each round's images are new (no prefix cache answers) and
-the two servers take turns going first.
+Parts. ttft-offline: one chat (a 512x512 image and a short question, max_tokens 1) at a
+time through LLM.chat and through llama-cpp-python's MTMDChatHandler (libmtmd, as
+llama-mtmd-cli). ttft-serve: the same chat against `pagestream serve` and `llama-server
+--mmproj`. throughput: 8 concurrent chats, each its own image, 64 output tokens with
+ignore_eos, against both servers (llama-server -np 8). Each chat's image is new (no prefix
+cache answers); the sides take turns going first.
 
 Token counts: llama.cpp's mtmd encodes an Idefics3 image as an overview plus one tile at
 least, so a 512x512 image is 2 tiles there but 1 under HF's processor without splitting.
@@ -90,10 +91,16 @@ IMAGE_SIZE = (512, 512)
 LLAMA_SERVER_ENV = "LLAMA_SERVER"
 
 
+PARTS = ("ttft-offline", "ttft-serve", "throughput")
+LLAMA_CPP_PYTHON_ENV = "LLAMA_CPP_PYTHON"  # an interpreter with llama-cpp-python
+
+
 @dataclass(frozen=True)
 class VlmOptions:
-    llama_server: str
-    rounds: int = 5  # TTFT requests per side (after one warm-up each)
+    llama_server: str | None = None  # the serve parts' peer
+    llama_cpp_python: str | None = None  # ttft-offline's peer
+    parts: tuple[str, ...] = PARTS
+    rounds: int = 4  # TTFT requests per side and part (after a warm-up)
     throughput_rounds: int = 3  # waves of `concurrency` chats per side
     concurrency: int = 8
     output_len: int = 64
@@ -105,6 +112,8 @@ class VlmOptions:
             raise ValueError("rounds, throughput_rounds, concurrency and threads must be >= 1.")
         if self.output_len < 1:
             raise ValueError(f"output_len must be >= 1, got {self.output_len}.")
+        if not self.parts or not set(self.parts) <= set(PARTS):
+            raise ValueError(f"parts must be among {PARTS}, got {self.parts!r}.")
 
 
 # ---- the files -----------------------------------------------------------------------------
@@ -356,6 +365,62 @@ def throughput_round(url: str, seeds: list[int], output_len: int) -> dict:
     }
 
 
+# llama.cpp in process: llama-cpp-python's MTMDChatHandler (libmtmd, what llama-mtmd-cli
+# runs) on the pair, one chat per image after a warm-up; prints each chat's seconds and
+# prompt tokens as JSON. Run by the interpreter that has llama-cpp-python.
+_MTMD_TTFT = """
+import base64, json, sys, time
+from llama_cpp import Llama
+from llama_cpp.llama_chat_format import MTMDChatHandler
+text, mmproj, threads, question, *images = sys.argv[1:]
+handler = MTMDChatHandler(clip_model_path=mmproj, verbose=False)
+llm = Llama(model_path=text, chat_handler=handler, n_ctx=2048, n_threads=int(threads),
+            n_threads_batch=int(threads), verbose=False)
+def chat(path):
+    url = "data:image/png;base64," + base64.b64encode(open(path, "rb").read()).decode()
+    content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": question}]
+    start = time.perf_counter()
+    reply = llm.create_chat_completion([{"role": "user", "content": content}], max_tokens=1,
+                                       temperature=0)
+    return {"seconds": round(time.perf_counter() - start, 3),
+            "prompt_tokens": reply["usage"]["prompt_tokens"]}
+chat(images[0])
+print(json.dumps([chat(path) for path in images[1:]]))
+"""
+
+
+def mtmd_ttft(python: str, pair: tuple[Path, Path], seeds: list[int], threads: int) -> list:
+    """llama.cpp's TTFT in process: a warm-up chat on seeds[0], one timed chat per other."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        paths = [Path(folder) / f"{seed}.png" for seed in seeds]
+        for path, seed in zip(paths, seeds, strict=True):
+            path.write_bytes(image_png(seed))
+        command = [python, "-c", _MTMD_TTFT, *map(str, pair), str(threads), QUESTION]
+        done = subprocess.run(command + list(map(str, paths)), capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"llama-cpp-python's mtmd failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def offline_ttft(folder: str, seeds: list[int]) -> list:
+    """pagestream's TTFT in process (LLM.chat, float32): a warm-up on seeds[0], one timed
+    chat per other. Meant for a child process: LLM pins its threads."""
+    from pagestream import LLM, SamplingParams
+
+    llm = LLM(folder, dtype="float32", kv_cache_memory="1GiB", max_num_seqs=1)
+    params = SamplingParams(max_tokens=1, temperature=0)
+    rounds = []
+    for seed in seeds:
+        start = time.perf_counter()
+        out = llm.chat(chat_body(image_png(seed), 1)["messages"], params, use_tqdm=False)
+        seconds = time.perf_counter() - start
+        rounds.append({"seconds": round(seconds, 3), "prompt_tokens": len(out[0].prompt_token_ids)})
+    llm.engine.close()
+    return rounds[1:]
+
+
 def _loaded(measure, *args) -> dict:
     """`measure(*args)` with the 1-minute load average before and after it."""
     start = os.getloadavg()[0]
@@ -370,43 +435,83 @@ def summarize(rounds: list[dict], key: str) -> dict:
 
 
 def run_vlm(options: VlmOptions) -> dict:
-    """TTFT rounds, then throughput waves, the servers alternating which goes first."""
-    folder = hf_folder()
-    text, mmproj = llamacpp_pair()
-    binary = llama_server_binary(options.llama_server)
+    """The asked parts, each side's median and the ratios."""
+    folder, pair = hf_folder(), llamacpp_pair()
     seeds = ImageSeeds(options.seed)
-    ttft: dict[str, list] = {"pagestream": [], "llama-server": []}
-    tput: dict[str, list] = {"pagestream": [], "llama-server": []}
-    peer = MtmdServer(binary, text, mmproj, options.concurrency, options.threads)
-    with pagestream_server(folder, options) as ours, peer as theirs:
-        servers = {"pagestream": ours.url, "llama-server": theirs.url}
-        for url in servers.values():  # warm-up: one image chat each
-            throughput_round(url, seeds.take(1), 2)
-        for i in range(options.rounds):
-            for name in _turns(servers, i):
-                ttft[name].append(_loaded(ttft_round, servers[name], seeds.take(1)[0]))
-                logger.info("TTFT %s: %s", name, ttft[name][-1])
-        for i in range(options.throughput_rounds):
-            for name in _turns(servers, i):
-                wave = seeds.take(options.concurrency)
-                tput[name].append(
-                    _loaded(throughput_round, servers[name], wave, options.output_len)
-                )
-                logger.info("throughput %s: %s", name, tput[name][-1])
-    part = {
+    part: dict = {
         "machine": machine_info(),
         "threads": options.threads,
         "image": list(IMAGE_SIZE),
         "image_tokens_mtmd": mtmd_image_tokens(*IMAGE_SIZE),
-        "concurrency": options.concurrency,
-        "output_len": options.output_len,
-        "llama_server": llama_server_version(binary),
-        "ttft_s": {name: summarize(r, "seconds") for name, r in ttft.items()},
-        "output_tokens_per_s": {
-            name: summarize(r, "output_tokens_per_s") for name, r in tput.items()
-        },
+        "weights": "float32 on both sides (bfloat16 checkpoint widened; llama.cpp's pair F32)",
     }
+    if "ttft-offline" in options.parts:
+        part["ttft_offline_s"] = run_ttft_offline(options, folder, pair, seeds)
+    if {"ttft-serve", "throughput"} & set(options.parts):
+        part |= run_served(options, folder, pair, seeds)
     part["ratios"] = ratios(part)
+    return part
+
+
+def run_ttft_offline(options: VlmOptions, folder: Path, pair, seeds: ImageSeeds) -> dict:
+    """LLM.chat against llama-cpp-python's mtmd, in two blocks of rounds / 2 (or so) chats
+    a side, each block's order reversed; every block starts with a warm-up chat."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    python = llama_cpp_python(options.llama_cpp_python)
+    rounds: dict[str, list] = {"pagestream": [], "llama.cpp": []}
+    spawn = multiprocessing.get_context("spawn")
+    blocks = [options.rounds - options.rounds // 2, options.rounds // 2]
+    for index, count in enumerate(c for c in blocks if c):
+        for name in _turns(rounds, index):
+            block = seeds.take(count + 1)
+            start = os.getloadavg()[0]
+            if name == "llama.cpp":
+                got = mtmd_ttft(python, pair, block, options.threads)
+            else:
+                with ProcessPoolExecutor(1, mp_context=spawn) as child:
+                    got = child.submit(offline_ttft, str(folder), block).result()
+            load = [round(start, 2), round(os.getloadavg()[0], 2)]
+            rounds[name] += [{**r, "load": load} for r in got]
+            logger.info("offline TTFT %s: %s", name, got)
+    return {name: summarize(r, "seconds") for name, r in rounds.items()}
+
+
+def run_served(options: VlmOptions, folder: Path, pair, seeds: ImageSeeds) -> dict:
+    """TTFT rounds, then throughput waves, the servers alternating which goes first."""
+    binary = llama_server_binary(options.llama_server)
+    ttft: dict[str, list] = {"pagestream": [], "llama-server": []}
+    tput: dict[str, list] = {"pagestream": [], "llama-server": []}
+    peer = MtmdServer(binary, *pair, options.concurrency, options.threads)
+    with pagestream_server(folder, options) as ours, peer as theirs:
+        servers = {"pagestream": ours.url, "llama-server": theirs.url}
+        for url in servers.values():  # warm-up: one image chat each
+            throughput_round(url, seeds.take(1), 2)
+        if "ttft-serve" in options.parts:
+            for i in range(options.rounds):
+                for name in _turns(servers, i):
+                    ttft[name].append(_loaded(ttft_round, servers[name], seeds.take(1)[0]))
+                    logger.info("TTFT %s: %s", name, ttft[name][-1])
+        if "throughput" in options.parts:
+            for i in range(options.throughput_rounds):
+                for name in _turns(servers, i):
+                    wave = seeds.take(options.concurrency)
+                    tput[name].append(
+                        _loaded(throughput_round, servers[name], wave, options.output_len)
+                    )
+                    logger.info("throughput %s: %s", name, tput[name][-1])
+    part: dict = {"llama_server": llama_server_version(binary)}
+    if ttft["pagestream"]:
+        part["ttft_served_s"] = {name: summarize(r, "seconds") for name, r in ttft.items()}
+    if tput["pagestream"]:
+        part |= {
+            "concurrency": options.concurrency,
+            "output_len": options.output_len,
+            "output_tokens_per_s": {
+                name: summarize(r, "output_tokens_per_s") for name, r in tput.items()
+            },
+        }
     return part
 
 
@@ -417,25 +522,45 @@ def _turns(servers: dict, index: int) -> list[str]:
 
 
 def ratios(part: dict) -> dict:
-    """llama-server's TTFT over ours (> 1: ours is faster), our tok/s over its."""
-    ttft, tput = part["ttft_s"], part["output_tokens_per_s"]
-    return {
-        "ttft_llama_server_over_ours": ratio(
-            ttft["llama-server"]["median"], ttft["pagestream"]["median"]
-        ),
-        "throughput_ours_over_llama_server": ratio(
+    """llama.cpp's TTFT over ours (> 1: ours is faster), our tok/s over its; for the
+    parts that ran."""
+    out = {}
+    for key, theirs in (("ttft_offline_s", "llama.cpp"), ("ttft_served_s", "llama-server")):
+        if key in part:
+            medians = {name: entry["median"] for name, entry in part[key].items()}
+            out[key.removesuffix("_s") + "_theirs_over_ours"] = ratio(
+                medians[theirs], medians["pagestream"]
+            )
+    if "output_tokens_per_s" in part:
+        tput = part["output_tokens_per_s"]
+        out["throughput_ours_over_llama_server"] = ratio(
             tput["pagestream"]["median"], tput["llama-server"]["median"]
-        ),
-    }
+        )
+    return out
+
+
+def llama_cpp_python(path: str | None) -> str:
+    python = path or os.environ.get(LLAMA_CPP_PYTHON_ENV)
+    if not python or shutil.which(python) is None:
+        raise FileNotFoundError(
+            f"ttft-offline needs a Python with llama-cpp-python: --llama-cpp-python PATH or "
+            f"${LLAMA_CPP_PYTHON_ENV} (got {python!r})."
+        )
+    return python
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--llama-server", help=f"the binary (else ${LLAMA_SERVER_ENV})")
-    parser.add_argument("--rounds", type=int, default=5, help="TTFT requests per side")
+    parser.add_argument(
+        "--llama-cpp-python", help=f"a Python with llama-cpp-python (else ${LLAMA_CPP_PYTHON_ENV})"
+    )
+    parser.add_argument("--parts", default=",".join(PARTS), help="a comma-separated subset")
+    parser.add_argument("--rounds", type=int, default=4, help="TTFT chats per side and part")
     parser.add_argument("--throughput-rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--threads", type=int, default=2, help="both servers' threads")
+    parser.add_argument("--threads", type=int, default=2, help="both sides' threads")
+    parser.add_argument("--seed", type=int, default=0, help="the first image's seed")
     parser.add_argument("--files-only", action="store_true", help="make the files, run nothing")
     parser.add_argument("--out", type=Path, help="write the results (JSON) here")
     args = parser.parse_args(argv)
@@ -444,16 +569,18 @@ def main(argv: list[str] | None = None) -> int:
         print(hf_folder(), *llamacpp_pair())
         return 0
     options = VlmOptions(
-        args.llama_server or "",
+        args.llama_server,
+        args.llama_cpp_python,
+        parts=tuple(args.parts.split(",")),
         rounds=args.rounds,
         throughput_rounds=args.throughput_rounds,
         concurrency=args.concurrency,
         threads=args.threads,
+        seed=args.seed,
     )
     part = run_vlm(options)
-    text = json.dumps(part, indent=1)
     if args.out:
-        args.out.write_text(text + "\n")
+        args.out.write_text(json.dumps(part, indent=1) + "\n")
     print(json.dumps(part["ratios"]))
     return 0
 

@@ -102,23 +102,29 @@ def test_the_servers_take_turns_going_first():
     assert _turns(servers, 1) == ["llama-server", "pagestream"]
 
 
+def _medians(**medians) -> dict:
+    return {name: {"median": value} for name, value in medians.items()}
+
+
 def test_ratios_above_one_mean_pagestream_is_ahead():
-    part = {
-        "ttft_s": {
-            "pagestream": summarize(
-                [{"seconds": 2.0}, {"seconds": 4.0}, {"seconds": 3.0}], "seconds"
-            ),
-            "llama-server": summarize([{"seconds": 6.0}], "seconds"),
-        },
-        "output_tokens_per_s": {
-            "pagestream": summarize([{"output_tokens_per_s": 30.0}], "output_tokens_per_s"),
-            "llama-server": summarize([{"output_tokens_per_s": 20.0}], "output_tokens_per_s"),
-        },
+    rounds = [{"seconds": 2.0}, {"seconds": 4.0}, {"seconds": 3.0}]
+    assert summarize(rounds, "seconds") == {
+        "median": 3.0,
+        "per_round": [2.0, 4.0, 3.0],
+        "rounds": rounds,
     }
-    assert part["ttft_s"]["pagestream"]["median"] == 3.0
+    part = {
+        "ttft_offline_s": _medians(**{"pagestream": 3.0, "llama.cpp": 4.5}),
+        "ttft_served_s": _medians(**{"pagestream": 3.0, "llama-server": 6.0}),
+        "output_tokens_per_s": _medians(**{"pagestream": 30.0, "llama-server": 20.0}),
+    }
     assert ratios(part) == {
-        "ttft_llama_server_over_ours": 2.0,
+        "ttft_offline_theirs_over_ours": 1.5,
+        "ttft_served_theirs_over_ours": 2.0,
         "throughput_ours_over_llama_server": 1.5,
+    }
+    assert ratios({"ttft_offline_s": part["ttft_offline_s"]}) == {
+        "ttft_offline_theirs_over_ours": 1.5
     }
 
 
@@ -131,8 +137,16 @@ def test_llama_server_gets_the_mmproj_slots_and_threads():
 
 
 @pytest.mark.parametrize(
-    "bad", [{"rounds": 0}, {"concurrency": 0}, {"threads": 0}, {"output_len": 0}]
+    ("bad", "message"),
+    [
+        ({"rounds": 0}, "must be >= 1"),
+        ({"concurrency": 0}, "must be >= 1"),
+        ({"threads": 0}, "must be >= 1"),
+        ({"output_len": 0}, "must be >= 1"),
+        ({"parts": ("ttft",)}, "parts must be among"),
+        ({"parts": ()}, "parts must be among"),
+    ],
 )
-def test_options_refuse_empty_runs(bad):
-    with pytest.raises(ValueError, match="must be >= 1"):
+def test_options_refuse_empty_or_unknown_runs(bad, message):
+    with pytest.raises(ValueError, match=message):
         VlmOptions("llama-server", **bad)
