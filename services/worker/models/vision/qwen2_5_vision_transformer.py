@@ -139,10 +139,11 @@ class Qwen2_5VisionTransformer(nn.Module):
         """One image: patches [t * h * w, C * T * P * P] of grid (t, h, w) -> its rows
         [t * h * w / m^2, out_hidden]."""
         self._check(patches, grid)
-        x = self.patch_embed(patches.to(self._dtype))  # [N, hidden]
+        weight = self.patch_embed.proj.weight
+        x = self.patch_embed(patches.to(weight.device, weight.dtype))  # [N, hidden]
         cos, sin = self._cos_sin(grid)  # [N, 1, head_dim]
-        windows = patch_groups(grid, self.merge, self.window)
-        frames = patch_groups(grid, self.merge, None)
+        windows = [g.to(x.device) for g in patch_groups(grid, self.merge, self.window)]
+        frames = [g.to(x.device) for g in patch_groups(grid, self.merge, None)]
         for index, block in enumerate(self.blocks):
             x = block(x, cos, sin, frames if index in self.full_attention else windows)
         return self.merger(x)
@@ -150,8 +151,8 @@ class Qwen2_5VisionTransformer(nn.Module):
     def _cos_sin(self, grid: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Each patch's rotary cos and sin [N, 1, head_dim] float32: the first half of the
         angles from its row, the second from its column (then repeated, rotate-half)."""
-        rows, cols = patch_rows_cols(grid, self.merge)  # [N] each
         inv_freq = self.inv_freq.to(torch.float32)
+        rows, cols = (p.to(inv_freq.device) for p in patch_rows_cols(grid, self.merge))  # [N]
         freqs = torch.cat([rows[:, None] * inv_freq, cols[:, None] * inv_freq], dim=-1)
         angles = torch.cat([freqs, freqs], dim=-1)[:, None, :]  # [N, 1, head_dim]
         return angles.cos(), angles.sin()
@@ -169,10 +170,6 @@ class Qwen2_5VisionTransformer(nn.Module):
                 f"Qwen2.5-VL's pixel_values must be [{t * h * w}, {features}] for "
                 f"image_grid_thw {list(grid)}; got {list(patches.shape)}."
             )
-
-    @property
-    def _dtype(self) -> torch.dtype:
-        return self.patch_embed.proj.weight.dtype
 
 
 def patch_rows_cols(grid: tuple[int, int, int], merge: int) -> tuple[torch.Tensor, torch.Tensor]:
