@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+import re
 from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
+# A template that loops over a message's content (`for part in message['content']`) reads
+# content parts (HF processors' templates: SmolVLM's, LLaVA's); a string there would be
+# iterated character by character and its text lost.
+_LOOPS_OVER_CONTENT = re.compile(
+    r"for\s+\w+\s+in\s+\w+\s*" r"(\[\s*['\"]content['\"]\s*\]|\.content\b)"
+)
 
 
 class TokenizerLoadError(ValueError):
@@ -59,8 +67,9 @@ def apply_chat_template(
             raise ValueError(f"messages[{i}] must be a dict with a 'role' and a 'content'.")
     if chat_template is None and tokenizer.chat_template is None:
         raise ValueError("the model's tokenizer has no chat template; pass chat_template.")
+    as_parts = reads_content_parts(chat_template or tokenizer.chat_template)
     return tokenizer.apply_chat_template(
-        [_flatten_content(m) for m in messages],
+        [_flatten_content(m, as_parts) for m in messages],
         tokenize=False,
         add_generation_prompt=add_generation_prompt,
         chat_template=chat_template,
@@ -69,21 +78,36 @@ def apply_chat_template(
     )
 
 
-def _flatten_content(message: dict) -> dict:
+def reads_content_parts(template) -> bool:
+    """Whether the template (or any of a model's named templates) loops over content."""
+    if isinstance(template, dict):
+        return any(reads_content_parts(t) for t in template.values())
+    return isinstance(template, str) and _loops_over_content(template)
+
+
+@functools.lru_cache(maxsize=64)
+def _loops_over_content(template: str) -> bool:
+    return _LOOPS_OVER_CONTENT.search(template) is not None
+
+
+def _flatten_content(message: dict, as_parts: bool = False) -> dict:
     """OpenAI-style content parts [{"type": "text", "text": ...}] joined into one string; a
-    message with image parts ({"type": "image"}, what chat_images.split_images leaves) keeps
-    its parts, as HF processors' chat templates expect them."""
+    message with image parts ({"type": "image"}, what chat_images.split_images leaves), or
+    any message for a template that reads parts (`as_parts`), gets its content as parts,
+    as HF processors' chat templates expect them."""
     content = message.get("content")
-    if isinstance(content, list):
-        parts = [_template_part(part) for part in content]
-        if any(part["type"] == "image" for part in parts):
-            return {**message, "content": parts}
-        content = "".join(part["text"] for part in parts)
     if content is None:
         content = ""
-    if not isinstance(content, str):
+    if isinstance(content, str):
+        if not as_parts:
+            return {**message, "content": content}
+        content = [{"type": "text", "text": content}] if content else []
+    if not isinstance(content, list):
         raise ValueError("message content must be a string or a list of text parts.")
-    return {**message, "content": content}
+    parts = [_template_part(part) for part in content]
+    if as_parts or any(part["type"] == "image" for part in parts):
+        return {**message, "content": parts}
+    return {**message, "content": "".join(part["text"] for part in parts)}
 
 
 def _template_part(part) -> dict:

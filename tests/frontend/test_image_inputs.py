@@ -240,3 +240,21 @@ def test_the_engine_request_carries_the_images_and_counts_their_tokens(vlm):
         text_only.make_request(None, prompt, SamplingParams(max_tokens=1))
     with pytest.raises(ValueError, match="multi_modal_data must be"):
         fits.process({"prompt": "x", "multi_modal_data": {"video": []}})
+
+
+SMOLVLM_LIKE = (  # loops over content parts only, as SmolVLM's template does
+    "{% for m in messages %}{{ m['role'] }}:{% for line in m['content'] %}"
+    "{% if line['type'] == 'text' %}{{ line['text'] }}{% else %}<image>{% endif %}"
+    "{% endfor %}\n{% endfor %}"
+)
+
+
+def test_a_template_that_reads_parts_gets_parts_for_text_too(byte_tokenizer):
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "image"}]},
+        {"role": "assistant", "content": None},
+    ]
+    text = apply_chat_template(byte_tokenizer, messages, False, SMOLVLM_LIKE)
+    assert text.startswith("system:be brief") and "user:hi <image>" in text  # nothing lost
+    assert text.rstrip().endswith("assistant:")
