@@ -258,3 +258,15 @@ def test_a_pair_that_does_not_fit_is_refused(folders, pairs, tmp_path, monkeypat
         ensure_converted(pairs["llava"][1], tmp_path / "c")
     with pytest.raises(ModelLoadError, match="no such file"):
         resolve_pair(pairs["llava"][0], tmp_path / "absent.gguf")
+
+
+def test_older_llava_files_still_read(pairs, tmp_path):
+    """The oldest LLaVA files name no projector type (only clip.has_llava_projector); newer
+    ones may name the feature layer, which must be the file's last block."""
+    keys = {
+        "clip.projector_type": None,
+        "clip.has_llava_projector": (GGUFValueType.BOOL, True),
+        "clip.vision.feature_layer": (ARRAY, [1], U32),
+    }
+    old = rewrite(pairs["llava"][1], tmp_path / "old.gguf", keys=keys)
+    assert read_mmproj(old).facts.projector == "mlp"
