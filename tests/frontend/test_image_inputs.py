@@ -17,12 +17,19 @@ from services.frontend.frontend_config import DEFAULT_IMAGE_LIMIT, FrontendConfi
 from services.frontend.multimodal.chat_images import split_images
 from services.frontend.multimodal.image_decoder import decode_image
 from services.frontend.multimodal.image_loader import ImageLoader
-from services.frontend.multimodal.image_processor import ImageProcessor
+from services.frontend.multimodal.image_processor import TEXT_KEYS, ImageProcessor
 from services.frontend.multimodal.media_loader import MediaLoader
 from services.frontend.tokenizer import apply_chat_template
-from tests.helpers.tiny_vlms import FAMILIES, build_tiny_vlm, random_image
+from tests.helpers.tiny_vlms import (
+    FAMILIES,
+    TEXT_SIZES,
+    VISION_SIZES,
+    VLM_CHAT_TEMPLATE,
+    build_tiny_vlm,
+    random_image,
+)
 
-TEXT = "look: <image> and then<image>!"
+TEXT = "look:\n<image> and then<image>!"
 
 
 def encoded(image, fmt: str = "PNG") -> bytes:
@@ -47,9 +54,48 @@ def png_header(width: int, height: int) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+def build_gemma3_processor_folder(folder):
+    """A tiny Gemma 3 folder's config, tokenizer and processor (no weights: the frontend
+    reads none). Its processor calls the marker <start_of_image> its image token; the
+    config's image token is the soft token the encoder's rows replace."""
+    from transformers import (
+        Gemma3Config,
+        Gemma3ImageProcessor,
+        Gemma3Processor,
+        Gemma3TextConfig,
+        SiglipVisionConfig,
+    )
+
+    from tests.helpers.tiny_tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    names = {"boi_token": "<start_of_image>", "image_token": "<soft>", "eoi_token": "<end_img>"}
+    tokenizer.add_special_tokens({"additional_special_tokens": list(names.values())})
+    tokenizer._set_model_specific_special_tokens(special_tokens=names)  # as Gemma's has them
+    tokenizer.chat_template = VLM_CHAT_TEMPLATE.replace("<image>", "<start_of_image>")
+    ids = {k: tokenizer.convert_tokens_to_ids(v) for k, v in names.items()}
+    config = Gemma3Config(
+        text_config=Gemma3TextConfig(vocab_size=len(tokenizer) + 16, **TEXT_SIZES),
+        vision_config=SiglipVisionConfig(image_size=32, patch_size=8, **VISION_SIZES),
+        mm_tokens_per_image=4,
+        boi_token_index=ids["boi_token"],
+        eoi_token_index=ids["eoi_token"],
+        image_token_index=ids["image_token"],
+    )
+    image_processor = Gemma3ImageProcessor(size={"height": 32, "width": 32})
+    processor = Gemma3Processor(image_processor, tokenizer, image_seq_length=4)
+    for part in (config, processor, tokenizer):
+        part.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module", params=(*FAMILIES, "gemma3"))
 def vlm(request, tmp_path_factory):
-    folder = build_tiny_vlm(request.param, tmp_path_factory.mktemp(request.param))
+    folder = tmp_path_factory.mktemp(request.param)
+    if request.param == "gemma3":
+        build_gemma3_processor_folder(folder)
+    else:
+        build_tiny_vlm(request.param, folder)
     processor = ImageProcessor.from_folder(folder)
     assert processor is not None
     return processor
@@ -58,8 +104,9 @@ def vlm(request, tmp_path_factory):
 # ---- the processor ----------------------------------------------------------------------
 def test_ids_spans_and_data_equal_the_processors_whole_prompt_output(vlm):
     images = [random_image(0, (50, 40)), random_image(1, (70, 30))]
-    ids, inputs = vlm.process(TEXT, images, add_special_tokens=False)
-    whole = vlm.processor(text=TEXT, images=images, return_tensors="np", add_special_tokens=False)
+    text = TEXT.replace("<image>", vlm.marker)
+    ids, inputs = vlm.process(text, images, add_special_tokens=False)
+    whole = vlm.processor(text=text, images=images, return_tensors="np", add_special_tokens=False)
     assert ids == whole["input_ids"][0].tolist()
     check_images(inputs, len(ids))
     # the spans partition the image-token positions, each starting and ending on one
@@ -73,7 +120,7 @@ def test_ids_spans_and_data_equal_the_processors_whole_prompt_output(vlm):
     # each image's tensors are its own slice of the whole call's (one-image batch dims)
     tile_axis = 0 if inputs[0].data["pixel_values"].ndim == 4 else 1
     for name, whole_array in whole.items():
-        if name in ("input_ids", "attention_mask"):
+        if name in TEXT_KEYS:
             continue
         parts = [i.data[name] for i in inputs]
         assert all(p.shape[0] == 1 for p in parts)
@@ -81,14 +128,14 @@ def test_ids_spans_and_data_equal_the_processors_whole_prompt_output(vlm):
 
 
 def test_hashes_name_the_pixels(vlm):
-    _, (a, b) = vlm.process("<image><image>", [random_image(3), random_image(3)])
-    _, (c,) = vlm.process("<image>", [random_image(4)])
+    _, (a, b) = vlm.process(vlm.marker * 2, [random_image(3), random_image(3)])
+    _, (c,) = vlm.process(vlm.marker, [random_image(4)])
     assert a.content_hash == b.content_hash != c.content_hash
 
 
 def test_markers_must_match_the_images(vlm):
     with pytest.raises(ValueError, match=r"1 image marker\(s\).*for 2 image"):
-        vlm.process("one <image> only", [random_image(0), random_image(1)])
+        vlm.process(f"one {vlm.marker} only", [random_image(0), random_image(1)])
     with pytest.raises(ValueError, match="0 image marker"):
         vlm.process("no marker", [random_image(0)])
 
@@ -227,8 +274,9 @@ def test_the_engine_request_carries_the_images_and_counts_their_tokens(vlm):
     from services.frontend.input_processor import ContextLengthExceededError, InputProcessor
 
     vocab = len(vlm.tokenizer) + 16
-    prompt = {"prompt": "see <image>", "multi_modal_data": {"image": random_image(2)}}
-    ids, inputs = vlm.process("see <image>", [random_image(2)])
+    text = "see " + vlm.marker
+    prompt = {"prompt": text, "multi_modal_data": {"image": random_image(2)}}
+    ids, inputs = vlm.process(text, [random_image(2)])
     fits = InputProcessor(vlm.tokenizer, ServedModelInfo("m", len(ids), vocab, (0,)), vlm)
     request, _ = fits.make_request(None, prompt, SamplingParams(max_tokens=1))
     assert request.prompt_token_ids == ids and request.images == inputs
@@ -240,6 +288,16 @@ def test_the_engine_request_carries_the_images_and_counts_their_tokens(vlm):
         text_only.make_request(None, prompt, SamplingParams(max_tokens=1))
     with pytest.raises(ValueError, match="multi_modal_data must be"):
         fits.process({"prompt": "x", "multi_modal_data": {"video": []}})
+
+
+def test_gemma3s_spans_are_its_soft_tokens_and_its_text_is_tokenized_whole(tmp_path):
+    vlm = ImageProcessor.from_folder(build_gemma3_processor_folder(tmp_path))
+    assert vlm.marker == "<start_of_image>"
+    assert vlm.image_token_id == vlm.tokenizer.convert_tokens_to_ids("<soft>")
+    ids, (image,) = vlm.process("a\n<start_of_image>b", [random_image(0)])
+    assert image.num_embeds == image.length == 4  # the soft tokens, not <start_of_image>
+    assert ids[image.offset - 1] == vlm.marker_id
+    assert not vlm._between_added_tokens(vlm._one(random_image(0))[0])  # "\n\n" at its edges
 
 
 SMOLVLM_LIKE = (  # loops over content parts only, as SmolVLM's template does
