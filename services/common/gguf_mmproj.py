@@ -144,7 +144,10 @@ def _array(gguf: GGUFFile, key: str, types: tuple[int, ...], count: int | None) 
         raise _error(gguf, f"{key} holds {entry.count} values; {count or '1 to 64'} expected")
     from gguf import GGUFReader
 
-    return list(GGUFReader(str(gguf.path)).fields[key].contents())
+    try:  # gguf's reader decodes what GGUFFile skipped (its strings strictly, as UTF-8)
+        return list(GGUFReader(str(gguf.path)).fields[key].contents())
+    except Exception as exc:  # a third-party parse of the user's file
+        raise _error(gguf, f"{key} cannot be read ({type(exc).__name__}: {exc})") from exc
 
 
 def _facts(gguf: GGUFFile, projector: str, by_name: dict[str, GGUFTensor]) -> VisionFacts:

@@ -270,3 +270,23 @@ def test_older_llava_files_still_read(pairs, tmp_path):
     }
     old = rewrite(pairs["llava"][1], tmp_path / "old.gguf", keys=keys)
     assert read_mmproj(old).facts.projector == "mlp"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_mutated_files_read_or_are_refused_never_crash(family, pairs, tmp_path):
+    """Random bytes of the header and tensor table overwritten: the file reads, or is a
+    ModelLoadError (gguf's own reader, which decodes the arrays GGUFFile skips, decodes
+    strings strictly: its errors are ModelLoadErrors too)."""
+    source = pairs[family][1].read_bytes()
+    rng = np.random.default_rng(5)
+    refused = 0
+    for _ in range(60):
+        mutated = bytearray(source)
+        for at in rng.integers(0, 3000, rng.integers(1, 5)):
+            mutated[at] = int(rng.integers(0, 256))
+        (tmp_path / "m.gguf").write_bytes(bytes(mutated))
+        try:
+            read_mmproj(tmp_path / "m.gguf")
+        except ModelLoadError:
+            refused += 1
+    assert refused > 30  # the mutations did reach the fields that are checked
