@@ -316,3 +316,46 @@ def test_a_template_that_reads_parts_gets_parts_for_text_too(byte_tokenizer):
     text = apply_chat_template(byte_tokenizer, messages, False, SMOLVLM_LIKE)
     assert text.startswith("system:be brief") and "user:hi <image>" in text  # nothing lost
     assert text.rstrip().endswith("assistant:")
+
+
+@pytest.fixture
+def http_server():
+    """A loopback HTTP server: /cat.png (an image), /big (over the cap), /away (a redirect
+    to a host that is not allowed), anything else 404."""
+    import http.server
+    import threading
+
+    png = encoded(random_image(0, (10, 10)))
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/away":
+                self.send_response(302)
+                self.send_header("Location", "http://elsewhere.example/cat.png")
+                self.end_headers()
+                return
+            body = {"/cat.png": png, "/big": b"x" * 5000}.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_allowed_hosts_are_fetched_within_the_cap(http_server):
+    loader = MediaLoader(max_bytes=1000, domains=frozenset({"127.0.0.1"}), timeout_s=5)
+    assert decode_image(loader.load(f"{http_server}/cat.png"), 0).size == (10, 10)
+    with pytest.raises(ValueError, match="over 1000 bytes"):
+        loader.load(f"{http_server}/big")
+    with pytest.raises(ValueError, match="HTTP 404"):
+        loader.load(f"{http_server}/missing")
+    with pytest.raises(ValueError, match=r"fetches no images from 'elsewhere\.example'"):
+        loader.load(f"{http_server}/away")
