@@ -24,7 +24,9 @@ IDEFICS3_TOKENS = ("<fake_token_around_image>", IMAGE_TOKEN, "<end_of_utterance>
 TEXT_PREFIX = {"mlp": "model.language_model.", "idefics3": "model.text_model."}
 
 
-def write_vlm_folder(text_config, text_tensors: dict, tokenizer, mmproj_path: Path, out_dir: Path):
+def write_vlm_folder(
+    text_config, text_tensors: dict, tokenizer, mmproj_path: Path, out_dir: Path
+) -> None:
     """Write the pair's VLM folder into `out_dir` from the text GGUF's config, float32
     tensors (HF causal-LM names) and tokenizer, and the mmproj file at `mmproj_path`."""
     mmproj = read_mmproj(mmproj_path)
