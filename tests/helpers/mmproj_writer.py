@@ -21,23 +21,26 @@ PROJECTOR = {"llava": "mlp", "idefics3": "idefics3"}
 CONTROL, NORMAL = 3, 1  # llama.cpp's token types
 
 
-def write_pair(folder: Path, out: Path, matrix_type: str = "F32") -> tuple[Path, Path, dict]:
-    """`folder`'s text GGUF and mmproj GGUF in `out`, the mmproj's matrices in
-    `matrix_type`; returns their paths and what the mmproj's tensors decode to, under the
-    HF model's parameter names."""
+def write_pair(
+    folder: Path, out: Path, matrix_type: str = "F32", text_type: str = "F32"
+) -> tuple[Path, Path, dict]:
+    """`folder`'s text GGUF (its matrices in `text_type`) and mmproj GGUF (in
+    `matrix_type`) in `out`; returns their paths and what the mmproj's tensors decode to,
+    under the HF model's parameter names."""
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 
     model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     family = "llava" if model.config.model_type == "llava" else "idefics3"
     text_path, mmproj_path = out / "text.gguf", out / "mmproj-text.gguf"
-    write_text_gguf(text_path, model, tokenizer)
+    write_text_gguf(text_path, model, tokenizer, text_type)
     expected = write_mmproj(mmproj_path, model, folder, family, matrix_type)
     return text_path, mmproj_path, expected
 
 
-def write_text_gguf(path: Path, vlm, tokenizer) -> None:
-    """The VLM's language model as a llama GGUF (F32) with the folder's tokenizer."""
+def write_text_gguf(path: Path, vlm, tokenizer, matrix_type: str = "F32") -> dict:
+    """The VLM's language model as a llama GGUF (its matrices in `matrix_type`) with the
+    folder's tokenizer; returns what the file de-quantizes to (causal-LM names)."""
     from transformers import LlamaForCausalLM
 
     config = vlm.config.get_text_config()
@@ -62,8 +65,9 @@ def write_text_gguf(path: Path, vlm, tokenizer) -> None:
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     _add_tokenizer(writer, tokenizer, config.vocab_size)
-    _add_tensors(writer, text, "F32", "llama", {})
+    expected = _add_tensors(writer, text, matrix_type, "llama", {})
     _finish(writer)
+    return expected
 
 
 def _add_tokenizer(writer: GGUFWriter, tokenizer, vocab_size: int) -> None:

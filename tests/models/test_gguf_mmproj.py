@@ -290,3 +290,29 @@ def test_mutated_files_read_or_are_refused_never_crash(family, pairs, tmp_path):
         except ModelLoadError:
             refused += 1
     assert refused > 30  # the mutations did reach the fields that are checked
+
+
+def test_a_quantized_text_gguf_is_de_quantized_into_the_folder(folders, tmp_path, monkeypatch):
+    """The pair's folder holds the text model's weights as its GGUF de-quantizes them (here
+    Q8_0), under the VLM's names; the vision weights as the mmproj holds them."""
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    from tests.helpers.mmproj_writer import write_text_gguf
+
+    isolated_model_cache(tmp_path / "cache", monkeypatch)
+    folder = folders["idefics3"]
+    text, mmproj, vision = write_pair(folder, tmp_path, text_type="Q8_0")
+    model = _hf(folder)  # what the text GGUF de-quantizes to: its writer's (deterministic) values
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    expected = write_text_gguf(tmp_path / "again.gguf", model, tokenizer, "Q8_0")
+    loaded = _hf(ensure_converted(text, tmp_path / "vlm", mmproj)).state_dict()
+    for name, values in expected.items():
+        hf_name = name.replace("model.", "model.text_model.", 1)
+        assert torch.equal(loaded[hf_name], torch.as_tensor(values)), hf_name
+    for name, values in vision.items():
+        assert torch.equal(loaded[name], values), name
+    saved = load_file(tmp_path / "vlm" / "model.safetensors")
+    assert all(t.dtype == torch.float32 for t in saved.values())
+    q = "model.text_model.layers.0.mlp.up_proj.weight"
+    assert not torch.equal(loaded[q], model.state_dict()[q])  # really went through Q8_0
