@@ -27,6 +27,7 @@ from services.common.scheduler_output import (
     RequestKind,
     SchedulerOutput,
 )
+from services.worker.multimodal.image_key_limits import image_key_limits
 from services.worker.multimodal.image_slice import ImageSlice, image_slices
 from services.worker.pooling_state import PoolingState
 from services.worker.sampling_metadata import SamplingMetadata
@@ -90,6 +91,9 @@ class InputBatch:
         self.max_model_len = max_model_len  # a row's room for tokens
         self.num_kv_groups = num_kv_groups
         self.image_token_id = image_token_id
+        # the model's image tokens attend to their whole image (Gemma 3's; the worker sets
+        # it): the steps through images carry each row's key limit
+        self.bidirectional_images = False
         self.max_positions = -(-max_model_len // block_size)  # a row's room for blocks
         self.device = torch.device(device)
         self.capacity = 0
@@ -390,7 +394,24 @@ class InputBatch:
             ),
         )
         images = self._image_slices(request_ids, slots, num_computed, num_scheduled, flat)
-        return dataclasses.replace(inputs, pooling=pooling, images=images)
+        key_limits = None
+        if images and self.bidirectional_images:
+            key_limits = self._key_limits(request_ids, slots, num_scheduled, flat, images)
+        return dataclasses.replace(inputs, pooling=pooling, images=images, key_limits=key_limits)
+
+    def _key_limits(
+        self,
+        request_ids: list[str],
+        slots: np.ndarray,
+        num_scheduled: np.ndarray,
+        flat: FlatBatch,
+        images: list[ImageSlice],
+    ) -> torch.Tensor:
+        """[T] int32 each row's key limit (image_key_limits.py) on the device."""
+        rows = {r: self._token_ids[slot] for r, slot in zip(request_ids, slots, strict=True)}
+        chunk_ends = np.repeat(flat.seq_lens.astype(np.int64), num_scheduled)  # [T]
+        limits = image_key_limits(flat.positions, chunk_ends, images, rows, self.image_token_id)
+        return self._to_device(limits)
 
     def _image_slices(
         self,

@@ -79,6 +79,9 @@ class StepInputs:
     pooling: PoolingInputs | None = None
     # the rows that take image embeddings instead of their tokens' (vision-language models)
     images: list[ImageSlice] = dataclasses.field(default_factory=list)
+    # [T] int32 each row's key limit when the model's image tokens attend both ways
+    # (multimodal/image_key_limits.py); None: every row causal
+    key_limits: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -99,6 +102,7 @@ class StepInputs:
             query_start_loc=self.query_start_loc,
             max_query_len=self.max_query_len,
             max_seq_len=self.max_seq_len,
+            key_limits=self.key_limits,
         )
 
 

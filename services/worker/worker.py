@@ -309,7 +309,7 @@ class Worker:
             self.runner.input_batch = self._input_batch(self.runner.input_batch.max_model_len)
 
     def _input_batch(self, max_model_len: int) -> InputBatch:
-        return InputBatch(
+        batch = InputBatch(
             self.cache_config.block_size,
             self.max_num_seqs,
             max_model_len,
@@ -319,6 +319,8 @@ class Worker:
             self.kv_cache_groups.num_groups,
             getattr(self.model, "image_token_id", None),
         )
+        batch.bidirectional_images = getattr(self.model, "bidirectional_images", False)
+        return batch
 
 
 def _rank_device(device: torch.device, local_rank: int | None) -> torch.device:

@@ -1,10 +1,11 @@
 """Paged attention layer: writes this step's K/V into the cache, attends over the context.
 
 It works on the flattened batch ([num_tokens, num_heads * head_dim], no padding) with the
-step's `AttentionMetadata`. The kernels (causal within each sequence, GQA, sliding window,
-logit soft-cap) come from an `AttentionOps` backend: "torch" (pagestream_kernels'
-reference), "cpu" and "triton" (loaded on first use), or one registered with
-`register_attention_backend`; `resolve_attention_backend` picks one for --attention-backend.
+step's `AttentionMetadata`. The kernels (causal within each sequence or up to each row's
+key limit, GQA, sliding window, logit soft-cap) come from an `AttentionOps` backend:
+"torch" (pagestream_kernels' reference), "cpu" and "triton" (loaded on first use; no key
+limits), or one registered with `register_attention_backend`; `resolve_attention_backend`
+picks one for --attention-backend.
 """
 
 from __future__ import annotations

@@ -2,15 +2,18 @@
 the one square image, its last norm, then the projector (average pool to
 mm_tokens_per_image rows, RMSNorm, projection) into Gemma 3's text model.
 
-Not HF's parity for a prompt with an image: HF lets an image's tokens attend to each
-other both ways, our paged attention is causal for every token (text-only prompts and
-the image rows themselves are HF's)."""
+As HF's, an image's tokens attend to each other both ways (`bidirectional_images`: the
+worker gives their rows a key limit at the image's end, AttentionMetadata.key_limits),
+on sliding-window layers too (within the row's own window); every other row is causal.
+The torch and C++ CPU kernels honour the limits; the triton kernel does not, so the
+model refuses that backend."""
 
 from __future__ import annotations
 
 import torch
 from transformers import PretrainedConfig
 
+from services.worker.layers.attention import AttentionOps
 from services.worker.models.llama import Gemma3ForCausalLM
 from services.worker.models.vision.projectors import Gemma3Projector
 from services.worker.models.vision.vision_language_model import VisionLanguageModel, required
@@ -32,6 +35,15 @@ class Gemma3ForConditionalGeneration(VisionLanguageModel):
     )
     vision_prefixes = ("vision_tower.", "multi_modal_projector.")
     text_model_class = Gemma3ForCausalLM
+    bidirectional_images = True
+
+    def set_attention_ops(self, ops: AttentionOps) -> None:
+        if ops.name == "triton":
+            raise ValueError(
+                "Gemma 3 with images attends bidirectionally within each image, which the "
+                "triton attention backend does not do; use --attention-backend torch."
+            )
+        super().set_attention_ops(ops)
 
     def build_vision(self, config: PretrainedConfig) -> None:
         spec = VisionSpec.siglip(config.vision_config, bucketed_positions=False)
