@@ -60,8 +60,10 @@ def _token_ids(tokenizer, tokens: tuple[str, ...], vocab_size: int) -> dict[str,
     missing = [t for t in tokens if t not in vocab or vocab[t] >= vocab_size]
     if missing:
         raise ModelLoadError(
-            f"the text GGUF's vocabulary has no {', '.join(missing)} token: the vision "
-            "projector's image positions need it (is the text GGUF this projector's pair?)"
+            f"the text GGUF's vocabulary has no {', '.join(missing)} token: the image's "
+            "positions in the prompt need it (is the text GGUF this projector's pair? "
+            "llama.cpp's LLaVA-1.5 text files have none, llama.cpp splices images in without "
+            "one: serve the model's HF folder instead)"
         )
     return {t: vocab[t] for t in tokens}
 
