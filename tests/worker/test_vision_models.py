@@ -270,10 +270,10 @@ def gemma3_dir(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("eager", [False, True], ids=["native", "torch"])
 def test_gemma3_image_rows_and_causal_logits_equal_hf(gemma3_dir, eager):
-    """encode_image is HF's get_image_features; the prompt with its image spliced in gives
-    HF's logits where HF attends causally too (no token_type_ids: the processor's would
-    make HF's image tokens attend to each other both ways, which the paged cache's
-    causal attention does not do)."""
+    """encode_image is HF's get_image_features; with causal metadata built by hand (no
+    key_limits) the prompt with its image spliced in gives HF's logits without
+    token_type_ids, i.e. HF attending causally too. The engine's image tokens attend both
+    ways as HF's do with token_type_ids: tests/worker/test_gemma3_image_attention.py."""
     from transformers import Gemma3ForConditionalGeneration as HFGemma3
 
     hf = HFGemma3.from_pretrained(gemma3_dir, dtype=torch.float32).eval()
