@@ -29,6 +29,7 @@ from services.common.scheduler_output import (
 )
 from services.worker.multimodal.image_key_limits import image_key_limits
 from services.worker.multimodal.image_slice import ImageSlice, image_slices
+from services.worker.multimodal.mrope_positions import prompt_mrope_positions, rope_positions
 from services.worker.pooling_state import PoolingState
 from services.worker.sampling_metadata import SamplingMetadata
 from services.worker.sampling_ops import grammar_mask
@@ -61,6 +62,8 @@ class _RequestState:
     kind: RequestKind
     pooling: PoolingState | None = None  # a pooling request's pooled state so far
     images: tuple[ImageInput, ...] = ()
+    # M-RoPE: the prompt's positions [3, P] and the delta past it (on first need)
+    rope: tuple[np.ndarray, int] | None = None
 
 
 class InputBatch:
@@ -94,6 +97,9 @@ class InputBatch:
         # the model's image tokens attend to their whole image (Gemma 3's; the worker sets
         # it): the steps through images carry each row's key limit
         self.bidirectional_images = False
+        # an M-RoPE model's spatial merge size (the worker sets it): the steps' positions
+        # are [3, T] (temporal, row, column), multimodal/mrope_positions.py
+        self.mrope_merge_size: int | None = None
         self.max_positions = -(-max_model_len // block_size)  # a row's room for blocks
         self.device = torch.device(device)
         self.capacity = 0
@@ -393,6 +399,9 @@ class InputBatch:
                 request_ids, slots, num_computed, num_scheduled, flat.query_start_loc
             ),
         )
+        if self.mrope_merge_size is not None:
+            positions = self._mrope_positions(request_ids, slots, flat)
+            inputs = dataclasses.replace(inputs, positions=positions)
         images = self._image_slices(request_ids, slots, num_computed, num_scheduled, flat)
         key_limits = None
         if images and self.bidirectional_images:
@@ -412,6 +421,30 @@ class InputBatch:
         chunk_ends = np.repeat(flat.seq_lens.astype(np.int64), num_scheduled)  # [T]
         limits = image_key_limits(flat.positions, chunk_ends, images, rows, self.image_token_id)
         return self._to_device(limits)
+
+    def _mrope_positions(
+        self, request_ids: list[str], slots: np.ndarray, flat: FlatBatch
+    ) -> torch.Tensor:
+        """[3, T] the step's M-RoPE positions on the device: a request with images takes
+        its prompt's table (computed on first need) and index + delta past the prompt,
+        any other all three equal to the KV index."""
+        positions = np.broadcast_to(flat.positions, (3, len(flat.positions))).copy()
+        starts = flat.query_start_loc
+        for row, request_id in enumerate(request_ids):
+            state = self._requests[request_id]
+            if not state.images:
+                continue
+            if state.rope is None:
+                prompt_len = int(self._num_prompt_tokens[slots[row]])
+                try:
+                    state.rope = prompt_mrope_positions(
+                        state.images, prompt_len, self.mrope_merge_size
+                    )
+                except ValueError as exc:
+                    raise InvalidPlanError(str(exc)) from None
+            rows = slice(int(starts[row]), int(starts[row + 1]))
+            positions[:, rows] = rope_positions(flat.positions[rows], *state.rope)
+        return self._to_device(positions)
 
     def _image_slices(
         self,

@@ -59,7 +59,7 @@ class StepInputs:
 
     request_ids: list[str]  # scheduled requests, in row order
     input_ids: torch.Tensor  # [T] int64
-    positions: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64 (an M-RoPE model's: [3, T])
     slot_mapping: torch.Tensor  # [G, T] int64, per KV cache group
     query_start_loc: torch.Tensor  # [S+1] int32
     seq_lens: torch.Tensor  # [S] int32

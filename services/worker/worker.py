@@ -320,6 +320,7 @@ class Worker:
             getattr(self.model, "image_token_id", None),
         )
         batch.bidirectional_images = getattr(self.model, "bidirectional_images", False)
+        batch.mrope_merge_size = getattr(self.model, "mrope_merge_size", None)
         return batch
 
 

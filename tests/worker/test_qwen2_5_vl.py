@@ -3,7 +3,9 @@
 attention layers, 2D rotary, patch merger), the M-RoPE positions are HF's get_rope_index,
 the M-RoPE rotary table is HF's, and the text model fed the image rows at those
 positions gives HF's logits for the prompt and for decode steps after it (native CPU
-step and torch modules)."""
+step and torch modules). Through the engine: the InputBatch's [3, T] positions by chunk,
+and LLM.generate with images equal to HF generate (alone, chunked through images,
+preempted)."""
 
 from __future__ import annotations
 
@@ -55,12 +57,17 @@ def load(folder: Path, **options):
     return load_model(ModelConfig(model=str(folder), dtype="float32", **options), device="cpu")
 
 
+def prompt_images(sizes, seed=1):
+    """(the prompt with one image marker per size, the images of seeds seed, seed + 1, ..)."""
+    marker = "<|vision_start|><|image_pad|><|vision_end|>"
+    text = PROMPT.replace(marker, marker * len(sizes))
+    return text, [random_image(seed + i, size) for i, size in enumerate(sizes)]
+
+
 def processed(folder, image_processor, sizes, seed=1) -> dict[str, torch.Tensor]:
     """The prompt with one image marker per size, expanded as HF's processor does."""
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    marker = "<|vision_start|><|image_pad|><|vision_end|>"
-    text = PROMPT.replace(marker, marker * len(sizes))
-    images = [random_image(seed + i, size) for i, size in enumerate(sizes)]
+    text, images = prompt_images(sizes, seed)
     pixels = image_processor(images=images, return_tensors="pt")
     pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
     ids = expand_qwen2_5_vl_pads(
@@ -243,3 +250,133 @@ def test_bad_image_tensors_are_value_errors(folder, image_processor):
         model.encode_image(replace(image, data={**image.data, "image_grid_thw": odd}))
     with pytest.raises(ValueError, match=r"\[1, 3\] integers"):
         model.encode_image(replace(image, data={**image.data, "image_grid_thw": odd[0]}))
+
+
+CASES = [([SIZES[0]], 1), ([SIZES[1], SIZES[3]], 2)]  # (image sizes, first seed)
+TEXT_ONLY = [5, 17, 120, 33, 250, 8, 64, 99, 3]
+MAX_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def hf_greedy(folder, hf, image_processor):
+    """HF generate's greedy tokens and their logprobs for CASES and TEXT_ONLY."""
+    references = [processed(folder, image_processor, sizes, seed) for sizes, seed in CASES]
+    references.append({"input_ids": torch.tensor([TEXT_ONLY])})
+    results = []
+    for inputs in references:
+        with torch.no_grad():
+            out = hf.generate(
+                **inputs,
+                max_new_tokens=MAX_TOKENS,
+                do_sample=False,
+                min_new_tokens=MAX_TOKENS,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+        tokens = out.sequences[0, inputs["input_ids"].shape[1] :].tolist()
+        logprobs = torch.stack(out.logits)[:, 0].log_softmax(-1)  # [MAX_TOKENS, vocab]
+        chosen = logprobs[torch.arange(MAX_TOKENS), torch.tensor(tokens)]
+        results.append((inputs["input_ids"][0].tolist(), tokens, chosen))
+    return results
+
+
+def _kv_bytes(blocks: int) -> int:
+    """Bytes of `blocks` KV blocks of 4 tokens (2 layers, 2 KV heads of 16, float32)."""
+    return blocks * 4 * 2 * 2 * 2 * 16 * 4
+
+
+ENGINES = {
+    "one-step": {},
+    # chunks of 8 tokens: every image span (6 and 35 pads) cut by chunk ends
+    "chunked": {"max_num_batched_tokens": 8, "max_model_len": 256},
+    # room for the longest sequence and a few blocks: the others are preempted
+    "preempted": {
+        "block_size": 4,
+        "kv_cache_memory": _kv_bytes(24),
+        "preemption_mode": "recompute",
+        "max_num_batched_tokens": 16,
+        "max_model_len": 88,
+    },
+}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_llm_generates_with_images_as_hf(engine, folder, hf_greedy):
+    """LLM.generate with images (the frontend's processor, the worker's M-RoPE positions
+    and encoder splice): one image, two images, and a text-only prompt in one batch,
+    each equal to HF generate's greedy tokens and their logprobs (which the positions
+    move where the tiny model's argmax might not)."""
+    from pagestream import LLM, SamplingParams
+
+    options = {"kv_cache_memory": "16MiB", "block_size": 16, **ENGINES[engine]}
+    llm = LLM(str(folder), dtype="float32", **options)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
+    prompts = []
+    for sizes, seed in CASES:
+        text, images = prompt_images(sizes, seed)
+        prompts.append({"prompt": text, "multi_modal_data": {"image": images}})
+    outs = llm.generate([*prompts, {"prompt_token_ids": TEXT_ONLY}], params, use_tqdm=False)
+    for out, (prompt_ids, tokens, theirs) in zip(outs, hf_greedy, strict=True):
+        assert out.prompt_token_ids == prompt_ids
+        assert out.outputs[0].token_ids == tokens
+        chosen = zip(out.outputs[0].logprobs, tokens, strict=True)
+        ours = torch.tensor([step[token].logprob for step, token in chosen])
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
+    if engine == "preempted":
+        assert llm.engine.scheduler.num_preemptions > 0
+    assert len(llm.engine.worker.runner.encoder_cache) == 0
+
+
+def test_input_batch_gives_mrope_positions_by_chunk(folder, image_processor):
+    """A prompt with two images prefilled in chunks that cut through the second image,
+    batched with a text-only request, then a decode step: each row's [3, T] positions
+    are its prompt's table (index + delta past it); the KV slots stay the indices."""
+    from services.worker.input_batch import InputBatch
+    from tests.helpers.scheduler_plans import new_req, plan
+
+    model = load(folder, enforce_eager=True)
+    inputs = processed(folder, image_processor, [SIZES[1], SIZES[3]])
+    images = tuple(image_inputs(model, inputs))
+    ids = inputs["input_ids"][0].tolist()
+    table, delta = prompt_mrope_positions(images, len(ids), merge=2)
+    batch = InputBatch(16, 4, 128, 512, None, "cpu", image_token_id=model.image_token_id)
+    batch.mrope_merge_size = 2
+    request = replace(new_req("img", ids, range(6)), images=images)
+    text = new_req("txt", [5, 6, 7, 8], [7])
+    first = images[1].offset + 3  # inside the second image
+    steps = [
+        plan({"img": first, "txt": 4}, new=[request, text]),
+        plan({"img": len(ids) - first}, cached=[("img", [], first, False)]),
+    ]
+    expected = [
+        np.concatenate([table[:, :first], np.tile(np.arange(4), (3, 1))], axis=1),
+        table[:, first:],
+    ]
+    for step, want in zip(steps, expected, strict=True):
+        batch.update(step)
+        prepared = batch.prepare(step)
+        np.testing.assert_array_equal(prepared.positions.numpy(), want)
+    batch.append_sampled(["img"], [[9]])
+    decode = plan({"img": 1}, cached=[("img", [], len(ids), False)])
+    batch.update(decode)
+    prepared = batch.prepare(decode)
+    assert prepared.positions.tolist() == [[len(ids) + delta]] * 3
+    assert prepared.slot_mapping[0].tolist() == [len(ids)]  # block 0 of its table
+
+
+def test_merged_patch_processor_expands_pads(folder, image_processor):
+    """The frontend's Qwen2.5-VL processor (HF's needs torchvision) expands each pad to
+    its image's merged patches, as the tests' reference does; a count mismatch is a
+    ValueError; another family's folder is not its."""
+    from services.frontend.multimodal.merged_patch_processor import MergedPatchProcessor
+
+    processor = MergedPatchProcessor.from_folder(folder)
+    text, images = prompt_images([SIZES[0], SIZES[2]])
+    out = processor(text=text, images=images, return_tensors="np")
+    reference = processed(folder, image_processor, [SIZES[0], SIZES[2]])
+    assert out["input_ids"].tolist() == reference["input_ids"].tolist()
+    np.testing.assert_array_equal(out["image_grid_thw"], reference["image_grid_thw"].numpy())
+    np.testing.assert_array_equal(out["pixel_values"], reference["pixel_values"].numpy())
+    with pytest.raises(ValueError, match="image pads"):
+        processor(text=text, images=images[:1])
+    assert MergedPatchProcessor.from_folder(folder.parent) is None
