@@ -57,17 +57,17 @@ def load(folder: Path, **options):
     return load_model(ModelConfig(model=str(folder), dtype="float32", **options), device="cpu")
 
 
-def prompt_images(sizes, seed=1):
+def prompt_images(sizes, seed=1, prompt=PROMPT):
     """(the prompt with one image marker per size, the images of seeds seed, seed + 1, ..)."""
     marker = "<|vision_start|><|image_pad|><|vision_end|>"
-    text = PROMPT.replace(marker, marker * len(sizes))
+    text = prompt.replace(marker, marker * len(sizes))
     return text, [random_image(seed + i, size) for i, size in enumerate(sizes)]
 
 
-def processed(folder, image_processor, sizes, seed=1) -> dict[str, torch.Tensor]:
+def processed(folder, image_processor, sizes, seed=1, prompt=PROMPT) -> dict[str, torch.Tensor]:
     """The prompt with one image marker per size, expanded as HF's processor does."""
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    text, images = prompt_images(sizes, seed)
+    text, images = prompt_images(sizes, seed, prompt)
     pixels = image_processor(images=images, return_tensors="pt")
     pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
     ids = expand_qwen2_5_vl_pads(
@@ -380,3 +380,33 @@ def test_merged_patch_processor_expands_pads(folder, image_processor):
     with pytest.raises(ValueError, match="image pads"):
         processor(text=text, images=images[:1])
     assert MergedPatchProcessor.from_folder(folder.parent) is None
+
+
+def test_llm_chat_with_an_image_url_equals_hf(folder, hf, image_processor):
+    """LLM.chat with an OpenAI-style image_url part (a PNG data URL) renders the folder's
+    template around the image marker and generates HF's greedy tokens for that prompt."""
+    import base64
+    import io
+
+    from pagestream import LLM, SamplingParams
+
+    image = random_image(1, SIZES[0])
+    png = io.BytesIO()
+    image.save(png, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+    content = [
+        {"type": "image_url", "image_url": {"url": url}},
+        {"type": "text", "text": "what is this?"},
+    ]
+    llm = LLM(str(folder), dtype="float32", kv_cache_memory="16MiB", block_size=16)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    (out,) = llm.chat([{"role": "user", "content": content}], params, use_tqdm=False)
+    # the template's render of the parts (its trimmed blocks drop the line break)
+    rendered = "<s>user: <|vision_start|><|image_pad|><|vision_end|>what is this?<s>assistant:"
+    inputs = processed(folder, image_processor, [SIZES[0]], seed=1, prompt=rendered)
+    with torch.no_grad():
+        expected = hf.generate(
+            **inputs, max_new_tokens=MAX_TOKENS, do_sample=False, min_new_tokens=MAX_TOKENS
+        )
+    assert out.prompt_token_ids == inputs["input_ids"][0].tolist()
+    assert out.outputs[0].token_ids == expected[0, len(out.prompt_token_ids) :].tolist()
