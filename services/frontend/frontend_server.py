@@ -22,7 +22,7 @@ from services.frontend.dp_engine_client import DataParallelClient
 from services.frontend.engine_client import EngineCoreClient
 from services.frontend.frontend import Frontend
 from services.frontend.frontend_config import FrontendConfig
-from services.frontend.generation_service import GenerationServicer
+from services.frontend.generation_service import CANCEL_TIMEOUT_S, GenerationServicer
 from services.frontend.router import RouterConfig
 
 logger = logging.getLogger(__name__)
@@ -110,12 +110,18 @@ class FrontendServer:
             self._ready.cancel()
         await self.grpc_server.health.enter_graceful_shutdown()
         logger.info("Generation stopping: draining %d stream(s)", self.servicer.num_streams)
-        stopping = asyncio.get_running_loop().create_task(self.grpc_server.stop(grace))
-        if grace:  # rejects new calls at once; waits for the Generate streams only
+        # The server rejects new calls at once. Its own cancelling of the calls left comes
+        # only after ours: grpc's aio core crashed (SIGSEGV) when it cancelled a
+        # Generate stream that was still writing, its grace ending as ours did.
+        margin = CANCEL_TIMEOUT_S + 1.0
+        stopping = asyncio.get_running_loop().create_task(
+            self.grpc_server.stop((grace or 0.0) + margin)
+        )
+        if grace:  # waits for the Generate streams only
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.servicer.drained(), grace)
         # Cancel the rest now (health watchers would otherwise hold the whole grace); our
-        # own streams first, so none is still writing when the server goes.
+        # own streams first, so none is still writing when the server cancels its calls.
         await self.servicer.cancel_streams()
         await self.grpc_server.server.stop(None)
         await stopping

@@ -31,6 +31,10 @@ from services.frontend.reply_parser import ReplyParser
 logger = logging.getLogger(__name__)
 
 
+# How long stop() waits for the Generate calls it cancelled to end.
+CANCEL_TIMEOUT_S = 2.0
+
+
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     """A client that cancels a Generate stream, or whose deadline passes, aborts its request:
     the cancellation unwinds the stream (closing the Frontend's iterator aborts it in the
@@ -196,14 +200,16 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         """Returns once no Generate stream is in flight."""
         await self._no_streams.wait()
 
-    async def cancel_streams(self, timeout_s: float = 2.0) -> None:
+    async def cancel_streams(self, timeout_s: float = CANCEL_TIMEOUT_S) -> None:
         """Cancel the Generate calls still in flight (each aborts its request) and wait
-        for them to end: the server must not stop under a stream that still writes
-        (grpc's aio core can crash when an RPC resumes after its server is gone)."""
-        for task in list(self._stream_tasks):
+        for their tasks to end, grpc's own handling of the cancellation included: the
+        server must not cancel its calls under a stream that still writes (grpc's aio
+        core crashes when an RPC resumes after its server cancelled it)."""
+        tasks = list(self._stream_tasks)
+        for task in tasks:
             task.cancel()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.drained(), timeout_s)
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout_s)
 
     def _abort_when_cancelled(self, context, request_id: str) -> None:
         loop = asyncio.get_running_loop()
