@@ -26,6 +26,8 @@ from services.common.model_errors import ModelLoadError
 logger = logging.getLogger(__name__)
 
 MARKER_FILE = "pagestream_conversion.json"
+# A pair's folder's record of the text GGUF its text weights stay in: {"path", "size"}.
+TEXT_GGUF_FILE = "pagestream_text_gguf.json"
 # GGUF architectures the native models load straight from the file (no weights written).
 GGUF_NATIVE_ARCHITECTURES = (
     "llama",
@@ -47,6 +49,8 @@ LLAMA_LIKE_ARCHITECTURES = ("smollm3",)
 # attention scale and rotary scaling; 5: mixtures of experts: Qwen2-MoE / Qwen3-MoE's
 # widths, Mixtral's config; 6: encoders, services/common/gguf_encoders.py).
 LAYOUT = 6
+# Bumped when a pair's folder changes (2: the native text model's weights stay in its GGUF).
+PAIR_LAYOUT = 2
 
 
 def _source_fingerprint(gguf_path: Path, mmproj: Path | None = None) -> dict[str, object]:
@@ -56,7 +60,11 @@ def _source_fingerprint(gguf_path: Path, mmproj: Path | None = None) -> dict[str
         "layout": LAYOUT,
     }
     if mmproj is not None:  # a pair (services/common/gguf_vlm.py): both files name it
-        fingerprint |= {"mmproj_name": mmproj.name, "mmproj_size": mmproj.stat().st_size}
+        fingerprint |= {
+            "mmproj_name": mmproj.name,
+            "mmproj_size": mmproj.stat().st_size,
+            "pair_layout": PAIR_LAYOUT,
+        }
     return fingerprint
 
 
@@ -72,6 +80,26 @@ def is_converted(out_dir: Path, gguf_path: Path, mmproj: Path | None = None) -> 
         return False
     expected = _source_fingerprint(gguf_path, mmproj)
     return all(recorded.get(key) == value for key, value in expected.items())
+
+
+def text_gguf_of(folder: Path) -> Path | None:
+    """The text GGUF whose weights a pair's VLM folder leaves in it (None: a folder that
+    holds all its weights); a ModelLoadError when that file is gone or is no longer the
+    one converted (its size, and the marker's name and size)."""
+    record = folder / TEXT_GGUF_FILE
+    if not record.is_file():
+        return None
+    try:
+        entry = json.loads(record.read_text())
+        path, size = Path(entry["path"]), int(entry["size"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelLoadError(f"{record} cannot be read ({exc}): convert the pair again") from exc
+    if not path.is_file() or path.stat().st_size != size or not is_converted(folder, path):
+        raise ModelLoadError(
+            f"{folder} reads its text model's weights from {path}, which is missing or has "
+            "changed since the pair was converted: pass the text GGUF and --mmproj again"
+        )
+    return path
 
 
 def ensure_converted(gguf_path: Path, out_dir: Path, mmproj: Path | None = None) -> Path:
@@ -135,7 +163,8 @@ def write_hf_folder(gguf_path: Path, out_dir: Path, mmproj: Path | None = None) 
     (GGUF_NATIVE_ARCHITECTURES). The de-quantization and the GGUF -> HF tensor names are
     transformers' own (`load_gguf_checkpoint`); `from_pretrained(gguf_file=...)` is not
     used for the weights because it requires `accelerate`. With a vision projector file
-    `mmproj`, the pair's VLM folder (services/common/gguf_vlm.py), every weight written."""
+    `mmproj`, the pair's VLM folder (services/common/gguf_vlm.py): the vision weights
+    written, the text weights as for the text GGUF alone."""
     from services.common.gguf_file import GGUFError
 
     try:
@@ -148,12 +177,15 @@ def write_hf_folder(gguf_path: Path, out_dir: Path, mmproj: Path | None = None) 
         if arch in ENCODER_ARCHITECTURES and mmproj is None:
             write_encoder_folder(gguf_path, out_dir)
             return
-        with_weights = mmproj is not None or arch not in GGUF_NATIVE_ARCHITECTURES
+        with_weights = arch not in GGUF_NATIVE_ARCHITECTURES
         config, tensors, tokenizer = _read_text_model(gguf_path, arch, out_dir, with_weights)
         if mmproj is not None:
             from services.common.gguf_vlm import write_vlm_folder
 
             write_vlm_folder(config, tensors, tokenizer, mmproj, out_dir)
+            if not with_weights:  # the text model's stay in its GGUF
+                record = {"path": str(gguf_path.resolve()), "size": gguf_path.stat().st_size}
+                (out_dir / TEXT_GGUF_FILE).write_text(json.dumps(record))
             return
     except GGUFError as exc:  # its message names the file and the field; add the remedy
         raise GGUFError(f"{exc}. {_REFETCH}") from exc

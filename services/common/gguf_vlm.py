@@ -1,34 +1,42 @@
 """The HF folder of llama.cpp's file pair: a text GGUF plus its `--mmproj` vision projector.
 
-The text model's config, tokenizer and (de-quantized, float32) weights come from the text
-GGUF as services/common/gguf_conversion.py reads any GGUF; the vision encoder and projector
-from the mmproj file (services/common/gguf_mmproj.py). Written here: a LlavaConfig or
-Idefics3Config joining them, the family's HF processor built from the mmproj's keys (image
-size, mean, std, patch size, Idefics3's pixel shuffle and longest edge), the tokenizer, and
-one model.safetensors under the names HF's save_pretrained gives the VLM, so every role
-reads the pair as it reads an HF VLM folder.
+The text model's config and tokenizer come from the text GGUF as services/common/
+gguf_conversion.py reads any GGUF; the vision encoder and projector from the mmproj file
+(services/common/gguf_mmproj.py). Written here: a LlavaConfig, Idefics3Config or
+Gemma3Config joining them, the family's HF processor built from the mmproj's keys, the
+tokenizer, and model.safetensors with the vision and projector weights under the names
+HF's save_pretrained gives the VLM. The text model's weights stay in the text GGUF (kept
+quantized, as a text .gguf model's are; gguf_conversion's `text_gguf_of` names it to the
+worker), but for a text GGUF outside the native families: de-quantized into the folder,
+as gguf_conversion writes any such model.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from services.common.gguf_mmproj import Mmproj, VisionFacts, read_mmproj
+from services.common.gguf_mmproj import VisionFacts, read_mmproj
 from services.common.model_errors import ModelLoadError
 
 IMAGE_TOKEN = "<image>"
 # The tokens Idefics3's processor puts around and between an image's tiles; it would add
 # any the vocabulary lacks, past the text model's embedding table, so all must be there.
 IDEFICS3_TOKENS = ("<fake_token_around_image>", IMAGE_TOKEN, "<end_of_utterance>", "<global-img>")
-# Where each family keeps the text model's `model.*` parameters.
-TEXT_PREFIX = {"mlp": "model.language_model.", "idefics3": "model.text_model."}
+# Where each family's HF model keeps the text model's `model.*` parameters (by model_type).
+TEXT_PREFIX = {
+    "llava": "model.language_model.",
+    "idefics3": "model.text_model.",
+    "gemma3": "model.language_model.",
+}
 
 
 def write_vlm_folder(
     text_config, text_tensors: dict, tokenizer, mmproj_path: Path, out_dir: Path
 ) -> None:
-    """Write the pair's VLM folder into `out_dir` from the text GGUF's config, float32
-    tensors (HF causal-LM names) and tokenizer, and the mmproj file at `mmproj_path`."""
+    """Write the pair's VLM folder into `out_dir` from the text GGUF's config and tokenizer
+    and the mmproj file at `mmproj_path`: the vision and projector weights, and the text
+    model's only when `text_tensors` holds them (float32, HF causal-LM names: a text model
+    outside the native families; the native ones' stay in their GGUF)."""
     mmproj = read_mmproj(mmproj_path)
     facts = mmproj.facts
     if facts.text_hidden_size != text_config.hidden_size:
@@ -38,7 +46,8 @@ def write_vlm_folder(
         )
     needed = (IMAGE_TOKEN,) if facts.projector == "mlp" else IDEFICS3_TOKENS
     image_token_id = _token_ids(tokenizer, needed, text_config.vocab_size)[IMAGE_TOKEN]
-    text_config.tie_word_embeddings = False  # lm_head is written out (below)
+    if text_tensors:
+        text_config.tie_word_embeddings = False  # lm_head is written out (text_weights)
     build = _llava if facts.projector == "mlp" else _idefics3
     config, processor = build(facts, text_config, tokenizer, image_token_id)
     import torch
@@ -46,7 +55,9 @@ def write_vlm_folder(
     from transformers import GenerationConfig
 
     config.dtype = torch.float32
-    weights = _weights(config, facts.projector, text_tensors, mmproj)
+    weights = _saved_weights(config, mmproj.tensors, text=False)
+    if text_tensors:
+        weights |= text_weights(config, text_tensors)
     save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     config.save_pretrained(out_dir)
     GenerationConfig.from_model_config(text_config).save_pretrained(out_dir)
@@ -151,25 +162,31 @@ def _vision_sizes(facts: VisionFacts) -> dict:
     )
 
 
-def _weights(config, projector: str, text_tensors: dict, mmproj: Mmproj) -> dict:
-    """The VLM's parameters under the names its save_pretrained writes: the text model's
-    `model.*` under the family's prefix, lm_head (the embedding when the GGUF ties it),
-    the mmproj's tensors; HF's own renaming turns the model's names into the file's."""
-    import torch
-    from transformers import AutoModelForImageTextToText
-    from transformers.core_model_loading import revert_weight_conversion
-
-    prefix = TEXT_PREFIX[projector]
+def text_weights(config, text_tensors: dict) -> dict:
+    """The text model's tensors (HF causal-LM names) under the names the VLM's
+    save_pretrained writes, float32; lm_head the embedding when the GGUF ties it."""
+    prefix = TEXT_PREFIX[config.model_type]
     weights = {
         (prefix + name.removeprefix("model.") if name.startswith("model.") else name): tensor
         for name, tensor in text_tensors.items()
     }
     if "lm_head.weight" not in weights:
         weights["lm_head.weight"] = weights[prefix + "embed_tokens.weight"].clone()
-    weights |= mmproj.tensors
+    return _saved_weights(config, weights, text=True)
+
+
+def _saved_weights(config, weights: dict, text: bool) -> dict:
+    """`weights` (the VLM's parameter names) under the names its save_pretrained writes,
+    float32: exactly the model's text parameters (`text`) or its vision and projector
+    ones. HF's own renaming turns the model's names into the file's."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+    from transformers.core_model_loading import revert_weight_conversion
+
     with torch.device("meta"):  # only for the names: no memory, no init
         skeleton = AutoModelForImageTextToText.from_config(config)
-    expected = set(skeleton.state_dict())
+    text_names = (TEXT_PREFIX[config.model_type], "lm_head.")
+    expected = {name for name in skeleton.state_dict() if name.startswith(text_names) == text}
     if set(weights) != expected:
         missing, extra = sorted(expected - set(weights)), sorted(set(weights) - expected)
         raise ModelLoadError(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import itertools
 import json
 import logging
 import os
@@ -25,7 +26,12 @@ from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
 from services.common.config import ModelConfig
-from services.common.gguf_conversion import GGUF_NATIVE_ARCHITECTURES, gguf_architecture
+from services.common.gguf_conversion import (
+    GGUF_NATIVE_ARCHITECTURES,
+    TEXT_GGUF_FILE,
+    gguf_architecture,
+    text_gguf_of,
+)
 from services.common.model_errors import ModelLoadError
 from services.common.model_source import gguf_source, resolve_model
 from services.common.pooler_config import PoolerConfig, sentence_transformers_pipeline
@@ -178,21 +184,29 @@ def resolve_quantization(
     return requested
 
 
-def _native_gguf(model: str) -> Path | None:
+def _native_gguf(model: str, folder: Path) -> Path | None:
     """The GGUF file whose tensors the native models read (None: an HF folder, or a file
-    whose converted folder holds the weights: an encoder's, services/common/gguf_encoders)."""
+    whose converted folder holds the weights: an encoder's, services/common/gguf_encoders);
+    for llama.cpp's pair, the text GGUF its VLM folder leaves the text weights in."""
     gguf = gguf_source(model)
-    if gguf is None or gguf_architecture(gguf) not in GGUF_NATIVE_ARCHITECTURES:
+    if gguf is None:
+        return text_gguf_of(folder)
+    if gguf_architecture(gguf) not in GGUF_NATIVE_ARCHITECTURES:
         return None
     return gguf
 
 
 def _checkpoint(folder: Path, gguf: Path | None, quantization: str | None, model, config):
-    """The model's checkpoint tensors: a GGUF file's (quantized blocks kept for "gguf")
-    or the folder's safetensors."""
-    if gguf is not None:
-        return iterate_gguf_weights(gguf, config, quantization == "gguf", model.owns_weight)
-    return iterate_weights(folder, model.owns_weight)
+    """The model's checkpoint tensors: a GGUF file's (quantized blocks kept for "gguf"),
+    the folder's safetensors, or for llama.cpp's pair both (the text model's from its GGUF,
+    the vision encoder's and projector's from the folder)."""
+    if gguf is None:
+        return iterate_weights(folder, model.owns_weight)
+    keep = quantization == "gguf"
+    text = iterate_gguf_weights(gguf, config.get_text_config(), keep, model.owns_weight)
+    if not (folder / TEXT_GGUF_FILE).is_file():
+        return text
+    return itertools.chain(text, iterate_weights(folder, model.owns_weight))
 
 
 def load_model(
@@ -365,7 +379,7 @@ def _load_model(model_config: ModelConfig, device, rank: RankInfo) -> LoadedMode
     plan = plan_forward(
         model_class, config, model_config, pooling, attention_ops, torch_dtype, rank
     )
-    gguf = _native_gguf(model_config.model)
+    gguf = _native_gguf(model_config.model, folder)
     quantization = resolve_quantization(model_config, gguf, model_class is not None)
     if model_class is None:
         model = _fallback(config, rank, quantization, folder, target, torch_dtype)

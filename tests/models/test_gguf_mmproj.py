@@ -12,9 +12,10 @@ import pytest
 import torch
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
-from services.common.gguf_conversion import ensure_converted
+from services.common.gguf_conversion import TEXT_GGUF_FILE, ensure_converted, text_gguf_of
 from services.common.gguf_mmproj import read_mmproj
 from services.common.model_errors import ModelLoadError
+from services.worker.models.gguf_weights import dequantized_folder
 from tests.helpers.mmproj_writer import write_pair
 from tests.helpers.model_cache import isolated_model_cache
 from tests.helpers.tiny_vlms import FAMILIES, build_tiny_vlm, random_image
@@ -105,7 +106,8 @@ def test_facts_come_from_the_keys(pairs):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_pair_folder_runs_as_the_hf_folder(family, folders, pairs, tmp_path, monkeypatch):
     """The converted folder's processor gives the same ids and pixels, and HF's own model
-    class on it the same logits and greedy tokens, as on the original folder."""
+    class on it (its text weights de-quantized from the text GGUF: dequantized_folder) the
+    same logits and greedy tokens, as on the original folder."""
     from transformers import AutoProcessor
 
     isolated_model_cache(tmp_path / "cache", monkeypatch)
@@ -120,7 +122,7 @@ def test_pair_folder_runs_as_the_hf_folder(family, folders, pairs, tmp_path, mon
     assert set(reference) == set(got)
     for key in reference:
         assert torch.equal(reference[key], got[key]), key
-    ref_model, pair_model = _hf(folders[family]), _hf(converted)
+    ref_model, pair_model = _hf(folders[family]), _hf(dequantized_folder(converted))
     with torch.no_grad():
         assert torch.equal(ref_model(**reference).logits, pair_model(**got).logits)
         want = ref_model.generate(**reference, max_new_tokens=6, do_sample=False)
@@ -292,9 +294,12 @@ def test_mutated_files_read_or_are_refused_never_crash(family, pairs, tmp_path):
     assert refused > 30  # the mutations did reach the fields that are checked
 
 
-def test_a_quantized_text_gguf_is_de_quantized_into_the_folder(folders, tmp_path, monkeypatch):
-    """The pair's folder holds the text model's weights as its GGUF de-quantizes them (here
-    Q8_0), under the VLM's names; the vision weights as the mmproj holds them."""
+def test_the_folder_leaves_the_text_weights_in_the_text_gguf(folders, tmp_path, monkeypatch):
+    """The pair's folder holds the vision weights only (as the mmproj holds them) and names
+    its text GGUF; dequantized_folder adds the text weights as the GGUF (here Q8_0)
+    de-quantizes them, under the VLM's names."""
+    import json
+
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
@@ -303,16 +308,40 @@ def test_a_quantized_text_gguf_is_de_quantized_into_the_folder(folders, tmp_path
     isolated_model_cache(tmp_path / "cache", monkeypatch)
     folder = folders["idefics3"]
     text, mmproj, vision = write_pair(folder, tmp_path, text_type="Q8_0")
+    converted = ensure_converted(text, tmp_path / "vlm", mmproj)
+    saved = load_file(converted / "model.safetensors")
+    assert saved and not any(n.startswith(("model.text_model.", "lm_head.")) for n in saved)
+    record = json.loads((converted / TEXT_GGUF_FILE).read_text())
+    assert record == {"path": str(text.resolve()), "size": text.stat().st_size}
+    assert text_gguf_of(converted) == text.resolve()
     model = _hf(folder)  # what the text GGUF de-quantizes to: its writer's (deterministic) values
     tokenizer = AutoTokenizer.from_pretrained(folder)
     expected = write_text_gguf(tmp_path / "again.gguf", model, tokenizer, "Q8_0")
-    loaded = _hf(ensure_converted(text, tmp_path / "vlm", mmproj)).state_dict()
+    loaded = _hf(dequantized_folder(converted)).state_dict()
     for name, values in expected.items():
         hf_name = name.replace("model.", "model.text_model.", 1)
         assert torch.equal(loaded[hf_name], torch.as_tensor(values)), hf_name
     for name, values in vision.items():
         assert torch.equal(loaded[name], values), name
-    saved = load_file(tmp_path / "vlm" / "model.safetensors")
     assert all(t.dtype == torch.float32 for t in saved.values())
     q = "model.text_model.layers.0.mlp.up_proj.weight"
     assert not torch.equal(loaded[q], model.state_dict()[q])  # really went through Q8_0
+
+
+def test_a_changed_text_gguf_is_refused_by_name(pairs, tmp_path, monkeypatch):
+    """The folder reads its text weights from the file it was converted from: that file
+    gone, or another in its place, is a ModelLoadError saying to convert again."""
+    import shutil
+
+    isolated_model_cache(tmp_path / "cache", monkeypatch)
+    source, mmproj, _ = pairs["llava"]
+    text = shutil.copy(source, tmp_path / "text.gguf")
+    converted = ensure_converted(text, tmp_path / "vlm", mmproj)
+    assert text_gguf_of(converted) == text.resolve()
+    with text.open("ab") as grown:
+        grown.write(b"\0" * 32)
+    with pytest.raises(ModelLoadError, match="missing or has changed"):
+        text_gguf_of(converted)
+    text.unlink()
+    with pytest.raises(ModelLoadError, match="missing or has changed"):
+        text_gguf_of(converted)

@@ -1,6 +1,8 @@
 """LLM(model=text.gguf, mmproj=mmproj.gguf), llama.cpp's file pair written from each tiny VLM
 family's HF folder (tests/helpers/mmproj_writer.py): greedy tokens for an image prompt equal
-HF generate's on the original folder (float32), and the encoder's weights are the folder's."""
+HF generate's on the original folder (float32), and the encoder's weights are the folder's.
+A quantized text GGUF stays quantized (the native kernels run its blocks): its tokens equal
+HF's on the same weights de-quantized (dequantized_folder)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,10 @@ import pytest
 import torch
 
 from pagestream import LLM
+from services.common.model_source import resolve_pair
 from services.common.sampling_params import SamplingParams
+from services.worker.layers.quantization.model_weights import weight_formats
+from services.worker.models.gguf_weights import dequantized_folder
 from tests.helpers.mmproj_writer import write_pair
 from tests.helpers.model_cache import isolated_model_cache
 from tests.helpers.tiny_vlms import FAMILIES, build_tiny_vlm, random_image
@@ -41,3 +46,25 @@ def test_the_pair_generates_what_hf_generates_on_the_folder(family, tmp_path, mo
     assert list(output.outputs[0].token_ids) == hf_tokens(folder, [IMAGE])
     (plain,) = llm.generate("describe now", GREEDY, use_tqdm=False)  # text alone still runs
     assert len(plain.outputs[0].token_ids) == MAX_TOKENS
+
+
+# the text model's linears, by kind (the vision modules' are other kinds): each must hold
+# the GGUF's blocks, not a float32 copy
+TEXT_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
+
+
+@pytest.mark.parametrize("text_type", ["Q8_0", "Q4_0"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_quantized_text_gguf_runs_quantized(family, text_type, tmp_path, monkeypatch):
+    isolated_model_cache(tmp_path / "cache", monkeypatch)
+    folder = build_tiny_vlm(family, tmp_path / family, seed=5)
+    text, mmproj, _ = write_pair(folder, tmp_path, text_type=text_type)
+    llm = LLM(str(text), mmproj=str(mmproj), kv_cache_memory="8MiB", quantization="gguf")
+    model = llm.engine.worker.model
+    assert llm.engine.model_info.quantization == text_type
+    formats = weight_formats(model)
+    assert {kind: formats[kind] for kind in TEXT_LINEARS} == dict.fromkeys(TEXT_LINEARS, text_type)
+    prompt = {"prompt": PROMPT, "multi_modal_data": {"image": IMAGE}}
+    (output,) = llm.generate(prompt, GREEDY, use_tqdm=False)
+    reference = dequantized_folder(resolve_pair(text, mmproj))  # the same weights, float32
+    assert list(output.outputs[0].token_ids) == hf_tokens(reference, [IMAGE])

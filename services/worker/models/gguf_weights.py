@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from transformers import PretrainedConfig
 
-from services.common.gguf_conversion import GGUF_NATIVE_ARCHITECTURES
+from services.common.gguf_conversion import GGUF_NATIVE_ARCHITECTURES, TEXT_GGUF_FILE, text_gguf_of
 from services.common.gguf_file import GGUFFile, GGUFTensor
 from services.common.model_errors import ModelLoadError
 from services.worker.layers.quantization import UnsupportedQuantization, gguf_float
@@ -237,20 +237,23 @@ def _decoded(gguf: GGUFFile, tensor: GGUFTensor, quantized: bool, config: Pretra
 
 def dequantized_folder(name_or_path: str | Path) -> Path:
     """An HF folder with float32 weights for a model name: its own folder when it has
-    weights, else (a GGUF model of the native family) a copy of its converted folder with
-    the file's tensors de-quantized into model.safetensors, written once next to it. For
+    weights, else (a GGUF model of the native family, or llama.cpp's pair's VLM folder) a
+    copy of its converted folder with the file's tensors de-quantized into
+    model.safetensors (a pair's beside its vision weights), written once next to it. For
     what needs a complete HF checkpoint: transformers as a reference, HF baselines."""
     import shutil
     import tempfile
 
-    from safetensors.torch import save_file
+    from safetensors.torch import load_file, save_file
     from transformers import AutoConfig
 
+    from services.common.gguf_vlm import text_weights
     from services.common.model_source import gguf_source, resolve_model
 
     folder = resolve_model(name_or_path)
-    gguf = gguf_source(name_or_path)
-    if gguf is None or any(folder.glob("*.safetensors")):
+    pair = text_gguf_of(folder)
+    gguf = gguf_source(name_or_path) or pair
+    if gguf is None or (pair is None and any(folder.glob("*.safetensors"))):
         return folder
     out = folder.with_name(folder.name + ".dequantized")
     marker = out / "pagestream_dequantized.json"
@@ -261,7 +264,11 @@ def dequantized_folder(name_or_path: str | Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=folder.parent))
     try:
         shutil.copytree(folder, tmp, dirs_exist_ok=True)
-        tensors = {name: t.contiguous() for name, t in iterate_gguf_weights(gguf, config, False)}
+        text = config.get_text_config()
+        tensors = {name: t.contiguous() for name, t in iterate_gguf_weights(gguf, text, False)}
+        if pair is not None:  # the VLM's names; its vision weights as the folder has them
+            tensors = text_weights(config, tensors) | load_file(folder / "model.safetensors")
+            (tmp / TEXT_GGUF_FILE).unlink()
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / marker.name).write_text(fingerprint)
         tmp.chmod(0o755)
