@@ -1,12 +1,14 @@
 """llama.cpp's vision projector file (llama-server's `--mmproj`, mmproj-*.gguf) in HF's terms.
 
 An mmproj file ("clip" architecture) holds a vision encoder and the projector into a text
-model, its hyperparameters under `clip.vision.*`. Two projector types read: "mlp" (LLaVA:
+model, its hyperparameters under `clip.vision.*`. Three projector types read: "mlp" (LLaVA:
 CLIP + two linears; llama.cpp's converter keeps only the encoder blocks LLaVA's feature
-layer uses and no post-layernorm) and "idefics3" (Idefics3 / SmolVLM: SigLIP + pixel
-shuffle + one linear). `read_mmproj` returns the facts and the tensors (float32) under the
-HF model's own parameter names; every key is bounded and every tensor's shape is checked
-against the keys before a byte is decoded, so a hostile file is a ModelLoadError by name.
+layer uses and no post-layernorm), "idefics3" (Idefics3 / SmolVLM: SigLIP + pixel
+shuffle + one linear) and "gemma3" (Gemma 3: SigLIP + average pool by the scale factor,
+default 4, + Gemma's RMSNorm, stored as 1 + w, + a bare [vision, text] projection).
+`read_mmproj` returns the facts and the tensors (float32) under the HF model's own
+parameter names; every key is bounded and every tensor's shape is checked against the
+keys before a byte is decoded, so a hostile file is a ModelLoadError by name.
 """
 
 from __future__ import annotations
@@ -19,7 +21,16 @@ import numpy as np
 from services.common.gguf_file import GGUFFile, GGUFTensor, MetadataArray
 from services.common.model_errors import ModelLoadError
 
-PROJECTORS = {"mlp": "LLaVA", "idefics3": "Idefics3 / SmolVLM"}
+PROJECTORS = {"mlp": "LLaVA", "idefics3": "Idefics3 / SmolVLM", "gemma3": "Gemma 3"}
+# The scale factor a projector type has when the file states none (llama.cpp's: Gemma 3
+# pools 4 x 4 patches into one soft token, 64 x 64 patches -> 256 tokens in the real 4B).
+DEFAULT_SCALE = {"gemma3": 4}
+# Each projector type's first tensor and which of its dimensions is the text width.
+PROJECTION = {
+    "mlp": ("mm.0.weight", 0),
+    "idefics3": ("mm.model.fc.weight", 0),
+    "gemma3": ("mm.input_projection.weight", 1),
+}
 # Bounds on what the keys may state (real encoders: 224..896 pixels, 12..32 blocks of
 # width 768..1280, 12..16 heads; SmolVLM's pixel shuffle: 2..4).
 MAX_IMAGE_SIZE = 4096
@@ -46,7 +57,7 @@ class VisionFacts:
     image_mean: tuple[float, ...]
     image_std: tuple[float, ...]
     use_gelu: bool  # GELU (tanh); else CLIP's quick GELU
-    scale_factor: int  # idefics3's pixel shuffle (1: none)
+    scale_factor: int  # idefics3's pixel shuffle, gemma3's pooling (1: none)
     longest_edge: int  # idefics3: an image is resized to at most this before tiling
     text_hidden_size: int  # the projector's output width
 
@@ -156,7 +167,13 @@ def _facts(gguf: GGUFFile, projector: str, by_name: dict[str, GGUFTensor]) -> Vi
     hidden = _int(gguf, "clip.vision.embedding_length", 1, MAX_WIDTH)
     heads = _int(gguf, "clip.vision.attention.head_count", 1, hidden)
     layers = _int(gguf, "clip.vision.block_count", 1, MAX_BLOCKS)
-    scale = _int(gguf, "clip.vision.projector.scale_factor", 1, MAX_SCALE_FACTOR, default=1)
+    scale = _int(
+        gguf,
+        "clip.vision.projector.scale_factor",
+        1,
+        MAX_SCALE_FACTOR,
+        default=DEFAULT_SCALE.get(projector, 1),
+    )
     if image_size % patch_size or hidden % heads:
         raise _error(
             gguf,
@@ -164,7 +181,7 @@ def _facts(gguf: GGUFFile, projector: str, by_name: dict[str, GGUFTensor]) -> Vi
             f"not whole heads of {heads}",
         )
     if (image_size // patch_size) % scale:
-        raise _error(gguf, f"{image_size // patch_size} patches a side do not shuffle by {scale}")
+        raise _error(gguf, f"{image_size // patch_size} patches a side do not group by {scale}")
     if gguf.metadata.get("clip.vision.image_grid_pinpoints") is not None:
         raise _error(
             gguf, "LLaVA-NeXT's any-resolution tiling (image_grid_pinpoints) is not supported"
@@ -174,9 +191,10 @@ def _facts(gguf: GGUFFile, projector: str, by_name: dict[str, GGUFTensor]) -> Vi
     std = _array(gguf, "clip.vision.image_std", (_FLOAT32_ARRAY,), 3)
     if mean is None or std is None or not all(s > 0 for s in std):
         raise _error(gguf, "clip.vision.image_mean / image_std must be 3 floats (std > 0)")
-    out = by_name.get("mm.0.weight" if projector == "mlp" else "mm.model.fc.weight")
+    name, text_dim = PROJECTION[projector]
+    out = by_name.get(name)
     if out is None or len(out.shape) != 2:
-        raise _error(gguf, "the projector's first linear (mm.0 / mm.model.fc) is missing")
+        raise _error(gguf, f"the projector's first matrix ({name}) is missing")
     return VisionFacts(
         projector=projector,
         image_size=image_size,
@@ -193,7 +211,7 @@ def _facts(gguf: GGUFFile, projector: str, by_name: dict[str, GGUFTensor]) -> Vi
         longest_edge=_int(
             gguf, "clip.vision.preproc_image_size", image_size, 8 * MAX_IMAGE_SIZE, image_size
         ),
-        text_hidden_size=out.shape[0],
+        text_hidden_size=out.shape[text_dim],
     )
 
 
@@ -226,7 +244,7 @@ def _layout(facts: VisionFacts, by_name: dict[str, GGUFTensor], path: Path) -> L
     )
     n = facts.patches_per_side**2
     llava = facts.projector == "mlp"
-    top = "model.vision_tower." if llava else "model.vision_model."
+    top = "model.vision_model." if facts.projector == "idefics3" else "model.vision_tower."
     layout: Layout = {
         top + "embeddings.patch_embedding.weight": ("v.patch_embd.weight", (h, 3, p, p)),
         # LLaVA's CLIP: one more position, the class token's
@@ -239,11 +257,16 @@ def _layout(facts: VisionFacts, by_name: dict[str, GGUFTensor], path: Path) -> L
         layout["model.multi_modal_projector.linear_1.bias"] = ("mm.0.bias", (t,))
         layout["model.multi_modal_projector.linear_2.weight"] = ("mm.2.weight", (t, t))
         layout["model.multi_modal_projector.linear_2.bias"] = ("mm.2.bias", (t,))
-    else:
+    else:  # SigLIP
         layout[top + "embeddings.patch_embedding.bias"] = ("v.patch_embd.bias", (h,))
         layout |= _norm(top + "post_layernorm", "v.post_ln", h)
+    if facts.projector == "idefics3":
         fc = (t, h * facts.scale_factor**2)
         layout["model.connector.modality_projection.proj.weight"] = ("mm.model.fc.weight", fc)
+    if facts.projector == "gemma3":
+        projector = "model.multi_modal_projector."
+        layout[projector + "mm_input_projection_weight"] = ("mm.input_projection.weight", (h, t))
+        layout[projector + "mm_soft_emb_norm.weight"] = ("mm.soft_emb_norm.weight", (h,))
     for i in range(facts.num_layers):
         layout |= _block(f"{top}encoder.layers.{i}.", f"v.blk.{i}.", h, ff, by_name)
     for hf, (name, shape) in layout.items():
@@ -313,7 +336,10 @@ def _dequantized(gguf: GGUFFile, tensor: GGUFTensor, raw: np.ndarray) -> np.ndar
 
 def _with_unused_parts(facts: VisionFacts, tensors: dict) -> dict:
     """LLaVA's CLIP has a post-layernorm its features never pass through (they are the
-    last kept block's output), which llama.cpp's converter leaves out: the identity here."""
+    last kept block's output), which llama.cpp's converter leaves out: the identity here.
+    Gemma 3's soft-embedding norm scales by 1 + w, which the file stores as 1 + w."""
+    if facts.projector == "gemma3":
+        tensors["model.multi_modal_projector.mm_soft_emb_norm.weight"] -= 1.0
     if facts.projector == "mlp":
         import torch
 

@@ -22,6 +22,17 @@ IMAGE_TOKEN = "<image>"
 # The tokens Idefics3's processor puts around and between an image's tiles; it would add
 # any the vocabulary lacks, past the text model's embedding table, so all must be there.
 IDEFICS3_TOKENS = ("<fake_token_around_image>", IMAGE_TOKEN, "<end_of_utterance>", "<global-img>")
+# Gemma 3's: an image is <start_of_image>, its soft tokens (the encoder's rows), <end_of_image>.
+GEMMA3_TOKENS = {
+    "boi_token": "<start_of_image>",
+    "image_token": "<image_soft_token>",
+    "eoi_token": "<end_of_image>",
+}
+NEEDED_TOKENS = {
+    "mlp": (IMAGE_TOKEN,),
+    "idefics3": IDEFICS3_TOKENS,
+    "gemma3": tuple(GEMMA3_TOKENS.values()),
+}
 # Where each family's HF model keeps the text model's `model.*` parameters (by model_type).
 TEXT_PREFIX = {
     "llava": "model.language_model.",
@@ -44,12 +55,11 @@ def write_vlm_folder(
             f"mmproj file {mmproj_path} projects into width {facts.text_hidden_size}, but the "
             f"text model's hidden size is {text_config.hidden_size}: not a pair"
         )
-    needed = (IMAGE_TOKEN,) if facts.projector == "mlp" else IDEFICS3_TOKENS
-    image_token_id = _token_ids(tokenizer, needed, text_config.vocab_size)[IMAGE_TOKEN]
+    ids = _token_ids(tokenizer, NEEDED_TOKENS[facts.projector], text_config.vocab_size)
     if text_tensors:
         text_config.tie_word_embeddings = False  # lm_head is written out (text_weights)
-    build = _llava if facts.projector == "mlp" else _idefics3
-    config, processor = build(facts, text_config, tokenizer, image_token_id)
+    build = {"mlp": _llava, "idefics3": _idefics3, "gemma3": _gemma3}[facts.projector]
+    config, processor = build(facts, text_config, tokenizer, ids)
     import torch
     from safetensors.torch import save_file
     from transformers import GenerationConfig
@@ -79,7 +89,7 @@ def _token_ids(tokenizer, tokens: tuple[str, ...], vocab_size: int) -> dict[str,
     return {t: vocab[t] for t in tokens}
 
 
-def _llava(facts: VisionFacts, text_config, tokenizer, image_token_id: int):
+def _llava(facts: VisionFacts, text_config, tokenizer, ids: dict[str, int]):
     """LLaVA: CLIP whose last kept block's output, class token dropped, is projected."""
     from transformers import CLIPImageProcessor, CLIPVisionConfig, LlavaConfig, LlavaProcessor
 
@@ -89,7 +99,7 @@ def _llava(facts: VisionFacts, text_config, tokenizer, image_token_id: int):
     config = LlavaConfig(
         vision_config=vision,
         text_config=text_config,
-        image_token_index=image_token_id,
+        image_token_index=ids[IMAGE_TOKEN],
         vision_feature_layer=-1,  # the file holds the blocks up to LLaVA's feature layer
         vision_feature_select_strategy="default",
         projector_hidden_act="gelu",
@@ -114,7 +124,7 @@ def _llava(facts: VisionFacts, text_config, tokenizer, image_token_id: int):
     return config, processor
 
 
-def _idefics3(facts: VisionFacts, text_config, tokenizer, image_token_id: int):
+def _idefics3(facts: VisionFacts, text_config, tokenizer, ids: dict[str, int]):
     """Idefics3 / SmolVLM: SigLIP, pixel shuffle by the scale factor, one linear."""
     from transformers import (
         Idefics3Config,
@@ -130,7 +140,7 @@ def _idefics3(facts: VisionFacts, text_config, tokenizer, image_token_id: int):
         vision_config=vision.to_dict(),
         text_config=text_config.to_dict(),
         scale_factor=facts.scale_factor,
-        image_token_id=image_token_id,
+        image_token_id=ids[IMAGE_TOKEN],
     )
     image_processor = Idefics3ImageProcessor(
         size={"longest_edge": facts.longest_edge},
@@ -147,6 +157,48 @@ def _idefics3(facts: VisionFacts, text_config, tokenizer, image_token_id: int):
         chat_template=tokenizer.chat_template,
     )
     config.architectures = ["Idefics3ForConditionalGeneration"]
+    return config, processor
+
+
+def _gemma3(facts: VisionFacts, text_config, tokenizer, ids: dict[str, int]):
+    """Gemma 3: SigLIP (no head) over one square image, its patches average-pooled by the
+    scale factor into soft tokens, Gemma's norm and the projection."""
+    from transformers import (
+        Gemma3Config,
+        Gemma3ImageProcessor,
+        Gemma3Processor,
+        SiglipVisionConfig,
+    )
+
+    vision = SiglipVisionConfig(
+        **_vision_sizes(facts),
+        hidden_act="gelu_pytorch_tanh" if facts.use_gelu else "quick_gelu",
+        vision_use_head=False,
+    )
+    soft_tokens = (facts.patches_per_side // facts.scale_factor) ** 2
+    config = Gemma3Config(
+        text_config=text_config.to_dict(),
+        vision_config=vision.to_dict(),
+        mm_tokens_per_image=soft_tokens,
+        boi_token_index=ids[GEMMA3_TOKENS["boi_token"]],
+        eoi_token_index=ids[GEMMA3_TOKENS["eoi_token"]],
+        image_token_index=ids[GEMMA3_TOKENS["image_token"]],
+    )
+    side = facts.image_size
+    image_processor = Gemma3ImageProcessor(
+        size={"height": side, "width": side},
+        image_mean=list(facts.image_mean),
+        image_std=list(facts.image_std),
+    )
+    # Gemma3Processor reads its tokens from the tokenizer's named special tokens
+    tokenizer._set_model_specific_special_tokens(special_tokens=GEMMA3_TOKENS)
+    processor = Gemma3Processor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        image_seq_length=soft_tokens,
+        chat_template=tokenizer.chat_template,
+    )
+    config.architectures = ["Gemma3ForConditionalGeneration"]
     return config, processor
 
 

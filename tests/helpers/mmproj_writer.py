@@ -1,9 +1,11 @@
 """llama.cpp's file pair written from a tiny HF VLM folder (tests/helpers/tiny_vlms.py): the
-text model as a llama GGUF with the folder's own tokenizer, and the vision encoder plus
-projector as an mmproj GGUF with llama.cpp's keys and tensor names, laid out as its
-converters lay them out (LLaVA: tools/mtmd/legacy-models/convert_image_encoder_to_gguf.py,
+text model as a llama (Gemma 3: gemma3) GGUF with the folder's own tokenizer, and the vision
+encoder plus projector as an mmproj GGUF with llama.cpp's keys and tensor names, laid out as
+its converters lay them out (LLaVA: tools/mtmd/legacy-models/convert_image_encoder_to_gguf.py,
 the blocks past the feature layer and the post-layernorm dropped, fc1 / fc2 written as
-ffn_down / ffn_up; Idefics3: convert_hf_to_gguf.py's SmolVLM, embeddings F32)."""
+ffn_down / ffn_up; Idefics3: convert_hf_to_gguf.py's SmolVLM, embeddings F32; Gemma 3: its
+Gemma3VisionModel, the soft-embedding norm stored as 1 + w, the pooling's scale factor
+written only when it is not llama.cpp's default 4)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,14 @@ from gguf.quants import dequantize, quantize
 
 from tests.helpers.tiny_gguf import _add_tensors
 
-PROJECTOR = {"llava": "mlp", "idefics3": "idefics3"}
+PROJECTOR = {"llava": "mlp", "idefics3": "idefics3", "gemma3": "gemma3"}
+# Where each family keeps its text model's `model.*` parameters.
+TEXT_PREFIX = {
+    "llava": "model.language_model.",
+    "idefics3": "model.text_model.",
+    "gemma3": "model.language_model.",
+}
+GEMMA3_DEFAULT_SCALE = 4  # llama.cpp's pooling when the file states none (the real 4B's)
 CONTROL, NORMAL = 3, 1  # llama.cpp's token types
 
 
@@ -31,7 +40,7 @@ def write_pair(
 
     model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    family = "llava" if model.config.model_type == "llava" else "idefics3"
+    family = model.config.model_type
     text_path, mmproj_path = out / "text.gguf", out / "mmproj-text.gguf"
     write_text_gguf(text_path, model, tokenizer, text_type)
     expected = write_mmproj(mmproj_path, model, folder, family, matrix_type)
@@ -39,20 +48,23 @@ def write_pair(
 
 
 def write_text_gguf(path: Path, vlm, tokenizer, matrix_type: str = "F32") -> dict:
-    """The VLM's language model as a llama GGUF (its matrices in `matrix_type`) with the
-    folder's tokenizer; returns what the file de-quantizes to (causal-LM names)."""
-    from transformers import LlamaForCausalLM
+    """The VLM's language model as a llama (Gemma 3: gemma3) GGUF, its matrices in
+    `matrix_type`, with the folder's tokenizer; returns what the file de-quantizes to
+    (causal-LM names)."""
+    from transformers import Gemma3ForCausalLM, LlamaForCausalLM
 
     config = vlm.config.get_text_config()
-    text = LlamaForCausalLM(config).eval()
-    prefix = "model.language_model." if vlm.config.model_type == "llava" else "model.text_model."
+    gemma3 = vlm.config.model_type == "gemma3"
+    arch = "gemma3" if gemma3 else "llama"
+    text = (Gemma3ForCausalLM if gemma3 else LlamaForCausalLM)(config).eval()
+    prefix = TEXT_PREFIX[vlm.config.model_type]
     state = {
         "model." + name.removeprefix(prefix): tensor
         for name, tensor in vlm.state_dict().items()
         if name.startswith(prefix)
     }
     text.load_state_dict(state | {"lm_head.weight": vlm.lm_head.weight}, strict=True)
-    writer = GGUFWriter(str(path), "llama")
+    writer = GGUFWriter(str(path), arch)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
@@ -60,12 +72,16 @@ def write_text_gguf(path: Path, vlm, tokenizer, matrix_type: str = "F32") -> dic
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    if gemma3:  # the full layers' base; the sliding ones' is llama.cpp's fixed 10000
+        writer.add_sliding_window(config.sliding_window)
+        writer.add_rope_freq_base(config.rope_parameters["full_attention"]["rope_theta"])
+    else:
+        writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
     head_dim = config.hidden_size // config.num_attention_heads
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     _add_tokenizer(writer, tokenizer, config.vocab_size)
-    expected = _add_tensors(writer, text, matrix_type, "llama", {})
+    expected = _add_tensors(writer, text, matrix_type, arch, {})
     _finish(writer)
     return expected
 
@@ -83,6 +99,8 @@ def _add_tokenizer(writer: GGUFWriter, tokenizer, vocab_size: int) -> None:
     writer.add_token_types([CONTROL if i in added else NORMAL for i in range(len(tokens))])
     writer.add_bos_token_id(tokenizer.bos_token_id)
     writer.add_eos_token_id(tokenizer.eos_token_id)
+    if tokenizer.unk_token_id is not None:  # Gemma's reader builds a tokenizer around it
+        writer.add_unk_token_id(tokenizer.unk_token_id)
     writer.add_add_bos_token(False)
     writer.add_chat_template(tokenizer.chat_template)
 
@@ -109,13 +127,22 @@ def write_mmproj(path: Path, vlm, folder: Path, family: str, matrix_type: str) -
     writer.add_vision_image_std(processor["image_std"])
     writer.add_vision_use_gelu(not llava)  # CLIP's quick GELU; SigLIP's tanh GELU
     writer.add_vision_projection_dim(vlm.config.get_text_config().hidden_size)
-    if not llava:
+    if family == "idefics3":
         writer.add_vision_projector_scale_factor(vlm.config.scale_factor)
         writer.add_vision_preproc_image_size(processor["size"]["longest_edge"])
+    if family == "gemma3":  # the pooling: patches a side over soft tokens a side
+        side = int(vlm.config.mm_tokens_per_image**0.5)
+        scale = vision.image_size // vision.patch_size // side
+        if scale != GEMMA3_DEFAULT_SCALE:
+            writer.add_vision_projector_scale_factor(scale)
     expected = {}
     for hf_name, tensor in vlm.state_dict().items():
         gguf_name = _mmproj_name(hf_name, family, blocks)
-        if gguf_name is not None:
+        if gguf_name is None:
+            continue
+        if gguf_name == "mm.soft_emb_norm.weight":  # Gemma's (1 + w) norm, stored as 1 + w
+            expected[hf_name] = _add(writer, gguf_name, tensor.numpy() + 1, matrix_type) - 1
+        else:
             expected[hf_name] = _add(writer, gguf_name, tensor.numpy(), matrix_type)
     _finish(writer)
     return expected
@@ -123,7 +150,7 @@ def write_mmproj(path: Path, vlm, folder: Path, family: str, matrix_type: str) -
 
 def _mmproj_name(hf_name: str, family: str, blocks: int) -> str | None:
     """llama.cpp's name of an HF vision / projector parameter (None: not in the file)."""
-    top = "model.vision_tower." if family == "llava" else "model.vision_model."
+    top = "model.vision_model." if family == "idefics3" else "model.vision_tower."
     if hf_name.startswith(top):
         name = hf_name.removeprefix(top)
         if family == "llava" and name.startswith("post_layernorm"):
@@ -141,6 +168,9 @@ def _mmproj_name(hf_name: str, family: str, blocks: int) -> str | None:
         "model.multi_modal_projector.linear_1.": "mm.0.",
         "model.multi_modal_projector.linear_2.": "mm.2.",
         "model.connector.modality_projection.proj.": "mm.model.fc.",
+        # Gemma 3's projection is a bare [vision, text] parameter, stored as it is
+        "model.multi_modal_projector.mm_input_projection_weight": "mm.input_projection.weight",
+        "model.multi_modal_projector.mm_soft_emb_norm.": "mm.soft_emb_norm.",
     }
     for prefix, gguf_prefix in projectors.items():
         if hf_name.startswith(prefix):
@@ -160,6 +190,7 @@ _BLOCK_PARTS = {
     # the legacy LLaVA converter's names: fc1 as ffn_down, fc2 as ffn_up
     "llava": _COMMON_BLOCK | {"mlp.fc1": "ffn_down", "mlp.fc2": "ffn_up"},
     "idefics3": _COMMON_BLOCK | {"mlp.fc1": "ffn_up", "mlp.fc2": "ffn_down"},
+    "gemma3": _COMMON_BLOCK | {"mlp.fc1": "ffn_up", "mlp.fc2": "ffn_down"},
 }
 _TOP_PARTS = {
     "embeddings.class_embedding": "v.class_embd",

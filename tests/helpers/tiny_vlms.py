@@ -139,6 +139,55 @@ def _idefics3(tokenizer):
     return Idefics3ForConditionalGeneration(config), processor
 
 
+# Gemma 3's image tokens, under the names of its vocabulary (llama.cpp's pair looks them up).
+GEMMA3_TOKENS = {
+    "boi_token": "<start_of_image>",
+    "image_token": "<image_soft_token>",
+    "eoi_token": "<end_of_image>",
+}
+
+
+def _gemma3(tokenizer):
+    """Gemma 3: SigLIP (no head) over 32-pixel squares, its 4 x 4 patches average-pooled
+    to 4 soft tokens between <start_of_image> / <end_of_image>; the text model as
+    llama.cpp's gemma3 GGUF states it (query_pre_attn_scalar = head_dim, tied)."""
+    from transformers import (
+        Gemma3Config,
+        Gemma3ForConditionalGeneration,
+        Gemma3ImageProcessor,
+        Gemma3Processor,
+        Gemma3TextConfig,
+        SiglipVisionConfig,
+    )
+
+    tokenizer.add_special_tokens({"additional_special_tokens": list(GEMMA3_TOKENS.values())})
+    tokenizer._set_model_specific_special_tokens(special_tokens=GEMMA3_TOKENS)
+    tokenizer.chat_template = VLM_CHAT_TEMPLATE.replace("<image>", "<start_of_image>")
+    ids = {k: tokenizer.convert_tokens_to_ids(v) for k, v in GEMMA3_TOKENS.items()}
+    head_dim = TEXT_SIZES["hidden_size"] // TEXT_SIZES["num_attention_heads"]
+    text = Gemma3TextConfig(
+        vocab_size=len(tokenizer) + 16,
+        head_dim=head_dim,
+        query_pre_attn_scalar=head_dim,
+        sliding_window=512,
+        **TEXT_SIZES,
+    )
+    vision = SiglipVisionConfig(image_size=32, patch_size=8, vision_use_head=False, **VISION_SIZES)
+    config = Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=4,
+        boi_token_index=ids["boi_token"],
+        eoi_token_index=ids["eoi_token"],
+        image_token_index=ids["image_token"],
+    )
+    image_processor = Gemma3ImageProcessor(size={"height": 32, "width": 32})
+    processor = Gemma3Processor(
+        image_processor, tokenizer, image_seq_length=4, chat_template=tokenizer.chat_template
+    )
+    return Gemma3ForConditionalGeneration(config), processor
+
+
 # Qwen2.5-VL's prompt wraps each image's pads in its vision start / end tokens.
 QWEN2_5_VL_CHAT_TEMPLATE = VLM_CHAT_TEMPLATE.replace(
     "<image>", "<|vision_start|><|image_pad|><|vision_end|>"
@@ -208,4 +257,9 @@ def expand_qwen2_5_vl_pads(ids: list[int], pad_id: int, grids: list[list[int]], 
     return out
 
 
-_BUILDERS = {"llava": _llava, "idefics3": _idefics3, "qwen2_5_vl": _qwen2_5_vl}
+_BUILDERS = {
+    "llava": _llava,
+    "idefics3": _idefics3,
+    "gemma3": _gemma3,
+    "qwen2_5_vl": _qwen2_5_vl,
+}
