@@ -15,6 +15,7 @@ from transformers import PretrainedConfig
 
 from services.worker.layers.attention import AttentionOps
 from services.worker.models.llama import Gemma3ForCausalLM
+from services.worker.models.llava import LLAVA_CHECKPOINT_PREFIXES, LLAVA_VISION_PREFIXES
 from services.worker.models.vision.projectors import Gemma3Projector
 from services.worker.models.vision.vision_language_model import VisionLanguageModel, required
 from services.worker.models.vision.vision_spec import VisionSpec
@@ -22,18 +23,8 @@ from services.worker.models.vision.vision_transformer import VisionTransformer
 
 
 class Gemma3ForConditionalGeneration(VisionLanguageModel):
-    checkpoint_prefixes = (
-        # transformers 5's modules
-        ("model.language_model.", "model."),
-        ("model.vision_tower.vision_model.", "vision_tower."),
-        ("model.vision_tower.", "vision_tower."),
-        ("model.multi_modal_projector.", "multi_modal_projector."),
-        # the layout of the released checkpoints (also what transformers 5 saves)
-        ("language_model.model.", "model."),
-        ("language_model.lm_head.", "lm_head."),
-        ("vision_tower.vision_model.", "vision_tower."),
-    )
-    vision_prefixes = ("vision_tower.", "multi_modal_projector.")
+    checkpoint_prefixes = LLAVA_CHECKPOINT_PREFIXES  # the released checkpoints' layout
+    vision_prefixes = LLAVA_VISION_PREFIXES
     text_model_class = Gemma3ForCausalLM
     bidirectional_images = True
 

@@ -14,20 +14,25 @@ from services.worker.models.vision.vision_language_model import VisionLanguageMo
 from services.worker.models.vision.vision_spec import VisionSpec
 from services.worker.models.vision.vision_transformer import VisionTransformer
 
+# A vision tower and a multi_modal_projector beside the language model: LLaVA's layout,
+# which Gemma 3's checkpoints share.
+LLAVA_CHECKPOINT_PREFIXES = (
+    # transformers 5's modules
+    ("model.language_model.", "model."),
+    ("model.vision_tower.vision_model.", "vision_tower."),
+    ("model.vision_tower.", "vision_tower."),
+    ("model.multi_modal_projector.", "multi_modal_projector."),
+    # llava-hf's layout (also what transformers 5 saves)
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+    ("vision_tower.vision_model.", "vision_tower."),
+)
+LLAVA_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.")
+
 
 class LlavaForConditionalGeneration(VisionLanguageModel):
-    checkpoint_prefixes = (
-        # transformers 5's modules
-        ("model.language_model.", "model."),
-        ("model.vision_tower.vision_model.", "vision_tower."),
-        ("model.vision_tower.", "vision_tower."),
-        ("model.multi_modal_projector.", "multi_modal_projector."),
-        # llava-hf's layout (also what transformers 5 saves)
-        ("language_model.model.", "model."),
-        ("language_model.lm_head.", "lm_head."),
-        ("vision_tower.vision_model.", "vision_tower."),
-    )
-    vision_prefixes = ("vision_tower.", "multi_modal_projector.")
+    checkpoint_prefixes = LLAVA_CHECKPOINT_PREFIXES
+    vision_prefixes = LLAVA_VISION_PREFIXES
 
     def build_vision(self, config: PretrainedConfig) -> None:
         spec = VisionSpec.clip(config.vision_config)
