@@ -1,17 +1,20 @@
 """Images against llama.cpp: a SmolVLM-256M-shaped random Idefics3 run by pagestream and by
-llama.cpp on its file pair, on the same threads, float32 on both sides.
+llama.cpp on its file pair, on the same threads, in a precision both have.
 
     python -m benchmarks.vlm --llama-server PATH --llama-cpp-python PATH [--parts ...]
     # files (made once): $PAGESTREAM_CACHE/full_size/smolvlm-256m/ (HF folder, bfloat16
     # safetensors, SmolLM2's tokenizer + SmolVLM's special tokens, Idefics3 processor) and
-    # smolvlm-256m.llamacpp/{text,mmproj-text}.gguf (tests/helpers/mmproj_writer.py, F32)
+    # smolvlm-256m.llamacpp[.F16]/{text,mmproj-text}.gguf (tests/helpers/mmproj_writer.py)
 
 Parts. ttft-offline: one chat (a 512x512 image and a short question, max_tokens 1) at a
 time through LLM.chat and through llama-cpp-python's MTMDChatHandler (libmtmd, as
 llama-mtmd-cli). ttft-serve: the same chat against `pagestream serve` and `llama-server
 --mmproj`. throughput: 8 concurrent chats, each its own image, 64 output tokens with
 ignore_eos, against both servers (llama-server -np 8). Each chat's image is new (no prefix
-cache answers); the sides take turns going first.
+cache answers); the sides take turns going first. --precision float32: pagestream float32
+against llama.cpp's F32 pair (the checkpoint's bfloat16 widened on both sides); half:
+pagestream bfloat16 against an F16 mmproj (what llama.cpp's converter writes; its text
+GGUF stays F32, as the writer makes it).
 
 Token counts: llama.cpp's mtmd encodes an Idefics3 image as an overview plus one tile at
 least, so a 512x512 image is 2 tiles there but 1 under HF's processor without splitting.
@@ -92,6 +95,8 @@ LLAMA_SERVER_ENV = "LLAMA_SERVER"
 
 
 PARTS = ("ttft-offline", "ttft-serve", "throughput")
+# --precision: (pagestream's --dtype, the mmproj's matrix type)
+PRECISIONS = {"float32": ("float32", "F32"), "half": ("bfloat16", "F16")}
 LLAMA_CPP_PYTHON_ENV = "LLAMA_CPP_PYTHON"  # an interpreter with llama-cpp-python
 
 
@@ -100,6 +105,7 @@ class VlmOptions:
     llama_server: str | None = None  # the serve parts' peer
     llama_cpp_python: str | None = None  # ttft-offline's peer
     parts: tuple[str, ...] = PARTS
+    precision: str = "float32"
     rounds: int = 4  # TTFT requests per side and part (after a warm-up)
     throughput_rounds: int = 3  # waves of `concurrency` chats per side
     concurrency: int = 8
@@ -114,6 +120,18 @@ class VlmOptions:
             raise ValueError(f"output_len must be >= 1, got {self.output_len}.")
         if not self.parts or not set(self.parts) <= set(PARTS):
             raise ValueError(f"parts must be among {PARTS}, got {self.parts!r}.")
+        if self.precision not in PRECISIONS:
+            raise ValueError(
+                f"precision must be one of {tuple(PRECISIONS)}, not {self.precision!r}."
+            )
+
+    @property
+    def dtype(self) -> str:
+        return PRECISIONS[self.precision][0]
+
+    @property
+    def mmproj_type(self) -> str:
+        return PRECISIONS[self.precision][1]
 
 
 # ---- the files -----------------------------------------------------------------------------
@@ -193,18 +211,19 @@ def hf_folder() -> Path:
     return out
 
 
-def llamacpp_pair() -> tuple[Path, Path]:
-    """(text GGUF, mmproj GGUF) of the folder, F32, written once."""
+def llamacpp_pair(mmproj_type: str = "F32") -> tuple[Path, Path]:
+    """(text GGUF, mmproj GGUF) of the folder, the mmproj's matrices `mmproj_type`, written
+    once."""
     from tests.helpers.mmproj_writer import write_pair
 
-    out = cache_dir() / f"{NAME}.llamacpp"
+    out = cache_dir() / (f"{NAME}.llamacpp" + ("" if mmproj_type == "F32" else f".{mmproj_type}"))
     text, mmproj = out / "text.gguf", out / "mmproj-text.gguf"
     if text.is_file() and mmproj.is_file():
         return text, mmproj
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    write_pair(hf_folder(), tmp)
+    write_pair(hf_folder(), tmp, mmproj_type)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return text, mmproj
@@ -291,7 +310,7 @@ class MtmdServer(ChildServer):
 
 
 def pagestream_server(folder: Path, options: VlmOptions) -> ServerProcess:
-    flags = ("--dtype", "float32", "--max-num-seqs", str(options.concurrency))
+    flags = ("--dtype", options.dtype, "--max-num-seqs", str(options.concurrency))
     flags += ("--kv-cache-memory", "1GiB")
     env = {"OMP_NUM_THREADS": str(options.threads)}
     return ServerProcess(str(folder), engine_flags=flags, env=env)
@@ -404,12 +423,12 @@ def mtmd_ttft(python: str, pair: tuple[Path, Path], seeds: list[int], threads: i
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def offline_ttft(folder: str, seeds: list[int]) -> list:
-    """pagestream's TTFT in process (LLM.chat, float32): a warm-up on seeds[0], one timed
-    chat per other. Meant for a child process: LLM pins its threads."""
+def offline_ttft(folder: str, dtype: str, seeds: list[int]) -> list:
+    """pagestream's TTFT in process (LLM.chat): a warm-up on seeds[0], one timed chat per
+    other. Meant for a child process: LLM pins its threads."""
     from pagestream import LLM, SamplingParams
 
-    llm = LLM(folder, dtype="float32", kv_cache_memory="1GiB", max_num_seqs=1)
+    llm = LLM(folder, dtype=dtype, kv_cache_memory="1GiB", max_num_seqs=1)
     params = SamplingParams(max_tokens=1, temperature=0)
     rounds = []
     for seed in seeds:
@@ -436,14 +455,14 @@ def summarize(rounds: list[dict], key: str) -> dict:
 
 def run_vlm(options: VlmOptions) -> dict:
     """The asked parts, each side's median and the ratios."""
-    folder, pair = hf_folder(), llamacpp_pair()
+    folder, pair = hf_folder(), llamacpp_pair(options.mmproj_type)
     seeds = ImageSeeds(options.seed)
     part: dict = {
         "machine": machine_info(),
         "threads": options.threads,
         "image": list(IMAGE_SIZE),
         "image_tokens_mtmd": mtmd_image_tokens(*IMAGE_SIZE),
-        "weights": "float32 on both sides (bfloat16 checkpoint widened; llama.cpp's pair F32)",
+        "precision": {"pagestream": options.dtype, "llama.cpp mmproj": options.mmproj_type},
     }
     if "ttft-offline" in options.parts:
         part["ttft_offline_s"] = run_ttft_offline(options, folder, pair, seeds)
@@ -471,7 +490,7 @@ def run_ttft_offline(options: VlmOptions, folder: Path, pair, seeds: ImageSeeds)
                 got = mtmd_ttft(python, pair, block, options.threads)
             else:
                 with ProcessPoolExecutor(1, mp_context=spawn) as child:
-                    got = child.submit(offline_ttft, str(folder), block).result()
+                    got = child.submit(offline_ttft, str(folder), options.dtype, block).result()
             load = [round(start, 2), round(os.getloadavg()[0], 2)]
             rounds[name] += [{**r, "load": load} for r in got]
             logger.info("offline TTFT %s: %s", name, got)
@@ -560,24 +579,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--throughput-rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2, help="both sides' threads")
+    parser.add_argument("--precision", choices=PRECISIONS, default="float32")
     parser.add_argument("--seed", type=int, default=0, help="the first image's seed")
     parser.add_argument("--files-only", action="store_true", help="make the files, run nothing")
     parser.add_argument("--out", type=Path, help="write the results (JSON) here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    if args.files_only:
-        print(hf_folder(), *llamacpp_pair())
-        return 0
     options = VlmOptions(
         args.llama_server,
         args.llama_cpp_python,
         parts=tuple(args.parts.split(",")),
+        precision=args.precision,
         rounds=args.rounds,
         throughput_rounds=args.throughput_rounds,
         concurrency=args.concurrency,
         threads=args.threads,
         seed=args.seed,
     )
+    if args.files_only:
+        print(hf_folder(), *llamacpp_pair(options.mmproj_type))
+        return 0
     part = run_vlm(options)
     if args.out:
         args.out.write_text(json.dumps(part, indent=1) + "\n")

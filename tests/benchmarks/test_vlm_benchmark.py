@@ -136,6 +136,12 @@ def test_llama_server_gets_the_mmproj_slots_and_threads():
     assert command[command.index("-c") + 1] == str(8 * server.context_per_slot)
 
 
+def test_half_precision_is_bfloat16_against_an_f16_mmproj():
+    assert (VlmOptions().dtype, VlmOptions().mmproj_type) == ("float32", "F32")
+    half = VlmOptions(precision="half")
+    assert (half.dtype, half.mmproj_type) == ("bfloat16", "F16")
+
+
 @pytest.mark.parametrize(
     ("bad", "message"),
     [
@@ -145,6 +151,7 @@ def test_llama_server_gets_the_mmproj_slots_and_threads():
         ({"output_len": 0}, "must be >= 1"),
         ({"parts": ("ttft",)}, "parts must be among"),
         ({"parts": ()}, "parts must be among"),
+        ({"precision": "int8"}, "precision must be one of"),
     ],
 )
 def test_options_refuse_empty_or_unknown_runs(bad, message):
