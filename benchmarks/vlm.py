@@ -91,6 +91,7 @@ CHAT_TEMPLATE = (
 )
 QUESTION = "What is in this picture?"
 IMAGE_SIZE = (512, 512)
+AGREEMENT_TOKENS = 16  # the greedy reply compared between the servers
 LLAMA_SERVER_ENV = "LLAMA_SERVER"
 
 
@@ -440,6 +441,28 @@ def offline_ttft(folder: str, dtype: str, seeds: list[int]) -> list:
     return rounds[1:]
 
 
+def reply_text(url: str, seed: int, max_tokens: int) -> str:
+    """The greedy reply to one image chat (ignore_eos)."""
+
+    async def one():
+        async with await _client(url) as client:
+            body = chat_body(image_png(seed), max_tokens)
+            reply = await client.chat.completions.create(model=client.model, **body)
+            return reply.choices[0].message.content or ""
+
+    return asyncio.run(one())
+
+
+def agreement(replies: dict[str, str]) -> dict:
+    """Both servers' replies to one chat and how far they agree (characters in common from
+    the start: random weights make tokens of any text, so the replies are compared as
+    text)."""
+    first, second = replies.values()
+    pairs = zip(first, second, strict=False)  # up to the shorter reply
+    common = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(first), len(second)))
+    return {"replies": replies, "equal": first == second, "common_prefix_chars": common}
+
+
 def _loaded(measure, *args) -> dict:
     """`measure(*args)` with the 1-minute load average before and after it."""
     start = os.getloadavg()[0]
@@ -507,6 +530,9 @@ def run_served(options: VlmOptions, folder: Path, pair, seeds: ImageSeeds) -> di
         servers = {"pagestream": ours.url, "llama-server": theirs.url}
         for url in servers.values():  # warm-up: one image chat each
             throughput_round(url, seeds.take(1), 2)
+        seed = seeds.take(1)[0]  # both sides' greedy reply to one chat
+        check = agreement({n: reply_text(u, seed, AGREEMENT_TOKENS) for n, u in servers.items()})
+        logger.info("agreement: %s", check)
         if "ttft-serve" in options.parts:
             for i in range(options.rounds):
                 for name in _turns(servers, i):
@@ -520,7 +546,7 @@ def run_served(options: VlmOptions, folder: Path, pair, seeds: ImageSeeds) -> di
                         _loaded(throughput_round, servers[name], wave, options.output_len)
                     )
                     logger.info("throughput %s: %s", name, tput[name][-1])
-    part: dict = {"llama_server": llama_server_version(binary)}
+    part: dict = {"llama_server": llama_server_version(binary), "agreement": check}
     if ttft["pagestream"]:
         part["ttft_served_s"] = {name: summarize(r, "seconds") for name, r in ttft.items()}
     if tput["pagestream"]:

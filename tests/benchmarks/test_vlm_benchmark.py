@@ -23,6 +23,7 @@ from benchmarks.vlm import (
     MtmdServer,
     VlmOptions,
     _turns,
+    agreement,
     chat_body,
     image_png,
     mtmd_image_tokens,
@@ -126,6 +127,15 @@ def test_ratios_above_one_mean_pagestream_is_ahead():
     assert ratios({"ttft_offline_s": part["ttft_offline_s"]}) == {
         "ttft_offline_theirs_over_ours": 1.5
     }
+
+
+def test_agreement_counts_the_common_start():
+    same = agreement({"pagestream": "a cat", "llama-server": "a cat"})
+    assert same["equal"] and same["common_prefix_chars"] == 5
+    apart = agreement({"pagestream": "a cat sat", "llama-server": "a dog"})
+    assert not apart["equal"] and apart["common_prefix_chars"] == 2
+    prefix = agreement({"pagestream": "a cat", "llama-server": "a ca"})
+    assert not prefix["equal"] and prefix["common_prefix_chars"] == 4
 
 
 def test_llama_server_gets_the_mmproj_slots_and_threads():
