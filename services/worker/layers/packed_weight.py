@@ -53,9 +53,14 @@ class PackedWeight:
     def applies(self, x: torch.Tensor) -> bool:
         return x.dim() == 2 and x.dtype == self.tensor.dtype
 
-    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x [rows, in] -> [rows, out] (+ bias)."""
+    def __call__(
+        self, x: torch.Tensor, bias: torch.Tensor | None, gelu: str | None = None
+    ) -> torch.Tensor:
+        """x [rows, in] -> [rows, out] (+ bias), then GELU when `gelu` names its
+        approximation ("none" or "tanh", as F.gelu), applied inside oneDNN's kernel."""
         if x.shape[0] == 0:
             return x.new_empty((0, self.tensor.shape[0]))
         _, linear = _OPS  # type: ignore[misc]
-        return linear(x.contiguous(), self.tensor, bias, "none", [], "")
+        if gelu is None:
+            return linear(x.contiguous(), self.tensor, bias, "none", [], "")
+        return linear(x.contiguous(), self.tensor, bias, "gelu", [], gelu)

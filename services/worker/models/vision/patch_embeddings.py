@@ -52,7 +52,9 @@ class PatchEmbeddings(nn.Module):
         token); patch_mask [B, H / p, W / p] bool (bucketed positions only)."""
         self._check_size(pixel_values)
         patches = self.patch_embedding(pixel_values)  # [B, hidden, H / p, W / p]
-        rows = patches.flatten(2).transpose(1, 2)  # [B, h * w, hidden]
+        # [B, h * w, hidden], contiguous: the residual stream keeps its input's layout
+        # through every add, and each norm and linear would copy a transposed one
+        rows = patches.flatten(2).transpose(1, 2).contiguous()
         if self.spec.bucketed_positions:
             if patch_mask is None:
                 patch_mask = torch.ones(patches.shape[0], *patches.shape[2:], dtype=torch.bool)

@@ -3,8 +3,8 @@ frames (an image is its frame repeated), 2D rotary over each patch's (row, colum
 pre-RMSNorm blocks with a gated SiLU MLP, attention within windows of merged tokens
 except in `fullatt_block_indexes` (vision_windows.py), then the patch merger: each merge
 block of m x m patches, RMSNormed, concatenated and through a two-linear GELU MLP into
-one text-model row. The modules carry HF's names (`visual.*`); torch linears in the
-model's dtype.
+one text-model row. The modules carry HF's names (`visual.*`); `prepare` (once, after
+loading) packs every linear for oneDNN in the model's dtype (vision_linear.py).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from transformers import PretrainedConfig
 from services.worker.layers.activation import activation
 from services.worker.layers.layernorm import RMSNorm
 from services.worker.layers.rotary_embedding import apply_rotary, default_inv_freq
+from services.worker.models.vision.vision_linear import VisionLinear
 from services.worker.models.vision.vision_windows import patch_groups
 
 NORM_EPS = 1e-6  # HF's, fixed for every norm of the tower
@@ -44,8 +45,8 @@ class VisionAttention(nn.Module):
     def __init__(self, hidden: int, num_heads: int) -> None:
         super().__init__()
         self.num_heads, self.head_dim = num_heads, hidden // num_heads
-        self.qkv = nn.Linear(hidden, 3 * hidden)
-        self.proj = nn.Linear(hidden, hidden)
+        self.qkv = VisionLinear(hidden, 3 * hidden)
+        self.proj = VisionLinear(hidden, hidden)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, groups: list[torch.Tensor]
@@ -69,9 +70,9 @@ class VisionAttention(nn.Module):
 class VisionMLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int, act: str) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate)
-        self.up_proj = nn.Linear(hidden, intermediate)
-        self.down_proj = nn.Linear(intermediate, hidden)
+        self.gate_proj = VisionLinear(hidden, intermediate)
+        self.up_proj = VisionLinear(hidden, intermediate)
+        self.down_proj = VisionLinear(intermediate, hidden)
         self.act = activation(act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -103,13 +104,16 @@ class PatchMerger(nn.Module):
         self.ln_q = RMSNorm(hidden, NORM_EPS)
         # HF's nn.Sequential(linear, GELU, linear): its linears are mlp.0 and mlp.2
         self.mlp = nn.ModuleDict(
-            {"0": nn.Linear(self.merged, self.merged), "2": nn.Linear(self.merged, out_hidden)}
+            {
+                "0": VisionLinear(self.merged, self.merged),
+                "2": VisionLinear(self.merged, out_hidden),
+            }
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [N, hidden] in merge-block order -> [N / m^2, out_hidden]."""
         blocks = self.ln_q(x, x.dtype).reshape(-1, self.merged)
-        return self.mlp["2"](F.gelu(self.mlp["0"](blocks)))
+        return self.mlp["2"](self.mlp["0"](blocks, "none"))  # HF's nn.GELU(): exact erf
 
 
 class Qwen2_5VisionTransformer(nn.Module):
@@ -134,6 +138,12 @@ class Qwen2_5VisionTransformer(nn.Module):
         )
         self.blocks = nn.ModuleList(VisionBlock(config) for _ in range(int(config.depth)))
         self.merger = PatchMerger(hidden, self.merge, int(config.out_hidden_size))
+
+    def prepare(self) -> None:
+        """Every linear packed, once, after loading."""
+        for module in self.modules():
+            if isinstance(module, VisionLinear):
+                module.pack()
 
     def forward(self, patches: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
         """One image: patches [t * h * w, C * T * P * P] of grid (t, h, w) -> its rows

@@ -53,6 +53,7 @@ class VisionLanguageModel(LlamaForCausalLM):
         super().__init__(text_config, rank, pooling, expert_parallel, plan)
         self.multimodal_config = config  # self.config is the text model's (its sizes)
         self.image_token_id = image_token_id(config)
+        self._vision_prepared = False
         if self.rank.is_first_stage:
             self.build_vision(config)
 
@@ -91,6 +92,7 @@ class VisionLanguageModel(LlamaForCausalLM):
         """The image's rows [image.num_embeds, hidden] in the residual's dtype; ValueError
         for tensors the tower cannot read or a row count other than num_embeds."""
         data = {name: _tensor(name, value) for name, value in image.data.items()}
+        self.prepare_vision()
         rows = self.image_features(data).to(self.hidden_dtype)
         if rows.shape[0] != image.num_embeds:
             raise ValueError(
@@ -98,6 +100,17 @@ class VisionLanguageModel(LlamaForCausalLM):
                 f"{image.num_embeds} image tokens."
             )
         return rows
+
+    def prepare_vision(self) -> None:
+        """The vision modules' final form (fused, packed linears: their `prepare`), made
+        once, after loading: here at the first image, unless the loader made it already."""
+        if self._vision_prepared:
+            return
+        for prefix in self.vision_prefixes:
+            prepare = getattr(self.get_submodule(prefix.removesuffix(".")), "prepare", None)
+            if prepare is not None:
+                prepare()
+        self._vision_prepared = True
 
     # --- checkpoint names ---------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 differ): patch embeddings, pre-norm encoder layers (full attention over an image's
 patches, a two-linear MLP) and an optional last norm. Each image (tile) is one sequence of
 the batch; a patch mask hides padding patches as keys. The modules carry HF's names, so
-the checkpoint's tensors load by name; the linears are torch's, in the model's dtype.
+the checkpoint's tensors load by name. `prepare` (once, after loading) makes the CPU form:
+q | k | v fused, every linear oneDNN-packed in the model's dtype (vision_linear.py).
 """
 
 from __future__ import annotations
@@ -13,39 +14,65 @@ from torch import nn
 
 from services.worker.layers.activation import activation
 from services.worker.models.vision.patch_embeddings import PatchEmbeddings
+from services.worker.models.vision.vision_linear import VisionLinear, fused
 from services.worker.models.vision.vision_spec import VisionSpec
+
+# HF's GELU activations -> F.gelu's approximation, which oneDNN's linear fuses
+_GELU_APPROXIMATIONS = {"gelu": "none", "gelu_pytorch_tanh": "tanh"}
 
 
 class VisionAttention(nn.Module):
+    """Loads q_proj, k_proj and v_proj by name; `prepare` fuses them into one linear."""
+
     def __init__(self, spec: VisionSpec) -> None:
         super().__init__()
         hidden = spec.hidden_size
         self.num_heads, self.head_dim = spec.num_heads, spec.head_dim
-        self.q_proj = nn.Linear(hidden, hidden)
-        self.k_proj = nn.Linear(hidden, hidden)
-        self.v_proj = nn.Linear(hidden, hidden)
-        self.out_proj = nn.Linear(hidden, hidden)
+        self.q_proj = VisionLinear(hidden, hidden)
+        self.k_proj = VisionLinear(hidden, hidden)
+        self.v_proj = VisionLinear(hidden, hidden)
+        self.out_proj = VisionLinear(hidden, hidden)
+        self.qkv: VisionLinear | None = None
+
+    def prepare(self) -> None:
+        """After loading: q | k | v as one packed linear (one pass over x), out_proj packed."""
+        if self.qkv is None:
+            self.qkv = fused([self.q_proj, self.k_proj, self.v_proj])
+            del self.q_proj, self.k_proj, self.v_proj
+            self.qkv.pack()
+            self.out_proj.pack()
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
         """x [B, N, hidden]; key_mask [B, 1, 1, N] bool (True: attend), or None."""
         batch, n, hidden = x.shape
-
-        def heads(t: torch.Tensor) -> torch.Tensor:  # [B, N, hidden] -> [B, heads, N, D]
-            return t.view(batch, n, self.num_heads, self.head_dim).transpose(1, 2)
-
-        q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
+        if self.qkv is not None:
+            qkv = self.qkv(x).view(batch, n, 3, self.num_heads, self.head_dim)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, heads, N, D]
+        else:
+            q, k, v = (self._heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)  # [B, heads, N, D]
         return self.out_proj(out.transpose(1, 2).reshape(batch, n, hidden))
+
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:
+        """[B, N, hidden] -> [B, heads, N, D]."""
+        return t.view(*t.shape[:2], self.num_heads, self.head_dim).transpose(1, 2)
 
 
 class VisionMLP(nn.Module):
     def __init__(self, spec: VisionSpec) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(spec.hidden_size, spec.intermediate_size)
-        self.fc2 = nn.Linear(spec.intermediate_size, spec.hidden_size)
+        self.fc1 = VisionLinear(spec.hidden_size, spec.intermediate_size)
+        self.fc2 = VisionLinear(spec.intermediate_size, spec.hidden_size)
         self.act = activation(spec.activation)
+        self.gelu = _GELU_APPROXIMATIONS.get(spec.activation)  # fc1 runs it
+
+    def prepare(self) -> None:
+        self.fc1.pack()
+        self.fc2.pack()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gelu is not None:  # inside fc1's packed kernel: a pass less over [B, N, 4h]
+            return self.fc2(self.fc1(x, self.gelu))
         return self.fc2(self.act(self.fc1(x)))
 
 
@@ -93,7 +120,9 @@ class VisionTransformer(nn.Module):
         x = self.embeddings(pixel_values.to(self._dtype), patch_mask)  # [B, N, hidden]
         if self.spec.pre_norm:
             x = self.pre_layrnorm(x)
-        key_mask = None if patch_mask is None else patch_mask.reshape(x.shape[0], 1, 1, -1)
+        key_mask = None  # no padding patch: SDPA's unmasked path (the same result)
+        if patch_mask is not None and not bool(patch_mask.all()):
+            key_mask = patch_mask.reshape(x.shape[0], 1, 1, -1)
         states = [x]
         for layer in self.encoder.layers[:depth]:
             x = layer(x, key_mask)
@@ -106,6 +135,12 @@ class VisionTransformer(nn.Module):
         """Every layer, then the last norm: [B, N, hidden]."""
         last = self.hidden_states(pixel_values, patch_mask, self.spec.num_layers)[-1]
         return self.post_layernorm(last)
+
+    def prepare(self) -> None:
+        """The layers' final form, made once after loading: fused, packed linears."""
+        for layer in self.encoder.layers:
+            layer.self_attn.prepare()
+            layer.mlp.prepare()
 
     @property
     def _dtype(self) -> torch.dtype:
