@@ -92,6 +92,7 @@ CHAT_TEMPLATE = (
 QUESTION = "What is in this picture?"
 IMAGE_SIZE = (512, 512)
 AGREEMENT_TOKENS = 16  # the greedy reply compared between the servers
+TOP_LOGPROBS = 5  # and its first token's top logprobs
 LLAMA_SERVER_ENV = "LLAMA_SERVER"
 
 
@@ -441,26 +442,38 @@ def offline_ttft(folder: str, dtype: str, seeds: list[int]) -> list:
     return rounds[1:]
 
 
-def reply_text(url: str, seed: int, max_tokens: int) -> str:
-    """The greedy reply to one image chat (ignore_eos)."""
+def greedy_reply(url: str, seed: int, max_tokens: int) -> dict:
+    """The greedy reply to one image chat (ignore_eos) and its first token's top
+    logprobs ({} where the server gives none)."""
 
     async def one():
         async with await _client(url) as client:
             body = chat_body(image_png(seed), max_tokens)
-            reply = await client.chat.completions.create(model=client.model, **body)
-            return reply.choices[0].message.content or ""
+            body |= {"logprobs": True, "top_logprobs": TOP_LOGPROBS}
+            return await client.chat.completions.create(model=client.model, **body)
 
-    return asyncio.run(one())
+    choice = asyncio.run(one()).choices[0]
+    tokens = choice.logprobs.content if choice.logprobs and choice.logprobs.content else []
+    top = {t.token: round(t.logprob, 5) for t in tokens[0].top_logprobs} if tokens else {}
+    return {"text": choice.message.content or "", "first_top_logprobs": top}
 
 
-def agreement(replies: dict[str, str]) -> dict:
-    """Both servers' replies to one chat and how far they agree (characters in common from
-    the start: random weights make tokens of any text, so the replies are compared as
-    text)."""
-    first, second = replies.values()
+def agreement(replies: dict[str, dict]) -> dict:
+    """How far both servers' replies to one chat agree: characters in common from the start
+    (random weights make tokens of any text, so they are compared as text) and the largest
+    gap between the first token's logprobs of the tokens both list."""
+    (first, top1), (second, top2) = ((r["text"], r["first_top_logprobs"]) for r in replies.values())
     pairs = zip(first, second, strict=False)  # up to the shorter reply
     common = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(first), len(second)))
-    return {"replies": replies, "equal": first == second, "common_prefix_chars": common}
+    shared = top1.keys() & top2.keys()
+    gap = max((abs(top1[t] - top2[t]) for t in shared), default=None)
+    return {
+        "replies": replies,
+        "equal": first == second,
+        "common_prefix_chars": common,
+        "shared_top_tokens": len(shared),
+        "max_logprob_gap": None if gap is None else round(gap, 5),
+    }
 
 
 def _loaded(measure, *args) -> dict:
@@ -531,7 +544,7 @@ def run_served(options: VlmOptions, folder: Path, pair, seeds: ImageSeeds) -> di
         for url in servers.values():  # warm-up: one image chat each
             throughput_round(url, seeds.take(1), 2)
         seed = seeds.take(1)[0]  # both sides' greedy reply to one chat
-        check = agreement({n: reply_text(u, seed, AGREEMENT_TOKENS) for n, u in servers.items()})
+        check = agreement({n: greedy_reply(u, seed, AGREEMENT_TOKENS) for n, u in servers.items()})
         logger.info("agreement: %s", check)
         if "ttft-serve" in options.parts:
             for i in range(options.rounds):

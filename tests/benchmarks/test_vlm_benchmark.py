@@ -129,12 +129,23 @@ def test_ratios_above_one_mean_pagestream_is_ahead():
     }
 
 
-def test_agreement_counts_the_common_start():
-    same = agreement({"pagestream": "a cat", "llama-server": "a cat"})
+def _reply(text: str, **top) -> dict:
+    return {"text": text, "first_top_logprobs": top}
+
+
+def test_agreement_counts_the_common_start_and_the_logprob_gap():
+    same = agreement(
+        {
+            "pagestream": _reply("a cat", a=-0.1, b=-2.5),
+            "llama-server": _reply("a cat", a=-0.1, b=-2.4, c=-3.0),
+        }
+    )
     assert same["equal"] and same["common_prefix_chars"] == 5
-    apart = agreement({"pagestream": "a cat sat", "llama-server": "a dog"})
+    assert same["shared_top_tokens"] == 2 and same["max_logprob_gap"] == pytest.approx(0.1)
+    apart = agreement({"pagestream": _reply("a cat sat"), "llama-server": _reply("a dog")})
     assert not apart["equal"] and apart["common_prefix_chars"] == 2
-    prefix = agreement({"pagestream": "a cat", "llama-server": "a ca"})
+    assert apart["shared_top_tokens"] == 0 and apart["max_logprob_gap"] is None
+    prefix = agreement({"pagestream": _reply("a cat"), "llama-server": _reply("a ca")})
     assert not prefix["equal"] and prefix["common_prefix_chars"] == 4
 
 
