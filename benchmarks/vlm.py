@@ -13,8 +13,7 @@ llama-mtmd-cli). ttft-serve: the same chat against `pagestream serve` and `llama
 ignore_eos, against both servers (llama-server -np 8). Each chat's image is new (no prefix
 cache answers); the sides take turns going first. --precision float32: pagestream float32
 against llama.cpp's F32 pair (the checkpoint's bfloat16 widened on both sides); half:
-pagestream bfloat16 against an F16 mmproj (what llama.cpp's converter writes; its text
-GGUF stays F32, as the writer makes it).
+pagestream bfloat16 against an F16 pair (the type llama.cpp's converters write).
 
 Token counts: llama.cpp's mtmd encodes an Idefics3 image as an overview plus one tile at
 least, so a 512x512 image is 2 tiles there but 1 under HF's processor without splitting.
@@ -97,7 +96,7 @@ LLAMA_SERVER_ENV = "LLAMA_SERVER"
 
 
 PARTS = ("ttft-offline", "ttft-serve", "throughput")
-# --precision: (pagestream's --dtype, the mmproj's matrix type)
+# --precision: (pagestream's --dtype, the matrix type of llama.cpp's pair)
 PRECISIONS = {"float32": ("float32", "F32"), "half": ("bfloat16", "F16")}
 LLAMA_CPP_PYTHON_ENV = "LLAMA_CPP_PYTHON"  # an interpreter with llama-cpp-python
 
@@ -132,7 +131,7 @@ class VlmOptions:
         return PRECISIONS[self.precision][0]
 
     @property
-    def mmproj_type(self) -> str:
+    def gguf_type(self) -> str:
         return PRECISIONS[self.precision][1]
 
 
@@ -213,19 +212,19 @@ def hf_folder() -> Path:
     return out
 
 
-def llamacpp_pair(mmproj_type: str = "F32") -> tuple[Path, Path]:
-    """(text GGUF, mmproj GGUF) of the folder, the mmproj's matrices `mmproj_type`, written
+def llamacpp_pair(gguf_type: str = "F32") -> tuple[Path, Path]:
+    """(text GGUF, mmproj GGUF) of the folder, both files' matrices `gguf_type`, written
     once."""
     from tests.helpers.mmproj_writer import write_pair
 
-    out = cache_dir() / (f"{NAME}.llamacpp" + ("" if mmproj_type == "F32" else f".{mmproj_type}"))
+    out = cache_dir() / (f"{NAME}.llamacpp" + ("" if gguf_type == "F32" else f".{gguf_type}"))
     text, mmproj = out / "text.gguf", out / "mmproj-text.gguf"
     if text.is_file() and mmproj.is_file():
         return text, mmproj
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    write_pair(hf_folder(), tmp, mmproj_type)
+    write_pair(hf_folder(), tmp, gguf_type, text_type=gguf_type)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return text, mmproj
@@ -491,14 +490,14 @@ def summarize(rounds: list[dict], key: str) -> dict:
 
 def run_vlm(options: VlmOptions) -> dict:
     """The asked parts, each side's median and the ratios."""
-    folder, pair = hf_folder(), llamacpp_pair(options.mmproj_type)
+    folder, pair = hf_folder(), llamacpp_pair(options.gguf_type)
     seeds = ImageSeeds(options.seed)
     part: dict = {
         "machine": machine_info(),
         "threads": options.threads,
         "image": list(IMAGE_SIZE),
         "image_tokens_mtmd": mtmd_image_tokens(*IMAGE_SIZE),
-        "precision": {"pagestream": options.dtype, "llama.cpp mmproj": options.mmproj_type},
+        "precision": {"pagestream": options.dtype, "llama.cpp": options.gguf_type},
     }
     if "ttft-offline" in options.parts:
         part["ttft_offline_s"] = run_ttft_offline(options, folder, pair, seeds)
@@ -636,7 +635,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
     )
     if args.files_only:
-        print(hf_folder(), *llamacpp_pair(options.mmproj_type))
+        print(hf_folder(), *llamacpp_pair(options.gguf_type))
         return 0
     part = run_vlm(options)
     if args.out:

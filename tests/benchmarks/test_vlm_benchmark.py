@@ -157,10 +157,10 @@ def test_llama_server_gets_the_mmproj_slots_and_threads():
     assert command[command.index("-c") + 1] == str(8 * server.context_per_slot)
 
 
-def test_half_precision_is_bfloat16_against_an_f16_mmproj():
-    assert (VlmOptions().dtype, VlmOptions().mmproj_type) == ("float32", "F32")
+def test_half_precision_is_bfloat16_against_an_f16_pair():
+    assert (VlmOptions().dtype, VlmOptions().gguf_type) == ("float32", "F32")
     half = VlmOptions(precision="half")
-    assert (half.dtype, half.mmproj_type) == ("bfloat16", "F16")
+    assert (half.dtype, half.gguf_type) == ("bfloat16", "F16")
 
 
 @pytest.mark.parametrize(
