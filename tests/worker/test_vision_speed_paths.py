@@ -110,16 +110,16 @@ def test_fused_linear_stacks_outputs():
 @needs_packing
 def test_idefics3_bfloat16_encode_image_within_bfloat16_of_hf(tmp_path):
     """A bfloat16 model's image rows (packed bf16 linears, bf16 attention) against HF's
-    float32 rows, at bfloat16's tolerance; the vision modules are prepared by then."""
+    float32 rows, at bfloat16's tolerance; the loader prepared the vision modules."""
     folder = build_tiny_vlm("idefics3", tmp_path / "vlm")
     hf = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
     processor = AutoProcessor.from_pretrained(folder)
     model = load_model(ModelConfig(model=str(folder), dtype="bfloat16"), device="cpu")
+    qkv = model.vision_model.encoder.layers[0].self_attn.qkv  # prepared at load
+    assert qkv.packed is not None and qkv.packed.tensor.dtype == torch.bfloat16
     inputs = processed(processor, (64, 48), seed=3)
     rows = model.encode_image(image_input(model, inputs))
     reference = hf_image_rows(hf, inputs)
     assert rows.dtype == model.hidden_dtype and rows.shape == reference.shape
-    qkv = model.vision_model.encoder.layers[0].self_attn.qkv
-    assert qkv.packed is not None and qkv.packed.tensor.dtype == torch.bfloat16
     scale = reference.abs().max().item()
     torch.testing.assert_close(rows.float(), reference, atol=0.05 * scale, rtol=0.05)

@@ -14,7 +14,7 @@ them (`checkpoint_prefixes`). The vision modules live on the first pipeline stag
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -101,9 +101,14 @@ class VisionLanguageModel(LlamaForCausalLM):
             )
         return rows
 
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        loaded = super().load_weights(weights)
+        self.prepare_vision()  # every tensor is in (else ModelLoadError): packed at load
+        return loaded
+
     def prepare_vision(self) -> None:
         """The vision modules' final form (fused, packed linears: their `prepare`), made
-        once, after loading: here at the first image, unless the loader made it already."""
+        once, after loading (load_weights; encode_image for a model loaded otherwise)."""
         if self._vision_prepared:
             return
         for prefix in self.vision_prefixes:
