@@ -14,6 +14,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor, Idefics3Vis
 
 from services.common.config import ModelConfig
 from services.worker.layers.packed_weight import packing_enabled
+from services.worker.layers.quantization.model_weights import resident_weight_bytes
 from services.worker.model_loader import load_model
 from services.worker.models.vision.vision_linear import VisionLinear, fused
 from services.worker.models.vision.vision_spec import VisionSpec
@@ -123,3 +124,14 @@ def test_idefics3_bfloat16_encode_image_within_bfloat16_of_hf(tmp_path):
     assert rows.dtype == model.hidden_dtype and rows.shape == reference.shape
     scale = reference.abs().max().item()
     torch.testing.assert_close(rows.float(), reference, atol=0.05 * scale, rtol=0.05)
+
+
+@needs_packing
+def test_resident_bytes_count_the_packed_vision_linears():
+    """The plain weights are freed once packed; the packed copies are what the model
+    holds (oneDNN's blocks may pad them, never halve them)."""
+    plain = tiny_tower(torch.float32)
+    prepared = copy.deepcopy(plain)
+    prepared.prepare()
+    before, after = resident_weight_bytes(plain), resident_weight_bytes(prepared)
+    assert before <= after < 2 * before

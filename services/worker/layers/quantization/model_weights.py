@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from services.worker.layers.linear import LinearBase
-from services.worker.layers.packed_weight import packing_enabled
+from services.worker.layers.packed_weight import PackedWeight, packing_enabled
 from services.worker.layers.quantization.loading import OnlineQuantization
 from services.worker.layers.vocab_embedding import LMHead, VocabEmbedding
 
@@ -138,5 +138,9 @@ def resident_weight_bytes(model: nn.Module) -> int:
             total += int(table.native.weight_bytes())
         packed = table.packed  # oneDNN's copy (PackedWeight)
         if packed is not None:
+            total += packed.tensor.numel() * packed.tensor.element_size()
+    for module in model.modules():  # other modules' packed weights (the vision linears')
+        packed = getattr(module, "packed", None)
+        if isinstance(packed, PackedWeight) and not isinstance(module, LMHead):
             total += packed.tensor.numel() * packed.tensor.element_size()
     return total
