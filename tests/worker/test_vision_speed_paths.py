@@ -10,12 +10,19 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForImageTextToText, AutoProcessor, Idefics3VisionConfig
+from transformers import (
+    AutoConfig,
+    AutoModelForImageTextToText,
+    AutoProcessor,
+    Idefics3VisionConfig,
+)
 
 from services.common.config import ModelConfig
+from services.common.rank_info import RankInfo
 from services.worker.layers.packed_weight import packing_enabled
 from services.worker.layers.quantization.model_weights import resident_weight_bytes
 from services.worker.model_loader import load_model
+from services.worker.models.idefics3 import Idefics3ForConditionalGeneration
 from services.worker.models.vision.vision_linear import VisionLinear, fused
 from services.worker.models.vision.vision_spec import VisionSpec
 from services.worker.models.vision.vision_transformer import VisionTransformer
@@ -135,3 +142,15 @@ def test_resident_bytes_count_the_packed_vision_linears():
     prepared.prepare()
     before, after = resident_weight_bytes(plain), resident_weight_bytes(prepared)
     assert before <= after < 2 * before
+
+
+def test_a_later_pipeline_stage_has_no_vision_to_prepare(tmp_path):
+    """Only the first stage holds the vision modules; the others' prepare is a no-op."""
+    folder = build_tiny_vlm("idefics3", tmp_path / "vlm")
+    config = AutoConfig.from_pretrained(folder)
+    later = Idefics3ForConditionalGeneration(config, RankInfo(rank=1, pipeline_parallel_size=2))
+    assert not hasattr(later, "vision_model")
+    later.prepare_vision()
+    first = Idefics3ForConditionalGeneration(config, RankInfo(pipeline_parallel_size=2))
+    first.prepare_vision()
+    assert first.vision_model.encoder.layers[0].self_attn.qkv is not None

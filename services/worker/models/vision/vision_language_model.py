@@ -109,7 +109,7 @@ class VisionLanguageModel(LlamaForCausalLM):
     def prepare_vision(self) -> None:
         """The vision modules' final form (fused, packed linears: their `prepare`), made
         once, after loading (load_weights; encode_image for a model loaded otherwise)."""
-        if self._vision_prepared:
+        if self._vision_prepared or not self.rank.is_first_stage:  # later stages: none
             return
         for prefix in self.vision_prefixes:
             prepare = getattr(self.get_submodule(prefix.removesuffix(".")), "prepare", None)
