@@ -14,13 +14,12 @@ them (`checkpoint_prefixes`). The vision modules live on the first pipeline stag
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import numpy as np
 import torch
 from transformers import PretrainedConfig
 
-from pagestream_kernels.attention_metadata import AttentionMetadata
 from services.common.image_input import ImageInput
 from services.common.rank_info import RankInfo
 from services.worker.models.decoder_spec import DecoderSpec
@@ -68,19 +67,6 @@ class VisionLanguageModel(LlamaForCausalLM):
     def image_features(self, data: dict[str, torch.Tensor]) -> torch.Tensor:
         """One image's processor tensors -> its rows [num_embeds, text_hidden]."""
         raise NotImplementedError
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: Sequence[torch.Tensor],
-        attn_metadata: AttentionMetadata,
-        hidden_states: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        return self.model(
-            input_ids, positions, kv_caches, attn_metadata, hidden_states, inputs_embeds
-        )
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids [T] int64 -> [T, hidden] in the residual's dtype (the family's
