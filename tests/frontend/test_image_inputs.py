@@ -22,9 +22,7 @@ from services.frontend.multimodal.media_loader import MediaLoader
 from services.frontend.tokenizer import apply_chat_template
 from tests.helpers.tiny_vlms import (
     FAMILIES,
-    TEXT_SIZES,
-    VISION_SIZES,
-    VLM_CHAT_TEMPLATE,
+    build_gemma3_processor_folder,
     build_tiny_vlm,
     random_image,
 )
@@ -52,41 +50,6 @@ def png_header(width: int, height: int) -> bytes:
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     idat = zlib.compress(b"\0" * 16)
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
-
-
-def build_gemma3_processor_folder(folder):
-    """A tiny Gemma 3 folder's config, tokenizer and processor (no weights: the frontend
-    reads none). Its processor calls the marker <start_of_image> its image token; the
-    config's image token is the soft token the encoder's rows replace."""
-    from transformers import (
-        Gemma3Config,
-        Gemma3ImageProcessor,
-        Gemma3Processor,
-        Gemma3TextConfig,
-        SiglipVisionConfig,
-    )
-
-    from tests.helpers.tiny_tokenizer import build_tokenizer
-
-    tokenizer = build_tokenizer()
-    names = {"boi_token": "<start_of_image>", "image_token": "<soft>", "eoi_token": "<end_img>"}
-    tokenizer.add_special_tokens({"additional_special_tokens": list(names.values())})
-    tokenizer._set_model_specific_special_tokens(special_tokens=names)  # as Gemma's has them
-    tokenizer.chat_template = VLM_CHAT_TEMPLATE.replace("<image>", "<start_of_image>")
-    ids = {k: tokenizer.convert_tokens_to_ids(v) for k, v in names.items()}
-    config = Gemma3Config(
-        text_config=Gemma3TextConfig(vocab_size=len(tokenizer) + 16, **TEXT_SIZES),
-        vision_config=SiglipVisionConfig(image_size=32, patch_size=8, **VISION_SIZES),
-        mm_tokens_per_image=4,
-        boi_token_index=ids["boi_token"],
-        eoi_token_index=ids["eoi_token"],
-        image_token_index=ids["image_token"],
-    )
-    image_processor = Gemma3ImageProcessor(size={"height": 32, "width": 32})
-    processor = Gemma3Processor(image_processor, tokenizer, image_seq_length=4)
-    for part in (config, processor, tokenizer):
-        part.save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module", params=(*FAMILIES, "gemma3"))

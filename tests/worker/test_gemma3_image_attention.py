@@ -197,7 +197,7 @@ def gemma3_chat_dir(tmp_path_factory) -> Path:
     test folder's, tests/frontend/test_image_inputs.py), weights saved."""
     from transformers import Gemma3ForConditionalGeneration
 
-    from tests.frontend.test_image_inputs import build_gemma3_processor_folder
+    from tests.helpers.tiny_vlms import build_gemma3_processor_folder
 
     folder = build_gemma3_processor_folder(tmp_path_factory.mktemp("gemma3-chat"))
     config = Gemma3ForConditionalGeneration.config_class.from_pretrained(folder)

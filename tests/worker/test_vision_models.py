@@ -14,18 +14,17 @@ import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from services.common.config import ModelConfig
-from services.common.image_input import ImageInput
 from services.worker.model_loader import load_model
 from services.worker.models.idefics3 import Idefics3ForConditionalGeneration
 from services.worker.models.llava import LlavaForConditionalGeneration
 from tests.helpers.paged_session import PagedSession, SeqState
-from tests.helpers.tiny_vlms import FAMILIES, build_tiny_vlm, random_image
+from tests.helpers.tiny_vlms import FAMILIES, build_tiny_vlm
+from tests.helpers.vlm_rows import hf_image_rows, image_input, processed
 
 ATOL = 1e-4
 CLASSES = {"llava": LlavaForConditionalGeneration, "idefics3": Idefics3ForConditionalGeneration}
 # (width, height): a landscape photo, and a strip whose tiles' patches are partly padding
 SIZES = [(50, 40), (90, 20)]
-PROMPT = "<s>user: <image>what is this?\n<s>assistant:"
 
 
 @pytest.fixture(scope="module")
@@ -57,26 +56,6 @@ def hf_vlm(vlm_dir):
 
 def load(folder: Path, **options):
     return load_model(ModelConfig(model=str(folder), dtype="float32", **options), device="cpu")
-
-
-def processed(processor, size=(50, 40), seed=1) -> dict[str, torch.Tensor]:
-    return dict(processor(text=PROMPT, images=[random_image(seed, size)], return_tensors="pt"))
-
-
-def image_input(model, inputs: dict[str, torch.Tensor]) -> ImageInput:
-    """The prompt's one image as the frontend hands it over: its span from the first to
-    the last image token, its processor tensors as numpy."""
-    where = (inputs["input_ids"][0] == model.image_token_id).nonzero().flatten()
-    start, end = int(where[0]), int(where[-1]) + 1
-    data = {k: v.numpy() for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
-    return ImageInput(start, end - start, len(where), "hash", data)
-
-
-def hf_image_rows(hf, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    pixels = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
-    with torch.no_grad():
-        features = hf.get_image_features(**pixels).pooler_output
-    return torch.cat([f.reshape(-1, f.shape[-1]) for f in features])
 
 
 @pytest.mark.parametrize("size", SIZES)

@@ -27,7 +27,7 @@ from services.worker.models.vision.vision_linear import VisionLinear, fused
 from services.worker.models.vision.vision_spec import VisionSpec
 from services.worker.models.vision.vision_transformer import VisionTransformer
 from tests.helpers.tiny_vlms import build_tiny_vlm
-from tests.worker.test_vision_models import hf_image_rows, image_input, processed
+from tests.helpers.vlm_rows import hf_image_rows, image_input, processed
 
 needs_packing = pytest.mark.skipif(not packing_enabled(), reason="this torch has no oneDNN")
 
