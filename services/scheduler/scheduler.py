@@ -290,9 +290,10 @@ class Scheduler:
     ) -> None:
         rid = request.request_id
         rewritten = self.kv.take_rewritten(rid)
-        start, fresh = request.num_computed_tokens, rid not in self.on_worker
-        encoded = images_to_encode(request.images, start, num_new, fresh)
-        plan.encoder_budget -= sum(image.num_embeds for image in encoded)
+        if request.images:
+            start, fresh = request.num_computed_tokens, rid not in self.on_worker
+            encoded = images_to_encode(request.images, start, num_new, fresh)
+            plan.encoder_budget -= sum(image.num_embeds for image in encoded)
         if rid not in self.on_worker:
             self.on_worker.add(rid)
             plan.add_new(request, self.kv.block_table(rid), num_new)

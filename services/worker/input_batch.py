@@ -455,7 +455,9 @@ class InputBatch:
         flat: FlatBatch,
     ) -> list[ImageSlice]:
         """The step's rows that take image embeddings (prompt chunks through image spans)."""
-        slices = []
+        slices: list[ImageSlice] = []
+        if self.image_token_id is None:
+            return slices  # a text model's steps: no per-request walk
         for row, request_id in enumerate(request_ids):
             images = self._requests[request_id].images
             start = int(num_computed[row])
