@@ -109,6 +109,17 @@ class EngineArgs:
     kv_cache_memory: int | str | None = flag(
         None, "KV cache bytes on the CPU, e.g. 4GiB (default 4 GiB)"
     )
+    kv_offload_dir: str | None = flag(
+        None,
+        "a directory where full KV blocks are kept across evictions, unloads and restarts "
+        "(keyed by block hash and the model's identity; a prefix hit reads them back)",
+    )
+    kv_offload_bytes: int | str = flag(
+        "8GiB", "--kv-offload-dir's bound, e.g. 8GiB (least recently used blocks go first)"
+    )
+    kv_offload_host_bytes: int | str = flag(
+        0, "host memory for a KV offload tier in front of the directory, e.g. 2GiB (0: none)"
+    )
     kv_cache_dtype: str = flag(
         CacheConfig.cache_dtype, "the KV cache's dtype (auto: the model's)", choices=DTYPES
     )
@@ -283,6 +294,9 @@ class EngineArgs:
             kv_cache_memory=None if kv_bytes is None else parse_size(kv_bytes, "kv_cache_memory"),
             swap_space=int(self.swap_space * GIB),
             cache_dtype=self.kv_cache_dtype,
+            kv_offload_dir=self.kv_offload_dir,
+            kv_offload_bytes=parse_size(self.kv_offload_bytes, "kv_offload_bytes"),
+            kv_offload_host_bytes=parse_size(self.kv_offload_host_bytes, "kv_offload_host_bytes"),
         )
 
     def scheduler_config(

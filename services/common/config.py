@@ -80,6 +80,13 @@ class CacheConfig:
     kv_cache_memory: int | None = None  # bytes; CPU default is 4 GiB (see resolved_kv_bytes)
     swap_space: int = 4 * 1024**3  # bytes of CPU swap pool
     cache_dtype: str = "auto"
+    # KV offload tiers (DESIGN.md section 10): full blocks are kept, beside the cache, in
+    # host memory (kv_offload_host_bytes, 0: no host tier) and in files under
+    # kv_offload_dir (bounded by kv_offload_bytes, LRU), keyed by block hash and the
+    # model's identity; a prefix lookup reads them back before recomputing.
+    kv_offload_dir: str | None = None
+    kv_offload_bytes: int = 8 * 1024**3
+    kv_offload_host_bytes: int = 0
     # Not a flag: the workers' KV cache groups (layers sharing one block table), as they
     # describe the model: per group the window its layers attend within (0: full
     # attention); a windowed group's blocks outside the window are freed.
@@ -99,6 +106,15 @@ class CacheConfig:
         if self.swap_space < 0:
             raise ValueError(f"swap_space must be >= 0 bytes, got {self.swap_space}.")
         _one_of("cache_dtype", self.cache_dtype, DTYPES)
+        for name in ("kv_offload_bytes", "kv_offload_host_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 bytes, got {getattr(self, name)}.")
+
+    @property
+    def kv_offload_enabled(self) -> bool:
+        """A tier is on: a directory with room, or host memory for it."""
+        disk = self.kv_offload_dir is not None and self.kv_offload_bytes > 0
+        return disk or self.kv_offload_host_bytes > 0
 
 
 @dataclass(frozen=True)

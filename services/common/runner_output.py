@@ -44,3 +44,6 @@ class RunnerOutput:
     # Pooling requests whose prompt ended this step: request_id -> its final pooled vector
     # [out] float32 (pooled, through the head, truncated and normalized as asked).
     pooled: dict[str, np.ndarray] = field(default_factory=dict)
+    # KV offload: keys of this step's kv_loads that could not be read (file gone, truncated,
+    # checksum or identity wrong); the scheduler forgets them and recomputes what they held.
+    kv_load_failures: list[bytes] = field(default_factory=list)

@@ -84,6 +84,14 @@ class SchedulerOutput:
     # slot this step uses with the adapter it holds (a worker loads the ones it lacks).
     lora_slots: dict[str, int] = field(default_factory=dict)
     lora_adapters: dict[int, LoRARequest] = field(default_factory=dict)
+    # KV offload tiers (the worker's kv_offload store, the scheduler's index of it), applied
+    # in this order: kv_drops, keys a tier forgets ((key, "host" | "disk")); kv_loads,
+    # (key, device block) read back from host memory or disk before the forward; after the
+    # forward, kv_saves, (device block, key) of blocks full now, copied out to every tier.
+    # A key is a block hash (32 bytes).
+    kv_drops: list[tuple[bytes, str]] = field(default_factory=list)
+    kv_loads: list[tuple[bytes, int]] = field(default_factory=list)
+    kv_saves: list[tuple[int, bytes]] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
