@@ -31,6 +31,9 @@ def carries_nothing(plan: SchedulerOutput) -> bool:
         or plan.blocks_to_copy
         or plan.blocks_to_swap_in
         or plan.blocks_to_swap_out
+        or plan.kv_drops
+        or plan.kv_loads
+        or plan.kv_saves
     )
 
 

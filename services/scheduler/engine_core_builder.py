@@ -13,12 +13,13 @@ from dataclasses import replace
 from typing import Protocol
 
 from services.common.compatibility import check_with_model
-from services.common.config import CacheConfig, SchedulerConfig
+from services.common.config import CacheConfig, ModelConfig, SchedulerConfig
 from services.common.served_model_info import ServedModelInfo
 from services.common.speculative_config import SpeculativeConfig
 from services.common.worker_info import CacheInfo, ModelInfo
 from services.scheduler.engine_core import EngineCore
 from services.scheduler.executor.executor import Executor
+from services.scheduler.kv_offload_tiers import offload_index_for
 from services.scheduler.scheduler import Scheduler
 from services.scheduler.structured_output_manager import (
     StructuredOutputManager,
@@ -38,6 +39,8 @@ class EngineCoreArgs(Protocol):
     served_model_name: str | None
 
     def cache_config(self) -> CacheConfig: ...
+
+    def model_config(self) -> ModelConfig: ...
 
     def scheduler_config(self, model_max_len: int, device: str = ...) -> SchedulerConfig: ...
 
@@ -97,9 +100,11 @@ class EngineCoreBuilder:
             tokenizer_json_of(self.args.model), model.vocab_size, model.eos_token_ids
         )
         speculative = model.capabilities.speculative  # the workers' flags are the truth
+        cache_config = self._cache_config(cache_info)
+        offload = offload_index_for(self.args.model_config(), cache_config, cache_info, model)
         scheduler = Scheduler(
             config,
-            self._cache_config(cache_info),
+            cache_config,
             cache_info.num_device_blocks,
             cache_info.num_cpu_blocks,
             structured,
@@ -107,6 +112,7 @@ class EngineCoreBuilder:
             max_loras=model.capabilities.max_loras,
             pooler=model.capabilities.pooler,
         )
+        scheduler.kv.use_offload(offload)
         _warn_if_the_cache_caps(
             config.max_model_len, scheduler.max_model_len, cache_info, speculative
         )

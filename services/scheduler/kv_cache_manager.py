@@ -5,7 +5,12 @@ A request's table holds one list per KV cache group (layers sharing one block ta
 hybrid model has full-attention and sliding-window groups), all of one length: entry
 `pos` of group g's list is its block for tokens `pos * block_size ..`. A windowed group's
 block wholly before the next query's window is freed and its entry becomes NULL_BLOCK, so a
-sequence holds at most `peak_blocks` blocks. A freed block keeps its hash until evicted."""
+sequence holds at most `peak_blocks` blocks. A freed block keeps its hash until evicted.
+
+With KV offload tiers (`offload`, one full-attention group only) a block registered in the
+prefix cache is saved to them (write-through), and a prefix lookup continues past the
+device's hits into the tiers: those blocks get fresh device blocks the worker reads the
+tier's contents into before the step's forward (pending_loads)."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from services.common.block_hash import BlockHash
 from services.common.scheduler_output import BlockTable
 from services.scheduler.block_pool import BlockPool, KVCacheBlock
 from services.scheduler.encoder_budget import ends_inside_image
+from services.scheduler.kv_offload_index import KvOffloadIndex
 from services.scheduler.request import Request
 
 
@@ -87,6 +93,18 @@ class KVCacheManager:
         self._rewritten: set[str] = set()  # tables changed in place (not just appended)
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
+        self.offload: KvOffloadIndex | None = None  # the KV offload tiers (use_offload)
+        self.pending_loads: list[tuple[BlockHash, int]] = []  # (key, device block) for the plan
+        self.pending_saves: list[tuple[int, BlockHash]] = []  # (device block, key) for the plan
+        self.offload_hits = 0  # tokens read back from a tier on prefix hits
+
+    def use_offload(self, offload: KvOffloadIndex | None) -> None:
+        """Save to and load from the KV offload tiers `offload` indexes (None: none)."""
+        if offload is not None and not (self.enable_caching and self.num_groups == 1):
+            raise ValueError("KV offload tiers need prefix caching and one KV cache group")
+        if offload is not None and self.windowed:
+            raise ValueError("KV offload tiers need a full-attention KV cache group")
+        self.offload = offload if offload is not None and offload.enabled else None
 
     # ---- queries -------------------------------------------------------------------
     @property
@@ -158,18 +176,31 @@ class KVCacheManager:
             if any(row[g] is None for g in self._full_groups):
                 break
             rows.append(row)
-        num_hit = len(rows)
+        num_device = len(rows)
+        num_hit = num_device + self._num_offloaded(request.block_hashes[num_device:max_hit])
         while num_hit and not self._hit_usable(request, rows, num_hit):
             num_hit -= 1
         first = self._first_seen_position(num_hit * self.block_size)
         tables = [
             [
                 NULL_BLOCK if g in self.windowed and pos < first else rows[pos][g]
-                for pos in range(num_hit)
+                for pos in range(min(num_hit, num_device))
             ]
             for g in self._groups
         ]
+        # Past the device's blocks: the tiers' (allocate_slots' num_loaded).
         return tables, num_hit * self.block_size  # type: ignore[return-value]
+
+    def _num_offloaded(self, block_hashes: Sequence[BlockHash]) -> int:
+        """How many leading `block_hashes` the offload tiers hold."""
+        if self.offload is None:
+            return 0
+        count = 0
+        for block_hash in block_hashes:
+            if block_hash not in self.offload:
+                break
+            count += 1
+        return count
 
     def _first_seen_position(self, num_computed: int) -> int:
         """The first block position a query from num_computed on can see in a windowed
@@ -187,6 +218,7 @@ class KVCacheManager:
         return self._window_cached(rows, num_hit) and not ends_inside_image(request.images, end)
 
     def _window_cached(self, rows: list[list[KVCacheBlock | None]], num_hit: int) -> bool:
+        # (a hit past the rows is the tiers': they hold only models without windows)
         first = self._first_seen_position(num_hit * self.block_size)
         return all(rows[pos][g] is not None for pos in range(first, num_hit) for g in self.windowed)
 
@@ -201,17 +233,20 @@ class KVCacheManager:
         num_new_tokens: int,
         new_computed_blocks: Sequence[Sequence[KVCacheBlock]] = (),
         num_lookahead_tokens: int = 0,
+        num_loaded: int = 0,
     ) -> Tables | None:
         """Blocks for num_new_tokens more tokens (and num_lookahead_tokens slots past them,
         which a draft model writes while it proposes), per group the new positions' blocks;
         None (and nothing changed but the blocks outside the window freed) if too few are
-        free. `new_computed_blocks`: a prefix hit (get_computed_blocks), per group."""
+        free. `new_computed_blocks`: a prefix hit (get_computed_blocks), per group;
+        `num_loaded`: the hit's blocks past them that the offload tiers hold (the first
+        new blocks, read back before the step's forward)."""
         rid = request.request_id
         tables = self.req_to_blocks.setdefault(rid, self._empty())
         self._free_outside_window(rid, tables, request.num_computed_tokens)
         hit = _position_major(new_computed_blocks) if new_computed_blocks else []
         num_hit = len(new_computed_blocks[0]) if new_computed_blocks else 0
-        num_computed = request.num_computed_tokens + num_hit * self.block_size
+        num_computed = request.num_computed_tokens + (num_hit + num_loaded) * self.block_size
         num_slots = num_computed + num_new_tokens + num_lookahead_tokens
         num_positions = len(tables[0]) + num_hit
         num_new = max(cdiv(num_slots, self.block_size) - num_positions, 0)
@@ -228,11 +263,24 @@ class KVCacheManager:
         for group in cows:
             self._copy_on_write(rid, tables, group, pos)
         new_blocks = self._take_positions(num_new)
+        if num_loaded:
+            self._load(request, len(tables[0]), new_blocks[0][:num_loaded])
         for blocks, added in zip(tables, new_blocks, strict=True):
             blocks.extend(added)
         self._cache_full_blocks(request, num_computed + num_new_tokens)
         self._free_outside_window(rid, tables, num_computed)
         return new_blocks
+
+    def _load(self, request: Request, first: int, blocks: list[KVCacheBlock]) -> None:
+        """The tiers' contents of the request's block positions `first..` go into
+        `blocks` (fresh, one group); _cache_full_blocks registers them under their hashes
+        (already in a tier: no save)."""
+        assert self.offload is not None
+        for pos, block in enumerate(blocks, start=first):
+            key = request.block_hashes[pos]
+            self.offload.hit(key)
+            self.pending_loads.append((key, block.block_id))
+        self.offload_hits += len(blocks) * self.block_size
 
     def _take_positions(self, num_positions: int) -> Tables:
         """Fresh blocks for num_positions positions, per group (taken position-major)."""
@@ -291,8 +339,19 @@ class KVCacheManager:
             for g in self._groups:
                 block = tables[g][pos]
                 if block is not NULL_BLOCK:
-                    self.pool.cache_full_block(block, group_key(request.block_hashes[pos], g))
+                    self._cache_full_block(block, group_key(request.block_hashes[pos], g))
         self.num_cached_blocks[rid] = max(start, end)
+
+    def _cache_full_block(self, block: KVCacheBlock, key: BlockHash) -> None:
+        """Register the block; one newly registered under a key no tier holds is saved
+        (the worker copies it out after this step's forward fills it)."""
+        fresh = block.block_hash is None
+        self.pool.cache_full_block(block, key)
+        if self.offload is None or not fresh or self.pool.get_cached_block(key) is not block:
+            return
+        if key not in self.offload:
+            self.offload.add(key)
+            self.pending_saves.append((block.block_id, key))
 
     def trim(self, request: Request) -> int:
         """Free the blocks past the request's computed tokens (those only rejected
@@ -319,12 +378,67 @@ class KVCacheManager:
         self._rewritten.discard(rid)
         return True
 
-    def uncache(self, request: Request) -> None:
-        """Forget the hashes of the request's blocks no other request holds (their
-        contents are not to be trusted), before it frees them."""
-        for block in _real(_position_major(self.req_to_blocks.get(request.request_id, []))):
+    def uncache(self, request: Request, first: int = 0) -> None:
+        """Forget the hashes of the request's blocks from position `first` on that no
+        other request holds (their contents are not to be trusted), before it frees them;
+        the offload tiers forget them too."""
+        tables = self.req_to_blocks.get(request.request_id, [])
+        for block in _real(_position_major([blocks[first:] for blocks in tables])):
             if block.ref_cnt == 1:
+                self._forget(block)
+
+    def discard_from(self, request: Request, first: int) -> None:
+        """The request's blocks from position `first` on hold garbage (computed after a
+        failed load): they leave the prefix cache and the tiers, whoever holds them (every
+        holder holds the failed block too, being a prefix hit through it)."""
+        tables = self.req_to_blocks.get(request.request_id, [])
+        for block in _real(_position_major([blocks[first:] for blocks in tables])):
+            self._forget(block)
+        self.num_cached_blocks[request.request_id] = min(
+            self.num_cached_blocks.get(request.request_id, 0), first
+        )
+
+    def _forget(self, block: KVCacheBlock) -> None:
+        if self.offload is not None and block.block_hash is not None:
+            self.offload.forget(block.block_hash)
+        self.pool.uncache(block)
+
+    def fail_loads(
+        self, keys: Iterable[BlockHash], loads: Sequence[tuple[BlockHash, int]]
+    ) -> set[int]:
+        """The worker could not read `keys` (of a plan's `loads`): the tiers forget them
+        and the blocks they were to fill leave the prefix cache; those blocks' ids (every
+        request holding one computed from garbage)."""
+        failed = set(keys)
+        for key in failed:
+            if self.offload is not None:
+                self.offload.num_failed += 1
+                self.offload.forget(key)
+        bad = {block_id for key, block_id in loads if key in failed}
+        for block_id in bad:
+            block = self.pool.blocks[block_id]
+            if block.block_hash is not None and block.block_hash in failed:
                 self.pool.uncache(block)
+        return bad
+
+    def first_position_of(self, request: Request, block_ids: set[int]) -> int | None:
+        """The first block position of the request's table holding one of `block_ids`."""
+        tables = self.req_to_blocks.get(request.request_id) or self._empty()
+        for pos, block in enumerate(tables[0]):
+            if block.block_id in block_ids and block is not NULL_BLOCK:
+                return pos
+        return None
+
+    def take_offload_drops(self) -> list[tuple[BlockHash, str]]:
+        """The tiers' drops decided before this step (a plan applies them before its loads
+        and saves, so the drops decided while planning it wait for the next plan)."""
+        return self.offload.take_drops() if self.offload is not None else []
+
+    def take_offload_transfers(self) -> tuple[list, list]:
+        """This step's (kv_loads, kv_saves), forgotten here."""
+        loads, self.pending_loads = self.pending_loads, []
+        saves, self.pending_saves = self.pending_saves, []
+        return loads, saves
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first so a chain's tail is evicted before its head."""

@@ -78,9 +78,11 @@ class PlanBuilder:
         blocks_to_copy: list[tuple[int, int]],
         masks=None,
         loras: tuple[dict[str, int], dict[int, LoRARequest]] = ({}, {}),
+        offload: tuple[list, list, list] = ([], [], []),
     ) -> SchedulerOutput:
         """The plan; `masks` (StepMasks) are the grammar bitmasks of this step's rows,
-        `loras` the rows' adapter slots and the slots' adapters (LoRASlotTable.assign)."""
+        `loras` the rows' adapter slots and the slots' adapters (LoRASlotTable.assign),
+        `offload` the KV offload tiers' (kv_drops, kv_loads, kv_saves)."""
         cached = CachedRequestData(
             request_ids=self.cached_ids,
             new_block_ids=self.cached_new_block_ids,
@@ -102,4 +104,7 @@ class PlanBuilder:
             scheduled_spec_decode_tokens=self.spec_token_ids,
             lora_slots=loras[0],
             lora_adapters=loras[1],
+            kv_drops=offload[0],
+            kv_loads=offload[1],
+            kv_saves=offload[2],
         )

@@ -94,6 +94,9 @@ class Scheduler:
         self.pending_swap_out: list[tuple[int, int]] = []  # for the next plan
         self.groups = SequenceGroups(self)
         self.in_flight = StepsInFlight()
+        # Requests holding a block whose KV offload load failed (request_id -> its first
+        # position computed from garbage): recomputed when not in flight.
+        self.poisoned: dict[str, int] = {}
 
     # ---- admission -----------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -177,6 +180,7 @@ class Scheduler:
         """The next step's plan; every request in it is in flight until its output is processed."""
         budget = self.config.max_num_batched_tokens
         plan = PlanBuilder(token_budget=budget, encoder_budget=budget)
+        kv_drops = self.kv.take_offload_drops()
         num_preemptions = self.num_preemptions
         stalled = self._schedule_running(plan)
         admit = self.num_preemptions == num_preemptions and not stalled
@@ -191,7 +195,10 @@ class Scheduler:
             plan.scheduled, plan.num_scheduled_tokens, plan.spec_token_ids
         )
         loras = self.loras.assign(plan.scheduled, self.running)
-        output = plan.build(self.finished_req_ids, self.kv.take_pending_copies(), masks, loras)
+        offload = (kv_drops, *self.kv.take_offload_transfers())
+        output = plan.build(
+            self.finished_req_ids, self.kv.take_pending_copies(), masks, loras, offload
+        )
         self.finished_req_ids = set()
         self.pending_swap_out = []
         now = time.monotonic()
@@ -414,7 +421,10 @@ class Scheduler:
         if whole and not (num_new := self._fit_images(plan, request, num_hit, num_new)):
             return False  # its first image waits for a step with encoder budget
         lookahead = self._lookahead(request, num_new + num_hit)
-        new_blocks = self.kv.allocate_slots(request, num_new, computed_blocks, lookahead)
+        num_loaded = num_hit // self.block_size - len(computed_blocks[0])  # the tiers' part
+        new_blocks = self.kv.allocate_slots(
+            request, num_new, computed_blocks, lookahead, num_loaded
+        )
         if new_blocks is None:
             return False
         self.waiting.popleft()
@@ -437,12 +447,16 @@ class Scheduler:
             outputs.setdefault(client_id, []).append(output)
         self.pending_outputs = []
         landed = self.in_flight.land(plan, self.requests)
+        if runner_output.kv_load_failures:
+            self._on_failed_loads(plan, runner_output.kv_load_failures)
         for rid, token_ids in zip(
             runner_output.request_ids, runner_output.sampled_token_ids, strict=True
         ):
             request = landed.get(rid)
             if request is None or request.is_finished:
                 continue  # aborted while its step ran (its id may be in use again)
+            if rid in self.poisoned:
+                continue  # its step read a failed load: recomputed below, outputs dropped
             if rid in runner_output.request_errors:
                 self._fail(request, runner_output.request_errors[rid])
                 outputs.setdefault(request.client_id, []).append(request.to_output([]))
@@ -459,9 +473,35 @@ class Scheduler:
                 self.abort_requests([request.group_id])
                 continue
             outputs.setdefault(request.client_id, []).extend(new_outputs)
+        self._recompute_poisoned()
         self.running = [r for r in self.running if not r.is_finished]
         stats = self.get_stats()
         return {c: EngineCoreOutputs(outs, stats) for c, outs in outputs.items()}
+
+    def _on_failed_loads(self, plan: SchedulerOutput, keys: list[bytes]) -> None:
+        """The worker could not read `keys` of the plan's kv_loads: the tiers and the
+        prefix cache forget them, and every request holding a block they were to fill
+        (its own load, or a device hit on it since) is recomputed from scratch; its
+        blocks from that one on leave the caches (computed from garbage)."""
+        bad = self.kv.fail_loads(keys, plan.kv_loads)
+        logger.warning("%d KV offload loads failed: recomputing what they held", len(keys))
+        for request in self.running:
+            first = self.kv.first_position_of(request, bad)
+            if first is not None:
+                self.kv.discard_from(request, first)
+                self.poisoned[request.request_id] = first
+
+    def _recompute_poisoned(self) -> None:
+        """Preempt by recompute the poisoned requests no step holds (the others when
+        their step lands; their outputs of that step are dropped)."""
+        for rid, first in list(self.poisoned.items()):
+            request = self.requests.get(rid)
+            if request is None or request.is_finished:
+                del self.poisoned[rid]
+            elif not request.in_flight and request in self.running:
+                self.kv.discard_from(request, first)
+                del self.poisoned[rid]
+                self._preempt(request, mode="recompute")
 
     def _request_outputs(
         self,
