@@ -10,14 +10,14 @@ step wrote or read it; a key added back before its drop went out cancels the dro
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Iterable
 
 from services.common.block_hash import BlockHash
+from services.common.convert.plan_limits import KV_KEY_BYTES, KV_TIERS, MAX_KV_DROPS
 
-HOST, DISK = "host", "disk"
-TIERS = (HOST, DISK)
-KEY_BYTES = 32  # a block hash: sha256
+HOST, DISK = KV_TIERS
 
 
 class LruKeys:
@@ -111,14 +111,17 @@ class KvOffloadIndex:
             return 0
         disk = self.tiers[DISK]
         for key, _nbytes, _mtime in sorted(entries, key=lambda entry: entry[2]):
-            if len(key) != KEY_BYTES:
+            if len(key) != KV_KEY_BYTES:
                 continue
             for old in disk.add(key):
                 self._drops[(old, DISK)] = None
         return len(disk)
 
     def take_drops(self) -> list[tuple[BlockHash, str]]:
-        drops, self._drops = list(self._drops), {}
+        """The drops for the next plan (at most MAX_KV_DROPS; the rest wait)."""
+        drops = list(itertools.islice(self._drops, MAX_KV_DROPS))
+        for drop in drops:
+            del self._drops[drop]
         return drops
 
 

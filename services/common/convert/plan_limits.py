@@ -12,6 +12,13 @@ from dataclasses import dataclass
 
 from services.common.scheduler_output import SchedulerOutput
 
+# KV offload: a key is a block hash (sha256), a tier one of these; a plan drops at most
+# MAX_KV_DROPS keys (the scheduler sends more over the next plans) and loads and saves
+# at most one per device block.
+KV_KEY_BYTES = 32
+KV_TIERS = ("host", "disk")
+MAX_KV_DROPS = 1 << 16
+
 
 @dataclass(frozen=True)
 class PlanLimits:
@@ -19,6 +26,7 @@ class PlanLimits:
     block_size: int
     vocab_size: int
     num_kv_groups: int = 1
+    num_blocks: int = 0  # the device's KV blocks: the range of offload block ids (0: unchecked)
 
     @property
     def max_positions(self) -> int:
@@ -55,6 +63,24 @@ class PlanLimits:
                     f"spec_token_ids: the proposals of {request_id!r} would exceed "
                     f"max_model_len {self.max_model_len}"
                 )
+        self._check_offload(plan)
+
+    def _check_offload(self, plan: SchedulerOutput) -> None:
+        if len(plan.kv_drops) > MAX_KV_DROPS:
+            raise ValueError(f"kv_drops: {len(plan.kv_drops)} keys, at most {MAX_KV_DROPS}")
+        blocks = {
+            "kv_loads": [block for _, block in plan.kv_loads],
+            "kv_saves": [block for block, _ in plan.kv_saves],
+        }
+        for name, ids in blocks.items():
+            if not self.num_blocks:
+                continue
+            if len(ids) > self.num_blocks:
+                raise ValueError(f"{name}: {len(ids)} blocks, the device has {self.num_blocks}")
+            if any(not 0 <= i < self.num_blocks for i in ids):
+                raise ValueError(f"{name}: a block id outside 0..{self.num_blocks - 1}")
+        if len(set(blocks["kv_loads"])) != len(blocks["kv_loads"]):
+            raise ValueError("kv_loads: two keys loaded into one block")
 
     def _check_new(self, request_id: str, table, prompt: list[int], output: list[int]) -> None:
         num_tokens = len(prompt) + len(output)

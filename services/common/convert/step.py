@@ -13,7 +13,7 @@ from itertools import islice
 from services.common.convert.image import images_from_pb, images_to_pb
 from services.common.convert.logprobs import fill_logprobs, logprobs_from_pb
 from services.common.convert.lora import lora_columns_from_pb, lora_columns_to_pb
-from services.common.convert.plan_limits import PlanLimits
+from services.common.convert.plan_limits import KV_KEY_BYTES, KV_TIERS, PlanLimits
 from services.common.convert.pooling import (
     pooled_from_bytes,
     pooled_to_bytes,
@@ -96,6 +96,39 @@ def _num_kv_groups(plan: SchedulerOutput) -> int | None:
     return counts.pop() if counts else None
 
 
+def _kv_offload_to_pb(plan: SchedulerOutput) -> dict:
+    """The plan's kv_drops / kv_loads / kv_saves as StepPlan's parallel kv_* columns."""
+    return {
+        "kv_drop_keys": [key for key, _ in plan.kv_drops],
+        "kv_drop_tiers": [tier for _, tier in plan.kv_drops],
+        "kv_load_keys": [key for key, _ in plan.kv_loads],
+        "kv_load_blocks": [block for _, block in plan.kv_loads],
+        "kv_save_blocks": [block for block, _ in plan.kv_saves],
+        "kv_save_keys": [key for _, key in plan.kv_saves],
+    }
+
+
+def _kv_offload_from_pb(message: worker_pb2.StepPlan) -> dict:
+    """kv_drops, kv_loads, kv_saves from the columns; every key 32 bytes, every tier named."""
+    columns = {
+        "kv_drops": ("kv_drop_keys", "kv_drop_tiers"),
+        "kv_loads": ("kv_load_keys", "kv_load_blocks"),
+        "kv_saves": ("kv_save_blocks", "kv_save_keys"),
+    }
+    fields = {}
+    for name, (first, second) in columns.items():
+        left, right = list(getattr(message, first)), list(getattr(message, second))
+        if len(left) != len(right):
+            raise ValueError(f"{first} and {second} differ in length")
+        fields[name] = list(zip(left, right, strict=True))
+    keys = [*message.kv_drop_keys, *message.kv_load_keys, *message.kv_save_keys]
+    if any(len(key) != KV_KEY_BYTES for key in keys):
+        raise ValueError(f"kv_*_keys: a KV offload key must be {KV_KEY_BYTES} bytes (a block hash)")
+    if unknown := set(message.kv_drop_tiers) - set(KV_TIERS):
+        raise ValueError(f"kv_drop_tiers: {sorted(unknown)[0]!r} is not one of {KV_TIERS}")
+    return fields
+
+
 def _new_request_to_pb(new: NewRequestData) -> worker_pb2.NewRequest:
     kind = {}
     match new.kind:
@@ -172,6 +205,7 @@ def plan_to_pb(plan: SchedulerOutput, step_id: int = 0) -> worker_pb2.StepPlan:
         grammar_request_ids=plan.grammar_request_ids,
         grammar_bitmask=plan.grammar_bitmask,
         num_kv_groups=_num_kv_groups(plan),
+        **_kv_offload_to_pb(plan),
         **_keyed_lists_to_pb(plan.scheduled_spec_decode_tokens),
         **lora_columns_to_pb(plan.lora_slots, plan.lora_adapters),
     )
@@ -241,6 +275,7 @@ def _plan_from_pb(message: worker_pb2.StepPlan) -> SchedulerOutput:
         scheduled_spec_decode_tokens=spec_tokens,
         lora_slots=lora_slots,
         lora_adapters=lora_adapters,
+        **_kv_offload_from_pb(message),
     )
 
 
@@ -258,6 +293,7 @@ def result_to_pb(result: RunnerOutput, step_id: int = 0, error: str = "") -> wor
         request_errors=result.request_errors,
         **_keyed_lists_to_pb(result.spec_token_ids),
         pooled={rid: pooled_to_bytes(p) for rid, p in result.pooled.items()},
+        kv_load_failures=result.kv_load_failures,
     )
     for rid, positions in result.logprobs.items():  # built in place: no copies
         fill_logprobs(message.logprobs[rid], positions)
@@ -281,4 +317,5 @@ def result_from_pb(message: worker_pb2.StepResult) -> RunnerOutput:
         spec_token_ids=_keyed_lists_from_pb(message),
         request_errors=dict(message.request_errors),
         pooled={rid: pooled_from_bytes(data) for rid, data in message.pooled.items()},
+        kv_load_failures=list(message.kv_load_failures),
     )

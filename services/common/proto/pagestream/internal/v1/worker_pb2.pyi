@@ -111,7 +111,7 @@ class NewRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., pooling_params: _Optional[_Union[_generation_pb2.PoolingParams, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., images: _Optional[_Iterable[_Union[_image_pb2.ImageInput, _Mapping]]] = ...) -> None: ...
 
 class StepPlan(_message.Message):
-    __slots__ = ("step_id", "new_requests", "cached_request_ids", "cached_num_new_blocks", "cached_new_block_ids", "cached_num_computed_tokens", "cached_resumed", "scheduled_request_ids", "num_scheduled_tokens", "finished_request_ids", "blocks_to_copy", "blocks_to_swap_in", "blocks_to_swap_out", "cached_num_new_tokens", "cached_new_token_ids", "grammar_request_ids", "grammar_bitmask", "spec_request_ids", "num_spec_tokens", "spec_token_ids", "lora_request_ids", "lora_request_slots", "lora_slots", "lora_adapters", "num_kv_groups")
+    __slots__ = ("step_id", "new_requests", "cached_request_ids", "cached_num_new_blocks", "cached_new_block_ids", "cached_num_computed_tokens", "cached_resumed", "scheduled_request_ids", "num_scheduled_tokens", "finished_request_ids", "blocks_to_copy", "blocks_to_swap_in", "blocks_to_swap_out", "cached_num_new_tokens", "cached_new_token_ids", "grammar_request_ids", "grammar_bitmask", "spec_request_ids", "num_spec_tokens", "spec_token_ids", "lora_request_ids", "lora_request_slots", "lora_slots", "lora_adapters", "num_kv_groups", "kv_drop_keys", "kv_drop_tiers", "kv_load_keys", "kv_load_blocks", "kv_save_blocks", "kv_save_keys")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     CACHED_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -137,6 +137,12 @@ class StepPlan(_message.Message):
     LORA_SLOTS_FIELD_NUMBER: _ClassVar[int]
     LORA_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     NUM_KV_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    KV_DROP_KEYS_FIELD_NUMBER: _ClassVar[int]
+    KV_DROP_TIERS_FIELD_NUMBER: _ClassVar[int]
+    KV_LOAD_KEYS_FIELD_NUMBER: _ClassVar[int]
+    KV_LOAD_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    KV_SAVE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    KV_SAVE_KEYS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
     cached_request_ids: _containers.RepeatedScalarFieldContainer[str]
@@ -162,10 +168,16 @@ class StepPlan(_message.Message):
     lora_slots: _containers.RepeatedScalarFieldContainer[int]
     lora_adapters: _containers.RepeatedCompositeFieldContainer[_lora_pb2.LoRAAdapter]
     num_kv_groups: int
-    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_request_ids: _Optional[_Iterable[str]] = ..., cached_num_new_blocks: _Optional[_Iterable[int]] = ..., cached_new_block_ids: _Optional[_Iterable[int]] = ..., cached_num_computed_tokens: _Optional[_Iterable[int]] = ..., cached_resumed: _Optional[_Iterable[bool]] = ..., scheduled_request_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., finished_request_ids: _Optional[_Iterable[str]] = ..., blocks_to_copy: _Optional[_Iterable[int]] = ..., blocks_to_swap_in: _Optional[_Iterable[int]] = ..., blocks_to_swap_out: _Optional[_Iterable[int]] = ..., cached_num_new_tokens: _Optional[_Iterable[int]] = ..., cached_new_token_ids: _Optional[_Iterable[int]] = ..., grammar_request_ids: _Optional[_Iterable[str]] = ..., grammar_bitmask: _Optional[bytes] = ..., spec_request_ids: _Optional[_Iterable[str]] = ..., num_spec_tokens: _Optional[_Iterable[int]] = ..., spec_token_ids: _Optional[_Iterable[int]] = ..., lora_request_ids: _Optional[_Iterable[str]] = ..., lora_request_slots: _Optional[_Iterable[int]] = ..., lora_slots: _Optional[_Iterable[int]] = ..., lora_adapters: _Optional[_Iterable[_Union[_lora_pb2.LoRAAdapter, _Mapping]]] = ..., num_kv_groups: _Optional[int] = ...) -> None: ...
+    kv_drop_keys: _containers.RepeatedScalarFieldContainer[bytes]
+    kv_drop_tiers: _containers.RepeatedScalarFieldContainer[str]
+    kv_load_keys: _containers.RepeatedScalarFieldContainer[bytes]
+    kv_load_blocks: _containers.RepeatedScalarFieldContainer[int]
+    kv_save_blocks: _containers.RepeatedScalarFieldContainer[int]
+    kv_save_keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_request_ids: _Optional[_Iterable[str]] = ..., cached_num_new_blocks: _Optional[_Iterable[int]] = ..., cached_new_block_ids: _Optional[_Iterable[int]] = ..., cached_num_computed_tokens: _Optional[_Iterable[int]] = ..., cached_resumed: _Optional[_Iterable[bool]] = ..., scheduled_request_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., finished_request_ids: _Optional[_Iterable[str]] = ..., blocks_to_copy: _Optional[_Iterable[int]] = ..., blocks_to_swap_in: _Optional[_Iterable[int]] = ..., blocks_to_swap_out: _Optional[_Iterable[int]] = ..., cached_num_new_tokens: _Optional[_Iterable[int]] = ..., cached_new_token_ids: _Optional[_Iterable[int]] = ..., grammar_request_ids: _Optional[_Iterable[str]] = ..., grammar_bitmask: _Optional[bytes] = ..., spec_request_ids: _Optional[_Iterable[str]] = ..., num_spec_tokens: _Optional[_Iterable[int]] = ..., spec_token_ids: _Optional[_Iterable[int]] = ..., lora_request_ids: _Optional[_Iterable[str]] = ..., lora_request_slots: _Optional[_Iterable[int]] = ..., lora_slots: _Optional[_Iterable[int]] = ..., lora_adapters: _Optional[_Iterable[_Union[_lora_pb2.LoRAAdapter, _Mapping]]] = ..., num_kv_groups: _Optional[int] = ..., kv_drop_keys: _Optional[_Iterable[bytes]] = ..., kv_drop_tiers: _Optional[_Iterable[str]] = ..., kv_load_keys: _Optional[_Iterable[bytes]] = ..., kv_load_blocks: _Optional[_Iterable[int]] = ..., kv_save_blocks: _Optional[_Iterable[int]] = ..., kv_save_keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("step_id", "request_ids", "num_sampled", "sampled_token_ids", "logprobs", "prompt_logprobs", "prepare_s", "forward_s", "sample_s", "error", "spec_request_ids", "num_spec_tokens", "spec_token_ids", "request_errors", "pooled")
+    __slots__ = ("step_id", "request_ids", "num_sampled", "sampled_token_ids", "logprobs", "prompt_logprobs", "prepare_s", "forward_s", "sample_s", "error", "spec_request_ids", "num_spec_tokens", "spec_token_ids", "request_errors", "pooled", "kv_load_failures")
     class LogprobsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +221,7 @@ class StepResult(_message.Message):
     SPEC_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ERRORS_FIELD_NUMBER: _ClassVar[int]
     POOLED_FIELD_NUMBER: _ClassVar[int]
+    KV_LOAD_FAILURES_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     request_ids: _containers.RepeatedScalarFieldContainer[str]
     num_sampled: _containers.RepeatedScalarFieldContainer[int]
@@ -224,7 +237,8 @@ class StepResult(_message.Message):
     spec_token_ids: _containers.RepeatedScalarFieldContainer[int]
     request_errors: _containers.ScalarMap[str, str]
     pooled: _containers.ScalarMap[str, bytes]
-    def __init__(self, step_id: _Optional[int] = ..., request_ids: _Optional[_Iterable[str]] = ..., num_sampled: _Optional[_Iterable[int]] = ..., sampled_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Mapping[str, _logprobs_pb2.Logprobs]] = ..., prompt_logprobs: _Optional[_Mapping[str, _logprobs_pb2.Logprobs]] = ..., prepare_s: _Optional[float] = ..., forward_s: _Optional[float] = ..., sample_s: _Optional[float] = ..., error: _Optional[str] = ..., spec_request_ids: _Optional[_Iterable[str]] = ..., num_spec_tokens: _Optional[_Iterable[int]] = ..., spec_token_ids: _Optional[_Iterable[int]] = ..., request_errors: _Optional[_Mapping[str, str]] = ..., pooled: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
+    kv_load_failures: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, step_id: _Optional[int] = ..., request_ids: _Optional[_Iterable[str]] = ..., num_sampled: _Optional[_Iterable[int]] = ..., sampled_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Mapping[str, _logprobs_pb2.Logprobs]] = ..., prompt_logprobs: _Optional[_Mapping[str, _logprobs_pb2.Logprobs]] = ..., prepare_s: _Optional[float] = ..., forward_s: _Optional[float] = ..., sample_s: _Optional[float] = ..., error: _Optional[str] = ..., spec_request_ids: _Optional[_Iterable[str]] = ..., num_spec_tokens: _Optional[_Iterable[int]] = ..., spec_token_ids: _Optional[_Iterable[int]] = ..., request_errors: _Optional[_Mapping[str, str]] = ..., pooled: _Optional[_Mapping[str, bytes]] = ..., kv_load_failures: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class ResetRequest(_message.Message):
     __slots__ = ()
