@@ -14,9 +14,10 @@ from pathlib import Path
 from pagestream import roles, split_layout
 from pagestream.cli_flags import FRONTEND_CONFIGS, FRONTEND_ENGINE_FLAGS, RankConfig
 from pagestream.engine_args import EngineArgs
+from pagestream.models.models_config import ModelsConfig
 from pagestream.start_checks import check_start
 from services.common.config import DEFAULT_MODEL
-from services.common.flags import add_flags
+from services.common.flags import add_flags, from_flags
 from services.common.grpc_server import run
 from services.common.sampling_params import SamplingParams
 from services.common.tls import TlsConfig
@@ -77,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(gen, EngineArgs)
     gen.set_defaults(max_waiting_requests=0)  # an offline batch queues every prompt
     serve = sub.add_parser("serve", help="all roles on this machine: gRPC and OpenAI HTTP")
-    serve.add_argument("model", nargs="?", default=DEFAULT_MODEL)
+    # None: DEFAULT_MODEL, or with --models-dir / --models-preset no model of its own
+    serve.add_argument("model", nargs="?", default=None)
     serve.add_argument(
         "--single-process",
         action="store_true",
@@ -103,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="engine replicas, each with its own worker group and KV cache, behind one "
         "routing frontend (runs the roles as supervised processes, as --split-services)",
     )
-    for config in (*FRONTEND_CONFIGS, TlsConfig, EngineArgs):
+    for config in (*FRONTEND_CONFIGS, TlsConfig, EngineArgs, ModelsConfig):
         add_flags(serve, config)
     worker = sub.add_parser("worker", help="the Worker service (runs the model)")
     worker.add_argument("model", nargs="?", default=DEFAULT_MODEL)
@@ -250,6 +252,13 @@ def main(argv: list[str] | None = None) -> int:
             return run_generate(args)
         if args.command == "bench":
             return run_bench_checkout(args.bench_args, args.log_level)
+        if args.command == "serve" and from_flags(ModelsConfig, args).enabled:
+            from pagestream.models.models_serve import run_models_serve
+
+            run(run_models_serve(args))
+            return 0
+        if args.command == "serve" and args.model is None:
+            args.model = DEFAULT_MODEL
         if args.command == "serve" and (args.split_services or args.data_parallel_size > 1):
             return split_layout.run_split(args)
         runner = {

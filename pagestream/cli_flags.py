@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass
 
 from pagestream.engine_args import EngineArgs
+from pagestream.models.models_config import ModelsConfig
 from services.common.flags import flag, flag_table, to_flags
 from services.common.tls import TlsConfig
 from services.frontend.frontend_config import FrontendConfig
@@ -97,6 +98,7 @@ def reference_markdown() -> str:
         *((config, "serve, frontend") for config in FRONTEND_CONFIGS),
         (TlsConfig, "serve, worker, scheduler, frontend"),
         (RankConfig, "worker"),
+        (ModelsConfig, "serve (many models: pagestream/models/)"),
     ]
     lines = [
         "# pagestream command-line flags",
