@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from pagestream_kernels.attention_metadata import AttentionMetadata
+from pagestream_kernels.triton.fp8 import FP8_FORMATS, fp8_constexprs, inverse_scale
 from pagestream_kernels.triton.reshape_and_cache import reshape_and_cache_kernel
 from pagestream_kernels.triton.unified_attention import (
     reduce_segments_kernel,
@@ -29,6 +30,8 @@ SPLIT_KV_PROGRAMS_PER_SM = 4
 SPLIT_KV_MIN_TILES = 4
 # SM count assumed where no CUDA device says otherwise (the interpreter, AOT): an H100.
 DEFAULT_NUM_SMS = 132
+# KV cache dtypes the kernels read and write: floats, and fp8 with per-tensor k/v scales.
+CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, *FP8_FORMATS)
 
 
 @dataclass(frozen=True)
@@ -111,10 +114,33 @@ def _last_dim_contiguous(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.stride(-1) == 1 else tensor.contiguous()
 
 
+def check_kv_cache(kv_cache: torch.Tensor, k_scale: float, v_scale: float) -> None:
+    """ValueError unless the kernels take this cache: a float or fp8 dtype, a contiguous last
+    dimension, and (fp8) positive finite scales; a float cache takes only scales of 1."""
+    if kv_cache.dtype not in CACHE_DTYPES:
+        names = ", ".join(str(dtype).removeprefix("torch.") for dtype in CACHE_DTYPES)
+        raise ValueError(f"the Triton kernels take a KV cache of {names}, not {kv_cache.dtype}.")
+    if kv_cache.stride(-1) != 1:
+        raise ValueError("kv_cache's last dimension must be contiguous.")
+    if kv_cache.dtype in FP8_FORMATS:
+        inverse_scale(k_scale), inverse_scale(v_scale)
+    elif (k_scale, v_scale) != (1.0, 1.0):
+        raise ValueError(
+            f"k_scale / v_scale ({k_scale}, {v_scale}) apply to an fp8 KV cache only, "
+            f"not to {kv_cache.dtype}."
+        )
+
+
 def reshape_and_cache_launches(
-    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> list[KernelLaunch]:
     """The launches of `reshape_and_cache` (none for an empty step)."""
+    check_kv_cache(kv_cache, k_scale, v_scale)
     num_tokens, num_kv_heads, head_dim = key.shape
     if kv_cache.shape[3:] != key.shape[1:] or value.shape != key.shape:
         raise ValueError(
@@ -124,14 +150,15 @@ def reshape_and_cache_launches(
     if num_tokens == 0:
         return []
     key, value = _last_dim_contiguous(key), _last_dim_contiguous(value)
-    if kv_cache.stride(-1) != 1:
-        raise ValueError("kv_cache's last dimension must be contiguous.")
+    fp8 = kv_cache.dtype in FP8_FORMATS
     args = {
         "key_ptr": key,
         "value_ptr": value,
         "key_cache_ptr": kv_cache[0],
         "value_cache_ptr": kv_cache[1],
         "slot_mapping_ptr": slot_mapping,
+        "k_scale_inv": inverse_scale(k_scale) if fp8 else 1.0,
+        "v_scale_inv": inverse_scale(v_scale) if fp8 else 1.0,
         "num_kv_heads": num_kv_heads,
         "stride_key_tok": key.stride(0),
         "stride_key_head": key.stride(1),
@@ -146,6 +173,7 @@ def reshape_and_cache_launches(
         "HEAD_DIM": head_dim,
         "HEAD_DIM_PADDED": 1 << (head_dim - 1).bit_length(),
         "HEADS_PADDED": 1 << (num_kv_heads - 1).bit_length(),
+        **fp8_constexprs(kv_cache.dtype),
     }
     return [KernelLaunch(reshape_and_cache_kernel, (num_tokens,), args, constexprs, 4, 1)]
 
@@ -155,9 +183,14 @@ def reshape_and_cache(
     value: torch.Tensor,
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    *,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
-    """Scatter ``key``/``value`` rows into their cache slots, in place (see reference.py)."""
-    for launch in reshape_and_cache_launches(key, value, kv_cache, slot_mapping):
+    """Scatter ``key``/``value`` rows into their cache slots, in place (see reference.py);
+    an fp8 cache stores them divided by k_scale / v_scale, saturated (triton/fp8.py)."""
+    launches = reshape_and_cache_launches(key, value, kv_cache, slot_mapping, k_scale, v_scale)
+    for launch in launches:
         launch()
 
 
@@ -170,9 +203,14 @@ def paged_attention_launches(
     sliding_window: int | None = None,
     soft_cap: float | None = None,
     split_kv: bool | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
     out: torch.Tensor,
 ) -> list[KernelLaunch]:
-    """The launches of `paged_attention` writing into ``out`` (none for an empty batch)."""
+    """The launches of `paged_attention` writing into ``out`` (none for an empty batch).
+    An fp8 cache reads back as stored * k_scale / v_scale: k_scale folds into the softmax
+    scale, v_scale multiplies the output (both are per tensor)."""
+    check_kv_cache(kv_cache, k_scale, v_scale)
     num_tokens, num_q_heads, head_dim = query.shape
     num_kv_heads, num_seqs = kv_cache.shape[3], metadata.num_seqs
     block_table = metadata.block_table
@@ -208,7 +246,8 @@ def paged_attention_launches(
         "segm_out_ptr": segm_out,
         "segm_max_ptr": segm_max,
         "segm_sum_ptr": segm_sum,
-        "scale": float(scale),
+        "scale": float(scale) * float(k_scale),
+        "v_scale": float(v_scale),
         "soft_cap": float(soft_cap or 1.0),
         "sliding_window": int(sliding_window or 0),
         "num_seqs": num_seqs,
@@ -283,11 +322,21 @@ def paged_attention(
     *,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal varlen attention over the paged cache (see reference.paged_attention);
-    the metadata's max_query_len / max_seq_len (host ints) pick the kernel's tiling."""
+    the metadata's max_query_len / max_seq_len (host ints) pick the kernel's tiling.
+    An fp8 cache is upcast to the query's dtype in the kernel and scaled by k_scale / v_scale."""
     return run_paged_attention(
-        query, kv_cache, metadata, scale, sliding_window=sliding_window, soft_cap=soft_cap
+        query,
+        kv_cache,
+        metadata,
+        scale,
+        sliding_window=sliding_window,
+        soft_cap=soft_cap,
+        k_scale=k_scale,
+        v_scale=v_scale,
     )
 
 
@@ -300,6 +349,8 @@ def run_paged_attention(
     sliding_window: int | None = None,
     soft_cap: float | None = None,
     split_kv: bool | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """`paged_attention` with split-KV forced on/off (tests, benchmarks) or heuristic (None)."""
     if query.shape[1] % kv_cache.shape[3] != 0:
@@ -307,8 +358,7 @@ def run_paged_attention(
             f"num_q_heads ({query.shape[1]}) must be a multiple of num_kv_heads "
             f"({kv_cache.shape[3]})."
         )
-    if kv_cache.stride(-1) != 1:
-        raise ValueError("kv_cache's last dimension must be contiguous.")
+    check_kv_cache(kv_cache, k_scale, v_scale)
     query = _last_dim_contiguous(query)
     out = torch.zeros_like(query, memory_format=torch.contiguous_format)
     if metadata.num_seqs == 0 or query.shape[0] == 0:
@@ -321,6 +371,8 @@ def run_paged_attention(
         sliding_window=sliding_window,
         soft_cap=soft_cap,
         split_kv=split_kv,
+        k_scale=k_scale,
+        v_scale=v_scale,
         out=out,
     ):
         launch()

@@ -5,7 +5,8 @@ tokens times the ``group_size`` heads sharing the KV head, so each K/V tile is r
 per GQA group; the first grid axis spans the whole flattened batch (each program finds its
 sequence by binary search), so prefill, chunked prefill and decode share one launch.
 Split-KV cuts a context into segments that ``reduce_segments_kernel`` merges (small decode
-batches). Triton 3.6-3.9: no block pointers, no libdevice, int64 offsets, masked loads.
+batches). An fp8 cache's tiles are upcast to the query's dtype before each dot.
+Triton 3.6-3.9: no block pointers, no libdevice, int64 offsets, masked loads.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def unified_attention_kernel(
     segm_out_ptr,  # SPLIT_KV: [num_tokens, num_q_heads, NUM_SEGMENTS, HEAD_DIM_PADDED] fp32
     segm_max_ptr,  # SPLIT_KV: [num_tokens, num_q_heads, NUM_SEGMENTS] fp32
     segm_sum_ptr,  # SPLIT_KV: [num_tokens, num_q_heads, NUM_SEGMENTS] fp32
-    scale,
+    scale,  # softmax scale times k_scale (an fp8 cache's keys read back as stored * k_scale)
+    v_scale,  # an fp8 cache's values read back as stored * v_scale; 1.0 otherwise
     soft_cap,
     sliding_window,
     num_seqs,
@@ -177,6 +179,7 @@ def unified_attention_kernel(
             pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
         acc = acc * alpha[:, None] + pv
         m_i = m_new
+    acc = acc * v_scale  # per tensor, so it commutes with the softmax weighting
 
     if SPLIT_KV:
         part = (token * num_q_heads + head) * NUM_SEGMENTS + segment  # [BLOCK_M] int64

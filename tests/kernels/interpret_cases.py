@@ -12,6 +12,7 @@ entry past a sequence's blocks holds / points at NaN, so a stray read fails the 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ import pagestream_kernels.triton as triton_kernels
 from pagestream import LLM, SamplingParams
 from pagestream_kernels import reference
 from pagestream_kernels.attention_metadata import AttentionMetadata
+from pagestream_kernels.triton.fp8 import FP8_FORMATS, quantize_reference
 from pagestream_kernels.triton.launch import run_paged_attention
 from pagestream_kernels.triton.lora import add_lora_launches, lora_rows_per_program
 
@@ -433,3 +435,171 @@ def test_fused_moe_kernel_in_half_precision():
             expected[t] += weights[t, j] * (act @ w2[e].float().T)
     got = fused_moe(x, w13, w2, weights, picks)
     torch.testing.assert_close(got, expected, atol=3e-3, rtol=3e-3)
+
+
+# ---------------------------------------------------------------- fp8 KV cache
+# The cache stores x * (1 / scale) rounded to nearest-even and saturated (triton/fp8.py); the
+# interpreter decodes fp8 NaN as a finite value (480 for e4m3), so a stray read into an unused
+# block still shows as a large wrong score or value rather than a NaN.
+
+FP8_DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+def quantize_cache(cache: torch.Tensor, dtype: torch.dtype, k_scale: float, v_scale: float):
+    """A float cache -> (the fp8 cache the kernels would hold, its dequantized float32 copy)."""
+    quantized = torch.stack(
+        [quantize_reference(cache[0], k_scale, dtype), quantize_reference(cache[1], v_scale, dtype)]
+    )
+    dequantized = torch.stack([quantized[0].float() * k_scale, quantized[1].float() * v_scale])
+    return quantized, dequantized
+
+
+def fp8_batch(seqs, group_size, dtype, fp8_dtype, k_scale=1.0, v_scale=1.0, seed=0):
+    """A batch over an fp8 cache, and the same batch over its dequantized float32 cache."""
+    batch = make_batch(seqs, 16, 2, group_size, 64, dtype, cache_dtype=torch.float32, seed=seed)
+    batch.kv_cache = batch.kv_cache * torch.tensor([k_scale, v_scale]).view(2, 1, 1, 1, 1)
+    quantized, dequantized = quantize_cache(batch.kv_cache, fp8_dtype, k_scale, v_scale)
+    return dataclasses.replace(batch, kv_cache=quantized), dataclasses.replace(
+        batch, kv_cache=dequantized
+    )
+
+
+@pytest.mark.parametrize(
+    ("fp8_dtype", "dtype", "k_scale", "v_scale"),
+    [
+        (torch.float8_e4m3fn, torch.float32, 1.0, 1.0),
+        (torch.float8_e4m3fn, torch.bfloat16, 2.5, 0.75),
+        (torch.float8_e5m2, torch.float16, 1.0, 1.0),
+        (torch.float8_e5m2, torch.float32, 3.0, 1.0),
+    ],
+)
+def test_reshape_and_cache_into_fp8_equals_torch_cast(fp8_dtype, dtype, k_scale, v_scale):
+    """Bit-equal to torch's cast of x * (1 / scale), ties and subnormals included; values
+    past the format's range (rows 0 and 5, x1e4 before the cast) saturate, never inf/NaN."""
+    gen = torch.Generator().manual_seed(11)
+    num_blocks, block_size, num_kv_heads, head_dim, num_tokens = 5, 16, 2, 80, 23
+    shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
+    cache = torch.full(shape, float("nan")).to(fp8_dtype)
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:num_tokens]
+    slots[[3, 17]] = -1  # padding rows: skipped
+    fused = torch.randn(num_tokens, 3, num_kv_heads, head_dim, generator=gen) * 4.0
+    fused[:, :, :, :8] *= 1e-3  # fp8 subnormals
+    fused[[0, 5]] *= 1e4 if dtype != torch.float16 else 1.0
+    fused = fused.to(dtype)
+    key, value = fused[:, 1], fused[:, 2]
+    triton_kernels.reshape_and_cache(key, value, cache, slots, k_scale=k_scale, v_scale=v_scale)
+
+    expected = torch.full(shape, float("nan")).to(fp8_dtype)
+    keep = slots >= 0
+    for half, source, scale in ((0, key, k_scale), (1, value, v_scale)):
+        rows = quantize_reference(source[keep], scale, fp8_dtype)
+        expected[half].view(-1, num_kv_heads, head_dim).view(torch.uint8)[slots[keep]] = rows.view(
+            torch.uint8
+        )
+    assert torch.equal(cache.view(torch.uint8), expected.view(torch.uint8))
+    written = cache[:, slots[keep] // block_size, slots[keep] % block_size].float()
+    assert written.isfinite().all()
+    if dtype != torch.float16:
+        max_value = FP8_FORMATS[fp8_dtype].max_value
+        assert written.abs().max() == max_value  # saturated, not inf / NaN
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8_DTYPES)
+@pytest.mark.parametrize(
+    ("seqs", "split_kv", "dtype", "k_scale", "v_scale"),
+    [
+        (MIXED, None, torch.float32, 1.0, 1.0),
+        (MIXED, None, torch.float16, 0.5, 2.0),
+        (DECODE, True, torch.float32, 2.0, 0.25),
+        (DECODE, False, torch.float16, 1.0, 1.0),
+    ],
+)
+def test_attention_over_fp8_cache_equals_reference_over_its_dequantized_cache(
+    fp8_dtype, seqs, split_kv, dtype, k_scale, v_scale
+):
+    """Tight: the kernel upcasts fp8 exactly, so it differs from the float32 reference over
+    stored * scale only by the query dtype's rounding (the float caches' tolerances)."""
+    fp8, dequantized = fp8_batch(seqs, 4, dtype, fp8_dtype, k_scale, v_scale, seed=13)
+    scale = 64**-0.5
+    got = run_paged_attention(
+        *fp8.args(), scale, split_kv=split_kv, k_scale=k_scale, v_scale=v_scale
+    )
+    expected = reference.paged_attention_naive(*dequantized.args(), scale)
+    assert got.dtype == dtype and got.isfinite().all()
+    torch.testing.assert_close(got, expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+def write_through_kernel(batch: Batch, cache_dtype: torch.dtype, scale: float = 1.0) -> Batch:
+    """The batch's cached K/V (every slot it holds) written by the Triton kernel into a fresh
+    NaN-filled cache of `cache_dtype` (k_scale = v_scale = `scale`)."""
+    num_kv_heads, head_dim = batch.kv_cache.shape[3:]
+    rows = batch.kv_cache.float().view(2, -1, num_kv_heads, head_dim)
+    slots = (~rows[0].isnan().all(-1).all(-1)).nonzero().flatten()
+    cache = torch.full(batch.kv_cache.shape, float("nan")).to(cache_dtype)
+    scales = {"k_scale": scale, "v_scale": scale} if cache_dtype in FP8_FORMATS else {}
+    triton_kernels.reshape_and_cache(rows[0, slots], rows[1, slots], cache, slots, **scales)
+    return dataclasses.replace(batch, kv_cache=cache)
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8_DTYPES)
+def test_attention_over_fp8_cache_near_a_bf16_cache(fp8_dtype):
+    """Loose, by the format's precision u = 2**-(mantissa + 1) (e4m3 1/16, e5m2 1/8): each
+    stored value is within u of itself, relatively; an output row is a softmax-weighted mean
+    of value rows, and the keys' error moves the weights by a few percent. So the mean error
+    is within u of the mean output magnitude (seen: ~0.45 u) and every element within
+    2 u max|V| (seen: ~0.25 of that). The query is float32: the interpreter's bfloat16 dot
+    is not trustworthy; what is compared is the cache's dtype."""
+    base = make_batch(MIXED, 16, 2, 4, 64, torch.float32, cache_dtype=torch.float32, seed=17)
+    bf16 = write_through_kernel(base, torch.bfloat16)
+    fp8 = write_through_kernel(base, fp8_dtype)
+    scale = 64**-0.5
+    expected = run_paged_attention(*bf16.args(), scale)
+    got = run_paged_attention(*fp8.args(), scale)
+    u = 2.0 ** -(FP8_FORMATS[fp8_dtype].mantissa_bits + 1)
+    error = (got - expected).abs()
+    assert got.isfinite().all() and error.max() > 0  # fp8 did round something
+    assert error.mean() <= u * expected.abs().mean(), (error.mean(), expected.abs().mean())
+    max_value = bf16.kv_cache[1].float().nan_to_num(0.0).abs().max()
+    assert error.max() <= 2 * u * max_value, (error.max(), max_value)
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8_DTYPES)
+def test_fp8_cache_saturates_values_past_its_range(fp8_dtype):
+    """Keys and values x1e5 (past 448 / 57344) are stored as +-max, never inf or NaN; the
+    attention over them stays finite and equal to the reference over the saturated cache."""
+    base = make_batch(DECODE, 16, 2, 2, 64, torch.float32, cache_dtype=torch.float32, seed=19)
+    base.kv_cache[:, :, ::3] *= 1e5  # every third slot of every block
+    fp8 = write_through_kernel(base, fp8_dtype, scale=2.0)
+    used = ~base.kv_cache.isnan()
+    stored = fp8.kv_cache.float()[used]
+    max_value = FP8_FORMATS[fp8_dtype].max_value
+    assert stored.isfinite().all() and stored.abs().max() == max_value
+    scale = 64**-0.5
+    got = run_paged_attention(*fp8.args(), scale, k_scale=2.0, v_scale=2.0)
+    dequantized = dataclasses.replace(fp8, kv_cache=fp8.kv_cache.float() * 2.0)
+    expected = reference.paged_attention_naive(*dequantized.args(), scale)
+    assert got.isfinite().all()
+    torch.testing.assert_close(got, expected, atol=1e-3, rtol=2e-5)
+
+
+@pytest.mark.parametrize(
+    ("cache_dtype", "scales", "match"),
+    [
+        (torch.int8, {}, "float8_e4m3fn, float8_e5m2, not torch.int8"),
+        (torch.float8_e4m3fnuz, {}, "not torch.float8_e4m3fnuz"),
+        (torch.float8_e4m3fn, {"k_scale": 0.0}, "finite number > 0"),
+        (torch.float8_e5m2, {"v_scale": float("nan")}, "finite number > 0"),
+        (torch.float8_e5m2, {"v_scale": 1e-60}, "no float32 reciprocal"),
+        (torch.bfloat16, {"k_scale": 2.0}, "fp8 KV cache only"),
+    ],
+)
+def test_kernels_refuse_a_cache_dtype_or_scale_they_cannot_use(cache_dtype, scales, match):
+    batch = make_batch(DECODE, 16, 2, 2, 64, torch.float32, seed=23)
+    cache = torch.zeros(batch.kv_cache.shape, dtype=torch.uint8).view(cache_dtype)
+    query, _, metadata = batch.args()
+    rows = torch.zeros(3, 2, 64)
+    slots = torch.arange(3)
+    with pytest.raises(ValueError, match=match):
+        triton_kernels.reshape_and_cache(rows, rows, cache, slots, **scales)
+    with pytest.raises(ValueError, match=match):
+        triton_kernels.paged_attention(query, cache, metadata, 0.125, **scales)
