@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -12,6 +13,7 @@ from services.common.runner_output import RunnerOutput, StepTimings, TokenLogpro
 from services.common.scheduler_output import SchedulerOutput
 from services.worker.cache_engine import CacheEngine
 from services.worker.input_batch import InputBatch, InvalidPlanError
+from services.worker.kv_offload.kv_offload_store import KVOffloadStore
 from services.worker.lora.lora_manager import LoRAManager
 from services.worker.models.causal_lm import CausalLM
 from services.worker.multimodal.encoder_cache import EncoderCache
@@ -54,13 +56,34 @@ class ModelRunner:
         self.rank = rank or RankInfo()
         self.link = StageLink()
         self.encoder_cache = EncoderCache()  # image encoder outputs (vision-language models)
+        self.kv_offload: KVOffloadStore | None = None  # KV offload tiers (set by the worker)
 
     @torch.inference_mode()
     def execute(self, plan: SchedulerOutput) -> RunnerOutput:
         """One step. In a worker group every rank runs every plan; stages pass hidden
-        states on, and only the output rank samples (the others return no tokens)."""
+        states on, and only the output rank samples (the others return no tokens). The
+        KV offload tiers' loads land before the forward, its saves copy out after it."""
         start = time.perf_counter()
+        failed = self._offload_before(plan)
+        output = self._step(plan, start)
+        if self.kv_offload is not None:
+            self.kv_offload.save(plan.kv_saves)
+        if failed:
+            output = dataclasses.replace(output, kv_load_failures=failed)
+        return output
+
+    def _offload_before(self, plan: SchedulerOutput) -> list[bytes]:
+        """The plan's kv_drops then kv_loads (after its swaps and copies: a block swapped
+        out this step may be a load's target); the keys that could not be loaded."""
         self._move_blocks(plan)
+        if self.kv_offload is None:
+            if plan.kv_loads:
+                return [key for key, _ in plan.kv_loads]  # no tiers here: nothing to read
+            return []
+        self.kv_offload.drop(plan.kv_drops)
+        return self.kv_offload.load(plan.kv_loads)
+
+    def _step(self, plan: SchedulerOutput, start: float) -> RunnerOutput:
         self.input_batch.update(plan)
         for request_id in plan.finished_req_ids:
             self.encoder_cache.drop(request_id)

@@ -12,6 +12,7 @@ import torch
 
 from services.common.config import CacheConfig, ModelConfig
 from services.common.convert.plan_limits import PlanLimits
+from services.common.kv_offload_identity import kv_offload_identity
 from services.common.model_capabilities import ModelCapabilities
 from services.common.rank_info import RankInfo
 from services.common.runner_output import RunnerOutput
@@ -26,6 +27,7 @@ from services.worker.cache_engine import (
 from services.worker.cpu_tuning import pin_threads, tune_malloc
 from services.worker.dummy_forward import dummy_forward
 from services.worker.input_batch import InputBatch
+from services.worker.kv_offload.kv_offload_store import KVOffloadStore
 from services.worker.lora.lora_manager import LoRAManager
 from services.worker.model_loader import (
     LoadedModel,
@@ -232,6 +234,7 @@ class Worker:
         block_size = self.cache_config.block_size
         bytes_per_block = self._bytes_per_block()
         cache_engine = self._cache_engine(self.kv_cache_spec, num_device_blocks, num_cpu_blocks)
+        self.close()  # a runner this replaces: its KV offload files written first
         self.runner = ModelRunner(
             self.model,
             cache_engine,
@@ -242,6 +245,8 @@ class Worker:
             self.lora,
             self.pooler,
         )
+        if self.cache_config.kv_offload_enabled and not self.model.bidirectional:
+            self.runner.kv_offload = self._kv_offload_store(info)
         self.cache_info = CacheInfo(num_device_blocks, num_cpu_blocks, block_size, bytes_per_block)
         logger.info(
             "KV cache (rank %d): %d device blocks, %d CPU blocks of %d tokens (%.1f MiB each)",
@@ -252,6 +257,28 @@ class Worker:
             bytes_per_block / 2**20,
         )
         return self.cache_info
+
+    def _kv_offload_store(self, info: ModelInfo) -> KVOffloadStore:
+        """The KV offload tiers over every cache tensor this rank holds (a draft model's
+        too: it shares the block tables), its files in this model's identity folder."""
+        engines = [self.runner.cache_engine]
+        proposer = self.runner.proposer
+        if proposer is not None and proposer.cache_engine is not None:
+            engines.append(proposer.cache_engine)
+        config = self.cache_config
+        identity = kv_offload_identity(self.model_config, config, info).for_rank(self.rank.rank)
+        directory = None
+        if config.kv_offload_dir is not None and config.kv_offload_bytes > 0:
+            directory = identity.prepare(config.kv_offload_dir)
+        logger.info("KV offload: identity %s, files in %s", identity.hex[:32], directory)
+        caches = [cache for engine in engines for cache in engine.kv_caches]
+        return KVOffloadStore(caches, identity.digest, directory, config.kv_offload_host_bytes)
+
+    def close(self) -> None:
+        """Write the KV offload tier's pending files and stop its threads."""
+        if self.runner is not None and self.runner.kv_offload is not None:
+            self.runner.kv_offload.close()
+            self.runner.kv_offload = None
 
     def _cache_engine(self, spec: KVCacheSpec, num_blocks: int, num_cpu_blocks: int) -> CacheEngine:
         return CacheEngine(

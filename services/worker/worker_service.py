@@ -126,6 +126,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     async def close(self) -> None:
         await asyncio.to_thread(self._thread.shutdown, True)
+        if self.worker is not None:  # its KV offload files written before the process ends
+            await asyncio.to_thread(self.worker.close)
 
 
 def _execute_step(worker: Worker, message: worker_pb2.StepPlan) -> worker_pb2.StepResult:

@@ -48,3 +48,6 @@ class UniExecutor:
 
     def close(self) -> None:
         self._thread.shutdown(wait=True)
+        close = getattr(self.worker, "close", None)  # its KV offload files written first
+        if close is not None:
+            close()
