@@ -52,7 +52,7 @@ class Replica:
     def cached_blocks(self) -> int:
         return len(self.index)
 
-    def matched_blocks(self, hashes: Sequence[BlockHash]) -> int:
+    def matched_blocks(self, hashes: Sequence[BlockHash]) -> float:
         return self.index.match(hashes) if self.prefix_caching else 0
 
     def apply(self, batch: KvEventBatch) -> None:

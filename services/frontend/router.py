@@ -75,7 +75,7 @@ class RoutingTarget(Protocol):
     @property
     def cached_blocks(self) -> int: ...
 
-    def matched_blocks(self, hashes: Sequence[BlockHash]) -> int: ...
+    def matched_blocks(self, hashes: Sequence[BlockHash]) -> float: ...
 
 
 class Router:
@@ -85,7 +85,8 @@ class Router:
       replicas are out of balance (max load - min load > balance_abs_threshold and max load >
       min load * balance_rel_threshold) the least loaded one; otherwise the replica holding
       the longest cached prefix if it covers at least cache_threshold of the prompt's full
-      blocks; otherwise the least loaded (ties: the emptiest cache, then in turn).
+      blocks (a block its KV offload tiers hold counts prefix_index.OFFLOAD_WEIGHT);
+      otherwise the least loaded (ties: the emptiest cache, then in turn).
     - least_loaded: fewest running + waiting requests (ties in turn).
     - round_robin: in turn.
     """

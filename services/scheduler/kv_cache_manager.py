@@ -105,6 +105,8 @@ class KVCacheManager:
         if offload is not None and self.windowed:
             raise ValueError("KV offload tiers need a full-attention KV cache group")
         self.offload = offload if offload is not None and offload.enabled else None
+        if self.offload is not None:
+            self.offload.events = self.pool.events  # routers listening already
 
     # ---- queries -------------------------------------------------------------------
     @property

@@ -6,7 +6,8 @@ load. Recording in the BlockPool is on only while someone listens. A subscriber 
 falls MAX_BACKLOG batches behind gets a fresh snapshot instead of the backlog. After the
 engine core is rebuilt (its workers came back) every subscriber starts over from a
 snapshot of the new, empty cache. The caller holds the engine core's lock around every
-call: the pool must not change while it is read.
+call: the pool must not change while it is read. With KV offload tiers their index
+records into the same log, and a batch that resets lists every key the tiers hold.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ class KvEventPublisher:
             return
         self._last_load = load
         batch = pool.events.drain() if pool.events is not None else KvEventBatch()
+        if batch.reset:  # the device cache was cleared: the tiers' keys are sent whole
+            batch.stored_offloaded = self._offloaded()
+            batch.removed_offloaded = []
         self._describe(batch)
         batch.stats = stats
         for queue in self._subscribers:
@@ -70,15 +74,25 @@ class KvEventPublisher:
         self._set_recording()
 
     def _set_recording(self) -> None:
-        pool = self._scheduler.kv.pool
+        pool, offload = self._scheduler.kv.pool, self._scheduler.kv.offload
         if not self._subscribers:
             pool.events = None
         elif pool.events is None:
             pool.events = KvEventLog()
+        if offload is not None:
+            offload.events = pool.events
+
+    def _offloaded(self) -> list:
+        offload = self._scheduler.kv.offload
+        return sorted(offload.keys()) if offload is not None else []
 
     def _snapshot(self) -> KvEventBatch:
         pool = self._scheduler.kv.pool
-        batch = KvEventBatch(reset=True, stored=list(pool.cached_block_hash_to_block))
+        batch = KvEventBatch(
+            reset=True,
+            stored=list(pool.cached_block_hash_to_block),
+            stored_offloaded=self._offloaded(),
+        )
         self._describe(batch)
         batch.stats = self._scheduler.get_stats()
         return batch

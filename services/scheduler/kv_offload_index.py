@@ -16,6 +16,7 @@ from collections.abc import Iterable
 
 from services.common.block_hash import BlockHash
 from services.common.convert.plan_limits import KV_KEY_BYTES, KV_TIERS, MAX_KV_DROPS
+from services.common.kv_events import KvEventLog
 
 HOST, DISK = KV_TIERS
 
@@ -71,6 +72,9 @@ class KvOffloadIndex:
         self.num_saved = 0  # keys added (write-through saves)
         self.num_loaded = 0  # keys read back on a prefix hit
         self.num_failed = 0  # loads the worker could not read
+        # Set by an engine core with routers listening (the BlockPool's log): every key
+        # that enters the tiers or leaves the last tier holding it.
+        self.events: KvEventLog | None = None
 
     @property
     def enabled(self) -> bool:
@@ -85,10 +89,11 @@ class KvOffloadIndex:
     def add(self, key: BlockHash) -> None:
         """A block full on the device is saved to every tier (write-through)."""
         self.num_saved += 1
+        self._record(key, True)
         for name, lru in self.tiers.items():
             self._drops.pop((key, name), None)  # its pending drop would delete the save
             for old in lru.add(key):
-                self._drops[(old, name)] = None
+                self._drop(old, name)
 
     def hit(self, key: BlockHash) -> None:
         """A prefix hit reads the key back: most recently used in every tier."""
@@ -101,7 +106,7 @@ class KvOffloadIndex:
         garbage after one): every tier drops it."""
         for name, lru in self.tiers.items():
             if lru.discard(key):
-                self._drops[(key, name)] = None
+                self._drop(key, name)
 
     def fill_disk(self, entries: Iterable[tuple[BlockHash, int, float]]) -> int:
         """What a restarted server finds on disk (kv_block_file.scan: (key, nbytes, mtime)),
@@ -113,9 +118,24 @@ class KvOffloadIndex:
         for key, _nbytes, _mtime in sorted(entries, key=lambda entry: entry[2]):
             if len(key) != KV_KEY_BYTES:
                 continue
+            self._record(key, True)
             for old in disk.add(key):
-                self._drops[(old, DISK)] = None
+                self._drop(old, DISK)
         return len(disk)
+
+    def _drop(self, key: BlockHash, tier: str) -> None:
+        """`tier` let `key` go: the worker's store forgets it with the next plan."""
+        self._drops[(key, tier)] = None
+        if key not in self:
+            self._record(key, False)
+
+    def _record(self, key: BlockHash, held: bool) -> None:
+        if self.events is not None:
+            self.events.offloaded(key, held)
+
+    def keys(self) -> set[BlockHash]:
+        """Every key some tier holds."""
+        return {key for lru in self.tiers.values() for key in lru}
 
     def take_drops(self) -> list[tuple[BlockHash, str]]:
         """The drops for the next plan (at most MAX_KV_DROPS; the rest wait)."""

@@ -70,6 +70,7 @@ def test_a_pool_without_listeners_records_nothing():
 class _Kv:
     def __init__(self, pool):
         self.pool, self.enable_caching, self.usage = pool, True, 0.0
+        self.offload = None  # no KV offload tiers
 
 
 class _Scheduler:

@@ -14,6 +14,8 @@ def kv_events_to_pb(batch: KvEventBatch) -> engine_pb2.KvEventBatch:
         removed=batch.removed,
         block_size=batch.block_size,
         prefix_caching=batch.prefix_caching,
+        stored_offloaded=batch.stored_offloaded,
+        removed_offloaded=batch.removed_offloaded,
     )
     if batch.stats is not None:
         message.stats.CopyFrom(stats_to_pb(batch.stats))
@@ -28,4 +30,6 @@ def kv_events_from_pb(message: engine_pb2.KvEventBatch) -> KvEventBatch:
         stats=stats_from_pb(message.stats) if message.HasField("stats") else None,
         block_size=message.block_size,
         prefix_caching=message.prefix_caching,
+        stored_offloaded=list(message.stored_offloaded),
+        removed_offloaded=list(message.removed_offloaded),
     )

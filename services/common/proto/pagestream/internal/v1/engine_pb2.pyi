@@ -176,17 +176,21 @@ class WatchKvEventsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class KvEventBatch(_message.Message):
-    __slots__ = ("reset", "stored", "removed", "stats", "block_size", "prefix_caching")
+    __slots__ = ("reset", "stored", "removed", "stats", "block_size", "prefix_caching", "stored_offloaded", "removed_offloaded")
     RESET_FIELD_NUMBER: _ClassVar[int]
     STORED_FIELD_NUMBER: _ClassVar[int]
     REMOVED_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHING_FIELD_NUMBER: _ClassVar[int]
+    STORED_OFFLOADED_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_OFFLOADED_FIELD_NUMBER: _ClassVar[int]
     reset: bool
     stored: _containers.RepeatedScalarFieldContainer[bytes]
     removed: _containers.RepeatedScalarFieldContainer[bytes]
     stats: SchedulerStats
     block_size: int
     prefix_caching: bool
-    def __init__(self, reset: _Optional[bool] = ..., stored: _Optional[_Iterable[bytes]] = ..., removed: _Optional[_Iterable[bytes]] = ..., stats: _Optional[_Union[SchedulerStats, _Mapping]] = ..., block_size: _Optional[int] = ..., prefix_caching: _Optional[bool] = ...) -> None: ...
+    stored_offloaded: _containers.RepeatedScalarFieldContainer[bytes]
+    removed_offloaded: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, reset: _Optional[bool] = ..., stored: _Optional[_Iterable[bytes]] = ..., removed: _Optional[_Iterable[bytes]] = ..., stats: _Optional[_Union[SchedulerStats, _Mapping]] = ..., block_size: _Optional[int] = ..., prefix_caching: _Optional[bool] = ..., stored_offloaded: _Optional[_Iterable[bytes]] = ..., removed_offloaded: _Optional[_Iterable[bytes]] = ...) -> None: ...
