@@ -132,9 +132,10 @@ class ModelRegistry:
             raise ValueError(f"model `{name}` is pinned: it stays loaded while the server runs.")
         if entry.task is not None and entry.state is ModelState.LOADING:
             await asyncio.shield(entry.task)
-        entry.keep_alive = 0.0
         if entry.users == 0:
             await self._unload(entry, "POST /models/unload")
+        elif entry.state is ModelState.LOADED:
+            entry.keep_alive = 0.0  # its last request's release unloads it
         return entry
 
     # ---- loading ----------------------------------------------------------------------
