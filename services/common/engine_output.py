@@ -56,6 +56,10 @@ class SchedulerStats:
     running_lora_adapters: tuple[str, ...] = ()
     waiting_lora_adapters: tuple[str, ...] = ()
     max_lora: int = 0
+    # KV offload tiers, cumulative: prompt tokens read back from them on prefix hits (also
+    # in prefix_cache_hits), and blocks whose read failed (recomputed).
+    kv_offload_hits: int = 0
+    kv_offload_load_failures: int = 0
 
 
 def add_stats(per_engine: list[SchedulerStats]) -> SchedulerStats:

@@ -147,6 +147,18 @@ _ENGINE_SERIES = (
     ),
     ("num_preemptions", "Preempted sequences.", "num_preemptions", CounterMetricFamily),
     (
+        "kv_offload_hits",
+        "Prompt tokens read back from the KV offload tiers on prefix hits.",
+        "kv_offload_hits",
+        CounterMetricFamily,
+    ),
+    (
+        "kv_offload_load_failures",
+        "KV blocks the offload tiers could not read back (recomputed).",
+        "kv_offload_load_failures",
+        CounterMetricFamily,
+    ),
+    (
         "spec_decode_num_drafts",
         "Sequences whose speculative proposals a step verified.",
         "spec_decode_num_drafts",

@@ -97,6 +97,7 @@ class KVCacheManager:
         self.pending_loads: list[tuple[BlockHash, int]] = []  # (key, device block) for the plan
         self.pending_saves: list[tuple[int, BlockHash]] = []  # (device block, key) for the plan
         self.offload_hits = 0  # tokens read back from a tier on prefix hits
+        self.offload_failures = 0  # blocks the worker could not read back
 
     def use_offload(self, offload: KvOffloadIndex | None) -> None:
         """Save to and load from the KV offload tiers `offload` indexes (None: none)."""
@@ -412,9 +413,9 @@ class KVCacheManager:
         and the blocks they were to fill leave the prefix cache; those blocks' ids (every
         request holding one computed from garbage)."""
         failed = set(keys)
+        self.offload_failures += len(failed)
         for key in failed:
             if self.offload is not None:
-                self.offload.num_failed += 1
                 self.offload.forget(key)
         bad = {block_id for key, block_id in loads if key in failed}
         for block_id in bad:

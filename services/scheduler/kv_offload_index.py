@@ -69,9 +69,6 @@ class KvOffloadIndex:
         self.tiers = {HOST: LruKeys(host_blocks), DISK: LruKeys(disk_blocks)}
         self.tiers = {name: lru for name, lru in self.tiers.items() if lru.capacity}
         self._drops: dict[tuple[BlockHash, str], None] = {}  # ordered set, for the next plan
-        self.num_saved = 0  # keys added (write-through saves)
-        self.num_loaded = 0  # keys read back on a prefix hit
-        self.num_failed = 0  # loads the worker could not read
         # Set by an engine core with routers listening (the BlockPool's log): every key
         # that enters the tiers or leaves the last tier holding it.
         self.events: KvEventLog | None = None
@@ -88,7 +85,6 @@ class KvOffloadIndex:
 
     def add(self, key: BlockHash) -> None:
         """A block full on the device is saved to every tier (write-through)."""
-        self.num_saved += 1
         self._record(key, True)
         for name, lru in self.tiers.items():
             self._drops.pop((key, name), None)  # its pending drop would delete the save
@@ -97,7 +93,6 @@ class KvOffloadIndex:
 
     def hit(self, key: BlockHash) -> None:
         """A prefix hit reads the key back: most recently used in every tier."""
-        self.num_loaded += 1
         for lru in self.tiers.values():
             lru.touch(key)
 

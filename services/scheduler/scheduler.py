@@ -636,6 +636,8 @@ class Scheduler:
             running_lora_adapters=_adapter_names(self.running),
             waiting_lora_adapters=_adapter_names([*self.waiting, *self.swapped]),
             max_lora=self.loras.max_loras,
+            kv_offload_hits=self.kv.offload_hits,
+            kv_offload_load_failures=self.kv.offload_failures,
         )
 
 

@@ -74,7 +74,8 @@ def test_a_hit_past_the_device_cache_loads_from_the_tiers():
     assert plans[0].num_scheduled_tokens == {"b": 2}
     assert again.num_cached_tokens == 20 and worker.num_loads == 5
     assert outputs["b"] == expected()  # the stand-in read the loaded cells back
-    assert scheduler.kv.prefix_cache_hits == 20 and scheduler.kv.offload_hits == 20
+    stats = scheduler.get_stats()
+    assert stats.prefix_cache_hits == 20 and stats.kv_offload_hits == 20
     # loaded blocks are in the device cache again: a third request hits the device
     plans, _ = run(scheduler, worker, [request("c")])
     assert not any(plan.kv_loads for plan in plans)
@@ -100,6 +101,7 @@ def test_a_failed_load_is_recomputed_from_scratch():
     again = request("b")
     plans, outputs = run(scheduler, worker, [again])
     assert len(plans[0].kv_loads) == 5 and scheduler.num_preemptions == 1
+    assert scheduler.get_stats().kv_offload_load_failures == 1
     assert outputs["b"] == expected()  # the garbage step's token was dropped
     # the rerun hits the two blocks before the failed one on the device, recomputes the rest
     assert plans[1].num_scheduled_tokens == {"b": 22 - 8}

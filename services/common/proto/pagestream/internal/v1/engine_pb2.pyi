@@ -124,7 +124,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SchedulerStats(_message.Message):
-    __slots__ = ("num_running_reqs", "num_waiting_reqs", "num_swapped_reqs", "kv_cache_usage", "prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens", "spec_decode_num_accepted_tokens_per_pos", "running_lora_adapters", "waiting_lora_adapters", "max_lora")
+    __slots__ = ("num_running_reqs", "num_waiting_reqs", "num_swapped_reqs", "kv_cache_usage", "prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens", "spec_decode_num_accepted_tokens_per_pos", "running_lora_adapters", "waiting_lora_adapters", "max_lora", "kv_offload_hits", "kv_offload_load_failures")
     NUM_RUNNING_REQS_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_REQS_FIELD_NUMBER: _ClassVar[int]
     NUM_SWAPPED_REQS_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +139,8 @@ class SchedulerStats(_message.Message):
     RUNNING_LORA_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     WAITING_LORA_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     MAX_LORA_FIELD_NUMBER: _ClassVar[int]
+    KV_OFFLOAD_HITS_FIELD_NUMBER: _ClassVar[int]
+    KV_OFFLOAD_LOAD_FAILURES_FIELD_NUMBER: _ClassVar[int]
     num_running_reqs: int
     num_waiting_reqs: int
     num_swapped_reqs: int
@@ -153,7 +155,9 @@ class SchedulerStats(_message.Message):
     running_lora_adapters: _containers.RepeatedScalarFieldContainer[str]
     waiting_lora_adapters: _containers.RepeatedScalarFieldContainer[str]
     max_lora: int
-    def __init__(self, num_running_reqs: _Optional[int] = ..., num_waiting_reqs: _Optional[int] = ..., num_swapped_reqs: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., spec_decode_num_drafts: _Optional[int] = ..., spec_decode_num_draft_tokens: _Optional[int] = ..., spec_decode_num_accepted_tokens: _Optional[int] = ..., spec_decode_num_accepted_tokens_per_pos: _Optional[_Iterable[int]] = ..., running_lora_adapters: _Optional[_Iterable[str]] = ..., waiting_lora_adapters: _Optional[_Iterable[str]] = ..., max_lora: _Optional[int] = ...) -> None: ...
+    kv_offload_hits: int
+    kv_offload_load_failures: int
+    def __init__(self, num_running_reqs: _Optional[int] = ..., num_waiting_reqs: _Optional[int] = ..., num_swapped_reqs: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., spec_decode_num_drafts: _Optional[int] = ..., spec_decode_num_draft_tokens: _Optional[int] = ..., spec_decode_num_accepted_tokens: _Optional[int] = ..., spec_decode_num_accepted_tokens_per_pos: _Optional[_Iterable[int]] = ..., running_lora_adapters: _Optional[_Iterable[str]] = ..., waiting_lora_adapters: _Optional[_Iterable[str]] = ..., max_lora: _Optional[int] = ..., kv_offload_hits: _Optional[int] = ..., kv_offload_load_failures: _Optional[int] = ...) -> None: ...
 
 class GetEngineInfoRequest(_message.Message):
     __slots__ = ()
