@@ -73,23 +73,30 @@ def read(
 ) -> bytearray | None:
     """The payload of the block `key` written under `identity`, exactly `expected_nbytes`
     long, or None on any mismatch (missing, truncated, another model's, another key's,
-    another size, a checksum that does not match). Reads at most the header and
-    `expected_nbytes` bytes: a file's own length field never sizes an allocation."""
+    another size, a checksum that does not match)."""
+    payload = bytearray(expected_nbytes)
+    return payload if read_into(path, identity, key, memoryview(payload)) else None
+
+
+def read_into(path: str | os.PathLike[str], identity: bytes, key: bytes, out: memoryview) -> bool:
+    """`read` into `out` (a writable buffer of exactly the payload's length): True when
+    it now holds the verified payload; False on any mismatch (`out` then holds garbage).
+    Reads at most the header and len(out) bytes: a file's own length field never sizes
+    anything."""
+    out = out.cast("B")
+    expected_nbytes = out.nbytes
     try:
         with open(path, "rb") as f:
             fields = _parse(f.read(HEADER_BYTES), identity)
             if fields is None or fields[0] != key or fields[1] != expected_nbytes:
-                return None
+                return False
             if os.fstat(f.fileno()).st_size != HEADER_BYTES + expected_nbytes:
-                return None
-            payload = bytearray(expected_nbytes)
-            if f.readinto(payload) != expected_nbytes:
-                return None
+                return False
+            if f.readinto(out) != expected_nbytes:
+                return False
     except OSError:
-        return None
-    if hashlib.sha256(payload).digest() != fields[2]:
-        return None
-    return payload
+        return False
+    return hashlib.sha256(out).digest() == fields[2]
 
 
 def scan(directory: str | os.PathLike[str], identity: bytes) -> list[tuple[bytes, int, float]]:

@@ -86,16 +86,21 @@ class KVOffloadStore:
         blocks = self._check_blocks([block for _, block in pairs], "kv_loads", distinct=True)
         for key, _ in pairs:
             _check_key(key)
-        rows = [self._in_memory(key) for key, _ in pairs]
-        missing = [i for i, row in enumerate(rows) if row is None]
-        for i, row in zip(missing, self._read_files([pairs[i][0] for i in missing]), strict=True):
-            rows[i] = row
-        found = [i for i, row in enumerate(rows) if row is not None]
-        if found:
-            stacked = torch.stack([rows[i] for i in found])  # [m, P] uint8
-            ids = torch.tensor([blocks[i] for i in found], dtype=torch.int64)
-            scatter_blocks(self.caches, ids, stacked)
-        return [key for (key, _), row in zip(pairs, rows, strict=True) if row is None]
+        device = self.caches[0].device
+        rows = torch.empty(
+            (len(pairs), self.block_nbytes), dtype=torch.uint8, pin_memory=device.type == "cuda"
+        )  # [m, P]: row i is pairs[i]'s payload once found
+        found = [self._copy_in_memory(key, rows[i]) for i, (key, _) in enumerate(pairs)]
+        missing = [i for i, ok in enumerate(found) if not ok]
+        for i, ok in zip(missing, self._read_files(pairs, missing, rows), strict=True):
+            found[i] = ok
+        if all(found):
+            scatter_blocks(self.caches, torch.tensor(blocks, dtype=torch.int64), rows)
+        elif any(found):
+            kept = [i for i, ok in enumerate(found) if ok]
+            ids = torch.tensor([blocks[i] for i in kept], dtype=torch.int64)
+            scatter_blocks(self.caches, ids, rows[torch.tensor(kept)])
+        return [key for (key, _), ok in zip(pairs, found, strict=True) if not ok]
 
     def save(self, pairs: Sequence[tuple[int, bytes]]) -> None:
         """Copy the blocks out (one gather per cache tensor) into every tier."""
@@ -130,26 +135,33 @@ class KVOffloadStore:
             self._readers.shutdown(wait=True)
             self.writer = None
 
-    def _in_memory(self, key: bytes) -> torch.Tensor | None:
-        row = self.host.get(key) if self.host is not None else None
-        if row is None and self.writer is not None:
-            row = self.writer.pending(key)
-        return row
-
-    def _read_files(self, keys: list[bytes]) -> list[torch.Tensor | None]:
-        """The verified payloads of `keys`' files (None: missing or bad), read in parallel
-        (file reads and sha256 release the GIL)."""
-        if not keys or self._readers is None:
-            return [None] * len(keys)
-        return list(self._readers.map(self._read_file, keys))
-
-    def _read_file(self, key: bytes) -> torch.Tensor | None:
-        path = kv_block_file.block_path(self.directory, key)
-        payload = kv_block_file.read(path, self.identity, key, self.block_nbytes)
+    def _copy_in_memory(self, key: bytes, row: torch.Tensor) -> bool:
+        """Copy `key`'s payload from the host tier or a pending write into `row`."""
+        payload = self.host.get(key) if self.host is not None else None
+        if payload is None and self.writer is not None:
+            payload = self.writer.pending(key)
         if payload is None:
-            logger.info("KV offload: block %s unreadable or missing", path.name)
-            return None
-        return torch.frombuffer(payload, dtype=torch.uint8)
+            return False
+        row.copy_(payload)
+        return True
+
+    def _read_files(
+        self, pairs: Sequence[tuple[bytes, int]], indices: list[int], rows: torch.Tensor
+    ) -> list[bool]:
+        """Read and verify pairs[i]'s file into rows[i] for each i in `indices`, in
+        parallel (file reads and sha256 release the GIL); which succeeded."""
+        if not indices or self._readers is None:
+            return [False] * len(indices)
+
+        def read(i: int) -> bool:
+            key = pairs[i][0]
+            path = kv_block_file.block_path(self.directory, key)
+            ok = kv_block_file.read_into(path, self.identity, key, rows[i].numpy().data)
+            if not ok:
+                logger.info("KV offload: block %s unreadable or missing", path.name)
+            return ok
+
+        return list(self._readers.map(read, indices))
 
     def _check_blocks(self, blocks: list[int], what: str, distinct: bool = False) -> list[int]:
         bad = [b for b in blocks if not 0 <= b < self.num_blocks]
