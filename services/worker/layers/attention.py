@@ -10,6 +10,8 @@ picks one for --attention-backend.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +32,9 @@ class AttentionOps:
     name: str
     reshape_and_cache: Callable[..., None]
     paged_attention: Callable[..., torch.Tensor]
+    # The kernels take k_scale / v_scale keywords: an fp8 cache's per-tensor scales (stored
+    # = x / scale), bound by `with_kv_scales`.
+    takes_kv_scales: bool = False
 
     def attend(
         self,
@@ -56,6 +61,20 @@ class AttentionOps:
             query, kv_cache, attn_metadata, scale, sliding_window=sliding_window, soft_cap=soft_cap
         )
 
+    def with_kv_scales(self, k_scale: float, v_scale: float) -> AttentionOps:
+        """These kernels with an fp8 cache's per-tensor scales bound (itself for 1.0, 1.0);
+        ValueError for a backend whose kernels take none."""
+        if (k_scale, v_scale) == (1.0, 1.0):
+            return self
+        if not self.takes_kv_scales:
+            raise ValueError(f"attention backend {self.name!r} takes no KV cache scales.")
+        scales = {"k_scale": k_scale, "v_scale": v_scale}
+        return dataclasses.replace(
+            self,
+            reshape_and_cache=functools.partial(self.reshape_and_cache, **scales),
+            paged_attention=functools.partial(self.paged_attention, **scales),
+        )
+
 
 TORCH_ATTENTION = AttentionOps("torch", reshape_and_cache, paged_attention)
 _BACKENDS: dict[str, AttentionOps] = {TORCH_ATTENTION.name: TORCH_ATTENTION}
@@ -79,7 +98,12 @@ def _load_triton(device: torch.device) -> AttentionOps:
     reason = triton_kernels.unavailable_reason(device)
     if reason is not None:
         raise ValueError(f"attention backend 'triton' is not available on {device.type}: {reason}.")
-    return AttentionOps("triton", triton_kernels.reshape_and_cache, triton_kernels.paged_attention)
+    return AttentionOps(
+        "triton",
+        triton_kernels.reshape_and_cache,
+        triton_kernels.paged_attention,
+        takes_kv_scales=True,
+    )
 
 
 def _load_cpu(device: torch.device) -> AttentionOps:
@@ -147,6 +171,9 @@ class Attention(nn.Module):
             )
         self.sliding_window = sliding_window
         self.soft_cap = soft_cap
+        # An fp8 cache's per-tensor (k_scale, v_scale): this layer's keys / values are stored
+        # divided by them; 1.0 until calibrated scales are loaded (vLLM's default without).
+        self.kv_scales = (1.0, 1.0)
         self.ops = TORCH_ATTENTION
 
     def forward(
@@ -159,7 +186,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """query [num_tokens, H * D], key/value [num_tokens, K * D] -> [num_tokens, H * D]."""
         num_tokens = query.shape[0]
-        out = self.ops.attend(
+        out = self.ops.with_kv_scales(*self.kv_scales).attend(
             query.reshape(num_tokens, self.num_heads, self.head_dim),
             key.reshape(num_tokens, self.num_kv_heads, self.head_dim),
             value.reshape(num_tokens, self.num_kv_heads, self.head_dim),
