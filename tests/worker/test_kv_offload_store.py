@@ -13,6 +13,7 @@ import torch
 
 from services.common import kv_block_file
 from services.common.config import CacheConfig, ModelConfig
+from services.common.kv_offload_identity import kv_offload_identity
 from services.worker.cache_engine import CacheEngine
 from services.worker.kv_offload import block_writer
 from services.worker.kv_offload.kv_offload_store import KVOffloadStore
@@ -266,7 +267,13 @@ def test_a_restarted_worker_reads_its_prefix_back(tiny_model_dir, tmp_path: Path
     assert resumed.sampled_token_ids == whole.sampled_token_ids
     second.close()
 
-    directory = next(p for p in tmp_path.iterdir() if p.is_dir())
+    # where the scheduler's index finds them: the same identity from the same inputs
+    identity = kv_offload_identity(first.model_config, first.cache_config, first.describe())
+    directory = identity.directory(tmp_path)
+    assert sorted(k for k, _, _ in kv_block_file.scan(directory, identity.digest)) == [
+        key(1),
+        key(2),
+    ]
     path = kv_block_file.block_path(directory, key(2))
     path.write_bytes(path.read_bytes()[:-1])
     third = _worker(folder, tmp_path)
