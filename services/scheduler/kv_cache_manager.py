@@ -98,6 +98,10 @@ class KVCacheManager:
         self.pending_saves: list[tuple[int, BlockHash]] = []  # (device block, key) for the plan
         self.offload_hits = 0  # tokens read back from a tier on prefix hits
         self.offload_failures = 0  # blocks the worker could not read back
+        # Loads whose step has not landed: block id -> (key, the requests that read the
+        # block: its loader and device hits on it since), so a failed load's garbage can
+        # be traced through every chain that read it, ended requests' included.
+        self._unconfirmed: dict[int, tuple[BlockHash, list[Request]]] = {}
 
     def use_offload(self, offload: KvOffloadIndex | None) -> None:
         """Save to and load from the KV offload tiers `offload` indexes (None: none)."""
@@ -260,6 +264,9 @@ class KVCacheManager:
                 del self.req_to_blocks[rid]
             return None
         self.pool.touch(_real(hit))
+        for block in hit:
+            if (unconfirmed := self._unconfirmed.get(block.block_id)) is not None:
+                unconfirmed[1].append(request)
         for blocks, hit_blocks in zip(tables, new_computed_blocks or self._empty(), strict=True):
             blocks.extend(hit_blocks)
         pos = num_computed // self.block_size
@@ -283,6 +290,7 @@ class KVCacheManager:
             key = request.block_hashes[pos]
             self.offload.hit(key)
             self.pending_loads.append((key, block.block_id))
+            self._unconfirmed[block.block_id] = (key, [request])
         self.offload_hits += len(blocks) * self.block_size
 
     def _take_positions(self, num_positions: int) -> Tables:
@@ -406,23 +414,41 @@ class KVCacheManager:
             self.offload.forget(block.block_hash)
         self.pool.uncache(block)
 
-    def fail_loads(
-        self, keys: Iterable[BlockHash], loads: Sequence[tuple[BlockHash, int]]
+    def land_loads(
+        self, loads: Sequence[tuple[BlockHash, int]], failures: Iterable[BlockHash]
     ) -> set[int]:
-        """The worker could not read `keys` (of a plan's `loads`): the tiers forget them
-        and the blocks they were to fill leave the prefix cache; those blocks' ids (every
-        request holding one computed from garbage)."""
-        failed = set(keys)
+        """A plan's `loads` landed, the worker could not read `failures`: those keys, and
+        every key after them in the chain of each request that read their blocks (computed
+        from garbage), leave the prefix cache and the tiers. The failed loads' block ids
+        (every live request holding one is to be recomputed)."""
+        failed = set(failures)
         self.offload_failures += len(failed)
-        for key in failed:
+        bad = set()
+        for key, block_id in loads:
+            unconfirmed = self._unconfirmed.get(block_id)
+            readers = []
+            if unconfirmed is not None and unconfirmed[0] == key:
+                readers = self._unconfirmed.pop(block_id)[1]
+            if key in failed:
+                bad.add(block_id)
+                for request in readers:
+                    self._forget_chain(request, key)
+        for key in failed:  # a failure the plan did not load: only forgotten
+            self._forget_keys([key])
+        return bad
+
+    def _forget_chain(self, request: Request, key: BlockHash) -> None:
+        hashes = request.block_hashes
+        if key in hashes:
+            self._forget_keys(hashes[hashes.index(key) :])
+
+    def _forget_keys(self, keys: Iterable[BlockHash]) -> None:
+        """The keys leave the prefix cache (whichever block holds them) and the tiers."""
+        for key in keys:
+            if (block := self.pool.get_cached_block(key)) is not None:
+                self.pool.uncache(block)
             if self.offload is not None:
                 self.offload.forget(key)
-        bad = {block_id for key, block_id in loads if key in failed}
-        for block_id in bad:
-            block = self.pool.blocks[block_id]
-            if block.block_hash is not None and block.block_hash in failed:
-                self.pool.uncache(block)
-        return bad
 
     def first_position_of(self, request: Request, block_ids: set[int]) -> int | None:
         """The first block position of the request's table holding one of `block_ids`."""

@@ -447,8 +447,8 @@ class Scheduler:
             outputs.setdefault(client_id, []).append(output)
         self.pending_outputs = []
         landed = self.in_flight.land(plan, self.requests)
-        if runner_output.kv_load_failures:
-            self._on_failed_loads(plan, runner_output.kv_load_failures)
+        if plan.kv_loads or runner_output.kv_load_failures:
+            self._land_loads(plan, runner_output.kv_load_failures)
         for rid, token_ids in zip(
             runner_output.request_ids, runner_output.sampled_token_ids, strict=True
         ):
@@ -478,13 +478,15 @@ class Scheduler:
         stats = self.get_stats()
         return {c: EngineCoreOutputs(outs, stats) for c, outs in outputs.items()}
 
-    def _on_failed_loads(self, plan: SchedulerOutput, keys: list[bytes]) -> None:
-        """The worker could not read `keys` of the plan's kv_loads: the tiers and the
-        prefix cache forget them, and every request holding a block they were to fill
-        (its own load, or a device hit on it since) is recomputed from scratch; its
-        blocks from that one on leave the caches (computed from garbage)."""
-        bad = self.kv.fail_loads(keys, plan.kv_loads)
-        logger.warning("%d KV offload loads failed: recomputing what they held", len(keys))
+    def _land_loads(self, plan: SchedulerOutput, failures: list[bytes]) -> None:
+        """The plan's kv_loads landed; the worker could not read `failures`: the caches
+        forget them and what was computed after them (KVCacheManager.land_loads), and
+        every request holding a block they were to fill (its own load, or a device hit on
+        it since) is recomputed from scratch."""
+        bad = self.kv.land_loads(plan.kv_loads, failures)
+        if not failures:
+            return
+        logger.warning("%d KV offload loads failed: recomputing what they held", len(failures))
         for request in self.running:
             first = self.kv.first_position_of(request, bad)
             if first is not None:

@@ -140,3 +140,24 @@ def test_failures_outside_the_plan_are_only_forgotten():
     scheduler.update_from_output(plan, RunnerOutput(kv_load_failures=[first.block_hashes[1]]))
     assert first.block_hashes[1] not in scheduler.kv.offload
     assert scheduler.num_preemptions == 0
+
+
+def test_what_an_aborted_request_computed_after_a_failed_load_is_never_read():
+    """b loads blocks 0-4 (block 1 fails) and computes 5-6 on that garbage, and is aborted
+    while its step runs: the blocks from 1 on leave the caches all the same, so later
+    requests of the same prompt never read them."""
+    scheduler, worker = build()
+    first = request("a")
+    run(scheduler, worker, [first])
+    assert scheduler.kv.reset_prefix_cache()
+    worker.corrupt(first.block_hashes[1])
+    longer = [*PROMPT, *range(200, 208)]  # 7 full blocks and 2 tokens
+    scheduler.add_request(request("b", longer))
+    plan = scheduler.schedule()
+    assert len(plan.kv_loads) == 5 and len(plan.kv_saves) == 2
+    scheduler.abort_requests(["b"])
+    scheduler.update_from_output(plan, worker.execute(plan))
+    check_invariants(scheduler)
+    for rid in ("d", "e"):
+        _plans, outputs = run(scheduler, worker, [request(rid, longer)])
+        assert outputs[rid] == expected(longer), rid
