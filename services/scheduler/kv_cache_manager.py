@@ -389,12 +389,10 @@ class KVCacheManager:
         self._rewritten.discard(rid)
         return True
 
-    def uncache(self, request: Request, first: int = 0) -> None:
-        """Forget the hashes of the request's blocks from position `first` on that no
-        other request holds (their contents are not to be trusted), before it frees them;
-        the offload tiers forget them too."""
-        tables = self.req_to_blocks.get(request.request_id, [])
-        for block in _real(_position_major([blocks[first:] for blocks in tables])):
+    def uncache(self, request: Request) -> None:
+        """Forget the hashes of the request's blocks no other request holds (their
+        contents are not to be trusted), before it frees them; the tiers forget them too."""
+        for block in _real(_position_major(self.req_to_blocks.get(request.request_id, []))):
             if block.ref_cnt == 1:
                 self._forget(block)
 

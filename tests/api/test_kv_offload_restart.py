@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from pagestream import LLM, SamplingParams
 from services.common import kv_block_file
 from services.common.block_hash import hash_request_tokens
@@ -36,13 +38,14 @@ def _keys(prompt=PROMPT) -> list[bytes]:
     return hash_request_tokens(prompt, BLOCK)
 
 
-def test_a_restart_reads_the_prompt_back(model_dir, hf_greedy, tmp_path):
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_restart_reads_the_prompt_back(model_dir, hf_greedy, tmp_path, async_scheduling):
     folder = model_dir("llama")
-    first = _serve(folder, tmp_path)
+    first = _serve(folder, tmp_path, async_scheduling=async_scheduling)
     assert first.num_cached_tokens == 0
     files = _block_files(tmp_path)
     assert set(_keys()[:7]) <= set(files)  # every full block of the prompt, saved
-    again = _serve(folder, tmp_path)
+    again = _serve(folder, tmp_path, async_scheduling=async_scheduling)
     assert again.num_cached_tokens == 28  # 7 blocks, never the last token
     tokens = list(again.outputs[0].token_ids)
     assert tokens == list(first.outputs[0].token_ids) == hf_greedy(folder, PROMPT, 6)
