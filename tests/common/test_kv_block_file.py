@@ -16,6 +16,7 @@ from services.common.config import CacheConfig, ModelConfig
 from services.common.kv_block_file import HEADER_BYTES, block_path, read, remove, scan, write
 from services.common.kv_offload_identity import DESCRIPTION_FILE, kv_offload_identity
 from services.common.worker_info import ModelInfo
+from tests.helpers.tiny_gguf import tiny_gguf_file
 
 IDENTITY = bytes(range(32))
 OTHER = bytes(range(1, 33))
@@ -211,3 +212,16 @@ def test_prepare_writes_the_description(tmp_path: Path) -> None:
     assert described["digest"] == identity.hex
     assert described["model"] == str(folder) and described["block_size"] == 16
     assert identity.prepare(tmp_path / "offload") == directory  # again: unchanged
+
+
+def test_a_gguf_models_identity_covers_its_file(tmp_path: Path, monkeypatch) -> None:
+    """A GGUF model's weights stay in its file (the converted folder holds config and
+    tokenizer): the file is fingerprinted, so a changed tensor byte changes the identity."""
+    path = tiny_gguf_file(tmp_path, monkeypatch, "Q8_0")
+    model, cache = ModelConfig(model=str(path)), CacheConfig()
+    before = kv_offload_identity(model, cache, _info())
+    assert path.name in [entry[0] for entry in before.description["files"]["weights"]]
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01  # the last tensor's last byte: same size, still a valid file
+    path.write_bytes(bytes(data))
+    assert kv_offload_identity(model, cache, _info()).digest != before.digest
