@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU check of the Triton attention kernels, in one run (< 5 minutes on an H100/H200):
-# the gpu-marked kernel tests, tp = 2 over NCCL (with two GPUs), then benchmarks/kernels.py. Output goes to the terminal and to
+# the gpu-marked kernel tests (fp8 KV caches included: bit-equal writes, attention vs the
+# dequantized reference), tp = 2 over NCCL (with two GPUs), then benchmarks/kernels.py. Output goes to the terminal and to
 # $OUT (or the first argument; default $TMPDIR/pagestream-gpu-check): env.txt, tests.txt,
 # benchmark.txt, kernels.json.
 #

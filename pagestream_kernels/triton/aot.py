@@ -41,11 +41,19 @@ logger = logging.getLogger(__name__)
 SM90 = GPUTarget("cuda", 90, 32)
 # Largest dynamic shared memory one block may use on sm_90 (227 KiB).
 SM90_MAX_SHARED_BYTES = 227 * 1024
-_DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+_DTYPE_NAMES = {
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.float8_e4m3fn: "fp8e4m3",
+    torch.float8_e5m2: "fp8e5m2",
+}
 _TRITON_TYPES = {
     torch.float32: "*fp32",
     torch.float16: "*fp16",
     torch.bfloat16: "*bf16",
+    torch.float8_e4m3fn: "*fp8e4nv",
+    torch.float8_e5m2: "*fp8e5",
     torch.int32: "*i32",
     torch.int64: "*i64",
 }
@@ -62,6 +70,11 @@ class WorkerShape:
     block_size: int = 16
     sliding_window: int | None = None
     soft_cap: float | None = None
+    cache_dtype: torch.dtype | None = None  # the KV cache's, when not `dtype` (fp8)
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        return self.cache_dtype or self.dtype
 
 
 @dataclass(frozen=True)
@@ -93,7 +106,8 @@ def worker_shapes() -> list[WorkerShape]:
 
     Llama-3-8B (32/8 x 128), Llama-3.2-1B/SmolLM (GQA, 64-dim heads), MHA (group 1),
     a wide GQA group of 8, block size 32, sliding-window (Mistral/Qwen2) and soft-cap with
-    256-dim heads (Gemma-2 through the HF fallback).
+    256-dim heads (Gemma-2 through the HF fallback); fp8 caches (--kv-cache-dtype fp8_e4m3 /
+    fp8_e5m2) under bf16 and fp16 models.
     """
     shapes = [
         WorkerShape(dtype, head_dim, 32, 8)
@@ -109,6 +123,9 @@ def worker_shapes() -> list[WorkerShape]:
         WorkerShape(torch.bfloat16, 128, 32, 8, sliding_window=4096),
         WorkerShape(torch.bfloat16, 256, 16, 8, sliding_window=4096, soft_cap=50.0),
         WorkerShape(torch.bfloat16, 256, 16, 8),
+        WorkerShape(torch.bfloat16, 128, 32, 8, cache_dtype=torch.float8_e4m3fn),
+        WorkerShape(torch.bfloat16, 64, 32, 8, cache_dtype=torch.float8_e5m2),
+        WorkerShape(torch.float16, 128, 32, 8, cache_dtype=torch.float8_e4m3fn),
     ]
     return shapes
 
@@ -119,12 +136,13 @@ def shape_launches(shape: WorkerShape) -> Iterator[tuple[str, KernelLaunch]]:
     num_seqs, prefill_tokens = 64, 2048
     kv_cache = torch.empty(
         (2, 4096, shape.block_size, shape.num_kv_heads, shape.head_dim),
-        dtype=shape.dtype,
+        dtype=shape.kv_dtype,
         device=meta,
     )
     name = (
         f"{_DTYPE_NAMES[shape.dtype]} hd{shape.head_dim} {shape.num_q_heads}/{shape.num_kv_heads}"
     )
+    name += f" kv {_DTYPE_NAMES[shape.cache_dtype]}" if shape.cache_dtype else ""
     name += f" bs{shape.block_size}"
     name += " window" if shape.sliding_window else ""
     name += " softcap" if shape.soft_cap else ""

@@ -88,7 +88,7 @@ def round_to_fp8_grid(x, MAX: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXP: tl.
     normal = rounded.to(tl.float32, bitcast=True)
     STEPS: tl.constexpr = 2.0 ** (MANTISSA - MIN_EXP)  # subnormal steps per unit
     steps = magnitude.to(tl.float32, bitcast=True) * STEPS  # exact: a power of two
-    subnormal = ((steps + 8388608.0) - 8388608.0) / STEPS  # 8388608 = 2**23
+    subnormal = ((steps + 8388608.0) - 8388608.0) * (1.0 / STEPS)  # 8388608 = 2**23
     MIN_NORMAL_BITS: tl.constexpr = (127 + MIN_EXP) << 23  # 2**MIN_EXP as float32 bits
     value = tl.where(magnitude < MIN_NORMAL_BITS, subnormal, normal)
     out = (value.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)

@@ -237,3 +237,52 @@ def test_add_lora_matches_reference_at_llama_sizes(rows_per_program):
     assert ((y.double() - expected.double()).abs() <= bound).all()
     untouched = chain == 0
     assert torch.equal(y[untouched], expected[untouched])
+
+
+@pytest.mark.parametrize("fp8_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_cache_writes_equal_torch_cast_and_attention_its_dequantized_reference(fp8_dtype):
+    """On the GPU's own fp8 conversions: writes bit-equal to torch's saturated cast of
+    x * (1 / scale) (rows x1e5 saturate); attention (bf16 queries, split decode included)
+    within bf16 tolerance of the naive reference over stored * scale."""
+    from pagestream_kernels.triton import reshape_and_cache
+    from pagestream_kernels.triton.fp8 import quantize_reference
+
+    k_scale, v_scale = 2.5, 0.75
+    batch = build(MIXED[:4] + DECODE[:2], seed=8)
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    fused = torch.randn((300, 3, KV_HEADS, HEAD_DIM), generator=gen, device="cuda").bfloat16()
+    fused[::11] *= 1e5
+    slots = torch.randperm(64 * 16, generator=gen, device="cuda")[:300]
+    cache = torch.zeros((2, 64, 16, KV_HEADS, HEAD_DIM), device="cuda").to(fp8_dtype)
+    reshape_and_cache(fused[:, 1], fused[:, 2], cache, slots, k_scale=k_scale, v_scale=v_scale)
+    torch.cuda.synchronize()
+    for half, source, scale in ((0, fused[:, 1], k_scale), (1, fused[:, 2], v_scale)):
+        stored = cache[half].view(-1, KV_HEADS, HEAD_DIM)[slots].view(torch.uint8)
+        assert torch.equal(stored, quantize_reference(source, scale, fp8_dtype).view(torch.uint8))
+
+    fp8 = torch.stack(
+        [
+            quantize_reference(batch.kv_cache[0], k_scale, fp8_dtype),
+            quantize_reference(batch.kv_cache[1], v_scale, fp8_dtype),
+        ]
+    )
+    dequantized = torch.stack([fp8[0].float() * k_scale, fp8[1].float() * v_scale])
+    query, _, metadata = batch.args()
+    expected = reference.paged_attention_naive(query, dequantized, metadata, HEAD_DIM**-0.5)
+    for split_kv in (None, False):
+        got = triton_attention(
+            Batch(**{**batch.__dict__, "kv_cache": fp8}),
+            split_kv=split_kv,
+            k_scale=k_scale,
+            v_scale=v_scale,
+        )
+        assert_close(got, expected)
+    decode = build(DECODE, seed=9)
+    fp8_decode = torch.stack(
+        [quantize_reference(decode.kv_cache[i], 1.0, fp8_dtype) for i in (0, 1)]
+    )
+    expected = reference.paged_attention_naive(
+        decode.query, fp8_decode.float(), decode.metadata, HEAD_DIM**-0.5
+    )
+    got = triton_attention(Batch(**{**decode.__dict__, "kv_cache": fp8_decode}), split_kv=True)
+    assert_close(got, expected)
