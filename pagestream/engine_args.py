@@ -25,6 +25,7 @@ from services.common.config import (
     parse_size,
 )
 from services.common.flags import flag
+from services.common.kv_cache_dtype import KV_CACHE_DTYPES
 from services.common.lora_config import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, LoRAConfig
 from services.common.pooler_config import PoolerConfig
 from services.common.speculative_config import SpeculativeConfig
@@ -121,7 +122,11 @@ class EngineArgs:
         0, "host memory for a KV offload tier in front of the directory, e.g. 2GiB (0: none)"
     )
     kv_cache_dtype: str = flag(
-        CacheConfig.cache_dtype, "the KV cache's dtype (auto: the model's)", choices=DTYPES
+        CacheConfig.cache_dtype,
+        "the KV cache's dtype (auto: the model's); q8_0 (alias int8): llama.cpp's int8 with a "
+        "float16 scale per 32 values, 34 bytes per 32 (CPU attention backends); fp8, "
+        "fp8_e4m3, fp8_e5m2: float8 (triton backend)",
+        choices=KV_CACHE_DTYPES,
     )
     gpu_memory_utilization: float = flag(
         CacheConfig.gpu_memory_utilization,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from pagestream_kernels import q8_0
 from pagestream_kernels.attention_metadata import AttentionMetadata
 
 # Padded key tokens (batch * longest context) per decode group: bounds padding waste and keeps
@@ -58,19 +59,30 @@ def reshape_and_cache(
     """Scatter ``key``/``value`` rows into their cache slots, in place.
 
     key, value:   [num_tokens, num_kv_heads, head_dim]
-    kv_cache:     [2, num_blocks, block_size, num_kv_heads, head_dim] (0 = K, 1 = V), contiguous
+    kv_cache:     [2, num_blocks, block_size, num_kv_heads, head_dim] (0 = K, 1 = V), contiguous;
+                  uint8: q8_0 rows [.., num_kv_heads, q8_0.row_bytes(head_dim)], quantized here
     slot_mapping: [num_tokens] int64, slot = block_id * block_size + offset; negative = skip
     """
-    num_kv_heads, head_dim = kv_cache.shape[-2:]
+    num_kv_heads, row = kv_cache.shape[-2:]  # row: head_dim, or a q8_0 row's bytes
     # .view (not .reshape) so a non-contiguous cache fails loudly instead of writing to a copy.
-    key_slots = kv_cache[0].view(-1, num_kv_heads, head_dim)  # [num_slots, num_kv_heads, head_dim]
-    value_slots = kv_cache[1].view(-1, num_kv_heads, head_dim)
+    key_slots = kv_cache[0].view(-1, num_kv_heads, row)  # [num_slots, num_kv_heads, row]
+    value_slots = kv_cache[1].view(-1, num_kv_heads, row)
     slots = slot_mapping.to(torch.int64)
     keep = slots >= 0  # [num_tokens]
     if not bool(keep.all()):
         slots, key, value = slots[keep], key[keep], value[keep]
-    key_slots.index_copy_(0, slots, key.to(kv_cache.dtype))
-    value_slots.index_copy_(0, slots, value.to(kv_cache.dtype))
+    key_slots.index_copy_(0, slots, _cached(key, kv_cache.dtype))
+    value_slots.index_copy_(0, slots, _cached(value, kv_cache.dtype))
+
+
+def _cached(x: torch.Tensor, cache_dtype: torch.dtype) -> torch.Tensor:
+    """Rows [tokens, kv_heads, head_dim] as the cache stores them (uint8: q8_0 rows)."""
+    return q8_0.quantize(x) if cache_dtype == torch.uint8 else x.to(cache_dtype)
+
+
+def _values(cached: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cached rows [..., row] as values [..., head_dim] of `dtype` (uint8: q8_0 rows)."""
+    return q8_0.dequantize(cached, dtype) if cached.dtype == torch.uint8 else cached.to(dtype)
 
 
 def paged_attention(
@@ -284,12 +296,13 @@ def _attend_group(
     out: torch.Tensor,
 ) -> None:
     """Attention for one group, written into its rows of ``out``."""
-    num_kv_heads, head_dim = kv_cache.shape[-2:]
+    num_kv_heads, row = kv_cache.shape[-2:]  # row: head_dim, or a q8_0 row's bytes
     num_seqs, num_q_heads, max_q = plan.num_seqs, query.shape[1], plan.max_query_len
+    head_dim = query.shape[2]
     group_size = num_q_heads // num_kv_heads
-    shape = (num_seqs, plan.max_seq_len, num_kv_heads, head_dim)
-    key = _gather(kv_cache[0], plan.slots, shape).to(query.dtype)  # [B, kv_heads, L, head_dim]
-    value = _gather(kv_cache[1], plan.slots, shape).to(query.dtype)
+    shape = (num_seqs, plan.max_seq_len, num_kv_heads, row)
+    key = _values(_gather(kv_cache[0], plan.slots, shape), query.dtype)  # [B, kv_heads, L, hd]
+    value = _values(_gather(kv_cache[1], plan.slots, shape), query.dtype)
     q = query.index_select(0, plan.rows)  # [B*Q, q_heads, head_dim]
     q = q.view(num_seqs, max_q, num_kv_heads, group_size, head_dim).transpose(1, 2)
     q = q.reshape(num_seqs, num_kv_heads, max_q * group_size, head_dim)  # rows ordered (Q, g)
@@ -381,8 +394,8 @@ def paged_attention_naive(
             limit = pos + 1 if key_limits is None else int(key_limits[row])
             positions = torch.arange(first, limit)  # [n] cache positions it attends to
             blocks = block_table[i, positions // block_size].long()
-            keys = kv_cache[0, blocks, positions % block_size].float()  # [n, kv_heads, hd]
-            values = kv_cache[1, blocks, positions % block_size].float()
+            keys = _values(kv_cache[0, blocks, positions % block_size], torch.float32)
+            values = _values(kv_cache[1, blocks, positions % block_size], torch.float32)
             keys = keys.repeat_interleave(group_size, dim=1)  # [n, q_heads, hd]
             values = values.repeat_interleave(group_size, dim=1)
             scores = torch.einsum("hd,nhd->hn", query[row].float(), keys) * scale

@@ -2,8 +2,9 @@
 
 `paged_attention` and `reshape_and_cache` have reference.py's signatures: decode groups run
 paged_decode.cpp (each cached key and value read once, through the block table), prefill
-groups the reference's masked SDPA, for float32 or bfloat16 queries over float32 or
-bfloat16 caches (a bfloat16 query over a float32 cache takes the reference path). The
+groups the reference's masked SDPA, for float32 or bfloat16 queries over float32,
+bfloat16 or q8_0 (uint8) caches (a bfloat16 query over a float32 cache takes the reference
+path). The
 extension also holds the row kernels (norms, activations, rotary, cache writes) that the
 torch modules' ops (`fused_ops`) and the native decode step (services/worker/native_step.py)
 share, the linears, and the thread team and its pinning.
@@ -179,6 +180,8 @@ _KERNEL_DTYPES = {
     (torch.float32, torch.float32),
     (torch.bfloat16, torch.bfloat16),
     (torch.float32, torch.bfloat16),
+    (torch.float32, torch.uint8),  # uint8: q8_0 rows (pagestream_kernels/q8_0.py)
+    (torch.bfloat16, torch.uint8),
 }
 
 
@@ -195,7 +198,8 @@ def reshape_and_cache(
     key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
     """reference.reshape_and_cache in one C++ pass where the kernel takes the
-    tensors (CPU, float32/bfloat16 rows into a float32/bfloat16 cache), else the reference."""
+    tensors (CPU, float32/bfloat16 rows into a float32/bfloat16 or q8_0 cache), else the
+    reference."""
     fits = (
         key.device.type == "cpu"
         and kv_cache.is_contiguous()

@@ -23,6 +23,7 @@
 #include "moe_block.h"
 #include "packed_linear.h"
 #include "paged_attention.h"
+#include "q8_0.h"
 #include "part_clock.h"
 #include "row_kernels.h"
 #include "thread_pool.h"
@@ -312,10 +313,12 @@ class DecoderStack {
                 "DecoderStack.forward: one KV cache per layer");
     for (const auto& cache : kv_caches) {
       if (cache.numel() == 0) continue;  // a memory-profiling run: attention is skipped
+      const int64_t row = cache.scalar_type() == at::kByte ? q8_0_row_bytes(head_dim_) : head_dim_;
       TORCH_CHECK(cache.is_contiguous() && cache.dim() == 5 && cache.size(3) == num_kv_heads_ &&
-                      cache.size(4) == head_dim_,
+                      cache.size(4) == row &&
+                      (cache.scalar_type() != at::kByte || head_dim_ % Q8_GROUP == 0),
                   "DecoderStack.forward: caches must be contiguous [2, blocks, block_size, ",
-                  num_kv_heads_, ", ", head_dim_, "]");
+                  num_kv_heads_, ", ", row, "] (", head_dim_, " values, or their q8_0 row)");
     }
     const bool grouped = block_table.dim() == 3;
     const int64_t groups = grouped ? block_table.size(0) : 1;
@@ -484,11 +487,16 @@ class DecoderStack {
     if (kv_cache.numel() == 0) {  // a memory-profiling run before the cache exists
       std::fill(attn_.begin(), attn_.begin() + rows * q_width, 0.f);
     } else {
-      with_type(kv_cache.scalar_type(), "native step", [&](auto cv) {
-        write_cache_rows(kv_cache.data_ptr<decltype(cv)>(), kv_cache.size(1) * kv_cache.size(2),
-                         keys, ld, keys + kv_width, ld, rows, kv_width,
-                         slot_mapping.data_ptr<int64_t>());
-      });
+      const int64_t slots = kv_cache.size(1) * kv_cache.size(2);
+      if (kv_cache.scalar_type() == at::kByte) {  // q8_0 rows, quantized as they are written
+        write_q8_0_cache_rows(kv_cache.data_ptr<uint8_t>(), slots, keys, ld, keys + kv_width, ld,
+                              rows, num_kv_heads_, head_dim_, slot_mapping.data_ptr<int64_t>());
+      } else {
+        with_type(kv_cache.scalar_type(), "native step", [&](auto cv) {
+          write_cache_rows(kv_cache.data_ptr<decltype(cv)>(), slots, keys, ld, keys + kv_width,
+                           ld, rows, kv_width, slot_mapping.data_ptr<int64_t>());
+        });
+      }
       clock_.stop(ROTARY_CACHE);
       attend_rows(attn_.data(), query_.data(), num_heads_, kv_cache,
                   block_table.data_ptr<int32_t>(), block_table.size(0), block_table.size(1),

@@ -6,7 +6,8 @@
 namespace pagestream {
 
 // out, query [num_rows, num_q_heads, head_dim] float32; kv_cache [2, blocks, block_size,
-// kv_heads, head_dim] float32 or bfloat16; row r attends to the first row_len[r] cached
+// kv_heads, head_dim] float32 or bfloat16, or uint8 q8_0 rows [.., kv_heads,
+// q8_0_row_bytes(head_dim)] (q8_0.h); row r attends to the first row_len[r] cached
 // positions of sequence row_seq[r] (block_table [num_seqs, max_blocks]): its causal prefix,
 // row_len[r] = its position + 1. row_limit, when not null, lets row r see keys up to
 // row_limit[r] >= row_len[r] (an image token of a bidirectional image: its image's last

@@ -3,7 +3,11 @@
 // own causal prefix. Each (sequence, KV head) walks its block table once for the keys and
 // once for the values, reading every cached byte once for all the query heads of its GQA
 // group (the reference gathers them into a padded buffer first). float32 or bfloat16 queries
-// and caches (a bfloat16 cache under float32 queries too); all arithmetic is float32.
+// and caches (a bfloat16 cache under float32 queries too), or a uint8 cache of q8_0 rows
+// (q8_0.h: int8 codes, a float16 scale per 32), dequantized as it is read: each 16 values
+// converted and scaled once into a register that serves every query head of the group, so
+// the kernels keep the float caches' structure and read half a bfloat16 cache's bytes. All
+// arithmetic is float32.
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <torch/extension.h>
@@ -11,6 +15,7 @@
 #include "thread_pool.h"
 
 #include "paged_attention.h"
+#include "q8_0.h"
 
 #include <algorithm>
 #include <cmath>
@@ -56,18 +61,36 @@ constexpr int64_t FOLD = 8;
 // for while reading this one; the next was asked for a block ago).
 constexpr int64_t PREFETCH_BLOCKS = 2;
 
+// row: elements of the cache type a head's vector takes (head_dim; q8_0: its row's bytes).
 struct Layout {
-  int64_t num_q_heads, num_kv_heads, group, head_dim, block_size, max_blocks;
+  int64_t num_q_heads, num_kv_heads, group, head_dim, block_size, max_blocks, row;
 };
 
 inline float to_float(float x) { return x; }
 inline float to_float(bf16 x) { return static_cast<float>(x); }
+
+// Value i of a cached head vector `row` (head_dim values).
+inline float cached_value(const float* row, int64_t i, int64_t) { return row[i]; }
+inline float cached_value(const bf16* row, int64_t i, int64_t) { return to_float(row[i]); }
+inline float cached_value(const uint8_t* row, int64_t i, int64_t head_dim) {
+  return pagestream::q8_0_value(row, head_dim, i);
+}
 
 #if defined(__AVX512F__)
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const bf16* p) {  // bfloat16 is the top half of a float32
   const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+
+// Values c..c+15 of a cached head vector `row` (c a multiple of 16): a q8_0 row's codes
+// widened to float32 and times their group's scale (exact: an int8 times a float16).
+template <typename C>
+inline __m512 load16(const C* row, int64_t c, int64_t) { return load16(row + c); }
+inline __m512 load16(const uint8_t* row, int64_t c, int64_t head_dim) {
+  const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c));
+  const __m512 values = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes));
+  return _mm512_mul_ps(values, _mm512_set1_ps(pagestream::q8_0_scale(row, head_dim, c / 32)));
 }
 #endif
 
@@ -138,7 +161,7 @@ inline void score_block(float* scores, int64_t n, const float* q, const BlockRow
           __m512 qc[G];
           for (int j = 0; j < G; ++j) qc[j] = _mm512_loadu_ps(q + j * l.head_dim + c);
           for (int t = 0; t < KEYS; ++t) {
-            const __m512 k = load16(row + t * b.stride + c);
+            const __m512 k = load16(row + t * b.stride, c, l.head_dim);
             for (int j = 0; j < G; ++j) acc[j][t] = _mm512_fmadd_ps(qc[j], k, acc[j][t]);
           }
         }
@@ -149,7 +172,7 @@ inline void score_block(float* scores, int64_t n, const float* q, const BlockRow
       __m512 acc[G];
       for (int j = 0; j < G; ++j) acc[j] = _mm512_setzero_ps();
       for (int64_t c = 0; c < l.head_dim; c += 16) {
-        const __m512 k = load16(row + c);
+        const __m512 k = load16(row, c, l.head_dim);
         for (int j = 0; j < G; ++j) {
           acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(q + j * l.head_dim + c), k, acc[j]);
         }
@@ -165,7 +188,7 @@ inline void score_block(float* scores, int64_t n, const float* q, const BlockRow
       const float* qj = q + j * l.head_dim;
       float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-      for (int64_t i = 0; i < l.head_dim; ++i) sum += qj[i] * to_float(row[i]);
+      for (int64_t i = 0; i < l.head_dim; ++i) sum += qj[i] * cached_value(row, i, l.head_dim);
       scores[j * n + r] = sum;
     }
   }
@@ -198,7 +221,7 @@ inline void mix_block(float* acc, const float* probs, const BlockRows<C>& b, con
       const float* p = probs;
       for (int64_t r = 0; r < b.rows; ++r, row += b.stride, p += G) {
         __m512 v[CH];
-        for (int h = 0; h < CH; ++h) v[h] = load16(row + c + 16 * h);
+        for (int h = 0; h < CH; ++h) v[h] = load16(row, c + 16 * h, l.head_dim);
         for (int j = 0; j < G; ++j) {
           const __m512 w = _mm512_set1_ps(p[j]);
           for (int h = 0; h < CH; ++h) a[j][h] = _mm512_fmadd_ps(w, v[h], a[j][h]);
@@ -214,7 +237,7 @@ inline void mix_block(float* acc, const float* probs, const BlockRows<C>& b, con
       const C* row = b.first;
       const float* p = probs;
       for (int64_t r = 0; r < b.rows; ++r, row += b.stride, p += G) {
-        const __m512 v = load16(row + c);
+        const __m512 v = load16(row, c, l.head_dim);
         for (int j = 0; j < G; ++j) a[j] = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), v, a[j]);
       }
       for (int j = 0; j < G; ++j) _mm512_storeu_ps(acc + j * l.head_dim + c, a[j]);
@@ -228,7 +251,7 @@ inline void mix_block(float* acc, const float* probs, const BlockRows<C>& b, con
       const float p = probs[r * l.group + j];
       float* a = acc + j * l.head_dim;
 #pragma omp simd
-      for (int64_t i = 0; i < l.head_dim; ++i) a[i] += p * to_float(row[i]);
+      for (int64_t i = 0; i < l.head_dim; ++i) a[i] += p * cached_value(row, i, l.head_dim);
     }
   }
 }
@@ -262,18 +285,18 @@ inline float exp_nonpositive(float x) {
 // with a row of misses.
 template <typename C>
 inline void prefetch_block(const C* block_start, int64_t rows, const Layout& l) {
-  const int64_t bytes = rows * l.num_kv_heads * l.head_dim * static_cast<int64_t>(sizeof(C));
+  const int64_t bytes = rows * l.num_kv_heads * l.row * static_cast<int64_t>(sizeof(C));
   const char* start = reinterpret_cast<const char*>(block_start);
   for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(start + b);
 }
 
 // Calls visit(t, rows) for each cache block holding positions first..first+n-1: rows are
-// KV head 0's vectors of positions first+t.. (head h's sit h * head_dim further), walking
+// KV head 0's vectors of positions first+t.. (head h's sit h * l.row further), walking
 // the block table and prefetching the next block.
 template <typename C, typename Visit>
 inline void for_each_block(const C* cache, const int32_t* table, int64_t first, int64_t n,
                            const Layout& l, Visit visit) {
-  const int64_t token_stride = l.num_kv_heads * l.head_dim;
+  const int64_t token_stride = l.num_kv_heads * l.row;
   const int64_t block_elems = l.block_size * token_stride;
   const int64_t last = first + n - 1, last_block = last / l.block_size;
   const auto prefetch = [&](int64_t index) {  // block `index` of the table, if it is ours
@@ -352,7 +375,7 @@ void attend_part(const Q* const* q, const int64_t* n, float* const* result, int6
       const int64_t rows = std::min(b.rows, n[i] - t);  // the row's own end cuts the block
       if (rows <= 0) continue;
       for (int64_t h = 0; h < heads; ++h) {
-        fn(i, h, BlockRows<C>{b.first + h * l.head_dim, rows, b.stride},
+        fn(i, h, BlockRows<C>{b.first + h * l.row, rows, b.stride},
            i * row_scores + h * l.group * longest);
       }
     }
@@ -544,8 +567,12 @@ template <typename Q, typename C>
 void attend(Q* out, const Q* query, int64_t num_q_heads, const at::Tensor& key_cache,
             const at::Tensor& value_cache, int64_t max_blocks, const Rows& rows, float scale,
             int64_t sliding_window, float soft_cap) {
+  const int64_t row = key_cache.size(3);
+  const int64_t head_dim = std::is_same_v<C, uint8_t> ? pagestream::q8_0_head_dim(row) : row;
+  TORCH_CHECK(head_dim > 0, "paged attention: a uint8 cache holds q8_0 rows of 34 bytes per 32 "
+              "values, not rows of ", row);
   const Layout l{num_q_heads, key_cache.size(2), num_q_heads / key_cache.size(2),
-                 key_cache.size(3), key_cache.size(1), max_blocks};
+                 head_dim, key_cache.size(1), max_blocks, row};
   TORCH_CHECK(l.num_q_heads % l.num_kv_heads == 0, "paged attention: q heads % kv heads != 0");
   check_plan(rows, key_cache.size(0), l);
   const auto run = [&](auto group) {
@@ -597,9 +624,12 @@ void attend_rows(float* out, const float* query, int64_t num_q_heads, const at::
   if (kv_cache.scalar_type() == at::kFloat) {
     attend<float, float>(out, query, num_q_heads, keys, values, max_blocks, rows, scale,
                          sliding_window, soft_cap);
+  } else if (kv_cache.scalar_type() == at::kByte) {
+    attend<float, uint8_t>(out, query, num_q_heads, keys, values, max_blocks, rows, scale,
+                           sliding_window, soft_cap);
   } else {
-    TORCH_CHECK(kv_cache.scalar_type() == at::kBFloat16,
-                "paged attention: a float32 or bfloat16 cache, not ", kv_cache.scalar_type());
+    TORCH_CHECK(kv_cache.scalar_type() == at::kBFloat16, "paged attention: a float32, bfloat16 "
+                "or q8_0 (uint8) cache, not ", kv_cache.scalar_type());
     attend<float, bf16>(out, query, num_q_heads, keys, values, max_blocks, rows, scale,
                         sliding_window, soft_cap);
   }
@@ -609,7 +639,8 @@ void attend_rows(float* out, const float* query, int64_t num_q_heads, const at::
 
 // Rows of any step (see Rows) over the paged cache: query and out [num_rows, q_heads,
 // head_dim] float32, kv_cache [2, blocks, block_size, kv_heads, head_dim] float32 or
-// bfloat16, block_table [num_seqs, max_blocks], row_seq / row_len [num_rows] int32;
+// bfloat16 (or uint8 q8_0 rows [.., kv_heads, q8_0_row_bytes(head_dim)]), block_table
+// [num_seqs, max_blocks], row_seq / row_len [num_rows] int32;
 // row_limit: None (causal) or [num_rows] int32, each row's key limit (see Rows).
 void paged_attention_rows(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache,
                           torch::Tensor block_table, torch::Tensor row_seq,
@@ -623,6 +654,10 @@ void paged_attention_rows(torch::Tensor out, torch::Tensor query, torch::Tensor 
   TORCH_CHECK(query.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat &&
                   out.sizes() == query.sizes(),
               "paged_attention_rows: float32 query and out of the same shape");
+  const bool q8 = kv_cache.scalar_type() == at::kByte;
+  TORCH_CHECK(query.dim() == 3 && kv_cache.dim() == 5 &&
+                  kv_cache.size(4) == (q8 ? pagestream::q8_0_row_bytes(query.size(2)) : query.size(2)),
+              "paged_attention_rows: the cache's rows must hold the query's head_dim");
   for (const auto& t : {block_table, row_seq, row_len, limit}) {
     TORCH_CHECK(t.scalar_type() == at::kInt, "paged_attention_rows: int32 tables and rows");
   }
@@ -641,7 +676,8 @@ void paged_attention_rows(torch::Tensor out, torch::Tensor query, torch::Tensor 
 
 // Decode rows over the paged cache (the torch path):
 // query       [num_seqs, num_q_heads, head_dim]
-// key_cache   [num_blocks, block_size, num_kv_heads, head_dim] (value_cache alike)
+// key_cache   [num_blocks, block_size, num_kv_heads, head_dim] (value_cache alike), or uint8
+//             q8_0 rows [.., num_kv_heads, q8_0_row_bytes(head_dim)]
 // block_table [num_seqs, max_blocks] int32
 // seq_lens    [num_seqs] int32: context length including this step's token
 // out         [num_seqs, num_q_heads, head_dim] (the query's dtype)
@@ -659,9 +695,19 @@ void paged_decode(torch::Tensor out, torch::Tensor query, torch::Tensor key_cach
               "paged_decode: block_table must be contiguous int32");
   TORCH_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.is_contiguous(),
               "paged_decode: seq_lens must be contiguous int32");
+  const bool q8 = ctype == at::kByte;
+  TORCH_CHECK(query.dim() == 3 && key_cache.dim() == 4 &&
+                  key_cache.size(3) == (q8 ? pagestream::q8_0_row_bytes(query.size(2)) : query.size(2)),
+              "paged_decode: the cache's rows must hold the query's head_dim");
   const auto s = static_cast<float>(scale);
   const auto cap = static_cast<float>(soft_cap);
-  if (qtype == at::kFloat && ctype == at::kFloat) {
+  if (qtype == at::kFloat && ctype == at::kByte) {
+    decode<float, uint8_t>(out, query, key_cache, value_cache, block_table, seq_lens, s,
+                           sliding_window, cap);
+  } else if (qtype == at::kBFloat16 && ctype == at::kByte) {
+    decode<bf16, uint8_t>(out, query, key_cache, value_cache, block_table, seq_lens, s,
+                          sliding_window, cap);
+  } else if (qtype == at::kFloat && ctype == at::kFloat) {
     decode<float, float>(out, query, key_cache, value_cache, block_table, seq_lens, s,
                          sliding_window, cap);
   } else if (qtype == at::kBFloat16 && ctype == at::kBFloat16) {
@@ -672,7 +718,7 @@ void paged_decode(torch::Tensor out, torch::Tensor query, torch::Tensor key_cach
                         sliding_window, cap);
   } else {
     TORCH_CHECK(false, "paged_decode: query ", qtype, " over a ", ctype,
-                " cache is not supported (float32 or bfloat16)");
+                " cache is not supported (float32, bfloat16 or q8_0)");
   }
 }
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from services.common.kv_cache_dtype import KV_CACHE_DTYPES
 from services.common.lora_config import LoRAConfig
 from services.common.pooler_config import PoolerConfig
 from services.common.speculative_config import SpeculativeConfig
@@ -105,7 +106,7 @@ class CacheConfig:
             raise ValueError(f"kv_cache_memory must be > 0 bytes, got {self.kv_cache_memory}.")
         if self.swap_space < 0:
             raise ValueError(f"swap_space must be >= 0 bytes, got {self.swap_space}.")
-        _one_of("cache_dtype", self.cache_dtype, DTYPES)
+        _one_of("cache_dtype", self.cache_dtype, KV_CACHE_DTYPES)
         for name in ("kv_offload_bytes", "kv_offload_host_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 bytes, got {getattr(self, name)}.")

@@ -1,8 +1,9 @@
 """The worker's paged KV cache: per-layer device tensors, a CPU swap pool, block moves.
 
 Per layer one tensor ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` (index 0 = keys,
-1 = values) on the device, and one of the same shape with ``num_cpu_blocks`` on the CPU
-(pinned when the device is CUDA). Block ids are the scheduler's: device ids index
+1 = values; a q8_0 cache's last dim is each head's uint8 row, see KVCacheSpec) on the
+device, and one of the same shape with ``num_cpu_blocks`` on the CPU (pinned when the
+device is CUDA). Block ids are the scheduler's: device ids index
 ``kv_caches``, CPU ids index ``cpu_cache``. Also the sizing math: bytes per block, blocks
 for a byte budget, and profiling the free GPU memory after a dummy forward pass.
 """
@@ -47,7 +48,7 @@ class CacheEngine:
         self.block_size = block_size
         self.dtype = dtype = spec.dtype
         num_layers = spec.num_tensors
-        block_shape = (block_size, spec.num_kv_heads, spec.head_dim)
+        block_shape = spec.layer_shape(num_blocks, block_size)[2:]  # q8_0: a head's bytes last
         # Zeroed, not empty: stale NaN bit patterns must never reach a masked attention read.
         self.kv_caches: list[torch.Tensor] = [
             zeroed((2, num_blocks, *block_shape), dtype, self.device) for _ in range(num_layers)

@@ -10,6 +10,7 @@ import threading
 
 import torch
 
+from services.common import kv_cache_dtype
 from services.common.config import CacheConfig, ModelConfig
 from services.common.convert.plan_limits import PlanLimits
 from services.common.kv_offload_identity import kv_offload_identity
@@ -89,6 +90,9 @@ class Worker:
         self.runner: ModelRunner | None = None
         self.cache_info: CacheInfo | None = None
         self._pinned_for: int | None = None  # the thread whose intra-op team is pinned
+        # --kv-cache-dtype against the model's head_dim and attention backend: a bad pair
+        # fails the load, not the first cache request
+        self._cache_spec(self.model)
 
     def _load_draft(self, speculative: SpeculativeConfig | None) -> CausalLM | None:
         """The draft model of speculative decoding (same device and dtype as the target),
@@ -126,11 +130,17 @@ class Worker:
         spec = model.kv_cache_spec
         if self.draft_model is not None:
             spec = dataclasses.replace(spec, layer_slots=())
-        if self.cache_config.cache_dtype == "auto":
+        name = self.cache_config.cache_dtype
+        if name == "auto":
             return spec
-        return dataclasses.replace(
-            spec, dtype=resolve_dtype(self.cache_config.cache_dtype, self.device)
-        )
+        kv_cache_dtype.check_backend(name, model.attention_ops.name)
+        if kv_cache_dtype.is_q8_0(name):
+            return dataclasses.replace(spec, dtype=torch.uint8, q8_0=True)
+        if kv_cache_dtype.is_fp8(name):
+            return dataclasses.replace(
+                spec, dtype=getattr(torch, kv_cache_dtype.FP8_TORCH_NAMES[name])
+            )
+        return dataclasses.replace(spec, dtype=resolve_dtype(name, self.device))
 
     def _bytes_per_block(self) -> int:
         """A block's bytes over every layer, the draft model's included."""

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pagestream_kernels import q8_0
+
 
 @dataclass(frozen=True)
 class KVCacheGroups:
@@ -63,15 +65,18 @@ class KVCacheGroups:
 
 @dataclass(frozen=True)
 class KVCacheSpec:
-    """Shape of one layer's cache: [2, num_blocks, block_size, num_kv_heads, head_dim]; with
-    `layer_slots` layers share tensors (KV cache groups: layer i writes tensor
-    layer_slots[i]), else each has its own."""
+    """Shape of one layer's cache: [2, num_blocks, block_size, num_kv_heads, row] with row =
+    head_dim values, or (q8_0) each head's q8_0 row of uint8 (pagestream_kernels/q8_0.py:
+    int8 codes then float16 scales, row_bytes(head_dim) bytes); with `layer_slots` layers
+    share tensors (KV cache groups: layer i writes tensor layer_slots[i]), else each has
+    its own."""
 
     num_layers: int
     num_kv_heads: int
     head_dim: int
     dtype: torch.dtype
     layer_slots: tuple[int, ...] = ()
+    q8_0: bool = False  # dtype is then torch.uint8
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_kv_heads", "head_dim"):
@@ -79,15 +84,25 @@ class KVCacheSpec:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
         if self.layer_slots and len(self.layer_slots) != self.num_layers:
             raise ValueError(f"layer_slots must name {self.num_layers} slots")
+        if self.q8_0:
+            q8_0.check_head_dim(self.head_dim)
+            if self.dtype != torch.uint8:
+                raise ValueError(f"a q8_0 KV cache is stored as torch.uint8, not {self.dtype}")
+
+    @property
+    def row(self) -> int:
+        """The last dim of a cache tensor: a head's values, or its q8_0 row's bytes."""
+        return q8_0.row_bytes(self.head_dim) if self.q8_0 else self.head_dim
 
     @property
     def num_tensors(self) -> int:
         return max(self.layer_slots) + 1 if self.layer_slots else self.num_layers
 
     def layer_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int, int]:
-        return (2, num_blocks, block_size, self.num_kv_heads, self.head_dim)
+        return (2, num_blocks, block_size, self.num_kv_heads, self.row)
 
     def bytes_per_block(self, block_size: int, dtype: torch.dtype | None = None) -> int:
-        """2 * num_tensors * block_size * num_kv_heads * head_dim * dtype_size."""
+        """2 * num_tensors * block_size * num_kv_heads * row * dtype_size (q8_0: 34 bytes
+        per 32 values, 17/32 of a bfloat16 cache's)."""
         itemsize = (dtype or self.dtype).itemsize
-        return 2 * self.num_tensors * block_size * self.num_kv_heads * self.head_dim * itemsize
+        return 2 * self.num_tensors * block_size * self.num_kv_heads * self.row * itemsize
