@@ -25,6 +25,16 @@ Q8_0_BACKENDS = ("cpu", "torch")
 FP8_BACKENDS = ("triton",)
 
 
+def canonical(name: str) -> str:
+    """The one name of the layout `name` stands for (int8 -> q8_0, fp8 -> fp8_e4m3): what
+    an identity of cached KV bytes (the offload tiers' files) should key on."""
+    if is_q8_0(name):
+        return "q8_0"
+    if name == "fp8":
+        return "fp8_e4m3"
+    return name
+
+
 def is_q8_0(name: str) -> bool:
     return name in Q8_0_NAMES
 

@@ -10,7 +10,7 @@ import torch
 
 from pagestream_kernels import q8_0
 from services.common.config import CacheConfig, ModelConfig
-from services.common.kv_cache_dtype import KV_CACHE_DTYPES, check_backend
+from services.common.kv_cache_dtype import KV_CACHE_DTYPES, canonical, check_backend
 from services.worker.cache_engine import CacheEngine
 from services.worker.models.kv_cache_spec import KVCacheSpec
 from services.worker.worker import Worker
@@ -19,6 +19,17 @@ from services.worker.worker import Worker
 @pytest.mark.parametrize("name", KV_CACHE_DTYPES)
 def test_every_name_is_a_valid_cache_config(name):
     assert CacheConfig(cache_dtype=name).cache_dtype == name
+
+
+def test_aliases_name_one_layout():
+    assert [canonical(n) for n in ("int8", "q8_0", "fp8", "fp8_e4m3", "fp8_e5m2")] == [
+        "q8_0",
+        "q8_0",
+        "fp8_e4m3",
+        "fp8_e4m3",
+        "fp8_e5m2",
+    ]
+    assert canonical("bfloat16") == "bfloat16" and canonical("auto") == "auto"
 
 
 def test_an_unknown_name_is_refused_with_the_allowed_ones():
