@@ -2,10 +2,10 @@
 server (ModelDispatcher over a ModelRegistry), each model's engine core a child process
 started on first use.
 
-MODEL, when given too, is one more model: the default (a request without `model` gets it),
-pinned (loaded at start, never unloaded) and the one the public gRPC port serves. Without
-MODEL the default is the preset's first table (else the directory's first entry by name)
-and the gRPC port stays closed: the Generation API has no model field to route by.
+MODEL, when given too, is one more model: the default (a request without `model` gets it)
+and pinned (loaded at start, never unloaded). Without MODEL the default is the preset's
+first table (else the directory's first entry by name). The public gRPC port (--grpc-port)
+serves every model too: each call's `model` picks one (RegistryFrontends).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pagestream.models.model_catalog import build_specs
 from pagestream.models.model_dispatcher import ModelDispatcher
 from pagestream.models.model_registry import ModelRegistry
 from pagestream.models.models_config import ModelsConfig
+from pagestream.models.registry_frontends import RegistryFrontends
 from services.common.flags import from_flags
 from services.common.grpc_server import serve_forever
 from services.frontend.frontend_config import FrontendConfig
@@ -50,8 +51,8 @@ def check_models_serve(ns: argparse.Namespace) -> ModelsConfig:
 
 
 class ModelsServer:
-    """The HTTP server, the default model's gRPC server (or None) and the registry,
-    stopped together (HTTP first, the models last)."""
+    """The HTTP server, the gRPC server and the registry, stopped together (HTTP first,
+    the models last)."""
 
     def __init__(self, http, grpc_server, registry: ModelRegistry) -> None:
         self.http, self.grpc_server, self.registry = http, grpc_server, registry
@@ -80,19 +81,24 @@ async def start_models_server(ns: argparse.Namespace) -> ModelsServer:
     registry.start()
     app = ModelDispatcher(registry, api_key, frontend_config.max_request_body_bytes)
     http = await serve_http(app, ns.host, ns.port)
-    grpc_server = None
-    if ns.model is not None:  # the default model, pinned: the gRPC port serves it
-        entry = await registry.load(registry.default_name)
+    try:
+        if ns.model is not None:  # the default model, pinned: loaded before the server returns
+            await registry.load(registry.default_name)
         grpc_server = await serve_frontend(
-            entry.model.frontend,
+            RegistryFrontends(registry),
             ns.host,
             ns.grpc_port,
             tls=roles.tls_config(ns),
             api_key=api_key,
             config=frontend_config,
         )
+    except BaseException:  # e.g. the gRPC port taken: nothing is left running
+        await http.stop()
+        await registry.close()
+        raise
     names = ", ".join(registry.entries)
-    logger.info("pagestream serving %d models on HTTP %s: %s", len(specs), http.url, names)
+    where = f"HTTP {http.url}, gRPC {grpc_server.address}"
+    logger.info("pagestream serving %d models on %s: %s", len(specs), where, names)
     return ModelsServer(http, grpc_server, registry)
 
 

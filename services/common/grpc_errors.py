@@ -30,6 +30,8 @@ _CODES: dict[str, grpc.StatusCode] = {
     "OverloadedError": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "EngineOverloadedError": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "SlowConsumerError": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    # A model of many that would not fit the memory left (the message names both figures).
+    "ModelMemoryError": grpc.StatusCode.RESOURCE_EXHAUSTED,
     # A missing or wrong API key.
     "AuthenticationError": grpc.StatusCode.UNAUTHENTICATED,
     # The engine (or a service it needs) is gone.

@@ -1,7 +1,9 @@
 """The frontend's gRPC server: Generation + grpc.health.v1 + reflection, with graceful stop.
 
 Health (the whole server "" and pagestream.v1.Generation alike) is readiness: SERVING only
-while the Frontend can serve (connected to an engine core that reports SERVING). With
+while the Frontend can serve (connected to an engine core that reports SERVING); over many
+models (a FrontendSource of its own), SERVING while the server runs (one model that fails
+to load does not make the others unreachable). With
 `tls` the port speaks TLS (clients need no certificate); with `api_key` every Generation
 call needs `authorization: Bearer KEY` (health and reflection stay open for probes).
 """
@@ -22,6 +24,7 @@ from services.frontend.dp_engine_client import DataParallelClient
 from services.frontend.engine_client import EngineCoreClient
 from services.frontend.frontend import Frontend
 from services.frontend.frontend_config import FrontendConfig
+from services.frontend.frontend_source import FrontendSource, OneFrontend
 from services.frontend.generation_service import CANCEL_TIMEOUT_S, GenerationServicer
 from services.frontend.router import RouterConfig
 
@@ -43,6 +46,7 @@ class FrontendServer:
     def __init__(self, grpc_server: GrpcServer, servicer: GenerationServicer) -> None:
         self.grpc_server = grpc_server
         self.servicer = servicer
+        self.source = servicer.source
         self._tasks: set[asyncio.Task] = set()
         self._ready: asyncio.Future | None = None  # the frontend, when we wrapped a coroutine
         self._stopped = False
@@ -57,7 +61,8 @@ class FrontendServer:
 
     @property
     def frontend(self) -> Frontend | None:
-        return self.servicer.frontend
+        """The one Frontend served (None until ready, and over many models)."""
+        return self.source.frontend if isinstance(self.source, OneFrontend) else None
 
     async def set_serving(self, serving: bool) -> None:
         await self.grpc_server.set_serving(serving and not self._stopped)
@@ -77,11 +82,11 @@ class FrontendServer:
 
     async def _sync_health(self) -> None:
         """Health from readiness as it is now (changes may come faster than tasks run)."""
-        frontend = self.servicer.frontend
+        frontend = self.frontend
         await self.set_serving(frontend is not None and frontend.is_ready)
 
     def _attach(self, frontend: Frontend) -> None:
-        self.servicer.frontend = frontend
+        self.source.frontend = frontend
         frontend.add_readiness_listener(self._readiness_changed)
 
     async def _serve_when_ready(self, ready: Awaitable[Frontend]) -> None:
@@ -131,7 +136,7 @@ class FrontendServer:
 
 
 async def serve_frontend(
-    frontend: Frontend | Awaitable[Frontend],
+    frontend: Frontend | Awaitable[Frontend] | FrontendSource,
     host: str = "0.0.0.0",
     port: int = 50051,
     *,
@@ -143,7 +148,8 @@ async def serve_frontend(
 
     `frontend`: a ready Frontend, or an awaitable of one (e.g. a task running
     `connect_frontend`): until it resolves, health is NOT_SERVING and calls answer
-    UNAVAILABLE. Stop with `await server.stop(grace)`, or run
+    UNAVAILABLE; or a FrontendSource over many models (each call's `model` picks one).
+    Stop with `await server.stop(grace)`, or run
     `services.common.grpc_server.serve_forever(server, grace)` to stop on SIGTERM/SIGINT.
     The caller keeps owning the Frontend (close it after stopping the server). `config`:
     the frontend's limits, of which the server applies the message size and the
@@ -151,7 +157,8 @@ async def serve_frontend(
     """
     if config is None:
         config = frontend.config if isinstance(frontend, Frontend) else FrontendConfig()
-    servicer = GenerationServicer(None, ApiKey(api_key))
+    source = frontend if isinstance(frontend, FrontendSource) else OneFrontend()
+    servicer = GenerationServicer(source, ApiKey(api_key))
     grpc_server = await start_server(
         lambda server: generation_pb2_grpc.add_GenerationServicer_to_server(servicer, server),
         [GENERATION_SERVICE],
@@ -166,6 +173,8 @@ async def serve_frontend(
     if isinstance(frontend, Frontend):
         handle._attach(frontend)
         await handle.set_serving(frontend.is_ready)
+    elif isinstance(frontend, FrontendSource):
+        await handle.set_serving(True)
     else:
         handle._spawn(handle._serve_when_ready(frontend))
     return handle

@@ -23,6 +23,7 @@ from services.common.request_options import DEFAULT_OPTIONS, RequestOptions
 from services.common.sampling_params import RequestOutputKind, SamplingParams
 from services.common.served_model_info import ServedModelInfo
 from services.frontend.chat_renderer import ChatRenderer, ChatTemplateError
+from services.frontend.frontend_source import ModelListing
 from services.frontend.input_processor import new_request_id
 from services.frontend.lora_registry import LoRARegistry
 from services.frontend.reply_parser import ReplyParser
@@ -399,3 +400,19 @@ def detokenize(
     return generation_pb2.DetokenizeResponse(
         text=tokenizer.decode(token_ids, skip_special_tokens=skip)
     )
+
+
+def list_models_response(
+    default: str, listings: list[ModelListing]
+) -> generation_pb2.ListModelsResponse:
+    models = [
+        generation_pb2.ModelStatus(
+            name=m.name,
+            state=m.state,
+            error=m.error or "",
+            pinned=m.pinned,
+            max_model_len=m.max_model_len,
+        )
+        for m in listings
+    ]
+    return generation_pb2.ListModelsResponse(models=models, default_model=default)

@@ -41,7 +41,7 @@ async def served(model_dir, tmp_path_factory):
     broken = root / "broken"
     broken.mkdir()
     (broken / "config.json").write_text("{not json")
-    argv = ["serve", "--models-dir", str(root), "--port", "0", "--api-key", KEY]
+    argv = ["serve", "--models-dir", str(root), "--port", "0", "--grpc-port", "0", "--api-key", KEY]
     argv += ["--kv-cache-memory", "8MiB", "--swap-space", "0.01", "--models-max", "2"]
     server = await start_models_server(build_parser().parse_args(argv))
     try:

@@ -155,7 +155,7 @@ class ChatMessages(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., add_generation_prompt: _Optional[bool] = ..., chat_template: _Optional[str] = ..., chat_template_kwargs: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "chat", "sampling_params", "priority", "cache_salt", "add_special_tokens", "lora_name")
+    __slots__ = ("request_id", "text", "token_ids", "chat", "sampling_params", "priority", "cache_salt", "add_special_tokens", "lora_name", "model", "keep_alive")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +165,8 @@ class GenerateRequest(_message.Message):
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     ADD_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LORA_NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    KEEP_ALIVE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: TokenIds
@@ -174,7 +176,9 @@ class GenerateRequest(_message.Message):
     cache_salt: str
     add_special_tokens: bool
     lora_name: str
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[str] = ..., add_special_tokens: _Optional[bool] = ..., lora_name: _Optional[str] = ...) -> None: ...
+    model: str
+    keep_alive: str
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[str] = ..., add_special_tokens: _Optional[bool] = ..., lora_name: _Optional[str] = ..., model: _Optional[str] = ..., keep_alive: _Optional[str] = ...) -> None: ...
 
 class PoolingParams(_message.Message):
     __slots__ = ("task", "dimensions", "normalize", "truncate_prompt_tokens", "prompt_name")
@@ -199,18 +203,22 @@ class EmbedInput(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("request_id", "inputs", "pooling_params", "priority", "add_special_tokens")
+    __slots__ = ("request_id", "inputs", "pooling_params", "priority", "add_special_tokens", "model", "keep_alive")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     POOLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     ADD_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    KEEP_ALIVE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     inputs: _containers.RepeatedCompositeFieldContainer[EmbedInput]
     pooling_params: PoolingParams
     priority: int
     add_special_tokens: bool
-    def __init__(self, request_id: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[EmbedInput, _Mapping]]] = ..., pooling_params: _Optional[_Union[PoolingParams, _Mapping]] = ..., priority: _Optional[int] = ..., add_special_tokens: _Optional[bool] = ...) -> None: ...
+    model: str
+    keep_alive: str
+    def __init__(self, request_id: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[EmbedInput, _Mapping]]] = ..., pooling_params: _Optional[_Union[PoolingParams, _Mapping]] = ..., priority: _Optional[int] = ..., add_special_tokens: _Optional[bool] = ..., model: _Optional[str] = ..., keep_alive: _Optional[str] = ...) -> None: ...
 
 class Embedding(_message.Message):
     __slots__ = ("values", "prompt_tokens")
@@ -231,18 +239,22 @@ class EmbedResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., embeddings: _Optional[_Iterable[_Union[Embedding, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ...) -> None: ...
 
 class ScoreRequest(_message.Message):
-    __slots__ = ("request_id", "text_1", "text_2", "truncate_prompt_tokens", "priority")
+    __slots__ = ("request_id", "text_1", "text_2", "truncate_prompt_tokens", "priority", "model", "keep_alive")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_1_FIELD_NUMBER: _ClassVar[int]
     TEXT_2_FIELD_NUMBER: _ClassVar[int]
     TRUNCATE_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    KEEP_ALIVE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text_1: _containers.RepeatedScalarFieldContainer[str]
     text_2: _containers.RepeatedScalarFieldContainer[str]
     truncate_prompt_tokens: int
     priority: int
-    def __init__(self, request_id: _Optional[str] = ..., text_1: _Optional[_Iterable[str]] = ..., text_2: _Optional[_Iterable[str]] = ..., truncate_prompt_tokens: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
+    model: str
+    keep_alive: str
+    def __init__(self, request_id: _Optional[str] = ..., text_1: _Optional[_Iterable[str]] = ..., text_2: _Optional[_Iterable[str]] = ..., truncate_prompt_tokens: _Optional[int] = ..., priority: _Optional[int] = ..., model: _Optional[str] = ..., keep_alive: _Optional[str] = ...) -> None: ...
 
 class ScoreResponse(_message.Message):
     __slots__ = ("request_id", "scores", "usage")
@@ -255,7 +267,7 @@ class ScoreResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., scores: _Optional[_Iterable[float]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ...) -> None: ...
 
 class RerankRequest(_message.Message):
-    __slots__ = ("request_id", "query", "documents", "top_n", "return_documents", "truncate_prompt_tokens", "priority")
+    __slots__ = ("request_id", "query", "documents", "top_n", "return_documents", "truncate_prompt_tokens", "priority", "model", "keep_alive")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
@@ -263,6 +275,8 @@ class RerankRequest(_message.Message):
     RETURN_DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATE_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    KEEP_ALIVE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     query: str
     documents: _containers.RepeatedScalarFieldContainer[str]
@@ -270,7 +284,9 @@ class RerankRequest(_message.Message):
     return_documents: bool
     truncate_prompt_tokens: int
     priority: int
-    def __init__(self, request_id: _Optional[str] = ..., query: _Optional[str] = ..., documents: _Optional[_Iterable[str]] = ..., top_n: _Optional[int] = ..., return_documents: _Optional[bool] = ..., truncate_prompt_tokens: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
+    model: str
+    keep_alive: str
+    def __init__(self, request_id: _Optional[str] = ..., query: _Optional[str] = ..., documents: _Optional[_Iterable[str]] = ..., top_n: _Optional[int] = ..., return_documents: _Optional[bool] = ..., truncate_prompt_tokens: _Optional[int] = ..., priority: _Optional[int] = ..., model: _Optional[str] = ..., keep_alive: _Optional[str] = ...) -> None: ...
 
 class RerankResult(_message.Message):
     __slots__ = ("index", "relevance_score", "document")
@@ -293,18 +309,22 @@ class RerankResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., results: _Optional[_Iterable[_Union[RerankResult, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ...) -> None: ...
 
 class ClassifyRequest(_message.Message):
-    __slots__ = ("request_id", "inputs", "truncate_prompt_tokens", "priority", "add_special_tokens")
+    __slots__ = ("request_id", "inputs", "truncate_prompt_tokens", "priority", "add_special_tokens", "model", "keep_alive")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATE_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     ADD_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    KEEP_ALIVE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     inputs: _containers.RepeatedCompositeFieldContainer[EmbedInput]
     truncate_prompt_tokens: int
     priority: int
     add_special_tokens: bool
-    def __init__(self, request_id: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[EmbedInput, _Mapping]]] = ..., truncate_prompt_tokens: _Optional[int] = ..., priority: _Optional[int] = ..., add_special_tokens: _Optional[bool] = ...) -> None: ...
+    model: str
+    keep_alive: str
+    def __init__(self, request_id: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[EmbedInput, _Mapping]]] = ..., truncate_prompt_tokens: _Optional[int] = ..., priority: _Optional[int] = ..., add_special_tokens: _Optional[bool] = ..., model: _Optional[str] = ..., keep_alive: _Optional[str] = ...) -> None: ...
 
 class Classification(_message.Message):
     __slots__ = ("probs", "label", "prompt_tokens")
@@ -409,14 +429,18 @@ class AbortResponse(_message.Message):
     def __init__(self, found: _Optional[bool] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
-    __slots__ = ("text", "chat", "add_special_tokens")
+    __slots__ = ("text", "chat", "add_special_tokens", "model", "keep_alive")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
     ADD_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    KEEP_ALIVE_FIELD_NUMBER: _ClassVar[int]
     text: str
     chat: ChatMessages
     add_special_tokens: bool
-    def __init__(self, text: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., add_special_tokens: _Optional[bool] = ...) -> None: ...
+    model: str
+    keep_alive: str
+    def __init__(self, text: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., add_special_tokens: _Optional[bool] = ..., model: _Optional[str] = ..., keep_alive: _Optional[str] = ...) -> None: ...
 
 class TokenizeResponse(_message.Message):
     __slots__ = ("token_ids", "count", "max_model_len")
@@ -429,12 +453,16 @@ class TokenizeResponse(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., count: _Optional[int] = ..., max_model_len: _Optional[int] = ...) -> None: ...
 
 class DetokenizeRequest(_message.Message):
-    __slots__ = ("token_ids", "skip_special_tokens")
+    __slots__ = ("token_ids", "skip_special_tokens", "model", "keep_alive")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SKIP_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    KEEP_ALIVE_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     skip_special_tokens: bool
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., skip_special_tokens: _Optional[bool] = ...) -> None: ...
+    model: str
+    keep_alive: str
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., skip_special_tokens: _Optional[bool] = ..., model: _Optional[str] = ..., keep_alive: _Optional[str] = ...) -> None: ...
 
 class DetokenizeResponse(_message.Message):
     __slots__ = ("text",)
@@ -443,8 +471,12 @@ class DetokenizeResponse(_message.Message):
     def __init__(self, text: _Optional[str] = ...) -> None: ...
 
 class GetModelInfoRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("model", "keep_alive")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    KEEP_ALIVE_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    keep_alive: str
+    def __init__(self, model: _Optional[str] = ..., keep_alive: _Optional[str] = ...) -> None: ...
 
 class ModelCapabilities(_message.Message):
     __slots__ = ("can_generate", "pooler", "lora", "speculative")
@@ -569,3 +601,29 @@ class ModelInfo(_message.Message):
     runner: str
     capabilities: ModelCapabilities
     def __init__(self, model: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., block_size: _Optional[int] = ..., num_gpu_blocks: _Optional[int] = ..., quantization: _Optional[str] = ..., weight_bytes: _Optional[int] = ..., speculative_decoding: _Optional[str] = ..., lora_adapters: _Optional[_Iterable[_Union[LoRAAdapter, _Mapping]]] = ..., runner: _Optional[str] = ..., capabilities: _Optional[_Union[ModelCapabilities, _Mapping]] = ...) -> None: ...
+
+class ListModelsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ModelStatus(_message.Message):
+    __slots__ = ("name", "state", "error", "pinned", "max_model_len")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    state: str
+    error: str
+    pinned: bool
+    max_model_len: int
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., error: _Optional[str] = ..., pinned: _Optional[bool] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+
+class ListModelsResponse(_message.Message):
+    __slots__ = ("models", "default_model")
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_MODEL_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[ModelStatus]
+    default_model: str
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelStatus, _Mapping]]] = ..., default_model: _Optional[str] = ...) -> None: ...

@@ -79,6 +79,11 @@ class GenerationStub:
                 request_serializer=pagestream_dot_v1_dot_generation__pb2.ClassifyRequest.SerializeToString,
                 response_deserializer=pagestream_dot_v1_dot_generation__pb2.ClassifyResponse.FromString,
                 _registered_method=True)
+        self.ListModels = channel.unary_unary(
+                '/pagestream.v1.Generation/ListModels',
+                request_serializer=pagestream_dot_v1_dot_generation__pb2.ListModelsRequest.SerializeToString,
+                response_deserializer=pagestream_dot_v1_dot_generation__pb2.ListModelsResponse.FromString,
+                _registered_method=True)
 
 
 class GenerationServicer:
@@ -92,8 +97,9 @@ class GenerationServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Abort(self, request, context):
-        """Ends a live request (its stream gets a final message with finish_reason "abort").
-        An unknown or already finished request id is a no-op answered with found = false.
+        """Ends a live request (its stream gets a final message with finish_reason "abort"),
+        whichever model runs it. An unknown or already finished request id is a no-op
+        answered with found = false.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -148,6 +154,13 @@ class GenerationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListModels(self, request, context):
+        """The models this server serves and the state of each (a one-model server: its one).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -195,6 +208,11 @@ def add_GenerationServicer_to_server(servicer, server):
                     servicer.Classify,
                     request_deserializer=pagestream_dot_v1_dot_generation__pb2.ClassifyRequest.FromString,
                     response_serializer=pagestream_dot_v1_dot_generation__pb2.ClassifyResponse.SerializeToString,
+            ),
+            'ListModels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListModels,
+                    request_deserializer=pagestream_dot_v1_dot_generation__pb2.ListModelsRequest.FromString,
+                    response_serializer=pagestream_dot_v1_dot_generation__pb2.ListModelsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -440,6 +458,33 @@ class Generation:
             '/pagestream.v1.Generation/Classify',
             pagestream_dot_v1_dot_generation__pb2.ClassifyRequest.SerializeToString,
             pagestream_dot_v1_dot_generation__pb2.ClassifyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListModels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pagestream.v1.Generation/ListModels',
+            pagestream_dot_v1_dot_generation__pb2.ListModelsRequest.SerializeToString,
+            pagestream_dot_v1_dot_generation__pb2.ListModelsResponse.FromString,
             options,
             channel_credentials,
             insecure,
