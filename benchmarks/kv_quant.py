@@ -31,6 +31,7 @@ from benchmarks.child_call import child_call
 from benchmarks.load_clients import ChildServer, free_port, http_healthy
 from benchmarks.results import first_difference, median, ratio
 from benchmarks.run_header import finish, run_header
+from benchmarks.timed_stream import post_json
 
 logger = logging.getLogger(__name__)
 
@@ -179,8 +180,6 @@ class LlamaServer(ChildServer):
 
 def llama_decode(options: KvQuantOptions, model: str, kv_dtype: str) -> dict:
     """llama.cpp's decode rate after the same prompt: /completion's own timings."""
-    import urllib.request
-
     kv_type = LLAMA_KV[kv_dtype]
     total = options.context + options.decode_tokens
     body = {
@@ -191,13 +190,7 @@ def llama_decode(options: KvQuantOptions, model: str, kv_dtype: str) -> dict:
         "cache_prompt": False,
     }
     with LlamaServer(options.llama_server, model, kv_type, total, options.threads) as server:
-        request = urllib.request.Request(
-            f"{server.url}/completion",
-            json.dumps(body).encode(),
-            {"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=3600) as response:
-            timings = json.load(response)["timings"]
+        timings = post_json(server.url, "/completion", body)["timings"]
     return {
         "kv_type": kv_type,
         "prefill_s": round(timings["prompt_ms"] / 1e3, 3),
