@@ -83,15 +83,40 @@ inline __m512 load16(const bf16* p) {  // bfloat16 is the top half of a float32
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
 }
 
-// Values c..c+15 of a cached head vector `row` (c a multiple of 16): a q8_0 row's codes
-// widened to float32 and times their group's scale (exact: an int8 times a float16).
+// A cached head vector read 16 values at a time (at(c): values c..c+15, c a multiple of
+// 16). float32 / bfloat16: straight from the row.
 template <typename C>
-inline __m512 load16(const C* row, int64_t c, int64_t) { return load16(row + c); }
-inline __m512 load16(const uint8_t* row, int64_t c, int64_t head_dim) {
-  const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c));
-  const __m512 values = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes));
-  return _mm512_mul_ps(values, _mm512_set1_ps(pagestream::q8_0_scale(row, head_dim, c / 32)));
-}
+struct Row16 {
+  const C* row;
+  static Row16 of(const C* row, int64_t) { return {row}; }
+  __m512 at(int64_t c) const { return load16(row + c); }
+};
+
+// A q8_0 row: its head_dim / 32 (<= 16) float16 scales converted once, in one masked load,
+// so each 16 codes cost a widen, a convert and a multiply by a scale broadcast from memory
+// (exact: an int8 times a float16).
+template <>
+struct Row16<uint8_t> {
+  const uint8_t* row;
+  alignas(64) float scales[16];
+  static Row16 of(const uint8_t* row, int64_t head_dim) {
+    Row16 r;
+    r.row = row;
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    const auto mask = static_cast<__mmask16>((1u << (head_dim / 32)) - 1);
+    const __m256i bits = _mm256_maskz_loadu_epi16(mask, row + head_dim);
+    _mm512_store_ps(r.scales, _mm512_cvtph_ps(bits));
+#else
+    for (int64_t g = 0; g < head_dim / 32; ++g) r.scales[g] = pagestream::q8_0_scale(row, head_dim, g);
+#endif
+    return r;
+  }
+  __m512 at(int64_t c) const {
+    const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c));
+    const __m512 values = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes));
+    return _mm512_mul_ps(values, _mm512_set1_ps(scales[c / 32]));
+  }
+};
 #endif
 
 // One KV head's vectors in one cache block: `rows` of them at `first`, `stride` elements apart.
@@ -154,6 +179,8 @@ inline void score_block(float* scores, int64_t n, const float* q, const BlockRow
     if constexpr (KEYS > 1) {
       for (; r + KEYS <= b.rows; r += KEYS, row += KEYS * b.stride) {
         __m512 acc[G][KEYS];
+        Row16<C> keys[KEYS];
+        for (int t = 0; t < KEYS; ++t) keys[t] = Row16<C>::of(row + t * b.stride, l.head_dim);
         for (int j = 0; j < G; ++j) {
           for (int t = 0; t < KEYS; ++t) acc[j][t] = _mm512_setzero_ps();
         }
@@ -161,7 +188,7 @@ inline void score_block(float* scores, int64_t n, const float* q, const BlockRow
           __m512 qc[G];
           for (int j = 0; j < G; ++j) qc[j] = _mm512_loadu_ps(q + j * l.head_dim + c);
           for (int t = 0; t < KEYS; ++t) {
-            const __m512 k = load16(row + t * b.stride, c, l.head_dim);
+            const __m512 k = keys[t].at(c);
             for (int j = 0; j < G; ++j) acc[j][t] = _mm512_fmadd_ps(qc[j], k, acc[j][t]);
           }
         }
@@ -171,8 +198,9 @@ inline void score_block(float* scores, int64_t n, const float* q, const BlockRow
     for (; r < b.rows; ++r, row += b.stride) {
       __m512 acc[G];
       for (int j = 0; j < G; ++j) acc[j] = _mm512_setzero_ps();
+      const Row16<C> key = Row16<C>::of(row, l.head_dim);
       for (int64_t c = 0; c < l.head_dim; c += 16) {
-        const __m512 k = load16(row, c, l.head_dim);
+        const __m512 k = key.at(c);
         for (int j = 0; j < G; ++j) {
           acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(q + j * l.head_dim + c), k, acc[j]);
         }
@@ -220,8 +248,9 @@ inline void mix_block(float* acc, const float* probs, const BlockRows<C>& b, con
       const C* row = b.first;
       const float* p = probs;
       for (int64_t r = 0; r < b.rows; ++r, row += b.stride, p += G) {
+        const Row16<C> value = Row16<C>::of(row, l.head_dim);
         __m512 v[CH];
-        for (int h = 0; h < CH; ++h) v[h] = load16(row, c + 16 * h, l.head_dim);
+        for (int h = 0; h < CH; ++h) v[h] = value.at(c + 16 * h);
         for (int j = 0; j < G; ++j) {
           const __m512 w = _mm512_set1_ps(p[j]);
           for (int h = 0; h < CH; ++h) a[j][h] = _mm512_fmadd_ps(w, v[h], a[j][h]);
@@ -237,7 +266,7 @@ inline void mix_block(float* acc, const float* probs, const BlockRows<C>& b, con
       const C* row = b.first;
       const float* p = probs;
       for (int64_t r = 0; r < b.rows; ++r, row += b.stride, p += G) {
-        const __m512 v = load16(row, c, l.head_dim);
+        const __m512 v = Row16<C>::of(row, l.head_dim).at(c);
         for (int j = 0; j < G; ++j) a[j] = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), v, a[j]);
       }
       for (int j = 0; j < G; ++j) _mm512_storeu_ps(acc + j * l.head_dim + c, a[j]);
@@ -581,7 +610,8 @@ void attend(Q* out, const Q* query, int64_t num_q_heads, const at::Tensor& key_c
                                          sliding_window, soft_cap);
   };
 #if defined(__AVX512F__)
-  if (l.head_dim % 16 == 0) {
+  // (Row16 holds up to 16 q8_0 scales: head_dim <= 512)
+  if (l.head_dim % 16 == 0 && (!std::is_same_v<C, uint8_t> || l.head_dim <= 512)) {
     switch (l.group) {  // the common GQA group sizes, unrolled; others take the loop
       case 1: return run(std::integral_constant<int, 1>{});
       case 2: return run(std::integral_constant<int, 2>{});

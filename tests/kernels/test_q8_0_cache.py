@@ -84,7 +84,8 @@ def _attention_paths(batch, scale, **kwargs):
 
 @pytest.mark.parametrize("query_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
-    ("num_kv_heads", "group", "head_dim"), [(2, 2, 64), (3, 3, 32), (1, 8, 128), (2, 5, 64)]
+    ("num_kv_heads", "group", "head_dim"),
+    [(2, 2, 64), (3, 3, 32), (1, 8, 128), (2, 5, 64), (1, 4, 256)],
 )
 @pytest.mark.parametrize(("sliding_window", "soft_cap"), [(None, None), (8, None), (None, 5.0)])
 def test_attention_over_a_q8_0_cache(
@@ -114,7 +115,10 @@ def _rows_of(batch):
     return torch.tensor(seqs, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32)
 
 
-@pytest.mark.parametrize(("num_kv_heads", "group", "head_dim"), [(2, 2, 64), (1, 8, 32)])
+# head_dim 512: 16 scales a row, the most the AVX-512 path holds; 576 takes the portable loop
+@pytest.mark.parametrize(
+    ("num_kv_heads", "group", "head_dim"), [(2, 2, 64), (1, 8, 32), (1, 2, 512), (1, 3, 576)]
+)
 @pytest.mark.parametrize("sliding_window", [None, 8])
 def test_native_row_attention_over_a_q8_0_cache(num_kv_heads, group, head_dim, sliding_window):
     batch = quantized_batch(
