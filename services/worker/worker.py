@@ -90,9 +90,11 @@ class Worker:
         self.runner: ModelRunner | None = None
         self.cache_info: CacheInfo | None = None
         self._pinned_for: int | None = None  # the thread whose intra-op team is pinned
-        # --kv-cache-dtype against the model's head_dim and attention backend: a bad pair
+        # --kv-cache-dtype against the models' head_dims and attention backend: a bad pair
         # fails the load, not the first cache request
-        self._cache_spec(self.model)
+        for model in (self.model, self.draft_model):
+            if model is not None:
+                self._cache_spec(model)
 
     def _load_draft(self, speculative: SpeculativeConfig | None) -> CausalLM | None:
         """The draft model of speculative decoding (same device and dtype as the target),

@@ -11,6 +11,7 @@ import torch
 from pagestream_kernels import q8_0
 from services.common.config import CacheConfig, ModelConfig
 from services.common.kv_cache_dtype import KV_CACHE_DTYPES, canonical, check_backend
+from services.common.speculative_config import SpeculativeConfig
 from services.worker.cache_engine import CacheEngine
 from services.worker.models.kv_cache_spec import KVCacheSpec
 from services.worker.worker import Worker
@@ -109,3 +110,11 @@ def test_a_worker_refuses_q8_0_for_a_head_dim_of_16(tiny_model_dir):
 def test_a_cpu_worker_refuses_fp8(tiny_model_dir):
     with pytest.raises(ValueError, match="--kv-cache-dtype fp8 runs on the triton"):
         _worker(tiny_model_dir("qwen3"), "fp8", attention_backend="cpu")
+
+
+def test_a_draft_model_whose_head_dim_q8_0_cannot_hold_fails_the_load(tiny_model_dir):
+    draft = SpeculativeConfig(
+        method="draft_model", num_speculative_tokens=2, model=str(tiny_model_dir("llama"))
+    )
+    with pytest.raises(ValueError, match="head_dim is 16"):
+        _worker(tiny_model_dir("qwen3"), "q8_0", speculative=draft)
