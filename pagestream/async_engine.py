@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 
 from pagestream.engine_args import EngineArgs
 from pagestream.engine_core_process import EngineCoreProcess
+from pagestream.engine_core_spare import SparePool
 from pagestream.inproc_client import InprocEngineCoreClient
 from pagestream.tensor_outputs import as_tensors
 from services.common.engine_errors import EngineUnavailableError
@@ -36,7 +37,10 @@ class AsyncEngine:
         args: EngineArgs,
         engine_core_process: bool = True,
         frontend_config: FrontendConfig | None = None,
+        spares: SparePool | None = None,
     ) -> None:
+        """`spares`: the engine-core process starts in an interpreter whose imports are done
+        (pagestream/engine_core_spare.py), when one is ready."""
         self.args = args
         self.frontend_config = frontend_config
         self.engine = None  # the LLMEngine: in-process layout only
@@ -44,7 +48,7 @@ class AsyncEngine:
         self.process: EngineCoreProcess | None = None  # the engine-core process layout
         self._frontend: Frontend | None = None
         if engine_core_process:
-            self._start_process(args)
+            self._start_process(args, spares)
         else:
             from pagestream.llm_engine import LLMEngine  # torch: only where the step runs
 
@@ -55,12 +59,12 @@ class AsyncEngine:
             self.default_sampling = self.engine.default_sampling
             self.images = self.engine.images
 
-    def _start_process(self, args: EngineArgs) -> None:
+    def _start_process(self, args: EngineArgs, spares: SparePool | None) -> None:
         # Read first: a GGUF file is converted once, here, before the engine core starts.
         files = ModelFiles.load(args.model, args.generation_config)
         self.tokenizer, self.default_sampling = files.tokenizer, files.default_sampling
         self.images = files.images
-        self.process = EngineCoreProcess(args)
+        self.process = EngineCoreProcess(args, spares=spares)
         self.info = self.process.start()
 
     @classmethod

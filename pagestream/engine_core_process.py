@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pagestream.cli_flags import role_argv
 from pagestream.engine_args import EngineArgs
+from pagestream.engine_core_spare import SparePool
 from services.common.grpc_channel import (
     RECONNECT_OPTIONS,
     sync_channel,
@@ -31,6 +32,17 @@ from services.common.supervisor import RESTART_WINDOW_S, Child, ChildExited, Sup
 from services.scheduler.launchers.launcher import PARENT_PID_ENV
 
 logger = logging.getLogger(__name__)
+
+
+def child_env() -> dict[str, str]:
+    """The engine-core child's environment: this one, and whose child it is (it exits
+    when this process is gone)."""
+    return dict(os.environ, **{PARENT_PID_ENV: str(os.getpid())})
+
+
+def spare_pool() -> SparePool:
+    """Spares for EngineCoreProcess children (made for their environment and group)."""
+    return SparePool(child_env(), own_process_group=True)
 
 
 class EngineCoreStartError(RuntimeError):
@@ -44,7 +56,10 @@ class EngineCoreProcess:
         log_level: str | None = None,
         max_restarts: int = 5,
         startup_timeout_s: float = 600.0,
+        spares: SparePool | None = None,
     ) -> None:
+        """`spares`: where the child's first start takes an interpreter whose imports are
+        done (a multi-model serve's); None: a fresh one."""
         self.args = args
         self.log_level = log_level or logging.getLevelName(logging.getLogger().level)
         self.startup_timeout_s = startup_timeout_s
@@ -55,7 +70,7 @@ class EngineCoreProcess:
         self.child = Child.of_argv(
             "the engine-core process",
             self.command(),
-            env=dict(os.environ, **{PARENT_PID_ENV: str(os.getpid())}),
+            env=child_env(),
             # Its own process group: a Ctrl-C at the terminal reaches this process only,
             # which then stops the child in order (instead of racing its watcher with a
             # restart). Not its own session: with the kernel's autogroups a session is a
@@ -63,6 +78,7 @@ class EngineCoreProcess:
             own_process_group=True,
             # A dead child's socket file goes before each start.
             prepare=partial(self.socket_path.unlink, missing_ok=True),
+            spawn=None if spares is None else spares.take,
         )
         self.supervisor = Supervisor([self.child], max_restarts=max_restarts)
         self._watcher: threading.Thread | None = None

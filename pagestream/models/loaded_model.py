@@ -7,6 +7,7 @@ import asyncio
 from dataclasses import dataclass
 
 from pagestream.async_engine import AsyncEngine
+from pagestream.engine_core_spare import SparePool
 from pagestream.models.model_spec import ModelSpec
 from services.frontend.frontend_config import FrontendConfig
 from services.frontend.lora_options import LoRAServerOptions
@@ -43,9 +44,16 @@ class ModelLoader:
     api_key: str | None = None
     tools: ToolServerOptions | None = None
     lora: LoRAServerOptions | None = None
+    # Engine-core interpreters started ahead (engine_core_spare.py): a load skips the
+    # seconds of imports; the next spare starts once the load is over (not beside it).
+    spares: SparePool | None = None
 
     async def __call__(self, spec: ModelSpec) -> LoadedModel:
-        engine = await asyncio.to_thread(self._start, spec)
+        try:
+            engine = await asyncio.to_thread(self._start, spec)
+        finally:
+            if self.spares is not None:
+                self.spares.refill()
         try:
             metrics = FrontendMetrics()
             app = build_app(
@@ -63,4 +71,4 @@ class ModelLoader:
 
     def _start(self, spec: ModelSpec) -> AsyncEngine:
         # spec.engine_args() converts a GGUF + mmproj pair on its first load: here, in the thread
-        return AsyncEngine(spec.engine_args(), True, self.frontend_config)
+        return AsyncEngine(spec.engine_args(), True, self.frontend_config, self.spares)

@@ -15,6 +15,8 @@ import asyncio
 import logging
 
 from pagestream import roles
+from pagestream.engine_core_process import spare_pool
+from pagestream.engine_core_spare import SparePool
 from pagestream.models.loaded_model import ModelLoader
 from pagestream.models.model_catalog import build_specs
 from pagestream.models.model_dispatcher import ModelDispatcher
@@ -54,14 +56,16 @@ class ModelsServer:
     """The HTTP server, the gRPC server and the registry, stopped together (HTTP first,
     the models last)."""
 
-    def __init__(self, http, grpc_server, registry: ModelRegistry) -> None:
+    def __init__(self, http, grpc_server, registry: ModelRegistry, spares: SparePool) -> None:
         self.http, self.grpc_server, self.registry = http, grpc_server, registry
+        self.spares = spares
 
     async def stop(self, grace: float | None = roles.GRACE_S) -> None:
         await self.http.stop()
         if self.grpc_server is not None:
             await self.grpc_server.stop(grace)
         await self.registry.close()
+        await asyncio.to_thread(self.spares.close)
 
     async def wait_for_termination(self) -> None:
         await self.http.wait()
@@ -74,8 +78,13 @@ async def start_models_server(ns: argparse.Namespace) -> ModelsServer:
     config = check_models_serve(ns)
     specs = await asyncio.to_thread(build_specs, ns, config)
     frontend_config, api_key = from_flags(FrontendConfig, ns), roles._api_key(ns)
+    spares = spare_pool()
     loader = ModelLoader(
-        frontend_config, api_key, roles.tool_options(ns), from_flags(LoRAServerOptions, ns)
+        frontend_config,
+        api_key,
+        roles.tool_options(ns),
+        from_flags(LoRAServerOptions, ns),
+        spares,
     )
     registry = ModelRegistry(specs, loader, config)
     registry.start()
@@ -92,14 +101,16 @@ async def start_models_server(ns: argparse.Namespace) -> ModelsServer:
             api_key=api_key,
             config=frontend_config,
         )
+        spares.refill()  # after the pinned load: a first request's load skips the imports
     except BaseException:  # e.g. the gRPC port taken: nothing is left running
         await http.stop()
         await registry.close()
+        await asyncio.to_thread(spares.close)
         raise
     names = ", ".join(registry.entries)
     where = f"HTTP {http.url}, gRPC {grpc_server.address}"
     logger.info("pagestream serving %d models on %s: %s", len(specs), where, names)
-    return ModelsServer(http, grpc_server, registry)
+    return ModelsServer(http, grpc_server, registry, spares)
 
 
 async def run_models_serve(ns: argparse.Namespace) -> None:

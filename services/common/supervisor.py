@@ -68,6 +68,9 @@ class Child:
     env: dict[str, str] | None = None  # a command's environment (default: this process's)
     own_process_group: bool = False  # a terminal's Ctrl-C reaches the supervisor only
     prepare: Callable[[], None] | None = None  # before each start (a dead child's leftovers)
+    # A command's first start: spawn(argv, env, process_group) -> Process, e.g. an
+    # interpreter started ahead (pagestream/engine_core_spare.py); restarts use Popen.
+    spawn: Callable[[list[str], dict[str, str] | None, int | None], Process] | None = None
     process: Process | None = None
     generation: int = 0
     restarts: deque = field(default_factory=deque)  # monotonic times of recent restarts
@@ -91,7 +94,10 @@ class Child:
         if self.command is not None:
             group = 0 if self.own_process_group else None
             argv = self.command(self.generation)
-            self.process = subprocess.Popen(argv, env=self.env, process_group=group)
+            if self.spawn is not None and self.generation == 0:
+                self.process = self.spawn(argv, self.env, group)
+            else:
+                self.process = subprocess.Popen(argv, env=self.env, process_group=group)
         else:
             self.process = TargetProcess(self.target, self.generation)
         logger.info("started %s (pid %d, generation %d)", self.name, self.pid, self.generation)
