@@ -53,9 +53,13 @@ def quantize(x: torch.Tensor) -> torch.Tensor:
     head_dim = x.shape[-1]
     check_head_dim(head_dim)
     groups = x.float().reshape(*x.shape[:-1], head_dim // GROUP, GROUP)  # [..., G, 32]
-    scale = groups.abs().amax(dim=-1, keepdim=True) / 127.0  # [..., G, 1] float32
-    inverse = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
-    codes = _round_half_away(groups * inverse).to(torch.int8)  # |code| <= 127
+    # A group with a NaN or an infinity: codes 0 and a NaN scale (it reads back as NaN).
+    finite = torch.isfinite(groups).all(dim=-1, keepdim=True)  # [..., G, 1]
+    peak = torch.where(finite, groups.abs(), 0.0).amax(dim=-1, keepdim=True)
+    scale = torch.where(finite, peak / 127.0, float("nan"))  # [..., G, 1] float32
+    inverse = torch.where(finite & (scale > 0), 1.0 / scale, 0.0)
+    scaled = torch.where(finite, groups * inverse, 0.0)
+    codes = _round_half_away(scaled).to(torch.int8)  # |code| <= 127
     codes = codes.reshape(*x.shape[:-1], head_dim).view(torch.uint8)
     scales = scale.squeeze(-1).to(torch.float16).contiguous().view(torch.uint8)  # [..., 2G]
     return torch.cat([codes, scales], dim=-1)

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #if defined(__F16C__)
@@ -47,15 +48,23 @@ inline float q8_0_value(const uint8_t* row, int64_t head_dim, int64_t i) {
 
 // out (q8_0_row_bytes(head_dim)) = x [head_dim] quantized: per 32 values d = max|x| / 127,
 // codes roundf(x / d) through the float32 reciprocal (llama.cpp's arithmetic), d as float16.
+// A group holding a NaN or an infinity keeps codes 0 and a NaN scale: it reads back as NaN,
+// as a float cache would pass it on (never a cast of NaN to int8, which is undefined).
 inline void quantize_q8_0(uint8_t* out, const float* x, int64_t head_dim) {
   for (int64_t g = 0; g < head_dim / Q8_GROUP; ++g) {
     const float* v = x + g * Q8_GROUP;
     float peak = 0.f;
-    for (int64_t i = 0; i < Q8_GROUP; ++i) peak = std::max(peak, std::fabs(v[i]));
-    const float d = peak / 127.f;
-    const float inverse = d > 0.f ? 1.f / d : 0.f;
+    bool finite = true;
     for (int64_t i = 0; i < Q8_GROUP; ++i) {
-      out[g * Q8_GROUP + i] = static_cast<uint8_t>(static_cast<int8_t>(std::round(v[i] * inverse)));
+      const float magnitude = std::fabs(v[i]);
+      finite = finite && std::isfinite(magnitude);
+      peak = std::max(peak, magnitude);
+    }
+    const float d = finite ? peak / 127.f : std::numeric_limits<float>::quiet_NaN();
+    const float inverse = finite && d > 0.f ? 1.f / d : 0.f;
+    for (int64_t i = 0; i < Q8_GROUP; ++i) {
+      const float code = finite ? std::round(v[i] * inverse) : 0.f;
+      out[g * Q8_GROUP + i] = static_cast<uint8_t>(static_cast<int8_t>(code));
     }
     const uint16_t bits = c10::Half(d).x;
     std::memcpy(out + head_dim + 2 * g, &bits, sizeof(bits));

@@ -68,6 +68,27 @@ def test_cpu_cache_write_is_bit_exact_with_the_torch_quantizer(dtype, head_dim):
     assert ours.count_nonzero() > 0
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_group_with_a_non_finite_value_reads_back_as_nan(bad):
+    """As a float cache would pass a NaN or an infinity on: that group's codes 0 and its
+    scale NaN, the C++ writer bit-exact with the torch quantizer, other groups untouched."""
+    gen = torch.Generator().manual_seed(7)
+    key = torch.randn(4, 2, 64, generator=gen)
+    key[1, 0, 40] = bad  # group 1 of head 0 of token 1
+    value = key.clone()
+    slots = torch.arange(4)
+    shape = (2, 1, 4, 2, q8_0.row_bytes(64))
+    ours, expected = torch.zeros(shape, dtype=torch.uint8), torch.zeros(shape, dtype=torch.uint8)
+    cpu.reshape_and_cache(key, value, ours, slots)
+    reference.reshape_and_cache(key, value, expected, slots)
+    assert torch.equal(ours, expected)
+    back = q8_0.dequantize(ours[0, 0])  # [4, 2, 64]
+    assert back[1, 0, 32:].isnan().all()
+    assert back[1, 0, :32].isfinite().all() and back[1, 1].isfinite().all()
+    assert back[[0, 2, 3]].isfinite().all()
+    assert (ours[0, 0, 1, 0, 32:64] == 0).all()  # codes 0
+
+
 def test_the_cpu_cache_write_refuses_a_row_of_another_width():
     key = torch.zeros(2, 2, 64)
     cache = torch.zeros(2, 1, 4, 2, 64, dtype=torch.uint8)  # float rows' width, not 68
