@@ -141,6 +141,9 @@ def run_command(line: bytes) -> None:
     os.environ.update(env)
     module, args = argv[2], argv[3:]
     sys.argv = [module, *args]
+    # As under `python -m`: the module runs as __main__, and an import of it by name (a
+    # preloaded one) is a separate module object, not one run_module would re-execute.
+    sys.modules.pop(module, None)
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 

@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.common import kv_cache_dtype
 from services.common.config import CacheConfig, ModelConfig
 from services.common.gguf_conversion import TEXT_GGUF_FILE
 from services.common.model_source import gguf_source, resolve_model
@@ -83,7 +84,7 @@ def kv_offload_identity(
         "draft_model_files": draft,
         "dtype": info.dtype,
         "quantization": [model_config.quantization, model_config.quantization_group_size],
-        "kv_cache_dtype": cache_config.cache_dtype,
+        "kv_cache_dtype": kv_cache_dtype.canonical(cache_config.cache_dtype),
         "block_size": cache_config.block_size,
         "kv_layout": [info.num_layers, info.num_kv_heads, info.head_dim],
         "parallel": [info.tensor_parallel_size, info.pipeline_parallel_size],

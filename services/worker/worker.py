@@ -339,7 +339,10 @@ class Worker:
     @property
     def plan_limits(self) -> PlanLimits | None:
         """What a plan from the wire is checked against (None before initialize_cache)."""
-        return None if self.runner is None else self.runner.input_batch.limits
+        if self.runner is None:
+            return None
+        limits = self.runner.input_batch.limits
+        return dataclasses.replace(limits, num_blocks=self.runner.cache_engine.num_blocks)
 
     def reset(self) -> None:
         """Drop every request's state (the scheduler restarted); the cache stays allocated."""
