@@ -17,7 +17,6 @@ push A's out of the device cache), then A again, read back from host memory.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import shutil
 import sys
@@ -30,7 +29,7 @@ from benchmarks.child_call import child_call
 from benchmarks.kv_quant import context_ids, default_model, token_times
 from benchmarks.load_clients import ServerProcess
 from benchmarks.results import first_difference, ratio
-from benchmarks.run_header import finish, run_header
+from benchmarks.run_header import run_main
 from benchmarks.timed_stream import completion_body, get_json, timed_stream
 
 logger = logging.getLogger(__name__)
@@ -205,19 +204,13 @@ def parse_options(argv: list[str]) -> tuple[OffloadOptions, Path | None]:
     return options, args.out
 
 
+def _summary(result: dict) -> dict:
+    return {part: result[part].get("ttft_speedup") for part in PARTS if part in result}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    options, out = parse_options(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    header = run_header("benchmarks.kv_offload", argv, options.threads)
-    try:
-        result = finish({**header, **run_kv_offload(options)})
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from exc
-    if out:
-        out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({p: result[p].get("ttft_speedup") for p in options.parts}))
-    return 0
+    return run_main("benchmarks.kv_offload", argv, parse_options, run_kv_offload, _summary)
 
 
 if __name__ == "__main__":

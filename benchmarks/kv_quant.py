@@ -18,7 +18,6 @@ needs), for reference.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
@@ -30,7 +29,7 @@ import numpy as np
 from benchmarks.child_call import child_call
 from benchmarks.load_clients import ChildServer, free_port, http_healthy
 from benchmarks.results import first_difference, median, ratio
-from benchmarks.run_header import finish, run_header
+from benchmarks.run_header import run_main
 from benchmarks.timed_stream import post_json
 
 logger = logging.getLogger(__name__)
@@ -300,20 +299,13 @@ def parse_options(argv: list[str]) -> tuple[KvQuantOptions, Path | None]:
     return options, args.out
 
 
+def _summary(result: dict) -> dict:
+    return {k: result[k] for k in ("decode_speedup", "kv_bytes_ratio", "targets_met")}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    options, out = parse_options(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    header = run_header("benchmarks.kv_quant", argv, options.threads)
-    try:
-        result = {**header, **run_kv_quant(options)}
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from exc
-    result = finish(result)
-    if out:
-        out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({k: result[k] for k in ("decode_speedup", "kv_bytes_ratio", "targets_met")}))
-    return 0
+    return run_main("benchmarks.kv_quant", argv, parse_options, run_kv_quant, _summary)
 
 
 if __name__ == "__main__":

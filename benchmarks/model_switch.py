@@ -19,7 +19,6 @@ its TTFT on a loaded model).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from pathlib import Path
 from benchmarks.child_call import child_call
 from benchmarks.load_clients import ChildServer, free_port, http_healthy
 from benchmarks.results import median, ratio
-from benchmarks.run_header import finish, run_header
+from benchmarks.run_header import run_main
 from benchmarks.timed_stream import chat_body, get_json, post_json, timed_stream
 
 logger = logging.getLogger(__name__)
@@ -267,20 +266,14 @@ def parse_options(argv: list[str]) -> tuple[SwitchOptions, Path | None]:
     return options, args.out
 
 
+def _summary(result: dict) -> dict:
+    keys = ("switch_ttft_s", "fresh_load_ready_s", "switch_over_fresh_load", "targets_met")
+    return {k: result[k] for k in keys}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    options, out = parse_options(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    header = run_header("benchmarks.model_switch", argv, options.threads)
-    try:
-        result = finish({**header, **run_model_switch(options)})
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from exc
-    if out:
-        out.write_text(json.dumps(result, indent=1) + "\n")
-    keys = ("switch_ttft_s", "fresh_load_ready_s", "switch_over_fresh_load", "targets_met")
-    print(json.dumps({k: result[k] for k in keys}))
-    return 0
+    return run_main("benchmarks.model_switch", argv, parse_options, run_model_switch, _summary)
 
 
 if __name__ == "__main__":
