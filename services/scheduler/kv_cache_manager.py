@@ -10,7 +10,7 @@ sequence holds at most `peak_blocks` blocks. A freed block keeps its hash until 
 With KV offload tiers (`offload`, one full-attention group only) a block registered in the
 prefix cache is saved to them (write-through), and a prefix lookup continues past the
 device's hits into the tiers: those blocks get fresh device blocks the worker reads the
-tier's contents into before the step's forward (pending_loads)."""
+tier's contents into before the step's forward (KvOffloadTransfers)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from services.common.scheduler_output import BlockTable
 from services.scheduler.block_pool import BlockPool, KVCacheBlock
 from services.scheduler.encoder_budget import ends_inside_image
 from services.scheduler.kv_offload_index import KvOffloadIndex
+from services.scheduler.kv_offload_transfers import KvOffloadTransfers
 from services.scheduler.request import Request
 
 
@@ -94,14 +95,7 @@ class KVCacheManager:
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
         self.offload: KvOffloadIndex | None = None  # the KV offload tiers (use_offload)
-        self.pending_loads: list[tuple[BlockHash, int]] = []  # (key, device block) for the plan
-        self.pending_saves: list[tuple[int, BlockHash]] = []  # (device block, key) for the plan
-        self.offload_hits = 0  # tokens read back from a tier on prefix hits
-        self.offload_failures = 0  # blocks the worker could not read back
-        # Loads whose step has not landed: block id -> (key, the requests that read the
-        # block: its loader and device hits on it since), so a failed load's garbage can
-        # be traced through every chain that read it, ended requests' included.
-        self._unconfirmed: dict[int, tuple[BlockHash, list[Request]]] = {}
+        self.transfers: KvOffloadTransfers | None = None  # what moves to and from them
 
     def use_offload(self, offload: KvOffloadIndex | None) -> None:
         """Save to and load from the KV offload tiers `offload` indexes (None: none)."""
@@ -110,8 +104,10 @@ class KVCacheManager:
         if offload is not None and self.windowed:
             raise ValueError("KV offload tiers need a full-attention KV cache group")
         self.offload = offload if offload is not None and offload.enabled else None
+        self.transfers = None
         if self.offload is not None:
             self.offload.events = self.pool.events  # routers listening already
+            self.transfers = KvOffloadTransfers(self.offload, self.pool)
 
     # ---- queries -------------------------------------------------------------------
     @property
@@ -184,7 +180,9 @@ class KVCacheManager:
                 break
             rows.append(row)
         num_device = len(rows)
-        num_hit = num_device + self._num_offloaded(request.block_hashes[num_device:max_hit])
+        num_hit = num_device
+        if self.transfers is not None:
+            num_hit += self.transfers.num_held(request.block_hashes[num_device:max_hit])
         while num_hit and not self._hit_usable(request, rows, num_hit):
             num_hit -= 1
         first = self._first_seen_position(num_hit * self.block_size)
@@ -197,17 +195,6 @@ class KVCacheManager:
         ]
         # Past the device's blocks: the tiers' (allocate_slots' num_loaded).
         return tables, num_hit * self.block_size  # type: ignore[return-value]
-
-    def _num_offloaded(self, block_hashes: Sequence[BlockHash]) -> int:
-        """How many leading `block_hashes` the offload tiers hold."""
-        if self.offload is None:
-            return 0
-        count = 0
-        for block_hash in block_hashes:
-            if block_hash not in self.offload:
-                break
-            count += 1
-        return count
 
     def _first_seen_position(self, num_computed: int) -> int:
         """The first block position a query from num_computed on can see in a windowed
@@ -264,9 +251,8 @@ class KVCacheManager:
                 del self.req_to_blocks[rid]
             return None
         self.pool.touch(_real(hit))
-        for block in hit:
-            if (unconfirmed := self._unconfirmed.get(block.block_id)) is not None:
-                unconfirmed[1].append(request)
+        if self.transfers is not None:
+            self.transfers.read(request, hit)
         for blocks, hit_blocks in zip(tables, new_computed_blocks or self._empty(), strict=True):
             blocks.extend(hit_blocks)
         pos = num_computed // self.block_size
@@ -274,24 +260,14 @@ class KVCacheManager:
             self._copy_on_write(rid, tables, group, pos)
         new_blocks = self._take_positions(num_new)
         if num_loaded:
-            self._load(request, len(tables[0]), new_blocks[0][:num_loaded])
+            assert self.transfers is not None, "a hit in the tiers without tiers"
+            loaded = new_blocks[0][:num_loaded]
+            self.transfers.load(request, len(tables[0]), loaded, self.block_size)
         for blocks, added in zip(tables, new_blocks, strict=True):
             blocks.extend(added)
         self._cache_full_blocks(request, num_computed + num_new_tokens)
         self._free_outside_window(rid, tables, num_computed)
         return new_blocks
-
-    def _load(self, request: Request, first: int, blocks: list[KVCacheBlock]) -> None:
-        """The tiers' contents of the request's block positions `first..` go into
-        `blocks` (fresh, one group); _cache_full_blocks registers them under their hashes
-        (already in a tier: no save)."""
-        assert self.offload is not None
-        for pos, block in enumerate(blocks, start=first):
-            key = request.block_hashes[pos]
-            self.offload.hit(key)
-            self.pending_loads.append((key, block.block_id))
-            self._unconfirmed[block.block_id] = (key, [request])
-        self.offload_hits += len(blocks) * self.block_size
 
     def _take_positions(self, num_positions: int) -> Tables:
         """Fresh blocks for num_positions positions, per group (taken position-major)."""
@@ -358,11 +334,8 @@ class KVCacheManager:
         (the worker copies it out after this step's forward fills it)."""
         fresh = block.block_hash is None
         self.pool.cache_full_block(block, key)
-        if self.offload is None or not fresh or self.pool.get_cached_block(key) is not block:
-            return
-        if key not in self.offload:
-            self.offload.add(key)
-            self.pending_saves.append((block.block_id, key))
+        if self.transfers is not None and fresh and self.pool.get_cached_block(key) is block:
+            self.transfers.registered(block, key)
 
     def trim(self, request: Request) -> int:
         """Free the blocks past the request's computed tokens (those only rejected
@@ -415,38 +388,9 @@ class KVCacheManager:
     def land_loads(
         self, loads: Sequence[tuple[BlockHash, int]], failures: Iterable[BlockHash]
     ) -> set[int]:
-        """A plan's `loads` landed, the worker could not read `failures`: those keys, and
-        every key after them in the chain of each request that read their blocks (computed
-        from garbage), leave the prefix cache and the tiers. The failed loads' block ids
-        (every live request holding one is to be recomputed)."""
-        failed = set(failures)
-        self.offload_failures += len(failed)
-        bad = set()
-        for key, block_id in loads:
-            unconfirmed = self._unconfirmed.get(block_id)
-            readers = []
-            if unconfirmed is not None and unconfirmed[0] == key:
-                readers = self._unconfirmed.pop(block_id)[1]
-            if key in failed:
-                bad.add(block_id)
-                for request in readers:
-                    self._forget_chain(request, key)
-        for key in failed:  # a failure the plan did not load: only forgotten
-            self._forget_keys([key])
-        return bad
-
-    def _forget_chain(self, request: Request, key: BlockHash) -> None:
-        hashes = request.block_hashes
-        if key in hashes:
-            self._forget_keys(hashes[hashes.index(key) :])
-
-    def _forget_keys(self, keys: Iterable[BlockHash]) -> None:
-        """The keys leave the prefix cache (whichever block holds them) and the tiers."""
-        for key in keys:
-            if (block := self.pool.get_cached_block(key)) is not None:
-                self.pool.uncache(block)
-            if self.offload is not None:
-                self.offload.forget(key)
+        """A plan's loads landed (KvOffloadTransfers.land): the failed loads' block ids,
+        every live request holding one to be recomputed."""
+        return self.transfers.land(loads, failures) if self.transfers is not None else set()
 
     def first_position_of(self, request: Request, block_ids: set[int]) -> int | None:
         """The first block position of the request's table holding one of `block_ids`."""
@@ -463,9 +407,15 @@ class KVCacheManager:
 
     def take_offload_transfers(self) -> tuple[list, list]:
         """This step's (kv_loads, kv_saves), forgotten here."""
-        loads, self.pending_loads = self.pending_loads, []
-        saves, self.pending_saves = self.pending_saves, []
-        return loads, saves
+        return self.transfers.take() if self.transfers is not None else ([], [])
+
+    @property
+    def offload_hits(self) -> int:
+        return self.transfers.hits if self.transfers is not None else 0
+
+    @property
+    def offload_failures(self) -> int:
+        return self.transfers.failures if self.transfers is not None else 0
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first so a chain's tail is evicted before its head."""
